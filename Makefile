@@ -1,0 +1,16 @@
+# Two entry points, both self-contained on a fresh clone:
+#   make run   - set up .venv and run the main job
+#   make test  - set up .venv and run the whole test suite
+.PHONY: setup run test
+
+setup:
+	@bash scripts/setup_env.sh
+
+run: setup
+	.venv/bin/python launchers/bench.py bench=data_plane
+
+# pytest exits 5 when it collected nothing; that is a failure here, said out loud.
+test: setup
+	@.venv/bin/python -m pytest tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "[test] pytest collected no tests: failing" >&2; fi; \
+	exit $$rc

@@ -1,0 +1,42 @@
+"""The data plane: a per-sample key/value store for bulk tensors, and the helpers around it.
+
+Public names resolve lazily (PEP 562) so that ``import nemo_dp.data_plane`` stays cheap and
+never imports Ray or TransferQueue; adapters are loaded only by the factory, when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "DataPlaneClient": "nemo_dp.data_plane.interfaces",
+    "KVBatchMeta": "nemo_dp.data_plane.interfaces",
+    "DataPlaneUnavailableError": "nemo_dp.data_plane.interfaces",
+    "DataPlaneConfig": "nemo_dp.data_plane.interfaces",
+    "LocalDataPlaneConfig": "nemo_dp.data_plane.interfaces",
+    "DisabledDataPlaneConfig": "nemo_dp.data_plane.interfaces",
+    "DataPlaneRuntimeConfig": "nemo_dp.data_plane.interfaces",
+    "MetricsDataPlaneClient": "nemo_dp.data_plane.observability",
+    "log_event": "nemo_dp.data_plane.observability",
+    "build_data_plane_client": "nemo_dp.data_plane.factory",
+    "data_plane_enabled": "nemo_dp.data_plane.factory",
+    "materialize": "nemo_dp.data_plane.codec",
+    "materialize_local": "nemo_dp.data_plane.codec",
+    "is_local_batch_meta": "nemo_dp.data_plane.adapters.local",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nemo_dp.data_plane' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
