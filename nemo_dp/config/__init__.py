@@ -1,1 +1,229 @@
-"""nemo_dp.config"""
+"""Configuration: ConfigStore registration, validation and preflight for every launch.
+
+One place composes the run's configuration rules so that the launcher, the tests and any other
+entry point reject a bad configuration identically and before any process starts:
+
+* ``register_configs()`` stores the structured schemas (root, ``algorithm`` group, and the
+  data-plane schemas) and every ``recipes/*.yaml`` as an option of the ``recipe`` group, so
+  ``recipe=grpo_arith`` works from any working directory.
+* ``validate_config(cfg)`` converts the composed node into dataclasses (running every range
+  rule) and checks that the (algorithm, data_plane) pair is legal through the factory's own
+  lookup.
+* ``preflight(cfg, run_dir)`` checks the CPU budget and that output paths are writable.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from nemo_dp.config.schema import (
+    ALGORITHM_NAMES,
+    CheckpointingConfig,
+    ClusterConfig,
+    EnvConfig,
+    GRPOConfig,
+    LoggerConfig,
+    MasterConfig,
+    PolicyConfig,
+    SFTConfig,
+)
+
+__all__ = [
+    "REPO_ROOT",
+    "CONF_DIR",
+    "RECIPES_DIR",
+    "register_configs",
+    "validate_config",
+    "preflight",
+    "PreflightError",
+    "warm_start_config",
+]
+
+REPO_ROOT: Path = Path(__file__).resolve().parents[2]
+CONF_DIR: Path = REPO_ROOT / "conf"
+RECIPES_DIR: Path = REPO_ROOT / "recipes"
+
+_registered: set[str] = set()
+
+
+class PreflightError(RuntimeError):
+    """A check that must pass before Ray starts failed (CPU budget, output paths)."""
+
+
+def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
+    """Register the schemas and the recipes in Hydra's ConfigStore (idempotent).
+
+    Args:
+        recipes_dir: Directory holding ``*.yaml`` recipes; defaults to the repository's
+            ``recipes/``.  Each file becomes option ``<stem>`` of group ``recipe`` with package
+            ``_global_`` (its ``override /group: choice`` defaults work as in any group file).
+    """
+    from hydra.core.config_store import ConfigStore
+
+    from nemo_dp.data_plane.interfaces import register_data_plane_configs
+
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=MasterConfig)
+    cs.store(group="algorithm", name="sft_schema", node=SFTConfig)
+    cs.store(group="algorithm", name="grpo_schema", node=GRPOConfig)
+    register_data_plane_configs()
+    root = Path(recipes_dir) if recipes_dir is not None else RECIPES_DIR
+    for path in sorted(root.glob("*.yaml")):
+        cs.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    _registered.add(str(root))
+
+
+def _trainer_lookup(cfg: DictConfig) -> Any:
+    from nemo_dp.data_plane.factory import validate_trainer_selection
+
+    return validate_trainer_selection(cfg)
+
+
+def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig:
+    """Validate a composed configuration completely, before any process starts.
+
+    Args:
+        cfg: The composed root node (with or without the ``hydra`` node).
+        check_pair: Also check that the (algorithm, data_plane) pair is served by a trainer,
+            via the factory's own registry lookup (``validate_trainer_selection``).
+
+    Returns:
+        The configuration converted to dataclasses (every ``__post_init__`` rule has run).
+
+    Raises:
+        ValueError: A range/legal-value rule failed; the message names the full key and the
+            legal values.  An illegal (algorithm, data_plane) pair raises the factory's
+            ``ValueError`` naming both keys.
+        omegaconf.errors.MissingMandatoryValue: A required key (``???``) is unset.
+    """
+    node = _without_hydra(cfg)
+    missing = sorted(k for k in OmegaConf.missing_keys(node))
+    if missing:
+        raise ValueError(f"{missing[0]}: required value is missing (all missing keys: {missing})")
+    obj = OmegaConf.to_object(node)
+    if not isinstance(obj, MasterConfig):
+        raise TypeError(f"config root must use config_schema, got {type(obj).__name__}")
+    if not isinstance(obj.algorithm, (SFTConfig, GRPOConfig)):
+        raise ValueError(
+            f"algorithm: group file must list its schema first; legal values: {list(ALGORITHM_NAMES)}"
+        )
+    if check_pair:
+        _check_pair(node)
+        if isinstance(obj.algorithm, GRPOConfig) and obj.algorithm.warm_start.enabled:
+            _check_pair(warm_start_config(node))
+    return obj
+
+
+def _without_hydra(cfg: DictConfig) -> DictConfig:
+    if "hydra" not in cfg:
+        return cfg
+    node = cfg.copy()
+    with open_dict(node):
+        del node["hydra"]
+    return node
+
+
+def _check_pair(node: DictConfig) -> None:
+    # The factory's own registry lookup (no import, no output): the same table
+    # select_sync_trainer uses later, so validation and selection cannot disagree.
+    _trainer_lookup(node)
+
+
+def warm_start_config(cfg: DictConfig) -> DictConfig:
+    """Derive the SFT configuration of a GRPO run's ``algorithm.warm_start`` phase.
+
+    The result is the same root config with ``algorithm`` replaced by an SFT node built from
+    the warm-start keys and ``policy.optimizer.lr`` set to the warm-start learning rate, so the
+    launcher can select the warm-start trainer through the same factory lookup.
+
+    Args:
+        cfg: A root config whose algorithm is GRPO.
+
+    Returns:
+        A new root ``DictConfig`` (struct mode, ``hydra`` node dropped).
+
+    Raises:
+        ValueError: If ``cfg.algorithm`` is not GRPO.
+    """
+    if cfg.algorithm.name != "grpo":
+        raise ValueError(f"algorithm.warm_start: only GRPO has a warm start, got {cfg.algorithm.name!r}")
+    ws = cfg.algorithm.warm_start
+    sft = OmegaConf.structured(
+        SFTConfig(
+            max_steps=int(ws.max_steps),
+            num_train_samples=int(ws.num_train_samples),
+            val_period=0,
+            val_samples=int(ws.val_samples),
+            val_at_start=False,
+            shuffle=True,
+        )
+    )
+    out = _without_hydra(cfg).copy()
+    with open_dict(out):
+        out.algorithm = sft
+    out.policy.optimizer.lr = float(ws.lr)
+    return out
+
+
+def _check_writable(key: str, path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_probe_"):
+            pass
+    except OSError as exc:
+        raise PreflightError(f"{key}: output path {str(path)!r} is not writable: {exc}") from exc
+
+
+def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
+    """Checks that must pass before Ray starts.
+
+    * CPU budget: a local Ray gets ``cluster.num_cpus`` logical CPUs; that must not exceed the
+      machine's CPUs, and the policy workers' compute threads (``dp_size x torch_threads``)
+      must fit in it (workers reserve ``num_cpus=0`` but their threads still need cores).
+    * Output paths: the run directory and the checkpoint directory are writable; a
+      ``checkpointing.resume_from`` directory exists.
+
+    Args:
+        cfg: The validated configuration.
+        run_dir: The run's output directory.
+
+    Raises:
+        PreflightError: Naming the key at fault.
+    """
+    machine = os.cpu_count() or 1
+    if cfg.cluster.address is None and cfg.cluster.num_cpus > machine:
+        raise PreflightError(
+            f"cluster.num_cpus: {cfg.cluster.num_cpus} exceeds the {machine} CPUs of this machine"
+        )
+    threads = cfg.policy.dp_size * cfg.policy.torch_threads
+    if cfg.cluster.address is None and threads > cfg.cluster.num_cpus:
+        raise PreflightError(
+            f"policy.dp_size x policy.torch_threads = {threads} compute threads exceed "
+            f"cluster.num_cpus={cfg.cluster.num_cpus}; lower policy.dp_size or policy.torch_threads"
+        )
+    run = Path(run_dir)
+    _check_writable("hydra.run.dir", run)
+    if cfg.checkpointing.enabled:
+        _check_writable("checkpointing.checkpoint_dir", run / cfg.checkpointing.checkpoint_dir)
+    if cfg.checkpointing.resume_from is not None and not Path(cfg.checkpointing.resume_from).is_dir():
+        raise PreflightError(
+            f"checkpointing.resume_from: {cfg.checkpointing.resume_from!r} is not a directory"
+        )
+
+
+# Re-exported for type hints in trainers and tests.
+__all__ += [
+    "MasterConfig",
+    "PolicyConfig",
+    "SFTConfig",
+    "GRPOConfig",
+    "EnvConfig",
+    "ClusterConfig",
+    "LoggerConfig",
+    "CheckpointingConfig",
+]

@@ -1,0 +1,659 @@
+"""Benchmarks for nemo_dp, configured with Hydra: ``python launchers/bench.py bench=data_plane``.
+
+Why it exists: the data plane is only worth its complexity if moving a step's tensors through
+it costs about what copying them costs.  ``bench=data_plane`` measures, side by side in one
+run and on the same bytes, put and get throughput of
+
+* ``memcpy`` - an in-process ``torch.clone`` of the payload's tensors (the physical floor);
+* ``local`` - the Local adapter (``LocalDataPlaneClient``) through ``build_data_plane_client``;
+* ``transfer_queue`` - the TransferQueue adapter through ``build_data_plane_client``;
+* ``tq_raw`` - the raw library calls ``transfer_queue.kv_batch_put/kv_batch_get`` on the same
+  data and system, to isolate the adapter's overhead.  Only
+  ``nemo_dp/data_plane/adapters/transfer_queue.py`` may import ``transfer_queue`` inside the
+  ``nemo_dp`` package; this launcher lives outside the package and imports it lazily, for this
+  one measurement only;
+* ``ray_tensordict`` / ``ray_numpy`` - Ray's object store with the TensorDict (pickled, copied)
+  and with a dict of numpy buffers (zero-copy), read in the driver and in a ``num_cpus=0`` actor.
+
+Payloads are ``dense`` (``float32[rows, cols]``) and ``jagged`` (int64 tokens plus float32
+logprobs, row lengths in ``[jagged_min_len, jagged_max_len]``) at the configured sizes.  The
+table (min/median ms, MB/s, throughput relative to one memory copy, time relative to raw
+TransferQueue) is printed and written as JSON into Hydra's output directory.  Other benchmarks
+(``bench=grpo_step``, ``bench=sft_step``) plug into :data:`BENCHES` by ``bench.name``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDict
+
+from nemo_dp.data_plane.factory import build_data_plane_client, coerce_data_plane_config
+from nemo_dp.data_plane.interfaces import (
+    DataPlaneClient,
+    DataPlaneConfig,
+    LocalDataPlaneConfig,
+    register_data_plane_configs,
+)
+
+_LOG = logging.getLogger("nemo_dp.bench")
+
+MEMCPY = "memcpy"
+LOCAL = "local"
+TQ_ADAPTER = "transfer_queue"
+TQ_RAW = "tq_raw"
+RAY_TD = "ray_tensordict"
+RAY_NUMPY = "ray_numpy"
+ALL_BACKENDS: tuple[str, ...] = (MEMCPY, LOCAL, TQ_ADAPTER, TQ_RAW, RAY_TD, RAY_NUMPY)
+ALL_PAYLOADS: tuple[str, ...] = ("dense", "jagged")
+_NEEDS_TQ = {TQ_ADAPTER, TQ_RAW}
+_NEEDS_RAY = {TQ_ADAPTER, TQ_RAW, RAY_TD, RAY_NUMPY}
+_MIB = 1 << 20
+_MB = 1e6
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataPlaneBenchConfig:
+    """``bench`` for ``bench=data_plane`` (schema of ``conf/bench/data_plane.yaml``)."""
+
+    name: str = "data_plane"
+    backends: list[str] = field(default_factory=lambda: list(ALL_BACKENDS))
+    payloads: list[str] = field(default_factory=lambda: list(ALL_PAYLOADS))
+    sizes_mib: list[float] = field(default_factory=lambda: [1.0, 64.0, 256.0])
+    reps: int = 5
+    large_reps: int = 3
+    large_from_mib: float = 256.0
+    warmup: int = 1
+    dense_rows: int = 512
+    jagged_min_len: int = 100
+    jagged_max_len: int = 1500
+    seed: int = 0
+    num_cpus: int = 2
+    output_file: str = "bench_data_plane.json"
+
+    def __post_init__(self) -> None:
+        def fail(key: str, message: str) -> None:
+            raise ValueError(f"bench.{key}: {message}")
+
+        unknown = [b for b in self.backends if b not in ALL_BACKENDS]
+        if unknown or not self.backends:
+            fail("backends", f"unknown or empty {unknown or self.backends}; legal: {list(ALL_BACKENDS)}")
+        if len(set(self.backends)) != len(self.backends):
+            fail("backends", f"duplicates in {self.backends}")
+        unknown = [p for p in self.payloads if p not in ALL_PAYLOADS]
+        if unknown or not self.payloads:
+            fail("payloads", f"unknown or empty {unknown or self.payloads}; legal: {list(ALL_PAYLOADS)}")
+        if not self.sizes_mib or any(not (s > 0 and math.isfinite(s)) for s in self.sizes_mib):
+            fail("sizes_mib", f"need positive sizes, got {self.sizes_mib}")
+        for key in ("reps", "large_reps", "dense_rows", "jagged_min_len", "num_cpus"):
+            if getattr(self, key) < 1:
+                fail(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.warmup < 0:
+            fail("warmup", f"must be >= 0, got {self.warmup}")
+        if self.jagged_max_len < self.jagged_min_len:
+            fail("jagged_max_len", f"must be >= jagged_min_len={self.jagged_min_len}")
+        if not self.output_file or "/" in self.output_file:
+            fail("output_file", f"must be a plain file name, got {self.output_file!r}")
+
+
+def register_bench_configs() -> None:
+    """Store the bench schemas (group ``bench``) and the data-plane schemas in the ConfigStore."""
+    register_data_plane_configs()
+    ConfigStore.instance().store(group="bench", name="data_plane_schema", node=DataPlaneBenchConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# payloads
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Payload:
+    """The same bytes in the three shapes the backends take."""
+
+    kind: str
+    size_mib: float
+    td: TensorDict
+    rows: int
+    nbytes: int
+    sample_ids: list[str]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The flat buffers that hold the payload (what a memory copy has to move)."""
+        out = []
+        for key in self.td.keys():
+            t = self.td.get(key)
+            out.append(t.values() if t.is_nested else t)
+        return out
+
+    def numpy_dict(self) -> dict[str, np.ndarray]:
+        """Zero-copy numpy views (values/offsets for jagged columns) for Ray's object store."""
+        out: dict[str, np.ndarray] = {}
+        for key in self.td.keys():
+            t = self.td.get(key)
+            if t.is_nested:
+                out[f"{key}.values"] = t.values().numpy()
+                out[f"{key}.offsets"] = t.offsets().numpy()
+            else:
+                out[key] = t.numpy()
+        return out
+
+
+def make_payload(kind: str, size_mib: float, bench: DataPlaneBenchConfig) -> Payload:
+    """Build a ``dense`` or ``jagged`` payload of about ``size_mib`` MiB of tensor bytes.
+
+    Args:
+        kind: ``"dense"`` or ``"jagged"``.
+        size_mib: Target size.
+        bench: Shapes and seed.
+
+    Returns:
+        The payload (sample ids ``row{i}``).
+    """
+    gen = torch.Generator().manual_seed(bench.seed)
+    target = int(size_mib * _MIB)
+    if kind == "dense":
+        rows = bench.dense_rows
+        cols = max(1, target // (4 * rows))
+        td = TensorDict({"x": torch.randn(rows, cols, generator=gen)}, batch_size=[rows])
+    else:
+        per_token = 8 + 4  # int64 token + float32 logprob
+        mean_len = (bench.jagged_min_len + bench.jagged_max_len) / 2
+        estimate = max(1, int(target / (per_token * mean_len)) + 16)
+        lengths = torch.randint(
+            bench.jagged_min_len, bench.jagged_max_len + 1, (estimate,), generator=gen
+        )
+        cum = torch.cumsum(lengths, 0)
+        rows = max(1, int(torch.searchsorted(cum, target // per_token).item()) + 1)
+        rows = min(rows, estimate)
+        lengths = lengths[:rows]
+        offsets = torch.zeros(rows + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        total = int(offsets[-1].item())
+        tokens = torch.randint(0, 32_000, (total,), generator=gen, dtype=torch.int64)
+        logprobs = -torch.rand(total, generator=gen)
+        td = TensorDict(
+            {
+                "tokens": torch.nested.nested_tensor_from_jagged(tokens, offsets),
+                "logprobs": torch.nested.nested_tensor_from_jagged(logprobs, offsets.clone()),
+            },
+            batch_size=[rows],
+        )
+    payload = Payload(kind, size_mib, td, rows, 0, [f"row{i}" for i in range(rows)])
+    payload.nbytes = sum(t.numel() * t.element_size() for t in payload.tensors())
+    return payload
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.values() if t.is_nested else t.reshape(-1)
+
+
+def verify_roundtrip(payload: Payload, out: Any, backend: str) -> None:
+    """Check that a read returned the payload's bytes (a fast wrong answer is not a result).
+
+    Raises:
+        RuntimeError: Rows, fields or values differ.
+    """
+    if isinstance(out, dict):  # numpy dict from Ray
+        ref = payload.numpy_dict()
+        if set(out) != set(ref) or not all(np.array_equal(out[k], ref[k]) for k in ref):
+            raise RuntimeError(f"{backend}: numpy round trip differs from the payload")
+        return
+    if out.batch_size[0] != payload.rows or set(out.keys()) != set(payload.td.keys()):
+        raise RuntimeError(
+            f"{backend}: read returned {out.batch_size[0]} rows / fields {sorted(out.keys())}, "
+            f"expected {payload.rows} / {sorted(payload.td.keys())}"
+        )
+    for key in payload.td.keys():
+        if not torch.equal(_flat(out.get(key)), _flat(payload.td.get(key))):
+            raise RuntimeError(f"{backend}: field {key!r} differs from the payload")
+
+
+# ---------------------------------------------------------------------------------------------
+# backends
+# ---------------------------------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return (time.perf_counter() - start) * 1000.0, result
+
+
+class Backend:
+    """One measured backend: ``once`` runs one repetition and returns ``{op: ms}``."""
+
+    name: str
+
+    def once(self, payload: Payload, tag: str, verify: bool) -> dict[str, float]:
+        """One repetition on ``payload``; with ``verify`` the read is checked against it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the backend holds."""
+
+
+class MemcpyBackend(Backend):
+    """``torch.clone`` of every buffer of the payload: one memory copy, the physical floor."""
+
+    name = MEMCPY
+
+    def once(self, payload: Payload, tag: str, verify: bool) -> dict[str, float]:
+        buffers = payload.tensors()
+        ms, copies = _timed(lambda: [t.clone() for t in buffers])
+        if verify and not all(torch.equal(a, b) for a, b in zip(copies, buffers)):
+            raise RuntimeError("memcpy: clone differs")
+        return {"copy": ms}
+
+
+class ClientBackend(Backend):
+    """A ``DataPlaneClient``: register, put (timed), get (timed), drop the partition."""
+
+    def __init__(self, name: str, client: DataPlaneClient) -> None:
+        self.name = name
+        self.client = client
+
+    def once(self, payload: Payload, tag: str, verify: bool) -> dict[str, float]:
+        pid = f"bench_{self.name}_{tag}"
+        fields = list(payload.td.keys())
+        ids = payload.sample_ids
+        self.client.register_partition(pid, fields=fields, num_samples=payload.rows, consumer_tasks=[])
+        try:
+            put_ms, _ = _timed(lambda: self.client.put_samples(ids, pid, payload.td))
+            get_ms, out = _timed(lambda: self.client.get_samples(ids, pid, fields))
+            if verify:
+                verify_roundtrip(payload, out, self.name)
+            del out
+        finally:
+            self.client.clear_samples(None, pid)
+        return {"put": put_ms, "get": get_ms}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RawTransferQueueBackend(Backend):
+    """The library's own ``kv_batch_put``/``kv_batch_get`` on the adapter's running system.
+
+    Lives in the launcher, not in ``nemo_dp``: inside the package only the TransferQueue adapter
+    may import the library.  Requires the adapter client to have bootstrapped the system.
+    """
+
+    name = TQ_RAW
+
+    def __init__(self) -> None:
+        import transfer_queue  # deliberate: raw-library baseline for the adapter overhead
+
+        self.tq = transfer_queue
+
+    def once(self, payload: Payload, tag: str, verify: bool) -> dict[str, float]:
+        pid = f"bench_raw_{tag}"
+        fields = list(payload.td.keys())
+        keys = payload.sample_ids
+        put_ms, _ = _timed(lambda: self.tq.kv_batch_put(keys=keys, partition_id=pid, fields=payload.td))
+        try:
+            get_ms, out = _timed(
+                lambda: self.tq.kv_batch_get(keys=keys, partition_id=pid, select_fields=fields)
+            )
+            if verify:
+                verify_roundtrip(payload, out, self.name)
+            del out
+        finally:
+            self.tq.kv_clear(keys=keys, partition_id=pid)
+        return {"put": put_ms, "get": get_ms}
+
+
+class RayObjectStoreBackend(Backend):
+    """``ray.put``/``ray.get`` in the driver, plus ``ray.get`` timed inside a ``num_cpus=0`` actor."""
+
+    def __init__(self, name: str, reader: Any, as_numpy: bool) -> None:
+        import ray
+
+        self.ray = ray
+        self.name = name
+        self.reader = reader
+        self.as_numpy = as_numpy
+
+    def once(self, payload: Payload, tag: str, verify: bool) -> dict[str, float]:
+        value = payload.numpy_dict() if self.as_numpy else payload.td
+        put_ms, ref = _timed(lambda: self.ray.put(value))
+        get_ms, out = _timed(lambda: self.ray.get(ref))
+        if verify:
+            verify_roundtrip(payload, out, self.name)
+        del out
+        # The ref travels boxed in a list so that Ray does not resolve it before the actor times it.
+        actor_s = self.ray.get(self.reader.timed_get.remote([ref]))
+        del ref
+        return {"put": put_ms, "get": get_ms, "get_actor": actor_s * 1000.0}
+
+
+def _make_reader_actor() -> Any:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class ObjectReader:
+        """Times ``ray.get`` of a boxed object ref inside a separate worker process."""
+
+        def timed_get(self, boxed: list) -> float:
+            start = time.perf_counter()
+            value = ray.get(boxed[0])
+            elapsed = time.perf_counter() - start
+            del value
+            return elapsed
+
+    return ObjectReader.remote()
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """Summary of one (payload, size, backend, op)."""
+
+    payload: str
+    size_mib: float
+    nbytes: int
+    rows: int
+    backend: str
+    op: str
+    reps: int
+    min_ms: float
+    median_ms: float
+    mb_per_s: float
+    tput_vs_memcpy: float | None = None
+    time_vs_tq_raw: float | None = None
+    times_ms: list[float] = field(default_factory=list)
+
+
+def summarize(payload: Payload, backend: str, times: dict[str, list[float]]) -> list[Row]:
+    rows = []
+    for op, samples in times.items():
+        median = statistics.median(samples)
+        rows.append(
+            Row(
+                payload=payload.kind,
+                size_mib=payload.size_mib,
+                nbytes=payload.nbytes,
+                rows=payload.rows,
+                backend=backend,
+                op=op,
+                reps=len(samples),
+                min_ms=min(samples),
+                median_ms=median,
+                mb_per_s=payload.nbytes / _MB / (median / 1000.0) if median > 0 else math.inf,
+                times_ms=list(samples),
+            )
+        )
+    return rows
+
+
+def add_ratios(rows: list[Row]) -> None:
+    """``tput_vs_memcpy`` = memcpy median / op median; ``time_vs_tq_raw`` = op / raw TQ op."""
+    by_key = {(r.payload, r.size_mib, r.backend, r.op): r for r in rows}
+    for r in rows:
+        copy = by_key.get((r.payload, r.size_mib, MEMCPY, "copy"))
+        if copy is not None and r.median_ms > 0:
+            r.tput_vs_memcpy = copy.median_ms / r.median_ms
+        raw = by_key.get((r.payload, r.size_mib, TQ_RAW, r.op))
+        if raw is not None and raw.median_ms > 0:
+            r.time_vs_tq_raw = r.median_ms / raw.median_ms
+
+
+def evaluate_targets(rows: list[Row]) -> list[dict[str, Any]]:
+    """The data-plane targets at 64 MiB (reported, never asserted)."""
+    by_key = {(r.payload, r.size_mib, r.backend, r.op): r for r in rows}
+    targets: list[dict[str, Any]] = []
+    for op in ("put", "get"):
+        r = by_key.get(("dense", 64.0, LOCAL, op))
+        value = r.tput_vs_memcpy if r is not None else None
+        targets.append(
+            {
+                "target": f"local {op} throughput >= 0.7x one memory copy (dense 64 MiB)",
+                "value": value,
+                "met": None if value is None else value >= 0.7,
+            }
+        )
+    for payload in ("dense", "jagged"):
+        for op in ("put", "get"):
+            r = by_key.get((payload, 64.0, TQ_ADAPTER, op))
+            value = r.time_vs_tq_raw if r is not None else None
+            targets.append(
+                {
+                    "target": f"transfer_queue adapter {op} <= 1.10x raw library time ({payload} 64 MiB)",
+                    "value": value,
+                    "met": None if value is None else value <= 1.10,
+                }
+            )
+    return targets
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows: list[Row]) -> str:
+    header = (
+        f"{'payload':<8}{'MiB':>7}{'rows':>7}  {'backend':<16}{'op':<10}{'n':>3}"
+        f"{'min ms':>10}{'med ms':>10}{'MB/s':>10}{'x memcpy':>10}{'/ tq_raw':>10}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r.payload:<8}{r.size_mib:>7g}{r.rows:>7}  {r.backend:<16}{r.op:<10}{r.reps:>3}"
+            f"{r.min_ms:>10.2f}{r.median_ms:>10.2f}{r.mb_per_s:>10.0f}"
+            f"{_fmt(r.tput_vs_memcpy, '10.2f'):>10}{_fmt(r.time_vs_tq_raw, '10.2f'):>10}"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# the data-plane bench
+# ---------------------------------------------------------------------------------------------
+
+
+def _setup_backends(
+    bench: DataPlaneBenchConfig,
+    tq_cfg: Any,
+    local_cfg: Any,
+    opened: list[Backend],
+    errors: dict[str, str],
+) -> dict[str, Backend]:
+    """Create the selected backends; a backend that fails to start is recorded in ``errors``."""
+    backends: dict[str, Backend] = {}
+    selected = set(bench.backends)
+    if MEMCPY in selected:
+        backends[MEMCPY] = MemcpyBackend()
+    if LOCAL in selected:
+        backends[LOCAL] = ClientBackend(LOCAL, build_data_plane_client(local_cfg))
+        opened.append(backends[LOCAL])
+    if selected & _NEEDS_TQ:
+        try:
+            tq_client = build_data_plane_client(tq_cfg, bootstrap=True)
+        except Exception as exc:  # recorded per backend, reported, and fails the run at the end
+            for name in sorted(selected & _NEEDS_TQ):
+                errors[name] = f"TransferQueue bootstrap failed: {type(exc).__name__}: {exc}"
+        else:
+            tq_backend = ClientBackend(TQ_ADAPTER, tq_client)
+            # Closed last among backends: its close tears down the controller (raw calls first).
+            opened.append(tq_backend)
+            if TQ_ADAPTER in selected:
+                backends[TQ_ADAPTER] = tq_backend
+            if TQ_RAW in selected:
+                try:
+                    backends[TQ_RAW] = RawTransferQueueBackend()
+                except Exception as exc:
+                    errors[TQ_RAW] = f"{type(exc).__name__}: {exc}"
+    if selected & {RAY_TD, RAY_NUMPY}:
+        reader = _make_reader_actor()
+        if RAY_TD in selected:
+            backends[RAY_TD] = RayObjectStoreBackend(RAY_TD, reader, as_numpy=False)
+        if RAY_NUMPY in selected:
+            backends[RAY_NUMPY] = RayObjectStoreBackend(RAY_NUMPY, reader, as_numpy=True)
+    return backends
+
+
+def run_data_plane_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Measure every selected backend on every payload and size; write the JSON report.
+
+    Args:
+        cfg: The composed root config (``bench``, ``data_plane``, ``local_data_plane``).
+        output_dir: Where the JSON goes (Hydra's run directory).
+
+    Returns:
+        The report that was written.
+
+    Raises:
+        RuntimeError: Any backend failed (after the report with the errors was written).
+    """
+    bench = OmegaConf.to_object(cfg.bench)
+    assert isinstance(bench, DataPlaneBenchConfig)
+    selected = set(bench.backends)
+    local_cfg = coerce_data_plane_config(cfg.local_data_plane) if LOCAL in selected else None
+    if local_cfg is not None and not isinstance(local_cfg, LocalDataPlaneConfig):
+        raise ValueError("local_data_plane must be the 'local' data_plane option")
+    tq_cfg = coerce_data_plane_config(cfg.data_plane) if selected & _NEEDS_TQ else None
+    if tq_cfg is not None and not (isinstance(tq_cfg, DataPlaneConfig) and tq_cfg.enabled):
+        raise ValueError(
+            f"backends {sorted(selected & _NEEDS_TQ)} need data_plane=tq (enabled TransferQueue)"
+        )
+
+    rows: list[Row] = []
+    errors: dict[str, str] = {}
+    opened: list[Backend] = []
+    ray_started = False
+    try:
+        if selected & _NEEDS_RAY:
+            from nemo_dp.distributed.ray_init import init_ray
+
+            init_ray(num_cpus=bench.num_cpus, data_plane_cfg=tq_cfg)
+            ray_started = True
+        backends = _setup_backends(bench, tq_cfg, local_cfg, opened, errors)
+        for kind in bench.payloads:
+            for size in bench.sizes_mib:
+                payload = make_payload(kind, size, bench)
+                reps = bench.large_reps if size >= bench.large_from_mib else bench.reps
+                print(
+                    f"[bench] {kind} {size:g} MiB: {payload.rows} rows, {payload.nbytes / _MB:.1f} MB, "
+                    f"{reps} reps",
+                    flush=True,
+                )
+                times: dict[str, dict[str, list[float]]] = {}
+                # Repetition-major order: every backend sees the same load drift on this shared
+                # machine instead of one backend getting all the quiet seconds.
+                for i in range(bench.warmup + reps):
+                    for name in bench.backends:
+                        backend = backends.get(name)
+                        if backend is None or name in errors:
+                            continue
+                        tag = f"{kind}_{size:g}_{i}"
+                        try:
+                            sample = backend.once(payload, tag, verify=i == bench.warmup)
+                        except Exception as exc:  # one broken backend must not hide the others
+                            _LOG.exception("backend %s failed on %s %g MiB", name, kind, size)
+                            errors[name] = f"{kind} {size:g} MiB: {type(exc).__name__}: {exc}"
+                            continue
+                        if i >= bench.warmup:
+                            for op, ms in sample.items():
+                                times.setdefault(name, {}).setdefault(op, []).append(ms)
+                for name in bench.backends:
+                    if name in times and name not in errors:
+                        rows.extend(summarize(payload, name, times[name]))
+                del payload
+                gc.collect()
+    finally:
+        for backend in reversed(opened):
+            try:
+                backend.close()
+            except Exception:
+                _LOG.exception("closing backend %s failed", backend.name)
+        if ray_started:
+            from nemo_dp.distributed.ray_init import shutdown_ray
+
+            shutdown_ray()
+
+    add_ratios(rows)
+    report = {
+        "bench": "data_plane",
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "host": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "columns": {
+            "tput_vs_memcpy": "memcpy median ms / op median ms (1.0 = as fast as one copy)",
+            "time_vs_tq_raw": "op median ms / raw TransferQueue median ms of the same op",
+        },
+        "results": [asdict(r) for r in rows],
+        "targets": evaluate_targets(rows),
+        "errors": errors,
+    }
+    out_path = output_dir / bench.output_file
+    out_path.write_text(json.dumps(report, indent=2))
+    print(format_table(rows), flush=True)
+    for t in report["targets"]:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        print(f"[target] {t['target']}: {_fmt(t['value'], '.2f')} -> {verdict}", flush=True)
+    print(f"[bench] report: {out_path}", flush=True)
+    if errors:
+        for name, message in errors.items():
+            print(f"[bench] ERROR {name}: {message}", flush=True)
+        raise RuntimeError(f"bench backends failed: {sorted(errors)} (details in {out_path})")
+    return report
+
+
+#: ``bench.name`` -> runner.  Later benchmarks (``grpo_step``, ``sft_step``) register here with
+#: their own ``conf/bench/<name>.yaml`` and schema.
+BENCHES: dict[str, Callable[[DictConfig, Path], dict[str, Any]]] = {
+    "data_plane": run_data_plane_bench,
+}
+
+
+def run_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Dispatch on ``bench.name``.
+
+    Raises:
+        ValueError: Unknown bench name (lists the known ones).
+    """
+    name = cfg.bench.name
+    runner = BENCHES.get(name)
+    if runner is None:
+        raise ValueError(f"unknown bench.name {name!r}; known benches: {sorted(BENCHES)}")
+    return runner(cfg, output_dir)
+
+
+@hydra.main(config_path="../conf", config_name="benchmark", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: ``python launchers/bench.py bench=data_plane [overrides]``."""
+    run_bench(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+if __name__ == "__main__":
+    register_bench_configs()
+    main()

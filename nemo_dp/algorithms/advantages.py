@@ -1,0 +1,90 @@
+"""Group-relative (GRPO) baselines and advantages.
+
+Samples of one prompt form a contiguous group of ``group_size`` rows (the layout produced by
+``repeat_interleave``). The advantage of a sample is its reward minus a group baseline,
+optionally divided by the group's reward std.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def grpo_baseline_and_std(
+    rewards: torch.Tensor, group_size: int, leave_one_out: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample baseline and std of its group.
+
+    Args:
+        rewards: float ``[N]``, groups contiguous, ``N`` a multiple of ``group_size``.
+        group_size: Samples per prompt.
+        leave_one_out: Baseline = mean of the OTHER samples of the group (needs
+            ``group_size >= 2``) instead of the group mean.
+
+    Returns:
+        ``(baseline [N], std [N])``. The std is the unbiased (Bessel) std of the whole group,
+        the same for all its members whatever the baseline; 0 for groups of one and for groups
+        whose rewards are all equal. (A leave-one-out std would be 0 for a lone success among
+        failures and blow its advantage up.)
+
+    Raises:
+        ValueError: On a bad shape or group size.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"grpo_baseline_and_std: rewards must be 1-D, got shape {tuple(rewards.shape)}")
+    if group_size < 1:
+        raise ValueError(f"grpo_baseline_and_std: group_size must be >= 1, got {group_size}")
+    n = rewards.shape[0]
+    if n % group_size != 0:
+        raise ValueError(
+            f"grpo_baseline_and_std: {n} rewards are not a multiple of group_size={group_size}"
+        )
+    if leave_one_out and group_size < 2:
+        raise ValueError("grpo_baseline_and_std: leave_one_out needs group_size >= 2, got 1")
+    groups = rewards.float().view(-1, group_size)
+    total = groups.sum(dim=1, keepdim=True)
+    if leave_one_out:
+        baseline = (total - groups) / (group_size - 1)
+    else:
+        baseline = (total / group_size).expand_as(groups)
+    if group_size >= 2:
+        std = groups.std(dim=1, unbiased=True, keepdim=True).expand_as(groups)
+    else:
+        std = torch.zeros_like(groups)
+    return baseline.reshape(n).clone(), std.reshape(n).clone()
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    baseline: torch.Tensor,
+    std: torch.Tensor,
+    normalize_std: bool,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Advantages ``rewards - baseline``, divided by ``std + eps`` when ``normalize_std``.
+
+    Groups with zero std (all rewards equal) get zero advantage with the group-mean baseline
+    and with the leave-one-out baseline alike, so they contribute no policy gradient.
+
+    Args:
+        rewards: float ``[N]``.
+        baseline: float ``[N]``.
+        std: float ``[N]``.
+        normalize_std: Divide by ``std + eps``.
+        eps: Keeps the division finite.
+
+    Returns:
+        float32 ``[N]``.
+
+    Raises:
+        ValueError: If the shapes differ.
+    """
+    if rewards.shape != baseline.shape or rewards.shape != std.shape:
+        raise ValueError(
+            f"grpo_advantages: shapes differ: rewards {tuple(rewards.shape)}, baseline "
+            f"{tuple(baseline.shape)}, std {tuple(std.shape)}"
+        )
+    adv = rewards.float() - baseline.float()
+    if normalize_std:
+        adv = adv / (std.float() + eps)
+    return adv

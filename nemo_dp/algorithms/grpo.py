@@ -1,0 +1,287 @@
+"""Legacy (in-memory) GRPO trainer.
+
+Per step: draw ``num_prompts_per_step`` problems, sample ``num_generations_per_prompt``
+responses each (per-row seeds, so the run is reproducible whatever ``dp_size``), score them,
+compute group baselines (optionally leave-one-out) and stds, optionally drop zero-std groups and
+keep generating until the batch is full (dynamic sampling, bounded by ``max_gen_batches``),
+mask truncated responses (overlong filtering), compute ``prev_logprobs`` and the reference
+policy's log-probs, and train with the clipped policy-gradient loss plus the k3 KL penalty.
+The whole batch lives in driver memory.  Held-out greedy evaluation, per-step metrics and
+checkpoints with exact resume as in ``sft_train``, whose call signature this trainer shares.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
+from nemo_dp.algorithms.rollout import evaluate, rollout
+from nemo_dp.algorithms.sft import restore_trainer_state
+from nemo_dp.algorithms.trainer_common import (
+    TRAINER_STATE_VERSION,
+    Checkpointer,
+    RunLogger,
+    sample_seeds,
+    should_validate,
+)
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.utils.seeding import capture_rng_state
+
+__all__ = ["grpo_train", "collect_grpo_batch", "GRPO_TRAIN_KEYS"]
+
+#: The fields ``policy.train`` receives.
+GRPO_TRAIN_KEYS: tuple[str, ...] = (
+    "input_ids",
+    "input_lengths",
+    "token_mask",
+    "sample_mask",
+    "generation_logprobs",
+    "prev_logprobs",
+    "reference_policy_logprobs",
+    "advantages",
+)
+
+
+def collect_grpo_batch(
+    policy: Any,
+    master_config: Any,
+    *,
+    train_loader: Any,
+    tokenizer: Any,
+    env: Any,
+    step: int,
+) -> tuple[BatchedDataDict, dict[str, Any]]:
+    """Roll out until one step's batch is complete (with dynamic sampling when enabled).
+
+    Args:
+        policy: The policy.
+        master_config: Root config (GRPO algorithm).
+        train_loader: Loader of problems (``num_prompts_per_step`` per batch).
+        tokenizer: The tokenizer.
+        env: The environment.
+        step: The step being collected (1-based; seeds depend on it).
+
+    Returns:
+        ``(batch, info)``: exactly ``num_prompts_per_step x num_generations_per_prompt`` rows
+        with generation fields, ``rewards``, ``baseline``, ``std``; ``info`` holds the
+        unfiltered rewards (truncated to the batch size), ``num_gen_batches`` and
+        ``num_discarded_valid_samples``.
+
+    Raises:
+        ValueError: ``"Dynamic sampling reached max_gen_batches=..."`` when the batch cannot be
+            filled within the budget.
+    """
+    algo = master_config.algorithm
+    group = int(algo.num_generations_per_prompt)
+    target = int(algo.num_prompts_per_step) * group
+    ds = algo.dynamic_sampling
+    pending: BatchedDataDict | None = None
+    unfiltered: list[torch.Tensor] = []
+    num_gen = 0
+    discarded = 0
+    while True:
+        problems = train_loader.next_batch()
+        seeds = sample_seeds(int(master_config.seed), step, num_gen, len(problems) * group)
+        num_gen += 1
+        out = rollout(
+            policy, problems, tokenizer=tokenizer, env=env, group_size=group, seeds=seeds, greedy=False
+        )
+        batch = out.batch
+        rewards = batch["rewards"]
+        baseline, std = grpo_baseline_and_std(rewards, group, bool(algo.use_leave_one_out_baseline))
+        batch["baseline"] = baseline
+        batch["std"] = std
+        unfiltered.append(rewards)
+        if bool(ds.enabled):
+            keep = [i for i, s in enumerate(std.tolist()) if s != 0.0]
+            batch = batch.select_indices(keep) if keep else None
+        if batch is not None:
+            pending = batch if pending is None else BatchedDataDict.from_batches(
+                [pending, batch], pad_value_dict={"input_ids": tokenizer.pad_id}
+            )
+        if not bool(ds.enabled):
+            break
+        have = 0 if pending is None else pending.size
+        if have >= target:
+            if have > target:
+                discarded = have - target
+                pending = pending.slice(0, target)  # type: ignore[union-attr]
+            break
+        if num_gen >= int(ds.max_gen_batches):
+            raise ValueError(
+                f"Dynamic sampling reached max_gen_batches={int(ds.max_gen_batches)} "
+                f"(algorithm.dynamic_sampling.max_gen_batches) with {have} of {target} samples "
+                f"at step {step}: too many groups have identical rewards; raise the budget or "
+                "disable algorithm.dynamic_sampling"
+            )
+    assert pending is not None
+    info = {
+        "unfiltered_rewards": torch.cat(unfiltered)[:target],
+        "num_gen_batches": num_gen,
+        "num_discarded_valid_samples": discarded,
+    }
+    return pending, info
+
+
+def grpo_train(
+    policy: Any,
+    master_config: Any,
+    *,
+    train_loader: Any,
+    val_problems: list[Any],
+    tokenizer: Any,
+    env: Any,
+    logger: RunLogger,
+    checkpointer: Checkpointer,
+    start_state: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Run GRPO for ``algorithm.max_steps`` steps.
+
+    A fresh run (no ``start_state``) freezes the current weights as the reference policy and
+    starts a fresh optimizer at ``policy.optimizer.lr`` (after an SFT warm start this makes the
+    warm-started model the reference).
+
+    Args:
+        policy: The policy facade (``Policy``).
+        master_config: The validated root config (``algorithm`` is GRPO).
+        train_loader: Resumable loader of problems, batch size ``num_prompts_per_step``.
+        val_problems: Held-out problems for greedy exact-match evaluation.
+        tokenizer: The tokenizer.
+        env: The reward environment.
+        logger: The phase's ``RunLogger``.
+        checkpointer: The phase's ``Checkpointer``.
+        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+
+    Returns:
+        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
+
+    Raises:
+        ValueError: Dynamic sampling exhausted ``max_gen_batches``.
+    """
+    algo = master_config.algorithm
+    max_steps = int(algo.max_steps)
+    counters: dict[str, Any] = {
+        "step": 0,
+        "consumed_samples": 0,
+        "val_accuracy": None,
+        "initial_val_accuracy": None,
+    }
+    if start_state is not None:
+        counters.update(
+            restore_trainer_state(start_state, algorithm="grpo", policy=policy, train_loader=train_loader)
+        )
+        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
+    else:
+        policy.snapshot_reference_policy()
+        policy.reset_optimizer(float(master_config.policy.optimizer.lr))
+    loss_cfg = algo.loss
+    loss_fn = ClippedPGLossFn(
+        ratio_clip_min=float(loss_cfg.ratio_clip_min),
+        ratio_clip_max=float(loss_cfg.ratio_clip_max),
+        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
+        token_level_loss=bool(loss_cfg.token_level_loss),
+    )
+    logger.start(max_steps, int(counters["step"]))
+
+    def _evaluate() -> float:
+        ev = evaluate(
+            policy,
+            val_problems,
+            tokenizer=tokenizer,
+            env=env,
+            num_examples_to_print=int(master_config.logger.num_val_examples_to_print),
+        )
+        for line in ev["examples"]:
+            logger.info(f"  {line}")
+        return float(ev["val_accuracy"])
+
+    if counters["step"] == 0 and bool(algo.val_at_start):
+        acc = _evaluate()
+        counters["initial_val_accuracy"] = acc
+        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
+        logger.log_step(0, {"val_accuracy": acc})
+
+    while counters["step"] < max_steps:
+        step = int(counters["step"]) + 1
+        t0 = time.perf_counter()
+        batch, info = collect_grpo_batch(
+            policy, master_config, train_loader=train_loader, tokenizer=tokenizer, env=env, step=step
+        )
+        t_gen = time.perf_counter() - t0
+        adv = grpo_advantages(batch["rewards"], batch["baseline"], batch["std"], bool(algo.normalize_rewards))
+        token_mask = batch["token_mask"]
+        sample_mask = torch.ones(batch.size, dtype=torch.float32)
+        if bool(algo.overlong_filtering):
+            sample_mask = sample_mask * (~batch["truncated"].bool()).float()
+        train_batch = BatchedDataDict(
+            {
+                "input_ids": batch["input_ids"],
+                "input_lengths": batch["input_lengths"],
+                "token_mask": token_mask,
+                "sample_mask": sample_mask,
+                "generation_logprobs": batch["generation_logprobs"],
+                "advantages": adv.unsqueeze(1) * token_mask.float(),
+            }
+        )
+        t1 = time.perf_counter()
+        train_batch["prev_logprobs"] = policy.get_logprobs(train_batch)["logprobs"]
+        train_batch["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_batch)[
+            "reference_logprobs"
+        ]
+        t_lp = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        train_metrics = policy.train(BatchedDataDict({k: train_batch[k] for k in GRPO_TRAIN_KEYS}), loss_fn)
+        t_train = time.perf_counter() - t2
+        counters["step"] = step
+        counters["consumed_samples"] += batch.size
+        rewards = info["unfiltered_rewards"]
+        response_len = token_mask.sum(1).float()
+        metrics: dict[str, Any] = {
+            "loss": train_metrics["loss"],
+            "pg_loss": train_metrics["pg_loss"],
+            "kl_penalty": train_metrics["kl_penalty"],
+            "clip_fraction": train_metrics["clip_fraction"],
+            "grad_norm": train_metrics["grad_norm"],
+            "lr": train_metrics["lr"],
+            "reward_mean": float(rewards.mean()),
+            "train_reward_mean": float(batch["rewards"].mean()),
+            "advantage_abs_mean": float(adv.abs().mean()),
+            "mean_response_length": float(response_len.mean()),
+            "truncated_fraction": float(batch["truncated"].float().mean()),
+            "sample_mask_mean": float(sample_mask.mean()),
+            "dynamic_sampling_num_gen_batches": info["num_gen_batches"],
+            "dynamic_sampling_num_discarded_valid_samples": info["num_discarded_valid_samples"],
+            "consumed_samples": counters["consumed_samples"],
+            "time/generation_s": t_gen,
+            "time/logprobs_s": t_lp,
+            "time/train_s": t_train,
+        }
+        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
+            t3 = time.perf_counter()
+            acc = _evaluate()
+            counters["val_accuracy"] = acc
+            metrics["val_accuracy"] = acc
+            metrics["time/val_s"] = time.perf_counter() - t3
+            logger.info(
+                f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
+                f"held-out accuracy {acc:.3f}"
+            )
+        logger.log_step(step, metrics)
+        if checkpointer.should_save(step, final=step == max_steps):
+            checkpointer.save(
+                step,
+                lambda: {
+                    "trainer_state_version": TRAINER_STATE_VERSION,
+                    "algorithm": "grpo",
+                    "counters": dict(counters),
+                    "policy": policy.state_dict(),
+                    "loader": train_loader.state_dict(),
+                    "driver_rng": capture_rng_state(),
+                },
+            )
+    logger.close()
+    return dict(counters)

@@ -1,0 +1,220 @@
+"""Loss functions for SFT and GRPO, normalised by global (whole-batch) counts.
+
+Every loss divides by the number of valid tokens (or sequences) of the GLOBAL batch, across
+all data-parallel ranks and micro-batches, never by the micro-batch's own count. Summing the
+micro-batch losses (and their gradients) therefore gives exactly the full-batch mean, so the
+DP size and the micro-batching change nothing: this is what makes the legacy and data-plane
+trainers bit-comparable.
+
+All returned metrics are additive: each is this micro-batch's share of the global-batch
+value, so the caller sums them over micro-batches and ranks. Counts (``num_valid_tokens``,
+``num_valid_seqs``) are this micro-batch's raw counts, also summed by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class LossFn(Protocol):
+    """Signature shared by all loss functions."""
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        mb: Mapping[str, torch.Tensor],
+        global_valid_tokens: float,
+        global_valid_seqs: float,
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Per-token log-probabilities aligned with ``input_ids``.
+
+    Args:
+        logits: float ``[B, S, V]``; position t predicts token t + 1.
+        input_ids: int64 ``[B, S]``.
+
+    Returns:
+        float32 ``[B, S]`` where column t is log p(token t | tokens < t) and column 0 is 0.
+
+    Raises:
+        ValueError: If the shapes do not line up.
+    """
+    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
+        raise ValueError(
+            f"token_logprobs_from_logits: logits {tuple(logits.shape)} do not match "
+            f"input_ids {tuple(input_ids.shape)}"
+        )
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return F.pad(picked, (1, 0), value=0.0)
+
+
+def _check_counts(name: str, global_valid_tokens: float, global_valid_seqs: float) -> None:
+    if global_valid_tokens <= 0:
+        raise ValueError(f"{name}: global_valid_tokens must be > 0, got {global_valid_tokens}")
+    if global_valid_seqs <= 0:
+        raise ValueError(f"{name}: global_valid_seqs must be > 0, got {global_valid_seqs}")
+
+
+def _require(name: str, mb: Mapping[str, torch.Tensor], keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if key not in mb:
+            raise KeyError(f"{name}: micro-batch lacks key {key!r} (has {sorted(mb)})")
+
+
+def _valid_mask(mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return mb["token_mask"].float() * mb["sample_mask"].float().unsqueeze(1)
+
+
+class NLLLoss:
+    """Next-token negative log-likelihood on response tokens (``token_mask``) of used rows.
+
+    loss = -sum(logp * token_mask * sample_mask) / global_valid_tokens.
+    Metrics: ``loss`` (share of the global mean), ``num_valid_tokens``, ``num_valid_seqs``.
+    """
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        mb: Mapping[str, torch.Tensor],
+        global_valid_tokens: float,
+        global_valid_seqs: float,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        _check_counts("NLLLoss", global_valid_tokens, global_valid_seqs)
+        _require("NLLLoss", mb, ("input_ids", "token_mask", "sample_mask"))
+        logp = token_logprobs_from_logits(logits, mb["input_ids"])
+        mask = _valid_mask(mb)
+        loss = -(logp * mask).sum() / global_valid_tokens
+        metrics = {
+            "loss": float(loss.detach()),
+            "num_valid_tokens": float(mask.sum()),
+            "num_valid_seqs": float((mb["sample_mask"].float() * (mask.sum(1) > 0).float()).sum()),
+        }
+        return loss, metrics
+
+
+class ClippedPGLossFn:
+    """PPO-style clipped policy-gradient loss with a k3 KL penalty to the reference policy.
+
+    Per token: ratio = exp(logp - prev_logprobs);
+    pg = -min(ratio * A, clip(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max) * A);
+    kl = exp(ref - logp) - (ref - logp) - 1 (k3 estimator, always >= 0);
+    token loss = pg + reference_policy_kl_penalty * kl.
+
+    With ``token_level_loss`` the token losses are summed over valid tokens and divided by
+    ``global_valid_tokens``; otherwise each sequence's mean token loss is summed over valid
+    sequences and divided by ``global_valid_seqs``.
+
+    Args:
+        ratio_clip_min: Lower clip epsilon (ratio clipped at ``1 - ratio_clip_min``).
+        ratio_clip_max: Upper clip epsilon (ratio clipped at ``1 + ratio_clip_max``).
+        reference_policy_kl_penalty: KL coefficient (>= 0).
+        token_level_loss: Token-level (True) or sequence-level (False) normalisation.
+
+    Raises:
+        ValueError: On negative clip epsilons or KL coefficient.
+    """
+
+    def __init__(
+        self,
+        ratio_clip_min: float,
+        ratio_clip_max: float,
+        reference_policy_kl_penalty: float,
+        token_level_loss: bool,
+    ) -> None:
+        for name, value in (
+            ("ratio_clip_min", ratio_clip_min),
+            ("ratio_clip_max", ratio_clip_max),
+            ("reference_policy_kl_penalty", reference_policy_kl_penalty),
+        ):
+            if value < 0:
+                raise ValueError(f"ClippedPGLossFn: {name} must be >= 0, got {value}")
+        self.ratio_clip_min = ratio_clip_min
+        self.ratio_clip_max = ratio_clip_max
+        self.reference_policy_kl_penalty = reference_policy_kl_penalty
+        self.token_level_loss = token_level_loss
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        mb: Mapping[str, torch.Tensor],
+        global_valid_tokens: float,
+        global_valid_seqs: float,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Compute this micro-batch's share of the global loss.
+
+        Args:
+            logits: ``[b, s, V]`` for the micro-batch.
+            mb: Needs input_ids, token_mask, sample_mask, prev_logprobs, advantages, and
+                reference_policy_logprobs when the KL coefficient is non-zero.
+            global_valid_tokens: Valid (masked-in) tokens of the global batch.
+            global_valid_seqs: Valid sequences of the global batch.
+
+        Returns:
+            The loss and additive metrics: ``loss``, ``pg_loss``, ``kl_penalty`` (KL value
+            before the coefficient), ``clip_fraction`` (share of clipped-and-active tokens),
+            ``probs_ratio`` (mean ratio), all as shares of the global normaliser, plus raw
+            ``num_valid_tokens`` and ``num_valid_seqs``.
+        """
+        name = "ClippedPGLossFn"
+        _check_counts(name, global_valid_tokens, global_valid_seqs)
+        keys = ("input_ids", "token_mask", "sample_mask", "prev_logprobs", "advantages")
+        if self.reference_policy_kl_penalty > 0:
+            keys = keys + ("reference_policy_logprobs",)
+        _require(name, mb, keys)
+        logp = token_logprobs_from_logits(logits, mb["input_ids"])
+        mask = _valid_mask(mb)
+        adv = mb["advantages"].float()
+        ratio = torch.exp(logp - mb["prev_logprobs"].float())
+        clipped = ratio.clamp(1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
+        pg_unclipped = -ratio * adv
+        pg_clipped = -clipped * adv
+        pg = torch.maximum(pg_unclipped, pg_clipped)
+        if self.reference_policy_kl_penalty > 0:
+            log_r = mb["reference_policy_logprobs"].float() - logp
+            kl = torch.exp(log_r) - log_r - 1.0
+        else:
+            kl = torch.zeros_like(logp)
+        token_loss = pg + self.reference_policy_kl_penalty * kl
+        clip_active = (pg_clipped > pg_unclipped).float()
+
+        def reduce(x: torch.Tensor) -> torch.Tensor:
+            if self.token_level_loss:
+                return (x * mask).sum() / global_valid_tokens
+            per_seq = (x * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+            return per_seq.sum() / global_valid_seqs
+
+        loss = reduce(token_loss)
+        with torch.no_grad():
+            metrics = {
+                "loss": float(loss),
+                "pg_loss": float(reduce(pg)),
+                "kl_penalty": float(reduce(kl)),
+                "clip_fraction": float(reduce(clip_active)),
+                "probs_ratio": float(reduce(ratio)),
+                "num_valid_tokens": float(mask.sum()),
+                "num_valid_seqs": float((mb["sample_mask"].float() * (mask.sum(1) > 0).float()).sum()),
+            }
+        return loss, metrics
+
+
+def global_valid_counts(token_mask: torch.Tensor, sample_mask: torch.Tensor) -> tuple[float, float]:
+    """The normalisers the loss functions expect, computed over a (global) batch.
+
+    Args:
+        token_mask: int ``[B, S]``.
+        sample_mask: float ``[B]``.
+
+    Returns:
+        ``(valid_tokens, valid_seqs)``: tokens with token_mask * sample_mask == 1, and rows
+        with sample_mask == 1 that have at least one such token.
+    """
+    mask = token_mask.float() * sample_mask.float().unsqueeze(1)
+    seqs = (sample_mask.float() * (mask.sum(1) > 0).float()).sum()
+    return float(mask.sum()), float(seqs)

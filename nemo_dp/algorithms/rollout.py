@@ -1,0 +1,122 @@
+"""Rollouts and held-out evaluation on top of ``Policy.generate``.
+
+A rollout turns problems into a trainable batch: prompts are tokenised (bos + prompt), each is
+repeated ``group_size`` times, the policy samples a response per row with a per-row seed, the
+responses are decoded and scored by the environment.  Evaluation is the same with greedy decoding
+and one row per problem, reporting exact-match accuracy.  The legacy trainers use these directly
+on the driver; nothing here knows about a data plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nemo_dp.data.arithmetic import Problem
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+__all__ = ["Rollout", "decode_responses", "rollout", "evaluate"]
+
+
+@dataclass
+class Rollout:
+    """One rollout batch.
+
+    Attributes:
+        batch: ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
+            ``token_mask``, ``truncated`` (from generation) plus ``rewards`` float32 [N].
+        responses: Decoded response texts (before eos).
+        answers: Reference answers, aligned with the rows.
+    """
+
+    batch: BatchedDataDict
+    responses: list[str]
+    answers: list[str]
+
+
+def decode_responses(batch: BatchedDataDict, tokenizer: Any) -> list[str]:
+    """Decode each row's response tokens (between the prompt and the end of the row).
+
+    Args:
+        batch: Generation output with ``input_ids``, ``prompt_lengths``, ``input_lengths``.
+        tokenizer: The tokenizer (``decode`` stops at eos).
+
+    Returns:
+        One string per row.
+    """
+    ids = batch["input_ids"]
+    starts = batch["prompt_lengths"].tolist()
+    ends = batch["input_lengths"].tolist()
+    return [tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))]
+
+
+def rollout(
+    policy: Any,
+    problems: Sequence[Problem],
+    *,
+    tokenizer: Any,
+    env: Any,
+    group_size: int,
+    seeds: Sequence[int],
+    greedy: bool,
+) -> Rollout:
+    """Generate ``group_size`` responses per problem and score them.
+
+    Rows are grouped: rows ``i * group_size ... (i + 1) * group_size - 1`` answer problem ``i``.
+
+    Args:
+        policy: A ``Policy`` (anything with ``generate(prompts, seeds, greedy=...)``).
+        problems: The problems.
+        tokenizer: The tokenizer.
+        env: The environment (``score(responses, answers)``).
+        group_size: Responses per problem.
+        seeds: One seed per row (``len(problems) * group_size``).
+        greedy: Argmax decoding.
+
+    Returns:
+        The rollout.
+
+    Raises:
+        ValueError: If the number of seeds does not match the rows.
+    """
+    n = len(problems) * group_size
+    if len(seeds) != n:
+        raise ValueError(f"rollout: {len(seeds)} seeds for {n} rows ({len(problems)} problems x {group_size})")
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group_size)]
+    answers = [p.answer for p in problems for _ in range(group_size)]
+    batch = policy.generate(prompts, list(seeds), greedy=greedy)
+    responses = decode_responses(batch, tokenizer)
+    batch["rewards"] = env.score(responses, answers).to(torch.float32)
+    return Rollout(batch=batch, responses=responses, answers=answers)
+
+
+def evaluate(
+    policy: Any, problems: Sequence[Problem], *, tokenizer: Any, env: Any, num_examples_to_print: int = 0
+) -> dict[str, Any]:
+    """Greedy exact-match accuracy on held-out problems.
+
+    Args:
+        policy: The policy.
+        problems: Held-out problems.
+        tokenizer: The tokenizer.
+        env: The environment.
+        num_examples_to_print: Include this many ``prompt -> response`` examples.
+
+    Returns:
+        ``{"val_accuracy": float, "val_samples": int, "examples": [str, ...]}``.
+
+    Raises:
+        ValueError: If ``problems`` is empty.
+    """
+    if not problems:
+        raise ValueError("evaluate: no held-out problems")
+    out = rollout(policy, problems, tokenizer=tokenizer, env=env, group_size=1, seeds=[0] * len(problems), greedy=True)
+    rewards = out.batch["rewards"]
+    examples = [
+        f"{p.prompt}{r!r} (expected {p.answer!r})"
+        for p, r in list(zip(problems, out.responses))[:num_examples_to_print]
+    ]
+    return {"val_accuracy": float(rewards.mean()), "val_samples": len(problems), "examples": examples}

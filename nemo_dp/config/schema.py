@@ -1,0 +1,447 @@
+"""Structured-config schemas for every Hydra config group except ``data_plane``.
+
+The YAML files under ``conf/`` carry the values; these dataclasses carry the types and the
+rules.  Hydra composes in struct mode against them, so an unknown key or a value of the wrong
+type fails at compose time naming the full key; rules OmegaConf cannot express (ranges, legal
+string values, cross-field constraints) run in ``__post_init__``, i.e. when
+``nemo_dp.config.validate_config`` converts the composed node with ``OmegaConf.to_object``, and
+raise ``ValueError`` naming the full key and the legal values.  All of this happens before any
+process starts.  The ``data_plane`` schemas live in ``nemo_dp.data_plane.interfaces``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+__all__ = [
+    "ALGORITHM_NAMES",
+    "SEQUENCE_PACKING_ALGORITHMS",
+    "ModelSchema",
+    "OptimizerConfig",
+    "GenerationConfig",
+    "DynamicBatchingConfig",
+    "SequencePackingConfig",
+    "PolicyConfig",
+    "SFTConfig",
+    "GRPOLossConfig",
+    "DynamicSamplingConfig",
+    "WarmStartConfig",
+    "GRPOConfig",
+    "EnvConfig",
+    "ClusterConfig",
+    "LoggerConfig",
+    "CheckpointingConfig",
+    "MasterConfig",
+]
+
+ALGORITHM_NAMES: tuple[str, ...] = ("sft", "grpo")
+SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
+    "concatenative",
+    "first_fit_decreasing",
+    "modified_first_fit_decreasing",
+)
+OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",)
+ENV_NAMES: tuple[str, ...] = ("arithmetic",)
+MICROBATCH_ORDERS: tuple[str, ...] = ("packer", "largest_first")
+
+
+def _fail(key: str, message: str) -> None:
+    raise ValueError(f"{key}: {message}")
+
+
+def _at_least(key: str, value: float, lower: float) -> None:
+    if not value >= lower:
+        _fail(key, f"must be >= {lower}, got {value!r}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        _fail(key, f"must be > 0, got {value!r}")
+
+
+def _one_of(key: str, value: Any, legal: Sequence[Any]) -> None:
+    if value not in legal:
+        _fail(key, f"got {value!r}; legal values: {list(legal)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# policy
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelSchema:
+    """``policy.model``: the tiny causal transformer (vocabulary size comes from the tokenizer)."""
+
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 4
+    max_seq_len: int = 32
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _at_least("policy.model.n_layers", self.n_layers, 1)
+        _at_least("policy.model.d_model", self.d_model, 1)
+        _at_least("policy.model.n_heads", self.n_heads, 1)
+        if self.d_model % self.n_heads != 0:
+            _fail(
+                "policy.model.d_model",
+                f"must be divisible by policy.model.n_heads={self.n_heads}, got {self.d_model}",
+            )
+        _at_least("policy.model.max_seq_len", self.max_seq_len, 2)
+        if not 0.0 <= self.dropout < 1.0:
+            _fail("policy.model.dropout", f"must be in [0, 1), got {self.dropout!r}")
+
+
+@dataclass
+class OptimizerConfig:
+    """``policy.optimizer``: AdamW with optional linear warm-up."""
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _one_of("policy.optimizer.name", self.name, OPTIMIZER_NAMES)
+        _positive("policy.optimizer.lr", self.lr)
+        _at_least("policy.optimizer.weight_decay", self.weight_decay, 0.0)
+        for key, value in (("beta1", self.beta1), ("beta2", self.beta2)):
+            if not 0.0 <= value < 1.0:
+                _fail(f"policy.optimizer.{key}", f"must be in [0, 1), got {value!r}")
+        _positive("policy.optimizer.eps", self.eps)
+        _at_least("policy.optimizer.warmup_steps", self.warmup_steps, 0)
+
+
+@dataclass
+class GenerationConfig:
+    """``policy.generation``: sampling settings for rollouts (evaluation is always greedy)."""
+
+    max_new_tokens: int = 6
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        _at_least("policy.generation.max_new_tokens", self.max_new_tokens, 1)
+        _positive("policy.generation.temperature", self.temperature)
+
+
+@dataclass
+class DynamicBatchingConfig:
+    """``policy.dynamic_batching``: token-budgeted microbatches planned by the shared planner."""
+
+    enabled: bool = False
+    train_mb_tokens: int = 256
+    logprob_mb_tokens: int = 512
+    sequence_length_round: int = 4
+
+    def __post_init__(self) -> None:
+        _at_least("policy.dynamic_batching.train_mb_tokens", self.train_mb_tokens, 1)
+        _at_least("policy.dynamic_batching.logprob_mb_tokens", self.logprob_mb_tokens, 1)
+        _at_least("policy.dynamic_batching.sequence_length_round", self.sequence_length_round, 1)
+
+
+@dataclass
+class SequencePackingConfig:
+    """``policy.sequence_packing``: bin-packed microbatches (every rank gets the same count)."""
+
+    enabled: bool = False
+    train_mb_tokens: int = 256
+    logprob_mb_tokens: int = 512
+    algorithm: str = "modified_first_fit_decreasing"
+    sequence_length_pad_multiple: int = 1
+    microbatch_order: str = "packer"
+
+    def __post_init__(self) -> None:
+        _at_least("policy.sequence_packing.train_mb_tokens", self.train_mb_tokens, 1)
+        _at_least("policy.sequence_packing.logprob_mb_tokens", self.logprob_mb_tokens, 1)
+        _one_of("policy.sequence_packing.algorithm", self.algorithm, SEQUENCE_PACKING_ALGORITHMS)
+        _at_least(
+            "policy.sequence_packing.sequence_length_pad_multiple",
+            self.sequence_length_pad_multiple,
+            1,
+        )
+        _one_of("policy.sequence_packing.microbatch_order", self.microbatch_order, MICROBATCH_ORDERS)
+
+
+@dataclass
+class PolicyConfig:
+    """``policy``: the worker group, the model, its optimizer and the batching of its work.
+
+    ``train_global_batch_size`` rows make one optimizer step (split over ``dp_size`` workers,
+    each running ``train_micro_batch_size``-row microbatches with gradient accumulation).
+    """
+
+    dp_size: int = 2
+    torch_threads: int = 1
+    model: ModelSchema = field(default_factory=ModelSchema)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    train_global_batch_size: int = 32
+    train_micro_batch_size: int = 16
+    logprob_batch_size: int = 32
+    generation_batch_size: int = 64
+    max_grad_norm: float = 1.0
+    dynamic_batching: DynamicBatchingConfig = field(default_factory=DynamicBatchingConfig)
+    sequence_packing: SequencePackingConfig = field(default_factory=SequencePackingConfig)
+
+    def __post_init__(self) -> None:
+        _at_least("policy.dp_size", self.dp_size, 1)
+        _at_least("policy.torch_threads", self.torch_threads, 1)
+        _at_least("policy.train_global_batch_size", self.train_global_batch_size, 1)
+        _at_least("policy.train_micro_batch_size", self.train_micro_batch_size, 1)
+        _at_least("policy.logprob_batch_size", self.logprob_batch_size, 1)
+        _at_least("policy.generation_batch_size", self.generation_batch_size, 1)
+        if self.train_global_batch_size % self.dp_size != 0:
+            _fail(
+                "policy.train_global_batch_size",
+                f"must be a multiple of policy.dp_size={self.dp_size}, "
+                f"got {self.train_global_batch_size}",
+            )
+        _positive("policy.max_grad_norm", self.max_grad_norm)
+
+
+# ---------------------------------------------------------------------------------------------
+# algorithm
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_common_algorithm(cfg: Any, expected_name: str) -> None:
+    _one_of("algorithm.name", cfg.name, (expected_name,))
+    _at_least("algorithm.max_steps", cfg.max_steps, 1)
+    _at_least("algorithm.val_period", cfg.val_period, 0)
+    _at_least("algorithm.val_samples", cfg.val_samples, 1)
+
+
+@dataclass
+class SFTConfig:
+    """``algorithm`` for SFT: next-token loss on response tokens.
+
+    The loader batch is ``policy.train_global_batch_size`` examples per step.
+    ``val_period`` 0 evaluates only at the end.
+    """
+
+    name: str = "sft"
+    max_steps: int = 100
+    num_train_samples: int = 2000
+    val_period: int = 50
+    val_samples: int = 100
+    val_at_start: bool = False
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        _check_common_algorithm(self, "sft")
+        _at_least("algorithm.num_train_samples", self.num_train_samples, 1)
+
+
+@dataclass
+class GRPOLossConfig:
+    """``algorithm.loss``: clipped policy gradient with a k3 KL penalty to the reference."""
+
+    ratio_clip_min: float = 0.2
+    ratio_clip_max: float = 0.2
+    reference_policy_kl_penalty: float = 0.01
+    token_level_loss: bool = True
+
+    def __post_init__(self) -> None:
+        _at_least("algorithm.loss.ratio_clip_min", self.ratio_clip_min, 0.0)
+        _at_least("algorithm.loss.ratio_clip_max", self.ratio_clip_max, 0.0)
+        _at_least("algorithm.loss.reference_policy_kl_penalty", self.reference_policy_kl_penalty, 0.0)
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """``algorithm.dynamic_sampling``: drop zero-std groups, keep generating to fill the batch."""
+
+    enabled: bool = False
+    max_gen_batches: int = 4
+
+    def __post_init__(self) -> None:
+        _at_least("algorithm.dynamic_sampling.max_gen_batches", self.max_gen_batches, 1)
+
+
+@dataclass
+class WarmStartConfig:
+    """``algorithm.warm_start``: an SFT phase run through the same factory selection first."""
+
+    enabled: bool = False
+    max_steps: int = 100
+    num_train_samples: int = 2000
+    lr: float = 1e-3
+    val_samples: int = 100
+
+    def __post_init__(self) -> None:
+        _at_least("algorithm.warm_start.max_steps", self.max_steps, 1)
+        _at_least("algorithm.warm_start.num_train_samples", self.num_train_samples, 1)
+        _positive("algorithm.warm_start.lr", self.lr)
+        _at_least("algorithm.warm_start.val_samples", self.val_samples, 1)
+
+
+@dataclass
+class GRPOConfig:
+    """``algorithm`` for GRPO: group-relative advantages, clipped PG loss, KL to the reference."""
+
+    name: str = "grpo"
+    max_steps: int = 50
+    num_prompts_per_step: int = 16
+    num_generations_per_prompt: int = 8
+    num_train_prompts: int = 2000
+    val_period: int = 10
+    val_samples: int = 100
+    val_at_start: bool = True
+    use_leave_one_out_baseline: bool = True
+    normalize_rewards: bool = True
+    overlong_filtering: bool = False
+    loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+    def __post_init__(self) -> None:
+        _check_common_algorithm(self, "grpo")
+        _at_least("algorithm.num_prompts_per_step", self.num_prompts_per_step, 1)
+        _at_least("algorithm.num_generations_per_prompt", self.num_generations_per_prompt, 1)
+        if self.use_leave_one_out_baseline and self.num_generations_per_prompt < 2:
+            _fail(
+                "algorithm.num_generations_per_prompt",
+                "must be >= 2 with algorithm.use_leave_one_out_baseline=true, "
+                f"got {self.num_generations_per_prompt}",
+            )
+        _at_least("algorithm.num_train_prompts", self.num_train_prompts, self.num_prompts_per_step)
+
+    @property
+    def samples_per_step(self) -> int:
+        """Rows trained per step: prompts x generations."""
+        return self.num_prompts_per_step * self.num_generations_per_prompt
+
+
+# ---------------------------------------------------------------------------------------------
+# env, cluster, logger, checkpointing
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EnvConfig:
+    """``env``: the task that supplies SFT pairs, RL prompts and the verifiable reward.
+
+    With ``sft_jsonl`` / ``rl_jsonl`` set, training data comes from those files (validation
+    still uses the arithmetic generator's held-out partition unless ``val_jsonl`` is set).
+    """
+
+    name: str = "arithmetic"
+    digits: int = 2
+    operators: list[str] = field(default_factory=lambda: ["+"])
+    seed: int = 0
+    sft_jsonl: Optional[str] = None
+    rl_jsonl: Optional[str] = None
+    val_jsonl: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _one_of("env.name", self.name, ENV_NAMES)
+        _at_least("env.digits", self.digits, 1)
+        if not self.operators:
+            _fail("env.operators", "must not be empty; legal values: ['+', '-', '*']")
+        for op in self.operators:
+            _one_of("env.operators", op, ("+", "-", "*"))
+
+
+@dataclass
+class ClusterConfig:
+    """``cluster``: where Ray runs and the CPU budget it is given.
+
+    Workers are ``num_cpus=0`` actors; ``num_cpus`` is the logical CPU count Ray is started
+    with (ignored when joining a running cluster via ``address``).
+    """
+
+    address: Optional[str] = None
+    num_cpus: int = 2
+
+    def __post_init__(self) -> None:
+        _at_least("cluster.num_cpus", self.num_cpus, 1)
+
+
+@dataclass
+class LoggerConfig:
+    """``logger``: what a run writes and shows (paths relative to the run directory)."""
+
+    metrics_file: str = "metrics.jsonl"
+    plot_file: str = "training_curves.png"
+    plot: bool = True
+    progress_bar: bool = True
+    num_val_examples_to_print: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.metrics_file:
+            _fail("logger.metrics_file", "must be a non-empty file name")
+        if not self.plot_file.endswith(".png"):
+            _fail("logger.plot_file", f"must end with '.png', got {self.plot_file!r}")
+        _at_least("logger.num_val_examples_to_print", self.num_val_examples_to_print, 0)
+
+
+@dataclass
+class CheckpointingConfig:
+    """``checkpointing``: periodic atomic checkpoints and exact resume.
+
+    ``resume_from`` names a checkpoint root (a run's ``checkpoint_dir``); the latest checkpoint
+    under it is loaded.  ``save_period`` 0 saves only at the end.
+    """
+
+    enabled: bool = True
+    checkpoint_dir: str = "checkpoints"
+    save_period: int = 0
+    keep_last: int = 2
+    resume_from: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint_dir:
+            _fail("checkpointing.checkpoint_dir", "must be a non-empty path")
+        _at_least("checkpointing.save_period", self.save_period, 0)
+        _at_least("checkpointing.keep_last", self.keep_last, 1)
+
+
+@dataclass
+class MasterConfig:
+    """The root schema (``config_schema``): one node per group plus the run seed.
+
+    ``algorithm`` and ``data_plane`` are typed by the schema their group file names first
+    (``sft_schema``/``grpo_schema``, ``disabled_schema``/``local_schema``/``tq_schema``).
+    """
+
+    algorithm: Any = MISSING
+    data_plane: Any = MISSING
+    policy: PolicyConfig = MISSING  # type: ignore[assignment]
+    env: EnvConfig = MISSING  # type: ignore[assignment]
+    cluster: ClusterConfig = MISSING  # type: ignore[assignment]
+    logger: LoggerConfig = MISSING  # type: ignore[assignment]
+    checkpointing: CheckpointingConfig = MISSING  # type: ignore[assignment]
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        _at_least("seed", self.seed, 0)
+        algo = self.algorithm
+        if isinstance(algo, GRPOConfig):
+            if algo.samples_per_step % self.policy.train_global_batch_size != 0:
+                _fail(
+                    "policy.train_global_batch_size",
+                    f"must divide algorithm.num_prompts_per_step x "
+                    f"algorithm.num_generations_per_prompt = {algo.samples_per_step}, "
+                    f"got {self.policy.train_global_batch_size}",
+                )
+            longest = self.env.digits * 2 + 3 + self.policy.generation.max_new_tokens
+            if longest > self.policy.model.max_seq_len and self.env.rl_jsonl is None:
+                _fail(
+                    "policy.model.max_seq_len",
+                    f"must be >= {longest} (bos + prompt + policy.generation.max_new_tokens) "
+                    f"for env.digits={self.env.digits}, got {self.policy.model.max_seq_len}",
+                )
+        elif not isinstance(algo, SFTConfig):
+            _fail(
+                "algorithm",
+                f"unknown algorithm schema {type(algo).__name__}; legal values: "
+                f"{list(ALGORITHM_NAMES)}",
+            )

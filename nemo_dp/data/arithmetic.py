@@ -1,0 +1,183 @@
+"""Built-in arithmetic task: verifiable problems such as ``"37+5="`` -> ``"42"``.
+
+Problems are generated deterministically from a seed. The problem space is partitioned into
+train and eval by a stable hash of ``(a, op, b)``, so the eval set is disjoint from every train
+set by construction (whatever the seeds or sizes), which keeps held-out accuracy honest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+SUPPORTED_OPERATORS: tuple[str, ...] = ("+", "-", "*")
+
+# One bucket in EVAL_BUCKETS of the problem space is held out for evaluation.
+EVAL_BUCKETS: int = 10
+
+# Above this many problems the space is sampled by rejection instead of enumerated.
+_ENUMERATION_LIMIT: int = 400_000
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with its reference answer.
+
+    Attributes:
+        prompt: The prompt text, e.g. ``"37+5="``.
+        answer: The exact expected response, e.g. ``"42"``.
+    """
+
+    prompt: str
+    answer: str
+
+
+def _solve(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    return a * b
+
+
+def is_eval_problem(a: int, op: str, b: int) -> bool:
+    """Whether ``(a, op, b)`` belongs to the held-out partition.
+
+    Args:
+        a: Left operand.
+        op: Operator.
+        b: Right operand.
+
+    Returns:
+        True for the eval partition (about 1 in ``EVAL_BUCKETS`` problems).
+    """
+    digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % EVAL_BUCKETS == 0
+
+
+def make_problem(a: int, op: str, b: int) -> Problem:
+    """Build the problem ``f"{a}{op}{b}="`` with its answer.
+
+    Args:
+        a: Left operand (non-negative).
+        op: One of ``SUPPORTED_OPERATORS``.
+        b: Right operand (non-negative).
+
+    Returns:
+        The problem.
+
+    Raises:
+        ValueError: If the operator is unsupported or an operand is negative.
+    """
+    if op not in SUPPORTED_OPERATORS:
+        raise ValueError(f"make_problem: operator {op!r} not in {SUPPORTED_OPERATORS}")
+    if a < 0 or b < 0:
+        raise ValueError(f"make_problem: operands must be non-negative, got a={a}, b={b}")
+    return Problem(prompt=f"{a}{op}{b}=", answer=str(_solve(a, op, b)))
+
+
+class ArithmeticTask:
+    """Deterministic generator of arithmetic problems.
+
+    Operands are drawn uniformly from ``[0, 10**digits)``; the operator uniformly from
+    ``operators``. ``train_problems`` and ``eval_problems`` return distinct problems (no
+    duplicates within a set) from their own partition.
+
+    Args:
+        digits: Maximum number of digits of an operand (>= 1).
+        operators: Operators to use, a non-empty subset of ``("+", "-", "*")``.
+        seed: Seed of the generator.
+
+    Raises:
+        ValueError: On invalid digits or operators.
+    """
+
+    def __init__(self, digits: int, operators: tuple[str, ...], seed: int) -> None:
+        if digits < 1:
+            raise ValueError(f"ArithmeticTask: digits must be >= 1, got {digits}")
+        ops = tuple(operators)
+        if not ops:
+            raise ValueError("ArithmeticTask: operators must not be empty")
+        for op in ops:
+            if op not in SUPPORTED_OPERATORS:
+                raise ValueError(f"ArithmeticTask: operator {op!r} not in {SUPPORTED_OPERATORS}")
+        if len(set(ops)) != len(ops):
+            raise ValueError(f"ArithmeticTask: duplicate operator in {ops}")
+        self.digits = digits
+        self.operators = ops
+        self.seed = seed
+        self._limit = 10**digits
+        self._enumerated: dict[bool, list[tuple[int, str, int]]] | None = None
+
+    @property
+    def space_size(self) -> int:
+        """Number of problems in the whole space (both partitions)."""
+        return self._limit * self._limit * len(self.operators)
+
+    def _partition(self, eval_part: bool) -> list[tuple[int, str, int]]:
+        if self._enumerated is None:
+            parts: dict[bool, list[tuple[int, str, int]]] = {True: [], False: []}
+            for op in self.operators:
+                for a in range(self._limit):
+                    for b in range(self._limit):
+                        parts[is_eval_problem(a, op, b)].append((a, op, b))
+            self._enumerated = parts
+        return self._enumerated[eval_part]
+
+    def _draw(self, n: int, eval_part: bool) -> list[Problem]:
+        if n < 0:
+            raise ValueError(f"ArithmeticTask: number of problems must be >= 0, got {n}")
+        name = "eval" if eval_part else "train"
+        # A str seed is hashed with SHA-512 by `random`, independent of PYTHONHASHSEED.
+        rng = random.Random(f"arith-{name}-{self.seed}")
+        if self.space_size <= _ENUMERATION_LIMIT:
+            pool = self._partition(eval_part)
+            if n > len(pool):
+                raise ValueError(
+                    f"ArithmeticTask: asked for {n} {name} problems but the {name} partition of "
+                    f"digits={self.digits}, operators={self.operators} holds only {len(pool)}"
+                )
+            return [make_problem(*t) for t in rng.sample(pool, n)]
+        if n > self.space_size // (2 * EVAL_BUCKETS):
+            raise ValueError(
+                f"ArithmeticTask: asked for {n} {name} problems, too many to sample without "
+                f"duplicates from a space of {self.space_size}"
+            )
+        seen: set[tuple[int, str, int]] = set()
+        out: list[Problem] = []
+        while len(out) < n:
+            t = (rng.randrange(self._limit), rng.choice(self.operators), rng.randrange(self._limit))
+            if t in seen or is_eval_problem(*t) != eval_part:
+                continue
+            seen.add(t)
+            out.append(make_problem(*t))
+        return out
+
+    def train_problems(self, n: int) -> list[Problem]:
+        """Draw ``n`` distinct training problems.
+
+        Args:
+            n: Number of problems.
+
+        Returns:
+            The problems, in a seed-determined order.
+
+        Raises:
+            ValueError: If the train partition holds fewer than ``n`` problems.
+        """
+        return self._draw(n, eval_part=False)
+
+    def eval_problems(self, n: int) -> list[Problem]:
+        """Draw ``n`` distinct held-out problems (disjoint from any train set).
+
+        Args:
+            n: Number of problems.
+
+        Returns:
+            The problems, in a seed-determined order.
+
+        Raises:
+            ValueError: If the eval partition holds fewer than ``n`` problems.
+        """
+        return self._draw(n, eval_part=True)

@@ -1,0 +1,234 @@
+"""Datasets, a resumable epoch loader, and the SFT collator.
+
+The loader's order depends only on (seed, epoch), and its whole position is a small
+``state_dict`` (epoch + cursor), so a run resumed from a checkpoint sees exactly the batches
+the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+
+from nemo_dp.data.arithmetic import ArithmeticTask, Problem
+from nemo_dp.data.jsonl import load_rl_jsonl, load_sft_jsonl
+from nemo_dp.data.tokenizer import CharTokenizer
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Sized(Protocol[T_co]):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> T_co: ...
+
+
+class SFTDataset:
+    """(prompt, response) pairs.
+
+    Args:
+        pairs: The examples (non-empty).
+
+    Raises:
+        ValueError: If ``pairs`` is empty.
+    """
+
+    def __init__(self, pairs: Sequence[tuple[str, str]]) -> None:
+        if not pairs:
+            raise ValueError("SFTDataset: no examples")
+        self.pairs: list[tuple[str, str]] = [(str(p), str(r)) for p, r in pairs]
+
+    @classmethod
+    def from_arithmetic(cls, task: ArithmeticTask, n: int) -> SFTDataset:
+        """``n`` training problems of ``task`` as (prompt, answer) pairs."""
+        return cls([(p.prompt, p.answer) for p in task.train_problems(n)])
+
+    @classmethod
+    def from_jsonl(cls, path: str) -> SFTDataset:
+        """Pairs from a ``{"prompt", "response"}`` jsonl file."""
+        return cls(load_sft_jsonl(path))
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> tuple[str, str]:
+        return self.pairs[index]
+
+
+class RLPromptDataset:
+    """Problems (prompt + reference answer) for RL.
+
+    Args:
+        problems: The problems (non-empty).
+
+    Raises:
+        ValueError: If ``problems`` is empty.
+    """
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        if not problems:
+            raise ValueError("RLPromptDataset: no problems")
+        self.problems: list[Problem] = list(problems)
+
+    @classmethod
+    def from_arithmetic(cls, task: ArithmeticTask, n: int) -> RLPromptDataset:
+        """``n`` training problems of ``task``."""
+        return cls(task.train_problems(n))
+
+    @classmethod
+    def from_jsonl(cls, path: str) -> RLPromptDataset:
+        """Problems from a ``{"prompt", "answer"}`` jsonl file."""
+        return cls(load_rl_jsonl(path))
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def __getitem__(self, index: int) -> Problem:
+        return self.problems[index]
+
+
+class EpochLoader(Generic[T]):
+    """Deterministic, resumable batch loader.
+
+    Each epoch visits a permutation of the dataset (a function of ``seed`` and the epoch
+    number only, or the identity when ``shuffle`` is False) in full batches; the last partial
+    batch of an epoch is dropped, so every batch has exactly ``batch_size`` examples.
+
+    Args:
+        dataset: Indexable, sized dataset.
+        batch_size: Examples per batch (1 <= batch_size <= len(dataset)).
+        seed: Shuffle seed.
+        shuffle: Shuffle each epoch.
+
+    Raises:
+        ValueError: On a bad batch size.
+    """
+
+    def __init__(self, dataset: _Sized[T], batch_size: int, seed: int, shuffle: bool = True) -> None:
+        if batch_size < 1:
+            raise ValueError(f"EpochLoader: batch_size must be >= 1, got {batch_size}")
+        if batch_size > len(dataset):
+            raise ValueError(f"EpochLoader: batch_size {batch_size} exceeds dataset size {len(dataset)}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.cursor = 0
+        self.last_batch_indices: list[int] = []
+        self._order: list[int] | None = None
+
+    def _epoch_order(self) -> list[int]:
+        if self._order is None:
+            order = list(range(len(self.dataset)))
+            if self.shuffle:
+                random.Random(f"epoch-loader-{self.seed}-{self.epoch}").shuffle(order)
+            self._order = order
+        return self._order
+
+    def next_batch(self) -> list[T]:
+        """The next batch; also sets ``last_batch_indices`` (dataset indices of the batch).
+
+        Returns:
+            ``batch_size`` examples.
+        """
+        if self.cursor + self.batch_size > len(self.dataset):
+            self.epoch += 1
+            self.cursor = 0
+            self._order = None
+        order = self._epoch_order()
+        idx = order[self.cursor : self.cursor + self.batch_size]
+        self.cursor += self.batch_size
+        self.last_batch_indices = idx
+        return [self.dataset[i] for i in idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the loader (plus the settings that must match on resume)."""
+        return {
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "dataset_len": len(self.dataset),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`.
+
+        Args:
+            state: A state dict from a loader with the same settings and dataset size.
+
+        Raises:
+            KeyError: If a field is missing.
+            ValueError: If a setting differs (naming it) or the cursor is out of range.
+        """
+        for key in ("epoch", "cursor", "seed", "batch_size", "shuffle", "dataset_len"):
+            if key not in state:
+                raise KeyError(f"EpochLoader.load_state_dict: missing field {key!r}")
+        current = self.state_dict()
+        for key in ("seed", "batch_size", "shuffle", "dataset_len"):
+            if state[key] != current[key]:
+                raise ValueError(
+                    f"EpochLoader.load_state_dict: {key} is {state[key]!r} in the state but "
+                    f"{current[key]!r} in this loader"
+                )
+        if not 0 <= state["cursor"] <= len(self.dataset) or state["epoch"] < 0:
+            raise ValueError(
+                f"EpochLoader.load_state_dict: invalid position epoch={state['epoch']}, cursor={state['cursor']}"
+            )
+        self.epoch = int(state["epoch"])
+        self.cursor = int(state["cursor"])
+        self._order = None
+
+
+def collate_sft(
+    examples: Sequence[tuple[str, str]], tokenizer: CharTokenizer, max_seq_len: int | None = None
+) -> Any:
+    """Tokenise and right-pad SFT pairs as ``[bos] + prompt + response + [eos]``.
+
+    Args:
+        examples: (prompt, response) pairs.
+        tokenizer: The tokenizer.
+        max_seq_len: If given, a longer example raises.
+
+    Returns:
+        A ``BatchedDataDict`` with ``input_ids`` int64 [B, S] (padded with ``pad_id``),
+        ``input_lengths`` int32 [B], ``token_mask`` int32 [B, S] (1 on response tokens and
+        eos) and ``sample_mask`` float32 [B] (ones).
+
+    Raises:
+        ValueError: On an empty batch, an unknown character, or an example longer than
+            ``max_seq_len`` (naming its index).
+    """
+    from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+    if not examples:
+        raise ValueError("collate_sft: empty batch")
+    seqs: list[list[int]] = []
+    prompt_lens: list[int] = []
+    for i, (prompt, response) in enumerate(examples):
+        p_ids = tokenizer.encode_prompt(prompt)
+        ids = p_ids + tokenizer.encode_response(response)
+        if max_seq_len is not None and len(ids) > max_seq_len:
+            raise ValueError(f"collate_sft: example {i} has {len(ids)} tokens > max_seq_len={max_seq_len}")
+        seqs.append(ids)
+        prompt_lens.append(len(p_ids))
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), tokenizer.pad_id, dtype=torch.long)
+    token_mask = torch.zeros((len(seqs), width), dtype=torch.int32)
+    for i, (ids, pl) in enumerate(zip(seqs, prompt_lens)):
+        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        token_mask[i, pl : len(ids)] = 1
+    return BatchedDataDict(
+        {
+            "input_ids": input_ids,
+            "input_lengths": torch.tensor([len(s) for s in seqs], dtype=torch.int32),
+            "token_mask": token_mask,
+            "sample_mask": torch.ones(len(seqs), dtype=torch.float32),
+        }
+    )

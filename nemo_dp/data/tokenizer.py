@@ -1,0 +1,130 @@
+"""Character-level tokenizer shipped with nemo_dp.
+
+The built-in tasks (arithmetic, small jsonl tasks) need no downloaded vocabulary: a fixed
+character vocabulary in code keeps token ids stable across runs, machines and checkpoints.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable
+
+PAD_TOKEN = "<pad>"
+BOS_TOKEN = "<bos>"
+EOS_TOKEN = "<eos>"
+
+# Order is part of the checkpoint format: appending is safe, reordering is not.
+_CHARACTERS: str = (
+    string.digits
+    + "+-*="
+    + " "
+    + string.ascii_lowercase
+    + string.ascii_uppercase
+    + ".,:;!?()'\"/_#%<>[]{}&@$^|~`\\\n"
+)
+
+
+class CharTokenizer:
+    """Fixed-vocabulary character tokenizer.
+
+    Ids 0, 1, 2 are pad, bos, eos; the characters of ``_CHARACTERS`` follow in order.
+    ``encode`` maps characters only (no special tokens); ``encode_prompt`` and
+    ``encode_response`` add bos / eos the way every trainer and collator in nemo_dp lays out a
+    sequence: ``[bos] + prompt + response + [eos]``.
+    """
+
+    def __init__(self) -> None:
+        self._specials: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)
+        self._id_to_char: list[str] = list(self._specials) + list(_CHARACTERS)
+        self._char_to_id: dict[str, int] = {c: i + len(self._specials) for i, c in enumerate(_CHARACTERS)}
+
+    @property
+    def pad_id(self) -> int:
+        """Id of the padding token."""
+        return 0
+
+    @property
+    def bos_id(self) -> int:
+        """Id of the beginning-of-sequence token."""
+        return 1
+
+    @property
+    def eos_id(self) -> int:
+        """Id of the end-of-sequence token."""
+        return 2
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids (specials included)."""
+        return len(self._id_to_char)
+
+    def encode(self, text: str) -> list[int]:
+        """Encode characters to ids, without special tokens.
+
+        Args:
+            text: The string to encode.
+
+        Returns:
+            One id per character.
+
+        Raises:
+            ValueError: If a character is not in the vocabulary (the message names it).
+        """
+        ids: list[int] = []
+        for pos, ch in enumerate(text):
+            tid = self._char_to_id.get(ch)
+            if tid is None:
+                raise ValueError(
+                    f"CharTokenizer: unknown character {ch!r} at position {pos} in {text!r}"
+                )
+            ids.append(tid)
+        return ids
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Encode a prompt as ``[bos] + encode(prompt)``.
+
+        Args:
+            prompt: The prompt text.
+
+        Returns:
+            The prompt ids, starting with bos.
+        """
+        return [self.bos_id] + self.encode(prompt)
+
+    def encode_response(self, response: str) -> list[int]:
+        """Encode a response as ``encode(response) + [eos]``.
+
+        Args:
+            response: The response text.
+
+        Returns:
+            The response ids, ending with eos.
+        """
+        return self.encode(response) + [self.eos_id]
+
+    def decode(self, ids: Iterable[int], stop_at_eos: bool = True) -> str:
+        """Decode ids to text; pad and bos are dropped.
+
+        Args:
+            ids: Token ids (ints or 0-d tensors).
+            stop_at_eos: Stop at the first eos (the default) instead of skipping it.
+
+        Returns:
+            The decoded text.
+
+        Raises:
+            ValueError: If an id is outside the vocabulary.
+        """
+        out: list[str] = []
+        for raw in ids:
+            tid = int(raw)
+            if tid < 0 or tid >= len(self._id_to_char):
+                raise ValueError(f"CharTokenizer: token id {tid} outside vocabulary of size {self.vocab_size}")
+            if tid == self.eos_id:
+                if stop_at_eos:
+                    break
+                continue
+            if tid in (self.pad_id, self.bos_id):
+                continue
+            out.append(self._id_to_char[tid])
+        return "".join(out)

@@ -1,0 +1,1253 @@
+"""Process-local data-plane adapter: a bounded store of complete batches inside one process.
+
+Why it exists: colocated SFT (a data loader living in the same process as the policy worker
+that consumes its batches) needs the data-plane interface without Ray or TransferQueue.  This
+adapter keeps at most ``max_partitions`` complete batches in memory, each written by exactly one
+put, and hands them out by id or through per-task claims (contract §4 and §5).  Its checkpoints
+are pickle-free: a JSON manifest plus a weights-only ``torch.save`` file (contract §7).
+
+Storage and copies (why the data paths look the way they do):
+
+* A put stores exactly one copy per column: dense tensors as one detached contiguous CPU clone,
+  jagged (``torch.jagged``) tensors as a compact ``values``/``offsets`` pair, non-tensor columns
+  as a deep-copied Python list.  Stored tensors are never mutated afterwards, so reads can
+  gather from them without holding the lock.
+* A get returns fresh tensors (never views of the store): a whole stored column in stored order
+  or any contiguous run of rows is one ``clone`` of a slice; any other selection is one
+  ``index_select`` gather.  Callers may therefore modify what they get without corrupting the
+  store.  Non-tensor columns come back as one ``NonTensorData`` per column holding a deep copy
+  of the selected rows as a list (read them with ``codec.materialize_local``).
+
+Helpers: ``is_local_batch_meta`` (does a meta come from this adapter?) and
+``local_batch_to_tensordict`` (turn a loader batch into the TensorDict a put expects).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+
+from nemo_dp.data_plane.checkpoint_io import (
+    read_manifest,
+    resolve_checkpoint_dir,
+    validate_json_metadata,
+    write_checkpoint_atomically,
+    write_manifest,
+)
+from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta, LocalDataPlaneConfig
+from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION, RESERVED_PREFIX
+
+__all__ = [
+    "LocalDataPlaneClient",
+    "is_local_batch_meta",
+    "local_batch_to_tensordict",
+    "LOCAL_CHECKPOINT_FORMAT",
+    "LOCAL_CHECKPOINT_VERSION",
+    "TENSORS_FILE",
+]
+
+LOCAL_CHECKPOINT_FORMAT = "nemo_dp.local_data_plane"
+LOCAL_CHECKPOINT_VERSION = 1
+TENSORS_FILE = "tensors.pt"
+_OBJECT_KIND = "object"
+_CLOSED_MESSAGE = "Local data-plane client is closed."
+_MAX_LISTED_IDS = 20
+
+
+# ---------------------------------------------------------------------------------------------
+# public helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def is_local_batch_meta(meta: KVBatchMeta) -> bool:
+    """Whether ``meta`` was minted by a ``LocalDataPlaneClient`` (carries a generation).
+
+    Args:
+        meta: Any ``KVBatchMeta``.
+
+    Returns:
+        ``True`` iff ``"local_partition_generation"`` is in ``meta.extra_info``.
+
+    Raises:
+        TypeError: ``meta`` is not a ``KVBatchMeta``.
+    """
+    if not isinstance(meta, KVBatchMeta):
+        raise TypeError(f"is_local_batch_meta expects a KVBatchMeta, got {type(meta).__name__}")
+    return LOCAL_PARTITION_GENERATION in meta.extra_info
+
+
+def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> TensorDict:
+    """Wrap a loader batch as the TensorDict the Local adapter's ``put_samples`` takes.
+
+    Tensors become tensor leaves (not copied here; the put copies). Every other value (list,
+    tuple, object array) becomes one ``NonTensorData`` holding the whole column.
+
+    Args:
+        fields: Field name -> batch-major value.
+        batch_size: The number of rows every value must have.
+
+    Returns:
+        A ``TensorDict`` with ``batch_size == (batch_size,)``.
+
+    Raises:
+        TypeError: ``batch_size`` is not an int, or a field name is not a str.
+        ValueError: ``batch_size < 0``, an empty field name, a 0-d value, or a value whose
+            batch size differs (``"Local field 'x' has batch size A, expected B."``).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    leaves: dict[str, Any] = {}
+    for name, value in fields.items():
+        _check_name(name, "field name")
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0:
+                raise ValueError(f"Local field {name!r} is a 0-d tensor; it has no batch dimension.")
+            rows = value.size(0)
+            leaves[name] = value
+        else:
+            if isinstance(value, np.ndarray) and value.ndim == 0:
+                raise ValueError(f"Local field {name!r} is a 0-d array; it has no batch dimension.")
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+                raise ValueError(
+                    f"Local field {name!r} ({type(value).__name__}) has no batch dimension."
+                )
+            rows = len(value)
+            leaves[name] = NonTensorData(value, batch_size=(batch_size,))
+        if rows != batch_size:
+            raise ValueError(f"Local field {name!r} has batch size {rows}, expected {batch_size}.")
+    return TensorDict(leaves, batch_size=(batch_size,))
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_name(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__} ({value!r})")
+    if not value:
+        raise ValueError(f"{what} must be a non-empty str")
+    return value
+
+
+def _check_names(values: Any, what: str) -> list[str]:
+    """A sequence of names (not a bare str); each a non-empty str."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{what} must be a sequence of str, got {type(values).__name__}")
+    return [_check_name(v, f"{what} entry") for v in values]
+
+
+def _duplicates(values: Sequence[str]) -> list[str]:
+    seen: set[str] = set()
+    dups: set[str] = set()
+    for v in values:
+        if v in seen:
+            dups.add(v)
+        seen.add(v)
+    return sorted(dups)
+
+
+def _listed(ids: Sequence[str]) -> str:
+    ids = sorted(ids)
+    shown = ", ".join(repr(i) for i in ids[:_MAX_LISTED_IDS])
+    more = len(ids) - _MAX_LISTED_IDS
+    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
+
+
+def _check_positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{what} must be >= 1, got {value}")
+    return value
+
+
+def _check_tag_value(value: Any, where: str) -> None:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_tag_value(item, f"{where}[{i}]")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where}: tag key {key!r} is not a str")
+            _check_tag_value(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(f"{where}: {type(value).__name__} value {value!r} is not JSON-compatible")
+
+
+def _is_integer_dtype(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def _lengths_from_tags(tags: Sequence[Mapping[str, Any]] | None) -> list[int] | None:
+    if not tags or any(INPUT_LENGTHS not in t for t in tags):
+        return None
+    values = [t[INPUT_LENGTHS] for t in tags]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        return None
+    return [int(v) for v in values]
+
+
+# ---------------------------------------------------------------------------------------------
+# stored columns
+# ---------------------------------------------------------------------------------------------
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    return (
+        t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    )
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """A tensor that owns exactly its bytes (saving a view would write its whole storage)."""
+    return t if _owns_storage(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def _contiguous_run(positions: list[int]) -> tuple[int, int] | None:
+    """``(start, stop)`` if ``positions`` is ``start, start+1, ..., stop-1``, else ``None``."""
+    if not positions:
+        return None
+    start, stop = positions[0], positions[0] + len(positions)
+    # cheap bound check first; the list comparison then runs in C
+    if positions[-1] != stop - 1 or positions != list(range(start, stop)):
+        return None
+    return start, stop
+
+
+@dataclass
+class _Selection:
+    """Stored row positions to read, with the contiguous-run fast path computed once."""
+
+    positions: list[int]
+    run: tuple[int, int] | None = None
+    _index: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, positions: list[int]) -> _Selection:
+        return cls(positions, _contiguous_run(positions))
+
+    @property
+    def index(self) -> torch.Tensor:
+        if self._index is None:
+            self._index = torch.as_tensor(self.positions, dtype=torch.long)
+        return self._index
+
+
+@dataclass
+class _DenseColumn:
+    """A rectangular column: ``data[row]`` is one row; owns its storage, never mutated."""
+
+    data: torch.Tensor
+
+    @property
+    def kind(self) -> str:
+        return str(self.data.dtype)
+
+    @property
+    def num_rows(self) -> int:
+        return self.data.size(0)
+
+    def take(self, sel: _Selection) -> torch.Tensor:
+        if sel.run is not None:
+            return self.data[sel.run[0] : sel.run[1]].clone(memory_format=torch.contiguous_format)
+        return self.data.index_select(0, sel.index)
+
+
+@dataclass
+class _JaggedColumn:
+    """A ragged column: row ``r`` is ``values[offsets[r]:offsets[r + 1]]``; never mutated."""
+
+    values: torch.Tensor
+    offsets: torch.Tensor  # int64, (rows + 1,), starts at 0
+
+    @property
+    def kind(self) -> str:
+        return str(self.values.dtype)
+
+    @property
+    def num_rows(self) -> int:
+        return self.offsets.numel() - 1
+
+    def take_parts(self, sel: _Selection) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh compact ``(values, offsets)`` of the selected rows."""
+        run = sel.run
+        if run is not None:
+            lo = int(self.offsets[run[0]])
+            hi = int(self.offsets[run[1]])
+            values = self.values[lo:hi].clone(memory_format=torch.contiguous_format)
+            offsets = self.offsets[run[0] : run[1] + 1] - lo
+            return values, offsets
+        starts = self.offsets[:-1]
+        return _gather_jagged(self.values, starts, self.offsets[1:] - starts, sel.index)
+
+    def take(self, sel: _Selection) -> torch.Tensor:
+        values, offsets = self.take_parts(sel)
+        return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def _gather_jagged(
+    values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ``index_select`` gathering rows ``rows`` of a (possibly holey) jagged layout."""
+    sel_starts = starts.index_select(0, rows).to(torch.long)
+    sel_lengths = lengths.index_select(0, rows).to(torch.long)
+    offsets = torch.zeros(rows.numel() + 1, dtype=torch.long)
+    torch.cumsum(sel_lengths, 0, out=offsets[1:])
+    total = int(offsets[-1])
+    # element k of output row i comes from values[sel_starts[i] + k]
+    shift = torch.repeat_interleave(sel_starts - offsets[:-1], sel_lengths, output_size=total)
+    index = torch.arange(total, dtype=torch.long) + shift
+    return values.index_select(0, index), offsets
+
+
+@dataclass
+class _ObjectColumn:
+    """A non-tensor column: one Python object per row (deep-copied on the way in and out)."""
+
+    values: list[Any]
+
+    @property
+    def kind(self) -> str:
+        return _OBJECT_KIND
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.values)
+
+    def take(self, sel: _Selection) -> list[Any]:
+        return copy.deepcopy([self.values[p] for p in sel.positions])
+
+
+_Column = Union[_DenseColumn, _JaggedColumn, _ObjectColumn]
+
+
+def _store_tensor(name: str, t: torch.Tensor) -> _DenseColumn | _JaggedColumn:
+    """One detached, compact CPU copy of a put's tensor leaf."""
+    t = t.detach()
+    if not t.is_nested:
+        return _DenseColumn(t.to("cpu", copy=True, memory_format=torch.contiguous_format))
+    if t.layout == torch.jagged:
+        values = t.values()
+        offsets = t.offsets().to("cpu", torch.long)
+        lengths = t.lengths()
+        if lengths is None:
+            lo, hi = int(offsets[0]), int(offsets[-1])
+            stored = values[lo:hi].to("cpu", copy=True, memory_format=torch.contiguous_format)
+            return _JaggedColumn(stored, (offsets - lo).contiguous())
+        rows = torch.arange(offsets.numel() - 1, dtype=torch.long)
+        values, offsets = _gather_jagged(values.cpu(), offsets[:-1], lengths.cpu(), rows)
+        return _JaggedColumn(values, offsets)
+    # strided nested tensor: rows may differ only in their first dimension
+    rows_list = [r.to("cpu") for r in t.unbind()]
+    trailing = {tuple(r.shape[1:]) for r in rows_list}
+    if any(r.dim() == 0 for r in rows_list) or len(trailing) > 1:
+        raise TypeError(
+            f"field {name!r}: nested tensor rows must share all but their first dimension; "
+            "use layout=torch.jagged"
+        )
+    lengths = torch.tensor([r.size(0) for r in rows_list], dtype=torch.long)
+    offsets = torch.zeros(len(rows_list) + 1, dtype=torch.long)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    values = torch.cat(rows_list) if rows_list else torch.empty(0, dtype=t.dtype)
+    return _JaggedColumn(values.contiguous(), offsets)
+
+
+# ---------------------------------------------------------------------------------------------
+# partitions
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Partition:
+    """One live partition: schema, rows (stored once), tags and per-task claims."""
+
+    partition_id: str
+    fields: tuple[str, ...]
+    num_samples: int
+    consumer_tasks: tuple[str, ...]
+    grpo_group_size: int | None
+    enums: dict[str, tuple[str, ...]]
+    generation: int
+    written: bool = False
+    # live id -> row of the stored columns; insertion order is the stored (claim) order
+    row_of: dict[str, int] = field(default_factory=dict)
+    columns: dict[str, _Column] = field(default_factory=dict)
+    field_kinds: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, dict[str, Any]] = field(default_factory=dict)
+    claimed: dict[str, set[str]] = field(default_factory=dict)
+
+
+@dataclass
+class _PendingPut:
+    """A fully validated put, ready to be committed."""
+
+    columns: dict[str, _Column]
+    tags: list[dict[str, Any]] | None
+
+
+def _classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
+    """Return ``(kind, payload)`` for a put leaf; payload is the tensor or the list of objects."""
+    if isinstance(leaf, NonTensorStack):
+        values = leaf.tolist()
+        if len(values) != n:
+            raise ValueError(f"field {name!r}: non-tensor column has {len(values)} rows, expected {n}")
+        return _OBJECT_KIND, values
+    if isinstance(leaf, NonTensorData):
+        data = leaf.data
+        if isinstance(data, np.ndarray) and data.ndim >= 1:
+            values = list(data)
+        elif isinstance(data, (list, tuple)):
+            values = list(data)
+        else:
+            raise TypeError(
+                f"field {name!r}: a NonTensorData column must hold a list, tuple or 1-D array "
+                f"of {n} values, got {type(data).__name__}"
+            )
+        if len(values) != n:
+            raise ValueError(f"field {name!r}: NonTensorData column holds {len(values)} values, expected {n}")
+        return _OBJECT_KIND, values
+    if isinstance(leaf, TensorDictBase):
+        raise TypeError(f"field {name!r}: nested TensorDict leaves are not supported; flatten them")
+    if isinstance(leaf, torch.Tensor):
+        return str(leaf.dtype), leaf
+    raise TypeError(f"field {name!r}: unsupported leaf type {type(leaf).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the client
+# ---------------------------------------------------------------------------------------------
+
+
+class LocalDataPlaneClient(DataPlaneClient):
+    """In-process data plane holding at most ``max_partitions`` complete batches (contract §5).
+
+    Thread-safe: every state change happens under one lock; blocking claims wait on a
+    condition variable notified by puts, clears and ``close``.
+
+    Args:
+        cfg: The Local data-plane config (``max_partitions`` bounds live partitions).
+
+    Raises:
+        TypeError: ``cfg`` is not a ``LocalDataPlaneConfig``.
+    """
+
+    def __init__(self, cfg: LocalDataPlaneConfig) -> None:
+        if not isinstance(cfg, LocalDataPlaneConfig):
+            raise TypeError(f"LocalDataPlaneClient needs a LocalDataPlaneConfig, got {type(cfg).__name__}")
+        self._cfg = cfg
+        self._max_partitions = cfg.max_partitions
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._partitions: dict[str, _Partition] = {}
+        self._generation = 0  # generation of the most recent registration
+        self._closed = False
+        self._used = False
+
+    # --- internal checks (call with the lock held) --------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(_CLOSED_MESSAGE)
+
+    def _begin_data_op(self) -> None:
+        self._check_open()
+        self._used = True
+
+    def _live(self, partition_id: Any) -> _Partition:
+        _check_name(partition_id, "partition_id")
+        part = self._partitions.get(partition_id)
+        if part is None:
+            raise KeyError(f"unknown partition {partition_id!r} (not registered or already dropped)")
+        return part
+
+    @staticmethod
+    def _check_task(part: _Partition, task_name: Any) -> str:
+        _check_name(task_name, "task_name")
+        if task_name not in part.claimed:
+            raise KeyError(
+                f"unknown task {task_name!r} for partition {part.partition_id!r}; "
+                f"registered tasks: {list(part.consumer_tasks)}"
+            )
+        return task_name
+
+    def _meta_extra(self, part: _Partition) -> dict[str, Any]:
+        return {LOCAL_PARTITION_GENERATION: part.generation}
+
+    # --- task-mediated half -------------------------------------------------------------------
+    def register_partition(
+        self,
+        partition_id: str,
+        fields: Sequence[str],
+        num_samples: int,
+        consumer_tasks: Sequence[str],
+        grpo_group_size: int | None = None,
+        enums: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Declare a partition (schema, exactly ``num_samples`` rows, consumer tasks).
+
+        Raises:
+            RuntimeError: Closed, or ``max_partitions`` live partitions ("partition limit").
+            TypeError: A name, ``num_samples`` or ``grpo_group_size`` of the wrong type.
+            ValueError: Empty/reserved id, duplicate fields/tasks ("must be unique"),
+                ``num_samples <= 0``, bad group size, bad ``enums``, or the id is live
+                ("already registered").
+        """
+        with self._lock:
+            self._begin_data_op()
+            _check_name(partition_id, "partition_id")
+            if partition_id.startswith(RESERVED_PREFIX):
+                raise ValueError(
+                    f"partition_id {partition_id!r} uses the reserved prefix {RESERVED_PREFIX!r}"
+                )
+            field_names = _check_names(fields, "fields")
+            task_names = _check_names(consumer_tasks, "consumer_tasks")
+            _check_positive_int(num_samples, "num_samples")
+            if dup := _duplicates(field_names):
+                raise ValueError(f"fields must be unique; duplicated: {dup}")
+            if dup := _duplicates(task_names):
+                raise ValueError(f"consumer_tasks must be unique; duplicated: {dup}")
+            if grpo_group_size is not None:
+                _check_positive_int(grpo_group_size, "grpo_group_size")
+                if num_samples % grpo_group_size != 0:
+                    raise ValueError(
+                        f"grpo_group_size {grpo_group_size} does not divide num_samples {num_samples}"
+                    )
+            vocab = self._check_enums(enums, field_names)
+            if partition_id in self._partitions:
+                raise ValueError(f"partition {partition_id!r} is already registered")
+            if len(self._partitions) >= self._max_partitions:
+                raise RuntimeError(
+                    f"Local data plane partition limit reached ({self._max_partitions} live "
+                    f"partitions: {sorted(self._partitions)}); cannot register {partition_id!r}. "
+                    "Clear an active or prefetched partition first (clear_samples(None, pid)) "
+                    "or raise data_plane.max_partitions."
+                )
+            self._generation += 1
+            self._partitions[partition_id] = _Partition(
+                partition_id=partition_id,
+                fields=tuple(field_names),
+                num_samples=num_samples,
+                consumer_tasks=tuple(task_names),
+                grpo_group_size=grpo_group_size,
+                enums=vocab,
+                generation=self._generation,
+                claimed={t: set() for t in task_names},
+            )
+
+    @staticmethod
+    def _check_enums(
+        enums: Mapping[str, Sequence[str]] | None, field_names: Sequence[str]
+    ) -> dict[str, tuple[str, ...]]:
+        if enums is None:
+            return {}
+        if not isinstance(enums, Mapping):
+            raise TypeError(f"enums must be a mapping field -> vocabulary, got {type(enums).__name__}")
+        out: dict[str, tuple[str, ...]] = {}
+        for name, words in enums.items():
+            _check_name(name, "enums key")
+            if name not in field_names:
+                raise ValueError(f"enums key {name!r} is not a declared field ({list(field_names)})")
+            if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
+                raise TypeError(f"enums[{name!r}] must be a sequence of str, got {type(words).__name__}")
+            for w in words:
+                if not isinstance(w, str):
+                    raise TypeError(f"enums[{name!r}] entry {w!r} is not a str")
+            if dup := _duplicates(list(words)):
+                raise ValueError(f"enums[{name!r}] vocabulary has duplicates: {dup}")
+            out[name] = tuple(words)
+        return out
+
+    def claim_meta(
+        self,
+        partition_id: str,
+        task_name: str,
+        required_fields: Sequence[str],
+        batch_size: int,
+        dp_rank: int | None = None,
+        blocking: bool = True,
+        timeout_s: float = 60.0,
+    ) -> KVBatchMeta:
+        """Claim ``batch_size`` ready rows for ``task_name``, oldest (stored order) first.
+
+        ``dp_rank`` is reserved and ignored.
+
+        Raises:
+            RuntimeError: Closed (also while waiting).
+            KeyError: Unknown partition (also if dropped while waiting) or task.
+            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
+                ``timeout_s <= 0``.
+            TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
+        """
+        with self._lock:
+            self._begin_data_op()
+            part = self._live(partition_id)
+            self._check_task(part, task_name)
+            required = _check_names(required_fields, "required_fields")
+            if not required:
+                raise ValueError("claim_meta: required_fields must not be empty")
+            if undeclared := [f for f in required if f not in part.fields]:
+                raise ValueError(
+                    f"claim_meta: required_fields {undeclared} are not declared in partition "
+                    f"{partition_id!r}"
+                )
+            _check_positive_int(batch_size, "batch_size")
+            if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+                raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
+            if not timeout_s > 0:
+                raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+            deadline = time.monotonic() + float(timeout_s)
+            while True:
+                ready = self._ready_ids(part, task_name, required)
+                if len(ready) >= batch_size:
+                    return self._claim(part, task_name, required, ready[:batch_size])
+                if not blocking:
+                    return KVBatchMeta(
+                        partition_id,
+                        task_name,
+                        [],
+                        fields=list(required),
+                        extra_info=self._meta_extra(part),
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"claim_meta: partition {partition_id!r}, task {task_name!r}: only "
+                        f"{len(ready)} of {batch_size} rows ready after timeout_s={timeout_s}"
+                    )
+                self._changed.wait(remaining)
+                self._check_open()
+                if self._partitions.get(partition_id) is not part:
+                    raise KeyError(
+                        f"partition {partition_id!r} was dropped while claim_meta was waiting"
+                    )
+
+    @staticmethod
+    def _ready_ids(part: _Partition, task_name: str, required: Sequence[str]) -> list[str]:
+        if any(f not in part.columns for f in required):
+            return []
+        claimed = part.claimed[task_name]
+        return [sid for sid in part.row_of if sid not in claimed]
+
+    def _claim(
+        self, part: _Partition, task_name: str, required: Sequence[str], ids: list[str]
+    ) -> KVBatchMeta:
+        part.claimed[task_name].update(ids)
+        tags: list[dict[str, Any]] | None = None
+        if any(sid in part.tags for sid in ids):
+            tags = [copy.deepcopy(part.tags.get(sid, {})) for sid in ids]
+        lengths = _lengths_from_tags(tags)
+        if lengths is None:
+            col = part.columns.get(INPUT_LENGTHS)
+            if (
+                isinstance(col, _DenseColumn)
+                and col.data.dim() == 1
+                and _is_integer_dtype(col.data.dtype)
+            ):
+                lengths = [int(col.data[part.row_of[sid]]) for sid in ids]
+        return KVBatchMeta(
+            part.partition_id,
+            task_name,
+            list(ids),
+            fields=list(required),
+            sequence_lengths=lengths,
+            extra_info=self._meta_extra(part),
+            tags=tags,
+        )
+
+    def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
+        """Fetch ``meta``'s rows after checking its generation against the live partition.
+
+        Raises:
+            RuntimeError: Closed.
+            TypeError: ``meta`` is not a ``KVBatchMeta``.
+            KeyError: Unknown partition, unknown ids or unproduced fields.
+            ValueError: Stale generation ("Stale local metadata"), no resolvable fields, or
+                the ``get_samples`` argument errors.
+        """
+        with self._lock:
+            self._begin_data_op()
+            if not isinstance(meta, KVBatchMeta):
+                raise TypeError(f"get_data expects a KVBatchMeta, got {type(meta).__name__}")
+            part = self._live(meta.partition_id)
+            got = meta.extra_info.get(LOCAL_PARTITION_GENERATION)
+            if not _is_int(got) or got != part.generation:
+                raise ValueError(
+                    f"Stale local metadata for partition {meta.partition_id!r}: generation "
+                    f"{got}, expected {part.generation}."
+                )
+            if select_fields:
+                fields = select_fields
+            elif meta.fields:
+                fields = meta.fields
+            else:
+                raise ValueError(
+                    "get_data: neither select_fields nor meta.fields names a field; "
+                    "fetching all fields silently is forbidden"
+                )
+            plan = self._plan_get(part, meta.sample_ids, fields)
+        return self._build(plan)
+
+    def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
+        """True iff every listed task claimed every row currently in the partition.
+
+        Raises:
+            RuntimeError: Closed.
+            KeyError: Unknown partition or task.
+            ValueError: Empty ``task_names``.
+        """
+        with self._lock:
+            self._begin_data_op()
+            part = self._live(partition_id)
+            tasks = _check_names(task_names, "task_names")
+            if not tasks:
+                raise ValueError("check_consumption_status: task_names must not be empty")
+            for t in tasks:
+                self._check_task(part, t)
+            if not part.row_of:
+                return False
+            return all(all(sid in part.claimed[t] for sid in part.row_of) for t in tasks)
+
+    # --- direct-by-key half -------------------------------------------------------------------
+    def put_samples(
+        self,
+        sample_ids: Sequence[str],
+        partition_id: str,
+        fields: TensorDict | None = None,
+        tags: Sequence[dict] | None = None,
+    ) -> KVBatchMeta:
+        """Write the partition's one complete batch (exactly ``num_samples`` rows).
+
+        Raises:
+            RuntimeError: Closed.
+            KeyError: Unknown partition.
+            TypeError: Bad id types, tags not JSON-compatible, dtype/kind change, nested
+                TensorDict leaf, a tensor in an ``enums`` field.
+            ValueError: Neither fields nor tags, duplicate ids, batch/tags length mismatch,
+                undeclared fields, a value outside a field's ``enums``, a second put
+                ("duplicate writes"), or a row count other than ``num_samples``.
+        """
+        with self._lock:
+            self._begin_data_op()
+            part = self._live(partition_id)
+            ids = _check_names(sample_ids, "sample_ids")
+            pending = self._validate_put(part, ids, fields, tags)
+            return self._commit_put(part, ids, pending, fields is not None)
+
+    def _validate_put(
+        self,
+        part: _Partition,
+        ids: list[str],
+        fields: TensorDict | None,
+        tags: Sequence[dict] | None,
+    ) -> _PendingPut:
+        n = len(ids)
+        if fields is None and tags is None:
+            raise ValueError("put_samples: give fields, tags or both (got neither)")
+        if fields is not None and not isinstance(fields, TensorDictBase):
+            raise TypeError(f"put_samples: fields must be a TensorDict, got {type(fields).__name__}")
+        if tags is not None and (isinstance(tags, (str, bytes, Mapping)) or not isinstance(tags, Sequence)):
+            raise TypeError(f"put_samples: tags must be a sequence of dicts, got {type(tags).__name__}")
+        if dup := _duplicates(ids):
+            raise ValueError(f"put_samples: duplicate sample ids in one put: {_listed(dup)}")
+        if fields is not None and (fields.batch_dims != 1 or fields.batch_size[0] != n):
+            raise ValueError(
+                f"put_samples: fields.batch_size {tuple(fields.batch_size)} does not match "
+                f"{n} sample ids"
+            )
+        if tags is not None:
+            if len(tags) != n:
+                raise ValueError(f"put_samples: {len(tags)} tags for {n} sample ids")
+            for i, tag in enumerate(tags):
+                if not isinstance(tag, Mapping):
+                    raise TypeError(f"put_samples: tags[{i}] is a {type(tag).__name__}, not a dict")
+                _check_tag_value(tag, f"put_samples: tags[{i}]")
+        names = list(fields.keys()) if fields is not None else []
+        if undeclared := [k for k in names if k not in part.fields]:
+            raise ValueError(
+                f"put_samples: fields {undeclared} are not declared in partition "
+                f"{part.partition_id!r} (declared: {list(part.fields)})"
+            )
+        leaves: dict[str, tuple[str, Any]] = {}
+        for name in names:
+            kind, payload = _classify_leaf(name, fields.get(name), n)  # type: ignore[union-attr]
+            stored = part.field_kinds.get(name)
+            if stored is not None and stored != kind:
+                raise TypeError(
+                    f"put_samples: field {name!r} is stored as {stored} in partition "
+                    f"{part.partition_id!r}, this put has {kind}"
+                )
+            if name in part.enums:
+                if kind != _OBJECT_KIND:
+                    raise TypeError(
+                        f"put_samples: field {name!r} has an enums vocabulary and must be a "
+                        f"non-tensor column, got a {kind} tensor"
+                    )
+                allowed = part.enums[name]
+                for value in payload:
+                    if not isinstance(value, str) or value not in allowed:
+                        raise ValueError(
+                            f"put_samples: field {name!r} value {value!r} is not in its enums "
+                            f"vocabulary {list(allowed)}"
+                        )
+            leaves[name] = (kind, payload)
+        if part.written:
+            raise ValueError(
+                f"put_samples: partition {part.partition_id!r} already holds its batch; the "
+                "Local data plane accepts exactly one put per partition and rejects duplicate "
+                "writes (write-back of new columns needs the TransferQueue adapter)"
+            )
+        if n != part.num_samples:
+            raise ValueError(
+                f"put_samples: partition {part.partition_id!r} expects exactly "
+                f"{part.num_samples} rows in its one put, got {n}"
+            )
+        # Everything is valid: now take the one copy per column.
+        columns: dict[str, _Column] = {}
+        for name, (kind, payload) in leaves.items():
+            if kind == _OBJECT_KIND:
+                columns[name] = _ObjectColumn(copy.deepcopy(payload))
+            else:
+                columns[name] = _store_tensor(name, payload)
+        return _PendingPut(columns, copy.deepcopy([dict(t) for t in tags]) if tags is not None else None)
+
+    def _commit_put(
+        self, part: _Partition, ids: list[str], pending: _PendingPut, has_fields: bool
+    ) -> KVBatchMeta:
+        part.written = True
+        part.row_of = {sid: i for i, sid in enumerate(ids)}
+        part.columns = pending.columns
+        part.field_kinds = {name: col.kind for name, col in pending.columns.items()}
+        if pending.tags is not None:
+            part.tags = dict(zip(ids, pending.tags))
+        self._changed.notify_all()
+        lengths: list[int] | None = None
+        col = pending.columns.get(INPUT_LENGTHS)
+        if isinstance(col, _DenseColumn) and col.data.dim() == 1 and _is_integer_dtype(col.data.dtype):
+            lengths = [int(x) for x in col.data.tolist()]
+        if lengths is None:
+            lengths = _lengths_from_tags(pending.tags)
+        return KVBatchMeta(
+            part.partition_id,
+            None,
+            list(ids),
+            fields=list(pending.columns) if has_fields else None,
+            sequence_lengths=lengths,
+            extra_info=self._meta_extra(part),
+            tags=copy.deepcopy(pending.tags),
+        )
+
+    def get_samples(
+        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
+    ) -> TensorDict:
+        """Read exactly the requested rows and fields, in the requested order (fresh copies).
+
+        Raises:
+            RuntimeError: Closed.
+            KeyError: Unknown partition, unknown/cleared ids, unproduced or misspelled fields.
+            ValueError: Empty ``select_fields`` or duplicate ids.
+        """
+        with self._lock:
+            self._begin_data_op()
+            part = self._live(partition_id)
+            plan = self._plan_get(part, sample_ids, select_fields)
+        return self._build(plan)
+
+    def _plan_get(
+        self, part: _Partition, sample_ids: Sequence[str], select_fields: Sequence[str] | None
+    ) -> tuple[int, list[tuple[str, _Column]], _Selection]:
+        """Validate a read and capture what to copy (stored columns are immutable)."""
+        if select_fields is None:
+            raise ValueError("get_samples: select_fields is required; there is no 'fetch everything'")
+        names = _check_names(select_fields, "select_fields")
+        if not names:
+            raise ValueError("get_samples: select_fields must not be empty")
+        ids = _check_names(sample_ids, "sample_ids")
+        if dup := _duplicates(ids):
+            raise ValueError(f"get_samples: duplicate sample ids requested: {_listed(dup)}")
+        if dup := _duplicates(names):
+            raise ValueError(f"get_samples: duplicate select_fields: {dup}")
+        if not ids:
+            return 0, [], _Selection([])
+        if missing := [sid for sid in ids if sid not in part.row_of]:
+            raise KeyError(
+                f"get_samples: {len(missing)} unknown or cleared sample ids in partition "
+                f"{part.partition_id!r}: {_listed(missing)}"
+            )
+        if unproduced := [f for f in names if f not in part.columns]:
+            raise KeyError(
+                f"get_samples: fields {unproduced} have not been produced in partition "
+                f"{part.partition_id!r} (produced: {sorted(part.columns)})"
+            )
+        row_of = part.row_of
+        sel = _Selection.of([row_of[sid] for sid in ids])
+        return len(ids), [(f, part.columns[f]) for f in names], sel
+
+    @staticmethod
+    def _build(plan: tuple[int, list[tuple[str, _Column]], _Selection]) -> TensorDict:
+        n, cols, sel = plan
+        out: dict[str, Any] = {}
+        for name, col in cols:
+            if isinstance(col, _ObjectColumn):
+                out[name] = NonTensorData(col.take(sel), batch_size=(n,))
+            else:
+                out[name] = col.take(sel)
+        return TensorDict(out, batch_size=(n,))
+
+    def list_sample_ids(self, partition_id: str) -> list[str]:
+        """Sorted live ids; ``[]`` for an unknown or empty partition. Moves no cursor.
+
+        Raises:
+            RuntimeError: Closed.
+        """
+        with self._lock:
+            self._begin_data_op()
+            _check_name(partition_id, "partition_id")
+            part = self._partitions.get(partition_id)
+            return sorted(part.row_of) if part is not None else []
+
+    def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
+        """Drop rows (explicit ids) or the whole partition (``None``).
+
+        Raises:
+            RuntimeError: Closed.
+            KeyError: Unknown partition, or an explicit id that is not live (nothing cleared).
+            ValueError: Duplicate explicit ids.
+        """
+        with self._lock:
+            self._begin_data_op()
+            part = self._live(partition_id)
+            if sample_ids is None:
+                del self._partitions[partition_id]
+                self._changed.notify_all()
+                return
+            ids = _check_names(sample_ids, "sample_ids")
+            if dup := _duplicates(ids):
+                raise ValueError(f"clear_samples: duplicate sample ids: {_listed(dup)}")
+            if missing := [sid for sid in ids if sid not in part.row_of]:
+                raise KeyError(
+                    f"clear_samples: {len(missing)} ids are not live in partition "
+                    f"{partition_id!r}: {_listed(missing)}"
+                )
+            for sid in ids:
+                del part.row_of[sid]
+                part.tags.pop(sid, None)
+                for claimed in part.claimed.values():
+                    claimed.discard(sid)
+            self._changed.notify_all()
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(
+        self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None
+    ) -> None:
+        """Atomically write every live partition plus ``metadata`` (format version 1, §7).
+
+        Raises:
+            RuntimeError: Closed.
+            TypeError: Non-JSON metadata, or an object column that is not JSON-serialisable
+                (naming partition and field); raised before anything is written.
+            ValueError: Non-finite floats in metadata.
+        """
+        with self._lock:
+            self._check_open()
+            user_metadata = validate_json_metadata(metadata)
+            manifest, tensors = self._snapshot(user_metadata)
+
+        def write(tmp: Path) -> None:
+            torch.save(tensors, tmp / TENSORS_FILE)
+            write_manifest(tmp, manifest)
+
+        write_checkpoint_atomically(checkpoint_dir, write)
+
+    def _snapshot(self, user_metadata: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        tensors: dict[str, torch.Tensor] = {}
+        records: list[dict[str, Any]] = []
+        for p_index, part in enumerate(self._partitions.values()):
+            ids = list(part.row_of)
+            sel = _Selection.of([part.row_of[sid] for sid in ids])
+            columns: dict[str, Any] = {}
+            for c_index, (name, col) in enumerate(part.columns.items()):
+                key = f"p{p_index}.c{c_index}"
+                everything = sel.run == (0, col.num_rows) or (not ids and col.num_rows == 0)
+                if isinstance(col, _ObjectColumn):
+                    values = col.values if everything else [col.values[p] for p in sel.positions]
+                    try:
+                        json.dumps(values, allow_nan=True)
+                    except (TypeError, ValueError) as exc:
+                        raise TypeError(
+                            f"save_checkpoint: partition {part.partition_id!r} field {name!r} "
+                            f"holds values that are not JSON-serialisable: {exc}"
+                        ) from exc
+                    columns[name] = {"kind": "object", "values": values}
+                elif isinstance(col, _DenseColumn):
+                    data = col.data if everything else col.take(sel)
+                    tensors[key] = _compact(data)
+                    columns[name] = {"kind": "tensor", "layout": "dense", "key": key}
+                else:
+                    if everything:
+                        values_t, offsets_t = col.values, col.offsets
+                    else:
+                        values_t, offsets_t = col.take_parts(sel)
+                    tensors[key] = _compact(values_t)
+                    tensors[f"{key}.offsets"] = _compact(offsets_t)
+                    columns[name] = {
+                        "kind": "tensor",
+                        "layout": "jagged",
+                        "key": key,
+                        "offsets_key": f"{key}.offsets",
+                    }
+            records.append(
+                {
+                    "partition_id": part.partition_id,
+                    "fields": list(part.fields),
+                    "num_samples": part.num_samples,
+                    "consumer_tasks": list(part.consumer_tasks),
+                    "grpo_group_size": part.grpo_group_size,
+                    "enums": {k: list(v) for k, v in part.enums.items()},
+                    "generation": part.generation,
+                    "written": part.written,
+                    "sample_ids": ids,
+                    "tags": [part.tags.get(sid) for sid in ids],
+                    "cursors": {
+                        t: [sid for sid in ids if sid in part.claimed[t]] for t in part.consumer_tasks
+                    },
+                    "field_kinds": dict(part.field_kinds),
+                    "columns": columns,
+                }
+            )
+        manifest = {
+            "format": LOCAL_CHECKPOINT_FORMAT,
+            "format_version": LOCAL_CHECKPOINT_VERSION,
+            "next_generation": self._generation + 1,
+            "metadata": user_metadata,
+            "partitions": records,
+        }
+        # Serialise once now so a bad value fails before the temp dir exists.
+        json.dumps(manifest, allow_nan=True)
+        return manifest, tensors
+
+    def load_checkpoint(self, checkpoint_dir: str | PathLike) -> dict:
+        """Restore a checkpoint into this clean client and return its user metadata.
+
+        Raises:
+            RuntimeError: Closed, or a data operation (or load attempt) already ran on this
+                client ("clean data-plane client").
+            FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.
+            ValueError: Unknown format/version, corrupt or inconsistent manifest or tensor
+                file (naming the file), or more partitions than ``max_partitions``.
+        """
+        with self._lock:
+            self._check_open()
+            if self._used:
+                raise RuntimeError(
+                    "load_checkpoint needs a clean data-plane client: a data operation or a "
+                    "previous load already ran on this one; build a new client to load into"
+                )
+            self._used = True
+            root = resolve_checkpoint_dir(checkpoint_dir)
+            manifest = read_manifest(
+                root,
+                expected_format=LOCAL_CHECKPOINT_FORMAT,
+                supported_versions=(LOCAL_CHECKPOINT_VERSION,),
+            )
+            partitions, next_generation, metadata = _restore(
+                manifest, root / "manifest.json", root / TENSORS_FILE, self._max_partitions
+            )
+            self._partitions = partitions
+            self._generation = next_generation - 1
+            return metadata
+
+    # --- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Drop every partition and mark the client closed; idempotent."""
+        with self._lock:
+            self._closed = True
+            self._partitions = {}
+            self._changed.notify_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoint restore (pure: builds new partitions, touches no client state)
+# ---------------------------------------------------------------------------------------------
+
+
+class _Corrupt(ValueError):
+    pass
+
+
+def _expect(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise _Corrupt(f"{where}: {what}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _str_list(v: Any, where: str, what: str) -> list[str]:
+    _expect(isinstance(v, list) and all(isinstance(x, str) and x for x in v), where, f"{what} must be a list of non-empty str")
+    _expect(not _duplicates(v), where, f"{what} has duplicates")
+    return list(v)
+
+
+def _load_tensor_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ValueError(f"checkpoint tensor file {str(path)!r} is missing")
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unpickling/format error: never retried without weights_only
+        raise ValueError(
+            f"checkpoint tensor file {str(path)!r} could not be loaded safely "
+            f"(weights-only): {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and type(v) is torch.Tensor and not v.is_nested for k, v in loaded.items()
+    ):
+        raise ValueError(f"checkpoint tensor file {str(path)!r} is not a flat dict of tensors")
+    return loaded
+
+
+def _restore(
+    manifest: dict[str, Any], manifest_path: Path, tensor_path: Path, max_partitions: int
+) -> tuple[dict[str, _Partition], int, dict[str, Any]]:
+    where = f"checkpoint manifest {str(manifest_path)!r}"
+    next_generation = manifest.get("next_generation")
+    _expect(_is_int(next_generation) and next_generation >= 1, where, "bad next_generation")
+    metadata = manifest.get("metadata")
+    _expect(isinstance(metadata, dict), where, "metadata must be an object")
+    records = manifest.get("partitions")
+    _expect(isinstance(records, list), where, "partitions must be a list")
+    if len(records) > max_partitions:
+        raise ValueError(
+            f"{where} holds {len(records)} partitions, above this client's partition limit "
+            f"(max_partitions={max_partitions})"
+        )
+    tensors = _load_tensor_file(tensor_path)
+    partitions: dict[str, _Partition] = {}
+    for r_index, rec in enumerate(records):
+        part = _restore_partition(rec, f"{where} partitions[{r_index}]", tensors, tensor_path)
+        _expect(part.partition_id not in partitions, where, f"partition {part.partition_id!r} appears twice")
+        _expect(part.generation < next_generation, where, f"generation of {part.partition_id!r} is not below next_generation")
+        partitions[part.partition_id] = part
+    gens = [p.generation for p in partitions.values()]
+    _expect(len(set(gens)) == len(gens), where, "partition generations are not unique")
+    return partitions, next_generation, copy.deepcopy(metadata)
+
+
+def _restore_partition(
+    rec: Any, where: str, tensors: dict[str, torch.Tensor], tensor_path: Path
+) -> _Partition:
+    _expect(isinstance(rec, dict), where, "must be an object")
+    pid = rec.get("partition_id")
+    _expect(isinstance(pid, str) and bool(pid) and not pid.startswith(RESERVED_PREFIX), where, "bad partition_id")
+    fields = _str_list(rec.get("fields"), where, "fields")
+    tasks = _str_list(rec.get("consumer_tasks"), where, "consumer_tasks")
+    num_samples = rec.get("num_samples")
+    _expect(_is_int(num_samples) and num_samples >= 1, where, "bad num_samples")
+    group = rec.get("grpo_group_size")
+    _expect(group is None or (_is_int(group) and group >= 1 and num_samples % group == 0), where, "bad grpo_group_size")
+    generation = rec.get("generation")
+    _expect(_is_int(generation) and generation >= 1, where, "bad generation")
+    written = rec.get("written")
+    _expect(isinstance(written, bool), where, "bad written flag")
+    enums_rec = rec.get("enums")
+    _expect(isinstance(enums_rec, dict), where, "enums must be an object")
+    enums: dict[str, tuple[str, ...]] = {}
+    for name, words in enums_rec.items():
+        _expect(name in fields, where, f"enums key {name!r} is not a field")
+        enums[name] = tuple(_str_list(words, where, f"enums[{name!r}]"))
+    ids = rec.get("sample_ids")
+    _expect(isinstance(ids, list), where, "sample_ids must be a list")
+    ids = _str_list(ids, where, "sample_ids")
+    _expect(written or not ids, where, "rows present in an unwritten partition")
+    tags_rec = rec.get("tags")
+    _expect(isinstance(tags_rec, list) and len(tags_rec) == len(ids), where, "tags must align with sample_ids")
+    tags: dict[str, dict[str, Any]] = {}
+    for sid, tag in zip(ids, tags_rec):
+        _expect(tag is None or isinstance(tag, dict), where, f"tag of {sid!r} must be an object or null")
+        if tag is not None:
+            tags[sid] = tag
+    cursors = rec.get("cursors")
+    _expect(isinstance(cursors, dict) and set(cursors) == set(tasks), where, "cursors must list every consumer task")
+    id_set = set(ids)
+    claimed: dict[str, set[str]] = {}
+    for task in tasks:
+        claimed_ids = _str_list(cursors[task], where, f"cursors[{task!r}]")
+        _expect(set(claimed_ids) <= id_set, where, f"cursors[{task!r}] names ids that are not rows")
+        claimed[task] = set(claimed_ids)
+    kinds = rec.get("field_kinds")
+    _expect(isinstance(kinds, dict) and all(k in fields and isinstance(v, str) for k, v in kinds.items()), where, "bad field_kinds")
+    columns_rec = rec.get("columns")
+    _expect(isinstance(columns_rec, dict) and set(columns_rec) <= set(kinds), where, "columns must have field_kinds")
+    n = len(ids)
+    twhere = f"checkpoint tensor file {str(tensor_path)!r} ({where})"
+    columns: dict[str, _Column] = {}
+    for name, col in columns_rec.items():
+        _expect(isinstance(col, dict), where, f"column {name!r} must be an object")
+        kind = col.get("kind")
+        if kind == "object":
+            values = col.get("values")
+            _expect(isinstance(values, list) and len(values) == n, where, f"column {name!r} must hold {n} values")
+            _expect(kinds[name] == _OBJECT_KIND, where, f"column {name!r} kind mismatch")
+            columns[name] = _ObjectColumn(values)
+            continue
+        _expect(kind == "tensor", where, f"column {name!r} has unknown kind {kind!r}")
+        key = col.get("key")
+        _expect(isinstance(key, str) and key in tensors, twhere, f"tensor {key!r} of column {name!r} is missing")
+        data = tensors[key]
+        _expect(str(data.dtype) == kinds[name], twhere, f"column {name!r} has dtype {data.dtype}, manifest says {kinds[name]}")
+        layout = col.get("layout")
+        if layout == "dense":
+            _expect(data.dim() >= 1 and data.size(0) == n, twhere, f"column {name!r} must have {n} rows")
+            columns[name] = _DenseColumn(data.contiguous())
+        elif layout == "jagged":
+            okey = col.get("offsets_key")
+            _expect(isinstance(okey, str) and okey in tensors, twhere, f"offsets of column {name!r} are missing")
+            offsets = tensors[okey]
+            _expect(
+                offsets.dtype == torch.long
+                and offsets.dim() == 1
+                and offsets.numel() == n + 1
+                and data.dim() >= 1
+                and int(offsets[0]) == 0
+                and int(offsets[-1]) == data.size(0)
+                and bool((offsets[1:] >= offsets[:-1]).all()),
+                twhere,
+                f"offsets of column {name!r} are inconsistent",
+            )
+            columns[name] = _JaggedColumn(data.contiguous(), offsets.contiguous())
+        else:
+            raise _Corrupt(f"{where}: column {name!r} has unknown layout {layout!r}")
+    return _Partition(
+        partition_id=pid,
+        fields=tuple(fields),
+        num_samples=num_samples,
+        consumer_tasks=tuple(tasks),
+        grpo_group_size=group,
+        enums=enums,
+        generation=generation,
+        written=written,
+        row_of={sid: i for i, sid in enumerate(ids)},
+        columns=columns,
+        field_kinds=dict(kinds),
+        tags=tags,
+        claimed=claimed,
+    )

@@ -1,0 +1,480 @@
+"""Layout transforms between trainer rectangles and what travels through the data plane.
+
+Per-token fields are stored as jagged nested tensors so that padding is paid only when a
+consumer materialises rectangles, and object columns travel as per-row non-tensor values.
+This module is the single place where those layouts are produced (``pack_jagged_fields``) and
+undone (``materialize`` for wire reads, ``materialize_local`` for Local-adapter reads); see
+contract §10.  It never imports Ray or TransferQueue.
+
+Performance note: building and padding jagged tensors uses one of two vectorised paths chosen
+by the average row size: boolean-mask gather/scatter for many short rows, and contiguous row
+slices (``torch.cat`` / ``to_padded_tensor``) for few long rows, where slicing is several times
+faster than a mask over the whole rectangle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+
+from nemo_dp.data_plane.schema import INPUT_IDS, Layout
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+__all__ = [
+    "Layout",
+    "PAD_ID_FIELDS",
+    "make_pad_value_dict",
+    "pad_value_for",
+    "to_nested_by_length",
+    "stack_or_nest",
+    "pack_jagged_fields",
+    "materialize",
+    "materialize_local",
+]
+
+PAD_ID_FIELDS: tuple[str, ...] = (INPUT_IDS, "prompt_ids_for_adv")
+"""Fields padded with the tokenizer's pad id; every other field pads with 0."""
+
+# Rows holding at least this many elements on average are copied as contiguous slices; below
+# it a single boolean mask over the rectangle is cheaper than one Python-level slice per row.
+_SLICE_PATH_MIN_ROW_ELEMS = 1024
+
+
+def make_pad_value_dict(pad_token_id: int) -> dict[str, int]:
+    """Pad values for ``materialize``: token-id fields pad with ``pad_token_id``, others 0.
+
+    Args:
+        pad_token_id: The tokenizer's pad id.
+
+    Returns:
+        ``{"input_ids": pad_token_id, "prompt_ids_for_adv": pad_token_id}``; fields absent from
+        the mapping pad with 0.
+    """
+    return {name: int(pad_token_id) for name in PAD_ID_FIELDS}
+
+
+def pad_value_for(field_name: str, pad_value_dict: Mapping[str, float | int] | None) -> float | int:
+    """The pad value of one field: its entry in ``pad_value_dict``, else 0.
+
+    Args:
+        field_name: Field (column) name.
+        pad_value_dict: Per-field pad values, or ``None``.
+
+    Returns:
+        The pad value to use for ``field_name``.
+    """
+    if pad_value_dict is not None and field_name in pad_value_dict:
+        return pad_value_dict[field_name]
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Jagged construction
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_length_tensor(lengths: torch.Tensor | Sequence[int], n: int) -> torch.Tensor:
+    t = lengths if isinstance(lengths, torch.Tensor) else torch.as_tensor(list(lengths))
+    if t.shape != (n,):
+        raise ValueError(f"lengths shape {tuple(t.shape)} does not match (N,) = ({n},)")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"lengths must be integers, got dtype {t.dtype}")
+    return t.to(torch.int64)
+
+
+def _jagged_from_rows_of(padded: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """Jagged tensor whose row ``i`` is ``padded[i, :lens[i]]`` (lengths already validated)."""
+    n = padded.shape[0]
+    device = padded.device
+    lens = lens.to(device)
+    offsets = torch.zeros(n + 1, dtype=torch.int64, device=device)
+    if n > 0:
+        torch.cumsum(lens, 0, out=offsets[1:])
+    max_len = int(lens.max()) if n > 0 else 0
+    min_len = int(lens.min()) if n > 0 else 0
+    row_elems = 1
+    for d in padded.shape[2:]:
+        row_elems *= int(d)
+    total = int(offsets[-1]) if n > 0 else 0
+    if n == 0:
+        values = padded.reshape(0, *padded.shape[2:])
+    elif total * row_elems >= _SLICE_PATH_MIN_ROW_ELEMS * n:
+        values = torch.cat([padded[i, :ln] for i, ln in enumerate(lens.tolist())])
+    else:
+        narrowed = padded[:, :max_len]
+        mask = torch.arange(max_len, device=device).unsqueeze(0) < lens.unsqueeze(1)
+        values = narrowed[mask]
+    values = values.contiguous()
+    return torch.nested.nested_tensor_from_jagged(
+        values, offsets, min_seqlen=min_len, max_seqlen=max_len
+    )
+
+
+def to_nested_by_length(
+    padded: torch.Tensor, lengths: torch.Tensor | Sequence[int]
+) -> torch.Tensor:
+    """Strip right padding: row ``i`` of the result is ``padded[i, :lengths[i]]``.
+
+    Args:
+        padded: A ``(N, S, ...)`` rectangle.
+        lengths: ``(N,)`` integer row lengths, each in ``[0, S]``.
+
+    Returns:
+        A jagged nested tensor (``torch.jagged`` layout) with ``padded``'s dtype and device.
+
+    Raises:
+        ValueError: ``padded`` has fewer than 2 dims (message names ``(N, S, ...)``), the
+            lengths shape is not ``(N,)`` (message names ``lengths shape``), or a length is
+            negative or exceeds ``S``.
+    """
+    if not isinstance(padded, torch.Tensor) or padded.is_nested:
+        raise TypeError(
+            f"to_nested_by_length: padded must be a dense tensor, got {type(padded).__name__}"
+        )
+    if padded.dim() < 2:
+        raise ValueError(
+            f"to_nested_by_length: padded must have shape (N, S, ...), got {tuple(padded.shape)}"
+        )
+    n, s = int(padded.shape[0]), int(padded.shape[1])
+    lens = _as_length_tensor(lengths, n)
+    if n > 0:
+        lo, hi = int(lens.min()), int(lens.max())
+        if lo < 0 or hi > s:
+            bad = int(torch.nonzero((lens < 0) | (lens > s))[0, 0])
+            raise ValueError(
+                f"to_nested_by_length: row {bad} has length {int(lens[bad])}, "
+                f"outside [0, {s}] (padded width)"
+            )
+    return _jagged_from_rows_of(padded.detach(), lens)
+
+
+def stack_or_nest(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Combine per-row tensors: stack when all shapes agree, else a jagged nested tensor.
+
+    Args:
+        rows: Per-row tensors; rows of differing shape may differ only in their first dim.
+
+    Returns:
+        ``torch.empty(0)`` for no rows, ``torch.stack(rows)`` for equal shapes, else a jagged
+        nested tensor whose row ``i`` is ``rows[i]``.
+
+    Raises:
+        ValueError: Rows differ in a dim other than the first (a jagged tensor has one ragged
+            dim) or are 0-d with different shapes.
+    """
+    rows = list(rows)
+    if not rows:
+        return torch.empty(0)
+    first = rows[0].shape
+    if all(r.shape == first for r in rows):
+        return torch.stack(rows)
+    if any(r.dim() == 0 or r.dim() != len(first) or r.shape[1:] != first[1:] for r in rows):
+        shapes = sorted({tuple(r.shape) for r in rows})
+        raise ValueError(
+            f"stack_or_nest: rows may differ only in their first dim, got shapes {shapes}"
+        )
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def _object_column(values: np.ndarray) -> NonTensorStack:
+    # Per-row wrapping: putting the array straight into a TensorDict would store ONE
+    # NonTensorData broadcast to every row (contract §19.16).
+    return NonTensorStack(*[NonTensorData(v) for v in values.tolist()])
+
+
+def _batch_dim(name: str, value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            raise ValueError(f"pack_jagged_fields: field {name!r} is 0-d; it has no batch dim")
+        return int(value.shape[0])
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            raise ValueError(f"pack_jagged_fields: field {name!r} is 0-d; it has no batch dim")
+        return int(value.shape[0])
+    raise TypeError(
+        f"pack_jagged_fields: unsupported value type for {name!r}: {type(value).__name__} "
+        "(expected a torch.Tensor or a 1-D object np.ndarray)"
+    )
+
+
+def pack_jagged_fields(
+    fields: Mapping[str, torch.Tensor | np.ndarray],
+    *,
+    lengths: torch.Tensor | None,
+    token_aligned_fields: Collection[str] | None = None,
+) -> TensorDict:
+    """Turn trainer columns into the data-plane layout (the single write-side transform).
+
+    Args:
+        fields: Field name -> tensor (batch-major) or 1-D object ``np.ndarray``.
+        lengths: ``(N,)`` per-row valid lengths, or ``None`` (then nothing becomes jagged and
+            ``N`` is the common batch size of the values).
+        token_aligned_fields: Names of per-token fields that become jagged by row length.
+
+    Returns:
+        A ``TensorDict`` with ``batch_size == (N,)`` and the keys of ``fields`` in order:
+        token-aligned tensors as jagged nested tensors (trailing columns beyond each row's
+        length dropped) unless ``N == 0``, they are not at least 2-D, their batch dim differs
+        from ``N`` or they are narrower than ``max(lengths)`` (then rectangular); other
+        tensors rectangular (``detach().contiguous()``); object arrays as per-row
+        ``NonTensorStack`` columns.
+
+    Raises:
+        TypeError: A value is neither a tensor nor a 1-D object ndarray (message names it).
+        ValueError: Batch sizes disagree with each other or with ``len(lengths)``, or the
+            lengths are malformed.
+    """
+    aligned = frozenset(token_aligned_fields or ())
+    sizes: dict[str, int] = {}
+    for name, value in fields.items():
+        if isinstance(value, np.ndarray) and (value.dtype != object or value.ndim != 1):
+            raise TypeError(
+                f"pack_jagged_fields: unsupported value type for {name!r}: np.ndarray of dtype "
+                f"{value.dtype} and ndim {value.ndim} (only 1-D object arrays; convert numeric "
+                "arrays to tensors)"
+            )
+        sizes[name] = _batch_dim(name, value)
+
+    lens: torch.Tensor | None = None
+    if lengths is not None:
+        lens_t = lengths if isinstance(lengths, torch.Tensor) else torch.as_tensor(lengths)
+        if lens_t.dim() != 1:
+            raise ValueError(f"pack_jagged_fields: lengths shape {tuple(lens_t.shape)} is not (N,)")
+        n = int(lens_t.shape[0])
+        lens = _as_length_tensor(lens_t.detach().cpu(), n)
+        if n > 0 and int(lens.min()) < 0:
+            raise ValueError("pack_jagged_fields: lengths must be non-negative")
+    else:
+        distinct = sorted(set(sizes.values()))
+        if len(distinct) > 1:
+            raise ValueError(f"pack_jagged_fields: fields disagree on the batch size: {sizes}")
+        n = distinct[0] if distinct else 0
+    mismatched = {k: v for k, v in sizes.items() if v != n}
+    if mismatched:
+        raise ValueError(
+            f"pack_jagged_fields: batch size must be {n} for every field; got {mismatched}"
+        )
+
+    max_len = int(lens.max()) if lens is not None and n > 0 else 0
+    out = TensorDict({}, batch_size=[n])
+    for name, value in fields.items():
+        if isinstance(value, np.ndarray):
+            out.set(name, _object_column(value))
+            continue
+        t = value.detach()
+        if (
+            name in aligned
+            and lens is not None
+            and not t.is_nested
+            and n > 0
+            and t.dim() >= 2
+            and int(t.shape[1]) >= max_len
+        ):
+            out.set(name, _jagged_from_rows_of(t, lens))
+        elif t.is_nested:
+            out.set(name, t)
+        else:
+            out.set(name, t.contiguous())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Materialisation
+# ---------------------------------------------------------------------------------------------
+
+
+def _jagged_rows(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values, row starts, row lengths) of a jagged nested tensor, all int64 on its device."""
+    offsets = nt.offsets()
+    starts = offsets[:-1]
+    explicit = nt.lengths()
+    lens = explicit if explicit is not None else offsets[1:] - offsets[:-1]
+    return nt.values(), starts.to(torch.int64), lens.to(torch.int64)
+
+
+def _pad_jagged(nt: torch.Tensor, pad: float | int, min_width: int) -> torch.Tensor:
+    """Dense ``(N, max(max_len, min_width), ...)`` rectangle of a jagged tensor, right-padded."""
+    if nt.layout != torch.jagged:
+        dense = torch.nested.to_padded_tensor(nt, pad)
+        return _right_pad(dense, min_width, pad) if dense.dim() >= 2 else dense
+    if nt._ragged_idx != 1:  # noqa: SLF001 - no public accessor in torch 2.13
+        raise ValueError(
+            f"materialize: only jagged tensors ragged in dim 1 are supported, got ragged dim "
+            f"{nt._ragged_idx}"  # noqa: SLF001
+        )
+    values, starts, lens = _jagged_rows(nt)
+    n = int(lens.shape[0])
+    trailing = tuple(values.shape[1:])
+    max_len = int(lens.max()) if n > 0 else 0
+    width = max(max_len, min_width)
+    out_shape = (n, width, *trailing)
+    if n == 0:
+        return torch.full(out_shape, pad, dtype=nt.dtype, device=nt.device)
+    contiguous = nt.lengths() is None
+    if contiguous and values.numel() >= _SLICE_PATH_MIN_ROW_ELEMS * n:
+        return torch.nested.to_padded_tensor(nt, pad, output_size=list(out_shape))
+    out = torch.full(out_shape, pad, dtype=nt.dtype, device=nt.device)
+    total = int(lens.sum())
+    if contiguous:
+        base = int(starts[0])
+        flat = values.narrow(0, base, total)
+    else:
+        new_offsets = torch.cumsum(lens, 0) - lens
+        pos = torch.arange(total, device=values.device) - new_offsets.repeat_interleave(lens)
+        flat = values.index_select(0, starts.repeat_interleave(lens) + pos)
+    mask = torch.arange(width, device=out.device).unsqueeze(0) < lens.to(out.device).unsqueeze(1)
+    out[mask] = flat
+    return out
+
+
+def _right_pad(t: torch.Tensor, width: int, pad: float | int) -> torch.Tensor:
+    """Right-pad dim 1 of ``t`` to ``width`` (never truncates)."""
+    if t.dim() < 2 or int(t.shape[1]) >= width:
+        return t
+    out = torch.full((t.shape[0], width, *t.shape[2:]), pad, dtype=t.dtype, device=t.device)
+    out[:, : t.shape[1]] = t
+    return out
+
+
+def _object_array(values: list[Any]) -> np.ndarray:
+    # Per-item assignment keeps numpy from iterating into list/tuple items.
+    arr = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        arr[i] = v
+    return arr
+
+
+def _materialize_impl(
+    td: TensorDictBase,
+    *,
+    layout: Layout,
+    pad_value_dict: Mapping[str, float | int] | None,
+    pad_to_seqlen: int,
+    local: bool,
+) -> BatchedDataDict:
+    from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+    who = "materialize_local" if local else "materialize"
+    if not isinstance(td, TensorDictBase):
+        raise TypeError(f"{who}: expected a TensorDict, got {type(td).__name__}")
+    if layout not in ("padded", "jagged"):
+        raise ValueError(f"{who}: layout must be 'padded' or 'jagged', got {layout!r}")
+    target = int(pad_to_seqlen)
+    if target < 0:
+        raise ValueError(f"{who}: pad_to_seqlen must be >= 0, got {pad_to_seqlen}")
+    n = int(td.batch_size[0]) if len(td.batch_size) > 0 else 0
+    out = BatchedDataDict()
+    for key in td.keys():
+        value = td.get(key)
+        if isinstance(value, NonTensorStack):
+            out[key] = _object_array(value.tolist())
+        elif isinstance(value, NonTensorData):
+            if local:
+                data = value.data
+                try:
+                    count = len(data)
+                except TypeError as exc:
+                    raise ValueError(
+                        f"materialize_local: non-tensor column {key!r} holds a "
+                        f"{type(data).__name__}, not a length-{n} sequence"
+                    ) from exc
+                if count != n:
+                    raise ValueError(
+                        f"materialize_local: non-tensor column {key!r} has {count} values, "
+                        f"expected {n}"
+                    )
+                out[key] = data
+            elif tuple(td.batch_size) == (1,):
+                out[key] = _object_array([value.data])
+            else:
+                raise TypeError(
+                    f"materialize: non-tensor column {key!r} is a single NonTensorData for a "
+                    f"batch of {tuple(td.batch_size)}; reading it would collapse N rows into "
+                    "one. A Local-adapter batch must be read with materialize_local."
+                )
+        elif isinstance(value, torch.Tensor):
+            pad = pad_value_for(key, pad_value_dict)
+            if value.is_nested:
+                if layout == "jagged":
+                    out[key] = value
+                else:
+                    out[key] = _pad_jagged(value, pad, target)
+            else:
+                out[key] = _right_pad(value, target, pad) if target > 0 else value
+        else:
+            raise TypeError(
+                f"{who}: unsupported leaf type {type(value).__name__} for field {key!r} "
+                "(expected a tensor, NonTensorStack"
+                + (" or NonTensorData)" if local else ")")
+            )
+    return out
+
+
+def materialize(
+    td: TensorDictBase,
+    layout: Layout = "padded",
+    pad_value_dict: Mapping[str, float | int] | None = None,
+    pad_to_seqlen: int = 0,
+) -> BatchedDataDict:
+    """Turn a wire read (TransferQueue or per-row layout) into trainer columns.
+
+    Per top-level key: ``NonTensorStack`` -> 1-D object array; ``NonTensorData`` -> one-row
+    object array (only for a batch of one); nested tensors -> padded rectangles (pad value
+    from ``pad_value_dict``, default 0) or unchanged for ``layout="jagged"``; with
+    ``pad_to_seqlen > 0`` every non-nested tensor of dim >= 2 narrower than the target is
+    right-padded along dim 1 to exactly the target (never truncated; 1-D untouched).  Dtypes
+    are preserved.
+
+    Args:
+        td: The TensorDict returned by ``get_data``/``get_samples``.
+        layout: ``"padded"`` or ``"jagged"``.
+        pad_value_dict: Per-field pad values (see ``make_pad_value_dict``).
+        pad_to_seqlen: Minimum width of dim 1 for padded tensors; 0 disables.
+
+    Returns:
+        A ``BatchedDataDict`` with the same keys, in order.
+
+    Raises:
+        TypeError: A ``NonTensorData`` column in a batch of more than one row (message names
+            ``materialize_local`` and ``non-tensor``), or any other unsupported leaf.
+        ValueError: Bad ``layout`` or negative ``pad_to_seqlen``.
+    """
+    return _materialize_impl(
+        td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen, local=False
+    )
+
+
+def materialize_local(
+    td: TensorDictBase,
+    layout: Layout = "padded",
+    pad_value_dict: Mapping[str, float | int] | None = None,
+    pad_to_seqlen: int = 0,
+) -> BatchedDataDict:
+    """Turn a Local-adapter read into trainer columns.
+
+    Tensor and ``NonTensorStack`` leaves follow the ``materialize`` rules; each
+    ``NonTensorData`` leaf is a whole column and is unwrapped to its Python value (e.g. the
+    stored list), which must hold exactly N rows.  Not interchangeable with ``materialize``.
+
+    Args:
+        td: The TensorDict returned by ``LocalDataPlaneClient.get_data``/``get_samples``.
+        layout: ``"padded"`` or ``"jagged"``.
+        pad_value_dict: Per-field pad values.
+        pad_to_seqlen: Minimum width of dim 1 for padded tensors; 0 disables.
+
+    Returns:
+        A ``BatchedDataDict`` with the same keys, in order.
+
+    Raises:
+        ValueError: A ``NonTensorData`` column does not hold N values; bad ``layout``.
+        TypeError: An unsupported leaf type.
+    """
+    return _materialize_impl(
+        td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen, local=True
+    )

@@ -1,0 +1,239 @@
+"""Column reads and writes between trainer batches and a ``DataPlaneClient`` (contract §11).
+
+Producers, workers and the driver all move columns through these four helpers so that the
+layout rules (jagged per-token fields, per-row object columns, the shared pad target) are
+applied in one place: ``first_write`` mints a batch, ``write_columns`` adds columns under the
+same ids, ``read_columns`` fetches rectangles.  Works with any adapter; chooses the Local
+reader by the meta's generation key.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from nemo_dp.data_plane.codec import materialize, materialize_local, pack_jagged_fields
+from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
+from nemo_dp.data_plane.schema import (
+    GLOBAL_FORWARD_PAD_SEQLEN,
+    INPUT_LENGTHS,
+    LOCAL_PARTITION_GENERATION,
+    PAD_TO_MULTIPLE,
+    SAMPLE_MASK,
+    TOKEN_ALIGNED_FIELDS,
+    Layout,
+)
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+__all__ = ["round_up", "first_write", "read_columns", "write_columns"]
+
+
+def round_up(value: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``value``; identity when ``multiple <= 1``.
+
+    Args:
+        value: The value to round.
+        multiple: The granularity.
+
+    Returns:
+        The rounded value.
+    """
+    value = int(value)
+    multiple = int(multiple)
+    if multiple <= 1:
+        return value
+    return -(-value // multiple) * multiple
+
+
+def _is_local_meta(meta: KVBatchMeta) -> bool:
+    # Same rule as adapters.local.is_local_batch_meta, re-stated to keep helpers free of
+    # adapter imports (the adapter module imports the helpers).
+    return LOCAL_PARTITION_GENERATION in meta.extra_info
+
+
+def _check_column(name: str, value: Any, where: str) -> None:
+    if isinstance(value, torch.Tensor):
+        return
+    if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
+        return
+    raise TypeError(
+        f"{where}: field {name!r} has unsupported type {type(value).__name__}"
+        + (f" (dtype {value.dtype}, ndim {value.ndim})" if isinstance(value, np.ndarray) else "")
+        + "; expected a torch.Tensor or a 1-D object np.ndarray"
+    )
+
+
+def _column_rows(name: str, value: Any, where: str) -> int:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            raise ValueError(f"{where}: field {name!r} is 0-d and has no batch dim")
+        return int(value.shape[0])
+    return int(value.shape[0])
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    return value
+
+
+def first_write(
+    batch: Mapping[str, Any],
+    *,
+    sample_ids: Sequence[str],
+    dp_client: DataPlaneClient,
+    partition_id: str,
+    task_name: str | None,
+    extra_info: Mapping[str, Any] | None = None,
+    pad_to_multiple: int = 1,
+    tags: Sequence[dict] | None = None,
+    token_aligned_fields: Collection[str] = TOKEN_ALIGNED_FIELDS,
+) -> KVBatchMeta:
+    """The producer's first put of a batch: pack every column and write it in one put.
+
+    Args:
+        batch: Columns; must hold ``sample_mask`` (batch-size oracle) and ``input_lengths``.
+        sample_ids: One new id per row.
+        dp_client: The data-plane client.
+        partition_id: Target partition (registered by the caller).
+        task_name: ``task_name`` of the returned meta.
+        extra_info: Extra batch-level entries for the returned meta.
+        pad_to_multiple: Recorded as ``extra_info["pad_to_multiple"]`` when > 1.
+        tags: Optional per-row tags, stored with the rows.
+        token_aligned_fields: Fields stored jagged by row length.
+
+    Returns:
+        ``KVBatchMeta(partition_id, task_name, sample_ids, fields=<written keys>,
+        sequence_lengths=input_lengths, extra_info=<receipt's> | extra_info |
+        {"pad_to_multiple": p if p > 1}, tags=deepcopy(tags))``.
+
+    Raises:
+        KeyError: ``sample_mask`` or ``input_lengths`` is missing.
+        ValueError: Id count differs from the batch size (``"must match batch size"``), an
+            empty batch, duplicate ids, misaligned tags, ``pad_to_multiple < 1``.
+        TypeError: A value is neither a tensor nor a 1-D object ndarray (names the key).
+    """
+    where = "first_write"
+    if SAMPLE_MASK not in batch:
+        raise KeyError(f"{where}: batch has no {SAMPLE_MASK!r} column (the batch-size oracle)")
+    if INPUT_LENGTHS not in batch:
+        raise KeyError(f"{where}: batch has no {INPUT_LENGTHS!r} column")
+    for name, value in batch.items():
+        _check_column(name, value, where)
+    n = _column_rows(SAMPLE_MASK, batch[SAMPLE_MASK], where)
+    ids = list(sample_ids)
+    if n == 0 or len(ids) != n:
+        raise ValueError(f"first_write: sample_ids ({len(ids)}) must match batch size ({n})")
+    if len(set(ids)) != n:
+        dupes = sorted({s for s in ids if ids.count(s) > 1})
+        raise ValueError(f"{where}: duplicate sample ids {dupes}")
+    if tags is not None and len(tags) != n:
+        raise ValueError(f"{where}: tags ({len(tags)}) must align 1:1 with the batch ({n} rows)")
+    if int(pad_to_multiple) < 1:
+        raise ValueError(f"{where}: pad_to_multiple must be >= 1, got {pad_to_multiple}")
+    lengths_value = batch[INPUT_LENGTHS]
+    if not isinstance(lengths_value, torch.Tensor) or lengths_value.dim() != 1:
+        raise ValueError(f"{where}: {INPUT_LENGTHS!r} must be a 1-D integer tensor")
+    lengths = lengths_value.detach().cpu()
+
+    columns = {name: _to_cpu(value) for name, value in batch.items()}
+    td = pack_jagged_fields(columns, lengths=lengths, token_aligned_fields=token_aligned_fields)
+    receipt = dp_client.put_samples(ids, partition_id, td, list(tags) if tags is not None else None)
+
+    extra: dict[str, Any] = dict(receipt.extra_info)
+    if extra_info:
+        extra.update(extra_info)
+    if int(pad_to_multiple) > 1:
+        extra[PAD_TO_MULTIPLE] = int(pad_to_multiple)
+    return KVBatchMeta(
+        partition_id,
+        task_name,
+        ids,
+        fields=list(td.keys()),
+        sequence_lengths=[int(x) for x in lengths.tolist()],
+        extra_info=extra,
+        tags=copy.deepcopy(list(tags)) if tags is not None else None,
+    )
+
+
+def read_columns(
+    dp_client: DataPlaneClient,
+    meta: KVBatchMeta,
+    select_fields: Sequence[str],
+    *,
+    layout: Layout = "padded",
+    pad_value_dict: Mapping[str, float | int] | None = None,
+) -> BatchedDataDict:
+    """Fetch columns of ``meta`` as trainer rectangles at the meta's pad target.
+
+    Args:
+        dp_client: The data-plane client.
+        meta: Rows to read (Local metas are recognised by their generation key).
+        select_fields: Non-empty list of fields to fetch.
+        layout: ``"padded"`` or ``"jagged"``.
+        pad_value_dict: Per-field pad values.
+
+    Returns:
+        A ``BatchedDataDict`` holding exactly ``select_fields``, in that order, rows in
+        ``meta.sample_ids`` order; padded tensors are at least
+        ``extra_info["global_forward_pad_seqlen"]`` wide when that is set.
+
+    Raises:
+        ValueError: ``select_fields`` is empty.
+        KeyError: The store did not return a requested field.
+    """
+    fields = list(select_fields)
+    if not fields:
+        raise ValueError("read_columns: select_fields must name at least one field")
+    td = dp_client.get_data(meta, select_fields=fields)
+    pad_to_seqlen = int(meta.extra_info.get(GLOBAL_FORWARD_PAD_SEQLEN, 0))
+    reader = materialize_local if _is_local_meta(meta) else materialize
+    data = reader(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen)
+    missing = [f for f in fields if f not in data]
+    if missing:
+        raise KeyError(f"read_columns: the store returned no column for {missing}")
+    return BatchedDataDict({f: data[f] for f in fields})
+
+
+def write_columns(
+    dp_client: DataPlaneClient, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]
+) -> None:
+    """Write new columns under ``meta``'s ids (one put, no tags).
+
+    Per-token columns land jagged with the first write's row lengths
+    (``meta.sequence_lengths``) even when the given tensor is wider (e.g. padded to the
+    global pad target).
+
+    Args:
+        dp_client: The data-plane client.
+        meta: Rows to write; ``sequence_lengths`` drive the jagged layout when present.
+        fields: Column name -> tensor or 1-D object ndarray; any ``Mapping`` (including a
+            ``BatchedDataDict``).  Empty -> no put at all.
+
+    Raises:
+        ValueError: A value's batch dim differs from ``meta.size``.
+        TypeError: A value is neither a tensor nor a 1-D object ndarray.
+    """
+    if len(fields) == 0:
+        return
+    where = "write_columns"
+    columns: dict[str, Any] = {}
+    for name, value in fields.items():
+        _check_column(name, value, where)
+        rows = _column_rows(name, value, where)
+        if rows != meta.size:
+            raise ValueError(
+                f"{where}: field {name!r} has batch size {rows}, expected meta.size {meta.size}"
+            )
+        columns[name] = _to_cpu(value)
+    lengths = (
+        torch.tensor([int(x) for x in meta.sequence_lengths], dtype=torch.int64)
+        if meta.sequence_lengths is not None
+        else None
+    )
+    td = pack_jagged_fields(columns, lengths=lengths, token_aligned_fields=TOKEN_ALIGNED_FIELDS)
+    dp_client.put_samples(list(meta.sample_ids), meta.partition_id, td)

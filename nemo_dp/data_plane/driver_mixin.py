@@ -1,0 +1,368 @@
+"""Driver-side data-plane methods of the policy / value façades (contract §13).
+
+Why this module exists: every model dispatch from the driver needs the same three pieces of
+metadata work - planner arguments from the policy config, a *fresh* global pad target per
+dispatch (pitfall §19.1: a target stamped once on a shared meta leaks from the policy into the
+critic, across PPO epochs and into ``concat``-ed dynamic-sampling metas), and a caller meta that
+is never mutated.  ``TQDriverMixin`` gives the driver façades (``TQPolicy``, ``TQValue``) those
+pieces plus the two bulk-column helpers the trainers use (``read_from_dataplane`` /
+``write_to_dataplane``).  ``stamp_placed_metas`` does the same for placed microbatches
+(§17.3 step 3): one target over several DP ranks' metas.
+
+Host contract (what a class mixing in ``TQDriverMixin`` must provide):
+
+* ``self.cfg`` - the policy config, a mapping (``dict``, ``DictConfig``) or an attribute-style
+  object (dataclass).  Read keys, all required (no defaults here; the config schema owns them):
+
+  * ``cfg["dynamic_batching"]["enabled"]`` (bool)
+  * ``cfg["dynamic_batching"]["train_mb_tokens"]`` / ``["logprob_mb_tokens"]`` (int) - only the
+    one asked for, only when dynamic batching is enabled
+  * ``cfg["dynamic_batching"]["sequence_length_round"]`` (int) - when enabled
+  * ``cfg["sequence_packing"]["enabled"]`` (bool) - when dynamic batching is disabled
+  * ``cfg["sequence_packing"]["train_mb_tokens"]`` / ``["logprob_mb_tokens"]``,
+    ``["algorithm"]``, ``["sequence_length_pad_multiple"]``, ``["microbatch_order"]`` - when
+    sequence packing is enabled (and dynamic batching is not)
+
+  A missing key raises ``KeyError`` naming its dotted path.
+* ``self.dp_client`` - the driver's ``DataPlaneClient`` (used by ``read_from_dataplane`` and
+  ``write_to_dataplane`` only).
+
+Nothing here imports Ray or TransferQueue.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from nemo_dp.data_plane.column_io import read_columns, round_up, write_columns
+from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
+from nemo_dp.data_plane.schema import (
+    GLOBAL_FORWARD_PAD_SEQLEN,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    PAD_TO_MULTIPLE,
+)
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+__all__ = [
+    "MB_TOKENS_KEYS",
+    "TQDriverMixin",
+    "cfg_value",
+    "isolated_copy",
+    "placed_pad_target",
+    "stamp_placed_metas",
+]
+
+MB_TOKENS_KEYS: tuple[str, ...] = ("logprob_mb_tokens", "train_mb_tokens")
+"""The two microbatch token budgets a dispatch may ask for."""
+
+
+def cfg_value(node: Any, key: str, path: str) -> Any:
+    """Read ``key`` from a mapping or an attribute-style config node.
+
+    Args:
+        node: A ``Mapping`` (dict, ``DictConfig``, ...) or an object with attributes.
+        key: The key / attribute name.
+        path: Dotted path of ``key`` used in the error message (e.g. ``"cfg.dynamic_batching"``).
+
+    Returns:
+        The value.
+
+    Raises:
+        KeyError: The key is absent (message names ``path.key``).
+    """
+    if isinstance(node, Mapping):
+        if key not in node:
+            raise KeyError(f"config key {path}.{key} is missing")
+        return node[key]
+    if not hasattr(node, key):
+        raise KeyError(f"config key {path}.{key} is missing")
+    return getattr(node, key)
+
+
+def _pad_to_multiple(meta: KVBatchMeta) -> int:
+    # extra_info is metadata written by producers, not config: absent means "no alignment".
+    value = int(meta.extra_info.get(PAD_TO_MULTIPLE, 1))
+    if value < 1:
+        raise ValueError(
+            f"extra_info[{PAD_TO_MULTIPLE!r}] must be >= 1, got {value} "
+            f"(partition {meta.partition_id!r})"
+        )
+    return value
+
+
+def isolated_copy(
+    meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None
+) -> KVBatchMeta:
+    """A copy of ``meta`` with narrowed ``fields``/``task_name`` and no inherited pad target.
+
+    Every container is fresh (ids, fields, lengths, tags and each tag dict, the top-level
+    ``extra_info`` dict; tag dicts are deep copies); ``extra_info`` values are shared (shallow
+    copy) except
+    ``global_forward_pad_seqlen``, which is dropped.  No target is stamped here.
+
+    Args:
+        meta: The source meta (never mutated).
+        fields: The fields of the copy (``None`` keeps none).
+        task_name: The task name of the copy.
+
+    Returns:
+        The new meta.
+    """
+    extra = {k: v for k, v in meta.extra_info.items() if k != GLOBAL_FORWARD_PAD_SEQLEN}
+    return KVBatchMeta(
+        partition_id=meta.partition_id,
+        task_name=task_name,
+        sample_ids=list(meta.sample_ids),
+        fields=list(fields) if fields is not None else None,
+        sequence_lengths=(
+            [int(x) for x in meta.sequence_lengths] if meta.sequence_lengths is not None else None
+        ),
+        extra_info=extra,
+        tags=[copy.deepcopy(t) for t in meta.tags] if meta.tags is not None else None,
+    )
+
+
+def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> int:
+    """One global pad target over several DP ranks' metas (contract §17.3 step 3).
+
+    ``round_up(max of all lengths, lcm(max pad_to_multiple over metas, seq_round))``; any
+    ``global_forward_pad_seqlen`` the metas already carry is ignored (it would ratchet the
+    target up to a historical maximum).
+
+    Args:
+        metas: One meta per DP rank; each needs ``sequence_lengths``.
+        seq_round: The dynamic-batching sequence-length rounding (1 = none).
+
+    Returns:
+        The pad target.
+
+    Raises:
+        ValueError: No metas, a meta without ``sequence_lengths``, no rows at all, or
+            ``seq_round < 1``.
+    """
+    metas = list(metas)
+    if not metas:
+        raise ValueError("placed_pad_target: no metas given")
+    if int(seq_round) < 1:
+        raise ValueError(f"placed_pad_target: seq_round must be >= 1, got {seq_round}")
+    longest: int | None = None
+    multiple = 1
+    for rank, meta in enumerate(metas):
+        if meta.sequence_lengths is None:
+            raise ValueError(
+                f"placed_pad_target: meta {rank} (partition {meta.partition_id!r}) has no "
+                "sequence_lengths; the pad target needs every row's length"
+            )
+        multiple = max(multiple, _pad_to_multiple(meta))
+        if meta.sequence_lengths:
+            rank_max = max(int(x) for x in meta.sequence_lengths)
+            longest = rank_max if longest is None else max(longest, rank_max)
+    if longest is None:
+        raise ValueError("placed_pad_target: the metas hold no rows")
+    return round_up(longest, math.lcm(multiple, int(seq_round)))
+
+
+def stamp_placed_metas(
+    metas: Sequence[KVBatchMeta], *, seq_round: int = 1
+) -> list[KVBatchMeta]:
+    """New metas, one per input, all carrying one fresh pad target (``placed_pad_target``).
+
+    The inputs are never mutated; each output is an ``isolated_copy`` (same fields and task
+    name, fresh containers, inherited target dropped) stamped with the shared target.  Other
+    ``extra_info`` entries (Local generation, ``pad_to_multiple``, a producer's micro-batch
+    plan) travel unchanged.
+
+    Args:
+        metas: One meta per DP rank, in rank order.
+        seq_round: The dynamic-batching sequence-length rounding (1 = none).
+
+    Returns:
+        The stamped copies, in input order.
+
+    Raises:
+        ValueError: As ``placed_pad_target``.
+    """
+    target = placed_pad_target(metas, seq_round=seq_round)
+    out = []
+    for meta in metas:
+        copy_ = isolated_copy(meta, fields=meta.fields, task_name=meta.task_name)
+        copy_.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = target
+        out.append(copy_)
+    return out
+
+
+class TQDriverMixin:
+    """Driver-side metadata helpers for façades that dispatch ``KVBatchMeta`` shards.
+
+    See the module docstring for the ``cfg`` keys and the ``dp_client`` attribute the host
+    provides.
+    """
+
+    cfg: Any
+    dp_client: DataPlaneClient
+
+    # --- planner arguments --------------------------------------------------------------------
+    def _packing_args(
+        self, mb_tokens_key: str
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Planner arguments for one dispatch kind.
+
+        Args:
+            mb_tokens_key: ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
+
+        Returns:
+            ``(sequence_packing_args, dynamic_batching_args)``: ``(None, dba)`` when dynamic
+            batching is enabled (it wins if both are on), ``(spa, None)`` when only sequence
+            packing is, else ``(None, None)``.  Each dict is freshly built; its
+            ``max_tokens_per_microbatch`` is the section's ``mb_tokens_key`` value.
+
+        Raises:
+            ValueError: ``mb_tokens_key`` is not one of the two budgets.
+            KeyError: A config key the enabled mode needs is missing.
+        """
+        if mb_tokens_key not in MB_TOKENS_KEYS:
+            raise ValueError(
+                f"_packing_args: mb_tokens_key must be one of {list(MB_TOKENS_KEYS)}, "
+                f"got {mb_tokens_key!r}"
+            )
+        db = cfg_value(self.cfg, "dynamic_batching", "cfg")
+        if bool(cfg_value(db, "enabled", "cfg.dynamic_batching")):
+            dba = {
+                "max_tokens_per_microbatch": int(
+                    cfg_value(db, mb_tokens_key, "cfg.dynamic_batching")
+                ),
+                "sequence_length_round": int(
+                    cfg_value(db, "sequence_length_round", "cfg.dynamic_batching")
+                ),
+                "input_key": INPUT_IDS,
+                "input_lengths_key": INPUT_LENGTHS,
+            }
+            return None, dba
+        sp = cfg_value(self.cfg, "sequence_packing", "cfg")
+        if bool(cfg_value(sp, "enabled", "cfg.sequence_packing")):
+            spa = {
+                "max_tokens_per_microbatch": int(
+                    cfg_value(sp, mb_tokens_key, "cfg.sequence_packing")
+                ),
+                "algorithm": str(cfg_value(sp, "algorithm", "cfg.sequence_packing")),
+                "sequence_length_pad_multiple": int(
+                    cfg_value(sp, "sequence_length_pad_multiple", "cfg.sequence_packing")
+                ),
+                "input_key": INPUT_IDS,
+                "input_lengths_key": INPUT_LENGTHS,
+                "microbatch_order": cfg_value(sp, "microbatch_order", "cfg.sequence_packing"),
+            }
+            return spa, None
+        return None, None
+
+    def _seq_round(self) -> int:
+        """The dynamic-batching ``sequence_length_round``, or 1 when dynamic batching is off."""
+        _, dba = self._packing_args("train_mb_tokens")
+        return int(dba["sequence_length_round"]) if dba is not None else 1
+
+    # --- pad targets --------------------------------------------------------------------------
+    def _stamp_pad_seqlen(self, meta: KVBatchMeta) -> None:
+        """Stamp ``extra_info["global_forward_pad_seqlen"]`` in place (idempotent).
+
+        No-op when ``meta.sequence_lengths`` is ``None``, when the meta holds no rows, or when a
+        target is already present.  Otherwise the target is ``round_up(max(lengths),
+        lcm(pad_to_multiple, seq_round))`` with ``pad_to_multiple`` from ``extra_info``
+        (default 1) and ``seq_round`` the dynamic-batching rounding (1 when disabled).
+
+        Args:
+            meta: The meta to stamp.
+
+        Raises:
+            ValueError: ``pad_to_multiple`` < 1.
+        """
+        if meta.sequence_lengths is None or GLOBAL_FORWARD_PAD_SEQLEN in meta.extra_info:
+            return
+        if not meta.sequence_lengths:
+            return
+        multiple = math.lcm(_pad_to_multiple(meta), self._seq_round())
+        longest = max(int(x) for x in meta.sequence_lengths)
+        meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = round_up(longest, multiple)
+
+    def _isolated_meta(
+        self, meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None
+    ) -> KVBatchMeta:
+        """A dispatch copy of ``meta`` with a freshly minted pad target.
+
+        Fresh containers, narrowed ``fields`` and ``task_name``, any inherited
+        ``global_forward_pad_seqlen`` dropped and a new one stamped for this host's rounding.
+        The caller's meta is never touched.
+
+        Args:
+            meta: The caller's meta.
+            fields: Fields the dispatch fetches.
+            task_name: Task name of the dispatch.
+
+        Returns:
+            The new meta.
+        """
+        out = isolated_copy(meta, fields=fields, task_name=task_name)
+        self._stamp_pad_seqlen(out)
+        return out
+
+    def _placed_metas(self, metas: Sequence[KVBatchMeta]) -> list[KVBatchMeta]:
+        """``stamp_placed_metas`` with this host's rounding (one target over all ranks).
+
+        Args:
+            metas: One meta per DP rank, in rank order.
+
+        Returns:
+            New metas carrying the shared target.
+
+        Raises:
+            ValueError: As ``placed_pad_target``.
+        """
+        return stamp_placed_metas(metas, seq_round=self._seq_round())
+
+    # --- bulk columns -------------------------------------------------------------------------
+    def read_from_dataplane(
+        self,
+        meta: KVBatchMeta,
+        *,
+        select_fields: Sequence[str],
+        pad_value_dict: Mapping[str, float | int] | None = None,
+    ) -> BatchedDataDict:
+        """Read columns of ``meta``'s rows at a fresh pad target (caller's meta untouched).
+
+        Args:
+            meta: Rows to read.
+            select_fields: Fields to fetch (non-empty).
+            pad_value_dict: Per-field pad values.
+
+        Returns:
+            Exactly ``select_fields`` as rectangles, rows in ``meta.sample_ids`` order.
+
+        Raises:
+            ValueError: ``select_fields`` is empty.
+            KeyError: Unknown partition, ids or fields (from the store).
+        """
+        isolated = self._isolated_meta(meta, fields=select_fields, task_name=meta.task_name)
+        return read_columns(
+            self.dp_client, isolated, list(select_fields), pad_value_dict=pad_value_dict
+        )
+
+    def write_to_dataplane(
+        self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]
+    ) -> None:
+        """Write columns under ``meta``'s ids (``write_columns``).
+
+        Args:
+            meta: Rows to write.
+            fields: Column name -> tensor / object array, rows in ``meta.sample_ids`` order.
+
+        Raises:
+            ValueError: A batch dim differs from ``meta.size``.
+            TypeError: An unsupported value type.
+        """
+        write_columns(self.dp_client, meta, fields)

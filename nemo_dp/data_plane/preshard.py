@@ -1,0 +1,131 @@
+"""Driver-side DP sharding of a ``KVBatchMeta`` (contract §12.1).
+
+The driver never holds the bulk tensors of a data-plane batch, only its meta.  To dispatch a
+batch to DP ranks it runs the ordinary planner (``BatchedDataDict.shard_by_batch_size``) on a
+tiny skeleton built from ``meta.sequence_lengths``, then projects the meta with each shard's
+row indices.  The result is pure metadata: no I/O, no new ids, and the microbatch plan every
+rank must follow identically.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from nemo_dp.data_plane.column_io import round_up
+from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.schema import (
+    ELEM_COUNTS_PER_GB,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    META_IDX,
+    MICRO_BATCH_INDICES,
+    MICRO_BATCH_LENGTHS,
+    SAMPLE_MASK,
+)
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+__all__ = ["shard_meta_for_dp"]
+
+_PLAN_KEYS = (MICRO_BATCH_INDICES, MICRO_BATCH_LENGTHS, ELEM_COUNTS_PER_GB)
+
+
+def shard_meta_for_dp(
+    meta: KVBatchMeta,
+    *,
+    dp_world: int,
+    batch_size: int | None = None,
+    sequence_packing_args: Mapping[str, Any] | None = None,
+    dynamic_batching_args: Mapping[str, Any] | None = None,
+) -> tuple[list[KVBatchMeta], list[int] | None]:
+    """Split ``meta`` into one meta per DP rank, with that rank's microbatch plan.
+
+    Args:
+        meta: The batch to shard; needs ``sequence_lengths``.
+        dp_world: Number of DP ranks.
+        batch_size: Global batch size (defaults to ``meta.size``).
+        sequence_packing_args: Planner settings for sequence packing (§12.3).
+        dynamic_batching_args: Planner settings for dynamic batching (§12.3).
+
+    Returns:
+        ``(metas, order)``: ``metas[r]`` = ``meta.subset(rows of rank r)`` with
+        ``partition_id``/``task_name``/``fields`` preserved and ``extra_info`` = a copy of the
+        input's (minus any inherited plan keys) plus that shard's own copies of
+        ``micro_batch_indices``, ``micro_batch_lengths`` and ``elem_counts_per_gb`` when the
+        planner produced them.  ``order[p]`` is the original index of row ``p`` of the
+        rank-concatenated output, or ``None`` when that is the identity.
+
+    Raises:
+        ValueError: Empty meta, missing/misaligned ``sequence_lengths``, both packing
+            argument sets, indivisible sizes, or ``dp_world < 1``.
+    """
+    n = meta.size
+    if n == 0:
+        raise ValueError("shard_meta_for_dp: empty meta — nothing to shard")
+    lengths = meta.sequence_lengths
+    if lengths is None or len(lengths) != n:
+        got = "None" if lengths is None else f"{len(lengths)} entries"
+        raise ValueError(
+            f"shard_meta_for_dp requires meta.sequence_lengths aligned with its {n} sample ids "
+            f"(got {got})"
+        )
+    if sequence_packing_args is not None and dynamic_batching_args is not None:
+        raise ValueError("Pass at most one of sequence_packing_args / dynamic_batching_args.")
+    if int(dp_world) < 1:
+        raise ValueError(f"shard_meta_for_dp: dp_world must be >= 1, got {dp_world}")
+    bs = n if batch_size is None else int(batch_size)
+    if bs < 1 or n % bs != 0:
+        raise ValueError(f"shard_meta_for_dp: meta size {n} is not a multiple of batch_size {bs}")
+    if bs % dp_world != 0:
+        raise ValueError(
+            f"shard_meta_for_dp: batch_size {bs} is not divisible by dp_world {dp_world}"
+        )
+
+    args = dynamic_batching_args if dynamic_batching_args is not None else sequence_packing_args
+    input_key = args["input_key"] if args is not None else INPUT_IDS
+    lengths_key = args["input_lengths_key"] if args is not None else INPUT_LENGTHS
+    int_lengths = [int(x) for x in lengths]
+    if dynamic_batching_args is not None:
+        # The planner caps each microbatch length at the input width: a narrow placeholder
+        # would clamp every planned length (width 1 -> one-token sequences, zero gradients).
+        round_to = int(dynamic_batching_args["sequence_length_round"])
+        width = max(1, round_up(max(int_lengths), round_to))
+    else:
+        width = 1
+    # A stride-0 placeholder: shape (n, width) without allocating n * width elements.
+    placeholder = torch.zeros((), dtype=torch.int64).expand(n, width)
+    skeleton = BatchedDataDict(
+        {
+            input_key: placeholder,
+            lengths_key: torch.tensor(int_lengths, dtype=torch.int64),
+            SAMPLE_MASK: torch.ones(n, dtype=torch.float32),
+            META_IDX: torch.arange(n, dtype=torch.int64),
+        }
+    )
+    result = skeleton.shard_by_batch_size(
+        dp_world,
+        batch_size=bs,
+        dynamic_batching_args=dynamic_batching_args,
+        sequence_packing_args=sequence_packing_args,
+    )
+    shards = result[0] if isinstance(result, tuple) else result
+
+    metas: list[KVBatchMeta] = []
+    order: list[int] = []
+    for shard in shards:
+        rows = [int(i) for i in shard[META_IDX].tolist()]
+        order.extend(rows)
+        sub = meta.subset(rows)
+        extra = {k: v for k, v in meta.extra_info.items() if k not in _PLAN_KEYS}
+        if shard.micro_batch_indices is not None:
+            extra[MICRO_BATCH_INDICES] = copy.deepcopy(shard.micro_batch_indices)
+        if shard.micro_batch_lengths is not None:
+            extra[MICRO_BATCH_LENGTHS] = copy.deepcopy(shard.micro_batch_lengths)
+        if shard.elem_counts_per_gb is not None:
+            extra[ELEM_COUNTS_PER_GB] = copy.deepcopy(shard.elem_counts_per_gb)
+        sub.extra_info = extra
+        metas.append(sub)
+    return metas, (None if order == list(range(n)) else order)

@@ -1,0 +1,785 @@
+"""Worker-side data-plane entrypoints for policy / value workers (contract §14).
+
+Why this module exists: a training worker's compute methods take an in-memory
+``BatchedDataDict``.  On the data-plane path the driver sends only a ``KVBatchMeta`` shard, so
+every DP rank must fetch its rows, pad them to the driver's global target, attach the driver's
+microbatch plan (never re-plan per rank: pitfall §19.18), run the in-memory method and write
+results back - exactly once per DP replica (pitfall §19.2: TP/CP/PP siblings hold identical
+results, so only the replica leader writes).  ``TQWorkerMixin`` adds those ``*_presharded``
+entrypoints to any worker class; with model-parallel siblings the replica leader fetches once
+and broadcasts the materialised batch over the replica's process group.
+
+Hooks the host worker class provides (called by this mixin; exact names and signatures)
+-------------------------------------------------------------------------------------------
+In-memory compute (required for the entrypoints that use them):
+
+* ``self.train(data: BatchedDataDict, loss_fn, eval_mode: bool = False, gbs: int | None = None,
+  mbs: int | None = None) -> dict`` - called by ``train_presharded`` as
+  ``self.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)``; returns metrics.
+* ``self.get_logprobs(data: BatchedDataDict, micro_batch_size: int | None = None) -> Mapping``
+  with key ``"logprobs"`` (tensor, rows in ``data`` order) - called as
+  ``self.get_logprobs(data, micro_batch_size=micro_batch_size)``.
+* ``self.get_reference_policy_logprobs(data, micro_batch_size=None) -> Mapping`` with key
+  ``"reference_logprobs"``.
+* ``self.get_values(data, micro_batch_size=None) -> Mapping`` with key ``"values"``.
+* Split training API (the names ``nemo_dp.models.policy.worker.PolicyWorker`` defines):
+  ``self.begin_train_step(loss_fn, mbs: int | None = None) -> None`` (called with keyword
+  ``mbs`` only), ``self.train_microbatch(data: BatchedDataDict) -> None``,
+  ``self.finish_train_step() -> dict`` and ``self.abort_train_step() -> None`` (idempotent).
+
+Topology and settings (overridable; the mixin's versions defer to a host base class that
+defines the same name - ``getattr(super(), name)`` - so they work whichever side of the host
+the mixin is listed on):
+
+* ``self._local_coords() -> dict[str, int]`` - **required**: this rank's coordinates on
+  ``"tensor_parallel"``, ``"context_parallel"``, ``"pipeline_parallel"`` (missing axes = 0).
+  Without a host definition it raises ``NotImplementedError``.
+* ``self._get_replica_group() -> ProcessGroup | None`` - the torch.distributed group of this DP
+  rank's TP x CP x PP siblings (default ``None``: no siblings).
+* ``self._packing_enabled() -> bool`` - default: ``cfg["dynamic_batching"]["enabled"] or
+  cfg["sequence_packing"]["enabled"]`` read from ``self.cfg`` (mapping or attribute style).
+* ``self._data_plane_pad_values() -> Mapping[str, int | float] | None`` - per-field pad values
+  for materialisation; default: ``make_pad_value_dict(self.pad_id)`` when the host has an int
+  ``pad_id`` attribute, else ``None`` (every field pads with 0).
+
+State this mixin keeps on the instance: ``self.dp_client`` (the worker's
+``DataPlaneClient``, ``None`` until ``setup_data_plane``; a test or host may also assign an
+existing client to it), ``self.dp_cfg`` and ``self._dp_train_step_active``.
+
+Nothing here imports Ray or TransferQueue; ``torch.distributed`` is used only for the
+leader broadcast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tensordict import NonTensorData, TensorDictBase
+
+from nemo_dp.data_plane.adapters.local import is_local_batch_meta
+from nemo_dp.data_plane.codec import make_pad_value_dict, materialize, materialize_local
+from nemo_dp.data_plane.column_io import write_columns
+from nemo_dp.data_plane.driver_mixin import cfg_value
+from nemo_dp.data_plane.factory import build_data_plane_client
+from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
+from nemo_dp.data_plane.observability import is_metrics_client
+from nemo_dp.data_plane.schema import (
+    ELEM_COUNTS_PER_GB,
+    GLOBAL_FORWARD_PAD_SEQLEN,
+    MICRO_BATCH_INDICES,
+    MICRO_BATCH_LENGTHS,
+    PREV_LOGPROBS,
+    REFERENCE_POLICY_LOGPROBS,
+    VALUES,
+    Layout,
+)
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torch.distributed import ProcessGroup
+
+__all__ = ["FETCH_POLICIES", "PARALLEL_AXES", "TQWorkerMixin"]
+
+FETCH_POLICIES: tuple[str, ...] = ("auto", "independent", "leader_broadcast")
+PARALLEL_AXES: tuple[str, ...] = ("tensor_parallel", "context_parallel", "pipeline_parallel")
+
+_RAW_SCALARS = (str, int, float, bool)
+
+
+def _check_raw(key: str, value: Any, where: str = "value") -> None:
+    """Raise ``TypeError`` unless ``value`` may travel in the broadcast descriptor."""
+    if value is None or isinstance(value, _RAW_SCALARS):
+        return
+    if isinstance(value, np.ndarray):
+        if value.dtype != object:
+            raise TypeError(
+                f"_broadcast_batched_data_dict: field {key!r} ({where}) is an ndarray of dtype "
+                f"{value.dtype}; only object ndarrays travel as raw values (send numbers as tensors)"
+            )
+        for i, item in enumerate(value.reshape(-1).tolist()):
+            _check_raw(key, item, f"{where}[{i}]")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_raw(key, item, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, item in value.items():
+            _check_raw(key, k, f"{where} key")
+            _check_raw(key, item, f"{where}[{k!r}]")
+        return
+    raise TypeError(
+        f"_broadcast_batched_data_dict: field {key!r} ({where}) has unsupported type "
+        f"{type(value).__name__}; raw values may be None, str, int, float, bool, object "
+        "ndarrays and lists/tuples/dicts of these"
+    )
+
+
+def _compact_jagged(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, offsets) of a jagged tensor, made contiguous when it has holes."""
+    if nt.layout != torch.jagged:
+        raise TypeError(
+            "_broadcast_batched_data_dict: only torch.jagged nested tensors can be broadcast, "
+            f"got layout {nt.layout}"
+        )
+    if nt.lengths() is not None:
+        nt = torch.nested.as_nested_tensor(list(nt.unbind()), layout=torch.jagged)
+    return nt.values().contiguous(), nt.offsets().contiguous()
+
+
+class TQWorkerMixin:
+    """``*_presharded`` entrypoints that fetch a ``KVBatchMeta`` shard from the data plane.
+
+    See the module docstring for the hooks the host class provides.
+    """
+
+    dp_client: DataPlaneClient | None = None
+    dp_cfg: Any = None
+    _dp_train_step_active: bool = False
+
+    # --- setup --------------------------------------------------------------------------------
+    def setup_data_plane(self, cfg: Any) -> None:
+        """Build this worker's data-plane client (idempotent).
+
+        TransferQueue configs attach to the driver's backend (``bootstrap=False``); a Local
+        config gives the worker its own private store.  A second call keeps the first client.
+
+        Args:
+            cfg: Any accepted ``data_plane`` config form.
+
+        Raises:
+            ValueError: The config is disabled or invalid (from ``build_data_plane_client``).
+        """
+        if self.dp_client is not None:
+            return
+        self.dp_client = build_data_plane_client(cfg, bootstrap=False)
+        self.dp_cfg = cfg
+
+    def _require_dp_client(self) -> DataPlaneClient:
+        """The worker's client.
+
+        Returns:
+            ``self.dp_client``.
+
+        Raises:
+            RuntimeError: ``setup_data_plane`` has not run on this worker.
+        """
+        if self.dp_client is None:
+            raise RuntimeError(
+                f"Data-plane client not initialised on worker {type(self).__name__}: call "
+                "setup_data_plane(cfg) before invoking any *_presharded entrypoint."
+            )
+        return self.dp_client
+
+    # --- topology -----------------------------------------------------------------------------
+    def _get_replica_group(self) -> ProcessGroup | None:
+        """The process group of this DP rank's TP x CP x PP siblings (``None``: no siblings)."""
+        parent = getattr(super(), "_get_replica_group", None)
+        return parent() if parent is not None else None
+
+    def _local_coords(self) -> dict[str, int]:
+        """This rank's model-parallel coordinates; the host must define it.
+
+        Raises:
+            NotImplementedError: No host class defines ``_local_coords`` (a default would make
+                every sibling a leader and every sibling would write the same rows).
+        """
+        parent = getattr(super(), "_local_coords", None)
+        if parent is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} must define _local_coords() -> dict[str, int] "
+                f"(coordinates on {list(PARALLEL_AXES)}); TQWorkerMixin has no default because "
+                "every rank would become a replica leader and write the same rows."
+            )
+        return parent()
+
+    def _is_replica_leader(self) -> bool:
+        """True iff this rank's coordinate is 0 on every axis of ``PARALLEL_AXES``.
+
+        Missing axes count as 0, so ``{}`` is a leader.
+        """
+        coords = self._local_coords()
+        return all(int(coords.get(axis, 0)) == 0 for axis in PARALLEL_AXES)
+
+    def _packing_enabled(self) -> bool:
+        """Whether dynamic batching or sequence packing is on for this worker.
+
+        Returns:
+            A host base class's answer if it defines ``_packing_enabled``, else
+            ``cfg["dynamic_batching"]["enabled"] or cfg["sequence_packing"]["enabled"]``.
+
+        Raises:
+            KeyError: A config key is missing.
+        """
+        parent = getattr(super(), "_packing_enabled", None)
+        if parent is not None:
+            return bool(parent())
+        cfg = getattr(self, "cfg", None)
+        if cfg is None:
+            raise KeyError(
+                f"{type(self).__name__} has no cfg with dynamic_batching / sequence_packing "
+                "sections; define self.cfg or override _packing_enabled()"
+            )
+        db = cfg_value(cfg, "dynamic_batching", "cfg")
+        sp = cfg_value(cfg, "sequence_packing", "cfg")
+        return bool(cfg_value(db, "enabled", "cfg.dynamic_batching")) or bool(
+            cfg_value(sp, "enabled", "cfg.sequence_packing")
+        )
+
+    def _data_plane_pad_values(self) -> Mapping[str, float | int] | None:
+        """Per-field pad values for materialisation (see the module docstring)."""
+        parent = getattr(super(), "_data_plane_pad_values", None)
+        if parent is not None:
+            return parent()
+        pad_id = getattr(self, "pad_id", None)
+        if isinstance(pad_id, int) and not isinstance(pad_id, bool):
+            return make_pad_value_dict(pad_id)
+        return None
+
+    # --- fetch --------------------------------------------------------------------------------
+    def _fetch(
+        self,
+        meta: KVBatchMeta,
+        *,
+        layout: Layout = "padded",
+        fetch_policy: str = "auto",
+        dp_aligned_seq_len: bool = True,
+    ) -> BatchedDataDict:
+        """Fetch and materialise ``meta``'s rows (``meta.fields``) for this rank.
+
+        Args:
+            meta: This DP rank's shard.
+            layout: ``"padded"`` or ``"jagged"``.
+            fetch_policy: ``"independent"`` (every rank reads), ``"leader_broadcast"`` (the
+                replica leader reads and broadcasts) or ``"auto"`` (broadcast when the replica
+                group has more than one member).
+            dp_aligned_seq_len: Pad to the meta's ``global_forward_pad_seqlen`` (else to the
+                slice maximum).
+
+        Returns:
+            The batch, rows in ``meta.sample_ids`` order (no plan attached).
+
+        Raises:
+            RuntimeError: No client; ``"leader_broadcast"`` without a replica group; a sibling
+                whose leader failed (names the leader's rank).
+            ValueError: Unknown ``fetch_policy``; a Local meta read ``"independent"``-ly by a
+                replica group of several ranks; errors of the store.
+            KeyError: Unknown partition / ids / fields (on the leader or independent readers).
+        """
+        client = self._require_dp_client()
+        if fetch_policy not in FETCH_POLICIES:
+            raise ValueError(
+                f"_fetch: fetch_policy must be one of {list(FETCH_POLICIES)}, got {fetch_policy!r}"
+            )
+        group = self._get_replica_group()
+        if fetch_policy == "leader_broadcast" and group is None:
+            raise RuntimeError(
+                "_fetch: fetch_policy='leader_broadcast' needs a replica process group, but "
+                f"{type(self).__name__}._get_replica_group() returned None"
+            )
+        group_size = dist.get_world_size(group) if group is not None else 1
+        broadcast = fetch_policy == "leader_broadcast" or (fetch_policy == "auto" and group_size > 1)
+        local = is_local_batch_meta(meta)
+        if local and group_size > 1 and not broadcast:
+            raise ValueError(
+                f"_fetch: a Local-adapter meta (partition {meta.partition_id!r}) exists only in "
+                f"the replica leader's process; with a replica group of {group_size} ranks it "
+                "must be fetched with fetch_policy='leader_broadcast' (or 'auto'), not "
+                f"{fetch_policy!r}"
+            )
+        pad_to_seqlen = (
+            int(meta.extra_info.get(GLOBAL_FORWARD_PAD_SEQLEN, 0)) if dp_aligned_seq_len else 0
+        )
+        pad_values = self._data_plane_pad_values()
+
+        def read() -> BatchedDataDict:
+            fields = list(meta.fields) if meta.fields else None
+            td = client.get_data(meta, select_fields=fields)
+            return self._materialize_fetched(
+                td,
+                local_batch=local,
+                layout=layout,
+                pad_value_dict=pad_values,
+                pad_to_seqlen=pad_to_seqlen,
+            )
+
+        if not broadcast:
+            return read()
+        assert group is not None  # broadcast implies a group (checked above)
+        src = self._replica_leader_src(group)
+        if dist.get_rank() != src:
+            return self._broadcast_batched_data_dict(None, group=group, src=src)
+        try:
+            data = read()
+        except Exception as exc:
+            # Enter the collective anyway so the siblings raise instead of hanging.
+            self._broadcast_batched_data_dict(None, group=group, src=src, error=exc)
+            raise  # pragma: no cover - the broadcast re-raises ``exc`` on the leader
+        return self._broadcast_batched_data_dict(data, group=group, src=src)
+
+    def _materialize_fetched(
+        self,
+        td: TensorDictBase,
+        *,
+        local_batch: bool,
+        layout: Layout = "padded",
+        pad_value_dict: Mapping[str, float | int] | None = None,
+        pad_to_seqlen: int = 0,
+    ) -> BatchedDataDict:
+        """Turn a fetched TensorDict into trainer columns with the right reader.
+
+        Args:
+            td: What ``get_data`` returned.
+            local_batch: The meta came from the Local adapter (``materialize_local``).
+            layout: ``"padded"`` or ``"jagged"``.
+            pad_value_dict: Per-field pad values.
+            pad_to_seqlen: Minimum width of dim 1 (0 disables).
+
+        Returns:
+            The materialised batch.
+
+        Raises:
+            TypeError: A non-local read holds a whole-column ``NonTensorData`` leaf (it would
+                collapse N rows into one; message names ``materialize_local``).
+        """
+        if not local_batch:
+            bad = [k for k in td.keys() if isinstance(td.get(k), NonTensorData)]
+            if bad:
+                raise TypeError(
+                    f"_materialize_fetched: non-tensor column(s) {bad} are single NonTensorData "
+                    "leaves (whole columns); reading them with materialize would collapse N rows "
+                    "into one. A Local-adapter batch must be read with materialize_local."
+                )
+            return materialize(
+                td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen
+            )
+        return materialize_local(
+            td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen
+        )
+
+    # --- leader broadcast ---------------------------------------------------------------------
+    def _replica_leader_src(self, group: ProcessGroup) -> int:
+        """Global rank of the replica leader in ``group`` (one collective, then cached).
+
+        Every member contributes ``(global rank, is leader)``; all members see the same list,
+        so a group without exactly one leader raises on every member alike (no hang).
+
+        Raises:
+            RuntimeError: The group has zero or several replica leaders.
+        """
+        cache: dict[int, int] = self.__dict__.setdefault("_dp_replica_src_cache", {})
+        key = id(group)
+        if key in cache:
+            return cache[key]
+        me = (dist.get_rank(), self._is_replica_leader())
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, me, group=group)
+        leaders = [rank for rank, is_leader in gathered if is_leader]
+        if len(leaders) != 1:
+            raise RuntimeError(
+                f"replica group {sorted(r for r, _ in gathered)} has {len(leaders)} replica "
+                f"leaders {leaders}; exactly one member must have coordinate 0 on "
+                f"{list(PARALLEL_AXES)}"
+            )
+        cache[key] = leaders[0]
+        return leaders[0]
+
+    def _broadcast_batched_data_dict(
+        self,
+        data: BatchedDataDict | None,
+        *,
+        group: ProcessGroup,
+        src: int | None = None,
+        error: BaseException | None = None,
+    ) -> BatchedDataDict:
+        """Send the leader's batch to every member of ``group`` (two phases).
+
+        Phase 1 broadcasts a descriptor: ``("ok", [(key, "tensor", dtype, shape) |
+        (key, "jagged", dtype, values_shape, offsets_len) | (key, "raw", value), ...])`` or
+        ``("error", type_name, message)``.  Phase 2 broadcasts each tensor in descriptor order
+        (NCCL groups on the current CUDA device with int16 widened to int32, otherwise CPU).
+        Received tensors are returned on CPU with the sender's dtype.
+
+        Args:
+            data: The batch on the source rank (ignored elsewhere).
+            group: The replica process group.
+            src: Global rank of the sender (default: the replica leader, ``_replica_leader_src``).
+            error: On the source rank, an exception to propagate instead of data.
+
+        Returns:
+            The batch (the source rank returns ``data`` itself).
+
+        Raises:
+            BaseException: On the source rank, ``error`` when given.
+            TypeError: On the source rank, a value that cannot travel (siblings then raise
+                ``RuntimeError``).
+            RuntimeError: On the other ranks, when the source reported an error; the message
+                names the source rank and the original error.
+        """
+        if src is None:
+            src = self._replica_leader_src(group)
+        is_src = dist.get_rank() == src
+        nccl = dist.get_backend(group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+        local_error: BaseException | None = error
+        tensors: list[torch.Tensor] = []
+        descriptor: Any = None
+        if is_src:
+            if local_error is None:
+                try:
+                    if data is None:
+                        raise ValueError("_broadcast_batched_data_dict: the source rank has no data")
+                    descriptor, tensors = self._describe(data)
+                except Exception as exc:  # noqa: BLE001 - propagated to every member below
+                    local_error = exc
+            if local_error is not None:
+                descriptor = ("error", type(local_error).__name__, str(local_error))
+                tensors = []
+        box = [descriptor]
+        dist.broadcast_object_list(box, src=src, group=group, device=device if nccl else None)
+        descriptor = box[0]
+        if descriptor[0] == "error":
+            if is_src:
+                assert local_error is not None
+                raise local_error
+            raise RuntimeError(
+                f"replica leader (global rank {src}) failed to fetch/broadcast the batch: "
+                f"{descriptor[1]}: {descriptor[2]}"
+            )
+
+        entries = descriptor[1]
+        out = BatchedDataDict()
+        sent = iter(tensors)
+        for entry in entries:
+            key, kind = entry[0], entry[1]
+            if kind == "raw":
+                out[key] = data[key] if is_src else entry[2]  # type: ignore[index]
+            elif kind == "tensor":
+                dtype, shape = entry[2], tuple(entry[3])
+                received = self._broadcast_tensor(
+                    next(sent) if is_src else None, dtype, shape, src, group, device, nccl
+                )
+                out[key] = data[key] if is_src else received  # type: ignore[index]
+            elif kind == "jagged":
+                dtype, values_shape, n_offsets = entry[2], tuple(entry[3]), int(entry[4])
+                values = self._broadcast_tensor(
+                    next(sent) if is_src else None, dtype, values_shape, src, group, device, nccl
+                )
+                offsets = self._broadcast_tensor(
+                    next(sent) if is_src else None, torch.int64, (n_offsets,), src, group, device, nccl
+                )
+                out[key] = (
+                    data[key]  # type: ignore[index]
+                    if is_src
+                    else torch.nested.nested_tensor_from_jagged(values, offsets)
+                )
+            else:  # pragma: no cover - descriptors are built by _describe only
+                raise RuntimeError(f"_broadcast_batched_data_dict: unknown entry kind {kind!r}")
+        if is_src:
+            assert data is not None
+            return data
+        return out
+
+    @staticmethod
+    def _describe(data: BatchedDataDict) -> tuple[tuple[str, list[tuple[Any, ...]]], list[torch.Tensor]]:
+        """Phase-1 descriptor and the phase-2 tensors (in order) of ``data``.
+
+        Raises:
+            TypeError: ``data`` is not a mapping or holds a value that cannot travel.
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(
+                f"_broadcast_batched_data_dict: expected a BatchedDataDict, got {type(data).__name__}"
+            )
+        entries: list[tuple[Any, ...]] = []
+        tensors: list[torch.Tensor] = []
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor):
+                if value.is_nested:
+                    values, offsets = _compact_jagged(value.detach())
+                    entries.append((key, "jagged", value.dtype, tuple(values.shape), int(offsets.numel())))
+                    tensors.extend([values, offsets.to(torch.int64)])
+                else:
+                    entries.append((key, "tensor", value.dtype, tuple(value.shape)))
+                    tensors.append(value.detach())
+            else:
+                _check_raw(key, value)
+                entries.append((key, "raw", value))
+        return ("ok", entries), tensors
+
+    @staticmethod
+    def _broadcast_tensor(
+        tensor: torch.Tensor | None,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        src: int,
+        group: ProcessGroup,
+        device: torch.device,
+        nccl: bool,
+    ) -> torch.Tensor:
+        """Broadcast one tensor; returns the received tensor on CPU (sender: its own copy)."""
+        wire_dtype = torch.int32 if (nccl and dtype == torch.int16) else dtype
+        if tensor is not None:
+            buf = tensor.to(device=device, dtype=wire_dtype).contiguous()
+        else:
+            buf = torch.empty(shape, dtype=wire_dtype, device=device)
+        dist.broadcast(buf, src=src, group=group)
+        return buf.to(device="cpu", dtype=dtype)
+
+    # --- plan ---------------------------------------------------------------------------------
+    def _attach_pack_metadata(self, data: BatchedDataDict, meta: KVBatchMeta) -> BatchedDataDict:
+        """Attach the driver's (or producer's) microbatch plan from ``meta`` to ``data``.
+
+        The plan is trusted and never recomputed: copies of ``micro_batch_indices``,
+        ``micro_batch_lengths`` and (when present) ``elem_counts_per_gb`` are set as
+        attributes of ``data``.  Call it after any broadcast, on every rank.
+
+        Args:
+            data: The fetched batch (modified in place).
+            meta: The shard it was fetched for.
+
+        Returns:
+            ``data``.
+
+        Raises:
+            ValueError: Only one of the two plan keys is present, or dynamic batching /
+                sequence packing is enabled and the meta carries no plan (the driver must
+                shard with ``shard_meta_for_dp`` or ship a producer plan).
+        """
+        info = meta.extra_info
+        has_indices = MICRO_BATCH_INDICES in info
+        has_lengths = MICRO_BATCH_LENGTHS in info
+        if has_indices != has_lengths:
+            missing = MICRO_BATCH_LENGTHS if has_indices else MICRO_BATCH_INDICES
+            raise ValueError(
+                f"_attach_pack_metadata: meta for partition {meta.partition_id!r} carries an "
+                f"incomplete microbatch plan: extra_info[{missing!r}] is missing"
+            )
+        if has_indices:
+            data.micro_batch_indices = [
+                [list(pair) for pair in chunk] for chunk in info[MICRO_BATCH_INDICES]
+            ]
+            data.micro_batch_lengths = [list(chunk) for chunk in info[MICRO_BATCH_LENGTHS]]
+            if ELEM_COUNTS_PER_GB in info:
+                data.elem_counts_per_gb = list(info[ELEM_COUNTS_PER_GB])
+            return data
+        if self._packing_enabled():
+            raise ValueError(
+                f"_attach_pack_metadata: dynamic batching / sequence packing is enabled but the "
+                f"meta for partition {meta.partition_id!r} carries no microbatch plan "
+                f"(extra_info[{MICRO_BATCH_INDICES!r}] / [{MICRO_BATCH_LENGTHS!r}]); the driver "
+                "must shard with shard_meta_for_dp or ship a producer plan"
+            )
+        return data
+
+    # --- write-back ---------------------------------------------------------------------------
+    def _write_back(
+        self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]
+    ) -> None:
+        """``write_columns`` on the replica leader only (no-op elsewhere or for no fields).
+
+        Args:
+            meta: Rows to write.
+            fields: Column name -> value, rows in ``meta.sample_ids`` order.
+
+        Raises:
+            RuntimeError: No client.
+            ValueError / TypeError: From ``write_columns`` (on the leader).
+        """
+        client = self._require_dp_client()
+        if len(fields) == 0 or not self._is_replica_leader():
+            return
+        write_columns(client, meta, fields)
+
+    def _write_back_result_field(
+        self, meta: KVBatchMeta, result: Any, *, result_key: str, field: str
+    ) -> None:
+        """Write ``result[result_key]`` as column ``field`` (replica leader only).
+
+        Non-leaders return without looking at ``result`` (e.g. a pipeline stage that does not
+        hold the output); the host must make the full result available on the leader.
+
+        Args:
+            meta: The shard the result was computed for.
+            result: The host method's result; any ``Mapping`` (``BatchedDataDict`` included).
+            result_key: Key of the tensor in ``result``.
+            field: Data-plane field to write.
+
+        Raises:
+            RuntimeError: ``result`` is not a Mapping holding ``result_key``; no client.
+            TypeError: The value is not a tensor.
+            ValueError: Its batch dim differs from ``meta.size``.
+        """
+        self._require_dp_client()
+        if not self._is_replica_leader():
+            return
+        if not isinstance(result, Mapping) or result_key not in result:
+            got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
+            raise RuntimeError(
+                f"write-back of {field!r}: expected a Mapping holding {result_key!r} from the "
+                f"worker's compute method, got {got}"
+            )
+        value = result[result_key]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"write-back of {field!r}: result[{result_key!r}] must be a torch.Tensor, got "
+                f"{type(value).__name__}"
+            )
+        rows = int(value.shape[0]) if value.dim() > 0 else None
+        if rows != meta.size:
+            raise ValueError(
+                f"write-back of {field!r}: result[{result_key!r}] has batch dim {rows}, expected "
+                f"meta.size {meta.size} (partition {meta.partition_id!r})"
+            )
+        self._write_back(meta, {field: value.detach().cpu()})
+
+    # --- entrypoints --------------------------------------------------------------------------
+    def _fetch_planned(self, meta: KVBatchMeta) -> BatchedDataDict:
+        data = self._fetch(meta)
+        return self._attach_pack_metadata(data, meta)
+
+    def train_presharded(
+        self,
+        meta: KVBatchMeta,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict:
+        """Fetch this rank's shard and train on it (``self.train``); writes nothing.
+
+        Args:
+            meta: This DP rank's shard (fields = what training reads).
+            loss_fn: The loss function.
+            eval_mode: Loss only, no update.
+            gbs: Global batch size.
+            mbs: Microbatch size (without a plan).
+
+        Returns:
+            The host's training metrics.
+        """
+        data = self._fetch_planned(meta)
+        return self.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)  # type: ignore[attr-defined]
+
+    def get_logprobs_presharded(
+        self, meta: KVBatchMeta, micro_batch_size: int | None = None
+    ) -> None:
+        """Compute log-probs of this rank's shard and write them back as ``prev_logprobs``.
+
+        Args:
+            meta: This DP rank's shard.
+            micro_batch_size: Rows per forward pass (without a plan).
+        """
+        data = self._fetch_planned(meta)
+        result = self.get_logprobs(data, micro_batch_size=micro_batch_size)  # type: ignore[attr-defined]
+        self._write_back_result_field(meta, result, result_key="logprobs", field=PREV_LOGPROBS)
+
+    def get_reference_policy_logprobs_presharded(
+        self, meta: KVBatchMeta, micro_batch_size: int | None = None
+    ) -> None:
+        """Reference-policy log-probs of this rank's shard, written as
+        ``reference_policy_logprobs``.
+
+        Args:
+            meta: This DP rank's shard.
+            micro_batch_size: Rows per forward pass (without a plan).
+        """
+        data = self._fetch_planned(meta)
+        result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)  # type: ignore[attr-defined]
+        self._write_back_result_field(
+            meta, result, result_key="reference_logprobs", field=REFERENCE_POLICY_LOGPROBS
+        )
+
+    def get_values_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
+        """Value estimates of this rank's shard, written back as ``values``.
+
+        Args:
+            meta: This DP rank's shard.
+            micro_batch_size: Rows per forward pass (without a plan).
+        """
+        data = self._fetch_planned(meta)
+        result = self.get_values(data, micro_batch_size=micro_batch_size)  # type: ignore[attr-defined]
+        self._write_back_result_field(meta, result, result_key="values", field=VALUES)
+
+    # --- split training API -------------------------------------------------------------------
+    def begin_train_step_presharded(
+        self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None
+    ) -> None:
+        """Start one optimizer step made of placed microbatches.
+
+        Args:
+            loss_fn: The loss function.
+            gbs: Accepted for signature parity with ``train_presharded``; in the split API
+                the driver places exactly one global batch per step, so it is not used.
+            mbs: Microbatch size (without a plan), passed to ``begin_train_step``.
+
+        Raises:
+            RuntimeError: No client, or a step is already active (``"already active"``).
+        """
+        self._require_dp_client()
+        if self._dp_train_step_active:
+            raise RuntimeError(
+                f"{type(self).__name__}: a presharded train step is already active; call "
+                "finish_train_step_presharded() or abort_train_step_presharded() first"
+            )
+        self.begin_train_step(loss_fn, mbs=mbs)  # type: ignore[attr-defined]
+        self._dp_train_step_active = True
+
+    def train_microbatch_presharded(self, meta: KVBatchMeta) -> None:
+        """Fetch one placed microbatch and run forward/backward (gradients accumulate).
+
+        Args:
+            meta: This DP rank's placed meta.
+
+        Raises:
+            RuntimeError: No active step (``begin_train_step_presharded`` not called).
+        """
+        if not self._dp_train_step_active:
+            raise RuntimeError(
+                f"{type(self).__name__}: train_microbatch_presharded called without an active "
+                "step; call begin_train_step_presharded() first"
+            )
+        data = self._fetch_planned(meta)
+        self.train_microbatch(data)  # type: ignore[attr-defined]
+
+    def finish_train_step_presharded(self) -> dict:
+        """Reduce gradients and step the optimizer (``finish_train_step``).
+
+        The step stays active if the host raises, so the driver's abort still drops the
+        accumulated gradients.
+
+        Returns:
+            The host's metrics plus ``is_replica_leader`` (for driver-side de-duplication).
+
+        Raises:
+            RuntimeError: No active step.
+        """
+        if not self._dp_train_step_active:
+            raise RuntimeError(
+                f"{type(self).__name__}: finish_train_step_presharded called without an active "
+                "step; call begin_train_step_presharded() first"
+            )
+        metrics = dict(self.finish_train_step())  # type: ignore[attr-defined]
+        self._dp_train_step_active = False
+        metrics["is_replica_leader"] = self._is_replica_leader()
+        return metrics
+
+    def abort_train_step_presharded(self) -> None:
+        """Drop accumulated gradients and end the step (idempotent; no-op without a step)."""
+        if not self._dp_train_step_active:
+            return
+        self.abort_train_step()  # type: ignore[attr-defined]
+        self._dp_train_step_active = False
+
+    # --- observability ------------------------------------------------------------------------
+    def get_data_plane_snapshot(self) -> dict | None:
+        """The metrics wrapper's snapshot, or ``None`` without a ``MetricsDataPlaneClient``."""
+        client = self.dp_client
+        if client is None or not is_metrics_client(client):
+            return None
+        return client.snapshot()  # type: ignore[attr-defined]

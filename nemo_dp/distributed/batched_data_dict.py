@@ -1,0 +1,664 @@
+"""``BatchedDataDict``: the in-memory batch the trainers and workers pass around, and the DP
+sharding planner (contract §12.2, §12.3).
+
+A batch maps field names to batch-major values: dense tensors (dim 0 = batch), jagged nested
+tensors (one row per sample), Python lists and 1-D object arrays.  The planner splits a batch
+across data-parallel ranks and, for dynamic batching or sequence packing, also emits the
+microbatch plan that every rank must follow identically (re-planning per rank desynchronises
+collectives).  ``make_microbatch_iterator`` turns a planned shard back into microbatches.
+
+``BatchedDataDict`` is a ``collections.UserDict``: a ``Mapping``, not a ``dict``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import UserDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from nemo_dp.distributed.packers import get_packer
+
+__all__ = ["BatchedDataDict", "MicrobatchSpec", "MICROBATCH_ORDERS"]
+
+MICROBATCH_ORDERS: tuple[str | None, ...] = (None, "packer", "largest_first")
+
+MicrobatchMode = Literal["fixed", "dynamic", "packing"]
+
+
+@dataclass(frozen=True)
+class MicrobatchSpec:
+    """One planned microbatch of a shard.
+
+    Attributes:
+        chunk: Index of the global batch (chunk) it belongs to.
+        start: First row (absolute, within the shard).
+        end: One past the last row (absolute, within the shard).
+        padded_length: Planned length: for dynamic batching the padded sequence length of
+            every row; for sequence packing the bin's total padded tokens; ``None`` without a
+            plan.
+    """
+
+    chunk: int
+    start: int
+    end: int
+    padded_length: int | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Row-level helpers for every supported value kind
+# ---------------------------------------------------------------------------------------------
+
+
+def _round_up(value: int, multiple: int) -> int:
+    if multiple <= 1:
+        return int(value)
+    return -(-int(value) // multiple) * multiple
+
+
+def _rows_of(key: str, value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            raise ValueError(f"BatchedDataDict: field {key!r} is a 0-d tensor (no batch dim)")
+        return int(value.size(0))
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            raise ValueError(f"BatchedDataDict: field {key!r} is a 0-d array (no batch dim)")
+        return int(value.shape[0])
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    raise TypeError(
+        f"BatchedDataDict: field {key!r} has unsupported type {type(value).__name__} "
+        "(expected a tensor, list, tuple or np.ndarray)"
+    )
+
+
+def _is_broadcast_constant(t: torch.Tensor) -> bool:
+    return t.dim() > 0 and t.numel() > 0 and all(s == 0 for s in t.stride())
+
+
+def _jagged_select(nt: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx`` of a jagged tensor (ragged dim 1), vectorised via a gather on values."""
+    offsets = nt.offsets()
+    explicit = nt.lengths()
+    starts = offsets[:-1]
+    lens = explicit if explicit is not None else offsets[1:] - offsets[:-1]
+    values = nt.values()
+    idx = idx.to(offsets.device)
+    new_lens = lens.index_select(0, idx).to(torch.int64)
+    new_offsets = torch.zeros(idx.numel() + 1, dtype=torch.int64, device=offsets.device)
+    if idx.numel() > 0:
+        torch.cumsum(new_lens, 0, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    pos = torch.arange(total, device=offsets.device) - new_offsets[:-1].repeat_interleave(new_lens)
+    gather = starts.index_select(0, idx).to(torch.int64).repeat_interleave(new_lens) + pos
+    new_values = values.index_select(0, gather.to(values.device))
+    max_len = int(new_lens.max()) if idx.numel() > 0 else 0
+    min_len = int(new_lens.min()) if idx.numel() > 0 else 0
+    return torch.nested.nested_tensor_from_jagged(
+        new_values, new_offsets.to(values.device), min_seqlen=min_len, max_seqlen=max_len
+    )
+
+
+def _jagged_cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Row-wise concatenation of jagged tensors (ragged dim 1) via their values/offsets."""
+    if any(p._ragged_idx != 1 for p in parts):  # noqa: SLF001
+        rows = [r for p in parts for r in p.unbind()]
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    # Re-selecting all rows compacts each part to values starting at offset 0.
+    dense = [_jagged_select(p, torch.arange(p.size(0), dtype=torch.int64)) for p in parts]
+    values = torch.cat([d.values() for d in dense], dim=0)
+    lens = torch.cat([d.offsets()[1:] - d.offsets()[:-1] for d in dense])
+    offsets = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=values.device)
+    if lens.numel() > 0:
+        torch.cumsum(lens.to(values.device), 0, out=offsets[1:])
+    return torch.nested.nested_tensor_from_jagged(
+        values,
+        offsets,
+        min_seqlen=int(lens.min()) if lens.numel() else 0,
+        max_seqlen=int(lens.max()) if lens.numel() else 0,
+    )
+
+
+def _select(key: str, value: Any, indices: list[int]) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            if value.layout != torch.jagged or value._ragged_idx != 1:  # noqa: SLF001
+                rows = value.unbind()
+                return torch.nested.as_nested_tensor(
+                    [rows[i] for i in indices], layout=value.layout
+                )
+            return _jagged_select(value, torch.tensor(indices, dtype=torch.int64))
+        if _is_broadcast_constant(value):
+            # Every row aliases the same element (e.g. an expanded placeholder): keep it a view.
+            return value.as_strided((), (), value.storage_offset()).expand(
+                len(indices), *value.shape[1:]
+            )
+        idx = torch.tensor(indices, dtype=torch.int64, device=value.device)
+        return value.index_select(0, idx)
+    if isinstance(value, np.ndarray):
+        return value[np.asarray(indices, dtype=np.int64)]
+    if isinstance(value, tuple):
+        return tuple(value[i] for i in indices)
+    if isinstance(value, list):
+        return [value[i] for i in indices]
+    raise TypeError(
+        f"BatchedDataDict: cannot select rows of field {key!r} ({type(value).__name__})"
+    )
+
+
+def _concat(key: str, values: list[Any], pad: float | int) -> Any:
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(v, torch.Tensor) for v in values):
+            raise TypeError(f"BatchedDataDict.from_batches: field {key!r} mixes tensors and others")
+        if any(v.is_nested for v in values):
+            if not all(v.is_nested and v.layout == torch.jagged for v in values):
+                raise TypeError(
+                    f"BatchedDataDict.from_batches: field {key!r} mixes nested and dense tensors"
+                )
+            return _jagged_cat(values)
+        if first.dim() >= 2:
+            width = max(int(v.shape[1]) for v in values)
+            padded = []
+            for v in values:
+                if int(v.shape[1]) < width:
+                    p = torch.full(
+                        (v.shape[0], width, *v.shape[2:]), pad, dtype=v.dtype, device=v.device
+                    )
+                    p[:, : v.shape[1]] = v
+                    v = p
+                padded.append(v)
+            return torch.cat(padded, dim=0)
+        return torch.cat(values, dim=0)
+    if isinstance(first, np.ndarray):
+        return np.concatenate(values, axis=0)
+    if isinstance(first, (list, tuple)):
+        out: list[Any] = []
+        for v in values:
+            out.extend(v)
+        return out
+    raise TypeError(f"BatchedDataDict.from_batches: unsupported type for {key!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# BatchedDataDict
+# ---------------------------------------------------------------------------------------------
+
+
+class BatchedDataDict(UserDict):
+    """Field name -> batch-major value, plus an optional microbatch plan.
+
+    Attributes:
+        micro_batch_indices: Per chunk (global batch), ``[start, end)`` row pairs relative to
+            this shard's part of that chunk; ``None`` without a plan.
+        micro_batch_lengths: Per chunk, the planned length of each microbatch (dynamic
+            batching: padded sequence length; packing: padded tokens of the bin).
+        elem_counts_per_gb: Per chunk, rows of that chunk in this shard (sequence packing).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.micro_batch_indices: list[list[list[int]]] | None = None
+        self.micro_batch_lengths: list[list[int]] | None = None
+        self.elem_counts_per_gb: list[int] | None = None
+
+    # --- basic properties ---------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """The common batch size of all values (0 for an empty dict).
+
+        Raises:
+            ValueError: Values disagree on the batch size.
+        """
+        sizes = {k: _rows_of(k, v) for k, v in self.data.items()}
+        distinct = set(sizes.values())
+        if len(distinct) > 1:
+            raise ValueError(f"BatchedDataDict: fields disagree on the batch size: {sizes}")
+        return distinct.pop() if distinct else 0
+
+    def _new(self, data: dict[str, Any]) -> BatchedDataDict:
+        out = type(self)()
+        out.data = data
+        return out
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_batches(
+        cls,
+        batches: Sequence[Mapping[str, Any]],
+        pad_value_dict: Mapping[str, float | int] | None = None,
+    ) -> BatchedDataDict:
+        """Concatenate batches row-wise.
+
+        Tensors of dim >= 2 with different widths are right-padded on dim 1 to the widest
+        (pad value from ``pad_value_dict``, default 0); jagged tensors stay jagged; lists and
+        arrays are concatenated.
+
+        Args:
+            batches: Batches with identical key sets.
+            pad_value_dict: Per-field pad values.
+
+        Returns:
+            The concatenated batch (no plan attached).
+
+        Raises:
+            ValueError: No batches or differing key sets.
+            TypeError: A field mixes value kinds.
+        """
+        if not batches:
+            raise ValueError("BatchedDataDict.from_batches: no batches given")
+        keys = list(batches[0].keys())
+        for b in batches[1:]:
+            if set(b.keys()) != set(keys):
+                raise ValueError(
+                    "BatchedDataDict.from_batches: batches have different keys: "
+                    f"{sorted(keys)} vs {sorted(b.keys())}"
+                )
+        out = cls()
+        for key in keys:
+            pad = pad_value_dict[key] if pad_value_dict is not None and key in pad_value_dict else 0
+            out[key] = _concat(key, [b[key] for b in batches], pad)
+        return out
+
+    # --- row operations -------------------------------------------------------------------------
+    def select_indices(self, indices: Sequence[int] | torch.Tensor | np.ndarray) -> BatchedDataDict:
+        """Rows at ``indices`` in the given order (duplicates allowed); the plan is dropped.
+
+        Raises:
+            IndexError: An index is outside ``[0, size)``.
+        """
+        if isinstance(indices, torch.Tensor):
+            idx = [int(i) for i in indices.reshape(-1).tolist()]
+        else:
+            idx = [int(i) for i in indices]
+        n = self.size
+        for i in idx:
+            if i < 0 or i >= n:
+                raise IndexError(
+                    f"BatchedDataDict.select_indices: index {i} out of range for size {n}"
+                )
+        return self._new({k: _select(k, v, idx) for k, v in self.data.items()})
+
+    def slice(self, start: int, end: int) -> BatchedDataDict:
+        """Rows ``start:end`` (``0 <= start <= end <= size``); the plan is dropped.
+
+        Raises:
+            IndexError: Bounds out of range.
+        """
+        n = self.size
+        if not 0 <= start <= end <= n:
+            raise IndexError(
+                f"BatchedDataDict.slice: need 0 <= start <= end <= size, got {start}, {end}, {n}"
+            )
+        data: dict[str, Any] = {}
+        for k, v in self.data.items():
+            if isinstance(v, torch.Tensor) and v.is_nested:
+                data[k] = _select(k, v, list(range(start, end)))
+            else:
+                data[k] = v[start:end]
+        return self._new(data)
+
+    def repeat_interleave(self, num_repeats: int) -> BatchedDataDict:
+        """Each row repeated ``num_repeats`` times in place (``a, a, b, b, ...``).
+
+        Raises:
+            ValueError: ``num_repeats < 1``.
+        """
+        if int(num_repeats) < 1:
+            raise ValueError(f"repeat_interleave: num_repeats must be >= 1, got {num_repeats}")
+        r = int(num_repeats)
+        idx = [i for i in range(self.size) for _ in range(r)]
+        return self.select_indices(idx)
+
+    def reorder_data(self, order: Sequence[int] | torch.Tensor) -> BatchedDataDict:
+        """Reorder rows so that row ``j`` is the row whose ``order`` value is the j-th smallest.
+
+        With ``order`` from ``shard_meta_for_dp``/``shard_by_batch_size`` (original index of
+        each row of the rank-concatenated output) this restores the input order.  Mutates this
+        batch in place and also returns it.
+
+        Raises:
+            ValueError: ``len(order) != size``.
+        """
+        keys = [int(x) for x in (order.tolist() if isinstance(order, torch.Tensor) else order)]
+        if len(keys) != self.size:
+            raise ValueError(f"reorder_data: order has {len(keys)} entries, batch has {self.size}")
+        perm = sorted(range(len(keys)), key=lambda j: keys[j])
+        reordered = self.select_indices(perm)
+        self.data = reordered.data
+        self.micro_batch_indices = None
+        self.micro_batch_lengths = None
+        self.elem_counts_per_gb = None
+        return self
+
+    def to(self, device: str | torch.device) -> BatchedDataDict:
+        """Move every tensor to ``device`` (in place); returns ``self``."""
+        for k, v in self.data.items():
+            if isinstance(v, torch.Tensor):
+                self.data[k] = v.to(device)
+        return self
+
+    # --- planner --------------------------------------------------------------------------------
+    def shard_by_batch_size(
+        self,
+        shards: int,
+        batch_size: int | None = None,
+        dynamic_batching_args: Mapping[str, Any] | None = None,
+        sequence_packing_args: Mapping[str, Any] | None = None,
+    ) -> list[BatchedDataDict] | tuple[list[BatchedDataDict], list[int]]:
+        """Split the batch across ``shards`` DP ranks (contract §12.3).
+
+        The ``T`` rows are processed in ``T / batch_size`` consecutive chunks (global
+        batches); each rank receives its part of chunk k before its part of chunk k+1.
+
+        * No packing: chunk k is cut into ``shards`` contiguous blocks; rank r gets block r.
+        * ``dynamic_batching_args`` (``max_tokens_per_microbatch``, ``sequence_length_round``,
+          ``input_key``, ``input_lengths_key``): rows sorted by length (stable) and dealt
+          round-robin; a microbatch plan identical on every rank.
+        * ``sequence_packing_args`` (``max_tokens_per_microbatch``, ``algorithm``,
+          ``sequence_length_pad_multiple``, ``input_key``, ``input_lengths_key``, optional
+          ``microbatch_order``): bins packed with ``min_bin_count = bin_count_multiple =
+          shards``; rank r takes bins ``r, r + shards, ...``; one bin per microbatch.
+
+        Args:
+            shards: Number of DP ranks (>= 1).
+            batch_size: Global batch size (defaults to ``T``).
+            dynamic_batching_args: Dynamic batching settings.
+            sequence_packing_args: Sequence packing settings.
+
+        Returns:
+            No packing: the list of shards.  Dynamic batching / sequence packing:
+            ``(shards, order)`` where ``order[p]`` is the original index of row ``p`` of the
+            rank-concatenated shards (pass it to ``reorder_data``); shards carry
+            ``micro_batch_indices``, ``micro_batch_lengths`` (and, for packing,
+            ``elem_counts_per_gb``).
+
+        Raises:
+            ValueError: Empty batch, indivisible sizes, both argument sets, a planned length
+                above ``max_tokens_per_microbatch``, or an unknown ``microbatch_order``.
+            KeyError: A required argument or field is missing.
+        """
+        total = self.size
+        if int(shards) < 1:
+            raise ValueError(f"shard_by_batch_size: shards must be >= 1, got {shards}")
+        if total == 0:
+            raise ValueError("shard_by_batch_size: the batch is empty")
+        if dynamic_batching_args is not None and sequence_packing_args is not None:
+            raise ValueError("Pass at most one of sequence_packing_args / dynamic_batching_args.")
+        bs = total if batch_size is None else int(batch_size)
+        if bs < 1 or total % bs != 0:
+            raise ValueError(
+                f"shard_by_batch_size: batch size {total} is not a multiple of batch_size {bs}"
+            )
+        if bs % shards != 0:
+            raise ValueError(
+                f"shard_by_batch_size: batch_size {bs} is not divisible by shards {shards}"
+            )
+        chunks = total // bs
+        per_rank = bs // shards
+
+        if dynamic_batching_args is None and sequence_packing_args is None:
+            rank_rows = [
+                [k * bs + r * per_rank + j for k in range(chunks) for j in range(per_rank)]
+                for r in range(shards)
+            ]
+            return [self.select_indices(rows) for rows in rank_rows]
+
+        args = dynamic_batching_args if dynamic_batching_args is not None else sequence_packing_args
+        assert args is not None
+        input_key = args["input_key"]
+        lengths_key = args["input_lengths_key"]
+        max_tokens = int(args["max_tokens_per_microbatch"])
+        if input_key not in self.data:
+            raise KeyError(f"shard_by_batch_size: input_key {input_key!r} not in the batch")
+        if lengths_key not in self.data:
+            raise KeyError(
+                f"shard_by_batch_size: input_lengths_key {lengths_key!r} not in the batch"
+            )
+        raw_lengths = self.data[lengths_key]
+        if isinstance(raw_lengths, torch.Tensor):
+            raw_lengths = raw_lengths.tolist()
+        lengths = [int(x) for x in raw_lengths]
+
+        rank_rows = [[] for _ in range(shards)]
+        plans_idx: list[list[list[list[int]]]] = [[] for _ in range(shards)]
+        plans_len: list[list[list[int]]] = [[] for _ in range(shards)]
+        counts: list[list[int]] = [[] for _ in range(shards)]
+
+        if dynamic_batching_args is not None:
+            round_to = int(dynamic_batching_args["sequence_length_round"])
+            inputs = self.data[input_key]
+            if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2:
+                raise ValueError(
+                    f"shard_by_batch_size: dynamic batching needs a 2-D {input_key!r} tensor "
+                    "(its width caps each microbatch length)"
+                )
+            width = int(inputs.shape[1])
+            for k in range(chunks):
+                base = k * bs
+                ordered = sorted(range(base, base + bs), key=lambda i: lengths[i])
+                parts = [ordered[r::shards] for r in range(shards)]
+                caps = []
+                for j in range(per_rank):
+                    longest = max(lengths[parts[r][j]] for r in range(shards))
+                    cap_j = min(_round_up(longest, round_to), width)
+                    if cap_j > max_tokens:
+                        raise ValueError(
+                            f"shard_by_batch_size: a sequence of padded length {cap_j} exceeds "
+                            f"max_tokens_per_microbatch {max_tokens}"
+                        )
+                    caps.append(cap_j)
+                indices, mb_lengths = _greedy_microbatches(caps, max_tokens)
+                for r in range(shards):
+                    rank_rows[r].extend(parts[r])
+                    plans_idx[r].append(copy.deepcopy(indices))
+                    plans_len[r].append(list(mb_lengths))
+        else:
+            assert sequence_packing_args is not None
+            mb_order = (
+                sequence_packing_args["microbatch_order"]
+                if "microbatch_order" in sequence_packing_args
+                else None
+            )
+            if mb_order not in MICROBATCH_ORDERS:
+                raise ValueError(
+                    f"shard_by_batch_size: microbatch_order must be one of {MICROBATCH_ORDERS}, "
+                    f"got {mb_order!r}"
+                )
+            pad_multiple = int(sequence_packing_args["sequence_length_pad_multiple"])
+            packer = get_packer(
+                sequence_packing_args["algorithm"],
+                bin_capacity=max_tokens,
+                min_bin_count=shards,
+                bin_count_multiple=shards,
+            )
+            for k in range(chunks):
+                base = k * bs
+                padded = [_round_up(lengths[base + i], pad_multiple) for i in range(bs)]
+                bins = packer.pack(padded)
+                for r in range(shards):
+                    mine = bins[r::shards]
+                    if mb_order == "largest_first":
+                        mine = sorted(mine, key=lambda b: sum(padded[i] for i in b), reverse=True)
+                    start = 0
+                    chunk_idx: list[list[int]] = []
+                    chunk_len: list[int] = []
+                    for b in mine:
+                        rank_rows[r].extend(base + i for i in b)
+                        chunk_idx.append([start, start + len(b)])
+                        chunk_len.append(sum(padded[i] for i in b))
+                        start += len(b)
+                    plans_idx[r].append(chunk_idx)
+                    plans_len[r].append(chunk_len)
+                    counts[r].append(start)
+
+        out: list[BatchedDataDict] = []
+        for r in range(shards):
+            shard = self.select_indices(rank_rows[r])
+            shard.micro_batch_indices = plans_idx[r]
+            shard.micro_batch_lengths = plans_len[r]
+            shard.elem_counts_per_gb = counts[r] if sequence_packing_args is not None else None
+            out.append(shard)
+        order = [i for rows in rank_rows for i in rows]
+        return out, order
+
+    # --- microbatches ---------------------------------------------------------------------------
+    def microbatch_plan(self, micro_batch_size: int | None = None) -> list[MicrobatchSpec]:
+        """The microbatches of this shard as absolute row ranges.
+
+        With a plan attached (``micro_batch_indices`` and ``micro_batch_lengths``) the chunks
+        are laid out consecutively: chunk k starts where chunk k-1's last microbatch ended
+        (``elem_counts_per_gb``, when present, must agree).  Without a plan the rows are cut
+        into consecutive runs of ``micro_batch_size`` (the last run may be shorter).
+
+        Args:
+            micro_batch_size: Rows per microbatch; required (>= 1) only without a plan.
+
+        Returns:
+            The microbatch specs in execution order.
+
+        Raises:
+            ValueError: Inconsistent or incomplete plan, or a missing/invalid
+                ``micro_batch_size`` without a plan.
+        """
+        n = self.size
+        if self.micro_batch_indices is None:
+            if self.micro_batch_lengths is not None:
+                raise ValueError(
+                    "microbatch_plan: micro_batch_lengths set without micro_batch_indices"
+                )
+            if micro_batch_size is None or int(micro_batch_size) < 1:
+                raise ValueError(
+                    "microbatch_plan: no plan attached, so micro_batch_size (>= 1) is required, "
+                    f"got {micro_batch_size}"
+                )
+            mbs = int(micro_batch_size)
+            return [MicrobatchSpec(0, s, min(s + mbs, n), None) for s in range(0, n, mbs)]
+        if self.micro_batch_lengths is None:
+            raise ValueError("microbatch_plan: micro_batch_indices set without micro_batch_lengths")
+        if len(self.micro_batch_indices) != len(self.micro_batch_lengths):
+            raise ValueError(
+                f"microbatch_plan: {len(self.micro_batch_indices)} chunks of indices but "
+                f"{len(self.micro_batch_lengths)} chunks of lengths"
+            )
+        specs: list[MicrobatchSpec] = []
+        base = 0
+        for k, (pairs, lens) in enumerate(zip(self.micro_batch_indices, self.micro_batch_lengths)):
+            if len(pairs) != len(lens):
+                raise ValueError(
+                    f"microbatch_plan: chunk {k} has {len(pairs)} microbatches but "
+                    f"{len(lens)} lengths"
+                )
+            expected = 0
+            for (start, end), length in zip(pairs, lens):
+                if int(start) != expected or int(end) < int(start):
+                    raise ValueError(
+                        f"microbatch_plan: chunk {k} microbatch [{start}, {end}) does not continue "
+                        f"at row {expected}"
+                    )
+                specs.append(MicrobatchSpec(k, base + int(start), base + int(end), int(length)))
+                expected = int(end)
+            if self.elem_counts_per_gb is not None and int(self.elem_counts_per_gb[k]) != expected:
+                raise ValueError(
+                    f"microbatch_plan: chunk {k} covers {expected} rows but elem_counts_per_gb "
+                    f"says {self.elem_counts_per_gb[k]}"
+                )
+            base += expected
+        if base != n:
+            raise ValueError(f"microbatch_plan: the plan covers {base} rows, the shard has {n}")
+        return specs
+
+    def make_microbatch_iterator(
+        self,
+        micro_batch_size: int | None = None,
+        *,
+        mode: MicrobatchMode | None = None,
+    ) -> Iterator[BatchedDataDict]:
+        """Yield the microbatches of this shard.
+
+        Modes (``mode=None`` infers: no plan -> ``"fixed"``; a plan with
+        ``elem_counts_per_gb`` -> ``"packing"``; a plan without -> ``"dynamic"``):
+
+        * ``"fixed"``: consecutive runs of ``micro_batch_size`` rows (the last may be
+          shorter), values unchanged.  Any attached plan is ignored.
+        * ``"dynamic"``: one microbatch per planned ``[start, end)``; every tensor of dim >= 2
+          wider than the microbatch's planned length is narrowed on dim 1 to that length
+          (narrower tensors, 1-D tensors, jagged tensors, lists and arrays are unchanged).
+        * ``"packing"``: one microbatch per bin, holding that bin's rows unchanged; the
+          bin's padded token total is ``microbatch_plan()[i].padded_length``.
+
+        Each yielded batch is a new ``BatchedDataDict`` without a plan.
+
+        Args:
+            micro_batch_size: Rows per microbatch for ``"fixed"``.
+            mode: ``"fixed"``, ``"dynamic"``, ``"packing"`` or ``None`` (infer).
+
+        Yields:
+            The microbatches in execution order.
+
+        Raises:
+            ValueError: Unknown mode, a planned mode without a plan, or an invalid plan.
+        """
+        if mode is None:
+            if self.micro_batch_indices is None:
+                mode = "fixed"
+            elif self.elem_counts_per_gb is not None:
+                mode = "packing"
+            else:
+                mode = "dynamic"
+        if mode not in ("fixed", "dynamic", "packing"):
+            raise ValueError(f"make_microbatch_iterator: unknown mode {mode!r}")
+        if mode == "fixed":
+            plain = self._new(dict(self.data))
+            specs = plain.microbatch_plan(micro_batch_size)
+        else:
+            if self.micro_batch_indices is None:
+                raise ValueError(f"make_microbatch_iterator: mode {mode!r} needs an attached plan")
+            specs = self.microbatch_plan()
+        return self._iter_specs(specs, narrow=(mode == "dynamic"))
+
+    def _iter_specs(
+        self, specs: list[MicrobatchSpec], *, narrow: bool
+    ) -> Iterator[BatchedDataDict]:
+        for spec in specs:
+            mb = self.slice(spec.start, spec.end)
+            if narrow and spec.padded_length is not None:
+                length = spec.padded_length
+                for k, v in mb.data.items():
+                    if (
+                        isinstance(v, torch.Tensor)
+                        and not v.is_nested
+                        and v.dim() >= 2
+                        and v.shape[1] > length
+                    ):
+                        mb.data[k] = v[:, :length]
+            yield mb
+
+    def __repr__(self) -> str:
+        return f"BatchedDataDict({self.data!r})"
+
+
+def _greedy_microbatches(caps: list[int], max_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """Cut positions into microbatches while ``count * max(cap) <= max_tokens``."""
+    indices: list[list[int]] = []
+    lengths: list[int] = []
+    start = 0
+    current = 0
+    for j, cap in enumerate(caps):
+        widest = max(current, cap)
+        if j > start and (j - start + 1) * widest > max_tokens:
+            indices.append([start, j])
+            lengths.append(current)
+            start = j
+            current = cap
+        else:
+            current = widest
+    if caps:
+        indices.append([start, len(caps)])
+        lengths.append(current)
+    return indices, lengths

@@ -1,0 +1,253 @@
+"""Bin packers for sequence packing (contract §12.3).
+
+The DP planner packs each global batch's sequences into bins of at most
+``max_tokens_per_microbatch`` tokens; each bin becomes one microbatch.  Every packer ends with
+the same bin-count adjustment so that the bin count is at least ``min_bin_count`` and a
+multiple of ``bin_count_multiple``: with both set to the DP world size every rank receives the
+same number of microbatches, which keeps cross-rank collectives in step.
+
+Packers are pure functions of the length list: no randomness, ties broken by index.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+__all__ = [
+    "PACKER_NAMES",
+    "SequencePacker",
+    "ConcatenativePacker",
+    "FirstFitDecreasingPacker",
+    "ModifiedFirstFitDecreasingPacker",
+    "get_packer",
+]
+
+
+class SequencePacker(abc.ABC):
+    """Packs sequence lengths into bins of bounded capacity, then adjusts the bin count.
+
+    Args:
+        bin_capacity: Maximum total length per bin (>= 1).
+        min_bin_count: Minimum number of bins (>= 0).
+        bin_count_multiple: The bin count must be a multiple of this (>= 1).
+
+    Raises:
+        ValueError: A parameter is out of range.
+    """
+
+    def __init__(self, bin_capacity: int, min_bin_count: int = 0, bin_count_multiple: int = 1):
+        if int(bin_capacity) < 1:
+            raise ValueError(f"bin_capacity must be >= 1, got {bin_capacity}")
+        if int(min_bin_count) < 0:
+            raise ValueError(f"min_bin_count must be >= 0, got {min_bin_count}")
+        if int(bin_count_multiple) < 1:
+            raise ValueError(f"bin_count_multiple must be >= 1, got {bin_count_multiple}")
+        self.bin_capacity = int(bin_capacity)
+        self.min_bin_count = int(min_bin_count)
+        self.bin_count_multiple = int(bin_count_multiple)
+
+    def pack(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Pack ``lengths`` into bins.
+
+        Args:
+            lengths: Non-negative sequence lengths (already padded as the caller needs).
+
+        Returns:
+            Bins as lists of indices into ``lengths``; every index appears exactly once, each
+            bin's total is at most ``bin_capacity`` and the bin count satisfies
+            ``min_bin_count``/``bin_count_multiple``.
+
+        Raises:
+            ValueError: A length is negative or above capacity, or there are fewer items than
+                the required number of bins.
+        """
+        lens = [int(x) for x in lengths]
+        for i, length in enumerate(lens):
+            if length < 0:
+                raise ValueError(f"sequence {i} has negative length {length}")
+            if length > self.bin_capacity:
+                raise ValueError(
+                    f"sequence {i} has length {length}, above the bin capacity {self.bin_capacity}"
+                )
+        bins = self._pack(lens)
+        return self._adjust_bin_count(bins, len(lens))
+
+    @abc.abstractmethod
+    def _pack(self, lengths: list[int]) -> list[list[int]]:
+        """Algorithm-specific packing (lengths already validated)."""
+
+    def _target_bin_count(self, bins: int) -> int:
+        target = max(bins, self.min_bin_count)
+        rem = target % self.bin_count_multiple
+        return target + (self.bin_count_multiple - rem if rem else 0)
+
+    def _adjust_bin_count(self, bins: list[list[int]], n_items: int) -> list[list[int]]:
+        """Split bins until the count reaches the target.
+
+        Donor order is fixed once: bins sorted by (item count, bin index) descending.  Each new
+        bin receives the last item of the current donor; a donor is used until it is down to
+        one item, then the next donor takes over.
+        """
+        target = self._target_bin_count(len(bins))
+        if target == len(bins):
+            return bins
+        if n_items < target:
+            raise ValueError(
+                f"cannot make {target} bins (min_bin_count={self.min_bin_count}, "
+                f"bin_count_multiple={self.bin_count_multiple}) from only {n_items} sequences"
+            )
+        out = [list(b) for b in bins]
+        donors = sorted(range(len(out)), key=lambda i: (len(out[i]), i), reverse=True)
+        d = 0
+        for _ in range(target - len(bins)):
+            while len(out[donors[d]]) < 2:
+                d += 1
+            out.append([out[donors[d]].pop()])
+        return out
+
+
+class ConcatenativePacker(SequencePacker):
+    """In input order, append to the current bin while it fits, else open a new bin."""
+
+    def _pack(self, lengths: list[int]) -> list[list[int]]:
+        bins: list[list[int]] = []
+        used = 0
+        for i, length in enumerate(lengths):
+            if bins and used + length <= self.bin_capacity:
+                bins[-1].append(i)
+                used += length
+            else:
+                bins.append([i])
+                used = length
+        return bins
+
+
+def _first_fit(
+    order: Sequence[int], lengths: Sequence[int], capacity: int
+) -> tuple[list[list[int]], list[int]]:
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= capacity:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return bins, loads
+
+
+def _decreasing(indices: Sequence[int], lengths: Sequence[int]) -> list[int]:
+    return sorted(indices, key=lambda i: (lengths[i], i), reverse=True)
+
+
+class FirstFitDecreasingPacker(SequencePacker):
+    """Sort by (length, index) descending; place each in the first bin with room."""
+
+    def _pack(self, lengths: list[int]) -> list[list[int]]:
+        bins, _ = _first_fit(_decreasing(range(len(lengths)), lengths), lengths, self.bin_capacity)
+        return bins
+
+
+class ModifiedFirstFitDecreasingPacker(SequencePacker):
+    """Johnson-Garey modified first-fit decreasing (contract §12.3).
+
+    Items are classed by capacity ``C``: large (> C/2), medium (C/3, C/2], small (C/6, C/3],
+    tiny (<= C/6).  One bin per large item (largest first); a forward pass gives each large bin
+    the largest medium item that fits; a backward pass gives each bin without a medium item
+    the smallest small item plus the largest small item that still fits, when the two smallest
+    small items fit together; then each bin in turn takes the largest remaining item that fits
+    until none does; leftovers go first-fit-decreasing into new bins.
+    """
+
+    def _pack(self, lengths: list[int]) -> list[list[int]]:
+        cap = self.bin_capacity
+        # Comparisons in integers: x > C/2  <=>  2x > C, etc.
+        large = [i for i, x in enumerate(lengths) if 2 * x > cap]
+        medium = [i for i, x in enumerate(lengths) if 3 * x > cap >= 2 * x]
+        small = [i for i, x in enumerate(lengths) if 6 * x > cap >= 3 * x]
+        tiny = [i for i, x in enumerate(lengths) if cap >= 6 * x]
+
+        bins = [[i] for i in _decreasing(large, lengths)]
+        loads = [lengths[b[0]] for b in bins]
+        has_medium = [False] * len(bins)
+
+        medium_pool = _decreasing(medium, lengths)  # largest first
+        for b in range(len(bins)):
+            for pos, i in enumerate(medium_pool):
+                if loads[b] + lengths[i] <= cap:
+                    bins[b].append(i)
+                    loads[b] += lengths[i]
+                    has_medium[b] = True
+                    del medium_pool[pos]
+                    break
+
+        small_pool = _decreasing(small, lengths)  # largest first; smallest is last
+        for b in reversed(range(len(bins))):
+            if has_medium[b] or len(small_pool) < 2:
+                continue
+            if loads[b] + lengths[small_pool[-1]] + lengths[small_pool[-2]] > cap:
+                continue
+            smallest = small_pool.pop()
+            bins[b].append(smallest)
+            loads[b] += lengths[smallest]
+            for pos, i in enumerate(small_pool):
+                if loads[b] + lengths[i] <= cap:
+                    bins[b].append(i)
+                    loads[b] += lengths[i]
+                    del small_pool[pos]
+                    break
+
+        remaining = _decreasing(medium_pool + small_pool + tiny, lengths)
+        for b in range(len(bins)):
+            placed = True
+            while placed and remaining:
+                placed = False
+                for pos, i in enumerate(remaining):
+                    if loads[b] + lengths[i] <= cap:
+                        bins[b].append(i)
+                        loads[b] += lengths[i]
+                        del remaining[pos]
+                        placed = True
+                        break
+
+        leftover_bins, _ = _first_fit(remaining, lengths, cap)
+        return bins + leftover_bins
+
+
+_PACKERS: dict[str, type[SequencePacker]] = {
+    "concatenative": ConcatenativePacker,
+    "first_fit_decreasing": FirstFitDecreasingPacker,
+    "modified_first_fit_decreasing": ModifiedFirstFitDecreasingPacker,
+}
+
+PACKER_NAMES: tuple[str, ...] = tuple(_PACKERS)
+
+
+def get_packer(
+    algorithm: str, bin_capacity: int, min_bin_count: int = 0, bin_count_multiple: int = 1
+) -> SequencePacker:
+    """Build a packer by name.
+
+    Args:
+        algorithm: ``"concatenative"``, ``"first_fit_decreasing"`` or
+            ``"modified_first_fit_decreasing"``.
+        bin_capacity: Maximum total length per bin.
+        min_bin_count: Minimum number of bins.
+        bin_count_multiple: The bin count must be a multiple of this.
+
+    Returns:
+        The packer; call ``.pack(lengths)``.
+
+    Raises:
+        ValueError: Unknown algorithm name or out-of-range parameter.
+    """
+    cls = _PACKERS.get(algorithm)
+    if cls is None:
+        raise ValueError(
+            f"unknown packing algorithm {algorithm!r}; known: {sorted(_PACKERS)}"
+        )
+    return cls(bin_capacity, min_bin_count, bin_count_multiple)

@@ -1,0 +1,195 @@
+"""A group of Ray actors forming one torch.distributed (gloo) data-parallel group.
+
+The driver-side policy (and later the value model) needs the same plumbing: start ``dp_size``
+actors of a worker class with ``num_cpus=0`` (the CPU budget goes to the data plane's own
+actors; compute threads are bounded by each worker's ``torch.set_num_threads``), wire them into
+a gloo process group whose rendezvous address comes from rank 0's node, and fan calls out either
+with identical arguments (``run_all``) or one shard per rank (``run_sharded``).  Ray is imported
+lazily so that importing this module stays cheap for configuration code.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RayCluster", "RayWorkerGroup", "find_free_port", "node_ip_address"]
+
+
+@dataclass
+class RayCluster:
+    """What a worker group needs to know about the (already started) Ray cluster.
+
+    Attributes:
+        env_vars: Environment variables every worker process must see (e.g. data-plane knobs
+            returned by ``init_ray``); applied through the actor's ``runtime_env``.
+        collective_timeout_s: Bound on the gloo rendezvous and on each collective.
+    """
+
+    env_vars: dict[str, str] = field(default_factory=dict)
+    collective_timeout_s: float = 120.0
+
+
+def find_free_port() -> int:
+    """A TCP port that was free a moment ago on this host (for the gloo rendezvous).
+
+    Returns:
+        The port number.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def node_ip_address() -> str:
+    """The address other Ray nodes reach this process at (``127.0.0.1`` outside Ray).
+
+    Returns:
+        An IP address string.
+    """
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except Exception:  # pragma: no cover - Ray missing or not reachable
+        pass
+    return "127.0.0.1"
+
+
+class RayWorkerGroup:
+    """``world_size`` Ray actors of ``worker_cls`` joined in one gloo process group.
+
+    Each actor is constructed as ``worker_cls(rank=r, world_size=n, **init_kwargs)`` and must
+    provide ``collective_address() -> (host, port)`` (called on rank 0 only) and
+    ``init_collective(host, port, timeout_s) -> None`` (called on every rank concurrently),
+    plus ``shutdown() -> None``.
+
+    Args:
+        worker_cls: The (plain, undecorated) worker class.
+        world_size: Number of actors / DP ranks.
+        init_kwargs: Keyword arguments passed to every actor's constructor.
+        cluster: Cluster facts (worker environment, collective timeout).
+        name_prefix: Prefix for the actors' names in Ray's dashboard and error messages.
+
+    Raises:
+        RuntimeError: If Ray is not initialised.
+        ValueError: If ``world_size`` < 1.
+    """
+
+    def __init__(
+        self,
+        worker_cls: type,
+        *,
+        world_size: int,
+        init_kwargs: Mapping[str, Any],
+        cluster: RayCluster,
+        name_prefix: str = "worker",
+    ) -> None:
+        import ray
+
+        if world_size < 1:
+            raise ValueError(f"RayWorkerGroup: world_size must be >= 1, got {world_size}")
+        if not ray.is_initialized():
+            raise RuntimeError("RayWorkerGroup: Ray is not initialised; call init_ray() first")
+        self.world_size = world_size
+        self.name_prefix = name_prefix
+        remote_cls = ray.remote(worker_cls)
+        options: dict[str, Any] = {"num_cpus": 0}
+        if cluster.env_vars:
+            options["runtime_env"] = {"env_vars": dict(cluster.env_vars)}
+        self.workers = [
+            remote_cls.options(**options).remote(rank=rank, world_size=world_size, **dict(init_kwargs))
+            for rank in range(world_size)
+        ]
+        try:
+            host, port = ray.get(self.workers[0].collective_address.remote())
+            ray.get(
+                [
+                    w.init_collective.remote(host, port, cluster.collective_timeout_s)
+                    for w in self.workers
+                ]
+            )
+        except BaseException:
+            self._kill()
+            raise
+
+    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every rank with the same arguments and wait for all.
+
+        Args:
+            method: Worker method name.
+            *args: Positional arguments.
+            **kwargs: Keyword arguments.
+
+        Returns:
+            One result per rank, in rank order.
+        """
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def run_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method(shards[r], *args, **kwargs)`` on rank ``r`` and wait for all.
+
+        Args:
+            method: Worker method name.
+            shards: Exactly one first argument per rank.
+            *args: Further positional arguments (same for all ranks).
+            **kwargs: Keyword arguments (same for all ranks).
+
+        Returns:
+            One result per rank, in rank order.
+
+        Raises:
+            ValueError: If ``len(shards) != world_size``.
+        """
+        import ray
+
+        if len(shards) != self.world_size:
+            raise ValueError(
+                f"{self.name_prefix}.{method}: got {len(shards)} shards for {self.world_size} workers"
+            )
+        return ray.get(
+            [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
+        )
+
+    def run_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` on one rank only (no collective may be involved).
+
+        Args:
+            rank: The DP rank.
+            method: Worker method name.
+            *args: Positional arguments.
+            **kwargs: Keyword arguments.
+
+        Returns:
+            That rank's result.
+        """
+        import ray
+
+        return ray.get(getattr(self.workers[rank], method).remote(*args, **kwargs))
+
+    def _kill(self) -> None:
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:  # pragma: no cover - actor already gone
+                pass
+        self.workers = []
+
+    def shutdown(self) -> None:
+        """Let every worker leave its process group, then kill the actors (idempotent)."""
+        import ray
+
+        if not self.workers:
+            return
+        try:
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+        except Exception:  # noqa: BLE001 - best effort; the actors are killed next anyway
+            pass
+        self._kill()

@@ -1,0 +1,30 @@
+"""Verifiable reward for the arithmetic task (and any exact-answer task)."""
+
+from __future__ import annotations
+
+import torch
+
+from nemo_dp.data.tokenizer import EOS_TOKEN
+
+
+class ArithmeticEnv:
+    """Exact-match reward: 1.0 when the response text before eos equals the answer."""
+
+    def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
+        """Score responses.
+
+        Args:
+            responses: Decoded responses (``CharTokenizer.decode`` already stops at eos; a
+                literal ``"<eos>"`` marker is also cut, for text decoded with the specials).
+            answers: Reference answers, aligned with ``responses``.
+
+        Returns:
+            float32 ``[N]`` rewards in {0.0, 1.0}.
+
+        Raises:
+            ValueError: If the lists differ in length.
+        """
+        if len(responses) != len(answers):
+            raise ValueError(f"ArithmeticEnv.score: {len(responses)} responses for {len(answers)} answers")
+        rewards = [float(r.split(EOS_TOKEN, 1)[0] == a) for r, a in zip(responses, answers)]
+        return torch.tensor(rewards, dtype=torch.float32)

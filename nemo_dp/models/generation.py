@@ -1,0 +1,176 @@
+"""Incremental (KV-cached) sampling from a :class:`TinyCausalLM` with per-sample seeds.
+
+Rollouts must be reproducible no matter how prompts are sharded over workers or batched, so
+every row draws its sampling noise from its own ``torch.Generator`` seeded with ``seeds[i]``
+(Gumbel-max sampling): a sample depends only on its prompt, its seed and the weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nemo_dp.models.model import TinyCausalLM
+
+
+def _validate(
+    model: TinyCausalLM,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    greedy: bool,
+    temperature: float,
+    seeds: list[int],
+) -> None:
+    if not prompts:
+        raise ValueError("generate: prompts must not be empty")
+    if len(seeds) != len(prompts):
+        raise ValueError(f"generate: got {len(seeds)} seeds for {len(prompts)} prompts")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"generate: prompt {i} is empty")
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not greedy and temperature <= 0.0:
+        raise ValueError(f"generate: temperature must be > 0 when sampling, got {temperature}")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > model.cfg.max_seq_len:
+        raise ValueError(
+            f"generate: longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"max_seq_len={model.cfg.max_seq_len}"
+        )
+
+
+@torch.no_grad()
+def generate(
+    model: TinyCausalLM,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    greedy: bool,
+    temperature: float,
+    seeds: list[int],
+) -> dict[str, Any]:
+    """Generate a response for each prompt.
+
+    Prompts are left-padded internally (positions restart at 0 in every row and pads are
+    masked out), decoded one token per step with a KV cache, and returned right-padded.
+
+    Args:
+        model: The policy (LM head).
+        prompts: Token ids per prompt (bos included by the caller).
+        max_new_tokens: Most tokens to generate per row (eos included).
+        eos_id: Stops a row.
+        pad_id: Fills the padding of the returned ``input_ids``.
+        greedy: Argmax decoding (seeds are then unused).
+        temperature: Sampling temperature (> 0 when not greedy).
+        seeds: One seed per row for its private ``torch.Generator``.
+
+    Returns:
+        ``input_ids`` int64 [B, S] (prompt + response, right padded), ``input_lengths`` int32
+        [B], ``prompt_lengths`` int32 [B], ``generation_logprobs`` float32 [B, S] (log-prob of
+        each response token under the sampling distribution, i.e. softmax(logits/temperature),
+        or softmax(logits) when greedy; 0 on prompt and padding), ``token_mask`` int32 [B, S]
+        (1 on response tokens, eos included), ``truncated`` bool [B] (no eos generated).
+
+    Raises:
+        ValueError: On empty prompts, mismatched seeds, bad temperature or a sequence that
+            would exceed the model's ``max_seq_len``.
+    """
+    _validate(model, prompts, max_new_tokens, greedy, temperature, seeds)
+    was_training = model.training
+    model.eval()
+    try:
+        return _generate(model, prompts, max_new_tokens, eos_id, pad_id, greedy, temperature, seeds)
+    finally:
+        model.train(was_training)
+
+
+def _generate(
+    model: TinyCausalLM,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    greedy: bool,
+    temperature: float,
+    seeds: list[int],
+) -> dict[str, Any]:
+    bsz = len(prompts)
+    plens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    width = int(plens.max())
+    total = width + max_new_tokens
+    offsets = width - plens
+
+    left = torch.full((bsz, width), pad_id, dtype=torch.long)
+    key_valid = torch.zeros((bsz, total), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        left[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        key_valid[i, width - len(p) :] = True
+    positions = (torch.arange(width).unsqueeze(0) - offsets.unsqueeze(1)).clamp(min=0)
+
+    # Pad queries may attend to themselves so that no softmax row is empty (their outputs are
+    # never read); real queries see only real, earlier keys.
+    causal = torch.tril(torch.ones((width, width), dtype=torch.bool))
+    eye = torch.eye(width, dtype=torch.bool)
+    mask = (causal.unsqueeze(0) & key_valid[:, None, :width]) | eye.unsqueeze(0)
+
+    cache = model.new_cache(bsz, total)
+    logits = model.forward_cached(left, positions, cache, mask.unsqueeze(1))[:, -1].float()
+
+    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    new_tokens = torch.full((bsz, max_new_tokens), pad_id, dtype=torch.long)
+    new_logprobs = torch.zeros((bsz, max_new_tokens), dtype=torch.float32)
+    finished = torch.zeros(bsz, dtype=torch.bool)
+    resp_len = torch.zeros(bsz, dtype=torch.long)
+    vocab = logits.shape[-1]
+
+    for t in range(max_new_tokens):
+        if greedy:
+            scores = logits
+            tok = logits.argmax(dim=-1)
+        else:
+            scores = logits / temperature
+            noise = torch.empty((bsz, vocab), dtype=torch.float32)
+            for i in range(bsz):
+                if not finished[i]:
+                    noise[i] = torch.rand(vocab, generator=gens[i])
+                else:
+                    noise[i] = 0.5
+            gumbel = -torch.log(-torch.log(noise))
+            tok = (scores + gumbel).argmax(dim=-1)
+        logp = F.log_softmax(scores, dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
+        active = ~finished
+        new_tokens[active, t] = tok[active]
+        new_logprobs[active, t] = logp[active]
+        resp_len += active.long()
+        finished |= active & (tok == eos_id)
+        if bool(finished.all()) or t == max_new_tokens - 1:
+            break
+        step_pos = (plens + t).unsqueeze(1)
+        key_valid[:, width + t] = True
+        step_mask = key_valid[:, None, None, : width + t + 1]
+        logits = model.forward_cached(tok.unsqueeze(1), step_pos, cache, step_mask)[:, -1].float()
+
+    lengths = plens + resp_len
+    seq = int(lengths.max())
+    input_ids = torch.full((bsz, seq), pad_id, dtype=torch.long)
+    gen_lp = torch.zeros((bsz, seq), dtype=torch.float32)
+    token_mask = torch.zeros((bsz, seq), dtype=torch.int32)
+    for i, p in enumerate(prompts):
+        pl, rl = len(p), int(resp_len[i])
+        input_ids[i, :pl] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, pl : pl + rl] = new_tokens[i, :rl]
+        gen_lp[i, pl : pl + rl] = new_logprobs[i, :rl]
+        token_mask[i, pl : pl + rl] = 1
+    return {
+        "input_ids": input_ids,
+        "input_lengths": lengths.to(torch.int32),
+        "prompt_lengths": plens.to(torch.int32),
+        "generation_logprobs": gen_lp,
+        "token_mask": token_mask,
+        "truncated": ~finished,
+    }

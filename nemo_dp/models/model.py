@@ -1,0 +1,239 @@
+"""A small causal transformer in plain PyTorch: the policy (and value) model of nemo_dp.
+
+Real training has to fit on two CPU cores, so the model is tiny, but it is shaped like a
+production decoder (token + learned position embeddings, pre-LN blocks, causal SDPA attention,
+an LM head or a value head) and exposes a KV-cache path so that generation is incremental.
+Keeping it behind ``forward(input_ids) -> logits`` lets a Hugging Face model replace it later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a :class:`TinyCausalLM`.
+
+    Attributes:
+        vocab_size: Number of token ids.
+        n_layers: Number of transformer blocks.
+        d_model: Residual stream width (divisible by ``n_heads``).
+        n_heads: Attention heads per block.
+        max_seq_len: Longest sequence (number of learned positions).
+        dropout: Dropout probability (0.0 keeps training deterministic and cheap).
+    """
+
+    vocab_size: int
+    n_layers: int
+    d_model: int
+    n_heads: int
+    max_seq_len: int
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {value}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
+
+
+class KVCache:
+    """Preallocated key/value buffers for incremental decoding.
+
+    Args:
+        cfg: The model config.
+        batch_size: Rows decoded together.
+        max_len: Positions to allocate (prompt + new tokens).
+        dtype: Buffer dtype.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int, dtype: torch.dtype) -> None:
+        head_dim = cfg.d_model // cfg.n_heads
+        shape = (batch_size, cfg.n_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.length = 0
+        self.max_len = max_len
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with an optional KV-cache path."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        bsz, seq, width = x.shape
+        qkv = self.qkv(x).view(bsz, seq, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        drop = self.dropout if self.training else 0.0
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        else:
+            start = cache.length
+            cache.keys[layer][:, :, start : start + seq] = k
+            cache.values[layer][:, :, start : start + seq] = v
+            keys = cache.keys[layer][:, :, : start + seq]
+            values = cache.values[layer][:, :, : start + seq]
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, dropout_p=drop)
+        return self.proj(y.transpose(1, 2).reshape(bsz, seq, width))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, 4 * cfg.d_model),
+            nn.GELU(),
+            nn.Linear(4 * cfg.d_model, cfg.d_model),
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), cache=cache, layer=layer, attn_mask=attn_mask))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class TinyCausalLM(nn.Module):
+    """Small decoder-only transformer.
+
+    Args:
+        cfg: Model shape.
+        value_head: If True the head maps to one scalar per position (a PPO value model) and
+            ``forward`` returns ``[B, S]`` values instead of ``[B, S, V]`` logits.
+        seed: If given, parameters are initialised from a private generator seeded with it
+            (the global RNG is untouched); otherwise from the global torch RNG.
+    """
+
+    def __init__(self, cfg: ModelConfig, value_head: bool = False, seed: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.value_head = value_head
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, 1 if value_head else cfg.vocab_size, bias=False)
+        self._init_parameters(None if seed is None else torch.Generator().manual_seed(seed))
+
+    def _init_parameters(self, gen: torch.Generator | None) -> None:
+        # GPT-2 style: N(0, 0.02), residual projections scaled down by depth.
+        resid_std = 0.02 / (2 * self.cfg.n_layers) ** 0.5
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif ".ln" in name or name.startswith("ln_f"):
+                    p.fill_(1.0)
+                elif name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                    p.normal_(0.0, resid_std, generator=gen)
+                else:
+                    p.normal_(0.0, 0.02, generator=gen)
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"TinyCausalLM: input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+        if positions.numel() and int(positions.max()) >= self.cfg.max_seq_len:
+            raise ValueError(
+                f"TinyCausalLM: position {int(positions.max())} exceeds max_seq_len={self.cfg.max_seq_len}"
+            )
+        return self.drop(self.tok_emb(input_ids) + self.pos_emb(positions))
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.head(self.ln_f(x))
+        return out.squeeze(-1) if self.value_head else out
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full causal forward pass.
+
+        Args:
+            input_ids: int64 ``[B, S]``; right padding does not affect valid positions.
+
+        Returns:
+            float32 logits ``[B, S, V]`` (or values ``[B, S]`` with a value head).
+        """
+        positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+        x = self._embed(input_ids, positions)
+        for block in self.blocks:
+            x = block(x)
+        return self._head(x)
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """Allocate a KV cache for :meth:`forward_cached`.
+
+        Args:
+            batch_size: Rows decoded together.
+            max_len: Positions to allocate.
+
+        Returns:
+            An empty cache.
+        """
+        return KVCache(self.cfg, batch_size, max_len, self.tok_emb.weight.dtype)
+
+    def forward_cached(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        attn_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Forward ``T`` new tokens per row, attending to the cache, and extend the cache.
+
+        Args:
+            input_ids: int64 ``[B, T]`` new tokens.
+            positions: int64 ``[B, T]`` position ids of the new tokens (per row, so that
+                left-padded rows start at 0).
+            cache: The cache; its ``length`` advances by ``T``.
+            attn_mask: bool ``[B, 1, T, cache.length + T]``, True where a query may attend.
+
+        Returns:
+            Logits (or values) for the new tokens.
+
+        Raises:
+            ValueError: If the cache is too short.
+        """
+        seq = input_ids.shape[1]
+        if cache.length + seq > cache.max_len:
+            raise ValueError(
+                f"TinyCausalLM: KV cache of {cache.max_len} positions cannot take {seq} more "
+                f"after {cache.length}"
+            )
+        x = self._embed(input_ids, positions)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache=cache, layer=i, attn_mask=attn_mask)
+        cache.length += seq
+        return self._head(x)

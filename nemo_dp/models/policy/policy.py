@@ -1,0 +1,367 @@
+"""``Policy``: the driver-side facade over a group of ``PolicyWorker`` Ray actors.
+
+The legacy (in-memory) trainers call ``generate``, ``get_logprobs``,
+``get_reference_policy_logprobs`` and ``train`` with whole ``BatchedDataDict`` batches; the
+facade shards them with the shared planner (``BatchedDataDict.shard_by_batch_size``, the same
+planner ``shard_meta_for_dp`` runs on the data-plane path, so both paths place rows and plan
+microbatches identically), dispatches one shard per DP rank and reassembles the results in input
+order.  The dispatch helpers (``_packing_args``, ``_shard_for_dp``, ``_dispatch_sharded``,
+``_aggregate_train_results``) are kept separate and reusable so that
+``TQPolicy(TQDriverMixin, Policy)`` can ship ``KVBatchMeta`` shards through the same worker group.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.distributed.worker_group import RayCluster, RayWorkerGroup
+from nemo_dp.models.policy.worker import COUNT_METRICS, PolicyWorker
+
+__all__ = ["Policy"]
+
+_ROW_IDX = "__row_idx"
+_MB_TOKENS_KEYS: tuple[str, ...] = ("logprob_mb_tokens", "train_mb_tokens")
+
+
+def _as_dictconfig(cfg: Any) -> DictConfig:
+    if isinstance(cfg, DictConfig):
+        return cfg
+    return OmegaConf.structured(cfg) if not isinstance(cfg, Mapping) else OmegaConf.create(dict(cfg))
+
+
+class Policy:
+    """The policy: ``dp_size`` workers, each a model replica with its optimizer.
+
+    Args:
+        cluster: Facts about the running Ray cluster (``RayCluster``).
+        config: The ``policy`` config (``DictConfig``, ``PolicyConfig`` or mapping); kept as
+            ``self.cfg`` (a ``DictConfig``: attribute and item access both work).
+        vocab_size: Tokenizer vocabulary size.
+        pad_id: Padding token id.
+        eos_id: End-of-sequence token id.
+        seed: Run seed (identical initial weights on every rank; per-rank RNG streams).
+        name_prefix: Name used in error messages.
+    """
+
+    #: The worker class the group runs; a data-plane subclass swaps in its mixed-in worker.
+    worker_class: ClassVar[type] = PolicyWorker
+
+    def __init__(
+        self,
+        *,
+        cluster: RayCluster,
+        config: Any,
+        vocab_size: int,
+        pad_id: int,
+        eos_id: int,
+        seed: int,
+        name_prefix: str = "policy",
+    ) -> None:
+        self.cfg = _as_dictconfig(config)
+        self.dp_size = int(self.cfg.dp_size)
+        self.pad_id = pad_id
+        self.eos_id = eos_id
+        self.name_prefix = name_prefix
+        worker_cfg = OmegaConf.to_container(self.cfg, resolve=True)
+        self.worker_group = RayWorkerGroup(
+            self.worker_class,
+            world_size=self.dp_size,
+            init_kwargs={
+                "policy_cfg": worker_cfg,
+                "vocab_size": vocab_size,
+                "pad_id": pad_id,
+                "eos_id": eos_id,
+                "seed": seed,
+            },
+            cluster=cluster,
+            name_prefix=name_prefix,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # dispatch helpers (shared with the data-plane subclass)
+    # ------------------------------------------------------------------------------------------
+    def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Planner arguments for a dispatch: ``(sequence_packing_args, dynamic_batching_args)``.
+
+        Dynamic batching wins if both are enabled.
+
+        Args:
+            mb_tokens_key: ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
+
+        Returns:
+            At most one non-``None`` argument dict.
+
+        Raises:
+            ValueError: On another ``mb_tokens_key``.
+        """
+        if mb_tokens_key not in _MB_TOKENS_KEYS:
+            raise ValueError(f"mb_tokens_key must be one of {list(_MB_TOKENS_KEYS)}, got {mb_tokens_key!r}")
+        db = self.cfg.dynamic_batching
+        if db.enabled:
+            return None, {
+                "max_tokens_per_microbatch": int(db[mb_tokens_key]),
+                "sequence_length_round": int(db.sequence_length_round),
+                "input_key": "input_ids",
+                "input_lengths_key": "input_lengths",
+            }
+        sp = self.cfg.sequence_packing
+        if sp.enabled:
+            return {
+                "max_tokens_per_microbatch": int(sp[mb_tokens_key]),
+                "algorithm": str(sp.algorithm),
+                "sequence_length_pad_multiple": int(sp.sequence_length_pad_multiple),
+                "input_key": "input_ids",
+                "input_lengths_key": "input_lengths",
+                "microbatch_order": str(sp.microbatch_order),
+            }, None
+        return None, None
+
+    def _shard_for_dp(
+        self, data: BatchedDataDict, *, batch_size: int | None, mb_tokens_key: str
+    ) -> tuple[list[BatchedDataDict], list[int]]:
+        """Shard ``data`` over the DP ranks with the shared planner.
+
+        Args:
+            data: The whole batch.
+            batch_size: Global batch size (``None`` = the whole batch is one chunk).
+            mb_tokens_key: Which token budget a dynamic/packed plan uses.
+
+        Returns:
+            ``(shards, order)`` where ``order[p]`` is the input index of row ``p`` of the
+            rank-concatenated shards (for ``reorder_data``).
+
+        Raises:
+            ValueError: If the batch does not divide over the ranks / global batches.
+        """
+        n = data.size
+        if n == 0:
+            raise ValueError(f"{self.name_prefix}: cannot shard an empty batch")
+        bs = n if batch_size is None else int(batch_size)
+        if n % bs != 0 or bs % self.dp_size != 0:
+            raise ValueError(
+                f"{self.name_prefix}: batch of {n} rows does not split into global batches of {bs} "
+                f"over dp_size={self.dp_size} ranks (need size % batch_size == 0 and "
+                f"batch_size % dp_size == 0)"
+            )
+        spa, dba = self._packing_args(mb_tokens_key)
+        tagged = BatchedDataDict(dict(data))
+        tagged[_ROW_IDX] = torch.arange(n, dtype=torch.long)
+        result = tagged.shard_by_batch_size(
+            self.dp_size, bs, dynamic_batching_args=dba, sequence_packing_args=spa
+        )
+        shards = result[0] if isinstance(result, tuple) else result
+        order: list[int] = []
+        for shard in shards:
+            order.extend(int(i) for i in shard[_ROW_IDX].tolist())
+            del shard[_ROW_IDX]
+        return list(shards), order
+
+    def _dispatch_sharded(self, method: str, shards: Sequence[Any], **kwargs: Any) -> list[Any]:
+        """Run ``method(shard_r, **kwargs)`` on every rank ``r``; results in rank order."""
+        return self.worker_group.run_sharded(method, shards, **kwargs)
+
+    def _dispatch_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``method(*args, **kwargs)`` on every rank; results in rank order."""
+        return self.worker_group.run_all(method, *args, **kwargs)
+
+    @staticmethod
+    def _gather_in_input_order(outputs: Sequence[BatchedDataDict], order: Sequence[int]) -> BatchedDataDict:
+        merged = BatchedDataDict.from_batches(list(outputs))
+        return merged.reorder_data(list(order))
+
+    @staticmethod
+    def _aggregate_train_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Combine per-rank ``train`` results into one metrics dict.
+
+        Additive metric shares are summed over ranks (giving the global-batch value), then
+        averaged over the global batches of the call (counts are summed instead);
+        ``grad_norm`` and ``lr`` are identical on all ranks and averaged over global batches.
+
+        Args:
+            results: One ``{"per_step": [...]}`` per rank.
+
+        Returns:
+            Metrics plus ``num_optimizer_steps`` and ``per_step_loss``.
+        """
+        per_rank = [r["per_step"] for r in results]
+        n_steps = len(per_rank[0])
+        if any(len(p) != n_steps for p in per_rank):
+            raise RuntimeError(f"ranks ran different numbers of steps: {[len(p) for p in per_rank]}")
+        out: dict[str, Any] = {}
+        step_values: dict[str, list[float]] = {}
+        leaders = [
+            [m for m in (p[k] for p in per_rank) if m.get("is_replica_leader", True)] for k in range(n_steps)
+        ]
+        for k in range(n_steps):
+            ranks = leaders[k]
+            keys = [key for key in ranks[0] if key not in ("is_replica_leader", "skipped")]
+            for key in keys:
+                if key in ("grad_norm", "lr"):
+                    value = float(ranks[0][key])
+                else:
+                    value = float(sum(float(m[key]) for m in ranks))
+                step_values.setdefault(key, []).append(value)
+        for key, values in step_values.items():
+            out[key] = float(sum(values)) if key in COUNT_METRICS else float(sum(values) / len(values))
+        out["num_optimizer_steps"] = n_steps
+        out["per_step_loss"] = step_values.get("loss", [])
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # the public API the legacy trainers use
+    # ------------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool) -> BatchedDataDict:
+        """Generate one response per prompt, spread over the workers.
+
+        Each row is sampled with its own seed, so the output does not depend on ``dp_size`` or
+        on which worker generated it.
+
+        Args:
+            prompts: Token ids per prompt (bos included).
+            seeds: One seed per prompt.
+            greedy: Argmax decoding (evaluation).
+
+        Returns:
+            ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
+            ``token_mask``, ``truncated``, rows in prompt order.
+
+        Raises:
+            ValueError: If ``prompts`` is empty or ``seeds`` does not match it.
+        """
+        n = len(prompts)
+        if n == 0:
+            raise ValueError(f"{self.name_prefix}.generate: no prompts")
+        if len(seeds) != n:
+            raise ValueError(f"{self.name_prefix}.generate: {len(seeds)} seeds for {n} prompts")
+        per = -(-n // self.dp_size)
+        bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
+        outs = self.worker_group.run_sharded(
+            "generate",
+            [{"prompts": [list(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]} for a, b in bounds],
+            greedy,
+        )
+        parts = [o for o in outs if len(o) > 0]
+        return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
+
+    def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
+        """Per-token log-probs under the current policy.
+
+        Args:
+            data: ``input_ids`` [B, S], ``input_lengths`` [B] (other fields ride along).
+
+        Returns:
+            ``{"logprobs": float32 [B, S]}`` in input order.
+        """
+        shards, order = self._shard_for_dp(
+            self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens"
+        )
+        outs = self._dispatch_sharded("get_logprobs", shards)
+        return self._fit_width(self._gather_in_input_order(outs, order), data, "logprobs")
+
+    def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
+        """Per-token log-probs under the frozen reference policy.
+
+        Args:
+            data: As :meth:`get_logprobs`.
+
+        Returns:
+            ``{"reference_logprobs": float32 [B, S]}`` in input order.
+        """
+        shards, order = self._shard_for_dp(
+            self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens"
+        )
+        outs = self._dispatch_sharded("get_reference_policy_logprobs", shards)
+        return self._fit_width(self._gather_in_input_order(outs, order), data, "reference_logprobs")
+
+    @staticmethod
+    def _lp_view(data: BatchedDataDict) -> BatchedDataDict:
+        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"]})
+
+    @staticmethod
+    def _fit_width(out: BatchedDataDict, data: BatchedDataDict, key: str) -> BatchedDataDict:
+        width = data["input_ids"].shape[1]
+        value = out[key]
+        if value.shape[1] < width:
+            value = torch.nn.functional.pad(value, (0, width - value.shape[1]))
+        return BatchedDataDict({key: value[:, :width].contiguous()})
+
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict[str, Any]:
+        """Train on ``data``: one optimizer step per ``gbs`` rows.
+
+        Args:
+            data: The whole batch with the loss function's keys.
+            loss_fn: A ``LossFn`` (pickled to the workers).
+            eval_mode: Loss only, no update.
+            gbs: Global batch size (default ``policy.train_global_batch_size``).
+            mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
+
+        Returns:
+            Aggregated metrics (see ``_aggregate_train_results``).
+        """
+        gbs = int(gbs or self.cfg.train_global_batch_size)
+        shards, _ = self._shard_for_dp(data, batch_size=gbs, mb_tokens_key="train_mb_tokens")
+        results = self._dispatch_sharded("train", shards, loss_fn=loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)
+        return self._aggregate_train_results(results)
+
+    def snapshot_reference_policy(self) -> None:
+        """Freeze the current weights as the reference policy (start of an RL phase)."""
+        self._dispatch_all("snapshot_reference_policy")
+
+    def reset_optimizer(self, lr: float) -> None:
+        """Fresh optimizer state at learning rate ``lr`` on every rank (a new phase)."""
+        self._dispatch_all("reset_optimizer", float(lr))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointable state: rank 0's weights/optimizer and every rank's RNG streams.
+
+        Returns:
+            ``{"weights": ..., "worker_rng": [per rank]}``.
+        """
+        states = [
+            self.worker_group.run_rank(r, "get_state", include_weights=(r == 0)) for r in range(self.dp_size)
+        ]
+        weights = {k: v for k, v in states[0].items() if k not in ("rng", "rank")}
+        return {"weights": weights, "worker_rng": [s["rng"] for s in states]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output on every rank.
+
+        Args:
+            state: A policy state; its ``worker_rng`` list must match ``dp_size``.
+
+        Raises:
+            ValueError: If the saved ``dp_size`` differs.
+        """
+        rngs = list(state["worker_rng"])
+        if len(rngs) != self.dp_size:
+            raise ValueError(
+                f"{self.name_prefix}: checkpoint has {len(rngs)} worker RNG states but "
+                f"policy.dp_size={self.dp_size}"
+            )
+        weights = copy.copy(state["weights"])
+        import ray
+
+        ray.get(
+            [w.load_state.remote(weights, rngs[r]) for r, w in enumerate(self.worker_group.workers)]
+        )
+
+    def weights_checksums(self) -> list[float]:
+        """Per-rank parameter checksums (equal when the replicas agree)."""
+        return [float(x) for x in self._dispatch_all("weights_checksum")]
+
+    def shutdown(self) -> None:
+        """Stop the workers (idempotent)."""
+        self.worker_group.shutdown()

@@ -1,0 +1,541 @@
+"""``PolicyWorker``: one data-parallel rank of the policy (a Ray actor).
+
+Each worker holds a full model replica, its optimizer and a frozen reference copy, and joins
+the other ranks in a gloo process group over which gradients are all-reduced.  Every compute
+method takes an **in-memory** ``BatchedDataDict`` shard (already planned by the driver with the
+shared ``shard_by_batch_size`` planner) and never fetches anything itself: the data-plane
+variant of this worker (``TQWorkerMixin``) adds ``*_presharded`` entrypoints that fetch a
+``KVBatchMeta`` shard from the store, attach the driver's plan and then call these same methods.
+
+Loss normalisation: for every global batch the worker all-reduces its valid token / sequence
+counts first, the loss functions divide by those global counts, and gradients are all-reduced
+with SUM, so the update equals the full-batch mean whatever ``dp_size`` and the microbatching.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict, MicrobatchSpec
+from nemo_dp.distributed.worker_group import find_free_port, node_ip_address
+from nemo_dp.models.generation import generate as generate_tokens
+from nemo_dp.models.model import ModelConfig, TinyCausalLM
+
+__all__ = ["PolicyWorker"]
+
+# Metrics that are per-row counts (summed, not averaged, when aggregated).
+COUNT_METRICS: frozenset[str] = frozenset({"num_valid_tokens", "num_valid_seqs"})
+
+
+def _cfg_get(cfg: Any, key: str) -> Any:
+    return cfg[key] if isinstance(cfg, Mapping) else getattr(cfg, key)
+
+
+class PolicyWorker:
+    """One DP rank: model replica, optimizer, reference copy and the gloo group membership.
+
+    Args:
+        rank: This worker's DP rank.
+        world_size: Number of DP ranks.
+        policy_cfg: The ``policy`` config node (mapping or dataclass): ``model``,
+            ``optimizer``, ``torch_threads``, ``train_micro_batch_size``,
+            ``logprob_batch_size``, ``generation_batch_size``, ``max_grad_norm``,
+            ``generation``.
+        vocab_size: Tokenizer vocabulary size.
+        pad_id: Padding token id.
+        eos_id: End-of-sequence token id.
+        seed: Run seed: every rank initialises identical weights from it; the rank's own RNG
+            streams are seeded with ``seed + rank``.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        policy_cfg: Any,
+        vocab_size: int,
+        pad_id: int,
+        eos_id: int,
+        seed: int,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.cfg = policy_cfg
+        threads = int(_cfg_get(policy_cfg, "torch_threads"))
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        self.pad_id = pad_id
+        self.eos_id = eos_id
+        self.seed = seed
+        torch.manual_seed(seed + rank)
+        m = _cfg_get(policy_cfg, "model")
+        self.model_config = ModelConfig(
+            vocab_size=vocab_size,
+            n_layers=int(_cfg_get(m, "n_layers")),
+            d_model=int(_cfg_get(m, "d_model")),
+            n_heads=int(_cfg_get(m, "n_heads")),
+            max_seq_len=int(_cfg_get(m, "max_seq_len")),
+            dropout=float(_cfg_get(m, "dropout")),
+        )
+        self.model = TinyCausalLM(self.model_config, seed=seed)
+        self.reference_model = self._frozen_copy(self.model)
+        self.lr = float(_cfg_get(_cfg_get(policy_cfg, "optimizer"), "lr"))
+        self.optimizer = self._make_optimizer(self.lr)
+        self.optimizer_steps = 0
+        self._step_state: dict[str, Any] | None = None
+        self._group_ready = False
+
+    # ------------------------------------------------------------------------------------------
+    # process group
+    # ------------------------------------------------------------------------------------------
+    def collective_address(self) -> tuple[str, int]:
+        """Rendezvous address for the gloo group (asked of rank 0 only).
+
+        Returns:
+            ``(host, port)`` reachable by the other ranks.
+        """
+        return node_ip_address(), find_free_port()
+
+    def init_collective(self, host: str, port: int, timeout_s: float) -> None:
+        """Join the gloo group (all ranks call this concurrently).
+
+        Args:
+            host: Rendezvous host (rank 0's node).
+            port: Rendezvous port.
+            timeout_s: Bound on the rendezvous and every collective.
+        """
+        dist.init_process_group(
+            backend="gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        self._group_ready = True
+
+    def shutdown(self) -> None:
+        """Leave the process group (idempotent)."""
+        if self._group_ready and dist.is_initialized():
+            dist.destroy_process_group()
+        self._group_ready = False
+
+    def _local_coords(self) -> dict[str, int]:
+        # Pure data parallelism: no tensor/context/pipeline siblings, every rank is a leader.
+        return {}
+
+    def _get_replica_group(self) -> Any:
+        return None
+
+    def _all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    # ------------------------------------------------------------------------------------------
+    # helpers
+    # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _frozen_copy(model: TinyCausalLM) -> TinyCausalLM:
+        ref = copy.deepcopy(model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    def _make_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        o = _cfg_get(self.cfg, "optimizer")
+        return torch.optim.AdamW(
+            self.model.parameters(),
+            lr=lr,
+            betas=(float(_cfg_get(o, "beta1")), float(_cfg_get(o, "beta2"))),
+            eps=float(_cfg_get(o, "eps")),
+            weight_decay=float(_cfg_get(o, "weight_decay")),
+        )
+
+    def _current_lr(self) -> float:
+        warmup = int(_cfg_get(_cfg_get(self.cfg, "optimizer"), "warmup_steps"))
+        if warmup <= 0:
+            return self.lr
+        return self.lr * min(1.0, (self.optimizer_steps + 1) / warmup)
+
+    @staticmethod
+    def _trim(mb: BatchedDataDict, width: int) -> dict[str, torch.Tensor]:
+        """Tensor fields of a microbatch, per-token ones narrowed to ``width`` columns."""
+        out: dict[str, torch.Tensor] = {}
+        for k, v in mb.items():
+            if not isinstance(v, torch.Tensor) or v.is_nested:
+                continue
+            out[k] = v[:, :width] if v.dim() >= 2 and v.shape[1] > width else v
+        return out
+
+    @staticmethod
+    def _mb_width(mb: BatchedDataDict, spec: MicrobatchSpec, dynamic: bool) -> int:
+        longest = int(mb["input_lengths"].max())
+        if dynamic and spec.padded_length is not None:
+            return max(int(spec.padded_length), longest)
+        return longest
+
+    def _specs(self, data: BatchedDataDict, mbs: int, chunk_rows: int | None) -> list[MicrobatchSpec]:
+        """Microbatches of ``data``: the driver's plan if attached, else fixed-size runs per chunk."""
+        if data.micro_batch_indices is not None:
+            return data.microbatch_plan()
+        n = data.size
+        rows = n if chunk_rows is None else chunk_rows
+        if rows < 1 or n % rows != 0:
+            raise ValueError(
+                f"PolicyWorker[{self.rank}]: shard of {n} rows is not a whole number of "
+                f"{rows}-row global-batch parts"
+            )
+        specs = []
+        for c in range(n // rows):
+            base = c * rows
+            specs.extend(
+                MicrobatchSpec(c, s, min(s + mbs, base + rows), None) for s in range(base, base + rows, mbs)
+            )
+        return specs
+
+    # ------------------------------------------------------------------------------------------
+    # generation and log-probs
+    # ------------------------------------------------------------------------------------------
+    def generate(self, shard: Mapping[str, Sequence[Any]], greedy: bool) -> BatchedDataDict:
+        """Generate responses for this rank's prompts (one private RNG per row).
+
+        Args:
+            shard: ``{"prompts": token ids per prompt (bos included), "seeds": one sampling
+                seed per prompt}``.
+            greedy: Argmax decoding (evaluation) instead of sampling.
+
+        Returns:
+            The fields of ``nemo_dp.models.generation.generate`` as a ``BatchedDataDict``
+            (empty dict when no prompts were given).
+        """
+        prompts, seeds = shard["prompts"], shard["seeds"]
+        if len(prompts) != len(seeds):
+            raise ValueError(f"PolicyWorker[{self.rank}].generate: {len(seeds)} seeds for {len(prompts)} prompts")
+        if len(prompts) == 0:
+            return BatchedDataDict()
+        gen_cfg = _cfg_get(self.cfg, "generation")
+        bs = int(_cfg_get(self.cfg, "generation_batch_size"))
+        self.model.eval()
+        parts = []
+        for s in range(0, len(prompts), bs):
+            out = generate_tokens(
+                self.model,
+                [list(p) for p in prompts[s : s + bs]],
+                max_new_tokens=int(_cfg_get(gen_cfg, "max_new_tokens")),
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                greedy=greedy,
+                temperature=float(_cfg_get(gen_cfg, "temperature")),
+                seeds=[int(x) for x in seeds[s : s + bs]],
+            )
+            parts.append(BatchedDataDict(out))
+        return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
+
+    @torch.no_grad()
+    def _logprobs(self, model: TinyCausalLM, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
+        from nemo_dp.algorithms.loss_functions import token_logprobs_from_logits
+
+        model.eval()
+        mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
+        width = data["input_ids"].shape[1]
+        dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
+        out = torch.zeros((data.size, width), dtype=torch.float32)
+        for spec in self._specs(data, mbs, None):
+            mb = data.slice(spec.start, spec.end)
+            w = self._mb_width(mb, spec, dynamic)
+            ids = mb["input_ids"][:, :w]
+            lp = token_logprobs_from_logits(model(ids), ids)
+            lengths = mb["input_lengths"].to(torch.long)
+            valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
+            out[spec.start : spec.end, :w] = lp * valid
+        return out
+
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """Per-token log-probs of ``input_ids`` under the current policy.
+
+        Args:
+            data: Shard with ``input_ids`` [b, S] and ``input_lengths`` [b] (a plan, if attached,
+                is followed).
+            micro_batch_size: Rows per forward pass (default ``policy.logprob_batch_size``).
+
+        Returns:
+            ``{"logprobs": float32 [b, S]}`` (column 0 and padding are 0), rows in input order.
+        """
+        return BatchedDataDict({"logprobs": self._logprobs(self.model, data, micro_batch_size)})
+
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        """Like :meth:`get_logprobs` under the frozen reference policy.
+
+        Returns:
+            ``{"reference_logprobs": float32 [b, S]}``.
+        """
+        return BatchedDataDict(
+            {"reference_logprobs": self._logprobs(self.reference_model, data, micro_batch_size)}
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # training: split API (begin / microbatches / finish) and the one-call ``train``
+    # ------------------------------------------------------------------------------------------
+    def begin_train_step(self, loss_fn: Any, eval_mode: bool = False, mbs: int | None = None) -> None:
+        """Start one optimizer step: zero gradients and remember the loss function.
+
+        Args:
+            loss_fn: A ``LossFn``.
+            eval_mode: Compute the loss without gradients or an optimizer step.
+            mbs: Rows per microbatch when the data carries no plan.
+
+        Raises:
+            RuntimeError: If a step is already active (contains ``"already active"``).
+        """
+        if self._step_state is not None:
+            raise RuntimeError(
+                f"PolicyWorker[{self.rank}]: a train step is already active; finish or abort it first"
+            )
+        self.model.train(not eval_mode)
+        self.optimizer.zero_grad(set_to_none=False)
+        self._step_state = {
+            "loss_fn": loss_fn,
+            "eval_mode": eval_mode,
+            "mbs": int(mbs or _cfg_get(self.cfg, "train_micro_batch_size")),
+            "metrics": {},
+            "rows": 0,
+        }
+
+    def train_microbatch(self, data: BatchedDataDict) -> None:
+        """Forward/backward this rank's whole part of the current global batch.
+
+        All ranks must call this exactly once per step, in lockstep: the valid token/sequence
+        counts are all-reduced first so every microbatch loss is normalised by the global
+        counts.  Gradients accumulate until :meth:`finish_train_step`.
+
+        Args:
+            data: This rank's rows of the global batch (with the driver's plan if any).
+
+        Raises:
+            RuntimeError: Without :meth:`begin_train_step`.
+        """
+        state = self._step_state
+        if state is None:
+            raise RuntimeError(
+                f"PolicyWorker[{self.rank}]: train_microbatch called without begin_train_step"
+            )
+        tm = data["token_mask"].float() * data["sample_mask"].float().unsqueeze(1)
+        counts = torch.tensor([float(tm.sum()), float((tm.sum(1) > 0).float().sum())], dtype=torch.float64)
+        self._all_reduce_sum(counts)
+        global_tokens, global_seqs = float(counts[0]), float(counts[1])
+        state["rows"] += data.size
+        if global_tokens <= 0:
+            # Nothing to learn from in the whole global batch (e.g. every row masked out).
+            state["skipped"] = True
+            return
+        loss_fn = state["loss_fn"]
+        dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
+        specs = self._specs(data, state["mbs"], None)
+        metrics: dict[str, float] = state["metrics"]
+        for spec in specs:
+            mb = data.slice(spec.start, spec.end)
+            width = self._mb_width(mb, spec, dynamic)
+            tensors = self._trim(mb, width)
+            if state["eval_mode"]:
+                with torch.no_grad():
+                    loss, m = loss_fn(self.model(tensors["input_ids"]), tensors, global_tokens, global_seqs)
+            else:
+                loss, m = loss_fn(self.model(tensors["input_ids"]), tensors, global_tokens, global_seqs)
+                loss.backward()
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v)
+
+    def finish_train_step(self) -> dict[str, Any]:
+        """All-reduce gradients, clip, step the optimizer and end the step.
+
+        Returns:
+            This rank's additive metric shares (``loss`` etc., summed over its microbatches;
+            the driver sums them over ranks), ``grad_norm`` and ``lr`` (identical on all
+            ranks), ``skipped`` and ``is_replica_leader``.
+
+        Raises:
+            RuntimeError: Without :meth:`begin_train_step`.
+        """
+        state = self._step_state
+        if state is None:
+            raise RuntimeError(f"PolicyWorker[{self.rank}]: finish_train_step without begin_train_step")
+        try:
+            result: dict[str, Any] = dict(state["metrics"])
+            skipped = bool(state.get("skipped", False))
+            grad_norm = 0.0
+            lr = self._current_lr()
+            if not state["eval_mode"] and not skipped:
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                self._all_reduce_sum(flat)
+                offset = 0
+                for p, g in zip(params, grads):
+                    n = g.numel()
+                    p.grad = flat[offset : offset + n].view_as(p).clone()
+                    offset += n
+                max_norm = float(_cfg_get(self.cfg, "max_grad_norm"))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self.optimizer.step()
+                self.optimizer_steps += 1
+            self.optimizer.zero_grad(set_to_none=False)
+            result.update(
+                {
+                    "grad_norm": grad_norm,
+                    "lr": lr,
+                    "skipped": skipped,
+                    "is_replica_leader": True,
+                }
+            )
+            return result
+        finally:
+            self._step_state = None
+
+    def abort_train_step(self) -> None:
+        """Drop accumulated gradients and end the step (idempotent)."""
+        self.optimizer.zero_grad(set_to_none=False)
+        self._step_state = None
+
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict[str, Any]:
+        """Train on this rank's shard: one optimizer step per global batch.
+
+        Args:
+            data: This rank's rows of ``T / gbs`` consecutive global batches (each rank's
+                part of chunk k precedes its part of chunk k+1, as the planner lays them out),
+                optionally with the driver's microbatch plan.
+            loss_fn: A ``LossFn``.
+            eval_mode: Loss only, no update.
+            gbs: Global batch size (default ``policy.train_global_batch_size``).
+            mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
+
+        Returns:
+            ``{"per_step": [metrics of each global batch, as :meth:`finish_train_step`]}``.
+
+        Raises:
+            ValueError: If the shard is not a whole number of global-batch parts.
+        """
+        gbs = int(gbs or _cfg_get(self.cfg, "train_global_batch_size"))
+        if gbs % self.world_size != 0:
+            raise ValueError(f"PolicyWorker: gbs={gbs} is not a multiple of world_size={self.world_size}")
+        chunk_rows = gbs // self.world_size
+        # Row ranges of each chunk in this shard: from the plan when attached, else fixed.
+        if data.micro_batch_indices is not None:
+            specs = data.microbatch_plan()
+            chunks: dict[int, list[int]] = {}
+            for spec in specs:
+                lo_hi = chunks.setdefault(spec.chunk, [spec.start, spec.end])
+                lo_hi[0], lo_hi[1] = min(lo_hi[0], spec.start), max(lo_hi[1], spec.end)
+            ranges = [(chunks[c][0], chunks[c][1], c) for c in sorted(chunks)]
+        else:
+            if data.size % chunk_rows != 0:
+                raise ValueError(
+                    f"PolicyWorker[{self.rank}]: shard of {data.size} rows is not a whole number of "
+                    f"gbs/world_size = {chunk_rows}-row parts"
+                )
+            ranges = [(s, s + chunk_rows, None) for s in range(0, data.size, chunk_rows)]
+        per_step = []
+        for start, end, chunk in ranges:
+            part = data.slice(start, end)
+            if chunk is not None:
+                part.micro_batch_indices = [data.micro_batch_indices[chunk]]  # type: ignore[index]
+                part.micro_batch_lengths = [data.micro_batch_lengths[chunk]]  # type: ignore[index]
+                if data.elem_counts_per_gb is not None:
+                    part.elem_counts_per_gb = [data.elem_counts_per_gb[chunk]]
+            self.begin_train_step(loss_fn, eval_mode=eval_mode, mbs=mbs)
+            try:
+                self.train_microbatch(part)
+            except BaseException:
+                self.abort_train_step()
+                raise
+            per_step.append(self.finish_train_step())
+        return {"per_step": per_step}
+
+    # ------------------------------------------------------------------------------------------
+    # state
+    # ------------------------------------------------------------------------------------------
+    def snapshot_reference_policy(self) -> None:
+        """Make the reference policy a frozen copy of the current weights."""
+        self.reference_model = self._frozen_copy(self.model)
+
+    def reset_optimizer(self, lr: float) -> None:
+        """Fresh optimizer state with learning rate ``lr`` (a new training phase).
+
+        Args:
+            lr: Base learning rate.
+        """
+        self.lr = float(lr)
+        self.optimizer = self._make_optimizer(self.lr)
+        self.optimizer_steps = 0
+
+    def get_state(self, include_weights: bool) -> dict[str, Any]:
+        """Training state of this rank for a checkpoint.
+
+        Args:
+            include_weights: Include model, reference and optimizer state (rank 0 only: the
+                replicas are identical, so one copy suffices).
+
+        Returns:
+            ``{"rng": ..., "rank": r}`` plus ``model``, ``reference_model``, ``optimizer``,
+            ``optimizer_steps``, ``lr`` when ``include_weights``.
+        """
+        from nemo_dp.utils.seeding import capture_rng_state
+
+        state: dict[str, Any] = {"rank": self.rank, "rng": capture_rng_state()}
+        if include_weights:
+            state.update(
+                {
+                    "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                    "reference_model": {
+                        k: v.detach().clone() for k, v in self.reference_model.state_dict().items()
+                    },
+                    "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                    "optimizer_steps": self.optimizer_steps,
+                    "lr": self.lr,
+                }
+            )
+        return state
+
+    def load_state(self, weights: Mapping[str, Any], rng: Mapping[str, Any] | None) -> None:
+        """Restore a checkpoint's weights/optimizer (from rank 0) and this rank's RNG.
+
+        Args:
+            weights: ``get_state(include_weights=True)`` of rank 0.
+            rng: This rank's ``rng`` entry, or ``None`` to keep the current streams.
+        """
+        from nemo_dp.utils.seeding import restore_rng_state
+
+        self.model.load_state_dict(weights["model"])
+        self.reference_model.load_state_dict(weights["reference_model"])
+        self.lr = float(weights["lr"])
+        self.optimizer = self._make_optimizer(self.lr)
+        self.optimizer.load_state_dict(weights["optimizer"])
+        self.optimizer_steps = int(weights["optimizer_steps"])
+        if rng is not None:
+            restore_rng_state(dict(rng))
+
+    def weights_checksum(self) -> float:
+        """Sum of all parameters in float64 (to check that replicas agree).
+
+        Returns:
+            The checksum.
+        """
+        return float(sum(p.detach().double().sum() for p in self.model.parameters()))

@@ -1,0 +1,107 @@
+"""Per-step metrics as JSON lines: the record a run leaves for plots, tests and comparisons."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _to_json_number(key: str, value: Any) -> float | int | str | bool | None:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"MetricsLogger: metric {key!r} is a tensor of {value.numel()} elements, need 1")
+        value = value.item()
+    if hasattr(value, "item") and not isinstance(value, (int, float, str, bool)):
+        value = value.item()  # numpy scalars
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        # JSON has no NaN/inf; keep the record valid and the fact visible.
+        return value if math.isfinite(value) else str(value)
+    raise TypeError(f"MetricsLogger: metric {key!r} has type {type(value).__name__}, need a number")
+
+
+class MetricsLogger:
+    """Appends one JSON object per call to a ``metrics.jsonl`` file.
+
+    Args:
+        path: The jsonl file (parents are created). An existing file is appended to; call
+            :meth:`truncate_after` on resume to drop records of steps that are redone.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Append the record ``{"step": step, **metrics}`` and flush it to disk.
+
+        Args:
+            step: The training step.
+            metrics: Scalars (Python numbers, 1-element tensors, numpy scalars, str, bool).
+
+        Returns:
+            The record written.
+
+        Raises:
+            ValueError: If ``metrics`` contains ``"step"`` or a multi-element tensor.
+            TypeError: If a value is not a scalar.
+        """
+        if "step" in metrics:
+            raise ValueError("MetricsLogger.log: metrics must not contain the reserved key 'step'")
+        record: dict[str, Any] = {"step": int(step)}
+        for key, value in metrics.items():
+            record[str(key)] = _to_json_number(str(key), value)
+        line = json.dumps(record)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+        return record
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records whose step is greater than ``step`` (resume from a checkpoint).
+
+        Args:
+            step: Last step to keep.
+        """
+        if not self.path.exists():
+            return
+        kept = [r for r in read_metrics(self.path) if r["step"] <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for r in kept:
+                fh.write(json.dumps(r) + "\n")
+        os.replace(tmp, self.path)
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a metrics jsonl file.
+
+    Args:
+        path: The file.
+
+    Returns:
+        The records in file order.
+
+    Raises:
+        ValueError: If a line is not a JSON object with an int ``step`` (names file and line).
+    """
+    records: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: invalid JSON in metrics file: {exc}") from exc
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+                raise ValueError(f"{path}:{lineno}: metrics record needs an int 'step'")
+            records.append(rec)
+    return records

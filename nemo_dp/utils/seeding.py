@@ -1,0 +1,57 @@
+"""Seeding and RNG-state capture, so that a resumed run reproduces an uninterrupted one."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+_KEYS: tuple[str, ...] = ("python", "numpy", "torch")
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global RNG and torch's CPU RNG.
+
+    Args:
+        seed: The seed (0 <= seed < 2**32 for NumPy).
+
+    Raises:
+        ValueError: If the seed is out of range.
+    """
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"set_seed: seed must be in [0, 2**32), got {seed}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Snapshot every global RNG state used in training.
+
+    Returns:
+        ``{"python": ..., "numpy": ..., "torch": ByteTensor}`` (torch-serialisable).
+    """
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore a snapshot taken by :func:`capture_rng_state`.
+
+    Args:
+        state: The snapshot.
+
+    Raises:
+        KeyError: If one of ``python``, ``numpy``, ``torch`` is missing (nothing restored).
+    """
+    for key in _KEYS:
+        if key not in state:
+            raise KeyError(f"restore_rng_state: snapshot lacks {key!r} (has {sorted(state)})")
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])

@@ -1,0 +1,109 @@
+"""``launchers/bench.py bench=data_plane`` runs end to end on tiny settings.
+
+Only the Ray-free backends (``local``, ``memcpy``) run here; the TransferQueue and Ray columns
+need a cluster and are exercised by running the launcher by hand.  Timing values are checked for
+consistency, never against thresholds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "launchers" / "bench.py"
+
+
+def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    run_dir = tmp_path / "run"
+    return subprocess.run(
+        [sys.executable, str(LAUNCHER), "bench=data_plane", f"hydra.run.dir={run_dir}", *overrides],
+        cwd=tmp_path,  # not the repo: the config path must resolve relative to the launcher
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_bench_local_and_memcpy_report(tmp_path: Path) -> None:
+    proc = _run(
+        tmp_path,
+        "bench.backends=[local,memcpy]",
+        "bench.sizes_mib=[0.25,0.5]",
+        "bench.reps=3",
+        "bench.warmup=1",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "bench_data_plane.json").read_text())
+    assert report["bench"] == "data_plane"
+    assert report["errors"] == {}
+    assert report["config"]["bench"]["backends"] == ["local", "memcpy"]
+    got = {(r["payload"], r["size_mib"], r["backend"], r["op"]) for r in report["results"]}
+    want = {
+        (payload, size, backend, op)
+        for payload in ("dense", "jagged")
+        for size in (0.25, 0.5)
+        for backend, op in (("local", "put"), ("local", "get"), ("memcpy", "copy"))
+    }
+    assert got == want
+    for r in report["results"]:
+        assert r["reps"] == 3 and len(r["times_ms"]) == 3
+        assert 0 < r["min_ms"] <= r["median_ms"] <= max(r["times_ms"])
+        assert r["nbytes"] >= 0.9 * r["size_mib"] * (1 << 20)
+        assert r["mb_per_s"] == pytest.approx(r["nbytes"] / 1e6 / (r["median_ms"] / 1000))
+        assert r["time_vs_tq_raw"] is None
+        if r["backend"] == "memcpy":
+            assert r["tput_vs_memcpy"] == pytest.approx(1.0)
+        else:
+            copy = next(
+                c
+                for c in report["results"]
+                if c["backend"] == "memcpy" and c["payload"] == r["payload"] and c["size_mib"] == r["size_mib"]
+            )
+            assert r["tput_vs_memcpy"] == pytest.approx(copy["median_ms"] / r["median_ms"])
+    jagged_rows = {r["rows"] for r in report["results"] if r["payload"] == "jagged"}
+    assert all(n > 1 for n in jagged_rows)
+    assert all(t["met"] is None for t in report["targets"])  # nothing at 64 MiB was measured
+    assert "local" in proc.stdout and "x memcpy" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_bench_reports_local_target_at_64_mib(tmp_path: Path) -> None:
+    proc = _run(
+        tmp_path,
+        "bench.backends=[memcpy,local]",
+        "bench.payloads=[dense]",
+        "bench.sizes_mib=[64]",
+        "bench.reps=1",
+        "bench.warmup=0",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "bench_data_plane.json").read_text())
+    local_targets = [t for t in report["targets"] if t["target"].startswith("local")]
+    assert len(local_targets) == 2
+    for t in local_targets:
+        assert isinstance(t["value"], float) and isinstance(t["met"], bool)
+        assert t["met"] == (t["value"] >= 0.7)
+    tq_targets = [t for t in report["targets"] if t["target"].startswith("transfer_queue")]
+    assert tq_targets and all(t["met"] is None for t in tq_targets)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["bench.name=nope"], "unknown bench.name 'nope'"),
+        (["bench.backends=[local,warp_drive]"], "bench.backends"),
+        (["bench.sizes_mib=[0]"], "bench.sizes_mib"),
+        (["bench.typo=1"], "bench.typo"),
+    ],
+)
+def test_bench_config_errors(tmp_path: Path, overrides: list[str], message: str) -> None:
+    proc = _run(tmp_path, *overrides)
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr

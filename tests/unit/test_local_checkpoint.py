@@ -1,0 +1,374 @@
+"""Local-adapter checkpoints and the shared atomic-write helper (contract §7; checklist E 43-45).
+
+Covers failures during a save (real exception inside the writer, failing final rename, a crash
+between the two renames), hostile or damaged files on load (a code-bearing pickle, unknown
+versions, corrupt manifests, inconsistent content) and what a restore brings back
+(generations, cursors, compact tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from nemo_dp.data_plane import checkpoint_io
+from nemo_dp.data_plane.adapters.local import TENSORS_FILE, LocalDataPlaneClient, local_batch_to_tensordict
+from nemo_dp.data_plane.codec import materialize_local
+from nemo_dp.data_plane.interfaces import KVBatchMeta, LocalDataPlaneConfig
+from nemo_dp.data_plane.schema import LOCAL_PARTITION_GENERATION
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def make_client(max_partitions: int = 2) -> LocalDataPlaneClient:
+    return LocalDataPlaneClient(LocalDataPlaneConfig(max_partitions=max_partitions))
+
+
+def fill(c: LocalDataPlaneClient, pid: str = "p", offset: float = 0.0) -> KVBatchMeta:
+    c.register_partition(pid, ["x", "text"], 3, ["train"])
+    batch = {"x": torch.arange(6.0).reshape(3, 2) + offset, "text": ["a", "b", "c"]}
+    return c.put_samples([f"{pid}_r{i}" for i in range(3)], pid, local_batch_to_tensordict(batch, batch_size=3))
+
+
+def siblings(ck: Path) -> list[str]:
+    return sorted(p.name for p in ck.parent.iterdir() if p.name != ck.name)
+
+
+def saved_checkpoint(tmp_path: Path, metadata: dict[str, Any] | None = None) -> Path:
+    c = make_client()
+    fill(c)
+    ck = tmp_path / "ck"
+    c.save_checkpoint(ck, metadata=metadata if metadata is not None else {"step": 1})
+    c.close()
+    return ck
+
+
+# --- E.43 failures during a save -------------------------------------------------------------
+
+
+def test_exception_inside_the_writer_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = make_client()
+    fill(c)
+    ck = tmp_path / "ck"
+    c.save_checkpoint(ck, metadata={"step": 1})
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+
+    real_save = torch.save
+    partial: list[Path] = []
+
+    def save_half_then_fail(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        path = Path(f)
+        real_save(obj, path, *args, **kwargs)
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])  # a torn file inside the temp dir
+        partial.append(path)
+        raise OSError("disk full (injected)")
+
+    monkeypatch.setattr(torch, "save", save_half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        c.save_checkpoint(ck, metadata={"step": 2})
+    monkeypatch.undo()
+    assert partial and ".tmp-" in partial[0].parent.name  # the writer really ran in a temp dir
+    assert siblings(ck) == []  # temp dir removed
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+    assert make_client().load_checkpoint(ck) == {"step": 1}
+
+
+def test_failing_final_rename_restores_the_old_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = make_client()
+    fill(c)
+    ck = tmp_path / "ck"
+    c.save_checkpoint(ck, metadata={"step": 1})
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    real_replace = os.replace
+    moved_away: list[str] = []
+
+    def replace(src: Any, dst: Any) -> None:
+        if Path(src).name.startswith("ck.tmp-"):
+            assert not ck.exists()  # the old dir had been moved aside
+            moved_away.extend(siblings(ck))
+            raise OSError("rename failed (injected)")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="rename failed"):
+        c.save_checkpoint(ck, metadata={"step": 2})
+    monkeypatch.undo()
+    assert any(name.startswith("ck.old-") for name in moved_away)
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+    assert siblings(ck) == []
+    # a later save replaces it normally and removes the old dir
+    c.save_checkpoint(ck, metadata={"step": 3})
+    assert siblings(ck) == []
+    assert make_client().load_checkpoint(ck) == {"step": 3}
+
+
+def test_crash_between_renames_names_the_surviving_old_dir(tmp_path: Path) -> None:
+    ck = saved_checkpoint(tmp_path)
+    old = tmp_path / "ck.old-3f2a9c"
+    os.replace(ck, old)  # what a crash after the first rename leaves behind
+    (tmp_path / "ck.tmp-deadbeef").mkdir()  # and a leftover temp dir, never read
+    with pytest.raises(FileNotFoundError) as ei:
+        make_client().load_checkpoint(ck)
+    assert "ck.old-3f2a9c" in str(ei.value)
+    os.replace(old, ck)
+    assert make_client().load_checkpoint(ck) == {"step": 1}
+
+
+def test_unserialisable_inputs_fail_before_writing(tmp_path: Path) -> None:
+    c = make_client()
+    c.register_partition("objs", ["o"], 2, ["t"])
+    c.put_samples(["a", "b"], "objs", local_batch_to_tensordict({"o": [{"k": 1}, object()]}, batch_size=2))
+    ck = tmp_path / "ck"
+    with pytest.raises(TypeError) as ei:
+        c.save_checkpoint(ck, metadata={"step": 1})
+    assert "'objs'" in str(ei.value) and "'o'" in str(ei.value)
+    c.clear_samples(None, "objs")
+    for bad in ({"x": float("nan")}, {"x": {1: 2}}, {"x": (1, object())}, "step"):
+        with pytest.raises((TypeError, ValueError)):
+            c.save_checkpoint(ck, metadata=bad)  # type: ignore[arg-type]
+    assert not tmp_path.joinpath("ck").exists() and list(tmp_path.iterdir()) == []
+
+
+# --- E.45 hostile or damaged files -----------------------------------------------------------
+
+
+class _CodeBearing:
+    """Unpickling this runs ``exec`` on a payload that creates a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
+
+
+def test_code_bearing_pickle_is_rejected_and_never_runs(tmp_path: Path) -> None:
+    ck = saved_checkpoint(tmp_path / "a")
+    marker = tmp_path / "marker"
+    tensor_file = ck / TENSORS_FILE
+    torch.save({"p0.c0": _CodeBearing(marker)}, tensor_file)
+    # the file really carries code: an unrestricted load of a copy would run it
+    probe = tmp_path / "probe_marker"
+    torch.save({"p0.c0": _CodeBearing(probe)}, tmp_path / "probe.pt")
+    torch.load(tmp_path / "probe.pt", weights_only=False)
+    assert probe.exists()
+
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(tensor_file) in str(ei.value)
+    assert not marker.exists()
+
+    # the same with a raw (non-zip) pickle in place of the tensor file
+    tensor_file.write_bytes(pickle.dumps({"p0.c0": _CodeBearing(marker)}, protocol=2))
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(tensor_file) in str(ei.value)
+    assert not marker.exists()
+
+
+def test_truncated_or_wrong_tensor_file(tmp_path: Path) -> None:
+    ck = saved_checkpoint(tmp_path)
+    tensor_file = ck / TENSORS_FILE
+    data = tensor_file.read_bytes()
+    tensor_file.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(tensor_file) in str(ei.value)
+    torch.save([torch.zeros(1)], tensor_file)  # weights-only loadable, but not a flat dict
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(tensor_file) in str(ei.value)
+    torch.save({"p0.c0": torch.zeros(5, 2)}, tensor_file)  # 5 rows for 3 ids
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(tensor_file) in str(ei.value)
+    tensor_file.unlink()
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(tensor_file) in str(ei.value)
+
+
+def test_manifest_version_format_and_corruption(tmp_path: Path) -> None:
+    ck = saved_checkpoint(tmp_path)
+    manifest_path = ck / "manifest.json"
+    good = json.loads(manifest_path.read_text())
+    assert good["format"] == "nemo_dp.local_data_plane" and good["format_version"] == 1
+
+    manifest_path.write_text(json.dumps({**good, "format_version": 999}))
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(manifest_path) in str(ei.value) and "999" in str(ei.value)
+
+    manifest_path.write_text(json.dumps({**good, "format": "nemo_dp.tq_data_plane"}))
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(manifest_path) in str(ei.value)
+
+    for corrupt in ('{"format": "nemo_dp.local_data_plane", ', "[1, 2]", "\xff\xfe"):
+        manifest_path.write_text(corrupt, encoding="latin-1")
+        with pytest.raises(ValueError) as ei:
+            make_client().load_checkpoint(ck)
+        assert str(manifest_path) in str(ei.value)
+
+    broken = json.loads(json.dumps(good))
+    broken["partitions"][0]["cursors"] = {"train": ["not-a-row"]}
+    manifest_path.write_text(json.dumps(broken))
+    with pytest.raises(ValueError) as ei:
+        make_client().load_checkpoint(ck)
+    assert str(manifest_path) in str(ei.value)
+
+    manifest_path.write_text(json.dumps(good))
+    assert make_client().load_checkpoint(ck) == {"step": 1}
+
+
+def test_missing_directory_or_manifest(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        make_client().load_checkpoint(tmp_path / "nope")
+    ck = saved_checkpoint(tmp_path)
+    (ck / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError) as ei:
+        make_client().load_checkpoint(ck)
+    assert "manifest.json" in str(ei.value)
+
+
+def test_failed_data_operation_also_dirties_the_client(tmp_path: Path) -> None:
+    ck = saved_checkpoint(tmp_path)
+    c = make_client()
+    with pytest.raises(KeyError):
+        c.get_samples(["a"], "unknown", ["x"])
+    with pytest.raises(RuntimeError, match="clean data-plane client"):
+        c.load_checkpoint(ck)
+    c2 = make_client()
+    c2.save_checkpoint(tmp_path / "empty")  # saving is not a data operation
+    assert c2.load_checkpoint(ck) == {"step": 1}
+
+
+# --- E.45 what a restore brings back ---------------------------------------------------------
+
+
+def test_restore_keeps_generations_cursors_and_resumes_the_counter(tmp_path: Path) -> None:
+    c = make_client(3)
+    first = fill(c, "p")
+    c.register_partition("gone", ["x"], 1, ["train"])
+    c.clear_samples(None, "gone")
+    second = fill(c, "q", offset=10.0)
+    claimed = c.claim_meta("q", "train", ["x"], 2)
+    c.clear_samples(["q_r2"], "q")
+    ck = tmp_path / "ck"
+    metadata = {"step": 12, "nested": {"a": [1, 2.5, None, True]}}
+    c.save_checkpoint(ck, metadata=metadata)
+
+    r = make_client(3)
+    got = r.load_checkpoint(ck)
+    assert got == metadata
+    got["nested"]["a"].append("mutated")  # a copy
+    assert sorted(r.list_sample_ids("p")) == ["p_r0", "p_r1", "p_r2"]
+    assert r.list_sample_ids("q") == ["q_r0", "q_r1"]
+    # metas minted before the save still validate
+    assert torch.equal(r.get_data(first)["x"], torch.arange(6.0).reshape(3, 2))
+    assert torch.equal(materialize_local(r.get_data(claimed, ["x", "text"]))["x"], torch.arange(4.0).reshape(2, 2) + 10.0)
+    assert materialize_local(r.get_data(claimed, ["text"]))["text"] == ["a", "b"]
+    with pytest.raises(KeyError):
+        r.get_data(second)  # q_r2 was cleared before the save
+    # cursors: q's two rows were claimed already
+    assert r.check_consumption_status("q", ["train"]) is True
+    assert r.claim_meta("p", "train", ["x"], 3, blocking=False).size == 3
+    # the counter resumes above every restored generation; new partitions register
+    restored = {first.extra_info[LOCAL_PARTITION_GENERATION], second.extra_info[LOCAL_PARTITION_GENERATION]}
+    fresh = fill(r, "new")
+    assert fresh.extra_info[LOCAL_PARTITION_GENERATION] > max(restored)
+    assert fresh.extra_info[LOCAL_PARTITION_GENERATION] not in restored
+    # the restored partitions count against max_partitions and stay one-batch partitions
+    with pytest.raises(RuntimeError, match="partition limit"):
+        r.register_partition("another", ["x"], 1, ["t"])
+    with pytest.raises(ValueError, match="duplicate writes"):
+        r.put_samples(["z0", "z1", "z2"], "p", TensorDict({"x": torch.zeros(3, 2)}, batch_size=(3,)))
+
+
+def test_saved_tensors_are_compact_live_rows(tmp_path: Path) -> None:
+    c = make_client()
+    c.register_partition("big", ["x", "r"], 4, ["t"])
+    x = torch.randn(4, 1000)
+    rows = [torch.arange(k) for k in (5, 1, 3, 2)]
+    c.put_samples(
+        ["a", "b", "c", "d"],
+        "big",
+        TensorDict({"x": x, "r": torch.nested.nested_tensor(rows, layout=torch.jagged)}, batch_size=(4,)),
+    )
+    c.clear_samples(["a", "c", "d"], "big")
+    ck = tmp_path / "ck"
+    c.save_checkpoint(ck)
+    saved = torch.load(ck / TENSORS_FILE, weights_only=True)
+    for t in saved.values():
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    assert sum(t.numel() for t in saved.values()) == 1000 + 1 + 2  # one dense row, one jagged row
+    r = make_client()
+    assert r.load_checkpoint(ck) == {}
+    out = r.get_samples(["b"], "big", ["x", "r"])
+    assert torch.equal(out["x"], x[1:2])
+    assert [t.tolist() for t in out.get("r").unbind()] == [[0]]
+
+
+def test_too_many_partitions_for_this_client(tmp_path: Path) -> None:
+    c = make_client(2)
+    fill(c, "p")
+    fill(c, "q")
+    c.save_checkpoint(tmp_path / "ck")
+    with pytest.raises(ValueError, match="partition limit"):
+        make_client(1).load_checkpoint(tmp_path / "ck")
+
+
+# --- the shared helper itself ----------------------------------------------------------------
+
+
+def test_helper_refuses_a_writer_without_manifest_and_cleans_up(tmp_path: Path) -> None:
+    ck = tmp_path / "deep" / "ck"
+
+    def write_payload_only(tmp: Path) -> None:
+        (tmp / "payload.bin").write_bytes(b"x")
+
+    with pytest.raises(RuntimeError, match="manifest.json"):
+        checkpoint_io.write_checkpoint_atomically(ck, write_payload_only)
+    assert list(ck.parent.iterdir()) == []
+
+    def write_ok(tmp: Path) -> None:
+        checkpoint_io.write_manifest(tmp, {"format": "demo", "format_version": 2, "n": 1})
+
+    assert checkpoint_io.write_checkpoint_atomically(ck, write_ok) == ck
+    assert checkpoint_io.read_manifest(ck, expected_format="demo", supported_versions=(1, 2))["n"] == 1
+    with pytest.raises(ValueError, match="format_version 2"):
+        checkpoint_io.read_manifest(ck, expected_format="demo", supported_versions=(1,))
+    with pytest.raises(ValueError, match="'other'"):
+        checkpoint_io.read_manifest(ck, expected_format="other", supported_versions=(2,))
+    with pytest.raises(ValueError):
+        checkpoint_io.write_manifest(tmp_path, {"format": "demo", "format_version": True})
+    file_path = tmp_path / "a_file"
+    file_path.write_text("x")
+    with pytest.raises(NotADirectoryError):
+        checkpoint_io.write_checkpoint_atomically(file_path, write_ok)
+    assert file_path.read_text() == "x"
+
+
+def test_validate_json_metadata() -> None:
+    src = {"a": (1, 2), "b": {"c": None}}
+    out = checkpoint_io.validate_json_metadata(src)
+    assert out == {"a": [1, 2], "b": {"c": None}}
+    out["b"]["c"] = 1
+    assert src["b"]["c"] is None
+    assert checkpoint_io.validate_json_metadata(None) == {}
+    with pytest.raises(TypeError):
+        checkpoint_io.validate_json_metadata({"a": {1: "x"}})
+    with pytest.raises(TypeError):
+        checkpoint_io.validate_json_metadata({"a": torch.zeros(1)})
+    with pytest.raises(ValueError):
+        checkpoint_io.validate_json_metadata({"a": float("inf")})
+    with pytest.raises(TypeError):
+        checkpoint_io.validate_json_metadata([("a", 1)])  # type: ignore[arg-type]

@@ -1,0 +1,43 @@
+"""CharTokenizer: stable ids, round trips, specials, and errors naming the culprit."""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_dp.data.tokenizer import CharTokenizer
+
+
+def test_special_ids_and_vocab() -> None:
+    tok = CharTokenizer()
+    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
+    assert tok.vocab_size == len({*range(tok.vocab_size)})
+    # Digits and operators come first after the specials: part of the checkpoint format.
+    assert tok.encode("0123456789+-*=") == list(range(3, 17))
+
+
+def test_round_trip() -> None:
+    tok = CharTokenizer()
+    text = "37+5=42 Hello, World! (x*y)/2"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_prompt_response_layout_and_decode_stops_at_eos() -> None:
+    tok = CharTokenizer()
+    ids = tok.encode_prompt("1+1=") + tok.encode_response("2") + [tok.pad_id, tok.pad_id]
+    assert ids[0] == tok.bos_id
+    assert ids[-3] == tok.eos_id
+    assert tok.decode(ids) == "1+1=2"
+    assert tok.decode(ids[:-3] + [tok.eos_id] + tok.encode("9")) == "1+1=2"
+    assert tok.decode(ids[:-3] + [tok.eos_id] + tok.encode("9"), stop_at_eos=False) == "1+1=29"
+
+
+def test_unknown_character_is_named() -> None:
+    tok = CharTokenizer()
+    with pytest.raises(ValueError, match="unknown character '€' at position 2"):
+        tok.encode("ab€")
+
+
+def test_out_of_range_id() -> None:
+    tok = CharTokenizer()
+    with pytest.raises(ValueError, match=f"token id {tok.vocab_size} outside vocabulary"):
+        tok.decode([tok.vocab_size])

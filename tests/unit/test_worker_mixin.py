@@ -1,0 +1,804 @@
+"""TQWorkerMixin (contract §14, checklist I 66-70) against the real Local adapter.
+
+``_Host`` below is a minimal worker host defined for these tests: it isolates the mixin from
+the real ``PolicyWorker`` (no model, no Ray).  Its in-memory methods are deterministic functions
+of the batch they receive and record what they received, so the tests can check what the mixin
+fetched, which plan it attached and what it wrote back.
+
+Write-back and the Local adapter: a Local partition accepts exactly one put, so a worker cannot
+add ``prev_logprobs`` next to the seed columns it read (TransferQueue upserts; Local raises
+"duplicate writes").  Write-back tests therefore use a partition registered fresh for the written
+field, and the entrypoint tests use ``_SplitStore``, a test double that reads from one real Local
+store (the seed columns) and puts into a second real Local store where the same partition id is
+registered for the result field.
+
+The 2-process gloo test spawns two fresh interpreters (``torch.multiprocessing``, spawn) that
+rendezvous through a ``FileStore`` in ``tmp_path``; each child runs several scenarios and the
+parent joins them under a deadline and kills them if they hang.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from os import PathLike
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp_mp
+from tensordict import NonTensorData, TensorDict
+
+from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
+from nemo_dp.data_plane.codec import materialize
+from nemo_dp.data_plane.column_io import first_write
+from nemo_dp.data_plane.driver_mixin import isolated_copy
+from nemo_dp.data_plane.factory import build_data_plane_client
+from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta, LocalDataPlaneConfig
+from nemo_dp.data_plane.observability import MetricsDataPlaneClient
+from nemo_dp.data_plane.preshard import shard_meta_for_dp
+from nemo_dp.data_plane.schema import (
+    ELEM_COUNTS_PER_GB,
+    GLOBAL_FORWARD_PAD_SEQLEN,
+    LOCAL_PARTITION_GENERATION,
+    LP_SEED_FIELDS,
+    MICRO_BATCH_INDICES,
+    MICRO_BATCH_LENGTHS,
+    PREV_LOGPROBS,
+    REFERENCE_POLICY_LOGPROBS,
+    VALUES,
+)
+from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+LOCAL_CFG = {"enabled": True, "impl": "local"}
+SEED_IDS = torch.tensor(
+    [[11, 12, 13, 0, 0, 0], [21, 22, 23, 24, 25, 0], [31, 32, 0, 0, 0, 0]], dtype=torch.int64
+)
+SEED_LENGTHS = [3, 5, 2]
+TARGET = 8  # the driver's global pad target for the seed batch (round_up(5, 4))
+PAD_ID = 99
+
+
+def _policy_cfg(*, db: bool = False, sp: bool = False) -> dict[str, Any]:
+    return {
+        "dynamic_batching": {
+            "enabled": db,
+            "train_mb_tokens": 64,
+            "logprob_mb_tokens": 64,
+            "sequence_length_round": 4,
+        },
+        "sequence_packing": {
+            "enabled": sp,
+            "train_mb_tokens": 64,
+            "logprob_mb_tokens": 64,
+            "algorithm": "first_fit_decreasing",
+            "sequence_length_pad_multiple": 1,
+            "microbatch_order": "packer",
+        },
+    }
+
+
+class _Host(TQWorkerMixin):
+    """Minimal worker host (see the module docstring for what it isolates)."""
+
+    def __init__(
+        self,
+        coords: Mapping[str, int] | None = None,
+        *,
+        cfg: Any = None,
+        group: Any = None,
+        pad_id: int | None = PAD_ID,
+    ) -> None:
+        self.coords = {} if coords is None else dict(coords)
+        self.cfg = _policy_cfg() if cfg is None else cfg
+        self.group = group
+        self.pad_id = pad_id
+        self.received: list[tuple[str, BatchedDataDict]] = []
+        self.split_calls: list[tuple[Any, ...]] = []
+
+    def _local_coords(self) -> dict[str, int]:
+        return dict(self.coords)
+
+    def _get_replica_group(self) -> Any:
+        return self.group
+
+    # in-memory compute ---------------------------------------------------------------------
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict:
+        self.received.append(("train", data))
+        return {"loss": float(loss_fn(data)), "eval_mode": eval_mode, "gbs": gbs, "mbs": mbs}
+
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        self.received.append(("get_logprobs", data))
+        return BatchedDataDict({"logprobs": data["input_ids"].float() / 10})
+
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        self.received.append(("get_reference_policy_logprobs", data))
+        return BatchedDataDict({"reference_logprobs": -data["input_ids"].float()})
+
+    def get_values(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> dict:
+        self.received.append(("get_values", data))
+        return {"values": data["input_ids"].float() + 0.5}
+
+    # split training API --------------------------------------------------------------------
+    def begin_train_step(self, loss_fn: Any, mbs: int | None = None) -> None:
+        self.split_calls.append(("begin", loss_fn, mbs))
+
+    def train_microbatch(self, data: BatchedDataDict) -> None:
+        self.split_calls.append(("microbatch", data))
+
+    def finish_train_step(self) -> dict:
+        self.split_calls.append(("finish",))
+        return {"loss": 1.5, "is_replica_leader": True}
+
+    def abort_train_step(self) -> None:
+        self.split_calls.append(("abort",))
+
+
+class _SplitStore(DataPlaneClient):
+    """Test double: reads from ``seed`` (real Local), puts into ``results`` (real Local).
+
+    It isolates the one TransferQueue behaviour the Local adapter lacks - a second put of new
+    columns under ids that already hold columns.  Methods the worker mixin never calls raise.
+    """
+
+    def __init__(self, seed: LocalDataPlaneClient, results: LocalDataPlaneClient) -> None:
+        self.seed = seed
+        self.results = results
+
+    def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
+        return self.seed.get_data(meta, select_fields)
+
+    def get_samples(self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]) -> TensorDict:
+        return self.seed.get_samples(sample_ids, partition_id, select_fields)
+
+    def put_samples(
+        self,
+        sample_ids: Sequence[str],
+        partition_id: str,
+        fields: TensorDict | None = None,
+        tags: Sequence[dict] | None = None,
+    ) -> KVBatchMeta:
+        return self.results.put_samples(sample_ids, partition_id, fields, tags)
+
+    def close(self) -> None:
+        self.seed.close()
+        self.results.close()
+
+    def _unused(self, name: str) -> Any:
+        raise AssertionError(f"_SplitStore.{name} is not used by the worker mixin")
+
+    def register_partition(self, *args: Any, **kwargs: Any) -> None:
+        self._unused("register_partition")
+
+    def claim_meta(self, *args: Any, **kwargs: Any) -> KVBatchMeta:
+        return self._unused("claim_meta")
+
+    def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
+        return self._unused("check_consumption_status")
+
+    def list_sample_ids(self, partition_id: str) -> list[str]:
+        return self._unused("list_sample_ids")
+
+    def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
+        self._unused("clear_samples")
+
+    def save_checkpoint(self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None) -> None:
+        self._unused("save_checkpoint")
+
+    def load_checkpoint(self, checkpoint_dir: str | PathLike) -> dict:
+        return self._unused("load_checkpoint")
+
+
+def _local(max_partitions: int = 4) -> LocalDataPlaneClient:
+    return LocalDataPlaneClient(LocalDataPlaneConfig(max_partitions=max_partitions))
+
+
+def _seed(client: LocalDataPlaneClient, pid: str = "step") -> KVBatchMeta:
+    """First-write the seed batch and return the dispatch meta a driver would send."""
+    client.register_partition(
+        pid,
+        fields=["input_ids", "input_lengths", "token_mask", "sample_mask", "content"],
+        num_samples=3,
+        consumer_tasks=["prev_lp"],
+    )
+    lengths = torch.tensor(SEED_LENGTHS, dtype=torch.int32)
+    token_mask = (torch.arange(6).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int32)
+    content = np.empty(3, dtype=object)
+    for i, v in enumerate(["x", None, {"k": [1]}]):
+        content[i] = v
+    receipt = first_write(
+        {
+            "input_ids": SEED_IDS,
+            "input_lengths": lengths,
+            "token_mask": token_mask,
+            "sample_mask": torch.ones(3, dtype=torch.float32),
+            "content": content,
+        },
+        sample_ids=[f"{pid}_r{i}" for i in range(3)],
+        dp_client=client,
+        partition_id=pid,
+        task_name="train",
+    )
+    meta = isolated_copy(receipt, fields=list(LP_SEED_FIELDS), task_name="prev_lp")
+    meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = TARGET
+    return meta
+
+
+def _expected_ids(width: int = TARGET) -> torch.Tensor:
+    out = torch.full((3, width), PAD_ID, dtype=torch.int64)
+    for i, n in enumerate(SEED_LENGTHS):
+        out[i, :n] = SEED_IDS[i, :n]
+    return out
+
+
+def _read_back(client: LocalDataPlaneClient, meta: KVBatchMeta, field: str) -> torch.Tensor:
+    td = client.get_samples(meta.sample_ids, meta.partition_id, [field])
+    return materialize(td)[field]
+
+
+def _trimmed(t: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    """Rows cut to their lengths and zero-padded to the longest (what write-back stores)."""
+    out = torch.zeros(t.shape[0], max(lengths), dtype=t.dtype)
+    for i, n in enumerate(lengths):
+        out[i, :n] = t[i, :n]
+    return out
+
+
+@pytest.fixture
+def split_store() -> Any:
+    store = _SplitStore(_local(), _local())
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+# --- I 66: coordinates, leadership, leader-only write-back -----------------------------------
+
+
+class _Bare(TQWorkerMixin):
+    """A host that forgot ``_local_coords``."""
+
+
+class _BaseWithCoords:
+    def _local_coords(self) -> dict[str, int]:
+        return {"tensor_parallel": 1}
+
+    def _get_replica_group(self) -> str:
+        return "group-from-base"
+
+
+class _MixinFirst(TQWorkerMixin, _BaseWithCoords):
+    """The mixin listed before the host base: its defaults must defer to the base."""
+
+
+def test_local_coords_without_override_raises() -> None:
+    with pytest.raises(NotImplementedError, match="_local_coords"):
+        _Bare()._local_coords()
+    with pytest.raises(NotImplementedError):
+        _Bare()._is_replica_leader()
+    assert _Bare()._get_replica_group() is None
+
+
+def test_mixin_defaults_defer_to_a_host_base_class() -> None:
+    host = _MixinFirst()
+    assert host._local_coords() == {"tensor_parallel": 1}
+    assert host._is_replica_leader() is False
+    assert host._get_replica_group() == "group-from-base"
+
+
+@pytest.mark.parametrize(
+    ("coords", "leader"),
+    [
+        ({}, True),
+        ({"tensor_parallel": 0, "context_parallel": 0, "pipeline_parallel": 0}, True),
+        ({"data_parallel": 3}, True),
+        ({"tensor_parallel": 1}, False),
+        ({"context_parallel": 1}, False),
+        ({"pipeline_parallel": 2}, False),
+    ],
+)
+def test_is_replica_leader(coords: dict[str, int], leader: bool) -> None:
+    assert _Host(coords)._is_replica_leader() is leader
+
+
+def test_only_the_leaders_write_back_lands() -> None:
+    client = _local()
+    try:
+        client.register_partition("wb", fields=[PREV_LOGPROBS], num_samples=2, consumer_tasks=[])
+        meta = KVBatchMeta("wb", "prev_lp", ["a", "b"], sequence_lengths=[2, 3])
+        leader, sibling = _Host({}), _Host({"tensor_parallel": 1})
+        leader.dp_client = sibling.dp_client = client
+        sibling_value = torch.full((2, 4), 7.0)
+        leader_value = torch.arange(8, dtype=torch.float32).reshape(2, 4)
+        sibling._write_back_result_field(meta, {"logprobs": sibling_value}, result_key="logprobs", field=PREV_LOGPROBS)
+        sibling._write_back(meta, {PREV_LOGPROBS: sibling_value})
+        assert client.list_sample_ids("wb") == []
+        leader._write_back_result_field(meta, {"logprobs": leader_value}, result_key="logprobs", field=PREV_LOGPROBS)
+        assert torch.equal(_read_back(client, meta, PREV_LOGPROBS), _trimmed(leader_value, [2, 3]))
+    finally:
+        client.close()
+
+
+def test_leader_only_write_back_through_the_entrypoint(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    split_store.results.register_partition(
+        "step", fields=[PREV_LOGPROBS], num_samples=3, consumer_tasks=[]
+    )
+    leader, sibling = _Host({}), _Host({"tensor_parallel": 1})
+    leader.dp_client = sibling.dp_client = split_store
+    assert sibling.get_logprobs_presharded(meta) is None
+    assert len(sibling.received) == 1  # the sibling computed ...
+    assert split_store.results.list_sample_ids("step") == []  # ... but wrote nothing
+    leader.get_logprobs_presharded(meta)
+    assert split_store.results.list_sample_ids("step") == sorted(meta.sample_ids)
+
+
+def test_write_back_of_no_fields_is_a_noop() -> None:
+    client = _local()
+    try:
+        client.register_partition("wb", fields=[PREV_LOGPROBS], num_samples=1, consumer_tasks=[])
+        host = _Host({})
+        host.dp_client = client
+        host._write_back(KVBatchMeta("wb", None, ["a"]), {})
+        assert client.list_sample_ids("wb") == []
+    finally:
+        client.close()
+
+
+# --- I 67: entrypoints --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "field", "expected"),
+    [
+        ("get_logprobs_presharded", PREV_LOGPROBS, lambda ids: ids.float() / 10),
+        ("get_reference_policy_logprobs_presharded", REFERENCE_POLICY_LOGPROBS, lambda ids: -ids.float()),
+        ("get_values_presharded", VALUES, lambda ids: ids.float() + 0.5),
+    ],
+)
+def test_result_entrypoints_write_their_field_and_return_none(
+    split_store: _SplitStore, entrypoint: str, field: str, expected: Any
+) -> None:
+    meta = _seed(split_store.seed)
+    split_store.results.register_partition("step", fields=[field], num_samples=3, consumer_tasks=[])
+    host = _Host({})
+    host.dp_client = split_store
+    assert getattr(host, entrypoint)(meta, micro_batch_size=2) is None
+    (name, data), = host.received
+    assert name == entrypoint.removesuffix("_presharded")
+    assert list(data.keys()) == list(LP_SEED_FIELDS)
+    assert torch.equal(data["input_ids"], _expected_ids())  # global target, pad id, meta order
+    assert data["token_mask"].shape == (3, TARGET)
+    stored = _read_back(split_store.results, meta, field)
+    assert torch.equal(stored, _trimmed(expected(_expected_ids()), SEED_LENGTHS))
+
+
+def test_train_presharded_returns_metrics_and_writes_nothing(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    split_store.results.register_partition(
+        "step",
+        fields=[PREV_LOGPROBS, REFERENCE_POLICY_LOGPROBS, VALUES, "advantages"],
+        num_samples=3,
+        consumer_tasks=[],
+    )
+    host = _Host({})
+    host.dp_client = split_store
+    metrics = host.train_presharded(
+        meta, lambda d: d["input_ids"].sum(), eval_mode=True, gbs=3, mbs=1
+    )
+    assert metrics == {
+        "loss": float(_expected_ids().sum()),
+        "eval_mode": True,
+        "gbs": 3,
+        "mbs": 1,
+    }
+    assert split_store.results.list_sample_ids("step") == []
+
+
+# --- I 68: write-back checks --------------------------------------------------------------------
+
+
+@pytest.fixture
+def wb_host() -> Any:
+    client = _local()
+    client.register_partition("wb", fields=[PREV_LOGPROBS], num_samples=2, consumer_tasks=[])
+    host = _Host({})
+    host.dp_client = client
+    try:
+        yield host, client, KVBatchMeta("wb", "prev_lp", ["a", "b"], sequence_lengths=[1, 2])
+    finally:
+        client.close()
+
+
+def test_write_back_accepts_a_batched_data_dict(wb_host: Any) -> None:
+    host, client, meta = wb_host
+    value = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    host._write_back_result_field(meta, BatchedDataDict({"logprobs": value}), result_key="logprobs", field=PREV_LOGPROBS)
+    assert torch.equal(_read_back(client, meta, PREV_LOGPROBS), torch.tensor([[1.0, 0.0], [3.0, 4.0]]))
+
+
+@pytest.mark.parametrize(
+    ("result", "error", "match"),
+    [
+        ({"other": torch.zeros(2, 2)}, RuntimeError, "'logprobs'"),
+        (torch.zeros(2, 2), RuntimeError, "Mapping"),
+        ({"logprobs": [[0.0, 0.0], [0.0, 0.0]]}, TypeError, "torch.Tensor"),
+        ({"logprobs": np.zeros((2, 2))}, TypeError, "torch.Tensor"),
+        ({"logprobs": torch.zeros(3, 2)}, ValueError, "batch dim 3"),
+        ({"logprobs": torch.tensor(1.0)}, ValueError, "batch dim None"),
+    ],
+)
+def test_write_back_rejects_bad_results_before_writing(
+    wb_host: Any, result: Any, error: type[Exception], match: str
+) -> None:
+    host, client, meta = wb_host
+    with pytest.raises(error, match=match):
+        host._write_back_result_field(meta, result, result_key="logprobs", field=PREV_LOGPROBS)
+    assert client.list_sample_ids("wb") == []
+
+
+# --- I 69: setup, fetch policies, guards ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "args"),
+    [
+        ("train_presharded", ("META", lambda d: 0.0)),
+        ("get_logprobs_presharded", ("META",)),
+        ("get_reference_policy_logprobs_presharded", ("META",)),
+        ("get_values_presharded", ("META",)),
+        ("begin_train_step_presharded", (lambda d: 0.0,)),
+    ],
+)
+def test_entrypoint_before_setup_raises(entrypoint: str, args: tuple[Any, ...]) -> None:
+    meta = KVBatchMeta("p", "train", ["a"], fields=["input_ids"])
+    call_args = tuple(meta if a == "META" else a for a in args)
+    host = _Host({})
+    with pytest.raises(RuntimeError, match=r"setup_data_plane\(cfg\) before invoking"):
+        getattr(host, entrypoint)(*call_args)
+    assert host.received == [] and host.split_calls == []
+
+
+def test_setup_data_plane_builds_a_private_client_once() -> None:
+    host = _Host({})
+    host.setup_data_plane(LOCAL_CFG)
+    try:
+        client = host.dp_client
+        assert isinstance(client, LocalDataPlaneClient)
+        assert host.dp_cfg is LOCAL_CFG
+        host.setup_data_plane(LOCAL_CFG)
+        assert host.dp_client is client
+        assert host._require_dp_client() is client
+    finally:
+        client.close()
+
+
+def test_setup_data_plane_rejects_a_disabled_config() -> None:
+    with pytest.raises(ValueError, match="disabled"):
+        _Host({}).setup_data_plane({"enabled": False})
+
+
+def test_fetch_policy_validation(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    host = _Host({})
+    host.dp_client = split_store
+    with pytest.raises(ValueError, match="fetch_policy"):
+        host._fetch(meta, fetch_policy="broadcast_everything")
+    with pytest.raises(RuntimeError, match="replica process group"):
+        host._fetch(meta, fetch_policy="leader_broadcast")
+    # Without a group, "auto" and "independent" read directly.
+    for policy in ("auto", "independent"):
+        assert torch.equal(host._fetch(meta, fetch_policy=policy)["input_ids"], _expected_ids())
+
+
+def test_fetch_without_dp_alignment_pads_to_the_slice_maximum(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    host = _Host({}, pad_id=None)
+    host.dp_client = split_store
+    data = host._fetch(meta, dp_aligned_seq_len=False)
+    assert data["input_ids"].shape == (3, 5)
+    assert int(data["input_ids"][2, 4]) == 0  # no pad_id on the host: pads with 0
+    jagged = host._fetch(meta, layout="jagged")
+    assert jagged["input_ids"].is_nested
+
+
+def test_fetch_rejects_a_stale_local_meta(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    host = _Host({})
+    host.dp_client = split_store
+    stale = copy.deepcopy(meta)
+    stale.extra_info[LOCAL_PARTITION_GENERATION] += 1
+    with pytest.raises(ValueError, match="Stale local metadata"):
+        host._fetch(stale)
+
+
+def test_materialize_fetched_guards_whole_column_non_tensor_leaves() -> None:
+    td = TensorDict(
+        {"input_ids": torch.zeros(2, 3, dtype=torch.int64), "content": NonTensorData(["a", "b"], batch_size=(2,))},
+        batch_size=(2,),
+    )
+    host = _Host({})
+    with pytest.raises(TypeError, match="materialize_local"):
+        host._materialize_fetched(td, local_batch=False)
+    data = host._materialize_fetched(td, local_batch=True, pad_to_seqlen=5)
+    assert data["content"] == ["a", "b"] and data["input_ids"].shape == (2, 5)
+
+
+def test_get_data_plane_snapshot() -> None:
+    host = _Host({})
+    assert host.get_data_plane_snapshot() is None
+    host.setup_data_plane({"enabled": True, "impl": "local", "observability": {"enabled": True}})
+    try:
+        assert isinstance(host.dp_client, MetricsDataPlaneClient)
+        host.dp_client.register_partition("p", fields=["x"], num_samples=1, consumer_tasks=[])
+        snap = host.get_data_plane_snapshot()
+        assert snap is not None and snap["total_ops"] == 1
+        plain = _Host({})
+        plain.dp_client = _local()
+        assert plain.get_data_plane_snapshot() is None
+        plain.dp_client.close()
+    finally:
+        host.dp_client.close()
+
+
+# --- I 70: plans and the split training API ------------------------------------------------------
+
+
+def _planned_shards(lengths: list[int]) -> list[KVBatchMeta]:
+    meta = KVBatchMeta("p", "train", [f"s{i}" for i in range(len(lengths))], sequence_lengths=lengths)
+    shards, _order = shard_meta_for_dp(
+        meta,
+        dp_world=2,
+        dynamic_batching_args={
+            "max_tokens_per_microbatch": 4096,
+            "sequence_length_round": 64,
+            "input_key": "input_ids",
+            "input_lengths_key": "input_lengths",
+        },
+    )
+    return shards
+
+
+def test_attach_pack_metadata_attaches_the_plan_unchanged() -> None:
+    shards = _planned_shards([1204, 499, 1445, 876, 361, 487, 927, 678])
+    for shard in shards:
+        before = copy.deepcopy(shard.extra_info)
+        data = _Host({}, cfg=_policy_cfg(db=True))._attach_pack_metadata(BatchedDataDict(), shard)
+        assert data.micro_batch_indices == [[[0, 3], [3, 4]]]
+        assert data.micro_batch_lengths == [[960, 1472]]
+        assert data.micro_batch_indices == shard.extra_info[MICRO_BATCH_INDICES]
+        assert data.elem_counts_per_gb is None
+        assert shard.extra_info == before
+    packed = KVBatchMeta(
+        "p",
+        "train",
+        ["a", "b"],
+        extra_info={MICRO_BATCH_INDICES: [[[0, 1], [1, 2]]], MICRO_BATCH_LENGTHS: [[64, 32]], ELEM_COUNTS_PER_GB: [2]},
+    )
+    data = _Host({}, cfg=_policy_cfg(sp=True))._attach_pack_metadata(BatchedDataDict(), packed)
+    assert (data.micro_batch_indices, data.micro_batch_lengths, data.elem_counts_per_gb) == (
+        [[[0, 1], [1, 2]]],
+        [[64, 32]],
+        [2],
+    )
+
+
+@pytest.mark.parametrize("cfg", [_policy_cfg(db=True), _policy_cfg(sp=True)])
+def test_packing_enabled_without_a_plan_raises(cfg: dict[str, Any]) -> None:
+    meta = KVBatchMeta("p", "train", ["a"])
+    with pytest.raises(ValueError, match="no microbatch plan"):
+        _Host({}, cfg=cfg)._attach_pack_metadata(BatchedDataDict(), meta)
+    data = _Host({})._attach_pack_metadata(BatchedDataDict(), meta)  # packing off: no plan needed
+    assert data.micro_batch_indices is None
+
+
+def test_incomplete_plan_raises() -> None:
+    meta = KVBatchMeta("p", "train", ["a"], extra_info={MICRO_BATCH_INDICES: [[[0, 1]]]})
+    with pytest.raises(ValueError, match="micro_batch_lengths"):
+        _Host({})._attach_pack_metadata(BatchedDataDict(), meta)
+
+
+def test_packing_enabled_requires_config_sections() -> None:
+    with pytest.raises(KeyError, match=r"cfg\.sequence_packing"):
+        _Host({}, cfg={"dynamic_batching": {"enabled": False}})._packing_enabled()
+
+
+def test_entrypoint_attaches_the_plan_and_refuses_a_missing_one(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    host = _Host({}, cfg=_policy_cfg(db=True))
+    host.dp_client = split_store
+    with pytest.raises(ValueError, match="no microbatch plan"):
+        host.train_presharded(meta, lambda d: 0.0)
+    assert host.received == []
+    planned = copy.deepcopy(meta)
+    planned.extra_info[MICRO_BATCH_INDICES] = [[[0, 2], [2, 3]]]
+    planned.extra_info[MICRO_BATCH_LENGTHS] = [[8, 4]]
+    host.train_presharded(planned, lambda d: 0.0)
+    (_, data), = host.received
+    assert data.micro_batch_indices == [[[0, 2], [2, 3]]] and data.micro_batch_lengths == [[8, 4]]
+
+
+def test_split_training_api(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    host = _Host({"tensor_parallel": 1})
+    host.dp_client = split_store
+    loss_fn = object()
+    with pytest.raises(RuntimeError, match="without an active step"):
+        host.train_microbatch_presharded(meta)
+    with pytest.raises(RuntimeError, match="without an active step"):
+        host.finish_train_step_presharded()
+    host.abort_train_step_presharded()  # no step: nothing to abort
+    assert host.split_calls == []
+
+    host.begin_train_step_presharded(loss_fn, gbs=3, mbs=2)
+    with pytest.raises(RuntimeError, match="already active"):
+        host.begin_train_step_presharded(loss_fn)
+    host.train_microbatch_presharded(meta)
+    result = host.finish_train_step_presharded()
+    assert result == {"loss": 1.5, "is_replica_leader": False}  # from the coords, not the host
+    assert [c[0] for c in host.split_calls] == ["begin", "microbatch", "finish"]
+    assert host.split_calls[0] == ("begin", loss_fn, 2)
+    assert torch.equal(host.split_calls[1][1]["input_ids"], _expected_ids())
+
+    host.begin_train_step_presharded(loss_fn)  # finish ended the step
+    host.abort_train_step_presharded()
+    host.abort_train_step_presharded()  # idempotent
+    assert [c[0] for c in host.split_calls[3:]] == ["begin", "abort"]
+    host.begin_train_step_presharded(loss_fn)  # abort ended the step
+    assert host.split_calls[-1][0] == "begin"
+
+
+def test_failed_finish_keeps_the_step_for_abort(split_store: _SplitStore) -> None:
+    class _FailingFinish(_Host):
+        def finish_train_step(self) -> dict:
+            raise RuntimeError("optimizer exploded")
+
+    host = _FailingFinish({})
+    host.dp_client = split_store
+    host.begin_train_step_presharded(object())
+    with pytest.raises(RuntimeError, match="optimizer exploded"):
+        host.finish_train_step_presharded()
+    host.abort_train_step_presharded()
+    assert host.split_calls[-1] == ("abort",)
+
+
+# --- I 69: two-process gloo leader broadcast -----------------------------------------------------
+
+
+def _broadcast_payload() -> BatchedDataDict:
+    content = np.empty(3, dtype=object)
+    for i, v in enumerate(["x", None, {"k": [1, 2.5]}]):
+        content[i] = v
+    return BatchedDataDict(
+        {
+            "input_ids": torch.arange(12, dtype=torch.int64).reshape(3, 4),
+            "input_lengths": torch.tensor([4, 2, 3], dtype=torch.int32),
+            "note": "hello",
+            "content": content,
+            "ragged": torch.nested.nested_tensor(
+                [torch.tensor([1.0]), torch.tensor([2.0, 3.0, 4.0]), torch.tensor([5.0, 6.0])],
+                layout=torch.jagged,
+            ),
+        }
+    )
+
+
+def _check_payload(got: BatchedDataDict) -> None:
+    want = _broadcast_payload()
+    assert list(got.keys()) == list(want.keys())
+    for key in ("input_ids", "input_lengths"):
+        assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
+    assert got["note"] == "hello"
+    assert isinstance(got["content"], np.ndarray) and got["content"].dtype == object
+    assert list(got["content"]) == list(want["content"])
+    assert [r.tolist() for r in got["ragged"].unbind()] == [[1.0], [2.0, 3.0, 4.0], [5.0, 6.0]]
+
+
+def _dist_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    """One member of a 2-rank replica group: rank 0 is the leader, rank 1 its TP sibling."""
+    status = "ok"
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=60),
+        )
+        group = dist.group.WORLD
+        host = _Host({} if rank == 0 else {"tensor_parallel": 1}, group=group)
+        host.setup_data_plane(LOCAL_CFG)
+
+        # (a) the raw broadcast round-trips tensors, a str, object arrays and jagged tensors.
+        got = host._broadcast_batched_data_dict(_broadcast_payload() if rank == 0 else None, group=group)
+        _check_payload(got)
+
+        # (b) a Local meta exists only in the leader's store: "auto" broadcasts it.
+        box: list[Any] = [_seed(host.dp_client) if rank == 0 else None]  # type: ignore[arg-type]
+        dist.broadcast_object_list(box, src=0)  # stands in for the driver's dispatch
+        meta = box[0]
+        meta.extra_info[MICRO_BATCH_INDICES] = [[[0, 3]]]
+        meta.extra_info[MICRO_BATCH_LENGTHS] = [[8]]
+        metrics = host.train_presharded(meta, lambda d: d["input_ids"].sum())
+        assert metrics["loss"] == float(_expected_ids().sum())
+        (_, data), = host.received
+        assert torch.equal(data["input_ids"], _expected_ids())
+        assert data["token_mask"].dtype == torch.int32 and data["token_mask"].shape == (3, TARGET)
+        assert data.micro_batch_indices == [[[0, 3]]] and data.micro_batch_lengths == [[8]]
+
+        # (c) reading a Local meta independently with siblings is refused on every rank.
+        try:
+            host._fetch(meta, fetch_policy="independent")
+            raise AssertionError("independent fetch of a Local meta did not raise")
+        except ValueError as exc:
+            assert "leader_broadcast" in str(exc)
+
+        # (d) a failing leader still enters the collective: the sibling raises, naming it.
+        missing = KVBatchMeta("nope", "train", ["a"], fields=["input_ids"], extra_info={LOCAL_PARTITION_GENERATION: 1})
+        try:
+            host._fetch(missing)
+            raise AssertionError("fetch of an unknown partition did not raise")
+        except KeyError as exc:
+            assert rank == 0 and "nope" in str(exc)
+        except RuntimeError as exc:
+            assert rank == 1 and "global rank 0" in str(exc) and "KeyError" in str(exc), str(exc)
+
+        # (e) a value that cannot travel fails on the leader and is reported to the sibling.
+        bad = BatchedDataDict({"x": torch.zeros(1), "obj": object()}) if rank == 0 else None
+        try:
+            host._broadcast_batched_data_dict(bad, group=group)
+            raise AssertionError("broadcast of an unsupported value did not raise")
+        except TypeError as exc:
+            assert rank == 0 and "'obj'" in str(exc)
+        except RuntimeError as exc:
+            assert rank == 1 and "TypeError" in str(exc), str(exc)
+
+        # (f) the group is still in step after the failures.
+        again = host._broadcast_batched_data_dict(_broadcast_payload() if rank == 0 else None, group=group)
+        _check_payload(again)
+        dist.barrier()
+    except BaseException:  # noqa: BLE001 - reported to the parent test
+        status = traceback.format_exc()
+    finally:
+        with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as fh:
+            fh.write(status)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.timeout(240)
+def test_two_process_gloo_leader_broadcast(tmp_path: Any) -> None:
+    init_file = str(tmp_path / "rendezvous")
+    ctx = tmp_mp.start_processes(
+        _dist_worker, args=(2, init_file, str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + 180
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise AssertionError("the 2-process broadcast test did not finish within 180 s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+    reports = {r: (tmp_path / f"rank{r}.txt").read_text() for r in range(2)}
+    assert reports == {0: "ok", 1: "ok"}, reports
