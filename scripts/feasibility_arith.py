@@ -63,7 +63,7 @@ def evaluate(model: TinyCausalLM, problems: list[Problem], max_new_tokens: int) 
 
 
 def run_sft(model: TinyCausalLM, args: argparse.Namespace, train: list[Problem], evals: list[Problem],
-            steps: int, t0: float, log: list[dict]) -> None:
+            steps: int, t0: float, c0: float, log: list[dict]) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=args.wd)
     loss_fn = NLLLoss()
     gen = torch.Generator().manual_seed(args.seed)
@@ -84,7 +84,8 @@ def run_sft(model: TinyCausalLM, args: argparse.Namespace, train: list[Problem],
         if step % args.eval_every == 0 or step == steps:
             acc = evaluate(model, evals, args.max_new_tokens)
             rec = {"phase": "sft", "step": step, "loss": round(float(loss.detach()), 4), "acc": acc,
-                   "t": round(time.time() - t0, 1)}
+                   "t": round(time.time() - t0, 1),
+                   "cpu": round(time.process_time() - c0, 1)}
             log.append(rec)
             print(json.dumps(rec), flush=True)
             if args.stop_acc and acc >= args.stop_acc:
@@ -92,7 +93,7 @@ def run_sft(model: TinyCausalLM, args: argparse.Namespace, train: list[Problem],
 
 
 def run_grpo(model: TinyCausalLM, args: argparse.Namespace, train: list[Problem], evals: list[Problem],
-             t0: float, log: list[dict]) -> None:
+             t0: float, c0: float, log: list[dict]) -> None:
     ref = copy.deepcopy(model).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=args.grpo_lr, betas=(0.9, args.grpo_beta2), weight_decay=0.0)
     loss_fn = ClippedPGLossFn(0.2, 0.2, args.kl, token_level_loss=True)
@@ -126,7 +127,8 @@ def run_grpo(model: TinyCausalLM, args: argparse.Namespace, train: list[Problem]
         if step % args.grpo_eval_every == 0 or step == args.grpo_steps:
             acc = evaluate(model, evals, args.max_new_tokens)
             rec = {"phase": "grpo", "step": step, "reward": round(float(rewards.mean()), 3), "acc": acc,
-                   "kl": round(m["kl_penalty"], 4), "t": round(time.time() - t0, 1)}
+                   "kl": round(m["kl_penalty"], 4), "special": sum("<" in r for r in resp), "t": round(time.time() - t0, 1),
+                   "cpu": round(time.process_time() - c0, 1)}
             log.append(rec)
             print(json.dumps(rec), flush=True)
 
@@ -176,12 +178,12 @@ def main() -> None:
         model.load_state_dict(torch.load(args.load_warm))
         print(json.dumps({"phase": "warm", "acc": evaluate(model, evals, args.max_new_tokens)}), flush=True)
     else:
-        run_sft(model, args, train, evals, args.sft_steps, t0, log)
+        run_sft(model, args, train, evals, args.sft_steps, t0, time.process_time(), log)
     if args.save_warm:
         torch.save(model.state_dict(), args.save_warm)
     if args.mode == "grpo":
         t1 = time.time()
-        run_grpo(model, args, train, evals, t1, log)
+        run_grpo(model, args, train, evals, t1, time.process_time(), log)
     print("DONE", json.dumps(vars(args)), flush=True)
 
 

@@ -352,11 +352,11 @@ class DataPlaneContract:
     # --- B.13 put validation ------------------------------------------------------------------
     def test_rejected_puts_write_nothing(self, client: DataPlaneClient, pid: str, read_table: Callable) -> None:
         client.register_partition(pid, ["x", "y"], 3, ["t"])
-        ids = ["a", "b", "c"]
+        ids = ["a", "b", "twice"]
         good = TensorDict({"x": torch.arange(6.0).reshape(3, 2)}, batch_size=(3,))
         with pytest.raises(ValueError) as ei:
-            client.put_samples(["a", "b", "a"], pid, good)
-        assert "'a'" in message(ei)
+            client.put_samples(["twice", "b", "twice"], pid, good)
+        assert "twice" in message(ei)
         assert client.list_sample_ids(pid) == []
         with pytest.raises(ValueError) as ei:
             client.put_samples(ids, pid, TensorDict({"x": torch.zeros(3, 2), "zz": torch.zeros(3)}, batch_size=(3,)))
@@ -402,7 +402,7 @@ class DataPlaneContract:
     # --- B.14 get_samples ---------------------------------------------------------------------
     def test_get_samples_errors(self, client: DataPlaneClient, pid: str) -> None:
         client.register_partition(pid, ["x", "y"], 4, ["t"])
-        ids = ["a", "b", "c", "d"]
+        ids = ["a", "b", "cleared_row", "d"]
         client.put_samples(ids, pid, dense_td(4))
         for bad in ([], None):
             with pytest.raises(ValueError):
@@ -412,10 +412,10 @@ class DataPlaneContract:
         with pytest.raises(KeyError) as ei:
             client.get_samples(["a", "ghost", "b"], pid, ["x"])
         assert "ghost" in message(ei)
-        client.clear_samples(["c"], pid)
+        client.clear_samples(["cleared_row"], pid)
         with pytest.raises(KeyError) as ei:
-            client.get_samples(["a", "c"], pid, ["x"])
-        assert "'c'" in message(ei)
+            client.get_samples(["a", "cleared_row"], pid, ["x"])
+        assert "cleared_row" in message(ei)
         with pytest.raises(KeyError) as ei:
             client.get_samples(["a"], pid, ["x", "y"])  # declared, never produced
         assert "y" in message(ei)
@@ -506,16 +506,16 @@ class DataPlaneContract:
 
     @pytest.mark.timeout(60)
     def test_blocking_claim_times_out(self, client: DataPlaneClient, pid: str) -> None:
-        client.register_partition(pid, ["x"], 2, ["t"])
+        client.register_partition(pid, ["x"], 2, ["waiter"])
         client.put_samples(["a", "b"], pid, dense_td(2))
         start = time.monotonic()
         with pytest.raises(TimeoutError) as ei:
-            client.claim_meta(pid, "t", ["x"], 3, blocking=True, timeout_s=1.0)
+            client.claim_meta(pid, "waiter", ["x"], 3, blocking=True, timeout_s=1.0)
         elapsed = time.monotonic() - start
         assert 0.9 <= elapsed < 10.0
-        assert pid in message(ei) and "'t'" in message(ei)
+        assert pid in message(ei) and "waiter" in message(ei)
         # the timed-out claim took nothing
-        assert client.claim_meta(pid, "t", ["x"], 2, blocking=False).size == 2
+        assert client.claim_meta(pid, "waiter", ["x"], 2, blocking=False).size == 2
 
     # --- B.18 clear ---------------------------------------------------------------------------
     def test_explicit_and_partition_clear(self, client: DataPlaneClient, pid: str, read_table: Callable) -> None:

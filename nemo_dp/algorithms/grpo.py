@@ -177,7 +177,9 @@ def grpo_train(
         logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
     else:
         policy.snapshot_reference_policy()
-        policy.reset_optimizer(float(master_config.policy.optimizer.lr))
+        per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
+        optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
+        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
     loss_cfg = algo.loss
     loss_fn = ClippedPGLossFn(
         ratio_clip_min=float(loss_cfg.ratio_clip_min),

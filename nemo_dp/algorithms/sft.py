@@ -97,7 +97,8 @@ def sft_train(
         )
         logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
     else:
-        policy.reset_optimizer(float(master_config.policy.optimizer.lr))
+        # One optimizer step per SFT step (the loader batch is the global batch).
+        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=max_steps)
     loss_fn = NLLLoss()
     logger.start(max_steps, int(counters["step"]))
 

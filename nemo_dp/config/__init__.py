@@ -138,7 +138,7 @@ def warm_start_config(cfg: DictConfig) -> DictConfig:
     """Derive the SFT configuration of a GRPO run's ``algorithm.warm_start`` phase.
 
     The result is the same root config with ``algorithm`` replaced by an SFT node built from
-    the warm-start keys and ``policy.optimizer.lr`` set to the warm-start learning rate, so the
+    the warm-start keys and ``policy.optimizer.lr`` / ``warmup_steps`` set to the warm-start values, so the
     launcher can select the warm-start trainer through the same factory lookup.
 
     Args:
@@ -167,6 +167,7 @@ def warm_start_config(cfg: DictConfig) -> DictConfig:
     with open_dict(out):
         out.algorithm = sft
     out.policy.optimizer.lr = float(ws.lr)
+    out.policy.optimizer.warmup_steps = int(ws.warmup_steps)
     return out
 
 

@@ -45,6 +45,7 @@ SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
     "modified_first_fit_decreasing",
 )
 OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",)
+LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 ENV_NAMES: tuple[str, ...] = ("arithmetic",)
 MICROBATCH_ORDERS: tuple[str, ...] = ("packer", "largest_first")
 
@@ -99,7 +100,11 @@ class ModelSchema:
 
 @dataclass
 class OptimizerConfig:
-    """``policy.optimizer``: AdamW with optional linear warm-up."""
+    """``policy.optimizer``: AdamW with linear warm-up and a constant or cosine schedule.
+
+    The cosine schedule decays to ``min_lr_ratio x lr`` over the optimizer steps of the phase
+    (the trainer tells the workers how many there are).
+    """
 
     name: str = "adamw"
     lr: float = 1e-3
@@ -108,9 +113,14 @@ class OptimizerConfig:
     beta2: float = 0.999
     eps: float = 1e-8
     warmup_steps: int = 0
+    schedule: str = "constant"
+    min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         _one_of("policy.optimizer.name", self.name, OPTIMIZER_NAMES)
+        _one_of("policy.optimizer.schedule", self.schedule, LR_SCHEDULES)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            _fail("policy.optimizer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio!r}")
         _positive("policy.optimizer.lr", self.lr)
         _at_least("policy.optimizer.weight_decay", self.weight_decay, 0.0)
         for key, value in (("beta1", self.beta1), ("beta2", self.beta2)):
@@ -274,10 +284,12 @@ class WarmStartConfig:
     max_steps: int = 100
     num_train_samples: int = 2000
     lr: float = 1e-3
+    warmup_steps: int = 0
     val_samples: int = 100
 
     def __post_init__(self) -> None:
         _at_least("algorithm.warm_start.max_steps", self.max_steps, 1)
+        _at_least("algorithm.warm_start.warmup_steps", self.warmup_steps, 0)
         _at_least("algorithm.warm_start.num_train_samples", self.num_train_samples, 1)
         _positive("algorithm.warm_start.lr", self.lr)
         _at_least("algorithm.warm_start.val_samples", self.val_samples, 1)

@@ -102,12 +102,18 @@ class CharTokenizer:
         """
         return self.encode(response) + [self.eos_id]
 
-    def decode(self, ids: Iterable[int], stop_at_eos: bool = True) -> str:
-        """Decode ids to text; pad and bos are dropped.
+    def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
+        """Decode ids to text.
+
+        Special tokens inside the text are rendered as ``<pad>`` / ``<bos>`` / ``<eos>`` by
+        default, so that a response containing them never equals a plain answer (an exact-match
+        reward must not be gamed by sprinkling specials that a silent skip would hide).
 
         Args:
             ids: Token ids (ints or 0-d tensors).
-            stop_at_eos: Stop at the first eos (the default) instead of skipping it.
+            stop_at_eos: Stop at the first eos (the default) instead of rendering it.
+            skip_special: Drop pad and bos (and eos when not stopping), e.g. for display of a
+                whole ``[bos] + prompt + ...`` row.
 
         Returns:
             The decoded text.
@@ -120,11 +126,9 @@ class CharTokenizer:
             tid = int(raw)
             if tid < 0 or tid >= len(self._id_to_char):
                 raise ValueError(f"CharTokenizer: token id {tid} outside vocabulary of size {self.vocab_size}")
-            if tid == self.eos_id:
-                if stop_at_eos:
-                    break
-                continue
-            if tid in (self.pad_id, self.bos_id):
+            if tid == self.eos_id and stop_at_eos:
+                break
+            if skip_special and tid in (self.pad_id, self.bos_id, self.eos_id):
                 continue
             out.append(self._id_to_char[tid])
         return "".join(out)

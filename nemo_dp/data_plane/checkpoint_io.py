@@ -28,6 +28,10 @@ API:
   ``read_manifest``, for adapters that read more files.
 
 Leftover ``*.tmp-*`` siblings (from a killed process) are never read by these helpers.
+
+Failure-injection seams used by the shared contract tests (keep their names and call sites):
+``_verify_written(tmp_dir)`` runs after ``write_fn`` and before the renames, and the renames
+go through ``os.replace`` looked up at call time.
 """
 
 from __future__ import annotations
@@ -271,6 +275,10 @@ def resolve_checkpoint_dir(checkpoint_dir: str | PathLike[str]) -> Path:
     raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
 
 
+def _is_int_version(version: Any) -> bool:
+    return isinstance(version, int) and not isinstance(version, bool)
+
+
 def read_manifest(
     checkpoint_dir: str | PathLike[str],
     *,
@@ -312,7 +320,8 @@ def read_manifest(
             f"checkpoint manifest {str(path)!r} has format {fmt!r} (format_version {version!r}), "
             f"expected format {expected_format!r}"
         )
-    if isinstance(version, bool) or not isinstance(version, int) or version not in supported_versions:
+    known = _is_int_version(version) and version in supported_versions
+    if not known:
         raise ValueError(
             f"checkpoint manifest {str(path)!r} has unsupported format_version {version!r} "
             f"for format {fmt!r}; supported: {sorted(supported_versions)}"

@@ -372,7 +372,9 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
     legal = _legal_data_planes(algorithm)
     if not legal:
         known = sorted({alg for alg, _ in TRAINER_REGISTRY})
-        raise ValueError(f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}")
+        raise ValueError(
+            f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}"
+        )
     target = TRAINER_REGISTRY.get((algorithm, kind))
     if target is None:
         reason = _ILLEGAL_REASONS.get((algorithm, kind))

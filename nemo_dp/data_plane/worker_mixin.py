@@ -52,7 +52,7 @@ leader broadcast.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,7 +98,8 @@ def _check_raw(key: str, value: Any, where: str = "value") -> None:
         if value.dtype != object:
             raise TypeError(
                 f"_broadcast_batched_data_dict: field {key!r} ({where}) is an ndarray of dtype "
-                f"{value.dtype}; only object ndarrays travel as raw values (send numbers as tensors)"
+                f"{value.dtype}; only object ndarrays travel as raw values (send numbers as "
+                "tensors)"
             )
         for i, item in enumerate(value.reshape(-1).tolist()):
             _check_raw(key, item, f"{where}[{i}]")
@@ -140,6 +141,38 @@ class TQWorkerMixin:
     dp_client: DataPlaneClient | None = None
     dp_cfg: Any = None
     _dp_train_step_active: bool = False
+
+    if TYPE_CHECKING:  # the host's hooks (module docstring); never defined here at runtime
+        cfg: Any
+
+        def train(
+            self,
+            data: BatchedDataDict,
+            loss_fn: Any,
+            eval_mode: bool = False,
+            gbs: int | None = None,
+            mbs: int | None = None,
+        ) -> dict: ...
+
+        def get_logprobs(
+            self, data: BatchedDataDict, micro_batch_size: int | None = None
+        ) -> Mapping[str, Any]: ...
+
+        def get_reference_policy_logprobs(
+            self, data: BatchedDataDict, micro_batch_size: int | None = None
+        ) -> Mapping[str, Any]: ...
+
+        def get_values(
+            self, data: BatchedDataDict, micro_batch_size: int | None = None
+        ) -> Mapping[str, Any]: ...
+
+        def begin_train_step(self, loss_fn: Any, mbs: int | None = None) -> None: ...
+
+        def train_microbatch(self, data: BatchedDataDict) -> None: ...
+
+        def finish_train_step(self) -> dict: ...
+
+        def abort_train_step(self) -> None: ...
 
     # --- setup --------------------------------------------------------------------------------
     def setup_data_plane(self, cfg: Any) -> None:
@@ -282,7 +315,9 @@ class TQWorkerMixin:
                 f"{type(self).__name__}._get_replica_group() returned None"
             )
         group_size = dist.get_world_size(group) if group is not None else 1
-        broadcast = fetch_policy == "leader_broadcast" or (fetch_policy == "auto" and group_size > 1)
+        broadcast = fetch_policy == "leader_broadcast" or (
+            fetch_policy == "auto" and group_size > 1
+        )
         local = is_local_batch_meta(meta)
         if local and group_size > 1 and not broadcast:
             raise ValueError(
@@ -433,7 +468,9 @@ class TQWorkerMixin:
             if local_error is None:
                 try:
                     if data is None:
-                        raise ValueError("_broadcast_batched_data_dict: the source rank has no data")
+                        raise ValueError(
+                            "_broadcast_batched_data_dict: the source rank has no data"
+                        )
                     descriptor, tensors = self._describe(data)
                 except Exception as exc:  # noqa: BLE001 - propagated to every member below
                     local_error = exc
@@ -452,32 +489,25 @@ class TQWorkerMixin:
                 f"{descriptor[1]}: {descriptor[2]}"
             )
 
-        entries = descriptor[1]
+        # The source keeps its own batch; it only sends.  Receivers rebuild it entry by entry.
         out = BatchedDataDict()
         sent = iter(tensors)
-        for entry in entries:
+
+        def move(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+            return self._broadcast_tensor(
+                next(sent) if is_src else None, dtype, shape, src, group, device, nccl
+            )
+
+        for entry in descriptor[1]:
             key, kind = entry[0], entry[1]
             if kind == "raw":
-                out[key] = data[key] if is_src else entry[2]  # type: ignore[index]
+                out[key] = entry[2]
             elif kind == "tensor":
-                dtype, shape = entry[2], tuple(entry[3])
-                received = self._broadcast_tensor(
-                    next(sent) if is_src else None, dtype, shape, src, group, device, nccl
-                )
-                out[key] = data[key] if is_src else received  # type: ignore[index]
+                out[key] = move(entry[2], tuple(entry[3]))
             elif kind == "jagged":
-                dtype, values_shape, n_offsets = entry[2], tuple(entry[3]), int(entry[4])
-                values = self._broadcast_tensor(
-                    next(sent) if is_src else None, dtype, values_shape, src, group, device, nccl
-                )
-                offsets = self._broadcast_tensor(
-                    next(sent) if is_src else None, torch.int64, (n_offsets,), src, group, device, nccl
-                )
-                out[key] = (
-                    data[key]  # type: ignore[index]
-                    if is_src
-                    else torch.nested.nested_tensor_from_jagged(values, offsets)
-                )
+                values = move(entry[2], tuple(entry[3]))
+                offsets = move(torch.int64, (int(entry[4]),))
+                out[key] = torch.nested.nested_tensor_from_jagged(values, offsets)
             else:  # pragma: no cover - descriptors are built by _describe only
                 raise RuntimeError(f"_broadcast_batched_data_dict: unknown entry kind {kind!r}")
         if is_src:
@@ -486,7 +516,9 @@ class TQWorkerMixin:
         return out
 
     @staticmethod
-    def _describe(data: BatchedDataDict) -> tuple[tuple[str, list[tuple[Any, ...]]], list[torch.Tensor]]:
+    def _describe(
+        data: BatchedDataDict,
+    ) -> tuple[tuple[str, list[tuple[Any, ...]]], list[torch.Tensor]]:
         """Phase-1 descriptor and the phase-2 tensors (in order) of ``data``.
 
         Raises:
@@ -494,7 +526,8 @@ class TQWorkerMixin:
         """
         if not isinstance(data, Mapping):
             raise TypeError(
-                f"_broadcast_batched_data_dict: expected a BatchedDataDict, got {type(data).__name__}"
+                "_broadcast_batched_data_dict: expected a BatchedDataDict, got "
+                f"{type(data).__name__}"
             )
         entries: list[tuple[Any, ...]] = []
         tensors: list[torch.Tensor] = []
@@ -502,7 +535,9 @@ class TQWorkerMixin:
             if isinstance(value, torch.Tensor):
                 if value.is_nested:
                     values, offsets = _compact_jagged(value.detach())
-                    entries.append((key, "jagged", value.dtype, tuple(values.shape), int(offsets.numel())))
+                    entries.append(
+                        (key, "jagged", value.dtype, tuple(values.shape), int(offsets.numel()))
+                    )
                     tensors.extend([values, offsets.to(torch.int64)])
                 else:
                     entries.append((key, "tensor", value.dtype, tuple(value.shape)))
@@ -619,7 +654,11 @@ class TQWorkerMixin:
         if not self._is_replica_leader():
             return
         if not isinstance(result, Mapping) or result_key not in result:
-            got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
+            got = (
+                sorted(map(str, result.keys()))
+                if isinstance(result, Mapping)
+                else type(result).__name__
+            )
             raise RuntimeError(
                 f"write-back of {field!r}: expected a Mapping holding {result_key!r} from the "
                 f"worker's compute method, got {got}"
@@ -664,7 +703,7 @@ class TQWorkerMixin:
             The host's training metrics.
         """
         data = self._fetch_planned(meta)
-        return self.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)  # type: ignore[attr-defined]
+        return self.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)
 
     def get_logprobs_presharded(
         self, meta: KVBatchMeta, micro_batch_size: int | None = None
@@ -676,7 +715,7 @@ class TQWorkerMixin:
             micro_batch_size: Rows per forward pass (without a plan).
         """
         data = self._fetch_planned(meta)
-        result = self.get_logprobs(data, micro_batch_size=micro_batch_size)  # type: ignore[attr-defined]
+        result = self.get_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="logprobs", field=PREV_LOGPROBS)
 
     def get_reference_policy_logprobs_presharded(
@@ -690,7 +729,7 @@ class TQWorkerMixin:
             micro_batch_size: Rows per forward pass (without a plan).
         """
         data = self._fetch_planned(meta)
-        result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)  # type: ignore[attr-defined]
+        result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(
             meta, result, result_key="reference_logprobs", field=REFERENCE_POLICY_LOGPROBS
         )
@@ -703,7 +742,7 @@ class TQWorkerMixin:
             micro_batch_size: Rows per forward pass (without a plan).
         """
         data = self._fetch_planned(meta)
-        result = self.get_values(data, micro_batch_size=micro_batch_size)  # type: ignore[attr-defined]
+        result = self.get_values(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="values", field=VALUES)
 
     # --- split training API -------------------------------------------------------------------
@@ -727,7 +766,7 @@ class TQWorkerMixin:
                 f"{type(self).__name__}: a presharded train step is already active; call "
                 "finish_train_step_presharded() or abort_train_step_presharded() first"
             )
-        self.begin_train_step(loss_fn, mbs=mbs)  # type: ignore[attr-defined]
+        self.begin_train_step(loss_fn, mbs=mbs)
         self._dp_train_step_active = True
 
     def train_microbatch_presharded(self, meta: KVBatchMeta) -> None:
@@ -745,7 +784,7 @@ class TQWorkerMixin:
                 "step; call begin_train_step_presharded() first"
             )
         data = self._fetch_planned(meta)
-        self.train_microbatch(data)  # type: ignore[attr-defined]
+        self.train_microbatch(data)
 
     def finish_train_step_presharded(self) -> dict:
         """Reduce gradients and step the optimizer (``finish_train_step``).
@@ -764,7 +803,7 @@ class TQWorkerMixin:
                 f"{type(self).__name__}: finish_train_step_presharded called without an active "
                 "step; call begin_train_step_presharded() first"
             )
-        metrics = dict(self.finish_train_step())  # type: ignore[attr-defined]
+        metrics = dict(self.finish_train_step())
         self._dp_train_step_active = False
         metrics["is_replica_leader"] = self._is_replica_leader()
         return metrics
@@ -773,7 +812,7 @@ class TQWorkerMixin:
         """Drop accumulated gradients and end the step (idempotent; no-op without a step)."""
         if not self._dp_train_step_active:
             return
-        self.abort_train_step()  # type: ignore[attr-defined]
+        self.abort_train_step()
         self._dp_train_step_active = False
 
     # --- observability ------------------------------------------------------------------------
@@ -782,4 +821,4 @@ class TQWorkerMixin:
         client = self.dp_client
         if client is None or not is_metrics_client(client):
             return None
-        return client.snapshot()  # type: ignore[attr-defined]
+        return client.snapshot()

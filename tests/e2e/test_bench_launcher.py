@@ -56,19 +56,23 @@ def test_bench_local_and_memcpy_report(tmp_path: Path) -> None:
         assert 0 < r["min_ms"] <= r["median_ms"] <= max(r["times_ms"])
         assert r["nbytes"] >= 0.9 * r["size_mib"] * (1 << 20)
         assert r["mb_per_s"] == pytest.approx(r["nbytes"] / 1e6 / (r["median_ms"] / 1000))
-        assert r["time_vs_tq_raw"] is None
+        assert r["time_vs_tq_raw"] is None and r["time_vs_tq_raw_min"] is None
         if r["backend"] == "memcpy":
             assert r["tput_vs_memcpy"] == pytest.approx(1.0)
+            assert r["tput_vs_memcpy_min"] == pytest.approx(1.0)
         else:
             copy = next(
                 c
                 for c in report["results"]
-                if c["backend"] == "memcpy" and c["payload"] == r["payload"] and c["size_mib"] == r["size_mib"]
+                if c["backend"] == "memcpy"
+                and (c["payload"], c["size_mib"]) == (r["payload"], r["size_mib"])
             )
             assert r["tput_vs_memcpy"] == pytest.approx(copy["median_ms"] / r["median_ms"])
+            assert r["tput_vs_memcpy_min"] == pytest.approx(copy["min_ms"] / r["min_ms"])
     jagged_rows = {r["rows"] for r in report["results"] if r["payload"] == "jagged"}
     assert all(n > 1 for n in jagged_rows)
-    assert all(t["met"] is None for t in report["targets"])  # nothing at 64 MiB was measured
+    # nothing at 64 MiB was measured
+    assert all(t["met"] is None and t["met_min"] is None for t in report["targets"])
     assert "local" in proc.stdout and "x memcpy" in proc.stdout
 
 
@@ -89,6 +93,7 @@ def test_bench_reports_local_target_at_64_mib(tmp_path: Path) -> None:
     for t in local_targets:
         assert isinstance(t["value"], float) and isinstance(t["met"], bool)
         assert t["met"] == (t["value"] >= 0.7)
+        assert t["met_min"] == (t["value_min"] >= 0.7)
     tq_targets = [t for t in report["targets"] if t["target"].startswith("transfer_queue")]
     assert tq_targets and all(t["met"] is None for t in tq_targets)
 

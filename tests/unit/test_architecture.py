@@ -79,7 +79,7 @@ def _run_fresh(code: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# --- 54: runtime import hygiene --------------------------------------------------------------------
+# --- 54: runtime import hygiene ------------------------------------------------------------
 
 
 @pytest.mark.timeout(300)
@@ -195,7 +195,7 @@ def test_transfer_queue_env_imports_only_stdlib() -> None:
         assert not (isinstance(node, ast.ImportFrom) and node.level > 0), "relative import"
 
 
-# --- 79: no no-op client ------------------------------------------------------------------------------
+# --- 79: no no-op client -------------------------------------------------------------------
 
 
 def _client_subclasses() -> dict[str, str]:
@@ -225,7 +225,9 @@ def test_only_real_adapters_and_the_wrapper_implement_the_client() -> None:
 def test_build_data_plane_client_returns_only_adapters_or_wrapper() -> None:
     tree = ast.parse(FACTORY.read_text(), str(FACTORY))
     (fn,) = [
-        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "build_data_plane_client"
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef) and n.name == "build_data_plane_client"
     ]
     returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return)]
     assert returns, "build_data_plane_client has no return"

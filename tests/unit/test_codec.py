@@ -329,7 +329,7 @@ def packed_cases(draw: st.DrawFn) -> tuple[torch.Tensor, list[int], int]:
     lengths = draw(st.lists(st.integers(0, 12), min_size=n, max_size=n))
     extra = draw(st.integers(0, 3))
     width = max(lengths) + extra
-    dtype = draw(st.sampled_from(DTYPES))
+    dtype = draw(st.sampled_from(DTYPES + [torch.bool]))
     trailing = draw(st.sampled_from([(), (2,), (1, 3)]))
     seed = draw(st.integers(0, 10_000))
     if width == 0:
@@ -376,7 +376,8 @@ def test_property_pad_to_seqlen_pads_never_truncates(case, target) -> None:
     assert out["rect"].shape[1] == max(width, target)
     assert torch.equal(out["rect"][:, :width], rect)
     if target > width:
-        assert bool((out["rect"][:, width:] == 4).all())
+        tail = out["rect"][:, width:]
+        assert torch.equal(tail, torch.full(tail.shape, 4, dtype=rect.dtype))
 
 
 @pytest.mark.parametrize("threshold", [1, 10**9])
@@ -391,3 +392,15 @@ def test_materialize_non_contiguous_jagged(monkeypatch: pytest.MonkeyPatch, thre
     out = materialize(td, pad_value_dict={"input_ids": -9}, pad_to_seqlen=7)["input_ids"]
     assert out.dtype == torch.int32
     assert torch.equal(out, _reference_padded(padded, lengths, -9, 7))
+
+
+def test_lengths_as_python_lists() -> None:
+    nt = to_nested_by_length(torch.zeros(0, 3), [])
+    assert nt.is_nested and nt.size(0) == 0
+    td = pack_jagged_fields({"advantages": torch.ones(2, 4)}, lengths=[1, np.int64(3)],  # type: ignore[arg-type]
+                            token_aligned_fields=TOKEN_ALIGNED_FIELDS)
+    assert [r.numel() for r in td.get("advantages").unbind()] == [1, 3]
+    with pytest.raises(ValueError, match="integers"):
+        to_nested_by_length(torch.zeros(2, 4), [1.5, 2])
+    with pytest.raises(ValueError, match="integers"):
+        to_nested_by_length(torch.zeros(2, 4), torch.tensor([1.0, 2.0]))

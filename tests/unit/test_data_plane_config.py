@@ -54,7 +54,8 @@ def test_group_files_exist() -> None:
         "local.yaml",
         "tq.yaml",
     ]
-    for name, schema in (("disabled", "disabled_schema"), ("local", "local_schema"), ("tq", "tq_schema")):
+    options = (("disabled", "disabled_schema"), ("local", "local_schema"), ("tq", "tq_schema"))
+    for name, schema in options:
         loaded = OmegaConf.load(CONF / "data_plane" / f"{name}.yaml")
         assert list(loaded.defaults) == [schema, "_self_"], name
 
@@ -136,7 +137,8 @@ def test_force_added_key_is_rejected_by_the_factory(conf_dir: Path) -> None:
 def test_unknown_key_in_a_group_file_fails_at_compose(conf_dir: Path) -> None:
     (conf_dir / "data_plane").mkdir()
     (conf_dir / "data_plane" / "tq_typo.yaml").write_text(
-        "defaults:\n  - tq_schema\n  - _self_\nsimple:\n  num_storage_units: 1\n  storage_capacty: 5\n"
+        "defaults:\n  - tq_schema\n  - _self_\n"
+        "simple:\n  num_storage_units: 1\n  storage_capacty: 5\n"
     )
     with pytest.raises(ConfigCompositionException) as info:
         _compose(conf_dir, ["data_plane=tq_typo"])

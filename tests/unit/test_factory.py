@@ -125,7 +125,7 @@ def test_coerce_errors_name_key() -> None:
         coerce_data_plane_config(42)
 
 
-# --- 47 / 48 / 49: build_data_plane_client ---------------------------------------------------------
+# --- 47 / 48 / 49: build_data_plane_client -------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -305,7 +305,9 @@ def test_unknown_algorithm_and_missing_algorithm() -> None:
     with pytest.raises(ValueError, match="algorithm"):
         validate_trainer_selection({"data_plane": None})
     with pytest.raises(ValueError, match="unknown data_plane impl"):
-        validate_trainer_selection({"algorithm": "grpo", "data_plane": {"enabled": True, "impl": "x"}})
+        validate_trainer_selection(
+            {"algorithm": "grpo", "data_plane": {"enabled": True, "impl": "x"}}
+        )
 
 
 def test_validate_does_not_import(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -323,7 +325,9 @@ def test_trainer_not_landed_is_a_clear_error(
     monkeypatch.setitem(
         factory.TRAINER_REGISTRY, ("grpo", "transfer_queue"), "nemo_dp_no_such_module:fn"
     )
-    with pytest.raises(TrainerNotAvailableError, match="has not landed yet.*nemo_dp_no_such_module"):
+    with pytest.raises(
+        TrainerNotAvailableError, match="has not landed yet.*nemo_dp_no_such_module"
+    ):
         select_sync_trainer({"algorithm": {"name": "grpo"}, "data_plane": TQ_DICT})
     monkeypatch.setitem(factory.TRAINER_REGISTRY, ("grpo", "transfer_queue"), "json:no_such_fn")
     with pytest.raises(TrainerNotAvailableError, match="no attribute 'no_such_fn'"):
@@ -344,11 +348,13 @@ def test_describe_selection() -> None:
         "trainer": "nemo_dp.algorithms.grpo_sync:grpo_train_sync",
         "policy_factory": "nemo_dp.models.policy.tq_policy:TQPolicy",
     }
-    local = describe_selection({"algorithm": "sft", "data_plane": {"enabled": True, "impl": "local"}})
+    local = describe_selection(
+        {"algorithm": "sft", "data_plane": {"enabled": True, "impl": "local"}}
+    )
     assert local["backend"] == "local (process-local store)"
 
 
-# --- 52: make_policy_factory ------------------------------------------------------------------------
+# --- 52: make_policy_factory ---------------------------------------------------------------
 
 
 def test_make_policy_factory_disabled() -> None:
@@ -358,7 +364,9 @@ def test_make_policy_factory_disabled() -> None:
 
 
 @pytest.mark.parametrize(
-    "cfg", [LocalDataPlaneConfig(), _tq_cfg(), OmegaConf.create(TQ_DICT)], ids=["local", "tq", "dictconfig"]
+    "cfg",
+    [LocalDataPlaneConfig(), _tq_cfg(), OmegaConf.create(TQ_DICT)],
+    ids=["local", "tq", "dictconfig"],
 )
 def test_make_policy_factory_builds_tqpolicy_with_exact_kwargs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: object
@@ -388,7 +396,7 @@ def test_default_policy_path_points_at_tq_policy() -> None:
     assert factory.POLICY_CLASS_PATH == "nemo_dp.models.policy.tq_policy:TQPolicy"
 
 
-# --- 53: maybe_configure_data_plane_env / transfer_queue_env -----------------------------------------
+# --- 53: maybe_configure_data_plane_env / transfer_queue_env --------------------------------
 
 
 @pytest.mark.parametrize(
@@ -416,7 +424,8 @@ EXPECTED_DEFAULT_KNOBS = {
 
 @pytest.mark.parametrize("form", ["dataclass", "dict", "dictconfig"])
 def test_configure_env_sets_missing_knobs(clean_knobs: None, form: str) -> None:
-    cfg: object = {"dataclass": _tq_cfg(), "dict": TQ_DICT, "dictconfig": OmegaConf.create(TQ_DICT)}[form]
+    forms = {"dataclass": _tq_cfg(), "dict": TQ_DICT, "dictconfig": OmegaConf.create(TQ_DICT)}
+    cfg: object = forms[form]
     assert "transfer_queue" not in sys.modules
     effective = maybe_configure_data_plane_env(cfg)
     assert effective == EXPECTED_DEFAULT_KNOBS
@@ -437,6 +446,25 @@ def test_configure_env_keeps_exported_values(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1  # TQ_NUM_THREADS agrees with the config: no warning for it
     assert "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT" in warnings[0]
+
+
+def test_exported_non_integer_knob_is_rejected_before_writing(
+    clean_knobs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TQ_SIMPLE_STORAGE_PROBE_TIMEOUT", "2.5")
+    with pytest.raises(ValueError, match="TQ_SIMPLE_STORAGE_PROBE_TIMEOUT='2.5'.*int"):
+        maybe_configure_data_plane_env(_tq_cfg())
+    assert [name for name in KNOBS if name in os.environ] == ["TQ_SIMPLE_STORAGE_PROBE_TIMEOUT"]
+
+
+def test_exported_equal_value_in_other_spelling_does_not_warn(
+    clean_knobs: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TQ_DATA_UPDATE_RESPONSE_TIMEOUT", " 015 ")
+    with caplog.at_level(logging.WARNING, logger=tqenv.__name__):
+        effective = maybe_configure_data_plane_env(_tq_cfg())
+    assert effective["TQ_DATA_UPDATE_RESPONSE_TIMEOUT"] == " 015 "
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
 
 
 def test_knob_values_are_decimal_integers() -> None:

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from nemo_dp.data_plane.adapters.local import (
@@ -424,3 +426,39 @@ def test_reserved_prefix_and_closed_message() -> None:
     assert str(ei.value) == "Local data-plane client is closed."
     with pytest.raises(TypeError):
         LocalDataPlaneClient({"impl": "local"})  # type: ignore[arg-type]
+
+
+# --- reads of arbitrary row selections (contiguous-run fast path vs gather) -------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=5), min_size=1, max_size=12),
+    data=st.data(),
+)
+def test_any_selection_reads_back_exactly(lengths: list[int], data: st.DataObject) -> None:
+    n = len(lengths)
+    ids = [f"r{i}" for i in range(n)]
+    dense = torch.arange(n * 3, dtype=torch.int64).reshape(n, 3)
+    rows = [torch.arange(k, dtype=torch.float32) + 10 * i for i, k in enumerate(lengths)]
+    c = make_client(1)
+    c.register_partition("p", ["d", "j", "o"], n, ["t"])
+    td = TensorDict(
+        {
+            "d": dense,
+            "j": torch.nested.nested_tensor(rows, layout=torch.jagged),
+            "o": NonTensorStack.from_list([{"i": i} for i in range(n)]),
+        },
+        batch_size=(n,),
+    )
+    c.put_samples(ids, "p", td)
+    cleared = data.draw(st.lists(st.sampled_from(ids), unique=True, max_size=n - 1))
+    if cleared:
+        c.clear_samples(cleared, "p")
+    live = [i for i in range(n) if ids[i] not in cleared]
+    picked = data.draw(st.lists(st.sampled_from(live), unique=True, min_size=1))
+    out = c.get_samples([ids[i] for i in picked], "p", ["d", "j", "o"])
+    assert torch.equal(out["d"], dense[picked])
+    assert [r.tolist() for r in out.get("j").unbind()] == [rows[i].tolist() for i in picked]
+    assert out.get("o").data == [{"i": i} for i in picked]
+    c.close()

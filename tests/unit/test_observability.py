@@ -21,6 +21,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from nemo_dp.data_plane import observability
+from nemo_dp.data_plane.adapters import local
 from nemo_dp.data_plane.interfaces import (
     DataPlaneClient,
     DataPlaneUnavailableError,
@@ -35,7 +36,6 @@ from nemo_dp.data_plane.observability import (
     payload_nbytes,
 )
 
-local = pytest.importorskip("nemo_dp.data_plane.adapters.local")
 
 EVENT_KEYS = {"op", "partition_id", "n_keys", "n_bytes", "wall_ms", "status"}
 
@@ -139,7 +139,8 @@ class _FailingClient(DataPlaneClient):
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
         raise self.exc
 
-    register_partition = claim_meta = get_data = check_consumption_status = _fail  # type: ignore[assignment]
+    register_partition = claim_meta = get_data = _fail  # type: ignore[assignment]
+    check_consumption_status = _fail  # type: ignore[assignment]
     put_samples = get_samples = list_sample_ids = clear_samples = _fail  # type: ignore[assignment]
     save_checkpoint = load_checkpoint = close = _fail  # type: ignore[assignment]
 
@@ -209,7 +210,9 @@ def test_payload_bytes_nested_and_non_tensor() -> None:
     assert payload_nbytes(None) == 0
     events: list[dict] = []
     client = _wrapped(events)
-    client.register_partition("p", fields=["tok", "lp", "content"], num_samples=2, consumer_tasks=[])
+    client.register_partition(
+        "p", fields=["tok", "lp", "content"], num_samples=2, consumer_tasks=[]
+    )
     client.put_samples(["a", "b"], "p", td)
     assert events[-1]["n_bytes"] == 80
     client.get_samples(["a", "b"], "p", ["content"])

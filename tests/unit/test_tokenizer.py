@@ -26,9 +26,18 @@ def test_prompt_response_layout_and_decode_stops_at_eos() -> None:
     ids = tok.encode_prompt("1+1=") + tok.encode_response("2") + [tok.pad_id, tok.pad_id]
     assert ids[0] == tok.bos_id
     assert ids[-3] == tok.eos_id
-    assert tok.decode(ids) == "1+1=2"
-    assert tok.decode(ids[:-3] + [tok.eos_id] + tok.encode("9")) == "1+1=2"
-    assert tok.decode(ids[:-3] + [tok.eos_id] + tok.encode("9"), stop_at_eos=False) == "1+1=29"
+    assert tok.decode(ids) == "<bos>1+1=2"
+    assert tok.decode(ids, skip_special=True) == "1+1=2"
+    assert tok.decode(ids[:-3] + [tok.eos_id] + tok.encode("9"), skip_special=True) == "1+1=2"
+    assert tok.decode(ids[:-3] + [tok.eos_id] + tok.encode("9"), stop_at_eos=False) == "<bos>1+1=2<eos>9"
+    assert tok.decode(ids[:-3] + [tok.eos_id] + tok.encode("9"), stop_at_eos=False, skip_special=True) == "1+1=29"
+
+
+def test_specials_inside_a_response_are_visible() -> None:
+    # An exact-match reward must not accept "4<pad>2" or "<bos>42" as "42".
+    tok = CharTokenizer()
+    assert tok.decode(tok.encode("4") + [tok.pad_id] + tok.encode("2") + [tok.eos_id]) == "4<pad>2"
+    assert tok.decode([tok.bos_id] + tok.encode("42")) == "<bos>42"
 
 
 def test_unknown_character_is_named() -> None:

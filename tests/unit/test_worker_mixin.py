@@ -39,7 +39,6 @@ from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
 from nemo_dp.data_plane.codec import materialize
 from nemo_dp.data_plane.column_io import first_write
 from nemo_dp.data_plane.driver_mixin import isolated_copy
-from nemo_dp.data_plane.factory import build_data_plane_client
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta, LocalDataPlaneConfig
 from nemo_dp.data_plane.observability import MetricsDataPlaneClient
 from nemo_dp.data_plane.preshard import shard_meta_for_dp

@@ -112,22 +112,17 @@ def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> 
     leaves: dict[str, Any] = {}
     for name, value in fields.items():
         _check_name(name, "field name")
-        if isinstance(value, torch.Tensor):
-            if value.dim() == 0:
-                raise ValueError(f"Local field {name!r} is a 0-d tensor; it has no batch dimension.")
-            rows = value.size(0)
-            leaves[name] = value
-        else:
-            if isinstance(value, np.ndarray) and value.ndim == 0:
-                raise ValueError(f"Local field {name!r} is a 0-d array; it has no batch dimension.")
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-                raise ValueError(
-                    f"Local field {name!r} ({type(value).__name__}) has no batch dimension."
-                )
-            rows = len(value)
-            leaves[name] = NonTensorData(value, batch_size=(batch_size,))
+        is_tensor = isinstance(value, torch.Tensor)
+        if (is_tensor or isinstance(value, np.ndarray)) and value.ndim == 0:
+            raise ValueError(f"Local field {name!r} is 0-d; it has no batch dimension.")
+        if not is_tensor and (isinstance(value, (str, bytes)) or not hasattr(value, "__len__")):
+            raise ValueError(
+                f"Local field {name!r} ({type(value).__name__}) has no batch dimension."
+            )
+        rows = value.size(0) if is_tensor else len(value)
         if rows != batch_size:
             raise ValueError(f"Local field {name!r} has batch size {rows}, expected {batch_size}.")
+        leaves[name] = value if is_tensor else NonTensorData(value, batch_size=(batch_size,))
     return TensorDict(leaves, batch_size=(batch_size,))
 
 
@@ -148,10 +143,16 @@ def _check_names(values: Any, what: str) -> list[str]:
     """A sequence of names (not a bare str); each a non-empty str."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{what} must be a sequence of str, got {type(values).__name__}")
-    return [_check_name(v, f"{what} entry") for v in values]
+    out = list(values)
+    # fast path in C for the common case (large id lists); the loop below names the culprit
+    if set(map(type, out)) <= {str} and "" not in out:
+        return out
+    return [_check_name(v, f"{what} entry") for v in out]
 
 
 def _duplicates(values: Sequence[str]) -> list[str]:
+    if len(set(values)) == len(values):
+        return []
     seen: set[str] = set()
     dups: set[str] = set()
     for v in values:
@@ -401,6 +402,7 @@ class _Partition:
 class _PendingPut:
     """A fully validated put, ready to be committed."""
 
+    row_of: dict[str, int]
     columns: dict[str, _Column]
     tags: list[dict[str, Any]] | None
 
@@ -424,7 +426,9 @@ def _classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
                 f"of {n} values, got {type(data).__name__}"
             )
         if len(values) != n:
-            raise ValueError(f"field {name!r}: NonTensorData column holds {len(values)} values, expected {n}")
+            raise ValueError(
+                f"field {name!r}: NonTensorData column holds {len(values)} values, expected {n}"
+            )
         return _OBJECT_KIND, values
     if isinstance(leaf, TensorDictBase):
         raise TypeError(f"field {name!r}: nested TensorDict leaves are not supported; flatten them")
@@ -453,7 +457,9 @@ class LocalDataPlaneClient(DataPlaneClient):
 
     def __init__(self, cfg: LocalDataPlaneConfig) -> None:
         if not isinstance(cfg, LocalDataPlaneConfig):
-            raise TypeError(f"LocalDataPlaneClient needs a LocalDataPlaneConfig, got {type(cfg).__name__}")
+            raise TypeError(
+                f"LocalDataPlaneClient needs a LocalDataPlaneConfig, got {type(cfg).__name__}"
+            )
         self._cfg = cfg
         self._max_partitions = cfg.max_partitions
         self._lock = threading.Lock()
@@ -560,14 +566,18 @@ class LocalDataPlaneClient(DataPlaneClient):
         if enums is None:
             return {}
         if not isinstance(enums, Mapping):
-            raise TypeError(f"enums must be a mapping field -> vocabulary, got {type(enums).__name__}")
+            raise TypeError(
+                f"enums must be a mapping field -> vocabulary, got {type(enums).__name__}"
+            )
         out: dict[str, tuple[str, ...]] = {}
         for name, words in enums.items():
             _check_name(name, "enums key")
             if name not in field_names:
                 raise ValueError(f"enums key {name!r} is not a declared field ({list(field_names)})")
             if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
-                raise TypeError(f"enums[{name!r}] must be a sequence of str, got {type(words).__name__}")
+                raise TypeError(
+                    f"enums[{name!r}] must be a sequence of str, got {type(words).__name__}"
+                )
             for w in words:
                 if not isinstance(w, str):
                     raise TypeError(f"enums[{name!r}] entry {w!r} is not a str")
@@ -662,7 +672,8 @@ class LocalDataPlaneClient(DataPlaneClient):
                 and col.data.dim() == 1
                 and _is_integer_dtype(col.data.dtype)
             ):
-                lengths = [int(col.data[part.row_of[sid]]) for sid in ids]
+                stored = col.data.tolist()
+                lengths = [int(stored[part.row_of[sid]]) for sid in ids]
         return KVBatchMeta(
             part.partition_id,
             task_name,
@@ -764,10 +775,17 @@ class LocalDataPlaneClient(DataPlaneClient):
             raise ValueError("put_samples: give fields, tags or both (got neither)")
         if fields is not None and not isinstance(fields, TensorDictBase):
             raise TypeError(f"put_samples: fields must be a TensorDict, got {type(fields).__name__}")
-        if tags is not None and (isinstance(tags, (str, bytes, Mapping)) or not isinstance(tags, Sequence)):
-            raise TypeError(f"put_samples: tags must be a sequence of dicts, got {type(tags).__name__}")
-        if dup := _duplicates(ids):
-            raise ValueError(f"put_samples: duplicate sample ids in one put: {_listed(dup)}")
+        if tags is not None and (
+            isinstance(tags, (str, bytes, Mapping)) or not isinstance(tags, Sequence)
+        ):
+            raise TypeError(
+                f"put_samples: tags must be a sequence of dicts, got {type(tags).__name__}"
+            )
+        row_of = dict(zip(ids, range(n)))  # doubles as the duplicate check
+        if len(row_of) != n:
+            raise ValueError(
+                f"put_samples: duplicate sample ids in one put: {_listed(_duplicates(ids))}"
+            )
         if fields is not None and (fields.batch_dims != 1 or fields.batch_size[0] != n):
             raise ValueError(
                 f"put_samples: fields.batch_size {tuple(fields.batch_size)} does not match "
@@ -827,13 +845,15 @@ class LocalDataPlaneClient(DataPlaneClient):
                 columns[name] = _ObjectColumn(copy.deepcopy(payload))
             else:
                 columns[name] = _store_tensor(name, payload)
-        return _PendingPut(columns, copy.deepcopy([dict(t) for t in tags]) if tags is not None else None)
+        return _PendingPut(
+            row_of, columns, copy.deepcopy([dict(t) for t in tags]) if tags is not None else None
+        )
 
     def _commit_put(
         self, part: _Partition, ids: list[str], pending: _PendingPut, has_fields: bool
     ) -> KVBatchMeta:
         part.written = True
-        part.row_of = {sid: i for i, sid in enumerate(ids)}
+        part.row_of = pending.row_of
         part.columns = pending.columns
         part.field_kinds = {name: col.kind for name, col in pending.columns.items()}
         if pending.tags is not None:
@@ -887,19 +907,21 @@ class LocalDataPlaneClient(DataPlaneClient):
             raise ValueError(f"get_samples: duplicate select_fields: {dup}")
         if not ids:
             return 0, [], _Selection([])
-        if missing := [sid for sid in ids if sid not in part.row_of]:
+        row_of = part.row_of
+        try:
+            positions = [row_of[sid] for sid in ids]
+        except KeyError:
+            missing = [sid for sid in ids if sid not in row_of]
             raise KeyError(
                 f"get_samples: {len(missing)} unknown or cleared sample ids in partition "
                 f"{part.partition_id!r}: {_listed(missing)}"
-            )
+            ) from None
         if unproduced := [f for f in names if f not in part.columns]:
             raise KeyError(
                 f"get_samples: fields {unproduced} have not been produced in partition "
                 f"{part.partition_id!r} (produced: {sorted(part.columns)})"
             )
-        row_of = part.row_of
-        sel = _Selection.of([row_of[sid] for sid in ids])
-        return len(ids), [(f, part.columns[f]) for f in names], sel
+        return len(ids), [(f, part.columns[f]) for f in names], _Selection.of(positions)
 
     @staticmethod
     def _build(plan: tuple[int, list[tuple[str, _Column]], _Selection]) -> TensorDict:
@@ -977,7 +999,9 @@ class LocalDataPlaneClient(DataPlaneClient):
 
         write_checkpoint_atomically(checkpoint_dir, write)
 
-    def _snapshot(self, user_metadata: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def _snapshot(
+        self, user_metadata: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         tensors: dict[str, torch.Tensor] = {}
         records: list[dict[str, Any]] = []
         for p_index, part in enumerate(self._partitions.values()):
@@ -1027,7 +1051,8 @@ class LocalDataPlaneClient(DataPlaneClient):
                     "sample_ids": ids,
                     "tags": [part.tags.get(sid) for sid in ids],
                     "cursors": {
-                        t: [sid for sid in ids if sid in part.claimed[t]] for t in part.consumer_tasks
+                        t: [sid for sid in ids if sid in part.claimed[t]]
+                        for t in part.consumer_tasks
                     },
                     "field_kinds": dict(part.field_kinds),
                     "columns": columns,
@@ -1103,7 +1128,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _str_list(v: Any, where: str, what: str) -> list[str]:
-    _expect(isinstance(v, list) and all(isinstance(x, str) and x for x in v), where, f"{what} must be a list of non-empty str")
+    ok = isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+    _expect(ok, where, f"{what} must be a list of non-empty str")
     _expect(not _duplicates(v), where, f"{what} has duplicates")
     return list(v)
 
@@ -1119,7 +1145,8 @@ def _load_tensor_file(path: Path) -> dict[str, torch.Tensor]:
             f"(weights-only): {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(loaded, dict) or not all(
-        isinstance(k, str) and type(v) is torch.Tensor and not v.is_nested for k, v in loaded.items()
+        isinstance(k, str) and type(v) is torch.Tensor and not v.is_nested
+        for k, v in loaded.items()
     ):
         raise ValueError(f"checkpoint tensor file {str(path)!r} is not a flat dict of tensors")
     return loaded
@@ -1144,8 +1171,13 @@ def _restore(
     partitions: dict[str, _Partition] = {}
     for r_index, rec in enumerate(records):
         part = _restore_partition(rec, f"{where} partitions[{r_index}]", tensors, tensor_path)
-        _expect(part.partition_id not in partitions, where, f"partition {part.partition_id!r} appears twice")
-        _expect(part.generation < next_generation, where, f"generation of {part.partition_id!r} is not below next_generation")
+        pid = part.partition_id
+        _expect(pid not in partitions, where, f"partition {pid!r} appears twice")
+        _expect(
+            part.generation < next_generation,
+            where,
+            f"generation of {pid!r} is not below next_generation",
+        )
         partitions[part.partition_id] = part
     gens = [p.generation for p in partitions.values()]
     _expect(len(set(gens)) == len(gens), where, "partition generations are not unique")
@@ -1157,13 +1189,15 @@ def _restore_partition(
 ) -> _Partition:
     _expect(isinstance(rec, dict), where, "must be an object")
     pid = rec.get("partition_id")
-    _expect(isinstance(pid, str) and bool(pid) and not pid.startswith(RESERVED_PREFIX), where, "bad partition_id")
+    ok_pid = isinstance(pid, str) and bool(pid) and not pid.startswith(RESERVED_PREFIX)
+    _expect(ok_pid, where, "bad partition_id")
     fields = _str_list(rec.get("fields"), where, "fields")
     tasks = _str_list(rec.get("consumer_tasks"), where, "consumer_tasks")
     num_samples = rec.get("num_samples")
     _expect(_is_int(num_samples) and num_samples >= 1, where, "bad num_samples")
     group = rec.get("grpo_group_size")
-    _expect(group is None or (_is_int(group) and group >= 1 and num_samples % group == 0), where, "bad grpo_group_size")
+    ok_group = group is None or (_is_int(group) and group >= 1 and num_samples % group == 0)
+    _expect(ok_group, where, "bad grpo_group_size")
     generation = rec.get("generation")
     _expect(_is_int(generation) and generation >= 1, where, "bad generation")
     written = rec.get("written")
@@ -1179,24 +1213,32 @@ def _restore_partition(
     ids = _str_list(ids, where, "sample_ids")
     _expect(written or not ids, where, "rows present in an unwritten partition")
     tags_rec = rec.get("tags")
-    _expect(isinstance(tags_rec, list) and len(tags_rec) == len(ids), where, "tags must align with sample_ids")
+    ok_tags = isinstance(tags_rec, list) and len(tags_rec) == len(ids)
+    _expect(ok_tags, where, "tags must align with sample_ids")
     tags: dict[str, dict[str, Any]] = {}
     for sid, tag in zip(ids, tags_rec):
-        _expect(tag is None or isinstance(tag, dict), where, f"tag of {sid!r} must be an object or null")
+        ok_tag = tag is None or isinstance(tag, dict)
+        _expect(ok_tag, where, f"tag of {sid!r} must be an object or null")
         if tag is not None:
             tags[sid] = tag
     cursors = rec.get("cursors")
-    _expect(isinstance(cursors, dict) and set(cursors) == set(tasks), where, "cursors must list every consumer task")
+    ok_cursors = isinstance(cursors, dict) and set(cursors) == set(tasks)
+    _expect(ok_cursors, where, "cursors must list every consumer task")
     id_set = set(ids)
     claimed: dict[str, set[str]] = {}
     for task in tasks:
         claimed_ids = _str_list(cursors[task], where, f"cursors[{task!r}]")
-        _expect(set(claimed_ids) <= id_set, where, f"cursors[{task!r}] names ids that are not rows")
+        ok_claimed = set(claimed_ids) <= id_set
+        _expect(ok_claimed, where, f"cursors[{task!r}] names ids that are not rows")
         claimed[task] = set(claimed_ids)
     kinds = rec.get("field_kinds")
-    _expect(isinstance(kinds, dict) and all(k in fields and isinstance(v, str) for k, v in kinds.items()), where, "bad field_kinds")
+    ok_kinds = isinstance(kinds, dict) and all(
+        k in fields and isinstance(v, str) for k, v in kinds.items()
+    )
+    _expect(ok_kinds, where, "bad field_kinds")
     columns_rec = rec.get("columns")
-    _expect(isinstance(columns_rec, dict) and set(columns_rec) <= set(kinds), where, "columns must have field_kinds")
+    ok_columns = isinstance(columns_rec, dict) and set(columns_rec) <= set(kinds)
+    _expect(ok_columns, where, "columns must have field_kinds")
     n = len(ids)
     twhere = f"checkpoint tensor file {str(tensor_path)!r} ({where})"
     columns: dict[str, _Column] = {}
@@ -1205,22 +1247,30 @@ def _restore_partition(
         kind = col.get("kind")
         if kind == "object":
             values = col.get("values")
-            _expect(isinstance(values, list) and len(values) == n, where, f"column {name!r} must hold {n} values")
+            ok_values = isinstance(values, list) and len(values) == n
+            _expect(ok_values, where, f"column {name!r} must hold {n} values")
             _expect(kinds[name] == _OBJECT_KIND, where, f"column {name!r} kind mismatch")
             columns[name] = _ObjectColumn(values)
             continue
         _expect(kind == "tensor", where, f"column {name!r} has unknown kind {kind!r}")
         key = col.get("key")
-        _expect(isinstance(key, str) and key in tensors, twhere, f"tensor {key!r} of column {name!r} is missing")
+        ok_key = isinstance(key, str) and key in tensors
+        _expect(ok_key, twhere, f"tensor {key!r} of column {name!r} is missing")
         data = tensors[key]
-        _expect(str(data.dtype) == kinds[name], twhere, f"column {name!r} has dtype {data.dtype}, manifest says {kinds[name]}")
+        _expect(
+            str(data.dtype) == kinds[name],
+            twhere,
+            f"column {name!r} has dtype {data.dtype}, manifest says {kinds[name]}",
+        )
         layout = col.get("layout")
         if layout == "dense":
-            _expect(data.dim() >= 1 and data.size(0) == n, twhere, f"column {name!r} must have {n} rows")
+            ok_rows = data.dim() >= 1 and data.size(0) == n
+            _expect(ok_rows, twhere, f"column {name!r} must have {n} rows")
             columns[name] = _DenseColumn(data.contiguous())
         elif layout == "jagged":
             okey = col.get("offsets_key")
-            _expect(isinstance(okey, str) and okey in tensors, twhere, f"offsets of column {name!r} are missing")
+            ok_okey = isinstance(okey, str) and okey in tensors
+            _expect(ok_okey, twhere, f"offsets of column {name!r} are missing")
             offsets = tensors[okey]
             _expect(
                 offsets.dtype == torch.long

@@ -956,13 +956,16 @@ class TQDataPlaneClient(DataPlaneClient):
                 tag_list = list(tags)
                 if len(tag_list) != n:
                     raise ValueError(f"tags has {len(tag_list)} entries for {n} sample ids")
+                checked: list[dict[str, Any]] = []
                 for i, t in enumerate(tag_list):
                     if not isinstance(t, Mapping):
                         raise TypeError(f"tags[{i}] must be a dict, got {type(t).__name__}")
-                try:
-                    tag_list = json.loads(json.dumps([dict(t) for t in tag_list], allow_nan=False))
-                except (TypeError, ValueError) as exc:
-                    raise TypeError(f"tags must be JSON-compatible: {exc}") from exc
+                    try:
+                        # A detached JSON-normalised copy; non-str keys and objects are rejected.
+                        checked.append(validate_json_metadata(t))
+                    except (TypeError, ValueError) as exc:
+                        raise TypeError(f"tags[{i}] is not JSON-compatible: {exc}") from exc
+                tag_list = checked
             if fields is not None and not names and tag_list is None:
                 raise ValueError("put_samples needs fields or tags (fields has no columns)")
             undeclared = [k for k in names if k not in rec.fields]

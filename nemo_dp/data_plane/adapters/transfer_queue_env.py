@@ -13,7 +13,6 @@ library are loaded, and it must never be the thing that imports them (contract Â
 
 from __future__ import annotations
 
-import decimal
 import logging
 import math
 import os
@@ -107,7 +106,9 @@ def _format_knob(knob: EngineKnob, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{key} must be a number for {knob.env_var}, got {value!r}")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{key} must be a positive finite number for {knob.env_var}, got {value!r}")
+        raise ValueError(
+            f"{key} must be a positive finite number for {knob.env_var}, got {value!r}"
+        )
     if value != int(value):
         # TransferQueue does int(os.environ[...]) at import: "2.5" would crash the library in
         # every process, including its own actors, so reject it here where the key is known.
@@ -115,8 +116,8 @@ def _format_knob(knob: EngineKnob, value: Any) -> str:
         raise ValueError(
             f"{key}={value!r} must be a {kind}: TransferQueue parses {knob.env_var} with int()"
         )
-    # Decimal keeps large values out of exponent notation (str(1e16) == "1e+16").
-    return format(decimal.Decimal(int(value)), "f")
+    # int() first: str(15.0) == "15.0" and str(1e16) == "1e+16", neither parses with int().
+    return str(int(value))
 
 
 def wanted_engine_env(cfg: Any) -> dict[str, str]:
@@ -132,14 +133,13 @@ def wanted_engine_env(cfg: Any) -> dict[str, str]:
         ValueError: A source key is missing or its value cannot be exported (the message names
             the ``data_plane.*`` key).
     """
-    return {knob.env_var: _format_knob(knob, _resolve(cfg, knob.config_path)) for knob in ENGINE_KNOBS}
+    return {
+        knob.env_var: _format_knob(knob, _resolve(cfg, knob.config_path)) for knob in ENGINE_KNOBS
+    }
 
 
 def _same_value(exported: str, wanted: str) -> bool:
-    try:
-        return decimal.Decimal(exported.strip()) == decimal.Decimal(wanted)
-    except decimal.InvalidOperation:
-        return exported == wanted
+    return int(exported) == int(wanted)
 
 
 def configure_engine_env(cfg: Any) -> dict[str, str]:
@@ -156,11 +156,23 @@ def configure_engine_env(cfg: Any) -> dict[str, str]:
         The effective value of every knob (exported or newly set), as decimal strings.
 
     Raises:
-        ValueError: The config cannot be turned into knob values.
+        ValueError: The config cannot be turned into knob values, or an exported knob is not an
+            integer (the library would fail to import).  Nothing is set in that case.
         RuntimeError: A wanted knob is absent and ``transfer_queue`` is already imported, so
             setting it now would have no effect in this process.  Nothing is set in that case.
     """
     wanted = wanted_engine_env(cfg)
+    for name in wanted:
+        exported = os.environ.get(name)
+        if exported is None:
+            continue
+        try:
+            int(exported)
+        except ValueError:
+            raise ValueError(
+                f"{name}={exported!r} is exported in the environment but is not an integer; "
+                "TransferQueue parses it with int() at import"
+            ) from None
     missing = [name for name in wanted if name not in os.environ]
     if missing and engine_already_imported():
         raise RuntimeError(

@@ -320,9 +320,14 @@ class Policy:
         """Freeze the current weights as the reference policy (start of an RL phase)."""
         self._dispatch_all("snapshot_reference_policy")
 
-    def reset_optimizer(self, lr: float) -> None:
-        """Fresh optimizer state at learning rate ``lr`` on every rank (a new phase)."""
-        self._dispatch_all("reset_optimizer", float(lr))
+    def reset_optimizer(self, lr: float, decay_steps: int | None = None) -> None:
+        """Fresh optimizer state at learning rate ``lr`` on every rank (a new phase).
+
+        Args:
+            lr: Base learning rate.
+            decay_steps: Optimizer steps of the phase (horizon of a cosine schedule).
+        """
+        self._dispatch_all("reset_optimizer", float(lr), None if decay_steps is None else int(decay_steps))
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state: rank 0's weights/optimizer and every rank's RNG streams.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -90,6 +91,7 @@ class PolicyWorker:
         self.lr = float(_cfg_get(_cfg_get(policy_cfg, "optimizer"), "lr"))
         self.optimizer = self._make_optimizer(self.lr)
         self.optimizer_steps = 0
+        self.decay_steps: int | None = None
         self._step_state: dict[str, Any] | None = None
         self._group_ready = False
 
@@ -160,10 +162,17 @@ class PolicyWorker:
         )
 
     def _current_lr(self) -> float:
-        warmup = int(_cfg_get(_cfg_get(self.cfg, "optimizer"), "warmup_steps"))
-        if warmup <= 0:
-            return self.lr
-        return self.lr * min(1.0, (self.optimizer_steps + 1) / warmup)
+        o = _cfg_get(self.cfg, "optimizer")
+        warmup = int(_cfg_get(o, "warmup_steps"))
+        step = self.optimizer_steps + 1
+        if warmup > 0 and step <= warmup:
+            return self.lr * step / warmup
+        if str(_cfg_get(o, "schedule")) == "cosine" and self.decay_steps is not None:
+            span = max(1, self.decay_steps - max(warmup, 0))
+            progress = min(1.0, max(0.0, (step - max(warmup, 0)) / span))
+            floor = float(_cfg_get(o, "min_lr_ratio"))
+            return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return self.lr
 
     @staticmethod
     def _trim(mb: BatchedDataDict, width: int) -> dict[str, torch.Tensor]:
@@ -476,15 +485,17 @@ class PolicyWorker:
         """Make the reference policy a frozen copy of the current weights."""
         self.reference_model = self._frozen_copy(self.model)
 
-    def reset_optimizer(self, lr: float) -> None:
+    def reset_optimizer(self, lr: float, decay_steps: int | None = None) -> None:
         """Fresh optimizer state with learning rate ``lr`` (a new training phase).
 
         Args:
             lr: Base learning rate.
+            decay_steps: Optimizer steps of the phase (the cosine schedule's horizon).
         """
         self.lr = float(lr)
         self.optimizer = self._make_optimizer(self.lr)
         self.optimizer_steps = 0
+        self.decay_steps = None if decay_steps is None else int(decay_steps)
 
     def get_state(self, include_weights: bool) -> dict[str, Any]:
         """Training state of this rank for a checkpoint.
@@ -509,6 +520,7 @@ class PolicyWorker:
                     },
                     "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                     "optimizer_steps": self.optimizer_steps,
+                    "decay_steps": self.decay_steps,
                     "lr": self.lr,
                 }
             )
@@ -529,6 +541,7 @@ class PolicyWorker:
         self.optimizer = self._make_optimizer(self.lr)
         self.optimizer.load_state_dict(weights["optimizer"])
         self.optimizer_steps = int(weights["optimizer_steps"])
+        self.decay_steps = None if weights["decay_steps"] is None else int(weights["decay_steps"])
         if rng is not None:
             restore_rng_state(dict(rng))
 
