@@ -158,6 +158,13 @@ def test_non_tensor_data_leaf_rejected(tq_client: TQDataPlaneClient, tq_pid: str
     with pytest.raises(TypeError, match="non-tensor"):
         tq_client.put_samples(["a", "b"], tq_pid, td)
     assert tq_client.list_sample_ids(tq_pid) == []
+    # Also named as such when the field already holds tensors.
+    tq_client.put_samples(["a", "b"], tq_pid, TensorDict({"label": torch.zeros(2)}, batch_size=[2]))
+    td2 = TensorDict({}, batch_size=[2])
+    td2.set("label", NonTensorData(["a", "b"], batch_size=[2]))
+    with pytest.raises(TypeError, match="non-tensor"):
+        tq_client.put_samples(["a", "b"], tq_pid, td2)
+    assert torch.equal(tq_client.get_samples(["a", "b"], tq_pid, ["label"])["label"], torch.zeros(2))
 
 
 def test_dtype_change_rejected_and_stored_values_unchanged(
@@ -324,3 +331,26 @@ def test_close_removes_actors_and_is_idempotent(tq_session: TQSession) -> None:
 def test_second_client_in_one_process_rejected(tq_client: TQDataPlaneClient) -> None:
     with pytest.raises(RuntimeError, match="already open"):
         TQDataPlaneClient(tq_test_config(), bootstrap=False)
+
+
+def test_init_ray_guards(ray_cluster: dict[str, str]) -> None:
+    from nemo_dp.distributed.ray_init import init_ray, required_cpus
+
+    assert required_cpus(tq_test_config()) == 2
+    assert required_cpus(tq_test_config(num_storage_units=3)) == 4
+    assert required_cpus(None) == 0
+    # The budget check fails fast, before anything touches Ray.
+    with pytest.raises(ValueError) as info:
+        init_ray(num_cpus=2, data_plane_cfg=tq_test_config(num_storage_units=2))
+    assert "cluster.num_cpus" in str(info.value)
+    assert "data_plane.simple.num_storage_units" in str(info.value)
+    # The session Ray is running: a second init is refused instead of silently reused.
+    with pytest.raises(RuntimeError, match="already initialised"):
+        init_ray(num_cpus=2, data_plane_cfg=tq_test_config())
+    assert ray_cluster["TQ_NUM_THREADS"] == "2"
+    assert set(ray_cluster) >= {
+        "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT",
+        "TQ_SIMPLE_STORAGE_MAX_ATTEMPTS",
+        "TQ_SIMPLE_STORAGE_PROBE_TIMEOUT",
+        "TQ_DATA_UPDATE_RESPONSE_TIMEOUT",
+    }

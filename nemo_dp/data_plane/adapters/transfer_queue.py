@@ -974,11 +974,27 @@ class TQDataPlaneClient(DataPlaneClient):
                     f"fields {undeclared} are not declared for partition {partition_id!r} "
                     f"(declared: {rec.fields})"
                 )
+            # Leaf types first (all TypeErrors): a whole-column object must be named as such
+            # even when the field already holds tensors.
+            for k in names:
+                v = leaves[k]
+                if isinstance(v, NonTensorData):
+                    raise TypeError(
+                        f"field {k!r} is a NonTensorData (one non-tensor object for the whole "
+                        "column); the wire would drop it - use a per-row NonTensorStack "
+                        "(pack_jagged_fields builds one)"
+                    )
+                if _leaf_kind(v) is None:
+                    if isinstance(v, TensorDictBase):
+                        raise TypeError(
+                            f"field {k!r} is a nested TensorDict; only tensors and per-row "
+                            "NonTensorStack columns are fields"
+                        )
+                    raise TypeError(f"field {k!r} has unsupported type {type(v).__name__}")
             new_types: dict[str, tuple[str, str | None]] = {}
             for k in names:
                 kind = _leaf_kind(leaves[k])
-                if kind is None:
-                    continue
+                assert kind is not None
                 dtype = _dtype_name(leaves[k])
                 stored = rec.field_types.get(k)
                 if stored is None:
@@ -992,12 +1008,6 @@ class TQDataPlaneClient(DataPlaneClient):
             wire: dict[str, Any] = {}
             for k in names:
                 v = leaves[k]
-                if isinstance(v, NonTensorData):
-                    raise TypeError(
-                        f"field {k!r} is a NonTensorData (one non-tensor object for the whole "
-                        "column); the wire would drop it - use a per-row NonTensorStack "
-                        "(pack_jagged_fields builds one)"
-                    )
                 if isinstance(v, NonTensorStack):
                     if k in rec.enums:
                         vocab = rec.enums[k]
@@ -1009,13 +1019,6 @@ class TQDataPlaneClient(DataPlaneClient):
                                 )
                     wire[k] = v
                     continue
-                if isinstance(v, TensorDictBase):
-                    raise TypeError(
-                        f"field {k!r} is a nested TensorDict; only tensors and per-row "
-                        "NonTensorStack columns are fields"
-                    )
-                if not isinstance(v, torch.Tensor):
-                    raise TypeError(f"field {k!r} has unsupported type {type(v).__name__}")
                 if k in rec.enums:
                     raise ValueError(
                         f"field {k!r} takes values from its enum vocabulary {rec.enums[k]}, "

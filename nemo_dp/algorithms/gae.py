@@ -1,0 +1,201 @@
+"""Token-level PPO advantage estimation: rewards, GAE, returns, whitening, explained variance.
+
+Why this module exists: the legacy PPO trainer (``ppo.py``) and the data-plane PPO trainer
+(``ppo_sync.py``) must compute exactly the same advantages and returns from the same columns so
+that they agree step for step; keeping the maths here, pure and free of any Ray / data-plane
+import, lets both call one implementation and lets the unit tests check it against a plain
+per-sample loop.
+
+Tensor conventions (``TRAINING_API.md``): per-token tensors are ``[B, S]`` aligned with
+``input_ids`` - column ``t`` describes token ``t``.  ``values[:, t]`` is the critic's estimate of
+the state *before* token ``t`` is emitted (the prefix ``tokens < t``), the same alignment as
+``*_logprobs[:, t]``.  ``mask`` is ``token_mask * sample_mask``: the response tokens of the rows
+that are trained.  Response tokens are contiguous in each row, so the episode of row ``i`` is its
+masked-in columns in order; the step after the last masked-in token is terminal (value 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "token_level_rewards",
+    "compute_gae",
+    "masked_mean",
+    "masked_whiten",
+    "explained_variance",
+]
+
+
+def _check_2d(name: str, t: torch.Tensor, shape: torch.Size | None = None) -> None:
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be [B, S], got shape {tuple(t.shape)}")
+    if shape is not None and t.shape != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+
+
+def token_level_rewards(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards: the sequence score at the last response token, minus a KL penalty.
+
+    ``r[i, t] = -kl_coef * (logprobs[i, t] - reference_logprobs[i, t])`` on masked-in tokens,
+    plus ``scores[i]`` on the last masked-in token of row ``i``; 0 elsewhere.  Rows without a
+    masked-in token get no reward at all.
+
+    Args:
+        scores: float ``[B]`` sequence rewards from the environment.
+        mask: ``[B, S]`` 1 on trained tokens (``token_mask * sample_mask``).
+        logprobs: float ``[B, S]`` log-probs of the policy that sampled (``prev_logprobs``).
+        reference_logprobs: float ``[B, S]`` log-probs of the reference policy.
+        kl_coef: KL penalty coefficient (>= 0).
+
+    Returns:
+        ``(rewards [B, S] float32, kl [B, S] float32)`` where ``kl`` is the per-token
+        ``logprobs - reference_logprobs`` on masked-in tokens (0 elsewhere).
+
+    Raises:
+        ValueError: On mismatched shapes or a negative ``kl_coef``.
+    """
+    _check_2d("mask", mask)
+    _check_2d("logprobs", logprobs, mask.shape)
+    _check_2d("reference_logprobs", reference_logprobs, mask.shape)
+    if scores.shape != (mask.shape[0],):
+        raise ValueError(f"scores has shape {tuple(scores.shape)}, expected ({mask.shape[0]},)")
+    if kl_coef < 0:
+        raise ValueError(f"token_level_rewards: kl_coef must be >= 0, got {kl_coef}")
+    m = mask.float()
+    kl = (logprobs.float() - reference_logprobs.float()) * m
+    rewards = -float(kl_coef) * kl
+    width = m.shape[1]
+    has_token = m.sum(1) > 0
+    # Index of the last masked-in column of each row (response tokens are contiguous, but the
+    # last 1 is found directly so that no contiguity assumption is needed here).
+    cols = torch.arange(width, dtype=torch.long).unsqueeze(0).expand_as(m)
+    last = torch.where(m > 0, cols, torch.full_like(cols, -1)).max(dim=1).values
+    rows = torch.nonzero(has_token, as_tuple=False).squeeze(1)
+    rewards[rows, last[rows]] += scores.float()[rows]
+    return rewards, kl
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over each row's masked-in tokens.
+
+    With ``V'_t`` the value of the next masked-in token of the row (0 after the last one):
+    ``delta_t = r_t + gamma * V'_t - V_t`` and ``A_t = delta_t + gamma * lam * A'_t``;
+    returns ``R_t = A_t + V_t``.  Masked-out columns are skipped (they neither contribute nor
+    break the recursion) and get advantage and return 0.
+
+    Args:
+        rewards: float ``[B, S]`` per-token rewards (``token_level_rewards``).
+        values: float ``[B, S]`` critic values (aligned as described in the module docstring).
+        mask: ``[B, S]`` 1 on trained tokens.
+        gamma: Discount in ``[0, 1]``.
+        lam: GAE lambda in ``[0, 1]``.
+
+    Returns:
+        ``(advantages [B, S], returns [B, S])``, float32, 0 where ``mask`` is 0.
+
+    Raises:
+        ValueError: On mismatched shapes or ``gamma`` / ``lam`` outside ``[0, 1]``.
+    """
+    _check_2d("rewards", rewards)
+    _check_2d("values", values, rewards.shape)
+    _check_2d("mask", mask, rewards.shape)
+    for name, v in (("gamma", gamma), ("lam", lam)):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"compute_gae: {name} must be in [0, 1], got {v}")
+    m = mask.float()
+    r = rewards.float() * m
+    v = values.float() * m
+    batch, width = r.shape
+    adv = torch.zeros_like(r)
+    next_value = torch.zeros(batch, dtype=torch.float32)
+    next_adv = torch.zeros(batch, dtype=torch.float32)
+    for t in range(width - 1, -1, -1):
+        on = m[:, t] > 0
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        a_t = delta + gamma * lam * next_adv
+        adv[:, t] = torch.where(on, a_t, torch.zeros_like(a_t))
+        # Carry across masked-out columns unchanged, so the recursion links masked-in tokens.
+        next_value = torch.where(on, v[:, t], next_value)
+        next_adv = torch.where(on, a_t, next_adv)
+    returns = (adv + v) * m
+    return adv, returns
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over ``mask == 1`` entries.
+
+    Args:
+        x: Any shape.
+        mask: Same shape, 0/1.
+
+    Returns:
+        A float32 scalar tensor.
+
+    Raises:
+        ValueError: If the mask selects nothing.
+    """
+    m = mask.float()
+    n = m.sum()
+    if float(n) <= 0:
+        raise ValueError("masked_mean: the mask selects no element")
+    return (x.float() * m).sum() / n
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Whiten ``x`` over ``mask == 1`` entries: zero mean, unit (population) variance.
+
+    Args:
+        x: float ``[B, S]``.
+        mask: 0/1 ``[B, S]``.
+        eps: Added to the variance.
+
+    Returns:
+        float32 ``[B, S]``, 0 where ``mask`` is 0.
+
+    Raises:
+        ValueError: If the mask selects nothing.
+    """
+    m = mask.float()
+    mean = masked_mean(x, m)
+    var = masked_mean((x.float() - mean) ** 2, m)
+    return (x.float() - mean) * torch.rsqrt(var + eps) * m
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var[returns - values] / Var[returns]`` over ``mask == 1`` entries.
+
+    1 means the critic predicts the returns perfectly, 0 means no better than their mean,
+    negative means worse.  When the returns have no variance the result is defined as 0.
+
+    Args:
+        values: float ``[B, S]`` critic values.
+        returns: float ``[B, S]`` GAE returns.
+        mask: 0/1 ``[B, S]``.
+
+    Returns:
+        The explained variance.
+
+    Raises:
+        ValueError: If the mask selects nothing.
+    """
+    m = mask.float()
+    ret = returns.float()
+    var_r = masked_mean((ret - masked_mean(ret, m)) ** 2, m)
+    resid = ret - values.float()
+    var_e = masked_mean((resid - masked_mean(resid, m)) ** 2, m)
+    if float(var_r) <= 0.0:
+        return 0.0
+    return float(1.0 - var_e / var_r)

@@ -1,0 +1,398 @@
+"""Data-plane (TransferQueue-mediated) GRPO trainer: ``grpo_train_sync``.
+
+The same algorithm as the legacy ``grpo_train`` (same seeds, sharding, loss normalisation and
+order of floating-point reductions, so both produce identical per-step metrics), but no bulk
+per-token tensor passes through the driver (design §1 rule 6, §3 table; contract §17.1-17.2):
+
+* ``policy.prepare_step`` registers the step's ``"train"`` partition once;
+* the workers generate and write their rows straight into the store under ids
+  ``f"{uid}_g{i}"``; the driver receives metas plus a small per-row ``driver_carry``;
+* baseline / std are computed on the carry and stamped on the meta (``stamp_tags``); dynamic
+  sampling works on metas (``subset``, ``concat``, ``slice``) and clears dropped ids;
+* the per-token ``advantages`` are built from the carry (the response span of a row is
+  ``[prompt_length, input_length)``, exactly where generation sets ``token_mask``), so the
+  driver reads no per-token column back; it writes ``advantages`` and ``sample_mask``;
+* log-probs and training run on meta shards; the workers fetch and write back;
+* ``policy.finish_step`` clears the step's samples; a ``finally`` drops the partition if the
+  step failed earlier, so a failed step leaks nothing.
+
+This module never imports an adapter and never touches ``policy.dp_client``: the store is
+reached only through ``TQPolicy`` methods and ``KVBatchMeta`` transforms (rule 4).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
+from nemo_dp.algorithms.sft import restore_trainer_state
+from nemo_dp.algorithms.trainer_common import (
+    TRAINER_STATE_VERSION,
+    Checkpointer,
+    RunLogger,
+    sample_seeds,
+    should_validate,
+)
+from nemo_dp.data_plane.factory import validate_trainer_selection
+from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.schema import (
+    ADVANTAGES,
+    SAMPLE_MASK,
+    TAG_BASELINE,
+    TAG_STD,
+    TASK_TRAIN,
+    TASK_VAL,
+    VAL_PARTITION,
+)
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.utils.seeding import capture_rng_state
+
+__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "response_token_mask", "TRAINER_TARGET"]
+
+#: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
+TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
+
+
+def response_token_mask(prompt_lengths: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+    """The generation ``token_mask`` rebuilt from per-row lengths: 1 on ``[prompt, input)``.
+
+    Args:
+        prompt_lengths: int [N].
+        input_lengths: int [N] (prompt + response, eos included).
+
+    Returns:
+        int32 [N, max(input_lengths)].
+    """
+    width = int(input_lengths.max())
+    pos = torch.arange(width).unsqueeze(0)
+    span = (pos >= prompt_lengths.to(torch.long).unsqueeze(1)) & (pos < input_lengths.to(torch.long).unsqueeze(1))
+    return span.to(torch.int32)
+
+
+def _problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group)]
+    answers = [p.answer for p in problems for _ in range(group)]
+    return prompts, answers
+
+
+def collect_grpo_batch_sync(
+    policy: Any,
+    master_config: Any,
+    *,
+    train_loader: Any,
+    tokenizer: Any,
+    env: Any,
+    step: int,
+) -> tuple[KVBatchMeta, BatchedDataDict, dict[str, Any]]:
+    """Roll out into the live ``"train"`` partition until the step's batch is complete.
+
+    Dynamic sampling (contract §17.2) on metas: rows whose group std is 0 are dropped (their
+    ids cleared from the store), survivors are concatenated across generation batches, an
+    overflow is sliced off (its ids cleared).
+
+    Args:
+        policy: A ``TQPolicy`` whose training partition is registered.
+        master_config: Root config (GRPO algorithm).
+        train_loader: Loader of problems (``num_prompts_per_step`` per batch).
+        tokenizer: The tokenizer.
+        env: The environment.
+        step: The step being collected (1-based; seeds depend on it).
+
+    Returns:
+        ``(meta, carry, info)``: exactly ``num_prompts_per_step x num_generations_per_prompt``
+        rows; ``carry`` holds ``rewards``, ``baseline``, ``std``, lengths and ``truncated``;
+        ``info`` the unfiltered rewards (truncated to the batch size), ``num_gen_batches`` and
+        ``num_discarded_valid_samples``.
+
+    Raises:
+        ValueError: ``"Dynamic sampling reached max_gen_batches=..."`` when the batch cannot be
+            filled within the budget, or a meta without ``"std"`` tags reaches the filter.
+    """
+    algo = master_config.algorithm
+    group = int(algo.num_generations_per_prompt)
+    target = int(algo.num_prompts_per_step) * group
+    ds = algo.dynamic_sampling
+    pending_meta: KVBatchMeta | None = None
+    pending_carry: BatchedDataDict | None = None
+    unfiltered: list[torch.Tensor] = []
+    num_gen = 0
+    discarded = 0
+    while True:
+        problems = list(train_loader.next_batch())
+        seeds = sample_seeds(int(master_config.seed), step, num_gen, len(problems) * group)
+        iteration = num_gen
+        num_gen += 1
+        prompts, answers = _problem_rows(problems, group, tokenizer)
+        # One uid per prompt of this generation batch; ids are minted here, once per sample.
+        ids = [f"s{step}_b{iteration}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
+        out = policy.generate_to_dataplane(
+            prompts,
+            seeds,
+            sample_ids=ids,
+            answers=answers,
+            greedy=False,
+            tokenizer=tokenizer,
+            env=env,
+            task_name=TASK_TRAIN,
+        )
+        meta: KVBatchMeta | None = out.meta
+        carry: BatchedDataDict | None = out.carry
+        assert meta is not None and carry is not None
+        rewards = carry["rewards"]
+        baseline, std = grpo_baseline_and_std(rewards, group, bool(algo.use_leave_one_out_baseline))
+        carry["baseline"] = baseline
+        carry["std"] = std
+        meta.stamp_tags({TAG_STD: std, TAG_BASELINE: baseline})
+        unfiltered.append(rewards)
+        if bool(ds.enabled):
+            tags = meta.tags
+            if tags is None or any(TAG_STD not in t for t in tags):
+                raise ValueError(
+                    "dynamic sampling: every row of the rollout meta needs a 'std' tag; the driver "
+                    "must stamp 'std' (meta.stamp_tags) before filtering"
+                )
+            keep = [i for i, t in enumerate(tags) if t[TAG_STD] != 0.0]
+            kept = set(keep)
+            policy.discard_samples([sid for i, sid in enumerate(meta.sample_ids) if i not in kept])
+            if keep:
+                meta, carry = meta.subset(keep), carry.select_indices(keep)
+            else:
+                meta, carry = None, None
+        if meta is not None and carry is not None:
+            if pending_meta is None or pending_carry is None:
+                pending_meta, pending_carry = meta, carry
+            else:
+                pending_meta = pending_meta.concat(meta)
+                pending_carry = BatchedDataDict.from_batches([pending_carry, carry])
+        if not bool(ds.enabled):
+            break
+        have = 0 if pending_meta is None else pending_meta.size
+        if have >= target:
+            if have > target:
+                assert pending_meta is not None and pending_carry is not None
+                discarded = have - target
+                policy.discard_samples(pending_meta.sample_ids[target:])
+                pending_meta = pending_meta.slice(0, target)
+                pending_carry = pending_carry.slice(0, target)
+            break
+        if num_gen >= int(ds.max_gen_batches):
+            raise ValueError(
+                f"Dynamic sampling reached max_gen_batches={int(ds.max_gen_batches)} "
+                f"(algorithm.dynamic_sampling.max_gen_batches) with {have} of {target} samples "
+                f"at step {step}: too many groups have identical rewards; raise the budget or "
+                "disable algorithm.dynamic_sampling"
+            )
+    assert pending_meta is not None and pending_carry is not None
+    info = {
+        "unfiltered_rewards": torch.cat(unfiltered)[:target],
+        "num_gen_batches": num_gen,
+        "num_discarded_valid_samples": discarded,
+    }
+    return pending_meta, pending_carry, info
+
+
+def _check_entry(policy: Any, master_config: Any) -> None:
+    selection = validate_trainer_selection(master_config)
+    if selection.target != TRAINER_TARGET:
+        raise ValueError(
+            f"grpo_train_sync needs an enabled data plane with impl: transfer_queue "
+            f"(data_plane=tq); this config selects {selection.target} - use the legacy trainer "
+            "nemo_dp.algorithms.grpo:grpo_train (select_sync_trainer picks it)"
+        )
+    if not hasattr(policy, "dp_cfg"):
+        raise ValueError(
+            f"grpo_train_sync needs a data-plane policy exposing dp_cfg (TQPolicy), got "
+            f"{type(policy).__name__}; build the policy with "
+            "nemo_dp.data_plane.factory.make_policy_factory(cfg.data_plane)"
+        )
+
+
+def grpo_train_sync(
+    policy: Any,
+    master_config: Any,
+    *,
+    train_loader: Any,
+    val_problems: list[Any],
+    tokenizer: Any,
+    env: Any,
+    logger: RunLogger,
+    checkpointer: Checkpointer,
+    start_state: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Run GRPO for ``algorithm.max_steps`` steps over the data plane.
+
+    Same call signature, checkpoints and metrics as ``grpo_train`` (plus ``data_plane/*``
+    metrics when ``data_plane.observability.enabled``).
+
+    Args:
+        policy: A ``TQPolicy`` (from ``make_policy_factory``).
+        master_config: The validated root config (GRPO, ``data_plane=tq``).
+        train_loader: Resumable loader of problems, batch size ``num_prompts_per_step``.
+        val_problems: Held-out problems for greedy exact-match evaluation.
+        tokenizer: The tokenizer.
+        env: The reward environment.
+        logger: The phase's ``RunLogger``.
+        checkpointer: The phase's ``Checkpointer``.
+        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+
+    Returns:
+        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
+
+    Raises:
+        ValueError: The config does not select this trainer, the policy is not a data-plane
+            policy, or dynamic sampling exhausted ``max_gen_batches``.
+    """
+    _check_entry(policy, master_config)
+    algo = master_config.algorithm
+    max_steps = int(algo.max_steps)
+    group = int(algo.num_generations_per_prompt)
+    per_step = int(algo.num_prompts_per_step) * group
+    counters: dict[str, Any] = {
+        "step": 0,
+        "consumed_samples": 0,
+        "val_accuracy": None,
+        "initial_val_accuracy": None,
+    }
+    if start_state is not None:
+        counters.update(
+            restore_trainer_state(start_state, algorithm="grpo", policy=policy, train_loader=train_loader)
+        )
+        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
+    else:
+        policy.snapshot_reference_policy()
+        optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
+        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
+    loss_cfg = algo.loss
+    loss_fn = ClippedPGLossFn(
+        ratio_clip_min=float(loss_cfg.ratio_clip_min),
+        ratio_clip_max=float(loss_cfg.ratio_clip_max),
+        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
+        token_level_loss=bool(loss_cfg.token_level_loss),
+    )
+    logger.start(max_steps, int(counters["step"]))
+    num_print = int(master_config.logger.num_val_examples_to_print)
+
+    def _evaluate() -> float:
+        n = len(val_problems)
+        if n == 0:
+            raise ValueError("evaluate: no held-out problems")
+        policy.prepare_val_partition(n, partition_id=VAL_PARTITION)
+        try:
+            prompts, answers = _problem_rows(list(val_problems), 1, tokenizer)
+            out = policy.generate_to_dataplane(
+                prompts,
+                [0] * n,
+                sample_ids=[f"val{k}_g0" for k in range(n)],
+                answers=answers,
+                greedy=True,
+                tokenizer=tokenizer,
+                env=env,
+                partition_id=VAL_PARTITION,
+                task_name=TASK_VAL,
+                return_responses=num_print > 0,
+            )
+            policy.finish_step(out.meta)
+        finally:
+            policy.drop_partition(VAL_PARTITION)
+        responses = out.responses or []
+        for p, r in list(zip(val_problems, responses))[:num_print]:
+            logger.info(f"  {p.prompt}{r!r} (expected {p.answer!r})")
+        return float(out.carry["rewards"].mean())
+
+    if counters["step"] == 0 and bool(algo.val_at_start):
+        acc = _evaluate()
+        counters["initial_val_accuracy"] = acc
+        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
+        logger.log_step(0, {"val_accuracy": acc})
+
+    while counters["step"] < max_steps:
+        step = int(counters["step"]) + 1
+        t_step = time.perf_counter()
+        policy.prepare_step(num_samples=per_step, group_size=group)
+        try:
+            t0 = time.perf_counter()
+            meta, carry, info = collect_grpo_batch_sync(
+                policy, master_config, train_loader=train_loader, tokenizer=tokenizer, env=env, step=step
+            )
+            t_gen = time.perf_counter() - t0
+            adv = grpo_advantages(carry["rewards"], carry["baseline"], carry["std"], bool(algo.normalize_rewards))
+            sample_mask = torch.ones(meta.size, dtype=torch.float32)
+            if bool(algo.overlong_filtering):
+                sample_mask = sample_mask * (~carry["truncated"].bool()).float()
+            token_mask = response_token_mask(carry["prompt_lengths"], carry["input_lengths"])
+            policy.write_to_dataplane(
+                meta, {ADVANTAGES: adv.unsqueeze(1) * token_mask.float(), SAMPLE_MASK: sample_mask}
+            )
+            t1 = time.perf_counter()
+            policy.get_logprobs_from_meta(meta)
+            policy.get_reference_policy_logprobs_from_meta(meta)
+            t_lp = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            train_metrics = policy.train_from_meta(meta, loss_fn)
+            t_train = time.perf_counter() - t2
+            policy.finish_step(meta)
+        finally:
+            policy.drop_partition()
+        counters["step"] = step
+        counters["consumed_samples"] += meta.size
+        rewards = info["unfiltered_rewards"]
+        metrics: dict[str, Any] = {
+            "loss": train_metrics["loss"],
+            "pg_loss": train_metrics["pg_loss"],
+            "kl_penalty": train_metrics["kl_penalty"],
+            "clip_fraction": train_metrics["clip_fraction"],
+            "grad_norm": train_metrics["grad_norm"],
+            "lr": train_metrics["lr"],
+            "reward_mean": float(rewards.mean()),
+            "train_reward_mean": float(carry["rewards"].mean()),
+            "advantage_abs_mean": float(adv.abs().mean()),
+            "mean_response_length": float(carry["response_lengths"].float().mean()),
+            "truncated_fraction": float(carry["truncated"].float().mean()),
+            "sample_mask_mean": float(sample_mask.mean()),
+            "dynamic_sampling_num_gen_batches": info["num_gen_batches"],
+            "dynamic_sampling_num_discarded_valid_samples": info["num_discarded_valid_samples"],
+            "consumed_samples": counters["consumed_samples"],
+            "time/generation_s": t_gen,
+            "time/logprobs_s": t_lp,
+            "time/train_s": t_train,
+        }
+        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
+            t3 = time.perf_counter()
+            acc = _evaluate()
+            counters["val_accuracy"] = acc
+            metrics["val_accuracy"] = acc
+            metrics["time/val_s"] = time.perf_counter() - t3
+            logger.info(
+                f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
+                f"held-out accuracy {acc:.3f}"
+            )
+        # Per-step store metrics (empty unless data_plane.observability.enabled).
+        store_metrics = policy.data_plane_step_metrics(time.perf_counter() - t_step)
+        metrics.update(store_metrics)
+        if store_metrics:
+            logger.info(
+                f"step {step}: data plane {store_metrics['data_plane/step/wall_ms']:.0f} ms "
+                f"({100 * store_metrics['data_plane/step/frac_of_step']:.1f}% of step), "
+                f"written {store_metrics['data_plane/step/bytes_written_mb']:.3f} MB, "
+                f"read {store_metrics['data_plane/step/bytes_read_mb']:.3f} MB, "
+                f"outstanding {store_metrics['data_plane/now/bytes_outstanding_mb']:.3f} MB"
+            )
+        logger.log_step(step, metrics)
+        if checkpointer.should_save(step, final=step == max_steps):
+            checkpointer.save(
+                step,
+                lambda: {
+                    "trainer_state_version": TRAINER_STATE_VERSION,
+                    "algorithm": "grpo",
+                    "counters": dict(counters),
+                    "policy": policy.state_dict(),
+                    "loader": train_loader.state_dict(),
+                    "driver_rng": capture_rng_state(),
+                },
+            )
+    logger.close()
+    return dict(counters)

@@ -1,0 +1,256 @@
+"""What the legacy and the data-plane PPO trainers share, so that they agree step for step.
+
+Why this module exists: ``ppo.py`` (batches in driver memory) and ``ppo_sync.py`` (metas over
+the data plane) must run the same algorithm on the same numbers.  Everything that is not about
+where the tensors live is here, once: the loss functions built from the config, the critic's
+construction arguments, the per-epoch shuffles, the advantage/return computation from the
+columns the driver holds, and the step's metrics.  Nothing here imports Ray or the data plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nemo_dp.algorithms.gae import (
+    compute_gae,
+    explained_variance,
+    masked_mean,
+    masked_whiten,
+    token_level_rewards,
+)
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
+from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
+
+__all__ = [
+    "PPO_POLICY_TRAIN_KEYS",
+    "PPO_VALUE_TRAIN_KEYS",
+    "PPOTargets",
+    "build_ppo_loss_fns",
+    "compute_ppo_targets",
+    "epoch_permutation",
+    "optimizer_steps_per_phase",
+    "ppo_step_metrics",
+]
+
+#: Fields ``policy.train`` receives (same names as the data plane's ``DP_TRAIN_FIELDS``).
+PPO_POLICY_TRAIN_KEYS: tuple[str, ...] = (
+    "input_ids",
+    "input_lengths",
+    "generation_logprobs",
+    "prev_logprobs",
+    "reference_policy_logprobs",
+    "advantages",
+    "token_mask",
+    "sample_mask",
+)
+#: Fields ``value.train`` receives (same names as the data plane's ``DP_VALUE_TRAIN_FIELDS``).
+PPO_VALUE_TRAIN_KEYS: tuple[str, ...] = (
+    "input_ids",
+    "input_lengths",
+    "token_mask",
+    "sample_mask",
+    "values",
+    "returns",
+)
+
+
+def build_ppo_loss_fns(algo: Any) -> tuple[ClippedPGLossFn, ClippedValueLossFn]:
+    """The policy and critic losses of a PPO ``algorithm`` node.
+
+    Args:
+        algo: ``algorithm`` (PPO): ``loss.*`` and ``value.value_clip``.
+
+    Returns:
+        ``(policy_loss_fn, value_loss_fn)``.
+    """
+    loss_cfg = algo.loss
+    policy_loss = ClippedPGLossFn(
+        ratio_clip_min=float(loss_cfg.ratio_clip_min),
+        ratio_clip_max=float(loss_cfg.ratio_clip_max),
+        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
+        token_level_loss=bool(loss_cfg.token_level_loss),
+    )
+    return policy_loss, ClippedValueLossFn(value_clip=float(algo.value.value_clip))
+
+
+def optimizer_steps_per_phase(master_config: Any) -> int:
+    """Optimizer steps each model takes over the PPO phase (horizon of a cosine schedule).
+
+    Args:
+        master_config: Root config (PPO).
+
+    Returns:
+        ``max_steps x ppo_epochs x (rows per step / train_global_batch_size)``.
+    """
+    algo = master_config.algorithm
+    rows = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
+    per_epoch = rows // int(master_config.policy.train_global_batch_size)
+    return int(algo.max_steps) * int(algo.ppo_epochs) * per_epoch
+
+
+def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
+    """The row order of one PPO epoch: a fresh shuffle per (run seed, step, epoch).
+
+    A pure function of its arguments (private generator), so both trainers, a resumed run and
+    any DP size use the same order.
+
+    Args:
+        seed: Run seed.
+        step: Training step (1-based).
+        epoch: Epoch within the step (0-based).
+        n: Rows.
+
+    Returns:
+        A permutation of ``range(n)``.
+    """
+    gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) * 1_009 + int(epoch))
+    return [int(i) for i in torch.randperm(n, generator=gen).tolist()]
+
+
+@dataclass
+class PPOTargets:
+    """Advantages, returns and diagnostics of one PPO batch (all ``[B, S]`` float32 unless
+    noted).
+
+    Attributes:
+        advantages: GAE advantages (whitened when configured), 0 off the mask.
+        returns: GAE returns (value targets), 0 off the mask.
+        token_rewards: Per-token rewards (score at the last token, KL penalty per token).
+        kl: Per-token ``prev_logprobs - reference_policy_logprobs`` on the mask.
+        mask: ``token_mask * sample_mask`` as float.
+        width: The canonical width (through the last trained column) metrics are reduced over.
+    """
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    token_rewards: torch.Tensor
+    kl: torch.Tensor
+    mask: torch.Tensor
+    width: int
+
+
+def compute_ppo_targets(
+    algo: Any,
+    *,
+    scores: torch.Tensor,
+    token_mask: torch.Tensor,
+    sample_mask: torch.Tensor,
+    prev_logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor,
+    values: torch.Tensor,
+) -> PPOTargets:
+    """Token-level rewards, GAE advantages and returns for one batch.
+
+    Args:
+        algo: ``algorithm`` (PPO): ``kl_coef``, ``gamma``, ``lam``, ``whiten_advantages``.
+        scores: float ``[B]`` environment rewards.
+        token_mask: ``[B, S]`` response tokens.
+        sample_mask: float ``[B]`` rows that are trained.
+        prev_logprobs: ``[B, S]`` log-probs of the sampling policy.
+        reference_logprobs: ``[B, S]`` reference log-probs.
+        values: ``[B, S]`` critic values.
+
+    Returns:
+        The targets.
+
+    Raises:
+        ValueError: No trained token in the whole batch, or mismatched shapes.
+    """
+    full_width = token_mask.shape[1]
+    for name, t in (("prev_logprobs", prev_logprobs), ("reference_logprobs", reference_logprobs), ("values", values)):
+        if t.shape != token_mask.shape:
+            raise ValueError(f"PPO targets: {name} has shape {tuple(t.shape)}, token_mask {tuple(token_mask.shape)}")
+    mask = token_mask.float() * sample_mask.float().unsqueeze(1)
+    if float(mask.sum()) <= 0:
+        raise ValueError(
+            "PPO: the batch has no trained token (every row masked out by sample_mask / "
+            "algorithm.overlong_filtering)"
+        )
+    # Compute at one canonical width (through the last trained column), whatever padding the
+    # caller's tensors carry (legacy batch width vs. the data plane's pad target), so that both
+    # trainers reduce exactly the same tensors and agree bit for bit.
+    width = int(torch.nonzero(mask.sum(0) > 0).max()) + 1
+    m = mask[:, :width]
+    rewards, kl = token_level_rewards(
+        scores, m, prev_logprobs[:, :width], reference_logprobs[:, :width], float(algo.kl_coef)
+    )
+    adv, ret = compute_gae(rewards, values[:, :width], m, float(algo.gamma), float(algo.lam))
+    if bool(algo.whiten_advantages):
+        adv = masked_whiten(adv, m)
+
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, full_width - width)).contiguous()
+
+    return PPOTargets(
+        advantages=widen(adv), returns=widen(ret), token_rewards=widen(rewards), kl=widen(kl), mask=mask,
+        width=width,
+    )
+
+
+def _mean_over_epochs(per_epoch: Sequence[Mapping[str, Any]], key: str) -> float:
+    return float(sum(float(m[key]) for m in per_epoch) / len(per_epoch))
+
+
+def ppo_step_metrics(
+    *,
+    scores: torch.Tensor,
+    targets: PPOTargets,
+    values: torch.Tensor,
+    token_mask: torch.Tensor,
+    truncated: torch.Tensor,
+    sample_mask: torch.Tensor,
+    policy_epochs: Sequence[Mapping[str, Any]],
+    value_epochs: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The step's metrics, identical in both trainers.
+
+    Policy / critic training metrics are averaged over the epochs (each epoch's value is
+    already the mean over its optimizer steps); ``explained_variance`` compares the rollout's
+    values with the returns they produced.
+
+    Args:
+        scores: float ``[B]`` environment rewards.
+        targets: The step's targets.
+        values: ``[B, S]`` the critic's values at rollout time.
+        token_mask: ``[B, S]``.
+        truncated: bool ``[B]`` rows without eos.
+        sample_mask: float ``[B]``.
+        policy_epochs: ``policy.train`` results, one per epoch.
+        value_epochs: ``value.train`` results, one per epoch.
+
+    Returns:
+        Scalar metrics.
+    """
+    w = targets.width
+    mask = targets.mask[:, :w]
+    values = values[:, :w]
+    returns = targets.returns[:, :w]
+    out: dict[str, Any] = {
+        "loss": _mean_over_epochs(policy_epochs, "loss"),
+        "pg_loss": _mean_over_epochs(policy_epochs, "pg_loss"),
+        "kl_penalty": _mean_over_epochs(policy_epochs, "kl_penalty"),
+        "clip_fraction": _mean_over_epochs(policy_epochs, "clip_fraction"),
+        "grad_norm": _mean_over_epochs(policy_epochs, "grad_norm"),
+        "lr": float(policy_epochs[-1]["lr"]),
+        "value_loss": _mean_over_epochs(value_epochs, "value_loss"),
+        "value_clip_fraction": _mean_over_epochs(value_epochs, "value_clip_fraction"),
+        "value_grad_norm": _mean_over_epochs(value_epochs, "grad_norm"),
+        "value_lr": float(value_epochs[-1]["lr"]),
+        "explained_variance": explained_variance(values, returns, mask),
+        "reward_mean": float(scores.float().mean()),
+        "kl_mean": float(masked_mean(targets.kl[:, :w], mask)),
+        "returns_mean": float(masked_mean(returns, mask)),
+        "values_mean": float(masked_mean(values, mask)),
+        "advantage_abs_mean": float(masked_mean(targets.advantages[:, :w].abs(), mask)),
+        "mean_response_length": float(token_mask[:, :w].float().sum(1).mean()),
+        "truncated_fraction": float(truncated.float().mean()),
+        "sample_mask_mean": float(sample_mask.float().mean()),
+    }
+    for k, (pm, vm) in enumerate(zip(policy_epochs, value_epochs)):
+        out[f"policy_loss_epoch{k}"] = float(pm["loss"])
+        out[f"value_loss_epoch{k}"] = float(vm["value_loss"])
+    return out

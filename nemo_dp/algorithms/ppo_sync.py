@@ -1,0 +1,300 @@
+"""Data-plane (TransferQueue-mediated) PPO trainer: ``ppo_train_sync``.
+
+The same algorithm as the legacy ``ppo_train`` (same seeds, sharding, shuffles, loss
+normalisation and target maths from ``ppo_common``, so both produce the same per-step
+metrics), but no bulk per-token tensor is shipped through the driver to the workers:
+
+* ``policy.prepare_step`` registers the step's ``"train"`` partition with the value columns
+  (``PPO_VALUE_FIELDS``) as extra fields;
+* the policy workers generate and write their rows straight into the store; the driver gets
+  a meta plus a small per-row ``driver_carry`` (rewards, lengths, truncation);
+* policy log-probs, reference log-probs and the critic's values are computed on meta shards;
+  the workers write ``prev_logprobs`` / ``reference_policy_logprobs`` / ``values`` back under
+  the same ids - each model dispatch with its own fresh pad target (``TQDriverMixin``);
+* the driver reads only the per-token columns the advantage needs, computes GAE targets and
+  writes ``advantages`` and ``returns`` back;
+* each of ``ppo_epochs`` epochs subsets the meta with a fresh shuffle and trains the policy
+  (``train_from_meta``) and the critic (``TQValue.train_from_meta``) on it;
+* ``policy.finish_step`` clears the step's samples; a ``finally`` drops the partition if the
+  step failed earlier.
+
+This module never imports an adapter and never touches a client: the store is reached only
+through ``TQPolicy`` / ``TQValue`` methods and ``KVBatchMeta`` transforms (rule 4).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from nemo_dp.algorithms.ppo import make_value, start_ppo_phase
+from nemo_dp.algorithms.ppo_common import (
+    build_ppo_loss_fns,
+    compute_ppo_targets,
+    epoch_permutation,
+    ppo_step_metrics,
+)
+from nemo_dp.algorithms.trainer_common import (
+    TRAINER_STATE_VERSION,
+    Checkpointer,
+    RunLogger,
+    sample_seeds,
+    should_validate,
+)
+from nemo_dp.data_plane.factory import validate_trainer_selection
+from nemo_dp.data_plane.schema import (
+    ADVANTAGES,
+    DP_TRAIN_FIELDS,
+    DP_VALUE_TRAIN_FIELDS,
+    PPO_VALUE_FIELDS,
+    PREV_LOGPROBS,
+    REFERENCE_POLICY_LOGPROBS,
+    RETURNS,
+    SAMPLE_MASK,
+    TASK_TRAIN,
+    TASK_VAL,
+    TOKEN_MASK,
+    VAL_PARTITION,
+    VALUES,
+)
+from nemo_dp.models.value.tq_value import TQValue
+from nemo_dp.utils.seeding import capture_rng_state
+
+__all__ = ["ppo_train_sync", "TRAINER_TARGET"]
+
+#: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
+TRAINER_TARGET = "nemo_dp.algorithms.ppo_sync:ppo_train_sync"
+
+#: Per-token columns the driver reads back for the advantage (contract §17.1).
+_TARGET_READ_FIELDS: tuple[str, ...] = (TOKEN_MASK, PREV_LOGPROBS, REFERENCE_POLICY_LOGPROBS, VALUES)
+
+
+def _check_entry(policy: Any, master_config: Any) -> None:
+    selection = validate_trainer_selection(master_config)
+    if selection.target != TRAINER_TARGET:
+        raise ValueError(
+            f"ppo_train_sync needs an enabled data plane with impl: transfer_queue "
+            f"(data_plane=tq); this config selects {selection.target} - use the legacy trainer "
+            "nemo_dp.algorithms.ppo:ppo_train (select_sync_trainer picks it)"
+        )
+    if not hasattr(policy, "dp_cfg"):
+        raise ValueError(
+            f"ppo_train_sync needs a data-plane policy exposing dp_cfg (TQPolicy), got "
+            f"{type(policy).__name__}; build the policy with "
+            "nemo_dp.data_plane.factory.make_policy_factory(cfg.data_plane)"
+        )
+
+
+def ppo_train_sync(
+    policy: Any,
+    master_config: Any,
+    *,
+    train_loader: Any,
+    val_problems: list[Any],
+    tokenizer: Any,
+    env: Any,
+    logger: RunLogger,
+    checkpointer: Checkpointer,
+    start_state: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Run PPO for ``algorithm.max_steps`` steps over the data plane.
+
+    Same call signature, checkpoints and metrics as ``ppo_train``.  The critic is a ``TQValue``
+    sharing the policy's data plane, created here and shut down at the end.
+
+    Args:
+        policy: A ``TQPolicy`` (from ``make_policy_factory``).
+        master_config: The validated root config (PPO, ``data_plane=tq``).
+        train_loader: Resumable loader of problems, batch size ``num_prompts_per_step``.
+        val_problems: Held-out problems for greedy exact-match evaluation.
+        tokenizer: The tokenizer.
+        env: The reward environment.
+        logger: The phase's ``RunLogger``.
+        checkpointer: The phase's ``Checkpointer``.
+        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+
+    Returns:
+        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
+
+    Raises:
+        ValueError: The config does not select this trainer or the policy is not a
+            data-plane policy.
+    """
+    _check_entry(policy, master_config)
+    value = make_value(master_config, tokenizer, value_cls=TQValue.from_policy_factory(policy))
+    try:
+        return _ppo_sync_loop(
+            policy,
+            value,
+            master_config,
+            train_loader=train_loader,
+            val_problems=val_problems,
+            tokenizer=tokenizer,
+            env=env,
+            logger=logger,
+            checkpointer=checkpointer,
+            start_state=start_state,
+        )
+    finally:
+        value.shutdown()
+
+
+def _ppo_sync_loop(
+    policy: Any,
+    value: Any,
+    master_config: Any,
+    *,
+    train_loader: Any,
+    val_problems: list[Any],
+    tokenizer: Any,
+    env: Any,
+    logger: RunLogger,
+    checkpointer: Checkpointer,
+    start_state: dict[str, Any] | None,
+) -> dict[str, Any]:
+    algo = master_config.algorithm
+    max_steps = int(algo.max_steps)
+    group = int(algo.num_generations_per_prompt)
+    per_step = int(algo.num_prompts_per_step) * group
+    counters = start_ppo_phase(
+        policy, value, master_config, start_state=start_state, train_loader=train_loader, logger=logger
+    )
+    policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
+    logger.start(max_steps, int(counters["step"]))
+    num_print = int(master_config.logger.num_val_examples_to_print)
+
+    def _evaluate() -> float:
+        n = len(val_problems)
+        if n == 0:
+            raise ValueError("evaluate: no held-out problems")
+        policy.prepare_val_partition(n, partition_id=VAL_PARTITION)
+        try:
+            out = policy.generate_to_dataplane(
+                [tokenizer.encode_prompt(p.prompt) for p in val_problems],
+                [0] * n,
+                sample_ids=[f"val{k}_g0" for k in range(n)],
+                answers=[p.answer for p in val_problems],
+                greedy=True,
+                tokenizer=tokenizer,
+                env=env,
+                partition_id=VAL_PARTITION,
+                task_name=TASK_VAL,
+                return_responses=num_print > 0,
+            )
+            policy.finish_step(out.meta)
+        finally:
+            policy.drop_partition(VAL_PARTITION)
+        for p, r in list(zip(val_problems, out.responses or []))[:num_print]:
+            logger.info(f"  {p.prompt}{r!r} (expected {p.answer!r})")
+        return float(out.carry["rewards"].mean())
+
+    if counters["step"] == 0 and bool(algo.val_at_start):
+        acc = _evaluate()
+        counters["initial_val_accuracy"] = acc
+        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
+        logger.log_step(0, {"val_accuracy": acc})
+
+    while counters["step"] < max_steps:
+        step = int(counters["step"]) + 1
+        t_step = time.perf_counter()
+        policy.prepare_step(num_samples=per_step, extra_fields=PPO_VALUE_FIELDS)
+        try:
+            t0 = time.perf_counter()
+            problems = list(train_loader.next_batch())
+            seeds = sample_seeds(int(master_config.seed), step, 0, len(problems) * group)
+            out = policy.generate_to_dataplane(
+                [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group)],
+                seeds,
+                sample_ids=[f"s{step}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)],
+                answers=[p.answer for p in problems for _ in range(group)],
+                greedy=False,
+                tokenizer=tokenizer,
+                env=env,
+                task_name=TASK_TRAIN,
+            )
+            meta, carry = out.meta, out.carry
+            t_gen = time.perf_counter() - t0
+            sample_mask = torch.ones(meta.size, dtype=torch.float32)
+            if bool(algo.overlong_filtering):
+                sample_mask = sample_mask * (~carry["truncated"].bool()).float()
+            policy.write_to_dataplane(meta, {SAMPLE_MASK: sample_mask})
+            t1 = time.perf_counter()
+            policy.get_logprobs_from_meta(meta)
+            policy.get_reference_policy_logprobs_from_meta(meta)
+            value.get_values_from_meta(meta)
+            t_fwd = time.perf_counter() - t1
+            cols = policy.read_from_dataplane(meta, select_fields=list(_TARGET_READ_FIELDS))
+            targets = compute_ppo_targets(
+                algo,
+                scores=carry["rewards"],
+                token_mask=cols[TOKEN_MASK],
+                sample_mask=sample_mask,
+                prev_logprobs=cols[PREV_LOGPROBS],
+                reference_logprobs=cols[REFERENCE_POLICY_LOGPROBS],
+                values=cols[VALUES],
+            )
+            policy.write_to_dataplane(meta, {ADVANTAGES: targets.advantages, RETURNS: targets.returns})
+            t2 = time.perf_counter()
+            policy_epochs, value_epochs = [], []
+            for epoch in range(int(algo.ppo_epochs)):
+                epoch_meta = meta.subset(epoch_permutation(int(master_config.seed), step, epoch, meta.size))
+                policy_epochs.append(
+                    policy.train_from_meta(epoch_meta, policy_loss_fn, train_fields=DP_TRAIN_FIELDS)
+                )
+                value_epochs.append(
+                    value.train_from_meta(epoch_meta, value_loss_fn, train_fields=DP_VALUE_TRAIN_FIELDS)
+                )
+            t_train = time.perf_counter() - t2
+            policy.finish_step(meta)
+        finally:
+            policy.drop_partition()
+        counters["step"] = step
+        counters["consumed_samples"] += meta.size
+        metrics = ppo_step_metrics(
+            scores=carry["rewards"],
+            targets=targets,
+            values=cols[VALUES],
+            token_mask=cols[TOKEN_MASK],
+            truncated=carry["truncated"],
+            sample_mask=sample_mask,
+            policy_epochs=policy_epochs,
+            value_epochs=value_epochs,
+        )
+        metrics.update(
+            {
+                "consumed_samples": counters["consumed_samples"],
+                "time/generation_s": t_gen,
+                "time/forward_s": t_fwd,
+                "time/train_s": t_train,
+            }
+        )
+        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
+            t3 = time.perf_counter()
+            acc = _evaluate()
+            counters["val_accuracy"] = acc
+            metrics["val_accuracy"] = acc
+            metrics["time/val_s"] = time.perf_counter() - t3
+            logger.info(
+                f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
+                f"value loss {metrics['value_loss']:.4f}, explained variance "
+                f"{metrics['explained_variance']:.3f}, held-out accuracy {acc:.3f}"
+            )
+        metrics.update(policy.data_plane_step_metrics(time.perf_counter() - t_step))
+        logger.log_step(step, metrics)
+        if checkpointer.should_save(step, final=step == max_steps):
+            checkpointer.save(
+                step,
+                lambda: {
+                    "trainer_state_version": TRAINER_STATE_VERSION,
+                    "algorithm": "ppo",
+                    "counters": dict(counters),
+                    "policy": policy.state_dict(),
+                    "value": value.state_dict(),
+                    "loader": train_loader.state_dict(),
+                    "driver_rng": capture_rng_state(),
+                },
+            )
+    logger.close()
+    return dict(counters)

@@ -1,0 +1,446 @@
+"""``TQPolicy``: the driver-side policy façade whose bulk tensors live in the data plane.
+
+Why this module exists: the data-plane trainers must reach the store only through policy
+methods and ``KVBatchMeta`` transforms (design rule 4), and bulk per-token tensors must never
+pass through the driver (rule 6).  ``TQPolicy`` is that surface.  It builds the driver's
+bootstrapping client, has every worker attach (``setup_data_plane``), and turns each model call
+into *metadata* work on the driver: mint a fresh pad target on an isolated copy of the meta
+(``TQDriverMixin``), shard it with the same planner the legacy ``Policy`` uses
+(``shard_meta_for_dp``), and ship one meta shard per DP rank to the worker's ``*_presharded``
+entrypoint, which fetches its rows and writes results back.  The rollout itself runs in the
+workers and writes straight into the store (``TQPolicyWorker.generate_into_store``); the driver
+receives metas plus a small per-row ``driver_carry``.
+
+It is constructed as ``TQPolicy(*args, dp_cfg, partition_id="train", **kwargs)`` by
+``nemo_dp.data_plane.factory.make_policy_factory``; every legacy ``Policy`` method keeps working
+(an SFT warm start on the same policy uses them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from nemo_dp.data_plane.driver_mixin import TQDriverMixin
+from nemo_dp.data_plane.factory import build_data_plane_client, coerce_data_plane_config
+from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.observability import is_metrics_client
+from nemo_dp.data_plane.preshard import shard_meta_for_dp
+from nemo_dp.data_plane.schema import (
+    DP_TRAIN_FIELDS,
+    LP_SEED_FIELDS,
+    TASK_PREV_LP,
+    TASK_REF_LP,
+    TASK_TRAIN,
+    TASK_VAL,
+    TRAIN_PARTITION,
+    VAL_PARTITION,
+)
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.models.policy.policy import Policy
+from nemo_dp.models.policy.tq_worker import ROLLOUT_STORE_FIELDS, TQPolicyWorker
+
+__all__ = ["TQPolicy", "RolloutResult"]
+
+#: Consumer tasks registered on the train partition (contract §13).
+TRAIN_TASKS: tuple[str, ...] = (TASK_PREV_LP, TASK_REF_LP, TASK_TRAIN)
+
+
+class RolloutResult:
+    """What the driver receives from a rollout into the store.
+
+    Attributes:
+        meta: One meta over every generated row, rows in prompt order.
+        carry: The small per-row ``driver_carry`` (``rewards``, ``input_lengths``,
+            ``prompt_lengths``, ``response_lengths``, ``truncated``), rows aligned with ``meta``.
+        responses: Decoded responses when asked for (validation logging), else ``None``.
+    """
+
+    __slots__ = ("meta", "carry", "responses")
+
+    def __init__(self, meta: KVBatchMeta, carry: BatchedDataDict, responses: list[str] | None) -> None:
+        self.meta = meta
+        self.carry = carry
+        self.responses = responses
+
+
+class TQPolicy(TQDriverMixin, Policy):
+    """The policy façade of the data-plane trainers (contract §13).
+
+    Args:
+        *args: Passed to ``Policy``.
+        dp_cfg: The ``data_plane`` config, passed unchanged from ``make_policy_factory``.
+        partition_id: The training partition (default ``"train"``).
+        **kwargs: Passed to ``Policy`` (``cluster``, ``config``, ``vocab_size``, ...).
+
+    Raises:
+        ValueError: ``dp_cfg`` is disabled or invalid (from ``build_data_plane_client``).
+        RuntimeError: The backend cannot be bootstrapped (e.g. Ray is not running).
+    """
+
+    worker_class: ClassVar[type] = TQPolicyWorker
+
+    def __init__(self, *args: Any, dp_cfg: Any, partition_id: str = TRAIN_PARTITION, **kwargs: Any) -> None:
+        self.dp_cfg = dp_cfg
+        self.partition_id = partition_id
+        self._live_partitions: set[str] = set()
+        self._train_step_active = False
+        self.dp_client = build_data_plane_client(dp_cfg, bootstrap=True)
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self.dp_client.close()
+            raise
+        try:
+            # Workers get the validated dataclass: picklable and free of interpolations.
+            self._dispatch_all("setup_data_plane", coerce_data_plane_config(dp_cfg))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ------------------------------------------------------------------------------------------
+    # partitions
+    # ------------------------------------------------------------------------------------------
+    def prepare_step(
+        self, num_samples: int, group_size: int | None = None, extra_fields: Sequence[str] = ()
+    ) -> None:
+        """Register the training partition for one step.
+
+        Args:
+            num_samples: Samples the step trains on (a sizing hint for TransferQueue: dynamic
+                sampling writes several generation batches into the live partition).
+            group_size: GRPO group size (must divide ``num_samples``).
+            extra_fields: Columns beyond ``DP_TRAIN_FIELDS`` and the rollout's own
+                (``ROLLOUT_STORE_FIELDS``) that a producer will write.
+
+        Raises:
+            ValueError: The partition is already registered (``"already registered"``).
+        """
+        fields: list[str] = []
+        for f in (*DP_TRAIN_FIELDS, *ROLLOUT_STORE_FIELDS, *extra_fields):
+            if f not in fields:
+                fields.append(f)
+        self.dp_client.register_partition(
+            self.partition_id,
+            fields=fields,
+            num_samples=int(num_samples),
+            consumer_tasks=list(TRAIN_TASKS),
+            grpo_group_size=group_size,
+        )
+        self._live_partitions.add(self.partition_id)
+
+    def prepare_val_partition(self, num_samples: int, partition_id: str = VAL_PARTITION) -> None:
+        """Register a validation partition (rollout columns, task ``"val"``).
+
+        Args:
+            num_samples: Validation samples.
+            partition_id: The partition id.
+
+        Raises:
+            ValueError: The partition is already registered.
+        """
+        fields = list(ROLLOUT_STORE_FIELDS)
+        self.dp_client.register_partition(
+            partition_id, fields=fields, num_samples=int(num_samples), consumer_tasks=[TASK_VAL]
+        )
+        self._live_partitions.add(partition_id)
+
+    def discard_samples(self, ids: Sequence[str], partition_id: str | None = None) -> None:
+        """Clear exactly ``ids`` from a partition (dynamic-sampling drops).
+
+        Args:
+            ids: Live sample ids; ``[]`` is a no-op.
+            partition_id: Partition (default: the training partition).
+
+        Raises:
+            KeyError: An id is not live (nothing is cleared).
+        """
+        ids = list(ids)
+        if ids:
+            self.dp_client.clear_samples(ids, partition_id or self.partition_id)
+
+    def finish_step(self, meta: KVBatchMeta) -> None:
+        """Drop ``meta``'s whole partition (step end): later reads of its ids raise ``KeyError``.
+
+        Args:
+            meta: Any meta of the partition.
+
+        Raises:
+            KeyError: The partition is not live.
+        """
+        self.dp_client.clear_samples(None, meta.partition_id)
+        self._live_partitions.discard(meta.partition_id)
+
+    def drop_partition(self, partition_id: str | None = None) -> bool:
+        """Drop a partition this policy registered if it is still live (failure cleanup).
+
+        Args:
+            partition_id: Partition (default: the training partition).
+
+        Returns:
+            Whether a live partition was dropped.
+        """
+        pid = partition_id or self.partition_id
+        if pid not in self._live_partitions:
+            return False
+        self._live_partitions.discard(pid)
+        self.dp_client.clear_samples(None, pid)
+        return True
+
+    # ------------------------------------------------------------------------------------------
+    # rollout into the store
+    # ------------------------------------------------------------------------------------------
+    def generate_to_dataplane(
+        self,
+        prompts: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        *,
+        sample_ids: Sequence[str],
+        answers: Sequence[str],
+        greedy: bool,
+        tokenizer: Any,
+        env: Any,
+        partition_id: str | None = None,
+        task_name: str | None = None,
+        return_responses: bool = False,
+    ) -> RolloutResult:
+        """Generate, score and write a batch into the store from the workers.
+
+        Prompts are split over the ranks exactly as ``Policy.generate`` splits them (contiguous
+        runs of ``ceil(n / dp_size)``), so every row is generated by the same code, in the same
+        sub-batch, as on the legacy path.
+
+        Args:
+            prompts: Token ids per row (bos included).
+            seeds: One sampling seed per row.
+            sample_ids: One new id per row (``f"{uid}_g{i}"``).
+            answers: Reference answer per row.
+            greedy: Argmax decoding.
+            tokenizer: The tokenizer (shipped to the workers for decoding).
+            env: The reward environment (shipped to the workers for scoring).
+            partition_id: Registered partition (default: the training partition).
+            task_name: ``task_name`` of the returned meta.
+            return_responses: Also return the decoded responses.
+
+        Returns:
+            The rollout's meta, ``driver_carry`` and optional responses.
+
+        Raises:
+            ValueError: Empty input or misaligned lists.
+        """
+        n = len(prompts)
+        if n == 0:
+            raise ValueError(f"{self.name_prefix}.generate_to_dataplane: no prompts")
+        if not (len(seeds) == len(sample_ids) == len(answers) == n):
+            raise ValueError(
+                f"{self.name_prefix}.generate_to_dataplane: {n} prompts, {len(seeds)} seeds, "
+                f"{len(sample_ids)} sample_ids, {len(answers)} answers must align"
+            )
+        pid = partition_id or self.partition_id
+        per = -(-n // self.dp_size)
+        bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
+        shards = [
+            {
+                "prompts": [list(p) for p in prompts[a:b]],
+                "seeds": [int(s) for s in seeds[a:b]],
+                "sample_ids": [str(s) for s in sample_ids[a:b]],
+                "answers": [str(x) for x in answers[a:b]],
+            }
+            for a, b in bounds
+        ]
+        outs = self.worker_group.run_sharded(
+            "generate_into_store",
+            shards,
+            greedy,
+            partition_id=pid,
+            task_name=task_name,
+            tokenizer=tokenizer,
+            env=env,
+            return_responses=return_responses,
+        )
+        metas = [o["meta"] for o in outs if o["meta"] is not None]
+        meta = metas[0].concat(*metas[1:])
+        carry = BatchedDataDict.from_batches([BatchedDataDict(o["carry"]) for o in outs if o["meta"] is not None])
+        responses = [r for o in outs for r in (o["responses"] or [])] if return_responses else None
+        return RolloutResult(meta, carry, responses)
+
+    # ------------------------------------------------------------------------------------------
+    # model calls on metas
+    # ------------------------------------------------------------------------------------------
+    def _shard_meta(self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str) -> list[KVBatchMeta]:
+        spa, dba = self._packing_args(mb_tokens_key)
+        shards, _ = shard_meta_for_dp(
+            meta,
+            dp_world=self.dp_size,
+            batch_size=batch_size,
+            sequence_packing_args=spa,
+            dynamic_batching_args=dba,
+        )
+        return shards
+
+    def get_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
+        """Policy log-probs of ``meta``'s rows; the workers write them as ``prev_logprobs``.
+
+        Args:
+            meta: Rows (with ``sequence_lengths``) already holding ``LP_SEED_FIELDS``.
+
+        Returns:
+            ``None``: the results are in the store.
+        """
+        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_PREV_LP)
+        shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
+        self._dispatch_sharded("get_logprobs_presharded", shards)
+        return None
+
+    def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
+        """Reference log-probs of ``meta``'s rows, written as ``reference_policy_logprobs``.
+
+        Args:
+            meta: As :meth:`get_logprobs_from_meta`.
+
+        Returns:
+            ``None``: the results are in the store.
+        """
+        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_REF_LP)
+        shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
+        self._dispatch_sharded("get_reference_policy_logprobs_presharded", shards)
+        return None
+
+    def train_from_meta(
+        self,
+        meta: KVBatchMeta,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+        train_fields: Sequence[str] = DP_TRAIN_FIELDS,
+    ) -> dict[str, Any]:
+        """Train on ``meta``'s rows: the workers fetch their shards from the store.
+
+        Sharding and aggregation are those of ``Policy.train``, so the same rows land on the
+        same ranks in the same microbatches as on the legacy path.
+
+        Args:
+            meta: The step's rows.
+            loss_fn: A ``LossFn`` (pickled to the workers).
+            eval_mode: Loss only, no update.
+            gbs: Global batch size (default ``policy.train_global_batch_size``).
+            mbs: Rows per microbatch without a plan.
+            train_fields: Fields the workers fetch.
+
+        Returns:
+            Aggregated metrics (``Policy._aggregate_train_results``).
+
+        Raises:
+            ValueError: The rows do not divide into global batches over the ranks.
+        """
+        gbs = int(gbs or self.cfg.train_global_batch_size)
+        isolated = self._isolated_meta(meta, fields=list(train_fields), task_name=TASK_TRAIN)
+        shards = self._shard_meta(isolated, batch_size=gbs, mb_tokens_key="train_mb_tokens")
+        results = self._dispatch_sharded(
+            "train_presharded", shards, loss_fn=loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs
+        )
+        return self._aggregate_train_results(results)
+
+    # ------------------------------------------------------------------------------------------
+    # split training API over placed metas (contract §17.3)
+    # ------------------------------------------------------------------------------------------
+    def begin_train_step(self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None) -> None:
+        """Start one optimizer step on every rank.
+
+        Args:
+            loss_fn: The loss function.
+            gbs: Accepted for signature parity (one placed global batch per step).
+            mbs: Rows per microbatch without a plan.
+
+        Raises:
+            RuntimeError: A step is already active (``"already active"``).
+        """
+        if self._train_step_active:
+            raise RuntimeError(f"{self.name_prefix}: a train step is already active; finish or abort it first")
+        self._dispatch_all("begin_train_step_presharded", loss_fn, gbs=gbs, mbs=mbs)
+        self._train_step_active = True
+
+    def train_placed_microbatches(self, dp_metas: Sequence[KVBatchMeta]) -> None:
+        """Run rank ``r``'s placed meta on DP rank ``r`` (forward/backward, gradients accumulate).
+
+        Args:
+            dp_metas: Exactly one meta per DP rank, in rank order.
+
+        Raises:
+            ValueError: Not one meta per rank, dynamic batching enabled, or sequence packing
+                without the producer's microbatch plan.
+            RuntimeError: No active step.
+        """
+        metas = list(dp_metas)
+        if len(metas) != self.dp_size:
+            raise ValueError(
+                "Placed metadata must contain exactly one batch per DP rank "
+                f"(got {len(metas)} metas for dp_size={self.dp_size})"
+            )
+        spa, dba = self._packing_args("train_mb_tokens")
+        if dba is not None:
+            raise ValueError("Placed metadata does not support dynamic batching.")
+        if spa is not None and any("micro_batch_indices" not in m.extra_info for m in metas):
+            raise ValueError("Placed packed metadata requires producer microbatch shapes.")
+        if not self._train_step_active:
+            raise RuntimeError(f"{self.name_prefix}: train_placed_microbatches without begin_train_step")
+        self._dispatch_sharded("train_microbatch_presharded", self._placed_metas(metas))
+
+    def finish_train_step(self) -> dict[str, Any]:
+        """Reduce gradients, step the optimizer on every rank and end the step.
+
+        Returns:
+            The metrics of the step (additive shares summed over replica leaders).
+
+        Raises:
+            RuntimeError: No active step.
+        """
+        if not self._train_step_active:
+            raise RuntimeError(f"{self.name_prefix}: finish_train_step without begin_train_step")
+        results = self._dispatch_all("finish_train_step_presharded")
+        self._train_step_active = False
+        return self._aggregate_train_results([{"per_step": [r]} for r in results])
+
+    def abort_train_step(self) -> None:
+        """Drop accumulated gradients on every rank (idempotent)."""
+        self._dispatch_all("abort_train_step_presharded")
+        self._train_step_active = False
+
+    # ------------------------------------------------------------------------------------------
+    # observability and lifetime
+    # ------------------------------------------------------------------------------------------
+    def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
+        """The driver client's per-step data-plane metrics (observability on), else ``{}``.
+
+        Args:
+            step_time_s: Wall time of the step (for ``step/frac_of_step``).
+
+        Returns:
+            ``get_step_metrics`` of the driver's wrapper, keys prefixed ``data_plane/``.
+        """
+        if not is_metrics_client(self.dp_client):
+            return {}
+        return {f"data_plane/{k}": float(v) for k, v in self.dp_client.get_step_metrics(step_time_s).items()}
+
+    def data_plane_snapshots(self) -> dict[str, Any]:
+        """Cumulative data-plane stats of the driver and every worker (observability on).
+
+        Returns:
+            ``{"driver": snapshot | None, "workers": [snapshot | None per rank]}``.
+        """
+        driver = self.dp_client.snapshot() if is_metrics_client(self.dp_client) else None
+        return {"driver": driver, "workers": self._dispatch_all("get_data_plane_snapshot")}
+
+    def live_partitions(self) -> Iterable[str]:
+        """Partitions this policy registered and has not dropped yet."""
+        return sorted(self._live_partitions)
+
+    def shutdown(self) -> None:
+        """Shut the workers down (their attached clients close with them), then close the
+        bootstrapping client (idempotent)."""
+        try:
+            super().shutdown()
+        finally:
+            self.dp_client.close()
+

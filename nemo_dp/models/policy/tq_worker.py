@@ -1,0 +1,153 @@
+"""``TQPolicyWorker``: the policy worker with the data-plane entrypoints mixed in.
+
+Why this module exists: on the data-plane path the workers, not the driver, own the bulk
+tensors.  ``TQWorkerMixin`` gives ``PolicyWorker`` the ``*_presharded`` entrypoints (fetch a
+``KVBatchMeta`` shard, attach the driver's plan, compute, write back on the replica leader);
+this module adds the one entrypoint that is specific to the policy: **rollout into the store**.
+A worker generates its shard of prompts with the same in-memory ``generate`` the legacy path
+uses (so the tokens are bit-identical), scores the responses, writes the bulk columns
+(``input_ids``, lengths, ``generation_logprobs``, ``token_mask``, ``sample_mask``) straight into
+the store under ids minted once per sample, and returns only the receipt meta plus a small
+per-row ``driver_carry`` (rewards, lengths, truncation flags).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from nemo_dp.data_plane.column_io import first_write
+from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.schema import (
+    GENERATION_LOGPROBS,
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    SAMPLE_MASK,
+    TOKEN_MASK,
+)
+from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
+from nemo_dp.models.policy.worker import PolicyWorker
+
+__all__ = [
+    "TQPolicyWorker",
+    "PROMPT_LENGTHS",
+    "ROLLOUT_STORE_FIELDS",
+    "CARRY_KEYS",
+]
+
+#: Per-row prompt length column the rollout writes besides the training fields.
+PROMPT_LENGTHS = "prompt_lengths"
+
+#: Columns a rollout writes into the store (bulk per-token columns plus two per-row ones).
+ROLLOUT_STORE_FIELDS: tuple[str, ...] = (
+    INPUT_IDS,
+    INPUT_LENGTHS,
+    PROMPT_LENGTHS,
+    GENERATION_LOGPROBS,
+    TOKEN_MASK,
+    SAMPLE_MASK,
+)
+
+#: Keys of the per-row ``driver_carry`` (all 1-D, one value per sample).
+CARRY_KEYS: tuple[str, ...] = (
+    "rewards",
+    "input_lengths",
+    "prompt_lengths",
+    "response_lengths",
+    "truncated",
+)
+
+
+class TQPolicyWorker(TQWorkerMixin, PolicyWorker):
+    """A ``PolicyWorker`` that can also fetch its inputs from, and write results to, the store.
+
+    The mixin is listed first so its topology hooks see ``PolicyWorker``'s (pure data
+    parallelism: every rank is a replica leader, there is no replica group).
+    """
+
+    def generate_into_store(
+        self,
+        shard: Mapping[str, Sequence[Any]],
+        greedy: bool,
+        *,
+        partition_id: str,
+        task_name: str | None,
+        tokenizer: Any,
+        env: Any,
+        return_responses: bool = False,
+    ) -> dict[str, Any]:
+        """Generate this rank's prompts, score them and write the bulk columns to the store.
+
+        Args:
+            shard: ``{"prompts": token ids per prompt, "seeds": one seed per prompt,
+                "sample_ids": one new store id per prompt, "answers": reference answers}``.
+            greedy: Argmax decoding (evaluation) instead of sampling.
+            partition_id: Registered partition to write into.
+            task_name: ``task_name`` of the returned meta.
+            tokenizer: Decodes the response tokens (``decode(ids)`` stops at eos).
+            env: Scores responses (``score(responses, answers) -> float tensor``).
+            return_responses: Also return the decoded response strings (validation logging).
+
+        Returns:
+            ``{"meta": KVBatchMeta | None, "carry": {key: 1-D tensor} (``CARRY_KEYS``),
+            "responses": list[str] | None}``; ``meta`` is ``None`` and ``carry`` empty for an
+            empty shard.  Nothing per-token is returned.
+
+        Raises:
+            ValueError: The shard's lists do not align.
+            RuntimeError: The data-plane client is not set up on this worker.
+        """
+        prompts, seeds = shard["prompts"], shard["seeds"]
+        sample_ids, answers = list(shard["sample_ids"]), list(shard["answers"])
+        n = len(prompts)
+        if not (len(seeds) == len(sample_ids) == len(answers) == n):
+            raise ValueError(
+                f"TQPolicyWorker[{self.rank}].generate_into_store: prompts ({n}), seeds "
+                f"({len(seeds)}), sample_ids ({len(sample_ids)}) and answers ({len(answers)}) "
+                "must align"
+            )
+        client = self._require_dp_client()
+        if n == 0:
+            return {"meta": None, "carry": {}, "responses": [] if return_responses else None}
+        out = self.generate({"prompts": prompts, "seeds": seeds}, greedy)
+        ids = out[INPUT_IDS]
+        starts = out[PROMPT_LENGTHS].tolist()
+        ends = out[INPUT_LENGTHS].tolist()
+        responses = [tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))]
+        rewards = env.score(responses, answers).to(torch.float32)
+        columns = {
+            INPUT_IDS: ids,
+            INPUT_LENGTHS: out[INPUT_LENGTHS],
+            PROMPT_LENGTHS: out[PROMPT_LENGTHS],
+            GENERATION_LOGPROBS: out[GENERATION_LOGPROBS],
+            TOKEN_MASK: out[TOKEN_MASK],
+            SAMPLE_MASK: torch.ones(n, dtype=torch.float32),
+        }
+        meta: KVBatchMeta | None = None
+        if self._is_replica_leader():
+            meta = first_write(
+                columns,
+                sample_ids=sample_ids,
+                dp_client=client,
+                partition_id=partition_id,
+                task_name=task_name,
+            )
+        carry = {
+            "rewards": rewards,
+            "input_lengths": out[INPUT_LENGTHS].to(torch.int32),
+            "prompt_lengths": out[PROMPT_LENGTHS].to(torch.int32),
+            "response_lengths": out[TOKEN_MASK].sum(dim=1).to(torch.int32),
+            "truncated": out["truncated"].to(torch.bool),
+        }
+        return {"meta": meta, "carry": carry, "responses": responses if return_responses else None}
+
+    def shutdown(self) -> None:
+        """Close this worker's attached data-plane client, then leave the process group."""
+        client, self.dp_client = self.dp_client, None
+        try:
+            if client is not None:
+                client.close()
+        finally:
+            super().shutdown()

@@ -1,0 +1,162 @@
+"""``TQValue``: the PPO critic's driver facade whose bulk tensors live in the data plane.
+
+Why this module exists: on the data-plane path the critic, like the policy, must receive only
+``KVBatchMeta`` shards (design rules 4 and 6): its workers fetch their rows from the store,
+compute, and write ``values`` back under the same ids.  ``TQValue`` is ``Value`` (shared
+sharding, dispatch and metric aggregation from ``Policy``) with ``TQDriverMixin`` - the same
+mixin ``TQPolicy`` uses - for the metadata work, so every critic dispatch gets its **own**
+fresh pad target from ``_isolated_meta`` (contract §13): with ``ppo_epochs > 1`` the policy and
+the critic each dispatch the same rows several times, and a target stamped once on a shared
+meta would leak from the policy into the critic (different rounding) and across epochs.
+
+The TransferQueue library allows one client per process, so the critic does not build a
+driver client of its own: it borrows the policy's (``TQValue.from_policy``) and never closes
+it.  Its workers (``TQValueWorker``) attach their own clients with ``setup_data_plane``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from nemo_dp.data_plane.driver_mixin import TQDriverMixin
+from nemo_dp.data_plane.factory import coerce_data_plane_config
+from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
+from nemo_dp.data_plane.preshard import shard_meta_for_dp
+from nemo_dp.data_plane.schema import DP_VALUE_TRAIN_FIELDS, VALUE_SEED_FIELDS
+from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
+from nemo_dp.models.value.value import Value
+from nemo_dp.models.value.worker import ValueWorker
+
+__all__ = ["TQValue", "TQValueWorker", "TASK_VALUES", "TASK_VALUE_TRAIN"]
+
+#: Task names of the critic's dispatches (tags on the dispatched metas; nothing claims them).
+TASK_VALUES = "values"
+TASK_VALUE_TRAIN = "value_train"
+
+
+class TQValueWorker(TQWorkerMixin, ValueWorker):
+    """A ``ValueWorker`` with the ``*_presharded`` entrypoints (``get_values_presharded`` writes
+    ``result["values"]`` back as ``values``; ``train_presharded`` fetches and trains).
+
+    The mixin is listed first so its topology hooks defer to ``PolicyWorker``'s (pure data
+    parallelism: every rank is a replica leader).
+    """
+
+
+class TQValue(TQDriverMixin, Value):
+    """The critic facade of the data-plane PPO trainer.
+
+    Args:
+        *args: Passed to ``Value``.
+        dp_cfg: The ``data_plane`` config (the policy's ``dp_cfg``).
+        dp_client: The driver's open client (the policy's); borrowed, never closed here.
+        **kwargs: Passed to ``Value`` (``cluster``, ``config``, ``vocab_size``, ...).
+
+    Raises:
+        ValueError: ``dp_cfg`` is disabled or invalid.
+    """
+
+    worker_class: ClassVar[type] = TQValueWorker
+
+    def __init__(self, *args: Any, dp_cfg: Any, dp_client: DataPlaneClient, **kwargs: Any) -> None:
+        self.dp_cfg = dp_cfg
+        self.dp_client = dp_client
+        worker_dp_cfg = coerce_data_plane_config(dp_cfg)
+        super().__init__(*args, **kwargs)
+        try:
+            self._dispatch_all("setup_data_plane", worker_dp_cfg)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @classmethod
+    def from_policy(cls, policy: Any, **kwargs: Any) -> TQValue:
+        """A critic sharing ``policy``'s data plane (its config and its driver client).
+
+        Args:
+            policy: A data-plane policy exposing ``dp_cfg`` and ``dp_client`` (``TQPolicy``).
+            **kwargs: ``Value`` constructor arguments.
+
+        Returns:
+            The critic.
+
+        Raises:
+            ValueError: ``policy`` is not a data-plane policy.
+        """
+        if not hasattr(policy, "dp_cfg") or not hasattr(policy, "dp_client"):
+            raise ValueError(
+                f"TQValue.from_policy: expected a data-plane policy exposing dp_cfg and dp_client "
+                f"(TQPolicy), got {type(policy).__name__}"
+            )
+        return cls(dp_cfg=policy.dp_cfg, dp_client=policy.dp_client, **kwargs)
+
+    # ------------------------------------------------------------------------------------------
+    def _shard_isolated(
+        self, meta: KVBatchMeta, *, fields: Sequence[str], task_name: str, batch_size: int | None,
+        mb_tokens_key: str,
+    ) -> list[KVBatchMeta]:
+        """Fresh isolated copy (own pad target) sharded over the critic's ranks."""
+        isolated = self._isolated_meta(meta, fields=list(fields), task_name=task_name)
+        spa, dba = self._packing_args(mb_tokens_key)
+        shards, _ = shard_meta_for_dp(
+            isolated,
+            dp_world=self.dp_size,
+            batch_size=batch_size,
+            sequence_packing_args=spa,
+            dynamic_batching_args=dba,
+        )
+        return shards
+
+    def get_values_from_meta(self, meta: KVBatchMeta) -> None:
+        """Critic values of ``meta``'s rows; the workers write them back as ``values``.
+
+        Args:
+            meta: Rows (with ``sequence_lengths``) already holding ``VALUE_SEED_FIELDS``.
+
+        Returns:
+            ``None``: the results are in the store under the same ids.
+        """
+        shards = self._shard_isolated(
+            meta, fields=VALUE_SEED_FIELDS, task_name=TASK_VALUES, batch_size=None,
+            mb_tokens_key="logprob_mb_tokens",
+        )
+        self._dispatch_sharded("get_values_presharded", shards)
+        return None
+
+    def train_from_meta(
+        self,
+        meta: KVBatchMeta,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+        train_fields: Sequence[str] = DP_VALUE_TRAIN_FIELDS,
+    ) -> dict[str, Any]:
+        """Train the critic on ``meta``'s rows (workers fetch ``train_fields`` from the store).
+
+        Args:
+            meta: The rows, in the order of this epoch.
+            loss_fn: The critic's loss (``ClippedValueLossFn``).
+            eval_mode: Loss only, no update.
+            gbs: Global batch size (default: the critic config's ``train_global_batch_size``).
+            mbs: Rows per microbatch without a plan.
+            train_fields: Fields the workers fetch.
+
+        Returns:
+            Aggregated metrics (as ``Value.train``).
+        """
+        gbs = int(gbs or self.cfg.train_global_batch_size)
+        shards = self._shard_isolated(
+            meta, fields=train_fields, task_name=TASK_VALUE_TRAIN, batch_size=gbs,
+            mb_tokens_key="train_mb_tokens",
+        )
+        results = self._dispatch_sharded(
+            "train_presharded", shards, loss_fn=loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs
+        )
+        return self._aggregate_train_results(results)
+
+    def shutdown(self) -> None:
+        """Shut the critic's workers down (their attached clients close with them); the
+        borrowed driver client stays open for its owner (idempotent)."""
+        super().shutdown()

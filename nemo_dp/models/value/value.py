@@ -1,0 +1,118 @@
+"""``Value``: the driver-side facade over the PPO critic's own worker group.
+
+Why this module exists: the critic needs exactly the policy facade's dispatch machinery - shard
+a batch over its DP ranks with the shared planner, fan out, reassemble in input order, aggregate
+per-rank training metrics, checkpoint and restore - so ``Value`` subclasses ``Policy`` and swaps
+in ``ValueWorker``; the critic runs its own ``RayWorkerGroup`` (its own gloo group, its own
+optimizer).  What differs is the forward-only call (``get_values``) and that a critic cannot
+generate or produce log-probs.  ``TQValue(TQDriverMixin, Value)`` adds the data-plane variants.
+
+The critic's config node has the policy config's keys (``critic_config`` derives it from the
+policy config and ``algorithm.value``): same model shape and the same batching / planning
+settings, so both models see identical microbatch plans for the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.models.policy.policy import Policy
+from nemo_dp.models.value.worker import ValueWorker
+
+__all__ = ["Value", "critic_config"]
+
+
+def critic_config(policy_cfg: Any, value_cfg: Any) -> DictConfig:
+    """The critic's config node: the policy config with the critic's optimizer settings.
+
+    Args:
+        policy_cfg: The ``policy`` node (model shape, ``dp_size``, batching, optimizer).
+        value_cfg: ``algorithm.value`` (``lr``, ``warmup_steps``).
+
+    Returns:
+        A new ``DictConfig`` (the inputs are not modified).
+    """
+    base = policy_cfg if isinstance(policy_cfg, DictConfig) else OmegaConf.structured(policy_cfg)
+    out = OmegaConf.create(OmegaConf.to_container(base, resolve=True))
+    out.optimizer.lr = float(value_cfg.lr)
+    out.optimizer.warmup_steps = int(value_cfg.warmup_steps)
+    return out
+
+
+class Value(Policy):
+    """The critic: ``dp_size`` ``ValueWorker`` replicas, each with its own optimizer.
+
+    Constructed like ``Policy`` (``cluster``, ``config`` = a ``critic_config`` node,
+    ``vocab_size``, ``pad_id``, ``eos_id``, ``seed``, ``name_prefix``).
+    """
+
+    worker_class: ClassVar[type] = ValueWorker
+
+    def __init__(self, *, name_prefix: str = "value", **kwargs: Any) -> None:
+        super().__init__(name_prefix=name_prefix, **kwargs)
+
+    # --- the critic's API -------------------------------------------------------------------
+    def get_values(self, data: BatchedDataDict) -> BatchedDataDict:
+        """Per-token values (``values[:, t]`` = value of the prefix ``tokens < t``).
+
+        Args:
+            data: ``input_ids`` [B, S], ``input_lengths`` [B] (other fields are ignored).
+
+        Returns:
+            ``{"values": float32 [B, S]}`` in input order (0 at column 0 and beyond a row's
+            length).
+        """
+        shards, order = self._shard_for_dp(
+            self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens"
+        )
+        outs = self._dispatch_sharded("get_values", shards)
+        return self._fit_width(self._gather_in_input_order(outs, order), data, "values")
+
+    def init_trunk_from(self, policy_model_state: Mapping[str, Any]) -> None:
+        """Start every critic replica from a policy's trunk (all but the LM head).
+
+        Args:
+            policy_model_state: The policy model's state dict (e.g.
+                ``policy.state_dict()["weights"]["model"]``).
+        """
+        self._dispatch_all("init_trunk_from", dict(policy_model_state))
+
+    # train(data, loss_fn), reset_optimizer, state_dict, load_state_dict, weights_checksums
+    # and shutdown are inherited unchanged.
+
+    # --- what a critic does not do ----------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool) -> BatchedDataDict:
+        """Not available.
+
+        Raises:
+            RuntimeError: Always (a critic has no language-model head).
+        """
+        raise RuntimeError(f"{self.name_prefix}: a value model cannot generate")
+
+    def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
+        """Not available.
+
+        Raises:
+            RuntimeError: Always; use :meth:`get_values`.
+        """
+        raise RuntimeError(f"{self.name_prefix}: a value model has no log-probs; use get_values")
+
+    def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
+        """Not available.
+
+        Raises:
+            RuntimeError: Always.
+        """
+        raise RuntimeError(f"{self.name_prefix}: a value model has no reference policy")
+
+    def snapshot_reference_policy(self) -> None:
+        """Not available.
+
+        Raises:
+            RuntimeError: Always.
+        """
+        raise RuntimeError(f"{self.name_prefix}: a value model has no reference policy")
