@@ -128,6 +128,7 @@ def register_bench_configs() -> None:
     """Store the bench schemas (group ``bench``) and the data-plane schemas in the ConfigStore."""
     register_data_plane_configs()
     ConfigStore.instance().store(group="bench", name="data_plane_schema", node=DataPlaneBenchConfig)
+    ConfigStore.instance().store(group="bench", name="grpo_step_schema", node=GrpoStepBenchConfig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -665,10 +666,367 @@ def run_data_plane_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     return report
 
 
+# ---------------------------------------------------------------------------------------------
+# bench=grpo_step: legacy vs data-plane GRPO trainer, side by side
+# ---------------------------------------------------------------------------------------------
+
+GRPO_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq")
+
+
+@dataclass
+class GrpoStepBenchConfig:
+    """``bench`` for ``bench=grpo_step`` (schema of ``conf/bench/grpo_step.yaml``)."""
+
+    name: str = "grpo_step"
+    samples_per_step: list[int] = field(default_factory=lambda: [32, 128])
+    group_size: int = 8
+    warmup_steps: int = 1
+    measured_steps: int = 3
+    data_planes: list[str] = field(default_factory=lambda: list(GRPO_STEP_TRAINERS))
+    train_overrides: list[str] = field(default_factory=list)
+    rss_sample_interval_s: float = 0.005
+    target_bulk_ratio: float = 0.05
+    num_cpus: int = 2
+    output_file: str = "bench_grpo_step.json"
+
+    def __post_init__(self) -> None:
+        def fail(key: str, message: str) -> None:
+            raise ValueError(f"bench.{key}: {message}")
+
+        if not self.samples_per_step or any(s < 1 for s in self.samples_per_step):
+            fail("samples_per_step", f"need positive sizes, got {self.samples_per_step}")
+        if self.group_size < 1 or any(s % self.group_size for s in self.samples_per_step):
+            fail("group_size", f"must be >= 1 and divide every samples_per_step {self.samples_per_step}")
+        unknown = [d for d in self.data_planes if d not in GRPO_STEP_TRAINERS]
+        if unknown or not self.data_planes or len(set(self.data_planes)) != len(self.data_planes):
+            fail("data_planes", f"need distinct options of {list(GRPO_STEP_TRAINERS)}, got {self.data_planes}")
+        for key in ("measured_steps", "num_cpus"):
+            if getattr(self, key) < 1:
+                fail(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.warmup_steps < 0:
+            fail("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if not self.rss_sample_interval_s > 0:
+            fail("rss_sample_interval_s", f"must be > 0, got {self.rss_sample_interval_s}")
+        if not self.output_file or "/" in self.output_file:
+            fail("output_file", f"must be a plain file name, got {self.output_file!r}")
+
+
+def _tensor_bytes(obj: Any) -> tuple[int, int]:
+    """(bytes of per-token tensors (dim >= 2), bytes of other tensors) reachable from ``obj``."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.values() if obj.is_nested else obj
+        n = int(t.numel()) * t.element_size()
+        return (n, 0) if obj.dim() >= 2 else (0, n)
+    items: Any = ()
+    if isinstance(obj, dict) or (hasattr(obj, "items") and hasattr(obj, "keys")):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    elif hasattr(obj, "extra_info") and hasattr(obj, "sample_ids"):  # a KVBatchMeta
+        items = [obj.extra_info]
+    bulk = small = 0
+    for v in items:
+        b, s = _tensor_bytes(v)
+        bulk += b
+        small += s
+    return bulk, small
+
+
+class _RayTraffic:
+    """Counts tensor bytes crossing the driver <-> worker boundary of one worker group."""
+
+    def __init__(self, group: Any) -> None:
+        self.received_bulk = 0
+        self.received_small = 0
+        self.received_pickled = 0
+        self.sent_bulk = 0
+        self.sent_small = 0
+        self._group = group
+        for method in ("run_sharded", "run_all", "run_rank"):
+            setattr(group, method, self._wrap(getattr(group, method)))
+
+    def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        import pickle
+
+        def call(method: str, *args: Any, **kwargs: Any) -> Any:
+            b, s = _tensor_bytes([args, kwargs])
+            self.sent_bulk += b
+            self.sent_small += s
+            out = fn(method, *args, **kwargs)
+            b, s = _tensor_bytes(out)
+            self.received_bulk += b
+            self.received_small += s
+            self.received_pickled += len(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+            return out
+
+        return call
+
+    def take(self) -> dict[str, int]:
+        out = {
+            "ray_received_bulk_bytes": self.received_bulk,
+            "ray_received_per_row_bytes": self.received_small,
+            "ray_received_pickled_bytes": self.received_pickled,
+            "ray_sent_bulk_bytes": self.sent_bulk,
+            "ray_sent_per_row_bytes": self.sent_small,
+        }
+        self.received_bulk = self.received_small = self.received_pickled = 0
+        self.sent_bulk = self.sent_small = 0
+        return out
+
+
+class _RssSampler:
+    """Peak resident memory of this (driver) process, sampled on a background thread."""
+
+    def __init__(self, interval_s: float) -> None:
+        import threading
+
+        import psutil
+
+        self._proc = psutil.Process()
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self.start_rss = self._proc.memory_info().rss
+        self.peak_rss = self.start_rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+        return {"peak_rss_mb": self.peak_rss / _MB, "rss_growth_mb": (self.peak_rss - self.start_rss) / _MB}
+
+
+def _grpo_step_run(
+    train_cfg: DictConfig, ray_env: dict[str, str], bench: GrpoStepBenchConfig, run_dir: Path
+) -> dict[str, Any]:
+    """Run one trainer for warmup + measured (+1 validation) steps; per-step costs."""
+    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs
+    from nemo_dp.data.tokenizer import CharTokenizer
+    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
+    from nemo_dp.distributed.worker_group import RayCluster
+    from nemo_dp.models.policy import Policy
+
+    class StepClock(RunLogger):
+        """Timestamps every logged step and snapshots the Ray traffic counters there."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.marks: list[tuple[int, float, dict[str, int], dict[str, Any]]] = []
+            self.traffic: _RayTraffic | None = None
+
+        def start(self, total_steps: int, start_step: int) -> None:
+            super().start(total_steps, start_step)
+            assert self.traffic is not None
+            self.traffic.take()
+            self.marks.append((0, time.perf_counter(), {}, {}))
+
+        def log_step(self, step: int, metrics: Any) -> dict[str, Any]:
+            record = super().log_step(step, metrics)
+            if step > 0:
+                assert self.traffic is not None
+                self.marks.append((step, time.perf_counter(), self.traffic.take(), dict(record)))
+            return record
+
+    tok = CharTokenizer()
+    trainer = select_sync_trainer(train_cfg)
+    factory = make_policy_factory(train_cfg.data_plane)
+    kwargs = {
+        "cluster": RayCluster(env_vars=dict(ray_env)),
+        "config": train_cfg.policy,
+        "vocab_size": tok.vocab_size,
+        "pad_id": tok.pad_id,
+        "eos_id": tok.eos_id,
+        "seed": int(train_cfg.seed),
+    }
+    gc.collect()
+    rss = _RssSampler(bench.rss_sample_interval_s)
+    policy = Policy(**kwargs) if factory is None else factory(**kwargs)
+    try:
+        clock = StepClock(run_dir, metrics_file="metrics.jsonl", plot_file="curves.png", plot=False,
+                          progress_bar=False, label=run_dir.name)
+        clock.traffic = _RayTraffic(policy.worker_group)
+        inputs = build_trainer_inputs(train_cfg)
+        trainer(
+            policy,
+            train_cfg,
+            train_loader=inputs.train_loader,
+            val_problems=inputs.val_problems,
+            tokenizer=tok,
+            env=inputs.env,
+            logger=clock,
+            checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
+            start_state=None,
+        )
+    finally:
+        policy.shutdown()
+        memory = rss.stop()
+    # Steps warmup+1 .. warmup+measured (the last step, which validates, is not measured).
+    steps = []
+    for (s0, t0, _, _), (s1, t1, traffic, record) in zip(clock.marks, clock.marks[1:]):
+        if bench.warmup_steps < s1 <= bench.warmup_steps + bench.measured_steps:
+            store_read = int(round(float(record.get("data_plane/step/bytes_read_mb", 0.0)) * _MB))
+            store_written = int(round(float(record.get("data_plane/step/bytes_written_mb", 0.0)) * _MB))
+            steps.append(
+                {
+                    "step": s1,
+                    "step_time_s": t1 - t0,
+                    "time/generation_s": record["time/generation_s"],
+                    "time/logprobs_s": record["time/logprobs_s"],
+                    "time/train_s": record["time/train_s"],
+                    "driver_store_wall_ms": float(record.get("data_plane/step/wall_ms", 0.0)),
+                    "driver_store_read_bytes": store_read,
+                    "driver_store_written_bytes": store_written,
+                    **traffic,
+                    "driver_bulk_received_bytes": traffic["ray_received_bulk_bytes"] + store_read,
+                    "driver_tensor_received_bytes": traffic["ray_received_bulk_bytes"]
+                    + traffic["ray_received_per_row_bytes"]
+                    + store_read,
+                }
+            )
+    mean = {k: statistics.fmean(float(s[k]) for s in steps) for k in steps[0] if k != "step"}
+    return {"steps": steps, "mean": mean, **memory}
+
+
+def run_grpo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Legacy vs data-plane GRPO step at two batch sizes; write the JSON report.
+
+    Each trainer is selected exactly as the launcher selects it (``select_sync_trainer`` and
+    ``make_policy_factory`` on a composed ``conf/config.yaml``), on one Ray for the whole bench.
+
+    Args:
+        cfg: The composed bench root config (``bench`` is a ``GrpoStepBenchConfig``).
+        output_dir: Where the JSON goes.
+
+    Returns:
+        The report that was written.
+    """
+    from hydra import compose
+
+    from nemo_dp.config import register_configs, validate_config
+    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
+
+    bench = OmegaConf.to_object(cfg.bench)
+    assert isinstance(bench, GrpoStepBenchConfig)
+    register_configs(Path(__file__).resolve().parents[1] / "recipes")
+
+    def train_config(data_plane: str, samples: int) -> DictConfig:
+        overrides = [
+            "~recipe",
+            f"data_plane={data_plane}",
+            f"algorithm.num_generations_per_prompt={bench.group_size}",
+            f"algorithm.num_prompts_per_step={samples // bench.group_size}",
+            f"policy.train_global_batch_size={samples}",
+            f"algorithm.max_steps={bench.warmup_steps + bench.measured_steps + 1}",
+            "algorithm.val_at_start=false",
+            "algorithm.val_period=0",
+            "algorithm.warm_start.enabled=false",
+            "checkpointing.enabled=false",
+            "logger.plot=false",
+            "logger.progress_bar=false",
+            *bench.train_overrides,
+        ]
+        if data_plane == "tq":
+            overrides.append("data_plane.observability.enabled=true")
+        train_cfg = compose("config", overrides=overrides)
+        validate_config(train_cfg)
+        return train_cfg
+
+    tq_cfg = train_config("tq", bench.samples_per_step[0]).data_plane
+    results: list[dict[str, Any]] = []
+    ray_env = init_ray(num_cpus=bench.num_cpus, data_plane_cfg=tq_cfg)
+    try:
+        for samples in bench.samples_per_step:
+            for dp in bench.data_planes:
+                print(f"[bench] grpo_step: {samples} samples/step, data_plane={dp}", flush=True)
+                run = _grpo_step_run(train_config(dp, samples), ray_env, bench, output_dir / f"{dp}_{samples}")
+                results.append({"samples_per_step": samples, "data_plane": dp, **run})
+    finally:
+        shutdown_ray()
+
+    comparisons = []
+    for samples in bench.samples_per_step:
+        by_dp = {r["data_plane"]: r for r in results if r["samples_per_step"] == samples}
+        if {"disabled", "tq"} <= set(by_dp):
+            legacy, tq = by_dp["disabled"]["mean"], by_dp["tq"]["mean"]
+            bulk_ratio = tq["driver_bulk_received_bytes"] / max(1.0, legacy["driver_bulk_received_bytes"])
+            comparisons.append(
+                {
+                    "samples_per_step": samples,
+                    "step_time_ratio_tq_over_legacy": tq["step_time_s"] / legacy["step_time_s"],
+                    "legacy_step_time_s": legacy["step_time_s"],
+                    "tq_step_time_s": tq["step_time_s"],
+                    "legacy_driver_bulk_received_bytes": legacy["driver_bulk_received_bytes"],
+                    "tq_driver_bulk_received_bytes": tq["driver_bulk_received_bytes"],
+                    "driver_bulk_ratio_tq_over_legacy": bulk_ratio,
+                    "bulk_target_met": bulk_ratio <= bench.target_bulk_ratio,
+                    "legacy_driver_tensor_received_bytes": legacy["driver_tensor_received_bytes"],
+                    "tq_driver_tensor_received_bytes": tq["driver_tensor_received_bytes"],
+                    "driver_tensor_ratio_tq_over_legacy": tq["driver_tensor_received_bytes"]
+                    / max(1.0, legacy["driver_tensor_received_bytes"]),
+                    "legacy_ray_received_pickled_bytes": legacy["ray_received_pickled_bytes"],
+                    "tq_ray_received_pickled_bytes": tq["ray_received_pickled_bytes"],
+                    "ray_pickled_ratio_tq_over_legacy": tq["ray_received_pickled_bytes"]
+                    / max(1.0, legacy["ray_received_pickled_bytes"]),
+                    "legacy_ray_sent_bulk_bytes": legacy["ray_sent_bulk_bytes"],
+                    "tq_ray_sent_bulk_bytes": tq["ray_sent_bulk_bytes"],
+                    "tq_driver_store_written_bytes": tq["driver_store_written_bytes"],
+                    "tq_driver_store_wall_ms": tq["driver_store_wall_ms"],
+                    "time_split_legacy_s": {k: legacy[f"time/{k}_s"] for k in ("generation", "logprobs", "train")},
+                    "time_split_tq_s": {k: tq[f"time/{k}_s"] for k in ("generation", "logprobs", "train")},
+                    "legacy_peak_rss_mb": by_dp["disabled"]["peak_rss_mb"],
+                    "tq_peak_rss_mb": by_dp["tq"]["peak_rss_mb"],
+                    "legacy_rss_growth_mb": by_dp["disabled"]["rss_growth_mb"],
+                    "tq_rss_growth_mb": by_dp["tq"]["rss_growth_mb"],
+                }
+            )
+    report = {
+        "bench": "grpo_step",
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "columns": {
+            "driver_bulk_received_bytes": "per step: per-token (dim >= 2) tensor bytes Ray returned "
+            "to the driver + bytes the driver read from the store (observability counters)",
+            "driver_tensor_received_bytes": "as above plus 1-D per-row tensors (driver_carry)",
+            "ray_received_pickled_bytes": "per step: pickled size of everything Ray returned "
+            "to the driver (metas, carries, metrics included)",
+            "ray_sent_bulk_bytes": "per step: per-token tensor bytes the driver shipped to workers",
+            "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
+        },
+        "runs": results,
+        "comparisons": comparisons,
+    }
+    out_path = output_dir / bench.output_file
+    out_path.write_text(json.dumps(report, indent=2, default=str))
+    for c in comparisons:
+        print(
+            f"[grpo_step] {c['samples_per_step']} samples/step: step time legacy "
+            f"{c['legacy_step_time_s']:.3f} s, tq {c['tq_step_time_s']:.3f} s "
+            f"(ratio {c['step_time_ratio_tq_over_legacy']:.2f}); driver bulk received legacy "
+            f"{c['legacy_driver_bulk_received_bytes'] / 1e3:.1f} kB, tq "
+            f"{c['tq_driver_bulk_received_bytes'] / 1e3:.1f} kB (ratio "
+            f"{c['driver_bulk_ratio_tq_over_legacy']:.3f}, target <= {bench.target_bulk_ratio}: "
+            f"{'met' if c['bulk_target_met'] else 'NOT met'}); all tensors received (per-row carry "
+            f"included) ratio {c['driver_tensor_ratio_tq_over_legacy']:.3f}; pickled Ray returns ratio "
+            f"{c['ray_pickled_ratio_tq_over_legacy']:.3f}; driver sent bulk legacy "
+            f"{c['legacy_ray_sent_bulk_bytes'] / 1e3:.1f} kB, tq "
+            f"{(c['tq_ray_sent_bulk_bytes'] + c['tq_driver_store_written_bytes']) / 1e3:.1f} kB; "
+            f"tq driver store time {c['tq_driver_store_wall_ms']:.0f} ms; peak RSS legacy "
+            f"{c['legacy_peak_rss_mb']:.0f} MB, tq {c['tq_peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
+    print(f"[bench] report: {out_path}", flush=True)
+    return report
+
+
 #: ``bench.name`` -> runner.  Later benchmarks (``grpo_step``, ``sft_step``) register here with
 #: their own ``conf/bench/<name>.yaml`` and schema.
 BENCHES: dict[str, Callable[[DictConfig, Path], dict[str, Any]]] = {
     "data_plane": run_data_plane_bench,
+    "grpo_step": run_grpo_step_bench,
 }
 
 

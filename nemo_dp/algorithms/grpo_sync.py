@@ -309,6 +309,8 @@ def grpo_train_sync(
         logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
         logger.log_step(0, {"val_accuracy": acc})
 
+    # Start the per-step store-metrics window here (drops pre-run traffic; no-op when off).
+    policy.data_plane_step_metrics(1.0)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
         t_step = time.perf_counter()
@@ -377,9 +379,9 @@ def grpo_train_sync(
             logger.info(
                 f"step {step}: data plane {store_metrics['data_plane/step/wall_ms']:.0f} ms "
                 f"({100 * store_metrics['data_plane/step/frac_of_step']:.1f}% of step), "
-                f"written {store_metrics['data_plane/step/bytes_written_mb']:.3f} MB, "
-                f"read {store_metrics['data_plane/step/bytes_read_mb']:.3f} MB, "
-                f"outstanding {store_metrics['data_plane/now/bytes_outstanding_mb']:.3f} MB"
+                f"written {store_metrics['data_plane/step/bytes_written_mb']:.4f} MB, "
+                f"read {store_metrics['data_plane/step/bytes_read_mb']:.4f} MB, "
+                f"outstanding {store_metrics['data_plane/now/bytes_outstanding_mb']:.4f} MB"
             )
         logger.log_step(step, metrics)
         if checkpointer.should_save(step, final=step == max_steps):

@@ -15,6 +15,7 @@ its call signature is the one every trainer shares.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
 from nemo_dp.utils.seeding import capture_rng_state
 
-__all__ = ["ppo_train", "start_ppo_phase"]
+__all__ = ["ppo_train", "start_ppo_phase", "make_value"]
 
 
 def start_ppo_phase(
@@ -94,26 +95,27 @@ def start_ppo_phase(
     return counters
 
 
-def make_value(master_config: Any, tokenizer: Any, *, value_cls: type = Value, **extra: Any) -> Any:
+def make_value(
+    master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value
+) -> Any:
     """Build the critic's worker group for a PPO run.
 
     Args:
         master_config: Root config (PPO): ``policy`` and ``algorithm.value``.
         tokenizer: The tokenizer (vocabulary and special ids).
-        value_cls: ``Value`` or a subclass (the data-plane trainer passes ``TQValue``).
-        **extra: Further constructor arguments of ``value_cls``.
+        value_factory: ``Value`` or a callable with its keyword arguments (the data-plane
+            trainer passes ``functools.partial(TQValue.from_policy, policy)``).
 
     Returns:
         The critic facade.
     """
-    return value_cls(
+    return value_factory(
         cluster=RayCluster(),
         config=critic_config(master_config.policy, master_config.algorithm.value),
         vocab_size=tokenizer.vocab_size,
         pad_id=tokenizer.pad_id,
         eos_id=tokenizer.eos_id,
         seed=int(master_config.seed),
-        **extra,
     )
 
 

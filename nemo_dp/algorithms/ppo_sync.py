@@ -24,6 +24,7 @@ through ``TQPolicy`` / ``TQValue`` methods and ``KVBatchMeta`` transforms (rule 
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -123,7 +124,7 @@ def ppo_train_sync(
             data-plane policy.
     """
     _check_entry(policy, master_config)
-    value = make_value(master_config, tokenizer, value_cls=TQValue.from_policy_factory(policy))
+    value = make_value(master_config, tokenizer, value_factory=functools.partial(TQValue.from_policy, policy))
     try:
         return _ppo_sync_loop(
             policy,

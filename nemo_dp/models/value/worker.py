@@ -42,8 +42,16 @@ class ValueWorker(PolicyWorker):
         # PolicyWorker builds a language model; swap in the value-head variant with the same
         # shape and seed, and rebuild what refers to the model's parameters.
         self.model = TinyCausalLM(self.model_config, value_head=True, seed=self.seed)
+        self._zero_value_head()
         self.reference_model = self._frozen_copy(self.model)
         self.optimizer = self._make_optimizer(self.lr)
+
+    def _zero_value_head(self) -> None:
+        # The critic starts by predicting 0 everywhere: its first advantages are then the
+        # (whitened) reward-to-go instead of noise from a random head, which would push the
+        # warm-started policy in random directions before the critic has learned anything.
+        with torch.no_grad():
+            self.model.head.weight.zero_()
 
     # --- what a critic does not do ----------------------------------------------------------
     def generate(self, shard: Mapping[str, Any], greedy: bool) -> BatchedDataDict:
@@ -127,9 +135,9 @@ class ValueWorker(PolicyWorker):
                     f"{tuple(policy_model_state[key].shape)} in the policy, {tuple(value.shape)} "
                     "in the critic (algorithm.value must use the policy's model shape)"
                 )
-        self.model.load_state_dict({k: policy_model_state[k] for k in trunk} | {
-            k: own[k] for k in VALUE_HEAD_PARAMS
-        })
+        self.model.load_state_dict(
+            {k: policy_model_state[k] for k in trunk} | {k: own[k] for k in VALUE_HEAD_PARAMS}
+        )
         self.reference_model = self._frozen_copy(self.model)
         self.optimizer = self._make_optimizer(self.lr)
         return len(trunk)

@@ -1,0 +1,361 @@
+"""Data-plane SFT trainer: colocated loaders put batches into the store, the driver moves metas.
+
+Selected by the factory for ``algorithm=sft`` with ``data_plane=local`` or ``data_plane=tq``
+(``TRAINER_REGISTRY``), on a ``TQPolicy`` whose workers carry ``ColocatedLoaderMixin``.  One
+step (contract §17.3):
+
+1. every DP-leader worker loads its block of global batch *k* into partition
+   ``sft_dp{r}_batch{k}`` of its own client (Local: a private store; TransferQueue: the shared
+   one) and returns an envelope; the driver checks one envelope per DP rank and equal
+   micro-batch counts;
+2. ``policy.begin_train_step(loss)``, ``policy.train_placed_microbatches(metas)`` (one fresh
+   global pad target over all ranks' metas, rank *r*'s meta to rank *r*),
+   ``policy.finish_train_step()``;
+3. commit: every worker clears its partition (frees its slot) and advances its position; only
+   then the driver's counters advance;
+4. on any failure in 1-3: ``abort_train_step`` if begun, every worker drops its loaded batches
+   and rewinds its loader, counters stay unchanged, the exception propagates - the step can be
+   retried and sees the same rows.
+
+Rows per rank are exactly the legacy planner's blocks, microbatches are the worker's fixed-size
+runs, losses are normalised by all-reduced global counts: the per-step losses and gradient
+norms equal ``sft_train``'s bit for bit (tests/e2e/test_sft_parity.py).
+
+Checkpoints hold model, optimizer, RNG, counters, the committed loader position (same meaning
+as the legacy trainer's ``"loader"``) and the data plane's own checkpoint (Local: every
+worker's store under ``data_plane/dp{r}``; TransferQueue: the library checkpoint under
+``data_plane/tq``), all inside one atomically committed ``step_<N>`` directory.  Prefetched
+batches are dropped (loader rewound) before saving, so the store is empty between steps and a
+resume re-loads exactly the batches the uninterrupted run trains on.
+
+Test hook: with ``NEMO_DP_TEST_CKPT_PAUSE_STEP=<N>`` in the environment, the checkpoint writer
+of step N prints ``"[test hook] checkpoint step N paused"`` after writing ``state.pt`` and the
+data plane into the temporary directory (before the manifest and the commit renames) and
+sleeps ``NEMO_DP_TEST_CKPT_PAUSE_S`` seconds (default 120), so a test can SIGKILL the process
+in the middle of a checkpoint write.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_dp.algorithms.loss_functions import NLLLoss
+from nemo_dp.algorithms.rollout import evaluate
+from nemo_dp.algorithms.sft import restore_trainer_state
+from nemo_dp.algorithms.trainer_common import TRAINER_STATE_VERSION, Checkpointer, RunLogger, should_validate
+from nemo_dp.data_plane.checkpoint_io import write_checkpoint_atomically, write_manifest
+from nemo_dp.data_plane.factory import data_plane_kind
+from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
+from nemo_dp.utils.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_FORMAT_VERSION,
+    STATE_FILE,
+    checkpoint_dir_for_step,
+)
+from nemo_dp.utils.seeding import capture_rng_state
+
+__all__ = [
+    "sft_train_sync",
+    "sft_sync_step",
+    "SFTStepResult",
+    "DATA_PLANE_CKPT_DIR",
+    "TQ_MAX_LIVE_BATCHES",
+]
+
+#: Sub-directory of a training checkpoint holding the data plane's own checkpoint.
+DATA_PLANE_CKPT_DIR = "data_plane"
+
+#: Live batches per loader with TransferQueue (active + one prefetched); the Local store's
+#: bound is its ``max_partitions``.
+TQ_MAX_LIVE_BATCHES = 2
+
+PAUSE_STEP_ENV = "NEMO_DP_TEST_CKPT_PAUSE_STEP"
+PAUSE_SECONDS_ENV = "NEMO_DP_TEST_CKPT_PAUSE_S"
+
+
+class SFTStepResult:
+    """What one committed step produced.
+
+    Attributes:
+        metrics: ``finish_train_step`` metrics (summed over ranks).
+        consumed: Rows consumed over all ranks.
+        envelopes: The step's envelopes (rank order).
+        driver_held_bytes: Pickled size of everything the driver held for the step's data.
+    """
+
+    __slots__ = ("metrics", "consumed", "envelopes", "driver_held_bytes")
+
+    def __init__(
+        self, metrics: dict[str, Any], consumed: int, envelopes: list[SFTBatchEnvelope], driver_held_bytes: int
+    ) -> None:
+        self.metrics = metrics
+        self.consumed = consumed
+        self.envelopes = envelopes
+        self.driver_held_bytes = driver_held_bytes
+
+
+def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, loss_fn: Any) -> SFTStepResult:
+    """One SFT step over the data plane: load -> begin -> placed train -> finish -> commit.
+
+    Args:
+        policy: A ``TQPolicy`` (split training API).
+        loaders: The colocated loaders of its workers.
+        batch_index: The batch to train on (= steps done so far).
+        loss_fn: The loss function.
+
+    Returns:
+        The step's result.
+
+    Raises:
+        ValueError: Envelopes not one per DP rank / unequal micro-batch counts, or the policy's
+            placed-metadata checks (``"exactly one batch per DP rank"``, dynamic batching).
+        Exception: Anything the step raised, after aborting it (counters are the caller's and
+            stay unchanged; the loaders are rewound so the same batch is loaded again).
+    """
+    begun = False
+    try:
+        envelopes = loaders.load(batch_index)
+        held = len(pickle.dumps(envelopes))
+        policy.begin_train_step(loss_fn)
+        begun = True
+        policy.train_placed_microbatches(metas_of(envelopes))
+        metrics = policy.finish_train_step()
+        begun = False
+        consumed = loaders.commit(batch_index)
+    except BaseException as exc:
+        try:
+            if begun:
+                policy.abort_train_step()
+        finally:
+            try:
+                loaders.abort()
+            except Exception as abort_exc:  # keep the step's own error as the one raised
+                exc.add_note(f"(aborting the SFT batch also failed: {abort_exc!r})")
+        raise
+    return SFTStepResult(metrics, consumed, envelopes, held)
+
+
+# ---------------------------------------------------------------------------------------------
+# data-plane checkpoint per backend (the only place the two backends differ)
+# ---------------------------------------------------------------------------------------------
+
+
+def _save_local(policy: Any, loaders: ColocatedLoaderGroup, directory: Path, metadata: dict[str, Any]) -> None:
+    loaders.save_worker_stores(directory, metadata)
+
+
+def _load_local(policy: Any, loaders: ColocatedLoaderGroup, directory: Path) -> None:
+    loaders.load_worker_stores(directory)
+
+
+def _save_tq(policy: Any, loaders: ColocatedLoaderGroup, directory: Path, metadata: dict[str, Any]) -> None:
+    policy.dp_client.save_checkpoint(directory / "tq", metadata=metadata)
+
+
+def _load_tq(policy: Any, loaders: ColocatedLoaderGroup, directory: Path) -> None:
+    policy.dp_client.load_checkpoint(directory / "tq")
+
+
+#: data-plane kind -> (save, load, max live batches per loader from the data_plane config).
+_BACKENDS: dict[str, tuple[Callable[..., None], Callable[..., None], Callable[[Any], int]]] = {
+    "local": (_save_local, _load_local, lambda dp_cfg: int(dp_cfg.max_partitions)),
+    "transfer_queue": (_save_tq, _load_tq, lambda dp_cfg: TQ_MAX_LIVE_BATCHES),
+}
+
+
+def _backend(master_config: Any) -> tuple[Callable[..., None], Callable[..., None], Callable[[Any], int]]:
+    kind = data_plane_kind(master_config.data_plane)
+    if kind not in _BACKENDS:
+        raise ValueError(
+            f"data_plane: sft_train_sync needs data_plane=local or data_plane=tq, got kind {kind!r} "
+            f"(legal: {sorted(_BACKENDS)})"
+        )
+    return _BACKENDS[kind]
+
+
+def _test_pause(step: int) -> None:
+    wanted = os.environ.get(PAUSE_STEP_ENV)
+    if wanted is None or int(wanted) != step:
+        return
+    seconds = float(os.environ.get(PAUSE_SECONDS_ENV, "120"))
+    print(f"[test hook] checkpoint step {step} paused", flush=True)
+    time.sleep(seconds)
+
+
+def save_sft_checkpoint(
+    checkpointer: Checkpointer,
+    step: int,
+    state: dict[str, Any],
+    save_data_plane: Callable[[Path], None],
+) -> Path:
+    """Write ``state`` and the data plane's checkpoint as one atomic ``step_<N>`` directory.
+
+    The layout is ``save_training_checkpoint``'s (``manifest.json`` + ``state.pt``, so
+    ``load_start_state`` reads it) plus ``data_plane/``.  The manifest is written last; the
+    directory appears under its final name only after everything is on disk.
+
+    Args:
+        checkpointer: The phase's checkpointer (root and ``keep_last``).
+        step: The step just finished.
+        state: The trainer state.
+        save_data_plane: Writes the data plane's checkpoint into the given directory.
+
+    Returns:
+        The committed directory.
+    """
+
+    def write(tmp: Path) -> None:
+        torch.save(state, tmp / STATE_FILE)
+        save_data_plane(tmp / DATA_PLANE_CKPT_DIR)
+        _test_pause(step)
+        write_manifest(
+            tmp,
+            {
+                "format": CHECKPOINT_FORMAT,
+                "format_version": CHECKPOINT_FORMAT_VERSION,
+                "keys": sorted(str(k) for k in state),
+                "data_plane_dir": DATA_PLANE_CKPT_DIR,
+            },
+        )
+
+    path = write_checkpoint_atomically(checkpoint_dir_for_step(checkpointer.root, step), write)
+    steps = sorted(p for p in checkpointer.root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+    committed = [p for p in steps if (p / "manifest.json").is_file() and "." not in p.name]
+    for old in committed[: max(0, len(committed) - checkpointer.keep_last)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def sft_train_sync(
+    policy: Any,
+    master_config: Any,
+    *,
+    train_loader: Any,
+    val_problems: list[Any],
+    tokenizer: Any,
+    env: Any,
+    logger: RunLogger,
+    checkpointer: Checkpointer,
+    start_state: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Run SFT for ``algorithm.max_steps`` steps over the data plane (signature of ``sft_train``).
+
+    Args:
+        policy: A ``TQPolicy`` built by ``make_policy_factory`` (workers with the colocated
+            loader).
+        master_config: The validated root config (``algorithm`` is SFT, ``data_plane`` is
+            ``local`` or ``tq``).
+        train_loader: The run's resumable loader (global batch size); replicas are shipped to
+            the workers, this one is only the template (and receives the resumed position).
+        val_problems: Held-out problems for greedy exact-match evaluation.
+        tokenizer: The tokenizer.
+        env: The reward environment (exact match).
+        logger: The phase's ``RunLogger``.
+        checkpointer: The phase's ``Checkpointer``.
+        start_state: A loaded checkpoint to resume from, or ``None``.
+
+    Returns:
+        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
+
+    Raises:
+        ValueError: Sequence packing is enabled (placed SFT batches carry no producer plan
+            yet), or the data plane is not local/tq.
+    """
+    algo = master_config.algorithm
+    pcfg = master_config.policy
+    if bool(pcfg.sequence_packing.enabled):
+        raise ValueError(
+            "policy.sequence_packing.enabled=true is not supported by the data-plane SFT trainer "
+            "(the colocated loader ships no producer micro-batch plan); legal: false"
+        )
+    save_dp, load_dp, max_live = _backend(master_config)
+    max_steps = int(algo.max_steps)
+    counters = {"step": 0, "consumed_samples": 0, "val_accuracy": None, "initial_val_accuracy": None}
+    loaders = ColocatedLoaderGroup(policy.worker_group)
+    if start_state is not None:
+        counters.update(restore_trainer_state(start_state, algorithm="sft", policy=policy, train_loader=train_loader))
+        load_dp(policy, loaders, Path(start_state["checkpoint_path"]) / DATA_PLANE_CKPT_DIR)
+        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
+    else:
+        policy.reset_optimizer(float(pcfg.optimizer.lr), decay_steps=max_steps)
+    loaders.setup(
+        train_loader,
+        tokenizer=tokenizer,
+        max_seq_len=int(pcfg.model.max_seq_len),
+        micro_batch_size=int(pcfg.train_micro_batch_size),
+        max_live_batches=max_live(master_config.data_plane),
+    )
+    loaders.set_position(int(counters["step"]))
+    loss_fn = NLLLoss()
+    logger.start(max_steps, int(counters["step"]))
+
+    def _evaluate() -> float:
+        ev = evaluate(
+            policy,
+            val_problems,
+            tokenizer=tokenizer,
+            env=env,
+            num_examples_to_print=int(master_config.logger.num_val_examples_to_print),
+        )
+        for line in ev["examples"]:
+            logger.info(f"  {line}")
+        return float(ev["val_accuracy"])
+
+    if counters["step"] == 0 and bool(algo.val_at_start):
+        acc = _evaluate()
+        counters["initial_val_accuracy"] = acc
+        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
+        logger.log_step(0, {"val_accuracy": acc})
+
+    while counters["step"] < max_steps:
+        t0 = time.perf_counter()
+        result = sft_sync_step(policy, loaders, int(counters["step"]), loss_fn)
+        counters["step"] += 1
+        counters["consumed_samples"] += result.consumed
+        step = int(counters["step"])
+        m = result.metrics
+        metrics: dict[str, Any] = {
+            "loss": m["loss"],
+            "grad_norm": m["grad_norm"],
+            "lr": m["lr"],
+            "num_valid_tokens": m["num_valid_tokens"],
+            "consumed_samples": counters["consumed_samples"],
+            "time/train_s": time.perf_counter() - t0,
+            "time/load_s": max(e.load_time_s for e in result.envelopes),
+            "data_plane/prefetched": float(all(e.prefetched for e in result.envelopes)),
+            "driver/held_bytes": result.driver_held_bytes,
+        }
+        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
+            t1 = time.perf_counter()
+            acc = _evaluate()
+            counters["val_accuracy"] = acc
+            metrics["val_accuracy"] = acc
+            metrics["time/val_s"] = time.perf_counter() - t1
+            logger.info(f"step {step}: loss {metrics['loss']:.4f}, held-out accuracy {acc:.3f}")
+        logger.log_step(step, metrics)
+        if checkpointer.should_save(step, final=step == max_steps):
+            position = loaders.quiesce()
+            if position["next_batch"] != step:
+                raise RuntimeError(
+                    f"colocated loaders are at batch {position['next_batch']} after step {step}"
+                )
+            state = {
+                "trainer_state_version": TRAINER_STATE_VERSION,
+                "algorithm": "sft",
+                "counters": dict(counters),
+                "policy": policy.state_dict(),
+                "loader": position["loader"],
+                "driver_rng": capture_rng_state(),
+            }
+            meta = {"step": step, "algorithm": "sft"}
+            save_sft_checkpoint(checkpointer, step, state, lambda d: save_dp(policy, loaders, d, meta))
+    logger.close()
+    return dict(counters)

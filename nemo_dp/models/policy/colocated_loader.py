@@ -1,0 +1,617 @@
+"""Colocated SFT loading: each DP-leader worker loads its own rows into its own store.
+
+Why this module exists: on the SFT data-plane path (contract §17.3, design "SFT with the local
+data plane") the driver must never hold bulk tensors.  Instead every DP-replica leader worker
+owns a loader and puts complete batches into its data-plane client, and the driver only moves
+the returned ``KVBatchMeta`` envelopes.  This module holds both halves:
+
+* ``ColocatedLoaderMixin`` (worker side, mixed into the data-plane policy worker): loads batch
+  *k* into partition ``f"sft_dp{rank}_batch{k}"`` with ids ``f"{pid}_row{i}"``, prefetches ahead
+  within the store's budget, commits (clears) a batch after the optimizer step, aborts (drops
+  every loaded batch and rewinds the loader so the step can be retried), and exposes the
+  committed loader position plus the store's own checkpoint for exact resume.
+* ``ColocatedLoaderGroup`` (driver side): fans those calls out over the policy's worker group
+  and checks the envelopes (one per DP rank, equal micro-batch counts).
+
+Design (the simplest honest one that gives exact parity with the legacy trainer):
+
+* Every worker holds a replica of the run's ``EpochLoader`` (dataset of short text pairs, a few
+  hundred KB; the driver ships it once at setup).  All replicas advance in lockstep over the
+  same global batches, and rank ``r`` keeps only its block ``[r*m, (r+1)*m)`` of each global
+  batch (``m = global batch / dp_size``) - exactly the rows the legacy planner
+  (``shard_by_batch_size``, no packing: contiguous blocks) gives rank ``r``.  Tokenisation and
+  tensors for rank ``r`` exist only in rank ``r``'s process.
+* The same code serves ``data_plane=local`` (each worker's private ``LocalDataPlaneClient``) and
+  ``data_plane=tq`` (the worker's attached TransferQueue client: the loader puts into
+  TransferQueue instead).  Columns are written padded to the rank's own width
+  (``local_batch_to_tensordict``); the worker's fetch pads them to the driver's global target.
+* Prefetch is synchronous: after batch *k* is ready, the same call loads batches *k+1...* while
+  the loader's live batches are below ``max_live_batches`` (Local: ``max_partitions``).  A load
+  that finds the store full waits on a condition variable (notified by commit/abort from another
+  thread) and retries ``register_partition`` on ``"partition limit"``; it never drops a batch.
+  It gives up only after ``wait_timeout_s`` with ``TimeoutError`` (in a single-threaded actor
+  nothing else could free a slot, so waiting forever would be a deadlock).
+* Loader positions are recorded per batch, so commit/abort/checkpoint always know the exact
+  cursor: the checkpointed position is the one after the last *committed* batch, and
+  ``quiesce`` drops prefetched batches (rewinding the loader) so the store is empty when the
+  data plane is checkpointed (contract §17.3: the store is empty between steps).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nemo_dp.data_plane.adapters.local import local_batch_to_tensordict
+from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.schema import TASK_TRAIN
+
+__all__ = [
+    "SFT_PARTITION_TEMPLATE",
+    "SFTBatchEnvelope",
+    "ColocatedLoaderMixin",
+    "ColocatedLoaderGroup",
+    "sft_partition_id",
+]
+
+#: Partition of DP rank ``rank``'s part of batch ``k`` (contract §17.3).
+SFT_PARTITION_TEMPLATE = "sft_dp{rank}_batch{k}"
+
+
+def sft_partition_id(rank: int, k: int) -> str:
+    """The partition id of rank ``rank``'s part of batch ``k``.
+
+    Args:
+        rank: DP rank.
+        k: Batch index (0-based; batch ``k`` is trained in step ``k + 1``).
+
+    Returns:
+        ``f"sft_dp{rank}_batch{k}"``.
+    """
+    return SFT_PARTITION_TEMPLATE.format(rank=int(rank), k=int(k))
+
+
+@dataclass
+class SFTBatchEnvelope:
+    """What a worker returns for one loaded batch (small; this is all the driver receives).
+
+    Attributes:
+        meta: The put receipt with ``task_name="train"``, ``sequence_lengths`` and
+            ``pad_to_multiple`` in ``extra_info`` (Local: also the partition generation).
+        dp_rank: The loading worker's DP rank.
+        batch_index: The batch index ``k``.
+        source_ids: Dataset indices of the rows, in row order.
+        valid_tokens: Trained tokens in the rows (``token_mask`` sum).
+        num_microbatches: Micro-batches the rank will run (``ceil(rows / micro_batch_size)``).
+        load_time_s: Seconds spent loading (tokenise + put); 0 for a prefetched batch's reuse.
+        prefetched: The batch was loaded ahead of its step.
+    """
+
+    meta: KVBatchMeta
+    dp_rank: int
+    batch_index: int
+    source_ids: list[int]
+    valid_tokens: int
+    num_microbatches: int
+    load_time_s: float
+    prefetched: bool
+
+
+@dataclass
+class _LoadedBatch:
+    envelope: SFTBatchEnvelope
+    loader_state_before: dict[str, Any]
+    loader_state_after: dict[str, Any]
+
+
+class ColocatedLoaderMixin:
+    """Worker-side colocated SFT loader (see the module docstring).
+
+    Host contract: the host has ``self.dp_client`` (a ``DataPlaneClient``; set by
+    ``TQWorkerMixin.setup_data_plane`` or assigned directly), ``self.rank`` and
+    ``self.world_size`` (its DP coordinates).  Pure data parallelism only: if the host defines
+    ``_is_replica_leader()`` it must be true (model-parallel siblings would need the leader's
+    envelope broadcast, which is not implemented; setup refuses instead of writing rows twice).
+    """
+
+    _cl_loader: Any = None
+
+    # --- setup --------------------------------------------------------------------------------
+    def setup_colocated_loader(
+        self,
+        loader: Any,
+        *,
+        tokenizer: Any,
+        max_seq_len: int | None,
+        micro_batch_size: int,
+        max_live_batches: int,
+        pad_to_multiple: int = 1,
+        wait_timeout_s: float = 60.0,
+    ) -> None:
+        """Take a replica of the run's loader and start at its current position.
+
+        Args:
+            loader: The run's ``EpochLoader`` (global batch size; a copy arrives over Ray).
+            tokenizer: The tokenizer for ``collate_sft``.
+            max_seq_len: Longest allowed example (``policy.model.max_seq_len``).
+            micro_batch_size: Rows per micro-batch (``policy.train_micro_batch_size``).
+            max_live_batches: Batches this loader may hold in the store at once (active +
+                prefetched); Local: ``data_plane.max_partitions``.
+            pad_to_multiple: Recorded in each meta's ``extra_info`` (TP x CP alignment).
+            wait_timeout_s: Longest wait for a free store slot.
+
+        Raises:
+            ValueError: A bad setting, or the global batch does not split over the DP ranks.
+            RuntimeError: Batches of an earlier setup are still live.
+        """
+        if self._cl_loader is not None and getattr(self, "_cl_ready", None):
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: {len(self._cl_ready)} batches are still "
+                "live; commit or abort them before setting the loader up again"
+            )
+        is_leader = getattr(self, "_is_replica_leader", None)
+        if is_leader is not None and not is_leader():
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: this worker is not a DP-replica leader; "
+                "the colocated SFT loader supports pure data parallelism only"
+            )
+        world = int(self.world_size)
+        gbs = int(loader.batch_size)
+        if gbs % world != 0:
+            raise ValueError(
+                f"colocated loader: global batch size {gbs} is not divisible by dp_size {world}"
+            )
+        if int(max_live_batches) < 1:
+            raise ValueError(f"colocated loader: max_live_batches must be >= 1, got {max_live_batches}")
+        if int(micro_batch_size) < 1:
+            raise ValueError(f"colocated loader: micro_batch_size must be >= 1, got {micro_batch_size}")
+        if int(pad_to_multiple) < 1:
+            raise ValueError(f"colocated loader: pad_to_multiple must be >= 1, got {pad_to_multiple}")
+        # A private replica even in-process: ranks must never advance each other's cursor.
+        self._cl_loader = copy.deepcopy(loader)
+        self._cl_tokenizer = tokenizer
+        self._cl_max_seq_len = None if max_seq_len is None else int(max_seq_len)
+        self._cl_rows = gbs // world
+        self._cl_mbs = int(micro_batch_size)
+        self._cl_max_live = int(max_live_batches)
+        self._cl_pad_to_multiple = int(pad_to_multiple)
+        self._cl_wait_timeout_s = float(wait_timeout_s)
+        self._cl_ready: dict[int, _LoadedBatch] = {}
+        self._cl_active: int | None = None
+        self._cl_next_step = 0  # batch index the next step trains on
+        self._cl_next_produce = 0  # batch index the loader produces next
+        self._cl_committed_state: dict[str, Any] = dict(self._cl_loader.state_dict())
+        self._cl_cond = threading.Condition()
+        self._cl_stats = {"loads": 0, "prefetched_hits": 0, "waits": 0}
+
+    def set_colocated_position(self, next_batch_index: int) -> None:
+        """Set the index of the next batch (after a resume; the loader is already positioned).
+
+        Args:
+            next_batch_index: Batch index the next step trains on (= steps done).
+
+        Raises:
+            RuntimeError: Batches are live (the position would no longer match them).
+        """
+        self._cl_require()
+        if self._cl_ready:
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: cannot reposition while batches "
+                f"{sorted(self._cl_ready)} are live"
+            )
+        self._cl_next_step = int(next_batch_index)
+        self._cl_next_produce = int(next_batch_index)
+
+    def close_colocated_loader(self) -> None:
+        """Forget the loader (no data-plane call; the store is closed by its owner)."""
+        self._cl_loader = None
+        self._cl_ready = {}
+        self._cl_active = None
+
+    def _cl_require(self) -> None:
+        if self._cl_loader is None:
+            raise RuntimeError(
+                f"colocated loader not set up on DP rank {getattr(self, 'rank', '?')}: call "
+                "setup_colocated_loader(...) first"
+            )
+
+    def _cl_client(self) -> Any:
+        require = getattr(self, "_require_dp_client", None)
+        if require is not None:
+            return require()
+        client = getattr(self, "dp_client", None)
+        if client is None:
+            raise RuntimeError(f"colocated loader on DP rank {self.rank}: no data-plane client")
+        return client
+
+    # --- loading ------------------------------------------------------------------------------
+    def _cl_produce(self, *, wait: bool = True) -> _LoadedBatch | None:
+        """Load the loader's next batch into a fresh partition.
+
+        With ``wait`` a full store makes this wait for a slot; without it a full store returns
+        ``None`` with the loader rewound (opportunistic prefetch).
+        """
+        from nemo_dp.data.datasets import collate_sft
+
+        client = self._cl_client()
+        k = self._cl_next_produce
+        rank = int(self.rank)
+        pid = sft_partition_id(rank, k)
+        t0 = time.perf_counter()
+        loader = self._cl_loader
+        state_before = dict(loader.state_dict())
+        examples = loader.next_batch()
+        indices = [int(i) for i in loader.last_batch_indices]
+        state_after = dict(loader.state_dict())
+        lo, hi = rank * self._cl_rows, (rank + 1) * self._cl_rows
+        try:
+            batch = collate_sft(examples[lo:hi], self._cl_tokenizer, max_seq_len=self._cl_max_seq_len)
+            n = int(batch["input_ids"].shape[0])
+            td = local_batch_to_tensordict(dict(batch), batch_size=n)
+            sample_ids = [f"{pid}_row{i}" for i in range(n)]
+            source_ids = indices[lo:hi]
+            if not self._cl_register(client, pid, fields=list(td.keys()), num_samples=n, wait=wait):
+                loader.load_state_dict(state_before)
+                return None
+            try:
+                receipt = client.put_samples(
+                    sample_ids, pid, td, tags=[{"source_id": int(s)} for s in source_ids]
+                )
+            except BaseException:
+                client.clear_samples(None, pid)
+                raise
+        except BaseException:
+            # Nothing of this batch is stored: rewind so the loader produces it again.
+            loader.load_state_dict(state_before)
+            raise
+        extra = dict(receipt.extra_info)
+        extra["pad_to_multiple"] = self._cl_pad_to_multiple
+        meta = replace(
+            receipt,
+            task_name=TASK_TRAIN,
+            fields=list(td.keys()),
+            sequence_lengths=[int(x) for x in batch["input_lengths"].tolist()],
+            extra_info=extra,
+            tags=[{"source_id": int(s)} for s in source_ids],
+        )
+        envelope = SFTBatchEnvelope(
+            meta=meta,
+            dp_rank=rank,
+            batch_index=k,
+            source_ids=list(source_ids),
+            valid_tokens=int(batch["token_mask"].sum()),
+            num_microbatches=math.ceil(n / self._cl_mbs),
+            load_time_s=time.perf_counter() - t0,
+            prefetched=False,
+        )
+        loaded = _LoadedBatch(envelope, state_before, state_after)
+        with self._cl_cond:
+            self._cl_ready[k] = loaded
+        self._cl_next_produce = k + 1
+        self._cl_stats["loads"] += 1
+        return loaded
+
+    def _cl_register(
+        self, client: Any, pid: str, *, fields: list[str], num_samples: int, wait: bool
+    ) -> bool:
+        """Register ``pid`` once a slot is free; a full store makes this wait, never fail.
+
+        Returns:
+            Whether ``pid`` was registered (always true with ``wait``; without it, false when
+            the store is full).
+        """
+        deadline = time.monotonic() + self._cl_wait_timeout_s
+        while True:
+            with self._cl_cond:
+                while len(self._cl_ready) >= self._cl_max_live:
+                    if not wait:
+                        return False
+                    self._cl_stats["waits"] += 1
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._cl_cond.wait(timeout=left):
+                        raise TimeoutError(
+                            f"colocated loader on DP rank {self.rank}: waited "
+                            f"{self._cl_wait_timeout_s:.1f} s for a free slot to load {pid!r} but "
+                            f"batches {sorted(self._cl_ready)} stay live (max_live_batches="
+                            f"{self._cl_max_live}); commit or abort them"
+                        )
+            try:
+                client.register_partition(
+                    pid, fields=fields, num_samples=num_samples, consumer_tasks=[TASK_TRAIN]
+                )
+                return True
+            except RuntimeError as exc:
+                # Another user of the store holds a slot: wait for it to be freed and retry.
+                if "partition limit" not in str(exc):
+                    raise
+                if not wait:
+                    return False
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"colocated loader on DP rank {self.rank}: waited "
+                        f"{self._cl_wait_timeout_s:.1f} s for the store to free a partition slot "
+                        f"for {pid!r}: {exc}"
+                    ) from exc
+                with self._cl_cond:
+                    self._cl_stats["waits"] += 1
+                    self._cl_cond.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def load_sft_batch(self, batch_index: int, prefetch: bool = True) -> SFTBatchEnvelope:
+        """Return the envelope of batch ``batch_index`` (loading it now unless prefetched).
+
+        Batch ``batch_index`` becomes *active* until :meth:`commit_sft_batch` or
+        :meth:`abort_sft_batch`.  With ``prefetch`` the following batches are then loaded while
+        fewer than ``max_live_batches`` are live.
+
+        Args:
+            batch_index: Must be the next batch of the run (steps done so far).
+            prefetch: Load ahead afterwards.
+
+        Returns:
+            The envelope (the meta carries the Local generation when the store is Local).
+
+        Raises:
+            RuntimeError: Not set up, or another batch is active.
+            ValueError: ``batch_index`` is not the next batch.
+            TimeoutError: No store slot freed within ``wait_timeout_s``.
+        """
+        self._cl_require()
+        k = int(batch_index)
+        if self._cl_active is not None:
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: batch {self._cl_active} is already "
+                f"active; commit or abort it before loading batch {k}"
+            )
+        if k != self._cl_next_step:
+            raise ValueError(
+                f"colocated loader on DP rank {self.rank}: asked for batch {k} but the next batch "
+                f"is {self._cl_next_step}"
+            )
+        loaded = self._cl_ready.get(k)
+        if loaded is None:
+            produced = self._cl_produce(wait=True)
+            assert produced is not None  # a waiting produce returns a batch or raises
+            envelope = produced.envelope
+        else:
+            self._cl_stats["prefetched_hits"] += 1
+            envelope = replace(loaded.envelope, prefetched=True)
+        self._cl_active = k
+        if prefetch:
+            self.prefetch_sft_batches()
+        return envelope
+
+    def prefetch_sft_batches(self) -> int:
+        """Load ahead while fewer than ``max_live_batches`` batches are live.
+
+        Opportunistic: it stops (loader rewound, nothing dropped) when the store has no free
+        slot instead of waiting.
+
+        Returns:
+            Number of batches loaded by this call.
+        """
+        self._cl_require()
+        loaded = 0
+        while len(self._cl_ready) < self._cl_max_live:
+            if self._cl_produce(wait=False) is None:
+                break
+            loaded += 1
+        return loaded
+
+    def commit_sft_batch(self, batch_index: int) -> int:
+        """Batch ``batch_index`` was trained: clear its partition and advance the position.
+
+        Args:
+            batch_index: The active batch.
+
+        Returns:
+            Rows consumed by this rank.
+
+        Raises:
+            RuntimeError: ``batch_index`` is not the active batch.
+        """
+        self._cl_require()
+        k = int(batch_index)
+        if self._cl_active != k:
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: commit of batch {k} but the active "
+                f"batch is {self._cl_active}"
+            )
+        loaded = self._cl_ready[k]
+        self._cl_client().clear_samples(None, loaded.envelope.meta.partition_id)
+        with self._cl_cond:
+            del self._cl_ready[k]
+            self._cl_active = None
+            self._cl_next_step = k + 1
+            self._cl_committed_state = dict(loaded.loader_state_after)
+            self._cl_cond.notify_all()
+        return len(loaded.envelope.source_ids)
+
+    def abort_sft_batch(self) -> list[str]:
+        """Drop the active and every prefetched batch; rewind the loader to the committed position.
+
+        The next :meth:`load_sft_batch` then reloads the same batch (a retried step sees the
+        same rows).  Idempotent.
+
+        Returns:
+            The partitions dropped.
+        """
+        if self._cl_loader is None:
+            return []
+        dropped = self._cl_drop_all()
+        self._cl_active = None
+        return dropped
+
+    def _cl_drop_all(self) -> list[str]:
+        client = self._cl_client()
+        dropped: list[str] = []
+        first_error: BaseException | None = None
+        for k in sorted(self._cl_ready):
+            pid = self._cl_ready[k].envelope.meta.partition_id
+            try:
+                client.clear_samples(None, pid)
+                dropped.append(pid)
+            except KeyError:
+                dropped.append(pid)  # already gone (e.g. the store was reset)
+            except BaseException as exc:  # keep dropping the others, re-raise the first
+                first_error = first_error or exc
+        with self._cl_cond:
+            self._cl_ready.clear()
+            self._cl_cond.notify_all()
+        self._cl_loader.load_state_dict(dict(self._cl_committed_state))
+        self._cl_next_produce = self._cl_next_step
+        if first_error is not None:
+            raise first_error
+        return dropped
+
+    # --- checkpoint support ----------------------------------------------------------------
+    def quiesce_colocated_loader(self) -> dict[str, Any]:
+        """Drop prefetched batches (rewinding the loader) and return the committed position.
+
+        Returns:
+            ``{"loader": EpochLoader state after the last committed batch, "next_batch": k,
+            "dp_rank": r}``.
+
+        Raises:
+            RuntimeError: A batch is active (its step has not committed or aborted).
+        """
+        self._cl_require()
+        if self._cl_active is not None:
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: cannot checkpoint while batch "
+                f"{self._cl_active} is active; commit or abort the step first"
+            )
+        self._cl_drop_all()
+        return {
+            "loader": dict(self._cl_committed_state),
+            "next_batch": int(self._cl_next_step),
+            "dp_rank": int(self.rank),
+        }
+
+    def save_colocated_data_plane(self, checkpoint_dir: str, metadata: Mapping[str, Any]) -> str:
+        """Save this worker's store (the adapter's own checkpoint) under ``checkpoint_dir``.
+
+        Args:
+            checkpoint_dir: Target directory (created atomically by the adapter).
+            metadata: JSON metadata stored with it.
+
+        Returns:
+            The directory written.
+
+        Raises:
+            RuntimeError: A batch is active.
+        """
+        self._cl_require()
+        if self._cl_active is not None:
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: cannot save the data plane while "
+                f"batch {self._cl_active} is active"
+            )
+        self._cl_client().save_checkpoint(checkpoint_dir, metadata=dict(metadata))
+        return str(checkpoint_dir)
+
+    def load_colocated_data_plane(self, checkpoint_dir: str) -> dict[str, Any]:
+        """Restore this worker's store from its checkpoint (only into a clean client).
+
+        Args:
+            checkpoint_dir: A directory written by :meth:`save_colocated_data_plane`.
+
+        Returns:
+            The checkpoint's metadata.
+        """
+        return dict(self._cl_client().load_checkpoint(checkpoint_dir))
+
+    def colocated_loader_stats(self) -> dict[str, Any]:
+        """Counters of this loader (loads, prefetch hits, waits) and its live batches."""
+        self._cl_require()
+        return {**self._cl_stats, "live": sorted(self._cl_ready), "active": self._cl_active}
+
+
+class ColocatedLoaderGroup:
+    """Driver-side handle: runs the loader calls on every DP rank and checks the envelopes.
+
+    Args:
+        worker_group: The policy's worker group (``run_all(method, *args, **kwargs)`` returning
+            one result per rank in rank order; ``world_size``).
+    """
+
+    def __init__(self, worker_group: Any) -> None:
+        self.worker_group = worker_group
+        self.dp_size = int(worker_group.world_size)
+
+    def setup(self, loader: Any, **kwargs: Any) -> None:
+        """``setup_colocated_loader(loader, **kwargs)`` on every rank."""
+        self.worker_group.run_all("setup_colocated_loader", loader, **kwargs)
+
+    def set_position(self, next_batch_index: int) -> None:
+        """``set_colocated_position`` on every rank."""
+        self.worker_group.run_all("set_colocated_position", int(next_batch_index))
+
+    def load(self, batch_index: int, prefetch: bool = True) -> list[SFTBatchEnvelope]:
+        """Load batch ``batch_index`` on every rank; return the checked envelopes in rank order.
+
+        Raises:
+            ValueError: The envelopes' DP ranks are not exactly ``range(dp_size)``, or the ranks
+                would run different numbers of micro-batches.
+        """
+        envelopes = list(self.worker_group.run_all("load_sft_batch", int(batch_index), prefetch))
+        ranks = [e.dp_rank for e in envelopes]
+        if sorted(ranks) != list(range(self.dp_size)):
+            raise ValueError(
+                f"SFT batch {batch_index}: envelopes came from DP ranks {ranks}, expected exactly "
+                f"{list(range(self.dp_size))}"
+            )
+        envelopes.sort(key=lambda e: e.dp_rank)
+        counts = [e.num_microbatches for e in envelopes]
+        if len(set(counts)) != 1:
+            raise ValueError(
+                f"SFT batch {batch_index}: DP ranks would run different numbers of micro-batches "
+                f"{counts}; every rank must run the same count"
+            )
+        return envelopes
+
+    def commit(self, batch_index: int) -> int:
+        """Commit on every rank; returns the rows consumed over all ranks."""
+        return int(sum(self.worker_group.run_all("commit_sft_batch", int(batch_index))))
+
+    def abort(self) -> None:
+        """Abort on every rank (drop loaded batches, rewind)."""
+        self.worker_group.run_all("abort_sft_batch")
+
+    def quiesce(self) -> dict[str, Any]:
+        """Quiesce every rank; return the committed position (identical on all ranks).
+
+        Raises:
+            RuntimeError: The ranks disagree on the position.
+        """
+        states = list(self.worker_group.run_all("quiesce_colocated_loader"))
+        first = {k: v for k, v in states[0].items() if k != "dp_rank"}
+        for s in states[1:]:
+            if {k: v for k, v in s.items() if k != "dp_rank"} != first:
+                raise RuntimeError(f"colocated loaders disagree on their position: {states}")
+        return first
+
+    def save_worker_stores(self, root: str | os.PathLike[str], metadata: Mapping[str, Any]) -> list[str]:
+        """Each rank saves its own store under ``root/dp{r}`` (single-node shared filesystem)."""
+        dirs = [str(Path(root) / f"dp{r}") for r in range(self.dp_size)]
+        return list(self.worker_group.run_sharded("save_colocated_data_plane", dirs, metadata=dict(metadata)))
+
+    def load_worker_stores(self, root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+        """Each rank restores its store from ``root/dp{r}``."""
+        dirs = [str(Path(root) / f"dp{r}") for r in range(self.dp_size)]
+        return list(self.worker_group.run_sharded("load_colocated_data_plane", dirs))
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per-rank loader counters."""
+        return list(self.worker_group.run_all("colocated_loader_stats"))
+
+
+def metas_of(envelopes: Sequence[SFTBatchEnvelope]) -> list[KVBatchMeta]:
+    """The metas of ``envelopes`` in order (what ``train_placed_microbatches`` takes)."""
+    return [e.meta for e in envelopes]

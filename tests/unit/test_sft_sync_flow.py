@@ -1,0 +1,315 @@
+"""K 76: the SFT data-plane step (contract §17.3) with in-process workers and Local stores.
+
+What is real: ``sft_sync_step`` (the trainer's step), ``ColocatedLoaderGroup`` and
+``ColocatedLoaderMixin`` (loading into real ``LocalDataPlaneClient`` stores), ``TQWorkerMixin``'s
+split training entrypoints and fetch (generation-checked ``get_data`` + ``materialize_local``),
+and ``TQPolicy``'s split API (placed-meta checks, one fresh global pad target, dispatch).
+
+What is fake (and why): the worker *group* is an in-process list instead of Ray actors (no Ray
+in unit tests), the ``TQPolicy`` object is created without its constructor (which would start
+Ray workers) and gets only the attributes its split API reads, and the workers' compute host
+(``_FakeTrainHost``) records what it was given and returns simple additive metrics instead of
+running a model - this file isolates the driver/loader/store choreography, not the math (the
+math is covered by tests/e2e/test_sft_parity.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from nemo_dp.algorithms.sft_sync import sft_sync_step
+from nemo_dp.data.datasets import EpochLoader, SFTDataset
+from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
+from nemo_dp.data_plane.interfaces import LocalDataPlaneConfig
+from nemo_dp.data_plane.schema import GLOBAL_FORWARD_PAD_SEQLEN
+from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
+from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, ColocatedLoaderMixin, sft_partition_id
+from nemo_dp.models.policy.tq_policy import TQPolicy
+
+pytestmark = pytest.mark.timeout(60)
+
+GBS = 8
+DP = 2
+MBS = 2
+
+
+class _FakeTrainHost:
+    """Stand-in for ``PolicyWorker``'s split training API: records calls, returns sums."""
+
+    def __init__(self, rank: int, world_size: int, events: list[tuple[str, int]]) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.pad_id = 0
+        self.cfg = {"dynamic_batching": {"enabled": False}, "sequence_packing": {"enabled": False}}
+        self.events = events
+        self.seen: list[dict[str, torch.Tensor]] = []
+        self.fail_on_train = False
+        self.step_rows: list[dict[str, torch.Tensor]] | None = None
+
+    def _local_coords(self) -> dict[str, int]:
+        return {}
+
+    def begin_train_step(self, loss_fn: Any, mbs: int | None = None) -> None:
+        self.events.append(("begin", self.rank))
+        self.step_rows = []
+
+    def train_microbatch(self, data: Any) -> None:
+        self.events.append(("train", self.rank))
+        if self.fail_on_train:
+            raise RuntimeError(f"injected training failure on rank {self.rank}")
+        assert self.step_rows is not None
+        self.step_rows.append({k: v.clone() for k, v in data.items() if isinstance(v, torch.Tensor)})
+
+    def finish_train_step(self) -> dict[str, Any]:
+        self.events.append(("finish", self.rank))
+        rows = self.step_rows or []
+        self.seen.extend(rows)
+        self.step_rows = None
+        tokens = float(sum(float(r["token_mask"].sum()) for r in rows))
+        return {"loss": tokens, "num_valid_tokens": tokens, "grad_norm": 1.0, "lr": 0.1}
+
+    def abort_train_step(self) -> None:
+        self.events.append(("abort", self.rank))
+        self.step_rows = None
+
+
+class _Worker(ColocatedLoaderMixin, TQWorkerMixin, _FakeTrainHost):
+    def __init__(self, rank: int, world_size: int, events: list[tuple[str, int]], max_partitions: int) -> None:
+        _FakeTrainHost.__init__(self, rank, world_size, events)
+        self.dp_client = LocalDataPlaneClient(LocalDataPlaneConfig(max_partitions=max_partitions))
+        self.dp_cfg = None
+        self._dp_train_step_active = False
+
+    def commit_sft_batch(self, batch_index: int) -> int:
+        self.events.append(("commit", self.rank))
+        return super().commit_sft_batch(batch_index)
+
+
+class _InProcessGroup:
+    """``RayWorkerGroup`` stand-in: calls the workers in rank order in this process."""
+
+    def __init__(self, workers: list[_Worker]) -> None:
+        self.workers = workers
+        self.world_size = len(workers)
+
+    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return [getattr(w, method)(*args, **kwargs) for w in self.workers]
+
+    def run_sharded(self, method: str, shards: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        assert len(shards) == len(self.workers)
+        return [getattr(w, method)(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
+
+
+def _policy(group: _InProcessGroup, *, dynamic: bool = False) -> TQPolicy:
+    policy = object.__new__(TQPolicy)
+    policy.cfg = OmegaConf.create(
+        {
+            "dynamic_batching": {
+                "enabled": dynamic,
+                "train_mb_tokens": 64,
+                "logprob_mb_tokens": 64,
+                "sequence_length_round": 4,
+            },
+            "sequence_packing": {"enabled": False},
+            "train_global_batch_size": GBS,
+        }
+    )
+    policy.dp_size = group.world_size
+    policy.name_prefix = "policy"
+    policy.worker_group = group
+    policy._train_step_active = False
+    return policy
+
+
+def _dataset() -> SFTDataset:
+    # Responses of different lengths so ranks have different slice maxima.
+    return SFTDataset([(f"{i}+{i}=", str(2 * i) + "0" * (i % 5)) for i in range(40)])
+
+
+def _setup(max_partitions: int = 2, dynamic: bool = False, seed: int = 3) -> tuple[TQPolicy, ColocatedLoaderGroup, list[_Worker], list[tuple[str, int]]]:
+    events: list[tuple[str, int]] = []
+    workers = [_Worker(r, DP, events, max_partitions) for r in range(DP)]
+    group = _InProcessGroup(workers)
+    loaders = ColocatedLoaderGroup(group)
+    loaders.setup(
+        EpochLoader(_dataset(), batch_size=GBS, seed=seed),
+        tokenizer=CharTokenizer(),
+        max_seq_len=32,
+        micro_batch_size=MBS,
+        max_live_batches=max_partitions,
+    )
+    return _policy(group, dynamic=dynamic), loaders, workers, events
+
+
+def _expected_blocks(k: int, seed: int = 3) -> list[list[int]]:
+    ref = EpochLoader(_dataset(), batch_size=GBS, seed=seed)
+    for _ in range(k + 1):
+        ref.next_batch()
+    idx = ref.last_batch_indices
+    per = GBS // DP
+    return [idx[r * per : (r + 1) * per] for r in range(DP)]
+
+
+def test_step_order_placement_commit_and_counters() -> None:
+    policy, loaders, workers, events = _setup()
+    result = sft_sync_step(policy, loaders, 0, loss_fn=object())
+    # begin -> placed train -> finish -> commit, each on every rank, in that order.
+    kinds = [e[0] for e in events]
+    assert kinds == ["begin", "begin", "train", "train", "finish", "finish", "commit", "commit"]
+    assert result.consumed == GBS
+    # Rank r got exactly the legacy planner's block r of global batch 0.
+    assert [e.source_ids for e in result.envelopes] == _expected_blocks(0)
+    assert [e.meta.partition_id for e in result.envelopes] == ["sft_dp0_batch0", "sft_dp1_batch0"]
+    assert result.envelopes[0].meta.sample_ids[0] == "sft_dp0_batch0_row0"
+    # One fresh global pad target: every rank materialised the same width = max over ranks.
+    longest = max(max(e.meta.sequence_lengths) for e in result.envelopes)
+    widths = {w.seen[0]["input_ids"].shape[1] for w in workers}
+    assert widths == {longest}
+    assert GLOBAL_FORWARD_PAD_SEQLEN not in result.envelopes[0].meta.extra_info  # caller's meta untouched
+    assert result.metrics["num_valid_tokens"] == float(sum(e.valid_tokens for e in result.envelopes))
+    # Committed: batch 0's partition is gone, batch 1 is prefetched (max_partitions=2).
+    for w in workers:
+        with pytest.raises(KeyError):
+            w.dp_client.get_samples([f"sft_dp{w.rank}_batch0_row0"], f"sft_dp{w.rank}_batch0", ["input_ids"])
+        assert w.dp_client.list_sample_ids(sft_partition_id(w.rank, 1)) != []
+    second = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert all(e.prefetched for e in second.envelopes)
+    assert [e.source_ids for e in second.envelopes] == _expected_blocks(1)
+
+
+def test_training_failure_aborts_drops_and_leaves_position_unchanged() -> None:
+    policy, loaders, workers, events = _setup()
+    sft_sync_step(policy, loaders, 0, loss_fn=object())
+    workers[1].fail_on_train = True
+    events.clear()
+    with pytest.raises(RuntimeError, match="injected training failure"):
+        sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert ("abort", 0) in events and ("abort", 1) in events
+    assert not any(e[0] == "commit" for e in events)
+    assert policy._train_step_active is False
+    for w in workers:  # active and prefetched partitions dropped
+        for k in (1, 2):
+            pid = sft_partition_id(w.rank, k)
+            assert w.dp_client.list_sample_ids(pid) == []
+            with pytest.raises(KeyError):
+                w.dp_client.get_samples([f"{pid}_row0"], pid, ["input_ids"])
+        assert w.quiesce_colocated_loader()["next_batch"] == 1
+    # Retrying batch 1 sees exactly the same rows.
+    workers[1].fail_on_train = False
+    retry = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert [e.source_ids for e in retry.envelopes] == _expected_blocks(1)
+    with pytest.raises(ValueError, match="next batch is 2"):
+        loaders.load(1)
+
+
+def test_wrong_meta_count_and_dynamic_batching_raise() -> None:
+    policy, loaders, workers, _ = _setup()
+    envelopes = loaders.load(0)
+    policy.begin_train_step(object())
+    with pytest.raises(ValueError, match="exactly one batch per DP rank"):
+        policy.train_placed_microbatches([envelopes[0].meta])
+    policy.abort_train_step()
+    loaders.abort()
+
+    policy_db, loaders_db, workers_db, events = _setup(dynamic=True)
+    with pytest.raises(ValueError, match="does not support dynamic batching"):
+        sft_sync_step(policy_db, loaders_db, 0, loss_fn=object())
+    assert ("abort", 0) in events and ("abort", 1) in events
+    for w in workers_db:
+        with pytest.raises(KeyError):
+            w.dp_client.get_samples([f"{sft_partition_id(w.rank, 0)}_row0"], sft_partition_id(w.rank, 0), ["input_ids"])
+        assert w.quiesce_colocated_loader()["next_batch"] == 0
+
+
+def test_envelope_rank_check_and_microbatch_counts() -> None:
+    policy, loaders, workers, _ = _setup()
+    envs = loaders.load(0)
+    assert [e.num_microbatches for e in envs] == [GBS // DP // MBS] * DP
+    loaders.abort()
+
+    class _Dup(_InProcessGroup):
+        def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+            out = super().run_all(method, *args, **kwargs)
+            return [out[0], out[0]] if method == "load_sft_batch" else out
+
+    bad = ColocatedLoaderGroup(_Dup(workers))
+    with pytest.raises(ValueError, match=r"DP ranks \[0, 0\]"):
+        bad.load(0)
+
+
+def test_full_store_makes_the_producer_wait_not_fail() -> None:
+    policy, loaders, workers, _ = _setup(max_partitions=1)
+    w = workers[0]
+    w.dp_client.register_partition("other", fields=["x"], num_samples=1, consumer_tasks=["train"])
+    done: dict[str, Any] = {}
+
+    def load() -> None:
+        t0 = time.perf_counter()
+        done["env"] = w.load_sft_batch(0)
+        done["waited"] = time.perf_counter() - t0
+
+    th = threading.Thread(target=load)
+    th.start()
+    time.sleep(0.6)
+    assert "env" not in done  # still waiting for a slot
+    w.dp_client.clear_samples(None, "other")
+    th.join(timeout=10)
+    assert done["waited"] >= 0.5
+    assert done["env"].source_ids == _expected_blocks(0)[0]  # nothing dropped or skipped
+    assert w.colocated_loader_stats()["waits"] >= 1
+
+
+def test_checkpoint_refused_while_active_and_prefetch_rewound() -> None:
+    policy, loaders, workers, _ = _setup()
+    loaders.load(0)
+    with pytest.raises(RuntimeError, match="active"):
+        loaders.quiesce()
+    with pytest.raises(RuntimeError, match="active"):
+        workers[0].save_colocated_data_plane("/nonexistent/never", {})
+    loaders.abort()
+    sft_sync_step(policy, loaders, 0, loss_fn=object())
+    assert workers[0].colocated_loader_stats()["live"] == [1]  # batch 1 prefetched
+    position = loaders.quiesce()
+    assert position["next_batch"] == 1
+    ref = EpochLoader(_dataset(), batch_size=GBS, seed=3)
+    ref.next_batch()
+    assert position["loader"] == ref.state_dict()
+    assert workers[0].colocated_loader_stats()["live"] == []
+    again = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert [e.source_ids for e in again.envelopes] == _expected_blocks(1)
+
+
+def test_resume_from_position_and_store_checkpoint(tmp_path: Any) -> None:
+    straight_policy, straight_loaders, _, _ = _setup()
+    straight = [sft_sync_step(straight_policy, straight_loaders, k, loss_fn=object()) for k in range(4)]
+
+    policy, loaders, workers, _ = _setup()
+    for k in range(2):
+        sft_sync_step(policy, loaders, k, loss_fn=object())
+    position = loaders.quiesce()
+    saved = loaders.save_worker_stores(tmp_path / "dp", {"step": 2})
+    assert len(saved) == DP
+
+    # A fresh "process": new workers and stores, the template loader at the saved position.
+    events: list[tuple[str, int]] = []
+    fresh = [_Worker(r, DP, events, 2) for r in range(DP)]
+    group = _InProcessGroup(fresh)
+    fresh_loaders = ColocatedLoaderGroup(group)
+    assert fresh_loaders.load_worker_stores(tmp_path / "dp") == [{"step": 2}] * DP
+    template = EpochLoader(_dataset(), batch_size=GBS, seed=3)
+    template.load_state_dict(position["loader"])
+    fresh_loaders.setup(template, tokenizer=CharTokenizer(), max_seq_len=32, micro_batch_size=MBS, max_live_batches=2)
+    fresh_loaders.set_position(position["next_batch"])
+    fresh_policy = _policy(group)
+    resumed = [sft_sync_step(fresh_policy, fresh_loaders, k, loss_fn=object()) for k in (2, 3)]
+    assert [[e.source_ids for e in r.envelopes] for r in resumed] == [
+        [e.source_ids for e in r.envelopes] for r in straight[2:]
+    ]
+    assert [r.metrics["loss"] for r in resumed] == [r.metrics["loss"] for r in straight[2:]]
