@@ -129,6 +129,7 @@ def register_bench_configs() -> None:
     register_data_plane_configs()
     ConfigStore.instance().store(group="bench", name="data_plane_schema", node=DataPlaneBenchConfig)
     ConfigStore.instance().store(group="bench", name="grpo_step_schema", node=GrpoStepBenchConfig)
+    ConfigStore.instance().store(group="bench", name="sft_step_schema", node=SftStepBenchConfig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -682,8 +683,11 @@ class GrpoStepBenchConfig:
     group_size: int = 8
     warmup_steps: int = 1
     measured_steps: int = 3
-    data_planes: list[str] = field(default_factory=lambda: list(GRPO_STEP_TRAINERS))
+    backends: list[str] = field(default_factory=lambda: list(GRPO_STEP_TRAINERS))
     train_overrides: list[str] = field(default_factory=list)
+    backend_overrides: dict[str, list[str]] = field(
+        default_factory=lambda: {"disabled": [], "tq": ["data_plane.observability.enabled=true"]}
+    )
     rss_sample_interval_s: float = 0.005
     target_bulk_ratio: float = 0.05
     num_cpus: int = 2
@@ -697,12 +701,15 @@ class GrpoStepBenchConfig:
             fail("samples_per_step", f"need positive sizes, got {self.samples_per_step}")
         if self.group_size < 1 or any(s % self.group_size for s in self.samples_per_step):
             fail("group_size", f"must be >= 1 and divide every samples_per_step {self.samples_per_step}")
-        unknown = [d for d in self.data_planes if d not in GRPO_STEP_TRAINERS]
-        if unknown or not self.data_planes or len(set(self.data_planes)) != len(self.data_planes):
-            fail("data_planes", f"need distinct options of {list(GRPO_STEP_TRAINERS)}, got {self.data_planes}")
+        unknown = [d for d in self.backends if d not in GRPO_STEP_TRAINERS]
+        if unknown or not self.backends or len(set(self.backends)) != len(self.backends):
+            fail("backends", f"need distinct options of {list(GRPO_STEP_TRAINERS)}, got {self.backends}")
         for key in ("measured_steps", "num_cpus"):
             if getattr(self, key) < 1:
                 fail(key, f"must be >= 1, got {getattr(self, key)}")
+        missing = [d for d in self.backends if d not in self.backend_overrides]
+        if missing:
+            fail("backend_overrides", f"no entry for {missing}")
         if self.warmup_steps < 0:
             fail("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         if not self.rss_sample_interval_s > 0:
@@ -879,6 +886,10 @@ def _grpo_step_run(
                     "time/logprobs_s": record["time/logprobs_s"],
                     "time/train_s": record["time/train_s"],
                     "driver_store_wall_ms": float(record.get("data_plane/step/wall_ms", 0.0)),
+                    "workers_store_wall_ms_sum": float(record.get("data_plane/workers/step/wall_ms", 0.0)),
+                    "workers_store_wall_ms_max_rank": float(
+                        record.get("data_plane/workers/step/max_rank_wall_ms", 0.0)
+                    ),
                     "driver_store_read_bytes": store_read,
                     "driver_store_written_bytes": store_written,
                     **traffic,
@@ -929,9 +940,8 @@ def run_grpo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             "logger.plot=false",
             "logger.progress_bar=false",
             *bench.train_overrides,
+            *bench.backend_overrides[data_plane],
         ]
-        if data_plane == "tq":
-            overrides.append("data_plane.observability.enabled=true")
         train_cfg = compose("config", overrides=overrides)
         validate_config(train_cfg)
         return train_cfg
@@ -941,7 +951,7 @@ def run_grpo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     ray_env = init_ray(num_cpus=bench.num_cpus, data_plane_cfg=tq_cfg)
     try:
         for samples in bench.samples_per_step:
-            for dp in bench.data_planes:
+            for dp in bench.backends:
                 print(f"[bench] grpo_step: {samples} samples/step, data_plane={dp}", flush=True)
                 run = _grpo_step_run(train_config(dp, samples), ray_env, bench, output_dir / f"{dp}_{samples}")
                 results.append({"samples_per_step": samples, "data_plane": dp, **run})
@@ -976,6 +986,8 @@ def run_grpo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
                     "tq_ray_sent_bulk_bytes": tq["ray_sent_bulk_bytes"],
                     "tq_driver_store_written_bytes": tq["driver_store_written_bytes"],
                     "tq_driver_store_wall_ms": tq["driver_store_wall_ms"],
+                    "tq_workers_store_wall_ms_max_rank": tq["workers_store_wall_ms_max_rank"],
+                    "tq_extra_time_s": tq["step_time_s"] - legacy["step_time_s"],
                     "time_split_legacy_s": {k: legacy[f"time/{k}_s"] for k in ("generation", "logprobs", "train")},
                     "time_split_tq_s": {k: tq[f"time/{k}_s"] for k in ("generation", "logprobs", "train")},
                     "legacy_peak_rss_mb": by_dp["disabled"]["peak_rss_mb"],
@@ -1014,8 +1026,243 @@ def run_grpo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             f"{c['ray_pickled_ratio_tq_over_legacy']:.3f}; driver sent bulk legacy "
             f"{c['legacy_ray_sent_bulk_bytes'] / 1e3:.1f} kB, tq "
             f"{(c['tq_ray_sent_bulk_bytes'] + c['tq_driver_store_written_bytes']) / 1e3:.1f} kB; "
-            f"tq driver store time {c['tq_driver_store_wall_ms']:.0f} ms; peak RSS legacy "
+            f"tq store time per step: driver {c['tq_driver_store_wall_ms']:.0f} ms, slowest worker "
+            f"{c['tq_workers_store_wall_ms_max_rank']:.0f} ms (extra step time "
+            f"{1000 * c['tq_extra_time_s']:.0f} ms); peak RSS legacy "
             f"{c['legacy_peak_rss_mb']:.0f} MB, tq {c['tq_peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
+    print(f"[bench] report: {out_path}", flush=True)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# bench=sft_step: legacy vs data-plane SFT trainers (disabled / local / tq), side by side
+# ---------------------------------------------------------------------------------------------
+
+SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq")
+
+
+@dataclass
+class SftStepBenchConfig:
+    """``bench`` for ``bench=sft_step`` (schema of ``conf/bench/sft_step.yaml``)."""
+
+    name: str = "sft_step"
+    global_batch_sizes: list[int] = field(default_factory=lambda: [128, 512])
+    micro_batch_size: int = 64
+    warmup_steps: int = 2
+    measured_steps: int = 5
+    backends: list[str] = field(default_factory=lambda: list(SFT_STEP_TRAINERS))
+    train_overrides: list[str] = field(default_factory=list)
+    num_cpus: int = 2
+    output_file: str = "bench_sft_step.json"
+
+    def __post_init__(self) -> None:
+        def fail(key: str, message: str) -> None:
+            raise ValueError(f"bench.{key}: {message}")
+
+        if not self.global_batch_sizes or any(b < 1 for b in self.global_batch_sizes):
+            fail("global_batch_sizes", f"need positive sizes, got {self.global_batch_sizes}")
+        if self.micro_batch_size < 1:
+            fail("micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
+        unknown = [d for d in self.backends if d not in SFT_STEP_TRAINERS]
+        if unknown or not self.backends or len(set(self.backends)) != len(self.backends):
+            fail("backends", f"need distinct options of {list(SFT_STEP_TRAINERS)}, got {self.backends}")
+        for key in ("measured_steps", "num_cpus"):
+            if getattr(self, key) < 1:
+                fail(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.warmup_steps < 0:
+            fail("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if not self.output_file or "/" in self.output_file:
+            fail("output_file", f"must be a plain file name, got {self.output_file!r}")
+
+
+def _sft_step_run(
+    train_cfg: DictConfig, ray_env: dict[str, str], bench: SftStepBenchConfig, run_dir: Path
+) -> dict[str, Any]:
+    """Run one SFT trainer for warmup + measured (+1 validation) steps; per-step costs.
+
+    Bytes crossing the driver are counted on the worker group's calls (``_RayTraffic``): what
+    the driver ships (the legacy trainer's collated shards; the data-plane trainer's metas) and
+    everything returned to it (envelopes, metrics), pickled.
+    """
+    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs
+    from nemo_dp.data.tokenizer import CharTokenizer
+    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
+    from nemo_dp.distributed.worker_group import RayCluster
+    from nemo_dp.models.policy import Policy
+
+    class StepClock(RunLogger):
+        """Timestamps every logged step and snapshots the Ray traffic counters there."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.marks: list[tuple[int, float, dict[str, int], dict[str, Any]]] = []
+            self.traffic: _RayTraffic | None = None
+
+        def start(self, total_steps: int, start_step: int) -> None:
+            super().start(total_steps, start_step)
+            assert self.traffic is not None
+            self.traffic.take()
+            self.marks.append((0, time.perf_counter(), {}, {}))
+
+        def log_step(self, step: int, metrics: Any) -> dict[str, Any]:
+            record = super().log_step(step, metrics)
+            if step > 0:
+                assert self.traffic is not None
+                self.marks.append((step, time.perf_counter(), self.traffic.take(), dict(record)))
+            return record
+
+    tok = CharTokenizer()
+    trainer = select_sync_trainer(train_cfg)
+    factory = make_policy_factory(train_cfg.data_plane)
+    kwargs = {
+        "cluster": RayCluster(env_vars=dict(ray_env)),
+        "config": train_cfg.policy,
+        "vocab_size": tok.vocab_size,
+        "pad_id": tok.pad_id,
+        "eos_id": tok.eos_id,
+        "seed": int(train_cfg.seed),
+    }
+    gc.collect()
+    rss = _RssSampler(0.005)
+    policy = Policy(**kwargs) if factory is None else factory(**kwargs)
+    try:
+        clock = StepClock(run_dir, metrics_file="metrics.jsonl", plot_file="curves.png", plot=False,
+                          progress_bar=False, label=run_dir.name)
+        clock.traffic = _RayTraffic(policy.worker_group)
+        inputs = build_trainer_inputs(train_cfg)
+        trainer(
+            policy,
+            train_cfg,
+            train_loader=inputs.train_loader,
+            val_problems=inputs.val_problems,
+            tokenizer=tok,
+            env=inputs.env,
+            logger=clock,
+            checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
+            start_state=None,
+        )
+    finally:
+        policy.shutdown()
+        memory = rss.stop()
+    steps = []
+    for (_, t0, _, _), (s1, t1, traffic, record) in zip(clock.marks, clock.marks[1:]):
+        if bench.warmup_steps < s1 <= bench.warmup_steps + bench.measured_steps:
+            sent = traffic["ray_sent_bulk_bytes"] + traffic["ray_sent_per_row_bytes"]
+            steps.append(
+                {
+                    "step": s1,
+                    "step_time_s": t1 - t0,
+                    "time/train_s": record["time/train_s"],
+                    **traffic,
+                    "driver_sent_tensor_bytes": sent,
+                    "driver_held_bytes": sent + traffic["ray_received_pickled_bytes"],
+                }
+            )
+    mean = {k: statistics.fmean(float(s[k]) for s in steps) for k in steps[0] if k != "step"}
+    return {"steps": steps, "mean": mean, **memory}
+
+
+def run_sft_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Legacy (``disabled``) vs ``local`` vs ``tq`` SFT step at each batch size; write the JSON.
+
+    Each trainer is selected exactly as the launcher selects it (``select_sync_trainer`` and
+    ``make_policy_factory`` on a composed ``conf/config.yaml``), on one Ray for the whole bench.
+
+    Args:
+        cfg: The composed bench root config (``bench`` is a ``SftStepBenchConfig``).
+        output_dir: Where the JSON goes.
+
+    Returns:
+        The report that was written.
+    """
+    from hydra import compose
+
+    from nemo_dp.config import register_configs, validate_config
+    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
+
+    bench = OmegaConf.to_object(cfg.bench)
+    assert isinstance(bench, SftStepBenchConfig)
+    register_configs(Path(__file__).resolve().parents[1] / "recipes")
+
+    def train_config(data_plane: str, gbs: int) -> DictConfig:
+        overrides = [
+            "~recipe",
+            "algorithm=sft",
+            f"data_plane={data_plane}",
+            f"policy.train_global_batch_size={gbs}",
+            f"policy.train_micro_batch_size={min(bench.micro_batch_size, gbs)}",
+            f"algorithm.num_train_samples={gbs * (bench.warmup_steps + bench.measured_steps + 1)}",
+            f"algorithm.max_steps={bench.warmup_steps + bench.measured_steps + 1}",
+            "algorithm.val_at_start=false",
+            "algorithm.val_period=0",
+            "algorithm.val_samples=8",
+            "checkpointing.enabled=false",
+            "logger.plot=false",
+            "logger.progress_bar=false",
+            *bench.train_overrides,
+        ]
+        train_cfg = compose("config", overrides=overrides)
+        validate_config(train_cfg)
+        return train_cfg
+
+    tq_cfg = train_config("tq", bench.global_batch_sizes[0]).data_plane
+    results: list[dict[str, Any]] = []
+    ray_env = init_ray(num_cpus=bench.num_cpus, data_plane_cfg=tq_cfg)
+    try:
+        for gbs in bench.global_batch_sizes:
+            for dp in bench.backends:
+                print(f"[bench] sft_step: {gbs} rows/step, data_plane={dp}", flush=True)
+                run = _sft_step_run(train_config(dp, gbs), ray_env, bench, output_dir / f"sft_{dp}_{gbs}")
+                results.append({"global_batch_size": gbs, "data_plane": dp, **run})
+    finally:
+        shutdown_ray()
+
+    table = []
+    for gbs in bench.global_batch_sizes:
+        by_dp = {r["data_plane"]: r for r in results if r["global_batch_size"] == gbs}
+        base = by_dp.get("disabled")
+        for dp, r in by_dp.items():
+            m = r["mean"]
+            table.append(
+                {
+                    "global_batch_size": gbs,
+                    "data_plane": dp,
+                    "step_time_s": m["step_time_s"],
+                    "train_time_s": m["time/train_s"],
+                    "driver_held_bytes": m["driver_held_bytes"],
+                    "driver_sent_tensor_bytes": m["driver_sent_tensor_bytes"],
+                    "ray_received_pickled_bytes": m["ray_received_pickled_bytes"],
+                    "peak_rss_mb": r["peak_rss_mb"],
+                    "step_time_vs_disabled": None if base is None else m["step_time_s"] / base["mean"]["step_time_s"],
+                    "driver_bytes_vs_disabled": None
+                    if base is None
+                    else m["driver_held_bytes"] / max(1.0, base["mean"]["driver_held_bytes"]),
+                }
+            )
+    report = {
+        "bench": "sft_step",
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "columns": {
+            "driver_held_bytes": "per step: tensor bytes the driver shipped to the workers + pickled "
+            "size of everything returned to it (legacy: the collated batch shards; data plane: metas "
+            "out, envelopes and metrics back)",
+            "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
+        },
+        "runs": results,
+        "table": table,
+    }
+    out_path = output_dir / bench.output_file
+    out_path.write_text(json.dumps(report, indent=2, default=str))
+    print(f"{'rows':>6} {'data_plane':>10} {'step ms':>9} {'x legacy':>9} {'driver bytes':>13} {'x legacy':>9} {'peak RSS MB':>12}")
+    for row in table:
+        st = row["step_time_vs_disabled"]
+        db = row["driver_bytes_vs_disabled"]
+        print(
+            f"{row['global_batch_size']:>6} {row['data_plane']:>10} {row['step_time_s'] * 1e3:>9.1f} "
+            f"{'-' if st is None else f'{st:.2f}':>9} {row['driver_held_bytes']:>13.0f} "
+            f"{'-' if db is None else f'{db:.3f}':>9} {row['peak_rss_mb']:>12.0f}",
             flush=True,
         )
     print(f"[bench] report: {out_path}", flush=True)
@@ -1027,6 +1274,7 @@ def run_grpo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 BENCHES: dict[str, Callable[[DictConfig, Path], dict[str, Any]]] = {
     "data_plane": run_data_plane_bench,
     "grpo_step": run_grpo_step_bench,
+    "sft_step": run_sft_step_bench,
 }
 
 

@@ -14,8 +14,8 @@ Order of work, so that a bad configuration fails before any process starts:
    jobs are isolated), the phases run, the run directory receives the resolved config,
    ``metrics.jsonl``, checkpoints, the training-curve plot and ``summary.json``.
 
-A GRPO run with ``algorithm.warm_start.enabled`` first runs an SFT phase (selected through the
-same factory lookup with an SFT view of the config) on the same policy.
+An RL run (GRPO, PPO) with ``algorithm.warm_start.enabled`` first runs an SFT phase (selected
+through the same factory lookup with an SFT view of the config) on the same policy.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def plan_phases(cfg: DictConfig) -> list[Phase]:
     """
     name = str(cfg.algorithm.name)
     phases: list[Phase] = []
-    if name == "grpo" and bool(cfg.algorithm.warm_start.enabled):
+    if "warm_start" in cfg.algorithm and bool(cfg.algorithm.warm_start.enabled):
         phases.append(Phase("warm_start", "SFT warm start", warm_start_config(cfg), "warm_start"))
     phases.append(Phase(name, name.upper(), cfg, ""))
     return phases

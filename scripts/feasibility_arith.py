@@ -80,8 +80,8 @@ def lr_at(step: int, base: float, warmup: int, total: int, cosine: bool, min_rat
 
 
 def run_sft(model: TinyCausalLM, args: argparse.Namespace, task: ArithmeticTask, evals: list[Problem],
-            steps: int, cosine: bool) -> None:
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+            steps: int, cosine: bool, weight_decay: float) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=weight_decay)
     loader = EpochLoader(SFTDataset.from_arithmetic(task, args.n_train), args.batch_size, seed=args.seed)
     loss_fn, clock = NLLLoss(), Clock()
     for step in range(1, steps + 1):
@@ -148,6 +148,8 @@ def main() -> None:
     ap.add_argument("--max_seq_len", type=int, default=16)
     ap.add_argument("--grad_clip", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--weight_decay", type=float, default=0.1, help="SFT AdamW weight decay")
+    ap.add_argument("--warm_weight_decay", type=float, default=0.0, help="warm-start AdamW weight decay")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--batch_size", type=int, default=128)
     ap.add_argument("--sft_steps", type=int, default=1000, help="SFT steps (cosine decay to 0.1 lr)")
@@ -177,9 +179,9 @@ def main() -> None:
         model.load_state_dict(torch.load(args.load))
         print(json.dumps({"phase": "loaded", "acc": evaluate(model, evals, args.max_new_tokens)}), flush=True)
     elif args.mode == "sft":
-        run_sft(model, args, task, evals, args.sft_steps, cosine=True)
+        run_sft(model, args, task, evals, args.sft_steps, cosine=True, weight_decay=args.weight_decay)
     else:
-        run_sft(model, args, task, evals, args.warm_steps, cosine=False)
+        run_sft(model, args, task, evals, args.warm_steps, cosine=False, weight_decay=args.warm_weight_decay)
     if args.save:
         torch.save(model.state_dict(), args.save)
     if args.mode == "grpo":

@@ -69,7 +69,9 @@ def response_token_mask(prompt_lengths: torch.Tensor, input_lengths: torch.Tenso
     """
     width = int(input_lengths.max())
     pos = torch.arange(width).unsqueeze(0)
-    span = (pos >= prompt_lengths.to(torch.long).unsqueeze(1)) & (pos < input_lengths.to(torch.long).unsqueeze(1))
+    start = prompt_lengths.to(torch.long).unsqueeze(1)
+    end = input_lengths.to(torch.long).unsqueeze(1)
+    span = (pos >= start) & (pos < end)
     return span.to(torch.int32)
 
 
@@ -321,7 +323,9 @@ def grpo_train_sync(
                 policy, master_config, train_loader=train_loader, tokenizer=tokenizer, env=env, step=step
             )
             t_gen = time.perf_counter() - t0
-            adv = grpo_advantages(carry["rewards"], carry["baseline"], carry["std"], bool(algo.normalize_rewards))
+            adv = grpo_advantages(
+                carry["rewards"], carry["baseline"], carry["std"], bool(algo.normalize_rewards)
+            )
             sample_mask = torch.ones(meta.size, dtype=torch.float32)
             if bool(algo.overlong_filtering):
                 sample_mask = sample_mask * (~carry["truncated"].bool()).float()

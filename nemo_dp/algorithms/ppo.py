@@ -6,16 +6,15 @@ the policy's ``prev_logprobs``, the reference policy's log-probs and the critic'
 token-level rewards (the score at the last response token, a per-token KL penalty
 ``-kl_coef * (logp - logp_ref)``), GAE advantages (whitened) and returns, then run
 ``ppo_epochs`` epochs; each epoch trains the policy (clipped PG loss) and the critic (clipped
-value loss) on a fresh shuffle of the batch.  The whole batch lives in driver memory; the
-data-plane twin is ``ppo_sync.ppo_train_sync`` and shares everything else via
-``ppo_common``.  The critic is a ``Value`` worker group this trainer creates (and shuts down);
+value loss) on a fresh shuffle of the batch.  The whole batch lives in driver memory; everything
+that does not depend on where the tensors live is in ``ppo_common``, shared with the
+data-plane twin.  The critic is a ``Value`` worker group this trainer creates (and shuts down);
 its call signature is the one every trainer shares.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,11 +25,11 @@ from nemo_dp.algorithms.ppo_common import (
     build_ppo_loss_fns,
     compute_ppo_targets,
     epoch_permutation,
-    optimizer_steps_per_phase,
+    make_value,
     ppo_step_metrics,
+    start_ppo_phase,
 )
 from nemo_dp.algorithms.rollout import evaluate, rollout
-from nemo_dp.algorithms.sft import restore_trainer_state
 from nemo_dp.algorithms.trainer_common import (
     TRAINER_STATE_VERSION,
     Checkpointer,
@@ -39,84 +38,9 @@ from nemo_dp.algorithms.trainer_common import (
     should_validate,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.distributed.worker_group import RayCluster
-from nemo_dp.models.value.value import Value, critic_config
 from nemo_dp.utils.seeding import capture_rng_state
 
-__all__ = ["ppo_train", "start_ppo_phase", "make_value"]
-
-
-def start_ppo_phase(
-    policy: Any,
-    value: Any,
-    master_config: Any,
-    *,
-    start_state: dict[str, Any] | None,
-    train_loader: Any,
-    logger: RunLogger,
-) -> dict[str, Any]:
-    """Fresh start or resume of both models (shared by both PPO trainers).
-
-    A fresh run freezes the policy's current weights as the reference, starts fresh optimizers
-    and (``algorithm.value.init_from_policy``) copies the policy's trunk into the critic.  A
-    resume restores policy, loader, driver RNG and the critic from the checkpoint.
-
-    Args:
-        policy: The policy facade.
-        value: The critic facade.
-        master_config: Root config (PPO).
-        start_state: A loaded checkpoint or ``None``.
-        train_loader: The problem loader.
-        logger: For the resume line.
-
-    Returns:
-        The trainer counters.
-    """
-    algo = master_config.algorithm
-    counters: dict[str, Any] = {
-        "step": 0,
-        "consumed_samples": 0,
-        "val_accuracy": None,
-        "initial_val_accuracy": None,
-    }
-    if start_state is not None:
-        counters.update(
-            restore_trainer_state(start_state, algorithm="ppo", policy=policy, train_loader=train_loader)
-        )
-        value.load_state_dict(start_state["value"])
-        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
-        return counters
-    policy.snapshot_reference_policy()
-    steps = optimizer_steps_per_phase(master_config)
-    policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=steps)
-    if bool(algo.value.init_from_policy):
-        value.init_trunk_from(policy.state_dict()["weights"]["model"])
-    value.reset_optimizer(float(algo.value.lr), decay_steps=steps)
-    return counters
-
-
-def make_value(
-    master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value
-) -> Any:
-    """Build the critic's worker group for a PPO run.
-
-    Args:
-        master_config: Root config (PPO): ``policy`` and ``algorithm.value``.
-        tokenizer: The tokenizer (vocabulary and special ids).
-        value_factory: ``Value`` or a callable with its keyword arguments (the data-plane
-            trainer passes ``functools.partial(TQValue.from_policy, policy)``).
-
-    Returns:
-        The critic facade.
-    """
-    return value_factory(
-        cluster=RayCluster(),
-        config=critic_config(master_config.policy, master_config.algorithm.value),
-        vocab_size=tokenizer.vocab_size,
-        pad_id=tokenizer.pad_id,
-        eos_id=tokenizer.eos_id,
-        seed=int(master_config.seed),
-    )
+__all__ = ["ppo_train"]
 
 
 def ppo_train(
@@ -270,7 +194,7 @@ def _ppo_loop(
             {
                 "consumed_samples": counters["consumed_samples"],
                 "time/generation_s": t_gen,
-                "time/forward_s": t_fwd,
+                "time/logprobs_s": t_fwd,  # policy + reference log-probs and critic values
                 "time/train_s": t_train,
             }
         )

@@ -1,15 +1,16 @@
 """What the legacy and the data-plane PPO trainers share, so that they agree step for step.
 
-Why this module exists: ``ppo.py`` (batches in driver memory) and ``ppo_sync.py`` (metas over
-the data plane) must run the same algorithm on the same numbers.  Everything that is not about
+Why this module exists: ``ppo.py`` (batches in driver memory) and its data-plane twin (metas
+over the store) must run the same algorithm on the same numbers.  Everything that is not about
 where the tensors live is here, once: the loss functions built from the config, the critic's
-construction arguments, the per-epoch shuffles, the advantage/return computation from the
-columns the driver holds, and the step's metrics.  Nothing here imports Ray or the data plane.
+construction, the phase start / resume of both models, the per-epoch shuffles, the
+advantage/return computation from the columns the driver holds, and the step's metrics.
+Nothing here imports the data plane (Ray only lazily, inside the worker group).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,10 @@ from nemo_dp.algorithms.gae import (
 )
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
+from nemo_dp.algorithms.sft import restore_trainer_state
+from nemo_dp.algorithms.trainer_common import RunLogger
+from nemo_dp.distributed.worker_group import RayCluster
+from nemo_dp.models.value.value import Value, critic_config
 
 __all__ = [
     "PPO_POLICY_TRAIN_KEYS",
@@ -32,8 +37,10 @@ __all__ = [
     "build_ppo_loss_fns",
     "compute_ppo_targets",
     "epoch_permutation",
+    "make_value",
     "optimizer_steps_per_phase",
     "ppo_step_metrics",
+    "start_ppo_phase",
 ]
 
 #: Fields ``policy.train`` receives (same names as the data plane's ``DP_TRAIN_FIELDS``).
@@ -161,9 +168,12 @@ def compute_ppo_targets(
         ValueError: No trained token in the whole batch, or mismatched shapes.
     """
     full_width = token_mask.shape[1]
-    for name, t in (("prev_logprobs", prev_logprobs), ("reference_logprobs", reference_logprobs), ("values", values)):
+    columns = {"prev_logprobs": prev_logprobs, "reference_logprobs": reference_logprobs, "values": values}
+    for name, t in columns.items():
         if t.shape != token_mask.shape:
-            raise ValueError(f"PPO targets: {name} has shape {tuple(t.shape)}, token_mask {tuple(token_mask.shape)}")
+            raise ValueError(
+                f"PPO targets: {name} has shape {tuple(t.shape)}, token_mask {tuple(token_mask.shape)}"
+            )
     mask = token_mask.float() * sample_mask.float().unsqueeze(1)
     if float(mask.sum()) <= 0:
         raise ValueError(
@@ -254,3 +264,76 @@ def ppo_step_metrics(
         out[f"policy_loss_epoch{k}"] = float(pm["loss"])
         out[f"value_loss_epoch{k}"] = float(vm["value_loss"])
     return out
+
+
+def start_ppo_phase(
+    policy: Any,
+    value: Any,
+    master_config: Any,
+    *,
+    start_state: dict[str, Any] | None,
+    train_loader: Any,
+    logger: RunLogger,
+) -> dict[str, Any]:
+    """Fresh start or resume of both models (shared by both PPO trainers).
+
+    A fresh run freezes the policy's current weights as the reference, starts fresh optimizers
+    and (``algorithm.value.init_from_policy``) copies the policy's trunk into the critic.  A
+    resume restores policy, loader, driver RNG and the critic from the checkpoint.
+
+    Args:
+        policy: The policy facade.
+        value: The critic facade.
+        master_config: Root config (PPO).
+        start_state: A loaded checkpoint or ``None``.
+        train_loader: The problem loader.
+        logger: For the resume line.
+
+    Returns:
+        The trainer counters.
+    """
+    algo = master_config.algorithm
+    counters: dict[str, Any] = {
+        "step": 0,
+        "consumed_samples": 0,
+        "val_accuracy": None,
+        "initial_val_accuracy": None,
+    }
+    if start_state is not None:
+        counters.update(
+            restore_trainer_state(start_state, algorithm="ppo", policy=policy, train_loader=train_loader)
+        )
+        value.load_state_dict(start_state["value"])
+        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
+        return counters
+    policy.snapshot_reference_policy()
+    steps = optimizer_steps_per_phase(master_config)
+    policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=steps)
+    if bool(algo.value.init_from_policy):
+        value.init_trunk_from(policy.state_dict()["weights"]["model"])
+    value.reset_optimizer(float(algo.value.lr), decay_steps=steps)
+    return counters
+
+
+def make_value(
+    master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value
+) -> Any:
+    """Build the critic's worker group for a PPO run.
+
+    Args:
+        master_config: Root config (PPO): ``policy`` and ``algorithm.value``.
+        tokenizer: The tokenizer (vocabulary and special ids).
+        value_factory: ``Value`` or any callable taking ``Value``'s keyword arguments (a
+            data-plane critic bound to the policy's store, for example).
+
+    Returns:
+        The critic facade.
+    """
+    return value_factory(
+        cluster=RayCluster(),
+        config=critic_config(master_config.policy, master_config.algorithm.value),
+        vocab_size=tokenizer.vocab_size,
+        pad_id=tokenizer.pad_id,
+        eos_id=tokenizer.eos_id,
+        seed=int(master_config.seed),
+    )

@@ -30,12 +30,13 @@ from typing import Any
 
 import torch
 
-from nemo_dp.algorithms.ppo import make_value, start_ppo_phase
 from nemo_dp.algorithms.ppo_common import (
     build_ppo_loss_fns,
     compute_ppo_targets,
     epoch_permutation,
+    make_value,
     ppo_step_metrics,
+    start_ppo_phase,
 )
 from nemo_dp.algorithms.trainer_common import (
     TRAINER_STATE_VERSION,
@@ -267,7 +268,7 @@ def _ppo_sync_loop(
             {
                 "consumed_samples": counters["consumed_samples"],
                 "time/generation_s": t_gen,
-                "time/forward_s": t_fwd,
+                "time/logprobs_s": t_fwd,  # policy + reference log-probs and critic values
                 "time/train_s": t_train,
             }
         )

@@ -52,7 +52,6 @@ from nemo_dp.algorithms.rollout import evaluate
 from nemo_dp.algorithms.sft import restore_trainer_state
 from nemo_dp.algorithms.trainer_common import TRAINER_STATE_VERSION, Checkpointer, RunLogger, should_validate
 from nemo_dp.data_plane.checkpoint_io import write_checkpoint_atomically, write_manifest
-from nemo_dp.data_plane.factory import data_plane_kind
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
 from nemo_dp.utils.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -67,15 +66,10 @@ __all__ = [
     "sft_sync_step",
     "SFTStepResult",
     "DATA_PLANE_CKPT_DIR",
-    "TQ_MAX_LIVE_BATCHES",
 ]
 
 #: Sub-directory of a training checkpoint holding the data plane's own checkpoint.
 DATA_PLANE_CKPT_DIR = "data_plane"
-
-#: Live batches per loader with TransferQueue (active + one prefetched); the Local store's
-#: bound is its ``max_partitions``.
-TQ_MAX_LIVE_BATCHES = 2
 
 PAUSE_STEP_ENV = "NEMO_DP_TEST_CKPT_PAUSE_STEP"
 PAUSE_SECONDS_ENV = "NEMO_DP_TEST_CKPT_PAUSE_S"
@@ -89,17 +83,24 @@ class SFTStepResult:
         consumed: Rows consumed over all ranks.
         envelopes: The step's envelopes (rank order).
         driver_held_bytes: Pickled size of everything the driver held for the step's data.
+        load_wait_s: Seconds the driver waited for the loaders (load + prefetch of the next).
     """
 
-    __slots__ = ("metrics", "consumed", "envelopes", "driver_held_bytes")
+    __slots__ = ("metrics", "consumed", "envelopes", "driver_held_bytes", "load_wait_s")
 
     def __init__(
-        self, metrics: dict[str, Any], consumed: int, envelopes: list[SFTBatchEnvelope], driver_held_bytes: int
+        self,
+        metrics: dict[str, Any],
+        consumed: int,
+        envelopes: list[SFTBatchEnvelope],
+        driver_held_bytes: int,
+        load_wait_s: float,
     ) -> None:
         self.metrics = metrics
         self.consumed = consumed
         self.envelopes = envelopes
         self.driver_held_bytes = driver_held_bytes
+        self.load_wait_s = load_wait_s
 
 
 def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, loss_fn: Any) -> SFTStepResult:
@@ -122,7 +123,9 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
     """
     begun = False
     try:
+        t0 = time.perf_counter()
         envelopes = loaders.load(batch_index)
+        load_wait_s = time.perf_counter() - t0
         held = len(pickle.dumps(envelopes))
         policy.begin_train_step(loss_fn)
         begun = True
@@ -140,45 +143,7 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
             except Exception as abort_exc:  # keep the step's own error as the one raised
                 exc.add_note(f"(aborting the SFT batch also failed: {abort_exc!r})")
         raise
-    return SFTStepResult(metrics, consumed, envelopes, held)
-
-
-# ---------------------------------------------------------------------------------------------
-# data-plane checkpoint per backend (the only place the two backends differ)
-# ---------------------------------------------------------------------------------------------
-
-
-def _save_local(policy: Any, loaders: ColocatedLoaderGroup, directory: Path, metadata: dict[str, Any]) -> None:
-    loaders.save_worker_stores(directory, metadata)
-
-
-def _load_local(policy: Any, loaders: ColocatedLoaderGroup, directory: Path) -> None:
-    loaders.load_worker_stores(directory)
-
-
-def _save_tq(policy: Any, loaders: ColocatedLoaderGroup, directory: Path, metadata: dict[str, Any]) -> None:
-    policy.dp_client.save_checkpoint(directory / "tq", metadata=metadata)
-
-
-def _load_tq(policy: Any, loaders: ColocatedLoaderGroup, directory: Path) -> None:
-    policy.dp_client.load_checkpoint(directory / "tq")
-
-
-#: data-plane kind -> (save, load, max live batches per loader from the data_plane config).
-_BACKENDS: dict[str, tuple[Callable[..., None], Callable[..., None], Callable[[Any], int]]] = {
-    "local": (_save_local, _load_local, lambda dp_cfg: int(dp_cfg.max_partitions)),
-    "transfer_queue": (_save_tq, _load_tq, lambda dp_cfg: TQ_MAX_LIVE_BATCHES),
-}
-
-
-def _backend(master_config: Any) -> tuple[Callable[..., None], Callable[..., None], Callable[[Any], int]]:
-    kind = data_plane_kind(master_config.data_plane)
-    if kind not in _BACKENDS:
-        raise ValueError(
-            f"data_plane: sft_train_sync needs data_plane=local or data_plane=tq, got kind {kind!r} "
-            f"(legal: {sorted(_BACKENDS)})"
-        )
-    return _BACKENDS[kind]
+    return SFTStepResult(metrics, consumed, envelopes, held, load_wait_s)
 
 
 def _test_pause(step: int) -> None:
@@ -276,13 +241,12 @@ def sft_train_sync(
             "policy.sequence_packing.enabled=true is not supported by the data-plane SFT trainer "
             "(the colocated loader ships no producer micro-batch plan); legal: false"
         )
-    save_dp, load_dp, max_live = _backend(master_config)
+    loaders = ColocatedLoaderGroup(policy, master_config.data_plane)
     max_steps = int(algo.max_steps)
     counters = {"step": 0, "consumed_samples": 0, "val_accuracy": None, "initial_val_accuracy": None}
-    loaders = ColocatedLoaderGroup(policy.worker_group)
     if start_state is not None:
         counters.update(restore_trainer_state(start_state, algorithm="sft", policy=policy, train_loader=train_loader))
-        load_dp(policy, loaders, Path(start_state["checkpoint_path"]) / DATA_PLANE_CKPT_DIR)
+        loaders.load_data_plane(Path(start_state["checkpoint_path"]) / DATA_PLANE_CKPT_DIR)
         logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
     else:
         policy.reset_optimizer(float(pcfg.optimizer.lr), decay_steps=max_steps)
@@ -291,7 +255,7 @@ def sft_train_sync(
         tokenizer=tokenizer,
         max_seq_len=int(pcfg.model.max_seq_len),
         micro_batch_size=int(pcfg.train_micro_batch_size),
-        max_live_batches=max_live(master_config.data_plane),
+        max_live_batches=loaders.max_live_batches(),
     )
     loaders.set_position(int(counters["step"]))
     loss_fn = NLLLoss()
@@ -329,6 +293,7 @@ def sft_train_sync(
             "num_valid_tokens": m["num_valid_tokens"],
             "consumed_samples": counters["consumed_samples"],
             "time/train_s": time.perf_counter() - t0,
+            "time/load_wait_s": result.load_wait_s,
             "time/load_s": max(e.load_time_s for e in result.envelopes),
             "data_plane/prefetched": float(all(e.prefetched for e in result.envelopes)),
             "driver/held_bytes": result.driver_held_bytes,
@@ -356,6 +321,9 @@ def sft_train_sync(
                 "driver_rng": capture_rng_state(),
             }
             meta = {"step": step, "algorithm": "sft"}
-            save_sft_checkpoint(checkpointer, step, state, lambda d: save_dp(policy, loaders, d, meta))
+            save_sft_checkpoint(checkpointer, step, state, lambda d: loaders.save_data_plane(d, meta))
+    # Leave nothing behind in the store (prefetched batches) for a following phase (GRPO after
+    # an SFT warm start reuses the same policy and, with TransferQueue, the same store).
+    loaders.quiesce()
     logger.close()
     return dict(counters)

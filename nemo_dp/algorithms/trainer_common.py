@@ -234,10 +234,10 @@ def build_trainer_inputs(master_config: Any) -> TrainerInputs:
     """Build the loader, held-out problems and environment for ``master_config.algorithm``.
 
     The loader yields ``policy.train_global_batch_size`` pairs per batch for SFT and
-    ``algorithm.num_prompts_per_step`` problems per batch for GRPO.
+    ``algorithm.num_prompts_per_step`` problems per batch for GRPO and PPO.
 
     Args:
-        master_config: Validated root config (``algorithm.name`` in ``sft``/``grpo``).
+        master_config: Validated root config (``algorithm.name`` in ``sft``/``grpo``/``ppo``).
 
     Returns:
         The inputs.
@@ -261,7 +261,7 @@ def build_trainer_inputs(master_config: Any) -> TrainerInputs:
             dataset = SFTDataset.from_arithmetic(task, int(algo.num_train_samples))
         shuffle = bool(algo.shuffle)
         batch_size = int(master_config.policy.train_global_batch_size)
-    elif algo.name == "grpo":
+    elif algo.name in ("grpo", "ppo"):
         if env_cfg.rl_jsonl is not None:
             dataset = RLPromptDataset.from_jsonl(str(env_cfg.rl_jsonl))
         else:
@@ -269,7 +269,7 @@ def build_trainer_inputs(master_config: Any) -> TrainerInputs:
         shuffle = True
         batch_size = int(algo.num_prompts_per_step)
     else:
-        raise ValueError(f"algorithm.name: no inputs for {algo.name!r}; legal values: ['sft', 'grpo']")
+        raise ValueError(f"algorithm.name: no inputs for {algo.name!r}; legal values: ['sft', 'grpo', 'ppo']")
     loader = EpochLoader(dataset, batch_size=batch_size, seed=int(master_config.seed), shuffle=shuffle)
     return TrainerInputs(train_loader=loader, val_problems=val_problems, env=ArithmeticEnv())
 

@@ -30,8 +30,12 @@ from nemo_dp.config.schema import (
     LoggerConfig,
     MasterConfig,
     PolicyConfig,
+    PPOConfig,
     SFTConfig,
 )
+
+#: Algorithms whose config has an ``algorithm.warm_start`` SFT phase.
+_WARM_START_ALGORITHMS: tuple[str, ...] = ("grpo", "ppo")
 
 __all__ = [
     "REPO_ROOT",
@@ -71,6 +75,7 @@ def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
     cs.store(name="config_schema", node=MasterConfig)
     cs.store(group="algorithm", name="sft_schema", node=SFTConfig)
     cs.store(group="algorithm", name="grpo_schema", node=GRPOConfig)
+    cs.store(group="algorithm", name="ppo_schema", node=PPOConfig)
     register_data_plane_configs()
     root = Path(recipes_dir) if recipes_dir is not None else RECIPES_DIR
     for path in sorted(root.glob("*.yaml")):
@@ -108,13 +113,13 @@ def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig
     obj = OmegaConf.to_object(node)
     if not isinstance(obj, MasterConfig):
         raise TypeError(f"config root must use config_schema, got {type(obj).__name__}")
-    if not isinstance(obj.algorithm, (SFTConfig, GRPOConfig)):
+    if not isinstance(obj.algorithm, (SFTConfig, GRPOConfig, PPOConfig)):
         raise ValueError(
             f"algorithm: group file must list its schema first; legal values: {list(ALGORITHM_NAMES)}"
         )
     if check_pair:
         _check_pair(node)
-        if isinstance(obj.algorithm, GRPOConfig) and obj.algorithm.warm_start.enabled:
+        if isinstance(obj.algorithm, (GRPOConfig, PPOConfig)) and obj.algorithm.warm_start.enabled:
             _check_pair(warm_start_config(node))
     return obj
 
@@ -135,23 +140,26 @@ def _check_pair(node: DictConfig) -> None:
 
 
 def warm_start_config(cfg: DictConfig) -> DictConfig:
-    """Derive the SFT configuration of a GRPO run's ``algorithm.warm_start`` phase.
+    """Derive the SFT configuration of an RL run's ``algorithm.warm_start`` phase.
 
     The result is the same root config with ``algorithm`` replaced by an SFT node built from
     the warm-start keys and ``policy.optimizer.lr`` / ``warmup_steps`` set to the warm-start values, so the
     launcher can select the warm-start trainer through the same factory lookup.
 
     Args:
-        cfg: A root config whose algorithm is GRPO.
+        cfg: A root config whose algorithm has a warm start (GRPO, PPO).
 
     Returns:
         A new root ``DictConfig`` (struct mode, ``hydra`` node dropped).
 
     Raises:
-        ValueError: If ``cfg.algorithm`` is not GRPO.
+        ValueError: If ``cfg.algorithm`` has no warm start.
     """
-    if cfg.algorithm.name != "grpo":
-        raise ValueError(f"algorithm.warm_start: only GRPO has a warm start, got {cfg.algorithm.name!r}")
+    if cfg.algorithm.name not in _WARM_START_ALGORITHMS:
+        raise ValueError(
+            f"algorithm.warm_start: only {list(_WARM_START_ALGORITHMS)} have a warm start, "
+            f"got {cfg.algorithm.name!r}"
+        )
     ws = cfg.algorithm.warm_start
     sft = OmegaConf.structured(
         SFTConfig(
@@ -223,6 +231,7 @@ __all__ += [
     "PolicyConfig",
     "SFTConfig",
     "GRPOConfig",
+    "PPOConfig",
     "EnvConfig",
     "ClusterConfig",
     "LoggerConfig",

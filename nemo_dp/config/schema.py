@@ -31,6 +31,8 @@ __all__ = [
     "DynamicSamplingConfig",
     "WarmStartConfig",
     "GRPOConfig",
+    "PPOValueConfig",
+    "PPOConfig",
     "EnvConfig",
     "ClusterConfig",
     "LoggerConfig",
@@ -38,7 +40,7 @@ __all__ = [
     "MasterConfig",
 ]
 
-ALGORITHM_NAMES: tuple[str, ...] = ("sft", "grpo")
+ALGORITHM_NAMES: tuple[str, ...] = ("sft", "grpo", "ppo")
 SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
     "concatenative",
     "first_fit_decreasing",
@@ -332,6 +334,60 @@ class GRPOConfig:
         return self.num_prompts_per_step * self.num_generations_per_prompt
 
 
+@dataclass
+class PPOValueConfig:
+    """``algorithm.value``: the critic's optimizer and value-loss clipping."""
+
+    lr: float = 1e-3
+    warmup_steps: int = 0
+    value_clip: float = 0.2
+    init_from_policy: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("algorithm.value.lr", self.lr)
+        _at_least("algorithm.value.warmup_steps", self.warmup_steps, 0)
+        _at_least("algorithm.value.value_clip", self.value_clip, 0.0)
+
+
+@dataclass
+class PPOConfig:
+    """``algorithm`` for PPO: a critic with GAE, clipped policy and value losses, ppo_epochs."""
+
+    name: str = "ppo"
+    max_steps: int = 40
+    num_prompts_per_step: int = 32
+    num_generations_per_prompt: int = 2
+    num_train_prompts: int = 2000
+    val_period: int = 10
+    val_samples: int = 100
+    val_at_start: bool = True
+    ppo_epochs: int = 2
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.02
+    whiten_advantages: bool = True
+    overlong_filtering: bool = False
+    loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
+    value: PPOValueConfig = field(default_factory=PPOValueConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+    def __post_init__(self) -> None:
+        _check_common_algorithm(self, "ppo")
+        _at_least("algorithm.num_prompts_per_step", self.num_prompts_per_step, 1)
+        _at_least("algorithm.num_generations_per_prompt", self.num_generations_per_prompt, 1)
+        _at_least("algorithm.num_train_prompts", self.num_train_prompts, self.num_prompts_per_step)
+        _at_least("algorithm.ppo_epochs", self.ppo_epochs, 1)
+        for key, value in (("gamma", self.gamma), ("lam", self.lam)):
+            if not 0.0 <= value <= 1.0:
+                _fail(f"algorithm.{key}", f"must be in [0, 1], got {value!r}")
+        _at_least("algorithm.kl_coef", self.kl_coef, 0.0)
+
+    @property
+    def samples_per_step(self) -> int:
+        """Rows trained per step: prompts x generations."""
+        return self.num_prompts_per_step * self.num_generations_per_prompt
+
+
 # ---------------------------------------------------------------------------------------------
 # env, cluster, logger, checkpointing
 # ---------------------------------------------------------------------------------------------
@@ -436,7 +492,7 @@ class MasterConfig:
     def __post_init__(self) -> None:
         _at_least("seed", self.seed, 0)
         algo = self.algorithm
-        if isinstance(algo, GRPOConfig):
+        if isinstance(algo, (GRPOConfig, PPOConfig)):
             if algo.samples_per_step % self.policy.train_global_batch_size != 0:
                 _fail(
                     "policy.train_global_batch_size",

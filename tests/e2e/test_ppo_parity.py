@@ -193,7 +193,9 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (
+        f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    )
     return json.loads((out / "parity.json").read_text())
 
 

@@ -144,7 +144,7 @@ def _rollout(policy: Any, problems: list[Problem], tag: str) -> Any:
 
 
 def test_full_step_keeps_dtypes_and_reads_fail_after_finish(policy: Any) -> None:
-    policy.prepare_step(num_samples=4, group_size=G)
+    policy.prepare_step(num_samples=4, group_size=G, extra_fields=("logprobs_bf16",))
     try:
         out = _rollout(policy, _problems(2), "k74")
         meta = out.meta
@@ -169,6 +169,11 @@ def test_full_step_keeps_dtypes_and_reads_fail_after_finish(policy: Any) -> None
         assert data["sample_mask"].dtype == torch.float32
         for f in ("generation_logprobs", "prev_logprobs", "reference_policy_logprobs", "advantages"):
             assert data[f].dtype == torch.float32, f
+        # A bf16 column written by the driver comes back bf16, values intact.
+        bf16 = data["prev_logprobs"].to(torch.bfloat16)
+        policy.write_to_dataplane(meta, {"logprobs_bf16": bf16})
+        back = policy.read_from_dataplane(meta, select_fields=["logprobs_bf16"])["logprobs_bf16"]
+        assert back.dtype == torch.bfloat16 and torch.equal(back[:, : bf16.shape[1]], bf16)
         # The workers' write-back equals the legacy in-memory computation on the same rows.
         legacy = policy.get_logprobs(BatchedDataDict({k: data[k] for k in ("input_ids", "input_lengths")}))
         assert torch.equal(legacy["logprobs"], data["prev_logprobs"])
@@ -298,4 +303,7 @@ def test_no_bulk_per_token_tensor_reaches_the_driver(policy: Any, tmp_path: Path
     assert rec["data_plane/step/bytes_read_mb"] == 0.0
     assert rec["data_plane/step/bytes_written_mb"] > 0.0
     assert rec["data_plane/step/put/calls"] >= 1
+    # ... while the workers fetched the bulk columns themselves.
+    assert rec["data_plane/workers/step/bytes_read_mb"] > 0.0
+    assert rec["data_plane/workers/step/bytes_written_mb"] > 0.0
     assert policy.dp_client.list_sample_ids("train") == []

@@ -82,7 +82,7 @@ def test_every_recipe_composes_validates_and_names_its_command(recipe: str) -> N
         assert f"recipe={recipe}" in first
     else:
         assert first.strip() == "# python launchers/launch.py"
-    assert re.search(r"override /algorithm: (sft|grpo)", text)
+    assert re.search(r"override /algorithm: (sft|grpo|ppo)", text)
     cfg = _compose([f"recipe={recipe}"])
     validate_config(cfg)
 

@@ -175,7 +175,9 @@ def test_critic_reusing_the_policy_target_breaks_its_forward() -> None:
     value = _recording(TQValue, CRITIC_ROUND, log, "value")
     client, meta, ids = _local_store_with_rows()
     critic_cfg = OmegaConf.to_container(_cfg(CRITIC_ROUND), resolve=True)
-    worker = TQValueWorker(rank=0, world_size=1, policy_cfg=critic_cfg, vocab_size=VOCAB, pad_id=0, eos_id=2, seed=5)
+    worker = TQValueWorker(
+        rank=0, world_size=1, policy_cfg=critic_cfg, vocab_size=VOCAB, pad_id=0, eos_id=2, seed=5
+    )
     worker.dp_client = client
     _, dba = value._packing_args("logprob_mb_tokens")
 
@@ -210,6 +212,7 @@ def test_critic_reusing_the_policy_target_breaks_its_forward() -> None:
     want = worker.get_values(plain, micro_batch_size=len(LENGTHS))["values"]
     for pos, sid in enumerate(good_shard.sample_ids):
         i = row_of[sid]
-        torch.testing.assert_close(got[pos, : LENGTHS[i]], want[i, : LENGTHS[i]], rtol=1e-5, atol=1e-6)
-        assert bool((got[pos, LENGTHS[i]:] == 0).all())
+        n = LENGTHS[i]
+        torch.testing.assert_close(got[pos, :n], want[i, :n], rtol=1e-5, atol=1e-6)
+        assert bool((got[pos, n:] == 0).all())
     assert log == []  # nothing was dispatched to workers in this test

@@ -137,7 +137,9 @@ def _setup(max_partitions: int = 2, dynamic: bool = False, seed: int = 3) -> tup
     events: list[tuple[str, int]] = []
     workers = [_Worker(r, DP, events, max_partitions) for r in range(DP)]
     group = _InProcessGroup(workers)
-    loaders = ColocatedLoaderGroup(group)
+    policy = _policy(group, dynamic=dynamic)
+    loaders = ColocatedLoaderGroup(policy, LocalDataPlaneConfig(max_partitions=max_partitions))
+    assert loaders.max_live_batches() == max_partitions
     loaders.setup(
         EpochLoader(_dataset(), batch_size=GBS, seed=seed),
         tokenizer=CharTokenizer(),
@@ -145,7 +147,7 @@ def _setup(max_partitions: int = 2, dynamic: bool = False, seed: int = 3) -> tup
         micro_batch_size=MBS,
         max_live_batches=max_partitions,
     )
-    return _policy(group, dynamic=dynamic), loaders, workers, events
+    return policy, loaders, workers, events
 
 
 def _expected_blocks(k: int, seed: int = 3) -> list[list[int]]:
@@ -239,7 +241,7 @@ def test_envelope_rank_check_and_microbatch_counts() -> None:
             out = super().run_all(method, *args, **kwargs)
             return [out[0], out[0]] if method == "load_sft_batch" else out
 
-    bad = ColocatedLoaderGroup(_Dup(workers))
+    bad = ColocatedLoaderGroup(_policy(_Dup(workers)), LocalDataPlaneConfig())
     with pytest.raises(ValueError, match=r"DP ranks \[0, 0\]"):
         bad.load(0)
 
@@ -301,15 +303,26 @@ def test_resume_from_position_and_store_checkpoint(tmp_path: Any) -> None:
     events: list[tuple[str, int]] = []
     fresh = [_Worker(r, DP, events, 2) for r in range(DP)]
     group = _InProcessGroup(fresh)
-    fresh_loaders = ColocatedLoaderGroup(group)
+    fresh_policy = _policy(group)
+    fresh_loaders = ColocatedLoaderGroup(fresh_policy, LocalDataPlaneConfig())
     assert fresh_loaders.load_worker_stores(tmp_path / "dp") == [{"step": 2}] * DP
     template = EpochLoader(_dataset(), batch_size=GBS, seed=3)
     template.load_state_dict(position["loader"])
     fresh_loaders.setup(template, tokenizer=CharTokenizer(), max_seq_len=32, micro_batch_size=MBS, max_live_batches=2)
     fresh_loaders.set_position(position["next_batch"])
-    fresh_policy = _policy(group)
     resumed = [sft_sync_step(fresh_policy, fresh_loaders, k, loss_fn=object()) for k in (2, 3)]
     assert [[e.source_ids for e in r.envelopes] for r in resumed] == [
         [e.source_ids for e in r.envelopes] for r in straight[2:]
     ]
     assert [r.metrics["loss"] for r in resumed] == [r.metrics["loss"] for r in straight[2:]]
+
+
+def test_loader_group_refuses_a_disabled_data_plane_and_bounds_tq() -> None:
+    from nemo_dp.data_plane.interfaces import DisabledDataPlaneConfig
+    from nemo_dp.models.policy.colocated_loader import TQ_MAX_LIVE_BATCHES
+
+    group = _InProcessGroup([])
+    with pytest.raises(ValueError, match="data_plane=local or data_plane=tq"):
+        ColocatedLoaderGroup(_policy(group), DisabledDataPlaneConfig())
+    tq = ColocatedLoaderGroup(_policy(group), OmegaConf.create({"enabled": True, "impl": "transfer_queue"}))
+    assert tq.max_live_batches() == TQ_MAX_LIVE_BATCHES

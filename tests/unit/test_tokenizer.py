@@ -10,7 +10,9 @@ from nemo_dp.data.tokenizer import CharTokenizer
 def test_special_ids_and_vocab() -> None:
     tok = CharTokenizer()
     assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
-    assert tok.vocab_size == len({*range(tok.vocab_size)})
+    chars = [tok.decode([i]) for i in range(3, tok.vocab_size)]
+    assert len(set(chars)) == len(chars) == tok.vocab_size - 3  # one distinct character per id
+    assert tok.encode("".join(chars)) == list(range(3, tok.vocab_size))
     # Digits and operators come first after the specials: part of the checkpoint format.
     assert tok.encode("0123456789+-*=") == list(range(3, 17))
 

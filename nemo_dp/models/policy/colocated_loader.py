@@ -55,11 +55,19 @@ from nemo_dp.data_plane.schema import TASK_TRAIN
 
 __all__ = [
     "SFT_PARTITION_TEMPLATE",
+    "TQ_MAX_LIVE_BATCHES",
     "SFTBatchEnvelope",
     "ColocatedLoaderMixin",
     "ColocatedLoaderGroup",
     "sft_partition_id",
 ]
+
+#: Data-plane kinds (``nemo_dp.data_plane.factory.data_plane_kind``) the loader serves.
+_BACKEND_KINDS: tuple[str, ...] = ("local", "transfer_queue")
+
+#: Live batches per loader with TransferQueue (active + one prefetched); the Local store's
+#: bound is its ``max_partitions``.
+TQ_MAX_LIVE_BATCHES = 2
 
 #: Partition of DP rank ``rank``'s part of batch ``k`` (contract §17.3).
 SFT_PARTITION_TEMPLATE = "sft_dp{rank}_batch{k}"
@@ -90,7 +98,8 @@ class SFTBatchEnvelope:
         source_ids: Dataset indices of the rows, in row order.
         valid_tokens: Trained tokens in the rows (``token_mask`` sum).
         num_microbatches: Micro-batches the rank will run (``ceil(rows / micro_batch_size)``).
-        load_time_s: Seconds spent loading (tokenise + put); 0 for a prefetched batch's reuse.
+        load_time_s: Seconds this call spent loading the batch (tokenise + put); 0 when it was
+            prefetched by an earlier call.
         prefetched: The batch was loaded ahead of its step.
     """
 
@@ -381,7 +390,7 @@ class ColocatedLoaderMixin:
             envelope = produced.envelope
         else:
             self._cl_stats["prefetched_hits"] += 1
-            envelope = replace(loaded.envelope, prefetched=True)
+            envelope = replace(loaded.envelope, prefetched=True, load_time_s=0.0)
         self._cl_active = k
         if prefetch:
             self.prefetch_sft_batches()
@@ -536,14 +545,64 @@ class ColocatedLoaderMixin:
 class ColocatedLoaderGroup:
     """Driver-side handle: runs the loader calls on every DP rank and checks the envelopes.
 
+    It also owns the one place where the two backends differ for SFT: where the data plane's
+    own checkpoint lives (Local: every worker's private store, saved by that worker under
+    ``<dir>/dp{r}``; TransferQueue: the one cluster-wide store, saved by the policy's
+    bootstrapping client under ``<dir>/tq``) and how many batches a loader may keep live
+    (Local: ``max_partitions``; TransferQueue: ``TQ_MAX_LIVE_BATCHES``).
+
     Args:
-        worker_group: The policy's worker group (``run_all(method, *args, **kwargs)`` returning
-            one result per rank in rank order; ``world_size``).
+        policy: The data-plane policy (``worker_group`` with ``run_all`` / ``run_sharded`` /
+            ``world_size``; ``dp_client`` for the TransferQueue checkpoint).
+        data_plane_cfg: The run's ``data_plane`` config (``local`` or ``tq``).
+
+    Raises:
+        ValueError: The data plane is neither Local nor TransferQueue.
     """
 
-    def __init__(self, worker_group: Any) -> None:
-        self.worker_group = worker_group
-        self.dp_size = int(worker_group.world_size)
+    def __init__(self, policy: Any, data_plane_cfg: Any) -> None:
+        from nemo_dp.data_plane.factory import data_plane_kind
+
+        kind = data_plane_kind(data_plane_cfg)
+        if kind not in _BACKEND_KINDS:
+            raise ValueError(
+                f"data_plane: the colocated SFT loader needs data_plane=local or data_plane=tq, got "
+                f"kind {kind!r} (legal kinds: {list(_BACKEND_KINDS)})"
+            )
+        self.kind = kind
+        self.policy = policy
+        self.data_plane_cfg = data_plane_cfg
+        self.worker_group = policy.worker_group
+        self.dp_size = int(self.worker_group.world_size)
+
+    def max_live_batches(self) -> int:
+        """Batches one loader may hold in the store (active + prefetched)."""
+        if self.kind == "local":
+            return int(self.data_plane_cfg.max_partitions)
+        return TQ_MAX_LIVE_BATCHES
+
+    def save_data_plane(self, directory: str | os.PathLike[str], metadata: Mapping[str, Any]) -> None:
+        """Write the data plane's own checkpoint under ``directory`` (see the class docstring).
+
+        Args:
+            directory: Target directory (inside the training checkpoint's temp directory).
+            metadata: JSON metadata stored with it.
+        """
+        if self.kind == "local":
+            self.save_worker_stores(directory, metadata)
+        else:
+            self.policy.dp_client.save_checkpoint(Path(directory) / "tq", metadata=dict(metadata))
+
+    def load_data_plane(self, directory: str | os.PathLike[str]) -> None:
+        """Restore :meth:`save_data_plane`'s checkpoint into the (clean) clients.
+
+        Args:
+            directory: The directory given to :meth:`save_data_plane`.
+        """
+        if self.kind == "local":
+            self.load_worker_stores(directory)
+        else:
+            self.policy.dp_client.load_checkpoint(Path(directory) / "tq")
 
     def setup(self, loader: Any, **kwargs: Any) -> None:
         """``setup_colocated_loader(loader, **kwargs)`` on every rank."""

@@ -18,7 +18,9 @@ It is constructed as ``TQPolicy(*args, dp_cfg, partition_id="train", **kwargs)``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from os import PathLike
 from typing import Any, ClassVar
 
 from nemo_dp.data_plane.driver_mixin import TQDriverMixin
@@ -46,6 +48,7 @@ __all__ = ["TQPolicy", "RolloutResult"]
 TRAIN_TASKS: tuple[str, ...] = (TASK_PREV_LP, TASK_REF_LP, TASK_TRAIN)
 
 
+@dataclass
 class RolloutResult:
     """What the driver receives from a rollout into the store.
 
@@ -56,12 +59,9 @@ class RolloutResult:
         responses: Decoded responses when asked for (validation logging), else ``None``.
     """
 
-    __slots__ = ("meta", "carry", "responses")
-
-    def __init__(self, meta: KVBatchMeta, carry: BatchedDataDict, responses: list[str] | None) -> None:
-        self.meta = meta
-        self.carry = carry
-        self.responses = responses
+    meta: KVBatchMeta
+    carry: BatchedDataDict
+    responses: list[str] | None
 
 
 class TQPolicy(TQDriverMixin, Policy):
@@ -260,14 +260,18 @@ class TQPolicy(TQDriverMixin, Policy):
         )
         metas = [o["meta"] for o in outs if o["meta"] is not None]
         meta = metas[0].concat(*metas[1:])
-        carry = BatchedDataDict.from_batches([BatchedDataDict(o["carry"]) for o in outs if o["meta"] is not None])
+        carry = BatchedDataDict.from_batches(
+            [BatchedDataDict(o["carry"]) for o in outs if o["meta"] is not None]
+        )
         responses = [r for o in outs for r in (o["responses"] or [])] if return_responses else None
         return RolloutResult(meta, carry, responses)
 
     # ------------------------------------------------------------------------------------------
     # model calls on metas
     # ------------------------------------------------------------------------------------------
-    def _shard_meta(self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str) -> list[KVBatchMeta]:
+    def _shard_meta(
+        self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str
+    ) -> list[KVBatchMeta]:
         spa, dba = self._packing_args(mb_tokens_key)
         shards, _ = shard_meta_for_dp(
             meta,
@@ -357,7 +361,9 @@ class TQPolicy(TQDriverMixin, Policy):
             RuntimeError: A step is already active (``"already active"``).
         """
         if self._train_step_active:
-            raise RuntimeError(f"{self.name_prefix}: a train step is already active; finish or abort it first")
+            raise RuntimeError(
+                f"{self.name_prefix}: a train step is already active; finish or abort it first"
+            )
         self._dispatch_all("begin_train_step_presharded", loss_fn, gbs=gbs, mbs=mbs)
         self._train_step_active = True
 
@@ -417,11 +423,20 @@ class TQPolicy(TQDriverMixin, Policy):
             step_time_s: Wall time of the step (for ``step/frac_of_step``).
 
         Returns:
-            ``get_step_metrics`` of the driver's wrapper, keys prefixed ``data_plane/``.
+            ``get_step_metrics`` of the driver's wrapper with keys prefixed ``data_plane/``, plus
+            the workers' store time and bytes of the same window: ``data_plane/workers/step/
+            {wall_ms, bytes_written_mb, bytes_read_mb}`` summed over ranks and
+            ``data_plane/workers/step/max_rank_wall_ms`` (the slowest rank).
         """
         if not is_metrics_client(self.dp_client):
             return {}
-        return {f"data_plane/{k}": float(v) for k, v in self.dp_client.get_step_metrics(step_time_s).items()}
+        out = {f"data_plane/{k}": float(v) for k, v in self.dp_client.get_step_metrics(step_time_s).items()}
+        # Workers build their clients from the same config, so they are wrapped as well.
+        ranks = self._dispatch_all("data_plane_step_metrics", float(step_time_s))
+        for key in ("step/wall_ms", "step/bytes_written_mb", "step/bytes_read_mb"):
+            out[f"data_plane/workers/{key}"] = float(sum(float(r[key]) for r in ranks))
+        out["data_plane/workers/step/max_rank_wall_ms"] = max(float(r["step/wall_ms"]) for r in ranks)
+        return out
 
     def data_plane_snapshots(self) -> dict[str, Any]:
         """Cumulative data-plane stats of the driver and every worker (observability on).
@@ -431,6 +446,29 @@ class TQPolicy(TQDriverMixin, Policy):
         """
         driver = self.dp_client.snapshot() if is_metrics_client(self.dp_client) else None
         return {"driver": driver, "workers": self._dispatch_all("get_data_plane_snapshot")}
+
+    def save_data_plane_checkpoint(
+        self, checkpoint_dir: str | PathLike[str], *, metadata: Mapping[str, Any] | None = None
+    ) -> None:
+        """Checkpoint the driver's store (TransferQueue: the whole system) - for trainers, which
+        must not touch ``dp_client`` themselves (design rule 4).
+
+        Args:
+            checkpoint_dir: Target directory (written atomically by the adapter).
+            metadata: User metadata stored with it.
+        """
+        self.dp_client.save_checkpoint(checkpoint_dir, metadata=metadata)
+
+    def load_data_plane_checkpoint(self, checkpoint_dir: str | PathLike[str]) -> dict[str, Any]:
+        """Restore :meth:`save_data_plane_checkpoint` output into the driver's (clean) store.
+
+        Args:
+            checkpoint_dir: A directory written by :meth:`save_data_plane_checkpoint`.
+
+        Returns:
+            The user metadata.
+        """
+        return self.dp_client.load_checkpoint(checkpoint_dir)
 
     def live_partitions(self) -> Iterable[str]:
         """Partitions this policy registered and has not dropped yet."""

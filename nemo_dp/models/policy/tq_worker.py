@@ -20,6 +20,7 @@ import torch
 
 from nemo_dp.data_plane.column_io import first_write
 from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.observability import is_metrics_client
 from nemo_dp.data_plane.schema import (
     GENERATION_LOGPROBS,
     INPUT_IDS,
@@ -28,6 +29,7 @@ from nemo_dp.data_plane.schema import (
     TOKEN_MASK,
 )
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
+from nemo_dp.models.policy.colocated_loader import ColocatedLoaderMixin
 from nemo_dp.models.policy.worker import PolicyWorker
 
 __all__ = [
@@ -60,11 +62,13 @@ CARRY_KEYS: tuple[str, ...] = (
 )
 
 
-class TQPolicyWorker(TQWorkerMixin, PolicyWorker):
+class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
     """A ``PolicyWorker`` that can also fetch its inputs from, and write results to, the store.
 
-    The mixin is listed first so its topology hooks see ``PolicyWorker``'s (pure data
-    parallelism: every rank is a replica leader, there is no replica group).
+    ``TQWorkerMixin`` precedes ``PolicyWorker`` so its topology hooks see ``PolicyWorker``'s
+    (pure data parallelism: every rank is a replica leader, there is no replica group).
+    ``ColocatedLoaderMixin`` adds the colocated SFT loader the data-plane SFT trainer drives
+    (an SFT warm start on the same policy).
     """
 
     def generate_into_store(
@@ -115,7 +119,9 @@ class TQPolicyWorker(TQWorkerMixin, PolicyWorker):
         ids = out[INPUT_IDS]
         starts = out[PROMPT_LENGTHS].tolist()
         ends = out[INPUT_LENGTHS].tolist()
-        responses = [tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))]
+        responses = [
+            tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))
+        ]
         rewards = env.score(responses, answers).to(torch.float32)
         columns = {
             INPUT_IDS: ids,
@@ -143,8 +149,24 @@ class TQPolicyWorker(TQWorkerMixin, PolicyWorker):
         }
         return {"meta": meta, "carry": carry, "responses": responses if return_responses else None}
 
+    def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
+        """This worker's per-step store metrics (``get_step_metrics``; resets its window).
+
+        Args:
+            step_time_s: Wall time of the step (for ``step/frac_of_step``).
+
+        Returns:
+            The metrics, or ``{}`` when the client is not a ``MetricsDataPlaneClient``.
+        """
+        client = self.dp_client
+        if client is None or not is_metrics_client(client):
+            return {}
+        return dict(client.get_step_metrics(step_time_s))
+
     def shutdown(self) -> None:
-        """Close this worker's attached data-plane client, then leave the process group."""
+        """Forget the colocated loader, close this worker's attached data-plane client, then
+        leave the process group."""
+        self.close_colocated_loader()
         client, self.dp_client = self.dp_client, None
         try:
             if client is not None:

@@ -14,8 +14,8 @@ settings, so both models see identical microbatch plans for the same rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -85,7 +85,9 @@ class Value(Policy):
     # and shutdown are inherited unchanged.
 
     # --- what a critic does not do ----------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool) -> BatchedDataDict:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool
+    ) -> BatchedDataDict:
         """Not available.
 
         Raises:

@@ -1,0 +1,126 @@
+"""Exact resume and crash safety of the data-plane SFT trainer, on the Local store and TransferQueue.
+
+* **Resume**: N = 6 straight steps (checkpoint every 3) versus 3 steps + resume for 3 more from
+  the step-3 checkpoint: steps 4-6 must have identical ``loss`` / ``grad_norm`` / ``lr`` /
+  ``consumed_samples`` (``==``, no tolerance: the checkpoint holds model, optimizer, RNG
+  streams, counters, the committed loader position and the data plane's own checkpoint, and
+  prefetched batches are dropped before saving, so the resumed run loads exactly the batches
+  the straight run trained on).
+* **Crash safety** (Local): the training process is SIGKILLed while the step-6 checkpoint is
+  being written - ``sft_sync``'s test hook (``NEMO_DP_TEST_CKPT_PAUSE_STEP``) pauses the
+  writer after ``state.pt`` and the data plane are in the temporary directory and before the
+  manifest / commit renames.  The step-3 checkpoint must still be the latest committed one,
+  load, and a run resumed from it must reproduce steps 4-6 of the straight run.
+
+Runs are the real launcher in subprocesses (see ``test_sft_parity.py`` for the settings); the
+straight runs are shared with ``test_sft_parity.py`` within one pytest session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nemo_dp.utils.checkpoint import latest_checkpoint, load_training_checkpoint
+from tests.e2e.test_sft_parity import CKPT, COMPARED, LAUNCHER, SFT_OVERRIDES, read_metrics, run_launcher, straight_run
+
+
+def _resume(tmp_path: Path, choice: str, resume_root: Path, name: str) -> Path:
+    run_dir = tmp_path / name
+    proc = run_launcher(
+        [
+            *SFT_OVERRIDES,
+            f"data_plane={choice}",
+            *CKPT,
+            f"checkpointing.resume_from={resume_root}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+    )
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    return run_dir
+
+
+def _assert_same_tail(straight: Path, resumed: Path) -> None:
+    a, b = read_metrics(straight), read_metrics(resumed)
+    assert sorted(b) == [4, 5, 6]
+    for step in (4, 5, 6):
+        for key in COMPARED:
+            assert b[step][key] == a[step][key], (step, key, b[step][key], a[step][key])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tq_resume_is_exact(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    straight, _ = straight_run("tq", tmp_path_factory)
+    step3 = straight / "checkpoints" / "sft" / "step_00000003"
+    assert (step3 / "data_plane" / "tq" / "manifest.json").is_file()  # the library's checkpoint
+    root = tmp_path / "resume_root"
+    shutil.copytree(step3, root / "sft" / step3.name)
+    _assert_same_tail(straight, _resume(tmp_path, "tq", root, "resumed_tq"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_local_sigkill_during_checkpoint_then_resume_is_exact(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    straight, _ = straight_run("local", tmp_path_factory)
+    step3 = straight / "checkpoints" / "sft" / "step_00000003"
+    assert (step3 / "data_plane" / "dp0" / "manifest.json").is_file()  # each worker's store
+    assert (step3 / "data_plane" / "dp1" / "manifest.json").is_file()
+
+    crash_dir = tmp_path / "crash_local"
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env["NEMO_DP_TEST_CKPT_PAUSE_STEP"] = "6"
+    env["NEMO_DP_TEST_CKPT_PAUSE_S"] = "300"
+    proc = subprocess.Popen(
+        [sys.executable, str(LAUNCHER), *SFT_OVERRIDES, "data_plane=local", *CKPT, f"hydra.run.dir={crash_dir}"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "[test hook] checkpoint step 6 paused" in line:
+                break
+        assert seen and "checkpoint step 6 paused" in seen[-1], "".join(seen[-50:])
+        os.kill(proc.pid, signal.SIGKILL)  # the training (driver) process, mid-checkpoint
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        try:  # leftovers of the killed run in its own session (its Ray processes)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == -signal.SIGKILL
+
+    ckpt_root = crash_dir / "checkpoints" / "sft"
+    names = sorted(p.name for p in ckpt_root.iterdir())
+    assert any(n.startswith("step_00000006.tmp-") for n in names), names  # the interrupted write
+    assert "step_00000006" not in names
+    latest = latest_checkpoint(ckpt_root)
+    assert latest is not None and latest.name == "step_00000003"
+    assert load_training_checkpoint(latest)["counters"]["step"] == 3
+
+    _assert_same_tail(straight, _resume(tmp_path, "local", crash_dir / "checkpoints", "resumed_local"))
