@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--batch_size", type=int, default=128)
     ap.add_argument("--sft_steps", type=int, default=1000, help="SFT steps (cosine decay to 0.1 lr)")
-    ap.add_argument("--warm_steps", type=int, default=225, help="GRPO warm start SFT steps (constant lr)")
+    ap.add_argument("--warm_steps", type=int, default=275, help="GRPO warm start SFT steps (constant lr)")
     ap.add_argument("--eval_every", type=int, default=100)
     ap.add_argument("--max_new_tokens", type=int, default=5)
     ap.add_argument("--grpo_steps", type=int, default=100)
