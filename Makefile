@@ -7,7 +7,7 @@ setup:
 	@bash scripts/setup_env.sh
 
 run: setup
-	.venv/bin/python launchers/bench.py bench=data_plane
+	.venv/bin/python launchers/launch.py
 
 # pytest exits 5 when it collected nothing; that is a failure here, said out loud.
 test: setup
