@@ -41,7 +41,7 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from nemo_dp.data_plane import checkpoint_io
+from nemo_dp.utils import checkpoint_io
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
 
 # ---------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from nemo_dp.algorithms.loss_functions import NLLLoss
 from nemo_dp.algorithms.rollout import evaluate
 from nemo_dp.algorithms.sft import restore_trainer_state
 from nemo_dp.algorithms.trainer_common import TRAINER_STATE_VERSION, Checkpointer, RunLogger, should_validate
-from nemo_dp.data_plane.checkpoint_io import write_checkpoint_atomically, write_manifest
+from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
 from nemo_dp.utils.checkpoint import (
     CHECKPOINT_FORMAT,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from nemo_dp.data_plane.checkpoint_io import read_manifest, write_checkpoint_atomically, write_manifest
+from nemo_dp.utils.checkpoint_io import read_manifest, write_checkpoint_atomically, write_manifest
 
 CHECKPOINT_FORMAT = "nemo_dp.training_checkpoint"
 CHECKPOINT_FORMAT_VERSION = 1

@@ -107,6 +107,23 @@ def test_legacy_trainer_never_imports_or_mentions_the_data_plane(path: Path) -> 
     assert "dp_client" not in code, f"{path.name} code mentions dp_client"
 
 
+@pytest.mark.timeout(120)
+def test_legacy_trainers_do_not_load_the_data_plane_transitively() -> None:
+    """Rule 3 at run time: importing the legacy trainers (and everything they import, e.g. the
+    training checkpoint helpers) in a fresh interpreter loads no ``nemo_dp.data_plane`` module."""
+    import subprocess
+    import sys
+
+    modules = ", ".join(f"nemo_dp.algorithms.{m}" for m, _, _, _ in TRAINER_PAIRS if (ALGOS / f"{m}.py").exists())
+    code = (
+        f"import sys, importlib\n"
+        f"for m in '{modules}'.split(', '): importlib.import_module(m)\n"
+        f"print(sorted(m for m in sys.modules if m.startswith('nemo_dp.data_plane')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]", f"legacy trainers load data-plane modules: {out.stdout.strip()}"
+
+
 # --- item 78 -------------------------------------------------------------------------------
 
 

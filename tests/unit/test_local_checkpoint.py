@@ -18,7 +18,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from nemo_dp.data_plane import checkpoint_io
+from nemo_dp.utils import checkpoint_io
 from nemo_dp.data_plane.adapters.local import TENSORS_FILE, LocalDataPlaneClient, local_batch_to_tensordict
 from nemo_dp.data_plane.codec import materialize_local
 from nemo_dp.data_plane.interfaces import KVBatchMeta, LocalDataPlaneConfig

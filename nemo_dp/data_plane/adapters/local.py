@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from nemo_dp.data_plane.checkpoint_io import (
+from nemo_dp.utils.checkpoint_io import (
     read_manifest,
     resolve_checkpoint_dir,
     validate_json_metadata,

@@ -36,7 +36,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
-from nemo_dp.data_plane.checkpoint_io import (
+from nemo_dp.utils.checkpoint_io import (
     read_manifest,
     validate_json_metadata,
     write_checkpoint_atomically,

@@ -1,9 +1,12 @@
-"""Atomic checkpoint directories and versioned manifests, shared by every data-plane adapter.
+"""Atomic checkpoint directories and versioned manifests, shared by every checkpoint writer.
 
-Why this module exists: a data-plane checkpoint is a directory (a manifest plus payload files)
-and must never be observed half-written.  Both adapters (Local and TransferQueue) write their
-own payloads but commit them through the one protocol implemented here (contract §7), so a crash
-or an exception mid-save always leaves the previous checkpoint loadable.
+Why this module exists: a checkpoint is a directory (a manifest plus payload files) and must
+never be observed half-written.  Both data-plane adapters (Local and TransferQueue) and the
+trainers' own checkpoints (``nemo_dp.utils.checkpoint``) write their payloads but commit them
+through the one protocol implemented here (contract §7), so a crash or an exception mid-save
+always leaves the previous checkpoint loadable.  It lives in ``nemo_dp.utils`` rather than in
+``nemo_dp.data_plane`` so that the legacy trainers can checkpoint without importing the data
+plane (design rule 3).
 
 API:
 
