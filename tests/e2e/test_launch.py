@@ -1,8 +1,8 @@
 """End-to-end runs of ``launchers/launch.py`` in a subprocess on tiny settings.
 
 Covers: a few SFT steps and a GRPO run with its SFT warm start (outputs, log lines, factory
-selection), a bad override failing before Ray starts, a two-job ``--multirun`` sweep (each job
-isolated in its own directory and Ray lifetime), and exact resume (N steps straight equal K
+selection), a bad override failing before Ray starts, a two-job ``--multirun`` sweep over TransferQueue
+(each job isolated in its own directory and Ray/TQ lifetime), and exact resume (N steps straight equal K
 steps plus a resumed run, metric for metric).
 """
 
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(420)
 
 GRPO_TINY: tuple[str, ...] = (
     *TINY,
+    "data_plane=disabled",  # the legacy trainers; the data-plane twins have their parity tests
     "algorithm.num_prompts_per_step=4",
     "algorithm.num_generations_per_prompt=4",
     "algorithm.num_train_prompts=64",
@@ -52,6 +53,7 @@ def test_sft_few_steps(launch: LaunchFn, tmp_path: Path) -> None:
         [
             "recipe=sft_arith",
             *TINY,
+            "data_plane=disabled",
             "algorithm.max_steps=4",
             "algorithm.val_period=2",
             "algorithm.num_train_samples=64",
@@ -135,6 +137,9 @@ def test_multirun_sweep_isolates_jobs(launch: LaunchFn, tmp_path: Path) -> None:
             "--multirun",
             "recipe=sft_arith",
             *TINY,
+            # Each job bootstraps and tears down its own TransferQueue controller: a leftover one
+            # would make the second job's bootstrap fail with "already exists".
+            "data_plane=tq",
             "algorithm.max_steps=2",
             "algorithm.num_train_samples=64",
             "logger.plot=false",
@@ -143,7 +148,7 @@ def test_multirun_sweep_isolates_jobs(launch: LaunchFn, tmp_path: Path) -> None:
         ]
     )
     _ok(proc)
-    assert proc.stdout.count("Running synchronous SFT training (legacy)") == 2
+    assert proc.stdout.count("Running synchronous SFT training (data plane: transfer_queue)") == 2
     losses = []
     for job in ("0", "1"):
         records = read_metrics(sweep / job / "metrics.jsonl")

@@ -106,7 +106,9 @@ def test_default_run_is_the_main_recipe() -> None:
     obj = validate_config(cfg)
     assert isinstance(obj.algorithm, GRPOConfig)
     assert obj.algorithm.warm_start.enabled
-    assert cfg.data_plane.enabled is False
+    # The main job is the project's point: GRPO over TransferQueue (data_plane=disabled is one
+    # override away).
+    assert cfg.data_plane.enabled is True and cfg.data_plane.impl == "transfer_queue"
 
 
 def test_recipe_selection_from_another_working_directory(tmp_path: Path) -> None:

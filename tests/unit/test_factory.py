@@ -51,6 +51,9 @@ def clean_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     # delenv records the original state, so teardown also undoes writes by the code under test.
     for name in KNOBS:
         monkeypatch.delenv(name, raising=False)
+    # In a full `pytest tests` run the integration tier has already imported the library into
+    # this process; these tests are about the not-yet-imported case, so hide it (restored after).
+    monkeypatch.delitem(sys.modules, "transfer_queue", raising=False)
 
 
 def _tq_cfg(**timeouts: float) -> DataPlaneConfig:
