@@ -808,10 +808,22 @@ class _RssSampler:
         return {"peak_rss_mb": self.peak_rss / _MB, "rss_growth_mb": (self.peak_rss - self.start_rss) / _MB}
 
 
-def _grpo_step_run(
-    train_cfg: DictConfig, ray_env: dict[str, str], bench: GrpoStepBenchConfig, run_dir: Path
-) -> dict[str, Any]:
-    """Run one trainer for warmup + measured (+1 validation) steps; per-step costs."""
+def _timed_trainer_run(
+    train_cfg: DictConfig, ray_env: dict[str, str], run_dir: Path, rss_interval_s: float
+) -> tuple[list[tuple[int, float, dict[str, int], dict[str, Any]]], dict[str, float]]:
+    """Run the trainer ``train_cfg`` selects from a fresh start, timing every logged step.
+
+    Args:
+        train_cfg: The composed training config.
+        ray_env: Environment for the Ray workers.
+        run_dir: Metrics directory of the run.
+        rss_interval_s: Driver RSS sampling interval.
+
+    Returns:
+        ``(marks, memory)``: one ``(step, perf_counter, Ray traffic since the previous mark,
+        logged record)`` per logged step (step 0 = the trainer's start), and the driver's
+        ``peak_rss_mb`` / ``rss_growth_mb``.
+    """
     from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs
     from nemo_dp.data.tokenizer import CharTokenizer
     from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
@@ -851,7 +863,7 @@ def _grpo_step_run(
         "seed": int(train_cfg.seed),
     }
     gc.collect()
-    rss = _RssSampler(bench.rss_sample_interval_s)
+    rss = _RssSampler(rss_interval_s)
     policy = Policy(**kwargs) if factory is None else factory(**kwargs)
     try:
         clock = StepClock(run_dir, metrics_file="metrics.jsonl", plot_file="curves.png", plot=False,
@@ -872,9 +884,17 @@ def _grpo_step_run(
     finally:
         policy.shutdown()
         memory = rss.stop()
+    return clock.marks, memory
+
+
+def _grpo_step_run(
+    train_cfg: DictConfig, ray_env: dict[str, str], bench: GrpoStepBenchConfig, run_dir: Path
+) -> dict[str, Any]:
+    """Run one trainer for warmup + measured (+1 validation) steps; per-step costs."""
+    marks, memory = _timed_trainer_run(train_cfg, ray_env, run_dir, bench.rss_sample_interval_s)
     # Steps warmup+1 .. warmup+measured (the last step, which validates, is not measured).
     steps = []
-    for (s0, t0, _, _), (s1, t1, traffic, record) in zip(clock.marks, clock.marks[1:]):
+    for (s0, t0, _, _), (s1, t1, traffic, record) in zip(marks, marks[1:]):
         if bench.warmup_steps < s1 <= bench.warmup_steps + bench.measured_steps:
             store_read = int(round(float(record.get("data_plane/step/bytes_read_mb", 0.0)) * _MB))
             store_written = int(round(float(record.get("data_plane/step/bytes_written_mb", 0.0)) * _MB))
@@ -1086,68 +1106,9 @@ def _sft_step_run(
     the driver ships (the legacy trainer's collated shards; the data-plane trainer's metas) and
     everything returned to it (envelopes, metrics), pickled.
     """
-    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs
-    from nemo_dp.data.tokenizer import CharTokenizer
-    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
-    from nemo_dp.distributed.worker_group import RayCluster
-    from nemo_dp.models.policy import Policy
-
-    class StepClock(RunLogger):
-        """Timestamps every logged step and snapshots the Ray traffic counters there."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.marks: list[tuple[int, float, dict[str, int], dict[str, Any]]] = []
-            self.traffic: _RayTraffic | None = None
-
-        def start(self, total_steps: int, start_step: int) -> None:
-            super().start(total_steps, start_step)
-            assert self.traffic is not None
-            self.traffic.take()
-            self.marks.append((0, time.perf_counter(), {}, {}))
-
-        def log_step(self, step: int, metrics: Any) -> dict[str, Any]:
-            record = super().log_step(step, metrics)
-            if step > 0:
-                assert self.traffic is not None
-                self.marks.append((step, time.perf_counter(), self.traffic.take(), dict(record)))
-            return record
-
-    tok = CharTokenizer()
-    trainer = select_sync_trainer(train_cfg)
-    factory = make_policy_factory(train_cfg.data_plane)
-    kwargs = {
-        "cluster": RayCluster(env_vars=dict(ray_env)),
-        "config": train_cfg.policy,
-        "vocab_size": tok.vocab_size,
-        "pad_id": tok.pad_id,
-        "eos_id": tok.eos_id,
-        "seed": int(train_cfg.seed),
-    }
-    gc.collect()
-    rss = _RssSampler(0.005)
-    policy = Policy(**kwargs) if factory is None else factory(**kwargs)
-    try:
-        clock = StepClock(run_dir, metrics_file="metrics.jsonl", plot_file="curves.png", plot=False,
-                          progress_bar=False, label=run_dir.name)
-        clock.traffic = _RayTraffic(policy.worker_group)
-        inputs = build_trainer_inputs(train_cfg)
-        trainer(
-            policy,
-            train_cfg,
-            train_loader=inputs.train_loader,
-            val_problems=inputs.val_problems,
-            tokenizer=tok,
-            env=inputs.env,
-            logger=clock,
-            checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-            start_state=None,
-        )
-    finally:
-        policy.shutdown()
-        memory = rss.stop()
+    marks, memory = _timed_trainer_run(train_cfg, ray_env, run_dir, 0.005)
     steps = []
-    for (_, t0, _, _), (s1, t1, traffic, record) in zip(clock.marks, clock.marks[1:]):
+    for (_, t0, _, _), (s1, t1, traffic, record) in zip(marks, marks[1:]):
         if bench.warmup_steps < s1 <= bench.warmup_steps + bench.measured_steps:
             sent = traffic["ray_sent_bulk_bytes"] + traffic["ray_sent_per_row_bytes"]
             steps.append(

@@ -18,18 +18,20 @@ from typing import Any
 import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
-from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
-from nemo_dp.algorithms.rollout import evaluate, rollout
-from nemo_dp.algorithms.sft import restore_trainer_state
+from nemo_dp.algorithms.rollout import rollout
 from nemo_dp.algorithms.trainer_common import (
-    TRAINER_STATE_VERSION,
+    clipped_pg_loss_fn,
     Checkpointer,
     RunLogger,
+    make_evaluator,
+    record_validation,
     sample_seeds,
     should_validate,
+    start_counters,
+    trainer_state,
+    validate_at_start,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.utils.seeding import capture_rng_state
 
 __all__ = ["grpo_train", "collect_grpo_batch", "GRPO_TRAIN_KEYS"]
 
@@ -164,48 +166,19 @@ def grpo_train(
     """
     algo = master_config.algorithm
     max_steps = int(algo.max_steps)
-    counters: dict[str, Any] = {
-        "step": 0,
-        "consumed_samples": 0,
-        "val_accuracy": None,
-        "initial_val_accuracy": None,
-    }
-    if start_state is not None:
-        counters.update(
-            restore_trainer_state(start_state, algorithm="grpo", policy=policy, train_loader=train_loader)
-        )
-        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
-    else:
+    counters = start_counters(start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger)
+    if start_state is None:
         policy.snapshot_reference_policy()
         per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
         optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
         policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
-    loss_cfg = algo.loss
-    loss_fn = ClippedPGLossFn(
-        ratio_clip_min=float(loss_cfg.ratio_clip_min),
-        ratio_clip_max=float(loss_cfg.ratio_clip_max),
-        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
-        token_level_loss=bool(loss_cfg.token_level_loss),
-    )
+    loss_fn = clipped_pg_loss_fn(algo)
     logger.start(max_steps, int(counters["step"]))
 
-    def _evaluate() -> float:
-        ev = evaluate(
-            policy,
-            val_problems,
-            tokenizer=tokenizer,
-            env=env,
-            num_examples_to_print=int(master_config.logger.num_val_examples_to_print),
-        )
-        for line in ev["examples"]:
-            logger.info(f"  {line}")
-        return float(ev["val_accuracy"])
-
-    if counters["step"] == 0 and bool(algo.val_at_start):
-        acc = _evaluate()
-        counters["initial_val_accuracy"] = acc
-        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
-        logger.log_step(0, {"val_accuracy": acc})
+    _evaluate = make_evaluator(
+        policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
+    )
+    validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
 
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
@@ -263,11 +236,7 @@ def grpo_train(
             "time/train_s": t_train,
         }
         if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            t3 = time.perf_counter()
-            acc = _evaluate()
-            counters["val_accuracy"] = acc
-            metrics["val_accuracy"] = acc
-            metrics["time/val_s"] = time.perf_counter() - t3
+            acc = record_validation(counters, metrics, _evaluate)
             logger.info(
                 f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
                 f"held-out accuracy {acc:.3f}"
@@ -276,14 +245,7 @@ def grpo_train(
         if checkpointer.should_save(step, final=step == max_steps):
             checkpointer.save(
                 step,
-                lambda: {
-                    "trainer_state_version": TRAINER_STATE_VERSION,
-                    "algorithm": "grpo",
-                    "counters": dict(counters),
-                    "policy": policy.state_dict(),
-                    "loader": train_loader.state_dict(),
-                    "driver_rng": capture_rng_state(),
-                },
+                lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
             )
     logger.close()
     return dict(counters)

@@ -23,19 +23,22 @@ reached only through ``TQPolicy`` methods and ``KVBatchMeta`` transforms (rule 4
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
-from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
-from nemo_dp.algorithms.sft import restore_trainer_state
 from nemo_dp.algorithms.trainer_common import (
-    TRAINER_STATE_VERSION,
+    clipped_pg_loss_fn,
     Checkpointer,
     RunLogger,
+    record_validation,
     sample_seeds,
     should_validate,
+    start_counters,
+    trainer_state,
+    validate_at_start,
 )
 from nemo_dp.data_plane.factory import validate_trainer_selection
 from nemo_dp.data_plane.interfaces import KVBatchMeta
@@ -49,9 +52,8 @@ from nemo_dp.data_plane.schema import (
     VAL_PARTITION,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.utils.seeding import capture_rng_state
 
-__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "response_token_mask", "TRAINER_TARGET"]
+__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "make_store_evaluator", "response_token_mask", "TRAINER_TARGET"]
 
 #: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
@@ -197,6 +199,58 @@ def collect_grpo_batch_sync(
     return pending_meta, pending_carry, info
 
 
+def make_store_evaluator(
+    policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: RunLogger
+) -> Callable[[], float]:
+    """Held-out greedy exact-match evaluation through the store (shared with the PPO twin).
+
+    The held-out prompts are generated and scored in a throw-away validation partition, dropped
+    afterwards even on failure; only responses to print come back to the driver.
+
+    Args:
+        policy: The data-plane policy.
+        val_problems: Held-out problems.
+        tokenizer: The tokenizer.
+        env: The reward environment.
+        master_config: Root config (``logger.num_val_examples_to_print``).
+        logger: Prints the example lines.
+
+    Returns:
+        A function returning the held-out accuracy (it raises ``ValueError`` when there are no
+        held-out problems).
+    """
+    num_print = int(master_config.logger.num_val_examples_to_print)
+
+    def _evaluate() -> float:
+        n = len(val_problems)
+        if n == 0:
+            raise ValueError("evaluate: no held-out problems")
+        policy.prepare_val_partition(n, partition_id=VAL_PARTITION)
+        try:
+            prompts, answers = _problem_rows(list(val_problems), 1, tokenizer)
+            out = policy.generate_to_dataplane(
+                prompts,
+                [0] * n,
+                sample_ids=[f"val{k}_g0" for k in range(n)],
+                answers=answers,
+                greedy=True,
+                tokenizer=tokenizer,
+                env=env,
+                partition_id=VAL_PARTITION,
+                task_name=TASK_VAL,
+                return_responses=num_print > 0,
+            )
+            policy.finish_step(out.meta)
+        finally:
+            policy.drop_partition(VAL_PARTITION)
+        responses = out.responses or []
+        for p, r in list(zip(val_problems, responses))[:num_print]:
+            logger.info(f"  {p.prompt}{r!r} (expected {p.answer!r})")
+        return float(out.carry["rewards"].mean())
+
+    return _evaluate
+
+
 def _check_entry(policy: Any, master_config: Any) -> None:
     selection = validate_trainer_selection(master_config)
     if selection.target != TRAINER_TARGET:
@@ -253,63 +307,17 @@ def grpo_train_sync(
     max_steps = int(algo.max_steps)
     group = int(algo.num_generations_per_prompt)
     per_step = int(algo.num_prompts_per_step) * group
-    counters: dict[str, Any] = {
-        "step": 0,
-        "consumed_samples": 0,
-        "val_accuracy": None,
-        "initial_val_accuracy": None,
-    }
-    if start_state is not None:
-        counters.update(
-            restore_trainer_state(start_state, algorithm="grpo", policy=policy, train_loader=train_loader)
-        )
-        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
-    else:
+    counters = start_counters(start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger)
+    if start_state is None:
         policy.snapshot_reference_policy()
         optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
         policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
-    loss_cfg = algo.loss
-    loss_fn = ClippedPGLossFn(
-        ratio_clip_min=float(loss_cfg.ratio_clip_min),
-        ratio_clip_max=float(loss_cfg.ratio_clip_max),
-        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
-        token_level_loss=bool(loss_cfg.token_level_loss),
-    )
+    loss_fn = clipped_pg_loss_fn(algo)
     logger.start(max_steps, int(counters["step"]))
-    num_print = int(master_config.logger.num_val_examples_to_print)
-
-    def _evaluate() -> float:
-        n = len(val_problems)
-        if n == 0:
-            raise ValueError("evaluate: no held-out problems")
-        policy.prepare_val_partition(n, partition_id=VAL_PARTITION)
-        try:
-            prompts, answers = _problem_rows(list(val_problems), 1, tokenizer)
-            out = policy.generate_to_dataplane(
-                prompts,
-                [0] * n,
-                sample_ids=[f"val{k}_g0" for k in range(n)],
-                answers=answers,
-                greedy=True,
-                tokenizer=tokenizer,
-                env=env,
-                partition_id=VAL_PARTITION,
-                task_name=TASK_VAL,
-                return_responses=num_print > 0,
-            )
-            policy.finish_step(out.meta)
-        finally:
-            policy.drop_partition(VAL_PARTITION)
-        responses = out.responses or []
-        for p, r in list(zip(val_problems, responses))[:num_print]:
-            logger.info(f"  {p.prompt}{r!r} (expected {p.answer!r})")
-        return float(out.carry["rewards"].mean())
-
-    if counters["step"] == 0 and bool(algo.val_at_start):
-        acc = _evaluate()
-        counters["initial_val_accuracy"] = acc
-        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
-        logger.log_step(0, {"val_accuracy": acc})
+    _evaluate = make_store_evaluator(
+        policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
+    )
+    validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
 
     # Start the per-step store-metrics window here (drops pre-run traffic; no-op when off).
     policy.data_plane_step_metrics(1.0)
@@ -367,11 +375,7 @@ def grpo_train_sync(
             "time/train_s": t_train,
         }
         if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            t3 = time.perf_counter()
-            acc = _evaluate()
-            counters["val_accuracy"] = acc
-            metrics["val_accuracy"] = acc
-            metrics["time/val_s"] = time.perf_counter() - t3
+            acc = record_validation(counters, metrics, _evaluate)
             logger.info(
                 f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
                 f"held-out accuracy {acc:.3f}"
@@ -391,14 +395,7 @@ def grpo_train_sync(
         if checkpointer.should_save(step, final=step == max_steps):
             checkpointer.save(
                 step,
-                lambda: {
-                    "trainer_state_version": TRAINER_STATE_VERSION,
-                    "algorithm": "grpo",
-                    "counters": dict(counters),
-                    "policy": policy.state_dict(),
-                    "loader": train_loader.state_dict(),
-                    "driver_rng": capture_rng_state(),
-                },
+                lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
             )
     logger.close()
     return dict(counters)

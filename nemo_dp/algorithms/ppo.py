@@ -29,16 +29,18 @@ from nemo_dp.algorithms.ppo_common import (
     ppo_step_metrics,
     start_ppo_phase,
 )
-from nemo_dp.algorithms.rollout import evaluate, rollout
+from nemo_dp.algorithms.rollout import rollout
 from nemo_dp.algorithms.trainer_common import (
-    TRAINER_STATE_VERSION,
     Checkpointer,
     RunLogger,
+    make_evaluator,
+    record_validation,
     sample_seeds,
     should_validate,
+    trainer_state,
+    validate_at_start,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.utils.seeding import capture_rng_state
 
 __all__ = ["ppo_train"]
 
@@ -111,23 +113,10 @@ def _ppo_loop(
     policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
     logger.start(max_steps, int(counters["step"]))
 
-    def _evaluate() -> float:
-        ev = evaluate(
-            policy,
-            val_problems,
-            tokenizer=tokenizer,
-            env=env,
-            num_examples_to_print=int(master_config.logger.num_val_examples_to_print),
-        )
-        for line in ev["examples"]:
-            logger.info(f"  {line}")
-        return float(ev["val_accuracy"])
-
-    if counters["step"] == 0 and bool(algo.val_at_start):
-        acc = _evaluate()
-        counters["initial_val_accuracy"] = acc
-        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
-        logger.log_step(0, {"val_accuracy": acc})
+    _evaluate = make_evaluator(
+        policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
+    )
+    validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
 
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
@@ -199,11 +188,7 @@ def _ppo_loop(
             }
         )
         if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            t3 = time.perf_counter()
-            acc = _evaluate()
-            counters["val_accuracy"] = acc
-            metrics["val_accuracy"] = acc
-            metrics["time/val_s"] = time.perf_counter() - t3
+            acc = record_validation(counters, metrics, _evaluate)
             logger.info(
                 f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
                 f"value loss {metrics['value_loss']:.4f}, explained variance "
@@ -213,15 +198,13 @@ def _ppo_loop(
         if checkpointer.should_save(step, final=step == max_steps):
             checkpointer.save(
                 step,
-                lambda: {
-                    "trainer_state_version": TRAINER_STATE_VERSION,
-                    "algorithm": "ppo",
-                    "counters": dict(counters),
-                    "policy": policy.state_dict(),
-                    "value": value.state_dict(),
-                    "loader": train_loader.state_dict(),
-                    "driver_rng": capture_rng_state(),
-                },
+                lambda: trainer_state(
+                    "ppo",
+                    counters,
+                    policy_state=policy.state_dict(),
+                    value_state=value.state_dict(),
+                    loader_state=train_loader.state_dict(),
+                ),
             )
     logger.close()
     return dict(counters)

@@ -25,8 +25,7 @@ from nemo_dp.algorithms.gae import (
 )
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
-from nemo_dp.algorithms.sft import restore_trainer_state
-from nemo_dp.algorithms.trainer_common import RunLogger
+from nemo_dp.algorithms.trainer_common import RunLogger, clipped_pg_loss_fn, start_counters
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
 
@@ -74,14 +73,7 @@ def build_ppo_loss_fns(algo: Any) -> tuple[ClippedPGLossFn, ClippedValueLossFn]:
     Returns:
         ``(policy_loss_fn, value_loss_fn)``.
     """
-    loss_cfg = algo.loss
-    policy_loss = ClippedPGLossFn(
-        ratio_clip_min=float(loss_cfg.ratio_clip_min),
-        ratio_clip_max=float(loss_cfg.ratio_clip_max),
-        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
-        token_level_loss=bool(loss_cfg.token_level_loss),
-    )
-    return policy_loss, ClippedValueLossFn(value_clip=float(algo.value.value_clip))
+    return clipped_pg_loss_fn(algo), ClippedValueLossFn(value_clip=float(algo.value.value_clip))
 
 
 def optimizer_steps_per_phase(master_config: Any) -> int:
@@ -293,18 +285,15 @@ def start_ppo_phase(
         The trainer counters.
     """
     algo = master_config.algorithm
-    counters: dict[str, Any] = {
-        "step": 0,
-        "consumed_samples": 0,
-        "val_accuracy": None,
-        "initial_val_accuracy": None,
-    }
+    counters = start_counters(
+        start_state,
+        algorithm="ppo",
+        policy=policy,
+        train_loader=train_loader,
+        logger=logger,
+        restore_extra=lambda state: value.load_state_dict(state["value"]),
+    )
     if start_state is not None:
-        counters.update(
-            restore_trainer_state(start_state, algorithm="ppo", policy=policy, train_loader=train_loader)
-        )
-        value.load_state_dict(start_state["value"])
-        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
         return counters
     policy.snapshot_reference_policy()
     steps = optimizer_steps_per_phase(master_config)

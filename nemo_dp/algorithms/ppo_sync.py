@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from nemo_dp.algorithms.grpo_sync import make_store_evaluator
 from nemo_dp.algorithms.ppo_common import (
     build_ppo_loss_fns,
     compute_ppo_targets,
@@ -39,11 +40,13 @@ from nemo_dp.algorithms.ppo_common import (
     start_ppo_phase,
 )
 from nemo_dp.algorithms.trainer_common import (
-    TRAINER_STATE_VERSION,
     Checkpointer,
     RunLogger,
+    record_validation,
     sample_seeds,
     should_validate,
+    trainer_state,
+    validate_at_start,
 )
 from nemo_dp.data_plane.factory import validate_trainer_selection
 from nemo_dp.data_plane.schema import (
@@ -56,13 +59,10 @@ from nemo_dp.data_plane.schema import (
     RETURNS,
     SAMPLE_MASK,
     TASK_TRAIN,
-    TASK_VAL,
     TOKEN_MASK,
-    VAL_PARTITION,
     VALUES,
 )
 from nemo_dp.models.value.tq_value import TQValue
-from nemo_dp.utils.seeding import capture_rng_state
 
 __all__ = ["ppo_train_sync", "TRAINER_TARGET"]
 
@@ -165,38 +165,10 @@ def _ppo_sync_loop(
     )
     policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
     logger.start(max_steps, int(counters["step"]))
-    num_print = int(master_config.logger.num_val_examples_to_print)
-
-    def _evaluate() -> float:
-        n = len(val_problems)
-        if n == 0:
-            raise ValueError("evaluate: no held-out problems")
-        policy.prepare_val_partition(n, partition_id=VAL_PARTITION)
-        try:
-            out = policy.generate_to_dataplane(
-                [tokenizer.encode_prompt(p.prompt) for p in val_problems],
-                [0] * n,
-                sample_ids=[f"val{k}_g0" for k in range(n)],
-                answers=[p.answer for p in val_problems],
-                greedy=True,
-                tokenizer=tokenizer,
-                env=env,
-                partition_id=VAL_PARTITION,
-                task_name=TASK_VAL,
-                return_responses=num_print > 0,
-            )
-            policy.finish_step(out.meta)
-        finally:
-            policy.drop_partition(VAL_PARTITION)
-        for p, r in list(zip(val_problems, out.responses or []))[:num_print]:
-            logger.info(f"  {p.prompt}{r!r} (expected {p.answer!r})")
-        return float(out.carry["rewards"].mean())
-
-    if counters["step"] == 0 and bool(algo.val_at_start):
-        acc = _evaluate()
-        counters["initial_val_accuracy"] = acc
-        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
-        logger.log_step(0, {"val_accuracy": acc})
+    _evaluate = make_store_evaluator(
+        policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
+    )
+    validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
 
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
@@ -273,11 +245,7 @@ def _ppo_sync_loop(
             }
         )
         if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            t3 = time.perf_counter()
-            acc = _evaluate()
-            counters["val_accuracy"] = acc
-            metrics["val_accuracy"] = acc
-            metrics["time/val_s"] = time.perf_counter() - t3
+            acc = record_validation(counters, metrics, _evaluate)
             logger.info(
                 f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
                 f"value loss {metrics['value_loss']:.4f}, explained variance "
@@ -288,15 +256,13 @@ def _ppo_sync_loop(
         if checkpointer.should_save(step, final=step == max_steps):
             checkpointer.save(
                 step,
-                lambda: {
-                    "trainer_state_version": TRAINER_STATE_VERSION,
-                    "algorithm": "ppo",
-                    "counters": dict(counters),
-                    "policy": policy.state_dict(),
-                    "value": value.state_dict(),
-                    "loader": train_loader.state_dict(),
-                    "driver_rng": capture_rng_state(),
-                },
+                lambda: trainer_state(
+                    "ppo",
+                    counters,
+                    policy_state=policy.state_dict(),
+                    value_state=value.state_dict(),
+                    loader_state=train_loader.state_dict(),
+                ),
             )
     logger.close()
     return dict(counters)

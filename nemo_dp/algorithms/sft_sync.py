@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,9 +47,16 @@ from typing import Any
 import torch
 
 from nemo_dp.algorithms.loss_functions import NLLLoss
-from nemo_dp.algorithms.rollout import evaluate
-from nemo_dp.algorithms.sft import restore_trainer_state
-from nemo_dp.algorithms.trainer_common import TRAINER_STATE_VERSION, Checkpointer, RunLogger, should_validate
+from nemo_dp.algorithms.trainer_common import (
+    Checkpointer,
+    RunLogger,
+    make_evaluator,
+    record_validation,
+    should_validate,
+    start_counters,
+    trainer_state,
+    validate_at_start,
+)
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
 from nemo_dp.utils.checkpoint import (
@@ -59,7 +65,6 @@ from nemo_dp.utils.checkpoint import (
     STATE_FILE,
     checkpoint_dir_for_step,
 )
-from nemo_dp.utils.seeding import capture_rng_state
 
 __all__ = [
     "sft_train_sync",
@@ -192,10 +197,7 @@ def save_sft_checkpoint(
         )
 
     path = write_checkpoint_atomically(checkpoint_dir_for_step(checkpointer.root, step), write)
-    steps = sorted(p for p in checkpointer.root.iterdir() if p.is_dir() and p.name.startswith("step_"))
-    committed = [p for p in steps if (p / "manifest.json").is_file() and "." not in p.name]
-    for old in committed[: max(0, len(committed) - checkpointer.keep_last)]:
-        shutil.rmtree(old, ignore_errors=True)
+    checkpointer.prune()
     return path
 
 
@@ -243,12 +245,15 @@ def sft_train_sync(
         )
     loaders = ColocatedLoaderGroup(policy, master_config.data_plane)
     max_steps = int(algo.max_steps)
-    counters = {"step": 0, "consumed_samples": 0, "val_accuracy": None, "initial_val_accuracy": None}
-    if start_state is not None:
-        counters.update(restore_trainer_state(start_state, algorithm="sft", policy=policy, train_loader=train_loader))
-        loaders.load_data_plane(Path(start_state["checkpoint_path"]) / DATA_PLANE_CKPT_DIR)
-        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
-    else:
+    counters = start_counters(
+        start_state,
+        algorithm="sft",
+        policy=policy,
+        train_loader=train_loader,
+        logger=logger,
+        restore_extra=lambda state: loaders.load_data_plane(Path(state["checkpoint_path"]) / DATA_PLANE_CKPT_DIR),
+    )
+    if start_state is None:
         policy.reset_optimizer(float(pcfg.optimizer.lr), decay_steps=max_steps)
     loaders.setup(
         train_loader,
@@ -261,23 +266,10 @@ def sft_train_sync(
     loss_fn = NLLLoss()
     logger.start(max_steps, int(counters["step"]))
 
-    def _evaluate() -> float:
-        ev = evaluate(
-            policy,
-            val_problems,
-            tokenizer=tokenizer,
-            env=env,
-            num_examples_to_print=int(master_config.logger.num_val_examples_to_print),
-        )
-        for line in ev["examples"]:
-            logger.info(f"  {line}")
-        return float(ev["val_accuracy"])
-
-    if counters["step"] == 0 and bool(algo.val_at_start):
-        acc = _evaluate()
-        counters["initial_val_accuracy"] = acc
-        logger.info(f"step 0: held-out accuracy {acc:.3f} ({len(val_problems)} problems)")
-        logger.log_step(0, {"val_accuracy": acc})
+    _evaluate = make_evaluator(
+        policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
+    )
+    validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
 
     while counters["step"] < max_steps:
         t0 = time.perf_counter()
@@ -299,11 +291,7 @@ def sft_train_sync(
             "driver/held_bytes": result.driver_held_bytes,
         }
         if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            t1 = time.perf_counter()
-            acc = _evaluate()
-            counters["val_accuracy"] = acc
-            metrics["val_accuracy"] = acc
-            metrics["time/val_s"] = time.perf_counter() - t1
+            acc = record_validation(counters, metrics, _evaluate)
             logger.info(f"step {step}: loss {metrics['loss']:.4f}, held-out accuracy {acc:.3f}")
         logger.log_step(step, metrics)
         if checkpointer.should_save(step, final=step == max_steps):
@@ -312,14 +300,7 @@ def sft_train_sync(
                 raise RuntimeError(
                     f"colocated loaders are at batch {position['next_batch']} after step {step}"
                 )
-            state = {
-                "trainer_state_version": TRAINER_STATE_VERSION,
-                "algorithm": "sft",
-                "counters": dict(counters),
-                "policy": policy.state_dict(),
-                "loader": position["loader"],
-                "driver_rng": capture_rng_state(),
-            }
+            state = trainer_state("sft", counters, policy.state_dict(), position["loader"])
             meta = {"step": step, "algorithm": "sft"}
             save_sft_checkpoint(checkpointer, step, state, lambda d: loaders.save_data_plane(d, meta))
     # Leave nothing behind in the store (prefetched batches) for a following phase (GRPO after

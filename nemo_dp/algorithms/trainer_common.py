@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.datasets import EpochLoader, RLPromptDataset, SFTDataset
 from nemo_dp.environments.arithmetic_env import ArithmeticEnv
@@ -27,6 +29,7 @@ from nemo_dp.utils.checkpoint import (
     save_training_checkpoint,
 )
 from nemo_dp.utils.metrics import MetricsLogger
+from nemo_dp.utils.seeding import capture_rng_state, restore_rng_state
 
 __all__ = [
     "TRAINER_STATE_VERSION",
@@ -35,6 +38,13 @@ __all__ = [
     "TrainerInputs",
     "build_trainer_inputs",
     "load_start_state",
+    "restore_trainer_state",
+    "start_counters",
+    "make_evaluator",
+    "clipped_pg_loss_fn",
+    "validate_at_start",
+    "record_validation",
+    "trainer_state",
     "sample_seeds",
     "should_validate",
 ]
@@ -189,11 +199,15 @@ class Checkpointer:
             The checkpoint directory.
         """
         path = save_training_checkpoint(checkpoint_dir_for_step(self.root, step), state_fn())
+        self.prune()
+        return path
+
+    def prune(self) -> None:
+        """Delete all but the ``keep_last`` newest committed checkpoints under ``root``."""
         steps = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step_"))
         committed = [p for p in steps if (p / "manifest.json").is_file() and "." not in p.name]
         for old in committed[: max(0, len(committed) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
-        return path
 
 
 def load_start_state(root: str | Path | None) -> dict[str, Any] | None:
@@ -307,3 +321,205 @@ def should_validate(step: int, *, val_period: int, max_steps: int) -> bool:
         Whether to evaluate after ``step``.
     """
     return step == max_steps or (val_period > 0 and step % val_period == 0)
+
+
+def restore_trainer_state(
+    start_state: dict[str, Any], *, algorithm: str, policy: Any, train_loader: Any
+) -> dict[str, Any]:
+    """Load a checkpoint's policy, loader and driver RNG state; return its counters.
+
+    Args:
+        start_state: A loaded training checkpoint written by a trainer of ``algorithm``.
+        algorithm: Expected ``algorithm.name``.
+        policy: The policy to restore into.
+        train_loader: The loader to restore into.
+
+    Returns:
+        The checkpoint's ``counters`` dict (``step`` etc.).
+
+    Raises:
+        ValueError: If the checkpoint is from another algorithm or trainer-state version.
+    """
+    where = start_state.get("checkpoint_path", "<in-memory state>")
+    if start_state["trainer_state_version"] != TRAINER_STATE_VERSION:
+        raise ValueError(
+            f"checkpoint {where}: trainer_state_version {start_state['trainer_state_version']} "
+            f"is not supported (expected {TRAINER_STATE_VERSION})"
+        )
+    if start_state["algorithm"] != algorithm:
+        raise ValueError(
+            f"checkpoint {where}: written by algorithm {start_state['algorithm']!r}, cannot resume "
+            f"algorithm {algorithm!r} (checkpointing.resume_from)"
+        )
+    policy.load_state_dict(start_state["policy"])
+    train_loader.load_state_dict(start_state["loader"])
+    restore_rng_state(start_state["driver_rng"])
+    return dict(start_state["counters"])
+
+
+def start_counters(
+    start_state: dict[str, Any] | None,
+    *,
+    algorithm: str,
+    policy: Any,
+    train_loader: Any,
+    logger: RunLogger,
+    restore_extra: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """The trainer counters of a fresh run, or those restored from ``start_state``.
+
+    On resume this restores policy, loader and driver RNG (``restore_trainer_state``), then
+    calls ``restore_extra(start_state)`` (anything else the trainer checkpoints) and logs the
+    resume line.  A fresh run's model/optimizer setup is left to the caller.
+
+    Args:
+        start_state: A loaded checkpoint, or ``None`` for a fresh run.
+        algorithm: Expected ``algorithm.name`` of the checkpoint.
+        policy: The policy to restore into.
+        train_loader: The loader to restore into.
+        logger: For the resume line.
+        restore_extra: Optional extra restore step, run before the resume line.
+
+    Returns:
+        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
+    """
+    counters: dict[str, Any] = {
+        "step": 0,
+        "consumed_samples": 0,
+        "val_accuracy": None,
+        "initial_val_accuracy": None,
+    }
+    if start_state is not None:
+        counters.update(
+            restore_trainer_state(start_state, algorithm=algorithm, policy=policy, train_loader=train_loader)
+        )
+        if restore_extra is not None:
+            restore_extra(start_state)
+        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
+    return counters
+
+
+def make_evaluator(
+    policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: RunLogger
+) -> Callable[[], float]:
+    """Held-out greedy exact-match evaluation on the driver (``rollout.evaluate``).
+
+    Args:
+        policy: The policy facade.
+        val_problems: Held-out problems.
+        tokenizer: The tokenizer.
+        env: The reward environment.
+        master_config: Root config (``logger.num_val_examples_to_print``).
+        logger: Prints the example lines.
+
+    Returns:
+        A function returning the held-out accuracy.
+    """
+    from nemo_dp.algorithms.rollout import evaluate
+
+    num_print = int(master_config.logger.num_val_examples_to_print)
+
+    def _evaluate() -> float:
+        ev = evaluate(policy, val_problems, tokenizer=tokenizer, env=env, num_examples_to_print=num_print)
+        for line in ev["examples"]:
+            logger.info(f"  {line}")
+        return float(ev["val_accuracy"])
+
+    return _evaluate
+
+
+def validate_at_start(
+    counters: dict[str, Any],
+    evaluate_fn: Callable[[], float],
+    *,
+    algo: Any,
+    num_problems: int,
+    logger: RunLogger,
+) -> None:
+    """Step-0 evaluation of a fresh run when ``algorithm.val_at_start`` (logged as step 0).
+
+    Args:
+        counters: The trainer counters (``initial_val_accuracy`` is set).
+        evaluate_fn: Returns the held-out accuracy.
+        algo: ``master_config.algorithm``.
+        num_problems: Number of held-out problems (for the log line).
+        logger: The phase's logger.
+    """
+    if counters["step"] == 0 and bool(algo.val_at_start):
+        acc = evaluate_fn()
+        counters["initial_val_accuracy"] = acc
+        logger.info(f"step 0: held-out accuracy {acc:.3f} ({num_problems} problems)")
+        logger.log_step(0, {"val_accuracy": acc})
+
+
+def record_validation(
+    counters: dict[str, Any], metrics: dict[str, Any], evaluate_fn: Callable[[], float]
+) -> float:
+    """Evaluate after a step and record the accuracy and its wall time.
+
+    Args:
+        counters: The trainer counters (``val_accuracy`` is set).
+        metrics: The step's metrics (``val_accuracy`` and ``time/val_s`` are added).
+        evaluate_fn: Returns the held-out accuracy.
+
+    Returns:
+        The accuracy.
+    """
+    t0 = time.perf_counter()
+    acc = evaluate_fn()
+    counters["val_accuracy"] = acc
+    metrics["val_accuracy"] = acc
+    metrics["time/val_s"] = time.perf_counter() - t0
+    return acc
+
+
+def trainer_state(
+    algorithm: str,
+    counters: Mapping[str, Any],
+    policy_state: Any,
+    loader_state: Any,
+    *,
+    value_state: Any = None,
+) -> dict[str, Any]:
+    """The checkpointed trainer state (captures the driver RNG now).
+
+    Args:
+        algorithm: ``algorithm.name``.
+        counters: The trainer counters (copied).
+        policy_state: ``policy.state_dict()``.
+        loader_state: The loader's state dict.
+        value_state: The critic's state dict (PPO), or ``None`` when there is no critic.
+
+    Returns:
+        The state dict, keys in the order every trainer writes them.
+    """
+    state: dict[str, Any] = {
+        "trainer_state_version": TRAINER_STATE_VERSION,
+        "algorithm": algorithm,
+        "counters": dict(counters),
+        "policy": policy_state,
+    }
+    if value_state is not None:
+        state["value"] = value_state
+    state["loader"] = loader_state
+    state["driver_rng"] = capture_rng_state()
+    return state
+
+
+def clipped_pg_loss_fn(algo: Any) -> ClippedPGLossFn:
+    """The clipped policy-gradient loss of a GRPO / PPO ``algorithm`` node.
+
+    Args:
+        algo: ``master_config.algorithm`` (``loss.ratio_clip_min``/``ratio_clip_max``/
+            ``reference_policy_kl_penalty``/``token_level_loss``).
+
+    Returns:
+        The loss function.
+    """
+    loss_cfg = algo.loss
+    return ClippedPGLossFn(
+        ratio_clip_min=float(loss_cfg.ratio_clip_min),
+        ratio_clip_max=float(loss_cfg.ratio_clip_max),
+        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
+        token_level_loss=bool(loss_cfg.token_level_loss),
+    )

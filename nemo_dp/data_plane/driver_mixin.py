@@ -26,6 +26,7 @@ Host contract (what a class mixing in ``TQDriverMixin`` must provide):
   A missing key raises ``KeyError`` naming its dotted path.
 * ``self.dp_client`` - the driver's ``DataPlaneClient`` (used by ``read_from_dataplane`` and
   ``write_to_dataplane`` only).
+* ``self.dp_size`` - the number of data-parallel ranks (used by ``_shard_meta`` only).
 
 Nothing here imports Ray or TransferQueue.
 """
@@ -42,6 +43,7 @@ import torch
 
 from nemo_dp.data_plane.column_io import read_columns, round_up, write_columns
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
+from nemo_dp.data_plane.preshard import shard_meta_for_dp
 from nemo_dp.data_plane.schema import (
     GLOBAL_FORWARD_PAD_SEQLEN,
     INPUT_IDS,
@@ -207,6 +209,7 @@ class TQDriverMixin:
 
     cfg: Any
     dp_client: DataPlaneClient
+    dp_size: int
 
     # --- planner arguments --------------------------------------------------------------------
     def _packing_args(
@@ -310,6 +313,29 @@ class TQDriverMixin:
         out = isolated_copy(meta, fields=fields, task_name=task_name)
         self._stamp_pad_seqlen(out)
         return out
+
+    def _shard_meta(
+        self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str
+    ) -> list[KVBatchMeta]:
+        """Split ``meta`` into one shard per DP rank with the host's planner arguments.
+
+        Args:
+            meta: The dispatch meta (usually from :meth:`_isolated_meta`).
+            batch_size: Global batch size the shards must divide into, or ``None``.
+            mb_tokens_key: ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
+
+        Returns:
+            ``self.dp_size`` shards (``shard_meta_for_dp``).
+        """
+        spa, dba = self._packing_args(mb_tokens_key)
+        shards, _ = shard_meta_for_dp(
+            meta,
+            dp_world=self.dp_size,
+            batch_size=batch_size,
+            sequence_packing_args=spa,
+            dynamic_batching_args=dba,
+        )
+        return shards
 
     def _placed_metas(self, metas: Sequence[KVBatchMeta]) -> list[KVBatchMeta]:
         """``stamp_placed_metas`` with this host's rounding (one target over all ranks).

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 from nemo_dp.data.arithmetic import ArithmeticTask
 from nemo_dp.data.datasets import EpochLoader, RLPromptDataset, SFTDataset, collate_sft
 from nemo_dp.data.tokenizer import CharTokenizer
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    # Two OpenMP threads on the loaded, shared 2-core machine run ~30x slower than one.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _ds(n: int = 10) -> SFTDataset:

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 from nemo_dp.algorithms.loss_functions import token_logprobs_from_logits
 from nemo_dp.models.generation import generate
 from nemo_dp.models.model import ModelConfig, TinyCausalLM
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    # Two OpenMP threads on the loaded, shared 2-core machine run ~30x slower than one.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 EOS, PAD = 2, 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +20,6 @@ from nemo_dp.utils.checkpoint import (
 from nemo_dp.utils.metrics import MetricsLogger, read_metrics
 from nemo_dp.utils.plotting import plot_training_curves
 from nemo_dp.utils.seeding import capture_rng_state, restore_rng_state, set_seed
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    # Two OpenMP threads on the loaded, shared 2-core machine run ~30x slower than one.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _draws() -> tuple[float, float, list[float]]:

@@ -45,6 +45,7 @@ from nemo_dp.utils.checkpoint_io import (
     write_checkpoint_atomically,
     write_manifest,
 )
+from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta, LocalDataPlaneConfig
 from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION, RESERVED_PREFIX
 
@@ -148,18 +149,6 @@ def _check_names(values: Any, what: str) -> list[str]:
     if set(map(type, out)) <= {str} and "" not in out:
         return out
     return [_check_name(v, f"{what} entry") for v in out]
-
-
-def _duplicates(values: Sequence[str]) -> list[str]:
-    if len(set(values)) == len(values):
-        return []
-    seen: set[str] = set()
-    dups: set[str] = set()
-    for v in values:
-        if v in seen:
-            dups.add(v)
-        seen.add(v)
-    return sorted(dups)
 
 
 def _listed(ids: Sequence[str]) -> str:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
+from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
 from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
 from nemo_dp.utils.checkpoint_io import (
     read_manifest,
@@ -156,16 +157,6 @@ def _check_names(values: Any, what: str) -> list[str]:
         raise TypeError(f"{what} must be a sequence of str, got {type(values).__name__}")
     out = [_check_name(v, f"{what} entry") for v in values]
     return out
-
-
-def _duplicates(values: Sequence[str]) -> list[str]:
-    seen: set[str] = set()
-    dups: set[str] = set()
-    for v in values:
-        if v in seen:
-            dups.add(v)
-        seen.add(v)
-    return sorted(dups)
 
 
 def _find_in_chain(exc: BaseException, name: str) -> BaseException | None:

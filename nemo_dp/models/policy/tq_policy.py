@@ -27,7 +27,6 @@ from nemo_dp.data_plane.driver_mixin import TQDriverMixin
 from nemo_dp.data_plane.factory import build_data_plane_client, coerce_data_plane_config
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.observability import is_metrics_client
-from nemo_dp.data_plane.preshard import shard_meta_for_dp
 from nemo_dp.data_plane.schema import (
     DP_TRAIN_FIELDS,
     LP_SEED_FIELDS,
@@ -269,19 +268,6 @@ class TQPolicy(TQDriverMixin, Policy):
     # ------------------------------------------------------------------------------------------
     # model calls on metas
     # ------------------------------------------------------------------------------------------
-    def _shard_meta(
-        self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str
-    ) -> list[KVBatchMeta]:
-        spa, dba = self._packing_args(mb_tokens_key)
-        shards, _ = shard_meta_for_dp(
-            meta,
-            dp_world=self.dp_size,
-            batch_size=batch_size,
-            sequence_packing_args=spa,
-            dynamic_batching_args=dba,
-        )
-        return shards
-
     def get_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
         """Policy log-probs of ``meta``'s rows; the workers write them as ``prev_logprobs``.
 

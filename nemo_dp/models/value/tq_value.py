@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 from nemo_dp.data_plane.driver_mixin import TQDriverMixin
 from nemo_dp.data_plane.factory import coerce_data_plane_config
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
-from nemo_dp.data_plane.preshard import shard_meta_for_dp
 from nemo_dp.data_plane.schema import DP_VALUE_TRAIN_FIELDS, VALUE_SEED_FIELDS
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
 from nemo_dp.models.value.value import Value
@@ -98,15 +97,7 @@ class TQValue(TQDriverMixin, Value):
     ) -> list[KVBatchMeta]:
         """Fresh isolated copy (own pad target) sharded over the critic's ranks."""
         isolated = self._isolated_meta(meta, fields=list(fields), task_name=task_name)
-        spa, dba = self._packing_args(mb_tokens_key)
-        shards, _ = shard_meta_for_dp(
-            isolated,
-            dp_world=self.dp_size,
-            batch_size=batch_size,
-            sequence_packing_args=spa,
-            dynamic_batching_args=dba,
-        )
-        return shards
+        return self._shard_meta(isolated, batch_size=batch_size, mb_tokens_key=mb_tokens_key)
 
     def get_values_from_meta(self, meta: KVBatchMeta) -> None:
         """Critic values of ``meta``'s rows; the workers write them back as ``values``.
