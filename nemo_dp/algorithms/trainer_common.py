@@ -53,7 +53,16 @@ __all__ = [
 TRAINER_STATE_VERSION = 1
 
 # Key metrics shown live on the progress bar (when present in a step's record).
-_BAR_KEYS: tuple[str, ...] = ("loss", "reward_mean", "val_accuracy", "grad_norm")
+#: Shown on the progress bar when a step's record carries them (store metrics appear only when a
+#: trainer logs them, i.e. with observability enabled on the data-plane path).
+_BAR_KEYS: tuple[str, ...] = (
+    "loss",
+    "reward_mean",
+    "val_accuracy",
+    "grad_norm",
+    "data_plane/step/wall_ms",
+    "data_plane/now/bytes_outstanding_mb",
+)
 
 
 class RunLogger:
