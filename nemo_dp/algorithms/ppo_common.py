@@ -25,7 +25,13 @@ from nemo_dp.algorithms.gae import (
 )
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
-from nemo_dp.algorithms.trainer_common import RunLogger, clipped_pg_loss_fn, start_counters
+from nemo_dp.algorithms.trainer_common import (
+    RunLogger,
+    clipped_pg_loss_fn,
+    record_validation,
+    should_validate,
+    start_counters,
+)
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
 
@@ -256,6 +262,51 @@ def ppo_step_metrics(
         out[f"policy_loss_epoch{k}"] = float(pm["loss"])
         out[f"value_loss_epoch{k}"] = float(vm["value_loss"])
     return out
+
+
+def finish_ppo_step_metrics(
+    step: int,
+    metrics: dict[str, Any],
+    *,
+    counters: dict[str, Any],
+    timings: tuple[float, float, float],
+    val_period: int,
+    max_steps: int,
+    evaluate: Callable[[], float],
+    logger: RunLogger,
+) -> None:
+    """Add the step's counters and timings to ``metrics`` and run the held-out evaluation when due.
+
+    Shared by both PPO trainers so their records and log lines stay identical.
+
+    Args:
+        step: The step just trained.
+        metrics: ``ppo_step_metrics`` output; updated in place.
+        counters: The trainer's counters (``consumed_samples`` is recorded; validation updates
+            them through ``record_validation``).
+        timings: Seconds spent in generation, forward passes (policy + reference log-probs and
+            critic values) and training.
+        val_period: ``algorithm.val_period``.
+        max_steps: The phase's last step.
+        evaluate: Held-out evaluation returning accuracy.
+        logger: The phase's run logger.
+    """
+    t_gen, t_fwd, t_train = timings
+    metrics.update(
+        {
+            "consumed_samples": counters["consumed_samples"],
+            "time/generation_s": t_gen,
+            "time/logprobs_s": t_fwd,
+            "time/train_s": t_train,
+        }
+    )
+    if should_validate(step, val_period=val_period, max_steps=max_steps):
+        acc = record_validation(counters, metrics, evaluate)
+        logger.info(
+            f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
+            f"value loss {metrics['value_loss']:.4f}, explained variance "
+            f"{metrics['explained_variance']:.3f}, held-out accuracy {acc:.3f}"
+        )
 
 
 def start_ppo_phase(

@@ -36,15 +36,14 @@ from nemo_dp.algorithms.ppo_common import (
     compute_ppo_targets,
     epoch_permutation,
     make_value,
+    finish_ppo_step_metrics,
     ppo_step_metrics,
     start_ppo_phase,
 )
 from nemo_dp.algorithms.trainer_common import (
     Checkpointer,
     RunLogger,
-    record_validation,
     sample_seeds,
-    should_validate,
     trainer_state,
     validate_at_start,
 )
@@ -236,21 +235,16 @@ def _ppo_sync_loop(
             policy_epochs=policy_epochs,
             value_epochs=value_epochs,
         )
-        metrics.update(
-            {
-                "consumed_samples": counters["consumed_samples"],
-                "time/generation_s": t_gen,
-                "time/logprobs_s": t_fwd,  # policy + reference log-probs and critic values
-                "time/train_s": t_train,
-            }
+        finish_ppo_step_metrics(
+            step,
+            metrics,
+            counters=counters,
+            timings=(t_gen, t_fwd, t_train),
+            val_period=int(algo.val_period),
+            max_steps=max_steps,
+            evaluate=_evaluate,
+            logger=logger,
         )
-        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            acc = record_validation(counters, metrics, _evaluate)
-            logger.info(
-                f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
-                f"value loss {metrics['value_loss']:.4f}, explained variance "
-                f"{metrics['explained_variance']:.3f}, held-out accuracy {acc:.3f}"
-            )
         metrics.update(policy.data_plane_step_metrics(time.perf_counter() - t_step))
         logger.log_step(step, metrics)
         if checkpointer.should_save(step, final=step == max_steps):
