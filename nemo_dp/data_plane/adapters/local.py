@@ -3,8 +3,9 @@
 Why it exists: colocated SFT (a data loader living in the same process as the policy worker
 that consumes its batches) needs the data-plane interface without Ray or TransferQueue.  This
 adapter keeps at most ``max_partitions`` complete batches in memory, each written by exactly one
-put, and hands them out by id or through per-task claims (contract §4 and §5).  Its checkpoints
-are pickle-free: a JSON manifest plus a weights-only ``torch.save`` file (contract §7).
+put, and hands them out by id or through per-task claims.  Its checkpoints are exact and
+pickle-free (``local_checkpoint``: a typed JSON manifest plus a weights-only tensor file); its
+storage structures live in ``local_store``.
 
 Storage and copies (why the data paths look the way they do):
 
@@ -16,52 +17,65 @@ Storage and copies (why the data paths look the way they do):
   or any contiguous run of rows is one ``clone`` of a slice; any other selection is one
   ``index_select`` gather.  Callers may therefore modify what they get without corrupting the
   store.  Non-tensor columns come back as one ``NonTensorData`` per column holding a deep copy
-  of the selected rows as a list (read them with ``codec.materialize_local``).
+  of the selected rows as a list (read them with ``materialize_local``, re-exported here from
+  ``codec`` as in the reference API).
+* A partition left without rows by an explicit ``clear_samples(ids, pid)`` is dropped, exactly
+  as by ``clear_samples(None, pid)``: it can never take another put, so keeping it would only
+  hold a ``max_partitions`` slot.
 
-Helpers: ``is_local_batch_meta`` (does a meta come from this adapter?) and
-``local_batch_to_tensordict`` (turn a loader batch into the TensorDict a put expects).
+Helpers: ``is_local_batch_meta`` (does a meta come from this adapter?),
+``local_batch_to_tensordict`` (turn a loader batch into the TensorDict a put expects) and
+``materialize_local`` (turn a read into trainer columns).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from nemo_dp.utils.checkpoint_io import (
-    read_manifest,
-    resolve_checkpoint_dir,
-    validate_json_metadata,
-    write_checkpoint_atomically,
-    write_manifest,
-)
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
+from nemo_dp.data_plane.adapters.local_checkpoint import (
+    LOCAL_CHECKPOINT_FORMAT,
+    LOCAL_CHECKPOINT_VERSION,
+    TENSORS_FILE,
+    read_checkpoint,
+    snapshot,
+    write_snapshot,
+)
+from nemo_dp.data_plane.adapters.local_store import (
+    OBJECT_KIND,
+    Column,
+    DenseColumn,
+    ObjectColumn,
+    Partition,
+    Selection,
+    store_tensor,
+)
+from nemo_dp.data_plane.codec import materialize_local
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta, LocalDataPlaneConfig
 from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION, RESERVED_PREFIX
+from nemo_dp.utils.checkpoint_io import validate_json_metadata, write_checkpoint_atomically
 
 __all__ = [
     "LocalDataPlaneClient",
     "is_local_batch_meta",
     "local_batch_to_tensordict",
+    "materialize_local",
     "LOCAL_CHECKPOINT_FORMAT",
     "LOCAL_CHECKPOINT_VERSION",
     "TENSORS_FILE",
 ]
 
-LOCAL_CHECKPOINT_FORMAT = "nemo_dp.local_data_plane"
-LOCAL_CHECKPOINT_VERSION = 1
-TENSORS_FILE = "tensors.pt"
-_OBJECT_KIND = "object"
 _CLOSED_MESSAGE = "Local data-plane client is closed."
 _MAX_LISTED_IDS = 20
 
@@ -182,6 +196,10 @@ def _check_tag_value(value: Any, where: str) -> None:
     raise TypeError(f"{where}: {type(value).__name__} value {value!r} is not JSON-compatible")
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _is_integer_dtype(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
@@ -195,204 +213,12 @@ def _lengths_from_tags(tags: Sequence[Mapping[str, Any]] | None) -> list[int] | 
     return [int(v) for v in values]
 
 
-# ---------------------------------------------------------------------------------------------
-# stored columns
-# ---------------------------------------------------------------------------------------------
-
-
-def _owns_storage(t: torch.Tensor) -> bool:
-    return (
-        t.is_contiguous()
-        and t.storage_offset() == 0
-        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-    )
-
-
-def _compact(t: torch.Tensor) -> torch.Tensor:
-    """A tensor that owns exactly its bytes (saving a view would write its whole storage)."""
-    return t if _owns_storage(t) else t.clone(memory_format=torch.contiguous_format)
-
-
-def _contiguous_run(positions: list[int]) -> tuple[int, int] | None:
-    """``(start, stop)`` if ``positions`` is ``start, start+1, ..., stop-1``, else ``None``."""
-    if not positions:
-        return None
-    start, stop = positions[0], positions[0] + len(positions)
-    # cheap bound check first; the list comparison then runs in C
-    if positions[-1] != stop - 1 or positions != list(range(start, stop)):
-        return None
-    return start, stop
-
-
-@dataclass
-class _Selection:
-    """Stored row positions to read, with the contiguous-run fast path computed once."""
-
-    positions: list[int]
-    run: tuple[int, int] | None = None
-    _index: torch.Tensor | None = None
-
-    @classmethod
-    def of(cls, positions: list[int]) -> _Selection:
-        return cls(positions, _contiguous_run(positions))
-
-    @property
-    def index(self) -> torch.Tensor:
-        if self._index is None:
-            self._index = torch.as_tensor(self.positions, dtype=torch.long)
-        return self._index
-
-
-@dataclass
-class _DenseColumn:
-    """A rectangular column: ``data[row]`` is one row; owns its storage, never mutated."""
-
-    data: torch.Tensor
-
-    @property
-    def kind(self) -> str:
-        return str(self.data.dtype)
-
-    @property
-    def num_rows(self) -> int:
-        return self.data.size(0)
-
-    def take(self, sel: _Selection) -> torch.Tensor:
-        if sel.run is not None:
-            return self.data[sel.run[0] : sel.run[1]].clone(memory_format=torch.contiguous_format)
-        return self.data.index_select(0, sel.index)
-
-
-@dataclass
-class _JaggedColumn:
-    """A ragged column: row ``r`` is ``values[offsets[r]:offsets[r + 1]]``; never mutated."""
-
-    values: torch.Tensor
-    offsets: torch.Tensor  # int64, (rows + 1,), starts at 0
-
-    @property
-    def kind(self) -> str:
-        return str(self.values.dtype)
-
-    @property
-    def num_rows(self) -> int:
-        return self.offsets.numel() - 1
-
-    def take_parts(self, sel: _Selection) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh compact ``(values, offsets)`` of the selected rows."""
-        run = sel.run
-        if run is not None:
-            lo = int(self.offsets[run[0]])
-            hi = int(self.offsets[run[1]])
-            values = self.values[lo:hi].clone(memory_format=torch.contiguous_format)
-            offsets = self.offsets[run[0] : run[1] + 1] - lo
-            return values, offsets
-        starts = self.offsets[:-1]
-        return _gather_jagged(self.values, starts, self.offsets[1:] - starts, sel.index)
-
-    def take(self, sel: _Selection) -> torch.Tensor:
-        values, offsets = self.take_parts(sel)
-        return torch.nested.nested_tensor_from_jagged(values, offsets)
-
-
-def _gather_jagged(
-    values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One ``index_select`` gathering rows ``rows`` of a (possibly holey) jagged layout."""
-    sel_starts = starts.index_select(0, rows).to(torch.long)
-    sel_lengths = lengths.index_select(0, rows).to(torch.long)
-    offsets = torch.zeros(rows.numel() + 1, dtype=torch.long)
-    torch.cumsum(sel_lengths, 0, out=offsets[1:])
-    total = int(offsets[-1])
-    # element k of output row i comes from values[sel_starts[i] + k]
-    shift = torch.repeat_interleave(sel_starts - offsets[:-1], sel_lengths, output_size=total)
-    index = torch.arange(total, dtype=torch.long) + shift
-    return values.index_select(0, index), offsets
-
-
-@dataclass
-class _ObjectColumn:
-    """A non-tensor column: one Python object per row (deep-copied on the way in and out)."""
-
-    values: list[Any]
-
-    @property
-    def kind(self) -> str:
-        return _OBJECT_KIND
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.values)
-
-    def take(self, sel: _Selection) -> list[Any]:
-        return copy.deepcopy([self.values[p] for p in sel.positions])
-
-
-_Column = Union[_DenseColumn, _JaggedColumn, _ObjectColumn]
-
-
-def _store_tensor(name: str, t: torch.Tensor) -> _DenseColumn | _JaggedColumn:
-    """One detached, compact CPU copy of a put's tensor leaf."""
-    t = t.detach()
-    if not t.is_nested:
-        return _DenseColumn(t.to("cpu", copy=True, memory_format=torch.contiguous_format))
-    if t.layout == torch.jagged:
-        values = t.values()
-        offsets = t.offsets().to("cpu", torch.long)
-        lengths = t.lengths()
-        if lengths is None:
-            lo, hi = int(offsets[0]), int(offsets[-1])
-            stored = values[lo:hi].to("cpu", copy=True, memory_format=torch.contiguous_format)
-            return _JaggedColumn(stored, (offsets - lo).contiguous())
-        rows = torch.arange(offsets.numel() - 1, dtype=torch.long)
-        values, offsets = _gather_jagged(values.cpu(), offsets[:-1], lengths.cpu(), rows)
-        return _JaggedColumn(values, offsets)
-    # strided nested tensor: rows may differ only in their first dimension
-    rows_list = [r.to("cpu") for r in t.unbind()]
-    trailing = {tuple(r.shape[1:]) for r in rows_list}
-    if any(r.dim() == 0 for r in rows_list) or len(trailing) > 1:
-        raise TypeError(
-            f"field {name!r}: nested tensor rows must share all but their first dimension; "
-            "use layout=torch.jagged"
-        )
-    lengths = torch.tensor([r.size(0) for r in rows_list], dtype=torch.long)
-    offsets = torch.zeros(len(rows_list) + 1, dtype=torch.long)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    values = torch.cat(rows_list) if rows_list else torch.empty(0, dtype=t.dtype)
-    return _JaggedColumn(values.contiguous(), offsets)
-
-
-# ---------------------------------------------------------------------------------------------
-# partitions
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Partition:
-    """One live partition: schema, rows (stored once), tags and per-task claims."""
-
-    partition_id: str
-    fields: tuple[str, ...]
-    num_samples: int
-    consumer_tasks: tuple[str, ...]
-    grpo_group_size: int | None
-    enums: dict[str, tuple[str, ...]]
-    generation: int
-    written: bool = False
-    # live id -> row of the stored columns; insertion order is the stored (claim) order
-    row_of: dict[str, int] = field(default_factory=dict)
-    columns: dict[str, _Column] = field(default_factory=dict)
-    field_kinds: dict[str, str] = field(default_factory=dict)
-    tags: dict[str, dict[str, Any]] = field(default_factory=dict)
-    claimed: dict[str, set[str]] = field(default_factory=dict)
-
-
 @dataclass
 class _PendingPut:
     """A fully validated put, ready to be committed."""
 
     row_of: dict[str, int]
-    columns: dict[str, _Column]
+    columns: dict[str, Column]
     tags: list[dict[str, Any]] | None
 
 
@@ -402,7 +228,7 @@ def _classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
         values = leaf.tolist()
         if len(values) != n:
             raise ValueError(f"field {name!r}: non-tensor column has {len(values)} rows, expected {n}")
-        return _OBJECT_KIND, values
+        return OBJECT_KIND, values
     if isinstance(leaf, NonTensorData):
         data = leaf.data
         if isinstance(data, np.ndarray) and data.ndim >= 1:
@@ -418,7 +244,7 @@ def _classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
             raise ValueError(
                 f"field {name!r}: NonTensorData column holds {len(values)} values, expected {n}"
             )
-        return _OBJECT_KIND, values
+        return OBJECT_KIND, values
     if isinstance(leaf, TensorDictBase):
         raise TypeError(f"field {name!r}: nested TensorDict leaves are not supported; flatten them")
     if isinstance(leaf, torch.Tensor):
@@ -453,7 +279,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         self._max_partitions = cfg.max_partitions
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._partitions: dict[str, _Partition] = {}
+        self._partitions: dict[str, Partition] = {}
         self._generation = 0  # generation of the most recent registration
         self._closed = False
         self._used = False
@@ -467,7 +293,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         self._check_open()
         self._used = True
 
-    def _live(self, partition_id: Any) -> _Partition:
+    def _live(self, partition_id: Any) -> Partition:
         _check_name(partition_id, "partition_id")
         part = self._partitions.get(partition_id)
         if part is None:
@@ -475,7 +301,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         return part
 
     @staticmethod
-    def _check_task(part: _Partition, task_name: Any) -> str:
+    def _check_task(part: Partition, task_name: Any) -> str:
         _check_name(task_name, "task_name")
         if task_name not in part.claimed:
             raise KeyError(
@@ -484,7 +310,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             )
         return task_name
 
-    def _meta_extra(self, part: _Partition) -> dict[str, Any]:
+    def _meta_extra(self, part: Partition) -> dict[str, Any]:
         return {LOCAL_PARTITION_GENERATION: part.generation}
 
     # --- task-mediated half -------------------------------------------------------------------
@@ -537,7 +363,7 @@ class LocalDataPlaneClient(DataPlaneClient):
                     "or raise data_plane.max_partitions."
                 )
             self._generation += 1
-            self._partitions[partition_id] = _Partition(
+            self._partitions[partition_id] = Partition(
                 partition_id=partition_id,
                 fields=tuple(field_names),
                 num_samples=num_samples,
@@ -640,14 +466,14 @@ class LocalDataPlaneClient(DataPlaneClient):
                     )
 
     @staticmethod
-    def _ready_ids(part: _Partition, task_name: str, required: Sequence[str]) -> list[str]:
+    def _ready_ids(part: Partition, task_name: str, required: Sequence[str]) -> list[str]:
         if any(f not in part.columns for f in required):
             return []
         claimed = part.claimed[task_name]
         return [sid for sid in part.row_of if sid not in claimed]
 
     def _claim(
-        self, part: _Partition, task_name: str, required: Sequence[str], ids: list[str]
+        self, part: Partition, task_name: str, required: Sequence[str], ids: list[str]
     ) -> KVBatchMeta:
         part.claimed[task_name].update(ids)
         tags: list[dict[str, Any]] | None = None
@@ -657,7 +483,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         if lengths is None:
             col = part.columns.get(INPUT_LENGTHS)
             if (
-                isinstance(col, _DenseColumn)
+                isinstance(col, DenseColumn)
                 and col.data.dim() == 1
                 and _is_integer_dtype(col.data.dtype)
             ):
@@ -754,7 +580,7 @@ class LocalDataPlaneClient(DataPlaneClient):
 
     def _validate_put(
         self,
-        part: _Partition,
+        part: Partition,
         ids: list[str],
         fields: TensorDict | None,
         tags: Sequence[dict] | None,
@@ -803,7 +629,7 @@ class LocalDataPlaneClient(DataPlaneClient):
                     f"{part.partition_id!r}, this put has {kind}"
                 )
             if name in part.enums:
-                if kind != _OBJECT_KIND:
+                if kind != OBJECT_KIND:
                     raise TypeError(
                         f"put_samples: field {name!r} has an enums vocabulary and must be a "
                         f"non-tensor column, got a {kind} tensor"
@@ -828,18 +654,18 @@ class LocalDataPlaneClient(DataPlaneClient):
                 f"{part.num_samples} rows in its one put, got {n}"
             )
         # Everything is valid: now take the one copy per column.
-        columns: dict[str, _Column] = {}
+        columns: dict[str, Column] = {}
         for name, (kind, payload) in leaves.items():
-            if kind == _OBJECT_KIND:
-                columns[name] = _ObjectColumn(copy.deepcopy(payload))
+            if kind == OBJECT_KIND:
+                columns[name] = ObjectColumn(copy.deepcopy(payload))
             else:
-                columns[name] = _store_tensor(name, payload)
+                columns[name] = store_tensor(name, payload)
         return _PendingPut(
             row_of, columns, copy.deepcopy([dict(t) for t in tags]) if tags is not None else None
         )
 
     def _commit_put(
-        self, part: _Partition, ids: list[str], pending: _PendingPut, has_fields: bool
+        self, part: Partition, ids: list[str], pending: _PendingPut, has_fields: bool
     ) -> KVBatchMeta:
         part.written = True
         part.row_of = pending.row_of
@@ -850,7 +676,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         self._changed.notify_all()
         lengths: list[int] | None = None
         col = pending.columns.get(INPUT_LENGTHS)
-        if isinstance(col, _DenseColumn) and col.data.dim() == 1 and _is_integer_dtype(col.data.dtype):
+        if isinstance(col, DenseColumn) and col.data.dim() == 1 and _is_integer_dtype(col.data.dtype):
             lengths = [int(x) for x in col.data.tolist()]
         if lengths is None:
             lengths = _lengths_from_tags(pending.tags)
@@ -881,8 +707,8 @@ class LocalDataPlaneClient(DataPlaneClient):
         return self._build(plan)
 
     def _plan_get(
-        self, part: _Partition, sample_ids: Sequence[str], select_fields: Sequence[str] | None
-    ) -> tuple[int, list[tuple[str, _Column]], _Selection]:
+        self, part: Partition, sample_ids: Sequence[str], select_fields: Sequence[str] | None
+    ) -> tuple[int, list[tuple[str, Column]], Selection]:
         """Validate a read and capture what to copy (stored columns are immutable)."""
         if select_fields is None:
             raise ValueError("get_samples: select_fields is required; there is no 'fetch everything'")
@@ -895,7 +721,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         if dup := _duplicates(names):
             raise ValueError(f"get_samples: duplicate select_fields: {dup}")
         if not ids:
-            return 0, [], _Selection([])
+            return 0, [], Selection([])
         row_of = part.row_of
         try:
             positions = [row_of[sid] for sid in ids]
@@ -910,14 +736,14 @@ class LocalDataPlaneClient(DataPlaneClient):
                 f"get_samples: fields {unproduced} have not been produced in partition "
                 f"{part.partition_id!r} (produced: {sorted(part.columns)})"
             )
-        return len(ids), [(f, part.columns[f]) for f in names], _Selection.of(positions)
+        return len(ids), [(f, part.columns[f]) for f in names], Selection.of(positions)
 
     @staticmethod
-    def _build(plan: tuple[int, list[tuple[str, _Column]], _Selection]) -> TensorDict:
+    def _build(plan: tuple[int, list[tuple[str, Column]], Selection]) -> TensorDict:
         n, cols, sel = plan
         out: dict[str, Any] = {}
         for name, col in cols:
-            if isinstance(col, _ObjectColumn):
+            if isinstance(col, ObjectColumn):
                 out[name] = NonTensorData(col.take(sel), batch_size=(n,))
             else:
                 out[name] = col.take(sel)
@@ -937,6 +763,9 @@ class LocalDataPlaneClient(DataPlaneClient):
 
     def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
         """Drop rows (explicit ids) or the whole partition (``None``).
+
+        Clearing the last live row by explicit ids drops the partition too (its id may be
+        registered again and its ``max_partitions`` slot is freed); ``[]`` is a no-op.
 
         Raises:
             RuntimeError: Closed.
@@ -963,100 +792,38 @@ class LocalDataPlaneClient(DataPlaneClient):
                 part.tags.pop(sid, None)
                 for claimed in part.claimed.values():
                     claimed.discard(sid)
+            if ids and not part.row_of:
+                # the last row is gone: the partition can never take another put, so it is
+                # dropped exactly as by the None form (its max_partitions slot is freed)
+                del self._partitions[partition_id]
             self._changed.notify_all()
 
     # --- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(
         self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None
     ) -> None:
-        """Atomically write every live partition plus ``metadata`` (format version 1, §7).
+        """Atomically write every live partition plus ``metadata`` (``local_checkpoint``).
+
+        Every stored value comes back exactly on load (typed encoding, no pickle).
 
         Raises:
             RuntimeError: Closed.
-            TypeError: Non-JSON metadata, or an object column that is not JSON-serialisable
-                (naming partition and field); raised before anything is written.
+            TypeError: Non-JSON metadata, or a stored object value or tag the typed encoding
+                cannot represent (naming partition, field or tags, and sample id); raised
+                before anything is written, so a previous checkpoint stays intact.
             ValueError: Non-finite floats in metadata.
         """
         with self._lock:
             self._check_open()
             user_metadata = validate_json_metadata(metadata)
-            manifest, tensors = self._snapshot(user_metadata)
+            manifest, tensors = snapshot(
+                self._partitions.values(), self._generation + 1, user_metadata
+            )
 
         def write(tmp: Path) -> None:
-            torch.save(tensors, tmp / TENSORS_FILE)
-            write_manifest(tmp, manifest)
+            write_snapshot(tmp, manifest, tensors)
 
         write_checkpoint_atomically(checkpoint_dir, write)
-
-    def _snapshot(
-        self, user_metadata: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        tensors: dict[str, torch.Tensor] = {}
-        records: list[dict[str, Any]] = []
-        for p_index, part in enumerate(self._partitions.values()):
-            ids = list(part.row_of)
-            sel = _Selection.of([part.row_of[sid] for sid in ids])
-            columns: dict[str, Any] = {}
-            for c_index, (name, col) in enumerate(part.columns.items()):
-                key = f"p{p_index}.c{c_index}"
-                everything = sel.run == (0, col.num_rows) or (not ids and col.num_rows == 0)
-                if isinstance(col, _ObjectColumn):
-                    values = col.values if everything else [col.values[p] for p in sel.positions]
-                    try:
-                        json.dumps(values, allow_nan=True)
-                    except (TypeError, ValueError) as exc:
-                        raise TypeError(
-                            f"save_checkpoint: partition {part.partition_id!r} field {name!r} "
-                            f"holds values that are not JSON-serialisable: {exc}"
-                        ) from exc
-                    columns[name] = {"kind": "object", "values": values}
-                elif isinstance(col, _DenseColumn):
-                    data = col.data if everything else col.take(sel)
-                    tensors[key] = _compact(data)
-                    columns[name] = {"kind": "tensor", "layout": "dense", "key": key}
-                else:
-                    if everything:
-                        values_t, offsets_t = col.values, col.offsets
-                    else:
-                        values_t, offsets_t = col.take_parts(sel)
-                    tensors[key] = _compact(values_t)
-                    tensors[f"{key}.offsets"] = _compact(offsets_t)
-                    columns[name] = {
-                        "kind": "tensor",
-                        "layout": "jagged",
-                        "key": key,
-                        "offsets_key": f"{key}.offsets",
-                    }
-            records.append(
-                {
-                    "partition_id": part.partition_id,
-                    "fields": list(part.fields),
-                    "num_samples": part.num_samples,
-                    "consumer_tasks": list(part.consumer_tasks),
-                    "grpo_group_size": part.grpo_group_size,
-                    "enums": {k: list(v) for k, v in part.enums.items()},
-                    "generation": part.generation,
-                    "written": part.written,
-                    "sample_ids": ids,
-                    "tags": [part.tags.get(sid) for sid in ids],
-                    "cursors": {
-                        t: [sid for sid in ids if sid in part.claimed[t]]
-                        for t in part.consumer_tasks
-                    },
-                    "field_kinds": dict(part.field_kinds),
-                    "columns": columns,
-                }
-            )
-        manifest = {
-            "format": LOCAL_CHECKPOINT_FORMAT,
-            "format_version": LOCAL_CHECKPOINT_VERSION,
-            "next_generation": self._generation + 1,
-            "metadata": user_metadata,
-            "partitions": records,
-        }
-        # Serialise once now so a bad value fails before the temp dir exists.
-        json.dumps(manifest, allow_nan=True)
-        return manifest, tensors
 
     def load_checkpoint(self, checkpoint_dir: str | PathLike) -> dict:
         """Restore a checkpoint into this clean client and return its user metadata.
@@ -1076,14 +843,8 @@ class LocalDataPlaneClient(DataPlaneClient):
                     "previous load already ran on this one; build a new client to load into"
                 )
             self._used = True
-            root = resolve_checkpoint_dir(checkpoint_dir)
-            manifest = read_manifest(
-                root,
-                expected_format=LOCAL_CHECKPOINT_FORMAT,
-                supported_versions=(LOCAL_CHECKPOINT_VERSION,),
-            )
-            partitions, next_generation, metadata = _restore(
-                manifest, root / "manifest.json", root / TENSORS_FILE, self._max_partitions
+            partitions, next_generation, metadata = read_checkpoint(
+                checkpoint_dir, self._max_partitions
             )
             self._partitions = partitions
             self._generation = next_generation - 1
@@ -1096,197 +857,3 @@ class LocalDataPlaneClient(DataPlaneClient):
             self._closed = True
             self._partitions = {}
             self._changed.notify_all()
-
-
-# ---------------------------------------------------------------------------------------------
-# checkpoint restore (pure: builds new partitions, touches no client state)
-# ---------------------------------------------------------------------------------------------
-
-
-class _Corrupt(ValueError):
-    pass
-
-
-def _expect(cond: bool, where: str, what: str) -> None:
-    if not cond:
-        raise _Corrupt(f"{where}: {what}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _str_list(v: Any, where: str, what: str) -> list[str]:
-    ok = isinstance(v, list) and all(isinstance(x, str) and x for x in v)
-    _expect(ok, where, f"{what} must be a list of non-empty str")
-    _expect(not _duplicates(v), where, f"{what} has duplicates")
-    return list(v)
-
-
-def _load_tensor_file(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise ValueError(f"checkpoint tensor file {str(path)!r} is missing")
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # any unpickling/format error: never retried without weights_only
-        raise ValueError(
-            f"checkpoint tensor file {str(path)!r} could not be loaded safely "
-            f"(weights-only): {type(exc).__name__}: {exc}"
-        ) from exc
-    if not isinstance(loaded, dict) or not all(
-        isinstance(k, str) and type(v) is torch.Tensor and not v.is_nested
-        for k, v in loaded.items()
-    ):
-        raise ValueError(f"checkpoint tensor file {str(path)!r} is not a flat dict of tensors")
-    return loaded
-
-
-def _restore(
-    manifest: dict[str, Any], manifest_path: Path, tensor_path: Path, max_partitions: int
-) -> tuple[dict[str, _Partition], int, dict[str, Any]]:
-    where = f"checkpoint manifest {str(manifest_path)!r}"
-    next_generation = manifest.get("next_generation")
-    _expect(_is_int(next_generation) and next_generation >= 1, where, "bad next_generation")
-    metadata = manifest.get("metadata")
-    _expect(isinstance(metadata, dict), where, "metadata must be an object")
-    records = manifest.get("partitions")
-    _expect(isinstance(records, list), where, "partitions must be a list")
-    if len(records) > max_partitions:
-        raise ValueError(
-            f"{where} holds {len(records)} partitions, above this client's partition limit "
-            f"(max_partitions={max_partitions})"
-        )
-    tensors = _load_tensor_file(tensor_path)
-    partitions: dict[str, _Partition] = {}
-    for r_index, rec in enumerate(records):
-        part = _restore_partition(rec, f"{where} partitions[{r_index}]", tensors, tensor_path)
-        pid = part.partition_id
-        _expect(pid not in partitions, where, f"partition {pid!r} appears twice")
-        _expect(
-            part.generation < next_generation,
-            where,
-            f"generation of {pid!r} is not below next_generation",
-        )
-        partitions[part.partition_id] = part
-    gens = [p.generation for p in partitions.values()]
-    _expect(len(set(gens)) == len(gens), where, "partition generations are not unique")
-    return partitions, next_generation, copy.deepcopy(metadata)
-
-
-def _restore_partition(
-    rec: Any, where: str, tensors: dict[str, torch.Tensor], tensor_path: Path
-) -> _Partition:
-    _expect(isinstance(rec, dict), where, "must be an object")
-    pid = rec.get("partition_id")
-    ok_pid = isinstance(pid, str) and bool(pid) and not pid.startswith(RESERVED_PREFIX)
-    _expect(ok_pid, where, "bad partition_id")
-    fields = _str_list(rec.get("fields"), where, "fields")
-    tasks = _str_list(rec.get("consumer_tasks"), where, "consumer_tasks")
-    num_samples = rec.get("num_samples")
-    _expect(_is_int(num_samples) and num_samples >= 1, where, "bad num_samples")
-    group = rec.get("grpo_group_size")
-    ok_group = group is None or (_is_int(group) and group >= 1 and num_samples % group == 0)
-    _expect(ok_group, where, "bad grpo_group_size")
-    generation = rec.get("generation")
-    _expect(_is_int(generation) and generation >= 1, where, "bad generation")
-    written = rec.get("written")
-    _expect(isinstance(written, bool), where, "bad written flag")
-    enums_rec = rec.get("enums")
-    _expect(isinstance(enums_rec, dict), where, "enums must be an object")
-    enums: dict[str, tuple[str, ...]] = {}
-    for name, words in enums_rec.items():
-        _expect(name in fields, where, f"enums key {name!r} is not a field")
-        enums[name] = tuple(_str_list(words, where, f"enums[{name!r}]"))
-    ids = rec.get("sample_ids")
-    _expect(isinstance(ids, list), where, "sample_ids must be a list")
-    ids = _str_list(ids, where, "sample_ids")
-    _expect(written or not ids, where, "rows present in an unwritten partition")
-    tags_rec = rec.get("tags")
-    ok_tags = isinstance(tags_rec, list) and len(tags_rec) == len(ids)
-    _expect(ok_tags, where, "tags must align with sample_ids")
-    tags: dict[str, dict[str, Any]] = {}
-    for sid, tag in zip(ids, tags_rec):
-        ok_tag = tag is None or isinstance(tag, dict)
-        _expect(ok_tag, where, f"tag of {sid!r} must be an object or null")
-        if tag is not None:
-            tags[sid] = tag
-    cursors = rec.get("cursors")
-    ok_cursors = isinstance(cursors, dict) and set(cursors) == set(tasks)
-    _expect(ok_cursors, where, "cursors must list every consumer task")
-    id_set = set(ids)
-    claimed: dict[str, set[str]] = {}
-    for task in tasks:
-        claimed_ids = _str_list(cursors[task], where, f"cursors[{task!r}]")
-        ok_claimed = set(claimed_ids) <= id_set
-        _expect(ok_claimed, where, f"cursors[{task!r}] names ids that are not rows")
-        claimed[task] = set(claimed_ids)
-    kinds = rec.get("field_kinds")
-    ok_kinds = isinstance(kinds, dict) and all(
-        k in fields and isinstance(v, str) for k, v in kinds.items()
-    )
-    _expect(ok_kinds, where, "bad field_kinds")
-    columns_rec = rec.get("columns")
-    ok_columns = isinstance(columns_rec, dict) and set(columns_rec) <= set(kinds)
-    _expect(ok_columns, where, "columns must have field_kinds")
-    n = len(ids)
-    twhere = f"checkpoint tensor file {str(tensor_path)!r} ({where})"
-    columns: dict[str, _Column] = {}
-    for name, col in columns_rec.items():
-        _expect(isinstance(col, dict), where, f"column {name!r} must be an object")
-        kind = col.get("kind")
-        if kind == "object":
-            values = col.get("values")
-            ok_values = isinstance(values, list) and len(values) == n
-            _expect(ok_values, where, f"column {name!r} must hold {n} values")
-            _expect(kinds[name] == _OBJECT_KIND, where, f"column {name!r} kind mismatch")
-            columns[name] = _ObjectColumn(values)
-            continue
-        _expect(kind == "tensor", where, f"column {name!r} has unknown kind {kind!r}")
-        key = col.get("key")
-        ok_key = isinstance(key, str) and key in tensors
-        _expect(ok_key, twhere, f"tensor {key!r} of column {name!r} is missing")
-        data = tensors[key]
-        _expect(
-            str(data.dtype) == kinds[name],
-            twhere,
-            f"column {name!r} has dtype {data.dtype}, manifest says {kinds[name]}",
-        )
-        layout = col.get("layout")
-        if layout == "dense":
-            ok_rows = data.dim() >= 1 and data.size(0) == n
-            _expect(ok_rows, twhere, f"column {name!r} must have {n} rows")
-            columns[name] = _DenseColumn(data.contiguous())
-        elif layout == "jagged":
-            okey = col.get("offsets_key")
-            ok_okey = isinstance(okey, str) and okey in tensors
-            _expect(ok_okey, twhere, f"offsets of column {name!r} are missing")
-            offsets = tensors[okey]
-            _expect(
-                offsets.dtype == torch.long
-                and offsets.dim() == 1
-                and offsets.numel() == n + 1
-                and data.dim() >= 1
-                and int(offsets[0]) == 0
-                and int(offsets[-1]) == data.size(0)
-                and bool((offsets[1:] >= offsets[:-1]).all()),
-                twhere,
-                f"offsets of column {name!r} are inconsistent",
-            )
-            columns[name] = _JaggedColumn(data.contiguous(), offsets.contiguous())
-        else:
-            raise _Corrupt(f"{where}: column {name!r} has unknown layout {layout!r}")
-    return _Partition(
-        partition_id=pid,
-        fields=tuple(fields),
-        num_samples=num_samples,
-        consumer_tasks=tuple(tasks),
-        grpo_group_size=group,
-        enums=enums,
-        generation=generation,
-        written=written,
-        row_of={sid: i for i, sid in enumerate(ids)},
-        columns=columns,
-        field_kinds=dict(kinds),
-        tags=tags,
-        claimed=claimed,
-    )

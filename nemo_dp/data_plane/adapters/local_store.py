@@ -1,0 +1,225 @@
+"""Storage structures of the process-local data plane (columns, row selections, partitions).
+
+Why it exists: the Local adapter's client (``local.py``) and its checkpoint reader/writer
+(``local_checkpoint.py``) share these structures; keeping them in their own module lets both
+import them without an import cycle and keeps each module to one job.
+
+Columns own their bytes and are never mutated after a put, so reads can gather from them
+without holding the client's lock: dense tensors are one contiguous CPU clone, jagged tensors a
+compact ``values``/``offsets`` pair, object columns a deep-copied Python list.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+
+__all__ = [
+    "OBJECT_KIND",
+    "Column",
+    "DenseColumn",
+    "JaggedColumn",
+    "ObjectColumn",
+    "Partition",
+    "Selection",
+    "compact",
+    "gather_jagged",
+    "store_tensor",
+]
+
+OBJECT_KIND = "object"
+"""The kind (in place of a dtype) of a non-tensor column."""
+
+# ---------------------------------------------------------------------------------------------
+# stored columns
+# ---------------------------------------------------------------------------------------------
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    return (
+        t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    )
+
+
+def compact(t: torch.Tensor) -> torch.Tensor:
+    """A tensor that owns exactly its bytes (saving a view would write its whole storage)."""
+    return t if _owns_storage(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def _contiguous_run(positions: list[int]) -> tuple[int, int] | None:
+    """``(start, stop)`` if ``positions`` is ``start, start+1, ..., stop-1``, else ``None``."""
+    if not positions:
+        return None
+    start, stop = positions[0], positions[0] + len(positions)
+    # cheap bound check first; the list comparison then runs in C
+    if positions[-1] != stop - 1 or positions != list(range(start, stop)):
+        return None
+    return start, stop
+
+
+@dataclass
+class Selection:
+    """Stored row positions to read, with the contiguous-run fast path computed once."""
+
+    positions: list[int]
+    run: tuple[int, int] | None = None
+    _index: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, positions: list[int]) -> Selection:
+        return cls(positions, _contiguous_run(positions))
+
+    @property
+    def index(self) -> torch.Tensor:
+        if self._index is None:
+            self._index = torch.as_tensor(self.positions, dtype=torch.long)
+        return self._index
+
+
+@dataclass
+class DenseColumn:
+    """A rectangular column: ``data[row]`` is one row; owns its storage, never mutated."""
+
+    data: torch.Tensor
+
+    @property
+    def kind(self) -> str:
+        return str(self.data.dtype)
+
+    @property
+    def num_rows(self) -> int:
+        return self.data.size(0)
+
+    def take(self, sel: Selection) -> torch.Tensor:
+        if sel.run is not None:
+            return self.data[sel.run[0] : sel.run[1]].clone(memory_format=torch.contiguous_format)
+        return self.data.index_select(0, sel.index)
+
+
+@dataclass
+class JaggedColumn:
+    """A ragged column: row ``r`` is ``values[offsets[r]:offsets[r + 1]]``; never mutated."""
+
+    values: torch.Tensor
+    offsets: torch.Tensor  # int64, (rows + 1,), starts at 0
+
+    @property
+    def kind(self) -> str:
+        return str(self.values.dtype)
+
+    @property
+    def num_rows(self) -> int:
+        return self.offsets.numel() - 1
+
+    def take_parts(self, sel: Selection) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh compact ``(values, offsets)`` of the selected rows."""
+        run = sel.run
+        if run is not None:
+            lo = int(self.offsets[run[0]])
+            hi = int(self.offsets[run[1]])
+            values = self.values[lo:hi].clone(memory_format=torch.contiguous_format)
+            offsets = self.offsets[run[0] : run[1] + 1] - lo
+            return values, offsets
+        starts = self.offsets[:-1]
+        return gather_jagged(self.values, starts, self.offsets[1:] - starts, sel.index)
+
+    def take(self, sel: Selection) -> torch.Tensor:
+        values, offsets = self.take_parts(sel)
+        return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def gather_jagged(
+    values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ``index_select`` gathering rows ``rows`` of a (possibly holey) jagged layout."""
+    sel_starts = starts.index_select(0, rows).to(torch.long)
+    sel_lengths = lengths.index_select(0, rows).to(torch.long)
+    offsets = torch.zeros(rows.numel() + 1, dtype=torch.long)
+    torch.cumsum(sel_lengths, 0, out=offsets[1:])
+    total = int(offsets[-1])
+    # element k of output row i comes from values[sel_starts[i] + k]
+    shift = torch.repeat_interleave(sel_starts - offsets[:-1], sel_lengths, output_size=total)
+    index = torch.arange(total, dtype=torch.long) + shift
+    return values.index_select(0, index), offsets
+
+
+@dataclass
+class ObjectColumn:
+    """A non-tensor column: one Python object per row (deep-copied on the way in and out)."""
+
+    values: list[Any]
+
+    @property
+    def kind(self) -> str:
+        return OBJECT_KIND
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.values)
+
+    def take(self, sel: Selection) -> list[Any]:
+        return copy.deepcopy([self.values[p] for p in sel.positions])
+
+
+Column = Union[DenseColumn, JaggedColumn, ObjectColumn]
+
+
+def store_tensor(name: str, t: torch.Tensor) -> DenseColumn | JaggedColumn:
+    """One detached, compact CPU copy of a put's tensor leaf."""
+    t = t.detach()
+    if not t.is_nested:
+        return DenseColumn(t.to("cpu", copy=True, memory_format=torch.contiguous_format))
+    if t.layout == torch.jagged:
+        values = t.values()
+        offsets = t.offsets().to("cpu", torch.long)
+        lengths = t.lengths()
+        if lengths is None:
+            lo, hi = int(offsets[0]), int(offsets[-1])
+            stored = values[lo:hi].to("cpu", copy=True, memory_format=torch.contiguous_format)
+            return JaggedColumn(stored, (offsets - lo).contiguous())
+        rows = torch.arange(offsets.numel() - 1, dtype=torch.long)
+        values, offsets = gather_jagged(values.cpu(), offsets[:-1], lengths.cpu(), rows)
+        return JaggedColumn(values, offsets)
+    # strided nested tensor: rows may differ only in their first dimension
+    rows_list = [r.to("cpu") for r in t.unbind()]
+    trailing = {tuple(r.shape[1:]) for r in rows_list}
+    if any(r.dim() == 0 for r in rows_list) or len(trailing) > 1:
+        raise TypeError(
+            f"field {name!r}: nested tensor rows must share all but their first dimension; "
+            "use layout=torch.jagged"
+        )
+    lengths = torch.tensor([r.size(0) for r in rows_list], dtype=torch.long)
+    offsets = torch.zeros(len(rows_list) + 1, dtype=torch.long)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    values = torch.cat(rows_list) if rows_list else torch.empty(0, dtype=t.dtype)
+    return JaggedColumn(values.contiguous(), offsets)
+
+
+# ---------------------------------------------------------------------------------------------
+# partitions
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Partition:
+    """One live partition: schema, rows (stored once), tags and per-task claims."""
+
+    partition_id: str
+    fields: tuple[str, ...]
+    num_samples: int
+    consumer_tasks: tuple[str, ...]
+    grpo_group_size: int | None
+    enums: dict[str, tuple[str, ...]]
+    generation: int
+    written: bool = False
+    # live id -> row of the stored columns; insertion order is the stored (claim) order
+    row_of: dict[str, int] = field(default_factory=dict)
+    columns: dict[str, Column] = field(default_factory=dict)
+    field_kinds: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, dict[str, Any]] = field(default_factory=dict)
+    claimed: dict[str, set[str]] = field(default_factory=dict)
