@@ -327,10 +327,15 @@ def build_data_plane_client(
 # ---------------------------------------------------------------------------------------------
 
 
+#: The algorithm of a config without an ``algorithm`` node: the reference factory reads only
+#: ``data_plane`` and always selects GRPO (label "GRPO"), so such configs keep working here.
+DEFAULT_ALGORITHM = "grpo"
+
+
 def _algorithm_name(master_config: Any) -> str:
     algorithm = _get(master_config, "algorithm", "algorithm")
     if algorithm is _ABSENT or algorithm is None:
-        raise ValueError("algorithm is missing from the config (expected algorithm.name)")
+        return DEFAULT_ALGORITHM
     if not isinstance(algorithm, str):
         algorithm = _get(algorithm, "name", "algorithm.name")
         if algorithm is _ABSENT:
@@ -356,8 +361,9 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
     uses the same lookup.
 
     Args:
-        master_config: Root config (``DictConfig``, dataclass or mapping) with ``algorithm``
-            (a name or a node with ``name``) and an optional ``data_plane`` entry.
+        master_config: Root config (``DictConfig``, dataclass or mapping) with an optional
+            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``, as in the
+            reference) and an optional ``data_plane`` entry.
         label: Progress-line label; defaults to the algorithm name upper-cased.
 
     Returns:

@@ -268,6 +268,32 @@ def test_select_sync_trainer(
     assert out.splitlines() == [line]
 
 
+@pytest.mark.parametrize(
+    "master, expected, line",
+    [
+        ({}, "legacy", "Running synchronous GRPO training (legacy)"),
+        ({"data_plane": None}, "legacy", "Running synchronous GRPO training (legacy)"),
+        ({"algorithm": None, "data_plane": {"enabled": False}}, "legacy", "Running synchronous GRPO training (legacy)"),
+        ({"data_plane": TQ_DICT}, "sync", "Running synchronous GRPO training (data plane: transfer_queue)"),
+    ],
+)
+def test_select_sync_trainer_without_algorithm_node_is_grpo(
+    fake_trainers: str, capsys: pytest.CaptureFixture[str], master: dict, expected: str, line: str
+) -> None:
+    """Issue 10 item 4: like the reference, a config without ``algorithm`` selects GRPO."""
+    trainer = select_sync_trainer(OmegaConf.create(master))
+    assert trainer() == expected
+    assert capsys.readouterr().out.splitlines() == [line]
+
+
+def test_selection_without_algorithm_node_names_the_real_grpo_trainers() -> None:
+    assert validate_trainer_selection({"data_plane": None}).target == "nemo_dp.algorithms.grpo:grpo_train"
+    sel = validate_trainer_selection(OmegaConf.create({"data_plane": TQ_DICT}))
+    assert (sel.algorithm, sel.label) == ("grpo", "GRPO")
+    assert sel.target == "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
+    assert validate_trainer_selection({}, label="VLM GRPO").progress_line == "Running synchronous VLM GRPO training (legacy)"
+
+
 def test_select_sync_trainer_label_and_dataclass_master(
     fake_trainers: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -305,8 +331,8 @@ def test_local_with_rl_algorithm_is_illegal(
 def test_unknown_algorithm_and_missing_algorithm() -> None:
     with pytest.raises(ValueError, match="unknown algorithm 'dpo'.*known algorithms"):
         validate_trainer_selection({"algorithm": {"name": "dpo"}})
-    with pytest.raises(ValueError, match="algorithm"):
-        validate_trainer_selection({"data_plane": None})
+    with pytest.raises(ValueError, match="algorithm.name is missing"):
+        validate_trainer_selection({"algorithm": {}, "data_plane": None})
     with pytest.raises(ValueError, match="unknown data_plane impl"):
         validate_trainer_selection(
             {"algorithm": "grpo", "data_plane": {"enabled": True, "impl": "x"}}

@@ -59,10 +59,10 @@ def test_second_put_is_a_duplicate_write(client: LocalDataPlaneClient) -> None:
         client.put_samples(["d", "e", "f"], "p", td_x(3))
     with pytest.raises(ValueError, match="duplicate writes"):
         client.put_samples(["a", "b", "c"], "p", None, tags=[{}, {}, {}])
-    client.clear_samples(["a", "b", "c"], "p")
+    client.clear_samples(["a", "b"], "p")
     with pytest.raises(ValueError, match="duplicate writes"):
         client.put_samples(["a", "b", "c"], "p", td_x(3))
-    assert client.list_sample_ids("p") == []
+    assert client.list_sample_ids("p") == ["c"]
 
 
 def test_put_must_carry_exactly_num_samples_rows(client: LocalDataPlaneClient) -> None:
@@ -96,17 +96,39 @@ def test_partition_limit() -> None:
     with pytest.raises(RuntimeError, match="partition limit") as ei:
         c.register_partition("p3", ["x"], 1, ["t"])
     assert "clear" in str(ei.value)
-    # an explicit clear of every row does not free the slot; dropping the partition does
-    c.put_samples(["a"], "p1", td_x(1))
-    c.clear_samples(["a"], "p1")
-    with pytest.raises(RuntimeError, match="partition limit"):
-        c.register_partition("p3", ["x"], 1, ["t"])
+    # dropping the partition frees its slot
     c.clear_samples(None, "p1")
     c.register_partition("p3", ["x"], 1, ["t"])
     assert c.list_sample_ids("p3") == []
     # the "already registered" check wins over the limit for a live id
     with pytest.raises(ValueError, match="already registered"):
         c.register_partition("p2", ["x"], 1, ["t"])
+
+
+def test_clearing_every_row_by_ids_drops_the_partition_and_frees_its_slot() -> None:
+    """Issue 10 item 3: as in the reference, a partition whose last row is cleared is gone."""
+    c = make_client(2)
+    c.register_partition("p1", ["x"], 2, ["t"])
+    c.register_partition("p2", ["x"], 1, ["t"])
+    c.put_samples(["a", "b"], "p1", td_x(2))
+    c.clear_samples([], "p1")  # a no-op, not an emptying clear
+    c.clear_samples(["a"], "p1")
+    assert c.list_sample_ids("p1") == ["b"]  # rows left: still live, slot still held
+    with pytest.raises(RuntimeError, match="partition limit"):
+        c.register_partition("p3", ["x"], 1, ["t"])
+    c.clear_samples(["b"], "p1")  # the last row
+    with pytest.raises(KeyError, match="'p1'"):
+        c.get_samples(["b"], "p1", ["x"])
+    with pytest.raises(KeyError, match="'p1'"):
+        c.clear_samples(None, "p1")  # already gone
+    c.register_partition("p3", ["x"], 1, ["t"])  # the slot is free
+    c.put_samples(["z"], "p3", td_x(1))
+    c.clear_samples(["z"], "p3")
+    c.register_partition("p1", ["x"], 1, ["t"])  # and the id may be registered again
+    assert c.list_sample_ids("p1") == []
+    # a registered, never-written partition is not dropped by an empty explicit clear
+    c.clear_samples([], "p2")
+    assert c.list_sample_ids("p2") == [] and c.claim_meta("p2", "t", ["x"], 1, blocking=False).size == 0
 
 
 # --- C.25 generations ------------------------------------------------------------------------
@@ -462,3 +484,17 @@ def test_any_selection_reads_back_exactly(lengths: list[int], data: st.DataObjec
     assert [r.tolist() for r in out.get("j").unbind()] == [rows[i].tolist() for i in picked]
     assert out.get("o").data == [{"i": i} for i in picked]
     c.close()
+
+
+# --- issue 10 item 2: materialize_local is part of the adapter module (reference API) ---------
+
+
+def test_materialize_local_is_importable_from_the_local_adapter(client: LocalDataPlaneClient) -> None:
+    from nemo_dp.data_plane.adapters import local
+
+    assert "materialize_local" in local.__all__
+    assert local.materialize_local is materialize_local
+    client.register_partition("p", ["x", "s"], 2, ["t"])
+    client.put_samples(["a", "b"], "p", local_batch_to_tensordict({"x": torch.ones(2, 3), "s": ["u", "v"]}, batch_size=2))
+    out = local.materialize_local(client.get_samples(["b", "a"], "p", ["x", "s"]))
+    assert out["s"] == ["v", "u"] and torch.equal(out["x"], torch.ones(2, 3))

@@ -9,13 +9,18 @@ versions, corrupt manifests, inconsistent content) and what a restore brings bac
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from tensordict import TensorDict
 
 from nemo_dp.utils import checkpoint_io
@@ -200,7 +205,7 @@ def test_manifest_version_format_and_corruption(tmp_path: Path) -> None:
     ck = saved_checkpoint(tmp_path)
     manifest_path = ck / "manifest.json"
     good = json.loads(manifest_path.read_text())
-    assert good["format"] == "nemo_dp.local_data_plane" and good["format_version"] == 1
+    assert good["format"] == "nemo_dp.local_data_plane" and good["format_version"] == 2
 
     manifest_path.write_text(json.dumps({**good, "format_version": 999}))
     with pytest.raises(ValueError) as ei:
@@ -372,3 +377,175 @@ def test_validate_json_metadata() -> None:
         checkpoint_io.validate_json_metadata({"a": float("inf")})
     with pytest.raises(TypeError):
         checkpoint_io.validate_json_metadata([("a", 1)])  # type: ignore[arg-type]
+
+
+# --- issue 10 item 1: every stored value comes back exactly (typed encoding) -----------------
+
+
+def same(a: Any, b: Any) -> bool:
+    """Type-strict deep equality: same types everywhere, NaN equals NaN, -0.0 differs from 0.0."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, complex):
+        return same(a.real, b.real) and same(a.imag, b.imag)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return len(a) == len(b) and all(same(k1, k2) and same(v1, v2) for (k1, v1), (k2, v2) in zip(a.items(), b.items()))
+    if isinstance(a, (set, frozenset)):
+        return len(a) == len(b) and all(any(same(x, y) for y in b) for x in a)
+    if isinstance(a, torch.Tensor):
+        return (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.requires_grad == b.requires_grad
+            and a.detach().contiguous().view(-1).view(torch.uint8).tolist()
+            == b.detach().contiguous().view(-1).view(torch.uint8).tolist()
+            if a.numel()
+            else a.dtype == b.dtype and a.shape == b.shape
+        )
+    if isinstance(a, np.ndarray):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype.hasobject:
+            return all(same(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1)))
+        return a.tobytes() == b.tobytes()
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    return a == b
+
+
+def round_trip(tmp_path: Path, values: list[Any], tags: list[dict[str, Any]] | None = None) -> tuple[list[Any], list[dict] | None]:
+    """Put ``values`` as one object column, save, load into a new client, read them back."""
+    n = len(values)
+    c = make_client()
+    c.register_partition("p", ["o"], n, ["t"])
+    ids = [f"r{i}" for i in range(n)]
+    c.put_samples(ids, "p", local_batch_to_tensordict({"o": values}, batch_size=n), tags=tags)
+    ck = tmp_path / "ck"
+    c.save_checkpoint(ck)
+    c.close()
+    r = make_client()
+    r.load_checkpoint(ck)
+    got = materialize_local(r.get_samples(ids, "p", ["o"]))["o"]
+    meta = r.claim_meta("p", "t", ["o"], n)
+    r.close()
+    return got, meta.tags
+
+
+def test_issue_examples_come_back_exactly(tmp_path: Path) -> None:
+    t = torch.arange(6, dtype=torch.int16).reshape(2, 3)
+    values = [
+        {3: 4, "k": (1, 2)},
+        (1, "two", 3.0),
+        {True: "yes", None: [1, {2.5: b"\x00\xff"}], (1, "a"): frozenset({1, 2})},
+        b"raw \x00 bytes",
+        bytearray(b"ba"),
+        np.float32(1.5),
+        np.int64(-7),
+        np.bool_(True),
+        np.str_("s"),
+        np.arange(6, dtype=np.uint16).reshape(2, 3),
+        np.array(["a", "bc"]),
+        np.array([1, (2, 3), None], dtype=object),
+        {"tensor": t, "grad": torch.ones(2, requires_grad=True), "bf16": torch.tensor([1.5], dtype=torch.bfloat16)},
+        [float("nan"), float("inf"), -0.0, 2**80, 1 + 2j, set(), {4, 5}],
+        None,
+    ]
+    tags = [{"input_lengths": i, "shape": (i, "x")} for i in range(len(values))]
+    got, got_tags = round_trip(tmp_path, values, tags)
+    assert len(got) == len(values)
+    for i, (want, have) in enumerate(zip(values, got)):
+        assert same(want, have), (i, want, have)
+    assert got_tags is not None and all(same(want, have) for want, have in zip(tags, got_tags))
+
+
+def test_unencodable_value_fails_naming_field_and_sample_before_writing(tmp_path: Path) -> None:
+    from collections import OrderedDict
+
+    ck = tmp_path / "ck"
+    c = make_client()
+    fill(c)
+    c.save_checkpoint(ck, metadata={"step": 1})
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    c.register_partition("objs", ["o"], 3, ["t"])
+    cyclic: list[Any] = [1]
+    cyclic.append(cyclic)
+    for bad in (object(), OrderedDict(a=1), cyclic):
+        c2 = make_client()
+        c2.register_partition("objs", ["o"], 3, ["t"])
+        c2.put_samples(["a", "b", "c"], "objs", local_batch_to_tensordict({"o": [1, {"k": [bad]}, 3]}, batch_size=3))
+        with pytest.raises(TypeError) as ei:
+            c2.save_checkpoint(ck, metadata={"step": 2})
+        text = str(ei.value)
+        assert "'objs'" in text and "'o'" in text and "'b'" in text, text
+        c2.close()
+    assert siblings(ck) == []  # no temp dir left behind
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before  # previous checkpoint intact
+    assert make_client().load_checkpoint(ck) == {"step": 1}
+
+
+def test_version_1_checkpoints_still_load(tmp_path: Path) -> None:
+    ck = saved_checkpoint(tmp_path)
+    manifest_path = ck / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["format_version"] = 1  # version 1 stored object values and tags as plain JSON
+    manifest_path.write_text(json.dumps(manifest))
+    r = make_client()
+    assert r.load_checkpoint(ck) == {"step": 1}
+    assert materialize_local(r.get_samples(["p_r0", "p_r2"], "p", ["text"]))["text"] == ["a", "c"]
+
+
+def test_corrupt_value_node_is_rejected_naming_the_file(tmp_path: Path) -> None:
+    c = make_client()
+    c.register_partition("p", ["o"], 1, ["t"])
+    c.put_samples(["a"], "p", local_batch_to_tensordict({"o": [(1, np.arange(3))]}, batch_size=1))
+    ck = tmp_path / "ck"
+    c.save_checkpoint(ck)
+    manifest_path = ck / "manifest.json"
+    good = json.loads(manifest_path.read_text())
+    for node in ({"t": "pickle", "v": "x"}, {"t": "tuple", "v": "no"}, [1, 2], {"t": "ndarray", "dtype": "<f8", "shape": [9], "key": "p0.c0.v.0"}):
+        broken = json.loads(json.dumps(good))
+        broken["partitions"][0]["columns"]["o"]["values"][0] = node
+        manifest_path.write_text(json.dumps(broken))
+        with pytest.raises(ValueError) as ei:
+            make_client().load_checkpoint(ck)
+        assert str(manifest_path) in str(ei.value) and "'a'" in str(ei.value)
+
+
+_keys = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.binary(max_size=5),
+    st.tuples(st.integers(), st.text(max_size=3)), st.frozensets(st.integers(), max_size=3),
+)
+_scalars = st.one_of(
+    _keys,
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.complex_numbers(allow_nan=True),
+    st.binary(max_size=6).map(bytearray),
+    hnp.arrays(hnp.scalar_dtypes(), ()).map(lambda a: a[()]),
+    hnp.arrays(hnp.scalar_dtypes(), hnp.array_shapes(min_dims=0, max_dims=2, max_side=3)),
+    hnp.arrays(st.sampled_from([np.float32, np.int64, np.bool_, np.uint8]), hnp.array_shapes(max_dims=2, max_side=3)).map(
+        lambda a: torch.from_numpy(a.copy())
+    ),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(_keys, inner, max_size=4),
+        st.sets(_keys, max_size=3),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_values, min_size=1, max_size=3))
+def test_property_checkpoint_round_trip_is_exact(tmp_path_factory: pytest.TempPathFactory, values: list[Any]) -> None:
+    got, _ = round_trip(tmp_path_factory.mktemp("rt"), values)
+    assert len(got) == len(values)
+    for want, have in zip(values, got):
+        assert same(want, have), (want, have)
