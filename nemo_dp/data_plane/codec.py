@@ -37,6 +37,7 @@ __all__ = [
     "pack_jagged_fields",
     "materialize",
     "materialize_local",
+    "unwrap_wire_stripped_payload",
 ]
 
 PAD_ID_FIELDS: tuple[str, ...] = (INPUT_IDS, "prompt_ids_for_adv")
@@ -358,11 +359,35 @@ def _right_pad(t: torch.Tensor, width: int, pad: float | int) -> torch.Tensor:
     return out
 
 
+def unwrap_wire_stripped_payload(item: Any) -> Any:
+    """The payload of one non-tensor row as read from the wire (``None`` if it was stripped).
+
+    TransferQueue serialises a ``TensorDictBase`` by its tensor items only; a per-row
+    ``NonTensorData`` keeps its payload outside them, so a row can arrive as an empty
+    ``TensorDict({}, batch_size=[])``.  Exactly that signature becomes ``None`` (as in the
+    reference); an object still carrying its ``NonTensorData`` payload is unwrapped; anything
+    else - including a ``TensorDict`` with keys or a batch dimension - is returned unchanged.
+
+    Args:
+        item: One row of a ``NonTensorStack`` (``tolist()`` element) or a ``NonTensorData``
+            payload.
+
+    Returns:
+        ``None`` for a stripped row, the payload for a wrapped one, else ``item``.
+    """
+    payload = getattr(item, "_non_tensordict", None)
+    if isinstance(payload, dict) and "data" in payload:
+        return payload["data"]
+    if isinstance(item, TensorDictBase) and item.batch_dims == 0 and len(item.keys()) == 0:
+        return None
+    return item
+
+
 def _object_array(values: list[Any]) -> np.ndarray:
     # Per-item assignment keeps numpy from iterating into list/tuple items.
     arr = np.empty(len(values), dtype=object)
     for i, v in enumerate(values):
-        arr[i] = v
+        arr[i] = unwrap_wire_stripped_payload(v)
     return arr
 
 
@@ -440,8 +465,9 @@ def materialize(
 ) -> BatchedDataDict:
     """Turn a wire read (TransferQueue or per-row layout) into trainer columns.
 
-    Per top-level key: ``NonTensorStack`` -> 1-D object array; ``NonTensorData`` -> one-row
-    object array (only for a batch of one); nested tensors -> padded rectangles (pad value
+    Per top-level key: ``NonTensorStack`` -> 1-D object array (a row stripped on the wire, an
+    empty ``TensorDict``, becomes ``None``: ``unwrap_wire_stripped_payload``); ``NonTensorData``
+    -> one-row object array (only for a batch of one); nested tensors -> padded rectangles (pad value
     from ``pad_value_dict``, default 0) or unchanged for ``layout="jagged"``; with
     ``pad_to_seqlen > 0`` every non-nested tensor of dim >= 2 narrower than the target is
     right-padded along dim 1 to exactly the target (never truncated; 1-D untouched).  Dtypes

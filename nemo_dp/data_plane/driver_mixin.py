@@ -11,19 +11,24 @@ pieces plus the two bulk-column helpers the trainers use (``read_from_dataplane`
 
 Host contract (what a class mixing in ``TQDriverMixin`` must provide):
 
+* ``self.use_dynamic_batches`` / ``self.use_sequence_packing`` (optional bools, as the
+  reference's policy and value hosts set them) - when present they decide whether each mode is
+  on; when absent (or ``None``) the mode's ``cfg[...]["enabled"]`` decides, and a missing
+  ``dynamic_batching`` / ``sequence_packing`` section means that mode is off.
 * ``self.cfg`` - the policy config, a mapping (``dict``, ``DictConfig``) or an attribute-style
-  object (dataclass).  Read keys, all required (no defaults here; the config schema owns them):
+  object (dataclass).  Read keys (no defaults here; the config schema owns them):
 
-  * ``cfg["dynamic_batching"]["enabled"]`` (bool)
+  * ``cfg["dynamic_batching"]["enabled"]`` (bool) - only without ``use_dynamic_batches``
   * ``cfg["dynamic_batching"]["train_mb_tokens"]`` / ``["logprob_mb_tokens"]`` (int) - only the
-    one asked for, only when dynamic batching is enabled
-  * ``cfg["dynamic_batching"]["sequence_length_round"]`` (int) - when enabled
-  * ``cfg["sequence_packing"]["enabled"]`` (bool) - when dynamic batching is disabled
+    one asked for, only when dynamic batching is on
+  * ``cfg["dynamic_batching"]["sequence_length_round"]`` (int) - when on
+  * ``cfg["sequence_packing"]["enabled"]`` (bool) - only when dynamic batching is off and the
+    host has no ``use_sequence_packing``
   * ``cfg["sequence_packing"]["train_mb_tokens"]`` / ``["logprob_mb_tokens"]``,
     ``["algorithm"]``, ``["sequence_length_pad_multiple"]``, ``["microbatch_order"]`` - when
-    sequence packing is enabled (and dynamic batching is not)
+    sequence packing is on (and dynamic batching is not)
 
-  A missing key raises ``KeyError`` naming its dotted path.
+  A missing key that an enabled mode needs raises ``KeyError`` naming its dotted path.
 * ``self.dp_client`` - the driver's ``DataPlaneClient`` (used by ``read_from_dataplane`` and
   ``write_to_dataplane`` only).
 * ``self.dp_size`` - the number of data-parallel ranks (used by ``_shard_meta`` only).
@@ -211,6 +216,19 @@ class TQDriverMixin:
     dp_client: DataPlaneClient
     dp_size: int
 
+    def _mode_on(self, attribute: str, section: str) -> bool:
+        """Whether a micro-batching mode is on: the host attribute, else the config section."""
+        flag = getattr(self, attribute, None)
+        if flag is not None:
+            return bool(flag)
+        if isinstance(self.cfg, Mapping):
+            node = self.cfg[section] if section in self.cfg else None
+        else:
+            node = getattr(self.cfg, section, None)
+        if node is None:
+            return False
+        return bool(cfg_value(node, "enabled", f"cfg.{section}"))
+
     # --- planner arguments --------------------------------------------------------------------
     def _packing_args(
         self, mb_tokens_key: str
@@ -235,8 +253,8 @@ class TQDriverMixin:
                 f"_packing_args: mb_tokens_key must be one of {list(MB_TOKENS_KEYS)}, "
                 f"got {mb_tokens_key!r}"
             )
-        db = cfg_value(self.cfg, "dynamic_batching", "cfg")
-        if bool(cfg_value(db, "enabled", "cfg.dynamic_batching")):
+        if self._mode_on("use_dynamic_batches", "dynamic_batching"):
+            db = cfg_value(self.cfg, "dynamic_batching", "cfg")
             dba = {
                 "max_tokens_per_microbatch": int(
                     cfg_value(db, mb_tokens_key, "cfg.dynamic_batching")
@@ -248,8 +266,8 @@ class TQDriverMixin:
                 "input_lengths_key": INPUT_LENGTHS,
             }
             return None, dba
-        sp = cfg_value(self.cfg, "sequence_packing", "cfg")
-        if bool(cfg_value(sp, "enabled", "cfg.sequence_packing")):
+        if self._mode_on("use_sequence_packing", "sequence_packing"):
+            sp = cfg_value(self.cfg, "sequence_packing", "cfg")
             spa = {
                 "max_tokens_per_microbatch": int(
                     cfg_value(sp, mb_tokens_key, "cfg.sequence_packing")
@@ -359,7 +377,11 @@ class TQDriverMixin:
         select_fields: Sequence[str],
         pad_value_dict: Mapping[str, float | int] | None = None,
     ) -> BatchedDataDict:
-        """Read columns of ``meta``'s rows at a fresh pad target (caller's meta untouched).
+        """Read columns of ``meta``'s rows at the meta's pad target (caller's meta untouched).
+
+        As in the reference, a ``global_forward_pad_seqlen`` already stamped on ``meta`` (the
+        width the workers padded to) is honoured, so driver reads line up with worker columns;
+        without one a fresh target is minted for this read (``_isolated_meta``).
 
         Args:
             meta: Rows to read.
@@ -370,10 +392,20 @@ class TQDriverMixin:
             Exactly ``select_fields`` as rectangles, rows in ``meta.sample_ids`` order.
 
         Raises:
-            ValueError: ``select_fields`` is empty.
+            ValueError: ``select_fields`` is empty, or the stamped target is not an int >= 0.
             KeyError: Unknown partition, ids or fields (from the store).
         """
-        isolated = self._isolated_meta(meta, fields=select_fields, task_name=meta.task_name)
+        if GLOBAL_FORWARD_PAD_SEQLEN in meta.extra_info:
+            target = meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN]
+            if isinstance(target, bool) or not isinstance(target, int) or target < 0:
+                raise ValueError(
+                    f"extra_info[{GLOBAL_FORWARD_PAD_SEQLEN!r}] must be an int >= 0, got "
+                    f"{target!r} (partition {meta.partition_id!r})"
+                )
+            isolated = isolated_copy(meta, fields=select_fields, task_name=meta.task_name)
+            isolated.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = target
+        else:
+            isolated = self._isolated_meta(meta, fields=select_fields, task_name=meta.task_name)
         return read_columns(
             self.dp_client, isolated, list(select_fields), pad_value_dict=pad_value_dict
         )

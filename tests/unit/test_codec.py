@@ -404,3 +404,28 @@ def test_lengths_as_python_lists() -> None:
         to_nested_by_length(torch.zeros(2, 4), [1.5, 2])
     with pytest.raises(ValueError, match="integers"):
         to_nested_by_length(torch.zeros(2, 4), torch.tensor([1.0, 2.0]))
+
+
+def test_materialize_turns_wire_stripped_non_tensor_rows_into_none() -> None:
+    """Issue 10 item 6: a row whose NonTensorData payload the wire dropped (an empty
+    ``TensorDict`` with no batch dims) comes back as ``None``; real values pass unchanged."""
+
+    def stripped() -> TensorDict:
+        return TensorDict({}, batch_size=[])
+
+    keyed = TensorDict({"q": torch.ones(1)}, batch_size=[])
+    batched = TensorDict({}, batch_size=[2])
+    td = TensorDict({"a": torch.zeros(4)}, batch_size=[4])
+    td.set("s", NonTensorStack(*[NonTensorData(v) for v in [stripped(), "x", keyed, batched]]))
+    td.set("all", NonTensorStack(*[NonTensorData(stripped()) for _ in range(4)]))
+    for reader in (materialize, materialize_local):
+        out = reader(td)
+        rows = list(out["s"])
+        assert rows[0] is None and rows[1] == "x"
+        assert rows[2] is keyed or (isinstance(rows[2], TensorDict) and list(rows[2].keys()) == ["q"])
+        assert isinstance(rows[3], TensorDict) and rows[3].batch_size == torch.Size([2])
+        assert out["all"].dtype == object and list(out["all"]) == [None] * 4
+    one = TensorDict({}, batch_size=[1])
+    one.set("w", NonTensorData(stripped(), batch_size=[1]))
+    assert list(materialize(one)["w"]) == [None]
+    assert codec.unwrap_wire_stripped_payload(NonTensorData("p")) == "p"

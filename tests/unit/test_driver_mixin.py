@@ -167,8 +167,8 @@ def test_packing_args_missing_key_names_its_path() -> None:
     del cfg["dynamic_batching"]["sequence_length_round"]
     with pytest.raises(KeyError, match=r"cfg\.dynamic_batching\.sequence_length_round"):
         _Driver(cfg)._packing_args("train_mb_tokens")
-    with pytest.raises(KeyError, match=r"cfg\.sequence_packing"):
-        _Driver({"dynamic_batching": {"enabled": False}})._packing_args("train_mb_tokens")
+    with pytest.raises(KeyError, match=r"cfg\.sequence_packing\.algorithm"):
+        _Driver({"sequence_packing": {"enabled": True, "train_mb_tokens": 8}})._packing_args("train_mb_tokens")
 
 
 # --- _stamp_pad_seqlen (I 65) -------------------------------------------------------------------
@@ -361,7 +361,6 @@ def test_read_from_dataplane_pads_to_a_fresh_target_and_leaves_meta_untouched() 
     client = LocalDataPlaneClient(LocalDataPlaneConfig(max_partitions=2))
     try:
         meta = _local_batch(client, "rd")
-        meta.extra_info[KEY] = 64  # stale target from an earlier dispatch
         before = copy.deepcopy(meta)
         driver = _Driver(_cfg(db=True, seq_round=4), client)
         data = driver.read_from_dataplane(
@@ -369,12 +368,60 @@ def test_read_from_dataplane_pads_to_a_fresh_target_and_leaves_meta_untouched() 
         )
         assert isinstance(data, BatchedDataDict)
         assert list(data.keys()) == ["input_ids", "content"]
-        assert data["input_ids"].shape == (2, 8)  # round_up(5, 4) = 8, not the stale 64
+        assert data["input_ids"].shape == (2, 8)  # round_up(5, 4) = 8
         assert data["input_ids"].tolist() == [[1, 2, 3, 99, 99, 99, 99, 99], [4, 5, 6, 7, 8, 99, 99, 99]]
         assert list(data["content"]) == ["a", {"b": 1}]
-        assert meta == before
+        assert meta == before and KEY not in meta.extra_info
     finally:
         client.close()
+
+
+def test_read_from_dataplane_pads_to_the_target_stamped_on_the_meta() -> None:
+    """Issue 10 item 5: as in the reference, a stamped target is the read width."""
+    client = LocalDataPlaneClient(LocalDataPlaneConfig(max_partitions=2))
+    try:
+        meta = _local_batch(client, "rs")
+        meta.extra_info[KEY] = 12  # the width the workers padded to
+        before = copy.deepcopy(meta)
+        driver = _Driver(_cfg(db=True, seq_round=4), client)
+        data = driver.read_from_dataplane(meta, select_fields=["input_ids"], pad_value_dict={"input_ids": 99})
+        assert data["input_ids"].shape == (2, 12)  # not a fresh round_up(5, 4) = 8
+        assert data["input_ids"][1].tolist() == [4, 5, 6, 7, 8] + [99] * 7
+        assert meta == before
+        for bad in (-1, "12", 1.5, True):
+            meta.extra_info[KEY] = bad
+            with pytest.raises(ValueError, match=KEY):
+                driver.read_from_dataplane(meta, select_fields=["input_ids"])
+    finally:
+        client.close()
+
+
+class _FlagDriver(_Driver):
+    """A host carrying the reference's ``use_dynamic_batches`` / ``use_sequence_packing``."""
+
+    def __init__(self, cfg: Any, *, use_dynamic_batches: bool, use_sequence_packing: bool) -> None:
+        super().__init__(cfg)
+        self.use_dynamic_batches = use_dynamic_batches
+        self.use_sequence_packing = use_sequence_packing
+
+
+def test_packing_args_follow_the_hosts_use_flags() -> None:
+    """Issue 10 item 5: the host's flags decide; packing off needs no sequence_packing block."""
+    # the flags override the config's enabled switches, both ways
+    on = _FlagDriver(_cfg(db=False, sp=False), use_dynamic_batches=True, use_sequence_packing=False)
+    spa, dba = on._packing_args("logprob_mb_tokens")
+    assert spa is None and dba is not None and dba["max_tokens_per_microbatch"] == 8192
+    off = _FlagDriver(_cfg(db=True, sp=True), use_dynamic_batches=False, use_sequence_packing=False)
+    assert off._packing_args("train_mb_tokens") == (None, None)
+    assert off._seq_round() == 1
+    packing = _FlagDriver(_cfg(db=True, sp=False), use_dynamic_batches=False, use_sequence_packing=True)
+    spa, dba = packing._packing_args("train_mb_tokens")
+    assert dba is None and spa is not None and spa["max_tokens_per_microbatch"] == 4097
+    # a config without a sequence_packing block is fine while packing is off
+    db_only = {"dynamic_batching": _cfg()["dynamic_batching"]}
+    assert _FlagDriver(db_only, use_dynamic_batches=False, use_sequence_packing=False)._packing_args("train_mb_tokens") == (None, None)
+    assert _Driver(db_only)._packing_args("train_mb_tokens") == (None, None)
+    assert _Driver({})._packing_args("logprob_mb_tokens") == (None, None)
 
 
 def test_write_to_dataplane_lands_columns() -> None:
