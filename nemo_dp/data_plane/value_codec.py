@@ -106,7 +106,8 @@ class ValueEncoder:
         if kind is float:
             if math.isfinite(value):
                 return value
-            return {"t": "float", "v": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+            text = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+            return {"t": "float", "v": text}
         if kind is complex:
             return {"t": "complex", "re": self._node(value.real, path, active, depth),
                     "im": self._node(value.imag, path, active, depth)}
@@ -120,7 +121,9 @@ class ValueEncoder:
             return self._ndarray(value, path)
         if isinstance(value, np.generic) and kind.__module__ == "numpy":
             if value.dtype.fields is not None or value.dtype.hasobject:
-                raise UnencodableValueError(f"{path}: numpy scalar of dtype {value.dtype} is not supported")
+                raise UnencodableValueError(
+                    f"{path}: numpy scalar of dtype {value.dtype} is not supported"
+                )
             return {"t": "npscalar", "dtype": value.dtype.str, "b64": _b64(value.tobytes())}
         if kind in _SEQUENCES or kind is dict:
             return self._container(value, path, active, depth)
@@ -139,8 +142,12 @@ class ValueEncoder:
         try:
             if type(value) is np.ndarray:
                 flat = value.reshape(-1)
-                items = [self._node(flat[i], f"{path}.flat[{i}]", active, depth + 1) for i in range(flat.size)]
-                return {"t": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape), "v": items}
+                items = [
+                    self._node(flat[i], f"{path}.flat[{i}]", active, depth + 1)
+                    for i in range(flat.size)
+                ]
+                shape = list(value.shape)
+                return {"t": "ndarray", "dtype": value.dtype.str, "shape": shape, "v": items}
             if type(value) is dict:
                 keys, vals = [], []
                 for i, (k, v) in enumerate(value.items()):
@@ -154,16 +161,22 @@ class ValueEncoder:
 
     def _tensor(self, value: torch.Tensor, path: str) -> dict[str, Any]:
         if value.is_nested or value.layout != torch.strided:
-            raise UnencodableValueError(f"{path}: a {value.layout} / nested tensor cannot be checkpointed")
+            raise UnencodableValueError(
+                f"{path}: a {value.layout} / nested tensor cannot be checkpointed"
+            )
         if value.device.type != "cpu":
-            raise UnencodableValueError(f"{path}: a tensor on {value.device} cannot be checkpointed exactly")
+            raise UnencodableValueError(
+                f"{path}: a tensor on {value.device} cannot be checkpointed exactly"
+            )
         key = self._key()
         self._tensors[key] = value.detach().clone(memory_format=torch.contiguous_format)
         return {"t": "tensor", "key": key, "requires_grad": bool(value.requires_grad)}
 
     def _ndarray(self, value: np.ndarray, path: str) -> dict[str, Any]:
         if value.dtype.fields is not None:
-            raise UnencodableValueError(f"{path}: a structured numpy dtype {value.dtype} is not supported")
+            raise UnencodableValueError(
+                f"{path}: a structured numpy dtype {value.dtype} is not supported"
+            )
         key = self._key()
         raw = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
         self._tensors[key] = torch.from_numpy(raw.copy())
@@ -211,7 +224,9 @@ def _shape(node: dict[str, Any], where: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _table_tensor(node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> torch.Tensor:
+def _table_tensor(
+    node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
+) -> torch.Tensor:
     key = _field(node, "key", str, where)
     if key not in tensors:
         raise _fail(where, f"tensor {key!r} is missing from the tensor file")
@@ -301,7 +316,9 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor], where: str, depth: int)
     raise _fail(where, f"unknown value node type {tag!r}")
 
 
-def _decode_ndarray(node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str, depth: int) -> np.ndarray:
+def _decode_ndarray(
+    node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str, depth: int
+) -> np.ndarray:
     dtype = _dtype(node, where)
     shape = _shape(node, where)
     count = math.prod(shape)

@@ -69,7 +69,9 @@ TENSORS_FILE = "tensors.pt"
 # ---------------------------------------------------------------------------------------------
 
 
-def _encode(encoder: ValueEncoder, value: Any, partition_id: str, what: str, sample_id: str) -> Any:
+def _encode(
+    encoder: ValueEncoder, value: Any, partition_id: str, what: str, sample_id: str
+) -> Any:
     try:
         return encoder.encode(value)
     except UnencodableValueError as exc:
@@ -79,10 +81,13 @@ def _encode(encoder: ValueEncoder, value: Any, partition_id: str, what: str, sam
         ) from exc
 
 
-def _encode_tags(part: Partition, ids: list[str], tensors: dict[str, torch.Tensor], prefix: str) -> list[Any]:
+def _encode_tags(
+    part: Partition, ids: list[str], tensors: dict[str, torch.Tensor], prefix: str
+) -> list[Any]:
     encoder = ValueEncoder(tensors, prefix)
+    pid = part.partition_id
     return [
-        None if sid not in part.tags else _encode(encoder, part.tags[sid], part.partition_id, "tags", sid)
+        None if sid not in part.tags else _encode(encoder, part.tags[sid], pid, "tags", sid)
         for sid in ids
     ]
 
@@ -172,7 +177,9 @@ def snapshot(
     return manifest, tensors
 
 
-def write_snapshot(directory: Path, manifest: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+def write_snapshot(
+    directory: Path, manifest: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> None:
     """Write a :func:`snapshot` into ``directory`` (the atomic writer's temp dir).
 
     Args:
@@ -280,7 +287,8 @@ def _restore(
     typed = manifest.get("format_version") != 1
     partitions: dict[str, Partition] = {}
     for r_index, rec in enumerate(records):
-        part = _restore_partition(rec, f"{where} partitions[{r_index}]", tensors, tensor_path, typed)
+        rwhere = f"{where} partitions[{r_index}]"
+        part = _restore_partition(rec, rwhere, tensors, tensor_path, typed)
         pid = part.partition_id
         _expect(pid not in partitions, where, f"partition {pid!r} appears twice")
         _expect(
