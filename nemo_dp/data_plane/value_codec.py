@@ -14,6 +14,7 @@ Encoding (a node is what ``ValueEncoder.encode`` returns):
 * Every other value is a JSON object whose ``"t"`` names its type:
 
   ===================  ==============================================================
+  ``"int"``            ``{"hex": str}`` (ints too long for decimal JSON text, > 4096 bits)
   ``"float"``          ``{"v": "nan" | "inf" | "-inf"}`` (non-finite floats)
   ``"complex"``        ``{"re": node, "im": node}``
   ``"bytes"``          ``{"b64": str}``; ``"bytearray"`` likewise
@@ -48,6 +49,7 @@ import torch
 __all__ = ["CorruptValueError", "UnencodableValueError", "ValueEncoder", "decode_value"]
 
 _MAX_DEPTH = 200
+_MAX_BARE_INT_BITS = 4096  # ~1233 decimal digits, far below the interpreter's str limit
 _SEQUENCES: dict[type, str] = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}
 _SEQUENCE_TYPES: dict[str, type] = {tag: kind for kind, tag in _SEQUENCES.items()}
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -101,6 +103,9 @@ class ValueEncoder:
 
     def _node(self, value: Any, path: str, active: set[int], depth: int) -> Any:
         kind = type(value)
+        if kind is int and value.bit_length() > _MAX_BARE_INT_BITS:
+            # decimal text of huge ints is capped by the interpreter; hex is not
+            return {"t": "int", "hex": format(value, "x")}
         if value is None or kind in (bool, int, str):
             return value
         if kind is float:
@@ -262,6 +267,11 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor], where: str, depth: int)
     if depth > _MAX_DEPTH:
         raise _fail(where, f"nested deeper than {_MAX_DEPTH} levels")
     tag = node.get("t")
+    if tag == "int":
+        try:
+            return int(_field(node, "hex", str, where), 16)
+        except ValueError:
+            raise _fail(where, "bad hex integer") from None
     if tag == "float":
         text = node.get("v")
         if text not in _NON_FINITE:

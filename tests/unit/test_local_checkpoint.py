@@ -451,7 +451,7 @@ def test_issue_examples_come_back_exactly(tmp_path: Path) -> None:
         np.array(["a", "bc"]),
         np.array([1, (2, 3), None], dtype=object),
         {"tensor": t, "grad": torch.ones(2, requires_grad=True), "bf16": torch.tensor([1.5], dtype=torch.bfloat16)},
-        [float("nan"), float("inf"), -0.0, 2**80, 1 + 2j, set(), {4, 5}],
+        [float("nan"), float("inf"), -0.0, 2**80, -(10**5000), 1 + 2j, set(), {4, 5}],
         None,
     ]
     tags = [{"input_lengths": i, "shape": (i, "x")} for i in range(len(values))]
