@@ -2,10 +2,15 @@
 
 Launchers never branch on the data plane themselves: they call :func:`select_sync_trainer` and
 :func:`make_policy_factory` with the same config, so the trainer and the policy class cannot
-drift apart, and they build clients only through :func:`build_data_plane_client` (contract §9).
-Trainers, adapters and the policy class are imported lazily inside the branch that needs them,
-so importing this module never loads Ray or TransferQueue (contract §2).  There is no no-op
-client and no fallback: a disabled config never yields a client.
+drift apart, and they build clients only through :func:`build_data_plane_client`.
+
+Every backend-specific decision comes from the backend registry
+(``nemo_dp.data_plane.registry``) and every algorithm-specific one from the algorithm registry
+(``nemo_dp.algorithms.registry``); this module compares no kind strings of its own.  The
+algorithm table sits in a higher layer, so it is resolved from a ``"module:attr"`` string on
+first use, exactly like the trainers it names; importing this module loads neither it, nor an
+adapter, nor Ray or TransferQueue.  There is no no-op client and no fallback: a disabled config
+never yields a client.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
+from nemo_dp.data_plane import registry
 from nemo_dp.data_plane.interfaces import (
     DataPlaneClient,
     DataPlaneConfig,
@@ -46,38 +51,41 @@ __all__ = [
     "make_policy_factory",
 ]
 
-DISABLED = "disabled"
-LOCAL = "local"
-TRANSFER_QUEUE = "transfer_queue"
+DISABLED = registry.DISABLED
 
 #: Data-plane kinds a trainer can be registered for ("disabled" = legacy trainer).
-DATA_PLANE_KINDS: tuple[str, ...] = (DISABLED, LOCAL, TRANSFER_QUEUE)
-
-_SCHEMAS: dict[str, type] = {LOCAL: LocalDataPlaneConfig, TRANSFER_QUEUE: DataPlaneConfig}
-
-# Hydra group option that selects each kind (for error messages and log lines).
-_GROUP_OPTION: dict[str, str] = {DISABLED: "disabled", LOCAL: "local", TRANSFER_QUEUE: "tq"}
-
-#: (algorithm, data-plane kind) -> "module:function".  The one registry of trainers (§9.2);
-#: a pair absent from it is illegal.  Entries are imported only when selected.
-TRAINER_REGISTRY: dict[tuple[str, str], str] = {
-    ("sft", DISABLED): "nemo_dp.algorithms.sft:sft_train",
-    ("sft", LOCAL): "nemo_dp.algorithms.sft_sync:sft_train_sync",
-    ("sft", TRANSFER_QUEUE): "nemo_dp.algorithms.sft_sync:sft_train_sync",
-    ("grpo", DISABLED): "nemo_dp.algorithms.grpo:grpo_train",
-    ("grpo", TRANSFER_QUEUE): "nemo_dp.algorithms.grpo_sync:grpo_train_sync",
-    ("ppo", DISABLED): "nemo_dp.algorithms.ppo:ppo_train",
-    ("ppo", TRANSFER_QUEUE): "nemo_dp.algorithms.ppo_sync:ppo_train_sync",
-}
-
-# Why a pair is missing from the registry, where there is a reason worth telling the user.
-_ILLEGAL_REASONS: dict[tuple[str, str], str] = {
-    ("grpo", LOCAL): "a process-local store cannot carry rollout data between processes",
-    ("ppo", LOCAL): "a process-local store cannot carry rollout data between processes",
-}
+DATA_PLANE_KINDS: tuple[str, ...] = tuple(registry.BACKENDS)
 
 #: The data-plane policy class built by :func:`make_policy_factory`.
 POLICY_CLASS_PATH = "nemo_dp.models.policy.tq_policy:TQPolicy"
+
+# (algorithm, kind) -> "module:function", built from the algorithm registry on first use and
+# then kept (tests may patch entries of this very dict).
+_TRAINER_TABLE: dict[tuple[str, str], str] | None = None
+
+
+def _algorithms() -> Mapping[str, Any]:
+    module_name, _, attr = "nemo_dp.algorithms.registry:ALGORITHMS".partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _trainer_table() -> dict[tuple[str, str], str]:
+    global _TRAINER_TABLE
+    if _TRAINER_TABLE is None:
+        _TRAINER_TABLE = {
+            (name, kind): target
+            for name, spec in _algorithms().items()
+            for kind, target in spec.trainers.items()
+        }
+    return _TRAINER_TABLE
+
+
+def __getattr__(name: str) -> Any:
+    # ``TRAINER_REGISTRY`` is resolved lazily so that importing the factory never imports a
+    # higher layer; it is the same dict the selection functions read.
+    if name == "TRAINER_REGISTRY":
+        return _trainer_table()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TrainerNotAvailableError(ImportError):
@@ -103,7 +111,7 @@ class TrainerSelection:
     @property
     def progress_line(self) -> str:
         """The single line :func:`select_sync_trainer` prints."""
-        if self.data_plane == DISABLED:
+        if not registry.backend(self.data_plane).enabled:
             return f"Running synchronous {self.label} training (legacy)"
         return f"Running synchronous {self.label} training (data plane: {self.data_plane})"
 
@@ -145,7 +153,7 @@ def data_plane_kind(cfg: Any) -> str:
         ValueError: Enabled with an unknown or missing ``impl`` (``"unknown data_plane impl"``).
         TypeError: ``cfg`` is of an unsupported type, or ``enabled`` is not a bool.
     """
-    if cfg is None or isinstance(cfg, DisabledDataPlaneConfig):
+    if cfg is None or type(cfg) is DisabledDataPlaneConfig:
         return DISABLED
     enabled = _get(cfg, "enabled", "data_plane.enabled")
     if enabled is _ABSENT or enabled is None:
@@ -157,9 +165,10 @@ def data_plane_kind(cfg: Any) -> str:
     impl = _get(cfg, "impl", "data_plane.impl")
     if impl is _ABSENT:
         impl = None
-    if impl not in _SCHEMAS:
+    if impl not in registry.enabled_kinds():
         raise ValueError(
-            f"unknown data_plane impl: {impl!r} (data_plane.impl; legal: {sorted(_SCHEMAS)})"
+            f"unknown data_plane impl: {impl!r} (data_plane.impl; legal: "
+            f"{sorted(registry.enabled_kinds())})"
         )
     return str(impl)
 
@@ -173,7 +182,7 @@ def data_plane_enabled(cfg: Any) -> bool:
     Returns:
         ``False`` for ``None`` or ``enabled`` false/absent; ``True`` otherwise.
     """
-    if cfg is None or isinstance(cfg, DisabledDataPlaneConfig):
+    if cfg is None or type(cfg) is DisabledDataPlaneConfig:
         return False
     enabled = _get(cfg, "enabled", "data_plane.enabled")
     if enabled is _ABSENT or enabled is None:
@@ -212,7 +221,7 @@ def coerce_data_plane_config(
             missing or invalid (the message names ``data_plane.<key>``).
         TypeError: ``cfg`` is of an unsupported type.
     """
-    if isinstance(cfg, (DataPlaneConfig, LocalDataPlaneConfig, DisabledDataPlaneConfig)):
+    if type(cfg) in registry.schema_types():
         return cfg
     if cfg is not None and not isinstance(cfg, Mapping):
         raise TypeError(
@@ -223,7 +232,7 @@ def coerce_data_plane_config(
     if kind == DISABLED:
         return DisabledDataPlaneConfig()
     assert cfg is not None
-    return _convert_mapping(cfg, _SCHEMAS[kind])
+    return _convert_mapping(cfg, registry.backend(kind).schema)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,11 +251,9 @@ def data_plane_supports_checkpointing(cfg: Any) -> bool:
         ``False`` when disabled.
     """
     dp_cfg = coerce_data_plane_config(cfg)
-    if isinstance(dp_cfg, DisabledDataPlaneConfig) or not dp_cfg.enabled:
+    if not dp_cfg.enabled:
         return False
-    if isinstance(dp_cfg, LocalDataPlaneConfig):
-        return True
-    return dp_cfg.backend == "simple"
+    return bool(registry.backend_for_config(dp_cfg).supports_checkpointing(dp_cfg))
 
 
 def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
@@ -267,9 +274,10 @@ def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
         RuntimeError: A knob is missing and ``transfer_queue`` is already imported.
     """
     dp_cfg = coerce_data_plane_config(cfg)
-    if not isinstance(dp_cfg, DataPlaneConfig) or not dp_cfg.enabled:
+    if not dp_cfg.enabled:
         return {}
-    return configure_engine_env(dp_cfg)
+    configure = registry.backend_for_config(dp_cfg).configure_env
+    return {} if configure is None else dict(configure(dp_cfg))
 
 
 def build_data_plane_client(
@@ -297,23 +305,17 @@ def build_data_plane_client(
             "never engages the data plane (select_sync_trainer picks it for this config)."
         )
     dp_cfg = coerce_data_plane_config(cfg)
-    client: DataPlaneClient
-    if isinstance(dp_cfg, LocalDataPlaneConfig):
-        from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
-
-        client = LocalDataPlaneClient(dp_cfg)
-    elif isinstance(dp_cfg, DataPlaneConfig):
-        if checkpointing and not data_plane_supports_checkpointing(dp_cfg):
-            raise ValueError(
-                f"data_plane.backend={dp_cfg.backend!r} does not support data-plane checkpoints "
-                "(checkpointing=True)"
-            )
-        configure_engine_env(dp_cfg)
-        from nemo_dp.data_plane.adapters.transfer_queue import TQDataPlaneClient
-
-        client = TQDataPlaneClient(dp_cfg, bootstrap=bootstrap, checkpointing=checkpointing)
-    else:  # pragma: no cover - data_plane_enabled rules out DisabledDataPlaneConfig
-        raise ValueError(f"unknown data_plane impl: {getattr(dp_cfg, 'impl', None)!r}")
+    spec = registry.backend_for_config(dp_cfg)
+    if checkpointing and not spec.supports_checkpointing(dp_cfg):
+        raise ValueError(
+            f"data_plane={spec.option} ({spec.describe(dp_cfg)}) does not support data-plane "
+            "checkpoints (checkpointing=True)"
+        )
+    if spec.configure_env is not None:
+        spec.configure_env(dp_cfg)  # knobs before the backend library is imported
+    client: DataPlaneClient = spec.client()(
+        dp_cfg, bootstrap=bootstrap, checkpointing=checkpointing
+    )
     if dp_cfg.observability.enabled:
         from nemo_dp.data_plane.observability import MetricsDataPlaneClient, log_event
 
@@ -351,7 +353,17 @@ def _master_data_plane(master_config: Any) -> Any:
 
 
 def _legal_data_planes(algorithm: str) -> list[str]:
-    return [kind for kind in DATA_PLANE_KINDS if (algorithm, kind) in TRAINER_REGISTRY]
+    table = _trainer_table()
+    return [kind for kind in DATA_PLANE_KINDS if (algorithm, kind) in table]
+
+
+def _illegal_reason(spec: Any, kind: str) -> str | None:
+    """Why ``spec`` cannot run on backend ``kind``, derived from the backend's capabilities."""
+    backend = registry.backend(kind)
+    needs_transport = spec is not None and spec.requires_cross_process
+    if needs_transport and backend.enabled and not backend.cross_process:
+        return "a process-local store cannot carry rollout data between processes"
+    return None
 
 
 def validate_trainer_selection(master_config: Any, *, label: str | None = None) -> TrainerSelection:
@@ -377,14 +389,17 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
     kind = data_plane_kind(_master_data_plane(master_config))
     legal = _legal_data_planes(algorithm)
     if not legal:
-        known = sorted({alg for alg, _ in TRAINER_REGISTRY})
+        known = sorted({alg for alg, _ in _trainer_table()})
         raise ValueError(
             f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}"
         )
-    target = TRAINER_REGISTRY.get((algorithm, kind))
+    target = _trainer_table().get((algorithm, kind))
+    spec = _algorithms().get(algorithm)
+    if label is None and spec is not None:
+        label = spec.display_label
     if target is None:
-        reason = _ILLEGAL_REASONS.get((algorithm, kind))
-        choices = ", ".join(f"{k} (data_plane={_GROUP_OPTION[k]})" for k in legal)
+        reason = _illegal_reason(spec, kind)
+        choices = ", ".join(f"{k} (data_plane={registry.backend(k).option})" for k in legal)
         raise ValueError(
             f"algorithm={algorithm!r} cannot run with data_plane={kind!r}"
             + (f": {reason}" if reason else "")
@@ -402,12 +417,12 @@ def _import_target(target: str, what: str) -> Any:
     module_name, _, attr = target.partition(":")
     if importlib.util.find_spec(module_name) is None:
         raise TrainerNotAvailableError(
-            f"{what} ({target}) has not landed yet: module {module_name!r} does not exist"
+            f"{what} ({target}) is not available: module {module_name!r} does not exist"
         )
     module = importlib.import_module(module_name)
     if not hasattr(module, attr):
         raise TrainerNotAvailableError(
-            f"{what} ({target}) has not landed yet: {module_name!r} has no attribute {attr!r}"
+            f"{what} ({target}) is not available: {module_name!r} has no attribute {attr!r}"
         )
     return getattr(module, attr)
 
@@ -424,7 +439,7 @@ def select_sync_trainer(master_config: Any, *, label: str | None = None) -> Call
 
     Raises:
         ValueError: As :func:`validate_trainer_selection`.
-        TrainerNotAvailableError: The pair is legal but its trainer does not exist yet.
+        TrainerNotAvailableError: The pair is legal but its trainer module or function is missing.
     """
     selection = validate_trainer_selection(master_config, label=label)
     trainer = _import_target(
@@ -449,16 +464,10 @@ def describe_selection(master_config: Any) -> dict[str, str]:
         ValueError: As :func:`validate_trainer_selection`.
     """
     selection = validate_trainer_selection(master_config)
-    if selection.data_plane == DISABLED:
-        backend = "none (data plane disabled)"
-        policy = "plain policy (no data plane)"
-    else:
-        dp_cfg = coerce_data_plane_config(_master_data_plane(master_config))
-        if isinstance(dp_cfg, DataPlaneConfig):
-            backend = f"transfer_queue (backend: {dp_cfg.backend})"
-        else:
-            backend = "local (process-local store)"
-        policy = POLICY_CLASS_PATH
+    spec = registry.backend(selection.data_plane)
+    dp_cfg = coerce_data_plane_config(_master_data_plane(master_config))
+    backend = spec.describe(dp_cfg)
+    policy = POLICY_CLASS_PATH if spec.enabled else "plain policy (no data plane)"
     return {"backend": backend, "trainer": selection.target, "policy_factory": policy}
 
 

@@ -3,8 +3,7 @@
 Everything above this module (helpers, mixins, trainers) talks to a store only through the
 abstract client defined here, and everything below it (the adapters) implements it.  The module
 must stay importable without Ray, TransferQueue, torch or tensordict: configuration code and the
-Hydra schemas import it in processes that never touch a tensor.  See
-``shared/docs/data-plane-contract.md`` §3, §4 and §8 for the normative behaviour.
+Hydra schemas import it in processes that never touch a tensor.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "DataPlaneUnavailableError",
+    "PartitionLimitError",
     "KVBatchMeta",
     "DataPlaneClient",
     "ObservabilityConfig",
@@ -42,6 +42,15 @@ class DataPlaneUnavailableError(TimeoutError):
 
     Raised instead of hanging; the message names the operation, the partition and the bound.
     Rows touched by the failed call are undefined: treat the step as failed.
+    """
+
+
+class PartitionLimitError(RuntimeError):
+    """``register_partition`` found the store at its bound of live partitions.
+
+    A subclass of ``RuntimeError`` (what the adapters raised before the type existed), so
+    existing ``except RuntimeError`` handlers keep working; callers that want to wait for a slot
+    catch this type instead of matching the message.  Nothing was registered.
     """
 
 

@@ -62,12 +62,18 @@ from nemo_dp.data_plane.adapters.local_store import (
     store_tensor,
 )
 from nemo_dp.data_plane.codec import materialize_local
-from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta, LocalDataPlaneConfig
+from nemo_dp.data_plane.interfaces import (
+    DataPlaneClient,
+    KVBatchMeta,
+    LocalDataPlaneConfig,
+    PartitionLimitError,
+)
 from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION, RESERVED_PREFIX
 from nemo_dp.utils.checkpoint_io import validate_json_metadata, write_checkpoint_atomically
 
 __all__ = [
     "LocalDataPlaneClient",
+    "build_local_client",
     "is_local_batch_meta",
     "local_batch_to_tensordict",
     "materialize_local",
@@ -326,7 +332,8 @@ class LocalDataPlaneClient(DataPlaneClient):
         """Declare a partition (schema, exactly ``num_samples`` rows, consumer tasks).
 
         Raises:
-            RuntimeError: Closed, or ``max_partitions`` live partitions ("partition limit").
+            RuntimeError: Closed.
+            PartitionLimitError: ``max_partitions`` partitions are live (a ``RuntimeError``).
             TypeError: A name, ``num_samples`` or ``grpo_group_size`` of the wrong type.
             ValueError: Empty/reserved id, duplicate fields/tasks ("must be unique"),
                 ``num_samples <= 0``, bad group size, bad ``enums``, or the id is live
@@ -356,7 +363,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             if partition_id in self._partitions:
                 raise ValueError(f"partition {partition_id!r} is already registered")
             if len(self._partitions) >= self._max_partitions:
-                raise RuntimeError(
+                raise PartitionLimitError(
                     f"Local data plane partition limit reached ({self._max_partitions} live "
                     f"partitions: {sorted(self._partitions)}); cannot register {partition_id!r}. "
                     "Clear an active or prefetched partition first (clear_samples(None, pid)) "
@@ -857,3 +864,20 @@ class LocalDataPlaneClient(DataPlaneClient):
             self._closed = True
             self._partitions = {}
             self._changed.notify_all()
+
+
+def build_local_client(
+    cfg: LocalDataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False
+) -> LocalDataPlaneClient:
+    """The backend registry's constructor for the Local backend.
+
+    Args:
+        cfg: The validated Local config.
+        bootstrap: Ignored: every Local client owns its own store.
+        checkpointing: Ignored: every Local client can checkpoint.
+
+    Returns:
+        A new ``LocalDataPlaneClient``.
+    """
+    del bootstrap, checkpointing
+    return LocalDataPlaneClient(cfg)

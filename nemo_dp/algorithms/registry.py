@@ -1,0 +1,187 @@
+"""The one table of training algorithms: each algorithm is registered here exactly once.
+
+Why this module exists: an algorithm is a bundle of decisions (its name, its config schema,
+how the launcher builds its trainer inputs, which trainer serves it on each data-plane backend,
+whether it needs a store that carries data between processes, whether it has a warm-start SFT
+phase).  The config layer (schema registration, validation), the data-plane factory (trainer
+selection) and the tests all read :data:`ALGORITHMS`; nothing else lists algorithm names.
+
+The table is plain data: every target is a ``"module:attr"`` string resolved only when used, and
+this module imports nothing but the standard library.  That is what lets
+``nemo_dp.data_plane.factory``, which sits *below* ``algorithms`` in the layering, read it: the
+factory already resolves trainers from ``"module:function"`` strings at call time, and it
+resolves this table the same way (:data:`ALGORITHMS_TARGET`), never with a module-level import.
+
+Adding an algorithm (for example DPO):
+
+1. Write ``nemo_dp/algorithms/dpo.py`` with its config dataclass (``DPOConfig``, ``name: str =
+   "dpo"``, rules in ``__post_init__``; optionally ``check_root(root)`` for rules that need the
+   whole config), its trainer(s) and an input builder, and register it at the bottom of this
+   file with ``register_algorithm(AlgorithmSpec(name="dpo", schema="nemo_dp.algorithms.dpo:
+   DPOConfig", input_builder=..., trainers={"disabled": "nemo_dp.algorithms.dpo:dpo_train"}))``.
+2. Add ``conf/algorithm/dpo.yaml`` listing ``dpo_schema`` first in its defaults.
+
+Hydra registration (``dpo_schema``), ``algorithm.name`` validation, the legal-pair check and
+``select_sync_trainer`` then all pick it up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHMS_TARGET",
+    "AlgorithmSpec",
+    "algorithm",
+    "algorithm_names",
+    "register_algorithm",
+    "resolve_target",
+]
+
+#: Where the factory finds :data:`ALGORITHMS` (resolved lazily, see the module docstring).
+ALGORITHMS_TARGET = "nemo_dp.algorithms.registry:ALGORITHMS"
+
+
+def resolve_target(target: str) -> Any:
+    """Import ``"module:attr"`` and return the attribute.
+
+    Raises:
+        ValueError: ``target`` is not of the form ``"module:attr"``.
+        ImportError: The module or the attribute does not exist (names the target).
+    """
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"target {target!r} must have the form 'module:attr'")
+    module = importlib.import_module(module_name)
+    if not hasattr(module, attr):
+        raise ImportError(f"{target}: module {module_name!r} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One algorithm.
+
+    Attributes:
+        name: ``algorithm.name`` and the ``conf/algorithm/<name>.yaml`` option.
+        schema: ``"module:Class"`` of its structured-config dataclass (stored in Hydra as
+            ``<name>_schema``).
+        input_builder: ``"module:function"`` building its ``TrainerInputs`` from the config.
+        trainers: Data-plane backend kind (``disabled``, ``local``, ``transfer_queue``) ->
+            ``"module:function"`` of the trainer; a kind absent here is an illegal pair.
+        requires_cross_process: The trainer moves rows between processes (rollout workers,
+            driver, trainers), so a backend without ``cross_process`` cannot serve it.
+        warm_start: The config has an ``algorithm.warm_start`` SFT phase.
+        label: Progress-line label; defaults to the upper-cased name.
+    """
+
+    name: str
+    schema: str
+    input_builder: str
+    trainers: Mapping[str, str]
+    requires_cross_process: bool = False
+    warm_start: bool = False
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"AlgorithmSpec.name must be an identifier, got {self.name!r}")
+        for what, target in (("schema", self.schema), ("input_builder", self.input_builder)):
+            if not isinstance(target, str) or target.count(":") != 1:
+                raise ValueError(f"algorithm {self.name!r}: {what} must be 'module:attr', got {target!r}")
+        if not self.trainers:
+            raise ValueError(f"algorithm {self.name!r}: trainers must name at least one backend")
+        for kind, target in self.trainers.items():
+            if not isinstance(target, str) or target.count(":") != 1:
+                raise ValueError(
+                    f"algorithm {self.name!r}: trainers[{kind!r}] must be 'module:function', "
+                    f"got {target!r}"
+                )
+        object.__setattr__(self, "trainers", MappingProxyType(dict(self.trainers)))
+
+    @property
+    def display_label(self) -> str:
+        """The progress-line label."""
+        return self.label if self.label is not None else self.name.upper()
+
+    def schema_class(self) -> type:
+        """Import and return the config dataclass."""
+        return resolve_target(self.schema)
+
+
+#: name -> spec, in registration order.
+ALGORITHMS: dict[str, AlgorithmSpec] = {}
+
+
+def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Add ``spec`` to :data:`ALGORITHMS`.
+
+    Raises:
+        ValueError: An algorithm of that name is already registered.
+    """
+    if spec.name in ALGORITHMS:
+        raise ValueError(f"algorithm {spec.name!r} is already registered")
+    ALGORITHMS[spec.name] = spec
+    return spec
+
+
+def algorithm(name: str) -> AlgorithmSpec:
+    """The spec registered as ``name``.
+
+    Raises:
+        ValueError: Unknown name (lists the registered ones).
+    """
+    spec = ALGORITHMS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown algorithm {name!r} (algorithm.name); known algorithms: {sorted(ALGORITHMS)}")
+    return spec
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """The registered names, in registration order."""
+    return tuple(ALGORITHMS)
+
+
+register_algorithm(
+    AlgorithmSpec(
+        name="sft",
+        schema="nemo_dp.config.schema:SFTConfig",
+        input_builder="nemo_dp.algorithms.inputs:build_sft_inputs",
+        trainers={
+            "disabled": "nemo_dp.algorithms.sft:sft_train",
+            "local": "nemo_dp.algorithms.sft_sync:sft_train_sync",
+            "transfer_queue": "nemo_dp.algorithms.sft_sync:sft_train_sync",
+        },
+    )
+)
+register_algorithm(
+    AlgorithmSpec(
+        name="grpo",
+        schema="nemo_dp.config.schema:GRPOConfig",
+        input_builder="nemo_dp.algorithms.inputs:build_rl_inputs",
+        trainers={
+            "disabled": "nemo_dp.algorithms.grpo:grpo_train",
+            "transfer_queue": "nemo_dp.algorithms.grpo_sync:grpo_train_sync",
+        },
+        requires_cross_process=True,
+        warm_start=True,
+    )
+)
+register_algorithm(
+    AlgorithmSpec(
+        name="ppo",
+        schema="nemo_dp.config.schema:PPOConfig",
+        input_builder="nemo_dp.algorithms.inputs:build_rl_inputs",
+        trainers={
+            "disabled": "nemo_dp.algorithms.ppo:ppo_train",
+            "transfer_queue": "nemo_dp.algorithms.ppo_sync:ppo_train_sync",
+        },
+        requires_cross_process=True,
+        warm_start=True,
+    )
+)

@@ -1,0 +1,299 @@
+"""The one table of data-plane backends: each backend is registered here exactly once.
+
+Why this module exists: a backend is a bundle of decisions (its Hydra option, its config
+schema, how its client is built, whether it can checkpoint and at which scope, how many Ray
+CPUs its own actors reserve, how many live batches a loader may keep in it, whether it carries
+data between processes).  Keeping them in one :class:`BackendSpec` per backend lets the factory,
+the colocated loader, Ray start-up and the tests ask the registry instead of comparing kind
+strings, so adding a backend is one adapter package, one YAML under ``conf/data_plane/`` and
+one entry in :data:`BACKENDS`.
+
+Client constructors are ``"module:attr"`` strings resolved only by :meth:`BackendSpec.client`,
+so importing this module loads no adapter (and so neither Ray nor TransferQueue).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nemo_dp.data_plane.interfaces import (
+    DataPlaneConfig,
+    DisabledDataPlaneConfig,
+    LocalDataPlaneConfig,
+)
+
+__all__ = [
+    "CheckpointScope",
+    "BackendSpec",
+    "BACKENDS",
+    "DISABLED",
+    "backend",
+    "backend_for_config",
+    "backend_for_option",
+    "enabled_kinds",
+    "register_backend",
+    "reserved_ray_cpus",
+    "schema_types",
+]
+
+#: ``"none"``: no data-plane checkpoint; ``"process"``: every process saves its own store;
+#: ``"cluster"``: one store shared by the cluster, saved once by the client that created it.
+CheckpointScope = Literal["none", "process", "cluster"]
+
+#: Kind of the disabled backend (legacy trainers, no store).
+DISABLED = "disabled"
+
+
+def _zero(cfg: Any) -> int:
+    return 0
+
+
+def _never(cfg: Any) -> bool:
+    return False
+
+
+def _always(cfg: Any) -> bool:
+    return True
+
+
+def _unbounded(cfg: Any) -> int | None:
+    return None
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Everything the rest of the tree may know about one backend.
+
+    Attributes:
+        kind: Internal kind, equal to the config's ``impl`` value (``"disabled"`` for none).
+        option: The Hydra option of group ``data_plane`` that selects it (``data_plane=tq``).
+        schema: The config dataclass of this backend.
+        client_target: ``"module:attr"`` of a callable
+            ``(cfg, *, bootstrap: bool, checkpointing: bool) -> DataPlaneClient``; ``None`` for
+            a backend without a client (disabled).
+        description: One-line description for logs; ``{cfg}`` fields may be formatted in by
+            :attr:`describe`.
+        checkpoint_scope: Where its data-plane checkpoint lives (see :data:`CheckpointScope`).
+        checkpoint_subdir: Subdirectory of the training checkpoint a cluster-wide store is saved
+            under (``None`` for per-process stores, which save under ``dp{rank}``).
+        cross_process: Whether rows put in one process can be read in another.
+        supports_checkpointing: ``cfg -> bool`` for the validated config.
+        reserved_cpus: ``cfg -> int``: logical Ray CPUs the backend's own actors reserve.
+        max_live_batches: ``cfg -> int | None``: live partitions a colocated loader may hold
+            (``None``: no bound of the store's own).
+        configure_env: ``cfg -> dict[str, str]`` exporting environment knobs before Ray and the
+            backend start; ``None`` when the backend has none.
+        describe: ``cfg -> str`` naming the backend in the first log lines.
+    """
+
+    kind: str
+    option: str
+    schema: type
+    client_target: str | None
+    checkpoint_scope: CheckpointScope = "none"
+    checkpoint_subdir: str | None = None
+    cross_process: bool = False
+    supports_checkpointing: Callable[[Any], bool] = _never
+    reserved_cpus: Callable[[Any], int] = _zero
+    max_live_batches: Callable[[Any], int | None] = _unbounded
+    configure_env: Callable[[Any], dict[str, str]] | None = None
+    describe: Callable[[Any], str] = field(default=lambda cfg: "")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this backend has a store (every backend but ``disabled``)."""
+        return self.client_target is not None
+
+    def client(self) -> Callable[..., Any]:
+        """Import and return the client constructor.
+
+        Returns:
+            The callable named by :attr:`client_target`.
+
+        Raises:
+            ValueError: The backend has no client (disabled).
+            ImportError: The target module or attribute does not exist (names the target).
+        """
+        if self.client_target is None:
+            raise ValueError(f"data_plane={self.option}: this backend has no client")
+        module_name, _, attr = self.client_target.partition(":")
+        module = importlib.import_module(module_name)
+        if not hasattr(module, attr):
+            raise ImportError(
+                f"backend {self.kind!r}: client constructor {self.client_target} does not exist"
+            )
+        return getattr(module, attr)
+
+
+# --- the two real backends' capabilities ---------------------------------------------------
+
+
+def _tq_configure_env(cfg: DataPlaneConfig) -> dict[str, str]:
+    from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
+
+    return configure_engine_env(cfg)
+
+
+def _tq_reserved_cpus(cfg: DataPlaneConfig) -> int:
+    # The controller and every storage unit are Ray actors reserving one logical CPU each.
+    return 1 + int(cfg.simple.num_storage_units)
+
+
+#: Live batches a colocated loader keeps in TransferQueue (active + one prefetched); the store
+#: itself has no partition bound.
+TQ_MAX_LIVE_BATCHES = 2
+
+
+BACKENDS: dict[str, BackendSpec] = {}
+
+
+def register_backend(spec: BackendSpec) -> BackendSpec:
+    """Add a backend to :data:`BACKENDS`.
+
+    Args:
+        spec: The backend; its ``kind``, ``option`` and ``schema`` must be new.
+
+    Returns:
+        ``spec``.
+
+    Raises:
+        ValueError: The kind, the option or the schema is already registered.
+    """
+    for other in BACKENDS.values():
+        if spec.kind == other.kind or spec.option == other.option or spec.schema is other.schema:
+            raise ValueError(
+                f"backend {spec.kind!r} (data_plane={spec.option}) clashes with the registered "
+                f"backend {other.kind!r} (data_plane={other.option}): kind, option and schema "
+                "must be unique"
+            )
+    BACKENDS[spec.kind] = spec
+    return spec
+
+
+register_backend(
+    BackendSpec(
+        kind=DISABLED,
+        option="disabled",
+        schema=DisabledDataPlaneConfig,
+        client_target=None,
+        describe=lambda cfg: "none (data plane disabled)",
+    )
+)
+register_backend(
+    BackendSpec(
+        kind="local",
+        option="local",
+        schema=LocalDataPlaneConfig,
+        client_target="nemo_dp.data_plane.adapters.local:build_local_client",
+        checkpoint_scope="process",
+        cross_process=False,
+        supports_checkpointing=_always,
+        max_live_batches=lambda cfg: int(cfg.max_partitions),
+        describe=lambda cfg: "local (process-local store)",
+    )
+)
+register_backend(
+    BackendSpec(
+        kind="transfer_queue",
+        option="tq",
+        schema=DataPlaneConfig,
+        client_target="nemo_dp.data_plane.adapters.transfer_queue:TQDataPlaneClient",
+        checkpoint_scope="cluster",
+        checkpoint_subdir="tq",
+        cross_process=True,
+        supports_checkpointing=lambda cfg: cfg.backend == "simple",
+        reserved_cpus=_tq_reserved_cpus,
+        max_live_batches=lambda cfg: TQ_MAX_LIVE_BATCHES,
+        configure_env=_tq_configure_env,
+        describe=lambda cfg: f"transfer_queue (backend: {cfg.backend})",
+    )
+)
+
+
+# --- lookups ----------------------------------------------------------------------------------
+
+
+def backend(kind: str) -> BackendSpec:
+    """The backend registered under ``kind``.
+
+    Raises:
+        ValueError: ``kind`` is not registered (lists the registered kinds).
+    """
+    spec = BACKENDS.get(kind)
+    if spec is None:
+        raise ValueError(f"unknown data-plane backend kind {kind!r}; registered: {sorted(BACKENDS)}")
+    return spec
+
+
+def backend_for_option(option: str) -> BackendSpec:
+    """The backend selected by Hydra option ``data_plane=<option>``.
+
+    Raises:
+        ValueError: No backend has that option (lists the options).
+    """
+    for spec in BACKENDS.values():
+        if spec.option == option:
+            return spec
+    raise ValueError(
+        f"unknown data_plane option {option!r}; legal: {sorted(s.option for s in BACKENDS.values())}"
+    )
+
+
+def backend_for_config(cfg: Any) -> BackendSpec:
+    """The backend whose schema ``cfg`` (a config dataclass instance) is.
+
+    Args:
+        cfg: An instance of a registered schema.
+
+    Raises:
+        TypeError: ``cfg`` is not an instance of a registered schema.
+    """
+    for spec in BACKENDS.values():
+        if type(cfg) is spec.schema:
+            return spec
+    raise TypeError(
+        f"{type(cfg).__name__} is not a registered data-plane schema "
+        f"({[s.schema.__name__ for s in BACKENDS.values()]})"
+    )
+
+
+def schema_types() -> tuple[type, ...]:
+    """Every registered config schema."""
+    return tuple(spec.schema for spec in BACKENDS.values())
+
+
+def enabled_kinds() -> tuple[str, ...]:
+    """Kinds of the backends that have a store (the legal ``impl`` values)."""
+    return tuple(kind for kind, spec in BACKENDS.items() if spec.enabled)
+
+
+def reserved_ray_cpus(data_plane_cfg: Any) -> int:
+    """Logical Ray CPUs the backend's own actors reserve for this config.
+
+    Ray start-up adds this to its budget check; the caller passes the number down so that the
+    distributed layer never imports the data plane.
+
+    Args:
+        data_plane_cfg: Any accepted ``data_plane`` form (``None``, dataclass, mapping,
+            ``DictConfig``).
+
+    Returns:
+        ``1 + num_storage_units`` for an enabled TransferQueue data plane, ``0`` otherwise.
+
+    Raises:
+        ValueError: The config is invalid (names the key).
+    """
+    from nemo_dp.data_plane.factory import coerce_data_plane_config
+
+    dp_cfg = coerce_data_plane_config(data_plane_cfg)
+    if not getattr(dp_cfg, "enabled", False):
+        return 0
+    return int(backend_for_config(dp_cfg).reserved_cpus(dp_cfg))
+
+
+def kinds_by_option() -> Mapping[str, str]:
+    """``kind -> Hydra option`` for messages."""
+    return {kind: spec.option for kind, spec in BACKENDS.items()}
