@@ -21,8 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from nemo_dp.algorithms.registry import ALGORITHMS, algorithm, algorithm_names
 from nemo_dp.config.schema import (
-    ALGORITHM_NAMES,
     CheckpointingConfig,
     ClusterConfig,
     EnvConfig,
@@ -34,8 +34,6 @@ from nemo_dp.config.schema import (
     SFTConfig,
 )
 
-#: Algorithms whose config has an ``algorithm.warm_start`` SFT phase.
-_WARM_START_ALGORITHMS: tuple[str, ...] = ("grpo", "ppo")
 
 __all__ = [
     "REPO_ROOT",
@@ -73,9 +71,8 @@ def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=MasterConfig)
-    cs.store(group="algorithm", name="sft_schema", node=SFTConfig)
-    cs.store(group="algorithm", name="grpo_schema", node=GRPOConfig)
-    cs.store(group="algorithm", name="ppo_schema", node=PPOConfig)
+    for name, spec in ALGORITHMS.items():
+        cs.store(group="algorithm", name=f"{name}_schema", node=spec.schema_class())
     register_data_plane_configs()
     root = Path(recipes_dir) if recipes_dir is not None else RECIPES_DIR
     for path in sorted(root.glob("*.yaml")):
@@ -113,15 +110,22 @@ def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig
     obj = OmegaConf.to_object(node)
     if not isinstance(obj, MasterConfig):
         raise TypeError(f"config root must use config_schema, got {type(obj).__name__}")
-    if not isinstance(obj.algorithm, (SFTConfig, GRPOConfig, PPOConfig)):
-        raise ValueError(
-            f"algorithm: group file must list its schema first; legal values: {list(ALGORITHM_NAMES)}"
-        )
+    spec = _spec_of(obj.algorithm)
     if check_pair:
         _check_pair(node)
-        if isinstance(obj.algorithm, (GRPOConfig, PPOConfig)) and obj.algorithm.warm_start.enabled:
+        if spec.warm_start and obj.algorithm.warm_start.enabled:
             _check_pair(warm_start_config(node))
     return obj
+
+
+def _spec_of(algo: Any) -> Any:
+    """The registered spec whose schema ``algo`` is an instance of."""
+    for spec in ALGORITHMS.values():
+        if type(algo) is spec.schema_class():
+            return spec
+    raise ValueError(
+        f"algorithm: group file must list its schema first; legal values: {list(algorithm_names())}"
+    )
 
 
 def _without_hydra(cfg: DictConfig) -> DictConfig:
@@ -155,10 +159,11 @@ def warm_start_config(cfg: DictConfig) -> DictConfig:
     Raises:
         ValueError: If ``cfg.algorithm`` has no warm start.
     """
-    if cfg.algorithm.name not in _WARM_START_ALGORITHMS:
+    name = cfg.algorithm.name
+    if name not in ALGORITHMS or not algorithm(name).warm_start:
+        with_warm_start = [n for n, spec in ALGORITHMS.items() if spec.warm_start]
         raise ValueError(
-            f"algorithm.warm_start: only {list(_WARM_START_ALGORITHMS)} have a warm start, "
-            f"got {cfg.algorithm.name!r}"
+            f"algorithm.warm_start: only {with_warm_start} have a warm start, got {name!r}"
         )
     ws = cfg.algorithm.warm_start
     sft = OmegaConf.structured(

@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from nemo_dp.algorithms.registry import ALGORITHMS, algorithm_names
+
 __all__ = [
     "ALGORITHM_NAMES",
     "SEQUENCE_PACKING_ALGORITHMS",
@@ -38,9 +40,11 @@ __all__ = [
     "LoggerConfig",
     "CheckpointingConfig",
     "MasterConfig",
+    "algorithm_schemas",
 ]
 
-ALGORITHM_NAMES: tuple[str, ...] = ("sft", "grpo", "ppo")
+#: Names of the registered algorithms (``nemo_dp.algorithms.registry``), in registration order.
+ALGORITHM_NAMES: tuple[str, ...] = algorithm_names()
 SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
     "concatenative",
     "first_fit_decreasing",
@@ -297,6 +301,24 @@ class WarmStartConfig:
         _at_least("algorithm.warm_start.val_samples", self.val_samples, 1)
 
 
+def _check_rl_root(algo: Any, root: Any) -> None:
+    """Cross-group rules of an RL algorithm (batch divisibility, sequence room)."""
+    if algo.samples_per_step % root.policy.train_global_batch_size != 0:
+        _fail(
+            "policy.train_global_batch_size",
+            f"must divide algorithm.num_prompts_per_step x "
+            f"algorithm.num_generations_per_prompt = {algo.samples_per_step}, "
+            f"got {root.policy.train_global_batch_size}",
+        )
+    longest = root.env.digits * 2 + 3 + root.policy.generation.max_new_tokens
+    if longest > root.policy.model.max_seq_len and root.env.rl_jsonl is None:
+        _fail(
+            "policy.model.max_seq_len",
+            f"must be >= {longest} (bos + prompt + policy.generation.max_new_tokens) "
+            f"for env.digits={root.env.digits}, got {root.policy.model.max_seq_len}",
+        )
+
+
 @dataclass
 class GRPOConfig:
     """``algorithm`` for GRPO: group-relative advantages, clipped PG loss, KL to the reference."""
@@ -332,6 +354,10 @@ class GRPOConfig:
     def samples_per_step(self) -> int:
         """Rows trained per step: prompts x generations."""
         return self.num_prompts_per_step * self.num_generations_per_prompt
+
+    def check_root(self, root: Any) -> None:
+        """Rules that need the whole config (called by ``MasterConfig``)."""
+        _check_rl_root(self, root)
 
 
 @dataclass
@@ -386,6 +412,10 @@ class PPOConfig:
     def samples_per_step(self) -> int:
         """Rows trained per step: prompts x generations."""
         return self.num_prompts_per_step * self.num_generations_per_prompt
+
+    def check_root(self, root: Any) -> None:
+        """Rules that need the whole config (called by ``MasterConfig``)."""
+        _check_rl_root(self, root)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,24 +522,17 @@ class MasterConfig:
     def __post_init__(self) -> None:
         _at_least("seed", self.seed, 0)
         algo = self.algorithm
-        if isinstance(algo, (GRPOConfig, PPOConfig)):
-            if algo.samples_per_step % self.policy.train_global_batch_size != 0:
-                _fail(
-                    "policy.train_global_batch_size",
-                    f"must divide algorithm.num_prompts_per_step x "
-                    f"algorithm.num_generations_per_prompt = {algo.samples_per_step}, "
-                    f"got {self.policy.train_global_batch_size}",
-                )
-            longest = self.env.digits * 2 + 3 + self.policy.generation.max_new_tokens
-            if longest > self.policy.model.max_seq_len and self.env.rl_jsonl is None:
-                _fail(
-                    "policy.model.max_seq_len",
-                    f"must be >= {longest} (bos + prompt + policy.generation.max_new_tokens) "
-                    f"for env.digits={self.env.digits}, got {self.policy.model.max_seq_len}",
-                )
-        elif not isinstance(algo, SFTConfig):
+        if type(algo) not in algorithm_schemas():
             _fail(
                 "algorithm",
                 f"unknown algorithm schema {type(algo).__name__}; legal values: "
-                f"{list(ALGORITHM_NAMES)}",
+                f"{list(algorithm_names())}",
             )
+        check_root = getattr(algo, "check_root", None)
+        if check_root is not None:
+            check_root(self)
+
+
+def algorithm_schemas() -> tuple[type, ...]:
+    """The config dataclass of every registered algorithm."""
+    return tuple(spec.schema_class() for spec in ALGORITHMS.values())

@@ -470,12 +470,13 @@ DataPlaneRuntimeConfig = Union[DataPlaneConfig, LocalDataPlaneConfig]
 def register_data_plane_configs() -> None:
     """Store the data-plane schemas in Hydra's ConfigStore (group ``data_plane``).
 
-    Names: ``tq_schema``, ``local_schema``, ``disabled_schema``; each YAML group file lists its
-    schema first in its defaults list.
+    One ``<option>_schema`` per backend of the backend registry (``tq_schema``, ``local_schema``,
+    ``disabled_schema``); each YAML group file lists its schema first in its defaults list.
     """
     from hydra.core.config_store import ConfigStore
 
+    from nemo_dp.data_plane.registry import BACKENDS
+
     cs = ConfigStore.instance()
-    cs.store(group="data_plane", name="tq_schema", node=DataPlaneConfig)
-    cs.store(group="data_plane", name="local_schema", node=LocalDataPlaneConfig)
-    cs.store(group="data_plane", name="disabled_schema", node=DisabledDataPlaneConfig)
+    for spec in BACKENDS.values():
+        cs.store(group="data_plane", name=f"{spec.option}_schema", node=spec.schema)
