@@ -23,7 +23,8 @@ _EXPORTS: dict[str, str] = {
     "data_plane_enabled": "nemo_dp.data_plane.factory",
     "materialize": "nemo_dp.data_plane.codec",
     "materialize_local": "nemo_dp.data_plane.codec",
-    "is_local_batch_meta": "nemo_dp.data_plane.adapters.local",
+    "is_local_batch_meta": "nemo_dp.data_plane.batch_columns",
+    "PartitionLimitError": "nemo_dp.data_plane.interfaces",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -520,3 +520,4 @@ def materialize_local(
     return _materialize_impl(
         td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen, local=True
     )
+

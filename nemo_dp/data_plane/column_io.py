@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from nemo_dp.data_plane.batch_columns import is_local_batch_meta
 from nemo_dp.data_plane.codec import materialize, materialize_local, pack_jagged_fields
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
 from nemo_dp.data_plane.schema import (
     GLOBAL_FORWARD_PAD_SEQLEN,
     INPUT_LENGTHS,
-    LOCAL_PARTITION_GENERATION,
     PAD_TO_MULTIPLE,
     SAMPLE_MASK,
     TOKEN_ALIGNED_FIELDS,
@@ -47,12 +47,6 @@ def round_up(value: int, multiple: int) -> int:
     if multiple <= 1:
         return value
     return -(-value // multiple) * multiple
-
-
-def _is_local_meta(meta: KVBatchMeta) -> bool:
-    # Same rule as adapters.local.is_local_batch_meta, re-stated to keep helpers free of
-    # adapter imports (the adapter module imports the helpers).
-    return LOCAL_PARTITION_GENERATION in meta.extra_info
 
 
 def _check_column(name: str, value: Any, where: str) -> None:
@@ -191,7 +185,7 @@ def read_columns(
         raise ValueError("read_columns: select_fields must name at least one field")
     td = dp_client.get_data(meta, select_fields=fields)
     pad_to_seqlen = int(meta.extra_info.get(GLOBAL_FORWARD_PAD_SEQLEN, 0))
-    reader = materialize_local if _is_local_meta(meta) else materialize
+    reader = materialize_local if is_local_batch_meta(meta) else materialize
     data = reader(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen)
     missing = [f for f in fields if f not in data]
     if missing:

@@ -1,13 +1,14 @@
-"""Worker-side data-plane entrypoints for policy / value workers (contract §14).
+"""Worker-side data-plane entrypoints for policy / value workers.
 
 Why this module exists: a training worker's compute methods take an in-memory
 ``BatchedDataDict``.  On the data-plane path the driver sends only a ``KVBatchMeta`` shard, so
 every DP rank must fetch its rows, pad them to the driver's global target, attach the driver's
-microbatch plan (never re-plan per rank: pitfall §19.18), run the in-memory method and write
-results back - exactly once per DP replica (pitfall §19.2: TP/CP/PP siblings hold identical
-results, so only the replica leader writes).  ``TQWorkerMixin`` adds those ``*_presharded``
-entrypoints to any worker class; with model-parallel siblings the replica leader fetches once
-and broadcasts the materialised batch over the replica's process group.
+microbatch plan (never re-plan per rank: every rank must run the same micro-batch count), run
+the in-memory method and write results back - exactly once per DP replica (model-parallel
+siblings would hold identical results, so only the replica leader writes).  ``TQWorkerMixin``
+adds those ``*_presharded`` entrypoints to any worker class.  Workers are purely data-parallel
+today: every rank reads its own shard; a model-parallel worker would add a leader fetch plus
+broadcast here.
 
 Hooks the host worker class provides (called by this mixin; exact names and signatures)
 -------------------------------------------------------------------------------------------
@@ -34,8 +35,6 @@ the mixin is listed on):
 * ``self._local_coords() -> dict[str, int]`` - **required**: this rank's coordinates on
   ``"tensor_parallel"``, ``"context_parallel"``, ``"pipeline_parallel"`` (missing axes = 0).
   Without a host definition it raises ``NotImplementedError``.
-* ``self._get_replica_group() -> ProcessGroup | None`` - the torch.distributed group of this DP
-  rank's TP x CP x PP siblings (default ``None``: no siblings).
 * ``self._packing_enabled() -> bool`` - default: ``cfg["dynamic_batching"]["enabled"] or
   cfg["sequence_packing"]["enabled"]`` read from ``self.cfg`` (mapping or attribute style).
 * ``self._data_plane_pad_values() -> Mapping[str, int | float] | None`` - per-field pad values
@@ -46,8 +45,7 @@ State this mixin keeps on the instance: ``self.dp_client`` (the worker's
 ``DataPlaneClient``, ``None`` until ``setup_data_plane``; a test or host may also assign an
 existing client to it), ``self.dp_cfg`` and ``self._dp_train_step_active``.
 
-Nothing here imports Ray or TransferQueue; ``torch.distributed`` is used only for the
-leader broadcast.
+Nothing here imports Ray, TransferQueue or an adapter.
 """
 
 from __future__ import annotations
@@ -57,11 +55,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from tensordict import NonTensorData, TensorDictBase
 
-from nemo_dp.data_plane.adapters.local import is_local_batch_meta
-from nemo_dp.data_plane.codec import make_pad_value_dict, materialize, materialize_local
+from nemo_dp.data_plane.batch_columns import materialize_for_meta
+from nemo_dp.data_plane.codec import make_pad_value_dict
 from nemo_dp.data_plane.column_io import write_columns
 from nemo_dp.data_plane.driver_mixin import cfg_value
 from nemo_dp.data_plane.factory import build_data_plane_client
@@ -79,57 +75,10 @@ from nemo_dp.data_plane.schema import (
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torch.distributed import ProcessGroup
+__all__ = ["PARALLEL_AXES", "TQWorkerMixin"]
 
-__all__ = ["FETCH_POLICIES", "PARALLEL_AXES", "TQWorkerMixin"]
-
-FETCH_POLICIES: tuple[str, ...] = ("auto", "independent", "leader_broadcast")
 PARALLEL_AXES: tuple[str, ...] = ("tensor_parallel", "context_parallel", "pipeline_parallel")
 
-_RAW_SCALARS = (str, int, float, bool)
-
-
-def _check_raw(key: str, value: Any, where: str = "value") -> None:
-    """Raise ``TypeError`` unless ``value`` may travel in the broadcast descriptor."""
-    if value is None or isinstance(value, _RAW_SCALARS):
-        return
-    if isinstance(value, np.ndarray):
-        if value.dtype != object:
-            raise TypeError(
-                f"_broadcast_batched_data_dict: field {key!r} ({where}) is an ndarray of dtype "
-                f"{value.dtype}; only object ndarrays travel as raw values (send numbers as "
-                "tensors)"
-            )
-        for i, item in enumerate(value.reshape(-1).tolist()):
-            _check_raw(key, item, f"{where}[{i}]")
-        return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_raw(key, item, f"{where}[{i}]")
-        return
-    if isinstance(value, dict):
-        for k, item in value.items():
-            _check_raw(key, k, f"{where} key")
-            _check_raw(key, item, f"{where}[{k!r}]")
-        return
-    raise TypeError(
-        f"_broadcast_batched_data_dict: field {key!r} ({where}) has unsupported type "
-        f"{type(value).__name__}; raw values may be None, str, int, float, bool, object "
-        "ndarrays and lists/tuples/dicts of these"
-    )
-
-
-def _compact_jagged(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, offsets) of a jagged tensor, made contiguous when it has holes."""
-    if nt.layout != torch.jagged:
-        raise TypeError(
-            "_broadcast_batched_data_dict: only torch.jagged nested tensors can be broadcast, "
-            f"got layout {nt.layout}"
-        )
-    if nt.lengths() is not None:
-        nt = torch.nested.as_nested_tensor(list(nt.unbind()), layout=torch.jagged)
-    return nt.values().contiguous(), nt.offsets().contiguous()
 
 
 class TQWorkerMixin:
@@ -209,11 +158,6 @@ class TQWorkerMixin:
         return self.dp_client
 
     # --- topology -----------------------------------------------------------------------------
-    def _get_replica_group(self) -> ProcessGroup | None:
-        """The process group of this DP rank's TP x CP x PP siblings (``None``: no siblings)."""
-        parent = getattr(super(), "_get_replica_group", None)
-        return parent() if parent is not None else None
-
     def _local_coords(self) -> dict[str, int]:
         """This rank's model-parallel coordinates; the host must define it.
 
@@ -279,17 +223,16 @@ class TQWorkerMixin:
         meta: KVBatchMeta,
         *,
         layout: Layout = "padded",
-        fetch_policy: str = "auto",
         dp_aligned_seq_len: bool = True,
     ) -> BatchedDataDict:
         """Fetch and materialise ``meta``'s rows (``meta.fields``) for this rank.
 
+        Every DP rank reads its own shard from its own client; the reader (whole-column Local
+        batch or per-row wire batch) follows from the meta.
+
         Args:
             meta: This DP rank's shard.
             layout: ``"padded"`` or ``"jagged"``.
-            fetch_policy: ``"independent"`` (every rank reads), ``"leader_broadcast"`` (the
-                replica leader reads and broadcasts) or ``"auto"`` (broadcast when the replica
-                group has more than one member).
             dp_aligned_seq_len: Pad to the meta's ``global_forward_pad_seqlen`` (else to the
                 slice maximum).
 
@@ -297,274 +240,23 @@ class TQWorkerMixin:
             The batch, rows in ``meta.sample_ids`` order (no plan attached).
 
         Raises:
-            RuntimeError: No client; ``"leader_broadcast"`` without a replica group; a sibling
-                whose leader failed (names the leader's rank).
-            ValueError: Unknown ``fetch_policy``; a Local meta read ``"independent"``-ly by a
-                replica group of several ranks; errors of the store.
-            KeyError: Unknown partition / ids / fields (on the leader or independent readers).
+            RuntimeError: No client.
+            TypeError: A wire read holds whole-column non-tensor leaves.
+            KeyError / ValueError: Unknown partition / ids / fields, or errors of the store.
         """
         client = self._require_dp_client()
-        if fetch_policy not in FETCH_POLICIES:
-            raise ValueError(
-                f"_fetch: fetch_policy must be one of {list(FETCH_POLICIES)}, got {fetch_policy!r}"
-            )
-        group = self._get_replica_group()
-        if fetch_policy == "leader_broadcast" and group is None:
-            raise RuntimeError(
-                "_fetch: fetch_policy='leader_broadcast' needs a replica process group, but "
-                f"{type(self).__name__}._get_replica_group() returned None"
-            )
-        group_size = dist.get_world_size(group) if group is not None else 1
-        broadcast = fetch_policy == "leader_broadcast" or (
-            fetch_policy == "auto" and group_size > 1
-        )
-        local = is_local_batch_meta(meta)
-        if local and group_size > 1 and not broadcast:
-            raise ValueError(
-                f"_fetch: a Local-adapter meta (partition {meta.partition_id!r}) exists only in "
-                f"the replica leader's process; with a replica group of {group_size} ranks it "
-                "must be fetched with fetch_policy='leader_broadcast' (or 'auto'), not "
-                f"{fetch_policy!r}"
-            )
         pad_to_seqlen = (
             int(meta.extra_info.get(GLOBAL_FORWARD_PAD_SEQLEN, 0)) if dp_aligned_seq_len else 0
         )
-        pad_values = self._data_plane_pad_values()
-
-        def read() -> BatchedDataDict:
-            fields = list(meta.fields) if meta.fields else None
-            td = client.get_data(meta, select_fields=fields)
-            return self._materialize_fetched(
-                td,
-                local_batch=local,
-                layout=layout,
-                pad_value_dict=pad_values,
-                pad_to_seqlen=pad_to_seqlen,
-            )
-
-        if not broadcast:
-            return read()
-        assert group is not None  # broadcast implies a group (checked above)
-        src = self._replica_leader_src(group)
-        if dist.get_rank() != src:
-            return self._broadcast_batched_data_dict(None, group=group, src=src)
-        try:
-            data = read()
-        except Exception as exc:
-            # Enter the collective anyway so the siblings raise instead of hanging.
-            self._broadcast_batched_data_dict(None, group=group, src=src, error=exc)
-            raise  # pragma: no cover - the broadcast re-raises ``exc`` on the leader
-        return self._broadcast_batched_data_dict(data, group=group, src=src)
-
-    def _materialize_fetched(
-        self,
-        td: TensorDictBase,
-        *,
-        local_batch: bool,
-        layout: Layout = "padded",
-        pad_value_dict: Mapping[str, float | int] | None = None,
-        pad_to_seqlen: int = 0,
-    ) -> BatchedDataDict:
-        """Turn a fetched TensorDict into trainer columns with the right reader.
-
-        Args:
-            td: What ``get_data`` returned.
-            local_batch: The meta came from the Local adapter (``materialize_local``).
-            layout: ``"padded"`` or ``"jagged"``.
-            pad_value_dict: Per-field pad values.
-            pad_to_seqlen: Minimum width of dim 1 (0 disables).
-
-        Returns:
-            The materialised batch.
-
-        Raises:
-            TypeError: A non-local read holds a whole-column ``NonTensorData`` leaf (it would
-                collapse N rows into one; message names ``materialize_local``).
-        """
-        if not local_batch:
-            bad = [k for k in td.keys() if isinstance(td.get(k), NonTensorData)]
-            if bad:
-                raise TypeError(
-                    f"_materialize_fetched: non-tensor column(s) {bad} are single NonTensorData "
-                    "leaves (whole columns); reading them with materialize would collapse N rows "
-                    "into one. A Local-adapter batch must be read with materialize_local."
-                )
-            return materialize(
-                td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen
-            )
-        return materialize_local(
-            td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen
+        fields = list(meta.fields) if meta.fields else None
+        td = client.get_data(meta, select_fields=fields)
+        return materialize_for_meta(
+            meta,
+            td,
+            layout=layout,
+            pad_value_dict=self._data_plane_pad_values(),
+            pad_to_seqlen=pad_to_seqlen,
         )
-
-    # --- leader broadcast ---------------------------------------------------------------------
-    def _replica_leader_src(self, group: ProcessGroup) -> int:
-        """Global rank of the replica leader in ``group`` (one collective, then cached).
-
-        Every member contributes ``(global rank, is leader)``; all members see the same list,
-        so a group without exactly one leader raises on every member alike (no hang).
-
-        Raises:
-            RuntimeError: The group has zero or several replica leaders.
-        """
-        cache: dict[int, int] = self.__dict__.setdefault("_dp_replica_src_cache", {})
-        key = id(group)
-        if key in cache:
-            return cache[key]
-        me = (dist.get_rank(), self._is_replica_leader())
-        gathered: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, me, group=group)
-        leaders = [rank for rank, is_leader in gathered if is_leader]
-        if len(leaders) != 1:
-            raise RuntimeError(
-                f"replica group {sorted(r for r, _ in gathered)} has {len(leaders)} replica "
-                f"leaders {leaders}; exactly one member must have coordinate 0 on "
-                f"{list(PARALLEL_AXES)}"
-            )
-        cache[key] = leaders[0]
-        return leaders[0]
-
-    def _broadcast_batched_data_dict(
-        self,
-        data: BatchedDataDict | None,
-        *,
-        group: ProcessGroup,
-        src: int | None = None,
-        error: BaseException | None = None,
-    ) -> BatchedDataDict:
-        """Send the leader's batch to every member of ``group`` (two phases).
-
-        Phase 1 broadcasts a descriptor: ``("ok", [(key, "tensor", dtype, shape) |
-        (key, "jagged", dtype, values_shape, offsets_len) | (key, "raw", value), ...])`` or
-        ``("error", type_name, message)``.  Phase 2 broadcasts each tensor in descriptor order
-        (NCCL groups on the current CUDA device with int16 widened to int32, otherwise CPU).
-        Received tensors are returned on CPU with the sender's dtype.
-
-        Args:
-            data: The batch on the source rank (ignored elsewhere).
-            group: The replica process group.
-            src: Global rank of the sender (default: the replica leader, ``_replica_leader_src``).
-            error: On the source rank, an exception to propagate instead of data.
-
-        Returns:
-            The batch (the source rank returns ``data`` itself).
-
-        Raises:
-            BaseException: On the source rank, ``error`` when given.
-            TypeError: On the source rank, a value that cannot travel (siblings then raise
-                ``RuntimeError``).
-            RuntimeError: On the other ranks, when the source reported an error; the message
-                names the source rank and the original error.
-        """
-        if src is None:
-            src = self._replica_leader_src(group)
-        is_src = dist.get_rank() == src
-        nccl = dist.get_backend(group) == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-
-        local_error: BaseException | None = error
-        tensors: list[torch.Tensor] = []
-        descriptor: Any = None
-        if is_src:
-            if local_error is None:
-                try:
-                    if data is None:
-                        raise ValueError(
-                            "_broadcast_batched_data_dict: the source rank has no data"
-                        )
-                    descriptor, tensors = self._describe(data)
-                except Exception as exc:  # noqa: BLE001 - propagated to every member below
-                    local_error = exc
-            if local_error is not None:
-                descriptor = ("error", type(local_error).__name__, str(local_error))
-                tensors = []
-        box = [descriptor]
-        dist.broadcast_object_list(box, src=src, group=group, device=device if nccl else None)
-        descriptor = box[0]
-        if descriptor[0] == "error":
-            if is_src:
-                assert local_error is not None
-                raise local_error
-            raise RuntimeError(
-                f"replica leader (global rank {src}) failed to fetch/broadcast the batch: "
-                f"{descriptor[1]}: {descriptor[2]}"
-            )
-
-        # The source keeps its own batch; it only sends.  Receivers rebuild it entry by entry.
-        out = BatchedDataDict()
-        sent = iter(tensors)
-
-        def move(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-            return self._broadcast_tensor(
-                next(sent) if is_src else None, dtype, shape, src, group, device, nccl
-            )
-
-        for entry in descriptor[1]:
-            key, kind = entry[0], entry[1]
-            if kind == "raw":
-                out[key] = entry[2]
-            elif kind == "tensor":
-                out[key] = move(entry[2], tuple(entry[3]))
-            elif kind == "jagged":
-                values = move(entry[2], tuple(entry[3]))
-                offsets = move(torch.int64, (int(entry[4]),))
-                out[key] = torch.nested.nested_tensor_from_jagged(values, offsets)
-            else:  # pragma: no cover - descriptors are built by _describe only
-                raise RuntimeError(f"_broadcast_batched_data_dict: unknown entry kind {kind!r}")
-        if is_src:
-            assert data is not None
-            return data
-        return out
-
-    @staticmethod
-    def _describe(
-        data: BatchedDataDict,
-    ) -> tuple[tuple[str, list[tuple[Any, ...]]], list[torch.Tensor]]:
-        """Phase-1 descriptor and the phase-2 tensors (in order) of ``data``.
-
-        Raises:
-            TypeError: ``data`` is not a mapping or holds a value that cannot travel.
-        """
-        if not isinstance(data, Mapping):
-            raise TypeError(
-                "_broadcast_batched_data_dict: expected a BatchedDataDict, got "
-                f"{type(data).__name__}"
-            )
-        entries: list[tuple[Any, ...]] = []
-        tensors: list[torch.Tensor] = []
-        for key, value in data.items():
-            if isinstance(value, torch.Tensor):
-                if value.is_nested:
-                    values, offsets = _compact_jagged(value.detach())
-                    entries.append(
-                        (key, "jagged", value.dtype, tuple(values.shape), int(offsets.numel()))
-                    )
-                    tensors.extend([values, offsets.to(torch.int64)])
-                else:
-                    entries.append((key, "tensor", value.dtype, tuple(value.shape)))
-                    tensors.append(value.detach())
-            else:
-                _check_raw(key, value)
-                entries.append((key, "raw", value))
-        return ("ok", entries), tensors
-
-    @staticmethod
-    def _broadcast_tensor(
-        tensor: torch.Tensor | None,
-        dtype: torch.dtype,
-        shape: tuple[int, ...],
-        src: int,
-        group: ProcessGroup,
-        device: torch.device,
-        nccl: bool,
-    ) -> torch.Tensor:
-        """Broadcast one tensor; returns the received tensor on CPU (sender: its own copy)."""
-        wire_dtype = torch.int32 if (nccl and dtype == torch.int16) else dtype
-        if tensor is not None:
-            buf = tensor.to(device=device, dtype=wire_dtype).contiguous()
-        else:
-            buf = torch.empty(shape, dtype=wire_dtype, device=device)
-        dist.broadcast(buf, src=src, group=group)
-        return buf.to(device="cpu", dtype=dtype)
 
     # --- plan ---------------------------------------------------------------------------------
     def _attach_pack_metadata(self, data: BatchedDataDict, meta: KVBatchMeta) -> BatchedDataDict:
@@ -572,7 +264,7 @@ class TQWorkerMixin:
 
         The plan is trusted and never recomputed: copies of ``micro_batch_indices``,
         ``micro_batch_lengths`` and (when present) ``elem_counts_per_gb`` are set as
-        attributes of ``data``.  Call it after any broadcast, on every rank.
+        attributes of ``data``.
 
         Args:
             data: The fetched batch (modified in place).

@@ -1,4 +1,4 @@
-"""TQWorkerMixin (contract §14, checklist I 66-70) against the real Local adapter.
+"""TQWorkerMixin against the real Local adapter.
 
 ``_Host`` below is a minimal worker host defined for these tests: it isolates the mixin from
 the real ``PolicyWorker`` (no model, no Ray).  Its in-memory methods are deterministic functions
@@ -11,19 +11,11 @@ add ``prev_logprobs`` next to the seed columns it read (TransferQueue upserts; L
 field, and the entrypoint tests use ``_SplitStore``, a test double that reads from one real Local
 store (the seed columns) and puts into a second real Local store where the same partition id is
 registered for the result field.
-
-The 2-process gloo test spawns two fresh interpreters (``torch.multiprocessing``, spawn) that
-rendezvous through a ``FileStore`` in ``tmp_path``; each child runs several scenarios and the
-parent joins them under a deadline and kills them if they hang.
 """
 
 from __future__ import annotations
 
 import copy
-import datetime
-import os
-import time
-import traceback
 from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any
@@ -31,11 +23,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as tmp_mp
 from tensordict import NonTensorData, TensorDict
 
 from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
+from nemo_dp.data_plane.batch_columns import materialize_for_meta
 from nemo_dp.data_plane.codec import materialize
 from nemo_dp.data_plane.column_io import first_write
 from nemo_dp.data_plane.driver_mixin import isolated_copy
@@ -92,21 +83,16 @@ class _Host(TQWorkerMixin):
         coords: Mapping[str, int] | None = None,
         *,
         cfg: Any = None,
-        group: Any = None,
         pad_id: int | None = PAD_ID,
     ) -> None:
         self.coords = {} if coords is None else dict(coords)
         self.cfg = _policy_cfg() if cfg is None else cfg
-        self.group = group
         self.pad_id = pad_id
         self.received: list[tuple[str, BatchedDataDict]] = []
         self.split_calls: list[tuple[Any, ...]] = []
 
     def _local_coords(self) -> dict[str, int]:
         return dict(self.coords)
-
-    def _get_replica_group(self) -> Any:
-        return self.group
 
     # in-memory compute ---------------------------------------------------------------------
     def train(
@@ -279,9 +265,6 @@ class _BaseWithCoords:
     def _local_coords(self) -> dict[str, int]:
         return {"tensor_parallel": 1}
 
-    def _get_replica_group(self) -> str:
-        return "group-from-base"
-
 
 class _MixinFirst(TQWorkerMixin, _BaseWithCoords):
     """The mixin listed before the host base: its defaults must defer to the base."""
@@ -292,14 +275,12 @@ def test_local_coords_without_override_raises() -> None:
         _Bare()._local_coords()
     with pytest.raises(NotImplementedError):
         _Bare()._is_replica_leader()
-    assert _Bare()._get_replica_group() is None
 
 
 def test_mixin_defaults_defer_to_a_host_base_class() -> None:
     host = _MixinFirst()
     assert host._local_coords() == {"tensor_parallel": 1}
     assert host._is_replica_leader() is False
-    assert host._get_replica_group() == "group-from-base"
 
 
 @pytest.mark.parametrize(
@@ -494,17 +475,11 @@ def test_setup_data_plane_rejects_a_disabled_config() -> None:
         _Host({}).setup_data_plane({"enabled": False})
 
 
-def test_fetch_policy_validation(split_store: _SplitStore) -> None:
+def test_fetch_reads_the_shard_from_the_ranks_own_client(split_store: _SplitStore) -> None:
     meta = _seed(split_store.seed)
     host = _Host({})
     host.dp_client = split_store
-    with pytest.raises(ValueError, match="fetch_policy"):
-        host._fetch(meta, fetch_policy="broadcast_everything")
-    with pytest.raises(RuntimeError, match="replica process group"):
-        host._fetch(meta, fetch_policy="leader_broadcast")
-    # Without a group, "auto" and "independent" read directly.
-    for policy in ("auto", "independent"):
-        assert torch.equal(host._fetch(meta, fetch_policy=policy)["input_ids"], _expected_ids())
+    assert torch.equal(host._fetch(meta)["input_ids"], _expected_ids())
 
 
 def test_fetch_without_dp_alignment_pads_to_the_slice_maximum(split_store: _SplitStore) -> None:
@@ -528,15 +503,16 @@ def test_fetch_rejects_a_stale_local_meta(split_store: _SplitStore) -> None:
         host._fetch(stale)
 
 
-def test_materialize_fetched_guards_whole_column_non_tensor_leaves() -> None:
+def test_materialize_for_meta_guards_whole_column_non_tensor_leaves() -> None:
     td = TensorDict(
         {"input_ids": torch.zeros(2, 3, dtype=torch.int64), "content": NonTensorData(["a", "b"], batch_size=(2,))},
         batch_size=(2,),
     )
-    host = _Host({})
+    wire = KVBatchMeta("p", "train", ["a", "b"])
+    local = KVBatchMeta("p", "train", ["a", "b"], extra_info={LOCAL_PARTITION_GENERATION: 1})
     with pytest.raises(TypeError, match="materialize_local"):
-        host._materialize_fetched(td, local_batch=False)
-    data = host._materialize_fetched(td, local_batch=True, pad_to_seqlen=5)
+        materialize_for_meta(wire, td)
+    data = materialize_for_meta(local, td, pad_to_seqlen=5)
     assert data["content"] == ["a", "b"] and data["input_ids"].shape == (2, 5)
 
 
@@ -676,128 +652,3 @@ def test_failed_finish_keeps_the_step_for_abort(split_store: _SplitStore) -> Non
         host.finish_train_step_presharded()
     host.abort_train_step_presharded()
     assert host.split_calls[-1] == ("abort",)
-
-
-# --- I 69: two-process gloo leader broadcast -----------------------------------------------------
-
-
-def _broadcast_payload() -> BatchedDataDict:
-    content = np.empty(3, dtype=object)
-    for i, v in enumerate(["x", None, {"k": [1, 2.5]}]):
-        content[i] = v
-    return BatchedDataDict(
-        {
-            "input_ids": torch.arange(12, dtype=torch.int64).reshape(3, 4),
-            "input_lengths": torch.tensor([4, 2, 3], dtype=torch.int32),
-            "note": "hello",
-            "content": content,
-            "ragged": torch.nested.nested_tensor(
-                [torch.tensor([1.0]), torch.tensor([2.0, 3.0, 4.0]), torch.tensor([5.0, 6.0])],
-                layout=torch.jagged,
-            ),
-        }
-    )
-
-
-def _check_payload(got: BatchedDataDict) -> None:
-    want = _broadcast_payload()
-    assert list(got.keys()) == list(want.keys())
-    for key in ("input_ids", "input_lengths"):
-        assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
-    assert got["note"] == "hello"
-    assert isinstance(got["content"], np.ndarray) and got["content"].dtype == object
-    assert list(got["content"]) == list(want["content"])
-    assert [r.tolist() for r in got["ragged"].unbind()] == [[1.0], [2.0, 3.0, 4.0], [5.0, 6.0]]
-
-
-def _dist_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    """One member of a 2-rank replica group: rank 0 is the leader, rank 1 its TP sibling."""
-    status = "ok"
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=60),
-        )
-        group = dist.group.WORLD
-        host = _Host({} if rank == 0 else {"tensor_parallel": 1}, group=group)
-        host.setup_data_plane(LOCAL_CFG)
-
-        # (a) the raw broadcast round-trips tensors, a str, object arrays and jagged tensors.
-        got = host._broadcast_batched_data_dict(_broadcast_payload() if rank == 0 else None, group=group)
-        _check_payload(got)
-
-        # (b) a Local meta exists only in the leader's store: "auto" broadcasts it.
-        box: list[Any] = [_seed(host.dp_client) if rank == 0 else None]  # type: ignore[arg-type]
-        dist.broadcast_object_list(box, src=0)  # stands in for the driver's dispatch
-        meta = box[0]
-        meta.extra_info[MICRO_BATCH_INDICES] = [[[0, 3]]]
-        meta.extra_info[MICRO_BATCH_LENGTHS] = [[8]]
-        metrics = host.train_presharded(meta, lambda d: d["input_ids"].sum())
-        assert metrics["loss"] == float(_expected_ids().sum())
-        (_, data), = host.received
-        assert torch.equal(data["input_ids"], _expected_ids())
-        assert data["token_mask"].dtype == torch.int32 and data["token_mask"].shape == (3, TARGET)
-        assert data.micro_batch_indices == [[[0, 3]]] and data.micro_batch_lengths == [[8]]
-
-        # (c) reading a Local meta independently with siblings is refused on every rank.
-        try:
-            host._fetch(meta, fetch_policy="independent")
-            raise AssertionError("independent fetch of a Local meta did not raise")
-        except ValueError as exc:
-            assert "leader_broadcast" in str(exc)
-
-        # (d) a failing leader still enters the collective: the sibling raises, naming it.
-        missing = KVBatchMeta("nope", "train", ["a"], fields=["input_ids"], extra_info={LOCAL_PARTITION_GENERATION: 1})
-        try:
-            host._fetch(missing)
-            raise AssertionError("fetch of an unknown partition did not raise")
-        except KeyError as exc:
-            assert rank == 0 and "nope" in str(exc)
-        except RuntimeError as exc:
-            assert rank == 1 and "global rank 0" in str(exc) and "KeyError" in str(exc), str(exc)
-
-        # (e) a value that cannot travel fails on the leader and is reported to the sibling.
-        bad = BatchedDataDict({"x": torch.zeros(1), "obj": object()}) if rank == 0 else None
-        try:
-            host._broadcast_batched_data_dict(bad, group=group)
-            raise AssertionError("broadcast of an unsupported value did not raise")
-        except TypeError as exc:
-            assert rank == 0 and "'obj'" in str(exc)
-        except RuntimeError as exc:
-            assert rank == 1 and "TypeError" in str(exc), str(exc)
-
-        # (f) the group is still in step after the failures.
-        again = host._broadcast_batched_data_dict(_broadcast_payload() if rank == 0 else None, group=group)
-        _check_payload(again)
-        dist.barrier()
-    except BaseException:  # noqa: BLE001 - reported to the parent test
-        status = traceback.format_exc()
-    finally:
-        with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as fh:
-            fh.write(status)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-@pytest.mark.timeout(240)
-def test_two_process_gloo_leader_broadcast(tmp_path: Any) -> None:
-    init_file = str(tmp_path / "rendezvous")
-    ctx = tmp_mp.start_processes(
-        _dist_worker, args=(2, init_file, str(tmp_path)), nprocs=2, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + 180
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise AssertionError("the 2-process broadcast test did not finish within 180 s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-    reports = {r: (tmp_path / f"rank{r}.txt").read_text() for r in range(2)}
-    assert reports == {0: "ok", 1: "ok"}, reports

@@ -61,6 +61,7 @@ from nemo_dp.data_plane.adapters.local_store import (
     Selection,
     store_tensor,
 )
+from nemo_dp.data_plane.batch_columns import is_local_batch_meta, local_batch_to_tensordict
 from nemo_dp.data_plane.codec import materialize_local
 from nemo_dp.data_plane.interfaces import (
     DataPlaneClient,
@@ -84,67 +85,6 @@ __all__ = [
 
 _CLOSED_MESSAGE = "Local data-plane client is closed."
 _MAX_LISTED_IDS = 20
-
-
-# ---------------------------------------------------------------------------------------------
-# public helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def is_local_batch_meta(meta: KVBatchMeta) -> bool:
-    """Whether ``meta`` was minted by a ``LocalDataPlaneClient`` (carries a generation).
-
-    Args:
-        meta: Any ``KVBatchMeta``.
-
-    Returns:
-        ``True`` iff ``"local_partition_generation"`` is in ``meta.extra_info``.
-
-    Raises:
-        TypeError: ``meta`` is not a ``KVBatchMeta``.
-    """
-    if not isinstance(meta, KVBatchMeta):
-        raise TypeError(f"is_local_batch_meta expects a KVBatchMeta, got {type(meta).__name__}")
-    return LOCAL_PARTITION_GENERATION in meta.extra_info
-
-
-def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> TensorDict:
-    """Wrap a loader batch as the TensorDict the Local adapter's ``put_samples`` takes.
-
-    Tensors become tensor leaves (not copied here; the put copies). Every other value (list,
-    tuple, object array) becomes one ``NonTensorData`` holding the whole column.
-
-    Args:
-        fields: Field name -> batch-major value.
-        batch_size: The number of rows every value must have.
-
-    Returns:
-        A ``TensorDict`` with ``batch_size == (batch_size,)``.
-
-    Raises:
-        TypeError: ``batch_size`` is not an int, or a field name is not a str.
-        ValueError: ``batch_size < 0``, an empty field name, a 0-d value, or a value whose
-            batch size differs (``"Local field 'x' has batch size A, expected B."``).
-    """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
-    if batch_size < 0:
-        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
-    leaves: dict[str, Any] = {}
-    for name, value in fields.items():
-        _check_name(name, "field name")
-        is_tensor = isinstance(value, torch.Tensor)
-        if (is_tensor or isinstance(value, np.ndarray)) and value.ndim == 0:
-            raise ValueError(f"Local field {name!r} is 0-d; it has no batch dimension.")
-        if not is_tensor and (isinstance(value, (str, bytes)) or not hasattr(value, "__len__")):
-            raise ValueError(
-                f"Local field {name!r} ({type(value).__name__}) has no batch dimension."
-            )
-        rows = value.size(0) if is_tensor else len(value)
-        if rows != batch_size:
-            raise ValueError(f"Local field {name!r} has batch size {rows}, expected {batch_size}.")
-        leaves[name] = value if is_tensor else NonTensorData(value, batch_size=(batch_size,))
-    return TensorDict(leaves, batch_size=(batch_size,))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """Colocated SFT loading: each DP-leader worker loads its own rows into its own store.
 
-Why this module exists: on the SFT data-plane path (contract §17.3, design "SFT with the local
-data plane") the driver must never hold bulk tensors.  Instead every DP-replica leader worker
+Why this module exists: on the SFT data-plane path the driver must never hold bulk tensors.  Instead every DP-replica leader worker
 owns a loader and puts complete batches into its data-plane client, and the driver only moves
 the returned ``KVBatchMeta`` envelopes.  This module holds both halves:
 
@@ -25,16 +24,17 @@ Design (the simplest honest one that gives exact parity with the legacy trainer)
   ``data_plane=tq`` (the worker's attached TransferQueue client: the loader puts into
   TransferQueue instead).  Columns are written padded to the rank's own width
   (``local_batch_to_tensordict``); the worker's fetch pads them to the driver's global target.
-* Prefetch is synchronous: after batch *k* is ready, the same call loads batches *k+1...* while
-  the loader's live batches are below ``max_live_batches`` (Local: ``max_partitions``).  A load
-  that finds the store full waits on a condition variable (notified by commit/abort from another
-  thread) and retries ``register_partition`` on ``"partition limit"``; it never drops a batch.
-  It gives up only after ``wait_timeout_s`` with ``TimeoutError`` (in a single-threaded actor
-  nothing else could free a slot, so waiting forever would be a deadlock).
+* The worker is a single-threaded Ray actor: every loader call runs to completion before the
+  next one starts, so there is no lock and nothing to wait for.  Prefetch is synchronous: after
+  batch *k* is ready, the same call loads batches *k+1...* while the loader's live batches are
+  below ``max_live_batches`` (the backend registry's bound: Local ``max_partitions``).  A
+  prefetch that finds the store full (``PartitionLimitError``: another user holds a slot) stops
+  with the loader rewound; a load of the batch a step needs raises that error instead of
+  waiting for a slot that nothing in this process could free.  No batch is ever dropped.
 * Loader positions are recorded per batch, so commit/abort/checkpoint always know the exact
   cursor: the checkpointed position is the one after the last *committed* batch, and
   ``quiesce`` drops prefetched batches (rewinding the loader) so the store is empty when the
-  data plane is checkpointed (contract §17.3: the store is empty between steps).
+  data plane is checkpointed (the store is empty between steps).
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ from __future__ import annotations
 import copy
 import math
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nemo_dp.data_plane.adapters.local import local_batch_to_tensordict
-from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane import registry
+from nemo_dp.data_plane.batch_columns import local_batch_to_tensordict
+from nemo_dp.data_plane.interfaces import KVBatchMeta, PartitionLimitError
+from nemo_dp.data_plane.registry import TQ_MAX_LIVE_BATCHES
 from nemo_dp.data_plane.schema import TASK_TRAIN
 
 __all__ = [
@@ -62,14 +63,7 @@ __all__ = [
     "sft_partition_id",
 ]
 
-#: Data-plane kinds (``nemo_dp.data_plane.factory.data_plane_kind``) the loader serves.
-_BACKEND_KINDS: tuple[str, ...] = ("local", "transfer_queue")
-
-#: Live batches per loader with TransferQueue (active + one prefetched); the Local store's
-#: bound is its ``max_partitions``.
-TQ_MAX_LIVE_BATCHES = 2
-
-#: Partition of DP rank ``rank``'s part of batch ``k`` (contract §17.3).
+#: Partition of DP rank ``rank``'s part of batch ``k``.
 SFT_PARTITION_TEMPLATE = "sft_dp{rank}_batch{k}"
 
 
@@ -142,7 +136,6 @@ class ColocatedLoaderMixin:
         micro_batch_size: int,
         max_live_batches: int,
         pad_to_multiple: int = 1,
-        wait_timeout_s: float = 60.0,
     ) -> None:
         """Take a replica of the run's loader and start at its current position.
 
@@ -154,7 +147,6 @@ class ColocatedLoaderMixin:
             max_live_batches: Batches this loader may hold in the store at once (active +
                 prefetched); Local: ``data_plane.max_partitions``.
             pad_to_multiple: Recorded in each meta's ``extra_info`` (TP x CP alignment).
-            wait_timeout_s: Longest wait for a free store slot.
 
         Raises:
             ValueError: A bad setting, or the global batch does not split over the DP ranks.
@@ -191,14 +183,12 @@ class ColocatedLoaderMixin:
         self._cl_mbs = int(micro_batch_size)
         self._cl_max_live = int(max_live_batches)
         self._cl_pad_to_multiple = int(pad_to_multiple)
-        self._cl_wait_timeout_s = float(wait_timeout_s)
         self._cl_ready: dict[int, _LoadedBatch] = {}
         self._cl_active: int | None = None
         self._cl_next_step = 0  # batch index the next step trains on
         self._cl_next_produce = 0  # batch index the loader produces next
         self._cl_committed_state: dict[str, Any] = dict(self._cl_loader.state_dict())
-        self._cl_cond = threading.Condition()
-        self._cl_stats = {"loads": 0, "prefetched_hits": 0, "waits": 0}
+        self._cl_stats = {"loads": 0, "prefetched_hits": 0, "store_full": 0}
 
     def set_colocated_position(self, next_batch_index: int) -> None:
         """Set the index of the next batch (after a resume; the loader is already positioned).
@@ -244,8 +234,8 @@ class ColocatedLoaderMixin:
     def _cl_produce(self, *, wait: bool = True) -> _LoadedBatch | None:
         """Load the loader's next batch into a fresh partition.
 
-        With ``wait`` a full store makes this wait for a slot; without it a full store returns
-        ``None`` with the loader rewound (opportunistic prefetch).
+        With ``wait`` (the batch a step needs) a full store raises; without it (opportunistic
+        prefetch) a full store returns ``None``.  Either way the loader is rewound.
         """
         from nemo_dp.data.datasets import collate_sft
 
@@ -301,8 +291,7 @@ class ColocatedLoaderMixin:
             prefetched=False,
         )
         loaded = _LoadedBatch(envelope, state_before, state_after)
-        with self._cl_cond:
-            self._cl_ready[k] = loaded
+        self._cl_ready[k] = loaded
         self._cl_next_produce = k + 1
         self._cl_stats["loads"] += 1
         return loaded
@@ -310,47 +299,34 @@ class ColocatedLoaderMixin:
     def _cl_register(
         self, client: Any, pid: str, *, fields: list[str], num_samples: int, wait: bool
     ) -> bool:
-        """Register ``pid`` once a slot is free; a full store makes this wait, never fail.
+        """Register ``pid`` if the loader's bound and the store leave a slot.
 
         Returns:
-            Whether ``pid`` was registered (always true with ``wait``; without it, false when
-            the store is full).
+            Whether ``pid`` was registered; ``False`` only without ``wait``.
+
+        Raises:
+            RuntimeError: With ``wait``, the loader already holds ``max_live_batches`` batches.
+            PartitionLimitError: With ``wait``, the store is full of other users' partitions.
         """
-        deadline = time.monotonic() + self._cl_wait_timeout_s
-        while True:
-            with self._cl_cond:
-                while len(self._cl_ready) >= self._cl_max_live:
-                    if not wait:
-                        return False
-                    self._cl_stats["waits"] += 1
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not self._cl_cond.wait(timeout=left):
-                        raise TimeoutError(
-                            f"colocated loader on DP rank {self.rank}: waited "
-                            f"{self._cl_wait_timeout_s:.1f} s for a free slot to load {pid!r} but "
-                            f"batches {sorted(self._cl_ready)} stay live (max_live_batches="
-                            f"{self._cl_max_live}); commit or abort them"
-                        )
-            try:
-                client.register_partition(
-                    pid, fields=fields, num_samples=num_samples, consumer_tasks=[TASK_TRAIN]
-                )
-                return True
-            except RuntimeError as exc:
-                # Another user of the store holds a slot: wait for it to be freed and retry.
-                if "partition limit" not in str(exc):
-                    raise
-                if not wait:
-                    return False
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"colocated loader on DP rank {self.rank}: waited "
-                        f"{self._cl_wait_timeout_s:.1f} s for the store to free a partition slot "
-                        f"for {pid!r}: {exc}"
-                    ) from exc
-                with self._cl_cond:
-                    self._cl_stats["waits"] += 1
-                    self._cl_cond.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        if len(self._cl_ready) >= self._cl_max_live:
+            self._cl_stats["store_full"] += 1
+            if not wait:
+                return False
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: cannot load {pid!r}: batches "
+                f"{sorted(self._cl_ready)} are already live (max_live_batches="
+                f"{self._cl_max_live}); commit or abort them first"
+            )
+        try:
+            client.register_partition(
+                pid, fields=fields, num_samples=num_samples, consumer_tasks=[TASK_TRAIN]
+            )
+        except PartitionLimitError:
+            self._cl_stats["store_full"] += 1
+            if not wait:
+                return False
+            raise
+        return True
 
     def load_sft_batch(self, batch_index: int, prefetch: bool = True) -> SFTBatchEnvelope:
         """Return the envelope of batch ``batch_index`` (loading it now unless prefetched).
@@ -369,7 +345,8 @@ class ColocatedLoaderMixin:
         Raises:
             RuntimeError: Not set up, or another batch is active.
             ValueError: ``batch_index`` is not the next batch.
-            TimeoutError: No store slot freed within ``wait_timeout_s``.
+            PartitionLimitError: The store is full of other users' partitions (nothing of
+                the batch was stored; the loader is rewound, so a later call loads it again).
         """
         self._cl_require()
         k = int(batch_index)
@@ -386,7 +363,7 @@ class ColocatedLoaderMixin:
         loaded = self._cl_ready.get(k)
         if loaded is None:
             produced = self._cl_produce(wait=True)
-            assert produced is not None  # a waiting produce returns a batch or raises
+            assert produced is not None  # a produce with wait returns a batch or raises
             envelope = produced.envelope
         else:
             self._cl_stats["prefetched_hits"] += 1
@@ -434,12 +411,10 @@ class ColocatedLoaderMixin:
             )
         loaded = self._cl_ready[k]
         self._cl_client().clear_samples(None, loaded.envelope.meta.partition_id)
-        with self._cl_cond:
-            del self._cl_ready[k]
-            self._cl_active = None
-            self._cl_next_step = k + 1
-            self._cl_committed_state = dict(loaded.loader_state_after)
-            self._cl_cond.notify_all()
+        del self._cl_ready[k]
+        self._cl_active = None
+        self._cl_next_step = k + 1
+        self._cl_committed_state = dict(loaded.loader_state_after)
         return len(loaded.envelope.source_ids)
 
     def abort_sft_batch(self) -> list[str]:
@@ -470,9 +445,7 @@ class ColocatedLoaderMixin:
                 dropped.append(pid)  # already gone (e.g. the store was reset)
             except BaseException as exc:  # keep dropping the others, re-raise the first
                 first_error = first_error or exc
-        with self._cl_cond:
-            self._cl_ready.clear()
-            self._cl_cond.notify_all()
+        self._cl_ready.clear()
         self._cl_loader.load_state_dict(dict(self._cl_committed_state))
         self._cl_next_produce = self._cl_next_step
         if first_error is not None:
@@ -537,7 +510,7 @@ class ColocatedLoaderMixin:
         return dict(self._cl_client().load_checkpoint(checkpoint_dir))
 
     def colocated_loader_stats(self) -> dict[str, Any]:
-        """Counters of this loader (loads, prefetch hits, waits) and its live batches."""
+        """Counters of this loader (loads, prefetch hits, full-store refusals), live batches."""
         self._cl_require()
         return {**self._cl_stats, "live": sorted(self._cl_ready), "active": self._cl_active}
 
@@ -545,31 +518,34 @@ class ColocatedLoaderMixin:
 class ColocatedLoaderGroup:
     """Driver-side handle: runs the loader calls on every DP rank and checks the envelopes.
 
-    It also owns the one place where the two backends differ for SFT: where the data plane's
-    own checkpoint lives (Local: every worker's private store, saved by that worker under
-    ``<dir>/dp{r}``; TransferQueue: the one cluster-wide store, saved by the policy's
-    bootstrapping client under ``<dir>/tq``) and how many batches a loader may keep live
-    (Local: ``max_partitions``; TransferQueue: ``TQ_MAX_LIVE_BATCHES``).
+    What differs between backends comes from the backend registry: where the data plane's own
+    checkpoint lives (``checkpoint_scope`` ``"process"``: every worker's private store, saved by
+    that worker under ``<dir>/dp{r}``; ``"cluster"``: the one shared store, saved by the
+    policy's bootstrapping client under ``<dir>/<checkpoint_subdir>``) and how many batches a
+    loader may keep live (``max_live_batches``).
 
     Args:
         policy: The data-plane policy (``worker_group`` with ``run_all`` / ``run_sharded`` /
             ``world_size``; ``dp_client`` for the TransferQueue checkpoint).
-        data_plane_cfg: The run's ``data_plane`` config (``local`` or ``tq``).
+        data_plane_cfg: The run's ``data_plane`` config (any enabled backend).
 
     Raises:
-        ValueError: The data plane is neither Local nor TransferQueue.
+        ValueError: The data plane is disabled or invalid (lists the legal options).
     """
 
     def __init__(self, policy: Any, data_plane_cfg: Any) -> None:
         from nemo_dp.data_plane.factory import data_plane_kind
 
-        kind = data_plane_kind(data_plane_cfg)
-        if kind not in _BACKEND_KINDS:
+        # Classified, not fully validated: the policy that built the clients validated it.
+        backend = registry.backend(data_plane_kind(data_plane_cfg))
+        if not backend.enabled:
+            legal = [registry.backend(k).option for k in registry.enabled_kinds()]
             raise ValueError(
-                f"data_plane: the colocated SFT loader needs data_plane=local or data_plane=tq, got "
-                f"kind {kind!r} (legal kinds: {list(_BACKEND_KINDS)})"
+                "data_plane: the colocated SFT loader needs an enabled data plane "
+                f"({' or '.join(f'data_plane={o}' for o in legal)}), got "
+                f"data_plane={backend.option}"
             )
-        self.kind = kind
+        self.backend = backend
         self.policy = policy
         self.data_plane_cfg = data_plane_cfg
         self.worker_group = policy.worker_group
@@ -577,9 +553,13 @@ class ColocatedLoaderGroup:
 
     def max_live_batches(self) -> int:
         """Batches one loader may hold in the store (active + prefetched)."""
-        if self.kind == "local":
-            return int(self.data_plane_cfg.max_partitions)
-        return TQ_MAX_LIVE_BATCHES
+        bound = self.backend.max_live_batches(self.data_plane_cfg)
+        if bound is None:
+            raise ValueError(
+                f"data_plane={self.backend.option}: the backend registers no live-batch bound "
+                "for the colocated loader"
+            )
+        return int(bound)
 
     def save_data_plane(self, directory: str | os.PathLike[str], metadata: Mapping[str, Any]) -> None:
         """Write the data plane's own checkpoint under ``directory`` (see the class docstring).
@@ -588,10 +568,10 @@ class ColocatedLoaderGroup:
             directory: Target directory (inside the training checkpoint's temp directory).
             metadata: JSON metadata stored with it.
         """
-        if self.kind == "local":
+        if self.backend.checkpoint_scope == "process":
             self.save_worker_stores(directory, metadata)
         else:
-            self.policy.dp_client.save_checkpoint(Path(directory) / "tq", metadata=dict(metadata))
+            self.policy.dp_client.save_checkpoint(self._shared_dir(directory), metadata=dict(metadata))
 
     def load_data_plane(self, directory: str | os.PathLike[str]) -> None:
         """Restore :meth:`save_data_plane`'s checkpoint into the (clean) clients.
@@ -599,10 +579,19 @@ class ColocatedLoaderGroup:
         Args:
             directory: The directory given to :meth:`save_data_plane`.
         """
-        if self.kind == "local":
+        if self.backend.checkpoint_scope == "process":
             self.load_worker_stores(directory)
         else:
-            self.policy.dp_client.load_checkpoint(Path(directory) / "tq")
+            self.policy.dp_client.load_checkpoint(self._shared_dir(directory))
+
+    def _shared_dir(self, directory: str | os.PathLike[str]) -> Path:
+        subdir = self.backend.checkpoint_subdir
+        if self.backend.checkpoint_scope != "cluster" or subdir is None:
+            raise ValueError(
+                f"data_plane={self.backend.option}: checkpoint scope "
+                f"{self.backend.checkpoint_scope!r} has no data-plane checkpoint"
+            )
+        return Path(directory) / subdir
 
     def setup(self, loader: Any, **kwargs: Any) -> None:
         """``setup_colocated_loader(loader, **kwargs)`` on every rank."""

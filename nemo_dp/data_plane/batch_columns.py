@@ -1,0 +1,134 @@
+"""Whole-column batches: the form a loader puts and the Local adapter hands back.
+
+Why this module exists: the Local adapter stores a non-tensor column as one ``NonTensorData``
+leaf holding the whole column, while wire backends hold one value per row.  Helpers (the worker
+mixin, the colocated loader, ``column_io``) must pick the right form without importing an
+adapter, so the rule that tells the two apart (:func:`is_local_batch_meta`), the builder of a
+whole-column put (:func:`local_batch_to_tensordict`) and the reader that dispatches on the meta
+(:func:`materialize_for_meta`) live here, below every adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, TensorDict, TensorDictBase
+
+from nemo_dp.data_plane.codec import materialize, materialize_local
+from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.schema import LOCAL_PARTITION_GENERATION, Layout
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+__all__ = ["is_local_batch_meta", "local_batch_to_tensordict", "materialize_for_meta"]
+
+
+def _check_field_name(value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"field name must be a str, got {type(value).__name__} ({value!r})")
+    if not value:
+        raise ValueError("field name must be a non-empty str")
+
+
+def is_local_batch_meta(meta: KVBatchMeta) -> bool:
+    """Whether ``meta`` was minted by a ``LocalDataPlaneClient`` (carries a generation).
+
+    Args:
+        meta: Any ``KVBatchMeta``.
+
+    Returns:
+        ``True`` iff ``"local_partition_generation"`` is in ``meta.extra_info``.
+
+    Raises:
+        TypeError: ``meta`` is not a ``KVBatchMeta``.
+    """
+    if not isinstance(meta, KVBatchMeta):
+        raise TypeError(f"is_local_batch_meta expects a KVBatchMeta, got {type(meta).__name__}")
+    return LOCAL_PARTITION_GENERATION in meta.extra_info
+
+
+def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> TensorDict:
+    """Wrap a loader batch as the TensorDict the Local adapter's ``put_samples`` takes.
+
+    Tensors become tensor leaves (not copied here; the put copies). Every other value (list,
+    tuple, object array) becomes one ``NonTensorData`` holding the whole column.
+
+    Args:
+        fields: Field name -> batch-major value.
+        batch_size: The number of rows every value must have.
+
+    Returns:
+        A ``TensorDict`` with ``batch_size == (batch_size,)``.
+
+    Raises:
+        TypeError: ``batch_size`` is not an int, or a field name is not a str.
+        ValueError: ``batch_size < 0``, an empty field name, a 0-d value, or a value whose
+            batch size differs (``"Local field 'x' has batch size A, expected B."``).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    leaves: dict[str, Any] = {}
+    for name, value in fields.items():
+        _check_field_name(name)
+        is_tensor = isinstance(value, torch.Tensor)
+        if (is_tensor or isinstance(value, np.ndarray)) and value.ndim == 0:
+            raise ValueError(f"Local field {name!r} is 0-d; it has no batch dimension.")
+        if not is_tensor and (isinstance(value, (str, bytes)) or not hasattr(value, "__len__")):
+            raise ValueError(
+                f"Local field {name!r} ({type(value).__name__}) has no batch dimension."
+            )
+        rows = value.size(0) if is_tensor else len(value)
+        if rows != batch_size:
+            raise ValueError(f"Local field {name!r} has batch size {rows}, expected {batch_size}.")
+        leaves[name] = value if is_tensor else NonTensorData(value, batch_size=(batch_size,))
+    return TensorDict(leaves, batch_size=(batch_size,))
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def materialize_for_meta(
+    meta: Any,
+    td: TensorDictBase,
+    *,
+    layout: Layout = "padded",
+    pad_value_dict: Mapping[str, float | int] | None = None,
+    pad_to_seqlen: int = 0,
+) -> BatchedDataDict:
+    """Materialise what ``get_data(meta)`` returned with the reader that matches the meta.
+
+    A meta stamped with a Local partition generation holds whole-column non-tensor leaves
+    (``materialize_local``); any other meta holds per-row values (``materialize``), and a
+    whole-column ``NonTensorData`` leaf there is refused rather than collapsed into one row.
+
+    Args:
+        meta: The ``KVBatchMeta`` that was read.
+        td: What ``get_data`` returned.
+        layout: ``"padded"`` or ``"jagged"``.
+        pad_value_dict: Per-field pad values.
+        pad_to_seqlen: Minimum width of dim 1 (0 disables).
+
+    Returns:
+        The materialised batch.
+
+    Raises:
+        TypeError: A non-local read holds a whole-column ``NonTensorData`` leaf.
+    """
+    if is_local_batch_meta(meta):
+        return materialize_local(
+            td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen
+        )
+    bad = [k for k in td.keys() if isinstance(td.get(k), NonTensorData)]
+    if bad:
+        raise TypeError(
+            f"materialize_for_meta: non-tensor column(s) {bad} are single NonTensorData "
+            "leaves (whole columns); reading them with materialize would collapse N rows "
+            "into one. A Local-adapter batch must be read with materialize_local."
+        )
+    return materialize(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen)
