@@ -56,27 +56,38 @@ DISABLED = registry.DISABLED
 #: Data-plane kinds a trainer can be registered for ("disabled" = legacy trainer).
 DATA_PLANE_KINDS: tuple[str, ...] = tuple(registry.BACKENDS)
 
+#: Where the algorithm table lives (a higher layer, so resolved on first use, never imported here
+#: at module level).
+_ALGORITHMS_TARGET = "nemo_dp.algorithms.registry:ALGORITHMS"
+
 #: The data-plane policy class built by :func:`make_policy_factory`.
 POLICY_CLASS_PATH = "nemo_dp.models.policy.tq_policy:TQPolicy"
 
 # (algorithm, kind) -> "module:function", built from the algorithm registry on first use and
-# then kept (tests may patch entries of this very dict).
-_TRAINER_TABLE: dict[tuple[str, str], str] | None = None
+# rebuilt only when an algorithm is registered later (tests may patch entries of this dict).
+_TRAINER_TABLE: dict[tuple[str, str], str] = {}
+_TRAINER_TABLE_KEY: tuple[Any, ...] | None = None
 
 
 def _algorithms() -> Mapping[str, Any]:
-    module_name, _, attr = "nemo_dp.algorithms.registry:ALGORITHMS".partition(":")
+    module_name, _, attr = _ALGORITHMS_TARGET.partition(":")
     return getattr(importlib.import_module(module_name), attr)
 
 
 def _trainer_table() -> dict[tuple[str, str], str]:
-    global _TRAINER_TABLE
-    if _TRAINER_TABLE is None:
-        _TRAINER_TABLE = {
-            (name, kind): target
-            for name, spec in _algorithms().items()
-            for kind, target in spec.trainers.items()
-        }
+    global _TRAINER_TABLE_KEY
+    algorithms = _algorithms()
+    key = tuple(id(spec) for spec in algorithms.values())
+    if key != _TRAINER_TABLE_KEY:
+        _TRAINER_TABLE.clear()
+        _TRAINER_TABLE.update(
+            {
+                (name, kind): target
+                for name, spec in algorithms.items()
+                for kind, target in spec.trainers.items()
+            }
+        )
+        _TRAINER_TABLE_KEY = key
     return _TRAINER_TABLE
 
 
