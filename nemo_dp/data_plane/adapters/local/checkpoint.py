@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
-from nemo_dp.data_plane.adapters.local_store import (
+from nemo_dp.data_plane.adapters.local.store import (
     OBJECT_KIND,
     Column,
     DenseColumn,
