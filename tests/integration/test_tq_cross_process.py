@@ -159,6 +159,6 @@ def test_attach_without_controller_fails_and_creates_nothing(tq_session: TQSessi
             TQDataPlaneClient(tq_test_config(), bootstrap=False)
         assert not tq_controller_exists()
         # The failed attach left nothing open in this process.
-        assert tq_adapter._OPEN_CLIENT is None
+        assert tq_adapter.open_client() is None
     finally:
         assert tq_session.client is not None  # restore a live session system

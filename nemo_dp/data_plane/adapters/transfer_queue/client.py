@@ -1,0 +1,449 @@
+"""``TQDataPlaneClient``: the data-plane calls over TransferQueue 0.1.11 (SimpleStorage) on Ray.
+
+Why this module exists: TransferQueue is silent where the data-plane contract demands loud
+errors (a get with unknown keys returns fewer rows, a misspelled field returns no column, a
+dtype change is only logged, a dead controller hangs every call).  This client checks every
+call against the cluster-wide registry (``registry``) and the controller's metadata before and
+after the wire call, validates arguments first (``validation``), bounds every library coroutine
+on the loop thread ``lifetime`` owns, and leaves checkpoints to ``checkpoint``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from tensordict import TensorDict
+
+from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
+from nemo_dp.data_plane.adapters.transfer_queue.checkpoint import TQCheckpointMixin
+from nemo_dp.data_plane.adapters.transfer_queue.lifetime import (
+    OPEN_LOCK,
+    LoopThread,
+    attach,
+    library_interface,
+    load_library,
+    open_client,
+    reset_library,
+    set_open_client,
+    start_system,
+    wait_controller_gone,
+)
+from nemo_dp.data_plane.adapters.transfer_queue.registry import (
+    REGISTRY_PARTITION,
+    Record,
+    delete_registry,
+    field_key,
+    live_keys,
+    parse_registry,
+    stale_registry_keys,
+    write_registry,
+)
+from nemo_dp.data_plane.adapters.transfer_queue.tasks import TQTaskMixin
+from nemo_dp.data_plane.adapters.transfer_queue.validation import (
+    check_names,
+    check_partition_id,
+    coerce_config,
+    densify,
+    find_in_chain,
+    listed,
+    plan_put,
+    receipt_lengths,
+)
+from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
+from nemo_dp.data_plane.interfaces import (
+    DataPlaneClient,
+    DataPlaneConfig,
+    DataPlaneUnavailableError,
+    KVBatchMeta,
+)
+
+__all__ = ["TQDataPlaneClient"]
+
+_T = TypeVar("_T")
+
+
+class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
+    """The data-plane contract over TransferQueue (SimpleStorage) on Ray .
+
+    Args:
+        cfg: The TransferQueue ``data_plane`` config (dataclass, mapping or ``DictConfig``).
+        bootstrap: ``True`` (the driver) starts the library's controller and storage units;
+            ``False`` (workers, rollout actors) attaches to the running ones and never creates.
+        checkpointing: Assert that the backend supports checkpoints (always true for
+            ``simple``).
+
+    Raises:
+        RuntimeError: Ray is not initialised; a knob is missing after the library was imported;
+            another client is open in this process; the controller already exists (bootstrap) or
+            does not exist (attach); the cluster has too few CPUs for the controller plus
+            ``num_storage_units`` storage units; start-up exceeded ``timeouts.startup_s``.
+        ValueError: ``checkpointing=True`` on a backend without checkpoint support.
+    """
+
+    def __init__(
+        self, cfg: DataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False
+    ) -> None:
+        self._cfg = coerce_config(cfg)
+        self._bootstrap = bool(bootstrap)
+        self._closed = True  # until construction succeeds
+        self._used = False
+        self._lock = threading.RLock()
+        self._loop: LoopThread | None = None
+        self._client: Any = None
+        self._backend_config: Any = None
+        t = self._cfg.timeouts
+        self._controller_s = float(t.controller_s)
+        self._data_s = float(t.controller_s + t.storage_max_attempts * t.storage_s + t.storage_probe_s)
+        self._startup_s = float(t.startup_s)
+
+        if checkpointing and self._cfg.backend != "simple":
+            raise ValueError(
+                f"data_plane.backend={self._cfg.backend!r} does not support checkpoints "
+                "(checkpointing=True needs backend 'simple')"
+            )
+
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError(
+                "TQDataPlaneClient needs a running Ray: call "
+                "nemo_dp.distributed.ray_init.init_ray(...) (or ray.init) first"
+            )
+        # Knobs first: the library reads them once, at import.
+        configure_engine_env(self._cfg)
+
+        with OPEN_LOCK:
+            if open_client() is not None:
+                raise RuntimeError(
+                    "a TQDataPlaneClient is already open in this process (the TransferQueue "
+                    "library keeps one client per process); close it first"
+                )
+            if self._bootstrap:
+                self._backend_config = start_system(
+                    self._cfg, startup_s=self._startup_s, controller_s=self._controller_s
+                )
+            else:
+                self._backend_config = attach(startup_s=self._startup_s)
+            self._client = library_interface()._TQ_CLIENT
+            if self._client is None:  # pragma: no cover - the library contract guarantees it
+                raise RuntimeError("TransferQueue did not create its client")
+            self._loop = LoopThread(name="nemo-dp-tq-loop")
+            self._closed = False
+            set_open_client(self)
+
+    # --- properties -------------------------------------------------------------------------
+
+    @property
+    def backend_config(self) -> Any:
+        """The library's merged configuration in force (read-only ``DictConfig``)."""
+        return self._backend_config
+
+    @property
+    def is_bootstrap(self) -> bool:
+        """Whether this client started (and on close tears down) the library's actors."""
+        return self._bootstrap
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has run."""
+        return self._closed
+
+    # --- bounded calls ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("TransferQueue data-plane client is closed.")
+
+    def _run(
+        self,
+        make: Callable[[], Awaitable[_T]],
+        *,
+        op: str,
+        partition_id: str,
+        bound: float,
+    ) -> _T:
+        """Run one library coroutine on the adapter's loop, bounded by ``bound`` seconds.
+
+        Raises:
+            DataPlaneUnavailableError: The bound expired, or a storage unit did not answer.
+        """
+        loop = self._loop
+        if loop is None or self._closed:
+            raise RuntimeError("TransferQueue data-plane client is closed.")
+        future = loop.submit(make(), bound)
+        try:
+            # The loop enforces the bound; the margin only guards against a wedged loop thread.
+            return future.result(bound + 5.0)
+        except (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError) as exc:
+            future.cancel()
+            raise DataPlaneUnavailableError(
+                f"TransferQueue {op} on partition {partition_id!r} got no answer within {bound:g}s "
+                "(controller or storage unit unreachable; treat the step as failed)"
+            ) from exc
+        except Exception as exc:
+            if isinstance(exc, DataPlaneUnavailableError):
+                raise
+            timeout = find_in_chain(exc, "StorageUnitTimeout")
+            if timeout is not None:
+                raise DataPlaneUnavailableError(
+                    f"TransferQueue {op} on partition {partition_id!r}: a storage unit did not "
+                    f"answer within the configured bound ({bound:g}s): {timeout}"
+                ) from exc
+            raise
+
+    def _ctl(self, make: Callable[[], Awaitable[_T]], op: str, partition_id: str) -> _T:
+        return self._run(make, op=op, partition_id=partition_id, bound=self._controller_s)
+
+    def _data(self, make: Callable[[], Awaitable[_T]], op: str, partition_id: str) -> _T:
+        return self._run(make, op=op, partition_id=partition_id, bound=self._data_s)
+
+    # --- registry ---------------------------------------------------------------------------
+
+    def _registry_entries(self, op: str, partition_id: str) -> dict[str, dict[str, Any]]:
+        client = self._client
+
+        async def _list() -> dict[str, dict[str, Any]]:
+            info = await client.async_kv_list(REGISTRY_PARTITION)
+            return dict(info[REGISTRY_PARTITION]) if REGISTRY_PARTITION in info else {}
+
+        return self._ctl(_list, op, partition_id)
+
+    def _records(self, op: str, partition_id: str) -> dict[str, Record]:
+        return parse_registry(self._registry_entries(op, partition_id))
+
+    def _require_record(self, partition_id: str, op: str) -> Record:
+        rec = self._records(op, partition_id).get(partition_id)
+        if rec is None:
+            raise KeyError(
+                f"unknown data-plane partition {partition_id!r} (not registered, or already "
+                "dropped with clear_samples(None, ...))"
+            )
+        return rec
+
+    def _missing_ids_error(self, partition_id: str, ids: Sequence[str], op: str) -> KeyError:
+        live = self._ctl(lambda: live_keys(self._client, partition_id), op, partition_id)
+        missing = [i for i in ids if i not in live]
+        return KeyError(
+            f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
+            f"{listed(missing)}"
+        )
+
+    # --- direct-by-key half -----------------------------------------------------------------
+
+    def put_samples(
+        self,
+        sample_ids: Sequence[str],
+        partition_id: str,
+        fields: TensorDict | None = None,
+        tags: Sequence[dict] | None = None,
+    ) -> KVBatchMeta:
+        """Write (upsert) rows; everything is validated before anything is written.
+
+        Raises:
+            KeyError: Unknown partition.
+            ValueError: Neither fields nor tags, duplicate ids, length mismatch, undeclared
+                field, enum value outside its vocabulary.
+            TypeError: Non-JSON tags, dtype/kind change of a stored field, a ``NonTensorData``
+                (``"non-tensor"``) or nested ``TensorDict`` leaf.
+        """
+        self._check_open()
+        with self._lock:
+            self._used = True
+            check_partition_id(partition_id)
+            rec = self._require_record(partition_id, "put_samples")
+            plan = plan_put(rec, partition_id, sample_ids, fields, tags)
+            ids, names, wire, new_types, tag_list = (
+                plan.ids,
+                plan.names,
+                plan.wire,
+                plan.new_types,
+                plan.tags,
+            )
+            n = len(ids)
+            receipt = KVBatchMeta(
+                partition_id=partition_id,
+                task_name=None,
+                sample_ids=list(ids),
+                fields=list(names) if names else None,
+                sequence_lengths=receipt_lengths(wire, tag_list),
+                tags=copy.deepcopy(tag_list) if tag_list is not None else None,
+            )
+            if n == 0:
+                return receipt
+
+            client = self._client
+            type_entries = {
+                field_key(rec.incarnation, k): {
+                    "partition_id": partition_id,
+                    "incarnation": rec.incarnation,
+                    "field": k,
+                    "kind": kind,
+                    "dtype": dtype,
+                }
+                for k, (kind, dtype) in new_types.items()
+            }
+
+            async def _prepare() -> Any:
+                if type_entries:
+                    await write_registry(client, type_entries)
+                return await client.async_kv_retrieve_meta(
+                    keys=ids, partition_id=partition_id, create=True
+                )
+
+            meta = self._ctl(_prepare, "put_samples", partition_id)
+            if meta.size != n:
+                raise RuntimeError(
+                    f"TransferQueue resolved {meta.size} of {n} ids for a put to {partition_id!r}"
+                )
+            # An empty list makes the library skip its tag RPC: a put without tags must not
+            # re-send (and so possibly revert) tags another process wrote meanwhile.
+            meta.custom_meta = copy.deepcopy(tag_list) if tag_list is not None else []
+
+            if wire:
+                td = TensorDict(wire, batch_size=[n])
+                self._data(lambda: client.async_put(td, meta), "put_samples", partition_id)
+            else:
+                self._ctl(lambda: client.async_set_custom_meta(meta), "put_samples", partition_id)
+            return receipt
+
+    def get_samples(
+        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
+    ) -> TensorDict:
+        """Read exactly the requested rows and fields, in the requested order.
+
+        Raises:
+            KeyError: Unknown partition, unknown/cleared ids (listed), unproduced fields.
+            ValueError: Empty ``select_fields`` or duplicate ids.
+        """
+        self._check_open()
+        with self._lock:
+            self._used = True
+            check_partition_id(partition_id)
+            try:
+                if select_fields is None:
+                    raise ValueError("get_samples needs a non-empty select_fields")
+                fields = check_names(select_fields, "select_fields")
+                if not fields:
+                    raise ValueError("get_samples needs a non-empty select_fields")
+                if dups := _duplicates(fields):
+                    raise ValueError(f"select_fields must be unique; duplicated: {dups}")
+                ids = check_names(sample_ids, "sample_ids")
+                if dups := _duplicates(ids):
+                    raise ValueError(f"duplicate sample ids in one get: {listed(dups)}")
+            except (TypeError, ValueError):
+                # R3: an unknown partition outranks argument errors.
+                self._require_record(partition_id, "get_samples")
+                raise
+            if not ids:
+                self._require_record(partition_id, "get_samples")
+                return TensorDict({}, batch_size=(0,))
+
+            client = self._client
+            n = len(ids)
+            meta = self._ctl(
+                lambda: client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=False),
+                "get_samples",
+                partition_id,
+            )
+            if meta.size != n:
+                self._require_record(partition_id, "get_samples")
+                raise self._missing_ids_error(partition_id, ids, "get_samples")
+            produced = set(meta.field_names)
+            unproduced = [f for f in fields if f not in produced]
+            if unproduced:
+                self._require_record(partition_id, "get_samples")
+                raise KeyError(
+                    f"fields {unproduced} of partition {partition_id!r} are not produced for every "
+                    "requested id (never written, or misspelled)"
+                )
+            meta = meta.select_fields(fields)
+            raw = self._data(lambda: client.async_get_data(meta), "get_samples", partition_id)
+            if raw.batch_size[0] != n or set(raw.keys()) != set(fields):
+                raise RuntimeError(
+                    f"TransferQueue returned {raw.batch_size[0]} rows with fields "
+                    f"{sorted(raw.keys())} for {n} ids and fields {sorted(fields)} of "
+                    f"{partition_id!r}"
+                )
+            return TensorDict({f: densify(raw.get(f)) for f in fields}, batch_size=[n])
+
+    def list_sample_ids(self, partition_id: str) -> list[str]:
+        """Sorted live ids of a partition; ``[]`` for an unknown or empty one."""
+        self._check_open()
+        with self._lock:
+            self._used = True
+            check_partition_id(partition_id)
+            return sorted(
+                self._ctl(lambda: live_keys(self._client, partition_id), "list_sample_ids", partition_id)
+            )
+
+    def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
+        """Drop rows, or (``None``) the whole partition including its registry record.
+
+        Raises:
+            KeyError: Unknown partition, or unknown ids (listed; nothing cleared).
+            ValueError: Duplicate ids.
+        """
+        self._check_open()
+        with self._lock:
+            self._used = True
+            check_partition_id(partition_id)
+            entries = self._registry_entries("clear_samples", partition_id)
+            if partition_id not in parse_registry(entries):
+                raise KeyError(
+                    f"unknown data-plane partition {partition_id!r} (not registered, or already "
+                    "dropped with clear_samples(None, ...))"
+                )
+            client = self._client
+            if sample_ids is None:
+                stale = stale_registry_keys(entries, partition_id)
+
+                async def _drop() -> None:
+                    if partition_id in await client.async_get_partition_list():
+                        await client.async_clear_partition(partition_id)
+                    await delete_registry(client, stale)
+
+                self._data(_drop, "clear_samples", partition_id)
+                return
+            ids = check_names(sample_ids, "sample_ids")
+            if dups := _duplicates(ids):
+                raise ValueError(f"duplicate sample ids in one clear: {listed(dups)}")
+            if not ids:
+                return
+            meta = self._ctl(
+                lambda: client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=False),
+                "clear_samples",
+                partition_id,
+            )
+            if meta.size != len(ids):
+                raise self._missing_ids_error(partition_id, ids, "clear_samples")
+            self._data(lambda: client.async_clear_samples(meta), "clear_samples", partition_id)
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close this client (idempotent); the bootstrapping client also tears the system down.
+
+        Backend errors are logged, not raised.  The bootstrapping close returns once the named
+        controller no longer resolves (bounded by ``timeouts.controller_s``).
+        """
+        with OPEN_LOCK:
+            if self._closed:
+                return
+            self._closed = True
+            with self._lock:
+                if self._loop is not None:
+                    self._loop.stop()
+                    self._loop = None
+                try:
+                    reset_library(load_library(), kill=self._bootstrap)
+                finally:
+                    self._client = None
+                    if open_client() is self:
+                        set_open_client(None)
+            if self._bootstrap:
+                wait_controller_gone(self._controller_s)
