@@ -1,4 +1,4 @@
-"""Adapter-independent ``DataPlaneClient`` contract tests (contract §4, §7; checklist B and E).
+"""Adapter-independent ``DataPlaneClient`` contract tests.
 
 Why a base class: the Local and the TransferQueue adapters must behave identically wherever the
 contract does not say otherwise, so the same tests run against both.  ``DataPlaneContract`` has

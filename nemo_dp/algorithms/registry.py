@@ -93,7 +93,9 @@ class AlgorithmSpec:
             raise ValueError(f"AlgorithmSpec.name must be an identifier, got {self.name!r}")
         for what, target in (("schema", self.schema), ("input_builder", self.input_builder)):
             if not isinstance(target, str) or target.count(":") != 1:
-                raise ValueError(f"algorithm {self.name!r}: {what} must be 'module:attr', got {target!r}")
+                raise ValueError(
+                    f"algorithm {self.name!r}: {what} must be 'module:attr', got {target!r}"
+                )
         if not self.trainers:
             raise ValueError(f"algorithm {self.name!r}: trainers must name at least one backend")
         for kind, target in self.trainers.items():
@@ -138,7 +140,9 @@ def algorithm(name: str) -> AlgorithmSpec:
     """
     spec = ALGORITHMS.get(name)
     if spec is None:
-        raise ValueError(f"unknown algorithm {name!r} (algorithm.name); known algorithms: {sorted(ALGORITHMS)}")
+        raise ValueError(
+            f"unknown algorithm {name!r} (algorithm.name); known algorithms: {sorted(ALGORITHMS)}"
+        )
     return spec
 
 

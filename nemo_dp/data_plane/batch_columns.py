@@ -131,4 +131,6 @@ def materialize_for_meta(
             "leaves (whole columns); reading them with materialize would collapse N rows "
             "into one. A Local-adapter batch must be read with materialize_local."
         )
-    return materialize(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen)
+    return materialize(
+        td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen
+    )

@@ -3,8 +3,8 @@
 Per-token fields are stored as jagged nested tensors so that padding is paid only when a
 consumer materialises rectangles, and object columns travel as per-row non-tensor values.
 This module is the single place where those layouts are produced (``pack_jagged_fields``) and
-undone (``materialize`` for wire reads, ``materialize_local`` for Local-adapter reads); see
-contract §10.  It never imports Ray or TransferQueue.
+undone (``materialize`` for wire reads, ``materialize_local`` for Local-adapter reads).  It
+never imports Ray or TransferQueue.
 
 Performance note: building and padding jagged tensors uses one of two vectorised paths chosen
 by the average row size: boolean-mask gather/scatter for many short rows, and contiguous row
@@ -195,7 +195,7 @@ def stack_or_nest(rows: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def _object_column(values: np.ndarray) -> NonTensorStack:
     # Per-row wrapping: putting the array straight into a TensorDict would store ONE
-    # NonTensorData broadcast to every row (contract §19.16).
+    # NonTensorData broadcast to every row.
     return NonTensorStack(*[NonTensorData(v) for v in values.tolist()])
 
 

@@ -1,4 +1,4 @@
-"""Column reads and writes between trainer batches and a ``DataPlaneClient`` (contract §11).
+"""Column reads and writes between trainer batches and a ``DataPlaneClient``.
 
 Producers, workers and the driver all move columns through these four helpers so that the
 layout rules (jagged per-token fields, per-row object columns, the shared pad target) are

@@ -1,13 +1,13 @@
-"""Driver-side data-plane methods of the policy / value façades (contract §13).
+"""Driver-side data-plane methods of the policy / value façades.
 
 Why this module exists: every model dispatch from the driver needs the same three pieces of
 metadata work - planner arguments from the policy config, a *fresh* global pad target per
-dispatch (pitfall §19.1: a target stamped once on a shared meta leaks from the policy into the
-critic, across PPO epochs and into ``concat``-ed dynamic-sampling metas), and a caller meta that
-is never mutated.  ``TQDriverMixin`` gives the driver façades (``TQPolicy``, ``TQValue``) those
+dispatch (a target stamped once on a shared meta would leak from the policy into the critic,
+across PPO epochs and into ``concat``-ed dynamic-sampling metas), and a caller meta that is
+never mutated.  ``TQDriverMixin`` gives the driver façades (``TQPolicy``, ``TQValue``) those
 pieces plus the two bulk-column helpers the trainers use (``read_from_dataplane`` /
-``write_to_dataplane``).  ``stamp_placed_metas`` does the same for placed microbatches
-(§17.3 step 3): one target over several DP ranks' metas.
+``write_to_dataplane``).  ``stamp_placed_metas`` does the same for placed microbatches: one
+target over several DP ranks' metas.
 
 Host contract (what a class mixing in ``TQDriverMixin`` must provide):
 
@@ -137,7 +137,7 @@ def isolated_copy(
 
 
 def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> int:
-    """One global pad target over several DP ranks' metas (contract §17.3 step 3).
+    """One global pad target over several DP ranks' metas.
 
     ``round_up(max of all lengths, lcm(max pad_to_multiple over metas, seq_round))``; any
     ``global_forward_pad_seqlen`` the metas already carry is ignored (it would ratchet the

@@ -185,7 +185,7 @@ def data_plane_kind(cfg: Any) -> str:
 
 
 def data_plane_enabled(cfg: Any) -> bool:
-    """Whether a ``data_plane`` config asks for a data plane (contract §9.1).
+    """Whether a ``data_plane`` config asks for a data plane.
 
     Args:
         cfg: ``None``, a config dataclass, a ``DictConfig`` or a plain mapping.
@@ -218,7 +218,7 @@ def _convert_mapping(cfg: Mapping, schema: type) -> Any:
 def coerce_data_plane_config(
     cfg: Any,
 ) -> DataPlaneConfig | LocalDataPlaneConfig | DisabledDataPlaneConfig:
-    """Turn any accepted ``data_plane`` form into its config dataclass (contract §8.3).
+    """Turn any accepted ``data_plane`` form into its config dataclass.
 
     Args:
         cfg: ``None``, a config dataclass (returned as is), a ``DictConfig`` or a mapping.
@@ -252,7 +252,7 @@ def coerce_data_plane_config(
 
 
 def data_plane_supports_checkpointing(cfg: Any) -> bool:
-    """Whether the configured backend can save and load data-plane checkpoints (§7).
+    """Whether the configured backend can save and load data-plane checkpoints.
 
     Args:
         cfg: Any accepted ``data_plane`` form.
@@ -268,7 +268,7 @@ def data_plane_supports_checkpointing(cfg: Any) -> bool:
 
 
 def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
-    """Export the backend's environment knobs before Ray and the backend start (§9.5).
+    """Export the backend's environment knobs before Ray and the backend start.
 
     Call on the driver before ``ray.init`` and pass the result to
     ``ray.init(runtime_env={"env_vars": ...})``.
@@ -294,7 +294,7 @@ def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
 def build_data_plane_client(
     cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
 ) -> DataPlaneClient:
-    """Build the data-plane client a config asks for (contract §9.4).
+    """Build the data-plane client a config asks for.
 
     Args:
         cfg: Any accepted ``data_plane`` form.
@@ -439,7 +439,7 @@ def _import_target(target: str, what: str) -> Any:
 
 
 def select_sync_trainer(master_config: Any, *, label: str | None = None) -> Callable[..., Any]:
-    """Pick and import the trainer for (algorithm, data plane); print exactly one line (§9.2).
+    """Pick and import the trainer for (algorithm, data plane); print exactly one line.
 
     Args:
         master_config: Root config with ``algorithm`` and an optional ``data_plane``.
@@ -483,7 +483,7 @@ def describe_selection(master_config: Any) -> dict[str, str]:
 
 
 def make_policy_factory(cfg: Any) -> Callable[..., Any] | None:
-    """The policy constructor that matches a ``data_plane`` config (§9.3).
+    """The policy constructor that matches a ``data_plane`` config.
 
     Args:
         cfg: Any accepted ``data_plane`` form.

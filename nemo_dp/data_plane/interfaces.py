@@ -76,7 +76,7 @@ def _check_index(index: int, size: int, what: str) -> int:
 
 @dataclass
 class KVBatchMeta:
-    """A small picklable handle to rows in the data plane (contract §3).
+    """A small picklable handle to rows in the data plane.
 
     It travels between processes instead of tensors: the partition, the ordered sample ids,
     the fields written (or to fetch), per-row lengths and tags, and a batch-level bag.
@@ -244,7 +244,7 @@ class KVBatchMeta:
 
 
 class DataPlaneClient(abc.ABC):
-    """Synchronous per-sample key/value store shared by producers and consumers (contract §4).
+    """Synchronous per-sample key/value store shared by producers and consumers.
 
     Every method is a plain ``def``; after ``close()`` every method except ``close`` raises
     ``RuntimeError`` mentioning "closed".  Calls that raise ``ValueError``, ``KeyError`` or
@@ -396,7 +396,7 @@ class TimeoutsConfig:
 
 @dataclass
 class DataPlaneConfig:
-    """``data_plane`` for the TransferQueue backend (``impl: transfer_queue``), contract §8.1."""
+    """``data_plane`` for the TransferQueue backend (``impl: transfer_queue``)."""
 
     enabled: bool = True
     impl: str = "transfer_queue"
@@ -437,7 +437,7 @@ class DataPlaneConfig:
 
 @dataclass
 class LocalDataPlaneConfig:
-    """``data_plane`` for the process-local store (``impl: local``), contract §8.2."""
+    """``data_plane`` for the process-local store (``impl: local``)."""
 
     enabled: bool = True
     impl: str = "local"

@@ -1,10 +1,10 @@
-"""Timing, byte accounting and per-step metrics for any ``DataPlaneClient`` (contract §16).
+"""Timing, byte accounting and per-step metrics for any ``DataPlaneClient``.
 
 The data plane moves the bulk of every training step, so its cost has to be visible without
 changing the adapters: :class:`MetricsDataPlaneClient` wraps a client, times every call with a
 monotonic clock, emits one event per call, keeps cumulative :class:`DataPlaneStats` (including
 the bytes this process still holds in the store) and a per-step window that
-:meth:`MetricsDataPlaneClient.get_step_metrics` turns into the fixed metric keys of §16.
+:meth:`MetricsDataPlaneClient.get_step_metrics` turns into fixed metric keys.
 The factory applies the wrapper when ``observability.enabled`` is set.
 """
 
@@ -151,7 +151,7 @@ class _Call:
 
 
 class MetricsDataPlaneClient(DataPlaneClient):
-    """A ``DataPlaneClient`` that forwards to ``inner`` and records every call (contract §16).
+    """A ``DataPlaneClient`` that forwards to ``inner`` and records every call.
 
     Each call emits ``{"op", "partition_id", "n_keys", "n_bytes", "wall_ms", "status"}`` to
     ``on_event`` (``status`` is ``"ok"``, ``"error"`` or ``"timeout"`` for ``TimeoutError``,
@@ -299,13 +299,13 @@ class MetricsDataPlaneClient(DataPlaneClient):
             return {pid: sum(keys.values()) for pid, keys in self._outstanding.items()}
 
     def get_step_metrics(self, step_time_s: float) -> dict[str, float]:
-        """Metrics for the window since the previous call (§16), then reset the window.
+        """Metrics for the window since the previous call, then reset the window.
 
         Args:
             step_time_s: Wall time of the training step, for ``step/frac_of_step``.
 
         Returns:
-            The §16 keys; per-op keys for every op called in the window; ``p50_ms`` only with
+            The fixed step keys; per-op keys for every op called in the window; ``p50_ms`` only with
             at least 20 calls and ``p90_ms`` only with at least 40.
 
         Raises:

@@ -1,4 +1,4 @@
-"""Driver-side DP sharding of a ``KVBatchMeta`` (contract §12.1).
+"""Driver-side DP sharding of a ``KVBatchMeta``.
 
 The driver never holds the bulk tensors of a data-plane batch, only its meta.  To dispatch a
 batch to DP ranks it runs the ordinary planner (``BatchedDataDict.shard_by_batch_size``) on a
@@ -47,8 +47,8 @@ def shard_meta_for_dp(
         meta: The batch to shard; needs ``sequence_lengths``.
         dp_world: Number of DP ranks.
         batch_size: Global batch size (defaults to ``meta.size``).
-        sequence_packing_args: Planner settings for sequence packing (§12.3).
-        dynamic_batching_args: Planner settings for dynamic batching (§12.3).
+        sequence_packing_args: Planner settings for sequence packing.
+        dynamic_batching_args: Planner settings for dynamic batching.
 
     Returns:
         ``(metas, order)``: ``metas[r]`` = ``meta.subset(rows of rank r)`` with

@@ -224,7 +224,9 @@ def backend(kind: str) -> BackendSpec:
     """
     spec = BACKENDS.get(kind)
     if spec is None:
-        raise ValueError(f"unknown data-plane backend kind {kind!r}; registered: {sorted(BACKENDS)}")
+        raise ValueError(
+            f"unknown data-plane backend kind {kind!r}; registered: {sorted(BACKENDS)}"
+        )
     return spec
 
 
@@ -237,9 +239,8 @@ def backend_for_option(option: str) -> BackendSpec:
     for spec in BACKENDS.values():
         if spec.option == option:
             return spec
-    raise ValueError(
-        f"unknown data_plane option {option!r}; legal: {sorted(s.option for s in BACKENDS.values())}"
-    )
+    legal = sorted(spec.option for spec in BACKENDS.values())
+    raise ValueError(f"unknown data_plane option {option!r}; legal: {legal}")
 
 
 def backend_for_config(cfg: Any) -> BackendSpec:

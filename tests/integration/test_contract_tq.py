@@ -1,4 +1,4 @@
-"""The shared ``DataPlaneClient`` contract (checklist §18.B 9-22, E 41-44) over TransferQueue.
+"""The shared ``DataPlaneClient`` contract over TransferQueue.
 
 Runs ``tests/contract_suite.DataPlaneContract`` unchanged against ``TQDataPlaneClient`` on the
 session cluster.  ``fresh_client`` closes the current session system and bootstraps a new,

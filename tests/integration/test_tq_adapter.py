@@ -1,4 +1,4 @@
-"""TransferQueue adapter behaviour beyond the shared contract (checklist §18.D 29-33, 37, 39, 40).
+"""TransferQueue adapter behaviour beyond the shared contract.
 
 Runs on the session cluster (``ray_cluster`` / ``tq_session``): write-back of new columns, the
 layouts the adapter returns (dense stays dense, 1-D stays ``(N,)``, ragged stays jagged, object

@@ -1,4 +1,4 @@
-"""TransferQueue checkpoints (contract §7, TQ format v1; checklist §18.E 41-42 specifics).
+"""TransferQueue checkpoints.
 
 Save from the session system, drop the data, load into a freshly bootstrapped system and
 compare bit-exactly (dense, jagged, bf16, object columns, tags and per-task cursors); check the

@@ -1,4 +1,4 @@
-"""Cross-process use of the TransferQueue adapter (checklist §18.D 34).
+"""Cross-process use of the TransferQueue adapter.
 
 A Ray actor (``num_cpus=0``, a separate worker process) attaches with ``bootstrap=False`` to the
 session system, reads the driver's partition bit-exactly (dense, jagged, scalar and string

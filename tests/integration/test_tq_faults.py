@@ -1,4 +1,4 @@
-"""Fault cases of the TransferQueue adapter, each in its own subprocess (checklist §18.D 35, 36, 38).
+"""Fault cases of the TransferQueue adapter, each in its own subprocess.
 
 Each case kills or over-commits part of a TransferQueue system, so it runs in a fresh Python
 process with its own local Ray (``num_cpus=2``) and small timeouts exported *before* the library

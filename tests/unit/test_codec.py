@@ -1,4 +1,4 @@
-"""Codec layout transforms (contract §10, checklist G 55-57) plus round-trip properties:
+"""Codec layout transforms plus round-trip properties:
 pack then materialise equals the padded original for random lengths and dtypes, jagged stays
 jagged, and ``pad_to_seqlen`` pads and never truncates."""
 

@@ -1,4 +1,4 @@
-"""column_io against the real Local adapter (contract §11, checklist G 58-59)."""
+"""column_io against the real Local adapter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``data_plane`` Hydra group files compose and validate (contract §8, checklist F 46).
+"""The ``data_plane`` Hydra group files compose and validate.
 
 A small root config in ``tmp_path`` pulls the repository's ``conf/`` onto Hydra's search path
 and selects one ``data_plane`` option, so the real group files and the registered schemas are

@@ -1,4 +1,4 @@
-"""TQDriverMixin (contract §13, checklist I 65) and the placed-microbatch pad target (§17.3).
+"""TQDriverMixin and the placed-microbatch pad target.
 
 The host class below is a minimal driver façade defined for these tests: it provides only the
 two attributes the mixin reads (``cfg``, ``dp_client``), isolating the mixin from ``TQPolicy``
@@ -268,7 +268,7 @@ def test_two_dispatches_with_different_rounding_get_different_targets() -> None:
     assert critic._isolated_meta(p, fields=None, task_name="values").extra_info[KEY] == 1280
 
 
-# --- placed microbatches (§17.3 step 3) ---------------------------------------------------------
+# --- placed microbatches -----------------------------------------------------------------
 
 
 def test_placed_pad_target_four_rank_example() -> None:

@@ -1,4 +1,4 @@
-"""Factory and TQ knob tests (contract §9, checklist F 47-53).
+"""Factory and TQ knob tests.
 
 Trainers and ``TQPolicy`` need Ray and a model, so the selection tests point the registry (or
 the policy path) at tiny modules written into ``tmp_path``: those fakes isolate the factory's

@@ -1,4 +1,4 @@
-"""KVBatchMeta: fields, invariants and transforms (contract §3, checklist A 1-8), plus property
+"""KVBatchMeta: fields, invariants and transforms, plus property
 tests that every transform projects rows consistently and shares no mutable container."""
 
 from __future__ import annotations

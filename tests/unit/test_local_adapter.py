@@ -1,4 +1,4 @@
-"""Local-adapter behaviour beyond the shared contract (contract §5; checklist C 23-28).
+"""Local-adapter behaviour beyond the shared contract.
 
 One batch per partition, the partition limit, generation-checked metas, whole-column
 non-tensor reads, the factory path, thread safety and blocking claims woken by other threads.

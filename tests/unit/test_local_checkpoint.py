@@ -1,4 +1,4 @@
-"""Local-adapter checkpoints and the shared atomic-write helper (contract §7; checklist E 43-45).
+"""Local-adapter checkpoints and the shared atomic-write helper.
 
 Covers failures during a save (real exception inside the writer, failing final rename, a crash
 between the two renames), hostile or damaged files on load (a code-bearing pickle, unknown

@@ -1,4 +1,4 @@
-"""``MetricsDataPlaneClient`` tests (contract §16, checklist J 71-73).
+"""``MetricsDataPlaneClient`` tests.
 
 Most tests wrap the real ``LocalDataPlaneClient``.  Two fakes are used, each only where the real
 adapter cannot produce the situation deterministically:

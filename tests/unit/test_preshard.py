@@ -1,5 +1,5 @@
-"""shard_meta_for_dp (contract §12.1, checklist H 60-64): validation, shard invariants, the
-§12.4 worked examples, order restoration and equal microbatch counts."""
+"""shard_meta_for_dp: validation, shard invariants, the
+worked examples, order restoration and equal microbatch counts."""
 
 from __future__ import annotations
 

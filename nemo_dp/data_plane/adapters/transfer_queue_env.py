@@ -3,12 +3,12 @@
 TransferQueue reads its knobs once, when the library is imported, in every process -
 including its own controller and storage actors, which only see them through Ray's
 ``runtime_env``.  The knobs therefore have to be computed from the config and exported
-*before* ``ray.init`` and before anything imports ``transfer_queue`` (contract §9.5).  Both the
+*before* ``ray.init`` and before anything imports ``transfer_queue``.  Both the
 factory (driver side, before Ray starts) and the adapter (defensively, at construction) call
 :func:`configure_engine_env`.
 
 This module imports only the standard library: it runs in launchers before Ray, torch or the
-library are loaded, and it must never be the thing that imports them (contract §2).
+library are loaded, and it must never be the thing that imports them.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class EngineKnob:
     integer: bool
 
 
-#: The knob table of contract §9.5.  TransferQueue 0.1.11 parses every one of these with
+#: The knob table.  TransferQueue 0.1.11 parses every one of these with
 #: ``int(...)``, so the exported strings must be whole numbers even for the timeouts.
 ENGINE_KNOBS: tuple[EngineKnob, ...] = (
     EngineKnob("TQ_NUM_THREADS", "num_threads", integer=True),
@@ -124,10 +124,10 @@ def wanted_engine_env(cfg: Any) -> dict[str, str]:
     """Compute the ``TQ_*`` knobs a TransferQueue ``data_plane`` config asks for.
 
     Args:
-        cfg: A ``DataPlaneConfig``, a ``DictConfig`` or a plain mapping with the keys of §8.1.
+        cfg: A ``DataPlaneConfig``, or a ``DictConfig`` / plain mapping with its keys.
 
     Returns:
-        ``{env_var: decimal string}`` for every knob of §9.5, in table order.
+        ``{env_var: decimal string}`` for every knob of ``ENGINE_KNOBS``, in table order.
 
     Raises:
         ValueError: A source key is missing or its value cannot be exported (the message names
