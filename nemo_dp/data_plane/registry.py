@@ -35,6 +35,7 @@ __all__ = [
     "backend_for_option",
     "enabled_kinds",
     "register_backend",
+    "ray_start_args",
     "reserved_ray_cpus",
     "schema_types",
 ]
@@ -82,6 +83,8 @@ class BackendSpec:
         cross_process: Whether rows put in one process can be read in another.
         supports_checkpointing: ``cfg -> bool`` for the validated config.
         reserved_cpus: ``cfg -> int``: logical Ray CPUs the backend's own actors reserve.
+        reserved_by: ``cfg -> str`` naming the actors and config keys behind
+            ``reserved_cpus`` (for Ray start-up's budget error).
         max_live_batches: ``cfg -> int | None``: live partitions a colocated loader may hold
             (``None``: no bound of the store's own).
         configure_env: ``cfg -> dict[str, str]`` exporting environment knobs before Ray and the
@@ -98,6 +101,7 @@ class BackendSpec:
     cross_process: bool = False
     supports_checkpointing: Callable[[Any], bool] = _never
     reserved_cpus: Callable[[Any], int] = _zero
+    reserved_by: Callable[[Any], str] = field(default=lambda cfg: "no data-plane actors")
     max_live_batches: Callable[[Any], int | None] = _unbounded
     configure_env: Callable[[Any], dict[str, str]] | None = None
     describe: Callable[[Any], str] = field(default=lambda cfg: "")
@@ -206,6 +210,10 @@ register_backend(
         cross_process=True,
         supports_checkpointing=lambda cfg: cfg.backend == "simple",
         reserved_cpus=_tq_reserved_cpus,
+        reserved_by=lambda cfg: (
+            "the TransferQueue controller and each of data_plane.simple.num_storage_units="
+            f"{int(cfg.simple.num_storage_units)} storage units reserve 1 logical CPU"
+        ),
         max_live_batches=lambda cfg: TQ_MAX_LIVE_BATCHES,
         configure_env=_tq_configure_env,
         describe=lambda cfg: f"transfer_queue (backend: {cfg.backend})",
@@ -298,3 +306,32 @@ def reserved_ray_cpus(data_plane_cfg: Any) -> int:
 def kinds_by_option() -> Mapping[str, str]:
     """``kind -> Hydra option`` for messages."""
     return {kind: spec.option for kind, spec in BACKENDS.items()}
+
+
+def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:
+    """What Ray start-up needs to know about the data plane, computed in this layer.
+
+    Exports the backend's environment knobs (they must be set before Ray and the backend
+    library start) and returns them with the CPU reservation, so that the distributed layer
+    receives plain values and never imports the data plane.
+
+    Args:
+        data_plane_cfg: Any accepted ``data_plane`` form.
+
+    Returns:
+        ``{"reserved_cpus": int, "reserved_by": str, "env_vars": dict[str, str]}``.
+
+    Raises:
+        ValueError: The config is invalid (names the key).
+        RuntimeError: A knob is missing while the backend library is already imported.
+    """
+    from nemo_dp.data_plane.factory import coerce_data_plane_config, maybe_configure_data_plane_env
+
+    dp_cfg = coerce_data_plane_config(data_plane_cfg)
+    spec = backend_for_config(dp_cfg)
+    enabled = bool(getattr(dp_cfg, "enabled", False))
+    return {
+        "reserved_cpus": int(spec.reserved_cpus(dp_cfg)) if enabled else 0,
+        "reserved_by": spec.reserved_by(dp_cfg) if enabled else "no data-plane actors",
+        "env_vars": dict(maybe_configure_data_plane_env(dp_cfg)),
+    }

@@ -57,6 +57,23 @@ def test_reserved_ray_cpus(cfg: Any, cpus: int) -> None:
     assert registry.reserved_ray_cpus(cfg) == cpus
 
 
+def test_ray_start_args_carry_cpus_reason_and_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nemo_dp.data_plane.adapters import transfer_queue_env as tqenv
+
+    for knob in tqenv.ENGINE_KNOBS:
+        monkeypatch.delenv(knob.env_var, raising=False)
+    monkeypatch.delitem(sys.modules, "transfer_queue", raising=False)
+    args = registry.ray_start_args({**TQ, "simple": {"num_storage_units": 2}})
+    assert args["reserved_cpus"] == 3
+    assert "data_plane.simple.num_storage_units=2" in args["reserved_by"]
+    assert set(args["env_vars"]) == {k.env_var for k in tqenv.ENGINE_KNOBS}
+    assert registry.ray_start_args(LocalDataPlaneConfig()) == {
+        "reserved_cpus": 0,
+        "reserved_by": "no data-plane actors",
+        "env_vars": {},
+    }
+
+
 def test_reserved_ray_cpus_names_a_bad_key() -> None:
     with pytest.raises(ValueError, match="data_plane.simple.num_storage_units"):
         registry.reserved_ray_cpus({**TQ, "simple": {"num_storage_units": "many"}})
