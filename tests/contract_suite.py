@@ -175,7 +175,7 @@ class DataPlaneContract:
         receipt = client.put_samples(batch.ids, pid, batch.td, tags=batch.tags)
         return batch, receipt
 
-    # --- B.9 round trip -----------------------------------------------------------------------
+    # --- round trip -----------------------------------------------------------------------
     def test_round_trip_and_requested_order(self, client: DataPlaneClient, pid: str, read_table: Callable) -> None:
         batch, _ = self._put_batch(client, pid, n=5, seed=1)
         out = client.get_samples(batch.ids, pid, FIELDS)
@@ -231,7 +231,7 @@ class DataPlaneContract:
         assert not any(t.is_alive() for t in threads)
         assert errors == []
 
-    # --- B.10 list_sample_ids -----------------------------------------------------------------
+    # --- list_sample_ids -----------------------------------------------------------------
     def test_list_sample_ids(self, client: DataPlaneClient, pid: str) -> None:
         assert client.list_sample_ids(pid) == []  # unknown partition
         self._register(client, pid, n=4)
@@ -246,7 +246,7 @@ class DataPlaneContract:
         client.clear_samples(None, pid)
         assert client.list_sample_ids(pid) == []
 
-    # --- B.11 register_partition ---------------------------------------------------------------
+    # --- register_partition ---------------------------------------------------------------
     def test_register_rules(self, client: DataPlaneClient, pid: str) -> None:
         self._register(client, pid, n=2)
         with pytest.raises(ValueError) as ei:
@@ -318,7 +318,7 @@ class DataPlaneContract:
         table = read_table(client.get_samples(["c", "b", "a"], pid, ["status"]))
         assert list(table["status"]) == ["late", "ok", "late"]
 
-    # --- B.12 unknown partition ---------------------------------------------------------------
+    # --- unknown partition ---------------------------------------------------------------
     def test_unknown_partition_raises_key_error_naming_it(self, client: DataPlaneClient, pid: str) -> None:
         meta = KVBatchMeta(pid, "t1", ["a"], fields=["x"], extra_info={"local_partition_generation": 1})
         calls: list[Callable[[], Any]] = [
@@ -336,7 +336,7 @@ class DataPlaneContract:
             assert repr(pid) in message(ei)
 
     def test_unknown_partition_is_checked_before_arguments(self, client: DataPlaneClient, pid: str) -> None:
-        # R3: closed -> unknown partition -> argument validity
+        # Error precedence: closed -> unknown partition -> argument validity
         calls: list[Callable[[], Any]] = [
             lambda: client.claim_meta(pid, "no_task", [], 0, timeout_s=-1),
             lambda: client.put_samples(["a", "a"], pid, None, None),
@@ -350,7 +350,7 @@ class DataPlaneContract:
                 call()
             assert repr(pid) in message(ei)
 
-    # --- B.13 put validation ------------------------------------------------------------------
+    # --- put validation ------------------------------------------------------------------
     def test_rejected_puts_write_nothing(self, client: DataPlaneClient, pid: str, read_table: Callable) -> None:
         client.register_partition(pid, ["x", "y"], 3, ["t"])
         ids = ["a", "b", "twice"]
@@ -400,7 +400,7 @@ class DataPlaneContract:
         table = read_table(client.get_samples(ids, pid, ["x", "s"]))
         assert_table(table, {"x": torch.ones(2, 2), "s": ["u", "v"]})
 
-    # --- B.14 get_samples ---------------------------------------------------------------------
+    # --- get_samples ---------------------------------------------------------------------
     def test_get_samples_errors(self, client: DataPlaneClient, pid: str) -> None:
         client.register_partition(pid, ["x", "y"], 4, ["t"])
         ids = ["a", "b", "cleared_row", "d"]
@@ -428,7 +428,7 @@ class DataPlaneContract:
         assert tuple(empty.batch_size) == (0,)
         assert list(empty.keys()) == []
 
-    # --- B.15 get_data field resolution -------------------------------------------------------
+    # --- get_data field resolution -------------------------------------------------------
     def test_get_data_field_resolution(self, client: DataPlaneClient, pid: str, read_table: Callable) -> None:
         batch, receipt = self._put_batch(client, pid, seed=5)
         no_fields = KVBatchMeta(pid, "t1", list(batch.ids), fields=None, extra_info=dict(receipt.extra_info))
@@ -446,7 +446,7 @@ class DataPlaneContract:
         claimed = client.claim_meta(pid, "t1", ["x"], 4, blocking=False)
         assert sorted(claimed.sample_ids) == sorted(batch.ids)
 
-    # --- B.16 / B.17 claims -------------------------------------------------------------------
+    # --- claims -------------------------------------------------------------------
     def test_claims_and_consumption(self, client: DataPlaneClient, pid: str, read_table: Callable) -> None:
         batch, receipt = self._put_batch(client, pid, seed=6)
         assert client.check_consumption_status(pid, ["t1"]) is False
@@ -518,7 +518,7 @@ class DataPlaneContract:
         # the timed-out claim took nothing
         assert client.claim_meta(pid, "waiter", ["x"], 2, blocking=False).size == 2
 
-    # --- B.18 clear ---------------------------------------------------------------------------
+    # --- clear ---------------------------------------------------------------------------
     def test_explicit_and_partition_clear(self, client: DataPlaneClient, pid: str, read_table: Callable) -> None:
         batch, _ = self._put_batch(client, pid, seed=8)
         a, b, c, d = batch.ids
@@ -568,7 +568,7 @@ class DataPlaneContract:
         with pytest.raises(KeyError):
             client.get_samples(["a"], pid, ["x"])
 
-    # --- B.19 tags ----------------------------------------------------------------------------
+    # --- tags ----------------------------------------------------------------------------
     def test_put_without_tags_keeps_stored_tags(self, client: DataPlaneClient, pid: str) -> None:
         client.register_partition(pid, ["x", "z"], 2, ["t"])
         ids = ["a", "b"]
@@ -586,7 +586,7 @@ class DataPlaneContract:
         assert meta.tags == [by_id[sid] for sid in meta.sample_ids]
         assert meta.sequence_lengths == [by_id[sid]["input_lengths"] for sid in meta.sample_ids]
 
-    # --- B.20 receipts ------------------------------------------------------------------------
+    # --- receipts ------------------------------------------------------------------------
     def test_put_receipt(self, client: DataPlaneClient, pid: str) -> None:
         batch = make_batch(4, seed=9)
         self._register(client, pid, n=4)
@@ -614,7 +614,7 @@ class DataPlaneContract:
         receipt = client.put_samples(["a", "b"], other, dense_td(2))
         assert receipt.sequence_lengths is None and receipt.tags is None
 
-    # --- B.22 close ---------------------------------------------------------------------------
+    # --- close ---------------------------------------------------------------------------
     def test_close_is_idempotent_and_later_calls_raise(
         self, fresh_client: Callable[[], DataPlaneClient], tmp_path: Path
     ) -> None:
@@ -640,7 +640,7 @@ class DataPlaneContract:
                 call()
         assert not (tmp_path / "ck").exists()
 
-    # --- E.41 checkpoint round trip -----------------------------------------------------------
+    # --- checkpoint round trip -----------------------------------------------------------
     def test_checkpoint_round_trip(
         self, fresh_client: Callable[[], DataPlaneClient], read_table: Callable, tmp_path: Path, pid: str
     ) -> None:
@@ -669,7 +669,7 @@ class DataPlaneContract:
         # the other task's cursor was untouched
         assert sorted(b.claim_meta(pid, "t2", ["x"], 4, blocking=False).sample_ids) == sorted(batch.ids)
 
-    # --- E.42 load only into a clean client ---------------------------------------------------
+    # --- load only into a clean client ---------------------------------------------------
     def test_load_requires_a_clean_client(
         self, fresh_client: Callable[[], DataPlaneClient], tmp_path: Path, pid: str
     ) -> None:
@@ -687,7 +687,7 @@ class DataPlaneContract:
         with pytest.raises(RuntimeError, match="clean data-plane client"):
             b.load_checkpoint(ck)
 
-    # --- E.43 / E.44 atomic saves -------------------------------------------------------------
+    # --- atomic saves -------------------------------------------------------------
     def test_failed_saves_keep_previous_checkpoint(
         self,
         fresh_client: Callable[[], DataPlaneClient],
@@ -705,7 +705,7 @@ class DataPlaneContract:
         a.register_partition(pid, ["x"], 2, ["t"])
         a.put_samples(["a", "b"], pid, dense_td(2))
 
-        # E.44: non-JSON metadata fails before anything touches the disk
+        # Non-JSON metadata fails before anything touches the disk
         for bad in ({"obj": object()}, {1: "int key"}, ["not", "a", "mapping"]):
             with pytest.raises((TypeError, ValueError)):
                 a.save_checkpoint(ck, metadata=bad)  # type: ignore[arg-type]
@@ -713,7 +713,7 @@ class DataPlaneContract:
 
         a.save_checkpoint(ck, metadata={"step": 1})
 
-        # E.43 (1): a failure after the payload was written into the temp dir
+        # A failure after the payload was written into the temp dir
         real_verify = checkpoint_io._verify_written
         seen: list[list[str]] = []
 
@@ -729,7 +729,7 @@ class DataPlaneContract:
         assert seen and "manifest.json" in seen[0]  # the injection point was really reached
         assert siblings() == []
 
-        # E.43 (2): the final rename fails -> the old directory is restored
+        # The final rename fails -> the old directory is restored
         real_replace = checkpoint_io.os.replace
         attempts: list[str] = []
 

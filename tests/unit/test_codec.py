@@ -56,9 +56,6 @@ def test_pad_value_helpers() -> None:
     assert pad_value_for("input_ids", None) == 0
 
 
-# --- 55 -------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("dtype", DTYPES + [torch.bool])
 def test_to_nested_by_length_strips_padding_keeps_dtype(dtype: torch.dtype) -> None:
     padded = (torch.arange(12).reshape(3, 4) % 2).to(dtype)
@@ -104,9 +101,6 @@ def test_stack_or_nest() -> None:
     assert [r.shape[0] for r in ragged.unbind()] == [3, 5]
     with pytest.raises(ValueError, match="differ only in their first dim"):
         stack_or_nest([torch.ones(3, 2), torch.ones(3, 4)])
-
-
-# --- 56 -------------------------------------------------------------------------------------
 
 
 def test_pack_token_aligned_advantages_and_rectangles() -> None:
@@ -193,9 +187,6 @@ def test_pack_detaches_and_makes_contiguous() -> None:
     assert leaf.is_contiguous()
     assert not leaf.requires_grad
     assert torch.equal(leaf, view.detach())
-
-
-# --- 57 -------------------------------------------------------------------------------------
 
 
 def _nested(rows: list[list[int]], dtype: torch.dtype = torch.int64) -> torch.Tensor:

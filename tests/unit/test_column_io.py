@@ -58,9 +58,6 @@ def test_round_up() -> None:
     assert round_up(1445, 64) == 1472
 
 
-# --- 58 -------------------------------------------------------------------------------------
-
-
 def test_first_write_id_count_mismatch(client: LocalDataPlaneClient) -> None:
     _register(client, "p", 5)
     batch = _batch((1, 2, 3, 4, 5))
@@ -130,9 +127,6 @@ def test_first_write_pad_to_multiple_only_when_above_one(client: LocalDataPlaneC
                        task_name=None)
     assert "pad_to_multiple" not in meta.extra_info
     assert client.get_data(meta).batch_size == torch.Size([3])
-
-
-# --- 59 -------------------------------------------------------------------------------------
 
 
 def test_read_columns_exact_fields_at_pad_target(client: LocalDataPlaneClient) -> None:

@@ -62,7 +62,7 @@ def _tq_cfg(**timeouts: float) -> DataPlaneConfig:
     )
 
 
-# --- 50: data_plane_enabled ----------------------------------------------------------------------
+# --- data_plane_enabled ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_coerce_errors_name_key() -> None:
         coerce_data_plane_config(42)
 
 
-# --- 47 / 48 / 49: build_data_plane_client -------------------------------------------------
+# --- build_data_plane_client -------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -198,7 +198,7 @@ def test_supports_checkpointing() -> None:
     assert data_plane_supports_checkpointing(None) is False
 
 
-# --- 51: select_sync_trainer ---------------------------------------------------------------------
+# --- select_sync_trainer ---------------------------------------------------------------------
 
 def test_every_registered_trainer_resolves_to_a_callable() -> None:
     """Each (algorithm, backend) entry the factory serves imports and is a function; the pairs
@@ -381,7 +381,7 @@ def test_describe_selection() -> None:
     assert local["backend"] == "local (process-local store)"
 
 
-# --- 52: make_policy_factory ---------------------------------------------------------------
+# --- make_policy_factory ---------------------------------------------------------------
 
 
 def test_make_policy_factory_disabled() -> None:
@@ -423,7 +423,7 @@ def test_default_policy_path_points_at_tq_policy() -> None:
     assert factory.POLICY_CLASS_PATH == "nemo_dp.models.policy.tq_policy:TQPolicy"
 
 
-# --- 53: maybe_configure_data_plane_env / transfer_queue_env --------------------------------
+# --- maybe_configure_data_plane_env / transfer_queue_env --------------------------------
 
 
 @pytest.mark.parametrize(

@@ -46,9 +46,6 @@ def _shares_container(a: KVBatchMeta, b: KVBatchMeta) -> bool:
     return any(id(c) in ids_a for c in _containers(b))
 
 
-# --- A1 -------------------------------------------------------------------------------------
-
-
 def test_field_names_order_and_defaults() -> None:
     names = [f.name for f in dataclasses.fields(KVBatchMeta)]
     assert names == [
@@ -79,9 +76,6 @@ def test_extra_info_not_shared_and_empty_meta_truthy() -> None:
     assert not hasattr(KVBatchMeta, "__len__")
 
 
-# --- A2 -------------------------------------------------------------------------------------
-
-
 def test_missing_partition_id_is_type_error() -> None:
     with pytest.raises(TypeError):
         KVBatchMeta(task_name=None, sample_ids=["a"])  # type: ignore[call-arg]
@@ -98,9 +92,6 @@ def test_duplicates_allowed_empty_valid_and_pickle_round_trip() -> None:
     assert back is not m
 
 
-# --- A3 -------------------------------------------------------------------------------------
-
-
 def test_misaligned_tags_or_lengths() -> None:
     with pytest.raises(ValueError, match="must align 1:1"):
         KVBatchMeta("p", None, ["a", "b"], tags=[{}])
@@ -109,9 +100,6 @@ def test_misaligned_tags_or_lengths() -> None:
     m = _meta(2)
     with pytest.raises(ValueError, match="must align 1:1"):
         dataclasses.replace(m, tags=[{}])
-
-
-# --- A4 -------------------------------------------------------------------------------------
 
 
 def test_stamp_tags_creates_fills_converts_in_place() -> None:
@@ -143,9 +131,6 @@ def test_stamp_tags_keeps_existing_and_rejects_wrong_length() -> None:
     with pytest.raises(ValueError, match="stamp_tags: bad has 3 values, expected 2"):
         m.stamp_tags({"bad": [1, 2, 3]})
     assert "bad" not in m.tags[0]
-
-
-# --- A5 -------------------------------------------------------------------------------------
 
 
 def test_subset_and_slice_project_rows() -> None:
@@ -192,9 +177,6 @@ def test_subset_shares_no_mutable_container() -> None:
     assert s.extra_info["k"] is m.extra_info["k"]
 
 
-# --- A6 -------------------------------------------------------------------------------------
-
-
 def test_concat_rules() -> None:
     a = _meta(2, extra_info={"from": "a"})
     b = KVBatchMeta("p", "other", ["t0"], fields=["advantages", "input_ids"],
@@ -220,9 +202,6 @@ def test_concat_rules() -> None:
         a.concat(KVBatchMeta("q", None, ["z"]))
 
 
-# --- A7 -------------------------------------------------------------------------------------
-
-
 def test_drop_rules() -> None:
     m = _meta(4)
     d = m.drop([1, 3])
@@ -240,9 +219,6 @@ def test_drop_rules() -> None:
     assert kept is not None and kept.sample_ids == ["b"]
     with pytest.raises(IndexError):
         m.drop([4])
-
-
-# --- A8 -------------------------------------------------------------------------------------
 
 
 def test_with_fields() -> None:

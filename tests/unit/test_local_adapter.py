@@ -7,7 +7,6 @@ non-tensor reads, the factory path, thread safety and blocking claims woken by o
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -47,7 +46,7 @@ def td_x(n: int, offset: float = 0.0) -> TensorDict:
     return TensorDict({"x": torch.arange(n * 2, dtype=torch.float32).reshape(n, 2) + offset}, batch_size=(n,))
 
 
-# --- C.23 one complete batch per partition ---------------------------------------------------
+# --- one complete batch per partition ---------------------------------------------------
 
 
 def test_second_put_is_a_duplicate_write(client: LocalDataPlaneClient) -> None:
@@ -86,7 +85,7 @@ def test_tags_only_put_is_the_one_put(client: LocalDataPlaneClient) -> None:
         client.put_samples(["a", "b"], "p", td_x(2))
 
 
-# --- C.24 partition limit --------------------------------------------------------------------
+# --- partition limit --------------------------------------------------------------------
 
 
 def test_partition_limit() -> None:
@@ -131,7 +130,7 @@ def test_clearing_every_row_by_ids_drops_the_partition_and_frees_its_slot() -> N
     assert c.list_sample_ids("p2") == [] and c.claim_meta("p2", "t", ["x"], 1, blocking=False).size == 0
 
 
-# --- C.25 generations ------------------------------------------------------------------------
+# --- generations ------------------------------------------------------------------------
 
 
 def test_stale_meta_is_rejected_by_get_data_only() -> None:
@@ -176,7 +175,7 @@ def test_every_returned_meta_carries_the_generation(client: LocalDataPlaneClient
         is_local_batch_meta({"extra_info": {}})  # type: ignore[arg-type]
 
 
-# --- C.26 non-tensor columns -----------------------------------------------------------------
+# --- non-tensor columns -----------------------------------------------------------------
 
 
 def test_non_tensor_columns_come_back_as_one_non_tensor_data() -> None:
@@ -242,7 +241,7 @@ def test_local_batch_to_tensordict() -> None:
     assert tuple(empty.batch_size) == (0,)
 
 
-# --- C.27 factory ----------------------------------------------------------------------------
+# --- factory ----------------------------------------------------------------------------
 
 
 def test_factory_builds_a_local_client() -> None:
@@ -256,7 +255,25 @@ def test_factory_builds_a_local_client() -> None:
         c.close()
 
 
-# --- C.28 and R8 threads ---------------------------------------------------------------------
+# --- threads --------------------------------------------------------------------------------
+
+
+def _signal_when_waiting(client: LocalDataPlaneClient) -> threading.Event:
+    """An event set when a claim on ``client`` starts waiting on its condition variable.
+
+    Wraps the client's private condition (test-only hook): the main thread can then act on a
+    claimer that is certainly blocked, instead of sleeping and hoping it got there.
+    """
+    waiting = threading.Event()
+    cond = client._changed
+    original = cond.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        waiting.set()
+        return original(timeout)
+
+    cond.wait = wait  # type: ignore[method-assign]
+    return waiting
 
 
 def test_blocking_claim_is_satisfied_by_a_put_from_another_thread(client: LocalDataPlaneClient) -> None:
@@ -270,15 +287,13 @@ def test_blocking_claim_is_satisfied_by_a_put_from_another_thread(client: LocalD
         except BaseException as exc:
             errors.append(exc)
 
+    waiting = _signal_when_waiting(client)
     th = threading.Thread(target=claimer)
     th.start()
-    time.sleep(0.2)
-    assert th.is_alive()  # really waiting
-    start = time.monotonic()
+    assert waiting.wait(30) and th.is_alive()  # really waiting
     client.put_samples(["a", "b", "c"], "p", td_x(3))
     th.join(30)
     assert not th.is_alive() and errors == []
-    assert time.monotonic() - start < 5.0
     assert result[0].sample_ids == ["a", "b", "c"]  # stored order, oldest first
 
 
@@ -292,9 +307,10 @@ def test_waiting_claim_fails_when_partition_dropped_or_client_closed(client: Loc
         except BaseException as exc:
             errors.append(exc)
 
+    waiting = _signal_when_waiting(client)
     th = threading.Thread(target=claimer, args=(client, "p"))
     th.start()
-    time.sleep(0.2)
+    assert waiting.wait(30)
     client.clear_samples(None, "p")
     th.join(10)
     assert not th.is_alive()
@@ -302,9 +318,10 @@ def test_waiting_claim_fails_when_partition_dropped_or_client_closed(client: Loc
 
     other = make_client(1)
     other.register_partition("q", ["x"], 1, ["t"])
+    waiting = _signal_when_waiting(other)
     th = threading.Thread(target=claimer, args=(other, "q"))
     th.start()
-    time.sleep(0.2)
+    assert waiting.wait(30)
     other.close()
     th.join(10)
     assert not th.is_alive()

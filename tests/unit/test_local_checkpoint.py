@@ -55,7 +55,7 @@ def saved_checkpoint(tmp_path: Path, metadata: dict[str, Any] | None = None) -> 
     return ck
 
 
-# --- E.43 failures during a save -------------------------------------------------------------
+# --- failures during a save -------------------------------------------------------------
 
 
 def test_exception_inside_the_writer_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,7 +142,7 @@ def test_unserialisable_inputs_fail_before_writing(tmp_path: Path) -> None:
     assert not tmp_path.joinpath("ck").exists() and list(tmp_path.iterdir()) == []
 
 
-# --- E.45 hostile or damaged files -----------------------------------------------------------
+# --- hostile or damaged files -----------------------------------------------------------
 
 
 class _CodeBearing:
@@ -256,7 +256,7 @@ def test_failed_data_operation_also_dirties_the_client(tmp_path: Path) -> None:
     assert c2.load_checkpoint(ck) == {"step": 1}
 
 
-# --- E.45 what a restore brings back ---------------------------------------------------------
+# --- what a restore brings back ---------------------------------------------------------
 
 
 def test_restore_keeps_generations_cursors_and_resumes_the_counter(tmp_path: Path) -> None:

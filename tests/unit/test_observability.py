@@ -60,7 +60,7 @@ def _put_f32(client: DataPlaneClient, pid: str, n: int) -> list[str]:
     return ids
 
 
-# --- 71: events ---------------------------------------------------------------------------------
+# --- events ---------------------------------------------------------------------------------
 
 
 def test_put_get_register_clear_events() -> None:
@@ -220,7 +220,7 @@ def test_payload_bytes_nested_and_non_tensor() -> None:
     client.close()
 
 
-# --- 72: outstanding bytes ------------------------------------------------------------------------
+# --- outstanding bytes ------------------------------------------------------------------------
 
 
 def test_outstanding_bytes_lifecycle() -> None:
@@ -268,7 +268,7 @@ def test_failed_put_does_not_count_outstanding() -> None:
     client.close()
 
 
-# --- 73: step metrics --------------------------------------------------------------------------
+# --- step metrics --------------------------------------------------------------------------
 
 
 class _FakeTime:

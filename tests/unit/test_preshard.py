@@ -49,9 +49,6 @@ def _rows(metas: list[KVBatchMeta]) -> list[list[int]]:
     return [[int(s[1:]) for s in m.sample_ids] for m in metas]
 
 
-# --- 60 -------------------------------------------------------------------------------------
-
-
 def test_validation_errors() -> None:
     with pytest.raises(ValueError, match="empty meta — nothing to shard"):
         shard_meta_for_dp(KVBatchMeta("p", None, []), dp_world=1)
@@ -69,9 +66,6 @@ def test_validation_errors() -> None:
         shard_meta_for_dp(_meta(), dp_world=3)
     with pytest.raises(ValueError, match="dp_world"):
         shard_meta_for_dp(_meta(), dp_world=4, batch_size=2)
-
-
-# --- 61 -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -124,9 +118,6 @@ def test_inherited_plan_keys_are_not_copied_to_unplanned_shards() -> None:
         assert "micro_batch_indices" not in m.extra_info
         assert "micro_batch_lengths" not in m.extra_info
         assert m.extra_info["pad_to_multiple"] == 8
-
-
-# --- 62 -------------------------------------------------------------------------------------
 
 
 def test_worked_example_no_packing() -> None:
@@ -194,8 +185,6 @@ def test_documented_unequal_rank_loads() -> None:
     metas, _ = shard_meta_for_dp(_meta(), dp_world=4, sequence_packing_args=_pack(max_tokens=4096))
     assert [sum(m.extra_info["micro_batch_lengths"][0]) for m in metas] == [4032, 1600, 512, 512]
 
-
-# --- 63 / 64 --------------------------------------------------------------------------------
 
 _MODES = ["plain", "chunks", "dynamic"] + [f"pack:{p}" for p in PACKER_NAMES]
 

@@ -336,7 +336,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
                 if dups := _duplicates(ids):
                     raise ValueError(f"duplicate sample ids in one get: {listed(dups)}")
             except (TypeError, ValueError):
-                # R3: an unknown partition outranks argument errors.
+                # An unknown partition outranks argument errors (same precedence as the Local adapter).
                 self._require_record(partition_id, "get_samples")
                 raise
             if not ids:
