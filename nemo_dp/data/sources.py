@@ -12,6 +12,7 @@ the same rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Optional, Union
 
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
@@ -56,9 +57,18 @@ class DataSource:
         return self.path if self.path is not None else "the built-in arithmetic generator"
 
 
+@lru_cache(maxsize=8)
+def _task(digits: int, operators: tuple[str, ...], seed: int) -> ArithmeticTask:
+    return ArithmeticTask(digits, operators, seed)
+
+
 def arithmetic_task(env_cfg: Any) -> ArithmeticTask:
-    """The built-in task ``env`` describes (``env.digits``, ``env.operators``, ``env.seed``)."""
-    return ArithmeticTask(int(env_cfg.digits), tuple(env_cfg.operators), int(env_cfg.seed))
+    """The built-in task ``env`` describes (``env.digits``, ``env.operators``, ``env.seed``).
+
+    One instance per setting is shared, so its enumerated problem space is built once for the
+    check before Ray starts and the trainers' datasets (draws do not change the instance).
+    """
+    return _task(int(env_cfg.digits), tuple(str(op) for op in env_cfg.operators), int(env_cfg.seed))
 
 
 def _chat_format(env_cfg: Any) -> bool:
