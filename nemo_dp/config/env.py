@@ -35,8 +35,8 @@ class EnvConfig:
     SFT files hold ``{"prompt", "response"}`` or ``{"messages"}`` lines; RL and validation
     files hold ``{"prompt" | "messages", "answer"}`` lines. ``reward``: ``exact`` (the response
     equals the answer), ``math`` (its final answer does: ``#### 42``, ``\\boxed{42}`` or the
-    last number) or ``auto`` (``exact`` for the built-in task, ``math`` once any jsonl file
-    is set). ``format``: how the built-in generator presents its problems: ``plain``
+    last number) or ``auto`` (``math`` when ``rl_jsonl`` or ``val_jsonl`` is set, ``exact``
+    otherwise). ``format``: how the built-in generator presents its problems: ``plain``
     (``"37+5="`` -> ``"42"``) or ``chat`` (a one-turn conversation, rendered with the
     tokenizer's chat template when it has one; identical to ``plain`` without one).
     """

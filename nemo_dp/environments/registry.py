@@ -1,10 +1,11 @@
 """The one place that turns ``env.reward`` into a reward environment.
 
 ``exact`` is the built-in arithmetic task's exact match (``ArithmeticEnv``); ``math`` is the
-final-answer match for users' data (``MathEnv``). ``auto`` (the default) picks ``exact`` when
-every dataset comes from the built-in generator and ``math`` as soon as any jsonl file is
-configured, so the built-in task keeps its reward bit for bit and users' free-text answers are
-scored by their final answer.
+final-answer match for users' data (``MathEnv``). ``auto`` (the default) picks ``math`` when
+the problems being scored come from a user's file (``env.rl_jsonl`` or ``env.val_jsonl``) and
+``exact`` otherwise, so the built-in task keeps its reward bit for bit (an SFT file alone does
+not change it: its run is still scored on the generator's held-out problems) and users'
+free-text answers are scored by their final answer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ _BUILDERS: dict[str, Callable[[], Any]] = {"exact": ArithmeticEnv, "math": MathE
 #: Legal values of ``env.reward``.
 REWARD_NAMES: tuple[str, ...] = ("auto", *_BUILDERS)
 
-_JSONL_KEYS: tuple[str, ...] = ("sft_jsonl", "rl_jsonl", "val_jsonl")
+# The files whose problems (prompt + answer) a reward scores.
+_ANSWER_FILE_KEYS: tuple[str, ...] = ("rl_jsonl", "val_jsonl")
 
 
 def resolve_reward(env_cfg: Any) -> str:
@@ -43,7 +45,7 @@ def resolve_reward(env_cfg: Any) -> str:
         raise ValueError(f"env.reward: unknown reward {name!r}; legal values: {list(REWARD_NAMES)}")
     if name != "auto":
         return name
-    uses_files = any(getattr(env_cfg, k, None) is not None for k in _JSONL_KEYS)
+    uses_files = any(getattr(env_cfg, k, None) is not None for k in _ANSWER_FILE_KEYS)
     return "math" if uses_files else "exact"
 
 

@@ -69,8 +69,10 @@ def test_registry_auto_keeps_exact_for_the_built_in_task() -> None:
     assert resolve_reward(_env()) == "exact"
     assert isinstance(make_environment(_env()), ArithmeticEnv)
     assert resolve_reward(SimpleNamespace(sft_jsonl=None, rl_jsonl=None, val_jsonl=None)) == "exact"
-    for key in ("sft_jsonl", "rl_jsonl", "val_jsonl"):
+    for key in ("rl_jsonl", "val_jsonl"):
         assert isinstance(make_environment(_env(**{key: "x.jsonl"})), MathEnv)
+    # An SFT file alone: the run is still scored on the generator's held-out problems.
+    assert isinstance(make_environment(_env(sft_jsonl="x.jsonl")), ArithmeticEnv)
     assert isinstance(make_environment(_env(rl_jsonl="x.jsonl", reward="exact")), ArithmeticEnv)
     assert isinstance(make_environment(_env(reward="math")), MathEnv)
     with pytest.raises(ValueError, match=r"env.reward: unknown reward 'fuzzy'; legal values: \['auto', 'exact', 'math'\]"):
