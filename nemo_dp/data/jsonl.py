@@ -63,7 +63,9 @@ def _objects(path: str, key: str | None) -> Iterator[tuple[int, dict[str, Any]]]
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
-        raise DatasetError("file does not exist", key=key, path=path, fix="point it at an existing jsonl file") from None
+        raise DatasetError(
+            "file does not exist", key=key, path=path, fix="point it at an existing jsonl file"
+        ) from None
     except IsADirectoryError:
         raise DatasetError("is a directory, not a jsonl file", key=key, path=path) from None
     except OSError as exc:
