@@ -263,3 +263,32 @@ def test_typed_unknown_character_error_is_mapped_to_the_line(tmp_path: Path) -> 
     path = _jsonl(tmp_path, [{"prompt": "1+1=", "response": "2"}] * 4 + [{"prompt": "1+1=", "response": "zwei é"}])
     with pytest.raises(DatasetError, match=rf"^env.sft_jsonl: {path}:5: field 'response' holds character 'é'"):
         validate_datasets(_cfg(*SFT, f"env.sft_jsonl={path}"), _TypedErrorCharTokenizer())
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "grpo", "ppo"])
+def test_built_in_datasets_are_the_generator_rows_bit_for_bit(algorithm: str) -> None:
+    from nemo_dp.data.arithmetic import ArithmeticTask
+
+    cfg = _cfg("~recipe", f"algorithm={algorithm}", "data_plane=disabled", "env.digits=2", "env.seed=3")
+    task = ArithmeticTask(2, ("+",), 3)
+    ds = build_train_dataset(cfg, TOK)
+    if algorithm == "sft":
+        assert ds.pairs == [(p.prompt, p.answer) for p in task.train_problems(cfg.algorithm.num_train_samples)]
+    else:
+        assert ds.problems == task.train_problems(cfg.algorithm.num_train_prompts)
+    assert build_val_problems(cfg, TOK) == task.eval_problems(cfg.algorithm.val_samples)
+
+
+def test_the_check_loads_no_ray_transformers_or_transfer_queue() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, nemo_dp.data.validation, nemo_dp.data.sources, nemo_dp.environments\n"
+        "bad = [m for m in ('ray', 'transfer_queue', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    # The check sees a violation.
+    seen = subprocess.run([sys.executable, "-c", "import transformers\n" + code], capture_output=True)
+    assert seen.returncode != 0 and b"transformers" in seen.stderr
