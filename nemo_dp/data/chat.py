@@ -15,7 +15,9 @@ assistant's content and the end-of-turn token.
   its own so that no token straddles a boundary. In an assistant piece the mask covers the
   tokens up to and including the first ``eos``; the template's text after it (a newline, say)
   is not learned. A piece with no ``eos`` is learned whole and ``eos`` is appended, so the
-  model still learns to stop. No ``bos`` is added: the template decides.
+  model still learns to stop. The leading piece is encoded like an RL prompt
+  (``encode_prompt_text``): bos is prepended when the tokenizer has one and the template's
+  text does not already start with it, so SFT and RL sequences begin alike.
 
 RL prompts given as conversations render to text the same way (``render_prompt``).
 """
@@ -37,6 +39,7 @@ __all__ = [
     "ChatTemplateError",
     "tokenize_sft_example",
     "render_prompt",
+    "encode_prompt_text",
 ]
 
 #: Roles a conversation turn may have.
@@ -112,12 +115,10 @@ def _plain(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
 
 def _render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
     text = tokenizer.apply_chat_template(
-        [{"role": m.role, "content": m.content} for m in messages],
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
+        [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=add_generation_prompt
     )
     if not isinstance(text, str):
-        raise ChatTemplateError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
+        raise ChatTemplateError(f"apply_chat_template returned {type(text).__name__}, not the rendered text")
     return text
 
 
@@ -146,12 +147,37 @@ def _template_pieces(messages: Sequence[Message], tokenizer: Any) -> list[tuple[
     return pieces
 
 
+def encode_prompt_text(text: str, tokenizer: Any) -> list[int]:
+    """Ids of a sequence's leading (prompt) text, bos included the way the tokenizer adds it.
+
+    Uses the tokenizer's ``encode_prompt`` when it has one (the model layer's tokenizers add bos
+    only when they have one and the text does not already start with it), else
+    ``[bos]? + encode(text)``. RL prompts are encoded this way too, so an SFT conversation and
+    the RL prompt of the same turns start with the same ids.
+
+    Args:
+        text: The text.
+        tokenizer: The tokenizer.
+
+    Returns:
+        The ids.
+    """
+    encode_prompt = getattr(tokenizer, "encode_prompt", None)
+    if callable(encode_prompt):
+        return list(encode_prompt(text))
+    bos = tokenizer.bos_id
+    return ([] if bos is None else [int(bos)]) + list(tokenizer.encode(text))
+
+
 def _templated(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
     eos = int(tokenizer.eos_id)
     ids: list[int] = []
     mask: list[int] = []
-    for text, learned in _template_pieces(messages, tokenizer):
-        piece = list(tokenizer.encode(text)) if text else []
+    for k, (text, learned) in enumerate(_template_pieces(messages, tokenizer)):
+        if k == 0:
+            piece = encode_prompt_text(text, tokenizer)
+        else:
+            piece = list(tokenizer.encode(text)) if text else []
         if not learned:
             ids.extend(piece)
             mask.extend([0] * len(piece))

@@ -2,8 +2,9 @@
 
 The data layer renders and tokenizes examples for any tokenizer that offers these few members:
 the project's character tokenizer and HuggingFace tokenizers (through the model layer's
-wrapper) both do. A tokenizer *has a chat template* when it exposes a non-empty
-``chat_template`` string and an ``apply_chat_template`` method with HuggingFace's signature;
+wrapper) both do; the model layer's ``Tokenizer`` protocol is a superset of these. A
+tokenizer *has a chat template* when it exposes a non-empty ``chat_template`` string and an
+``apply_chat_template(messages, add_generation_prompt)`` method returning the rendered text;
 otherwise conversations are rendered by plain concatenation (see ``nemo_dp.data.chat``).
 """
 
@@ -38,13 +39,12 @@ class TextTokenizer(Protocol):
 
 @runtime_checkable
 class ChatTemplateTokenizer(TextTokenizer, Protocol):
-    """A tokenizer with a chat template (HuggingFace's ``apply_chat_template`` signature)."""
+    """A tokenizer that may carry a chat template."""
 
-    chat_template: Optional[str]
+    @property
+    def chat_template(self) -> Optional[str]: ...
 
-    def apply_chat_template(
-        self, conversation: Sequence[Mapping[str, str]], *, tokenize: bool, add_generation_prompt: bool
-    ) -> Any: ...
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str: ...
 
 
 def has_chat_template(tokenizer: Any) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from nemo_dp.data.arithmetic import Problem
-from nemo_dp.data.chat import ChatExample, tokenize_sft_example
+from nemo_dp.data.chat import ChatExample, encode_prompt_text, tokenize_sft_example
 from nemo_dp.data.errors import DatasetError, UnknownCharacterError
 from nemo_dp.data.sources import DataSource, rl_source, sft_source, val_source
 
@@ -106,14 +106,6 @@ def _encoding_error(src: DataSource, i: int, exc: ValueError, tokenizer: Any) ->
     return DatasetError(f"cannot be tokenized: {exc}", key=src.key, path=src.label, line=src.lines[i])
 
 
-def _prompt_length(prompt: str, tokenizer: Any) -> int:
-    encode_prompt = getattr(tokenizer, "encode_prompt", None)
-    if callable(encode_prompt):
-        return len(encode_prompt(prompt))
-    bos = tokenizer.bos_id
-    return len(tokenizer.encode(prompt)) + (0 if bos is None else 1)
-
-
 def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
     out: list[int] = []
     for i, row in enumerate(src.rows):
@@ -121,7 +113,7 @@ def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
             if sft:
                 out.append(len(tokenize_sft_example(row, tokenizer).ids))
             else:
-                out.append(_prompt_length(row.prompt, tokenizer))
+                out.append(len(encode_prompt_text(row.prompt, tokenizer)))
         except ValueError as exc:
             raise _encoding_error(src, i, exc, tokenizer) from exc
     return out

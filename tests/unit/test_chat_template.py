@@ -66,14 +66,20 @@ class HFChatTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
 
+    def encode_prompt(self, prompt: str) -> list[int]:
+        bos = self.hf.bos_token
+        if bos is None or prompt.startswith(bos):
+            return self.encode(prompt)
+        return [int(self.hf.bos_token_id)] + self.encode(prompt)
+
     def decode(self, ids: Iterable[int]) -> str:
         return str(self.hf.decode(list(ids)))
 
-    def apply_chat_template(
-        self, conversation: Sequence[Mapping[str, str]], *, tokenize: bool, add_generation_prompt: bool
-    ) -> Any:
-        return self.hf.apply_chat_template(
-            list(conversation), tokenize=tokenize, add_generation_prompt=add_generation_prompt
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
+        return str(
+            self.hf.apply_chat_template(
+                [dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt
+            )
         )
 
 
@@ -166,6 +172,19 @@ def test_hf_template_mask_is_exact(hf_tok: HFChatTokenizer) -> None:
     assert hf_tok.decode(_learned(out.ids, out.loss_mask)) == "19<|im_end|>20<|im_end|>"
     # The role header that precedes each answer is prompt, not learned.
     assert "assistant" not in hf_tok.decode(_learned(out.ids, out.loss_mask))
+
+
+def test_hf_template_without_bos_gets_one_bos_like_the_rl_prompt() -> None:
+    tok = build_hf_tokenizer(IM_TEMPLATE.replace("{{ bos_token }}", ""))
+    conv = ChatExample((Message("user", "12+7="), Message("assistant", "19")))
+    out = tokenize_sft_example(conv, tok)
+    prompt = render_prompt(conv.messages[:1], tok)
+    assert not prompt.startswith("<|bos|>")
+    prompt_ids = tok.encode_prompt(prompt)
+    assert prompt_ids[0] == tok.bos_id and out.ids[: len(prompt_ids)] == prompt_ids
+    assert out.loss_mask[: len(prompt_ids)] == [0] * len(prompt_ids)
+    assert out.ids.count(tok.bos_id) == 1
+    assert tok.decode(_learned(out.ids, out.loss_mask)) == "19<|im_end|>"
 
 
 def test_hf_template_without_eos_in_the_turn_appends_eos(hf_tok: HFChatTokenizer) -> None:

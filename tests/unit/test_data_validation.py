@@ -193,7 +193,9 @@ def test_chat_template_lengths_are_what_the_template_renders() -> None:
     report = validate_datasets(cfg, hf)
     rendered = build_train_dataset(cfg, hf)
     assert rendered[0].prompt.startswith("<|bos|><|im_start|>system\n") and rendered[0].prompt.endswith("assistant\n")
-    longest = max(len(hf.encode(p.prompt)) + 1 for p in rendered.problems) + 6  # + bos, + max_new_tokens
+    # The template already starts with bos, so none is added on top; + max_new_tokens.
+    assert all(hf.encode_prompt(p.prompt).count(hf.bos_id) == 1 for p in rendered.problems)
+    longest = max(len(hf.encode(p.prompt)) for p in rendered.problems) + 6
     assert report.checks[0].longest == longest
     # An explicit limit (e.g. the HF model's max positions) and the key that sets it.
     with pytest.raises(DatasetError, match=rf"> policy.max_seq_len=8; raise policy.max_seq_len to at least {longest}"):
