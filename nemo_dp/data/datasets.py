@@ -1,5 +1,8 @@
 """Datasets, a resumable epoch loader, and the SFT collator.
 
+SFT examples are ``(prompt, response)`` pairs or ``ChatExample`` conversations; the collator
+tokenizes both through ``nemo_dp.data.chat`` so the loss mask is exact for either.
+
 The loader's order depends only on (seed, epoch), and its whole position is a small
 ``state_dict`` (epoch + cursor), so a run resumed from a checkpoint sees exactly the batches
 the uninterrupted run would have seen.
@@ -14,8 +17,8 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
+from nemo_dp.data.chat import ChatExample, SFTExample, tokenize_sft_example
 from nemo_dp.data.jsonl import load_rl_jsonl, load_sft_jsonl
-from nemo_dp.data.tokenizer import CharTokenizer
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -28,7 +31,7 @@ class _Sized(Protocol[T_co]):
 
 
 class SFTDataset:
-    """(prompt, response) pairs.
+    """SFT examples: (prompt, response) pairs and/or ``ChatExample`` conversations.
 
     Args:
         pairs: The examples (non-empty).
@@ -37,10 +40,12 @@ class SFTDataset:
         ValueError: If ``pairs`` is empty.
     """
 
-    def __init__(self, pairs: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, pairs: Sequence[SFTExample]) -> None:
         if not pairs:
             raise ValueError("SFTDataset: no examples")
-        self.pairs: list[tuple[str, str]] = [(str(p), str(r)) for p, r in pairs]
+        self.pairs: list[SFTExample] = [
+            ex if isinstance(ex, ChatExample) else (str(ex[0]), str(ex[1])) for ex in pairs
+        ]
 
     @classmethod
     def from_arithmetic(cls, task: ArithmeticTask, n: int) -> SFTDataset:
@@ -48,14 +53,25 @@ class SFTDataset:
         return cls([(p.prompt, p.answer) for p in task.train_problems(n)])
 
     @classmethod
-    def from_jsonl(cls, path: str) -> SFTDataset:
-        """Pairs from a ``{"prompt", "response"}`` jsonl file."""
-        return cls(load_sft_jsonl(path))
+    def from_jsonl(cls, path: str, *, key: str | None = None) -> SFTDataset:
+        """Examples from a ``{"prompt", "response"}`` / ``{"messages"}`` jsonl file.
+
+        Args:
+            path: The file.
+            key: The config key that named it (put in error messages).
+
+        Returns:
+            The dataset.
+
+        Raises:
+            DatasetError: On a malformed line (file, line and field named).
+        """
+        return cls(load_sft_jsonl(path, key=key))
 
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def __getitem__(self, index: int) -> tuple[str, str]:
+    def __getitem__(self, index: int) -> SFTExample:
         return self.pairs[index]
 
 
@@ -80,9 +96,22 @@ class RLPromptDataset:
         return cls(task.train_problems(n))
 
     @classmethod
-    def from_jsonl(cls, path: str) -> RLPromptDataset:
-        """Problems from a ``{"prompt", "answer"}`` jsonl file."""
-        return cls(load_rl_jsonl(path))
+    def from_jsonl(cls, path: str, *, tokenizer: Any | None = None, key: str | None = None) -> RLPromptDataset:
+        """Problems from a ``{"prompt" | "messages", "answer"}`` jsonl file.
+
+        Args:
+            path: The file.
+            tokenizer: Renders ``messages`` prompts (chat template when it has one, plain
+                concatenation otherwise or when None).
+            key: The config key that named it (put in error messages).
+
+        Returns:
+            The dataset.
+
+        Raises:
+            DatasetError: On a malformed line (file, line and field named).
+        """
+        return cls(load_rl_jsonl(path, tokenizer=tokenizer, key=key))
 
     def __len__(self) -> int:
         return len(self.problems)
@@ -186,20 +215,21 @@ class EpochLoader(Generic[T]):
         self._order = None
 
 
-def collate_sft(
-    examples: Sequence[tuple[str, str]], tokenizer: CharTokenizer, max_seq_len: int | None = None
-) -> Any:
-    """Tokenise and right-pad SFT pairs as ``[bos] + prompt + response + [eos]``.
+def collate_sft(examples: Sequence[SFTExample], tokenizer: Any, max_seq_len: int | None = None) -> Any:
+    """Tokenise and right-pad SFT examples.
+
+    A pair is laid out as ``[bos] + prompt + response + [eos]``; a conversation as
+    ``nemo_dp.data.chat.tokenize_sft_example`` renders it.
 
     Args:
-        examples: (prompt, response) pairs.
-        tokenizer: The tokenizer.
+        examples: (prompt, response) pairs and/or ``ChatExample`` conversations.
+        tokenizer: The tokenizer (``TextTokenizer``; a chat template is used for conversations).
         max_seq_len: If given, a longer example raises.
 
     Returns:
         A ``BatchedDataDict`` with ``input_ids`` int64 [B, S] (padded with ``pad_id``),
-        ``input_lengths`` int32 [B], ``token_mask`` int32 [B, S] (1 on response tokens and
-        eos) and ``sample_mask`` float32 [B] (ones).
+        ``input_lengths`` int32 [B], ``token_mask`` int32 [B, S] (1 on the learned tokens:
+        response / assistant content and its eos) and ``sample_mask`` float32 [B] (ones).
 
     Raises:
         ValueError: On an empty batch, an unknown character, or an example longer than
@@ -209,26 +239,21 @@ def collate_sft(
 
     if not examples:
         raise ValueError("collate_sft: empty batch")
-    seqs: list[list[int]] = []
-    prompt_lens: list[int] = []
-    for i, (prompt, response) in enumerate(examples):
-        p_ids = tokenizer.encode_prompt(prompt)
-        ids = p_ids + tokenizer.encode_response(response)
-        if max_seq_len is not None and len(ids) > max_seq_len:
-            raise ValueError(f"collate_sft: example {i} has {len(ids)} tokens > max_seq_len={max_seq_len}")
-        seqs.append(ids)
-        prompt_lens.append(len(p_ids))
-    width = max(len(s) for s in seqs)
-    input_ids = torch.full((len(seqs), width), tokenizer.pad_id, dtype=torch.long)
-    token_mask = torch.zeros((len(seqs), width), dtype=torch.int32)
-    for i, (ids, pl) in enumerate(zip(seqs, prompt_lens)):
-        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        token_mask[i, pl : len(ids)] = 1
+    rows = [tokenize_sft_example(ex, tokenizer) for ex in examples]
+    for i, row in enumerate(rows):
+        if max_seq_len is not None and len(row.ids) > max_seq_len:
+            raise ValueError(f"collate_sft: example {i} has {len(row.ids)} tokens > max_seq_len={max_seq_len}")
+    width = max(len(r.ids) for r in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
+    token_mask = torch.zeros((len(rows), width), dtype=torch.int32)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+        token_mask[i, : len(row.ids)] = torch.tensor(row.loss_mask, dtype=torch.int32)
     return BatchedDataDict(
         {
             "input_ids": input_ids,
-            "input_lengths": torch.tensor([len(s) for s in seqs], dtype=torch.int32),
+            "input_lengths": torch.tensor([len(r.ids) for r in rows], dtype=torch.int32),
             "token_mask": token_mask,
-            "sample_mask": torch.ones(len(seqs), dtype=torch.float32),
+            "sample_mask": torch.ones(len(rows), dtype=torch.float32),
         }
     )

@@ -1,69 +1,266 @@
-"""Loading user tasks from jsonl files.
+"""Loading user datasets from jsonl files, with the file, line and field of any fault.
 
-SFT lines are ``{"prompt": ..., "response": ...}``; RL lines are ``{"prompt": ..., "answer":
-...}``. Anything else is rejected with the file and line at fault, before training starts.
+SFT lines are either ``{"prompt": str, "response": str}`` or
+``{"messages": [{"role": ..., "content": ...}, ...]}`` (a conversation whose last turn is the
+assistant's; loss on assistant turns only). RL lines are ``{"prompt": str, "answer": ...}`` or
+``{"messages": [...], "answer": ...}`` (the prompt conversation, its last turn not the
+assistant's); the answer is a string or an integer. Blank lines are skipped and extra fields
+ignored. Anything else raises ``DatasetError`` naming the file, the line and the field, before
+training starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from nemo_dp.data.arithmetic import Problem
+from nemo_dp.data.chat import ROLES, ChatExample, Message, SFTExample, render_prompt
+from nemo_dp.data.errors import DatasetError
+
+__all__ = [
+    "SFTRecord",
+    "RLRecord",
+    "read_sft_jsonl",
+    "read_rl_jsonl",
+    "load_sft_jsonl",
+    "load_rl_jsonl",
+]
 
 
-def _read_objects(path: str | os.PathLike[str], fields: tuple[str, ...]) -> list[dict[str, str]]:
-    rows: list[dict[str, str]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+@dataclass(frozen=True)
+class SFTRecord:
+    """One SFT example with the line it came from.
+
+    Attributes:
+        example: A ``(prompt, response)`` pair or a ``ChatExample``.
+        line: 1-based line number in the file.
+    """
+
+    example: SFTExample
+    line: int
+
+
+@dataclass(frozen=True)
+class RLRecord:
+    """One RL problem with the line it came from.
+
+    Attributes:
+        problem: The prompt text (a conversation already rendered) and the reference answer.
+        line: 1-based line number in the file.
+        messages: The prompt conversation when the line gave ``messages``, else None.
+    """
+
+    problem: Problem
+    line: int
+    messages: Optional[tuple[Message, ...]] = None
+
+
+def _objects(path: str, key: str | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise DatasetError(
+            "file does not exist", key=key, path=path, fix="point it at an existing jsonl file"
+        ) from None
+    except IsADirectoryError:
+        raise DatasetError("is a directory, not a jsonl file", key=key, path=path) from None
+    except OSError as exc:
+        raise DatasetError(f"cannot be opened: {exc.strerror}", key=key, path=path) from exc
+    with fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"not UTF-8 text: {exc.reason}", key=key, path=path, line=lineno) from None
             if not line.strip():
                 continue
             try:
                 obj: Any = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: malformed JSON line: {exc.msg}") from exc
+                raise DatasetError(
+                    f"malformed JSON line: {exc.msg} (column {exc.colno})", key=key, path=path, line=lineno
+                ) from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            for field in fields:
-                if field not in obj:
-                    raise ValueError(f"{path}:{lineno}: missing field {field!r}")
-                if not isinstance(obj[field], str):
-                    raise ValueError(
-                        f"{path}:{lineno}: field {field!r} must be a string, got {type(obj[field]).__name__}"
-                    )
-            rows.append({f: obj[f] for f in fields})
+                raise DatasetError(
+                    f"expected a JSON object, got {type(obj).__name__}", key=key, path=path, line=lineno
+                )
+            yield lineno, obj
+
+
+class _Line:
+    """Field access on one parsed line, raising ``DatasetError`` at this file:line."""
+
+    def __init__(self, obj: dict[str, Any], path: str, line: int, key: str | None) -> None:
+        self.obj, self.path, self.line, self.key = obj, path, line, key
+
+    def fail(self, problem: str, field: str | None = None) -> DatasetError:
+        return DatasetError(problem, key=self.key, path=self.path, line=self.line, field=field)
+
+    def string(self, name: str) -> str:
+        if name not in self.obj:
+            raise self.fail("is missing", name)
+        value = self.obj[name]
+        if not isinstance(value, str):
+            raise self.fail(f"must be a string, got {_type(value)}", name)
+        return value
+
+    def answer(self) -> str:
+        if "answer" not in self.obj:
+            raise self.fail("is missing", "answer")
+        value = self.obj["answer"]
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise self.fail(f"must be a string or an integer, got {_type(value)}", "answer")
+        return str(value)
+
+    def messages(self) -> tuple[Message, ...]:
+        value = self.obj["messages"]
+        if not isinstance(value, list):
+            raise self.fail(f"must be a list of {{role, content}} objects, got {_type(value)}", "messages")
+        if not value:
+            raise self.fail("must not be empty", "messages")
+        out: list[Message] = []
+        for i, turn in enumerate(value):
+            where = f"messages[{i}]"
+            if not isinstance(turn, dict):
+                raise self.fail(f"must be an object with 'role' and 'content', got {_type(turn)}", where)
+            for part in ("role", "content"):
+                if part not in turn:
+                    raise self.fail("is missing", f"{where}.{part}")
+                if not isinstance(turn[part], str):
+                    raise self.fail(f"must be a string, got {_type(turn[part])}", f"{where}.{part}")
+            if turn["role"] not in ROLES:
+                raise self.fail(
+                    f"is {turn['role']!r}, not a legal role; legal roles: {list(ROLES)}", f"{where}.role"
+                )
+            out.append(Message(role=turn["role"], content=turn["content"]))
+        return tuple(out)
+
+    def exclusive(self, a: str, b: str) -> str:
+        has_a, has_b = a in self.obj, b in self.obj
+        if has_a and has_b:
+            raise self.fail(f"has both {a!r} and {b!r}; give exactly one")
+        if not has_a and not has_b:
+            raise self.fail(f"needs field {a!r} or {b!r}")
+        return a if has_a else b
+
+
+def _type(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _finish(rows: list[Any], path: str, key: str | None) -> list[Any]:
     if not rows:
-        raise ValueError(f"{path}: no records")
+        raise DatasetError("no records", key=key, path=path, fix="the file holds no non-blank line")
     return rows
 
 
-def load_sft_jsonl(path: str | os.PathLike[str]) -> list[tuple[str, str]]:
-    """Load SFT pairs.
+def read_sft_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> list[SFTRecord]:
+    """Parse an SFT jsonl file, keeping each example's line number.
 
     Args:
-        path: jsonl file with ``prompt`` and ``response`` strings per line (blank lines skipped;
-            extra fields ignored).
+        path: The file.
+        key: The config key that named it (put in error messages).
 
     Returns:
-        ``(prompt, response)`` pairs in file order.
+        The records in file order.
 
     Raises:
-        ValueError: On a malformed line (naming file and line) or an empty file.
+        DatasetError: On a missing file, a malformed line (file, line and field named), a
+            conversation not ending with the assistant, or a file without records.
     """
-    return [(r["prompt"], r["response"]) for r in _read_objects(path, ("prompt", "response"))]
+    spath = os.fspath(path)
+    rows: list[SFTRecord] = []
+    for lineno, obj in _objects(spath, key):
+        line = _Line(obj, spath, lineno, key)
+        if line.exclusive("messages", "prompt") == "prompt":
+            rows.append(SFTRecord((line.string("prompt"), line.string("response")), lineno))
+            continue
+        messages = line.messages()
+        if messages[-1].role != "assistant":
+            raise line.fail(
+                f"is {messages[-1].role!r}; an SFT conversation must end with an 'assistant' "
+                "turn (the text to learn)",
+                f"messages[{len(messages) - 1}].role",
+            )
+        rows.append(SFTRecord(ChatExample(messages), lineno))
+    return _finish(rows, spath, key)
 
 
-def load_rl_jsonl(path: str | os.PathLike[str]) -> list[Problem]:
+def read_rl_jsonl(
+    path: str | os.PathLike[str], *, tokenizer: Any | None = None, key: str | None = None
+) -> list[RLRecord]:
+    """Parse an RL jsonl file, keeping each problem's line number.
+
+    Args:
+        path: The file.
+        tokenizer: Renders ``messages`` prompts with its chat template when it has one (plain
+            concatenation of the contents otherwise, or when None).
+        key: The config key that named the file (put in error messages).
+
+    Returns:
+        The records in file order.
+
+    Raises:
+        DatasetError: On a missing file, a malformed line (file, line and field named), a
+            prompt conversation ending with the assistant, or a file without records.
+    """
+    spath = os.fspath(path)
+    rows: list[RLRecord] = []
+    for lineno, obj in _objects(spath, key):
+        line = _Line(obj, spath, lineno, key)
+        if line.exclusive("messages", "prompt") == "prompt":
+            rows.append(RLRecord(Problem(prompt=line.string("prompt"), answer=line.answer()), lineno))
+            continue
+        messages = line.messages()
+        if messages[-1].role == "assistant":
+            raise line.fail(
+                "is 'assistant'; an RL prompt conversation must end with a 'user' or 'system' "
+                "turn (the reference answer goes in 'answer')",
+                f"messages[{len(messages) - 1}].role",
+            )
+        answer = line.answer()
+        try:
+            prompt = render_prompt(messages, tokenizer)
+        except ValueError as exc:
+            raise line.fail(f"cannot be rendered by the tokenizer's chat template: {exc}", "messages") from exc
+        rows.append(RLRecord(Problem(prompt=prompt, answer=answer), lineno, messages))
+    return _finish(rows, spath, key)
+
+
+def load_sft_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> list[SFTExample]:
+    """Load SFT examples: ``(prompt, response)`` pairs and ``ChatExample`` conversations.
+
+    Args:
+        path: The jsonl file.
+        key: The config key that named it (put in error messages).
+
+    Returns:
+        The examples in file order.
+
+    Raises:
+        DatasetError: See ``read_sft_jsonl``.
+    """
+    return [r.example for r in read_sft_jsonl(path, key=key)]
+
+
+def load_rl_jsonl(
+    path: str | os.PathLike[str], *, tokenizer: Any | None = None, key: str | None = None
+) -> list[Problem]:
     """Load RL prompts with reference answers.
 
     Args:
-        path: jsonl file with ``prompt`` and ``answer`` strings per line.
+        path: The jsonl file.
+        tokenizer: Renders ``messages`` prompts (see ``read_rl_jsonl``).
+        key: The config key that named it (put in error messages).
 
     Returns:
         Problems in file order.
 
     Raises:
-        ValueError: On a malformed line (naming file and line) or an empty file.
+        DatasetError: See ``read_rl_jsonl``.
     """
-    return [Problem(prompt=r["prompt"], answer=r["answer"]) for r in _read_objects(path, ("prompt", "answer"))]
+    return [r.problem for r in read_rl_jsonl(path, tokenizer=tokenizer, key=key)]

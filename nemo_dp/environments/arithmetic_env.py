@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from nemo_dp.data.tokenizer import EOS_TOKEN
+#: How the character tokenizer renders eos when decoding with the specials; a response is cut
+#: there. Kept here, not imported, so the reward does not depend on where that tokenizer
+#: lives (a unit test pins the two together).
+EOS_MARKER = "<eos>"
 
 
 class ArithmeticEnv:
@@ -26,5 +29,5 @@ class ArithmeticEnv:
         """
         if len(responses) != len(answers):
             raise ValueError(f"ArithmeticEnv.score: {len(responses)} responses for {len(answers)} answers")
-        rewards = [float(r.split(EOS_TOKEN, 1)[0] == a) for r, a in zip(responses, answers)]
+        rewards = [float(r.split(EOS_MARKER, 1)[0] == a) for r, a in zip(responses, answers)]
         return torch.tensor(rewards, dtype=torch.float32)

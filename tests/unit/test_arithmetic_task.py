@@ -74,3 +74,13 @@ def test_env_exact_match() -> None:
     assert r.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="2 responses for 1 answers"):
         env.score(["1", "2"], ["1"])
+
+
+def test_exact_reward_cuts_where_the_char_tokenizer_renders_eos() -> None:
+    from nemo_dp.data.tokenizer import CharTokenizer
+    from nemo_dp.environments.arithmetic_env import EOS_MARKER
+
+    tok = CharTokenizer()
+    rendered = tok.decode(tok.encode("42") + [tok.eos_id] + tok.encode("7"), stop_at_eos=False)
+    assert rendered == "42" + EOS_MARKER + "7"
+    assert ArithmeticEnv().score([rendered, "427"], ["42", "42"]).tolist() == [1.0, 0.0]

@@ -81,3 +81,28 @@ def test_collate_sft() -> None:
     assert batch["sample_mask"].tolist() == [1.0, 1.0]
     with pytest.raises(ValueError, match="example 1 has 10 tokens > max_seq_len=8"):
         collate_sft([("1+1=", "2"), ("10+10=", "20")], tok, max_seq_len=8)
+
+
+def test_sft_dataset_keeps_conversations_and_reads_both_shapes() -> None:
+    from pathlib import Path
+
+    from nemo_dp.data.chat import ChatExample, Message
+
+    chat = ChatExample((Message("user", "1+1="), Message("assistant", "2")))
+    ds = SFTDataset([("a", "b"), chat])
+    assert ds[0] == ("a", "b") and ds[1] is chat
+    data = Path(__file__).resolve().parents[1] / "data"
+    tok = CharTokenizer()
+    pairs = SFTDataset.from_jsonl(str(data / "sft_prompt_response.jsonl"))
+    chats = SFTDataset.from_jsonl(str(data / "sft_chat.jsonl"), key="env.sft_jsonl")
+    # Same problems; the chat rows carry a system turn on even lines and a follow-up on every 4th.
+    assert chats[1] == ChatExample((Message("user", pairs[1][0]), Message("assistant", pairs[1][1])))
+    batch = collate_sft([chats[i] for i in range(len(chats))], tok)
+    learned = [
+        tok.decode([t for t, m in zip(ids.tolist(), mask.tolist()) if m], stop_at_eos=False)
+        for ids, mask in zip(batch["input_ids"], batch["token_mask"])
+    ]
+    assert learned[0] == pairs[0][1] + "<eos>"
+    assert learned[3] == pairs[3][1] + "<eos>" + str(int(pairs[3][1]) + 1) + "<eos>"
+    problems = RLPromptDataset.from_jsonl(str(data / "rl_messages.jsonl"), tokenizer=tok)
+    assert problems[1].prompt == "Put the final answer in \\boxed{}.Compute 84+67." and problems[1].answer == "151"

@@ -1,0 +1,237 @@
+"""Rendering examples to token ids with an exact loss mask.
+
+Two example shapes reach the SFT collator: a ``(prompt, response)`` pair and a
+``ChatExample`` (a conversation of ``{role, content}`` turns). Both become token ids plus a
+per-token loss mask that is 1 exactly on what the model should learn to produce: the
+assistant's content and the end-of-turn token.
+
+* **Plain concatenation** (pairs always; conversations when the tokenizer has no chat
+  template): ``[bos] + content_1 + content_2 + ...``, each assistant turn followed by
+  ``eos``. A pair ``(p, r)`` is the conversation ``[user: p, assistant: r]``, i.e.
+  ``[bos] + p + r + [eos]``, the layout the built-in task has always used.
+* **Chat template** (conversations, tokenizer with a template): the conversation is rendered
+  by the template, split at turn boundaries found by rendering each prefix (with
+  ``add_generation_prompt=True`` before every assistant turn), and each piece is tokenized on
+  its own so that no token straddles a boundary. In an assistant piece the mask covers the
+  tokens up to and including the first ``eos``; the template's text after it (a newline, say)
+  is not learned. A piece with no ``eos`` is learned whole and ``eos`` is appended, so the
+  model still learns to stop. The leading piece is encoded like an RL prompt
+  (``encode_prompt_text``): bos is prepended when the tokenizer has one and the template's
+  text does not already start with it, so SFT and RL sequences begin alike.
+
+RL prompts given as conversations render to text the same way (``render_prompt``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+from nemo_dp.data.protocol import has_chat_template
+
+__all__ = [
+    "ROLES",
+    "Message",
+    "ChatExample",
+    "SFTExample",
+    "TokenizedExample",
+    "ChatTemplateError",
+    "tokenize_sft_example",
+    "render_prompt",
+    "encode_prompt_text",
+]
+
+#: Roles a conversation turn may have.
+ROLES: tuple[str, ...] = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One conversation turn.
+
+    Attributes:
+        role: One of ``ROLES``.
+        content: The turn's text.
+    """
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatExample:
+    """A conversation for SFT: loss on the assistant turns only.
+
+    Attributes:
+        messages: The turns, in order (non-empty, the last from the assistant).
+    """
+
+    messages: tuple[Message, ...]
+
+    def as_dicts(self) -> list[dict[str, str]]:
+        """The turns as ``{"role", "content"}`` dicts (what chat templates consume)."""
+        return [{"role": m.role, "content": m.content} for m in self.messages]
+
+
+#: What an SFT dataset yields and ``collate_sft`` consumes.
+SFTExample = Union[tuple[str, str], ChatExample]
+
+
+@dataclass(frozen=True)
+class TokenizedExample:
+    """Token ids with their loss mask (1 = learned).
+
+    Attributes:
+        ids: Token ids.
+        loss_mask: 0/1 per token, same length as ``ids``.
+    """
+
+    ids: list[int]
+    loss_mask: list[int]
+
+
+class ChatTemplateError(ValueError):
+    """A chat template renders a conversation's prefixes inconsistently (no exact turn split)."""
+
+
+def _plain(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
+    ids: list[int] = []
+    mask: list[int] = []
+    bos = tokenizer.bos_id
+    if bos is not None:
+        ids.append(int(bos))
+        mask.append(0)
+    for m in messages:
+        piece = list(tokenizer.encode(m.content))
+        if m.role == "assistant":
+            piece.append(int(tokenizer.eos_id))
+            mask.extend([1] * len(piece))
+        else:
+            mask.extend([0] * len(piece))
+        ids.extend(piece)
+    return TokenizedExample(ids=ids, loss_mask=mask)
+
+
+def _render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+    text = tokenizer.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=add_generation_prompt
+    )
+    if not isinstance(text, str):
+        raise ChatTemplateError(f"apply_chat_template returned {type(text).__name__}, not the rendered text")
+    return text
+
+
+def _template_pieces(messages: Sequence[Message], tokenizer: Any) -> list[tuple[str, bool]]:
+    pieces: list[tuple[str, bool]] = []
+    done = ""
+    for i, m in enumerate(messages):
+        if m.role != "assistant":
+            continue
+        prefix = _render(tokenizer, messages[:i], add_generation_prompt=True)
+        full = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if not prefix.startswith(done) or not full.startswith(prefix):
+            raise ChatTemplateError(
+                f"the chat template renders turn {i} (assistant) so that the conversation up to it "
+                "is not a prefix of the conversation including it; the loss mask cannot be split "
+                "exactly at turn boundaries"
+            )
+        pieces.append((prefix[len(done) :], False))
+        pieces.append((full[len(prefix) :], True))
+        done = full
+    whole = _render(tokenizer, messages, add_generation_prompt=False)
+    if not whole.startswith(done):
+        raise ChatTemplateError("the chat template renders the whole conversation differently from its prefixes")
+    if len(whole) > len(done):
+        pieces.append((whole[len(done) :], False))
+    return pieces
+
+
+def encode_prompt_text(text: str, tokenizer: Any) -> list[int]:
+    """Ids of a sequence's leading (prompt) text, bos included the way the tokenizer adds it.
+
+    Uses the tokenizer's ``encode_prompt`` when it has one (the model layer's tokenizers add bos
+    only when they have one and the text does not already start with it), else
+    ``[bos]? + encode(text)``. RL prompts are encoded this way too, so an SFT conversation and
+    the RL prompt of the same turns start with the same ids.
+
+    Args:
+        text: The text.
+        tokenizer: The tokenizer.
+
+    Returns:
+        The ids.
+    """
+    encode_prompt = getattr(tokenizer, "encode_prompt", None)
+    if callable(encode_prompt):
+        return list(encode_prompt(text))
+    bos = tokenizer.bos_id
+    return ([] if bos is None else [int(bos)]) + list(tokenizer.encode(text))
+
+
+def _templated(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
+    eos = int(tokenizer.eos_id)
+    ids: list[int] = []
+    mask: list[int] = []
+    for k, (text, learned) in enumerate(_template_pieces(messages, tokenizer)):
+        if k == 0:
+            piece = encode_prompt_text(text, tokenizer)
+        else:
+            piece = list(tokenizer.encode(text)) if text else []
+        if not learned:
+            ids.extend(piece)
+            mask.extend([0] * len(piece))
+            continue
+        if eos in piece:
+            cut = piece.index(eos) + 1
+            mask.extend([1] * cut + [0] * (len(piece) - cut))
+        else:
+            piece.append(eos)
+            mask.extend([1] * len(piece))
+        ids.extend(piece)
+    return TokenizedExample(ids=ids, loss_mask=mask)
+
+
+def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExample:
+    """Token ids and loss mask of one SFT example.
+
+    Args:
+        example: A ``(prompt, response)`` pair or a ``ChatExample``.
+        tokenizer: A ``TextTokenizer`` (with a chat template, conversations use it).
+
+    Returns:
+        The tokenized example.
+
+    Raises:
+        TypeError: If ``example`` is neither shape.
+        ChatTemplateError: If the template cannot be split exactly at turn boundaries.
+        ValueError: What the tokenizer raises for text it cannot encode.
+    """
+    if isinstance(example, ChatExample):
+        if has_chat_template(tokenizer):
+            return _templated(example.messages, tokenizer)
+        return _plain(example.messages, tokenizer)
+    if isinstance(example, tuple) and len(example) == 2:
+        prompt, response = example
+        return _plain((Message("user", prompt), Message("assistant", response)), tokenizer)
+    raise TypeError(f"SFT example must be a (prompt, response) pair or a ChatExample, got {type(example).__name__}")
+
+
+def render_prompt(messages: Sequence[Message], tokenizer: Any | None) -> str:
+    """Render an RL prompt conversation to the text the policy continues.
+
+    Args:
+        messages: The turns (the last one not from the assistant).
+        tokenizer: A tokenizer; with a chat template the text is the template's rendering with
+            ``add_generation_prompt=True``, otherwise (or when None) the turns' contents
+            concatenated.
+
+    Returns:
+        The prompt text.
+
+    Raises:
+        ChatTemplateError: If the template does not return text.
+    """
+    if tokenizer is not None and has_chat_template(tokenizer):
+        return _render(tokenizer, messages, add_generation_prompt=True)
+    return "".join(m.content for m in messages)

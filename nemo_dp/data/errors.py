@@ -1,0 +1,86 @@
+"""Typed errors for dataset problems, so callers can map them to a config key and a file line.
+
+A ``DatasetError`` carries where the problem is (config key, file, line, field) as attributes and
+renders them in one fixed order in its message; tools and tests read the attributes instead of
+parsing messages. ``UnknownCharacterError`` is what a fixed-vocabulary tokenizer raises for text
+it cannot encode; it names the character so a dataset check can point at the line holding it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DatasetError", "UnknownCharacterError"]
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be used as configured.
+
+    The message reads ``"<key>: <path>:<line>: field '<field>' <problem>[; <fix>]"`` with the
+    parts that are unknown left out, e.g.
+    ``"env.sft_jsonl: data/sft.jsonl:7: field 'messages[1].role' is 'bot', not a legal role"``.
+
+    Args:
+        problem: What is wrong; with ``field`` it continues the phrase "field 'x' ...", e.g.
+            ``"must be a string, got int"`` or ``"is missing"``.
+        key: The config key that names the dataset, e.g. ``"env.sft_jsonl"``.
+        path: The file at fault.
+        line: The 1-based line number in ``path``.
+        field: The JSON field at fault, e.g. ``"messages[1].role"``.
+        fix: What to change, e.g. ``"raise policy.model.max_seq_len to at least 40"``.
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        key: str | None = None,
+        path: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.key = key
+        self.path = path
+        self.line = line
+        self.field = field
+        self.fix = fix
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts: list[str] = []
+        if self.key is not None:
+            parts.append(self.key)
+        if self.path is not None:
+            parts.append(self.path if self.line is None else f"{self.path}:{self.line}")
+        problem = self.problem if self.field is None else f"field {self.field!r} {self.problem}"
+        text = ": ".join(parts + [problem])
+        if self.fix:
+            text += f"; {self.fix}"
+        return text
+
+    def with_key(self, key: str) -> DatasetError:
+        """The same error, naming the config key that pointed at the dataset.
+
+        Args:
+            key: The config key, e.g. ``"env.rl_jsonl"``.
+
+        Returns:
+            A new error (the original is kept as its cause by ``raise ... from``).
+        """
+        return DatasetError(self.problem, key=key, path=self.path, line=self.line, field=self.field, fix=self.fix)
+
+
+class UnknownCharacterError(ValueError):
+    """Text holds a character outside a fixed vocabulary.
+
+    Args:
+        char: The character.
+        position: Its index in the text being encoded.
+        text: The text being encoded.
+    """
+
+    def __init__(self, char: str, position: int, text: str) -> None:
+        self.char = char
+        self.position = position
+        self.text = text
+        super().__init__(f"unknown character {char!r} at position {position} in {text!r}")

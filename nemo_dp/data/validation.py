@@ -1,0 +1,237 @@
+"""Check every configured dataset on the driver before Ray starts.
+
+A dataset problem found inside a Ray worker costs the user the cluster start-up and names no
+config key. ``validate_datasets`` opens, parses, tokenizes and length-checks each dataset the
+run will use (the training set of every phase, warm start included, and the held-out set)
+with the run's tokenizer, and raises ``DatasetError`` naming the config key, the file:line and
+the field at fault, and the key to change. It loads rows through ``nemo_dp.data.sources``,
+the same code the trainers use, so the check and the run cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from nemo_dp.data.arithmetic import Problem
+from nemo_dp.data.chat import ChatExample, encode_prompt_text, tokenize_sft_example
+from nemo_dp.data.errors import DatasetError, UnknownCharacterError
+from nemo_dp.data.sources import DataSource, rl_source, sft_source, val_source
+
+__all__ = ["DatasetCheck", "DatasetReport", "validate_datasets"]
+
+_MAX_SEQ_LEN_KEY = "policy.model.max_seq_len"
+_NEW_TOKENS_KEY = "policy.generation.max_new_tokens"
+
+
+@dataclass(frozen=True)
+class DatasetCheck:
+    """What was checked for one dataset.
+
+    Attributes:
+        phase: ``"sft"``, ``"grpo"``, ``"ppo"`` or ``"warm_start"``.
+        role: ``"train"`` or ``"val"``.
+        key: The config key naming the dataset (or the generator's size key).
+        source: The file path or ``"the built-in arithmetic generator"``.
+        rows: Rows checked.
+        longest: Most tokens of any row (SFT: the whole example; RL: prompt plus
+            ``policy.generation.max_new_tokens``).
+        limit: The sequence limit it was checked against.
+    """
+
+    phase: str
+    role: str
+    key: str
+    source: str
+    rows: int
+    longest: int
+    limit: int
+
+    def describe(self) -> str:
+        """One line for the run log."""
+        return (
+            f"{self.phase} {self.role}: {self.rows} rows from {self.source} ({self.key}), "
+            f"longest {self.longest} / {self.limit} tokens"
+        )
+
+
+@dataclass
+class DatasetReport:
+    """The outcome of ``validate_datasets``: one ``DatasetCheck`` per dataset, in run order."""
+
+    checks: list[DatasetCheck] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """One log line per dataset."""
+        return [c.describe() for c in self.checks]
+
+
+def _unencodable(text: str, tokenizer: Any) -> Optional[str]:
+    try:
+        tokenizer.encode(text)
+    except UnknownCharacterError as exc:
+        return exc.char
+    except ValueError:
+        for ch in dict.fromkeys(text):
+            try:
+                tokenizer.encode(ch)
+            except ValueError:
+                return ch
+        return text
+    return None
+
+
+def _text_fields(row: Any) -> list[tuple[str, str]]:
+    if isinstance(row, ChatExample):
+        return [(f"messages[{i}].content", m.content) for i, m in enumerate(row.messages)]
+    if isinstance(row, Problem):
+        return [("prompt", row.prompt)]
+    return [("prompt", row[0]), ("response", row[1])]
+
+
+def _encoding_error(src: DataSource, i: int, exc: ValueError, tokenizer: Any) -> DatasetError:
+    for name, text in _text_fields(src.rows[i]):
+        bad = _unencodable(text, tokenizer)
+        if bad is not None:
+            shown = f"character {bad!r}" if len(bad) == 1 else f"text {bad!r}"
+            return DatasetError(
+                f"holds {shown}, which the tokenizer cannot encode",
+                key=src.key,
+                path=src.label,
+                line=src.lines[i],
+                field=name if src.path is not None else None,
+                fix="remove it from the data or use a tokenizer whose vocabulary has it",
+            )
+    return DatasetError(f"cannot be tokenized: {exc}", key=src.key, path=src.label, line=src.lines[i])
+
+
+def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
+    out: list[int] = []
+    for i, row in enumerate(src.rows):
+        try:
+            if sft:
+                out.append(len(tokenize_sft_example(row, tokenizer).ids))
+            else:
+                out.append(len(encode_prompt_text(row.prompt, tokenizer)))
+        except ValueError as exc:
+            raise _encoding_error(src, i, exc, tokenizer) from exc
+    return out
+
+
+def _check_lengths(
+    src: DataSource, lengths: Sequence[int], *, extra: int, limit: int, limit_key: str, what: str
+) -> int:
+    totals = [n + extra for n in lengths]
+    over = [i for i, n in enumerate(totals) if n > limit]
+    if over:
+        first = over[0]
+        need = max(totals)
+        tail = f" with {_NEW_TOKENS_KEY}={extra}" if extra else ""
+        fix = f"raise {limit_key} to at least {need}"
+        fix += f" or lower {_NEW_TOKENS_KEY}" if extra else ""
+        fix += f", or shorten or drop the {len(over)} row(s) this long"
+        raise DatasetError(
+            f"{what} has {lengths[first]} tokens{tail}: {totals[first]} > {limit_key}={limit}",
+            key=src.key,
+            path=src.label,
+            line=src.lines[first],
+            fix=fix,
+        )
+    return max(totals)
+
+
+def _check_size(src: DataSource, batch: int, batch_key: str) -> None:
+    if len(src.rows) < batch:
+        what = "file holds" if src.path is not None else "generator yields"
+        raise DatasetError(
+            f"the {what} {len(src.rows)} rows, fewer than {batch_key}={batch} (one batch)",
+            key=src.key,
+            path=src.path,
+            fix=f"add rows or lower {batch_key}",
+        )
+
+
+def _get(node: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def validate_datasets(
+    cfg: Any,
+    tokenizer: Any,
+    *,
+    max_seq_len: Optional[int] = None,
+    max_seq_len_key: str = _MAX_SEQ_LEN_KEY,
+) -> DatasetReport:
+    """Open, parse, tokenize and length-check every dataset ``cfg`` will use.
+
+    Checked, per phase (an enabled ``algorithm.warm_start`` first, then the algorithm):
+    the training set (every row tokenizes; SFT rows fit ``max_seq_len``; RL prompts plus
+    ``policy.generation.max_new_tokens`` fit it; at least one batch of rows:
+    ``policy.train_global_batch_size`` for SFT, ``algorithm.num_prompts_per_step`` for RL) and
+    the held-out set (prompts plus ``max_new_tokens`` fit, as generation requires).
+
+    Args:
+        cfg: The validated root config (``MasterConfig``) or the composed ``DictConfig``.
+        tokenizer: The run's tokenizer (``nemo_dp.data.protocol.TextTokenizer``).
+        max_seq_len: The model's sequence limit; defaults to ``policy.model.max_seq_len``.
+        max_seq_len_key: The key that sets the limit, named in errors.
+
+    Returns:
+        What was checked, one entry per dataset.
+
+    Raises:
+        DatasetError: The first problem found, naming the config key, file:line, field and
+            the key to change.
+    """
+    limit = int(max_seq_len if max_seq_len is not None else _get(cfg, max_seq_len_key))
+    new_tokens = int(cfg.policy.generation.max_new_tokens)
+    sft_batch = int(cfg.policy.train_global_batch_size)
+    env_cfg, algo = cfg.env, cfg.algorithm
+    report = DatasetReport()
+
+    def sft_phase(phase: str, num_key: str, val_key: str) -> None:
+        src = sft_source(env_cfg, int(_get(cfg, num_key)), num_samples_key=num_key)
+        longest = _check_lengths(
+            src, _lengths(src, tokenizer, sft=True), extra=0, limit=limit, limit_key=max_seq_len_key, what="example"
+        )
+        _check_size(src, sft_batch, "policy.train_global_batch_size")
+        report.checks.append(DatasetCheck(phase, "train", src.key, src.label, len(src.rows), longest, limit))
+        val(phase, val_key)
+
+    def val(phase: str, val_key: str) -> None:
+        src = val_source(env_cfg, int(_get(cfg, val_key)), val_samples_key=val_key, tokenizer=tokenizer)
+        longest = _check_lengths(
+            src,
+            _lengths(src, tokenizer, sft=False),
+            extra=new_tokens,
+            limit=limit,
+            limit_key=max_seq_len_key,
+            what="prompt",
+        )
+        report.checks.append(DatasetCheck(phase, "val", src.key, src.label, len(src.rows), longest, limit))
+
+    name = str(algo.name)
+    if name == "sft":
+        sft_phase("sft", "algorithm.num_train_samples", "algorithm.val_samples")
+        return report
+    warm = getattr(algo, "warm_start", None)
+    if warm is not None and bool(warm.enabled):
+        sft_phase("warm_start", "algorithm.warm_start.num_train_samples", "algorithm.warm_start.val_samples")
+    src = rl_source(
+        env_cfg, int(algo.num_train_prompts), num_prompts_key="algorithm.num_train_prompts", tokenizer=tokenizer
+    )
+    longest = _check_lengths(
+        src,
+        _lengths(src, tokenizer, sft=False),
+        extra=new_tokens,
+        limit=limit,
+        limit_key=max_seq_len_key,
+        what="prompt",
+    )
+    _check_size(src, int(algo.num_prompts_per_step), "algorithm.num_prompts_per_step")
+    report.checks.append(DatasetCheck(name, "train", src.key, src.label, len(src.rows), longest, limit))
+    val(name, "algorithm.val_samples")
+    return report

@@ -1,0 +1,125 @@
+"""A verifiable reward for math-style answers in free text.
+
+Users' RL data (GSM8K-like jsonl) has a reference answer per prompt, and policies answer in
+prose. The reward extracts the *final answer* from the response, in this order of precedence:
+
+1. the text after the last ``####`` on its line (GSM8K's convention), e.g. ``"... #### 42"``;
+2. the content of the last ``\\boxed{...}`` (braces may nest), e.g. ``"\\boxed{42}"``;
+3. otherwise the last number in the text (``-3``, ``1,234``, ``0.5``).
+
+The reference answer goes through rules 1 and 2 only (a bare ``"42"`` is taken as is). Both
+sides are normalised the same minimal way (surrounding whitespace, ``$`` and a trailing period
+dropped, thousands separators removed from numbers) and compared exactly: ``"42.0"`` does not
+match ``"42"``. No answer found scores 0.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+
+__all__ = ["extract_final_answer", "normalize_answer", "reference_answer", "MathEnv"]
+
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_GROUPED = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_BOXED = "\\boxed{"
+
+
+def normalize_answer(text: str) -> str:
+    """Minimal normalisation applied to both the extracted and the reference answer.
+
+    Args:
+        text: An answer string.
+
+    Returns:
+        ``text`` stripped of surrounding whitespace, ``$`` signs at either end and one trailing
+        period; a number with thousands separators loses them (``"1,234"`` -> ``"1234"``).
+    """
+    out = text.strip().strip("$").strip()
+    if out.endswith(".") and not out.endswith(".."):
+        out = out[:-1].rstrip()
+    if _GROUPED.match(out):
+        out = out.replace(",", "")
+    return out
+
+
+def _after_hashes(text: str) -> Optional[str]:
+    pos = text.rfind("####")
+    if pos < 0:
+        return None
+    rest = text[pos + 4 :].split("\n", 1)[0]
+    return rest if rest.strip() else None
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    pos = text.rfind(_BOXED)
+    if pos < 0:
+        return None
+    depth, start = 1, pos + len(_BOXED)
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i]
+    return None
+
+
+def extract_final_answer(text: str) -> Optional[str]:
+    """The final answer a response gives (see the module docstring for the rules).
+
+    Args:
+        text: The decoded response.
+
+    Returns:
+        The normalised answer, or None when the response holds none.
+    """
+    for found in (_after_hashes(text), _last_boxed(text)):
+        if found is not None:
+            answer = normalize_answer(found)
+            return answer or None
+    numbers = _NUMBER.findall(text)
+    return normalize_answer(numbers[-1]) if numbers else None
+
+
+def reference_answer(answer: str) -> str:
+    """The normalised reference: after ``####`` / inside ``\\boxed{}`` when present, else as is.
+
+    Args:
+        answer: The dataset's ``answer`` field.
+
+    Returns:
+        The string a response's final answer must equal.
+    """
+    for found in (_after_hashes(answer), _last_boxed(answer)):
+        if found is not None:
+            return normalize_answer(found)
+    return normalize_answer(answer)
+
+
+class MathEnv:
+    """Final-answer exact match: 1.0 when the response's final answer equals the reference."""
+
+    def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
+        """Score responses.
+
+        Args:
+            responses: Decoded responses.
+            answers: Reference answers, aligned with ``responses``.
+
+        Returns:
+            float32 ``[N]`` rewards in {0.0, 1.0}.
+
+        Raises:
+            ValueError: If the lists differ in length.
+        """
+        if len(responses) != len(answers):
+            raise ValueError(f"MathEnv.score: {len(responses)} responses for {len(answers)} answers")
+        rewards = []
+        for response, answer in zip(responses, answers):
+            got = extract_final_answer(response)
+            rewards.append(float(got is not None and got == reference_answer(answer)))
+        return torch.tensor(rewards, dtype=torch.float32)
