@@ -221,7 +221,9 @@ def capture_run_log(log_path: str | os.PathLike[str]) -> Iterator[Path]:
         h.setFormatter(AnsiStrippingFormatter(h.formatter))
     if not handlers:
         added = logging.FileHandler(path, encoding="utf-8")
-        added.setFormatter(AnsiStrippingFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")))
+        added.setFormatter(
+            AnsiStrippingFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        )
         logging.getLogger().addHandler(added)
     old_out, old_err = sys.stdout, sys.stderr
     sys.stdout = _Tee(old_out, sink, "stdout")  # type: ignore[assignment]
@@ -395,7 +397,11 @@ def remove_unstarted_run_dir(run_dir: str | os.PathLike[str], *, log_names: tupl
     for child in root.iterdir():
         if child.name == ".hydra" and child.is_dir():
             continue
-        if child.is_file() and (child.name in _PRE_START_FILES or child.name in log_names or (not log_names and child.suffix == ".log")):
+        if child.is_file() and (
+            child.name in _PRE_START_FILES
+            or child.name in log_names
+            or (not log_names and child.suffix == ".log")
+        ):
             continue
         return False
     shutil.rmtree(root, ignore_errors=True)
@@ -489,8 +495,14 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
                 terminated = isinstance(exc, TerminationRequested)
                 signame, code = ("SIGTERM", _EXIT_SIGTERM) if terminated else ("SIGINT", _EXIT_SIGINT)
                 if record.started:
-                    where = write_failure_summary(record, exc, status="terminated" if terminated else "interrupted")
-                    print(f"stopped by {signame}; teardown done; summary in {where}", file=sys.stderr, flush=True)
+                    where = write_failure_summary(
+                        record, exc, status="terminated" if terminated else "interrupted"
+                    )
+                    print(
+                        f"stopped by {signame}; teardown done; summary in {where}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 else:
                     remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
                     print(f"stopped by {signame} before the run started", file=sys.stderr, flush=True)
@@ -498,7 +510,9 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
             except Exception as exc:
                 if record.started:
                     where = write_failure_summary(record, exc, status="failed")
-                    print(f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True)
+                    print(
+                        f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True
+                    )
                     raise
                 removed = remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
                 if removed:

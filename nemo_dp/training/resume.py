@@ -175,7 +175,14 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
             f"{path}: unsupported format_version {raw.get('format_version')!r}; "
             f"supported: [{CHECKPOINT_META_VERSION}]"
         )
-    types = {"algorithm": str, "phase": str, "data_plane": str, "run_id": str, "step": int, "model_shape": dict}
+    types = {
+        "algorithm": str,
+        "phase": str,
+        "data_plane": str,
+        "run_id": str,
+        "step": int,
+        "model_shape": dict,
+    }
     for key, typ in types.items():
         if not isinstance(raw.get(key), typ) or isinstance(raw.get(key), bool):
             raise ResumeError(f"{path}: field {key!r} must be a {typ.__name__}, got {raw.get(key)!r}")
@@ -211,10 +218,10 @@ def _shape_diff(ckpt: Mapping[str, int], run: Mapping[str, int]) -> dict[str, tu
     }
 
 
-def _mismatch(where: Path, key: str, differing: Mapping[str, tuple[Any, Any]], hint: str) -> CheckpointMismatchError:
-    parts = [
-        f"{k}: checkpoint {c!r}, this run {r!r} ({_config_key(k)})" for k, (c, r) in differing.items()
-    ]
+def _mismatch(
+    where: Path, key: str, differing: Mapping[str, tuple[Any, Any]], hint: str
+) -> CheckpointMismatchError:
+    parts = [f"{k}: checkpoint {c!r}, this run {r!r} ({_config_key(k)})" for k, (c, r) in differing.items()]
     return CheckpointMismatchError(
         f"{key}: checkpoint {where} does not belong to this run; differing keys: "
         f"{sorted(differing)} -- " + "; ".join(parts) + f". {hint}",
@@ -314,7 +321,7 @@ def _run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None
     parts = Path(checkpoint_dir_name).parts
     if not parts or Path(checkpoint_dir_name).is_absolute():
         return None
-    if checkpoints_root.parts[-len(parts):] != parts:
+    if checkpoints_root.parts[-len(parts) :] != parts:
         return None
     return Path(*checkpoints_root.parts[: -len(parts)])
 
@@ -336,7 +343,9 @@ def _locate(path_str: str | os.PathLike[str], key: str, checkpoint_dir_name: str
     if not path.exists():
         raise ResumeError(f"{key}: {str(path)!r} does not exist")
     if path.is_file():
-        parent = f"; pass its step directory {str(path.parent)!r}" if _STEP_DIR.match(path.parent.name) else ""
+        parent = (
+            f"; pass its step directory {str(path.parent)!r}" if _STEP_DIR.match(path.parent.name) else ""
+        )
         raise ResumeError(f"{key}: {str(path)!r} is a file, not a checkpoint directory{parent}")
     if _STEP_DIR.match(path.name):
         root = path.parent.parent
@@ -358,7 +367,9 @@ def _locate(path_str: str | os.PathLike[str], key: str, checkpoint_dir_name: str
         phases = find_phase_roots(nested)
         if phases:
             return _Located("run directory", nested, path, phases)
-        what = "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
+        what = (
+            "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
+        )
         raise ResumeError(
             f"{key}: {str(path)!r} is a run directory whose checkpoints root {str(nested)!r} {what}: "
             "the run stopped before its first save (see checkpointing.save_period) - nothing to "
@@ -510,7 +521,11 @@ def resolve_resume(
     """
     if not phase_names:
         raise ValueError("resolve_resume: phase_names must not be empty")
-    algos = dict(phase_algorithms) if phase_algorithms is not None else _default_phase_algorithms(phase_names, algorithm)
+    algos = (
+        dict(phase_algorithms)
+        if phase_algorithms is not None
+        else _default_phase_algorithms(phase_names, algorithm)
+    )
     key = _RESUME_KEY
     loc = _locate(resume_from, key, checkpoint_dir_name)
     notes: list[str] = []

@@ -87,7 +87,11 @@ def read_run_marker(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RunDirError(f"{path}: run marker is not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict) or raw.get("format") != RUN_MARKER_FORMAT or not isinstance(raw.get("run_id"), str):
+    if (
+        not isinstance(raw, dict)
+        or raw.get("format") != RUN_MARKER_FORMAT
+        or not isinstance(raw.get("run_id"), str)
+    ):
         raise RunDirError(f"{path}: not a run marker (format {RUN_MARKER_FORMAT!r} with a str 'run_id')")
     return raw
 
@@ -134,7 +138,10 @@ class RunDirContents:
 
 
 def scan_run_dir(
-    run_dir: str | os.PathLike[str], *, checkpoint_dir: str = "checkpoints", metrics_file: str = "metrics.jsonl"
+    run_dir: str | os.PathLike[str],
+    *,
+    checkpoint_dir: str = "checkpoints",
+    metrics_file: str = "metrics.jsonl",
 ) -> RunDirContents:
     """What earlier runs left in ``run_dir`` (Hydra's own ``.hydra/`` and log are not counted).
 
@@ -155,7 +162,9 @@ def scan_run_dir(
         phase: [s for s, _ in list_step_dirs(path)] for phase, path in find_phase_roots(ckpt_root).items()
     }
     candidates = [root / metrics_file] + sorted(
-        c / metrics_file for c in root.iterdir() if c.is_dir() and c != ckpt_root and not c.name.startswith(".")
+        c / metrics_file
+        for c in root.iterdir()
+        if c.is_dir() and c != ckpt_root and not c.name.startswith(".")
     )
     contents.metrics = [p for p in candidates if p.is_file() and p.stat().st_size > 0]
     contents.summary = root / _SUMMARY if (root / _SUMMARY).is_file() else None
@@ -251,7 +260,9 @@ class RunDirDecision:
             "format": RUN_MARKER_FORMAT,
             "format_version": RUN_MARKER_VERSION,
             "run_id": self.run_id,
-            "created_at": (previous or {}).get("created_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+            "created_at": (previous or {}).get(
+                "created_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            ),
             "resumes": list((previous or {}).get("resumes", [])),
         }
         if self.resumed_from is not None:
@@ -302,7 +313,12 @@ def claim_run_dir(
     root = Path(os.path.abspath(os.fspath(run_dir)))
     contents = scan_run_dir(root, checkpoint_dir=checkpoint_dir, metrics_file=metrics_file)
     resumed_from = resume.checkpoint if resume is not None else None
-    base = {"run_dir": root, "contents": contents, "checkpoint_dir": checkpoint_dir, "resumed_from": resumed_from}
+    base = {
+        "run_dir": root,
+        "contents": contents,
+        "checkpoint_dir": checkpoint_dir,
+        "resumed_from": resumed_from,
+    }
     if resume is not None and _same(resume.run_dir, root):
         marker_id = contents.marker["run_id"] if contents.marker else None
         meta_id = resume.meta.run_id if resume.meta is not None else None
@@ -323,13 +339,18 @@ def claim_run_dir(
     if contents.is_empty:
         run_id = new_run_id()
         what = f" (resuming from {resume.checkpoint})" if resume is not None else ""
-        return RunDirDecision(mode="fresh", run_id=run_id, message=f"run directory {root}: new run {run_id}{what}", **base)
+        return RunDirDecision(
+            mode="fresh", run_id=run_id, message=f"run directory {root}: new run {run_id}{what}", **base
+        )
     if overwrite:
         run_id = new_run_id()
         return RunDirDecision(
             mode="overwrite",
             run_id=run_id,
-            message=f"run directory {root}: new run {run_id} replaces {contents.describe()} ({OVERWRITE_KEY}=true)",
+            message=(
+                f"run directory {root}: new run {run_id} replaces {contents.describe()} "
+                f"({OVERWRITE_KEY}=true)"
+            ),
             **base,
         )
     resume_hint = (
@@ -372,7 +393,10 @@ class HistoryReport:
             E.g. ``"metrics: kept 40 records from <src>, dropped 3 of steps > 40 (redone)"``.
         """
         origin = "" if self.source == self.path else f" copied from {self.source}"
-        return f"metrics {self.path}: kept {self.kept} records{origin}, dropped {self.dropped} (steps the resumed run redoes)"
+        return (
+            f"metrics {self.path}: kept {self.kept} records{origin}, dropped {self.dropped} "
+            "(steps the resumed run redoes)"
+        )
 
 
 def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -396,7 +420,11 @@ def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{lineno}: invalid JSON in metrics file: {exc}") from exc
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
+        if (
+            not isinstance(rec, dict)
+            or not isinstance(rec.get("step"), int)
+            or isinstance(rec.get("step"), bool)
+        ):
             raise ValueError(f"{path}:{lineno}: metrics record needs an int 'step'")
         records.append(rec)
     return records, torn

@@ -98,8 +98,7 @@ def _payload_files(directory: Path) -> list[str]:
         for name in list(dirnames):
             if (base / name).is_symlink():
                 raise ValueError(
-                    f"{base / name}: symbolic link in a checkpoint; a file manifest covers regular "
-                    "files only"
+                    f"{base / name}: symbolic link in a checkpoint; a file manifest covers regular files only"
                 )
         for name in filenames:
             path = base / name
@@ -107,9 +106,7 @@ def _payload_files(directory: Path) -> list[str]:
             if _is_own_file(rel):
                 continue
             if path.is_symlink() or not path.is_file():
-                raise ValueError(
-                    f"{path}: not a regular file; a file manifest covers regular files only"
-                )
+                raise ValueError(f"{path}: not a regular file; a file manifest covers regular files only")
             out.append(rel)
     return sorted(out)
 

@@ -30,7 +30,7 @@ from nemo_dp.training.console import (
 )
 
 APP = textwrap.dedent(
-    '''
+    """
     import logging, signal, sys, time
     from pathlib import Path
 
@@ -74,7 +74,7 @@ APP = textwrap.dedent(
 
     if __name__ == "__main__":
         main()
-    '''
+    """
 )
 
 
@@ -84,7 +84,9 @@ def _app(tmp_path: Path) -> Path:
     return path
 
 
-def _run(tmp_path: Path, mode: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    tmp_path: Path, mode: str, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     full_env.update(env or {})
     return subprocess.run(
@@ -143,7 +145,13 @@ def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.Popen(
-        [sys.executable, str(_app(tmp_path)), "+mode=sigterm", f"+ready={ready}", f"hydra.run.dir={tmp_path / 'run'}"],
+        [
+            sys.executable,
+            str(_app(tmp_path)),
+            "+mode=sigterm",
+            f"+ready={ready}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -173,7 +181,9 @@ def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
 
 
 def test_strip_ansi_and_formatter() -> None:
-    assert strip_ansi("\x1b[1m\x1b[36m(Worker pid=1)\x1b[0m ok \x1b]0;title\x07done") == "(Worker pid=1) ok done"
+    assert (
+        strip_ansi("\x1b[1m\x1b[36m(Worker pid=1)\x1b[0m ok \x1b]0;title\x07done") == "(Worker pid=1) ok done"
+    )
     import logging
 
     fmt = AnsiStrippingFormatter(logging.Formatter("%(levelname)s %(message)s"))
@@ -263,12 +273,18 @@ _RAY_AUTH = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("mode", "expected"), [("local", "True token False"), ("untouched", "True token True")])
-def test_ray_token_auth_notice_is_silenced_for_a_local_cluster(tmp_path: Path, mode: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "expected"), [("local", "True token False"), ("untouched", "True token True")]
+)
+def test_ray_token_auth_notice_is_silenced_for_a_local_cluster(
+    tmp_path: Path, mode: str, expected: str
+) -> None:
     script = tmp_path / "auth.py"
     script.write_text(_RAY_AUTH)
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
-    proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(script), mode], capture_output=True, text=True, timeout=240, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     # Token authentication stays enabled either way; only the notice differs.
     assert proc.stdout.strip().splitlines()[-1] == expected

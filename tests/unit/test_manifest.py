@@ -48,7 +48,12 @@ def test_round_trip_covers_every_file_recursively(tmp_path: Path) -> None:
     assert has_manifest(ckpt)
     assert build_manifest(ckpt)["files"] == manifest["files"]
     # No temp file is left behind by the atomic write.
-    assert sorted(p.name for p in ckpt.iterdir()) == [FILE_MANIFEST_NAME, "manifest.json", "policy", "state.pt"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        FILE_MANIFEST_NAME,
+        "manifest.json",
+        "policy",
+        "state.pt",
+    ]
 
 
 def test_truncated_state_file_is_named(tmp_path: Path) -> None:
@@ -116,7 +121,11 @@ def test_missing_or_corrupt_manifest(tmp_path: Path) -> None:
     with pytest.raises(CheckpointCorruptError, match="format_version 99"):
         verify_manifest(ckpt)
 
-    bad_entry = {"format": "nemo_dp.file_manifest", "format_version": 1, "files": {"../x": {"size": 1, "sha256": "0" * 64}}}
+    bad_entry = {
+        "format": "nemo_dp.file_manifest",
+        "format_version": 1,
+        "files": {"../x": {"size": 1, "sha256": "0" * 64}},
+    }
     manifest.write_text(json.dumps(bad_entry))
     with pytest.raises(CheckpointCorruptError, match="not a relative path"):
         verify_manifest(ckpt)

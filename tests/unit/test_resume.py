@@ -155,7 +155,9 @@ def test_run_dir_without_checkpoints(tmp_path: Path) -> None:
         _grpo(run)
     assert "checkpointing.resume_from" in str(info.value)
     (run / "checkpoints").mkdir()
-    with pytest.raises(ResumeError, match="checkpoints root .* is empty: the run stopped before its first save"):
+    with pytest.raises(
+        ResumeError, match="checkpoints root .* is empty: the run stopped before its first save"
+    ):
         _grpo(run)
 
 
@@ -215,7 +217,9 @@ def test_model_shape_mismatch_names_the_keys(tmp_path: Path) -> None:
 def test_data_plane_mismatch_is_named(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     _save(run, "grpo", 2, data_plane="tq")
-    with pytest.raises(CheckpointMismatchError, match="data_plane: checkpoint 'tq', this run 'local'") as info:
+    with pytest.raises(
+        CheckpointMismatchError, match="data_plane: checkpoint 'tq', this run 'local'"
+    ) as info:
         _grpo(run)
     assert list(info.value.differing) == ["data_plane"]
 
@@ -250,9 +254,13 @@ def test_corrupt_metadata_is_named(tmp_path: Path) -> None:
 
 def test_check_checkpoint_meta_passes_on_equal_and_names_phase(tmp_path: Path) -> None:
     meta = CheckpointMeta("sft", "warm_start", dict(SHAPE), "tq", "r", 7)
-    check_checkpoint_meta(meta, where=tmp_path, algorithm="sft", phase="warm_start", data_plane="tq", model_shape=SHAPE)
+    check_checkpoint_meta(
+        meta, where=tmp_path, algorithm="sft", phase="warm_start", data_plane="tq", model_shape=SHAPE
+    )
     with pytest.raises(CheckpointMismatchError) as info:
-        check_checkpoint_meta(meta, where=tmp_path, algorithm="sft", phase="sft", data_plane="tq", model_shape=SHAPE)
+        check_checkpoint_meta(
+            meta, where=tmp_path, algorithm="sft", phase="sft", data_plane="tq", model_shape=SHAPE
+        )
     assert info.value.differing == {"phase": ("warm_start", "sft")}
 
 

@@ -83,7 +83,11 @@ def test_second_run_into_the_same_dir_is_refused_naming_the_keys(tmp_path: Path)
         claim_run_dir(run)
     msg = str(info.value)
     assert "checkpoints grpo: steps [10, 20]" in msg and "metrics.jsonl" in msg
-    assert "hydra.run.dir" in msg and f"checkpointing.resume_from={run}" in msg and f"{OVERWRITE_KEY}=true" in msg
+    assert (
+        "hydra.run.dir" in msg
+        and f"checkpointing.resume_from={run}" in msg
+        and f"{OVERWRITE_KEY}=true" in msg
+    )
     assert sorted(p.relative_to(run).as_posix() for p in run.rglob("*")) == before
 
 
@@ -183,7 +187,11 @@ def test_resume_into_a_new_dir_copies_history_without_overlap(tmp_path: Path) ->
     _metrics(old / "metrics.jsonl", range(0, 13))  # interrupted at 12, checkpoint at 10
     new = tmp_path / "new"
     reports = continue_history(
-        source_run_dir=old, run_dir=new, phase_subdirs=["warm_start", ""], resume_phase_index=1, resume_step=10
+        source_run_dir=old,
+        run_dir=new,
+        phase_subdirs=["warm_start", ""],
+        resume_phase_index=1,
+        resume_step=10,
     )
     assert [(r.kept, r.dropped) for r in reports] == [(5, 0), (11, 2)]
     assert "dropped 2" in reports[1].describe() and str(old) in reports[1].describe()
@@ -209,9 +217,16 @@ def test_resume_in_place_truncates_and_drops_later_phases(tmp_path: Path) -> Non
     ]
     assert not (run / "metrics.jsonl").exists()
     assert [r["step"] for r in read_metrics(run / "warm_start" / "metrics.jsonl")] == list(range(0, 6))
-    assert continue_history(
-        source_run_dir=run, run_dir=run, phase_subdirs=["warm_start", ""], resume_phase_index=0, resume_step=5
-    ) == []
+    assert (
+        continue_history(
+            source_run_dir=run,
+            run_dir=run,
+            phase_subdirs=["warm_start", ""],
+            resume_phase_index=0,
+            resume_step=5,
+        )
+        == []
+    )
 
 
 def test_torn_last_line_is_dropped_and_bad_lines_are_named(tmp_path: Path) -> None:
@@ -225,9 +240,17 @@ def test_torn_last_line_is_dropped_and_bad_lines_are_named(tmp_path: Path) -> No
     assert (report.kept, report.dropped) == (3, 1)
     (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: invalid JSON"):
-        continue_history(source_run_dir=run, run_dir=run, phase_subdirs=[""], resume_phase_index=0, resume_step=1)
+        continue_history(
+            source_run_dir=run, run_dir=run, phase_subdirs=[""], resume_phase_index=0, resume_step=1
+        )
     (tmp_path / "dst").mkdir()
     (tmp_path / "dst" / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(RunDirError, match="exists already"):
-        continue_history(source_run_dir=run, run_dir=tmp_path / "dst", phase_subdirs=[""], resume_phase_index=0, resume_step=1)
+        continue_history(
+            source_run_dir=run,
+            run_dir=tmp_path / "dst",
+            phase_subdirs=[""],
+            resume_phase_index=0,
+            resume_step=1,
+        )
