@@ -21,6 +21,9 @@ Ctrl-C; Ray's token-auth notice and torch's ``is_fx_tracing`` notice cluttered e
 * stdout and stderr are copied into the run's log file without colour codes or progress-bar
   redraws (:func:`capture_run_log`), and Hydra's file handler strips colour codes too;
 * :func:`silence_known_noise` removes the two known notices at their source.
+
+:func:`recipe_hint_on_failure` adds one hint line to a Hydra composition error caused by
+choosing an ``algorithm`` that the default recipe (a GRPO recipe) cannot be merged into.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ __all__ = [
     "remove_unstarted_run_dir",
     "write_failure_summary",
     "hydra_task",
+    "recipe_algorithm",
+    "recipe_hint",
+    "recipe_hint_on_failure",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -523,3 +529,99 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
         raise RunConfigurationError(message) from None
 
     return wrapper
+
+
+# ---------------------------------------------------------------------------------------------
+# composition hints
+# ---------------------------------------------------------------------------------------------
+
+
+def recipe_algorithm(recipe_path: str | os.PathLike[str]) -> str | None:
+    """The ``algorithm`` a recipe selects (its ``override /algorithm: <name>`` default).
+
+    Args:
+        recipe_path: A ``recipes/*.yaml`` file.
+
+    Returns:
+        The algorithm name, or ``None`` when the recipe does not select one.
+    """
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(recipe_path)
+    for entry in node.get("defaults", []) or []:
+        if hasattr(entry, "items"):
+            for key, value in entry.items():
+                if str(key).replace("override", "").strip() in ("/algorithm", "algorithm"):
+                    return str(value)
+    return None
+
+
+def _override_value(overrides: list[str], key: str) -> str | None:
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if sep and name.lstrip("+") == key:
+            return value
+    return None
+
+
+def recipe_hint(
+    overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str
+) -> str | None:
+    """A hint for ``algorithm=<x>`` given without a recipe that the default recipe cannot serve.
+
+    Args:
+        overrides: The command-line overrides (``sys.argv[1:]``).
+        recipes_dir: The ``recipes/`` directory.
+        default_recipe: The root config's default ``recipe`` choice.
+
+    Returns:
+        The hint, or ``None`` when a recipe is chosen (``recipe=...``, ``~recipe``) or the
+        chosen algorithm is the default recipe's.
+    """
+    algorithm = _override_value(overrides, "algorithm")
+    if algorithm is None or any(o.lstrip("+~").startswith("recipe") for o in overrides):
+        return None
+    root = Path(recipes_dir)
+    default_algo = recipe_algorithm(root / f"{default_recipe}.yaml")
+    if default_algo is None or default_algo == algorithm:
+        return None
+    matching = sorted(p.stem for p in root.glob("*.yaml") if recipe_algorithm(p) == algorithm)
+    choices = [f"recipe={name}" for name in matching] + ["~recipe (the plain group defaults)"]
+    return (
+        f"hint: algorithm={algorithm} cannot be merged into the default recipe "
+        f"{default_recipe!r} (a {default_algo} recipe); add one of: {', '.join(choices)}"
+    )
+
+
+@contextmanager
+def recipe_hint_on_failure(
+    overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str
+) -> Iterator[None]:
+    """Print :func:`recipe_hint` when the block exits with an error (Hydra's exit status 1).
+
+    Args:
+        overrides: The command-line overrides (``sys.argv[1:]``).
+        recipes_dir: The ``recipes/`` directory.
+        default_recipe: The root config's default ``recipe`` choice.
+
+    Yields:
+        Nothing.
+    """
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            _print_hint(overrides, recipes_dir, default_recipe)
+        raise
+    except Exception:
+        _print_hint(overrides, recipes_dir, default_recipe)
+        raise
+
+
+def _print_hint(overrides: list[str], recipes_dir: str | os.PathLike[str], default_recipe: str) -> None:
+    try:
+        hint = recipe_hint(overrides, recipes_dir=recipes_dir, default_recipe=default_recipe)
+    except Exception:  # a hint must never replace the error it explains
+        return
+    if hint is not None:
+        print(hint, file=sys.stderr, flush=True)

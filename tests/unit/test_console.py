@@ -294,3 +294,40 @@ def test_silence_known_noise_never_overrides_an_explicit_mode(monkeypatch: pytes
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     silence_known_noise(local_ray=True)
     assert os.environ["RAY_AUTH_MODE"] == "disabled"
+
+
+# --- algorithm=sft alone (issue 14 problem 6) ------------------------------------------------
+
+
+def test_algorithm_sft_alone_fails_composing_and_gets_a_recipe_hint() -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from nemo_dp.config import CONF_DIR, RECIPES_DIR, register_configs
+    from nemo_dp.training.console import recipe_algorithm, recipe_hint
+
+    register_configs(RECIPES_DIR)
+    with initialize_config_dir(version_base=None, config_dir=str(CONF_DIR)):
+        with pytest.raises(ConfigCompositionException, match="num_prompts_per_step"):
+            compose("config", overrides=["algorithm=sft"])
+        assert compose("config", overrides=["algorithm=sft", "recipe=sft_arith"]).algorithm.name == "sft"
+        assert compose("config", overrides=["algorithm=sft", "~recipe"]).algorithm.name == "sft"
+    assert recipe_algorithm(RECIPES_DIR / "arith_main.yaml") == "grpo"
+    assert recipe_algorithm(RECIPES_DIR / "sft_arith.yaml") == "sft"
+    hint = recipe_hint(["algorithm=sft"], recipes_dir=RECIPES_DIR, default_recipe="arith_main")
+    assert hint is not None and "recipe=sft_arith" in hint and "~recipe" in hint and "'arith_main'" in hint
+    for ok in (["algorithm=sft", "recipe=sft_arith"], ["algorithm=sft", "~recipe"], ["algorithm=grpo"], []):
+        assert recipe_hint(ok, recipes_dir=RECIPES_DIR, default_recipe="arith_main") is None
+
+
+def test_recipe_hint_on_failure_prints_only_on_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    from nemo_dp.config import RECIPES_DIR
+    from nemo_dp.training.console import recipe_hint_on_failure
+
+    with pytest.raises(SystemExit):
+        with recipe_hint_on_failure(["algorithm=sft"], recipes_dir=RECIPES_DIR, default_recipe="arith_main"):
+            raise SystemExit(1)
+    assert "hint: algorithm=sft" in capsys.readouterr().err
+    with recipe_hint_on_failure(["algorithm=sft"], recipes_dir=RECIPES_DIR, default_recipe="arith_main"):
+        pass
+    assert capsys.readouterr().err == ""
