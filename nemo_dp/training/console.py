@@ -383,12 +383,18 @@ def is_configuration_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError))
 
 
+def _empty_tree(path: Path) -> bool:
+    """A directory holding no files at any depth (what preflight's writability probe leaves)."""
+    return all(child.is_dir() and not child.is_symlink() and _empty_tree(child) for child in path.iterdir())
+
+
 def remove_unstarted_run_dir(run_dir: str | os.PathLike[str], *, log_names: tuple[str, ...] = ()) -> bool:
     """Remove a run directory that holds only what was written before the run started.
 
     Allowed contents: ``.hydra/``, the log files named in ``log_names`` (or any ``*.log``),
-    ``resolved_config.yaml`` and ``run.json``.  Anything else (checkpoints, metrics, a user's
-    files) keeps the directory untouched.
+    ``resolved_config.yaml``, ``run.json`` and empty directories (the checkpoint directory
+    preflight creates to probe that it is writable).  Anything else (checkpoints, metrics, a
+    user's files) keeps the directory untouched.
 
     Args:
         run_dir: The job's output directory.
@@ -401,13 +407,12 @@ def remove_unstarted_run_dir(run_dir: str | os.PathLike[str], *, log_names: tupl
     if not root.is_dir():
         return False
     for child in root.iterdir():
-        if child.name == ".hydra" and child.is_dir():
+        if child.is_symlink():
+            return False
+        if child.is_dir() and (child.name == ".hydra" or _empty_tree(child)):
             continue
-        if child.is_file() and (
-            child.name in _PRE_START_FILES
-            or child.name in log_names
-            or (not log_names and child.suffix == ".log")
-        ):
+        is_log = child.name in log_names or (not log_names and child.suffix == ".log")
+        if child.is_file() and (child.name in _PRE_START_FILES or is_log):
             continue
         return False
     shutil.rmtree(root, ignore_errors=True)

@@ -207,6 +207,7 @@ def test_remove_unstarted_run_dir_only_removes_pre_start_files(tmp_path: Path) -
     (run / ".hydra" / "config.yaml").write_text("a: 1")
     (run / "launch.log").write_text("run directory: x\n")
     (run / "resolved_config.yaml").write_text("a: 1")
+    (run / "checkpoints" / "sft").mkdir(parents=True)  # preflight's writability probe
     keep = tmp_path / "keep"
     (keep / ".hydra").mkdir(parents=True)
     (keep / "metrics.jsonl").write_text('{"step": 1}\n')
@@ -215,6 +216,9 @@ def test_remove_unstarted_run_dir_only_removes_pre_start_files(tmp_path: Path) -
     (run / "other.log").write_text("")
     assert remove_unstarted_run_dir(run, log_names=("launch.log",)) is False
     (run / "other.log").unlink()
+    (run / "checkpoints" / "sft" / "state.pt").write_bytes(b"x")
+    assert remove_unstarted_run_dir(run, log_names=("launch.log",)) is False
+    (run / "checkpoints" / "sft" / "state.pt").unlink()
     assert remove_unstarted_run_dir(run, log_names=("launch.log",)) is True
     assert not run.exists()
     assert remove_unstarted_run_dir(tmp_path / "absent") is False
