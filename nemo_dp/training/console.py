@@ -481,6 +481,19 @@ def _local_ray(cfg: Any) -> bool:
         return False
 
 
+def _stopped(
+    record: RunRecord, run_dir: Path, log_path: Path, exc: BaseException, *, terminated: bool
+) -> None:
+    """Finish a run stopped by SIGINT/SIGTERM: summary and plot, or no debris before start."""
+    signame = "SIGTERM" if terminated else "SIGINT"
+    if record.started:
+        where = write_failure_summary(record, exc, status="terminated" if terminated else "interrupted")
+        print(f"stopped by {signame}; teardown done; summary in {where}", file=sys.stderr, flush=True)
+    else:
+        remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
+        print(f"stopped by {signame} before the run started", file=sys.stderr, flush=True)
+
+
 def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
     """Wrap a Hydra task function ``task(cfg, record)`` with the run's failure handling.
 
@@ -502,22 +515,17 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
         with capture_run_log(log_path), sigterm_as_interrupt():
             try:
                 return task(cfg, record)
+            except SystemExit as exc:
+                # ray.init installs ``sys.exit(signum)`` for SIGTERM; until the launcher
+                # re-enters sigterm_as_interrupt after Ray is up, SIGTERM arrives as this.
+                if exc.code != int(signal.SIGTERM):
+                    raise
+                _stopped(record, run_dir, log_path, exc, terminated=True)
+                raise SystemExit(_EXIT_SIGTERM) from None
             except KeyboardInterrupt as exc:
                 terminated = isinstance(exc, TerminationRequested)
-                signame, code = ("SIGTERM", _EXIT_SIGTERM) if terminated else ("SIGINT", _EXIT_SIGINT)
-                if record.started:
-                    where = write_failure_summary(
-                        record, exc, status="terminated" if terminated else "interrupted"
-                    )
-                    print(
-                        f"stopped by {signame}; teardown done; summary in {where}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                else:
-                    remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
-                    print(f"stopped by {signame} before the run started", file=sys.stderr, flush=True)
-                raise SystemExit(code) from None
+                _stopped(record, run_dir, log_path, exc, terminated=terminated)
+                raise SystemExit(_EXIT_SIGTERM if terminated else _EXIT_SIGINT) from None
             except Exception as exc:
                 if record.started:
                     where = write_failure_summary(record, exc, status="failed")

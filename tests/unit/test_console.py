@@ -52,6 +52,10 @@ APP = textwrap.dedent(
         record.mark_started()
         # What ray.init does to SIGTERM (exit at once); the launcher re-enters the converter.
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(15))
+        if cfg.mode == "sigterm_during_ray_init":
+            Path(cfg.ready).write_text("ready")
+            while True:
+                time.sleep(0.05)
         with sigterm_as_interrupt():
             metrics = MetricsLogger(record.run_dir / "metrics.jsonl")
             record.track_metrics(metrics.path, record.run_dir / "training_curves.png")
@@ -141,14 +145,15 @@ def test_failure_after_start_writes_summary_plot_and_a_clean_log(tmp_path: Path)
     assert "\x1b[36m(PolicyWorker pid=123)" in proc.stdout
 
 
-def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sigterm", "sigterm_during_ray_init"])
+def test_sigterm_stops_like_ctrl_c(tmp_path: Path, mode: str) -> None:
     ready = tmp_path / "ready"
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.Popen(
         [
             sys.executable,
             str(_app(tmp_path)),
-            "+mode=sigterm",
+            f"+mode={mode}",
             f"+ready={ready}",
             f"hydra.run.dir={tmp_path / 'run'}",
         ],
@@ -171,10 +176,14 @@ def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
     assert proc.returncode == 143, err
     assert "stopped by SIGTERM; teardown done" in err
     assert "Traceback" not in err
-    assert (run / "teardown_done").read_text() == "yes"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "terminated" and summary["error"]["type"] == "TerminationRequested"
-    assert (run / "training_curves.png").is_file()
+    assert summary["status"] == "terminated"
+    if mode == "sigterm":
+        assert (run / "teardown_done").read_text() == "yes"
+        assert summary["error"]["type"] == "TerminationRequested"
+        assert (run / "training_curves.png").is_file()
+    else:
+        assert summary["error"]["type"] == "SystemExit"
 
 
 # --- in-process pieces -----------------------------------------------------------------------
