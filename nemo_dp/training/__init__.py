@@ -1,0 +1,1 @@
+"""The run layer: phases, logging, checkpoints, resume and the launcher's failure handling."""

@@ -1,0 +1,640 @@
+"""How a launcher run ends: one clear message, no debris, a summary of what ran, a clean log.
+
+Why this module exists: every validation failure printed a ~15-line traceback before its good
+message and left ``outputs/<date>/<time>/`` behind with ``.hydra/`` and an empty ``launch.log``;
+a failed run wrote no ``summary.json`` and no plot; ``launch.log`` stayed empty (the project
+prints), log files held ANSI colour codes; SIGTERM dumped a C++ stack instead of stopping like
+Ctrl-C; Ray's token-auth notice and torch's ``is_fx_tracing`` notice cluttered every run.
+
+:func:`hydra_task` wraps a Hydra task function ``task(cfg, record)``:
+
+* before the run starts (:meth:`RunRecord.mark_started`, called just before Ray starts), a
+  configuration error (``ValueError`` and its subclasses -- schema rules, ``ResumeError``,
+  ``RunDirError``, ``DatasetError``, ``CheckpointCorruptError`` --, OmegaConf errors,
+  ``PreflightError``, a missing file) removes the run directory when it holds only what Hydra
+  and the launcher wrote before start, and is re-raised as :class:`RunConfigurationError`,
+  which Hydra prints as one message (the full traceback only with ``HYDRA_FULL_ERROR=1``);
+* after start, a failure writes ``summary.json`` (status, error, what ran) and the plot of
+  every tracked metrics file, then propagates with its traceback;
+* SIGTERM raises :class:`TerminationRequested` (a ``KeyboardInterrupt``), so it takes the same
+  teardown path as Ctrl-C; both end with one line and exit status 143 / 130;
+* stdout and stderr are copied into the run's log file without colour codes or progress-bar
+  redraws (:func:`capture_run_log`), and Hydra's file handler strips colour codes too;
+* :func:`silence_known_noise` removes the two known notices at their source.
+
+:func:`recipe_hint_on_failure` adds one hint line to a Hydra composition error caused by
+choosing an ``algorithm`` that the default recipe (a GRPO recipe) cannot be merged into.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+from hydra.errors import CompactHydraException
+
+__all__ = [
+    "ANSI_ESCAPE",
+    "RunConfigurationError",
+    "TerminationRequested",
+    "RunRecord",
+    "strip_ansi",
+    "AnsiStrippingFormatter",
+    "capture_run_log",
+    "sigterm_as_interrupt",
+    "silence_known_noise",
+    "is_configuration_error",
+    "remove_unstarted_run_dir",
+    "write_failure_summary",
+    "hydra_task",
+    "recipe_algorithm",
+    "recipe_hint",
+    "recipe_hint_on_failure",
+]
+
+_LOG = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: CSI sequences (colours, cursor moves), OSC sequences (titles, links) and 2-byte escapes.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+#: What Hydra and the launcher write into a run directory before the run starts.
+_PRE_START_FILES: frozenset[str] = frozenset({"resolved_config.yaml", "run.json"})
+_FX_NOTICE = "is_fx_tracing will return true for both fx.symbolic_trace and torch.export"
+_FX_LOGGER = "torch.fx._symbolic_trace"
+_EXIT_SIGINT = 130
+_EXIT_SIGTERM = 143
+
+
+class RunConfigurationError(CompactHydraException):
+    """A configuration or preflight error before the run started (Hydra prints only the message)."""
+
+
+class TerminationRequested(KeyboardInterrupt):
+    """SIGTERM arrived; raised in the main thread so teardown runs as for Ctrl-C."""
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI escape sequences.
+
+    Args:
+        text: Any text.
+
+    Returns:
+        ``text`` without colour codes, cursor moves or terminal titles.
+    """
+    return ANSI_ESCAPE.sub("", text)
+
+
+class AnsiStrippingFormatter(logging.Formatter):
+    """Delegates to another formatter and strips ANSI codes from its output.
+
+    Args:
+        inner: The formatter whose layout is kept (``None``: the default layout).
+    """
+
+    def __init__(self, inner: logging.Formatter | None = None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Format with the inner formatter, then strip.
+
+        Args:
+            record: The log record.
+
+        Returns:
+            The formatted line without escape sequences.
+        """
+        return strip_ansi(self.inner.format(record))
+
+
+# ---------------------------------------------------------------------------------------------
+# the run's log file
+# ---------------------------------------------------------------------------------------------
+
+
+class _LineSink:
+    """Appends complete lines to the log file: colour codes stripped, ``\\r`` redraws collapsed."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+        self._partial: dict[str, str] = {}
+
+    def feed(self, key: str, text: str) -> None:
+        with self._lock:
+            buf = self._partial.get(key, "") + text
+            *lines, rest = buf.split("\n")
+            self._partial[key] = rest
+            for line in lines:
+                self._write(line)
+
+    def _write(self, line: str) -> None:
+        # A progress bar redraws its line after \r: keep what the terminal ends up showing.
+        shown = strip_ansi(line.rsplit("\r", 1)[-1]).rstrip()
+        if shown:
+            self._fh.write(shown + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            for rest in self._partial.values():
+                self._write(rest)
+            self._partial.clear()
+            self._fh.close()
+
+
+class _Tee(io.TextIOBase):
+    """A text stream that writes to the original stream and copies to a :class:`_LineSink`."""
+
+    def __init__(self, stream: TextIO, sink: _LineSink, key: str) -> None:
+        super().__init__()
+        self._stream = stream
+        self._sink = sink
+        self._key = key
+
+    def write(self, text: str) -> int:  # type: ignore[override]
+        self._stream.write(text)
+        try:
+            self._sink.feed(self._key, text)
+        except ValueError:  # the sink was closed by another thread's teardown
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._stream, "encoding", "utf-8")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _file_handlers(path: Path) -> list[logging.FileHandler]:
+    target = os.path.abspath(path)
+    return [
+        h
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.FileHandler) and os.path.abspath(h.baseFilename) == target
+    ]
+
+
+@contextmanager
+def capture_run_log(log_path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Copy stdout/stderr into ``log_path`` (no colour codes) for the duration of the block.
+
+    Hydra's file handler for the same file (its job log) keeps writing log records there, with
+    an ANSI-stripping formatter for the duration; without one, a handler is added so that
+    log records reach the file too.  Console output is unchanged.
+
+    Args:
+        log_path: The run's log file (Hydra's ``<run_dir>/<job name>.log``).
+
+    Yields:
+        The log path.
+    """
+    path = Path(log_path)
+    sink = _LineSink(path)
+    handlers = _file_handlers(path)
+    saved_formatters = [(h, h.formatter) for h in handlers]
+    added: logging.FileHandler | None = None
+    for h in handlers:
+        h.setFormatter(AnsiStrippingFormatter(h.formatter))
+    if not handlers:
+        added = logging.FileHandler(path, encoding="utf-8")
+        added.setFormatter(
+            AnsiStrippingFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        )
+        logging.getLogger().addHandler(added)
+    old_out, old_err = sys.stdout, sys.stderr
+    sys.stdout = _Tee(old_out, sink, "stdout")  # type: ignore[assignment]
+    sys.stderr = _Tee(old_err, sink, "stderr")  # type: ignore[assignment]
+    try:
+        yield path
+    finally:
+        sys.stdout, sys.stderr = old_out, old_err
+        for h, fmt in saved_formatters:
+            h.setFormatter(fmt)  # type: ignore[arg-type]
+        if added is not None:
+            logging.getLogger().removeHandler(added)
+            added.close()
+        sink.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# signals and noise
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _SigtermState:
+    received: bool = False
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[_SigtermState]:
+    """Turn SIGTERM into :class:`TerminationRequested` in the main thread for the block.
+
+    ``ray.init`` installs its own SIGTERM handlers (exit at once, killing the local node's
+    processes under the driver), so enter this again right after Ray has started.  A second
+    SIGTERM during teardown is ignored (the first one is being handled); the previous handler
+    is restored on exit.
+
+    Yields:
+        A state whose ``received`` says whether SIGTERM arrived.
+    """
+    state = _SigtermState()
+    if threading.current_thread() is not threading.main_thread():
+        _LOG.warning("SIGTERM is not converted: not in the main thread")
+        yield state
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _handler(signum: int, frame: Any) -> None:
+        if state.received:
+            return
+        state.received = True
+        raise TerminationRequested("SIGTERM received")
+
+    signal.signal(signal.SIGTERM, _handler)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+class _DropFxTracingNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_FX_NOTICE)
+
+
+def silence_known_noise(*, local_ray: bool) -> list[str]:
+    """Remove the known start-up notices at their source (idempotent; call before Ray starts).
+
+    * torch logs (logger ``torch.fx._symbolic_trace``, once per process) "is_fx_tracing will
+      return true for both fx.symbolic_trace and torch.export ..." the first time
+      ``torch.nested.nested_tensor_from_jagged`` runs; it is a logging record, not a Python
+      warning, so a filter on that logger drops exactly that message.
+    * Ray 2.60 logs "Token authentication is enabled for this Ray cluster. Set
+      RAY_AUTH_MODE=disabled to opt out ..." when ``ray.init`` starts a local cluster with
+      ``RAY_AUTH_MODE`` unset, and then sets ``RAY_AUTH_MODE=token`` itself.  Setting that
+      value first keeps token authentication exactly as it is and skips the notice.  Only for a
+      local cluster (joining one must follow the cluster's mode) and only before Ray is
+      imported (Ray caches the mode at import).
+
+    Args:
+        local_ray: The run starts a local Ray (``cluster.address`` is null).
+
+    Returns:
+        What was done, one line each (for a debug log).
+    """
+    done: list[str] = []
+    fx_logger = logging.getLogger(_FX_LOGGER)
+    if not any(isinstance(f, _DropFxTracingNotice) for f in fx_logger.filters):
+        fx_logger.addFilter(_DropFxTracingNotice())
+        done.append(f"filter on logger {_FX_LOGGER!r} drops the is_fx_tracing notice")
+    if local_ray and "RAY_AUTH_MODE" not in os.environ and "ray._raylet" not in sys.modules:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        done.append("RAY_AUTH_MODE=token (Ray's default for a local cluster, set explicitly)")
+    return done
+
+
+# ---------------------------------------------------------------------------------------------
+# failures
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunRecord:
+    """What the launcher tells the wrapper while a run goes on.
+
+    Attributes:
+        run_dir: The job's output directory.
+        log_path: The run's log file.
+        started: Set by :meth:`mark_started` just before Ray starts.
+        summary: The launcher's summary so far (phases finished, ...), merged into a failure's
+            ``summary.json``; the launcher may replace it or fill it in place.
+        metrics: ``(metrics.jsonl, plot.png)`` of every phase begun, plotted after a failure.
+        t_start: ``time.perf_counter()`` when the task started.
+    """
+
+    run_dir: Path
+    log_path: Path | None = None
+    started: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+    metrics: list[tuple[Path, Path]] = field(default_factory=list)
+    t_start: float = field(default_factory=time.perf_counter)
+
+    def mark_started(self) -> None:
+        """From now on a failure is a failed run (summary, plot), not a configuration error."""
+        self.started = True
+
+    def track_metrics(self, metrics_path: str | os.PathLike[str], plot_path: str | os.PathLike[str]) -> None:
+        """Plot ``metrics_path`` to ``plot_path`` if the run fails.
+
+        Args:
+            metrics_path: A phase's metrics file.
+            plot_path: Its plot.
+        """
+        pair = (Path(metrics_path), Path(plot_path))
+        if pair not in self.metrics:
+            self.metrics.append(pair)
+
+
+def is_configuration_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a user-facing configuration/preflight error (not a bug).
+
+    Args:
+        exc: The exception raised before the run started.
+
+    Returns:
+        True for ``ValueError`` (schema rules, resume, run-dir, dataset, checkpoint-integrity
+        errors), OmegaConf errors, ``PreflightError`` and ``FileNotFoundError``.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from nemo_dp.config import PreflightError
+
+    return isinstance(exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError))
+
+
+def _empty_tree(path: Path) -> bool:
+    """A directory holding no files at any depth (what preflight's writability probe leaves)."""
+    return all(child.is_dir() and not child.is_symlink() and _empty_tree(child) for child in path.iterdir())
+
+
+def remove_unstarted_run_dir(run_dir: str | os.PathLike[str], *, log_names: tuple[str, ...] = ()) -> bool:
+    """Remove a run directory that holds only what was written before the run started.
+
+    Allowed contents: ``.hydra/``, the log files named in ``log_names`` (or any ``*.log``),
+    ``resolved_config.yaml``, ``run.json`` and empty directories (the checkpoint directory
+    preflight creates to probe that it is writable).  Anything else (checkpoints, metrics, a
+    user's files) keeps the directory untouched.
+
+    Args:
+        run_dir: The job's output directory.
+        log_names: The run's log file names (default: any ``*.log``).
+
+    Returns:
+        Whether the directory was removed.
+    """
+    root = Path(run_dir)
+    if not root.is_dir():
+        return False
+    for child in root.iterdir():
+        if child.is_symlink():
+            return False
+        if child.is_dir() and (child.name == ".hydra" or _empty_tree(child)):
+            continue
+        is_log = child.name in log_names or (not log_names and child.suffix == ".log")
+        if child.is_file() and (child.name in _PRE_START_FILES or is_log):
+            continue
+        return False
+    shutil.rmtree(root, ignore_errors=True)
+    return not root.exists()
+
+
+def _plot_tracked(record: RunRecord) -> list[str]:
+    plots: list[str] = []
+    for metrics_path, plot_path in record.metrics:
+        if not metrics_path.is_file() or metrics_path.stat().st_size == 0:
+            continue
+        try:
+            from nemo_dp.utils.plotting import plot_training_curves
+
+            plots.append(str(plot_training_curves(metrics_path, plot_path)))
+        except Exception as exc:  # the plot must never hide the run's own error
+            _LOG.warning("could not plot %s: %s", metrics_path, exc)
+    return plots
+
+
+def write_failure_summary(record: RunRecord, exc: BaseException, *, status: str) -> Path:
+    """Write ``summary.json`` for a run that stopped early, and plot what ran.
+
+    Args:
+        record: The run's record (its ``summary`` is merged in).
+        exc: What stopped it.
+        status: ``failed``, ``interrupted`` (SIGINT) or ``terminated`` (SIGTERM).
+
+    Returns:
+        The summary path.
+    """
+    summary = dict(record.summary)
+    summary.setdefault("run_dir", str(record.run_dir))
+    summary["status"] = status
+    summary["error"] = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback_tail": traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:],
+    }
+    summary["plots"] = _plot_tracked(record)
+    summary["wall_time_s"] = time.perf_counter() - record.t_start
+    path = record.run_dir / "summary.json"
+    record.run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".summary.json.tmp-{uuid.uuid4().hex}")
+    tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _full_error_requested() -> bool:
+    return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
+
+
+def _hydra_run_dir_and_log() -> tuple[Path, Path]:
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    return run_dir, run_dir / f"{hc.job.name}.log"
+
+
+def _local_ray(cfg: Any) -> bool:
+    try:
+        return cfg.cluster.address is None
+    except Exception:  # a config without a cluster node starts no Ray of its own choosing
+        return False
+
+
+def _stopped(
+    record: RunRecord, run_dir: Path, log_path: Path, exc: BaseException, *, terminated: bool
+) -> None:
+    """Finish a run stopped by SIGINT/SIGTERM: summary and plot, or no debris before start."""
+    signame = "SIGTERM" if terminated else "SIGINT"
+    if record.started:
+        where = write_failure_summary(record, exc, status="terminated" if terminated else "interrupted")
+        print(f"stopped by {signame}; teardown done; summary in {where}", file=sys.stderr, flush=True)
+    else:
+        remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
+        print(f"stopped by {signame} before the run started", file=sys.stderr, flush=True)
+
+
+def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
+    """Wrap a Hydra task function ``task(cfg, record)`` with the run's failure handling.
+
+    Use under ``@hydra.main(...)``; the wrapped function takes only ``cfg``.
+
+    Args:
+        task: The task; it calls ``record.mark_started()`` just before Ray starts.
+
+    Returns:
+        The task function for ``hydra.main``.
+    """
+
+    @functools.wraps(task)
+    def wrapper(cfg: Any) -> _T:
+        run_dir, log_path = _hydra_run_dir_and_log()
+        record = RunRecord(run_dir=run_dir, log_path=log_path)
+        for line in silence_known_noise(local_ray=_local_ray(cfg)):
+            _LOG.debug(line)
+        with capture_run_log(log_path), sigterm_as_interrupt():
+            try:
+                return task(cfg, record)
+            except SystemExit as exc:
+                # ray.init installs ``sys.exit(signum)`` for SIGTERM; until the launcher
+                # re-enters sigterm_as_interrupt after Ray is up, SIGTERM arrives as this.
+                if exc.code != int(signal.SIGTERM):
+                    raise
+                _stopped(record, run_dir, log_path, exc, terminated=True)
+                raise SystemExit(_EXIT_SIGTERM) from None
+            except KeyboardInterrupt as exc:
+                terminated = isinstance(exc, TerminationRequested)
+                _stopped(record, run_dir, log_path, exc, terminated=terminated)
+                raise SystemExit(_EXIT_SIGTERM if terminated else _EXIT_SIGINT) from None
+            except Exception as exc:
+                if record.started:
+                    where = write_failure_summary(record, exc, status="failed")
+                    print(
+                        f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True
+                    )
+                    raise
+                removed = remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
+                if removed:
+                    _LOG.debug("removed unstarted run directory %s", run_dir)
+                if _full_error_requested() or not is_configuration_error(exc):
+                    raise
+                message = str(exc) if str(exc) else type(exc).__name__
+        raise RunConfigurationError(message) from None
+
+    return wrapper
+
+
+# ---------------------------------------------------------------------------------------------
+# composition hints
+# ---------------------------------------------------------------------------------------------
+
+
+def recipe_algorithm(recipe_path: str | os.PathLike[str]) -> str | None:
+    """The ``algorithm`` a recipe selects (its ``override /algorithm: <name>`` default).
+
+    Args:
+        recipe_path: A ``recipes/*.yaml`` file.
+
+    Returns:
+        The algorithm name, or ``None`` when the recipe does not select one.
+    """
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(recipe_path)
+    for entry in node.get("defaults", []) or []:
+        if hasattr(entry, "items"):
+            for key, value in entry.items():
+                if str(key).replace("override", "").strip() in ("/algorithm", "algorithm"):
+                    return str(value)
+    return None
+
+
+def _override_value(overrides: list[str], key: str) -> str | None:
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if sep and name.lstrip("+") == key:
+            return value
+    return None
+
+
+def recipe_hint(
+    overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str
+) -> str | None:
+    """A hint for ``algorithm=<x>`` given without a recipe that the default recipe cannot serve.
+
+    Args:
+        overrides: The command-line overrides (``sys.argv[1:]``).
+        recipes_dir: The ``recipes/`` directory.
+        default_recipe: The root config's default ``recipe`` choice.
+
+    Returns:
+        The hint, or ``None`` when a recipe is chosen (``recipe=...``, ``~recipe``) or the
+        chosen algorithm is the default recipe's.
+    """
+    algorithm = _override_value(overrides, "algorithm")
+    if algorithm is None or any(o.lstrip("+~").startswith("recipe") for o in overrides):
+        return None
+    root = Path(recipes_dir)
+    default_algo = recipe_algorithm(root / f"{default_recipe}.yaml")
+    if default_algo is None or default_algo == algorithm:
+        return None
+    matching = sorted(p.stem for p in root.glob("*.yaml") if recipe_algorithm(p) == algorithm)
+    choices = [f"recipe={name}" for name in matching] + ["~recipe (the plain group defaults)"]
+    return (
+        f"hint: algorithm={algorithm} cannot be merged into the default recipe "
+        f"{default_recipe!r} (a {default_algo} recipe); add one of: {', '.join(choices)}"
+    )
+
+
+@contextmanager
+def recipe_hint_on_failure(
+    overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str
+) -> Iterator[None]:
+    """Print :func:`recipe_hint` when the block exits with an error (Hydra's exit status 1).
+
+    Args:
+        overrides: The command-line overrides (``sys.argv[1:]``).
+        recipes_dir: The ``recipes/`` directory.
+        default_recipe: The root config's default ``recipe`` choice.
+
+    Yields:
+        Nothing.
+    """
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            _print_hint(overrides, recipes_dir, default_recipe)
+        raise
+    except Exception:
+        _print_hint(overrides, recipes_dir, default_recipe)
+        raise
+
+
+def _print_hint(overrides: list[str], recipes_dir: str | os.PathLike[str], default_recipe: str) -> None:
+    try:
+        hint = recipe_hint(overrides, recipes_dir=recipes_dir, default_recipe=default_recipe)
+    except Exception:  # a hint must never replace the error it explains
+        return
+    if hint is not None:
+        print(hint, file=sys.stderr, flush=True)

@@ -1,0 +1,701 @@
+"""Explicit resolution of ``checkpointing.resume_from`` and ``policy.init_from``, on the driver.
+
+Why this module exists: resume used to look only at ``<resume_from>/<phase>`` and treat "found
+nothing" as "start fresh", so an empty directory, a run directory, a step directory, a
+checkpoint missing its state file or an SFT checkpoint given to a GRPO run all retrained from
+step 0 with exit status 0.  Here every accepted form (a run directory, its checkpoints root, a
+phase root ``<root>/<phase>``, a step directory ``<root>/<phase>/step_<N>``) is resolved to one
+checkpoint, and anything else raises :class:`ResumeError` saying what was found, before Ray
+starts.
+
+Each checkpoint also carries ``checkpoint_meta.json`` (:class:`CheckpointMeta`: algorithm,
+phase, model shape, data-plane backend, run id, step, format version), written into the
+checkpoint's temp directory before the atomic commit; resolution compares it with this run and
+refuses a mismatch naming the differing keys (:class:`CheckpointMismatchError`).
+
+``policy.init_from`` is the separate, explicit way to start a GRPO/PPO run from the weights of
+another run's (usually SFT) checkpoint: :func:`resolve_init_from` accepts the same path forms,
+checks the model shape and returns the weights location; loading the weights is the policy's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_dp.utils.manifest import has_manifest, verify_manifest
+
+__all__ = [
+    "CHECKPOINT_META_NAME",
+    "CHECKPOINT_META_FORMAT",
+    "CHECKPOINT_META_VERSION",
+    "DEFAULT_REQUIRED_FILES",
+    "WARM_START_PHASE",
+    "ResumeError",
+    "CheckpointMismatchError",
+    "CheckpointMeta",
+    "ResumePlan",
+    "InitFromPlan",
+    "model_shape_of",
+    "write_checkpoint_meta",
+    "read_checkpoint_meta",
+    "check_checkpoint_meta",
+    "list_step_dirs",
+    "find_phase_roots",
+    "resolve_resume",
+    "resolve_init_from",
+]
+
+CHECKPOINT_META_NAME = "checkpoint_meta.json"
+CHECKPOINT_META_FORMAT = "nemo_dp.checkpoint_meta"
+CHECKPOINT_META_VERSION = 1
+#: Files a committed training checkpoint holds today (format manifest + state file).
+DEFAULT_REQUIRED_FILES: tuple[str, ...] = ("manifest.json", "state.pt")
+#: Phase name of an RL run's SFT warm start (its checkpoints are SFT checkpoints).
+WARM_START_PHASE = "warm_start"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_RESUME_KEY = "checkpointing.resume_from"
+_INIT_KEY = "policy.init_from"
+
+
+class ResumeError(ValueError):
+    """``checkpointing.resume_from`` / ``policy.init_from`` holds no usable checkpoint."""
+
+
+class CheckpointMismatchError(ResumeError):
+    """A checkpoint belongs to another algorithm, phase, model shape or data-plane backend.
+
+    Attributes:
+        differing: ``{meta key: (checkpoint value, this run's value)}``.
+    """
+
+    def __init__(self, message: str, differing: Mapping[str, tuple[Any, Any]]) -> None:
+        super().__init__(message)
+        self.differing = dict(differing)
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoint metadata
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What a checkpoint belongs to (``checkpoint_meta.json``).
+
+    Attributes:
+        algorithm: ``algorithm.name`` of the phase that wrote it (``sft`` for a warm start).
+        phase: Phase name (``sft``, ``grpo``, ``ppo``, ``warm_start``).
+        model_shape: Integer shape keys of ``policy.model`` (plus ``vocab_size``).
+        data_plane: Data-plane backend choice (``disabled``, ``local``, ``tq``).
+        run_id: Id of the run that wrote it.
+        step: Training step of the checkpoint.
+        format_version: Layout version of this file.
+    """
+
+    algorithm: str
+    phase: str
+    model_shape: dict[str, int]
+    data_plane: str
+    run_id: str
+    step: int
+    format_version: int = CHECKPOINT_META_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written to disk.
+
+        Returns:
+            ``{"format": ..., **fields}``.
+        """
+        return {"format": CHECKPOINT_META_FORMAT, **asdict(self)}
+
+
+def model_shape_of(model_cfg: Mapping[str, Any] | Any, **extra: int) -> dict[str, int]:
+    """The integer shape keys of a ``policy.model`` node (what a state dict's sizes follow).
+
+    Args:
+        model_cfg: ``cfg.policy.model`` (a DictConfig, dataclass or mapping).
+        **extra: Further shape keys not in the node (``vocab_size=tokenizer.vocab_size``).
+
+    Returns:
+        ``{key: int}`` of every int (not bool) entry, plus ``extra``, sorted by key.
+    """
+    if hasattr(model_cfg, "items"):
+        items = dict(model_cfg.items())
+    else:
+        items = dict(vars(model_cfg))
+    shape = {str(k): int(v) for k, v in items.items() if isinstance(v, int) and not isinstance(v, bool)}
+    shape.update({k: int(v) for k, v in extra.items()})
+    return dict(sorted(shape.items()))
+
+
+def write_checkpoint_meta(checkpoint_dir: str | os.PathLike[str], meta: CheckpointMeta) -> Path:
+    """Write ``checkpoint_meta.json`` into a (temp) checkpoint directory.
+
+    Args:
+        checkpoint_dir: The directory being written (before the atomic commit).
+        meta: The metadata.
+
+    Returns:
+        The file path.
+    """
+    path = Path(checkpoint_dir) / CHECKPOINT_META_NAME
+    path.write_text(json.dumps(meta.to_json(), indent=1, sort_keys=True), encoding="utf-8")
+    return path
+
+
+def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMeta | None:
+    """Read a checkpoint's metadata.
+
+    Args:
+        checkpoint_dir: A step directory.
+
+    Returns:
+        The metadata, or ``None`` when the checkpoint predates metadata (no file).
+
+    Raises:
+        ResumeError: The file exists but is not valid metadata (names the file and field).
+    """
+    path = Path(checkpoint_dir) / CHECKPOINT_META_NAME
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResumeError(f"{path}: checkpoint metadata is not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict) or raw.get("format") != CHECKPOINT_META_FORMAT:
+        raise ResumeError(f"{path}: not a checkpoint metadata file (format {CHECKPOINT_META_FORMAT!r})")
+    if raw.get("format_version") != CHECKPOINT_META_VERSION:
+        raise ResumeError(
+            f"{path}: unsupported format_version {raw.get('format_version')!r}; "
+            f"supported: [{CHECKPOINT_META_VERSION}]"
+        )
+    types = {
+        "algorithm": str,
+        "phase": str,
+        "data_plane": str,
+        "run_id": str,
+        "step": int,
+        "model_shape": dict,
+    }
+    for key, typ in types.items():
+        if not isinstance(raw.get(key), typ) or isinstance(raw.get(key), bool):
+            raise ResumeError(f"{path}: field {key!r} must be a {typ.__name__}, got {raw.get(key)!r}")
+    shape = raw["model_shape"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in shape.values()):
+        raise ResumeError(f"{path}: field 'model_shape' must map names to ints, got {shape!r}")
+    return CheckpointMeta(
+        algorithm=raw["algorithm"],
+        phase=raw["phase"],
+        model_shape=dict(shape),
+        data_plane=raw["data_plane"],
+        run_id=raw["run_id"],
+        step=raw["step"],
+        format_version=raw["format_version"],
+    )
+
+
+def _config_key(meta_key: str) -> str:
+    if meta_key.startswith("model_shape."):
+        return f"policy.model.{meta_key.split('.', 1)[1]}"
+    return {
+        "algorithm": "algorithm",
+        "data_plane": "data_plane",
+        "phase": "the phase root's directory name",
+    }.get(meta_key, meta_key)
+
+
+def _shape_diff(ckpt: Mapping[str, int], run: Mapping[str, int]) -> dict[str, tuple[Any, Any]]:
+    return {
+        f"model_shape.{k}": (ckpt.get(k), run.get(k))
+        for k in sorted(set(ckpt) | set(run))
+        if ckpt.get(k) != run.get(k)
+    }
+
+
+def _mismatch(
+    where: Path, key: str, differing: Mapping[str, tuple[Any, Any]], hint: str
+) -> CheckpointMismatchError:
+    parts = [f"{k}: checkpoint {c!r}, this run {r!r} ({_config_key(k)})" for k, (c, r) in differing.items()]
+    return CheckpointMismatchError(
+        f"{key}: checkpoint {where} does not belong to this run; differing keys: "
+        f"{sorted(differing)} -- " + "; ".join(parts) + f". {hint}",
+        differing,
+    )
+
+
+def check_checkpoint_meta(
+    meta: CheckpointMeta,
+    *,
+    where: str | os.PathLike[str],
+    algorithm: str,
+    phase: str,
+    data_plane: str,
+    model_shape: Mapping[str, int],
+) -> None:
+    """Refuse a checkpoint written for another algorithm, phase, backend or model shape.
+
+    Args:
+        meta: The checkpoint's metadata.
+        where: The checkpoint directory (for the message).
+        algorithm: This phase's ``algorithm.name``.
+        phase: This phase's name.
+        data_plane: This run's data-plane backend choice.
+        model_shape: This run's model shape (:func:`model_shape_of`).
+
+    Raises:
+        CheckpointMismatchError: Naming every differing key with both values and the config
+            key to change.
+    """
+    differing: dict[str, tuple[Any, Any]] = {}
+    for key, run_value in (("algorithm", algorithm), ("phase", phase), ("data_plane", data_plane)):
+        if getattr(meta, key) != run_value:
+            differing[key] = (getattr(meta, key), run_value)
+    differing.update(_shape_diff(meta.model_shape, model_shape))
+    if differing:
+        hint = "Resume with the settings the checkpoint was written with, or start a fresh run"
+        if "algorithm" in differing or "phase" in differing:
+            hint += f" (to start from its weights only, set {_INIT_KEY}={where})"
+        raise _mismatch(Path(where), _RESUME_KEY, differing, hint + ".")
+
+
+# ---------------------------------------------------------------------------------------------
+# locating checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def list_step_dirs(phase_root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """Every ``step_<N>`` directory under a phase root, oldest first.
+
+    Temp (``*.tmp-*``) and displaced (``*.old-*``) siblings do not match and are not listed.
+
+    Args:
+        phase_root: ``<checkpoints root>/<phase>`` (may not exist).
+
+    Returns:
+        ``[(N, path), ...]`` sorted by N.
+    """
+    root = Path(phase_root)
+    if not root.is_dir():
+        return []
+    out = []
+    for child in root.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if m is not None and child.is_dir():
+            out.append((int(m.group(1)), child))
+    return sorted(out)
+
+
+def find_phase_roots(checkpoints_root: str | os.PathLike[str]) -> dict[str, Path]:
+    """Sub-directories of a checkpoints root that hold at least one step directory.
+
+    Args:
+        checkpoints_root: A run's ``checkpointing.checkpoint_dir`` (may not exist).
+
+    Returns:
+        ``{phase name: phase root}`` sorted by name.
+    """
+    root = Path(checkpoints_root)
+    if not root.is_dir():
+        return {}
+    return {c.name: c for c in sorted(root.iterdir()) if c.is_dir() and list_step_dirs(c)}
+
+
+def _missing_files(step_dir: Path, required: Sequence[str]) -> list[str]:
+    return [name for name in required if not (step_dir / name).is_file()]
+
+
+def _listing(path: Path, limit: int = 6) -> str:
+    names = sorted(c.name + ("/" if c.is_dir() else "") for c in path.iterdir())
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{names[:limit]}{more}"
+
+
+def _run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None:
+    """``<run>`` when ``checkpoints_root`` is ``<run>/<checkpoint_dir_name>``, else ``None``."""
+    parts = Path(checkpoint_dir_name).parts
+    if not parts or Path(checkpoint_dir_name).is_absolute():
+        return None
+    if checkpoints_root.parts[-len(parts) :] != parts:
+        return None
+    return Path(*checkpoints_root.parts[: -len(parts)])
+
+
+@dataclass
+class _Located:
+    """What a user-given path turned out to be."""
+
+    kind: str
+    checkpoints_root: Path
+    run_dir: Path | None
+    phase_roots: dict[str, Path] = field(default_factory=dict)
+    step_dir: Path | None = None
+
+
+def _locate(path_str: str | os.PathLike[str], key: str, checkpoint_dir_name: str) -> _Located:
+    """Classify ``path_str`` as a step directory, phase root, checkpoints root or run directory."""
+    path = Path(os.path.abspath(os.fspath(path_str)))
+    if not path.exists():
+        raise ResumeError(f"{key}: {str(path)!r} does not exist")
+    if path.is_file():
+        parent = (
+            f"; pass its step directory {str(path.parent)!r}" if _STEP_DIR.match(path.parent.name) else ""
+        )
+        raise ResumeError(f"{key}: {str(path)!r} is a file, not a checkpoint directory{parent}")
+    if _STEP_DIR.match(path.name):
+        root = path.parent.parent
+        run_dir = _run_dir_of(root, checkpoint_dir_name)
+        return _Located("step directory", root, run_dir, {path.parent.name: path.parent}, path)
+    if list_step_dirs(path):
+        root = path.parent
+        run_dir = _run_dir_of(root, checkpoint_dir_name)
+        return _Located("phase root", root, run_dir, {path.name: path})
+    phases = find_phase_roots(path)
+    if phases:
+        run_dir = _run_dir_of(path, checkpoint_dir_name)
+        return _Located("checkpoints root", path, run_dir, phases)
+    nested = path / checkpoint_dir_name
+    looks_like_run = (path / ".hydra").is_dir() or any(
+        (path / n).exists() for n in ("metrics.jsonl", "summary.json", "resolved_config.yaml")
+    )
+    if nested.is_dir():
+        phases = find_phase_roots(nested)
+        if phases:
+            return _Located("run directory", nested, path, phases)
+        what = (
+            "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
+        )
+        raise ResumeError(
+            f"{key}: {str(path)!r} is a run directory whose checkpoints root {str(nested)!r} {what}: "
+            "the run stopped before its first save (see checkpointing.save_period) - nothing to "
+            "resume from"
+        )
+    if looks_like_run:
+        raise ResumeError(
+            f"{key}: {str(path)!r} is a run directory with no checkpoints "
+            f"({checkpoint_dir_name}/ is missing: checkpointing.enabled was false, or the run wrote "
+            "them under another checkpointing.checkpoint_dir) - nothing to resume from"
+        )
+    if not any(path.iterdir()):
+        raise ResumeError(f"{key}: {str(path)!r} is an empty directory - nothing to resume from")
+    raise ResumeError(
+        f"{key}: {str(path)!r} holds no checkpoint (found {_listing(path)}); expected a run "
+        f"directory, its {checkpoint_dir_name}/ root, a phase root <root>/<phase> or a step "
+        "directory <root>/<phase>/step_<N>"
+    )
+
+
+def _usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[int, Path]:
+    """The newest step directory of a phase root; refuse it when incomplete (never fall back)."""
+    steps = list_step_dirs(phase_root)
+    step, newest = steps[-1]
+    missing = _missing_files(newest, required)
+    if missing:
+        older = [p for _, p in steps[:-1] if not _missing_files(p, required)]
+        alt = (
+            f"; to resume from the older complete checkpoint pass {key}={older[-1]}"
+            if older
+            else "; no older complete checkpoint exists"
+        )
+        raise ResumeError(
+            f"{key}: newest checkpoint {newest} is missing {missing} (a damaged or partly copied "
+            f"checkpoint; refusing to fall back silently){alt}"
+        )
+    return step, newest
+
+
+def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool) -> None:
+    missing = _missing_files(step_dir, required)
+    if missing:
+        raise ResumeError(
+            f"{key}: step directory {step_dir} is missing {missing}; it is not a complete checkpoint"
+        )
+    if verify_integrity and has_manifest(step_dir):
+        verify_manifest(step_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# resume
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """The one checkpoint a run resumes from, and how it was found.
+
+    Attributes:
+        source: The given path (absolute).
+        source_kind: ``run directory``, ``checkpoints root``, ``phase root`` or ``step directory``.
+        checkpoints_root: The checkpoints root holding the checkpoint.
+        run_dir: The run directory owning that root (``None`` when it is not
+            ``<run>/<checkpoint_dir>``).
+        phase: The phase to resume (earlier phases are skipped).
+        phase_index: Its index in the run's phases.
+        checkpoint: The step directory to load.
+        step: Its step number.
+        meta: Its metadata (``None`` for a checkpoint written before metadata existed).
+        notes: Extra facts for the log line (unchecked compatibility, ignored phases).
+    """
+
+    source: Path
+    source_kind: str
+    checkpoints_root: Path
+    run_dir: Path | None
+    phase: str
+    phase_index: int
+    checkpoint: Path
+    step: int
+    meta: CheckpointMeta | None
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """The one log line saying what was resolved.
+
+        Returns:
+            ``"resume: checkpointing.resume_from=<src> (<kind>) -> phase ... step ... at <ckpt>..."``.
+        """
+        who = f", written by run {self.meta.run_id}" if self.meta is not None else ""
+        notes = "".join(f"; {n}" for n in self.notes)
+        return (
+            f"resume: {_RESUME_KEY}={self.source} ({self.source_kind}) -> phase {self.phase!r} "
+            f"step {self.step} at {self.checkpoint}{who}{notes}"
+        )
+
+    def start_checkpoint(self, phase_name: str) -> Path | None:
+        """The checkpoint a phase starts from.
+
+        Args:
+            phase_name: A phase of the run.
+
+        Returns:
+            :attr:`checkpoint` for the resumed phase, ``None`` for every other phase.
+        """
+        return self.checkpoint if phase_name == self.phase else None
+
+
+def _default_phase_algorithms(phase_names: Sequence[str], algorithm: str) -> dict[str, str]:
+    return {p: ("sft" if p == WARM_START_PHASE else algorithm) for p in phase_names}
+
+
+def resolve_resume(
+    resume_from: str | os.PathLike[str],
+    *,
+    phase_names: Sequence[str],
+    algorithm: str,
+    data_plane: str,
+    model_shape: Mapping[str, int],
+    phase_algorithms: Mapping[str, str] | None = None,
+    checkpoint_dir_name: str = "checkpoints",
+    required_files: Sequence[str] = DEFAULT_REQUIRED_FILES,
+    verify_integrity: bool = True,
+) -> ResumePlan:
+    """Resolve ``checkpointing.resume_from`` to one usable checkpoint of this run, or refuse.
+
+    The latest phase (in run order) that has checkpoints is resumed, from its newest step
+    directory; a newest step directory that is incomplete is refused rather than skipped.
+
+    Args:
+        resume_from: A run directory, its checkpoints root, a phase root or a step directory.
+        phase_names: This run's phases in execution order (``["warm_start", "grpo"]``).
+        algorithm: ``algorithm.name`` of the run.
+        data_plane: The data-plane backend choice (``disabled``, ``local``, ``tq``).
+        model_shape: This run's model shape (:func:`model_shape_of`).
+        phase_algorithms: Algorithm of each phase; default: ``sft`` for ``warm_start``,
+            ``algorithm`` for the others.
+        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
+        required_files: Files a complete step directory holds.
+        verify_integrity: Verify the checkpoint's file manifest when it has one.
+
+    Returns:
+        The plan; log :meth:`ResumePlan.describe`.
+
+    Raises:
+        ResumeError: Nothing usable for this run's phases was found (the message says what was).
+        CheckpointMismatchError: The checkpoint's metadata differs from this run.
+        nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
+    """
+    if not phase_names:
+        raise ValueError("resolve_resume: phase_names must not be empty")
+    algos = (
+        dict(phase_algorithms)
+        if phase_algorithms is not None
+        else _default_phase_algorithms(phase_names, algorithm)
+    )
+    key = _RESUME_KEY
+    loc = _locate(resume_from, key, checkpoint_dir_name)
+    notes: list[str] = []
+    if loc.step_dir is not None:
+        step_dir = loc.step_dir
+        _check_step_dir(step_dir, key, required_files, verify_integrity)
+        meta = read_checkpoint_meta(step_dir)
+        phase = meta.phase if meta is not None else step_dir.parent.name
+        step = int(_STEP_DIR.match(step_dir.name).group(1))  # type: ignore[union-attr]
+        if phase not in phase_names:
+            raise _foreign_phase(key, step_dir, [phase], phase_names, algorithm)
+    else:
+        ours = [p for p in phase_names if p in loc.phase_roots]
+        if not ours:
+            raise _foreign_phase(key, loc.checkpoints_root, sorted(loc.phase_roots), phase_names, algorithm)
+        phase = ours[-1]
+        ignored = sorted(set(loc.phase_roots) - set(phase_names))
+        if ignored:
+            notes.append(f"ignored checkpoints of other phases {ignored}")
+        step, step_dir = _usable_step(loc.phase_roots[phase], key, required_files)
+        _check_step_dir(step_dir, key, required_files, verify_integrity)
+        meta = read_checkpoint_meta(step_dir)
+    if meta is None:
+        notes.append(
+            f"no {CHECKPOINT_META_NAME} (written before checkpoint metadata existed): algorithm, "
+            "model shape and data plane not checked"
+        )
+    else:
+        check_checkpoint_meta(
+            meta,
+            where=step_dir,
+            algorithm=algos[phase],
+            phase=phase,
+            data_plane=data_plane,
+            model_shape=model_shape,
+        )
+    index = list(phase_names).index(phase)
+    if index > 0:
+        notes.append(f"skipping finished phase(s) {list(phase_names[:index])}")
+    return ResumePlan(
+        source=Path(os.path.abspath(os.fspath(resume_from))),
+        source_kind=loc.kind,
+        checkpoints_root=loc.checkpoints_root,
+        run_dir=loc.run_dir,
+        phase=phase,
+        phase_index=index,
+        checkpoint=step_dir,
+        step=step,
+        meta=meta,
+        notes=tuple(notes),
+    )
+
+
+def _foreign_phase(
+    key: str, where: Path, found: Sequence[str], phase_names: Sequence[str], algorithm: str
+) -> ResumeError:
+    hint = ""
+    if algorithm in ("grpo", "ppo"):
+        hint = (
+            f"; to start this {algorithm.upper()} run from those weights set {_INIT_KEY}={where} "
+            f"and leave {key} unset"
+        )
+    return ResumeError(
+        f"{key}: {where} holds checkpoints of phase(s) {list(found)} only; this "
+        f"{algorithm} run's phases are {list(phase_names)} - nothing of this run to resume{hint}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# init_from
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InitFromPlan:
+    """Where the initial policy weights of a fresh run come from (``policy.init_from``).
+
+    Attributes:
+        source: The given path (absolute).
+        checkpoint: The step directory.
+        phase: The phase that wrote it.
+        step: Its step.
+        weights: The weights location inside it (``checkpoint`` itself when the format keeps
+            the weights in its state file).
+        meta: Its metadata (``None`` for an older checkpoint).
+    """
+
+    source: Path
+    checkpoint: Path
+    phase: str
+    step: int
+    weights: Path
+    meta: CheckpointMeta | None
+
+    def describe(self) -> str:
+        """The one log line saying what was resolved.
+
+        Returns:
+            ``"init_from: policy.init_from=<src> -> policy weights of phase ... step ... at ..."``.
+        """
+        algo = f" ({self.meta.algorithm}, run {self.meta.run_id})" if self.meta is not None else ""
+        return (
+            f"init_from: {_INIT_KEY}={self.source} -> policy weights of phase {self.phase!r}"
+            f"{algo} step {self.step} at {self.weights}"
+        )
+
+
+def resolve_init_from(
+    init_from: str | os.PathLike[str],
+    *,
+    model_shape: Mapping[str, int],
+    checkpoint_dir_name: str = "checkpoints",
+    required_files: Sequence[str] = DEFAULT_REQUIRED_FILES,
+    weights_subdir: str | None = None,
+    verify_integrity: bool = True,
+) -> InitFromPlan:
+    """Resolve ``policy.init_from`` to the policy weights of one checkpoint.
+
+    A run directory or checkpoints root holding several phases resolves to its final phase:
+    the one that is not ``warm_start`` (a warm start precedes its RL phase); more than one
+    such phase is ambiguous and refused.
+
+    Args:
+        init_from: A run directory, its checkpoints root, a phase root or a step directory.
+        model_shape: This run's model shape; the checkpoint's must be equal.
+        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` of the source run.
+        required_files: Files a complete step directory holds.
+        weights_subdir: Sub-directory of the step directory holding the policy weights
+            (HF-style formats); ``None`` when they live in the state file.
+        verify_integrity: Verify the checkpoint's file manifest when it has one.
+
+    Returns:
+        The plan; log :meth:`InitFromPlan.describe`.
+
+    Raises:
+        ResumeError: No usable checkpoint, an ambiguous choice of phase, or no weights there.
+        CheckpointMismatchError: The model shape differs (naming the keys).
+        nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
+    """
+    key = _INIT_KEY
+    loc = _locate(init_from, key, checkpoint_dir_name)
+    if loc.step_dir is not None:
+        step_dir = loc.step_dir
+        step = int(_STEP_DIR.match(step_dir.name).group(1))  # type: ignore[union-attr]
+    else:
+        finals = [p for p in loc.phase_roots if p != WARM_START_PHASE]
+        if len(finals) > 1:
+            raise ResumeError(
+                f"{key}: {loc.checkpoints_root} holds checkpoints of several phases {sorted(finals)}; "
+                f"pass one phase root, e.g. {key}={loc.phase_roots[sorted(finals)[0]]}"
+            )
+        phase_name = finals[0] if finals else WARM_START_PHASE
+        step, step_dir = _usable_step(loc.phase_roots[phase_name], key, required_files)
+    _check_step_dir(step_dir, key, required_files, verify_integrity)
+    meta = read_checkpoint_meta(step_dir)
+    phase = meta.phase if meta is not None else step_dir.parent.name
+    if meta is not None:
+        differing = _shape_diff(meta.model_shape, model_shape)
+        if differing:
+            raise _mismatch(
+                step_dir, key, differing, "policy.model must match the checkpoint whose weights are loaded."
+            )
+    weights = step_dir if weights_subdir is None else step_dir / weights_subdir
+    if not weights.is_dir():
+        raise ResumeError(f"{key}: checkpoint {step_dir} has no policy weights directory {weights_subdir!r}")
+    return InitFromPlan(
+        source=Path(os.path.abspath(os.fspath(init_from))),
+        checkpoint=step_dir,
+        phase=phase,
+        step=step,
+        weights=weights,
+        meta=meta,
+    )
