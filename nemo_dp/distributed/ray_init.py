@@ -385,20 +385,34 @@ def _auth_error(target: JoinTarget, environ: Mapping[str, str], detail: str) -> 
     )
 
 
-def _is_auth_failure(exc: BaseException) -> bool:
+def _enable_token_auth_like_ray_auto() -> None:
+    """What ``ray.init(address="auto")`` does first: use a token found on this machine.
+
+    Ray enables token authentication for a join through ``auto`` when ``RAY_AUTH_MODE`` is
+    unset and a token exists; the auth check below must see the same mode the join will use.
+    """
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _check_auth(target: JoinTarget) -> None:
+    """One authenticated GCS round trip, so that a token problem fails in about a second.
+
+    ``ray.init`` itself retries an unauthenticated head for about 20 s and then reports only
+    "Failed to connect"; Ray's GCS client raises its typed ``AuthenticationError`` at once.
+    """
+    from ray._raylet import GcsClient
     from ray.exceptions import AuthenticationError
 
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, AuthenticationError):
-            return True
-        text = str(cur).lower()
-        if "unauthenticated" in text or "authentication" in text:
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
+    if target.ray_address == "auto":
+        _enable_token_auth_like_ray_auto()
+    try:
+        GcsClient(address=target.address)
+    except AuthenticationError as exc:
+        raise _auth_error(target, os.environ, str(exc).strip()) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,12 +503,11 @@ def init_ray(
     else:
         target = resolve_join_target(parsed)
         _probe(target, connect_timeout_s)
+        _check_auth(target)
         try:
             ray.init(address=target.ray_address, **init_kwargs)
         except Exception as exc:  # noqa: BLE001 - every join failure becomes one typed error
             shutdown_ray()
-            if _is_auth_failure(exc):
-                raise _auth_error(target, os.environ, str(exc).strip()) from exc
             raise ClusterConnectError(
                 f"Could not join the Ray cluster at {target.describe()}: something answers "
                 f"there but Ray could not join it ({type(exc).__name__}: {exc}). Fix: check "
