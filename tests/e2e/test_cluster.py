@@ -331,23 +331,30 @@ def test_auto_with_no_cluster_at_all_says_where_it_looked(tmp_path: Path) -> Non
 
 
 _JOIN = """
-import sys
+import json, os, sys
 from nemo_dp.distributed.ray_init import ClusterConnectError, init_ray, shutdown_ray
 try:
-    init_ray(address=sys.argv[1], connect_timeout_s=10)
+    init_ray(address=sys.argv[1], connect_timeout_s=10, working_dir=sys.argv[2] or None)
 except ClusterConnectError as exc:
     print("REASON=" + exc.reason)
     print(exc)
     sys.exit(3)
 import ray
+
+@ray.remote(num_cpus=0)
+def where():
+    import nemo_dp
+    return {"cwd": os.getcwd(), "nemo_dp": nemo_dp.__file__}
+
 print("CPUS=%g" % ray.cluster_resources()["CPU"])
+print("WORKER=" + json.dumps(ray.get(where.remote())))
 shutdown_ray()
 """
 
 
-def _join(cluster: RayTestCluster, **env: str) -> subprocess.CompletedProcess:
+def _join(cluster: RayTestCluster, working_dir: str = "", **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", _JOIN, cluster.address],
+        [sys.executable, "-c", _JOIN, cluster.address, working_dir],
         env=_base_env(**env), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
     )  # fmt: skip
 
@@ -366,8 +373,13 @@ def test_joining_a_token_cluster_explains_missing_and_wrong_tokens(ray_cluster_f
     assert "REASON=auth_token_rejected" in wrong.stdout
     assert "RAY_AUTH_TOKEN environment variable" in wrong.stdout
 
-    right = _join(cluster, HOME=str(home), **cluster.auth_env())
+    # The right token joins; with a working_dir the worker runs from (and imports nemo_dp
+    # from) the copy Ray shipped, not from this checkout.
+    right = _join(cluster, str(REPO_ROOT), HOME=str(home), **cluster.auth_env())
     assert right.returncode == 0 and "CPUS=1" in right.stdout, right.stdout + right.stderr
+    worker = json.loads(next(ln for ln in right.stdout.splitlines() if ln.startswith("WORKER="))[7:])
+    assert "runtime_resources" in worker["cwd"] and Path(worker["cwd"]) != REPO_ROOT, worker
+    assert Path(worker["nemo_dp"]).is_relative_to(worker["cwd"]), worker
     assert len(cluster.alive_nodes()) == 1
 
 
@@ -394,8 +406,7 @@ def test_grpo_over_tq_on_a_two_node_cluster(ray_cluster_factory, tmp_path: Path)
             "data_plane.simple.num_storage_units=2",
             "policy.dp_size=2",
             f"cluster.address={cluster.address}",
-            "cluster.policy_resources={node_b: 0.5}",
-            f"cluster.working_dir={REPO_ROOT}",
+            "+cluster.policy_resources.node_b=0.5",
             "checkpointing.enabled=false",
             "logger.plot=false",
             f"hydra.run.dir={run}",
