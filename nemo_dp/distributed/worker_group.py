@@ -112,8 +112,8 @@ def _check_resources_exist(wanted: Mapping[str, float], world_size: int, name_pr
             custom = sorted(k for k in totals if k not in ("CPU", "GPU", "memory", "object_store_memory")
                             and not k.startswith("node:") and not k.startswith("accelerator_type"))
             raise ValueError(
-                f"cluster.policy_resources.{name}={amount:g}: the {world_size} {name_prefix} "
-                f"workers need {need:g} of resource {name!r} in all, but the cluster's alive nodes "
+                f"cluster.policy_resources.{name}={amount:g}: {world_size} workers of group "
+                f"{name_prefix!r} need {need:g} of resource {name!r} in all, but the alive nodes "
                 f"offer {totals.get(name, 0.0):g} (custom resources there: {custom}). Start the "
                 f"target nodes with `ray start --resources='{{\"{name}\": {max(need, 1):g}}}'` "
                 "or change cluster.policy_resources"

@@ -36,7 +36,7 @@ import pytest
 
 from tests.e2e.conftest import LAUNCHER, REPO_ROOT, TINY
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(300)
 
 RAY_BIN = str(Path(sys.executable).with_name("ray"))
 
@@ -253,6 +253,7 @@ def _state_of(temp_dir: Path) -> dict[str, str]:
 # -- issue 17: cluster=local is private --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_local_run_starts_a_private_ray_next_to_a_running_cluster(
     ray_cluster_factory, short_tmp: Path, tmp_path: Path
 ) -> None:
@@ -278,6 +279,7 @@ def test_local_run_starts_a_private_ray_next_to_a_running_cluster(
     assert _state_of(other.head_temp_dir) == before
 
 
+@pytest.mark.slow
 def test_local_run_ignores_a_stale_address_file(short_tmp: Path, tmp_path: Path) -> None:
     ray_tmp = short_tmp
     (ray_tmp / "ray").mkdir(parents=True)
@@ -348,6 +350,11 @@ def where():
 
 print("CPUS=%g" % ray.cluster_resources()["CPU"])
 print("WORKER=" + json.dumps(ray.get(where.remote())))
+from nemo_dp.distributed.worker_group import RayCluster, RayWorkerGroup
+try:  # a placement no node can satisfy fails at once instead of pending forever
+    RayWorkerGroup(object, world_size=2, init_kwargs={}, cluster=RayCluster(worker_resources={"gpu_box": 1}))
+except ValueError as exc:
+    print("PLACEMENT=" + str(exc))
 shutdown_ray()
 """
 
@@ -359,6 +366,7 @@ def _join(cluster: RayTestCluster, working_dir: str = "", **env: str) -> subproc
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_joining_a_token_cluster_explains_missing_and_wrong_tokens(ray_cluster_factory, tmp_path: Path) -> None:
     cluster = ray_cluster_factory(num_cpus=1)
     home = tmp_path / "home"  # no ~/.ray/auth_token here
@@ -380,12 +388,14 @@ def test_joining_a_token_cluster_explains_missing_and_wrong_tokens(ray_cluster_f
     worker = json.loads(next(ln for ln in right.stdout.splitlines() if ln.startswith("WORKER="))[7:])
     assert "runtime_resources" in worker["cwd"] and Path(worker["cwd"]) != REPO_ROOT, worker
     assert Path(worker["nemo_dp"]).is_relative_to(worker["cwd"]), worker
+    assert "PLACEMENT=cluster.policy_resources.gpu_box=1: 2 workers of group 'worker' need 2" in right.stdout
     assert len(cluster.alive_nodes()) == 1
 
 
 # -- issue 15 item 4: a short GRPO over TransferQueue on a two-node cluster --------------------
 
 
+@pytest.mark.slow
 def test_grpo_over_tq_on_a_two_node_cluster(ray_cluster_factory, tmp_path: Path) -> None:
     cluster = ray_cluster_factory(num_cpus=2, worker_resources={"node_b": 1.0}, worker_cpus=2)
     nodes = cluster.alive_nodes()
