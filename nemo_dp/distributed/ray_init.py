@@ -125,6 +125,10 @@ def parse_cluster_address(address: str | None) -> ClusterAddress:
     return ClusterAddress(raw=address, host=host, port=int(port_text))
 
 
+def _host_port(host: str | None, port: int | None) -> str:
+    return f"[{host}]:{port}" if host and ":" in host else f"{host}:{port}"
+
+
 def _system_temp_dir(environ: Mapping[str, str]) -> str:
     """The base directory Ray itself uses for its default temp dir (``RAY_TMPDIR``/``TMPDIR``)."""
     return environ.get("RAY_TMPDIR") or environ.get("TMPDIR") or "/tmp"
@@ -252,7 +256,7 @@ def resolve_join_target(
     if address.local:
         raise ValueError("resolve_join_target: a local cluster.address has no join target")
     if not address.auto:
-        explicit = f"{address.host}:{address.port}"
+        explicit = _host_port(address.host, address.port)
         return JoinTarget(address=explicit, source="cluster.address", ray_address=explicit)
     env_addr = (env.get("RAY_ADDRESS") or "").strip()
     if env_addr:
@@ -275,7 +279,7 @@ def resolve_join_target(
                 source="RAY_ADDRESS",
                 reason=ClusterConnectError.NOTHING_RUNNING,
             )
-        found = f"{parsed.host}:{parsed.port}"
+        found = _host_port(parsed.host, parsed.port)
         return JoinTarget(address=found, source="RAY_ADDRESS", ray_address="auto")
     path = ray_address_file(env)
     text = path.read_text().strip() if path.is_file() else ""
@@ -303,12 +307,13 @@ def resolve_join_target(
             source=str(path),
             reason=ClusterConnectError.STALE_ADDRESS_FILE,
         )
-    return JoinTarget(address=f"{parsed.host}:{parsed.port}", source=str(path), ray_address="auto")
+    return JoinTarget(address=_host_port(parsed.host, parsed.port), source=str(path), ray_address="auto")
 
 
 def _probe(target: JoinTarget, timeout_s: float) -> None:
     """Fail with a :class:`ClusterConnectError` unless something listens at the target."""
     host, _, port = target.address.rpartition(":")
+    host = host.strip("[]")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             return
@@ -413,6 +418,22 @@ def _check_auth(target: JoinTarget) -> None:
         GcsClient(address=target.address)
     except AuthenticationError as exc:
         raise _auth_error(target, os.environ, str(exc).strip()) from None
+    except Exception as exc:  # noqa: BLE001 - e.g. RpcError: the port is not a Ray head
+        raise _join_failed(target, exc) from exc
+
+
+def _join_failed(target: JoinTarget, exc: BaseException) -> ClusterConnectError:
+    import ray
+
+    return ClusterConnectError(
+        f"Could not join the Ray cluster at {target.describe()}: something answers there but "
+        f"Ray could not join it ({type(exc).__name__}: {exc}). Fix: check that the address is "
+        f"the head's GCS port printed by `ray start --head` and that this Ray "
+        f"({ray.__version__}) matches the cluster's version, {_FIX_LOCAL}.",
+        address=target.address,
+        source=target.source,
+        reason=ClusterConnectError.JOIN_FAILED,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,6 +519,7 @@ def init_ray(
     target: JoinTarget | None = None
     if parsed.local:
         private = Path(temp_dir) if temp_dir is not None else default_private_temp_dir()
+        private = private.expanduser().resolve()
         private.mkdir(parents=True, exist_ok=True)
         ray.init(address="local", num_cpus=num_cpus, _temp_dir=str(private), **init_kwargs)
     else:
@@ -508,15 +530,7 @@ def init_ray(
             ray.init(address=target.ray_address, **init_kwargs)
         except Exception as exc:  # noqa: BLE001 - every join failure becomes one typed error
             shutdown_ray()
-            raise ClusterConnectError(
-                f"Could not join the Ray cluster at {target.describe()}: something answers "
-                f"there but Ray could not join it ({type(exc).__name__}: {exc}). Fix: check "
-                "that the address is the head's GCS port printed by `ray start --head` and that "
-                f"this Ray ({ray.__version__}) matches the cluster's version, {_FIX_LOCAL}.",
-                address=target.address,
-                source=target.source,
-                reason=ClusterConnectError.JOIN_FAILED,
-            ) from exc
+            raise _join_failed(target, exc) from exc
 
     if reserved_cpus:
         total = float(ray.cluster_resources().get("CPU", 0.0))

@@ -252,3 +252,8 @@ def test_worker_actor_options() -> None:
     assert opts == {"num_cpus": 0, "runtime_env": {"env_vars": {"A": "1"}}, "resources": {"node_b": 0.5}}
     with pytest.raises(ValueError, match="cluster.policy_resources.GPU"):
         worker_actor_options(RayCluster(worker_resources={"GPU": 1.0}))
+
+
+def test_ipv6_head_is_kept_bracketed() -> None:
+    target = resolve_join_target(parse_cluster_address("[::1]:6380"), {})
+    assert target.address == "[::1]:6380"
