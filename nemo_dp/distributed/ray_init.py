@@ -1,15 +1,24 @@
-"""Start (or join) Ray the one way every nemo_dp entry point needs it.
+"""Start a private Ray for a run, or join a running cluster, the one way every entry point needs.
 
-Why this module exists: TransferQueue reads its ``TQ_*`` knobs once, at import, in every process,
-including its own controller and storage actors, which only see them through Ray's
-``runtime_env``.  The knobs must therefore be exported *before* ``ray.init`` and handed to Ray as
-job-wide environment variables.  The TransferQueue controller and each of its storage units also
-reserve one logical CPU each, so a Ray started with too few CPUs makes the library's start-up
-block forever instead of failing.  Tests, benchmarks and the training launcher all go through
-:func:`init_ray` so that both traps are handled in one place.
+Why this module exists: three traps sit between a config and a working Ray, and each is handled
+here once, for the launcher, the benchmarks and the tests.
 
-nemo_dp's own actors are expected to request ``num_cpus=0``: the CPU budget checked here is for
-the library's actors only.
+* **A private Ray must stay private.** ``ray.init()`` without an address does not always start
+  a new Ray: it follows ``RAY_ADDRESS`` and the address file a ``ray start --head`` leaves on the
+  machine (even one whose cluster has died), and then refuses the CPU budget with a message that
+  names no config key. A local run therefore starts Ray with ``address="local"`` (Ray's explicit
+  "always start a new instance") in its own temporary directory, so a cluster somebody else runs
+  on the machine is neither joined nor touched (its address file and ``session_latest`` link
+  stay as they are).
+* **Joining must say what went wrong.** ``cluster.address=auto`` or ``<host>:<port>`` is resolved
+  here the way Ray resolves it, probed, and joined; any failure becomes one
+  :class:`ClusterConnectError` naming the address tried, where it came from, why it failed
+  (nothing running, stale address file, missing or rejected auth token) and how to fix it, raised
+  before any training work.
+* **The budget must fit the data plane.** Its actors (for TransferQueue: the controller and each
+  storage unit) reserve logical CPUs; a Ray with too few blocks forever instead of failing. The
+  caller says how many CPUs are reserved and which environment every worker needs (this layer
+  knows nothing about data-plane backends); nemo_dp's own actors request ``num_cpus=0``.
 """
 
 from __future__ import annotations
@@ -17,51 +26,430 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["init_ray", "shutdown_ray", "ray_session", "required_cpus", "QUIET_RAY_ENV"]
+__all__ = [
+    "init_ray",
+    "shutdown_ray",
+    "ray_session",
+    "ClusterAddress",
+    "ClusterConnectError",
+    "JoinTarget",
+    "parse_cluster_address",
+    "resolve_join_target",
+    "default_private_temp_dir",
+    "ray_address_file",
+    "QUIET_RAY_ENV",
+]
 
 _LOG = logging.getLogger(__name__)
 
 #: Environment knobs set (only when absent) before Ray starts.
 #: * ``RAY_USAGE_STATS_ENABLED=0``: Ray otherwise tries to report usage statistics over the
 #:   network at start-up; the training hosts are often offline and the attempt only adds noise.
-#: Ray's token authentication (on by default in Ray 2.60, it writes ``~/.ray/auth_token`` and
-#: logs one line) is deliberately left enabled: it is the only authentication this stack has on
-#: Ray's own ports (TransferQueue's ports have none, see the data-plane docs).
+#: Ray's token authentication (on by default for a Ray that ``ray.init`` starts; it writes
+#: ``~/.ray/auth_token`` if missing) is deliberately left enabled: it is the only authentication
+#: this stack has on Ray's own ports.
 QUIET_RAY_ENV: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0"}
 
+#: Ray's environment variables for token authentication (Ray 2.60): the mode, then the token
+#: itself or a file holding it; without either Ray reads ``~/.ray/auth_token``.
+_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+_AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 
-def required_cpus(data_plane_cfg: Any) -> int:
-    """Logical CPUs the data-plane backend's own actors reserve in Ray.
+_FIX_LOCAL = "or run with cluster=local (a private Ray for this run)"
+
+
+# ---------------------------------------------------------------------------------------------
+# addresses
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterAddress:
+    """A parsed ``cluster.address``.
+
+    Attributes:
+        raw: The value as given (``None`` for a private Ray).
+        local: Start a private Ray (``None`` or ``"local"``).
+        auto: Join the cluster ``RAY_ADDRESS`` or this machine's address file names.
+        host: Head host of an explicit ``<host>:<port>`` (else ``None``).
+        port: Head (GCS) port of an explicit address (else ``None``).
+    """
+
+    raw: str | None
+    local: bool = False
+    auto: bool = False
+    host: str | None = None
+    port: int | None = None
+
+
+def parse_cluster_address(address: str | None) -> ClusterAddress:
+    """Parse ``cluster.address``: ``None``/``"local"``, ``"auto"`` or ``"<host>:<port>"``.
 
     Args:
-        data_plane_cfg: Any accepted ``data_plane`` form (``None``, dataclass, mapping,
-            ``DictConfig``).
+        address: The configured value.
 
     Returns:
-        ``1 + num_storage_units`` for an enabled TransferQueue data plane (controller plus one
-        CPU per storage unit), else ``0``.
+        The parsed address.
 
     Raises:
-        ValueError: The config is invalid (propagated from the factory's coercion).
+        ValueError: The value is none of the three forms (a Ray Client ``ray://`` address
+            included); the message says what is accepted.
     """
-    from nemo_dp.data_plane.factory import coerce_data_plane_config
-    from nemo_dp.data_plane.interfaces import DataPlaneConfig
+    if address is None or address.strip() == "local":
+        return ClusterAddress(raw=address, local=True)
+    text = address.strip()
+    if text == "auto":
+        return ClusterAddress(raw=address, auto=True)
+    if "://" in text:
+        raise ValueError(
+            f"{text!r} is a Ray Client (or dashboard) URL; nemo_dp joins a cluster through its "
+            "head's GCS address '<host>:<port>' (printed by `ray start --head`, port 6379 by "
+            "default), or 'auto' on a machine of the cluster. To run from outside the cluster, "
+            "submit the launcher with `ray job submit --working-dir . -- python launchers/launch.py "
+            "cluster=auto ...`"
+        )
+    host, sep, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(
+            f"{text!r} is not 'local', 'auto' or '<host>:<port>' with a port in 1..65535 "
+            "(e.g. 127.0.0.1:6379)"
+        )
+    return ClusterAddress(raw=address, host=host, port=int(port_text))
 
-    dp_cfg = coerce_data_plane_config(data_plane_cfg)
-    if not isinstance(dp_cfg, DataPlaneConfig) or not dp_cfg.enabled:
-        return 0
-    return 1 + int(dp_cfg.simple.num_storage_units)
+
+def _host_port(host: str | None, port: int | None) -> str:
+    return f"[{host}]:{port}" if host and ":" in host else f"{host}:{port}"
 
 
-def _budget_error(num_cpus: float, needed: int) -> ValueError:
+def _system_temp_dir(environ: Mapping[str, str]) -> str:
+    """The base directory Ray itself uses for its default temp dir (``RAY_TMPDIR``/``TMPDIR``)."""
+    return environ.get("RAY_TMPDIR") or environ.get("TMPDIR") or "/tmp"
+
+
+def ray_address_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The address file ``ray start --head`` writes and ``ray.init(address="auto")`` reads.
+
+    Args:
+        environ: Environment to read ``RAY_TMPDIR``/``TMPDIR`` from (default ``os.environ``).
+
+    Returns:
+        ``<RAY_TMPDIR or TMPDIR or /tmp>/ray/ray_current_cluster``.
+    """
+    env = os.environ if environ is None else environ
+    return Path(_system_temp_dir(env)) / "ray" / "ray_current_cluster"
+
+
+def default_private_temp_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where a private Ray keeps its sessions unless ``cluster.temp_dir`` says otherwise.
+
+    A directory of nemo_dp's own (per user), next to Ray's default one, so that starting a
+    private Ray never moves the ``session_latest`` link of a cluster using Ray's default.
+
+    Args:
+        environ: Environment to read ``RAY_TMPDIR``/``TMPDIR`` from (default ``os.environ``).
+
+    Returns:
+        ``<RAY_TMPDIR or TMPDIR or /tmp>/nemo_dp_ray_<uid>``.
+    """
+    env = os.environ if environ is None else environ
+    return Path(_system_temp_dir(env)) / f"nemo_dp_ray_{os.getuid()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# join diagnostics
+# ---------------------------------------------------------------------------------------------
+
+
+class ClusterConnectError(ConnectionError):
+    """A Ray cluster named by ``cluster.address`` could not be joined.
+
+    The message names the address tried and where it came from, why joining failed and how to
+    fix it; the attributes carry the same facts for code.
+
+    Attributes:
+        address: The ``<host>:<port>`` tried (``None`` when none could be found).
+        source: Where the address came from (``cluster.address``, ``RAY_ADDRESS``, or the
+            address file's path).
+        reason: One of :attr:`REASONS`.
+    """
+
+    NOTHING_RUNNING = "nothing_running"
+    STALE_ADDRESS_FILE = "stale_address_file"
+    AUTH_TOKEN_MISSING = "auth_token_missing"
+    AUTH_TOKEN_REJECTED = "auth_token_rejected"
+    JOIN_FAILED = "join_failed"
+    REASONS: tuple[str, ...] = (
+        NOTHING_RUNNING,
+        STALE_ADDRESS_FILE,
+        AUTH_TOKEN_MISSING,
+        AUTH_TOKEN_REJECTED,
+        JOIN_FAILED,
+    )
+
+    def __init__(self, message: str, *, address: str | None, source: str, reason: str) -> None:
+        if reason not in self.REASONS:
+            raise ValueError(f"ClusterConnectError: unknown reason {reason!r}")
+        super().__init__(message)
+        self.address = address
+        self.source = source
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class JoinTarget:
+    """The cluster a join will try.
+
+    Attributes:
+        address: ``<host>:<port>`` of the head's GCS.
+        source: ``"cluster.address"``, ``"RAY_ADDRESS"`` or the address file's path.
+        ray_address: What to hand ``ray.init`` (``"auto"`` keeps Ray's own token handling for a
+            cluster found on this machine; otherwise the explicit address).
+    """
+
+    address: str
+    source: str
+    ray_address: str
+
+    @property
+    def from_file(self) -> bool:
+        """Whether the address was read from the machine's address file."""
+        return self.source not in ("cluster.address", "RAY_ADDRESS")
+
+    def describe(self) -> str:
+        """``"<address> (from <source>)"`` for messages."""
+        if self.source == "cluster.address":
+            return f"cluster.address={self.address}"
+        if self.source == "RAY_ADDRESS":
+            return f"{self.address} (from RAY_ADDRESS, used by cluster.address=auto)"
+        return f"{self.address} (from the address file {self.source}, used by cluster.address=auto)"
+
+
+def resolve_join_target(
+    address: ClusterAddress, environ: Mapping[str, str] | None = None
+) -> JoinTarget:
+    """Find the head a join should try, in Ray's order: ``RAY_ADDRESS``, then the address file.
+
+    Unlike Ray's ``"auto"``, a Ray found only by scanning this machine's processes is never
+    joined: on a shared machine that is usually somebody else's private Ray.
+
+    Args:
+        address: A parsed, non-local ``cluster.address``.
+        environ: Environment to read (default ``os.environ``).
+
+    Returns:
+        The join target.
+
+    Raises:
+        ClusterConnectError: ``auto`` finds no address (``reason="nothing_running"``), or
+            ``RAY_ADDRESS`` holds something that is not ``<host>:<port>``.
+        ValueError: ``address`` is a local address.
+    """
+    env = os.environ if environ is None else environ
+    if address.local:
+        raise ValueError("resolve_join_target: a local cluster.address has no join target")
+    if not address.auto:
+        explicit = _host_port(address.host, address.port)
+        return JoinTarget(address=explicit, source="cluster.address", ray_address=explicit)
+    env_addr = (env.get("RAY_ADDRESS") or "").strip()
+    if env_addr:
+        try:
+            parsed = parse_cluster_address(env_addr)
+        except ValueError as exc:
+            raise ClusterConnectError(
+                f"cluster.address=auto uses RAY_ADDRESS={env_addr!r}, which nemo_dp cannot "
+                f"join: {exc}. Fix: set RAY_ADDRESS to the head's '<host>:<port>', unset it to "
+                f"use this machine's address file, {_FIX_LOCAL}.",
+                address=None,
+                source="RAY_ADDRESS",
+                reason=ClusterConnectError.JOIN_FAILED,
+            ) from None
+        if parsed.local or parsed.auto:
+            raise ClusterConnectError(
+                f"cluster.address=auto uses RAY_ADDRESS={env_addr!r}, which names no cluster. "
+                f"Fix: set RAY_ADDRESS to the head's '<host>:<port>' or unset it, {_FIX_LOCAL}.",
+                address=None,
+                source="RAY_ADDRESS",
+                reason=ClusterConnectError.NOTHING_RUNNING,
+            )
+        found = _host_port(parsed.host, parsed.port)
+        return JoinTarget(address=found, source="RAY_ADDRESS", ray_address="auto")
+    path = ray_address_file(env)
+    text = path.read_text().strip() if path.is_file() else ""
+    if not text:
+        raise ClusterConnectError(
+            "cluster.address=auto found no Ray cluster to join: RAY_ADDRESS is unset and the "
+            f"address file {path} that `ray start --head` writes "
+            f"{'is empty' if path.is_file() else 'does not exist'} (nothing is running). "
+            "Fix: start a cluster with `ray start --head --port=6379` on this machine, or set "
+            f"cluster.address=<head-host>:<port> (or RAY_ADDRESS), {_FIX_LOCAL}.",
+            address=None,
+            source=str(path),
+            reason=ClusterConnectError.NOTHING_RUNNING,
+        )
+    try:
+        parsed = parse_cluster_address(text)
+    except ValueError:
+        parsed = ClusterAddress(raw=text, local=True)
+    if parsed.host is None:
+        raise ClusterConnectError(
+            f"cluster.address=auto read {text!r} from the address file {path}, which is not a "
+            f"'<host>:<port>' address. Fix: delete the file (`rm {path}`) and start the cluster "
+            f"again with `ray start --head`, {_FIX_LOCAL}.",
+            address=None,
+            source=str(path),
+            reason=ClusterConnectError.STALE_ADDRESS_FILE,
+        )
+    return JoinTarget(address=_host_port(parsed.host, parsed.port), source=str(path), ray_address="auto")
+
+
+def _probe(target: JoinTarget, timeout_s: float) -> None:
+    """Fail with a :class:`ClusterConnectError` unless something listens at the target."""
+    host, _, port = target.address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except socket.gaierror as exc:
+        why = f"the host {host!r} cannot be resolved ({exc.strerror or exc})"
+    except TimeoutError:
+        why = f"nothing answered within cluster.connect_timeout_s={timeout_s:g}s"
+    except OSError as exc:
+        why = f"nothing answers there ({exc.strerror or exc})"
+    if target.from_file:
+        raise ClusterConnectError(
+            f"Could not join the Ray cluster at {target.describe()}: {why}. The address file is "
+            "stale: it is left over from a cluster that stopped without `ray stop`. Fix: start "
+            f"the cluster again (`ray start --head`), or delete the stale file "
+            f"(`rm {target.source}`) and set cluster.address=<head-host>:<port>, {_FIX_LOCAL}.",
+            address=target.address,
+            source=target.source,
+            reason=ClusterConnectError.STALE_ADDRESS_FILE,
+        )
+    where = "RAY_ADDRESS" if target.source == "RAY_ADDRESS" else "cluster.address"
+    raise ClusterConnectError(
+        f"Could not join the Ray cluster at {target.describe()}: {why}; no Ray head is running "
+        f"there. Fix: start it with `ray start --head --port={port}` on {host}, or correct "
+        f"{where} (the head's GCS '<host>:<port>' printed by `ray start --head`), {_FIX_LOCAL}.",
+        address=target.address,
+        source=target.source,
+        reason=ClusterConnectError.NOTHING_RUNNING,
+    )
+
+
+def _token_source(environ: Mapping[str, str]) -> str | None:
+    """Where Ray would read an auth token from in this process (Ray's order), or ``None``."""
+    if environ.get(_AUTH_TOKEN_ENV, "").strip():
+        return f"the {_AUTH_TOKEN_ENV} environment variable"
+    token_path = environ.get(_AUTH_TOKEN_PATH_ENV, "").strip()
+    if token_path:
+        p = Path(token_path).expanduser()
+        return f"{_AUTH_TOKEN_PATH_ENV}={token_path}" if p.is_file() and p.read_text().strip() else None
+    home = environ.get("HOME")
+    default = (Path(home) if home else Path.home()) / ".ray" / "auth_token"
+    return str(default) if default.is_file() and default.read_text().strip() else None
+
+
+def _auth_error(target: JoinTarget, environ: Mapping[str, str], detail: str) -> ClusterConnectError:
+    """Turn Ray's authentication failure into a message that says which token and how to fix."""
+    mode = (environ.get(_AUTH_MODE_ENV) or "").strip().lower()
+    source = _token_source(environ)
+    how = (
+        f"Fix: run with {_AUTH_MODE_ENV}=token and the cluster's token, from the head's "
+        f"~/.ray/auth_token (`ray get-auth-token` prints it there), in {_AUTH_TOKEN_ENV}=<token> "
+        f"or a file named by {_AUTH_TOKEN_PATH_ENV}=<file> (or in this machine's "
+        "~/.ray/auth_token)"
+    )
+    if mode == "token" and source is not None:
+        reason = ClusterConnectError.AUTH_TOKEN_REJECTED
+        why = f"the cluster rejected the auth token read from {source} (it is not this cluster's token)"
+    elif mode == "token":
+        reason = ClusterConnectError.AUTH_TOKEN_MISSING
+        why = f"{_AUTH_MODE_ENV}=token is set but no auth token was found"
+    else:
+        reason = ClusterConnectError.AUTH_TOKEN_MISSING
+        why = (
+            "the cluster requires token authentication and this process sends no token "
+            f"({_AUTH_MODE_ENV} is {'unset' if not mode else repr(mode)}"
+            + ("" if source is None else f"; a token exists in {source} but is not used without it")
+            + ")"
+        )
+    return ClusterConnectError(
+        f"Could not join the Ray cluster at {target.describe()}: {why}. {how}, {_FIX_LOCAL}. "
+        f"(Ray: {detail})",
+        address=target.address,
+        source=target.source,
+        reason=reason,
+    )
+
+
+def _enable_token_auth_like_ray_auto() -> None:
+    """What ``ray.init(address="auto")`` does first: use a token found on this machine.
+
+    Ray enables token authentication for a join through ``auto`` when ``RAY_AUTH_MODE`` is
+    unset and a token exists; the auth check below must see the same mode the join will use.
+    """
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _check_auth(target: JoinTarget) -> None:
+    """One authenticated GCS round trip, so that a token problem fails in about a second.
+
+    ``ray.init`` itself retries an unauthenticated head for about 20 s and then reports only
+    "Failed to connect"; Ray's GCS client raises its typed ``AuthenticationError`` at once.
+    """
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    if target.ray_address == "auto":
+        _enable_token_auth_like_ray_auto()
+    try:
+        GcsClient(address=target.address)
+    except AuthenticationError as exc:
+        raise _auth_error(target, os.environ, str(exc).strip()) from None
+    except Exception as exc:  # noqa: BLE001 - e.g. RpcError: the port is not a Ray head
+        raise _join_failed(target, exc) from exc
+
+
+def _join_failed(target: JoinTarget, exc: BaseException) -> ClusterConnectError:
+    import ray
+
+    return ClusterConnectError(
+        f"Could not join the Ray cluster at {target.describe()}: something answers there but "
+        f"Ray could not join it ({type(exc).__name__}: {exc}). Fix: check that the address is "
+        f"the head's GCS port printed by `ray start --head` and that this Ray "
+        f"({ray.__version__}) matches the cluster's version, {_FIX_LOCAL}.",
+        address=target.address,
+        source=target.source,
+        reason=ClusterConnectError.JOIN_FAILED,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# start / join
+# ---------------------------------------------------------------------------------------------
+
+
+def _budget_error(num_cpus: float, needed: int, *, joined: str | None = None) -> ValueError:
+    where = f"the cluster at {joined} has {num_cpus:g} logical CPUs" if joined else (
+        f"cluster.num_cpus={num_cpus:g} is too small"
+    )
     return ValueError(
-        f"cluster.num_cpus={num_cpus:g} is too small for the TransferQueue data plane: its "
-        f"controller and each of data_plane.simple.num_storage_units={needed - 1} storage units "
-        f"reserve 1 logical CPU in Ray, so at least {needed} are needed (otherwise the "
-        "library's start-up blocks forever). Raise cluster.num_cpus or lower "
+        f"{where}: the data plane's own actors reserve {needed} logical CPUs in Ray "
+        "(TransferQueue: its controller plus one per storage unit, "
+        "data_plane.simple.num_storage_units), and with fewer the data plane's start-up blocks "
+        "forever. Raise cluster.num_cpus (or the cluster's CPUs) or lower "
         "data_plane.simple.num_storage_units; nemo_dp's own actors use num_cpus=0."
     )
 
@@ -70,65 +458,85 @@ def init_ray(
     *,
     address: str | None = None,
     num_cpus: int | None = None,
-    data_plane_cfg: Any = None,
-    extra_env: Mapping[str, str] | None = None,
+    reserved_cpus: int = 0,
+    worker_env: Mapping[str, str] | None = None,
+    temp_dir: str | os.PathLike[str] | None = None,
+    connect_timeout_s: float = 15.0,
+    working_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, str]:
-    """Export the data-plane knobs, check the CPU budget and start (or join) Ray.
+    """Start a private Ray (``address`` ``None``/``"local"``) or join a running cluster.
+
+    The caller exports its data-plane knobs (e.g. through the data-plane factory's
+    ``maybe_configure_data_plane_env``) before calling, and passes them as ``worker_env``.
 
     Args:
-        address: Ray cluster to join (e.g. ``"auto"``); ``None`` starts a local Ray.
-        num_cpus: Logical CPUs of a local Ray (ignored when joining ``address``); ``None`` lets
-            Ray count the machine's cores.
-        data_plane_cfg: The ``data_plane`` config (any accepted form) whose knobs the job needs.
-        extra_env: More environment variables for every Ray worker of the job.
+        address: ``None``/``"local"``: a private Ray, whatever else runs on the machine;
+            ``"auto"``: the cluster ``RAY_ADDRESS`` or the machine's address file names;
+            ``"<host>:<port>"``: that head.
+        num_cpus: Logical CPUs of a private Ray (ignored when joining); ``None`` lets Ray count
+            the machine's cores.
+        reserved_cpus: Logical CPUs the data plane's own actors reserve (0 for none).
+        worker_env: Environment variables every Ray worker of the job must see.
+        temp_dir: Temporary directory of a private Ray (default
+            :func:`default_private_temp_dir`); ignored when joining.
+        connect_timeout_s: Bound on reaching a cluster's head.
+        working_dir: Directory shipped to every worker through Ray's ``runtime_env``
+            (``working_dir``), for clusters whose nodes lack the code.
 
     Returns:
-        The environment passed to every worker via ``runtime_env`` (data-plane knobs plus
-        ``extra_env``).
+        The environment passed to every worker via ``runtime_env``.
 
     Raises:
-        ValueError: The CPU budget cannot host the data-plane actors (names ``cluster.num_cpus``
-            and ``data_plane.simple.num_storage_units``), or the config is invalid.
-        RuntimeError: Ray is already initialised in this process, or a knob is missing while
-            ``transfer_queue`` is already imported.
+        ValueError: ``address`` is malformed, or the CPU budget cannot host the data plane's
+            actors (names ``cluster.num_cpus`` and ``data_plane.simple.num_storage_units``).
+        ClusterConnectError: A cluster to join is missing, stale, or refuses the auth token.
+        RuntimeError: Ray is already initialised in this process.
     """
-    from nemo_dp.data_plane.factory import maybe_configure_data_plane_env
-
-    needed = required_cpus(data_plane_cfg)
-    if address is None and num_cpus is not None and num_cpus < needed:
-        raise _budget_error(num_cpus, needed)
+    parsed = parse_cluster_address(address)
+    if parsed.local and num_cpus is not None and num_cpus < reserved_cpus:
+        raise _budget_error(num_cpus, reserved_cpus)
 
     import ray
 
     if ray.is_initialized():
         raise RuntimeError(
             "Ray is already initialised in this process; call shutdown_ray() first "
-            "(the data-plane knobs must reach every worker through runtime_env at ray.init)"
+            "(the workers' environment reaches them through runtime_env at ray.init)"
         )
-    # Must run before ray.init and before anything imports transfer_queue.
-    env_vars = dict(maybe_configure_data_plane_env(data_plane_cfg))
-    if extra_env:
-        env_vars.update({str(k): str(v) for k, v in extra_env.items()})
+    env_vars = {str(k): str(v) for k, v in (worker_env or {}).items()}
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
 
-    init_kwargs: dict[str, Any] = {
-        "include_dashboard": False,
-        "logging_level": logging.WARNING,
-    }
+    init_kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    runtime_env: dict[str, Any] = {}
     if env_vars:
-        init_kwargs["runtime_env"] = {"env_vars": env_vars}
-    if address is None:
-        init_kwargs["num_cpus"] = num_cpus
-    else:
-        init_kwargs["address"] = address
-    ray.init(**init_kwargs)
+        runtime_env["env_vars"] = env_vars
+    if working_dir is not None:
+        runtime_env["working_dir"] = str(working_dir)
+    if runtime_env:
+        init_kwargs["runtime_env"] = runtime_env
 
-    if needed:
+    target: JoinTarget | None = None
+    if parsed.local:
+        private = Path(temp_dir) if temp_dir is not None else default_private_temp_dir()
+        private = private.expanduser().resolve()
+        private.mkdir(parents=True, exist_ok=True)
+        ray.init(address="local", num_cpus=num_cpus, _temp_dir=str(private), **init_kwargs)
+    else:
+        target = resolve_join_target(parsed)
+        _probe(target, connect_timeout_s)
+        _check_auth(target)
+        try:
+            ray.init(address=target.ray_address, **init_kwargs)
+        except Exception as exc:  # noqa: BLE001 - every join failure becomes one typed error
+            shutdown_ray()
+            raise _join_failed(target, exc) from exc
+
+    if reserved_cpus:
         total = float(ray.cluster_resources().get("CPU", 0.0))
-        if total < needed:
+        if total < reserved_cpus:
             ray.shutdown()
-            raise _budget_error(total, needed)
+            raise _budget_error(total, reserved_cpus, joined=None if target is None else target.address)
     return env_vars
 
 
@@ -145,22 +553,37 @@ def ray_session(
     *,
     address: str | None = None,
     num_cpus: int | None = None,
-    data_plane_cfg: Any = None,
-    extra_env: Mapping[str, str] | None = None,
+    reserved_cpus: int = 0,
+    worker_env: Mapping[str, str] | None = None,
+    temp_dir: str | os.PathLike[str] | None = None,
+    connect_timeout_s: float = 15.0,
+    working_dir: str | os.PathLike[str] | None = None,
 ) -> Iterator[dict[str, str]]:
-    """``init_ray`` for the duration of a ``with`` block; Ray is shut down in ``finally``.
+    """:func:`init_ray` for the duration of a ``with`` block; Ray is shut down in ``finally``.
+
+    Leaving the block disconnects from a joined cluster (which keeps running) or stops the
+    private Ray this block started.
 
     Args:
         address: As in :func:`init_ray`.
         num_cpus: As in :func:`init_ray`.
-        data_plane_cfg: As in :func:`init_ray`.
-        extra_env: As in :func:`init_ray`.
+        reserved_cpus: As in :func:`init_ray`.
+        worker_env: As in :func:`init_ray`.
+        temp_dir: As in :func:`init_ray`.
+        connect_timeout_s: As in :func:`init_ray`.
+        working_dir: As in :func:`init_ray`.
 
     Yields:
         The environment dict returned by :func:`init_ray`.
     """
     env = init_ray(
-        address=address, num_cpus=num_cpus, data_plane_cfg=data_plane_cfg, extra_env=extra_env
+        address=address,
+        num_cpus=num_cpus,
+        reserved_cpus=reserved_cpus,
+        worker_env=worker_env,
+        temp_dir=temp_dir,
+        connect_timeout_s=connect_timeout_s,
+        working_dir=working_dir,
     )
     try:
         yield env

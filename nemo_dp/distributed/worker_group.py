@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RayCluster", "RayWorkerGroup", "find_free_port", "node_ip_address"]
+__all__ = ["RayCluster", "RayWorkerGroup", "find_free_port", "node_ip_address", "worker_actor_options"]
 
 
 @dataclass
@@ -26,10 +26,45 @@ class RayCluster:
         env_vars: Environment variables every worker process must see (e.g. data-plane knobs
             returned by ``init_ray``); applied through the actor's ``runtime_env``.
         collective_timeout_s: Bound on the gloo rendezvous and on each collective.
+        worker_resources: Custom Ray resources every worker of the group requests (e.g.
+            ``{"node_b": 0.5}`` places the workers on nodes started with that resource; the
+            config key is ``cluster.policy_resources``). Empty: Ray places them anywhere.
     """
 
     env_vars: dict[str, str] = field(default_factory=dict)
     collective_timeout_s: float = 120.0
+    worker_resources: dict[str, float] = field(default_factory=dict)
+
+
+def worker_actor_options(cluster: RayCluster) -> dict[str, Any]:
+    """The Ray actor options every worker of a group is started with.
+
+    Workers always request ``num_cpus=0`` (the CPU budget belongs to the data plane's actors);
+    placement comes only from ``cluster.worker_resources``.
+
+    Args:
+        cluster: Cluster facts.
+
+    Returns:
+        Keyword arguments for ``ActorClass.options``.
+
+    Raises:
+        ValueError: A resource is not a positive custom resource.
+    """
+    options: dict[str, Any] = {"num_cpus": 0}
+    if cluster.env_vars:
+        options["runtime_env"] = {"env_vars": dict(cluster.env_vars)}
+    if cluster.worker_resources:
+        resources: dict[str, float] = {}
+        for name, amount in cluster.worker_resources.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory") or not float(amount) > 0:
+                raise ValueError(
+                    f"cluster.policy_resources.{name}: must be a custom resource with an amount "
+                    f"> 0, got {amount!r}"
+                )
+            resources[str(name)] = float(amount)
+        options["resources"] = resources
+    return options
 
 
 def find_free_port() -> int:
@@ -57,6 +92,32 @@ def node_ip_address() -> str:
     except Exception:  # pragma: no cover - Ray missing or not reachable
         pass
     return "127.0.0.1"
+
+
+def _check_resources_exist(wanted: Mapping[str, float], world_size: int, name_prefix: str) -> None:
+    """Fail now, naming the key, if no set of alive nodes can host the group's resource requests.
+
+    Ray would otherwise keep the actors pending forever and the group's start-up would hang.
+    """
+    import ray
+
+    totals: dict[str, float] = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for name, amount in node.get("Resources", {}).items():
+                totals[name] = totals.get(name, 0.0) + float(amount)
+    for name, amount in wanted.items():
+        need = float(amount) * world_size
+        if totals.get(name, 0.0) < need:
+            custom = sorted(k for k in totals if k not in ("CPU", "GPU", "memory", "object_store_memory")
+                            and not k.startswith("node:") and not k.startswith("accelerator_type"))
+            raise ValueError(
+                f"cluster.policy_resources.{name}={amount:g}: {world_size} workers of group "
+                f"{name_prefix!r} need {need:g} of resource {name!r} in all, but the alive nodes "
+                f"offer {totals.get(name, 0.0):g} (custom resources there: {custom}). Start the "
+                f"target nodes with `ray start --resources='{{\"{name}\": {max(need, 1):g}}}'` "
+                "or change cluster.policy_resources"
+            )
 
 
 class RayWorkerGroup:
@@ -97,9 +158,9 @@ class RayWorkerGroup:
         self.world_size = world_size
         self.name_prefix = name_prefix
         remote_cls = ray.remote(worker_cls)
-        options: dict[str, Any] = {"num_cpus": 0}
-        if cluster.env_vars:
-            options["runtime_env"] = {"env_vars": dict(cluster.env_vars)}
+        options = worker_actor_options(cluster)
+        if cluster.worker_resources:
+            _check_resources_exist(cluster.worker_resources, world_size, name_prefix)
         self.workers = [
             remote_cls.options(**options).remote(rank=rank, world_size=world_size, **dict(init_kwargs))
             for rank in range(world_size)

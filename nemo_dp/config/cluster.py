@@ -1,0 +1,91 @@
+"""``cluster`` config: where Ray runs, its CPU budget, and where the policy workers go.
+
+Why this module exists: the cluster node is the one part of the configuration that decides
+whether a run starts its own Ray or joins somebody else's, so its rules (what an address may
+look like, which resources a worker may ask for) are kept together, next to nothing else, and
+are checked before any process starts.  The address grammar itself lives with the code that
+uses it (``nemo_dp.distributed.ray_init.parse_cluster_address``) so that the config check and
+the join can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nemo_dp.distributed.ray_init import parse_cluster_address
+
+__all__ = ["ClusterConfig", "RESERVED_RESOURCE_NAMES"]
+
+#: Resource names Ray handles through dedicated actor options; a worker may not request them
+#: through ``cluster.policy_resources`` (nemo_dp's workers are ``num_cpus=0`` actors on purpose).
+RESERVED_RESOURCE_NAMES: tuple[str, ...] = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def _fail(key: str, message: str) -> None:
+    raise ValueError(f"{key}: {message}")
+
+
+@dataclass
+class ClusterConfig:
+    """``cluster``: a private Ray for the run, or a running cluster to join.
+
+    Attributes:
+        address: ``None`` or ``"local"``: start a private Ray for this run only, whatever else
+            runs on the machine (``RAY_ADDRESS`` and the address file of a cluster started with
+            ``ray start`` are ignored). ``"auto"``: join the cluster named by ``RAY_ADDRESS``,
+            else by the address file ``ray start --head`` writes on this machine.
+            ``"<host>:<port>"``: join the cluster whose head (GCS) listens there.
+        num_cpus: Logical CPUs of the private Ray (ignored when joining a cluster).
+        temp_dir: Temporary directory of the private Ray (sessions, logs, sockets); ``None``
+            uses a per-user ``nemo_dp_ray_<uid>`` directory under the system temp directory, so
+            that a cluster using Ray's default directory is never touched. Ignored when joining.
+        connect_timeout_s: Bound on reaching a cluster's head before the run gives up.
+        working_dir: Directory shipped to every worker through Ray's ``runtime_env``
+            (``working_dir``) when the cluster's nodes do not have the code; ``None`` ships
+            nothing (the nodes import ``nemo_dp`` from their own installation).
+        policy_resources: Custom Ray resources every policy worker requests, e.g.
+            ``{node_b: 0.5}`` to place the workers on nodes started with
+            ``ray start --resources='{"node_b": 1}'``. Empty: Ray places them anywhere.
+    """
+
+    address: Optional[str] = None
+    num_cpus: int = 2
+    temp_dir: Optional[str] = None
+    connect_timeout_s: float = 15.0
+    working_dir: Optional[str] = None
+    policy_resources: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 1:
+            _fail("cluster.num_cpus", f"must be >= 1, got {self.num_cpus!r}")
+        if not self.connect_timeout_s > 0:
+            _fail("cluster.connect_timeout_s", f"must be > 0, got {self.connect_timeout_s!r}")
+        if self.address is not None:
+            try:
+                parse_cluster_address(self.address)
+            except ValueError as exc:
+                _fail("cluster.address", str(exc))
+        if self.temp_dir is not None and not str(self.temp_dir).strip():
+            _fail("cluster.temp_dir", "must be a non-empty path or null")
+        if self.working_dir is not None and not str(self.working_dir).strip():
+            _fail("cluster.working_dir", "must be a non-empty path or null")
+        for name, amount in dict(self.policy_resources).items():
+            key = f"cluster.policy_resources.{name}"
+            if not str(name).strip():
+                _fail("cluster.policy_resources", "resource names must be non-empty")
+            if name in RESERVED_RESOURCE_NAMES:
+                _fail(
+                    key,
+                    f"{name!r} is not a custom resource; policy workers request num_cpus=0 on "
+                    "purpose (the CPU budget belongs to the data plane's actors). Start the "
+                    "target nodes with a custom resource (ray start --resources='{\"node_b\": 1}') "
+                    "and request that instead",
+                )
+            if not float(amount) > 0:
+                _fail(key, f"must be > 0, got {amount!r}")
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the run starts its own private Ray (``address`` is ``None`` or ``"local"``)."""
+        return parse_cluster_address(self.address).local
