@@ -1,0 +1,1 @@
+"""The run layer: what a launcher composes around the trainers (trackers, evaluation)."""
