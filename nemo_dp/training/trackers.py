@@ -18,6 +18,7 @@ import importlib.util
 import logging
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -97,11 +98,12 @@ def _as_number(value: Any) -> float | None:
     return None
 
 
-def numeric_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+def numeric_metrics(record: Mapping[str, Any], *, skip: tuple[str, ...] = ("step",)) -> dict[str, float]:
     """The numeric entries of a metrics record as floats (``step`` and non-numbers dropped).
 
     Args:
         record: A step's record (``MetricsLogger`` output or raw metrics).
+        skip: Keys left out (the step travels as the step argument, not as a metric).
 
     Returns:
         ``key -> float`` in the record's order; booleans, strings (other than the
@@ -109,7 +111,7 @@ def numeric_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     for key, value in record.items():
-        if key == "step":
+        if key in skip:
             continue
         number = _as_number(value)
         if number is not None:
@@ -158,7 +160,7 @@ def flatten_run_summary(summary: Mapping[str, Any], main_phase: str) -> dict[str
     out: dict[str, float] = {}
     for name, result in phases.items():
         prefix = "" if name == main_phase else f"{name}/"
-        for key, value in numeric_metrics(result).items():
+        for key, value in numeric_metrics(result, skip=()).items():
             out[f"{prefix}{key}"] = value
     for key in ("accuracy_gain", "wall_time_s"):
         number = _as_number(summary.get(key))
@@ -232,7 +234,7 @@ class TensorBoardTracker:
         Args:
             summary: Flat ``name -> number``.
         """
-        values = numeric_metrics(summary)
+        values = numeric_metrics(summary, skip=())
         for key, value in values.items():
             self._writer.add_scalar(f"{FINAL_PREFIX}{key}", value, global_step=0)
         lines = [f"| {key} | {value:.6g} |" for key, value in values.items()]
@@ -332,7 +334,7 @@ class WandbTracker:
         Args:
             summary: Flat ``name -> number``.
         """
-        for key, value in numeric_metrics(summary).items():
+        for key, value in numeric_metrics(summary, skip=()).items():
             self._run.summary[f"{FINAL_PREFIX}{key}"] = value
 
     def close(self, status: str = "success") -> None:
@@ -397,9 +399,12 @@ class MlflowTracker:
 
         run_dir = Path(run_dir)
         self.tracking_uri = str(_cfg(cfg, "tracking_uri", None) or default_mlflow_uri(run_dir))
-        self._client: Any = MlflowClient(tracking_uri=self.tracking_uri)
-        name = str(_cfg(cfg, "experiment", "nemo_dp"))
-        experiment = self._client.get_experiment_by_name(name)
+        with warnings.catch_warnings():
+            # MLflow's SQL store configures its mappers with a loader SQLAlchemy 2.1 deprecates.
+            warnings.filterwarnings("ignore", message=".*noload.*", category=DeprecationWarning)
+            self._client: Any = MlflowClient(tracking_uri=self.tracking_uri)
+            name = str(_cfg(cfg, "experiment", "nemo_dp"))
+            experiment = self._client.get_experiment_by_name(name)
         if experiment is not None:
             experiment_id = experiment.experiment_id
         elif self.tracking_uri.startswith("sqlite:"):
@@ -455,7 +460,7 @@ class MlflowTracker:
         Args:
             summary: Flat ``name -> number``.
         """
-        metrics = self._metrics(numeric_metrics(summary), 0, prefix=FINAL_PREFIX)
+        metrics = self._metrics(numeric_metrics(summary, skip=()), 0, prefix=FINAL_PREFIX)
         if metrics:
             self._log_batch(metrics=metrics)
 
