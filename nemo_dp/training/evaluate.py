@@ -23,12 +23,18 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_dp.algorithms.rollout import decode_responses
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.tokenizer import EOS_TOKEN, CharTokenizer
 from nemo_dp.environments.arithmetic_env import ArithmeticEnv
 from nemo_dp.models.generation import generate
 from nemo_dp.models.model import ModelConfig, TinyCausalLM
-from nemo_dp.utils.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, STATE_FILE, latest_checkpoint
+from nemo_dp.utils.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_FORMAT_VERSION,
+    STATE_FILE,
+    latest_checkpoint,
+)
 from nemo_dp.utils.checkpoint_io import read_manifest
 
 __all__ = [
@@ -155,7 +161,9 @@ def _phase_order(run_cfg: DictConfig) -> list[str]:
     return order
 
 
-def resolve_checkpoint(checkpoint: str | os.PathLike[str], *, step: int | None = None, phase: str | None = None) -> CheckpointRef:
+def resolve_checkpoint(
+    checkpoint: str | os.PathLike[str], *, step: int | None = None, phase: str | None = None
+) -> CheckpointRef:
     """Locate the checkpoint to evaluate.
 
     Args:
@@ -202,17 +210,21 @@ def resolve_checkpoint(checkpoint: str | os.PathLike[str], *, step: int | None =
             ordered = [p for p in _phase_order(run_cfg) if p in phases] or sorted(phases)
             phase = ordered[-1]
         if phase not in phases:
-            raise FileNotFoundError(f"phase={phase}: no checkpoint of that phase under {path}; phases: {sorted(phases)}")
+            raise FileNotFoundError(
+                f"phase={phase}: no checkpoint of that phase under {path}; phases: {sorted(phases)}"
+            )
         phase_root = phases[phase]
 
     steps = _committed_steps(phase_root)
     if step is None:
         latest = latest_checkpoint(phase_root)
         if latest is None:
-            raise FileNotFoundError(f"checkpoint: no committed checkpoint with a state file under {phase_root}")
+            raise FileNotFoundError(f"checkpoint: no committed checkpoint with a state file in {phase_root}")
         step = int(_STEP_DIR.match(latest.name).group(1))  # type: ignore[union-attr]
     if step not in steps:
-        raise FileNotFoundError(f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}")
+        raise FileNotFoundError(
+            f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}"
+        )
     return CheckpointRef(steps[step], phase_root.name, step, run_dir, run_cfg)
 
 
@@ -235,7 +247,9 @@ def load_policy_model(ref: CheckpointRef, vocab_size: int) -> TinyCausalLM:
         ValueError: If the manifest names another format, the state lacks policy weights or
             the weights do not fit ``policy.model`` (the message names the file).
     """
-    read_manifest(ref.path, expected_format=CHECKPOINT_FORMAT, supported_versions=(CHECKPOINT_FORMAT_VERSION,))
+    read_manifest(
+        ref.path, expected_format=CHECKPOINT_FORMAT, supported_versions=(CHECKPOINT_FORMAT_VERSION,)
+    )
     state_path = ref.path / STATE_FILE
     import numpy as np
 
@@ -264,7 +278,9 @@ def load_policy_model(ref: CheckpointRef, vocab_size: int) -> TinyCausalLM:
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
-        raise ValueError(f"{state_path}: weights do not fit policy.model of {ref.run_dir / RUN_CONFIG_FILE}: {exc}") from exc
+        raise ValueError(
+            f"{state_path}: weights do not fit policy.model of {ref.run_dir / RUN_CONFIG_FILE}: {exc}"
+        ) from exc
     return model.eval()
 
 
@@ -301,7 +317,8 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions) -> tuple[list[Proble
         limit = options.num_samples if options.num_samples is not None else len(problems)
     else:
         algo = cfg.algorithm
-        val_samples = int(algo.warm_start.val_samples) if ref.phase == WARM_START_PHASE else int(algo.val_samples)
+        warm = ref.phase == WARM_START_PHASE
+        val_samples = int(algo.warm_start.val_samples) if warm else int(algo.val_samples)
         limit = options.num_samples if options.num_samples is not None else val_samples
         env = cfg.env
         if env.get("val_jsonl") is not None:
@@ -314,7 +331,9 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions) -> tuple[list[Proble
     return problems[:limit], origins[:limit]
 
 
-def _encode(problems: Sequence[Problem], origins: Sequence[str], tokenizer: CharTokenizer, max_len: int) -> list[list[int]]:
+def _encode(
+    problems: Sequence[Problem], origins: Sequence[str], tokenizer: CharTokenizer, max_len: int
+) -> list[list[int]]:
     prompts = []
     for problem, origin in zip(problems, origins):
         try:
@@ -381,8 +400,7 @@ def evaluate_checkpoint(
                 model, chunk, max_new_tokens=max_new, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                 greedy=True, temperature=1.0, seeds=[0] * len(chunk),
             )
-            ids, starts, ends = batch["input_ids"], batch["prompt_lengths"].tolist(), batch["input_lengths"].tolist()
-            responses = [tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))]
+            responses = decode_responses(batch, tokenizer)
             answers = [p.answer for p in problems[start : start + len(chunk)]]
             rewards = env.score(responses, answers).tolist()
             for j, (response, reward) in enumerate(zip(responses, rewards)):

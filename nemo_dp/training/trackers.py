@@ -435,7 +435,8 @@ class MlflowTracker:
             self._log_batch(params=params[i : i + _MLFLOW_MAX_PARAMS])
         import yaml
 
-        self._client.log_text(self.run_id, yaml.safe_dump(dict(resolved), sort_keys=False), "resolved_config.yaml")
+        text = yaml.safe_dump(dict(resolved), sort_keys=False)
+        self._client.log_text(self.run_id, text, "resolved_config.yaml")
 
     def _metrics(self, values: Mapping[str, float], step: int, prefix: str = "") -> list[Any]:
         from mlflow.entities import Metric
