@@ -206,9 +206,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point (one call per job, also under ``--multirun``)."""
-    run(cfg, Path(HydraConfig.get().runtime.output_dir))
+def main(cfg: DictConfig) -> float | None:
+    """Hydra entry point (one call per job, also under ``--multirun``); returns the final held-out accuracy."""
+    return run(cfg, Path(HydraConfig.get().runtime.output_dir))["phases"][str(cfg.algorithm.name)].get("val_accuracy")
 
 
 if __name__ == "__main__":

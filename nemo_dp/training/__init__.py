@@ -1,1 +1,1 @@
-"""The run layer: phases, logging, checkpoints, resume and the launcher's failure handling."""
+"""The run layer: phases, logging, checkpoints, resume, trackers, evaluation and the launcher's failure handling."""

@@ -1,0 +1,73 @@
+"""Evaluate a checkpoint: ``python launchers/evaluate.py checkpoint=<run>/checkpoints [step=N]``.
+
+Loads the policy a training checkpoint holds (latest step of the run's last phase by default;
+``phase=`` / ``step=`` pick another) and reports greedy held-out exact-match accuracy on the
+problems the trainer validated on, or on a user jsonl (``eval.jsonl=<file>`` with ``prompt`` and
+``answer`` lines).  Writes ``predictions.jsonl`` (prompt, response, extracted answer, reference
+answer, reward per line) and ``eval_summary.json`` to Hydra's output directory.  The model runs
+in this process: no Ray, no data plane.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(_REPO_ROOT) not in sys.path:  # running from a checkout without an installed package
+    sys.path.insert(0, str(_REPO_ROOT))
+
+import hydra  # noqa: E402
+from hydra.core.config_store import ConfigStore  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from nemo_dp.training.evaluate import EvaluateConfig  # noqa: E402
+
+CONF_DIR = _REPO_ROOT / "conf"
+
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict:
+    """Validate the config, locate the checkpoint, evaluate, print the accuracy.
+
+    Args:
+        cfg: The composed ``evaluate`` config.
+        out_dir: Where predictions and the summary are written.
+
+    Returns:
+        The evaluation result (``evaluate_checkpoint``'s dict).
+    """
+    import torch
+
+    from nemo_dp.training.evaluate import evaluate_checkpoint, resolve_checkpoint
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(
+            f"{missing[0]}: required value is missing "
+            f"(python launchers/evaluate.py checkpoint=<run>/checkpoints)"
+        )
+    options: EvaluateConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    torch.set_num_threads(options.torch_threads)
+    ref = resolve_checkpoint(options.checkpoint, step=options.step, phase=options.phase)
+    print(f"checkpoint: {ref.path} (phase {ref.phase}, step {ref.step}; run {ref.run_dir})", flush=True)
+    result = evaluate_checkpoint(ref, options.eval, out_dir, progress_bar=options.progress_bar)
+    print(
+        f"Held-out exact-match accuracy of {ref.phase} step {ref.step}: {result['accuracy']:.3f} "
+        f"({result['num_problems']} problems, {result['source']})",
+        flush=True,
+    )
+    print(f"predictions: {result['predictions']}", flush=True)
+    return result
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base=None)
+def main(cfg: DictConfig) -> float:
+    """Hydra entry point; returns the accuracy (a sweeper's objective)."""
+    return float(run(cfg, Path(HydraConfig.get().runtime.output_dir))["accuracy"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,647 @@
+"""Experiment trackers (TensorBoard, Weights & Biases, MLflow) behind one small protocol.
+
+A run always writes ``metrics.jsonl`` and its PNG curves; users of RL toolkits also expect to
+follow a run in the tracker they already use.  Every tracker here receives the same four calls:
+the resolved config once, every step's record (all numeric keys, ``data_plane/*`` included when
+observability is on), the run summary (final held-out accuracy) and ``close``.  They can be
+combined (``TrackerGroup``) and are built from the ``logger`` config node by
+:func:`build_trackers`.  Defaults never need the network: TensorBoard and MLflow write inside the
+run directory, W&B runs offline.
+
+The optional packages are imported lazily, inside each tracker; :func:`check_trackers_available`
+lets a launcher fail before Ray starts when an enabled tracker's package is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "TRACKING_EXTRA",
+    "TrackerUnavailableError",
+    "Tracker",
+    "TensorBoardTracker",
+    "WandbTracker",
+    "MlflowTracker",
+    "TrackerGroup",
+    "PrefixedTracker",
+    "numeric_metrics",
+    "flatten_config",
+    "flatten_run_summary",
+    "enabled_trackers",
+    "check_trackers_available",
+    "build_trackers",
+]
+
+#: What to install for every tracker.
+TRACKING_EXTRA = "pip install 'nemo_dp[tracking]'"
+
+#: tracker name -> (import name the tracker needs, PyPI distribution).
+_PACKAGES: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow-skinny"),
+}
+
+#: Final values are logged under this prefix (``final/val_accuracy``).
+FINAL_PREFIX = "final/"
+
+_STATUSES: tuple[str, ...] = ("success", "failed", "killed")
+
+
+class TrackerUnavailableError(ImportError):
+    """An enabled tracker's optional package is not installed."""
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """What the run layer calls on every experiment tracker."""
+
+    def log_config(self, resolved: Mapping[str, Any]) -> None:
+        """Record the resolved run config (a nested plain dict)."""
+
+    def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
+        """Record one step's metrics (non-numeric values are skipped)."""
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        """Record the run's final values (flat ``name -> number``)."""
+
+    def close(self, status: str = "success") -> None:
+        """Flush and finish (``status`` in ``success`` / ``failed`` / ``killed``)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        try:
+            return _as_number(value.item())
+        except (TypeError, ValueError):
+            return None
+    # metrics.jsonl spells non-finite floats as strings (JSON has no NaN).
+    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf", "+inf"):
+        return float(value)
+    return None
+
+
+def numeric_metrics(record: Mapping[str, Any], *, skip: tuple[str, ...] = ("step",)) -> dict[str, float]:
+    """The numeric entries of a metrics record as floats (``step`` and non-numbers dropped).
+
+    Args:
+        record: A step's record (``MetricsLogger`` output or raw metrics).
+        skip: Keys left out (the step travels as the step argument, not as a metric).
+
+    Returns:
+        ``key -> float`` in the record's order; booleans, strings (other than the
+        ``nan``/``inf`` spellings) and ``None`` are left out.
+    """
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key in skip:
+            continue
+        number = _as_number(value)
+        if number is not None:
+            out[str(key)] = number
+    return out
+
+
+def flatten_config(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten a nested config into dotted keys (``policy.optimizer.lr``).
+
+    Args:
+        node: A nested plain dict (lists are kept as values).
+        prefix: Key prefix (used by the recursion).
+
+    Returns:
+        ``dotted key -> leaf value``.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def flatten_run_summary(summary: Mapping[str, Any], main_phase: str) -> dict[str, float]:
+    """The tracker summary of a launcher run summary.
+
+    Args:
+        summary: ``{"phases": {name: {"val_accuracy", "step", ...}}, "accuracy_gain"?,
+            "wall_time_s"?}`` as ``launchers/launch.py`` writes it to ``summary.json``.
+        main_phase: The phase whose numbers are the run's own (``algorithm.name``); the other
+            phases are prefixed with their name (``warm_start/val_accuracy``).
+
+    Returns:
+        A flat ``name -> number`` dict, ``val_accuracy`` being the final held-out accuracy.
+
+    Raises:
+        KeyError: If ``main_phase`` is not among the summary's phases.
+    """
+    phases = summary.get("phases", {})
+    if main_phase not in phases:
+        raise KeyError(f"flatten_run_summary: phase {main_phase!r} not in the summary (has {sorted(phases)})")
+    out: dict[str, float] = {}
+    for name, result in phases.items():
+        prefix = "" if name == main_phase else f"{name}/"
+        for key, value in numeric_metrics(result, skip=()).items():
+            out[f"{prefix}{key}"] = value
+    for key in ("accuracy_gain", "wall_time_s"):
+        number = _as_number(summary.get(key))
+        if number is not None:
+            out[key] = number
+    return out
+
+
+def _check_status(status: str) -> None:
+    if status not in _STATUSES:
+        raise ValueError(f"Tracker.close: status must be one of {list(_STATUSES)}, got {status!r}")
+
+
+def _cfg(node: Any, key: str, default: Any = None) -> Any:
+    if node is None:
+        return default
+    if isinstance(node, Mapping):
+        return node.get(key, default)
+    return getattr(node, key, default)
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorBoard
+# ---------------------------------------------------------------------------------------------
+
+
+class TensorBoardTracker:
+    """TensorBoard event files through ``torch.utils.tensorboard.SummaryWriter``.
+
+    The config is a ``config`` text summary (the YAML as a code block), step metrics are scalars
+    under their own names, final values are scalars under ``final/<name>`` at step 0 plus a
+    ``summary`` text.
+
+    Args:
+        log_dir: Directory for the event files (created).
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir))
+
+    def log_config(self, resolved: Mapping[str, Any]) -> None:
+        """Write the config as a text summary (indented: TensorBoard renders it as code).
+
+        Args:
+            resolved: The resolved config.
+        """
+        import yaml
+
+        text = yaml.safe_dump(dict(resolved), sort_keys=False)
+        self._writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), 0)
+        self._writer.flush()
+
+    def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
+        """Write each numeric entry as a scalar at ``step``.
+
+        Args:
+            step: The step.
+            record: The step's record.
+        """
+        for key, value in numeric_metrics(record).items():
+            self._writer.add_scalar(key, value, global_step=int(step))
+        self._writer.flush()
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        """Write final values as ``final/<name>`` scalars and a ``summary`` text.
+
+        Args:
+            summary: Flat ``name -> number``.
+        """
+        values = numeric_metrics(summary, skip=())
+        for key, value in values.items():
+            self._writer.add_scalar(f"{FINAL_PREFIX}{key}", value, global_step=0)
+        lines = [f"| {key} | {value:.6g} |" for key, value in values.items()]
+        self._writer.add_text("summary", "\n".join(["| name | value |", "|---|---|", *lines]), 0)
+        self._writer.flush()
+
+    def close(self, status: str = "success") -> None:
+        """Flush and close the event file.
+
+        Args:
+            status: The run's outcome (recorded as ``status`` text).
+        """
+        _check_status(status)
+        if self._writer is None:
+            return
+        self._writer.add_text("status", status, 0)
+        self._writer.close()
+        self._writer = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights & Biases
+# ---------------------------------------------------------------------------------------------
+
+
+class WandbTracker:
+    """A Weights & Biases run (offline by default: files under ``<dir>/wandb``, no network).
+
+    Phases restart their step counters, while a W&B run's internal step only grows, so every
+    history row carries its phase step as the ``step`` metric, declared as the x-axis of all
+    metrics.
+
+    Args:
+        run_dir: The run directory (default run name).
+        cfg: The ``logger.wandb`` node (``project``, ``entity``, ``name``, ``group``, ``tags``,
+            ``mode``, ``dir``).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], cfg: Any) -> None:
+        import wandb
+
+        run_dir = Path(run_dir)
+        wandb_dir = run_dir / str(_cfg(cfg, "dir", "."))
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        mode = str(_cfg(cfg, "mode", "offline"))
+        settings = wandb.Settings(
+            mode=mode,
+            silent=True,  # no banner, no sync hints: the run directory is printed by the launcher
+            console="off",
+            x_disable_stats=True,  # the system-metrics sampler costs a core on a 2-core machine
+            x_disable_meta=True,
+            disable_git=True,
+            save_code=False,
+            reinit="create_new",  # a --multirun job must never continue the previous job's run
+        )
+        tags = _cfg(cfg, "tags", None)
+        self.mode = mode
+        self._run: Any = wandb.init(
+            project=str(_cfg(cfg, "project", "nemo_dp")),
+            entity=_cfg(cfg, "entity", None),
+            name=_cfg(cfg, "name", None) or run_dir.name,
+            group=_cfg(cfg, "group", None),
+            tags=None if not tags else [str(t) for t in tags],
+            dir=str(wandb_dir),
+            settings=settings,
+        )
+        self._run.define_metric("step")
+        self._run.define_metric("*", step_metric="step")
+
+    @property
+    def run_dir(self) -> Path:
+        """Directory of this run's wandb files (``.../offline-run-<time>-<id>``)."""
+        return Path(self._run.dir).parent
+
+    def log_config(self, resolved: Mapping[str, Any]) -> None:
+        """Store the resolved config as the run's config.
+
+        Args:
+            resolved: The resolved config.
+        """
+        self._run.config.update(dict(resolved), allow_val_change=True)
+
+    def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
+        """Append one history row: the numeric entries plus ``step``.
+
+        Args:
+            step: The phase's step.
+            record: The step's record.
+        """
+        values = numeric_metrics(record)
+        if values:
+            self._run.log({"step": int(step), **values})
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        """Set ``final/<name>`` entries of the run summary.
+
+        Args:
+            summary: Flat ``name -> number``.
+        """
+        for key, value in numeric_metrics(summary, skip=()).items():
+            self._run.summary[f"{FINAL_PREFIX}{key}"] = value
+
+    def close(self, status: str = "success") -> None:
+        """Finish the run (exit code 0 on success, 1 otherwise).
+
+        Args:
+            status: The run's outcome.
+        """
+        _check_status(status)
+        if self._run is None:
+            return
+        self._run.finish(exit_code=0 if status == "success" else 1)
+        self._run = None
+
+
+# ---------------------------------------------------------------------------------------------
+# MLflow
+# ---------------------------------------------------------------------------------------------
+
+_MLFLOW_STATUS = {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+_MLFLOW_MAX_PARAMS = 100  # per log_batch call
+_MLFLOW_MAX_PARAM_LEN = 6000
+
+
+def _mlflow_key(key: str) -> str:
+    # MLflow keys allow alphanumerics, '_', '-', '.', ' ', ':' and '/'.
+    return "".join(ch if ch.isalnum() or ch in "_-. :/" else "_" for ch in key)
+
+
+def default_mlflow_uri(run_dir: str | os.PathLike[str]) -> str:
+    """The default tracking store: a SQLite file inside the run directory.
+
+    MLflow 3 refuses its plain-file backend unless ``MLFLOW_ALLOW_FILE_STORE`` is set, so the
+    default is its maintained local backend, a single SQLite file.
+
+    Args:
+        run_dir: The run directory.
+
+    Returns:
+        ``sqlite:///<abs run_dir>/mlflow.db``.
+    """
+    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+
+
+class MlflowTracker:
+    """An MLflow run through ``MlflowClient`` (no global active run, so jobs never leak).
+
+    The config is logged as flattened params and as a ``resolved_config.yaml`` artifact, step
+    metrics as metrics at their step, final values as ``final/<name>`` metrics.
+
+    Args:
+        run_dir: The run directory (default store and run name).
+        cfg: The ``logger.mlflow`` node (``tracking_uri``, ``experiment``, ``run_name``).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], cfg: Any) -> None:
+        # Store creation logs schema-migration INFO lines on every new store; keep them out of
+        # the run's output.
+        for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        from mlflow.tracking import MlflowClient
+
+        run_dir = Path(run_dir)
+        self.tracking_uri = str(_cfg(cfg, "tracking_uri", None) or default_mlflow_uri(run_dir))
+        with warnings.catch_warnings():
+            # MLflow's SQL store configures its mappers with a loader SQLAlchemy 2.1 deprecates.
+            warnings.filterwarnings("ignore", message=".*noload.*", category=DeprecationWarning)
+            self._client: Any = MlflowClient(tracking_uri=self.tracking_uri)
+            name = str(_cfg(cfg, "experiment", "nemo_dp"))
+            experiment = self._client.get_experiment_by_name(name)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        elif self.tracking_uri.startswith("sqlite:"):
+            artifacts = (run_dir / "mlartifacts").resolve()
+            experiment_id = self._client.create_experiment(name, artifact_location=artifacts.as_uri())
+        else:
+            experiment_id = self._client.create_experiment(name)
+        run = self._client.create_run(experiment_id, run_name=_cfg(cfg, "run_name", None) or run_dir.name)
+        self.experiment_id = experiment_id
+        self.run_id: str | None = run.info.run_id
+
+    def _log_batch(self, *, metrics: list[Any] | None = None, params: list[Any] | None = None) -> None:
+        if self.run_id is None:
+            raise RuntimeError("MlflowTracker: the run is closed")
+        self._client.log_batch(self.run_id, metrics=metrics or [], params=params or [])
+
+    def log_config(self, resolved: Mapping[str, Any]) -> None:
+        """Log flattened params (values cut at MLflow's length limit) and the YAML artifact.
+
+        Args:
+            resolved: The resolved config.
+        """
+        from mlflow.entities import Param
+
+        flat = flatten_config(resolved)
+        params = [Param(_mlflow_key(k), str(v)[:_MLFLOW_MAX_PARAM_LEN]) for k, v in flat.items()]
+        for i in range(0, len(params), _MLFLOW_MAX_PARAMS):
+            self._log_batch(params=params[i : i + _MLFLOW_MAX_PARAMS])
+        import yaml
+
+        text = yaml.safe_dump(dict(resolved), sort_keys=False)
+        self._client.log_text(self.run_id, text, "resolved_config.yaml")
+
+    def _metrics(self, values: Mapping[str, float], step: int, prefix: str = "") -> list[Any]:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        return [Metric(_mlflow_key(prefix + k), v, now, int(step)) for k, v in values.items()]
+
+    def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
+        """Log the numeric entries at ``step``.
+
+        Args:
+            step: The step.
+            record: The step's record.
+        """
+        metrics = self._metrics(numeric_metrics(record), step)
+        if metrics:
+            self._log_batch(metrics=metrics)
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        """Log final values as ``final/<name>`` metrics (step 0).
+
+        Args:
+            summary: Flat ``name -> number``.
+        """
+        metrics = self._metrics(numeric_metrics(summary, skip=()), 0, prefix=FINAL_PREFIX)
+        if metrics:
+            self._log_batch(metrics=metrics)
+
+    def close(self, status: str = "success") -> None:
+        """Mark the run terminated with the MLflow status matching ``status``.
+
+        Args:
+            status: The run's outcome.
+        """
+        _check_status(status)
+        if self.run_id is None:
+            return
+        self._client.set_terminated(self.run_id, _MLFLOW_STATUS[status])
+        self.run_id = None
+
+
+# ---------------------------------------------------------------------------------------------
+# combination
+# ---------------------------------------------------------------------------------------------
+
+
+class TrackerGroup:
+    """Several trackers behind the one protocol (an empty group is a valid no-op).
+
+    ``close`` closes every member even when one raises, then re-raises the first error.
+
+    Args:
+        trackers: The members, called in order.
+    """
+
+    def __init__(self, trackers: list[Tracker] | None = None) -> None:
+        self.trackers: list[Tracker] = list(trackers or [])
+
+    def __iter__(self) -> Iterator[Tracker]:
+        return iter(self.trackers)
+
+    def __len__(self) -> int:
+        return len(self.trackers)
+
+    def log_config(self, resolved: Mapping[str, Any]) -> None:
+        """Forward to every member."""
+        for tracker in self.trackers:
+            tracker.log_config(resolved)
+
+    def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
+        """Forward to every member."""
+        for tracker in self.trackers:
+            tracker.log_metrics(step, record)
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        """Forward to every member."""
+        for tracker in self.trackers:
+            tracker.log_summary(summary)
+
+    def close(self, status: str = "success") -> None:
+        """Close every member; re-raise the first error after all were tried."""
+        _check_status(status)
+        first: BaseException | None = None
+        for tracker in self.trackers:
+            try:
+                tracker.close(status)
+            except Exception as exc:  # noqa: BLE001 - every tracker must get its close
+                first = first or exc
+        self.trackers = []
+        if first is not None:
+            raise first
+
+    def with_prefix(self, prefix: str) -> PrefixedTracker:
+        """A view whose step metrics are logged as ``<prefix>/<key>`` (one per phase).
+
+        Args:
+            prefix: Phase name; ``""`` logs keys unchanged.
+
+        Returns:
+            The view (its ``close`` is a no-op: the group owns the trackers).
+        """
+        return PrefixedTracker(self, prefix)
+
+
+class PrefixedTracker:
+    """Step metrics of one phase, keys prefixed, forwarded to a tracker it does not own.
+
+    Args:
+        inner: The tracker (usually the run's :class:`TrackerGroup`).
+        prefix: Key prefix without the trailing ``/``; ``""`` forwards keys unchanged.
+    """
+
+    def __init__(self, inner: Tracker, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = f"{prefix}/" if prefix else ""
+
+    def log_config(self, resolved: Mapping[str, Any]) -> None:
+        """Forward unchanged (one config per run)."""
+        self.inner.log_config(resolved)
+
+    def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
+        """Forward with prefixed keys."""
+        self.inner.log_metrics(step, {f"{self.prefix}{k}": v for k, v in record.items() if k != "step"})
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        """Forward with prefixed keys."""
+        self.inner.log_summary({f"{self.prefix}{k}": v for k, v in summary.items()})
+
+    def close(self, status: str = "success") -> None:
+        """No-op: the owner of ``inner`` closes it."""
+        _check_status(status)
+
+
+# ---------------------------------------------------------------------------------------------
+# construction
+# ---------------------------------------------------------------------------------------------
+
+
+def enabled_trackers(logger_cfg: Any) -> list[str]:
+    """Names of the trackers ``logger_cfg`` enables, in the order they are built.
+
+    Args:
+        logger_cfg: The ``logger`` node (DictConfig, mapping or dataclass); a tracker whose
+            block is absent counts as disabled.
+
+    Returns:
+        A sublist of ``["tensorboard", "wandb", "mlflow"]``.
+    """
+    return [name for name in _PACKAGES if bool(_cfg(_cfg(logger_cfg, name), "enabled", False))]
+
+
+def check_trackers_available(logger_cfg: Any) -> None:
+    """Fail when an enabled tracker's package is not installed (call before Ray starts).
+
+    Only looks the packages up (``importlib.util.find_spec``); nothing is imported.
+
+    Args:
+        logger_cfg: The ``logger`` node.
+
+    Raises:
+        TrackerUnavailableError: Naming every enabled tracker whose package is missing, the
+            config key that enabled it and the extra to install.
+    """
+    missing = []
+    for name in enabled_trackers(logger_cfg):
+        module, dist = _PACKAGES[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(f"logger.{name}.enabled=true needs the '{dist}' package")
+    if missing:
+        raise TrackerUnavailableError(
+            f"{'; '.join(missing)}; install the tracking extra: {TRACKING_EXTRA} "
+            f"(or set the key to false)"
+        )
+
+
+def build_trackers(logger_cfg: Any, run_dir: str | os.PathLike[str]) -> TrackerGroup:
+    """Build the enabled trackers of ``logger_cfg`` for a run writing to ``run_dir``.
+
+    Args:
+        logger_cfg: The ``logger`` node (``tensorboard``/``wandb``/``mlflow`` blocks).
+        run_dir: The run directory; every default location is inside it.
+
+    Returns:
+        The group (empty when no tracker is enabled).
+
+    Raises:
+        TrackerUnavailableError: If an enabled tracker's package is missing.
+    """
+    check_trackers_available(logger_cfg)
+    run_dir = Path(run_dir)
+    group = TrackerGroup()
+    try:
+        for name in enabled_trackers(logger_cfg):
+            node = _cfg(logger_cfg, name)
+            if name == "tensorboard":
+                group.trackers.append(TensorBoardTracker(run_dir / str(_cfg(node, "log_dir", "tensorboard"))))
+            elif name == "wandb":
+                group.trackers.append(WandbTracker(run_dir, node))
+            else:
+                group.trackers.append(MlflowTracker(run_dir, node))
+    except BaseException:
+        group.close("failed")
+        raise
+    return group
