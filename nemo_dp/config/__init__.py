@@ -210,12 +210,12 @@ def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
         PreflightError: Naming the key at fault.
     """
     machine = os.cpu_count() or 1
-    if cfg.cluster.address is None and cfg.cluster.num_cpus > machine:
+    if cfg.cluster.is_local and cfg.cluster.num_cpus > machine:
         raise PreflightError(
             f"cluster.num_cpus: {cfg.cluster.num_cpus} exceeds the {machine} CPUs of this machine"
         )
     threads = cfg.policy.dp_size * cfg.policy.torch_threads
-    if cfg.cluster.address is None and threads > cfg.cluster.num_cpus:
+    if cfg.cluster.is_local and threads > cfg.cluster.num_cpus:
         raise PreflightError(
             f"policy.dp_size x policy.torch_threads = {threads} compute threads exceed "
             f"cluster.num_cpus={cfg.cluster.num_cpus}; lower policy.dp_size or policy.torch_threads"

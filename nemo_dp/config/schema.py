@@ -18,6 +18,9 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from nemo_dp.algorithms.registry import ALGORITHMS, algorithm_names
+from nemo_dp.config.cluster import ClusterConfig
+from nemo_dp.config.env import EnvConfig
+from nemo_dp.config.logging import MlflowConfig, TensorBoardConfig, WandbConfig
 
 __all__ = [
     "ALGORITHM_NAMES",
@@ -52,7 +55,6 @@ SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
 )
 OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",)
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
-ENV_NAMES: tuple[str, ...] = ("arithmetic",)
 MICROBATCH_ORDERS: tuple[str, ...] = ("packer", "largest_first")
 
 
@@ -424,46 +426,6 @@ class PPOConfig:
 
 
 @dataclass
-class EnvConfig:
-    """``env``: the task that supplies SFT pairs, RL prompts and the verifiable reward.
-
-    With ``sft_jsonl`` / ``rl_jsonl`` set, training data comes from those files (validation
-    still uses the arithmetic generator's held-out partition unless ``val_jsonl`` is set).
-    """
-
-    name: str = "arithmetic"
-    digits: int = 2
-    operators: list[str] = field(default_factory=lambda: ["+"])
-    seed: int = 0
-    sft_jsonl: Optional[str] = None
-    rl_jsonl: Optional[str] = None
-    val_jsonl: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        _one_of("env.name", self.name, ENV_NAMES)
-        _at_least("env.digits", self.digits, 1)
-        if not self.operators:
-            _fail("env.operators", "must not be empty; legal values: ['+', '-', '*']")
-        for op in self.operators:
-            _one_of("env.operators", op, ("+", "-", "*"))
-
-
-@dataclass
-class ClusterConfig:
-    """``cluster``: where Ray runs and the CPU budget it is given.
-
-    Workers are ``num_cpus=0`` actors; ``num_cpus`` is the logical CPU count Ray is started
-    with (ignored when joining a running cluster via ``address``).
-    """
-
-    address: Optional[str] = None
-    num_cpus: int = 2
-
-    def __post_init__(self) -> None:
-        _at_least("cluster.num_cpus", self.num_cpus, 1)
-
-
-@dataclass
 class LoggerConfig:
     """``logger``: what a run writes and shows (paths relative to the run directory)."""
 
@@ -472,6 +434,9 @@ class LoggerConfig:
     plot: bool = True
     progress_bar: bool = True
     num_val_examples_to_print: int = 0
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     def __post_init__(self) -> None:
         if not self.metrics_file:
@@ -494,6 +459,7 @@ class CheckpointingConfig:
     save_period: int = 0
     keep_last: int = 2
     resume_from: Optional[str] = None
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if not self.checkpoint_dir:
