@@ -319,7 +319,8 @@ def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:
         data_plane_cfg: Any accepted ``data_plane`` form.
 
     Returns:
-        ``{"reserved_cpus": int, "reserved_by": str, "env_vars": dict[str, str]}``.
+        ``{"reserved_cpus": int, "reserved_by": str, "worker_env": dict[str, str]}``: the
+        keyword arguments of Ray start-up (``init_ray`` / ``ray_session``).
 
     Raises:
         ValueError: The config is invalid (names the key).
@@ -333,5 +334,5 @@ def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:
     return {
         "reserved_cpus": int(spec.reserved_cpus(dp_cfg)) if enabled else 0,
         "reserved_by": spec.reserved_by(dp_cfg) if enabled else "no data-plane actors",
-        "env_vars": dict(maybe_configure_data_plane_env(dp_cfg)),
+        "worker_env": dict(maybe_configure_data_plane_env(dp_cfg)),
     }

@@ -441,16 +441,18 @@ def _join_failed(target: JoinTarget, exc: BaseException) -> ClusterConnectError:
 # ---------------------------------------------------------------------------------------------
 
 
-def _budget_error(num_cpus: float, needed: int, *, joined: str | None = None) -> ValueError:
+def _budget_error(
+    num_cpus: float, needed: int, reserved_by: str, *, joined: str | None = None
+) -> ValueError:
     where = f"the cluster at {joined} has {num_cpus:g} logical CPUs" if joined else (
         f"cluster.num_cpus={num_cpus:g} is too small"
     )
+    why = f" ({reserved_by})" if reserved_by else ""
     return ValueError(
-        f"{where}: the data plane's own actors reserve {needed} logical CPUs in Ray "
-        "(TransferQueue: its controller plus one per storage unit, "
-        "data_plane.simple.num_storage_units), and with fewer the data plane's start-up blocks "
-        "forever. Raise cluster.num_cpus (or the cluster's CPUs) or lower "
-        "data_plane.simple.num_storage_units; nemo_dp's own actors use num_cpus=0."
+        f"{where}: the data plane's own actors reserve {needed} logical CPUs in Ray{why}, "
+        "and with fewer the data plane's start-up blocks forever. Raise cluster.num_cpus (or "
+        "the cluster's CPUs) or lower the data plane's actor count; nemo_dp's own actors use "
+        "num_cpus=0."
     )
 
 
@@ -459,6 +461,7 @@ def init_ray(
     address: str | None = None,
     num_cpus: int | None = None,
     reserved_cpus: int = 0,
+    reserved_by: str = "",
     worker_env: Mapping[str, str] | None = None,
     temp_dir: str | os.PathLike[str] | None = None,
     connect_timeout_s: float = 15.0,
@@ -476,6 +479,7 @@ def init_ray(
         num_cpus: Logical CPUs of a private Ray (ignored when joining); ``None`` lets Ray count
             the machine's cores.
         reserved_cpus: Logical CPUs the data plane's own actors reserve (0 for none).
+        reserved_by: Which actors and config keys make up ``reserved_cpus`` (for the error).
         worker_env: Environment variables every Ray worker of the job must see.
         temp_dir: Temporary directory of a private Ray (default
             :func:`default_private_temp_dir`); ignored when joining.
@@ -494,7 +498,7 @@ def init_ray(
     """
     parsed = parse_cluster_address(address)
     if parsed.local and num_cpus is not None and num_cpus < reserved_cpus:
-        raise _budget_error(num_cpus, reserved_cpus)
+        raise _budget_error(num_cpus, reserved_cpus, reserved_by)
 
     import ray
 
@@ -536,7 +540,7 @@ def init_ray(
         total = float(ray.cluster_resources().get("CPU", 0.0))
         if total < reserved_cpus:
             ray.shutdown()
-            raise _budget_error(total, reserved_cpus, joined=None if target is None else target.address)
+            raise _budget_error(total, reserved_cpus, reserved_by, joined=None if target is None else target.address)
     return env_vars
 
 
@@ -554,6 +558,7 @@ def ray_session(
     address: str | None = None,
     num_cpus: int | None = None,
     reserved_cpus: int = 0,
+    reserved_by: str = "",
     worker_env: Mapping[str, str] | None = None,
     temp_dir: str | os.PathLike[str] | None = None,
     connect_timeout_s: float = 15.0,
@@ -568,6 +573,7 @@ def ray_session(
         address: As in :func:`init_ray`.
         num_cpus: As in :func:`init_ray`.
         reserved_cpus: As in :func:`init_ray`.
+        reserved_by: As in :func:`init_ray`.
         worker_env: As in :func:`init_ray`.
         temp_dir: As in :func:`init_ray`.
         connect_timeout_s: As in :func:`init_ray`.
@@ -580,6 +586,7 @@ def ray_session(
         address=address,
         num_cpus=num_cpus,
         reserved_cpus=reserved_cpus,
+        reserved_by=reserved_by,
         worker_env=worker_env,
         temp_dir=temp_dir,
         connect_timeout_s=connect_timeout_s,

@@ -78,9 +78,10 @@ class TQSession:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[dict[str, str]]:
     """Ray for the whole session (``num_cpus=2``), with the TransferQueue knobs exported."""
+    from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
 
-    env = init_ray(num_cpus=RAY_NUM_CPUS, data_plane_cfg=tq_test_config())
+    env = init_ray(num_cpus=RAY_NUM_CPUS, **ray_start_args(tq_test_config()))
     try:
         yield env
     finally:

@@ -334,19 +334,20 @@ def test_second_client_in_one_process_rejected(tq_client: TQDataPlaneClient) -> 
 
 
 def test_init_ray_guards(ray_cluster: dict[str, str]) -> None:
-    from nemo_dp.distributed.ray_init import init_ray, required_cpus
+    from nemo_dp.data_plane.registry import ray_start_args, reserved_ray_cpus
+    from nemo_dp.distributed.ray_init import init_ray
 
-    assert required_cpus(tq_test_config()) == 2
-    assert required_cpus(tq_test_config(num_storage_units=3)) == 4
-    assert required_cpus(None) == 0
+    assert reserved_ray_cpus(tq_test_config()) == 2
+    assert reserved_ray_cpus(tq_test_config(num_storage_units=3)) == 4
+    assert reserved_ray_cpus(None) == 0
     # The budget check fails fast, before anything touches Ray.
     with pytest.raises(ValueError) as info:
-        init_ray(num_cpus=2, data_plane_cfg=tq_test_config(num_storage_units=2))
+        init_ray(num_cpus=2, **ray_start_args(tq_test_config(num_storage_units=2)))
     assert "cluster.num_cpus" in str(info.value)
     assert "data_plane.simple.num_storage_units" in str(info.value)
     # The session Ray is running: a second init is refused instead of silently reused.
     with pytest.raises(RuntimeError, match="already initialised"):
-        init_ray(num_cpus=2, data_plane_cfg=tq_test_config())
+        init_ray(num_cpus=2, **ray_start_args(tq_test_config()))
     assert ray_cluster["TQ_NUM_THREADS"] == "2"
     assert set(ray_cluster) >= {
         "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT",

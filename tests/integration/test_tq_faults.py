@@ -47,11 +47,12 @@ def cfg(**simple):
     )
 
 
+from nemo_dp.data_plane.registry import ray_start_args
 from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
 
 result = {"case": case}
 # Exports the small TQ_* knobs before anything imports transfer_queue.
-result["env"] = init_ray(num_cpus=2, data_plane_cfg=cfg())
+result["env"] = init_ray(num_cpus=2, **ray_start_args(cfg()))
 result["tq_imported_before_client"] = "transfer_queue" in sys.modules
 children = []
 try:

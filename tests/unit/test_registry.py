@@ -66,11 +66,11 @@ def test_ray_start_args_carry_cpus_reason_and_knobs(monkeypatch: pytest.MonkeyPa
     args = registry.ray_start_args({**TQ, "simple": {"num_storage_units": 2}})
     assert args["reserved_cpus"] == 3
     assert "data_plane.simple.num_storage_units=2" in args["reserved_by"]
-    assert set(args["env_vars"]) == {k.env_var for k in tqenv.ENGINE_KNOBS}
+    assert set(args["worker_env"]) == {k.env_var for k in tqenv.ENGINE_KNOBS}
     assert registry.ray_start_args(LocalDataPlaneConfig()) == {
         "reserved_cpus": 0,
         "reserved_by": "no data-plane actors",
-        "env_vars": {},
+        "worker_env": {},
     }
 
 
