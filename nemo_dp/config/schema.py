@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from nemo_dp.config.async_rollout import AsyncRolloutConfig
+
 __all__ = [
     "ALGORITHM_NAMES",
     "SEQUENCE_PACKING_ALGORITHMS",
@@ -315,6 +317,7 @@ class GRPOConfig:
     loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
 
     def __post_init__(self) -> None:
         _check_common_algorithm(self, "grpo")

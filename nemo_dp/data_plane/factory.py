@@ -70,6 +70,10 @@ TRAINER_REGISTRY: dict[tuple[str, str], str] = {
     ("ppo", TRANSFER_QUEUE): "nemo_dp.algorithms.ppo_sync:ppo_train_sync",
 }
 
+#: GRPO with ``algorithm.async_rollout.enabled`` over TransferQueue (validated by
+#: ``nemo_dp.config.async_rollout.validate_async_rollout_selection``).
+ASYNC_GRPO_TARGET = "nemo_dp.algorithms.grpo_async:grpo_train_async"
+
 # Why a pair is missing from the registry, where there is a reason worth telling the user.
 _ILLEGAL_REASONS: dict[tuple[str, str], str] = {
     ("grpo", LOCAL): "a process-local store cannot carry rollout data between processes",
@@ -105,6 +109,8 @@ class TrainerSelection:
         """The single line :func:`select_sync_trainer` prints."""
         if self.data_plane == DISABLED:
             return f"Running synchronous {self.label} training (legacy)"
+        if self.target == ASYNC_GRPO_TARGET:
+            return f"Running asynchronous {self.label} training (data plane: {self.data_plane})"
         return f"Running synchronous {self.label} training (data plane: {self.data_plane})"
 
 
@@ -382,6 +388,11 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
             f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}"
         )
     target = TRAINER_REGISTRY.get((algorithm, kind))
+    if algorithm == "grpo":
+        from nemo_dp.config.async_rollout import validate_async_rollout_selection
+
+        if validate_async_rollout_selection(master_config):
+            target = ASYNC_GRPO_TARGET
     if target is None:
         reason = _ILLEGAL_REASONS.get((algorithm, kind))
         choices = ", ".join(f"{k} (data_plane={_GROUP_OPTION[k]})" for k in legal)
