@@ -77,7 +77,7 @@ def _check_entry(policy: Any, master_config: Any) -> None:
             f"grpo_train_async: this config selects {selection.target}; the asynchronous trainer is "
             "selected by algorithm.async_rollout.enabled=true with data_plane=tq"
         )
-    if not hasattr(policy, "dp_client") or not hasattr(policy, "get_logprobs_from_meta"):
+    if not hasattr(policy, "dp_cfg") or not hasattr(policy, "get_logprobs_from_meta"):
         raise ValueError(
             f"grpo_train_async needs a data-plane policy (TQPolicy), got {type(policy).__name__}; "
             "build it with nemo_dp.data_plane.factory.make_policy_factory(cfg.data_plane)"

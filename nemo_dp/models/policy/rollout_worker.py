@@ -56,6 +56,7 @@ __all__ = [
     "RolloutShard",
     "RolloutGroup",
     "partition_for_batch",
+    "shard_bounds",
 ]
 
 #: Per-row column and tag: the policy version whose weights generated the row.
@@ -84,6 +85,40 @@ def partition_for_batch(batch: int) -> str:
 
 def _cfg_get(cfg: Any, key: str) -> Any:
     return cfg[key] if isinstance(cfg, Mapping) else getattr(cfg, key)
+
+
+def shard_bounds(num_prompts: int, group_size: int, dp_size: int) -> list[tuple[int, int]]:
+    """Row ranges of a rollout batch's shards: ``Policy.generate``'s split over ``dp_size`` ranks.
+
+    Contiguous runs of ``ceil(n / dp_size)`` rows (so each shard's generation sub-batches are the
+    synchronous path's), or, when such a run would cut a GRPO group, runs of
+    ``ceil(num_prompts / dp_size)`` whole groups.
+
+    Args:
+        num_prompts: Prompts in the batch.
+        group_size: Generations per prompt.
+        dp_size: Training ranks the synchronous path splits over.
+
+    Returns:
+        ``dp_size`` half-open ``(start, end)`` row ranges (possibly empty), covering every row.
+
+    Raises:
+        ValueError: A non-positive argument.
+    """
+    if num_prompts < 1 or group_size < 1 or dp_size < 1:
+        raise ValueError(
+            f"shard_bounds: num_prompts={num_prompts}, group_size={group_size}, dp_size={dp_size} "
+            "must all be >= 1"
+        )
+    n = num_prompts * group_size
+    per = -(-n // dp_size)
+    if per % group_size == 0:
+        return [(min(r * per, n), min((r + 1) * per, n)) for r in range(dp_size)]
+    per_p = -(-num_prompts // dp_size)
+    return [
+        (min(r * per_p, num_prompts) * group_size, min((r + 1) * per_p, num_prompts) * group_size)
+        for r in range(dp_size)
+    ]
 
 
 class RolloutWorker:
@@ -410,17 +445,6 @@ class RolloutGroup:
         self._weight_acks = [w.load_weights.remote(ref, int(version)) for w in self.workers]
 
     # --- rollout --------------------------------------------------------------------------------
-    def _shard_bounds(self, num_prompts: int) -> list[tuple[int, int]]:
-        # Split like Policy.generate splits over dp_size ranks (so generation sub-batches are the
-        # synchronous path's), falling back to a split by prompts when a shard would cut a group.
-        n = num_prompts * self.group_size
-        per = -(-n // self.dp_size)
-        if per % self.group_size == 0:
-            return [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
-        per_p = -(-num_prompts // self.dp_size)
-        g = self.group_size
-        return [(min(r * per_p, num_prompts) * g, min((r + 1) * per_p, num_prompts) * g) for r in range(self.dp_size)]
-
     def dispatch(self, batch: int, problems: Sequence[Any], seeds: Sequence[int]) -> str:
         """Register batch ``batch``'s partition and queue its shards on the actors (no wait).
 
@@ -451,7 +475,7 @@ class RolloutGroup:
         prompts = [self._tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(g)]
         answers = [p.answer for p in problems for _ in range(g)]
         ids = [f"a{batch}_p{j}_g{i}" for j in range(len(problems)) for i in range(g)]
-        for r, (a, b) in enumerate(self._shard_bounds(len(problems))):
+        for r, (a, b) in enumerate(shard_bounds(len(problems), g, self.dp_size)):
             if a == b:
                 continue
             shard = {
