@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tensordict import TensorDict
 
 from nemo_dp.data_plane.column_io import first_write
 from nemo_dp.data_plane.factory import build_data_plane_client, maybe_configure_data_plane_env
@@ -232,6 +233,9 @@ class RolloutWorker:
             tokenizer: Decodes responses.
             env: Scores responses.
 
+        The rows are written in one put of every training column with the rows' tags, then one
+        put of ``policy_version``, the column claims wait for.
+
         Returns:
             ``{"rows", "version", "gen_s", "put_s", "start", "end"}`` (``time.time`` stamps).
 
@@ -277,7 +281,6 @@ class RolloutWorker:
             TOKEN_MASK: token_mask,
             SAMPLE_MASK: sample_mask,
             ADVANTAGES: adv.unsqueeze(1) * token_mask.float(),
-            POLICY_VERSION: torch.full((n,), self.version, dtype=torch.int64),
         }
         tags = [
             {
@@ -297,6 +300,12 @@ class RolloutWorker:
         t1 = time.perf_counter()
         first_write(columns, sample_ids=ids, dp_client=self.dp_client, partition_id=partition_id,
                     task_name=None, tags=tags)
+        # The commit marker: claims require this column, written only after the first put (and
+        # with it the rows' tags) has returned, so a claim never sees rows without their tags.
+        self.dp_client.put_samples(
+            ids, partition_id, TensorDict({POLICY_VERSION: torch.full((n,), self.version, dtype=torch.int64)},
+                                          batch_size=[n])
+        )
         put_s = time.perf_counter() - t1
         return {"rows": n, "version": self.version, "gen_s": gen_s, "put_s": put_s, "start": start, "end": time.time()}
 
@@ -543,7 +552,7 @@ class RolloutGroup:
             # Claim whatever is ready: at most one group at a time keeps a claim from waiting
             # on rows still being generated.
             want = min(self.group_size, num_rows - have)
-            got = self._client.claim_meta(pid, TASK_TRAIN, [ADVANTAGES, POLICY_VERSION], want, blocking=False)
+            got = self._client.claim_meta(pid, TASK_TRAIN, [POLICY_VERSION], want, blocking=False)
             if got.size:
                 parts.append(got)
                 have += got.size
