@@ -613,6 +613,18 @@ class RolloutGroup:
         import ray
 
         try:
+            if self._pending:
+                # A failed or interrupted run: let queued shards finish (their rows are dropped
+                # with the partitions) so no put races the partition drop; errors are moot now.
+                refs = [s.ref for s in self._pending]
+                done, _ = ray.wait(refs, num_returns=len(refs), timeout=60)
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except Exception:  # noqa: BLE001 - the run is already failing or done
+                        pass
+                if len(done) < len(refs):
+                    self._kill()
             for pid in sorted(self._live):
                 try:
                     self._client.clear_samples(None, pid)
