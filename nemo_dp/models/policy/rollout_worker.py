@@ -549,10 +549,11 @@ class RolloutGroup:
         deadline = t0 + float(timeout_s)
         while have < num_rows:
             self._collect_finished()
-            # Claim whatever is ready: at most one group at a time keeps a claim from waiting
-            # on rows still being generated.
-            want = min(self.group_size, num_rows - have)
-            got = self._client.claim_meta(pid, TASK_TRAIN, [POLICY_VERSION], want, blocking=False)
+            # All remaining rows in one claim when they are ready, else one group at a time (a
+            # claim of more rows than are ready returns nothing and claims nothing).
+            got = self._client.claim_meta(pid, TASK_TRAIN, [POLICY_VERSION], num_rows - have, blocking=False)
+            if not got.size and num_rows - have > self.group_size:
+                got = self._client.claim_meta(pid, TASK_TRAIN, [POLICY_VERSION], self.group_size, blocking=False)
             if got.size:
                 parts.append(got)
                 have += got.size
