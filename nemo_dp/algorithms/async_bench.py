@@ -110,7 +110,10 @@ def compare_sync_async(
             "logger.plot=false", "logger.progress_bar=false"]
     runs: dict[str, list[str]] = {"sync": ["algorithm.async_rollout.enabled=false"]}
     for m in staleness:
-        runs[f"async_{int(m)}"] = ["algorithm.async_rollout.enabled=true", f"algorithm.async_rollout.max_staleness={int(m)}"]
+        runs[f"async_{int(m)}"] = [
+            "algorithm.async_rollout.enabled=true",
+            f"algorithm.async_rollout.max_staleness={int(m)}",
+        ]
     with initialize_config_dir(str(CONF_DIR), version_base=None):
         cfgs = {name: compose("config", overrides=[*base, *extra]) for name, extra in runs.items()}
     for cfg in cfgs.values():

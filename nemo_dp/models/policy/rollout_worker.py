@@ -262,7 +262,9 @@ class RolloutWorker:
             out = self._generate(prompts, seeds)
         token_ids = out[INPUT_IDS]
         starts, ends = out[PROMPT_LENGTHS].tolist(), out[INPUT_LENGTHS].tolist()
-        responses = [tokenizer.decode(token_ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))]
+        responses = [
+            tokenizer.decode(token_ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))
+        ]
         rewards = env.score(responses, answers).to(torch.float32)
         baseline, std = grpo_baseline_and_std(rewards, group, bool(self.grpo["leave_one_out"]))
         adv = grpo_advantages(rewards, baseline, std, bool(self.grpo["normalize_rewards"]))
