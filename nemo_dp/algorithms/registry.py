@@ -37,6 +37,7 @@ __all__ = [
     "ALGORITHMS",
     "ALGORITHMS_TARGET",
     "AlgorithmSpec",
+    "TrainerMode",
     "algorithm",
     "algorithm_names",
     "register_algorithm",
@@ -64,6 +65,31 @@ def resolve_target(target: str) -> Any:
 
 
 @dataclass(frozen=True)
+class TrainerMode:
+    """A second way to run an algorithm, switched on by one config key (e.g. asynchronous GRPO).
+
+    Attributes:
+        name: The mode's word in the progress line (``"asynchronous"``).
+        switch_key: The config key that turns it on, named in errors.
+        selector: ``"module:function"`` taking the root config and returning whether the mode is
+            on (it may raise ``ValueError`` naming a key for a combination the mode refuses).
+        trainers: Data-plane backend kind -> ``"module:function"`` of the mode's trainer; a kind
+            absent here cannot run the mode.
+    """
+
+    name: str
+    switch_key: str
+    selector: str
+    trainers: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        for what, target in (("selector", self.selector), *self.trainers.items()):
+            if not isinstance(target, str) or target.count(":") != 1:
+                raise ValueError(f"mode {self.name!r}: {what} must be 'module:attr', got {target!r}")
+        object.__setattr__(self, "trainers", MappingProxyType(dict(self.trainers)))
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """One algorithm.
 
@@ -78,6 +104,8 @@ class AlgorithmSpec:
             driver, trainers), so a backend without ``cross_process`` cannot serve it.
         warm_start: The config has an ``algorithm.warm_start`` SFT phase.
         label: Progress-line label; defaults to the upper-cased name.
+        modes: Other ways to run it (:class:`TrainerMode`), tried in order; the first whose
+            selector returns true replaces ``trainers``.
     """
 
     name: str
@@ -87,6 +115,7 @@ class AlgorithmSpec:
     requires_cross_process: bool = False
     warm_start: bool = False
     label: str | None = None
+    modes: tuple[TrainerMode, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -174,6 +203,14 @@ register_algorithm(
         },
         requires_cross_process=True,
         warm_start=True,
+        modes=(
+            TrainerMode(
+                name="asynchronous",
+                switch_key="algorithm.async_rollout.enabled",
+                selector="nemo_dp.config.async_rollout:validate_async_rollout_selection",
+                trainers={"transfer_queue": "nemo_dp.algorithms.grpo_async:grpo_train_async"},
+            ),
+        ),
     )
 )
 register_algorithm(

@@ -60,6 +60,8 @@ _BAR_KEYS: tuple[str, ...] = (
     "reward_mean",
     "val_accuracy",
     "grad_norm",
+    "async/generated_samples",
+    "async/samples_per_s",
     "data_plane/step/wall_ms",
     "data_plane/now/bytes_outstanding_mb",
 )

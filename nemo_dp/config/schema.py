@@ -18,6 +18,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from nemo_dp.algorithms.registry import ALGORITHMS, algorithm_names
+from nemo_dp.config.async_rollout import AsyncRolloutConfig
 from nemo_dp.config.cluster import ClusterConfig
 from nemo_dp.config.env import EnvConfig
 from nemo_dp.config.logging import MlflowConfig, TensorBoardConfig, WandbConfig
@@ -339,6 +340,7 @@ class GRPOConfig:
     loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
 
     def __post_init__(self) -> None:
         _check_common_algorithm(self, "grpo")

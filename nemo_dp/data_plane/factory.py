@@ -118,13 +118,14 @@ class TrainerSelection:
     data_plane: str
     target: str
     label: str
+    mode: str = "synchronous"
 
     @property
     def progress_line(self) -> str:
         """The single line :func:`select_sync_trainer` prints."""
         if not registry.backend(self.data_plane).enabled:
-            return f"Running synchronous {self.label} training (legacy)"
-        return f"Running synchronous {self.label} training (data plane: {self.data_plane})"
+            return f"Running {self.mode} {self.label} training (legacy)"
+        return f"Running {self.mode} {self.label} training (data plane: {self.data_plane})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,10 +405,30 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
         raise ValueError(
             f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}"
         )
-    target = _trainer_table().get((algorithm, kind))
     spec = _algorithms().get(algorithm)
     if label is None and spec is not None:
         label = spec.display_label
+    # A mode switched on (e.g. asynchronous GRPO) decides the trainer, and its own error names
+    # its switch, before the algorithm's default trainer table is consulted.
+    mode_name, target = "synchronous", None
+    for mode in spec.modes if spec is not None else ():
+        if not _import_target(mode.selector, f"the {mode.name} mode selector of {algorithm!r}")(
+            master_config
+        ):
+            continue
+        target = mode.trainers.get(kind)
+        if target is None:
+            choices = ", ".join(
+                f"{k} (data_plane={registry.backend(k).option})" for k in mode.trainers
+            )
+            raise ValueError(
+                f"{mode.switch_key}=true cannot run with data_plane={kind!r}. Legal data planes "
+                f"for {mode.name} {algorithm!r}: {choices}; or set {mode.switch_key}=false."
+            )
+        mode_name = mode.name
+        break
+    if target is None:
+        target = _trainer_table().get((algorithm, kind))
     if target is None:
         reason = _illegal_reason(spec, kind)
         choices = ", ".join(f"{k} (data_plane={registry.backend(k).option})" for k in legal)
@@ -421,6 +442,7 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
         data_plane=kind,
         target=target,
         label=label if label is not None else algorithm.upper(),
+        mode=mode_name,
     )
 
 
