@@ -29,6 +29,7 @@ __all__ = [
     "build_model",
     "build_tokenizer",
     "validate_policy",
+    "load_pretrained_model",
 ]
 
 #: Kind used when a ``policy`` node has no ``kind`` key (configs written before it existed).
@@ -72,12 +73,15 @@ class ModelBuilder:
         build_tokenizer: ``(policy_cfg) -> Tokenizer``.
         validate: ``(policy_cfg) -> None``; raises ``ValueError`` naming the key and the fix.
             Runs on the driver before any process starts.
+        load_pretrained: ``(policy_cfg, directory) -> CausalLM``: a model written by its
+            ``save_pretrained`` (same family and settings as ``policy_cfg``).
     """
 
     kind: str
     build_model: Callable[[Any, int, int], CausalLM]
     build_tokenizer: Callable[[Any], Tokenizer]
     validate: Callable[[Any], None]
+    load_pretrained: Callable[[Any, str], CausalLM]
 
 
 _BUILTIN_MODULES: dict[str, str] = {
@@ -169,3 +173,16 @@ def validate_policy(policy_cfg: Any) -> None:
         ValueError: Naming the key at fault and the fix.
     """
     get_builder(policy_kind(policy_cfg)).validate(policy_cfg)
+
+
+def load_pretrained_model(policy_cfg: Any, directory: str) -> CausalLM:
+    """Load a model that ``save_pretrained`` wrote, with the settings of ``policy_cfg``.
+
+    Args:
+        policy_cfg: The ``policy`` node (its kind picks the loader).
+        directory: The saved model's directory.
+
+    Returns:
+        The model.
+    """
+    return get_builder(policy_kind(policy_cfg)).load_pretrained(policy_cfg, str(directory))

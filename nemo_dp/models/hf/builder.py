@@ -8,6 +8,7 @@ same code: safetensors only (``use_safetensors=True``), local files only
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from nemo_dp.models.builders import ModelBuilder
@@ -75,6 +76,14 @@ def _build_tokenizer(policy_cfg: Any) -> HFTokenizer:
     return load_hf_tokenizer(hf_settings(policy_cfg))
 
 
+def _load_pretrained(policy_cfg: Any, directory: str) -> HFCausalLM:
+    return load_hf_model(dataclasses.replace(hf_settings(policy_cfg), model_name_or_path=directory))
+
+
 BUILDER = ModelBuilder(
-    kind="hf", build_model=_build_model, build_tokenizer=_build_tokenizer, validate=validate_hf_policy
+    kind="hf",
+    build_model=_build_model,
+    build_tokenizer=_build_tokenizer,
+    validate=validate_hf_policy,
+    load_pretrained=_load_pretrained,
 )

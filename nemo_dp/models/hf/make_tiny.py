@@ -31,8 +31,11 @@ PAD_TOKEN = "<|pad|>"
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|im_end|>"
 START_TOKEN = "<|im_start|>"
-#: Special tokens, in id order (ids 0..3).
-SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, START_TOKEN)
+# Some architectures' tokenizer classes (Qwen2, GPT-2) add this as their default unk token
+# when it is missing, which would grow the vocabulary past the model's embedding rows.
+UNK_TOKEN = "<|endoftext|>"
+#: Special tokens, in id order (ids 0..4).
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, START_TOKEN, UNK_TOKEN)
 
 #: ChatML-style template: an assistant turn ends with the eos token, so generation stops there.
 CHAT_TEMPLATE = (
@@ -71,6 +74,7 @@ def _train_tokenizer(vocab_size: int, digits: int, seed: int) -> object:
         pad_token=PAD_TOKEN,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
         additional_special_tokens=[START_TOKEN],
     )
     tok.chat_template = CHAT_TEMPLATE

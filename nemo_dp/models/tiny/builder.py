@@ -52,6 +52,14 @@ def _validate(policy_cfg: Any) -> None:
         raise ValueError(f"policy.model: {exc}") from exc
 
 
+def _load_pretrained(policy_cfg: Any, directory: str) -> TinyCausalLM:
+    return TinyCausalLM.from_pretrained(directory)
+
+
 BUILDER = ModelBuilder(
-    kind="tiny", build_model=_build_model, build_tokenizer=_build_tokenizer, validate=_validate
+    kind="tiny",
+    build_model=_build_model,
+    build_tokenizer=_build_tokenizer,
+    validate=_validate,
+    load_pretrained=_load_pretrained,
 )
