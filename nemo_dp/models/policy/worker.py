@@ -23,7 +23,9 @@ import copy
 import datetime
 import math
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -552,14 +554,18 @@ class PolicyWorker:
 
         Returns:
             ``{"rng": ..., "rank": r}`` plus ``model``, ``reference_model``, ``optimizer``,
-            ``optimizer_steps``, ``lr`` when ``include_weights``.
+            ``optimizer_steps``, ``lr`` and ``pretrained`` (the model's ``save_pretrained``
+            files as ``{name: bytes}``, which a training checkpoint writes as a model
+            directory users can load) when ``include_weights``.
         """
+        from nemo_dp.utils.checkpoint import PRETRAINED_KEY
         from nemo_dp.utils.seeding import capture_rng_state
 
         state: dict[str, Any] = {"rank": self.rank, "rng": capture_rng_state()}
         if include_weights:
             state.update(
                 {
+                    PRETRAINED_KEY: self._pretrained_files(),
                     "model": _to_cpu(dict(self.model.state_dict())),
                     "reference_model": _to_cpu(dict(self.reference_model.state_dict())),
                     "optimizer": _to_cpu(self.optimizer.state_dict()),
@@ -569,6 +575,12 @@ class PolicyWorker:
                 }
             )
         return state
+
+    def _pretrained_files(self) -> dict[str, bytes]:
+        """The model's ``save_pretrained`` output, file name -> bytes."""
+        with tempfile.TemporaryDirectory(prefix="nemo_dp_export_") as tmp:
+            self.model.save_pretrained(tmp)
+            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
 
     def load_state(self, weights: Mapping[str, Any], rng: Mapping[str, Any] | None) -> None:
         """Restore a checkpoint's weights/optimizer (from rank 0) and this rank's RNG.
