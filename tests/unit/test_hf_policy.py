@@ -234,3 +234,23 @@ def test_cuda_without_a_device_is_a_clear_error(llama: Path) -> None:
     with pytest.raises(RuntimeError, match="policy.device=cuda but this worker sees no CUDA device"):
         PolicyWorker(rank=0, world_size=1, policy_cfg=_policy(llama, device="cuda"), vocab_size=10, pad_id=0,
                      eos_id=2, seed=0)
+
+
+def test_bfloat16_policy_generates_and_trains(llama: Path) -> None:
+    from nemo_dp.algorithms.loss_functions import NLLLoss
+    from nemo_dp.models.policy.worker import PolicyWorker
+
+    cfg = _policy(llama, dtype="bfloat16", attn_implementation="eager")
+    tok = build_tokenizer(cfg)
+    w = PolicyWorker(rank=0, world_size=1, policy_cfg=cfg, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
+                     eos_id=tok.eos_id, seed=0)
+    assert next(w.model.parameters()).dtype == torch.bfloat16
+    prompts = [tok.encode_prompt("1+2="), tok.encode_prompt("30+4=")]
+    g = w.generate({"prompts": prompts, "seeds": [1, 2]}, False)
+    assert g["generation_logprobs"].dtype == torch.float32
+    from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+
+    data = BatchedDataDict({"input_ids": g["input_ids"].repeat(2, 1), "input_lengths": g["input_lengths"].repeat(2),
+                            "token_mask": g["token_mask"].repeat(2, 1), "sample_mask": torch.ones(4)})
+    out = w.train(data, NLLLoss())["per_step"][0]
+    assert torch.isfinite(torch.tensor([out["loss"], out["grad_norm"]])).all() and out["grad_norm"] > 0
