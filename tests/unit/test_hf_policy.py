@@ -204,7 +204,7 @@ def test_value_worker_on_an_hf_backbone(arch: str, cache: Path) -> None:
     data["returns"] = data["token_mask"].float() * torch.tensor([[1.0], [-1.0], [0.5], [0.0]])
     loss_fn = ClippedValueLossFn(value_clip=10.0)
     first = None
-    for _ in range(15):
+    for _ in range(40):
         data["values"] = critic.get_values(data)["values"]
         out = critic.train(data, loss_fn)["per_step"][0]["value_loss"]
         first = out if first is None else first

@@ -60,7 +60,11 @@ def _train_tokenizer(vocab_size: int, digits: int, seed: int) -> object:
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # One token per digit (as Qwen2 and Llama 3 tokenizers do): multi-digit merges would make
+    # every number its own symbol and arithmetic needlessly hard for a tiny model.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -87,18 +91,18 @@ def _model_config(arch: str, vocab: int, ids: dict[str, int], max_positions: int
     common = {"vocab_size": vocab, **ids}
     if arch == "llama":
         return LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=max_positions, tie_word_embeddings=False,
             **common,
         )
     if arch == "qwen2":
         return Qwen2Config(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=max_positions, tie_word_embeddings=False,
             **common,
         )
     return GPT2Config(
-        n_embd=64, n_layer=2, n_head=4, n_positions=max_positions, resid_pdrop=0.0, embd_pdrop=0.0,
+        n_embd=128, n_layer=2, n_head=4, n_positions=max_positions, resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0, **common,
     )
 
