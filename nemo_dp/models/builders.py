@@ -30,6 +30,7 @@ __all__ = [
     "build_tokenizer",
     "validate_policy",
     "load_pretrained_model",
+    "prepare_policy",
 ]
 
 #: Kind used when a ``policy`` node has no ``kind`` key (configs written before it existed).
@@ -75,6 +76,9 @@ class ModelBuilder:
             Runs on the driver before any process starts.
         load_pretrained: ``(policy_cfg, directory) -> CausalLM``: a model written by its
             ``save_pretrained`` (same family and settings as ``policy_cfg``).
+        prepare: ``(policy_cfg) -> None``: create what the node refers to and may be built
+            locally (``hf``: an offline tiny checkpoint on first use); runs on the driver
+            before validation.
     """
 
     kind: str
@@ -82,6 +86,7 @@ class ModelBuilder:
     build_tokenizer: Callable[[Any], Tokenizer]
     validate: Callable[[Any], None]
     load_pretrained: Callable[[Any, str], CausalLM]
+    prepare: Callable[[Any], None] = lambda policy_cfg: None
 
 
 _BUILTIN_MODULES: dict[str, str] = {
@@ -186,3 +191,13 @@ def load_pretrained_model(policy_cfg: Any, directory: str) -> CausalLM:
         The model.
     """
     return get_builder(policy_kind(policy_cfg)).load_pretrained(policy_cfg, str(directory))
+
+
+def prepare_policy(policy_cfg: Any) -> None:
+    """Build what a ``policy`` node refers to when it can be built locally (call before
+    :func:`validate_policy`, on the driver).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+    """
+    get_builder(policy_kind(policy_cfg)).prepare(policy_cfg)

@@ -254,3 +254,18 @@ def test_bfloat16_policy_generates_and_trains(llama: Path) -> None:
                             "token_mask": g["token_mask"].repeat(2, 1), "sample_mask": torch.ones(4)})
     out = w.train(data, NLLLoss())["per_step"][0]
     assert torch.isfinite(torch.tensor([out["loss"], out["grad_norm"]])).all() and out["grad_norm"] > 0
+
+
+def test_prepare_builds_a_named_tiny_checkpoint_on_first_use(tmp_path: Path) -> None:
+    from nemo_dp.models.builders import prepare_policy
+
+    cfg = _policy(tmp_path / "cache" / "tiny-gpt2")
+    with pytest.raises(ValueError, match="does not exist"):
+        validate_policy(cfg)
+    prepare_policy(cfg)
+    validate_policy(cfg)
+    assert json.loads((tmp_path / "cache" / "tiny-gpt2" / "config.json").read_text())["model_type"] == "gpt2"
+    other = _policy(tmp_path / "my-model")
+    prepare_policy(other)  # not a tiny-<arch> name: left for validation to report
+    assert not (tmp_path / "my-model").exists()
+    prepare_policy({"kind": "tiny"})  # the tiny family has nothing to prepare

@@ -9,6 +9,7 @@ same code: safetensors only (``use_safetensors=True``), local files only
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from nemo_dp.models.builders import ModelBuilder
@@ -80,10 +81,29 @@ def _load_pretrained(policy_cfg: Any, directory: str) -> HFCausalLM:
     return load_hf_model(dataclasses.replace(hf_settings(policy_cfg), model_name_or_path=directory))
 
 
+def prepare_hf_policy(policy_cfg: Any) -> None:
+    """Build the offline tiny checkpoint ``policy.model_name_or_path`` names, if it is one.
+
+    A missing directory whose name is ``tiny-<arch>`` (``arch`` in ``make_tiny.ARCHS``) is
+    created by ``ensure_tiny_checkpoint(arch, <its parent>)``; any other path is left alone
+    (validation then reports it).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+    """
+    from nemo_dp.models.hf.make_tiny import ARCHS, ensure_tiny_checkpoint
+
+    path = Path(hf_settings(policy_cfg).model_name_or_path).expanduser()
+    arch = path.name[len("tiny-") :] if path.name.startswith("tiny-") else None
+    if arch in ARCHS and not path.exists():
+        ensure_tiny_checkpoint(arch, path.parent)
+
+
 BUILDER = ModelBuilder(
     kind="hf",
     build_model=_build_model,
     build_tokenizer=_build_tokenizer,
     validate=validate_hf_policy,
     load_pretrained=_load_pretrained,
+    prepare=prepare_hf_policy,
 )
