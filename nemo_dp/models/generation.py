@@ -1,8 +1,11 @@
-"""Incremental (KV-cached) sampling from a :class:`TinyCausalLM` with per-sample seeds.
+"""Incremental (KV-cached) sampling from any ``CausalLM`` with per-sample seeds.
 
 Rollouts must be reproducible no matter how prompts are sharded over workers or batched, so
-every row draws its sampling noise from its own ``torch.Generator`` seeded with ``seeds[i]``
-(Gumbel-max sampling): a sample depends only on its prompt, its seed and the weights.
+every row draws its sampling noise from its own CPU ``torch.Generator`` seeded with
+``seeds[i]`` (Gumbel-max sampling): a sample depends only on its prompt, its seed and the
+weights.  The loop drives the model only through the protocol's ``prefill`` / ``decode``, so
+the tiny model's preallocated cache and a HuggingFace model's ``past_key_values`` are used the
+same way; prompts are left-padded with per-row positions and a key-validity mask.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nemo_dp.models.model import TinyCausalLM
+from nemo_dp.models.protocol import CausalLM
+
+__all__ = ["generate"]
 
 
 def _validate(
-    model: TinyCausalLM,
+    model: CausalLM,
     prompts: list[list[int]],
     max_new_tokens: int,
     greedy: bool,
@@ -35,16 +40,16 @@ def _validate(
     if not greedy and temperature <= 0.0:
         raise ValueError(f"generate: temperature must be > 0 when sampling, got {temperature}")
     longest = max(len(p) for p in prompts)
-    if longest + max_new_tokens > model.cfg.max_seq_len:
+    if longest + max_new_tokens > model.max_positions:
         raise ValueError(
             f"generate: longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
-            f"max_seq_len={model.cfg.max_seq_len}"
+            f"the model's max positions ({model.max_positions})"
         )
 
 
 @torch.no_grad()
 def generate(
-    model: TinyCausalLM,
+    model: CausalLM,
     prompts: list[list[int]],
     *,
     max_new_tokens: int,
@@ -60,7 +65,7 @@ def generate(
     masked out), decoded one token per step with a KV cache, and returned right-padded.
 
     Args:
-        model: The policy (LM head).
+        model: The policy.
         prompts: Token ids per prompt (bos included by the caller).
         max_new_tokens: Most tokens to generate per row (eos included).
         eos_id: Stops a row.
@@ -78,7 +83,7 @@ def generate(
 
     Raises:
         ValueError: On empty prompts, mismatched seeds, bad temperature or a sequence that
-            would exceed the model's ``max_seq_len``.
+            would exceed the model's ``max_positions``.
     """
     _validate(model, prompts, max_new_tokens, greedy, temperature, seeds)
     was_training = model.training
@@ -90,7 +95,7 @@ def generate(
 
 
 def _generate(
-    model: TinyCausalLM,
+    model: CausalLM,
     prompts: list[list[int]],
     max_new_tokens: int,
     eos_id: int,
@@ -99,6 +104,7 @@ def _generate(
     temperature: float,
     seeds: list[int],
 ) -> dict[str, Any]:
+    device = next(iter(model.parameters())).device
     bsz = len(prompts)
     plens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
     width = int(plens.max())
@@ -111,15 +117,10 @@ def _generate(
         left[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         key_valid[i, width - len(p) :] = True
     positions = (torch.arange(width).unsqueeze(0) - offsets.unsqueeze(1)).clamp(min=0)
+    key_valid_dev = key_valid.to(device)
 
-    # Pad queries may attend to themselves so that no softmax row is empty (their outputs are
-    # never read); real queries see only real, earlier keys.
-    causal = torch.tril(torch.ones((width, width), dtype=torch.bool))
-    eye = torch.eye(width, dtype=torch.bool)
-    mask = (causal.unsqueeze(0) & key_valid[:, None, :width]) | eye.unsqueeze(0)
-
-    cache = model.new_cache(bsz, total)
-    logits = model.forward_cached(left, positions, cache, mask.unsqueeze(1))[:, -1].float()
+    logits, cache = model.prefill(left.to(device), key_valid_dev[:, :width], positions.to(device), total)
+    logits = logits.float().cpu()
 
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     new_tokens = torch.full((bsz, max_new_tokens), pad_id, dtype=torch.long)
@@ -151,9 +152,11 @@ def _generate(
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
         step_pos = (plens + t).unsqueeze(1)
-        key_valid[:, width + t] = True
-        step_mask = key_valid[:, None, None, : width + t + 1]
-        logits = model.forward_cached(tok.unsqueeze(1), step_pos, cache, step_mask)[:, -1].float()
+        key_valid_dev[:, width + t] = True
+        logits, cache = model.decode(
+            tok.unsqueeze(1).to(device), step_pos.to(device), key_valid_dev[:, : width + t + 1], cache
+        )
+        logits = logits.float().cpu()
 
     lengths = plens + resp_len
     seq = int(lengths.max())

@@ -1,25 +1,67 @@
-"""Atomic training checkpoints (model, optimizer, RNG, loader cursor, counters).
+"""Atomic, code-free training checkpoints (model, optimizer, RNG, loader cursor, counters).
 
-A checkpoint is a directory ``<root>/step_<N>`` holding ``manifest.json`` and ``state.pt``.
-It is committed through the data plane's atomic protocol (temp sibling + rename), so a crash
-mid-save never damages the previous checkpoint and a half-written one is never loaded.
+A checkpoint is a directory ``<root>/step_<N>`` committed through the atomic protocol of
+``nemo_dp.utils.checkpoint_io`` (temp sibling + rename), so a crash mid-save never damages the
+previous checkpoint and a half-written one is never loaded.  Loading never unpickles arbitrary
+objects:
+
+* ``tensors.safetensors`` holds every tensor of the state (weights, optimizer moments, torch
+  RNG states);
+* ``state.json`` holds everything else as typed JSON (tuples, non-string dict keys, NumPy
+  arrays and scalars, non-finite floats and bytes are tagged so they come back exactly; tensors
+  are references into the safetensors file);
+* a ``"pretrained"`` mapping of file name -> bytes anywhere under a top-level key ``K`` (the
+  workers put their model's ``save_pretrained`` output there) is written as the directory
+  ``<checkpoint>/K/``: ``<checkpoint>/policy`` is then a HuggingFace (or tiny) model directory
+  that ``AutoModelForCausalLM.from_pretrained`` (or the tiny loader) reads as is.
+
+Checkpoints of ``format_version`` 1 (one ``state.pt``, still written by callers that pickle
+the state themselves) are read with ``torch.load(weights_only=True)`` and only NumPy's array
+reconstruction allowed besides tensors and primitives.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from nemo_dp.utils.checkpoint_io import read_manifest, write_checkpoint_atomically, write_manifest
 
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_FORMAT_VERSION",
+    "STATE_FILE",
+    "STATE_JSON",
+    "TENSORS_FILE",
+    "PRETRAINED_KEY",
+    "checkpoint_dir_for_step",
+    "encode_state",
+    "write_training_state",
+    "save_training_checkpoint",
+    "load_training_checkpoint",
+    "latest_checkpoint",
+]
+
 CHECKPOINT_FORMAT = "nemo_dp.training_checkpoint"
-CHECKPOINT_FORMAT_VERSION = 1
+CHECKPOINT_FORMAT_VERSION = 2
+#: Pickled state of format_version 1 (read with the weights-only unpickler).
 STATE_FILE = "state.pt"
+STATE_JSON = "state.json"
+TENSORS_FILE = "tensors.safetensors"
+#: Key of a ``{file name: bytes}`` mapping written as the directory of its top-level key.
+PRETRAINED_KEY = "pretrained"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_TAG = "__nemo_dp__"
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def checkpoint_dir_for_step(root: str | os.PathLike[str], step: int) -> Path:
@@ -40,61 +82,218 @@ def checkpoint_dir_for_step(root: str | os.PathLike[str], step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
 
 
+# ---------------------------------------------------------------------------------------------
+# typed JSON encoding
+# ---------------------------------------------------------------------------------------------
+
+
+class _Encoder:
+    """Splits a state tree into JSON, a tensor table and pretrained file trees."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.file_trees: dict[str, dict[str, bytes]] = {}
+
+    def encode(self, value: Any, path: tuple[str, ...]) -> Any:
+        where = "state" + "".join(f"[{p!r}]" for p in path)
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {_TAG: "float", "v": repr(value)}
+        if isinstance(value, torch.Tensor):
+            key = f"t{len(self.tensors)}"
+            self.tensors[key] = value.detach().to("cpu").contiguous().clone()
+            return {_TAG: "tensor", "key": key}
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind not in "biuf":
+                raise TypeError(f"{where}: NumPy array of dtype {value.dtype} cannot be checkpointed")
+            return {_TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),
+                    "data": [self.encode(x, path) for x in value.reshape(-1).tolist()]}
+        if isinstance(value, np.generic):
+            return {_TAG: "npscalar", "dtype": value.dtype.str, "v": self.encode(value.item(), path)}
+        if isinstance(value, bytes):
+            return {_TAG: "bytes", "v": base64.b64encode(value).decode("ascii")}
+        if isinstance(value, tuple):
+            return {_TAG: "tuple", "items": [self.encode(v, (*path, str(i))) for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [self.encode(v, (*path, str(i))) for i, v in enumerate(value)]
+        if isinstance(value, Mapping):
+            if path and path[-1] == PRETRAINED_KEY and all(isinstance(v, bytes) for v in value.values()):
+                return self._file_tree(value, path, where)
+            if all(isinstance(k, str) for k in value) and _TAG not in value:
+                return {k: self.encode(v, (*path, k)) for k, v in value.items()}
+            items = []
+            for k, v in value.items():
+                if not isinstance(k, (str, int, bool)) and k is not None:
+                    raise TypeError(f"{where}: dict key {k!r} of type {type(k).__name__} cannot be checkpointed")
+                items.append([k, self.encode(v, (*path, str(k)))])
+            return {_TAG: "dict", "items": items}
+        raise TypeError(f"{where}: value of type {type(value).__name__} cannot be checkpointed")
+
+    def _file_tree(self, files: Mapping[str, bytes], path: tuple[str, ...], where: str) -> dict[str, Any]:
+        top = path[0] if len(path) > 1 else None
+        if top is None or not _SAFE_NAME.match(top) or top in (STATE_JSON, TENSORS_FILE, "manifest.json"):
+            raise ValueError(f"{where}: a pretrained file tree needs a plain top-level key, got {path!r}")
+        if top in self.file_trees:
+            raise ValueError(f"{where}: a second pretrained file tree under top-level key {top!r}")
+        for name in files:
+            if not isinstance(name, str) or not _SAFE_NAME.match(name):
+                raise ValueError(f"{where}: pretrained file name {name!r} is not a plain file name")
+        self.file_trees[top] = dict(files)
+        return {_TAG: "files", "dir": top, "names": sorted(files)}
+
+
+def _decode(value: Any, tensors: Mapping[str, torch.Tensor], base: Path) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, tensors, base) for v in value]
+    if not isinstance(value, dict):
+        return value
+    tag = value.get(_TAG)
+    if tag is None:
+        return {k: _decode(v, tensors, base) for k, v in value.items()}
+    if tag == "float":
+        return float(value["v"])
+    if tag == "tensor":
+        return tensors[value["key"]]
+    if tag == "ndarray":
+        flat = [_decode(x, tensors, base) for x in value["data"]]
+        return np.array(flat, dtype=np.dtype(value["dtype"])).reshape(value["shape"])
+    if tag == "npscalar":
+        return np.dtype(value["dtype"]).type(_decode(value["v"], tensors, base))
+    if tag == "bytes":
+        return base64.b64decode(value["v"])
+    if tag == "tuple":
+        return tuple(_decode(v, tensors, base) for v in value["items"])
+    if tag == "dict":
+        return {k: _decode(v, tensors, base) for k, v in value["items"]}
+    if tag == "files":
+        directory = base / value["dir"]
+        return {name: (directory / name).read_bytes() for name in value["names"]}
+    raise ValueError(f"load_training_checkpoint: {base / STATE_JSON} has an unknown tag {tag!r}")
+
+
+def encode_state(state: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor], dict[str, dict[str, bytes]]]:
+    """Split ``state`` into typed JSON, a tensor table and pretrained file trees (no I/O).
+
+    Args:
+        state: The training state.
+
+    Returns:
+        ``(json_tree, tensors, file_trees)``.
+
+    Raises:
+        TypeError: A value that cannot be stored without code (the message names its path).
+        ValueError: A malformed pretrained file tree.
+    """
+    enc = _Encoder()
+    tree = enc.encode(state, ())
+    return tree, enc.tensors, enc.file_trees
+
+
+def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> list[str]:
+    """Write ``state``'s files (not the manifest) into ``directory``; encoding happens first,
+    so a state that cannot be stored raises before any file is written.
+
+    Args:
+        directory: The (temp) checkpoint directory.
+        state: The training state.
+
+    Returns:
+        The top-level names written (for the manifest).
+    """
+    from safetensors.torch import save_file
+
+    tree, tensors, trees = encode_state(state)
+    base = Path(directory)
+    save_file(tensors, str(base / TENSORS_FILE), metadata={"format": "pt"})
+    for top, files in trees.items():
+        (base / top).mkdir()
+        for name, data in files.items():
+            (base / top / name).write_bytes(data)
+    (base / STATE_JSON).write_text(json.dumps(tree, allow_nan=False), encoding="utf-8")
+    return sorted([STATE_JSON, TENSORS_FILE, *trees])
+
+
 def save_training_checkpoint(checkpoint_dir: str | os.PathLike[str], state: dict[str, Any]) -> Path:
-    """Atomically write ``state`` (any torch-serialisable dict) to ``checkpoint_dir``.
+    """Atomically write ``state`` to ``checkpoint_dir``.
 
     Args:
         checkpoint_dir: Final directory (usually from :func:`checkpoint_dir_for_step`).
-        state: Model/optimizer state dicts, RNG snapshot, loader state, counters...
+        state: Tensors, model/optimizer state dicts, RNG snapshots, loader state, counters,
+            pretrained file trees (see the module docstring).
 
     Returns:
         The absolute checkpoint path.
 
     Raises:
-        TypeError: If ``state`` is not a dict (nothing written).
-        Exception: Whatever serialisation raised; the previous checkpoint is then intact.
+        TypeError: If ``state`` is not a dict or holds a value that cannot be stored (nothing
+            written).
+        Exception: Whatever the file system raised; the previous checkpoint is then intact.
     """
     if not isinstance(state, dict):
         raise TypeError(f"save_training_checkpoint: state must be a dict, got {type(state).__name__}")
+    encode_state(state)  # refuse before touching the disk
 
     def write(tmp: Path) -> None:
-        torch.save(state, tmp / STATE_FILE)
+        files = write_training_state(tmp, state)
         write_manifest(
             tmp,
             {
                 "format": CHECKPOINT_FORMAT,
                 "format_version": CHECKPOINT_FORMAT_VERSION,
                 "keys": sorted(str(k) for k in state),
+                "files": files,
             },
         )
 
     return write_checkpoint_atomically(checkpoint_dir, write)
 
 
+def _numpy_reconstruct_globals() -> list[Any]:
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # pragma: no cover - NumPy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype("uint32"))]
+
+
 def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_training_checkpoint`.
+    """Load a checkpoint written by :func:`save_training_checkpoint` (or a version-1 one).
 
     Args:
         checkpoint_dir: The checkpoint directory.
 
     Returns:
-        The saved state dict.
+        The saved state dict (tensors on CPU).
 
     Raises:
-        FileNotFoundError: If the directory, its manifest or its state file is missing.
-        ValueError: If the manifest names another format or version.
+        FileNotFoundError: If the directory, its manifest or its state files are missing.
+        ValueError: If the manifest names another format or version, or a file is corrupt.
     """
     read_manifest(
         checkpoint_dir,
         expected_format=CHECKPOINT_FORMAT,
-        supported_versions=(CHECKPOINT_FORMAT_VERSION,),
+        supported_versions=(1, CHECKPOINT_FORMAT_VERSION),
     )
-    path = Path(checkpoint_dir) / STATE_FILE
+    base = Path(checkpoint_dir)
+    if (base / STATE_JSON).is_file():
+        from safetensors.torch import load_file
+
+        tensors_path = base / TENSORS_FILE
+        if not tensors_path.is_file():
+            raise FileNotFoundError(f"load_training_checkpoint: {tensors_path} is missing")
+        try:
+            tree = json.loads((base / STATE_JSON).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"load_training_checkpoint: {base / STATE_JSON} is corrupt: {exc}") from exc
+        return _decode(tree, load_file(str(tensors_path)), base)
+    path = base / STATE_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"load_training_checkpoint: {path} is missing")
-    # Our own files: they hold Python RNG tuples and NumPy arrays, which the weights-only
-    # unpickler refuses.
-    return torch.load(path, map_location="cpu", weights_only=False)
+        raise FileNotFoundError(f"load_training_checkpoint: neither {base / STATE_JSON} nor {path} exists")
+    with torch.serialization.safe_globals(_numpy_reconstruct_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
@@ -115,7 +314,9 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     best: tuple[int, Path] | None = None
     for child in base.iterdir():
         m = _STEP_DIR.match(child.name)
-        if m is None or not (child / "manifest.json").is_file() or not (child / STATE_FILE).is_file():
+        if m is None or not (child / "manifest.json").is_file():
+            continue
+        if not ((child / STATE_JSON).is_file() or (child / STATE_FILE).is_file()):
             continue
         step = int(m.group(1))
         if best is None or step > best[0]:

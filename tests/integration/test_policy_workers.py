@@ -19,13 +19,13 @@ from nemo_dp.algorithms.loss_functions import NLLLoss
 from nemo_dp.config.schema import ModelSchema, PolicyConfig
 from nemo_dp.data.arithmetic import ArithmeticTask
 from nemo_dp.data.datasets import SFTDataset, collate_sft
-from nemo_dp.data.tokenizer import CharTokenizer
 from nemo_dp.distributed.worker_group import RayCluster
+from nemo_dp.models.builders import build_tokenizer
 from nemo_dp.models.policy import Policy
 
 pytestmark = pytest.mark.timeout(240)
 
-TOK = CharTokenizer()
+TOK = build_tokenizer({"kind": "tiny"})
 
 
 def _policy(env: dict[str, str], dp_size: int, **overrides: Any) -> Policy:

@@ -1,30 +1,34 @@
-"""generate(): per-sample seeds, greedy determinism, output layout, agreement with forward()."""
+"""generate() over the tiny model built through the policy builder: per-sample seeds, greedy
+determinism, output layout, agreement with forward().  (The same checks run for every model
+family in ``tests/model_contract_suite.py``.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nemo_dp.algorithms.loss_functions import token_logprobs_from_logits
+from nemo_dp.models.builders import build_model
 from nemo_dp.models.generation import generate
-from nemo_dp.models.model import ModelConfig, TinyCausalLM
+from nemo_dp.models.protocol import CausalLM
+from nemo_dp.models.token_ops import token_logprobs_from_logits
 
 
 EOS, PAD = 2, 0
 
 
-def _model() -> TinyCausalLM:
-    cfg = ModelConfig(vocab_size=12, n_layers=2, d_model=32, n_heads=4, max_seq_len=24)
-    model = TinyCausalLM(cfg, seed=0)
+def _model() -> CausalLM:
+    policy = {"kind": "tiny", "model": {"n_layers": 2, "d_model": 32, "n_heads": 4, "max_seq_len": 24, "dropout": 0.0}}
+    model = build_model(policy, vocab_size=12, seed=0)
+    head = model.lm_head_only_parameters()[0]
     with torch.no_grad():  # make eos fairly likely so some rows stop early
-        model.head.weight[EOS] += 0.6 * model.head.weight[5]
+        head[EOS] += 0.6 * head[5]
     return model
 
 
 PROMPTS = [[1, 3, 4], [1, 5], [1, 6, 7, 8, 9], [1, 3], [1, 4, 4, 4], [1, 10], [1, 11, 3], [1, 7, 7]]
 
 
-def _gen(model: TinyCausalLM, prompts: list[list[int]], seeds: list[int], greedy: bool = False) -> dict:
+def _gen(model: CausalLM, prompts: list[list[int]], seeds: list[int], greedy: bool = False) -> dict:
     return generate(model, prompts, max_new_tokens=8, eos_id=EOS, pad_id=PAD, greedy=greedy, temperature=1.0, seeds=seeds)
 
 
@@ -99,7 +103,7 @@ def test_errors() -> None:
     model = _model()
     with pytest.raises(ValueError, match="got 1 seeds for 2 prompts"):
         _gen(model, [[1], [1]], [0])
-    with pytest.raises(ValueError, match="exceeds max_seq_len=24"):
+    with pytest.raises(ValueError, match="exceeds the model's max positions \\(24\\)"):
         generate(model, [[1] * 20], max_new_tokens=5, eos_id=EOS, pad_id=PAD, greedy=True, temperature=1.0, seeds=[0])
     with pytest.raises(ValueError, match="temperature must be > 0"):
         generate(model, [[1]], max_new_tokens=2, eos_id=EOS, pad_id=PAD, greedy=False, temperature=0.0, seeds=[0])

@@ -1,11 +1,12 @@
-"""TinyCausalLM: shapes, causality, padding invariance, seeded init, KV-cache equivalence."""
+"""TinyCausalLM: shapes, causality, padding invariance, seeded init, KV-cache equivalence,
+hidden states feeding the LM head, and the safetensors + JSON save/load round trip."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nemo_dp.models.model import ModelConfig, TinyCausalLM
+from nemo_dp.models.tiny.model import ModelConfig, TinyCausalLM
 
 
 def _cfg(**kw: int | float) -> ModelConfig:
@@ -14,11 +15,29 @@ def _cfg(**kw: int | float) -> ModelConfig:
     return ModelConfig(**base)  # type: ignore[arg-type]
 
 
-def test_shapes_and_value_head() -> None:
+def test_shapes_and_hidden_states_feed_the_head() -> None:
     ids = torch.randint(0, 20, (3, 7))
-    assert TinyCausalLM(_cfg(), seed=0)(ids).shape == (3, 7, 20)
-    values = TinyCausalLM(_cfg(), value_head=True, seed=0)(ids)
-    assert values.shape == (3, 7) and values.dtype == torch.float32
+    model = TinyCausalLM(_cfg(), seed=0)
+    logits = model(ids)
+    assert logits.shape == (3, 7, 20)
+    hidden = model.hidden_states(ids)
+    assert hidden.shape == (3, 7, model.hidden_size) and hidden.dtype == torch.float32
+    assert torch.equal(model.head(hidden), logits)
+    assert model.max_positions == 16 and model.vocab_size == 20
+    assert [p is model.head.weight for p in model.lm_head_only_parameters()] == [True]
+
+
+def test_save_and_load_round_trip_exactly(tmp_path) -> None:
+    model = TinyCausalLM(_cfg(), seed=5)
+    model.save_pretrained(tmp_path / "m")
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    loaded = TinyCausalLM.from_pretrained(tmp_path / "m")
+    assert loaded.cfg == model.cfg
+    for (k, a), (k2, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match="is not a 'nemo_dp_tiny' config"):
+        TinyCausalLM.from_pretrained(tmp_path / "m")
 
 
 def test_seeded_init_is_deterministic_and_leaves_global_rng() -> None:

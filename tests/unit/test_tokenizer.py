@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
+from nemo_dp.models.protocol import Tokenizer
 
 
 def test_special_ids_and_vocab() -> None:
@@ -52,3 +53,22 @@ def test_out_of_range_id() -> None:
     tok = CharTokenizer()
     with pytest.raises(ValueError, match=f"token id {tok.vocab_size} outside vocabulary"):
         tok.decode([tok.vocab_size])
+
+
+def test_protocol_and_plain_chat_concatenation() -> None:
+    tok = CharTokenizer()
+    assert isinstance(tok, Tokenizer)
+    assert tok.chat_template is None
+    turns = [{"role": "user", "content": "3+4="}, {"role": "assistant", "content": "7"}]
+    assert tok.apply_chat_template(turns, add_generation_prompt=False) == "3+4=7"
+    assert tok.apply_chat_template(turns[:1], add_generation_prompt=True) == "3+4="
+    with pytest.raises(ValueError, match=r"messages\[1\]\.role: got 'robot'"):
+        tok.apply_chat_template([turns[0], {"role": "robot", "content": "x"}], add_generation_prompt=False)
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content: must be a string"):
+        tok.apply_chat_template([{"role": "user", "content": 3}], add_generation_prompt=False)
+
+
+def test_old_import_location_is_the_same_class() -> None:
+    from nemo_dp.data.tokenizer import CharTokenizer as Old
+
+    assert Old is CharTokenizer

@@ -1,5 +1,5 @@
-"""``ValueWorker`` in-process (world size 1, no Ray): values alignment/masking, trunk copy from
-a policy, and that training with ``ClippedValueLossFn`` fits the returns."""
+"""``ValueWorker`` in-process (world size 1, no Ray): values alignment/masking, backbone copy
+from a policy, a frozen LM head, and that training with ``ClippedValueLossFn`` fits the returns."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.models.model import ModelConfig, TinyCausalLM
+from nemo_dp.models.builders import build_model
 from nemo_dp.models.value.worker import VALUE_HEAD_PARAMS, ValueWorker
 
 VOCAB = 20
@@ -59,7 +59,7 @@ def test_values_start_at_zero_are_aligned_and_masked() -> None:
     data = _batch()
     assert float(w.get_values(data)["values"].abs().sum()) == 0.0  # zero-initialised head
     with torch.no_grad():
-        w.model.head.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
+        w.model.value_head.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
     v = w.get_values(data)["values"]  # micro-batches of 3 rows (logprob_batch_size)
     raw = w.model(data["input_ids"])
     lengths = data["input_lengths"].tolist()
@@ -73,20 +73,28 @@ def test_values_start_at_zero_are_aligned_and_masked() -> None:
 
 def test_init_trunk_from_policy_copies_all_but_the_head() -> None:
     w = _worker()
-    m = w.model_config
-    shape = ModelConfig(m.vocab_size, m.n_layers, m.d_model, m.n_heads, m.max_seq_len, m.dropout)
-    policy = TinyCausalLM(shape, seed=99)
+    policy = build_model(_cfg(), vocab_size=VOCAB, seed=99)
+    with torch.no_grad():
+        w.model.value_head.weight.fill_(0.5)
     copied = w.init_trunk_from(policy.state_dict())
     own = w.model.state_dict()
-    assert copied == len(own) - len(VALUE_HEAD_PARAMS)
+    assert copied == len(own) - len(VALUE_HEAD_PARAMS) == len(policy.state_dict())
     for k, v in policy.state_dict().items():
-        if k in VALUE_HEAD_PARAMS:
-            assert own[k].shape != v.shape
-        else:
-            assert torch.equal(own[k], v)
+        assert torch.equal(own["backbone." + k], v)
+    assert bool((own["value_head.weight"] == 0.5).all())  # the head is kept
     bad = {k: v for k, v in policy.state_dict().items() if k != "ln_f.weight"}
     with pytest.raises(KeyError, match="ln_f.weight"):
         w.init_trunk_from(bad)
+
+
+def test_lm_head_is_frozen_and_untouched_by_training() -> None:
+    w = _worker()
+    head = w.model.backbone.lm_head_only_parameters()[0]
+    before = head.detach().clone()
+    assert not head.requires_grad
+    w.train(_batch(), ClippedValueLossFn(value_clip=10.0))
+    assert torch.equal(head, before)
+    assert head.grad is None
 
 
 def test_training_fits_the_returns() -> None:

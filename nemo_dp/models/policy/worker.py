@@ -10,6 +10,11 @@ variant of this worker (``TQWorkerMixin``) adds ``*_presharded`` entrypoints tha
 Loss normalisation: for every global batch the worker all-reduces its valid token / sequence
 counts first, the loss functions divide by those global counts, and gradients are all-reduced
 with SUM, so the update equals the full-batch mean whatever ``dp_size`` and the microbatching.
+
+The worker sees its model only through the ``CausalLM`` protocol (built by
+``nemo_dp.models.builders.build_model`` from the ``policy`` node) and its loss only through the
+``LossFn`` protocol (passed in by the trainer).  ``policy.device`` (``cpu`` | ``cuda``) places
+the model; on ``cuda`` the process group uses NCCL.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import copy
 import datetime
 import math
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,8 +33,10 @@ import torch.distributed as dist
 
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict, MicrobatchSpec
 from nemo_dp.distributed.worker_group import find_free_port, node_ip_address
+from nemo_dp.models.builders import build_model, cfg_get
 from nemo_dp.models.generation import generate as generate_tokens
-from nemo_dp.models.model import ModelConfig, TinyCausalLM
+from nemo_dp.models.protocol import LossFn
+from nemo_dp.models.token_ops import token_logprobs_from_logits
 
 __all__ = ["PolicyWorker"]
 
@@ -35,8 +44,47 @@ __all__ = ["PolicyWorker"]
 COUNT_METRICS: frozenset[str] = frozenset({"num_valid_tokens", "num_valid_seqs"})
 
 
+#: Legal values of ``policy.device``.
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+
 def _cfg_get(cfg: Any, key: str) -> Any:
-    return cfg[key] if isinstance(cfg, Mapping) else getattr(cfg, key)
+    return cfg_get(cfg, key)
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A detached CPU copy of every tensor in a nested state (dicts, lists, tuples)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def resolve_device(policy_cfg: Any) -> torch.device:
+    """The device ``policy.device`` names (default ``cpu``).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+
+    Returns:
+        The torch device.
+
+    Raises:
+        ValueError: An unknown device name.
+        RuntimeError: ``cuda`` without a visible CUDA device.
+    """
+    name = str(cfg_get(policy_cfg, "device", "cpu"))
+    if name not in DEVICES:
+        raise ValueError(f"policy.device: got {name!r}; legal values: {list(DEVICES)}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "policy.device=cuda but this worker sees no CUDA device; set policy.device=cpu or run "
+            "on a GPU node (the workers need a GPU each)"
+        )
+    return torch.device(name)
 
 
 class PolicyWorker:
@@ -76,17 +124,10 @@ class PolicyWorker:
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.seed = seed
+        self.vocab_size = vocab_size
+        self.device = resolve_device(policy_cfg)
         torch.manual_seed(seed + rank)
-        m = _cfg_get(policy_cfg, "model")
-        self.model_config = ModelConfig(
-            vocab_size=vocab_size,
-            n_layers=int(_cfg_get(m, "n_layers")),
-            d_model=int(_cfg_get(m, "d_model")),
-            n_heads=int(_cfg_get(m, "n_heads")),
-            max_seq_len=int(_cfg_get(m, "max_seq_len")),
-            dropout=float(_cfg_get(m, "dropout")),
-        )
-        self.model = TinyCausalLM(self.model_config, seed=seed)
+        self.model = self._build_model().to(self.device)
         self.reference_model = self._frozen_copy(self.model)
         self.lr = float(_cfg_get(_cfg_get(policy_cfg, "optimizer"), "lr"))
         self.optimizer = self._make_optimizer(self.lr)
@@ -94,6 +135,10 @@ class PolicyWorker:
         self.decay_steps: int | None = None
         self._step_state: dict[str, Any] | None = None
         self._group_ready = False
+
+    def _build_model(self) -> torch.nn.Module:
+        """This worker's trainable model (the value worker wraps it in a value head)."""
+        return build_model(self.cfg, vocab_size=self.vocab_size, seed=self.seed)
 
     # ------------------------------------------------------------------------------------------
     # process group
@@ -107,7 +152,7 @@ class PolicyWorker:
         return node_ip_address(), find_free_port()
 
     def init_collective(self, host: str, port: int, timeout_s: float) -> None:
-        """Join the gloo group (all ranks call this concurrently).
+        """Join the process group (gloo on CPU, NCCL on CUDA; all ranks call this concurrently).
 
         Args:
             host: Rendezvous host (rank 0's node).
@@ -115,7 +160,7 @@ class PolicyWorker:
             timeout_s: Bound on the rendezvous and every collective.
         """
         dist.init_process_group(
-            backend="gloo",
+            backend="nccl" if self.device.type == "cuda" else "gloo",
             init_method=f"tcp://{host}:{port}",
             rank=self.rank,
             world_size=self.world_size,
@@ -138,14 +183,19 @@ class PolicyWorker:
 
     def _all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            if t.device != self.device:  # NCCL reduces device tensors only
+                moved = t.to(self.device)
+                dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+                t.copy_(moved)
+            else:
+                dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
     # ------------------------------------------------------------------------------------------
     # helpers
     # ------------------------------------------------------------------------------------------
     @staticmethod
-    def _frozen_copy(model: TinyCausalLM) -> TinyCausalLM:
+    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
         ref = copy.deepcopy(model).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
@@ -174,14 +224,14 @@ class PolicyWorker:
             return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
         return self.lr
 
-    @staticmethod
-    def _trim(mb: BatchedDataDict, width: int) -> dict[str, torch.Tensor]:
-        """Tensor fields of a microbatch, per-token ones narrowed to ``width`` columns."""
+    def _trim(self, mb: BatchedDataDict, width: int) -> dict[str, torch.Tensor]:
+        """Tensor fields of a microbatch on the model's device, per-token ones narrowed to
+        ``width`` columns."""
         out: dict[str, torch.Tensor] = {}
         for k, v in mb.items():
             if not isinstance(v, torch.Tensor) or v.is_nested:
                 continue
-            out[k] = v[:, :width] if v.dim() >= 2 and v.shape[1] > width else v
+            out[k] = (v[:, :width] if v.dim() >= 2 and v.shape[1] > width else v).to(self.device)
         return out
 
     @staticmethod
@@ -249,9 +299,7 @@ class PolicyWorker:
         return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
 
     @torch.no_grad()
-    def _logprobs(self, model: TinyCausalLM, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
-        from nemo_dp.algorithms.loss_functions import token_logprobs_from_logits
-
+    def _logprobs(self, model: torch.nn.Module, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
         model.eval()
         mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
         width = data["input_ids"].shape[1]
@@ -260,8 +308,8 @@ class PolicyWorker:
         for spec in self._specs(data, mbs, None):
             mb = data.slice(spec.start, spec.end)
             w = self._mb_width(mb, spec, dynamic)
-            ids = mb["input_ids"][:, :w]
-            lp = token_logprobs_from_logits(model(ids), ids)
+            ids = mb["input_ids"][:, :w].to(self.device)
+            lp = token_logprobs_from_logits(model(ids), ids).cpu()
             lengths = mb["input_lengths"].to(torch.long)
             valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
             out[spec.start : spec.end, :w] = lp * valid
@@ -295,7 +343,7 @@ class PolicyWorker:
     # ------------------------------------------------------------------------------------------
     # training: split API (begin / microbatches / finish) and the one-call ``train``
     # ------------------------------------------------------------------------------------------
-    def begin_train_step(self, loss_fn: Any, eval_mode: bool = False, mbs: int | None = None) -> None:
+    def begin_train_step(self, loss_fn: LossFn, eval_mode: bool = False, mbs: int | None = None) -> None:
         """Start one optimizer step: zero gradients and remember the loss function.
 
         Args:
@@ -420,7 +468,7 @@ class PolicyWorker:
     def train(
         self,
         data: BatchedDataDict,
-        loss_fn: Any,
+        loss_fn: LossFn,
         eval_mode: bool = False,
         gbs: int | None = None,
         mbs: int | None = None,
@@ -506,25 +554,33 @@ class PolicyWorker:
 
         Returns:
             ``{"rng": ..., "rank": r}`` plus ``model``, ``reference_model``, ``optimizer``,
-            ``optimizer_steps``, ``lr`` when ``include_weights``.
+            ``optimizer_steps``, ``lr`` and ``pretrained`` (the model's ``save_pretrained``
+            files as ``{name: bytes}``, which a training checkpoint writes as a model
+            directory users can load) when ``include_weights``.
         """
+        from nemo_dp.utils.checkpoint import PRETRAINED_KEY
         from nemo_dp.utils.seeding import capture_rng_state
 
         state: dict[str, Any] = {"rank": self.rank, "rng": capture_rng_state()}
         if include_weights:
             state.update(
                 {
-                    "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                    "reference_model": {
-                        k: v.detach().clone() for k, v in self.reference_model.state_dict().items()
-                    },
-                    "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                    PRETRAINED_KEY: self._pretrained_files(),
+                    "model": _to_cpu(dict(self.model.state_dict())),
+                    "reference_model": _to_cpu(dict(self.reference_model.state_dict())),
+                    "optimizer": _to_cpu(self.optimizer.state_dict()),
                     "optimizer_steps": self.optimizer_steps,
                     "decay_steps": self.decay_steps,
                     "lr": self.lr,
                 }
             )
         return state
+
+    def _pretrained_files(self) -> dict[str, bytes]:
+        """The model's ``save_pretrained`` output, file name -> bytes."""
+        with tempfile.TemporaryDirectory(prefix="nemo_dp_export_") as tmp:
+            self.model.save_pretrained(tmp)
+            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
 
     def load_state(self, weights: Mapping[str, Any], rng: Mapping[str, Any] | None) -> None:
         """Restore a checkpoint's weights/optimizer (from rank 0) and this rank's RNG.

@@ -3,10 +3,10 @@
 Why this module exists: the critic is trained exactly like the policy - a model replica per DP
 rank, its own AdamW optimizer, the same global-count loss normalisation, gradients all-reduced
 over its own gloo group, the same microbatch plans - so it reuses ``PolicyWorker`` for all of
-that and changes only the model (the same small transformer with a scalar value head) and the
-forward-only method (``get_values`` instead of log-probs).  Because ``PolicyWorker.train``
-hands the raw model output to the loss function, the critic's loss
-(``ClippedValueLossFn``) receives the value head's ``[b, s]`` output in place of logits.
+that and changes only the model (``ValueModel``: the policy's model family as a backbone plus a
+scalar head over the protocol's hidden states) and the forward-only method (``get_values``
+instead of log-probs).  Because ``PolicyWorker.train`` hands the raw model output to the loss
+function, the critic's loss receives the value head's ``[b, s]`` output in place of logits.
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ from typing import Any
 
 import torch
 
-from nemo_dp.algorithms.ppo_losses import align_values
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.models.model import TinyCausalLM
+from nemo_dp.models.builders import build_model
 from nemo_dp.models.policy.worker import PolicyWorker, _cfg_get
+from nemo_dp.models.token_ops import align_values
+from nemo_dp.models.value_model import BACKBONE_PREFIX, VALUE_HEAD_PREFIX, ValueModel
 
 __all__ = ["ValueWorker", "VALUE_HEAD_PARAMS"]
 
 #: Parameters that exist only in the value head (not copied from a policy checkpoint).
-VALUE_HEAD_PARAMS: frozenset[str] = frozenset({"head.weight"})
+VALUE_HEAD_PARAMS: frozenset[str] = frozenset({f"{VALUE_HEAD_PREFIX}weight"})
 
 
 class ValueWorker(PolicyWorker):
@@ -37,21 +38,10 @@ class ValueWorker(PolicyWorker):
     unchanged.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        # PolicyWorker builds a language model; swap in the value-head variant with the same
-        # shape and seed, and rebuild what refers to the model's parameters.
-        self.model = TinyCausalLM(self.model_config, value_head=True, seed=self.seed)
-        self._zero_value_head()
-        self.reference_model = self._frozen_copy(self.model)
-        self.optimizer = self._make_optimizer(self.lr)
-
-    def _zero_value_head(self) -> None:
-        # The critic starts by predicting 0 everywhere: its first advantages are then the
-        # (whitened) reward-to-go instead of noise from a random head, which would push the
-        # warm-started policy in random directions before the critic has learned anything.
-        with torch.no_grad():
-            self.model.head.weight.zero_()
+    def _build_model(self) -> torch.nn.Module:
+        # A zero-initialised head (see ValueModel): the critic starts by predicting 0
+        # everywhere, so its first advantages are the whitened reward-to-go, not noise.
+        return ValueModel(build_model(self.cfg, vocab_size=self.vocab_size, seed=self.seed))
 
     # --- what a critic does not do ----------------------------------------------------------
     def generate(self, shard: Mapping[str, Any], greedy: bool) -> BatchedDataDict:
@@ -102,42 +92,42 @@ class ValueWorker(PolicyWorker):
         for spec in self._specs(data, mbs, None):
             mb = data.slice(spec.start, spec.end)
             w = self._mb_width(mb, spec, dynamic)
-            values = align_values(self.model(mb["input_ids"][:, :w]))
+            values = align_values(self.model(mb["input_ids"][:, :w].to(self.device))).cpu()
             lengths = mb["input_lengths"].to(torch.long)
             valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
             out[spec.start : spec.end, :w] = values * valid
         return BatchedDataDict({"values": out})
 
     def init_trunk_from(self, policy_model_state: Mapping[str, torch.Tensor]) -> int:
-        """Copy every parameter except the value head from a policy model state dict.
+        """Copy the whole backbone (every tensor but the value head) from a policy state dict.
 
         Used to start the critic from the warm-started policy's representation; the optimizer
         is rebuilt (its state referred to the old tensors' values).
 
         Args:
-            policy_model_state: ``TinyCausalLM.state_dict()`` of a policy with the same shape.
+            policy_model_state: ``state_dict()`` of the policy model (same family and shape).
 
         Returns:
             The number of tensors copied.
 
         Raises:
-            KeyError: A trunk parameter is missing from ``policy_model_state``.
+            KeyError: A backbone tensor is missing from ``policy_model_state``.
             ValueError: A tensor's shape differs.
         """
         own = self.model.state_dict()
-        trunk = {k: v for k, v in own.items() if k not in VALUE_HEAD_PARAMS}
-        for key, value in trunk.items():
+        backbone = {k[len(BACKBONE_PREFIX) :]: v for k, v in own.items() if k.startswith(BACKBONE_PREFIX)}
+        for key, value in backbone.items():
             if key not in policy_model_state:
                 raise KeyError(f"ValueWorker.init_trunk_from: policy state lacks {key!r}")
             if tuple(policy_model_state[key].shape) != tuple(value.shape):
                 raise ValueError(
                     f"ValueWorker.init_trunk_from: {key!r} has shape "
                     f"{tuple(policy_model_state[key].shape)} in the policy, {tuple(value.shape)} "
-                    "in the critic (algorithm.value must use the policy's model shape)"
+                    "in the critic (algorithm.value must use the policy's model)"
                 )
-        self.model.load_state_dict(
-            {k: policy_model_state[k] for k in trunk} | {k: own[k] for k in VALUE_HEAD_PARAMS}
-        )
+        new_state = {BACKBONE_PREFIX + k: policy_model_state[k] for k in backbone}
+        new_state.update({k: own[k] for k in VALUE_HEAD_PARAMS})
+        self.model.load_state_dict(new_state)
         self.reference_model = self._frozen_copy(self.model)
         self.optimizer = self._make_optimizer(self.lr)
-        return len(trunk)
+        return len(backbone)

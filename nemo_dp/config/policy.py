@@ -1,0 +1,101 @@
+"""Structured-config schemas of the ``policy`` group options: ``tiny`` and ``hf``.
+
+Why this module exists: each ``conf/policy/<kind>.yaml`` is typed by its own schema, so an
+unknown key or an illegal value fails at compose / validate time naming the key.  Both extend
+the shared ``PolicyConfig`` (worker group, optimizer, batching) with ``kind`` (which builder of
+``nemo_dp.models.builders`` runs) and ``device``; ``hf`` adds the checkpoint keys and replaces
+the tiny model's shape by a sequence-length bound.  File-system checks of an ``hf`` node
+(paths, architecture, tokenizer) are not schema rules: ``nemo_dp.models.hf.validate_hf_policy``
+runs them before Ray starts.
+
+Registration: ``register_policy_configs()`` stores ``tiny_schema`` and ``hf_schema`` in group
+``policy`` of Hydra's ConfigStore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+from nemo_dp.config.schema import PolicyConfig, _at_least, _one_of
+
+__all__ = [
+    "POLICY_KINDS",
+    "POLICY_DEVICES",
+    "HF_DTYPE_NAMES",
+    "HF_ATTN_NAMES",
+    "TinyPolicyConfig",
+    "HFModelSchema",
+    "HFPolicyConfig",
+    "register_policy_configs",
+]
+
+POLICY_KINDS: tuple[str, ...] = ("tiny", "hf")
+POLICY_DEVICES: tuple[str, ...] = ("cpu", "cuda")
+HF_DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16")
+HF_ATTN_NAMES: tuple[str, ...] = ("sdpa", "eager")
+
+
+@dataclass
+class TinyPolicyConfig(PolicyConfig):
+    """``policy=tiny``: the built-in transformer shaped by ``policy.model``."""
+
+    kind: str = "tiny"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("policy.kind", self.kind, ("tiny",))
+        _one_of("policy.device", self.device, POLICY_DEVICES)
+
+
+@dataclass
+class HFModelSchema:
+    """``policy.model`` of ``policy=hf``: only the sequence bound (the shape is the checkpoint's)."""
+
+    max_seq_len: int = 128
+
+    def __post_init__(self) -> None:
+        _at_least("policy.model.max_seq_len", self.max_seq_len, 2)
+
+
+@dataclass
+class HFPolicyConfig(PolicyConfig):
+    """``policy=hf``: a HuggingFace causal LM from a local directory.
+
+    Attributes:
+        model_name_or_path: Local checkpoint directory (required).
+        tokenizer_name_or_path: Tokenizer directory; ``None`` = the model directory.
+        dtype: ``float32`` | ``bfloat16``.
+        attn_implementation: ``sdpa`` | ``eager``.
+        trust_remote_code: Allow the checkpoint's own Python code (off by default).
+    """
+
+    kind: str = "hf"
+    device: str = "cpu"
+    model: HFModelSchema = field(default_factory=HFModelSchema)  # type: ignore[assignment]
+    model_name_or_path: str = MISSING
+    tokenizer_name_or_path: Optional[str] = None
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("policy.kind", self.kind, ("hf",))
+        _one_of("policy.device", self.device, POLICY_DEVICES)
+        _one_of("policy.dtype", self.dtype, HF_DTYPE_NAMES)
+        _one_of("policy.attn_implementation", self.attn_implementation, HF_ATTN_NAMES)
+        if not str(self.model_name_or_path).strip():
+            raise ValueError("policy.model_name_or_path: must be a local checkpoint directory")
+
+
+def register_policy_configs() -> None:
+    """Store ``tiny_schema`` and ``hf_schema`` in group ``policy`` (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(group="policy", name="tiny_schema", node=TinyPolicyConfig)
+    cs.store(group="policy", name="hf_schema", node=HFPolicyConfig)

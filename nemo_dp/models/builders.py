@@ -1,0 +1,203 @@
+"""One builder per ``policy`` option: the only place that maps a policy kind to code.
+
+Why this module exists: workers, the launcher, the bench and the tests build models and
+tokenizers through :func:`build_model` / :func:`build_tokenizer` and receive objects that
+satisfy the protocols of ``nemo_dp.models.protocol``; nothing else compares kind strings.
+Adding a model family is one builder module plus one ``conf/policy/<kind>.yaml``.
+
+The built-in builders are imported lazily (the ``hf`` one pulls in transformers), so building
+a tiny model never imports transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_dp.models.protocol import CausalLM, Tokenizer
+
+__all__ = [
+    "ModelBuilder",
+    "DEFAULT_POLICY_KIND",
+    "cfg_get",
+    "policy_kind",
+    "register_builder",
+    "get_builder",
+    "builder_kinds",
+    "build_model",
+    "build_tokenizer",
+    "validate_policy",
+    "load_pretrained_model",
+    "prepare_policy",
+]
+
+#: Kind used when a ``policy`` node has no ``kind`` key (configs written before it existed).
+DEFAULT_POLICY_KIND = "tiny"
+
+_MISSING = object()
+
+
+def cfg_get(cfg: Any, key: str, default: Any = _MISSING) -> Any:
+    """``cfg[key]`` for mappings / DictConfigs, ``getattr`` for dataclasses.
+
+    Args:
+        cfg: A config node.
+        key: The key.
+        default: Returned when the key is absent (otherwise ``KeyError``).
+
+    Returns:
+        The value.
+
+    Raises:
+        KeyError: The key is absent and no default was given (the message names it).
+    """
+    if isinstance(cfg, Mapping) or hasattr(cfg, "keys") and hasattr(cfg, "__getitem__"):
+        if key in cfg:
+            return cfg[key]
+    elif hasattr(cfg, key):
+        return getattr(cfg, key)
+    if default is _MISSING:
+        raise KeyError(f"policy config has no key {key!r}")
+    return default
+
+
+@dataclass(frozen=True)
+class ModelBuilder:
+    """What a ``policy`` option provides.
+
+    Attributes:
+        kind: The ``policy.kind`` value (and ``conf/policy/<kind>.yaml``).
+        build_model: ``(policy_cfg, vocab_size, seed) -> CausalLM`` on CPU; every rank given
+            the same arguments builds identical weights.
+        build_tokenizer: ``(policy_cfg) -> Tokenizer``.
+        validate: ``(policy_cfg) -> None``; raises ``ValueError`` naming the key and the fix.
+            Runs on the driver before any process starts.
+        load_pretrained: ``(policy_cfg, directory) -> CausalLM``: a model written by its
+            ``save_pretrained`` (same family and settings as ``policy_cfg``).
+        prepare: ``(policy_cfg) -> None``: create what the node refers to and may be built
+            locally (``hf``: an offline tiny checkpoint on first use); runs on the driver
+            before validation.
+    """
+
+    kind: str
+    build_model: Callable[[Any, int, int], CausalLM]
+    build_tokenizer: Callable[[Any], Tokenizer]
+    validate: Callable[[Any], None]
+    load_pretrained: Callable[[Any, str], CausalLM]
+    prepare: Callable[[Any], None] = lambda policy_cfg: None
+
+
+_BUILTIN_MODULES: dict[str, str] = {
+    "tiny": "nemo_dp.models.tiny.builder",
+    "hf": "nemo_dp.models.hf.builder",
+}
+_REGISTRY: dict[str, ModelBuilder] = {}
+
+
+def register_builder(builder: ModelBuilder) -> None:
+    """Register (or replace) the builder of ``builder.kind``.
+
+    Args:
+        builder: The builder.
+    """
+    _REGISTRY[builder.kind] = builder
+
+
+def builder_kinds() -> list[str]:
+    """Every known policy kind (built-in and registered), sorted."""
+    return sorted(set(_BUILTIN_MODULES) | set(_REGISTRY))
+
+
+def get_builder(kind: str) -> ModelBuilder:
+    """The builder of ``kind``.
+
+    Args:
+        kind: A policy kind.
+
+    Returns:
+        Its builder.
+
+    Raises:
+        ValueError: Unknown kind (naming ``policy.kind`` and the legal values).
+    """
+    if kind not in _REGISTRY and kind in _BUILTIN_MODULES:
+        module = importlib.import_module(_BUILTIN_MODULES[kind])
+        register_builder(module.BUILDER)
+    if kind not in _REGISTRY:
+        raise ValueError(f"policy.kind: got {kind!r}; legal values: {builder_kinds()}")
+    return _REGISTRY[kind]
+
+
+def policy_kind(policy_cfg: Any) -> str:
+    """The policy kind of a ``policy`` node (``DEFAULT_POLICY_KIND`` without a ``kind`` key).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+
+    Returns:
+        The kind.
+    """
+    return str(cfg_get(policy_cfg, "kind", DEFAULT_POLICY_KIND))
+
+
+def build_model(policy_cfg: Any, *, vocab_size: int, seed: int) -> CausalLM:
+    """Build the model a ``policy`` node describes (on CPU, in training dtype).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+        vocab_size: The tokenizer's vocabulary size.
+        seed: Run seed (identical weights on every rank).
+
+    Returns:
+        A ``CausalLM``.
+    """
+    return get_builder(policy_kind(policy_cfg)).build_model(policy_cfg, int(vocab_size), int(seed))
+
+
+def build_tokenizer(policy_cfg: Any) -> Tokenizer:
+    """Build the tokenizer a ``policy`` node describes.
+
+    Args:
+        policy_cfg: The ``policy`` node.
+
+    Returns:
+        A ``Tokenizer``.
+    """
+    return get_builder(policy_kind(policy_cfg)).build_tokenizer(policy_cfg)
+
+
+def validate_policy(policy_cfg: Any) -> None:
+    """Check a ``policy`` node's model and tokenizer settings before any process starts.
+
+    Args:
+        policy_cfg: The ``policy`` node.
+
+    Raises:
+        ValueError: Naming the key at fault and the fix.
+    """
+    get_builder(policy_kind(policy_cfg)).validate(policy_cfg)
+
+
+def load_pretrained_model(policy_cfg: Any, directory: str) -> CausalLM:
+    """Load a model that ``save_pretrained`` wrote, with the settings of ``policy_cfg``.
+
+    Args:
+        policy_cfg: The ``policy`` node (its kind picks the loader).
+        directory: The saved model's directory.
+
+    Returns:
+        The model.
+    """
+    return get_builder(policy_kind(policy_cfg)).load_pretrained(policy_cfg, str(directory))
+
+
+def prepare_policy(policy_cfg: Any) -> None:
+    """Build what a ``policy`` node refers to when it can be built locally (call before
+    :func:`validate_policy`, on the driver).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+    """
+    get_builder(policy_kind(policy_cfg)).prepare(policy_cfg)

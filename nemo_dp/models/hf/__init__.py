@@ -1,0 +1,24 @@
+"""The ``policy=hf`` model family: HuggingFace causal LMs loaded from local directories.
+
+Submodules import transformers only when used, so ``import nemo_dp.models.hf`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["validate_hf_policy"]
+
+
+def validate_hf_policy(policy_cfg: Any) -> None:
+    """Check a ``policy=hf`` node before Ray starts (see ``nemo_dp.models.hf.validate``).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+
+    Raises:
+        ValueError: Naming the key at fault and the fix.
+    """
+    from nemo_dp.models.hf.validate import validate_hf_policy as _validate
+
+    _validate(policy_cfg)

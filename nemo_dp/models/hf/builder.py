@@ -1,0 +1,109 @@
+"""``policy=hf`` builder: transformers' Auto classes over a local checkpoint directory.
+
+Why this module exists: it is the only place that calls ``from_pretrained``, so a real
+Qwen2.5-0.5B directory and an offline tiny checkpoint from ``make_tiny`` load through the very
+same code: safetensors only (``use_safetensors=True``), local files only
+(``local_files_only=True``), remote code only when ``policy.trust_remote_code`` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from nemo_dp.models.builders import ModelBuilder
+from nemo_dp.models.hf.model import HFCausalLM
+from nemo_dp.models.hf.settings import HFSettings, hf_settings
+from nemo_dp.models.hf.tokenizer import HFTokenizer
+from nemo_dp.models.hf.validate import validate_hf_policy
+
+__all__ = ["BUILDER", "load_hf_model", "load_hf_tokenizer"]
+
+
+def load_hf_model(settings: HFSettings) -> HFCausalLM:
+    """Load the checkpoint ``settings`` name (CPU, ``settings.dtype``).
+
+    Args:
+        settings: The ``policy=hf`` keys.
+
+    Returns:
+        The protocol adapter.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        settings.model_name_or_path,
+        dtype=settings.torch_dtype,
+        attn_implementation=settings.attn_implementation,
+        use_safetensors=True,
+        local_files_only=True,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    return HFCausalLM(model)
+
+
+def load_hf_tokenizer(settings: HFSettings) -> HFTokenizer:
+    """Load the tokenizer ``settings`` name.
+
+    Args:
+        settings: The ``policy=hf`` keys.
+
+    Returns:
+        The protocol adapter.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        settings.tokenizer_name_or_path,
+        local_files_only=True,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    return HFTokenizer(tok, source=settings.tokenizer_name_or_path)
+
+
+def _build_model(policy_cfg: Any, vocab_size: int, seed: int) -> HFCausalLM:
+    # The weights come from disk, identical on every rank: the seed has nothing to initialise.
+    model = load_hf_model(hf_settings(policy_cfg))
+    if vocab_size > model.vocab_size:
+        raise ValueError(
+            f"policy.tokenizer_name_or_path: tokenizer vocabulary ({vocab_size}) exceeds the "
+            f"model's {model.vocab_size} output rows ({hf_settings(policy_cfg).model_name_or_path})"
+        )
+    return model
+
+
+def _build_tokenizer(policy_cfg: Any) -> HFTokenizer:
+    return load_hf_tokenizer(hf_settings(policy_cfg))
+
+
+def _load_pretrained(policy_cfg: Any, directory: str) -> HFCausalLM:
+    return load_hf_model(dataclasses.replace(hf_settings(policy_cfg), model_name_or_path=directory))
+
+
+def prepare_hf_policy(policy_cfg: Any) -> None:
+    """Build the offline tiny checkpoint ``policy.model_name_or_path`` names, if it is one.
+
+    A missing directory whose name is ``tiny-<arch>`` (``arch`` in ``make_tiny.ARCHS``) is
+    created by ``ensure_tiny_checkpoint(arch, <its parent>)``; any other path is left alone
+    (validation then reports it).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+    """
+    from nemo_dp.models.hf.make_tiny import ARCHS, ensure_tiny_checkpoint
+
+    path = Path(hf_settings(policy_cfg).model_name_or_path).expanduser()
+    arch = path.name[len("tiny-") :] if path.name.startswith("tiny-") else None
+    if arch in ARCHS and not path.exists():
+        ensure_tiny_checkpoint(arch, path.parent)
+
+
+BUILDER = ModelBuilder(
+    kind="hf",
+    build_model=_build_model,
+    build_tokenizer=_build_tokenizer,
+    validate=validate_hf_policy,
+    load_pretrained=_load_pretrained,
+    prepare=prepare_hf_policy,
+)

@@ -1,0 +1,209 @@
+"""Offline tiny HuggingFace checkpoints: ``python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR``.
+
+Why this module exists: the ``policy=hf`` path must run (and be tested) with no network.  This
+command trains a byte-level BPE tokenizer with the ``tokenizers`` library on the arithmetic
+task's text in chat form, wraps it as a transformers fast tokenizer with pad / eos specials and
+a chat template, and writes a randomly initialised small Llama, Qwen2 or GPT-2 with
+``save_pretrained`` (safetensors) next to it: a directory laid out like a downloaded hub
+checkpoint, loaded later through the same ``from_pretrained(path)`` as a real one.
+:func:`ensure_tiny_checkpoint` builds one into a cache directory on first use and reuses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from nemo_dp.data.arithmetic import SUPPORTED_OPERATORS, ArithmeticTask
+
+__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "make_tiny_checkpoint", "ensure_tiny_checkpoint", "main"]
+
+#: Architectures this command can write.
+ARCHS: tuple[str, ...] = ("llama", "qwen2", "gpt2")
+
+PAD_TOKEN = "<|pad|>"
+BOS_TOKEN = "<|bos|>"
+EOS_TOKEN = "<|im_end|>"
+START_TOKEN = "<|im_start|>"
+# Some architectures' tokenizer classes (Qwen2, GPT-2) add this as their default unk token
+# when it is missing, which would grow the vocabulary past the model's embedding rows.
+UNK_TOKEN = "<|endoftext|>"
+#: Special tokens, in id order (ids 0..4).
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, START_TOKEN, UNK_TOKEN)
+
+#: ChatML-style template: an assistant turn ends with the eos token, so generation stops there.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_FILES_DONE = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def _corpus(digits: int, n: int, seed: int) -> Iterator[str]:
+    task = ArithmeticTask(digits=digits, operators=SUPPORTED_OPERATORS, seed=seed)
+    for p in task.train_problems(n):
+        yield f"{START_TOKEN}user\n{p.prompt}{EOS_TOKEN}\n{START_TOKEN}assistant\n{p.answer}{EOS_TOKEN}\n"
+        yield f"{p.prompt}{p.answer}"
+
+
+def _train_tokenizer(vocab_size: int, digits: int, seed: int) -> object:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    # One token per digit (as Qwen2 and Llama 3 tokenizers do): multi-digit merges would make
+    # every number its own symbol and arithmetic needlessly hard for a tiny model.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_corpus(digits, 2000, seed), trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        additional_special_tokens=[START_TOKEN],
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _model_config(arch: str, vocab: int, ids: dict[str, int], max_positions: int) -> object:
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+
+    common = {"vocab_size": vocab, **ids}
+    if arch == "llama":
+        return LlamaConfig(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=max_positions, tie_word_embeddings=False,
+            **common,
+        )
+    if arch == "qwen2":
+        return Qwen2Config(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=max_positions, tie_word_embeddings=False,
+            **common,
+        )
+    return GPT2Config(
+        n_embd=128, n_layer=2, n_head=4, n_positions=max_positions, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, **common,
+    )
+
+
+def make_tiny_checkpoint(
+    arch: str,
+    out: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    digits: int = 3,
+    vocab_size: int = 384,
+    max_positions: int = 128,
+) -> Path:
+    """Write a tokenizer and a randomly initialised ``arch`` model into ``out``.
+
+    Args:
+        arch: One of :data:`ARCHS`.
+        out: Target directory (created; existing files are overwritten).
+        seed: Seeds the tokenizer corpus and the weight initialisation.
+        digits: Operand digits of the arithmetic corpus.
+        vocab_size: Target BPE vocabulary (bytes + merges + specials).
+        max_positions: ``max_position_embeddings`` of the model.
+
+    Returns:
+        The directory.
+
+    Raises:
+        ValueError: An unknown architecture.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if arch not in ARCHS:
+        raise ValueError(f"make_tiny: --arch got {arch!r}; legal values: {list(ARCHS)}")
+    target = Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    tok = _train_tokenizer(vocab_size, digits, seed)
+    ids = {
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
+    config = _model_config(arch, len(tok), ids, max_positions)
+    # from_config draws from the global RNG: fork it so the caller's stream is untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = ids["pad_token_id"]
+    model.generation_config.eos_token_id = ids["eos_token_id"]
+    model.generation_config.bos_token_id = ids["bos_token_id"]
+    model.save_pretrained(str(target))
+    tok.save_pretrained(str(target))
+    return target
+
+
+def ensure_tiny_checkpoint(arch: str, cache_dir: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """The tiny ``arch`` checkpoint under ``cache_dir``, built on first use.
+
+    The build goes into a private sibling directory that is renamed into place, so concurrent
+    callers never see a half-written checkpoint (the first rename wins; the others discard
+    their copy).
+
+    Args:
+        arch: One of :data:`ARCHS`.
+        cache_dir: Cache root; the checkpoint is ``cache_dir/tiny-<arch>``.
+        seed: Seed of a fresh build.
+
+    Returns:
+        The checkpoint directory.
+    """
+    final = Path(cache_dir) / f"tiny-{arch}"
+    if all((final / name).is_file() for name in _FILES_DONE):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f"{final.name}.tmp-{uuid.uuid4().hex}"
+    try:
+        make_tiny_checkpoint(arch, tmp, seed=seed)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not all((final / name).is_file() for name in _FILES_DONE):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point.
+
+    Args:
+        argv: Arguments (default ``sys.argv[1:]``).
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=ARCHS, required=True)
+    parser.add_argument("--out", required=True, help="target directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-positions", type=int, default=128)
+    args = parser.parse_args(argv)
+    path = make_tiny_checkpoint(args.arch, args.out, seed=args.seed, max_positions=args.max_positions)
+    print(f"wrote tiny {args.arch} checkpoint to {path}: {sorted(p.name for p in path.iterdir())}")
+
+
+if __name__ == "__main__":
+    main()

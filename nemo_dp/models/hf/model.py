@@ -1,0 +1,139 @@
+"""``HFCausalLM``: a HuggingFace ``*ForCausalLM`` behind the ``CausalLM`` protocol.
+
+Why this module exists: the workers and generation must drive Llama, Qwen2, GPT-2 (any causal
+LM transformers can load) exactly as they drive the tiny model.  The wrapper maps the
+protocol onto the model's own interface: ``logits`` from a cache-free forward, the base
+model's ``last_hidden_state`` for a value head, and prefill / decode through the model's own
+``past_key_values`` with an explicit attention mask and per-row position ids (so left-padded
+prompts give the same numbers as the right-padded training forward).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["HFCausalLM"]
+
+
+class HFCausalLM(nn.Module):
+    """Protocol adapter around a loaded transformers causal LM.
+
+    Args:
+        hf_model: A ``PreTrainedModel`` with an LM head (``AutoModelForCausalLM``).
+    """
+
+    def __init__(self, hf_model: Any) -> None:
+        super().__init__()
+        self.hf = hf_model
+
+    @property
+    def max_positions(self) -> int:
+        """``config.max_position_embeddings``."""
+        return int(self.hf.config.max_position_embeddings)
+
+    @property
+    def hidden_size(self) -> int:
+        """``config.hidden_size``."""
+        return int(self.hf.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output embedding (the logits' last dimension)."""
+        return int(self.hf.get_output_embeddings().weight.shape[0])
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Cache-free causal forward.
+
+        Args:
+            input_ids: int64 ``[B, S]`` (right padding does not affect valid positions).
+
+        Returns:
+            Logits ``[B, S, V]`` in the model's dtype.
+        """
+        return self.hf(input_ids=input_ids, use_cache=False).logits
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The base model's ``last_hidden_state`` (after its final norm).
+
+        Args:
+            input_ids: int64 ``[B, S]``.
+
+        Returns:
+            ``[B, S, hidden_size]``.
+        """
+        return self.hf.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+
+    def lm_head_only_parameters(self) -> list[nn.Parameter]:
+        """The output embedding's parameters unless tied to the input embedding.
+
+        Returns:
+            The LM-head-only parameters (empty for tied heads such as GPT-2's).
+        """
+        head = self.hf.get_output_embeddings()
+        shared = {id(p) for p in self.hf.get_input_embeddings().parameters()}
+        return [p for p in head.parameters() if id(p) not in shared]
+
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        key_valid: torch.Tensor,
+        positions: torch.Tensor,
+        max_len: int,
+    ) -> tuple[torch.Tensor, Any]:
+        """Left-padded prompts through the model, opening its own KV cache.
+
+        Args:
+            input_ids: int64 ``[B, W]``.
+            key_valid: bool ``[B, W]``.
+            positions: int64 ``[B, W]``.
+            max_len: Unused (the HF cache grows as needed).
+
+        Returns:
+            ``(last-column logits [B, V], past_key_values)``.
+        """
+        out = self.hf(
+            input_ids=input_ids,
+            attention_mask=key_valid.long(),
+            position_ids=positions,
+            use_cache=True,
+        )
+        return out.logits[:, -1], out.past_key_values
+
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        key_valid: torch.Tensor,
+        cache: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        """One token per row through ``past_key_values``.
+
+        Args:
+            tokens: int64 ``[B, 1]``.
+            positions: int64 ``[B, 1]``.
+            key_valid: bool ``[B, cached + 1]``.
+            cache: ``past_key_values`` of the previous call.
+
+        Returns:
+            ``(logits [B, V], past_key_values)``.
+        """
+        out = self.hf(
+            input_ids=tokens,
+            attention_mask=key_valid.long(),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1], out.past_key_values
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """``save_pretrained`` of the wrapped model (config + safetensors).
+
+        Args:
+            directory: Target directory.
+        """
+        self.hf.save_pretrained(os.fspath(directory))

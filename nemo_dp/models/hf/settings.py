@@ -1,0 +1,87 @@
+"""The ``policy=hf`` keys as one typed value, read once from the ``policy`` node.
+
+Why this module exists: the builder, the validator and the worker all need the same few keys
+(model / tokenizer paths, dtype, attention implementation, remote code); reading them in one
+place keeps defaults and legal values in one place too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nemo_dp.models.builders import cfg_get
+
+__all__ = ["HF_DTYPES", "HF_ATTN_IMPLEMENTATIONS", "HFSettings", "hf_settings"]
+
+#: ``policy.dtype`` values and the torch dtype each names.
+HF_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: Legal ``policy.attn_implementation`` values.
+HF_ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class HFSettings:
+    """The ``policy=hf`` keys.
+
+    Attributes:
+        model_name_or_path: Local checkpoint directory (``policy.model_name_or_path``).
+        tokenizer_name_or_path: Tokenizer directory (``policy.tokenizer_name_or_path``,
+            defaults to the model directory).
+        dtype: ``float32`` or ``bfloat16`` (``policy.dtype``).
+        attn_implementation: ``sdpa`` or ``eager`` (``policy.attn_implementation``).
+        trust_remote_code: Allow a checkpoint's own Python code (``policy.trust_remote_code``).
+    """
+
+    model_name_or_path: str
+    tokenizer_name_or_path: str
+    dtype: str
+    attn_implementation: str
+    trust_remote_code: bool
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of :attr:`dtype`."""
+        return HF_DTYPES[self.dtype]
+
+
+def hf_settings(policy_cfg: Any) -> HFSettings:
+    """Read and check the ``policy=hf`` keys (no file-system access).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+
+    Returns:
+        The settings.
+
+    Raises:
+        ValueError: A key is missing or has an illegal value (naming it and the legal values).
+    """
+    model = cfg_get(policy_cfg, "model_name_or_path", None)
+    if model is None or not str(model).strip() or str(model) == "???":
+        raise ValueError(
+            "policy.model_name_or_path: required with policy=hf; set it to a local checkpoint "
+            "directory (config.json + *.safetensors + tokenizer files), e.g. one built by "
+            "`python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR`"
+        )
+    tok = cfg_get(policy_cfg, "tokenizer_name_or_path", None)
+    dtype = str(cfg_get(policy_cfg, "dtype", "float32"))
+    if dtype not in HF_DTYPES:
+        raise ValueError(f"policy.dtype: got {dtype!r}; legal values: {list(HF_DTYPES)}")
+    attn = str(cfg_get(policy_cfg, "attn_implementation", "sdpa"))
+    if attn not in HF_ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"policy.attn_implementation: got {attn!r}; legal values: {list(HF_ATTN_IMPLEMENTATIONS)}"
+        )
+    remote = cfg_get(policy_cfg, "trust_remote_code", False)
+    if not isinstance(remote, bool):
+        raise ValueError(f"policy.trust_remote_code: must be true or false, got {remote!r}")
+    return HFSettings(
+        model_name_or_path=str(model),
+        tokenizer_name_or_path=str(tok) if tok not in (None, "") else str(model),
+        dtype=dtype,
+        attn_implementation=attn,
+        trust_remote_code=remote,
+    )

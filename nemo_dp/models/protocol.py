@@ -1,0 +1,211 @@
+"""The seams between the workers and whatever model / tokenizer a run trains.
+
+Why this module exists: the policy and value workers, generation, the value head, the
+collate functions, the launcher and the bench must not know which model family they drive
+(the built-in ``tiny`` transformer or a HuggingFace causal LM).  They see a model only as a
+:class:`CausalLM`, a tokenizer only as a :class:`Tokenizer` and a loss only as a
+:class:`LossFn`; each ``policy`` option supplies implementations through
+``nemo_dp.models.builders``.
+
+Conventions shared by every implementation:
+
+* Token ids are int64 ``[B, S]``; training batches are right-padded, so a causal forward
+  without an attention mask gives exact results on the valid positions.
+* Generation is left-padded: ``prefill`` receives per-row position ids (restarting at 0 in
+  each row) and a key-validity mask; ``decode`` extends the opaque cache by one token per row.
+* A model is also a ``torch.nn.Module`` (``parameters``, ``state_dict``, ``train`` / ``eval``,
+  ``deepcopy``), so the workers' optimiser and reference-copy code stays model-agnostic.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["CausalLM", "Tokenizer", "ChatMessage", "LossFn"]
+
+#: One chat turn: ``{"role": "system" | "user" | "assistant", "content": str}``.
+ChatMessage = Mapping[str, str]
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """What the workers need from a causal language model.
+
+    Implementations are ``torch.nn.Module`` subclasses; calling the module runs
+    :meth:`forward`.
+    """
+
+    @property
+    def max_positions(self) -> int:
+        """Longest sequence (prompt + response) the model can attend over."""
+        ...
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of :meth:`hidden_states` (the input of a value head)."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of logits per position."""
+        ...
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full causal forward.
+
+        Args:
+            input_ids: int64 ``[B, S]`` (right padding does not affect valid positions).
+
+        Returns:
+            Logits ``[B, S, V]``; position ``t`` predicts token ``t + 1``.
+        """
+        ...
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Last-layer hidden states after the final norm (what the LM head reads).
+
+        Args:
+            input_ids: int64 ``[B, S]``.
+
+        Returns:
+            float ``[B, S, hidden_size]``.
+        """
+        ...
+
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        key_valid: torch.Tensor,
+        positions: torch.Tensor,
+        max_len: int,
+    ) -> tuple[torch.Tensor, Any]:
+        """Run left-padded prompts and open a KV cache.
+
+        Args:
+            input_ids: int64 ``[B, W]`` left-padded prompts.
+            key_valid: bool ``[B, W]``, True on real (non-pad) tokens.
+            positions: int64 ``[B, W]`` position ids (0 at each row's first real token).
+            max_len: Most positions the cache will hold (``W`` + new tokens).
+
+        Returns:
+            ``(logits of the last column [B, V], cache)``; the cache is opaque to callers.
+        """
+        ...
+
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        key_valid: torch.Tensor,
+        cache: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        """Feed one new token per row through the cache.
+
+        Args:
+            tokens: int64 ``[B, 1]``.
+            positions: int64 ``[B, 1]`` position ids of the new tokens.
+            key_valid: bool ``[B, L]`` over every cached key plus the new one.
+            cache: The cache from :meth:`prefill` or the previous :meth:`decode`.
+
+        Returns:
+            ``(logits [B, V], cache)``.
+        """
+        ...
+
+    def lm_head_only_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters used only by the LM head (not by :meth:`hidden_states`).
+
+        A value model built on this backbone freezes them; a head tied to the input
+        embeddings is not listed.
+        """
+        ...
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Write the model (config + safetensors weights) so that its family's loader reads it.
+
+        Args:
+            directory: Target directory (created if missing).
+        """
+        ...
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What datasets, collate functions, rewards and generation need from a tokenizer.
+
+    ``encode`` adds no special tokens; ``encode_prompt`` / ``encode_response`` lay a sequence
+    out the way every trainer does: ``[bos]? + prompt + response + [eos]``.
+    """
+
+    @property
+    def pad_id(self) -> int:
+        """Padding id (may equal ``eos_id`` for tokenizers without a pad token)."""
+        ...
+
+    @property
+    def eos_id(self) -> int:
+        """End-of-sequence id: generation stops a row when it samples it."""
+        ...
+
+    @property
+    def bos_id(self) -> int | None:
+        """Beginning-of-sequence id, or ``None`` when the tokenizer has none."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer can produce (specials included)."""
+        ...
+
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template, or ``None``."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` without special tokens."""
+        ...
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """``[bos]? + encode(prompt)``."""
+        ...
+
+    def encode_response(self, response: str) -> list[int]:
+        """``encode(response) + [eos]``."""
+        ...
+
+    def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
+        """Text of ``ids``, stopping at the first eos by default."""
+        ...
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
+        """Render chat turns to text (the chat template, or plain concatenation without one).
+
+        Args:
+            messages: The turns.
+            add_generation_prompt: Append the prefix of an assistant turn.
+
+        Returns:
+            The rendered text (special tokens appear as text; ``encode`` maps them).
+        """
+        ...
+
+
+class LossFn(Protocol):
+    """A training loss as the workers call it (implemented by the algorithms layer).
+
+    ``global_valid_tokens`` / ``global_valid_seqs`` are the counts over the whole global
+    batch (all ranks, all microbatches), so summing microbatch losses gives the batch mean.
+    """
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        mb: Mapping[str, torch.Tensor],
+        global_valid_tokens: float,
+        global_valid_seqs: float,
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...

@@ -1,0 +1,65 @@
+"""``policy=tiny`` builder: ``TinyCausalLM`` shaped by ``policy.model`` and the char tokenizer.
+
+Why this module exists: it is the one place outside the tiny model's own modules that names
+``TinyCausalLM`` and ``CharTokenizer``; everything else reaches them through
+``nemo_dp.models.builders``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_dp.models.builders import ModelBuilder, cfg_get
+from nemo_dp.models.tiny.model import ModelConfig, TinyCausalLM
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
+
+__all__ = ["BUILDER", "tiny_model_config"]
+
+
+def tiny_model_config(policy_cfg: Any, vocab_size: int) -> ModelConfig:
+    """The :class:`ModelConfig` of ``policy.model``.
+
+    Args:
+        policy_cfg: The ``policy`` node.
+        vocab_size: Tokenizer vocabulary size.
+
+    Returns:
+        The shape (validated by ``ModelConfig``).
+    """
+    m = cfg_get(policy_cfg, "model")
+    return ModelConfig(
+        vocab_size=int(vocab_size),
+        n_layers=int(cfg_get(m, "n_layers")),
+        d_model=int(cfg_get(m, "d_model")),
+        n_heads=int(cfg_get(m, "n_heads")),
+        max_seq_len=int(cfg_get(m, "max_seq_len")),
+        dropout=float(cfg_get(m, "dropout")),
+    )
+
+
+def _build_model(policy_cfg: Any, vocab_size: int, seed: int) -> TinyCausalLM:
+    return TinyCausalLM(tiny_model_config(policy_cfg, vocab_size), seed=seed)
+
+
+def _build_tokenizer(policy_cfg: Any) -> CharTokenizer:
+    return CharTokenizer()
+
+
+def _validate(policy_cfg: Any) -> None:
+    try:
+        tiny_model_config(policy_cfg, CharTokenizer().vocab_size)
+    except ValueError as exc:
+        raise ValueError(f"policy.model: {exc}") from exc
+
+
+def _load_pretrained(policy_cfg: Any, directory: str) -> TinyCausalLM:
+    return TinyCausalLM.from_pretrained(directory)
+
+
+BUILDER = ModelBuilder(
+    kind="tiny",
+    build_model=_build_model,
+    build_tokenizer=_build_tokenizer,
+    validate=_validate,
+    load_pretrained=_load_pretrained,
+)

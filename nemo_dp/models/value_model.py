@@ -1,0 +1,75 @@
+"""The PPO critic's model: any ``CausalLM`` backbone plus a scalar head on its hidden states.
+
+Why this module exists: the critic must work for every model family without knowing which
+one it has.  It reads the protocol's ``hidden_states`` (the final-norm output the LM head
+would read) and maps each position to one scalar.  The backbone's LM-head-only parameters are
+frozen: they receive no gradient, so they stay out of the gradient all-reduce and the norm.
+The head starts at zero so the first advantages are the (whitened) reward-to-go rather than
+noise from a random head.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from nemo_dp.models.protocol import CausalLM
+
+__all__ = ["ValueModel", "VALUE_HEAD_PREFIX", "BACKBONE_PREFIX", "VALUE_HEAD_FILE"]
+
+#: State-dict prefix of the scalar head's parameters.
+VALUE_HEAD_PREFIX = "value_head."
+#: State-dict prefix of the backbone's parameters.
+BACKBONE_PREFIX = "backbone."
+#: File the head is saved to next to the backbone's own files.
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class ValueModel(nn.Module):
+    """Backbone + ``Linear(hidden_size, 1, bias=False)`` head, zero-initialised.
+
+    Args:
+        backbone: The model whose hidden states the head reads.
+    """
+
+    def __init__(self, backbone: CausalLM) -> None:
+        super().__init__()
+        self.backbone = backbone
+        weight = next(iter(backbone.parameters()))
+        self.value_head = nn.Linear(backbone.hidden_size, 1, bias=False, dtype=weight.dtype, device=weight.device)
+        with torch.no_grad():
+            self.value_head.weight.zero_()
+        for p in backbone.lm_head_only_parameters():
+            p.requires_grad_(False)
+
+    @property
+    def max_positions(self) -> int:
+        """The backbone's longest sequence."""
+        return self.backbone.max_positions
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Per-position values.
+
+        Args:
+            input_ids: int64 ``[B, S]``.
+
+        Returns:
+            ``[B, S]``: the value after having seen tokens ``<= t``.
+        """
+        return self.value_head(self.backbone.hidden_states(input_ids)).squeeze(-1)
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """The backbone in its own format plus ``value_head.safetensors``.
+
+        Args:
+            directory: Target directory.
+        """
+        from safetensors.torch import save_file
+
+        out = Path(directory)
+        self.backbone.save_pretrained(out)
+        head = {"weight": self.value_head.weight.detach().cpu().contiguous()}
+        save_file(head, str(out / VALUE_HEAD_FILE), metadata={"format": "pt"})
