@@ -67,6 +67,7 @@ def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
     """
     from hydra.core.config_store import ConfigStore
 
+    from nemo_dp.config.policy import register_policy_configs
     from nemo_dp.data_plane.interfaces import register_data_plane_configs
 
     cs = ConfigStore.instance()
@@ -74,6 +75,7 @@ def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
     for name, spec in ALGORITHMS.items():
         cs.store(group="algorithm", name=f"{name}_schema", node=spec.schema_class())
     register_data_plane_configs()
+    register_policy_configs()
     root = Path(recipes_dir) if recipes_dir is not None else RECIPES_DIR
     for path in sorted(root.glob("*.yaml")):
         cs.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")

@@ -480,7 +480,7 @@ class MasterConfig:
 
     algorithm: Any = MISSING
     data_plane: Any = MISSING
-    policy: PolicyConfig = MISSING  # type: ignore[assignment]
+    policy: Any = MISSING  # typed by the policy group file (tiny_schema / hf_schema)
     env: EnvConfig = MISSING  # type: ignore[assignment]
     cluster: ClusterConfig = MISSING  # type: ignore[assignment]
     logger: LoggerConfig = MISSING  # type: ignore[assignment]
