@@ -1,4 +1,4 @@
-"""GRPO over the data plane on the real TransferQueue adapter (checklist K 74-75, rule 6).
+"""GRPO over the data plane on the real TransferQueue adapter (and no bulk tensor reaching the driver).
 
 One ``TQPolicy`` (2 DP workers, a tiny model) for the module, built the way the launcher builds
 it (``make_policy_factory``).  The session's bootstrapping client is closed first (at most one
