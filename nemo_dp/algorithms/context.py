@@ -59,9 +59,13 @@ class TrainHooks:
             checkpoint in stages, after the state and the data plane are in the temporary
             directory and before the manifest and the commit rename (a test can kill the
             process there to prove the previous checkpoint survives).
+        on_model_built: Called as ``fn(role, model)`` when a trainer builds a model of its own
+            (PPO's critic: ``role="value"``), so a caller can observe it (the bench counts the
+            critic's worker-group traffic too).
     """
 
     on_checkpoint_staged: Callable[[int, Path], None] | None = None
+    on_model_built: Callable[[str, Any], None] | None = None
 
     def checkpoint_staged(self, step: int, tmp_dir: Path) -> None:
         """Run ``on_checkpoint_staged`` when set.
@@ -72,6 +76,16 @@ class TrainHooks:
         """
         if self.on_checkpoint_staged is not None:
             self.on_checkpoint_staged(step, tmp_dir)
+
+    def model_built(self, role: str, model: Any) -> None:
+        """Run ``on_model_built`` when set.
+
+        Args:
+            role: What the model is for (``"value"``).
+            model: The model facade the trainer built.
+        """
+        if self.on_model_built is not None:
+            self.on_model_built(role, model)
 
 
 @dataclass

@@ -56,6 +56,7 @@ def ppo_train(ctx: TrainContext) -> dict[str, Any]:
     """
     value = make_value(ctx.cfg, ctx.tokenizer)
     try:
+        ctx.hooks.model_built("value", value)
         return _ppo_loop(ctx, value)
     finally:
         value.shutdown()

@@ -108,6 +108,7 @@ def ppo_train_sync(ctx: TrainContext) -> dict[str, Any]:
     _check_entry(ctx.policy, ctx.cfg)
     value = make_value(ctx.cfg, ctx.tokenizer, value_factory=functools.partial(TQValue.from_policy, ctx.policy))
     try:
+        ctx.hooks.model_built("value", value)
         return _ppo_sync_loop(ctx, value)
     finally:
         value.shutdown()

@@ -42,7 +42,7 @@ def tensor_bytes(obj: Any) -> tuple[int, int]:
 
 
 class RayTraffic:
-    """Counts tensor bytes crossing the driver <-> worker boundary of one worker group."""
+    """Counts tensor bytes crossing the driver <-> worker boundary of the attached worker groups."""
 
     def __init__(self, group: Any) -> None:
         self.received_bulk = 0
@@ -50,9 +50,18 @@ class RayTraffic:
         self.received_pickled = 0
         self.sent_bulk = 0
         self.sent_small = 0
-        self._group = group
+        self.groups: list[Any] = []
+        self.attach(group)
+
+    def attach(self, group: Any) -> None:
+        """Count this worker group's calls too (a PPO critic's, next to the policy's).
+
+        Args:
+            group: A worker group (``run_sharded`` / ``run_all`` / ``run_rank``).
+        """
         for method in ("run_sharded", "run_all", "run_rank"):
             setattr(group, method, self._wrap(getattr(group, method)))
+        self.groups.append(group)
 
     def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(method: str, *args: Any, **kwargs: Any) -> Any:

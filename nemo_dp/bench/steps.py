@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from nemo_dp.bench.common import MB
 from nemo_dp.bench.probes import RayTraffic, RssSampler
 from nemo_dp.bench.report import print_rl_comparisons, print_sft_table, rl_comparisons, sft_table
-from nemo_dp.training import Checkpointer, RunLogger, main_phase, make_policy, make_tokenizer, run_phase
+from nemo_dp.training import Checkpointer, RunLogger, TrainHooks, main_phase, make_policy, make_tokenizer, run_phase
 
 __all__ = [
     "RL_STEP_TRAINERS",
@@ -170,7 +170,8 @@ def timed_phase_run(
 
     Returns:
         ``(marks, memory)``: one ``(step, perf_counter, Ray traffic since the previous mark,
-        logged record)`` per logged step (step 0 = the trainer's start), and the driver's
+        logged record)`` per logged step (step 0 = the trainer's start; traffic of the policy's
+        worker group and of any model the trainer builds, e.g. PPO's critic), and the driver's
         ``peak_rss_mb`` / ``rss_growth_mb``.
     """
     from nemo_dp.data_plane.factory import select_sync_trainer
@@ -182,6 +183,7 @@ def timed_phase_run(
     rss = RssSampler(rss_interval_s)
     policy = make_policy(train_cfg, tok, env_vars=ray_env)
     try:
+        traffic = RayTraffic(policy.worker_group)
         clock = StepClock(
             run_dir,
             metrics_file="metrics.jsonl",
@@ -189,7 +191,7 @@ def timed_phase_run(
             plot=False,
             progress_bar=False,
             label=run_dir.name,
-            traffic=RayTraffic(policy.worker_group),
+            traffic=traffic,
         )
         run_phase(
             phase,
@@ -197,6 +199,8 @@ def timed_phase_run(
             tokenizer=tok,
             logger=clock,
             checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
+            # A model the trainer builds itself (PPO's critic) is counted like the policy.
+            hooks=TrainHooks(on_model_built=lambda role, model: traffic.attach(model.worker_group)),
             trainer=trainer,
         )
     finally:
