@@ -96,7 +96,7 @@ def warm_start_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=480,
     )
     assert proc.returncode == 0, f"warm start failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     from nemo_dp.utils.checkpoint import latest_checkpoint

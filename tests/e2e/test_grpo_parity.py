@@ -173,7 +173,7 @@ def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
     )
     assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return json.loads((out / "parity.json").read_text())
@@ -183,7 +183,7 @@ def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["plain", "dynamic_sampling"])
 def test_legacy_and_data_plane_trainers_agree_exactly(parity: dict[str, Any], dynamic: bool) -> None:
     legacy = parity["runs"][f"disabled_ds{int(dynamic)}"]

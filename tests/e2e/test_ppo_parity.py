@@ -162,7 +162,7 @@ def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert proc.returncode == 0, (
         f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
@@ -174,7 +174,7 @@ def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(900)
 def test_legacy_and_data_plane_ppo_agree_exactly(parity: dict[str, Any]) -> None:
     legacy, tq = parity["runs"]["disabled"], parity["runs"]["tq"]
     assert legacy["policy_class"] == "Policy" and tq["policy_class"] == "TQPolicy"
