@@ -7,7 +7,9 @@ keep generating until the batch is full (dynamic sampling, bounded by ``max_gen_
 mask truncated responses (overlong filtering), compute ``prev_logprobs`` and the reference
 policy's log-probs, and train with the clipped policy-gradient loss plus the k3 KL penalty.
 The whole batch lives in driver memory.  Held-out greedy evaluation, per-step metrics and
-checkpoints with exact resume as in ``sft_train``, whose call signature this trainer shares.
+checkpoints with exact resume as in ``sft_train``; like every trainer it is called as
+``grpo_train(ctx)`` with a ``TrainContext``.  The step tail (metrics, held-out evaluation) is
+``grpo_common``'s, shared with the data-plane twin.
 """
 
 from __future__ import annotations
@@ -18,15 +20,14 @@ from typing import Any
 import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.grpo_common import finish_grpo_step_metrics
 from nemo_dp.algorithms.rollout import rollout
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
-    Checkpointer,
-    RunLogger,
     make_evaluator,
-    record_validation,
     sample_seeds,
-    should_validate,
+    save_if_due,
     start_counters,
     trainer_state,
     validate_at_start,
@@ -129,34 +130,16 @@ def collect_grpo_batch(
     return pending, info
 
 
-def grpo_train(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    val_problems: list[Any],
-    tokenizer: Any,
-    env: Any,
-    logger: RunLogger,
-    checkpointer: Checkpointer,
-    start_state: dict[str, Any] | None,
-) -> dict[str, Any]:
+def grpo_train(ctx: TrainContext) -> dict[str, Any]:
     """Run GRPO for ``algorithm.max_steps`` steps.
 
-    A fresh run (no ``start_state``) freezes the current weights as the reference policy and
-    starts a fresh optimizer at ``policy.optimizer.lr`` (after an SFT warm start this makes the
-    warm-started model the reference).
+    A fresh run (no ``ctx.start_state``) freezes the current weights as the reference policy
+    and starts a fresh optimizer at ``policy.optimizer.lr`` (after an SFT warm start this makes
+    the warm-started model the reference).
 
     Args:
-        policy: The policy facade (``Policy``).
-        master_config: The validated root config (``algorithm`` is GRPO).
-        train_loader: Resumable loader of problems, batch size ``num_prompts_per_step``.
-        val_problems: Held-out problems for greedy exact-match evaluation.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        logger: The phase's ``RunLogger``.
-        checkpointer: The phase's ``Checkpointer``.
-        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+        ctx: The phase's context (``ctx.policy`` a plain ``Policy``, ``ctx.cfg.algorithm`` GRPO,
+            ``ctx.train_loader`` batch size ``num_prompts_per_step``).
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
@@ -164,10 +147,14 @@ def grpo_train(
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.
     """
+    policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
+    tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
     algo = master_config.algorithm
     max_steps = int(algo.max_steps)
-    counters = start_counters(start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger)
-    if start_state is None:
+    counters = start_counters(
+        ctx.start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger
+    )
+    if ctx.start_state is None:
         policy.snapshot_reference_policy()
         per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
         optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
@@ -213,39 +200,28 @@ def grpo_train(
         t_train = time.perf_counter() - t2
         counters["step"] = step
         counters["consumed_samples"] += batch.size
-        rewards = info["unfiltered_rewards"]
-        response_len = token_mask.sum(1).float()
-        metrics: dict[str, Any] = {
-            "loss": train_metrics["loss"],
-            "pg_loss": train_metrics["pg_loss"],
-            "kl_penalty": train_metrics["kl_penalty"],
-            "clip_fraction": train_metrics["clip_fraction"],
-            "grad_norm": train_metrics["grad_norm"],
-            "lr": train_metrics["lr"],
-            "reward_mean": float(rewards.mean()),
-            "train_reward_mean": float(batch["rewards"].mean()),
-            "advantage_abs_mean": float(adv.abs().mean()),
-            "mean_response_length": float(response_len.mean()),
-            "truncated_fraction": float(batch["truncated"].float().mean()),
-            "sample_mask_mean": float(sample_mask.mean()),
-            "dynamic_sampling_num_gen_batches": info["num_gen_batches"],
-            "dynamic_sampling_num_discarded_valid_samples": info["num_discarded_valid_samples"],
-            "consumed_samples": counters["consumed_samples"],
-            "time/generation_s": t_gen,
-            "time/logprobs_s": t_lp,
-            "time/train_s": t_train,
-        }
-        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            acc = record_validation(counters, metrics, _evaluate)
-            logger.info(
-                f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
-                f"held-out accuracy {acc:.3f}"
-            )
+        metrics = finish_grpo_step_metrics(
+            step,
+            train_metrics,
+            info=info,
+            train_rewards=batch["rewards"],
+            advantages=adv,
+            response_lengths=token_mask.sum(1).float(),
+            truncated=batch["truncated"],
+            sample_mask=sample_mask,
+            counters=counters,
+            timings=(t_gen, t_lp, t_train),
+            val_period=int(algo.val_period),
+            max_steps=max_steps,
+            evaluate=_evaluate,
+            logger=logger,
+        )
         logger.log_step(step, metrics)
-        if checkpointer.should_save(step, final=step == max_steps):
-            checkpointer.save(
-                step,
-                lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
-            )
+        save_if_due(
+            ctx.checkpointer,
+            step,
+            max_steps,
+            lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
+        )
     logger.close()
     return dict(counters)

@@ -2,7 +2,7 @@
 
 The same algorithm as the legacy ``grpo_train`` (same seeds, sharding, loss normalisation and
 order of floating-point reductions, so both produce identical per-step metrics), but no bulk
-per-token tensor passes through the driver (design §1 rule 6, §3 table; contract §17.1-17.2):
+per-token tensor passes through the driver:
 
 * ``policy.prepare_step`` registers the step's ``"train"`` partition once;
 * the workers generate and write their rows straight into the store under ids
@@ -17,25 +17,26 @@ per-token tensor passes through the driver (design §1 rule 6, §3 table; contra
   step failed earlier, so a failed step leaks nothing.
 
 This module never imports an adapter and never touches ``policy.dp_client``: the store is
-reached only through ``TQPolicy`` methods and ``KVBatchMeta`` transforms (rule 4).
+reached only through ``TQPolicy`` methods and ``KVBatchMeta`` transforms.  The step tail
+(metrics, held-out evaluation) is ``grpo_common``'s, shared with the legacy twin; the held-out
+evaluation through the store is ``store_eval``'s, shared with the PPO twin.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.grpo_common import finish_grpo_step_metrics
+from nemo_dp.algorithms.store_eval import make_store_evaluator, problem_rows
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
-    Checkpointer,
-    RunLogger,
-    record_validation,
     sample_seeds,
-    should_validate,
+    save_if_due,
     start_counters,
     trainer_state,
     validate_at_start,
@@ -48,12 +49,10 @@ from nemo_dp.data_plane.schema import (
     TAG_BASELINE,
     TAG_STD,
     TASK_TRAIN,
-    TASK_VAL,
-    VAL_PARTITION,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
-__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "make_store_evaluator", "response_token_mask", "TRAINER_TARGET"]
+__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "response_token_mask", "TRAINER_TARGET"]
 
 #: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
@@ -77,12 +76,6 @@ def response_token_mask(prompt_lengths: torch.Tensor, input_lengths: torch.Tenso
     return span.to(torch.int32)
 
 
-def _problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
-    prompts = [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group)]
-    answers = [p.answer for p in problems for _ in range(group)]
-    return prompts, answers
-
-
 def collect_grpo_batch_sync(
     policy: Any,
     master_config: Any,
@@ -94,7 +87,7 @@ def collect_grpo_batch_sync(
 ) -> tuple[KVBatchMeta, BatchedDataDict, dict[str, Any]]:
     """Roll out into the live ``"train"`` partition until the step's batch is complete.
 
-    Dynamic sampling (contract §17.2) on metas: rows whose group std is 0 are dropped (their
+    Dynamic sampling on metas: rows whose group std is 0 are dropped (their
     ids cleared from the store), survivors are concatenated across generation batches, an
     overflow is sliced off (its ids cleared).
 
@@ -130,7 +123,7 @@ def collect_grpo_batch_sync(
         seeds = sample_seeds(int(master_config.seed), step, num_gen, len(problems) * group)
         iteration = num_gen
         num_gen += 1
-        prompts, answers = _problem_rows(problems, group, tokenizer)
+        prompts, answers = problem_rows(problems, group, tokenizer)
         # One uid per prompt of this generation batch; ids are minted here, once per sample.
         ids = [f"s{step}_b{iteration}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
         out = policy.generate_to_dataplane(
@@ -199,58 +192,6 @@ def collect_grpo_batch_sync(
     return pending_meta, pending_carry, info
 
 
-def make_store_evaluator(
-    policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: RunLogger
-) -> Callable[[], float]:
-    """Held-out greedy exact-match evaluation through the store (shared with the PPO twin).
-
-    The held-out prompts are generated and scored in a throw-away validation partition, dropped
-    afterwards even on failure; only responses to print come back to the driver.
-
-    Args:
-        policy: The data-plane policy.
-        val_problems: Held-out problems.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        master_config: Root config (``logger.num_val_examples_to_print``).
-        logger: Prints the example lines.
-
-    Returns:
-        A function returning the held-out accuracy (it raises ``ValueError`` when there are no
-        held-out problems).
-    """
-    num_print = int(master_config.logger.num_val_examples_to_print)
-
-    def _evaluate() -> float:
-        n = len(val_problems)
-        if n == 0:
-            raise ValueError("evaluate: no held-out problems")
-        policy.prepare_val_partition(n, partition_id=VAL_PARTITION)
-        try:
-            prompts, answers = _problem_rows(list(val_problems), 1, tokenizer)
-            out = policy.generate_to_dataplane(
-                prompts,
-                [0] * n,
-                sample_ids=[f"val{k}_g0" for k in range(n)],
-                answers=answers,
-                greedy=True,
-                tokenizer=tokenizer,
-                env=env,
-                partition_id=VAL_PARTITION,
-                task_name=TASK_VAL,
-                return_responses=num_print > 0,
-            )
-            policy.finish_step(out.meta)
-        finally:
-            policy.drop_partition(VAL_PARTITION)
-        responses = out.responses or []
-        for p, r in list(zip(val_problems, responses))[:num_print]:
-            logger.info(f"  {p.prompt}{r!r} (expected {p.answer!r})")
-        return float(out.carry["rewards"].mean())
-
-    return _evaluate
-
-
 def _check_entry(policy: Any, master_config: Any) -> None:
     selection = validate_trainer_selection(master_config)
     if selection.target != TRAINER_TARGET:
@@ -267,33 +208,15 @@ def _check_entry(policy: Any, master_config: Any) -> None:
         )
 
 
-def grpo_train_sync(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    val_problems: list[Any],
-    tokenizer: Any,
-    env: Any,
-    logger: RunLogger,
-    checkpointer: Checkpointer,
-    start_state: dict[str, Any] | None,
-) -> dict[str, Any]:
+def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
     """Run GRPO for ``algorithm.max_steps`` steps over the data plane.
 
-    Same call signature, checkpoints and metrics as ``grpo_train`` (plus ``data_plane/*``
-    metrics when ``data_plane.observability.enabled``).
+    Same context, checkpoints and metrics as ``grpo_train`` (plus ``data_plane/*`` metrics
+    when ``data_plane.observability.enabled``).
 
     Args:
-        policy: A ``TQPolicy`` (from ``make_policy_factory``).
-        master_config: The validated root config (GRPO, ``data_plane=tq``).
-        train_loader: Resumable loader of problems, batch size ``num_prompts_per_step``.
-        val_problems: Held-out problems for greedy exact-match evaluation.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        logger: The phase's ``RunLogger``.
-        checkpointer: The phase's ``Checkpointer``.
-        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+        ctx: The phase's context (``ctx.policy`` a ``TQPolicy`` from ``make_policy_factory``,
+            ``ctx.cfg`` GRPO with ``data_plane=tq``).
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
@@ -302,13 +225,17 @@ def grpo_train_sync(
         ValueError: The config does not select this trainer, the policy is not a data-plane
             policy, or dynamic sampling exhausted ``max_gen_batches``.
     """
+    policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
+    tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
     _check_entry(policy, master_config)
     algo = master_config.algorithm
     max_steps = int(algo.max_steps)
     group = int(algo.num_generations_per_prompt)
     per_step = int(algo.num_prompts_per_step) * group
-    counters = start_counters(start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger)
-    if start_state is None:
+    counters = start_counters(
+        ctx.start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger
+    )
+    if ctx.start_state is None:
         policy.snapshot_reference_policy()
         optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
         policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
@@ -353,33 +280,22 @@ def grpo_train_sync(
             policy.drop_partition()
         counters["step"] = step
         counters["consumed_samples"] += meta.size
-        rewards = info["unfiltered_rewards"]
-        metrics: dict[str, Any] = {
-            "loss": train_metrics["loss"],
-            "pg_loss": train_metrics["pg_loss"],
-            "kl_penalty": train_metrics["kl_penalty"],
-            "clip_fraction": train_metrics["clip_fraction"],
-            "grad_norm": train_metrics["grad_norm"],
-            "lr": train_metrics["lr"],
-            "reward_mean": float(rewards.mean()),
-            "train_reward_mean": float(carry["rewards"].mean()),
-            "advantage_abs_mean": float(adv.abs().mean()),
-            "mean_response_length": float(carry["response_lengths"].float().mean()),
-            "truncated_fraction": float(carry["truncated"].float().mean()),
-            "sample_mask_mean": float(sample_mask.mean()),
-            "dynamic_sampling_num_gen_batches": info["num_gen_batches"],
-            "dynamic_sampling_num_discarded_valid_samples": info["num_discarded_valid_samples"],
-            "consumed_samples": counters["consumed_samples"],
-            "time/generation_s": t_gen,
-            "time/logprobs_s": t_lp,
-            "time/train_s": t_train,
-        }
-        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            acc = record_validation(counters, metrics, _evaluate)
-            logger.info(
-                f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
-                f"held-out accuracy {acc:.3f}"
-            )
+        metrics = finish_grpo_step_metrics(
+            step,
+            train_metrics,
+            info=info,
+            train_rewards=carry["rewards"],
+            advantages=adv,
+            response_lengths=carry["response_lengths"].float(),
+            truncated=carry["truncated"],
+            sample_mask=sample_mask,
+            counters=counters,
+            timings=(t_gen, t_lp, t_train),
+            val_period=int(algo.val_period),
+            max_steps=max_steps,
+            evaluate=_evaluate,
+            logger=logger,
+        )
         # Per-step store metrics (empty unless data_plane.observability.enabled).
         store_metrics = policy.data_plane_step_metrics(time.perf_counter() - t_step)
         metrics.update(store_metrics)
@@ -392,10 +308,11 @@ def grpo_train_sync(
                 f"outstanding {store_metrics['data_plane/now/bytes_outstanding_mb']:.4f} MB"
             )
         logger.log_step(step, metrics)
-        if checkpointer.should_save(step, final=step == max_steps):
-            checkpointer.save(
-                step,
-                lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
-            )
+        save_if_due(
+            ctx.checkpointer,
+            step,
+            max_steps,
+            lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
+        )
     logger.close()
     return dict(counters)

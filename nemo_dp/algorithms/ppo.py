@@ -9,7 +9,7 @@ token-level rewards (the score at the last response token, a per-token KL penalt
 value loss) on a fresh shuffle of the batch.  The whole batch lives in driver memory; everything
 that does not depend on where the tensors live is in ``ppo_common``, shared with the
 data-plane twin.  The critic is a ``Value`` worker group this trainer creates (and shuts down);
-its call signature is the one every trainer shares.
+like every trainer it is called as ``ppo_train(ctx)`` with a ``TrainContext``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from nemo_dp.algorithms.ppo_common import (
     start_ppo_phase,
 )
 from nemo_dp.algorithms.rollout import rollout
+from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.trainer_common import (
-    Checkpointer,
-    RunLogger,
     make_evaluator,
     sample_seeds,
+    save_if_due,
     trainer_state,
     validate_at_start,
 )
@@ -44,70 +44,32 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 __all__ = ["ppo_train"]
 
 
-def ppo_train(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    val_problems: list[Any],
-    tokenizer: Any,
-    env: Any,
-    logger: RunLogger,
-    checkpointer: Checkpointer,
-    start_state: dict[str, Any] | None,
-) -> dict[str, Any]:
+def ppo_train(ctx: TrainContext) -> dict[str, Any]:
     """Run PPO for ``algorithm.max_steps`` steps (in-memory batches).
 
     Args:
-        policy: The policy facade (``Policy``).
-        master_config: The validated root config (``algorithm`` is PPO).
-        train_loader: Resumable loader of problems, batch size ``num_prompts_per_step``.
-        val_problems: Held-out problems for greedy exact-match evaluation.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        logger: The phase's ``RunLogger``.
-        checkpointer: The phase's ``Checkpointer``.
-        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+        ctx: The phase's context (``ctx.policy`` a plain ``Policy``, ``ctx.cfg.algorithm`` PPO,
+            ``ctx.train_loader`` batch size ``num_prompts_per_step``).
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
     """
-    value = make_value(master_config, tokenizer)
+    value = make_value(ctx.cfg, ctx.tokenizer)
     try:
-        return _ppo_loop(
-            policy,
-            value,
-            master_config,
-            train_loader=train_loader,
-            val_problems=val_problems,
-            tokenizer=tokenizer,
-            env=env,
-            logger=logger,
-            checkpointer=checkpointer,
-            start_state=start_state,
-        )
+        ctx.hooks.model_built("value", value)
+        return _ppo_loop(ctx, value)
     finally:
         value.shutdown()
 
 
-def _ppo_loop(
-    policy: Any,
-    value: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    val_problems: list[Any],
-    tokenizer: Any,
-    env: Any,
-    logger: RunLogger,
-    checkpointer: Checkpointer,
-    start_state: dict[str, Any] | None,
-) -> dict[str, Any]:
+def _ppo_loop(ctx: TrainContext, value: Any) -> dict[str, Any]:
+    policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
+    tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
     algo = master_config.algorithm
     max_steps = int(algo.max_steps)
     group = int(algo.num_generations_per_prompt)
     counters = start_ppo_phase(
-        policy, value, master_config, start_state=start_state, train_loader=train_loader, logger=logger
+        policy, value, master_config, start_state=ctx.start_state, train_loader=train_loader, logger=logger
     )
     policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
     logger.start(max_steps, int(counters["step"]))
@@ -189,16 +151,17 @@ def _ppo_loop(
             logger=logger,
         )
         logger.log_step(step, metrics)
-        if checkpointer.should_save(step, final=step == max_steps):
-            checkpointer.save(
-                step,
-                lambda: trainer_state(
-                    "ppo",
-                    counters,
-                    policy_state=policy.state_dict(),
-                    value_state=value.state_dict(),
-                    loader_state=train_loader.state_dict(),
-                ),
-            )
+        save_if_due(
+            ctx.checkpointer,
+            step,
+            max_steps,
+            lambda: trainer_state(
+                "ppo",
+                counters,
+                policy_state=policy.state_dict(),
+                value_state=value.state_dict(),
+                loader_state=train_loader.state_dict(),
+            ),
+        )
     logger.close()
     return dict(counters)

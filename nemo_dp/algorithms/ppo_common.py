@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from nemo_dp.algorithms.context import PhaseLogger
 from nemo_dp.algorithms.gae import (
     compute_gae,
     explained_variance,
@@ -26,7 +27,6 @@ from nemo_dp.algorithms.gae import (
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
 from nemo_dp.algorithms.trainer_common import (
-    RunLogger,
     clipped_pg_loss_fn,
     record_validation,
     should_validate,
@@ -273,7 +273,7 @@ def finish_ppo_step_metrics(
     val_period: int,
     max_steps: int,
     evaluate: Callable[[], float],
-    logger: RunLogger,
+    logger: PhaseLogger,
 ) -> None:
     """Add the step's counters and timings to ``metrics`` and run the held-out evaluation when due.
 
@@ -316,7 +316,7 @@ def start_ppo_phase(
     *,
     start_state: dict[str, Any] | None,
     train_loader: Any,
-    logger: RunLogger,
+    logger: PhaseLogger,
 ) -> dict[str, Any]:
     """Fresh start or resume of both models (shared by both PPO trainers).
 

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from nemo_dp.algorithms.grpo_sync import make_store_evaluator
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.store_eval import make_store_evaluator
 from nemo_dp.algorithms.ppo_common import (
     build_ppo_loss_fns,
     compute_ppo_targets,
@@ -41,9 +42,8 @@ from nemo_dp.algorithms.ppo_common import (
     start_ppo_phase,
 )
 from nemo_dp.algorithms.trainer_common import (
-    Checkpointer,
-    RunLogger,
     sample_seeds,
+    save_if_due,
     trainer_state,
     validate_at_start,
 )
@@ -68,7 +68,7 @@ __all__ = ["ppo_train_sync", "TRAINER_TARGET"]
 #: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.ppo_sync:ppo_train_sync"
 
-#: Per-token columns the driver reads back for the advantage (contract §17.1).
+#: Per-token columns the driver reads back for the advantage.
 _TARGET_READ_FIELDS: tuple[str, ...] = (TOKEN_MASK, PREV_LOGPROBS, REFERENCE_POLICY_LOGPROBS, VALUES)
 
 
@@ -88,33 +88,15 @@ def _check_entry(policy: Any, master_config: Any) -> None:
         )
 
 
-def ppo_train_sync(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    val_problems: list[Any],
-    tokenizer: Any,
-    env: Any,
-    logger: RunLogger,
-    checkpointer: Checkpointer,
-    start_state: dict[str, Any] | None,
-) -> dict[str, Any]:
+def ppo_train_sync(ctx: TrainContext) -> dict[str, Any]:
     """Run PPO for ``algorithm.max_steps`` steps over the data plane.
 
-    Same call signature, checkpoints and metrics as ``ppo_train``.  The critic is a ``TQValue``
+    Same context, checkpoints and metrics as ``ppo_train``.  The critic is a ``TQValue``
     sharing the policy's data plane, created here and shut down at the end.
 
     Args:
-        policy: A ``TQPolicy`` (from ``make_policy_factory``).
-        master_config: The validated root config (PPO, ``data_plane=tq``).
-        train_loader: Resumable loader of problems, batch size ``num_prompts_per_step``.
-        val_problems: Held-out problems for greedy exact-match evaluation.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        logger: The phase's ``RunLogger``.
-        checkpointer: The phase's ``Checkpointer``.
-        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+        ctx: The phase's context (``ctx.policy`` a ``TQPolicy`` from ``make_policy_factory``,
+            ``ctx.cfg`` PPO with ``data_plane=tq``).
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
@@ -123,44 +105,24 @@ def ppo_train_sync(
         ValueError: The config does not select this trainer or the policy is not a
             data-plane policy.
     """
-    _check_entry(policy, master_config)
-    value = make_value(master_config, tokenizer, value_factory=functools.partial(TQValue.from_policy, policy))
+    _check_entry(ctx.policy, ctx.cfg)
+    value = make_value(ctx.cfg, ctx.tokenizer, value_factory=functools.partial(TQValue.from_policy, ctx.policy))
     try:
-        return _ppo_sync_loop(
-            policy,
-            value,
-            master_config,
-            train_loader=train_loader,
-            val_problems=val_problems,
-            tokenizer=tokenizer,
-            env=env,
-            logger=logger,
-            checkpointer=checkpointer,
-            start_state=start_state,
-        )
+        ctx.hooks.model_built("value", value)
+        return _ppo_sync_loop(ctx, value)
     finally:
         value.shutdown()
 
 
-def _ppo_sync_loop(
-    policy: Any,
-    value: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    val_problems: list[Any],
-    tokenizer: Any,
-    env: Any,
-    logger: RunLogger,
-    checkpointer: Checkpointer,
-    start_state: dict[str, Any] | None,
-) -> dict[str, Any]:
+def _ppo_sync_loop(ctx: TrainContext, value: Any) -> dict[str, Any]:
+    policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
+    tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
     algo = master_config.algorithm
     max_steps = int(algo.max_steps)
     group = int(algo.num_generations_per_prompt)
     per_step = int(algo.num_prompts_per_step) * group
     counters = start_ppo_phase(
-        policy, value, master_config, start_state=start_state, train_loader=train_loader, logger=logger
+        policy, value, master_config, start_state=ctx.start_state, train_loader=train_loader, logger=logger
     )
     policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
     logger.start(max_steps, int(counters["step"]))
@@ -247,16 +209,17 @@ def _ppo_sync_loop(
         )
         metrics.update(policy.data_plane_step_metrics(time.perf_counter() - t_step))
         logger.log_step(step, metrics)
-        if checkpointer.should_save(step, final=step == max_steps):
-            checkpointer.save(
-                step,
-                lambda: trainer_state(
-                    "ppo",
-                    counters,
-                    policy_state=policy.state_dict(),
-                    value_state=value.state_dict(),
-                    loader_state=train_loader.state_dict(),
-                ),
-            )
+        save_if_due(
+            ctx.checkpointer,
+            step,
+            max_steps,
+            lambda: trainer_state(
+                "ppo",
+                counters,
+                policy_state=policy.state_dict(),
+                value_state=value.state_dict(),
+                loader_state=train_loader.state_dict(),
+            ),
+        )
     logger.close()
     return dict(counters)

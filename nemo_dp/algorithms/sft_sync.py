@@ -2,7 +2,7 @@
 
 Selected by the factory for ``algorithm=sft`` with ``data_plane=local`` or ``data_plane=tq``
 (``TRAINER_REGISTRY``), on a ``TQPolicy`` whose workers carry ``ColocatedLoaderMixin``.  One
-step (contract §17.3):
+step:
 
 1. every DP-leader worker loads its block of global batch *k* into partition
    ``sft_dp{r}_batch{k}`` of its own client (Local: a private store; TransferQueue: the shared
@@ -28,16 +28,13 @@ worker's store under ``data_plane/dp{r}``; TransferQueue: the library checkpoint
 batches are dropped (loader rewound) before saving, so the store is empty between steps and a
 resume re-loads exactly the batches the uninterrupted run trains on.
 
-Test hook: with ``NEMO_DP_TEST_CKPT_PAUSE_STEP=<N>`` in the environment, the checkpoint writer
-of step N prints ``"[test hook] checkpoint step N paused"`` after writing ``state.pt`` and the
-data plane into the temporary directory (before the manifest and the commit renames) and
-sleeps ``NEMO_DP_TEST_CKPT_PAUSE_S`` seconds (default 120), so a test can SIGKILL the process
-in the middle of a checkpoint write.
+Fault injection: ``ctx.hooks.on_checkpoint_staged(step, tmp_dir)`` runs after ``state.pt`` and
+the data plane are written into the temporary directory and before the manifest and the commit
+renames, so a test can kill the process in the middle of a checkpoint write.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import time
 from collections.abc import Callable
@@ -46,10 +43,9 @@ from typing import Any
 
 import torch
 
+from nemo_dp.algorithms.context import PhaseCheckpointer, TrainContext, TrainHooks
 from nemo_dp.algorithms.loss_functions import NLLLoss
 from nemo_dp.algorithms.trainer_common import (
-    Checkpointer,
-    RunLogger,
     make_evaluator,
     record_validation,
     should_validate,
@@ -75,9 +71,6 @@ __all__ = [
 
 #: Sub-directory of a training checkpoint holding the data plane's own checkpoint.
 DATA_PLANE_CKPT_DIR = "data_plane"
-
-PAUSE_STEP_ENV = "NEMO_DP_TEST_CKPT_PAUSE_STEP"
-PAUSE_SECONDS_ENV = "NEMO_DP_TEST_CKPT_PAUSE_S"
 
 
 class SFTStepResult:
@@ -151,20 +144,13 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
     return SFTStepResult(metrics, consumed, envelopes, held, load_wait_s)
 
 
-def _test_pause(step: int) -> None:
-    wanted = os.environ.get(PAUSE_STEP_ENV)
-    if wanted is None or int(wanted) != step:
-        return
-    seconds = float(os.environ.get(PAUSE_SECONDS_ENV, "120"))
-    print(f"[test hook] checkpoint step {step} paused", flush=True)
-    time.sleep(seconds)
-
-
 def save_sft_checkpoint(
-    checkpointer: Checkpointer,
+    checkpointer: PhaseCheckpointer,
     step: int,
     state: dict[str, Any],
     save_data_plane: Callable[[Path], None],
+    *,
+    hooks: TrainHooks | None = None,
 ) -> Path:
     """Write ``state`` and the data plane's checkpoint as one atomic ``step_<N>`` directory.
 
@@ -177,6 +163,7 @@ def save_sft_checkpoint(
         step: The step just finished.
         state: The trainer state.
         save_data_plane: Writes the data plane's checkpoint into the given directory.
+        hooks: Injected callbacks (``checkpoint_staged`` runs before the manifest is written).
 
     Returns:
         The committed directory.
@@ -185,7 +172,8 @@ def save_sft_checkpoint(
     def write(tmp: Path) -> None:
         torch.save(state, tmp / STATE_FILE)
         save_data_plane(tmp / DATA_PLANE_CKPT_DIR)
-        _test_pause(step)
+        if hooks is not None:
+            hooks.checkpoint_staged(step, tmp)
         write_manifest(
             tmp,
             {
@@ -201,33 +189,15 @@ def save_sft_checkpoint(
     return path
 
 
-def sft_train_sync(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    val_problems: list[Any],
-    tokenizer: Any,
-    env: Any,
-    logger: RunLogger,
-    checkpointer: Checkpointer,
-    start_state: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """Run SFT for ``algorithm.max_steps`` steps over the data plane (signature of ``sft_train``).
+def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
+    """Run SFT for ``algorithm.max_steps`` steps over the data plane (same context as ``sft_train``).
 
     Args:
-        policy: A ``TQPolicy`` built by ``make_policy_factory`` (workers with the colocated
-            loader).
-        master_config: The validated root config (``algorithm`` is SFT, ``data_plane`` is
-            ``local`` or ``tq``).
-        train_loader: The run's resumable loader (global batch size); replicas are shipped to
-            the workers, this one is only the template (and receives the resumed position).
-        val_problems: Held-out problems for greedy exact-match evaluation.
-        tokenizer: The tokenizer.
-        env: The reward environment (exact match).
-        logger: The phase's ``RunLogger``.
-        checkpointer: The phase's ``Checkpointer``.
-        start_state: A loaded checkpoint to resume from, or ``None``.
+        ctx: The phase's context: ``ctx.policy`` a ``TQPolicy`` built by
+            ``make_policy_factory`` (workers with the colocated loader), ``ctx.cfg`` SFT with
+            ``data_plane`` ``local`` or ``tq``; ``ctx.train_loader`` (global batch size) is only
+            the template whose replicas are shipped to the workers (it receives the resumed
+            position); ``ctx.hooks.on_checkpoint_staged`` runs inside each checkpoint write.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
@@ -236,6 +206,9 @@ def sft_train_sync(
         ValueError: Sequence packing is enabled (placed SFT batches carry no producer plan
             yet), or the data plane is not local/tq.
     """
+    policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
+    tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
+    start_state, checkpointer = ctx.start_state, ctx.checkpointer
     algo = master_config.algorithm
     pcfg = master_config.policy
     if bool(pcfg.sequence_packing.enabled):
@@ -302,7 +275,9 @@ def sft_train_sync(
                 )
             state = trainer_state("sft", counters, policy.state_dict(), position["loader"])
             meta = {"step": step, "algorithm": "sft"}
-            save_sft_checkpoint(checkpointer, step, state, lambda d: loaders.save_data_plane(d, meta))
+            save_sft_checkpoint(
+                checkpointer, step, state, lambda d: loaders.save_data_plane(d, meta), hooks=ctx.hooks
+            )
     # Leave nothing behind in the store (prefetched batches) for a following phase (GRPO after
     # an SFT warm start reuses the same policy and, with TransferQueue, the same store).
     loaders.quiesce()

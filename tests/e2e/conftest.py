@@ -1,5 +1,11 @@
-"""Helpers for launcher end-to-end tests: run ``launchers/launch.py`` in a subprocess on tiny
-settings (from a temporary working directory, to prove recipes resolve from anywhere)."""
+"""Helpers for end-to-end tests.
+
+* ``launch``: run ``launchers/launch.py`` in a subprocess on tiny settings (from a temporary
+  working directory, to prove recipes resolve from anywhere).
+* ``warm_start_checkpoint``: one legacy SFT warm start per pytest session (150 steps on 1-digit
+  addition, the parity tests' model shape), saved as a training checkpoint; the GRPO and PPO
+  parity tests start both of their trainers from it instead of each repeating it.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +33,36 @@ TINY: tuple[str, ...] = (
 
 LaunchFn = Callable[..., subprocess.CompletedProcess]
 
+#: The shared warm start's model and SFT settings (the parity tests' policy shape; 1-digit
+#: addition so that the RL rewards after it are mixed).
+WARM_START_OVERRIDES: tuple[str, ...] = (
+    "~recipe",
+    "algorithm=grpo",
+    "data_plane=disabled",
+    "seed=11",
+    "env.digits=1",
+    "policy.dp_size=2",
+    "policy.model.n_layers=1",
+    "policy.model.d_model=64",
+    "policy.model.n_heads=2",
+    "policy.model.max_seq_len=16",
+    "policy.generation.max_new_tokens=4",
+    "policy.train_global_batch_size=8",
+    "policy.train_micro_batch_size=4",
+    "policy.logprob_batch_size=8",
+    "policy.optimizer.lr=1.0e-3",
+    "policy.optimizer.warmup_steps=0",
+    "algorithm.warm_start.max_steps=150",
+    "algorithm.warm_start.num_train_samples=64",
+    "algorithm.warm_start.lr=5.0e-3",
+    "algorithm.warm_start.warmup_steps=0",
+    "algorithm.warm_start.val_samples=8",
+    "logger.plot=false",
+    "logger.progress_bar=false",
+)
+
+WARM_START_SCRIPT = REPO_ROOT / "tests" / "e2e" / "warm_start.py"
+
 
 @pytest.fixture
 def launch(tmp_path: Path) -> LaunchFn:
@@ -46,3 +82,25 @@ def launch(tmp_path: Path) -> LaunchFn:
         )
 
     return _run
+
+
+@pytest.fixture(scope="session")
+def warm_start_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The committed checkpoint directory of the session's shared SFT warm start."""
+    out = tmp_path_factory.mktemp("shared_warm_start")
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    proc = subprocess.run(
+        [sys.executable, str(WARM_START_SCRIPT), str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    assert proc.returncode == 0, f"warm start failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    from nemo_dp.utils.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(out / "checkpoints" / "warm_start")
+    assert latest is not None and latest.name == "step_00000150", latest
+    return latest

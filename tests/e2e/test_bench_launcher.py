@@ -91,9 +91,11 @@ def test_bench_reports_local_target_at_64_mib(tmp_path: Path) -> None:
     local_targets = [t for t in report["targets"] if t["target"].startswith("local")]
     assert len(local_targets) == 2
     for t in local_targets:
-        assert isinstance(t["value"], float) and isinstance(t["met"], bool)
-        assert t["met"] == (t["value"] >= 0.7)
-        assert t["met_min"] == (t["value_min"] >= 0.7)
+        # Measured at 64 MiB: a ratio and a verdict exist (whether the verdicts fall on the right
+        # side of the threshold is tested on constructed rows in tests/unit/test_bench_report.py).
+        assert isinstance(t["value"], float) and t["value"] > 0 and isinstance(t["met"], bool)
+        assert isinstance(t["value_min"], float) and t["value_min"] > 0 and isinstance(t["met_min"], bool)
+        assert t["threshold"] == 0.7
     tq_targets = [t for t in report["targets"] if t["target"].startswith("transfer_queue")]
     assert tq_targets and all(t["met"] is None for t in tq_targets)
 

@@ -9,13 +9,13 @@ generation sub-batches with the same per-row seeds, the same planner places the 
 the same ranks and microbatches, losses are normalised by the same global counts and
 gradients are all-reduced in the same order, so any difference is a bug.
 
-Both trainers start from the same weights: a short legacy SFT warm start (run once) makes the
-1-digit addition rewards non-trivial, so groups with mixed rewards exist and dynamic sampling
-really drops, regenerates and slices.
+Both trainers start from the same weights: the session's shared legacy SFT warm start
+(``warm_start_checkpoint`` in ``conftest.py``) makes the 1-digit addition rewards non-trivial,
+so groups with mixed rewards exist and dynamic sampling really drops, regenerates and slices.
 
-The runs execute in a subprocess (this file run as a script) with its own Ray, selected
-exactly as the launcher selects them: ``select_sync_trainer`` and ``make_policy_factory`` on a
-Hydra-composed config.
+The runs execute in a subprocess (this file run as a script) with its own Ray, through the run
+layer the launcher uses (``nemo_dp.training.run_phase``: trainer from ``select_sync_trainer``,
+policy from ``make_policy`` over ``make_policy_factory``) on Hydra-composed configs.
 """
 
 from __future__ import annotations
@@ -56,11 +56,6 @@ PARITY_OVERRIDES: tuple[str, ...] = (
     "algorithm.val_at_start=true",
     "algorithm.dynamic_sampling.max_gen_batches=8",
     "algorithm.warm_start.enabled=false",
-    "algorithm.warm_start.max_steps=150",
-    "algorithm.warm_start.num_train_samples=64",
-    "algorithm.warm_start.lr=5.0e-3",
-    "algorithm.warm_start.warmup_steps=0",
-    "algorithm.warm_start.val_samples=8",
     "checkpointing.enabled=false",
     "logger.plot=false",
     "logger.progress_bar=false",
@@ -109,108 +104,76 @@ def _compose(data_plane: str, dynamic: bool) -> Any:
         return compose("config", overrides=overrides)
 
 
-def run_parity(out_dir: Path) -> dict[str, Any]:
-    """Warm start once, then run the four (data plane, dynamic sampling) combinations.
+def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
+    """Run the four (data plane, dynamic sampling) combinations from the shared warm start.
 
     Args:
         out_dir: Where each run writes its ``metrics.jsonl``.
+        warm_ckpt: The shared warm start's checkpoint directory.
 
     Returns:
         ``{"runs": {"<dp>_ds<0|1>": {"records": [...], "checksums": [...]}}}``.
     """
-    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs
-    from nemo_dp.config import validate_config, warm_start_config
-    from nemo_dp.data.tokenizer import CharTokenizer
-    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
+    from nemo_dp.config import validate_config
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from nemo_dp.distributed.worker_group import RayCluster
-    from nemo_dp.models.policy import Policy
+    from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
+    from nemo_dp.utils.checkpoint import load_training_checkpoint
     from nemo_dp.utils.metrics import read_metrics
 
-    tok = CharTokenizer()
     base = _compose("tq", False)
     validate_config(base)
+    tok = make_tokenizer(base)
+    state = load_training_checkpoint(warm_ckpt)["policy"]
     env = init_ray(num_cpus=2, data_plane_cfg=base.data_plane)
     result: dict[str, Any] = {"runs": {}}
+    # One policy per data-plane choice serves both of its runs (weights, optimizer and RNG
+    # reloaded from the warm start before each), which saves worker-group and TransferQueue
+    # start-ups.
+    policies: dict[str, Any] = {}
     try:
-        kwargs = {
-            "cluster": RayCluster(env_vars=dict(env)),
-            "config": base.policy,
-            "vocab_size": tok.vocab_size,
-            "pad_id": tok.pad_id,
-            "eos_id": tok.eos_id,
-            "seed": int(base.seed),
-        }
-        # Shared starting point: a short legacy SFT warm start.  One policy per data-plane
-        # choice serves both of its runs (weights, optimizer and RNG reloaded from the start
-        # state before each), which saves worker-group and TransferQueue start-ups.
-        ws_cfg = warm_start_config(_compose("disabled", False))
-        policies: dict[str, Any] = {"disabled": Policy(**kwargs)}
-        try:
-            warm = policies["disabled"]
-            inputs = build_trainer_inputs(ws_cfg)
-            select_sync_trainer(ws_cfg, label="SFT warm start")(
-                warm,
-                ws_cfg,
-                train_loader=inputs.train_loader,
-                val_problems=inputs.val_problems,
+        for dp, dynamic in COMBOS:
+            cfg = _compose(dp, dynamic)
+            validated = validate_config(cfg)
+            name = f"{dp}_ds{int(dynamic)}"
+            if dp not in policies:
+                policies[dp] = make_policy(cfg, tok, env_vars=env)
+            policy = policies[dp]
+            policy.load_state_dict(state)
+            phase = main_phase(cfg)
+            run_dir = out_dir / name
+            run_phase(
+                phase,
+                policy,
                 tokenizer=tok,
-                env=inputs.env,
-                logger=RunLogger(out_dir / "warm", metrics_file="metrics.jsonl", plot_file="p.png",
-                                 plot=False, progress_bar=False, label="warm"),
-                checkpointer=Checkpointer(out_dir / "warm_ckpt", enabled=False, save_period=0, keep_last=1),
-                start_state=None,
+                logger=phase_logger(phase, run_dir, validated.logger),
+                checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
             )
-            state = warm.state_dict()
-            for dp, dynamic in COMBOS:
-                cfg = _compose(dp, dynamic)
-                validate_config(cfg)
-                name = f"{dp}_ds{int(dynamic)}"
-                trainer = select_sync_trainer(cfg)
-                if dp not in policies:
-                    factory = make_policy_factory(cfg.data_plane)
-                    policies[dp] = Policy(**kwargs) if factory is None else factory(**kwargs)
-                policy = policies[dp]
-                policy.load_state_dict(state)
-                inputs = build_trainer_inputs(cfg)
-                run_dir = out_dir / name
-                trainer(
-                    policy,
-                    cfg,
-                    train_loader=inputs.train_loader,
-                    val_problems=inputs.val_problems,
-                    tokenizer=tok,
-                    env=inputs.env,
-                    logger=RunLogger(run_dir, metrics_file="metrics.jsonl", plot_file="p.png",
-                                     plot=False, progress_bar=False, label=name),
-                    checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-                    start_state=None,
-                )
-                result["runs"][name] = {
-                    "records": read_metrics(run_dir / "metrics.jsonl"),
-                    "checksums": policy.weights_checksums(),
-                    "policy_class": type(policy).__name__,
-                }
-        finally:
+            result["runs"][name] = {
+                "records": read_metrics(run_dir / "metrics.jsonl"),
+                "checksums": policy.weights_checksums(),
+                "policy_class": type(policy).__name__,
+            }
+    finally:
+        try:
             for policy in policies.values():
                 policy.shutdown()
-    finally:
-        shutdown_ray()
+        finally:
+            shutdown_ray()
     return result
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("grpo_parity")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out)],
+        [sys.executable, str(Path(__file__).resolve()), str(out), str(warm_start_checkpoint)],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
     )
     assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return json.loads((out / "parity.json").read_text())
@@ -220,7 +183,7 @@ def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["plain", "dynamic_sampling"])
 def test_legacy_and_data_plane_trainers_agree_exactly(parity: dict[str, Any], dynamic: bool) -> None:
     legacy = parity["runs"][f"disabled_ds{int(dynamic)}"]
@@ -251,17 +214,15 @@ def test_data_plane_run_logs_only_legacy_keys_plus_timings(parity: dict[str, Any
     for dynamic in (0, 1):
         legacy = parity["runs"][f"disabled_ds{dynamic}"]["records"]
         tq = parity["runs"][f"tq_ds{dynamic}"]["records"]
-        for ra, rb in zip(legacy, tq):
-            assert set(ra) == set(rb)
+        assert len(legacy) == len(tq) == 6, (len(legacy), len(tq))
+        for ra, rb in zip(legacy, tq, strict=True):
+            assert ra["step"] == rb["step"]
+            assert set(ra) == set(rb), (ra["step"], sorted(set(ra) ^ set(rb)))
 
 
 @pytest.mark.timeout(300)
 def test_launcher_trains_grpo_over_tq_with_store_metrics(tmp_path: Path) -> None:
-    """``launch.py data_plane=tq`` selects the pair through the factory, logs store metrics.
-
-    The SFT warm start stays off: its data-plane trainer (``sft_sync``) belongs to another
-    issue and has not landed.
-    """
+    """``launch.py data_plane=tq`` selects the pair through the factory, logs store metrics."""
     from tests.e2e.conftest import LAUNCHER, TINY
 
     run = tmp_path / "run"
@@ -302,6 +263,6 @@ if __name__ == "__main__":
     target = Path(sys.argv[1])
     target.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
-    res = run_parity(target)
+    res = run_parity(target, Path(sys.argv[2]))
     (target / "parity.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: [r.get("reward_mean") for r in v["records"]] for k, v in res["runs"].items()}))

@@ -9,7 +9,6 @@ steps plus a resumed run, metric for metric).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -77,17 +76,19 @@ def test_sft_few_steps(launch: LaunchFn, tmp_path: Path) -> None:
 
 
 def test_bad_override_fails_before_ray_starts(launch: LaunchFn, tmp_path: Path) -> None:
-    t0 = time.perf_counter()
+    # The run layer prints "run directory:" first, before Ray starts: a config error is raised
+    # before that line, and nothing is written into the run directory.
     proc = launch(["policy.dp_size=0", f"hydra.run.dir={tmp_path / 'bad'}"], timeout=120)
     assert proc.returncode != 0
     assert "policy.dp_size" in proc.stderr and "must be >= 1" in proc.stderr
-    assert "Running synchronous" not in proc.stdout
+    assert "run directory:" not in proc.stdout and "Running synchronous" not in proc.stdout
     assert not (tmp_path / "bad" / "resolved_config.yaml").exists()
     proc = launch(["policy.no_such_key=3", f"hydra.run.dir={tmp_path / 'bad2'}"], timeout=120)
     assert proc.returncode != 0 and "policy.no_such_key" in proc.stderr
+    assert "run directory:" not in proc.stdout
     proc = launch(["data_plane=local", f"hydra.run.dir={tmp_path / 'bad3'}"], timeout=120)
     assert proc.returncode != 0 and "data_plane" in proc.stderr and "grpo" in proc.stderr
-    assert time.perf_counter() - t0 < 90  # three compose-time failures, no cluster start-up
+    assert "run directory:" not in proc.stdout
 
 
 def test_grpo_with_warm_start_and_exact_resume(launch: LaunchFn, tmp_path: Path) -> None:

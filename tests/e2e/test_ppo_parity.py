@@ -10,10 +10,11 @@ store, the targets are computed by the same function at the same canonical width
 shuffle is the same pure function of (seed, step, epoch), and both models' training is sharded,
 planned, normalised and all-reduced identically.
 
-Both runs start from the same weights: a short legacy SFT warm start (run once) makes the
-1-digit addition rewards non-trivial.  The runs execute in a subprocess (this file run as a
-script) with its own Ray; trainers and policy classes are selected as the launcher selects
-them (``select_sync_trainer``, ``make_policy_factory``) on Hydra-composed, validated configs.
+Both runs start from the same weights: the session's shared legacy SFT warm start
+(``warm_start_checkpoint`` in ``conftest.py``) makes the 1-digit addition rewards non-trivial.
+The runs execute in a subprocess (this file run as a script) with its own Ray, through the run
+layer the launcher uses (``nemo_dp.training.run_phase``: trainer from ``select_sync_trainer``,
+policy from ``make_policy`` over ``make_policy_factory``) on Hydra-composed, validated configs.
 """
 
 from __future__ import annotations
@@ -52,11 +53,6 @@ PARITY_OVERRIDES: tuple[str, ...] = (
     "algorithm.val_period=5",
     "algorithm.val_at_start=true",
     "algorithm.warm_start.enabled=false",
-    "algorithm.warm_start.max_steps=150",
-    "algorithm.warm_start.num_train_samples=64",
-    "algorithm.warm_start.lr=5.0e-3",
-    "algorithm.warm_start.warmup_steps=0",
-    "algorithm.warm_start.val_samples=8",
     "checkpointing.enabled=false",
     "logger.plot=false",
     "logger.progress_bar=false",
@@ -101,71 +97,46 @@ def _compose(overrides: list[str]) -> Any:
         return compose("config", overrides=[*PARITY_OVERRIDES, *overrides])
 
 
-def run_parity(out_dir: Path) -> dict[str, Any]:
-    """Warm start once, then run PPO with ``data_plane=disabled`` and ``data_plane=tq``.
+def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
+    """Run PPO with ``data_plane=disabled`` and ``data_plane=tq`` from the shared warm start.
 
     Args:
         out_dir: Where each run writes its ``metrics.jsonl``.
+        warm_ckpt: The shared warm start's checkpoint directory.
 
     Returns:
-        ``{"runs": {"disabled"|"tq": {"records", "checksums", "policy_class"}}}``.
+        ``{"runs": {"disabled"|"tq": {"records", "checksums", "policy_class", "trainer"}}}``.
     """
-    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs
-    from nemo_dp.config import validate_config, warm_start_config
-    from nemo_dp.data.tokenizer import CharTokenizer
-    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
+    from nemo_dp.config import validate_config
+    from nemo_dp.data_plane.factory import select_sync_trainer
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from nemo_dp.distributed.worker_group import RayCluster
-    from nemo_dp.models.policy import Policy
+    from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
+    from nemo_dp.utils.checkpoint import load_training_checkpoint
     from nemo_dp.utils.metrics import read_metrics
 
-    tok = CharTokenizer()
     base = _compose([*PPO_OVERRIDES, "data_plane=tq"])
     validate_config(base)
+    tok = make_tokenizer(base)
+    state = load_training_checkpoint(warm_ckpt)["policy"]
     env = init_ray(num_cpus=2, data_plane_cfg=base.data_plane)
     result: dict[str, Any] = {"runs": {}}
-
-    def logger(path: Path, label: str) -> RunLogger:
-        return RunLogger(path, metrics_file="metrics.jsonl", plot_file="p.png", plot=False,
-                         progress_bar=False, label=label)
-
     try:
-        kwargs = {
-            "cluster": RayCluster(env_vars=dict(env)),
-            "config": base.policy,
-            "vocab_size": tok.vocab_size,
-            "pad_id": tok.pad_id,
-            "eos_id": tok.eos_id,
-            "seed": int(base.seed),
-        }
-        ws_cfg = warm_start_config(_compose([*PPO_OVERRIDES, "data_plane=disabled"]))
-        warm = Policy(**kwargs)
-        try:
-            inputs = build_trainer_inputs(ws_cfg)
-            select_sync_trainer(ws_cfg, label="SFT warm start")(
-                warm, ws_cfg, train_loader=inputs.train_loader, val_problems=inputs.val_problems,
-                tokenizer=tok, env=inputs.env, logger=logger(out_dir / "warm", "warm"),
-                checkpointer=Checkpointer(out_dir / "warm_ckpt", enabled=False, save_period=0, keep_last=1),
-                start_state=None,
-            )
-            state = warm.state_dict()
-        finally:
-            warm.shutdown()
         for dp in ("disabled", "tq"):
             cfg = _compose([*PPO_OVERRIDES, f"data_plane={dp}"])
-            validate_config(cfg)
+            validated = validate_config(cfg)
+            phase = main_phase(cfg)
             trainer = select_sync_trainer(cfg)
-            factory = make_policy_factory(cfg.data_plane)
-            policy = Policy(**kwargs) if factory is None else factory(**kwargs)
+            policy = make_policy(cfg, tok, env_vars=env)
             try:
                 policy.load_state_dict(state)
-                inputs = build_trainer_inputs(cfg)
                 run_dir = out_dir / dp
-                trainer(
-                    policy, cfg, train_loader=inputs.train_loader, val_problems=inputs.val_problems,
-                    tokenizer=tok, env=inputs.env, logger=logger(run_dir, dp),
+                run_phase(
+                    phase,
+                    policy,
+                    tokenizer=tok,
+                    logger=phase_logger(phase, run_dir, validated.logger),
                     checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-                    start_state=None,
+                    trainer=trainer,
                 )
                 result["runs"][dp] = {
                     "records": read_metrics(run_dir / "metrics.jsonl"),
@@ -181,17 +152,17 @@ def run_parity(out_dir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("ppo_parity")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out)],
+        [sys.executable, str(Path(__file__).resolve()), str(out), str(warm_start_checkpoint)],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert proc.returncode == 0, (
         f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
@@ -203,7 +174,7 @@ def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(900)
 def test_legacy_and_data_plane_ppo_agree_exactly(parity: dict[str, Any]) -> None:
     legacy, tq = parity["runs"]["disabled"], parity["runs"]["tq"]
     assert legacy["policy_class"] == "Policy" and tq["policy_class"] == "TQPolicy"
@@ -230,6 +201,6 @@ if __name__ == "__main__":
     target = Path(sys.argv[1])
     target.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
-    res = run_parity(target)
+    res = run_parity(target, Path(sys.argv[2]))
     (target / "parity.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: [r.get("reward_mean") for r in v["records"]] for k, v in res["runs"].items()}))

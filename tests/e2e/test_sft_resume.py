@@ -7,13 +7,15 @@
   prefetched batches are dropped before saving, so the resumed run loads exactly the batches
   the straight run trained on).
 * **Crash safety** (Local): the training process is SIGKILLed while the step-6 checkpoint is
-  being written - ``sft_sync``'s test hook (``NEMO_DP_TEST_CKPT_PAUSE_STEP``) pauses the
-  writer after ``state.pt`` and the data plane are in the temporary directory and before the
-  manifest / commit renames.  The step-3 checkpoint must still be the latest committed one,
-  load, and a run resumed from it must reproduce steps 4-6 of the straight run.
+  being written.  The process is this file run as a script: it runs the launcher's run layer
+  (``nemo_dp.training.run_phases``) with a ``TrainHooks.on_checkpoint_staged`` hook that, at
+  step 6, announces itself and blocks - after ``state.pt`` and the data plane are in the
+  temporary directory and before the manifest / commit renames.  The step-3 checkpoint must
+  still be the latest committed one, load, and a run resumed from it must reproduce steps 4-6
+  of the straight run.
 
-Runs are the real launcher in subprocesses (see ``test_sft_parity.py`` for the settings); the
-straight runs are shared with ``test_sft_parity.py`` within one pytest session.
+The other runs are the real launcher in subprocesses (see ``test_sft_parity.py`` for the
+settings); the straight runs are shared with ``test_sft_parity.py`` within one pytest session.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from nemo_dp.utils.checkpoint import latest_checkpoint, load_training_checkpoint
-from tests.e2e.test_sft_parity import CKPT, COMPARED, LAUNCHER, SFT_OVERRIDES, read_metrics, run_launcher, straight_run
+from tests.e2e.test_sft_parity import CKPT, COMPARED, SFT_OVERRIDES, read_metrics, run_launcher, straight_run
 
 
 def _resume(tmp_path: Path, choice: str, resume_root: Path, name: str) -> Path:
@@ -80,11 +83,9 @@ def test_local_sigkill_during_checkpoint_then_resume_is_exact(
     crash_dir = tmp_path / "crash_local"
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env["NEMO_DP_TEST_CKPT_PAUSE_STEP"] = "6"
-    env["NEMO_DP_TEST_CKPT_PAUSE_S"] = "300"
     proc = subprocess.Popen(
-        [sys.executable, str(LAUNCHER), *SFT_OVERRIDES, "data_plane=local", *CKPT, f"hydra.run.dir={crash_dir}"],
-        cwd=tmp_path,
+        [sys.executable, "-m", "tests.e2e.test_sft_resume", str(crash_dir), "6", *SFT_OVERRIDES, "data_plane=local", *CKPT],
+        cwd=Path(__file__).resolve().parents[2],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -124,3 +125,41 @@ def test_local_sigkill_during_checkpoint_then_resume_is_exact(
     assert load_training_checkpoint(latest)["counters"]["step"] == 3
 
     _assert_same_tail(straight, _resume(tmp_path, "local", crash_dir / "checkpoints", "resumed_local"))
+
+
+PAUSED_LINE = "[test hook] checkpoint step {step} paused"
+
+
+def _run_with_pause(run_dir: Path, pause_step: int, overrides: list[str]) -> None:
+    """Run the launcher's run layer on ``overrides``, blocking inside checkpoint ``pause_step``.
+
+    Args:
+        run_dir: The run directory.
+        pause_step: The step whose checkpoint write blocks (until the process is killed).
+        overrides: Hydra overrides.
+    """
+    from hydra import compose, initialize_config_dir
+
+    from nemo_dp.config import preflight, register_configs, validate_config
+    from nemo_dp.training import TrainHooks, run_phases
+
+    repo = Path(__file__).resolve().parents[2]
+    register_configs(repo / "recipes")
+    with initialize_config_dir(str(repo / "conf"), version_base=None):
+        cfg = compose("config", overrides=overrides)
+    validated = validate_config(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    preflight(validated, run_dir)
+    never = threading.Event()
+
+    def pause(step: int, tmp_dir: Path) -> None:
+        if step == pause_step:
+            assert (tmp_dir / "state.pt").is_file()
+            print(PAUSED_LINE.format(step=step), flush=True)
+            never.wait(300)  # the test SIGKILLs this process while it waits here
+
+    run_phases(cfg, validated, run_dir, hooks=TrainHooks(on_checkpoint_staged=pause))
+
+
+if __name__ == "__main__":  # python -m tests.e2e.test_sft_resume RUN_DIR STEP OVERRIDES...
+    _run_with_pause(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])

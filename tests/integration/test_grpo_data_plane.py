@@ -1,4 +1,4 @@
-"""GRPO over the data plane on the real TransferQueue adapter (checklist K 74-75, rule 6).
+"""GRPO over the data plane on the real TransferQueue adapter (and no bulk tensor reaching the driver).
 
 One ``TQPolicy`` (2 DP workers, a tiny model) for the module, built the way the launcher builds
 it (``make_policy_factory``).  The session's bootstrapping client is closed first (at most one
@@ -34,7 +34,8 @@ import torch
 
 from nemo_dp.algorithms.grpo_sync import collect_grpo_batch_sync, grpo_train_sync
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
-from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.training import Checkpointer, RunLogger
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.datasets import EpochLoader, RLPromptDataset
 from nemo_dp.data.tokenizer import CharTokenizer
@@ -232,10 +233,11 @@ def test_exceeding_max_gen_batches_raises_and_drops_the_partition(policy: Any, t
                        progress_bar=False, label="fail")
     with pytest.raises(ValueError, match="max_gen_batches"):
         grpo_train_sync(
-            policy, cfg, train_loader=_loader(flat, 2), val_problems=flat, tokenizer=TOK,
-            env=ScriptedEnv(G), logger=logger,
-            checkpointer=Checkpointer(tmp_path / "ckpt", enabled=False, save_period=0, keep_last=1),
-            start_state=None,
+            TrainContext(
+                policy=policy, cfg=cfg, train_loader=_loader(flat, 2), val_problems=flat, tokenizer=TOK,
+                env=ScriptedEnv(G), logger=logger,
+                checkpointer=Checkpointer(tmp_path / "ckpt", enabled=False, save_period=0, keep_last=1),
+            )
         )
     assert list(policy.live_partitions()) == []
     assert policy.dp_client.list_sample_ids("train") == []
@@ -280,10 +282,11 @@ def test_no_bulk_per_token_tensor_reaches_the_driver(policy: Any, tmp_path: Path
         logger = RunLogger(tmp_path, metrics_file="metrics.jsonl", plot_file="p.png", plot=False,
                            progress_bar=False, label="rule6")
         result = grpo_train_sync(
-            policy, cfg, train_loader=_loader(problems, 2), val_problems=problems[:4], tokenizer=TOK,
-            env=ArithmeticEnv(), logger=logger,
-            checkpointer=Checkpointer(tmp_path / "ckpt", enabled=False, save_period=0, keep_last=1),
-            start_state=None,
+            TrainContext(
+                policy=policy, cfg=cfg, train_loader=_loader(problems, 2), val_problems=problems[:4],
+                tokenizer=TOK, env=ArithmeticEnv(), logger=logger,
+                checkpointer=Checkpointer(tmp_path / "ckpt", enabled=False, save_period=0, keep_last=1),
+            )
         )
     finally:
         del group.run_sharded, group.run_all

@@ -1,20 +1,22 @@
-"""Design rules 3-6 between trainers, launchers and the data plane (checklist L 77, 78, 81, 83).
+"""Design rules 3-6 between trainers, launchers, the run layer and the data plane.
 
 Checked by AST / source inspection, not by review:
 
-* Rule 3 / item 77 - legacy trainer modules never import ``nemo_dp.data_plane``, never name a
+* Rule 3 - legacy trainer modules never import ``nemo_dp.data_plane``, never name a
   data-plane trainer or ``TQPolicy``, and (docstrings and comments stripped) never mention
   ``data_plane`` at all, so they can neither branch on it nor read its config.
-* Item 78 - no trainer (legacy or data-plane) has a feature gate: no ``if`` / conditional
+* No trainer (legacy or data-plane) has a feature gate: no ``if`` / conditional
   expression / ``while`` test mentions ``data_plane`` or ``dp_client``.
 * Rule 4 - data-plane trainers import no adapter, no ``transfer_queue``, none of the column
   helpers that take a client, never build a client and never touch ``.dp_client``.
-* Rule 5 / item 81 - every launcher that runs a trainer calls ``select_sync_trainer(`` and
-  ``make_policy_factory(``, names no trainer function or policy class itself, and has no
-  ``if`` on ``data_plane``.
-* Item 83 - each legacy trainer and its data-plane twin bind the same call signature.
-* The factory registry points ``data_plane=tq`` GRPO at ``grpo_train_sync`` and the policy
-  factory at ``TQPolicy``, whose worker class carries the worker mixin.
+* Rule 5 - the run layer (``nemo_dp/training/run.py``) is where trainer and policy are picked:
+  it calls ``select_sync_trainer(`` and ``make_policy_factory(``; every launcher (all of
+  ``launchers/*.py``, none filtered out) names no trainer function, trainer module or policy
+  class and has no ``if`` on ``data_plane``; the launchers that train go through the run layer.
+* Every trainer takes exactly one ``ctx: TrainContext``.
+* Every (algorithm, data plane) pair of the config groups either selects an importable trainer
+  taking a ``TrainContext`` or fails naming both keys; ``data_plane=tq`` builds a policy class
+  whose workers carry the worker mixin.
 
 Rule 6 (no bulk per-token tensor reaches the driver) needs running workers and is asserted in
 ``tests/integration/test_grpo_data_plane.py`` by inspecting what the driver receives.
@@ -39,14 +41,16 @@ TRAINER_PAIRS: tuple[tuple[str, str, str, str], ...] = (
     ("sft", "sft_sync", "sft_train", "sft_train_sync"),
     ("ppo", "ppo_sync", "ppo_train", "ppo_train_sync"),
 )
-LEGACY = [p for p in (ALGOS / f"{m}.py" for m, _, _, _ in TRAINER_PAIRS) if p.exists()]
-SYNC = [p for p in (ALGOS / f"{m}.py" for _, m, _, _ in TRAINER_PAIRS) if p.exists()]
+LEGACY = [ALGOS / f"{m}.py" for m, _, _, _ in TRAINER_PAIRS]
+SYNC = [ALGOS / f"{m}.py" for _, m, _, _ in TRAINER_PAIRS]
 TRAINER_NAMES = {n for _, _, a, b in TRAINER_PAIRS for n in (a, b)}
 DP_TRAINER_WORDS = ("grpo_sync", "sft_sync", "ppo_sync", "train_sync", "TQPolicy", "TQValue")
-#: Launchers that run trainers (bench.py joins once it has a trainer benchmark).
-TRAINER_LAUNCHERS = [
-    p for p in sorted(LAUNCHERS.glob("*.py")) if "select_sync_trainer" in p.read_text() or p.name == "launch.py"
-]
+#: Every launcher, unfiltered.
+ALL_LAUNCHERS = sorted(LAUNCHERS.glob("*.py"))
+#: The launchers that train, and the package each goes through.
+TRAINING_LAUNCHERS: dict[str, str] = {"launch.py": "nemo_dp.training", "bench.py": "nemo_dp.bench"}
+RUN_LAYER = REPO / "nemo_dp" / "training" / "run.py"
+BENCH_STEPS = REPO / "nemo_dp" / "bench" / "steps.py"
 
 
 def _tree(path: Path) -> ast.Module:
@@ -91,7 +95,7 @@ def _ids(paths: list[Path]) -> list[str]:
     return [p.name for p in paths]
 
 
-# --- rule 3 / item 77 ----------------------------------------------------------------------
+# --- rule 3 ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", LEGACY, ids=_ids(LEGACY))
@@ -107,6 +111,12 @@ def test_legacy_trainer_never_imports_or_mentions_the_data_plane(path: Path) -> 
     assert "dp_client" not in code, f"{path.name} code mentions dp_client"
 
 
+def test_every_trainer_module_exists() -> None:
+    """The parametrized checks above and below cover every pair (none filtered out)."""
+    missing = [p.name for p in LEGACY + SYNC if not p.is_file()]
+    assert missing == []
+
+
 @pytest.mark.timeout(120)
 def test_legacy_trainers_do_not_load_the_data_plane_transitively() -> None:
     """Rule 3 at run time: importing the legacy trainers (and everything they import, e.g. the
@@ -114,7 +124,7 @@ def test_legacy_trainers_do_not_load_the_data_plane_transitively() -> None:
     import subprocess
     import sys
 
-    modules = ", ".join(f"nemo_dp.algorithms.{m}" for m, _, _, _ in TRAINER_PAIRS if (ALGOS / f"{m}.py").exists())
+    modules = ", ".join(f"nemo_dp.algorithms.{m}" for m, _, _, _ in TRAINER_PAIRS)
     code = (
         f"import sys, importlib\n"
         f"for m in '{modules}'.split(', '): importlib.import_module(m)\n"
@@ -124,7 +134,7 @@ def test_legacy_trainers_do_not_load_the_data_plane_transitively() -> None:
     assert out.stdout.strip() == "[]", f"legacy trainers load data-plane modules: {out.stdout.strip()}"
 
 
-# --- item 78 -------------------------------------------------------------------------------
+# --- no feature gates -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", LEGACY + SYNC, ids=_ids(LEGACY + SYNC))
@@ -164,68 +174,125 @@ def test_the_rule_checks_see_a_violation() -> None:
     assert "data_plane" not in ast.unparse(_strip_docstrings(doc_only))
 
 
-# --- rule 5 / item 81 ----------------------------------------------------------------------
+# --- rule 5 ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", TRAINER_LAUNCHERS, ids=_ids(TRAINER_LAUNCHERS))
-def test_launchers_select_through_the_factory_only(path: Path) -> None:
-    tree = _tree(path)
-    calls = {
+def _calls(tree: ast.Module) -> set[str]:
+    return {
         n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
         for n in ast.walk(tree)
         if isinstance(n, ast.Call)
     }
-    assert {"select_sync_trainer", "make_policy_factory"} <= calls, f"{path.name} calls {sorted(calls)}"
+
+
+def test_the_run_layer_selects_trainer_and_policy_through_the_factory() -> None:
+    calls = _calls(_tree(RUN_LAYER))
+    assert {"select_sync_trainer", "make_policy_factory"} <= calls, sorted(calls)
+
+
+def test_the_launchers_that_train_go_through_the_run_layer() -> None:
+    assert {p.name for p in ALL_LAUNCHERS} >= set(TRAINING_LAUNCHERS)
+    for name, package in TRAINING_LAUNCHERS.items():
+        imported = _imports(_tree(LAUNCHERS / name))
+        assert any(m == package or m.startswith(package + ".") for m in imported), (name, imported)
+    # The bench's step runners train through run_phase, not their own orchestration.
+    assert "run_phase" in _calls(_tree(BENCH_STEPS))
+
+
+@pytest.mark.parametrize("path", ALL_LAUNCHERS, ids=_ids(ALL_LAUNCHERS))
+def test_no_launcher_names_a_trainer_or_branches_on_the_data_plane(path: Path) -> None:
+    tree = _tree(path)
     referenced = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     referenced |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     referenced |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     direct = sorted(referenced & (TRAINER_NAMES | {"TQPolicy", "TQValue"}))
     assert direct == [], f"{path.name} references trainers / policy classes directly: {direct}"
-    modules = [m for m in _imports(tree) if m.startswith("nemo_dp.algorithms.") and m.split(".")[2] in {
-        p for pair in TRAINER_PAIRS for p in pair[:2]}]
+    trainer_modules = {p for pair in TRAINER_PAIRS for p in pair[:2]}
+    modules = [m for m in _imports(tree) if m.startswith("nemo_dp.algorithms.") and m.split(".")[2] in trainer_modules]
     assert modules == [], f"{path.name} imports trainer modules: {modules}"
     gates = [t for t in _gate_tests(tree) if "data_plane" in t]
     assert gates == [], f"{path.name} branches on data_plane itself: {gates}"
 
 
-# --- item 83 -------------------------------------------------------------------------------
+def test_the_launcher_checks_see_a_violation() -> None:
+    """A launcher that picks its own trainer is caught (guards the launcher checks)."""
+    bad = ast.parse(
+        "from nemo_dp.algorithms.grpo_sync import grpo_train_sync\n"
+        "def main(cfg):\n"
+        "    if cfg.data_plane.enabled:\n"
+        "        grpo_train_sync(cfg)\n"
+    )
+    assert any(m.startswith("nemo_dp.algorithms.grpo_sync") for m in _imports(bad))
+    assert [t for t in _gate_tests(bad) if "data_plane" in t] == ["cfg.data_plane.enabled"]
+    assert "run_phase" not in _calls(bad) and "grpo_train_sync" in _calls(bad)
 
 
-@pytest.mark.parametrize(
-    "legacy_mod,sync_mod,legacy_fn,sync_fn",
-    [p for p in TRAINER_PAIRS if (ALGOS / f"{p[1]}.py").exists()],
-    ids=lambda v: str(v),
-)
-def test_both_trainers_bind_the_same_signature(legacy_mod: str, sync_mod: str, legacy_fn: str, sync_fn: str) -> None:
-    legacy = getattr(importlib.import_module(f"nemo_dp.algorithms.{legacy_mod}"), legacy_fn)
-    sync = getattr(importlib.import_module(f"nemo_dp.algorithms.{sync_mod}"), sync_fn)
-    a, b = inspect.signature(legacy), inspect.signature(sync)
-    assert [(p.name, p.kind, p.default) for p in a.parameters.values()] == [
-        (p.name, p.kind, p.default) for p in b.parameters.values()
+# --- one trainer shape ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module,fn", [(m, f) for a, b, fa, fb in TRAINER_PAIRS for m, f in ((a, fa), (b, fb))])
+def test_every_trainer_takes_one_train_context(module: str, fn: str) -> None:
+    from nemo_dp.algorithms.context import TrainContext
+
+    trainer = getattr(importlib.import_module(f"nemo_dp.algorithms.{module}"), fn)
+    params = list(inspect.signature(trainer, eval_str=True).parameters.values())
+    assert [(p.name, p.kind, p.annotation) for p in params] == [
+        ("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, TrainContext)
     ]
-    assert {k: str(p.annotation) for k, p in a.parameters.items()} == {
-        k: str(p.annotation) for k, p in b.parameters.items()
-    }
 
 
-# --- the registry --------------------------------------------------------------------------
+# --- selection behaviour -------------------------------------------------------------------
+
+ALGORITHMS = sorted(p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml"))
+DATA_PLANES = sorted(p.stem for p in (REPO / "conf" / "data_plane").glob("*.yaml"))
 
 
-def test_factory_pairs_grpo_tq_with_the_sync_trainer_and_tq_policy() -> None:
-    from nemo_dp.data_plane import factory
+def _compose(algorithm: str, data_plane: str) -> object:
+    from hydra import compose, initialize_config_dir
+
+    from nemo_dp.config import register_configs
+
+    register_configs(REPO / "recipes")
+    with initialize_config_dir(str(REPO / "conf"), version_base=None):
+        return compose("config", overrides=["~recipe", f"algorithm={algorithm}", f"data_plane={data_plane}"])
+
+
+@pytest.mark.parametrize("data_plane", DATA_PLANES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_pair_selects_a_context_trainer_or_fails_naming_both(algorithm: str, data_plane: str) -> None:
+    from nemo_dp.algorithms.context import TrainContext
+    from nemo_dp.data_plane.factory import select_sync_trainer
+
+    cfg = _compose(algorithm, data_plane)
+    try:
+        trainer = select_sync_trainer(cfg)
+    except ValueError as exc:
+        text = str(exc)
+        assert repr(algorithm) in text and "data_plane" in text, text
+        return
+    assert callable(trainer) and trainer.__module__.startswith("nemo_dp.algorithms.")
+    params = list(inspect.signature(trainer, eval_str=True).parameters.values())
+    assert [p.annotation for p in params] == [TrainContext], (algorithm, data_plane, trainer)
+
+
+def test_the_pair_table_is_not_all_failures() -> None:
+    """Every algorithm runs on some data plane, and the tq policy carries the worker mixin."""
+    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
     from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
 
-    assert factory.TRAINER_REGISTRY[("grpo", "transfer_queue")] == "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
-    assert factory.TRAINER_REGISTRY[("grpo", "disabled")] == "nemo_dp.algorithms.grpo:grpo_train"
-    trainer = factory._import_target(factory.TRAINER_REGISTRY[("grpo", "transfer_queue")], "trainer")
-    from nemo_dp.algorithms.grpo_sync import TRAINER_TARGET, grpo_train_sync
+    for algorithm in ALGORITHMS:
+        legal = []
+        for data_plane in DATA_PLANES:
+            try:
+                select_sync_trainer(_compose(algorithm, data_plane))
+                legal.append(data_plane)
+            except ValueError:
+                pass
+        assert "disabled" in legal and "tq" in legal, (algorithm, legal)
+    assert make_policy_factory(_compose("grpo", "disabled").data_plane) is None
+    assert make_policy_factory(_compose("grpo", "tq").data_plane) is not None
+    from nemo_dp.models.policy.tq_policy import TQPolicy
 
-    assert trainer is grpo_train_sync and TRAINER_TARGET == factory.TRAINER_REGISTRY[("grpo", "transfer_queue")]
-    policy_cls = factory._import_target(factory.POLICY_CLASS_PATH, "policy")
-    from nemo_dp.models.policy.policy import Policy
-
-    assert policy_cls.__name__ == "TQPolicy" and issubclass(policy_cls, Policy)
-    assert issubclass(policy_cls.worker_class, TQWorkerMixin)
-    params = inspect.signature(policy_cls.__init__).parameters
+    assert issubclass(TQPolicy.worker_class, TQWorkerMixin)
+    params = inspect.signature(TQPolicy.__init__).parameters
     assert params["dp_cfg"].kind is inspect.Parameter.KEYWORD_ONLY
-    assert params["partition_id"].default == "train"

@@ -1,4 +1,4 @@
-"""Pad-target isolation of PPO's model dispatches (contract §13 ``_isolated_meta``, §19.1).
+"""Pad-target isolation of PPO's model dispatches (each dispatch gets its own pad target).
 
 In a PPO step the policy and the critic dispatch the same rows - log-probs, reference
 log-probs, values, then policy and critic training once per epoch on a fresh shuffle.  Each

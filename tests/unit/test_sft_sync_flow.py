@@ -1,4 +1,4 @@
-"""K 76: the SFT data-plane step (contract §17.3) with in-process workers and Local stores.
+"""The SFT data-plane step with in-process workers and Local stores.
 
 What is real: ``sft_sync_step`` (the trainer's step), ``ColocatedLoaderGroup`` and
 ``ColocatedLoaderMixin`` (loading into real ``LocalDataPlaneClient`` stores), ``TQWorkerMixin``'s
@@ -16,7 +16,6 @@ math is covered by tests/e2e/test_sft_parity.py).
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -252,16 +251,29 @@ def test_full_store_makes_the_producer_wait_not_fail() -> None:
     # Another user of the store holds its only slot.
     w.dp_client.register_partition("other", fields=["x"], num_samples=1, consumer_tasks=["train"])
     done: dict[str, Any] = {}
+    refused_twice = threading.Event()
+    refusals: list[str] = []
+    register = w.dp_client.register_partition
+
+    def counting_register(pid: str, **kwargs: Any) -> Any:
+        try:
+            return register(pid, **kwargs)
+        except RuntimeError as exc:  # the store's refusal while it is full
+            refusals.append(str(exc))
+            if len(refusals) >= 2:
+                refused_twice.set()
+            raise
+
+    w.dp_client.register_partition = counting_register  # type: ignore[method-assign]
 
     def load() -> None:
         done["env"] = w.load_sft_batch(0)
 
     th = threading.Thread(target=load)
     th.start()
-    deadline = time.monotonic() + 20
-    while w.colocated_loader_stats()["waits"] < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert w.colocated_loader_stats()["waits"] >= 2  # retried on "partition limit", still waiting
+    # The loader was refused twice (it retried, did not fail) and is still waiting.
+    assert refused_twice.wait(timeout=20), refusals
+    assert w.colocated_loader_stats()["waits"] >= 2
     assert "env" not in done and th.is_alive()
     w.dp_client.clear_samples(None, "other")
     th.join(timeout=20)

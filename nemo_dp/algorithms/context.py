@@ -1,0 +1,117 @@
+"""The one argument every trainer takes: ``TrainContext``.
+
+Every trainer the factory can select (legacy or data-plane, SFT / GRPO / PPO) is called as
+``trainer(ctx)``.  The context lives here, in the algorithms layer, rather than in
+``nemo_dp.training`` (which builds it), so that trainers depend only downward; the run layer
+re-exports it.  The logger and checkpointer are seen through small protocols: the run layer's
+``RunLogger`` / ``Checkpointer`` implement them, and a benchmark or a test may pass its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["PhaseLogger", "PhaseCheckpointer", "TrainHooks", "TrainContext"]
+
+
+@runtime_checkable
+class PhaseLogger(Protocol):
+    """What a trainer needs from the phase's logger."""
+
+    def start(self, total_steps: int, start_step: int) -> None:
+        """Begin the phase (``start_step`` steps already done)."""
+
+    def info(self, message: str) -> None:
+        """Print one log line."""
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Record one step's scalar metrics; returns the record written."""
+
+    def close(self) -> Path | None:
+        """End the phase; returns the plot path, if any."""
+
+
+@runtime_checkable
+class PhaseCheckpointer(Protocol):
+    """What a trainer needs from the phase's checkpointer."""
+
+    root: Path
+
+    def should_save(self, step: int, *, final: bool) -> bool:
+        """Whether to save after ``step``."""
+
+    def save(self, step: int, state_fn: Callable[[], dict[str, Any]]) -> Path:
+        """Write the checkpoint of ``step`` (``state_fn`` builds the state)."""
+
+    def prune(self) -> None:
+        """Delete checkpoints beyond the ones to keep."""
+
+
+@dataclass
+class TrainHooks:
+    """Callbacks a caller injects into a trainer run (fault injection in tests, probes).
+
+    Attributes:
+        on_checkpoint_staged: Called as ``fn(step, tmp_dir)`` by a trainer that writes its
+            checkpoint in stages, after the state and the data plane are in the temporary
+            directory and before the manifest and the commit rename (a test can kill the
+            process there to prove the previous checkpoint survives).
+        on_model_built: Called as ``fn(role, model)`` when a trainer builds a model of its own
+            (PPO's critic: ``role="value"``), so a caller can observe it (the bench counts the
+            critic's worker-group traffic too).
+    """
+
+    on_checkpoint_staged: Callable[[int, Path], None] | None = None
+    on_model_built: Callable[[str, Any], None] | None = None
+
+    def checkpoint_staged(self, step: int, tmp_dir: Path) -> None:
+        """Run ``on_checkpoint_staged`` when set.
+
+        Args:
+            step: The step being checkpointed.
+            tmp_dir: The checkpoint's temporary directory.
+        """
+        if self.on_checkpoint_staged is not None:
+            self.on_checkpoint_staged(step, tmp_dir)
+
+    def model_built(self, role: str, model: Any) -> None:
+        """Run ``on_model_built`` when set.
+
+        Args:
+            role: What the model is for (``"value"``).
+            model: The model facade the trainer built.
+        """
+        if self.on_model_built is not None:
+            self.on_model_built(role, model)
+
+
+@dataclass
+class TrainContext:
+    """Everything one training phase runs on.
+
+    Attributes:
+        policy: The policy facade (``Policy`` or the data-plane ``TQPolicy``).
+        cfg: The validated root config the phase trains with.
+        train_loader: Resumable loader of SFT pairs (SFT) or problems (GRPO / PPO).
+        val_problems: Held-out problems for greedy exact-match evaluation.
+        tokenizer: The tokenizer.
+        env: The reward environment.
+        logger: The phase's logger.
+        checkpointer: The phase's checkpointer.
+        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+        hooks: Injected callbacks (none by default).
+    """
+
+    policy: Any
+    cfg: Any
+    train_loader: Any
+    val_problems: list[Any]
+    tokenizer: Any
+    env: Any
+    logger: PhaseLogger
+    checkpointer: PhaseCheckpointer
+    start_state: dict[str, Any] | None = None
+    hooks: TrainHooks = field(default_factory=TrainHooks)

@@ -1,0 +1,83 @@
+"""Held-out evaluation through the data plane, shared by the data-plane RL trainers.
+
+Kept apart from any one trainer so that ``grpo_sync`` and ``ppo_sync`` both use it without a
+trainer importing another trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from nemo_dp.algorithms.context import PhaseLogger
+from nemo_dp.data_plane.schema import TASK_VAL, VAL_PARTITION
+
+__all__ = ["problem_rows", "make_store_evaluator"]
+
+
+def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
+    """Prompt token ids and answers, each problem repeated ``group`` times.
+
+    Args:
+        problems: Problems with ``prompt`` and ``answer``.
+        group: Responses per problem.
+        tokenizer: Encodes the prompts.
+
+    Returns:
+        ``(prompts, answers)``, ``len(problems) * group`` rows each.
+    """
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group)]
+    answers = [p.answer for p in problems for _ in range(group)]
+    return prompts, answers
+
+
+def make_store_evaluator(
+    policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: PhaseLogger
+) -> Callable[[], float]:
+    """Held-out greedy exact-match evaluation through the store.
+
+    The held-out prompts are generated and scored in a throw-away validation partition, dropped
+    afterwards even on failure; only responses to print come back to the driver.
+
+    Args:
+        policy: The data-plane policy.
+        val_problems: Held-out problems.
+        tokenizer: The tokenizer.
+        env: The reward environment.
+        master_config: Root config (``logger.num_val_examples_to_print``).
+        logger: Prints the example lines.
+
+    Returns:
+        A function returning the held-out accuracy (it raises ``ValueError`` when there are no
+        held-out problems).
+    """
+    num_print = int(master_config.logger.num_val_examples_to_print)
+
+    def _evaluate() -> float:
+        n = len(val_problems)
+        if n == 0:
+            raise ValueError("evaluate: no held-out problems")
+        policy.prepare_val_partition(n, partition_id=VAL_PARTITION)
+        try:
+            prompts, answers = problem_rows(list(val_problems), 1, tokenizer)
+            out = policy.generate_to_dataplane(
+                prompts,
+                [0] * n,
+                sample_ids=[f"val{k}_g0" for k in range(n)],
+                answers=answers,
+                greedy=True,
+                tokenizer=tokenizer,
+                env=env,
+                partition_id=VAL_PARTITION,
+                task_name=TASK_VAL,
+                return_responses=num_print > 0,
+            )
+            policy.finish_step(out.meta)
+        finally:
+            policy.drop_partition(VAL_PARTITION)
+        responses = out.responses or []
+        for p, r in list(zip(val_problems, responses))[:num_print]:
+            logger.info(f"  {p.prompt}{r!r} (expected {p.answer!r})")
+        return float(out.carry["rewards"].mean())
+
+    return _evaluate

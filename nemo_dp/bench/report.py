@@ -1,0 +1,292 @@
+"""Tables, ratios, targets and JSON reports of the benchmarks.
+
+Reporting is kept apart from measuring so the tables and the targets (reported, never
+asserted) can be checked on constructed rows without running a benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_dp.bench.common import LOCAL, MB, MEMCPY, TQ_ADAPTER, TQ_RAW, Payload
+
+__all__ = [
+    "rl_comparisons",
+    "print_rl_comparisons",
+    "sft_table",
+    "print_sft_table",
+    "LOCAL_TPUT_TARGET",
+    "TQ_OVERHEAD_TARGET",
+    "Row",
+    "summarize",
+    "add_ratios",
+    "evaluate_targets",
+    "fmt",
+    "format_table",
+]
+
+#: Local adapter throughput relative to one memory copy, at dense 64 MiB.
+LOCAL_TPUT_TARGET = 0.7
+#: TransferQueue adapter time relative to the raw library, at 64 MiB.
+TQ_OVERHEAD_TARGET = 1.10
+
+
+@dataclass
+class Row:
+    """Summary of one (payload, size, backend, op)."""
+
+    payload: str
+    size_mib: float
+    nbytes: int
+    rows: int
+    backend: str
+    op: str
+    reps: int
+    min_ms: float
+    median_ms: float
+    mb_per_s: float
+    tput_vs_memcpy: float | None = None
+    time_vs_tq_raw: float | None = None
+    tput_vs_memcpy_min: float | None = None
+    time_vs_tq_raw_min: float | None = None
+    times_ms: list[float] = field(default_factory=list)
+
+
+def summarize(payload: Payload, backend: str, times: dict[str, list[float]]) -> list[Row]:
+    """One :class:`Row` per op of a backend's timings on ``payload``."""
+    rows = []
+    for op, samples in times.items():
+        median = statistics.median(samples)
+        rows.append(
+            Row(
+                payload=payload.kind,
+                size_mib=payload.size_mib,
+                nbytes=payload.nbytes,
+                rows=payload.rows,
+                backend=backend,
+                op=op,
+                reps=len(samples),
+                min_ms=min(samples),
+                median_ms=median,
+                mb_per_s=payload.nbytes / MB / (median / 1000.0) if median > 0 else math.inf,
+                times_ms=list(samples),
+            )
+        )
+    return rows
+
+
+def add_ratios(rows: list[Row]) -> None:
+    """``tput_vs_memcpy`` = memcpy median / op median; ``time_vs_tq_raw`` = op / raw TQ op.
+
+    The ``*_min`` twins use the minima, the better estimate of the intrinsic cost when other
+    processes share the cores.
+    """
+    by_key = {(r.payload, r.size_mib, r.backend, r.op): r for r in rows}
+    for r in rows:
+        copy = by_key.get((r.payload, r.size_mib, MEMCPY, "copy"))
+        if copy is not None and r.median_ms > 0 and r.min_ms > 0:
+            r.tput_vs_memcpy = copy.median_ms / r.median_ms
+            r.tput_vs_memcpy_min = copy.min_ms / r.min_ms
+        raw = by_key.get((r.payload, r.size_mib, TQ_RAW, r.op))
+        if raw is not None and raw.median_ms > 0 and raw.min_ms > 0:
+            r.time_vs_tq_raw = r.median_ms / raw.median_ms
+            r.time_vs_tq_raw_min = r.min_ms / raw.min_ms
+
+
+def evaluate_targets(rows: list[Row]) -> list[dict[str, Any]]:
+    """The data-plane targets at 64 MiB (reported, never asserted)."""
+    by_key = {(r.payload, r.size_mib, r.backend, r.op): r for r in rows}
+    targets: list[dict[str, Any]] = []
+    for op in ("put", "get"):
+        r = by_key.get(("dense", 64.0, LOCAL, op))
+        value = r.tput_vs_memcpy if r is not None else None
+        value_min = r.tput_vs_memcpy_min if r is not None else None
+        targets.append(
+            {
+                "target": f"local {op} throughput >= {LOCAL_TPUT_TARGET}x one memory copy (dense 64 MiB)",
+                "threshold": LOCAL_TPUT_TARGET,
+                "value": value,
+                "met": None if value is None else value >= LOCAL_TPUT_TARGET,
+                "value_min": value_min,
+                "met_min": None if value_min is None else value_min >= LOCAL_TPUT_TARGET,
+            }
+        )
+    for payload in ("dense", "jagged"):
+        for op in ("put", "get"):
+            r = by_key.get((payload, 64.0, TQ_ADAPTER, op))
+            value = r.time_vs_tq_raw if r is not None else None
+            value_min = r.time_vs_tq_raw_min if r is not None else None
+            targets.append(
+                {
+                    "target": (
+                        f"transfer_queue adapter {op} <= {TQ_OVERHEAD_TARGET:.2f}x raw library time "
+                        f"({payload} 64 MiB)"
+                    ),
+                    "threshold": TQ_OVERHEAD_TARGET,
+                    "value": value,
+                    "met": None if value is None else value <= TQ_OVERHEAD_TARGET,
+                    "value_min": value_min,
+                    "met_min": None if value_min is None else value_min <= TQ_OVERHEAD_TARGET,
+                }
+            )
+    return targets
+
+
+def fmt(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, ``"-"`` for ``None``."""
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows: list[Row]) -> str:
+    """The printed result table (one line per row)."""
+    header = (
+        f"{'payload':<8}{'MiB':>7}{'rows':>7}  {'backend':<16}{'op':<10}{'n':>3}"
+        f"{'min ms':>10}{'med ms':>10}{'MB/s':>10}{'x memcpy':>10}{'(min)':>8}{'/ tq_raw':>10}"
+        f"{'(min)':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r.payload:<8}{r.size_mib:>7g}{r.rows:>7}  {r.backend:<16}{r.op:<10}{r.reps:>3}"
+            f"{r.min_ms:>10.2f}{r.median_ms:>10.2f}{r.mb_per_s:>10.0f}"
+            f"{fmt(r.tput_vs_memcpy, '.2f'):>10}{fmt(r.tput_vs_memcpy_min, '.2f'):>8}"
+            f"{fmt(r.time_vs_tq_raw, '.2f'):>10}{fmt(r.time_vs_tq_raw_min, '.2f'):>8}"
+        )
+    return "\n".join(lines)
+
+
+def rl_comparisons(results: list[dict[str, Any]], sizes: list[int], target_bulk_ratio: float) -> list[dict[str, Any]]:
+    """Legacy vs data-plane RL step costs at each size (GRPO and PPO step benchmarks).
+
+    Args:
+        results: The runs (``samples_per_step``, ``data_plane``, ``mean``, RSS keys).
+        sizes: The sizes, in order.
+        target_bulk_ratio: ``bench.target_bulk_ratio``.
+
+    Returns:
+        One comparison per size that ran both ``disabled`` and ``tq``.
+    """
+    comparisons = []
+    for samples in sizes:
+        by_dp = {r["data_plane"]: r for r in results if r["samples_per_step"] == samples}
+        if {"disabled", "tq"} <= set(by_dp):
+            legacy, tq = by_dp["disabled"]["mean"], by_dp["tq"]["mean"]
+            bulk_ratio = tq["driver_bulk_received_bytes"] / max(1.0, legacy["driver_bulk_received_bytes"])
+            comparisons.append(
+                {
+                    "samples_per_step": samples,
+                    "step_time_ratio_tq_over_legacy": tq["step_time_s"] / legacy["step_time_s"],
+                    "legacy_step_time_s": legacy["step_time_s"],
+                    "tq_step_time_s": tq["step_time_s"],
+                    "legacy_driver_bulk_received_bytes": legacy["driver_bulk_received_bytes"],
+                    "tq_driver_bulk_received_bytes": tq["driver_bulk_received_bytes"],
+                    "driver_bulk_ratio_tq_over_legacy": bulk_ratio,
+                    "bulk_target_met": bulk_ratio <= target_bulk_ratio,
+                    "legacy_driver_tensor_received_bytes": legacy["driver_tensor_received_bytes"],
+                    "tq_driver_tensor_received_bytes": tq["driver_tensor_received_bytes"],
+                    "driver_tensor_ratio_tq_over_legacy": tq["driver_tensor_received_bytes"]
+                    / max(1.0, legacy["driver_tensor_received_bytes"]),
+                    "legacy_ray_received_pickled_bytes": legacy["ray_received_pickled_bytes"],
+                    "tq_ray_received_pickled_bytes": tq["ray_received_pickled_bytes"],
+                    "ray_pickled_ratio_tq_over_legacy": tq["ray_received_pickled_bytes"]
+                    / max(1.0, legacy["ray_received_pickled_bytes"]),
+                    "legacy_ray_sent_bulk_bytes": legacy["ray_sent_bulk_bytes"],
+                    "tq_ray_sent_bulk_bytes": tq["ray_sent_bulk_bytes"],
+                    "tq_driver_store_written_bytes": tq["driver_store_written_bytes"],
+                    "tq_driver_store_wall_ms": tq["driver_store_wall_ms"],
+                    "tq_workers_store_wall_ms_max_rank": tq["workers_store_wall_ms_max_rank"],
+                    "tq_extra_time_s": tq["step_time_s"] - legacy["step_time_s"],
+                    "time_split_legacy_s": {k: legacy[f"time/{k}_s"] for k in ("generation", "logprobs", "train")},
+                    "time_split_tq_s": {k: tq[f"time/{k}_s"] for k in ("generation", "logprobs", "train")},
+                    "legacy_peak_rss_mb": by_dp["disabled"]["peak_rss_mb"],
+                    "tq_peak_rss_mb": by_dp["tq"]["peak_rss_mb"],
+                    "legacy_rss_growth_mb": by_dp["disabled"]["rss_growth_mb"],
+                    "tq_rss_growth_mb": by_dp["tq"]["rss_growth_mb"],
+                }
+            )
+    return comparisons
+
+
+def print_rl_comparisons(name: str, comparisons: list[dict[str, Any]], target_bulk_ratio: float) -> None:
+    """Print one line per comparison.
+
+    Args:
+        name: The bench name (line prefix).
+        comparisons: ``rl_comparisons`` output.
+        target_bulk_ratio: ``bench.target_bulk_ratio``.
+    """
+    for c in comparisons:
+        print(
+            f"[{name}] {c['samples_per_step']} samples/step: step time legacy "
+            f"{c['legacy_step_time_s']:.3f} s, tq {c['tq_step_time_s']:.3f} s "
+            f"(ratio {c['step_time_ratio_tq_over_legacy']:.2f}); driver bulk received legacy "
+            f"{c['legacy_driver_bulk_received_bytes'] / 1e3:.1f} kB, tq "
+            f"{c['tq_driver_bulk_received_bytes'] / 1e3:.1f} kB (ratio "
+            f"{c['driver_bulk_ratio_tq_over_legacy']:.3f}, target <= {target_bulk_ratio}: "
+            f"{'met' if c['bulk_target_met'] else 'NOT met'}); all tensors received (per-row carry "
+            f"included) ratio {c['driver_tensor_ratio_tq_over_legacy']:.3f}; pickled Ray returns ratio "
+            f"{c['ray_pickled_ratio_tq_over_legacy']:.3f}; driver sent bulk legacy "
+            f"{c['legacy_ray_sent_bulk_bytes'] / 1e3:.1f} kB, tq "
+            f"{(c['tq_ray_sent_bulk_bytes'] + c['tq_driver_store_written_bytes']) / 1e3:.1f} kB; "
+            f"tq store time per step: driver {c['tq_driver_store_wall_ms']:.0f} ms, slowest worker "
+            f"{c['tq_workers_store_wall_ms_max_rank']:.0f} ms (extra step time "
+            f"{1000 * c['tq_extra_time_s']:.0f} ms); peak RSS legacy "
+            f"{c['legacy_peak_rss_mb']:.0f} MB, tq {c['tq_peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
+
+
+def sft_table(results: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
+    """SFT step costs per (size, data plane), relative to ``disabled`` where it ran.
+
+    Args:
+        results: The runs (``global_batch_size``, ``data_plane``, ``mean``, RSS keys).
+        sizes: The sizes, in order.
+
+    Returns:
+        The table rows.
+    """
+    table = []
+    for gbs in sizes:
+        by_dp = {r["data_plane"]: r for r in results if r["global_batch_size"] == gbs}
+        base = by_dp.get("disabled")
+        for dp, r in by_dp.items():
+            m = r["mean"]
+            table.append(
+                {
+                    "global_batch_size": gbs,
+                    "data_plane": dp,
+                    "step_time_s": m["step_time_s"],
+                    "train_time_s": m["time/train_s"],
+                    "driver_held_bytes": m["driver_held_bytes"],
+                    "driver_sent_tensor_bytes": m["driver_sent_tensor_bytes"],
+                    "ray_received_pickled_bytes": m["ray_received_pickled_bytes"],
+                    "peak_rss_mb": r["peak_rss_mb"],
+                    "step_time_vs_disabled": None if base is None else m["step_time_s"] / base["mean"]["step_time_s"],
+                    "driver_bytes_vs_disabled": None
+                    if base is None
+                    else m["driver_held_bytes"] / max(1.0, base["mean"]["driver_held_bytes"]),
+                }
+            )
+    return table
+
+
+def print_sft_table(table: list[dict[str, Any]]) -> None:
+    """Print the SFT step table.
+
+    Args:
+        table: ``sft_table`` output.
+    """
+    print(f"{'rows':>6} {'data_plane':>10} {'step ms':>9} {'x legacy':>9} {'driver bytes':>13} {'x legacy':>9} {'peak RSS MB':>12}")
+    for row in table:
+        st = row["step_time_vs_disabled"]
+        db = row["driver_bytes_vs_disabled"]
+        print(
+            f"{row['global_batch_size']:>6} {row['data_plane']:>10} {row['step_time_s'] * 1e3:>9.1f} "
+            f"{'-' if st is None else f'{st:.2f}':>9} {row['driver_held_bytes']:>13.0f} "
+            f"{'-' if db is None else f'{db:.3f}':>9} {row['peak_rss_mb']:>12.0f}",
+            flush=True,
+        )

@@ -1,0 +1,479 @@
+"""Step benchmarks: legacy vs data-plane trainers, side by side, through one shared runner.
+
+``bench=grpo_step``, ``bench=ppo_step`` and ``bench=sft_step`` differ only in the training
+config they compose and in what they read from each logged step.  Everything else is one
+runner (:func:`run_step_bench`): one Ray for the whole bench, every trainer run through the
+launcher's run layer (``nemo_dp.training.run_phase``, trainer and policy from the factory) from
+a fresh start, every logged step timestamped with the Ray traffic since the previous one, the
+driver's RSS sampled throughout; warm-up steps and the final (validating) step are not
+measured.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from nemo_dp.bench.common import MB
+from nemo_dp.bench.probes import RayTraffic, RssSampler
+from nemo_dp.bench.report import print_rl_comparisons, print_sft_table, rl_comparisons, sft_table
+from nemo_dp.training import Checkpointer, RunLogger, TrainHooks, main_phase, make_policy, make_tokenizer, run_phase
+
+__all__ = [
+    "RL_STEP_TRAINERS",
+    "SFT_STEP_TRAINERS",
+    "GrpoStepBenchConfig",
+    "PpoStepBenchConfig",
+    "SftStepBenchConfig",
+    "StepBench",
+    "run_step_bench",
+    "run_grpo_step_bench",
+    "run_ppo_step_bench",
+    "run_sft_step_bench",
+]
+
+RL_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq")
+SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq")
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+Mark = tuple[int, float, dict[str, int], dict[str, Any]]
+
+
+def _fail(key: str, message: str) -> None:
+    raise ValueError(f"bench.{key}: {message}")
+
+
+def _check_common(cfg: Any, legal_backends: tuple[str, ...]) -> None:
+    unknown = [d for d in cfg.backends if d not in legal_backends]
+    if unknown or not cfg.backends or len(set(cfg.backends)) != len(cfg.backends):
+        _fail("backends", f"need distinct options of {list(legal_backends)}, got {cfg.backends}")
+    for key in ("measured_steps", "num_cpus"):
+        if getattr(cfg, key) < 1:
+            _fail(key, f"must be >= 1, got {getattr(cfg, key)}")
+    if cfg.warmup_steps < 0:
+        _fail("warmup_steps", f"must be >= 0, got {cfg.warmup_steps}")
+    if not cfg.output_file or "/" in cfg.output_file:
+        _fail("output_file", f"must be a plain file name, got {cfg.output_file!r}")
+
+
+@dataclass
+class GrpoStepBenchConfig:
+    """``bench`` for ``bench=grpo_step`` (schema of ``conf/bench/grpo_step.yaml``)."""
+
+    name: str = "grpo_step"
+    samples_per_step: list[int] = field(default_factory=lambda: [32, 128])
+    group_size: int = 8
+    warmup_steps: int = 1
+    measured_steps: int = 3
+    backends: list[str] = field(default_factory=lambda: list(RL_STEP_TRAINERS))
+    train_overrides: list[str] = field(default_factory=list)
+    backend_overrides: dict[str, list[str]] = field(
+        default_factory=lambda: {"disabled": [], "tq": ["data_plane.observability.enabled=true"]}
+    )
+    rss_sample_interval_s: float = 0.005
+    target_bulk_ratio: float = 0.05
+    num_cpus: int = 2
+    output_file: str = "bench_grpo_step.json"
+
+    def __post_init__(self) -> None:
+        if not self.samples_per_step or any(s < 1 for s in self.samples_per_step):
+            _fail("samples_per_step", f"need positive sizes, got {self.samples_per_step}")
+        if self.group_size < 1 or any(s % self.group_size for s in self.samples_per_step):
+            _fail("group_size", f"must be >= 1 and divide every samples_per_step {self.samples_per_step}")
+        _check_common(self, RL_STEP_TRAINERS)
+        missing = [d for d in self.backends if d not in self.backend_overrides]
+        if missing:
+            _fail("backend_overrides", f"no entry for {missing}")
+        if not self.rss_sample_interval_s > 0:
+            _fail("rss_sample_interval_s", f"must be > 0, got {self.rss_sample_interval_s}")
+
+
+@dataclass
+class PpoStepBenchConfig(GrpoStepBenchConfig):
+    """``bench`` for ``bench=ppo_step`` (schema of ``conf/bench/ppo_step.yaml``)."""
+
+    name: str = "ppo_step"
+    ppo_epochs: int = 2
+    output_file: str = "bench_ppo_step.json"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ppo_epochs < 1:
+            _fail("ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
+
+
+@dataclass
+class SftStepBenchConfig:
+    """``bench`` for ``bench=sft_step`` (schema of ``conf/bench/sft_step.yaml``)."""
+
+    name: str = "sft_step"
+    global_batch_sizes: list[int] = field(default_factory=lambda: [128, 512])
+    micro_batch_size: int = 64
+    warmup_steps: int = 2
+    measured_steps: int = 5
+    backends: list[str] = field(default_factory=lambda: list(SFT_STEP_TRAINERS))
+    train_overrides: list[str] = field(default_factory=list)
+    backend_overrides: dict[str, list[str]] = field(default_factory=dict)
+    rss_sample_interval_s: float = 0.005
+    num_cpus: int = 2
+    output_file: str = "bench_sft_step.json"
+
+    def __post_init__(self) -> None:
+        if not self.global_batch_sizes or any(b < 1 for b in self.global_batch_sizes):
+            _fail("global_batch_sizes", f"need positive sizes, got {self.global_batch_sizes}")
+        if self.micro_batch_size < 1:
+            _fail("micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
+        _check_common(self, SFT_STEP_TRAINERS)
+        if not self.rss_sample_interval_s > 0:
+            _fail("rss_sample_interval_s", f"must be > 0, got {self.rss_sample_interval_s}")
+
+
+class StepClock(RunLogger):
+    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there."""
+
+    def __init__(self, *args: Any, traffic: RayTraffic, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.marks: list[Mark] = []
+        self.traffic = traffic
+
+    def start(self, total_steps: int, start_step: int) -> None:
+        """Open the phase and take the step-0 mark (traffic before it is dropped)."""
+        super().start(total_steps, start_step)
+        self.traffic.take()
+        self.marks.append((0, time.perf_counter(), {}, {}))
+
+    def log_step(self, step: int, metrics: Any) -> dict[str, Any]:
+        """Log the step and mark it."""
+        record = super().log_step(step, metrics)
+        if step > 0:
+            self.marks.append((step, time.perf_counter(), self.traffic.take(), dict(record)))
+        return record
+
+
+def timed_phase_run(
+    train_cfg: DictConfig, ray_env: dict[str, str], run_dir: Path, rss_interval_s: float
+) -> tuple[list[Mark], dict[str, float]]:
+    """Run the phase ``train_cfg`` describes from a fresh start, timing every logged step.
+
+    Args:
+        train_cfg: The composed training config.
+        ray_env: Environment for the Ray workers.
+        run_dir: Metrics directory of the run.
+        rss_interval_s: Driver RSS sampling interval.
+
+    Returns:
+        ``(marks, memory)``: one ``(step, perf_counter, Ray traffic since the previous mark,
+        logged record)`` per logged step (step 0 = the trainer's start; traffic of the policy's
+        worker group and of any model the trainer builds, e.g. PPO's critic), and the driver's
+        ``peak_rss_mb`` / ``rss_growth_mb``.
+    """
+    from nemo_dp.data_plane.factory import select_sync_trainer
+
+    tok = make_tokenizer(train_cfg)
+    phase = main_phase(train_cfg)
+    trainer = select_sync_trainer(train_cfg)  # imported before the memory sampling starts
+    gc.collect()
+    rss = RssSampler(rss_interval_s)
+    policy = make_policy(train_cfg, tok, env_vars=ray_env)
+    try:
+        traffic = RayTraffic(policy.worker_group)
+        clock = StepClock(
+            run_dir,
+            metrics_file="metrics.jsonl",
+            plot_file="curves.png",
+            plot=False,
+            progress_bar=False,
+            label=run_dir.name,
+            traffic=traffic,
+        )
+        run_phase(
+            phase,
+            policy,
+            tokenizer=tok,
+            logger=clock,
+            checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
+            # A model the trainer builds itself (PPO's critic) is counted like the policy.
+            hooks=TrainHooks(on_model_built=lambda role, model: traffic.attach(model.worker_group)),
+            trainer=trainer,
+        )
+    finally:
+        policy.shutdown()
+        memory = rss.stop()
+    return clock.marks, memory
+
+
+def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: dict[str, Any]) -> dict[str, Any]:
+    """One measured GRPO / PPO step: timings, store and Ray traffic of the driver."""
+    store_read = int(round(float(record.get("data_plane/step/bytes_read_mb", 0.0)) * MB))
+    store_written = int(round(float(record.get("data_plane/step/bytes_written_mb", 0.0)) * MB))
+    return {
+        "step": step,
+        "step_time_s": step_time_s,
+        "time/generation_s": record["time/generation_s"],
+        "time/logprobs_s": record["time/logprobs_s"],
+        "time/train_s": record["time/train_s"],
+        "driver_store_wall_ms": float(record.get("data_plane/step/wall_ms", 0.0)),
+        "workers_store_wall_ms_sum": float(record.get("data_plane/workers/step/wall_ms", 0.0)),
+        "workers_store_wall_ms_max_rank": float(record.get("data_plane/workers/step/max_rank_wall_ms", 0.0)),
+        "driver_store_read_bytes": store_read,
+        "driver_store_written_bytes": store_written,
+        **traffic,
+        "driver_bulk_received_bytes": traffic["ray_received_bulk_bytes"] + store_read,
+        "driver_tensor_received_bytes": traffic["ray_received_bulk_bytes"]
+        + traffic["ray_received_per_row_bytes"]
+        + store_read,
+    }
+
+
+def sft_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: dict[str, Any]) -> dict[str, Any]:
+    """One measured SFT step: what the driver shipped and everything returned to it."""
+    sent = traffic["ray_sent_bulk_bytes"] + traffic["ray_sent_per_row_bytes"]
+    return {
+        "step": step,
+        "step_time_s": step_time_s,
+        "time/train_s": record["time/train_s"],
+        **traffic,
+        "driver_sent_tensor_bytes": sent,
+        "driver_held_bytes": sent + traffic["ray_received_pickled_bytes"],
+    }
+
+
+@dataclass
+class StepBench:
+    """What distinguishes one step benchmark from another.
+
+    Attributes:
+        name: ``bench.name``.
+        schema: The ``bench`` config dataclass.
+        size_key: Name of the batch-size axis in the report (``samples_per_step`` ...).
+        sizes: Reads the sizes from the bench config.
+        train_overrides: ``(bench, data_plane, size) -> overrides`` of ``conf/config.yaml``.
+        step_row: Builds one measured step's row from a mark.
+        summarize: ``(bench, results) -> {key: value}`` added to the report (comparisons/table).
+        columns: Column descriptions for the report.
+        print_summary: Prints the summary.
+        run_prefix: Prefix of each run's directory name.
+    """
+
+    name: str
+    schema: type
+    size_key: str
+    sizes: Callable[[Any], list[int]]
+    train_overrides: Callable[[Any, str, int], list[str]]
+    step_row: Callable[[int, float, dict[str, int], dict[str, Any]], dict[str, Any]]
+    summarize: Callable[[Any, list[dict[str, Any]]], dict[str, Any]]
+    columns: dict[str, str]
+    print_summary: Callable[[Any, dict[str, Any]], None]
+    run_prefix: str = ""
+
+
+def _measured(bench_cfg: Any, spec: StepBench, marks: list[Mark]) -> list[dict[str, Any]]:
+    """Rows of steps ``warmup+1 .. warmup+measured`` (the final validating step is not measured)."""
+    steps = []
+    for (_, t0, _, _), (s1, t1, traffic, record) in zip(marks, marks[1:]):
+        if bench_cfg.warmup_steps < s1 <= bench_cfg.warmup_steps + bench_cfg.measured_steps:
+            steps.append(spec.step_row(s1, t1 - t0, traffic, record))
+    if len(steps) != bench_cfg.measured_steps:
+        raise RuntimeError(
+            f"bench {spec.name}: measured {len(steps)} steps, expected bench.measured_steps="
+            f"{bench_cfg.measured_steps} (logged steps: {[m[0] for m in marks]})"
+        )
+    return steps
+
+
+def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[str, Any]:
+    """Run every (size, data plane) of a step benchmark on one Ray; write the JSON report.
+
+    Args:
+        cfg: The composed bench root config (``bench`` matches ``spec.schema``).
+        output_dir: Where the runs' metrics and the JSON go.
+        spec: The benchmark.
+
+    Returns:
+        The report that was written.
+    """
+    import json
+
+    from hydra import compose
+
+    from nemo_dp.config import register_configs, validate_config
+    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
+
+    bench = OmegaConf.to_object(cfg.bench)
+    if not isinstance(bench, spec.schema):
+        raise ValueError(f"bench: expected the {spec.name} schema, got {type(bench).__name__}")
+    register_configs(_REPO_ROOT / "recipes")
+
+    def train_config(data_plane: str, size: int) -> DictConfig:
+        train_cfg = compose("config", overrides=spec.train_overrides(bench, data_plane, size))
+        validate_config(train_cfg)
+        return train_cfg
+
+    sizes = spec.sizes(bench)
+    tq_cfg = train_config("tq", sizes[0]).data_plane
+    results: list[dict[str, Any]] = []
+    ray_env = init_ray(num_cpus=bench.num_cpus, data_plane_cfg=tq_cfg)
+    try:
+        for size in sizes:
+            for dp in bench.backends:
+                print(f"[bench] {spec.name}: {size} {spec.size_key}, data_plane={dp}", flush=True)
+                run_dir = output_dir / f"{spec.run_prefix}{dp}_{size}"
+                marks, memory = timed_phase_run(train_config(dp, size), ray_env, run_dir, bench.rss_sample_interval_s)
+                steps = _measured(bench, spec, marks)
+                mean = {k: statistics.fmean(float(s[k]) for s in steps) for k in steps[0] if k != "step"}
+                results.append({spec.size_key: size, "data_plane": dp, "steps": steps, "mean": mean, **memory})
+    finally:
+        shutdown_ray()
+
+    summary = spec.summarize(bench, results)
+    report = {
+        "bench": spec.name,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "columns": spec.columns,
+        "runs": results,
+        **summary,
+    }
+    out_path = output_dir / bench.output_file
+    out_path.write_text(json.dumps(report, indent=2, default=str))
+    spec.print_summary(bench, summary)
+    print(f"[bench] report: {out_path}", flush=True)
+    return report
+
+
+_SHARED_TRAIN_OVERRIDES: tuple[str, ...] = (
+    "~recipe",
+    "algorithm.val_at_start=false",
+    "algorithm.val_period=0",
+    "checkpointing.enabled=false",
+    "logger.plot=false",
+    "logger.progress_bar=false",
+)
+
+
+def _rl_overrides(algorithm: str) -> Callable[[Any, str, int], list[str]]:
+    def overrides(bench: Any, data_plane: str, samples: int) -> list[str]:
+        extra = [f"algorithm.ppo_epochs={bench.ppo_epochs}"] if algorithm == "ppo" else []
+        return [
+            *_SHARED_TRAIN_OVERRIDES,
+            f"algorithm={algorithm}",
+            f"data_plane={data_plane}",
+            f"algorithm.num_generations_per_prompt={bench.group_size}",
+            f"algorithm.num_prompts_per_step={samples // bench.group_size}",
+            f"policy.train_global_batch_size={samples}",
+            f"algorithm.max_steps={bench.warmup_steps + bench.measured_steps + 1}",
+            "algorithm.warm_start.enabled=false",
+            *extra,
+            *bench.train_overrides,
+            *bench.backend_overrides[data_plane],
+        ]
+
+    return overrides
+
+
+def _sft_overrides(bench: Any, data_plane: str, gbs: int) -> list[str]:
+    steps = bench.warmup_steps + bench.measured_steps + 1
+    return [
+        *_SHARED_TRAIN_OVERRIDES,
+        "algorithm=sft",
+        f"data_plane={data_plane}",
+        f"policy.train_global_batch_size={gbs}",
+        f"policy.train_micro_batch_size={min(bench.micro_batch_size, gbs)}",
+        f"algorithm.num_train_samples={gbs * steps}",
+        f"algorithm.max_steps={steps}",
+        "algorithm.val_samples=8",
+        *bench.train_overrides,
+        *bench.backend_overrides.get(data_plane, []),
+    ]
+
+
+RL_COLUMNS: dict[str, str] = {
+    "driver_bulk_received_bytes": "per step: per-token (dim >= 2) tensor bytes Ray returned "
+    "to the driver + bytes the driver read from the store (observability counters)",
+    "driver_tensor_received_bytes": "as above plus 1-D per-row tensors (driver_carry)",
+    "ray_received_pickled_bytes": "per step: pickled size of everything Ray returned "
+    "to the driver (metas, carries, metrics included)",
+    "ray_sent_bulk_bytes": "per step: per-token tensor bytes the driver shipped to workers",
+    "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
+}
+SFT_COLUMNS: dict[str, str] = {
+    "driver_held_bytes": "per step: tensor bytes the driver shipped to the workers + pickled "
+    "size of everything returned to it (legacy: the collated batch shards; data plane: metas "
+    "out, envelopes and metrics back)",
+    "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
+}
+
+
+def _rl_bench(name: str, algorithm: str, schema: type) -> StepBench:
+    return StepBench(
+        name=name,
+        schema=schema,
+        size_key="samples_per_step",
+        sizes=lambda b: list(b.samples_per_step),
+        train_overrides=_rl_overrides(algorithm),
+        step_row=rl_step_row,
+        summarize=lambda b, results: {"comparisons": rl_comparisons(results, b.samples_per_step, b.target_bulk_ratio)},
+        columns=RL_COLUMNS,
+        print_summary=lambda b, s: print_rl_comparisons(name, s["comparisons"], b.target_bulk_ratio),
+    )
+
+
+GRPO_STEP = _rl_bench("grpo_step", "grpo", GrpoStepBenchConfig)
+PPO_STEP = _rl_bench("ppo_step", "ppo", PpoStepBenchConfig)
+SFT_STEP = StepBench(
+    name="sft_step",
+    schema=SftStepBenchConfig,
+    size_key="global_batch_size",
+    sizes=lambda b: list(b.global_batch_sizes),
+    train_overrides=_sft_overrides,
+    step_row=sft_step_row,
+    summarize=lambda b, results: {"table": sft_table(results, b.global_batch_sizes)},
+    columns=SFT_COLUMNS,
+    print_summary=lambda b, s: print_sft_table(s["table"]),
+    run_prefix="sft_",
+)
+
+
+def run_grpo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Legacy vs data-plane GRPO step at each batch size (``bench=grpo_step``).
+
+    Args:
+        cfg: The composed bench root config.
+        output_dir: Where the runs and the JSON go.
+
+    Returns:
+        The report.
+    """
+    return run_step_bench(cfg, output_dir, GRPO_STEP)
+
+
+def run_ppo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Legacy vs data-plane PPO step at each batch size (``bench=ppo_step``).
+
+    Args:
+        cfg: The composed bench root config.
+        output_dir: Where the runs and the JSON go.
+
+    Returns:
+        The report.
+    """
+    return run_step_bench(cfg, output_dir, PPO_STEP)
+
+
+def run_sft_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Legacy vs ``local`` vs ``tq`` SFT step at each batch size (``bench=sft_step``).
+
+    Args:
+        cfg: The composed bench root config.
+        output_dir: Where the runs and the JSON go.
+
+    Returns:
+        The report.
+    """
+    return run_step_bench(cfg, output_dir, SFT_STEP)

@@ -1,0 +1,93 @@
+"""``Checkpointer`` (periodic atomic checkpoints of one phase) and ``load_start_state``.
+
+The run layer builds one checkpointer per phase (trainers see it as
+``nemo_dp.algorithms.context.PhaseCheckpointer``) and loads each phase's start state from
+``checkpointing.resume_from`` before any process starts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nemo_dp.utils.checkpoint import (
+    checkpoint_dir_for_step,
+    latest_checkpoint,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+
+__all__ = ["Checkpointer", "load_start_state"]
+
+
+class Checkpointer:
+    """Atomic checkpoints of one training phase under ``root`` (``step_<N>`` directories).
+
+    Args:
+        root: Checkpoint root of the phase.
+        enabled: Save at all.
+        save_period: Save every this many steps (0 = only at the end).
+        keep_last: Keep this many newest checkpoints.
+    """
+
+    def __init__(self, root: str | Path, *, enabled: bool, save_period: int, keep_last: int) -> None:
+        self.root = Path(root)
+        self.enabled = enabled
+        self.save_period = save_period
+        self.keep_last = keep_last
+
+    def should_save(self, step: int, *, final: bool) -> bool:
+        """Whether to save after ``step``.
+
+        Args:
+            step: The step just finished.
+            final: It is the phase's last step.
+
+        Returns:
+            True when enabled and ``final`` or on a ``save_period`` boundary.
+        """
+        if not self.enabled:
+            return False
+        return final or (self.save_period > 0 and step % self.save_period == 0)
+
+    def save(self, step: int, state_fn: Callable[[], dict[str, Any]]) -> Path:
+        """Write the checkpoint for ``step`` and prune old ones.
+
+        Args:
+            step: The step just finished.
+            state_fn: Builds the state dict (only called when saving).
+
+        Returns:
+            The checkpoint directory.
+        """
+        path = save_training_checkpoint(checkpoint_dir_for_step(self.root, step), state_fn())
+        self.prune()
+        return path
+
+    def prune(self) -> None:
+        """Delete all but the ``keep_last`` newest committed checkpoints under ``root``."""
+        steps = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+        committed = [p for p in steps if (p / "manifest.json").is_file() and "." not in p.name]
+        for old in committed[: max(0, len(committed) - self.keep_last)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_start_state(root: str | Path | None) -> dict[str, Any] | None:
+    """The latest checkpoint's state under ``root``, or ``None``.
+
+    Args:
+        root: A checkpoint root (may be ``None`` or not exist).
+
+    Returns:
+        The loaded state dict, or ``None`` when there is nothing to resume.
+    """
+    if root is None:
+        return None
+    latest = latest_checkpoint(root)
+    if latest is None:
+        return None
+    state = load_training_checkpoint(latest)
+    state["checkpoint_path"] = str(latest)
+    return state

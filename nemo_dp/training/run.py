@@ -1,0 +1,323 @@
+"""The run layer: one ``run_phase`` that trains one phase, and ``run_phases`` for a whole run.
+
+The launcher, the bench and the end-to-end parity tests all train through ``run_phase``: it
+picks the trainer through the factory (``select_sync_trainer``), builds the phase's inputs,
+wraps everything in a ``TrainContext`` and calls the trainer.  ``run_phases`` is the launcher's
+whole job after validation and preflight: plan the phases, load resume states, start Ray, build
+the policy through the factory (``make_policy_factory``), run each phase, write the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainContext, TrainHooks
+from nemo_dp.algorithms.inputs import TrainerInputs, build_rl_inputs, build_sft_inputs
+from nemo_dp.data_plane.factory import describe_selection, make_policy_factory, select_sync_trainer
+from nemo_dp.training.checkpointer import Checkpointer
+from nemo_dp.training.phases import Phase, first_phase_to_run, load_start_states, plan_phases
+from nemo_dp.training.run_logger import RunLogger
+
+__all__ = [
+    "make_tokenizer",
+    "build_inputs",
+    "make_policy",
+    "phase_logger",
+    "phase_checkpointer",
+    "run_phase",
+    "run_phases",
+    "final_accuracy",
+]
+
+# One input builder per algorithm name.  The algorithm registry (one spec per algorithm, naming
+# its builder as "nemo_dp.algorithms.inputs:build_*_inputs") replaces this table.
+_INPUT_BUILDERS: dict[str, Callable[[Any], TrainerInputs]] = {
+    "sft": build_sft_inputs,
+    "grpo": build_rl_inputs,
+    "ppo": build_rl_inputs,
+}
+
+
+def make_tokenizer(cfg: Any) -> Any:
+    """The tokenizer a run uses (the one place that decides it).
+
+    Args:
+        cfg: The composed root config.
+
+    Returns:
+        The tokenizer (today the project's character tokenizer for every config).
+    """
+    from nemo_dp.data.tokenizer import CharTokenizer
+
+    del cfg  # every config uses the character tokenizer for now
+    return CharTokenizer()
+
+
+def build_inputs(cfg: Any) -> TrainerInputs:
+    """The loader, held-out problems and environment of a phase's config.
+
+    Args:
+        cfg: The phase's root config.
+
+    Returns:
+        The inputs.
+
+    Raises:
+        ValueError: ``algorithm.name`` has no input builder (naming the legal names).
+    """
+    name = str(cfg.algorithm.name)
+    builder = _INPUT_BUILDERS.get(name)
+    if builder is None:
+        raise ValueError(f"algorithm.name: no input builder for {name!r}; legal values: {sorted(_INPUT_BUILDERS)}")
+    return builder(cfg)
+
+
+def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = None) -> Any:
+    """The policy worker group the config's data plane asks for (through the factory).
+
+    Args:
+        cfg: The composed root config (``policy``, ``data_plane``, ``seed``).
+        tokenizer: Vocabulary size and special ids.
+        env_vars: Environment for the workers (``ray_session`` / ``init_ray`` output).
+
+    Returns:
+        A plain ``Policy`` (data plane disabled) or the factory's data-plane policy.
+    """
+    from nemo_dp.distributed.worker_group import RayCluster
+    from nemo_dp.models.policy import Policy
+
+    kwargs = {
+        "cluster": RayCluster(env_vars=dict(env_vars or {})),
+        "config": cfg.policy,
+        "vocab_size": tokenizer.vocab_size,
+        "pad_id": tokenizer.pad_id,
+        "eos_id": tokenizer.eos_id,
+        "seed": int(cfg.seed),
+    }
+    factory = make_policy_factory(cfg.data_plane)
+    return Policy(**kwargs) if factory is None else factory(**kwargs)
+
+
+def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any) -> RunLogger:
+    """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group).
+
+    Args:
+        phase: The phase.
+        run_dir: The run's output directory.
+        logger_cfg: ``cfg.logger``.
+
+    Returns:
+        The logger.
+    """
+    return RunLogger(
+        Path(run_dir) / phase.out_subdir,
+        metrics_file=str(logger_cfg.metrics_file),
+        plot_file=str(logger_cfg.plot_file),
+        plot=bool(logger_cfg.plot),
+        progress_bar=bool(logger_cfg.progress_bar),
+        label=phase.label,
+    )
+
+
+def phase_checkpointer(phase: Phase, ckpt_root: Path, ckpt_cfg: Any) -> Checkpointer:
+    """The ``Checkpointer`` of a phase under ``ckpt_root/<phase name>``.
+
+    Args:
+        phase: The phase.
+        ckpt_root: The run's checkpoint root.
+        ckpt_cfg: ``cfg.checkpointing``.
+
+    Returns:
+        The checkpointer.
+    """
+    return Checkpointer(
+        Path(ckpt_root) / phase.name,
+        enabled=bool(ckpt_cfg.enabled),
+        save_period=int(ckpt_cfg.save_period),
+        keep_last=int(ckpt_cfg.keep_last),
+    )
+
+
+def run_phase(
+    phase: Phase,
+    policy: Any,
+    *,
+    tokenizer: Any,
+    logger: PhaseLogger,
+    checkpointer: PhaseCheckpointer,
+    start_state: dict[str, Any] | None = None,
+    hooks: TrainHooks | None = None,
+    trainer: Callable[[TrainContext], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Train one phase on ``policy``.
+
+    Args:
+        phase: The phase (its ``cfg`` selects the trainer and the inputs).
+        policy: The policy (built by ``make_policy`` for the run's data plane).
+        tokenizer: The tokenizer (``make_tokenizer``).
+        logger: The phase's logger.
+        checkpointer: The phase's checkpointer.
+        start_state: A loaded checkpoint to resume from, or ``None``.
+        hooks: Injected callbacks for the trainer (none by default).
+        trainer: The trainer, when the caller already selected it with ``select_sync_trainer``
+            (selected now otherwise).
+
+    Returns:
+        The trainer's result plus ``wall_time_s`` and ``num_val_problems``.
+    """
+    if trainer is None:
+        trainer = select_sync_trainer(phase.cfg, label=phase.label)
+    inputs = build_inputs(phase.cfg)
+    ctx = TrainContext(
+        policy=policy,
+        cfg=phase.cfg,
+        train_loader=inputs.train_loader,
+        val_problems=inputs.val_problems,
+        tokenizer=tokenizer,
+        env=inputs.env,
+        logger=logger,
+        checkpointer=checkpointer,
+        start_state=start_state,
+        hooks=hooks if hooks is not None else TrainHooks(),
+    )
+    t0 = time.perf_counter()
+    result = dict(trainer(ctx))
+    result["wall_time_s"] = time.perf_counter() - t0
+    result["num_val_problems"] = len(inputs.val_problems)
+    return result
+
+
+def _choices() -> dict[str, Any]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+
+
+def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | None = None) -> dict[str, Any]:
+    """Run every phase of a validated, preflighted config; write the run's outputs.
+
+    Every phase's trainer is selected (and imported) before Ray starts; Ray has its own
+    lifetime per call (``ray_session``, torn down in ``finally``), so ``--multirun`` jobs are
+    isolated.  ``run_dir`` receives the resolved config, each phase's metrics / plot,
+    checkpoints and ``summary.json``.
+
+    Args:
+        cfg: The composed root config.
+        validated: ``validate_config(cfg)`` (typed view: cluster, logger, checkpointing).
+        run_dir: The job's output directory.
+        hooks: Injected callbacks for every phase's trainer.
+
+    Returns:
+        The run summary: ``run_dir``, ``phases`` (each phase's result), ``wall_time_s`` and, for
+        a warm-started run with both accuracies, ``accuracy_gain``.
+
+    Raises:
+        ValueError: ``checkpointing.resume_from`` holds no checkpoint of any phase.
+    """
+    from nemo_dp.distributed.ray_init import ray_session
+
+    t_start = time.perf_counter()
+    run_dir = Path(run_dir)
+    phases = plan_phases(cfg)
+    desc = describe_selection(cfg)
+    choices = _choices()
+    print(f"run directory: {run_dir}", flush=True)
+    print(
+        f"algorithm: {cfg.algorithm.name} | data plane: {choices.get('data_plane', '?')} "
+        f"({desc['backend']}) | recipe: {choices.get('recipe', None)}",
+        flush=True,
+    )
+    trainers = []
+    for phase in phases:
+        phase_desc = describe_selection(phase.cfg)
+        print(
+            f"phase {phase.label}: trainer {phase_desc['trainer']} | policy factory "
+            f"{phase_desc['policy_factory']}",
+            flush=True,
+        )
+        trainers.append(select_sync_trainer(phase.cfg, label=phase.label))
+
+    resume_from = validated.checkpointing.resume_from
+    start_states = load_start_states(phases, resume_from)
+    if resume_from is not None and all(s is None for s in start_states):
+        raise ValueError(
+            f"checkpointing.resume_from: no committed checkpoint under {resume_from!r} in any of "
+            f"{[p.name for p in phases]} (a resume never silently starts fresh)"
+        )
+    first = first_phase_to_run(start_states)
+    (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    tokenizer = make_tokenizer(cfg)
+    ckpt_root = run_dir / validated.checkpointing.checkpoint_dir
+
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "phases": {}}
+    with ray_session(
+        address=validated.cluster.address,
+        num_cpus=validated.cluster.num_cpus,
+        data_plane_cfg=cfg.data_plane,
+    ) as worker_env:
+        policy = make_policy(cfg, tokenizer, env_vars=dict(worker_env))
+        try:
+            for i, (phase, trainer) in enumerate(zip(phases, trainers, strict=True)):
+                if i < first:
+                    print(f"phase {phase.label}: skipped (resuming a later phase)", flush=True)
+                    continue
+                result = run_phase(
+                    phase,
+                    policy,
+                    tokenizer=tokenizer,
+                    logger=phase_logger(phase, run_dir, validated.logger),
+                    checkpointer=phase_checkpointer(phase, ckpt_root, validated.checkpointing),
+                    start_state=start_states[i],
+                    hooks=hooks,
+                    trainer=trainer,
+                )
+                summary["phases"][phase.name] = result
+                acc = result.get("val_accuracy")
+                acc_text = "n/a" if acc is None else f"{acc:.3f}"
+                print(
+                    f"Held-out exact-match accuracy after {phase.label}: {acc_text} "
+                    f"({result['num_val_problems']} problems, {result['step']} steps, "
+                    f"{result['wall_time_s']:.1f} s)",
+                    flush=True,
+                )
+        finally:
+            policy.shutdown()
+
+    accs = [summary["phases"][p.name].get("val_accuracy") for p in phases if p.name in summary["phases"]]
+    if len(phases) == 2 and len(accs) == 2 and None not in accs:
+        summary["accuracy_gain"] = accs[1] - accs[0]
+        print(
+            f"{phases[1].label} changed held-out accuracy by {summary['accuracy_gain']:+.3f} "
+            f"({accs[0]:.3f} -> {accs[1]:.3f})",
+            flush=True,
+        )
+    summary["final_phase"] = phases[-1].name
+    summary["wall_time_s"] = time.perf_counter() - t_start
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(f"done in {summary['wall_time_s']:.1f} s; outputs in {run_dir}", flush=True)
+    return summary
+
+
+def final_accuracy(summary: dict[str, Any]) -> float:
+    """The held-out accuracy after the run's last phase (what a sweep maximises).
+
+    Args:
+        summary: ``run_phases`` output.
+
+    Returns:
+        The accuracy.
+
+    Raises:
+        ValueError: The last phase recorded no held-out accuracy.
+    """
+    name = summary["final_phase"]
+    acc = summary["phases"][name].get("val_accuracy")
+    if acc is None:
+        raise ValueError(f"phase {name!r} recorded no held-out accuracy (val_accuracy is None)")
+    return float(acc)

@@ -1,0 +1,131 @@
+"""``RunLogger``: metrics file, progress bar, log lines and the final plot of one phase.
+
+The run layer builds one per phase and hands it to the trainer through ``TrainContext``
+(trainers see it as ``nemo_dp.algorithms.context.PhaseLogger``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nemo_dp.utils.metrics import MetricsLogger
+
+__all__ = ["RunLogger"]
+
+#: Shown on the progress bar when a step's record carries them (store metrics appear only when a
+#: trainer logs them, i.e. with observability enabled on the data-plane path).
+_BAR_KEYS: tuple[str, ...] = (
+    "loss",
+    "reward_mean",
+    "val_accuracy",
+    "grad_norm",
+    "async/generated_samples",
+    "async/samples_per_s",
+    "data_plane/step/wall_ms",
+    "data_plane/now/bytes_outstanding_mb",
+)
+
+
+class RunLogger:
+    """Metrics file, progress bar, log lines and the final plot of one training phase.
+
+    Args:
+        out_dir: Directory for ``metrics_file`` and ``plot_file``.
+        metrics_file: Metrics jsonl file name.
+        plot_file: PNG file name (written by :meth:`close` when ``plot``).
+        plot: Write the plot at the end.
+        progress_bar: Show a tqdm bar over steps (on stderr).
+        label: Phase label for log lines (``"SFT"``, ``"GRPO"``, ``"SFT warm start"``).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        metrics_file: str,
+        plot_file: str,
+        plot: bool,
+        progress_bar: bool,
+        label: str,
+    ) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.out_dir / metrics_file
+        self.plot_path = self.out_dir / plot_file
+        self.metrics = MetricsLogger(self.metrics_path)
+        self.plot = plot
+        self.progress_bar = progress_bar
+        self.label = label
+        self._bar: Any = None
+        self._last: dict[str, float] = {}
+
+    def start(self, total_steps: int, start_step: int) -> None:
+        """Open the progress bar (and drop metrics of steps a resumed run will redo).
+
+        Args:
+            total_steps: Last step of the phase.
+            start_step: Steps already done (0 for a fresh run).
+        """
+        self.metrics.truncate_after(start_step)
+        if self.progress_bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total_steps,
+                initial=start_step,
+                desc=self.label,
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=0.5,
+            )
+
+    def info(self, message: str) -> None:
+        """Print one log line (above the progress bar).
+
+        Args:
+            message: The line.
+        """
+        line = f"[{self.label}] {message}"
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Append the step's record to metrics.jsonl and update the bar.
+
+        Args:
+            step: The step number (0 = before training).
+            metrics: Scalar metrics.
+
+        Returns:
+            The record written.
+        """
+        record = self.metrics.log(step, metrics)
+        for key in _BAR_KEYS:
+            if key in record and isinstance(record[key], (int, float)):
+                self._last[key] = float(record[key])
+        if self._bar is not None:
+            if step > self._bar.n:
+                self._bar.update(step - self._bar.n)
+            self._bar.set_postfix({k: f"{v:.4g}" for k, v in self._last.items()}, refresh=False)
+        return record
+
+    def close(self) -> Path | None:
+        """Close the bar and write the plot.
+
+        Returns:
+            The plot path, or ``None`` when plotting is off or nothing was logged.
+        """
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if not self.plot or not self.metrics_path.exists() or self.metrics_path.stat().st_size == 0:
+            return None
+        from nemo_dp.utils.plotting import plot_training_curves
+
+        return plot_training_curves(self.metrics_path, self.plot_path)
