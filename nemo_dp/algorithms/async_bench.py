@@ -98,7 +98,7 @@ def compare_sync_async(
     from hydra import compose, initialize_config_dir
 
     from nemo_dp.config import CONF_DIR, RECIPES_DIR, register_configs, validate_config
-    from nemo_dp.data.tokenizer import CharTokenizer
+    from nemo_dp.models.tiny.tokenizer import CharTokenizer
     from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.distributed.worker_group import RayCluster

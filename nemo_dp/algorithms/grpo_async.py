@@ -38,10 +38,9 @@ import torch
 from nemo_dp.algorithms.async_ledger import AsyncLedger
 from nemo_dp.algorithms.async_losses import TruncatedISClippedPGLoss
 from nemo_dp.algorithms.async_metrics import idle_metrics, staleness_metrics
-from nemo_dp.algorithms.grpo_sync import make_store_evaluator
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.store_eval import make_store_evaluator
 from nemo_dp.algorithms.trainer_common import (
-    Checkpointer,
-    RunLogger,
     clipped_pg_loss_fn,
     record_validation,
     sample_seeds,
@@ -88,34 +87,15 @@ def _tag_tensor(tags: list[dict[str, Any]], key: str, dtype: torch.dtype) -> tor
     return torch.tensor([t[key] for t in tags], dtype=dtype)
 
 
-def grpo_train_async(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    val_problems: list[Any],
-    tokenizer: Any,
-    env: Any,
-    logger: RunLogger,
-    checkpointer: Checkpointer,
-    start_state: dict[str, Any] | None,
-) -> dict[str, Any]:
+def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     """Run asynchronous GRPO for ``algorithm.max_steps`` steps over TransferQueue.
 
     Same call signature, checkpoints and step metrics as ``grpo_train_sync``, plus ``async/*``
     metrics (throughput, staleness histogram, idle fractions, store occupancy).
 
     Args:
-        policy: A ``TQPolicy`` (from ``make_policy_factory``).
-        master_config: The validated root config (GRPO with ``async_rollout.enabled``,
-            ``data_plane=tq``).
-        train_loader: Resumable loader of problems, batch size ``num_prompts_per_step``.
-        val_problems: Held-out problems for greedy exact-match evaluation.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        logger: The phase's ``RunLogger``.
-        checkpointer: The phase's ``Checkpointer``.
-        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+        ctx: The phase's context (``ctx.policy`` a ``TQPolicy`` from ``make_policy_factory``,
+            ``ctx.cfg`` GRPO with ``async_rollout.enabled`` and ``data_plane=tq``).
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
@@ -126,6 +106,9 @@ def grpo_train_async(
         TimeoutError: A batch's rows did not arrive within ``async_rollout.claim_timeout_s``.
         RuntimeError: A trained row lags more than ``max_staleness`` versions (a scheduling bug).
     """
+    policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
+    tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
+    checkpointer, start_state = ctx.checkpointer, ctx.start_state
     _check_entry(policy, master_config)
     algo = master_config.algorithm
     acfg = coerce_async_rollout_config(algo.async_rollout)

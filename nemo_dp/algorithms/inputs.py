@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_dp.data.arithmetic import ArithmeticTask, Problem
+from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.datasets import EpochLoader, RLPromptDataset, SFTDataset
-from nemo_dp.environments.arithmetic_env import ArithmeticEnv
+from nemo_dp.data.sources import build_val_problems, rl_source, sft_source
+from nemo_dp.environments import make_environment
 
 __all__ = ["TrainerInputs", "build_sft_inputs", "build_rl_inputs"]
 
@@ -29,70 +30,75 @@ class TrainerInputs:
 
     train_loader: EpochLoader[Any]
     val_problems: list[Problem]
-    env: ArithmeticEnv
+    env: Any
 
 
-def _task_and_val(master_config: Any) -> tuple[ArithmeticTask, list[Problem]]:
-    from nemo_dp.data.jsonl import load_rl_jsonl
+def build_sft_inputs(master_config: Any, tokenizer: Any | None = None) -> TrainerInputs:
+    """Inputs of a supervised phase: ``policy.train_global_batch_size`` examples per batch.
 
-    env_cfg = master_config.env
-    algo = master_config.algorithm
-    task = ArithmeticTask(int(env_cfg.digits), tuple(env_cfg.operators), int(env_cfg.seed))
-    if env_cfg.val_jsonl is not None:
-        val_problems = list(load_rl_jsonl(str(env_cfg.val_jsonl)))[: int(algo.val_samples)]
-    else:
-        val_problems = task.eval_problems(int(algo.val_samples))
-    return task, val_problems
-
-
-def build_sft_inputs(master_config: Any) -> TrainerInputs:
-    """Inputs of a supervised phase: ``policy.train_global_batch_size`` pairs per batch.
-
-    Pairs come from ``env.sft_jsonl`` when set, else from the arithmetic generator
-    (``algorithm.num_train_samples``); ``algorithm.shuffle`` decides the epoch order.
+    Examples come from ``env.sft_jsonl`` when set (prompt/response pairs or chat ``messages``),
+    else from the arithmetic generator (``algorithm.num_train_samples``); ``algorithm.shuffle``
+    decides the epoch order.
 
     Args:
         master_config: Validated root config whose ``algorithm`` is an SFT node.
+        tokenizer: The run's tokenizer (renders chat prompts of the held-out set).
 
     Returns:
         The inputs.
+
+    Raises:
+        DatasetError: A dataset problem, naming the key, file:line and field.
     """
-    task, val_problems = _task_and_val(master_config)
-    env_cfg = master_config.env
     algo = master_config.algorithm
-    if env_cfg.sft_jsonl is not None:
-        dataset: Any = SFTDataset.from_jsonl(str(env_cfg.sft_jsonl))
-    else:
-        dataset = SFTDataset.from_arithmetic(task, int(algo.num_train_samples))
+    src = sft_source(
+        master_config.env, int(algo.num_train_samples), num_samples_key="algorithm.num_train_samples"
+    )
     loader = EpochLoader(
-        dataset,
+        SFTDataset(src.rows),
         batch_size=int(master_config.policy.train_global_batch_size),
         seed=int(master_config.seed),
         shuffle=bool(algo.shuffle),
     )
-    return TrainerInputs(train_loader=loader, val_problems=val_problems, env=ArithmeticEnv())
+    return TrainerInputs(
+        train_loader=loader,
+        val_problems=build_val_problems(master_config, tokenizer),
+        env=make_environment(master_config.env),
+    )
 
 
-def build_rl_inputs(master_config: Any) -> TrainerInputs:
+def build_rl_inputs(master_config: Any, tokenizer: Any | None = None) -> TrainerInputs:
     """Inputs of an RL phase (GRPO, PPO): ``algorithm.num_prompts_per_step`` problems per batch.
 
-    Prompts come from ``env.rl_jsonl`` when set, else from the arithmetic generator
-    (``algorithm.num_train_prompts``); the epoch order is always shuffled.
+    Prompts come from ``env.rl_jsonl`` when set (``prompt`` or ``messages`` plus ``answer``),
+    else from the arithmetic generator (``algorithm.num_train_prompts``); the epoch order is
+    always shuffled.
 
     Args:
         master_config: Validated root config whose ``algorithm`` is an RL node.
+        tokenizer: The run's tokenizer (renders chat prompts).
 
     Returns:
         The inputs.
+
+    Raises:
+        DatasetError: A dataset problem, naming the key, file:line and field.
     """
-    task, val_problems = _task_and_val(master_config)
-    env_cfg = master_config.env
     algo = master_config.algorithm
-    if env_cfg.rl_jsonl is not None:
-        dataset: Any = RLPromptDataset.from_jsonl(str(env_cfg.rl_jsonl))
-    else:
-        dataset = RLPromptDataset.from_arithmetic(task, int(algo.num_train_prompts))
-    loader = EpochLoader(
-        dataset, batch_size=int(algo.num_prompts_per_step), seed=int(master_config.seed), shuffle=True
+    src = rl_source(
+        master_config.env,
+        int(algo.num_train_prompts),
+        num_prompts_key="algorithm.num_train_prompts",
+        tokenizer=tokenizer,
     )
-    return TrainerInputs(train_loader=loader, val_problems=val_problems, env=ArithmeticEnv())
+    loader = EpochLoader(
+        RLPromptDataset(src.rows),
+        batch_size=int(algo.num_prompts_per_step),
+        seed=int(master_config.seed),
+        shuffle=True,
+    )
+    return TrainerInputs(
+        train_loader=loader,
+        val_problems=build_val_problems(master_config, tokenizer),
+        env=make_environment(master_config.env),
+    )

@@ -128,9 +128,10 @@ def run_data_plane_bench(
     ray_started = False
     try:
         if selected & _NEEDS_RAY:
+            from nemo_dp.data_plane.registry import ray_start_args
             from nemo_dp.distributed.ray_init import init_ray
 
-            init_ray(num_cpus=bench.num_cpus, data_plane_cfg=tq_cfg)
+            init_ray(num_cpus=bench.num_cpus, **ray_start_args(tq_cfg))
             ray_started = True
         backends = _setup_backends(bench, tq_cfg, local_cfg, opened, errors, raw_backends or {})
         for kind in bench.payloads:

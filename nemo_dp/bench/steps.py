@@ -304,6 +304,7 @@ def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[s
     from hydra import compose
 
     from nemo_dp.config import register_configs, validate_config
+    from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
 
     bench = OmegaConf.to_object(cfg.bench)
@@ -319,7 +320,7 @@ def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[s
     sizes = spec.sizes(bench)
     tq_cfg = train_config("tq", sizes[0]).data_plane
     results: list[dict[str, Any]] = []
-    ray_env = init_ray(num_cpus=bench.num_cpus, data_plane_cfg=tq_cfg)
+    ray_env = init_ray(num_cpus=bench.num_cpus, **ray_start_args(tq_cfg))
     try:
         for size in sizes:
             for dp in bench.backends:

@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nemo_dp.algorithms.registry import ALGORITHMS, algorithm, algorithm_names
+from nemo_dp.config.algorithm_registry import ALGORITHMS, algorithm, algorithm_names
 from nemo_dp.config.schema import (
     CheckpointingConfig,
     ClusterConfig,

@@ -123,7 +123,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
     """
     if not async_rollout_enabled(master_config):
         return False
-    from nemo_dp.algorithms.registry import algorithm
+    from nemo_dp.config.algorithm_registry import algorithm
     from nemo_dp.data_plane.factory import data_plane_kind
 
     kind = data_plane_kind(_get(master_config, "data_plane"))

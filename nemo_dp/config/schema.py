@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from nemo_dp.algorithms.registry import ALGORITHMS, algorithm_names
+from nemo_dp.config.algorithm_registry import ALGORITHMS, algorithm_names
 from nemo_dp.config.async_rollout import AsyncRolloutConfig
 from nemo_dp.config.cluster import ClusterConfig
 from nemo_dp.config.env import EnvConfig
@@ -47,7 +47,7 @@ __all__ = [
     "algorithm_schemas",
 ]
 
-#: Names of the registered algorithms (``nemo_dp.algorithms.registry``), in registration order.
+#: Names of the registered algorithms (``nemo_dp.config.algorithm_registry``), in registration order.
 ALGORITHM_NAMES: tuple[str, ...] = algorithm_names()
 SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
     "concatenative",

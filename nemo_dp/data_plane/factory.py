@@ -6,7 +6,7 @@ drift apart, and they build clients only through :func:`build_data_plane_client`
 
 Every backend-specific decision comes from the backend registry
 (``nemo_dp.data_plane.registry``) and every algorithm-specific one from the algorithm registry
-(``nemo_dp.algorithms.registry``); this module compares no kind strings of its own.  The
+(``nemo_dp.config.algorithm_registry``); this module compares no kind strings of its own.  The
 algorithm table sits in a higher layer, so it is resolved from a ``"module:attr"`` string on
 first use, exactly like the trainers it names; importing this module loads neither it, nor an
 adapter, nor Ray or TransferQueue.  There is no no-op client and no fallback: a disabled config
@@ -58,7 +58,7 @@ DATA_PLANE_KINDS: tuple[str, ...] = tuple(registry.BACKENDS)
 
 #: Where the algorithm table lives (a higher layer, so resolved on first use, never imported here
 #: at module level).
-_ALGORITHMS_TARGET = "nemo_dp.algorithms.registry:ALGORITHMS"
+_ALGORITHMS_TARGET = "nemo_dp.config.algorithm_registry:ALGORITHMS"
 
 #: The data-plane policy class built by :func:`make_policy_factory`.
 POLICY_CLASS_PATH = "nemo_dp.models.policy.tq_policy:TQPolicy"

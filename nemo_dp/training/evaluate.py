@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_dp.algorithms.rollout import decode_responses
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
-from nemo_dp.data.tokenizer import EOS_TOKEN, CharTokenizer
+from nemo_dp.models.tiny.tokenizer import EOS_TOKEN, CharTokenizer
 from nemo_dp.environments.arithmetic_env import ArithmeticEnv
 from nemo_dp.models.generation import generate
 from nemo_dp.models.model import ModelConfig, TinyCausalLM

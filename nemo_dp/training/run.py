@@ -18,11 +18,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainContext, TrainHooks
-from nemo_dp.algorithms.inputs import TrainerInputs, build_rl_inputs, build_sft_inputs
+from nemo_dp.algorithms.inputs import TrainerInputs
+from nemo_dp.config.algorithm_registry import algorithm, resolve_target
 from nemo_dp.data_plane.factory import describe_selection, make_policy_factory, select_sync_trainer
 from nemo_dp.training.checkpointer import Checkpointer
 from nemo_dp.training.phases import Phase, first_phase_to_run, load_start_states, plan_phases
 from nemo_dp.training.run_logger import RunLogger
+from nemo_dp.training.trackers import build_trackers, check_trackers_available, flatten_run_summary
 
 __all__ = [
     "make_tokenizer",
@@ -35,47 +37,37 @@ __all__ = [
     "final_accuracy",
 ]
 
-# One input builder per algorithm name.  The algorithm registry (one spec per algorithm, naming
-# its builder as "nemo_dp.algorithms.inputs:build_*_inputs") replaces this table.
-_INPUT_BUILDERS: dict[str, Callable[[Any], TrainerInputs]] = {
-    "sft": build_sft_inputs,
-    "grpo": build_rl_inputs,
-    "ppo": build_rl_inputs,
-}
-
-
 def make_tokenizer(cfg: Any) -> Any:
-    """The tokenizer a run uses (the one place that decides it).
+    """The tokenizer a run uses (the one place that decides it): the ``policy`` group's builder.
 
     Args:
         cfg: The composed root config.
 
     Returns:
-        The tokenizer (today the project's character tokenizer for every config).
+        The tokenizer (``nemo_dp.models.protocol.Tokenizer``).
     """
-    from nemo_dp.data.tokenizer import CharTokenizer
+    from nemo_dp.models.builders import build_tokenizer
 
-    del cfg  # every config uses the character tokenizer for now
-    return CharTokenizer()
+    return build_tokenizer(cfg.policy)
 
 
-def build_inputs(cfg: Any) -> TrainerInputs:
+def build_inputs(cfg: Any, tokenizer: Any | None = None) -> TrainerInputs:
     """The loader, held-out problems and environment of a phase's config.
+
+    The builder is the one the algorithm's registry entry names (``AlgorithmSpec.input_builder``).
 
     Args:
         cfg: The phase's root config.
+        tokenizer: The run's tokenizer (renders chat prompts).
 
     Returns:
         The inputs.
 
     Raises:
-        ValueError: ``algorithm.name`` has no input builder (naming the legal names).
+        ValueError: ``algorithm.name`` is not a registered algorithm (naming the legal names).
     """
-    name = str(cfg.algorithm.name)
-    builder = _INPUT_BUILDERS.get(name)
-    if builder is None:
-        raise ValueError(f"algorithm.name: no input builder for {name!r}; legal values: {sorted(_INPUT_BUILDERS)}")
-    return builder(cfg)
+    builder = resolve_target(algorithm(str(cfg.algorithm.name)).input_builder)
+    return builder(cfg, tokenizer)
 
 
 def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = None) -> Any:
@@ -92,8 +84,9 @@ def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = N
     from nemo_dp.distributed.worker_group import RayCluster
     from nemo_dp.models.policy import Policy
 
+    resources = OmegaConf.select(cfg, "cluster.policy_resources", default=None)
     kwargs = {
-        "cluster": RayCluster(env_vars=dict(env_vars or {})),
+        "cluster": RayCluster(env_vars=dict(env_vars or {}), worker_resources=dict(resources or {})),
         "config": cfg.policy,
         "vocab_size": tokenizer.vocab_size,
         "pad_id": tokenizer.pad_id,
@@ -104,13 +97,14 @@ def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = N
     return Policy(**kwargs) if factory is None else factory(**kwargs)
 
 
-def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any) -> RunLogger:
+def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = None) -> RunLogger:
     """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group).
 
     Args:
         phase: The phase.
         run_dir: The run's output directory.
         logger_cfg: ``cfg.logger``.
+        tracker: Experiment trackers that also receive every step's record (or ``None``).
 
     Returns:
         The logger.
@@ -122,6 +116,7 @@ def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any) -> RunLogger:
         plot=bool(logger_cfg.plot),
         progress_bar=bool(logger_cfg.progress_bar),
         label=phase.label,
+        tracker=tracker,
     )
 
 
@@ -173,7 +168,7 @@ def run_phase(
     """
     if trainer is None:
         trainer = select_sync_trainer(phase.cfg, label=phase.label)
-    inputs = build_inputs(phase.cfg)
+    inputs = build_inputs(phase.cfg, tokenizer)
     ctx = TrainContext(
         policy=policy,
         cfg=phase.cfg,
@@ -220,7 +215,8 @@ def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | N
     Raises:
         ValueError: ``checkpointing.resume_from`` holds no checkpoint of any phase.
     """
-    from nemo_dp.distributed.ray_init import ray_session
+    from nemo_dp.data.validation import validate_datasets
+    from nemo_dp.models.builders import prepare_policy, validate_policy
 
     t_start = time.perf_counter()
     run_dir = Path(run_dir)
@@ -243,6 +239,15 @@ def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | N
         )
         trainers.append(select_sync_trainer(phase.cfg, label=phase.label))
 
+    # Everything that can fail on the driver fails here, before Ray starts: optional tracker
+    # packages, the model directory and tokenizer, every dataset.
+    check_trackers_available(cfg.logger)
+    prepare_policy(cfg.policy)
+    validate_policy(cfg.policy)
+    tokenizer = make_tokenizer(cfg)
+    for line in validate_datasets(validated, tokenizer).lines():
+        print(f"data: {line}", flush=True)
+
     resume_from = validated.checkpointing.resume_from
     start_states = load_start_states(phases, resume_from)
     if resume_from is not None and all(s is None for s in start_states):
@@ -250,16 +255,55 @@ def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | N
             f"checkpointing.resume_from: no committed checkpoint under {resume_from!r} in any of "
             f"{[p.name for p in phases]} (a resume never silently starts fresh)"
         )
-    first = first_phase_to_run(start_states)
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    tokenizer = make_tokenizer(cfg)
     ckpt_root = run_dir / validated.checkpointing.checkpoint_dir
 
     summary: dict[str, Any] = {"run_dir": str(run_dir), "phases": {}}
+    trackers = build_trackers(cfg.logger, run_dir)
+    status = "failed"
+    try:
+        trackers.log_config(OmegaConf.to_container(cfg, resolve=True))
+        _train_phases(
+            cfg, validated, run_dir, phases, trainers, start_states, tokenizer, ckpt_root, summary,
+            trackers, hooks,
+        )
+        status = "success"
+    finally:
+        trackers.close(status)
+    summary["final_phase"] = phases[-1].name
+    summary["wall_time_s"] = time.perf_counter() - t_start
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(f"done in {summary['wall_time_s']:.1f} s; outputs in {run_dir}", flush=True)
+    return summary
+
+
+def _train_phases(
+    cfg: Any,
+    validated: Any,
+    run_dir: Path,
+    phases: list[Phase],
+    trainers: list[Any],
+    start_states: list[Any],
+    tokenizer: Any,
+    ckpt_root: Path,
+    summary: dict[str, Any],
+    trackers: Any,
+    hooks: TrainHooks | None,
+) -> None:
+    """Start Ray, build the policy, run the phases into ``summary`` (the body of ``run_phases``)."""
+    from nemo_dp.data_plane.registry import ray_start_args
+    from nemo_dp.distributed.ray_init import ray_session
+
+    first = first_phase_to_run(start_states)
+    main_name = str(cfg.algorithm.name)
+    cluster = validated.cluster
     with ray_session(
-        address=validated.cluster.address,
-        num_cpus=validated.cluster.num_cpus,
-        data_plane_cfg=cfg.data_plane,
+        address=cluster.address,
+        num_cpus=cluster.num_cpus,
+        temp_dir=cluster.temp_dir,
+        connect_timeout_s=cluster.connect_timeout_s,
+        working_dir=cluster.working_dir,
+        **ray_start_args(cfg.data_plane),
     ) as worker_env:
         policy = make_policy(cfg, tokenizer, env_vars=dict(worker_env))
         try:
@@ -271,7 +315,12 @@ def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | N
                     phase,
                     policy,
                     tokenizer=tokenizer,
-                    logger=phase_logger(phase, run_dir, validated.logger),
+                    logger=phase_logger(
+                        phase,
+                        run_dir,
+                        validated.logger,
+                        tracker=trackers.with_prefix("" if phase.name == main_name else phase.name),
+                    ),
                     checkpointer=phase_checkpointer(phase, ckpt_root, validated.checkpointing),
                     start_state=start_states[i],
                     hooks=hooks,
@@ -297,11 +346,7 @@ def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | N
             f"({accs[0]:.3f} -> {accs[1]:.3f})",
             flush=True,
         )
-    summary["final_phase"] = phases[-1].name
-    summary["wall_time_s"] = time.perf_counter() - t_start
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    print(f"done in {summary['wall_time_s']:.1f} s; outputs in {run_dir}", flush=True)
-    return summary
+    trackers.log_summary(flatten_run_summary(summary, main_name))
 
 
 def final_accuracy(summary: dict[str, Any]) -> float:

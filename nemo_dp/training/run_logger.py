@@ -39,6 +39,7 @@ class RunLogger:
         plot: Write the plot at the end.
         progress_bar: Show a tqdm bar over steps (on stderr).
         label: Phase label for log lines (``"SFT"``, ``"GRPO"``, ``"SFT warm start"``).
+        tracker: Experiment trackers (``nemo_dp.training.trackers``) that receive every record.
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class RunLogger:
         plot: bool,
         progress_bar: bool,
         label: str,
+        tracker: Any = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -61,6 +63,7 @@ class RunLogger:
         self.label = label
         self._bar: Any = None
         self._last: dict[str, float] = {}
+        self.tracker = tracker
 
     def start(self, total_steps: int, start_step: int) -> None:
         """Open the progress bar (and drop metrics of steps a resumed run will redo).
@@ -106,6 +109,8 @@ class RunLogger:
             The record written.
         """
         record = self.metrics.log(step, metrics)
+        if self.tracker is not None:
+            self.tracker.log_metrics(step, record)
         for key in _BAR_KEYS:
             if key in record and isinstance(record[key], (int, float)):
                 self._last[key] = float(record[key])

@@ -81,7 +81,7 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
     from nemo_dp.algorithms.async_ledger import read_ledger
     from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs, load_start_state
     from nemo_dp.config import register_configs, validate_config
-    from nemo_dp.data.tokenizer import CharTokenizer
+    from nemo_dp.models.tiny.tokenizer import CharTokenizer
     from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.distributed.worker_group import RayCluster

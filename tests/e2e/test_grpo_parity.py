@@ -115,6 +115,7 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
         ``{"runs": {"<dp>_ds<0|1>": {"records": [...], "checksums": [...]}}}``.
     """
     from nemo_dp.config import validate_config
+    from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
     from nemo_dp.utils.checkpoint import load_training_checkpoint
@@ -124,7 +125,7 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
     validate_config(base)
     tok = make_tokenizer(base)
     state = load_training_checkpoint(warm_ckpt)["policy"]
-    env = init_ray(num_cpus=2, data_plane_cfg=base.data_plane)
+    env = init_ray(num_cpus=2, **ray_start_args(base.data_plane))
     result: dict[str, Any] = {"runs": {}}
     # One policy per data-plane choice serves both of its runs (weights, optimizer and RNG
     # reloaded from the warm start before each), which saves worker-group and TransferQueue

@@ -23,6 +23,7 @@ def main(out_dir: Path) -> None:
     from hydra import compose, initialize_config_dir
 
     from nemo_dp.config import register_configs, validate_config
+    from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.training import Checkpointer, make_policy, make_tokenizer, phase_logger, run_phase, warm_start_phase
     from tests.e2e.conftest import WARM_START_OVERRIDES
@@ -33,7 +34,7 @@ def main(out_dir: Path) -> None:
     validated = validate_config(cfg)
     phase = warm_start_phase(cfg)
     tok = make_tokenizer(cfg)
-    env = init_ray(num_cpus=2, data_plane_cfg=cfg.data_plane)
+    env = init_ray(num_cpus=2, **ray_start_args(cfg.data_plane))
     try:
         policy = make_policy(cfg, tok, env_vars=env)  # built from the run's config, as the launcher does
         try:

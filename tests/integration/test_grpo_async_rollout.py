@@ -25,7 +25,7 @@ import torch
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
 from nemo_dp.algorithms.trainer_common import sample_seeds
 from nemo_dp.data.arithmetic import ArithmeticTask
-from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
 from nemo_dp.data_plane.factory import make_policy_factory
 from nemo_dp.data_plane.interfaces import DataPlaneConfig, SimpleStorageConfig
 from nemo_dp.distributed.worker_group import RayCluster

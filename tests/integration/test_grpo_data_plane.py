@@ -38,7 +38,7 @@ from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.training import Checkpointer, RunLogger
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.datasets import EpochLoader, RLPromptDataset
-from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
 from nemo_dp.data_plane.factory import make_policy_factory
 from nemo_dp.data_plane.interfaces import DataPlaneConfig, KVBatchMeta, ObservabilityConfig, SimpleStorageConfig
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict

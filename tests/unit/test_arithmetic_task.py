@@ -77,7 +77,7 @@ def test_env_exact_match() -> None:
 
 
 def test_exact_reward_cuts_where_the_char_tokenizer_renders_eos() -> None:
-    from nemo_dp.data.tokenizer import CharTokenizer
+    from nemo_dp.models.tiny.tokenizer import CharTokenizer
     from nemo_dp.environments.arithmetic_env import EOS_MARKER
 
     tok = CharTokenizer()

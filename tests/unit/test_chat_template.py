@@ -23,7 +23,7 @@ from nemo_dp.data.chat import (
 )
 from nemo_dp.data.datasets import collate_sft
 from nemo_dp.data.protocol import ChatTemplateTokenizer, TextTokenizer, has_chat_template
-from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
 
 IM_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

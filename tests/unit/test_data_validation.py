@@ -15,7 +15,7 @@ from nemo_dp.config import CONF_DIR, RECIPES_DIR, register_configs, validate_con
 from nemo_dp.config.schema import MasterConfig
 from nemo_dp.data.errors import DatasetError
 from nemo_dp.data.sources import build_train_dataset, build_val_problems
-from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
 from nemo_dp.data.validation import validate_datasets
 from tests.unit.test_chat_template import build_hf_tokenizer
 

@@ -7,7 +7,7 @@ import torch
 
 from nemo_dp.data.arithmetic import ArithmeticTask
 from nemo_dp.data.datasets import EpochLoader, RLPromptDataset, SFTDataset, collate_sft
-from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
 
 
 def _ds(n: int = 10) -> SFTDataset:

@@ -203,7 +203,7 @@ def test_supports_checkpointing() -> None:
 def test_every_registered_trainer_resolves_to_a_callable() -> None:
     """Each (algorithm, backend) entry the factory serves imports and is a function; the pairs
     come from the algorithm registry, and a process-local backend serves no RL algorithm."""
-    from nemo_dp.algorithms.registry import ALGORITHMS
+    from nemo_dp.config.algorithm_registry import ALGORITHMS
 
     table = factory.TRAINER_REGISTRY
     assert set(table) == {(n, k) for n, spec in ALGORITHMS.items() for k in spec.trainers}

@@ -33,7 +33,7 @@ HELPERS = [
     "nemo_dp.data_plane.worker_mixin",
     "nemo_dp.data_plane.observability",
     "nemo_dp.models.policy.colocated_loader",
-    "nemo_dp.algorithms.registry",
+    "nemo_dp.config.algorithm_registry",
     "nemo_dp.algorithms.grpo_sync",
     "nemo_dp.algorithms.ppo_sync",
     "nemo_dp.algorithms.sft_sync",

@@ -12,7 +12,7 @@ from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.chat import ChatExample, Message
 from nemo_dp.data.errors import DatasetError
 from nemo_dp.data.jsonl import load_rl_jsonl, load_sft_jsonl, read_rl_jsonl, read_sft_jsonl
-from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOOD_SFT = {"prompt": "ok", "response": "ok"}

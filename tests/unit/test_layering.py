@@ -44,9 +44,7 @@ RANK = {name: i for i, name in enumerate(LAYER_ORDER)}
 #: Upward edges still present, as (importing file relative to the repo, imported package).
 PENDING: frozenset[tuple[str, str]] = frozenset(
     {
-        ("nemo_dp/distributed/ray_init.py", "data_plane"),
-        ("nemo_dp/models/policy/worker.py", "algorithms"),
-        ("nemo_dp/models/value/worker.py", "algorithms"),
+        ("nemo_dp/models/policy/rollout_worker.py", "algorithms"),
     }
 )
 

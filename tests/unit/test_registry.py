@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_dp.algorithms import registry as algos
+from nemo_dp.config import algorithm_registry as algos
 from nemo_dp.data_plane import factory, registry
 from nemo_dp.data_plane.interfaces import (
     DataPlaneConfig,

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from nemo_dp.algorithms.sft_sync import sft_sync_step
 from nemo_dp.data.datasets import EpochLoader, SFTDataset
-from nemo_dp.data.tokenizer import CharTokenizer
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
 from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
 from nemo_dp.data_plane.interfaces import LocalDataPlaneConfig
 from nemo_dp.data_plane.schema import GLOBAL_FORWARD_PAD_SEQLEN

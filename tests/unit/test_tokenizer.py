@@ -66,9 +66,3 @@ def test_protocol_and_plain_chat_concatenation() -> None:
         tok.apply_chat_template([turns[0], {"role": "robot", "content": "x"}], add_generation_prompt=False)
     with pytest.raises(ValueError, match=r"messages\[0\]\.content: must be a string"):
         tok.apply_chat_template([{"role": "user", "content": 3}], add_generation_prompt=False)
-
-
-def test_old_import_location_is_the_same_class() -> None:
-    from nemo_dp.data.tokenizer import CharTokenizer as Old
-
-    assert Old is CharTokenizer

@@ -7,10 +7,11 @@ phase).  The config layer (schema registration, validation), the data-plane fact
 selection) and the tests all read :data:`ALGORITHMS`; nothing else lists algorithm names.
 
 The table is plain data: every target is a ``"module:attr"`` string resolved only when used, and
-this module imports nothing but the standard library.  That is what lets
-``nemo_dp.data_plane.factory``, which sits *below* ``algorithms`` in the layering, read it: the
-factory already resolves trainers from ``"module:function"`` strings at call time, and it
-resolves this table the same way (:data:`ALGORITHMS_TARGET`), never with a module-level import.
+this module imports nothing but the standard library.  It lives in the config layer (below
+models and algorithms) because schema registration and validation read it; the trainers and
+builders it names are higher up and are only imported when selected.
+``nemo_dp.data_plane.factory``, one layer lower still, resolves this table the same way
+(:data:`ALGORITHMS_TARGET`), never with a module-level import.
 
 Adding an algorithm (for example DPO):
 
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 #: Where the factory finds :data:`ALGORITHMS` (resolved lazily, see the module docstring).
-ALGORITHMS_TARGET = "nemo_dp.algorithms.registry:ALGORITHMS"
+ALGORITHMS_TARGET = "nemo_dp.config.algorithm_registry:ALGORITHMS"
 
 
 def resolve_target(target: str) -> Any:
