@@ -245,43 +245,6 @@ def test_envelope_rank_check_and_microbatch_counts() -> None:
         bad.load(0)
 
 
-def test_full_store_makes_the_producer_wait_not_fail() -> None:
-    policy, loaders, workers, _ = _setup(max_partitions=1)
-    w = workers[0]
-    # Another user of the store holds its only slot.
-    w.dp_client.register_partition("other", fields=["x"], num_samples=1, consumer_tasks=["train"])
-    done: dict[str, Any] = {}
-    refused_twice = threading.Event()
-    refusals: list[str] = []
-    register = w.dp_client.register_partition
-
-    def counting_register(pid: str, **kwargs: Any) -> Any:
-        try:
-            return register(pid, **kwargs)
-        except RuntimeError as exc:  # the store's refusal while it is full
-            refusals.append(str(exc))
-            if len(refusals) >= 2:
-                refused_twice.set()
-            raise
-
-    w.dp_client.register_partition = counting_register  # type: ignore[method-assign]
-
-    def load() -> None:
-        done["env"] = w.load_sft_batch(0)
-
-    th = threading.Thread(target=load)
-    th.start()
-    # The loader was refused twice (it retried, did not fail) and is still waiting.
-    assert refused_twice.wait(timeout=20), refusals
-    assert w.colocated_loader_stats()["waits"] >= 2
-    assert "env" not in done and th.is_alive()
-    w.dp_client.clear_samples(None, "other")
-    th.join(timeout=20)
-    assert not th.is_alive()
-    assert done["env"].source_ids == _expected_blocks(0)[0]  # nothing dropped or skipped
-    assert done["env"].meta.partition_id == "sft_dp0_batch0"
-
-
 def test_checkpoint_refused_while_active_and_prefetch_rewound() -> None:
     policy, loaders, workers, _ = _setup()
     loaders.load(0)
