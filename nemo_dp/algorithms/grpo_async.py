@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from nemo_dp.algorithms.async_advantages import GroupAdvantages
 from nemo_dp.algorithms.async_ledger import AsyncLedger
 from nemo_dp.algorithms.async_losses import TruncatedISClippedPGLoss
 from nemo_dp.algorithms.async_metrics import idle_metrics, staleness_metrics
@@ -55,7 +56,8 @@ from nemo_dp.config.async_rollout import (
 )
 from nemo_dp.data_plane.factory import validate_trainer_selection
 from nemo_dp.data_plane.schema import DP_TRAIN_FIELDS
-from nemo_dp.models.policy.rollout_worker import POLICY_VERSION, RolloutGroup
+from nemo_dp.models.policy.rollout_group import RolloutGroup
+from nemo_dp.models.policy.rollout_worker import POLICY_VERSION
 
 __all__ = ["grpo_train_async", "TRAINER_TARGET", "ASYNC_STATE_KEY", "validate_async_rollout_selection"]
 
@@ -147,6 +149,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     threads = int(acfg.torch_threads) or int(master_config.policy.torch_threads)
     rollout = RolloutGroup(
         policy, master_config, tokenizer=tokenizer, env=env,
+        advantage_fn=GroupAdvantages.from_algorithm(algo),
         num_workers=int(acfg.num_rollout_workers), torch_threads=threads,
     )
     version = int(counters["step"])

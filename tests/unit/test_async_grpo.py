@@ -252,6 +252,37 @@ def test_ledger_truncates_on_resume(tmp_path: Path) -> None:
         read_ledger(ledger.path)
 
 
+# --- advantages shipped to the rollout actors -------------------------------------------------
+
+
+@pytest.mark.parametrize("leave_one_out,normalize", [(True, True), (False, True), (True, False), (False, False)])
+def test_group_advantages_equal_the_synchronous_estimator(leave_one_out: bool, normalize: bool) -> None:
+    import pickle
+
+    from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+    from nemo_dp.algorithms.async_advantages import GroupAdvantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    fn = GroupAdvantages(group_size=4, leave_one_out=leave_one_out, normalize_rewards=normalize)
+    # The actors receive it pickled; the copy must compute the same thing.
+    baseline, std, adv = pickle.loads(pickle.dumps(fn))(rewards)
+    want_b, want_s = grpo_baseline_and_std(rewards, 4, leave_one_out)
+    assert torch.equal(baseline, want_b) and torch.equal(std, want_s)
+    assert torch.equal(adv, grpo_advantages(rewards, want_b, want_s, normalize))
+    assert adv.abs().sum() > 0  # mixed groups: the comparison is not between zeros
+    with pytest.raises(ValueError, match="not a multiple of group_size=4"):
+        fn(rewards[:6])
+
+
+def test_group_advantages_read_the_algorithm_config() -> None:
+    from nemo_dp.algorithms.async_advantages import GroupAdvantages
+
+    cfg = _compose("data_plane=tq", "algorithm.async_rollout.enabled=true",
+                   "algorithm.num_generations_per_prompt=3", "algorithm.use_leave_one_out_baseline=false",
+                   "algorithm.normalize_rewards=true")
+    assert GroupAdvantages.from_algorithm(cfg.algorithm) == GroupAdvantages(3, False, True)
+
+
 # --- shards --------------------------------------------------------------------------------------
 
 
