@@ -103,8 +103,8 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
-        ValueError: The config does not select this trainer or the policy is not a data-plane
-            policy.
+        ValueError: The config does not select this trainer, the policy is not a data-plane
+            policy, or the logger has no ``out_dir`` for the ledger.
         TimeoutError: A batch's rows did not arrive within ``async_rollout.claim_timeout_s``.
         RuntimeError: A trained row lags more than ``max_staleness`` versions (a scheduling bug).
     """
@@ -112,6 +112,12 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
     checkpointer, start_state = ctx.checkpointer, ctx.start_state
     _check_entry(policy, master_config)
+    ledger_dir = getattr(logger, "out_dir", None)
+    if ledger_dir is None:
+        raise ValueError(
+            f"grpo_train_async: the phase logger {type(logger).__name__} has no out_dir; the trainer "
+            "writes async_ledger.jsonl there, beside metrics.jsonl (RunLogger has one)"
+        )
     algo = master_config.algorithm
     acfg = coerce_async_rollout_config(algo.async_rollout)
     max_staleness = int(acfg.max_staleness)
@@ -139,7 +145,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
         )
     sync_loss = clipped_pg_loss_fn(algo)
     logger.start(max_steps, int(counters["step"]))
-    ledger = AsyncLedger(logger.out_dir)
+    ledger = AsyncLedger(ledger_dir)
     ledger.truncate_after(int(counters["step"]))
     _evaluate = make_store_evaluator(
         policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
