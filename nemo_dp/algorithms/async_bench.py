@@ -14,7 +14,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,29 +33,64 @@ ASYNC_SPLIT_KEYS: tuple[str, ...] = (
 )
 
 
+class _StepClock:
+    """A ``PhaseLogger`` that writes ``metrics.jsonl`` and the wall clock of every logged step.
+
+    The bench stands in for the run layer's logger here (the run layer sits above this one);
+    the trainer sees the same protocol.
+    """
+
+    def __init__(self, out_dir: Path, label: str) -> None:
+        from nemo_dp.utils.metrics import MetricsLogger
+
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLogger(self.out_dir / "metrics.jsonl")
+        self.label = label
+        self.marks: list[tuple[int, float, dict]] = []
+
+    def start(self, total_steps: int, start_step: int) -> None:
+        self.metrics.truncate_after(start_step)
+        self.marks = [(0, time.perf_counter(), {})]
+
+    def info(self, message: str) -> None:
+        print(f"[{self.label}] {message}", flush=True)
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        record = self.metrics.log(step, metrics)
+        if step > 0:
+            self.marks.append((step, time.perf_counter(), dict(record)))
+        return record
+
+    def close(self) -> Path | None:
+        return None
+
+
+class _NoCheckpoints:
+    """A ``PhaseCheckpointer`` that never saves (the bench measures steps, not checkpoints)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def should_save(self, step: int, *, final: bool) -> bool:
+        return False
+
+    def save(self, step: int, state_fn: Callable[[], dict[str, Any]]) -> Path:
+        raise RuntimeError("compare_sync_async: the bench writes no checkpoints")
+
+    def prune(self) -> None:
+        return None
+
+
 def _clocked_run(trainer: Any, policy: Any, cfg: Any, tok: Any, run_dir: Path) -> list[tuple[int, float, dict]]:
-    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs
+    """Train ``cfg``'s main phase with ``trainer``; the wall clock at every logged step."""
+    from nemo_dp.algorithms.context import TrainContext
+    from nemo_dp.config.algorithm_registry import algorithm, resolve_target
 
-    class StepClock(RunLogger):
-        marks: list[tuple[int, float, dict]]
-
-        def start(self, total_steps: int, start_step: int) -> None:
-            super().start(total_steps, start_step)
-            self.marks = [(0, time.perf_counter(), {})]
-
-        def log_step(self, step: int, metrics: Any) -> dict[str, Any]:
-            record = super().log_step(step, metrics)
-            if step > 0:
-                self.marks.append((step, time.perf_counter(), dict(record)))
-            return record
-
-    clock = StepClock(run_dir, metrics_file="metrics.jsonl", plot_file="p.png", plot=False, progress_bar=False,
-                      label=run_dir.name)
-    inputs = build_trainer_inputs(cfg)
-    trainer(policy, cfg, train_loader=inputs.train_loader, val_problems=inputs.val_problems, tokenizer=tok,
-            env=inputs.env, logger=clock,
-            checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-            start_state=None)
+    inputs = resolve_target(algorithm(str(cfg.algorithm.name)).input_builder)(cfg, tok)
+    clock = _StepClock(run_dir, run_dir.name)
+    trainer(TrainContext(policy=policy, cfg=cfg, train_loader=inputs.train_loader, val_problems=inputs.val_problems,
+                         tokenizer=tok, env=inputs.env, logger=clock, checkpointer=_NoCheckpoints(run_dir / "ckpt")))
     return clock.marks
 
 
@@ -98,10 +133,12 @@ def compare_sync_async(
     from hydra import compose, initialize_config_dir
 
     from nemo_dp.config import CONF_DIR, RECIPES_DIR, register_configs, validate_config
-    from nemo_dp.models.tiny.tokenizer import CharTokenizer
-    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
+    from nemo_dp.data_plane.factory import select_sync_trainer
+    from nemo_dp.data_plane.factory import make_policy_factory
+    from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.distributed.worker_group import RayCluster
+    from nemo_dp.models.builders import build_tokenizer
 
     register_configs(RECIPES_DIR)
     total = warmup_steps + measured_steps + 1
@@ -120,19 +157,21 @@ def compare_sync_async(
         validate_config(cfg)
     first = next(iter(cfgs.values()))
     rows = int(first.algorithm.num_prompts_per_step) * int(first.algorithm.num_generations_per_prompt)
-    tok = CharTokenizer()
-    env = init_ray(num_cpus=num_cpus, data_plane_cfg=first.data_plane)
+    tok = build_tokenizer(first.policy)
+    trainers = {name: select_sync_trainer(cfg) for name, cfg in cfgs.items()}
+    env = init_ray(num_cpus=num_cpus, **ray_start_args(first.data_plane))
     report: dict[str, Any] = {"rows_per_step": rows, "overrides": list(overrides)}
     try:
         factory = make_policy_factory(first.data_plane)
-        assert factory is not None
+        if factory is None:
+            raise ValueError("compare_sync_async: data_plane=tq selects no data-plane policy factory")
         policy = factory(cluster=RayCluster(env_vars=dict(env)), config=first.policy, vocab_size=tok.vocab_size,
                          pad_id=tok.pad_id, eos_id=tok.eos_id, seed=int(first.seed))
         try:
             start = policy.state_dict()
             for name, cfg in cfgs.items():
                 policy.load_state_dict(start)
-                marks = _clocked_run(select_sync_trainer(cfg), policy, cfg, tok, Path(out_dir) / name)
+                marks = _clocked_run(trainers[name], policy, cfg, tok, Path(out_dir) / name)
                 keys = SYNC_SPLIT_KEYS if name == "sync" else ASYNC_SPLIT_KEYS
                 report[name] = _summary(marks, warmup_steps, measured_steps, keys, rows)
         finally:

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from nemo_dp.algorithms.async_advantages import GroupAdvantages
 from nemo_dp.algorithms.async_ledger import AsyncLedger
 from nemo_dp.algorithms.async_losses import TruncatedISClippedPGLoss
 from nemo_dp.algorithms.async_metrics import idle_metrics, staleness_metrics
@@ -55,7 +56,8 @@ from nemo_dp.config.async_rollout import (
 )
 from nemo_dp.data_plane.factory import validate_trainer_selection
 from nemo_dp.data_plane.schema import DP_TRAIN_FIELDS
-from nemo_dp.models.policy.rollout_worker import POLICY_VERSION, RolloutGroup
+from nemo_dp.models.policy.rollout_group import RolloutGroup
+from nemo_dp.models.policy.rollout_worker import POLICY_VERSION
 
 __all__ = ["grpo_train_async", "TRAINER_TARGET", "ASYNC_STATE_KEY", "validate_async_rollout_selection"]
 
@@ -101,8 +103,8 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
-        ValueError: The config does not select this trainer or the policy is not a data-plane
-            policy.
+        ValueError: The config does not select this trainer, the policy is not a data-plane
+            policy, or the logger has no ``out_dir`` for the ledger.
         TimeoutError: A batch's rows did not arrive within ``async_rollout.claim_timeout_s``.
         RuntimeError: A trained row lags more than ``max_staleness`` versions (a scheduling bug).
     """
@@ -110,6 +112,12 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
     checkpointer, start_state = ctx.checkpointer, ctx.start_state
     _check_entry(policy, master_config)
+    ledger_dir = getattr(logger, "out_dir", None)
+    if ledger_dir is None:
+        raise ValueError(
+            f"grpo_train_async: the phase logger {type(logger).__name__} has no out_dir; the trainer "
+            "writes async_ledger.jsonl there, beside metrics.jsonl (RunLogger has one)"
+        )
     algo = master_config.algorithm
     acfg = coerce_async_rollout_config(algo.async_rollout)
     max_staleness = int(acfg.max_staleness)
@@ -137,7 +145,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
         )
     sync_loss = clipped_pg_loss_fn(algo)
     logger.start(max_steps, int(counters["step"]))
-    ledger = AsyncLedger(logger.out_dir)
+    ledger = AsyncLedger(ledger_dir)
     ledger.truncate_after(int(counters["step"]))
     _evaluate = make_store_evaluator(
         policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
@@ -147,6 +155,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     threads = int(acfg.torch_threads) or int(master_config.policy.torch_threads)
     rollout = RolloutGroup(
         policy, master_config, tokenizer=tokenizer, env=env,
+        advantage_fn=GroupAdvantages.from_algorithm(algo),
         num_workers=int(acfg.num_rollout_workers), torch_threads=threads,
     )
     version = int(counters["step"])

@@ -13,8 +13,11 @@ A third run at ``max_staleness=1`` checks the asynchronous schedule itself: batc
 on-policy, every later batch exactly one version stale, with the truncated importance weight in
 the loss.
 
-Both trainers are selected as the launcher selects them (``select_sync_trainer`` on a
-Hydra-composed config) and run in a subprocess (this file as a script) with its own Ray.
+Every run starts from the session's shared legacy SFT warm start (``warm_start_checkpoint`` in
+``conftest.py``, the same model shape and seed as here), so the 1-digit addition rewards are
+mixed and the advantages non-zero.  The runs go through the run layer the launcher uses
+(``nemo_dp.training.run_phase``: trainer from ``select_sync_trainer`` on a Hydra-composed config,
+policy from ``make_policy``) in a subprocess (this file as a script) with its own Ray.
 """
 
 from __future__ import annotations
@@ -53,11 +56,7 @@ OVERRIDES: tuple[str, ...] = (
     "algorithm.val_samples=8",
     "algorithm.val_period=5",
     "algorithm.val_at_start=true",
-    "algorithm.warm_start.max_steps=150",
-    "algorithm.warm_start.num_train_samples=64",
-    "algorithm.warm_start.lr=5.0e-3",
-    "algorithm.warm_start.warmup_steps=0",
-    "algorithm.warm_start.val_samples=8",
+    "algorithm.warm_start.enabled=false",
     "algorithm.async_rollout.num_rollout_workers=1",
     "checkpointing.enabled=false",
     "logger.plot=false",
@@ -100,74 +99,59 @@ def _compose(*extra: str) -> Any:
         return compose("config", overrides=[*OVERRIDES, *extra])
 
 
-def _logger(out: Path, label: str) -> Any:
-    from nemo_dp.algorithms.trainer_common import RunLogger
-
-    return RunLogger(out, metrics_file="metrics.jsonl", plot_file="p.png", plot=False, progress_bar=False,
-                     label=label)
-
-
-def run_parity(out_dir: Path) -> dict[str, Any]:
-    """Warm start once (legacy SFT on the TQ policy), then run every entry of ``RUNS`` from it.
+def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
+    """Run every entry of ``RUNS`` on one ``TQPolicy`` from the shared warm start.
 
     Args:
         out_dir: Where each run writes its ``metrics.jsonl``.
+        warm_ckpt: The shared warm start's checkpoint directory.
 
     Returns:
-        ``{"runs": {name: {"records", "checksums", "trainer"}}}``.
+        ``{"runs": {name: {"records", "ledger", "checksums", "trainer", "live_partitions"}}}``.
     """
-    from omegaconf import open_dict
-
     from nemo_dp.algorithms.async_ledger import read_ledger
-    from nemo_dp.algorithms.trainer_common import Checkpointer, build_trainer_inputs
-    from nemo_dp.config import validate_config, warm_start_config
-    from nemo_dp.models.tiny.tokenizer import CharTokenizer
-    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
+    from nemo_dp.config import validate_config
+    from nemo_dp.data_plane.factory import select_sync_trainer
+    from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from nemo_dp.distributed.worker_group import RayCluster
+    from nemo_dp.models.policy.rollout_worker import partition_for_batch
+    from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
+    from nemo_dp.utils.checkpoint import load_training_checkpoint
     from nemo_dp.utils.metrics import read_metrics
 
-    tok = CharTokenizer()
     base = _compose(*RUNS["sync"])
     validate_config(base)
-    env = init_ray(num_cpus=2, data_plane_cfg=base.data_plane)
+    tok = make_tokenizer(base)
+    state = load_training_checkpoint(warm_ckpt)["policy"]
+    env = init_ray(num_cpus=2, **ray_start_args(base.data_plane))
     result: dict[str, Any] = {"runs": {}}
     try:
-        factory = make_policy_factory(base.data_plane)
-        assert factory is not None
-        policy = factory(cluster=RayCluster(env_vars=dict(env)), config=base.policy, vocab_size=tok.vocab_size,
-                         pad_id=tok.pad_id, eos_id=tok.eos_id, seed=int(base.seed))
+        # One policy (and TransferQueue system) serves every run; weights, optimizer and RNG are
+        # reloaded from the warm start before each.
+        policy = make_policy(base, tok, env_vars=env)
         try:
-            ws_cfg = warm_start_config(base)
-            with open_dict(ws_cfg):
-                ws_cfg.data_plane = {"enabled": False}  # the legacy SFT trainer on the same policy
-            inputs = build_trainer_inputs(ws_cfg)
-            select_sync_trainer(ws_cfg, label="SFT warm start")(
-                policy, ws_cfg, train_loader=inputs.train_loader, val_problems=inputs.val_problems,
-                tokenizer=tok, env=inputs.env, logger=_logger(out_dir / "warm", "warm"),
-                checkpointer=Checkpointer(out_dir / "warm_ckpt", enabled=False, save_period=0, keep_last=1),
-                start_state=None,
-            )
-            state = policy.state_dict()
             for name, extra in RUNS.items():
                 cfg = _compose(*extra)
-                validate_config(cfg)
+                validated = validate_config(cfg)
                 trainer = select_sync_trainer(cfg)
                 policy.load_state_dict(state)
-                inputs = build_trainer_inputs(cfg)
+                phase = main_phase(cfg)
                 run_dir = out_dir / name
-                trainer(
-                    policy, cfg, train_loader=inputs.train_loader, val_problems=inputs.val_problems,
-                    tokenizer=tok, env=inputs.env, logger=_logger(run_dir, name),
+                run_phase(
+                    phase,
+                    policy,
+                    tokenizer=tok,
+                    logger=phase_logger(phase, run_dir, validated.logger),
                     checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-                    start_state=None,
+                    trainer=trainer,
                 )
+                ledger = run_dir / "async_ledger.jsonl"
                 result["runs"][name] = {
                     "records": read_metrics(run_dir / "metrics.jsonl"),
-                    "ledger": read_ledger(run_dir / "async_ledger.jsonl"),
+                    "ledger": read_ledger(ledger) if ledger.exists() else None,
                     "checksums": policy.weights_checksums(),
                     "trainer": f"{trainer.__module__}:{trainer.__name__}",
-                    "live_partitions": list(policy.dp_client.list_sample_ids("async_rollout_b1")),
+                    "live_partitions": list(policy.dp_client.list_sample_ids(partition_for_batch(1))),
                 }
         finally:
             policy.shutdown()
@@ -177,12 +161,12 @@ def run_parity(out_dir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("grpo_async_parity")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out)],
+        [sys.executable, str(Path(__file__).resolve()), str(out), str(warm_start_checkpoint)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=560,
     )
     assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
@@ -236,6 +220,6 @@ if __name__ == "__main__":
     target = Path(sys.argv[1])
     target.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
-    res = run_parity(target)
+    res = run_parity(target, Path(sys.argv[2]))
     (target / "parity.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: [r.get("reward_mean") for r in v["records"]] for k, v in res["runs"].items()}))

@@ -79,12 +79,20 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
 
     from nemo_dp.algorithms.async_ledger import read_ledger
-    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs, load_start_state
     from nemo_dp.config import register_configs, validate_config
-    from nemo_dp.models.tiny.tokenizer import CharTokenizer
-    from nemo_dp.data_plane.factory import make_policy_factory, select_sync_trainer
+    from nemo_dp.data_plane.factory import select_sync_trainer
+    from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from nemo_dp.distributed.worker_group import RayCluster
+    from nemo_dp.training import (
+        Checkpointer,
+        RunLogger,
+        build_inputs,
+        load_start_state,
+        main_phase,
+        make_policy,
+        make_tokenizer,
+        run_phase,
+    )
     from nemo_dp.utils.metrics import read_metrics
 
     class CrashingLogger(RunLogger):
@@ -98,28 +106,26 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
     with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=list(OVERRIDES))
     validate_config(cfg)
-    tok = CharTokenizer()
+    tok = make_tokenizer(cfg)
     trainer = select_sync_trainer(cfg)
+    phase = main_phase(cfg)
     ckpt_root = out_dir / "ckpt"
-    env = init_ray(num_cpus=2, data_plane_cfg=cfg.data_plane)
+    env = init_ray(num_cpus=2, **ray_start_args(cfg.data_plane))
     report: dict[str, Any] = {"trainer": f"{trainer.__module__}:{trainer.__name__}"}
     try:
-        factory = make_policy_factory(cfg.data_plane)
-        assert factory is not None
-        kwargs = {"cluster": RayCluster(env_vars=dict(env)), "config": cfg.policy, "vocab_size": tok.vocab_size,
-                  "pad_id": tok.pad_id, "eos_id": tok.eos_id, "seed": int(cfg.seed)}
 
         def run(logger_cls: type, start_state: Any) -> None:
-            policy = factory(**kwargs)
+            policy = make_policy(cfg, tok, env_vars=env)
             try:
-                inputs = build_trainer_inputs(cfg)
-                trainer(
-                    policy, cfg, train_loader=inputs.train_loader, val_problems=inputs.val_problems,
-                    tokenizer=tok, env=inputs.env,
+                run_phase(
+                    phase,
+                    policy,
+                    tokenizer=tok,
                     logger=logger_cls(out_dir, metrics_file="metrics.jsonl", plot_file="p.png", plot=False,
                                       progress_bar=False, label="GRPO"),
                     checkpointer=Checkpointer(ckpt_root, enabled=True, save_period=2, keep_last=5),
                     start_state=start_state,
+                    trainer=trainer,
                 )
             finally:
                 policy.shutdown()  # closes the TransferQueue system: in-flight samples are gone
@@ -141,7 +147,7 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
         report["ledger"] = read_ledger(out_dir / "async_ledger.jsonl")
         report["records"] = read_metrics(out_dir / "metrics.jsonl")
         # The uninterrupted loader order, as ground truth for the prompts of each step.
-        loader = build_trainer_inputs(cfg).train_loader
+        loader = build_inputs(cfg, tok).train_loader
         order = []
         for _ in range(int(cfg.algorithm.max_steps)):
             loader.next_batch()

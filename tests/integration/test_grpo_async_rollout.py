@@ -23,17 +23,18 @@ import ray
 import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+from nemo_dp.algorithms.async_advantages import GroupAdvantages
 from nemo_dp.algorithms.trainer_common import sample_seeds
 from nemo_dp.data.arithmetic import ArithmeticTask
-from nemo_dp.models.tiny.tokenizer import CharTokenizer
 from nemo_dp.data_plane.factory import make_policy_factory
 from nemo_dp.data_plane.interfaces import DataPlaneConfig, SimpleStorageConfig
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.environments.arithmetic_env import ArithmeticEnv
-from nemo_dp.models.policy.rollout_worker import POLICY_VERSION, TAG_ORDINAL, RolloutGroup, partition_for_batch
+from nemo_dp.models.builders import build_tokenizer
+from nemo_dp.models.policy.rollout_group import RolloutGroup
+from nemo_dp.models.policy.rollout_worker import POLICY_VERSION, TAG_ORDINAL, partition_for_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TOK = CharTokenizer()
 G = 4
 PROMPTS = 4
 
@@ -53,6 +54,16 @@ def _config() -> Any:
     ]
     with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
         return compose("config", overrides=overrides)
+
+
+TOK = build_tokenizer(_config().policy)
+
+
+def _group(policy: Any, env: Any, num_workers: int) -> RolloutGroup:
+    """A rollout group with the trainer's advantage estimator for ``_config()``."""
+    cfg = _config()
+    return RolloutGroup(policy, cfg, tokenizer=TOK, env=env, advantage_fn=GroupAdvantages.from_algorithm(cfg.algorithm),
+                        num_workers=num_workers, torch_threads=1)
 
 
 class FailingEnv:
@@ -78,7 +89,7 @@ def policy(ray_cluster: dict[str, str], tq_session: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def rollout(policy: Any) -> Iterator[RolloutGroup]:
-    group = RolloutGroup(policy, _config(), tokenizer=TOK, env=ArithmeticEnv(), num_workers=2, torch_threads=1)
+    group = _group(policy, ArithmeticEnv(), 2)
     try:
         yield group
     finally:
@@ -136,7 +147,7 @@ def test_weights_sent_before_a_dispatch_generate_it(policy: Any, rollout: Rollou
 
 @pytest.mark.timeout(300)
 def test_a_failed_shard_surfaces_at_the_claim(policy: Any) -> None:
-    group = RolloutGroup(policy, _config(), tokenizer=TOK, env=FailingEnv(), num_workers=1, torch_threads=1)
+    group = _group(policy, FailingEnv(), 1)
     try:
         group.sync_weights(0)
         group.dispatch(9, _problems(), sample_seeds(3, 9, 0, PROMPTS * G))

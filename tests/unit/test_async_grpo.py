@@ -252,6 +252,37 @@ def test_ledger_truncates_on_resume(tmp_path: Path) -> None:
         read_ledger(ledger.path)
 
 
+# --- advantages shipped to the rollout actors -------------------------------------------------
+
+
+@pytest.mark.parametrize("leave_one_out,normalize", [(True, True), (False, True), (True, False), (False, False)])
+def test_group_advantages_equal_the_synchronous_estimator(leave_one_out: bool, normalize: bool) -> None:
+    import pickle
+
+    from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+    from nemo_dp.algorithms.async_advantages import GroupAdvantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    fn = GroupAdvantages(group_size=4, leave_one_out=leave_one_out, normalize_rewards=normalize)
+    # The actors receive it pickled; the copy must compute the same thing.
+    baseline, std, adv = pickle.loads(pickle.dumps(fn))(rewards)
+    want_b, want_s = grpo_baseline_and_std(rewards, 4, leave_one_out)
+    assert torch.equal(baseline, want_b) and torch.equal(std, want_s)
+    assert torch.equal(adv, grpo_advantages(rewards, want_b, want_s, normalize))
+    assert adv.abs().sum() > 0  # mixed groups: the comparison is not between zeros
+    with pytest.raises(ValueError, match="not a multiple of group_size=4"):
+        fn(rewards[:6])
+
+
+def test_group_advantages_read_the_algorithm_config() -> None:
+    from nemo_dp.algorithms.async_advantages import GroupAdvantages
+
+    cfg = _compose("data_plane=tq", "algorithm.async_rollout.enabled=true",
+                   "algorithm.num_generations_per_prompt=3", "algorithm.use_leave_one_out_baseline=false",
+                   "algorithm.normalize_rewards=true")
+    assert GroupAdvantages.from_algorithm(cfg.algorithm) == GroupAdvantages(3, False, True)
+
+
 # --- shards --------------------------------------------------------------------------------------
 
 
@@ -310,3 +341,26 @@ def test_the_async_rule_check_sees_a_violation(tmp_path: Path) -> None:
     bad.write_text("def f(policy):\n    return policy.dp_client\n")
     with pytest.raises(AssertionError, match="touches the client directly"):
         test_async_trainer_modules_reach_the_store_only_through_policy_facades(bad)
+
+
+# --- the sync-vs-async bench's bookkeeping ------------------------------------------------------
+
+
+def test_bench_summary_measures_only_the_steps_after_the_warmup(tmp_path: Path) -> None:
+    from nemo_dp.algorithms.async_bench import _NoCheckpoints, _StepClock, _summary
+    from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger
+
+    clock, ckpt = _StepClock(tmp_path / "run", "sync"), _NoCheckpoints(tmp_path / "ckpt")
+    assert isinstance(clock, PhaseLogger) and isinstance(ckpt, PhaseCheckpointer)
+    assert not ckpt.should_save(3, final=True)
+    # Wall clock marks at steps 0..4 with step durations 9, 1, 3, 100 (the last, validating one).
+    marks = [(0, 0.0, {}), (1, 9.0, {"time/train_s": 5.0}), (2, 10.0, {"time/train_s": 0.5}),
+             (3, 13.0, {"time/train_s": 1.5}), (4, 113.0, {"time/train_s": 50.0})]
+    got = _summary(marks, warmup=1, measured=2, keys=("time/train_s", "absent"), rows_per_step=8)
+    assert got == {"step_time_s": 2.0, "s_per_trained_sample": 0.25, "split": {"time/train_s": 1.0, "absent": 0.0},
+                   "steps": [2, 3]}
+    with pytest.raises(ValueError, match="no measured steps"):
+        _summary(marks, warmup=4, measured=2, keys=(), rows_per_step=8)
+    clock.start(4, 0)
+    assert clock.log_step(1, {"loss": 1.5}) == {"step": 1, "loss": 1.5}
+    assert [m[0] for m in clock.marks] == [0, 1] and (tmp_path / "run" / "metrics.jsonl").exists()

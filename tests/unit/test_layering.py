@@ -42,11 +42,7 @@ LAYER_ORDER: tuple[str, ...] = (
 RANK = {name: i for i, name in enumerate(LAYER_ORDER)}
 
 #: Upward edges still present, as (importing file relative to the repo, imported package).
-PENDING: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("nemo_dp/models/policy/rollout_worker.py", "algorithms"),
-    }
-)
+PENDING: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)

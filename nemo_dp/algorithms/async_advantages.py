@@ -1,0 +1,65 @@
+"""The GRPO advantage estimator the rollout actors apply to their shards.
+
+Why this module exists: rollout actors live in the models layer, which must not import the
+algorithms layer, yet they compute each group's advantages where the rewards are (so nothing
+per-row travels through the driver).  The trainer therefore hands them this small, picklable
+callable built from its algorithm config; it runs the very functions ``grpo_sync`` uses, so the
+asynchronous trainer's advantages equal the synchronous trainer's bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+
+__all__ = ["GroupAdvantages"]
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Group-relative baselines, stds and advantages of contiguous whole groups.
+
+    Attributes:
+        group_size: Generations per prompt.
+        leave_one_out: Leave-one-out baseline instead of the group mean.
+        normalize_rewards: Divide advantages by the group's reward std (+ eps).
+    """
+
+    group_size: int
+    leave_one_out: bool
+    normalize_rewards: bool
+
+    @classmethod
+    def from_algorithm(cls, algo: Any) -> GroupAdvantages:
+        """The estimator an ``algorithm`` (GRPO) node asks for.
+
+        Args:
+            algo: The ``algorithm`` config node.
+
+        Returns:
+            The estimator.
+        """
+        return cls(
+            group_size=int(algo.num_generations_per_prompt),
+            leave_one_out=bool(algo.use_leave_one_out_baseline),
+            normalize_rewards=bool(algo.normalize_rewards),
+        )
+
+    def __call__(self, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Baselines, stds and advantages of ``rewards``.
+
+        Args:
+            rewards: float ``[N]``, groups contiguous, ``N`` a multiple of ``group_size``.
+
+        Returns:
+            ``(baseline [N], std [N], advantages [N])``.
+
+        Raises:
+            ValueError: ``N`` is not a multiple of ``group_size`` (from the estimator).
+        """
+        baseline, std = grpo_baseline_and_std(rewards, self.group_size, self.leave_one_out)
+        return baseline, std, grpo_advantages(rewards, baseline, std, self.normalize_rewards)

@@ -1,0 +1,362 @@
+"""Driver side of the rollout actors: weights, dispatch, streaming claims, teardown.
+
+Why this module exists: ``RolloutGroup`` is what the asynchronous trainer sees of generation.
+It starts the ``RolloutWorker`` actors, pushes new weights to them straight from training rank 0
+through Ray's object store (the driver never holds the tensors), registers one partition per
+rollout batch, dispatches shards without waiting, and claims a batch's rows with ``claim_meta``
+as they become ready.  Rollout failures surface at the next claim instead of as a claim timeout.
+
+It reaches two attributes of the ``TQPolicy`` it is given: ``policy.dp_client`` (the driver's
+store client: register, claim, list and clear the rollout partitions) and
+``policy.worker_group.workers[0]`` (the rank-0 actor handle whose ``get_state`` is the source of
+new weights).  Both are plain attributes of ``TQPolicy`` / ``Policy`` today; a public accessor on
+the policy would replace them without changing this class's interface.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_dp.data_plane.factory import maybe_configure_data_plane_env
+from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.schema import TASK_PREV_LP, TASK_REF_LP, TASK_TRAIN
+from nemo_dp.models.policy.rollout_worker import (
+    POLICY_VERSION,
+    ROLLOUT_PARTITION_PREFIX,
+    STREAM_FIELDS,
+    TAG_ORDINAL,
+    AdvantageFn,
+    RolloutWorker,
+    partition_for_batch,
+    shard_bounds,
+)
+
+__all__ = ["RolloutShard", "RolloutStats", "RolloutGroup"]
+
+
+@dataclass
+class RolloutShard:
+    """One dispatched shard of a rollout batch.
+
+    Attributes:
+        batch: Rollout batch index.
+        worker: Index of the actor generating it.
+        ref: The pending Ray result.
+        rows: Rows in the shard.
+    """
+
+    batch: int
+    worker: int
+    ref: Any
+    rows: int
+
+
+@dataclass
+class RolloutStats:
+    """Counters the trainer turns into per-step metrics (reset with :meth:`window`).
+
+    Attributes:
+        generated: Rows written into the store since the start of the run.
+        busy_s: Summed generation + put seconds of finished shards in the current window.
+        gen_s: Summed generation seconds in the window.
+        put_s: Summed store-put seconds in the window.
+        claim_wait_s: Seconds the trainer waited in claims in the window.
+    """
+
+    generated: int = 0
+    busy_s: float = 0.0
+    gen_s: float = 0.0
+    put_s: float = 0.0
+    claim_wait_s: float = 0.0
+    finished: list[dict[str, Any]] = field(default_factory=list)
+
+    def window(self) -> dict[str, float]:
+        """The window's counters, then reset them (``generated`` keeps counting).
+
+        Returns:
+            ``{"busy_s", "gen_s", "put_s", "claim_wait_s"}``.
+        """
+        out = {"busy_s": self.busy_s, "gen_s": self.gen_s, "put_s": self.put_s, "claim_wait_s": self.claim_wait_s}
+        self.busy_s = self.gen_s = self.put_s = self.claim_wait_s = 0.0
+        return out
+
+
+class RolloutGroup:
+    """Driver side of the rollout actors (models layer: the trainer sees only these methods).
+
+    Args:
+        policy: The ``TQPolicy`` (its store client registers, claims and clears partitions; its
+            rank-0 worker is the source of new weights).
+        master_config: Root config (``policy``, ``algorithm``, ``seed``, ``data_plane``).
+        tokenizer: The tokenizer (shipped to the actors for decoding).
+        env: The reward environment (shipped to the actors for scoring).
+        advantage_fn: Turns a shard's rewards into baselines, stds and advantages (picklable;
+            shipped to the actors).
+        num_workers: Rollout actors to start.
+        torch_threads: Compute threads per actor.
+
+    Raises:
+        RuntimeError: Ray is not running or an actor failed to start.
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        master_config: Any,
+        *,
+        tokenizer: Any,
+        env: Any,
+        advantage_fn: AdvantageFn,
+        num_workers: int,
+        torch_threads: int,
+    ) -> None:
+        import ray
+        from omegaconf import OmegaConf
+
+        from nemo_dp.data_plane.factory import coerce_data_plane_config
+
+        if not ray.is_initialized():
+            raise RuntimeError("RolloutGroup: Ray is not initialised")
+        self._policy = policy
+        self._client = policy.dp_client
+        self._tokenizer = tokenizer
+        self._env = env
+        algo = master_config.algorithm
+        self.group_size = int(algo.num_generations_per_prompt)
+        self.dp_size = int(master_config.policy.dp_size)
+        self.stats = RolloutStats()
+        self._pending: list[RolloutShard] = []
+        self._live: set[str] = set()
+        policy_cfg = OmegaConf.to_container(master_config.policy, resolve=True)
+        dp_cfg = coerce_data_plane_config(master_config.data_plane)
+        env_vars = maybe_configure_data_plane_env(dp_cfg)
+        options: dict[str, Any] = {"num_cpus": 0}
+        if env_vars:
+            options["runtime_env"] = {"env_vars": dict(env_vars)}
+        remote_cls = ray.remote(RolloutWorker)
+        self.workers = [
+            remote_cls.options(**options).remote(
+                index=i,
+                policy_cfg=policy_cfg,
+                group_size=self.group_size,
+                overlong_filtering=bool(algo.overlong_filtering),
+                advantage_fn=advantage_fn,
+                vocab_size=int(tokenizer.vocab_size),
+                pad_id=int(tokenizer.pad_id),
+                eos_id=int(tokenizer.eos_id),
+                seed=int(master_config.seed),
+                dp_cfg=dp_cfg,
+                torch_threads=int(torch_threads),
+            )
+            for i in range(int(num_workers))
+        ]
+        try:
+            ray.get([w.ready.remote() for w in self.workers])
+        except BaseException:
+            self._kill()
+            raise
+
+    # --- weights --------------------------------------------------------------------------------
+    def sync_weights(self, version: int) -> None:
+        """Queue training rank 0's current weights on every actor, stamped ``version``.
+
+        The weights move rank 0 -> object store -> actors; the driver holds only the reference.
+        Ray runs an actor's calls in submission order, so every shard dispatched after this
+        call generates with these weights and every shard dispatched before it with older ones.
+
+        Args:
+            version: The policy version (trainer steps completed).
+        """
+        ref = self._policy.worker_group.workers[0].get_state.remote(include_weights=True)
+        self._weight_acks = [w.load_weights.remote(ref, int(version)) for w in self.workers]
+
+    # --- rollout --------------------------------------------------------------------------------
+    def dispatch(self, batch: int, problems: Sequence[Any], seeds: Sequence[int]) -> str:
+        """Register batch ``batch``'s partition and queue its shards on the actors (no wait).
+
+        Args:
+            batch: Rollout batch index (the step that will train it).
+            problems: The batch's problems (``prompt``, ``answer``).
+            seeds: One sampling seed per row (prompt-major, ``len(problems) * group_size``).
+
+        Returns:
+            The partition id.
+
+        Raises:
+            ValueError: ``seeds`` does not match the row count, or the partition is live.
+        """
+        g = self.group_size
+        n = len(problems) * g
+        if len(seeds) != n:
+            raise ValueError(f"RolloutGroup.dispatch: {len(seeds)} seeds for {n} rows (batch {batch})")
+        pid = partition_for_batch(batch)
+        self._client.register_partition(
+            pid,
+            fields=list(STREAM_FIELDS),
+            num_samples=n,
+            consumer_tasks=[TASK_PREV_LP, TASK_REF_LP, TASK_TRAIN],
+            grpo_group_size=g,
+        )
+        self._live.add(pid)
+        prompts = [self._tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(g)]
+        answers = [p.answer for p in problems for _ in range(g)]
+        ids = [f"a{batch}_p{j}_g{i}" for j in range(len(problems)) for i in range(g)]
+        for r, (a, b) in enumerate(shard_bounds(len(problems), g, self.dp_size)):
+            if a == b:
+                continue
+            shard = {
+                "prompts": prompts[a:b],
+                "seeds": [int(s) for s in seeds[a:b]],
+                "sample_ids": ids[a:b],
+                "answers": answers[a:b],
+                "ordinals": list(range(a, b)),
+            }
+            w = r % len(self.workers)
+            ref = self.workers[w].generate_into_store.remote(
+                shard, partition_id=pid, tokenizer=self._tokenizer, env=self._env
+            )
+            self._pending.append(RolloutShard(batch, w, ref, b - a))
+        return pid
+
+    def _collect_finished(self, timeout_s: float = 0.0) -> None:
+        """Fetch results of finished shards (raises the first rollout failure)."""
+        import ray
+
+        if not self._pending:
+            return
+        refs = [s.ref for s in self._pending]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if not done:
+            return
+        done_set = set(done)
+        still: list[RolloutShard] = []
+        for s in self._pending:
+            if s.ref in done_set:
+                info = ray.get(s.ref)
+                self.stats.generated += int(info["rows"])
+                self.stats.gen_s += float(info["gen_s"])
+                self.stats.put_s += float(info["put_s"])
+                self.stats.busy_s += float(info["gen_s"]) + float(info["put_s"])
+                self.stats.finished.append(dict(info, batch=s.batch, worker=s.worker))
+            else:
+                still.append(s)
+        self._pending = still
+
+    def claim_batch(self, batch: int, num_rows: int, *, poll_s: float, timeout_s: float) -> KVBatchMeta:
+        """Claim batch ``batch``'s rows as they become ready; rows in the synchronous order.
+
+        Args:
+            batch: Rollout batch index.
+            num_rows: Rows of the batch.
+            poll_s: Sleep between non-blocking claims.
+            timeout_s: Bound on the whole wait.
+
+        Returns:
+            One meta over all ``num_rows`` rows, sorted by their ``ordinal`` tag.
+
+        Raises:
+            TimeoutError: The rows did not all arrive within ``timeout_s``.
+            ValueError: A claimed row lacks its tags.
+            Exception: The first failure of a rollout shard, re-raised.
+        """
+        pid = partition_for_batch(batch)
+        parts: list[KVBatchMeta] = []
+        have = 0
+        t0 = time.perf_counter()
+        deadline = t0 + float(timeout_s)
+        while have < num_rows:
+            self._collect_finished()
+            # All remaining rows in one claim when they are ready, else one group at a time (a
+            # claim of more rows than are ready returns nothing and claims nothing).
+            got = self._client.claim_meta(pid, TASK_TRAIN, [POLICY_VERSION], num_rows - have, blocking=False)
+            if not got.size and num_rows - have > self.group_size:
+                got = self._client.claim_meta(pid, TASK_TRAIN, [POLICY_VERSION], self.group_size, blocking=False)
+            if got.size:
+                parts.append(got)
+                have += got.size
+                continue
+            if time.perf_counter() > deadline:
+                raise TimeoutError(
+                    f"RolloutGroup.claim_batch: {have} of {num_rows} rows of batch {batch} (partition "
+                    f"{pid!r}) arrived within algorithm.async_rollout.claim_timeout_s={timeout_s:g}"
+                )
+            time.sleep(poll_s)
+        self.stats.claim_wait_s += time.perf_counter() - t0
+        self._collect_finished()
+        meta = parts[0].concat(*parts[1:])
+        if meta.tags is None or any(TAG_ORDINAL not in t for t in meta.tags):
+            raise ValueError(f"RolloutGroup.claim_batch: claimed rows of {pid!r} lack the {TAG_ORDINAL!r} tag")
+        order = sorted(range(meta.size), key=lambda i: int(meta.tags[i][TAG_ORDINAL]))  # type: ignore[index]
+        return meta.subset(order)
+
+    def finish_batch(self, batch: int) -> None:
+        """Drop batch ``batch``'s partition (its rows were trained).
+
+        Args:
+            batch: Rollout batch index.
+        """
+        pid = partition_for_batch(batch)
+        if pid in self._live:
+            self._live.discard(pid)
+            self._client.clear_samples(None, pid)
+
+    def occupancy(self) -> int:
+        """Rows currently held in the store by live rollout partitions (claimed or not).
+
+        Returns:
+            The row count.
+        """
+        return sum(len(self._client.list_sample_ids(pid)) for pid in sorted(self._live))
+
+    def in_flight_batches(self) -> list[int]:
+        """Batches dispatched but not yet finished (generated-but-untrained or generating).
+
+        Returns:
+            Sorted batch indices.
+        """
+        return sorted(int(pid[len(ROLLOUT_PARTITION_PREFIX):]) for pid in self._live)
+
+    def _kill(self) -> None:
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:  # noqa: BLE001 - actor already gone
+                pass
+        self.workers = []
+
+    def shutdown(self) -> None:
+        """Drop live partitions, close the actors' clients and kill the actors (idempotent)."""
+        import ray
+
+        try:
+            if self._pending:
+                # A failed or interrupted run: let queued shards finish (their rows are dropped
+                # with the partitions) so no put races the partition drop; errors are moot now.
+                refs = [s.ref for s in self._pending]
+                done, _ = ray.wait(refs, num_returns=len(refs), timeout=60)
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except Exception:  # noqa: BLE001 - the run is already failing or done
+                        pass
+                if len(done) < len(refs):
+                    self._kill()
+            for pid in sorted(self._live):
+                try:
+                    self._client.clear_samples(None, pid)
+                except Exception:  # noqa: BLE001 - best effort: the system may be closing
+                    pass
+            self._live.clear()
+            if self.workers:
+                try:
+                    ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+                except Exception:  # noqa: BLE001 - the actors are killed next anyway
+                    pass
+        finally:
+            self._pending = []
+            self._kill()
