@@ -3,7 +3,8 @@
 Loads the policy a training checkpoint holds (latest step of the run's last phase by default;
 ``phase=`` / ``step=`` pick another) and reports greedy held-out exact-match accuracy on the
 problems the trainer validated on, or on a user jsonl (``eval.jsonl=<file>`` with ``prompt`` and
-``answer`` lines).  Writes ``predictions.jsonl`` (prompt, response, extracted answer, reference
+``answer`` lines), scored by the run's reward.  Works for every algorithm and ``policy`` kind
+(``tiny``, ``hf``).  Writes ``predictions.jsonl`` (prompt, response, extracted answer, reference
 answer, reward per line) and ``eval_summary.json`` to Hydra's output directory.  The model runs
 in this process: no Ray, no data plane.
 """
@@ -51,7 +52,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
         )
     options: EvaluateConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     torch.set_num_threads(options.torch_threads)
-    ref = resolve_checkpoint(options.checkpoint, step=options.step, phase=options.phase)
+    ref = resolve_checkpoint(
+        options.checkpoint, step=options.step, phase=options.phase, run_overrides=options.run_overrides
+    )
     print(f"checkpoint: {ref.path} (phase {ref.phase}, step {ref.step}; run {ref.run_dir})", flush=True)
     result = evaluate_checkpoint(ref, options.eval, out_dir, progress_bar=options.progress_bar)
     print(

@@ -1,12 +1,15 @@
 """Greedy held-out evaluation of a saved checkpoint, in-process on the driver (no Ray).
 
 ``launchers/evaluate.py checkpoint=<run>/checkpoints`` lands here: find the checkpoint (latest
-step of the latest phase, or the one asked for), rebuild the policy model it holds from the
-run's ``resolved_config.yaml``, decode greedily on the task's held-out problems (the same ones
-the trainer validated on) or on a user jsonl, and write one line per problem.
+step of the run's last phase, or the one asked for), rebuild the phase's config from the run's
+``resolved_config.yaml``, load the policy through the model builders (any ``policy`` kind:
+``tiny``, ``hf``), decode greedily on the phase's held-out problems (the ones its trainer
+validated on, in the same batches) or on a user jsonl, score with the run's reward environment
+and write one line per problem.
 
-Reading the checkpoint format is confined to :func:`load_policy_model`, so a new format (for
-example one ``save_pretrained`` directory per checkpoint) changes one function.
+Nothing loaded executes code: the checkpoint is read through ``nemo_dp.utils.checkpoint``
+(JSON manifest and state, safetensors weights; its ``policy/`` directory is the model's own
+``save_pretrained`` output), and a run that allowed a model's remote code is refused.
 """
 
 from __future__ import annotations
@@ -15,25 +18,29 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_dp.algorithms.rollout import decode_responses
-from nemo_dp.data.arithmetic import ArithmeticTask, Problem
-from nemo_dp.models.tiny.tokenizer import EOS_TOKEN, CharTokenizer
-from nemo_dp.environments.arithmetic_env import ArithmeticEnv
+from nemo_dp.data.arithmetic import Problem
+from nemo_dp.data.jsonl import read_rl_jsonl
+from nemo_dp.data.sources import build_val_problems
+from nemo_dp.environments import make_environment, resolve_reward
+from nemo_dp.environments.arithmetic_env import EOS_MARKER
+from nemo_dp.environments.math_reward import extract_final_answer
+from nemo_dp.models.builders import build_model, build_tokenizer, cfg_get, load_pretrained_model
 from nemo_dp.models.generation import generate
-from nemo_dp.models.model import ModelConfig, TinyCausalLM
+from nemo_dp.models.protocol import CausalLM, Tokenizer
+from nemo_dp.training.phases import plan_phases
 from nemo_dp.utils.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_FORMAT_VERSION,
-    STATE_FILE,
     latest_checkpoint,
+    load_training_checkpoint,
 )
 from nemo_dp.utils.checkpoint_io import read_manifest
 
@@ -42,14 +49,23 @@ __all__ = [
     "EvaluateConfig",
     "CheckpointRef",
     "resolve_checkpoint",
+    "phase_config",
     "load_policy_model",
+    "EvalSet",
     "eval_problems",
     "evaluate_checkpoint",
 ]
 
 RUN_CONFIG_FILE = "resolved_config.yaml"
-WARM_START_PHASE = "warm_start"
+#: Top-level checkpoint key (and directory) of the policy's state.
+POLICY_KEY = "policy"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+#: What each reward compares with the reference answer, for the predictions file.
+_EXTRACTORS: dict[str, Callable[[str], Optional[str]]] = {
+    "exact": lambda response: response.split(EOS_MARKER, 1)[0],
+    "math": extract_final_answer,
+}
 
 
 @dataclass
@@ -57,11 +73,14 @@ class EvalOptions:
     """``eval``: what to evaluate on and how.
 
     Attributes:
-        jsonl: A user jsonl of ``{"prompt", "answer"}`` lines; ``None`` uses the run's own
-            held-out problems.
+        jsonl: A user jsonl of ``{"prompt" | "messages", "answer"}`` lines; ``None`` uses the
+            phase's own held-out problems.
         num_samples: Evaluate only the first this many problems; ``None`` takes the phase's
             ``val_samples`` (held-out set) or the whole file (``jsonl``).
-        batch_size: Prompts decoded together.
+        batch_size: Prompts decoded together; ``None`` batches as the trainer's validation
+            does (the problems split over ``policy.dp_size`` ranks, each rank's share decoded
+            ``policy.generation_batch_size`` at a time), so greedy decoding sees the very same
+            batches.
         max_new_tokens: Most tokens per response; ``None`` takes the run's
             ``policy.generation.max_new_tokens``.
         output_file: Predictions jsonl, relative to the output directory.
@@ -69,19 +88,19 @@ class EvalOptions:
 
     jsonl: Optional[str] = None
     num_samples: Optional[int] = None
-    batch_size: int = 64
+    batch_size: Optional[int] = None
     max_new_tokens: Optional[int] = None
     output_file: str = "predictions.jsonl"
 
     def __post_init__(self) -> None:
         if self.num_samples is not None and self.num_samples < 1:
             raise ValueError(f"eval.num_samples: must be >= 1 or null, got {self.num_samples}")
-        if self.batch_size < 1:
-            raise ValueError(f"eval.batch_size: must be >= 1, got {self.batch_size}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"eval.batch_size: must be >= 1 or null, got {self.batch_size}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"eval.max_new_tokens: must be >= 1 or null, got {self.max_new_tokens}")
-        if not self.output_file:
-            raise ValueError("eval.output_file: must be a non-empty file name")
+        if not self.output_file or Path(self.output_file).name != self.output_file:
+            raise ValueError(f"eval.output_file: must be a plain file name, got {self.output_file!r}")
 
 
 @dataclass
@@ -94,14 +113,19 @@ class EvaluateConfig:
         step: Evaluate this step; ``None`` takes the latest.
         phase: Evaluate this phase (``sft``, ``grpo``, ``ppo``, ``warm_start``); ``None`` takes
             the run's last phase that has a checkpoint.
+        run_overrides: ``key=value`` changes to the run's config before anything is built, for
+            keys whose value does not hold where the evaluation runs (a relative
+            ``policy.tokenizer_name_or_path`` resolved from another directory); each key must
+            exist in the run config.
         eval: What to evaluate on.
-        progress_bar: Show a tqdm bar over batches.
+        progress_bar: Show a tqdm bar over problems.
         torch_threads: Compute threads of this process.
     """
 
     checkpoint: str = "???"
     step: Optional[int] = None
     phase: Optional[str] = None
+    run_overrides: list[str] = field(default_factory=list)
     eval: EvalOptions = field(default_factory=EvalOptions)
     progress_bar: bool = True
     torch_threads: int = 1
@@ -122,7 +146,7 @@ class CheckpointRef:
         phase: The phase it belongs to (the name of its parent directory).
         step: Its step.
         run_dir: The run directory holding ``resolved_config.yaml``.
-        run_cfg: The run's resolved config.
+        run_cfg: The run's resolved config (with ``run_overrides`` applied).
     """
 
     path: Path
@@ -130,6 +154,11 @@ class CheckpointRef:
     step: int
     run_dir: Path
     run_cfg: DictConfig
+
+    @property
+    def run_config_file(self) -> Path:
+        """The run's ``resolved_config.yaml`` (for messages)."""
+        return self.run_dir / RUN_CONFIG_FILE
 
 
 def _committed_steps(phase_root: Path) -> dict[int, Path]:
@@ -152,17 +181,29 @@ def _find_run_dir(start: Path) -> Path:
     )
 
 
-def _phase_order(run_cfg: DictConfig) -> list[str]:
-    algo = run_cfg.algorithm
-    order = []
-    if "warm_start" in algo and bool(algo.warm_start.enabled):
-        order.append(WARM_START_PHASE)
-    order.append(str(algo.name))
-    return order
+_ABSENT = object()
+
+
+def _apply_overrides(run_cfg: DictConfig, overrides: Sequence[str], source: Path) -> DictConfig:
+    for item in overrides:
+        key, sep, _ = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"run_overrides: {item!r} is not of the form key=value")
+        if OmegaConf.select(run_cfg, key.strip(), default=_ABSENT) is _ABSENT:
+            raise ValueError(f"run_overrides: {key.strip()!r} is not a key of {source}")
+    if not overrides:
+        return run_cfg
+    merged = OmegaConf.merge(run_cfg, OmegaConf.from_dotlist([str(o) for o in overrides]))
+    assert isinstance(merged, DictConfig)
+    return merged
 
 
 def resolve_checkpoint(
-    checkpoint: str | os.PathLike[str], *, step: int | None = None, phase: str | None = None
+    checkpoint: str | os.PathLike[str],
+    *,
+    step: int | None = None,
+    phase: str | None = None,
+    run_overrides: Sequence[str] = (),
 ) -> CheckpointRef:
     """Locate the checkpoint to evaluate.
 
@@ -170,6 +211,7 @@ def resolve_checkpoint(
         checkpoint: A checkpoint root, a phase root or a ``step_<N>`` directory.
         step: A given step (``None``: the latest of the phase).
         phase: A given phase (``None``: the run's last phase with a checkpoint).
+        run_overrides: ``key=value`` changes to the run config (each key must exist).
 
     Returns:
         The located checkpoint with its run config.
@@ -177,7 +219,8 @@ def resolve_checkpoint(
     Raises:
         FileNotFoundError: If the path, the run config, the phase or the step does not exist;
             the message lists what does.
-        ValueError: If ``step``/``phase`` contradict a ``step_<N>`` path.
+        ValueError: If ``step``/``phase`` contradict a ``step_<N>`` path, the run config is not
+            a nemo_dp one, or an override names an unknown key.
     """
     path = Path(checkpoint).expanduser().resolve()
     if not path.exists():
@@ -186,6 +229,7 @@ def resolve_checkpoint(
     run_cfg = OmegaConf.load(run_dir / RUN_CONFIG_FILE)
     if not isinstance(run_cfg, DictConfig) or "algorithm" not in run_cfg or "policy" not in run_cfg:
         raise ValueError(f"checkpoint: {run_dir / RUN_CONFIG_FILE} is not a nemo_dp run config")
+    run_cfg = _apply_overrides(run_cfg, run_overrides, run_dir / RUN_CONFIG_FILE)
 
     m = _STEP_DIR.match(path.name)
     if m is not None:  # a step directory
@@ -207,7 +251,8 @@ def resolve_checkpoint(
         if not phases:
             raise FileNotFoundError(f"checkpoint: no committed step_<N> checkpoint under {path}")
         if phase is None:
-            ordered = [p for p in _phase_order(run_cfg) if p in phases] or sorted(phases)
+            planned = [p.name for p in plan_phases(run_cfg)]
+            ordered = [p for p in planned if p in phases] or sorted(phases)
             phase = ordered[-1]
         if phase not in phases:
             raise FileNotFoundError(
@@ -228,111 +273,181 @@ def resolve_checkpoint(
     return CheckpointRef(steps[step], phase_root.name, step, run_dir, run_cfg)
 
 
-def load_policy_model(ref: CheckpointRef, vocab_size: int) -> TinyCausalLM:
-    """The policy model a checkpoint holds, in eval mode on the CPU.
-
-    Reads the training-checkpoint format of ``nemo_dp.utils.checkpoint`` (manifest +
-    ``state.pt``, policy weights under ``policy.weights.model``) with torch's weights-only
-    unpickler, so loading runs no code; the model shape comes from the run's
-    ``policy.model``.
+def phase_config(ref: CheckpointRef) -> Any:
+    """The root config the checkpoint's phase trained with (a warm start is its own SFT config).
 
     Args:
         ref: The located checkpoint.
-        vocab_size: The tokenizer's vocabulary size.
+
+    Returns:
+        The phase's root config.
+
+    Raises:
+        ValueError: The run config plans no phase of that name (the message lists its phases).
+    """
+    phases = plan_phases(ref.run_cfg)
+    for phase in phases:
+        if phase.name == ref.phase:
+            return phase.cfg
+    raise ValueError(
+        f"phase {ref.phase!r} of {ref.path} is not a phase of {ref.run_config_file}; its phases: "
+        f"{[p.name for p in phases]}"
+    )
+
+
+def _refuse_remote_code(policy_cfg: Any, source: Path) -> None:
+    if bool(cfg_get(policy_cfg, "trust_remote_code", False)):
+        raise ValueError(
+            f"policy.trust_remote_code: the run ({source}) allowed the model's own Python code; "
+            "evaluation loads no code, so it refuses such a model"
+        )
+
+
+def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
+    """The run's tokenizer, built from its ``policy`` node.
+
+    Args:
+        ref: The located checkpoint.
+
+    Returns:
+        The tokenizer.
+
+    Raises:
+        ValueError: The run allowed remote code, or the tokenizer cannot be built from here
+            (the message names the run config and how to point at the tokenizer).
+    """
+    policy_cfg = ref.run_cfg.policy
+    _refuse_remote_code(policy_cfg, ref.run_config_file)
+    try:
+        return build_tokenizer(policy_cfg)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"policy: cannot build the tokenizer of {ref.run_config_file} from {Path.cwd()}: {exc}. "
+            "Relative paths in a run config are relative to the directory it trained in: run from "
+            "there, or pass run_overrides='[policy.<key>=<directory>]'"
+        ) from exc
+
+
+def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
+    """The policy model a checkpoint holds, in eval mode on the CPU.
+
+    A training checkpoint of ``format_version`` 2 holds the policy's ``save_pretrained``
+    directory (``<checkpoint>/policy``), loaded by the run's model builder. A checkpoint
+    without it (``format_version`` 1) is read with ``load_training_checkpoint`` and its
+    ``policy.weights.model`` state dict is loaded into a model built from the run's ``policy``
+    node. Neither path runs code from the checkpoint.
+
+    Args:
+        ref: The located checkpoint.
+        tokenizer: The run's tokenizer (the model must cover its vocabulary).
 
     Returns:
         The model with the checkpoint's weights.
 
     Raises:
-        ValueError: If the manifest names another format, the state lacks policy weights or
-            the weights do not fit ``policy.model`` (the message names the file).
+        ValueError: The manifest names another format, the run allowed remote code, the state
+            lacks policy weights or the weights do not fit the run's ``policy`` (the message
+            names the file).
     """
-    read_manifest(
-        ref.path, expected_format=CHECKPOINT_FORMAT, supported_versions=(CHECKPOINT_FORMAT_VERSION,)
+    manifest = read_manifest(
+        ref.path, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
     )
-    state_path = ref.path / STATE_FILE
-    import numpy as np
-
-    # The state also holds RNG snapshots (NumPy arrays); these are the only non-tensor types
-    # the weights-only unpickler is allowed to rebuild.
-    core = getattr(np, "_core", None) or np.core  # NumPy 2 renamed numpy.core
-    numpy_types = [np.ndarray, np.dtype, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
-    with torch.serialization.safe_globals(numpy_types):
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
-    try:
-        weights = state["policy"]["weights"]["model"]
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"{state_path}: no policy weights (expected policy.weights.model)") from exc
-    m = ref.run_cfg.policy.model
-    model = TinyCausalLM(
-        ModelConfig(
-            vocab_size=vocab_size,
-            n_layers=int(m.n_layers),
-            d_model=int(m.d_model),
-            n_heads=int(m.n_heads),
-            max_seq_len=int(m.max_seq_len),
-            dropout=float(m.dropout),
-        ),
-        seed=0,
-    )
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as exc:
+    policy_cfg = ref.run_cfg.policy
+    _refuse_remote_code(policy_cfg, ref.run_config_file)
+    exported = ref.path / POLICY_KEY
+    if POLICY_KEY in manifest.get("files", ()) and exported.is_dir():
+        try:
+            model = load_pretrained_model(policy_cfg, str(exported))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{exported}: cannot load the policy model: {exc}") from exc
+        source = exported
+    else:
+        state = load_training_checkpoint(ref.path)
+        try:
+            weights = state[POLICY_KEY]["weights"]["model"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{ref.path}: no policy weights (expected policy.weights.model)") from exc
+        model = build_model(policy_cfg, vocab_size=tokenizer.vocab_size, seed=int(ref.run_cfg.seed))
+        try:
+            model.load_state_dict(weights)  # type: ignore[attr-defined]
+        except RuntimeError as exc:
+            raise ValueError(f"{ref.path}: weights do not fit policy of {ref.run_config_file}: {exc}") from exc
+        source = ref.path
+    if tokenizer.vocab_size > model.vocab_size:
         raise ValueError(
-            f"{state_path}: weights do not fit policy.model of {ref.run_dir / RUN_CONFIG_FILE}: {exc}"
-        ) from exc
-    return model.eval()
+            f"{source}: the model has {model.vocab_size} output rows, fewer than the run's tokenizer "
+            f"vocabulary ({tokenizer.vocab_size})"
+        )
+    model.eval()  # type: ignore[attr-defined]
+    return model
 
 
-def _jsonl_problems(path: str) -> tuple[list[Problem], list[int]]:
-    from nemo_dp.data.jsonl import load_rl_jsonl
+@dataclass
+class EvalSet:
+    """The problems of one evaluation and how they are scored.
 
-    problems = load_rl_jsonl(path)
-    with open(path, encoding="utf-8") as fh:
-        lines = [i for i, line in enumerate(fh, start=1) if line.strip()]
-    return problems, lines
+    Attributes:
+        problems: The problems, in order.
+        origins: Where each problem comes from (``file:line`` or its held-out index), for
+            error messages.
+        env: The reward environment (``score(responses, answers)``).
+        reward: The reward's name (``exact``, ``math``).
+        extract: What the reward compares with the reference answer, per response.
+    """
+
+    problems: list[Problem]
+    origins: list[str]
+    env: Any
+    reward: str
+    extract: Callable[[str], Optional[str]]
 
 
-def eval_problems(ref: CheckpointRef, options: EvalOptions) -> tuple[list[Problem], list[str]]:
-    """The problems to evaluate and where each comes from (for error messages).
+def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer) -> EvalSet:
+    """The problems to evaluate and the environment that scores them.
 
-    Without ``eval.jsonl`` these are the held-out problems the phase's trainer validated on:
-    ``env.val_jsonl`` if the run set it, else the arithmetic task's held-out partition, first
-    ``val_samples`` of them (``algorithm.warm_start.val_samples`` for a warm-start checkpoint).
+    Without ``eval.jsonl`` these are the held-out problems the phase's trainer validated on
+    (``build_val_problems`` of the phase config: ``env.val_jsonl`` or the arithmetic task's
+    held-out partition, ``val_samples`` of them), scored by the run's reward. A user jsonl is
+    scored as the run would score a held-out file of its own (``env.val_jsonl``).
 
     Args:
         ref: The located checkpoint (its run config).
         options: The ``eval`` options.
+        tokenizer: Renders chat prompts.
 
     Returns:
-        ``(problems, origins)`` with one ``origin`` string per problem.
+        The evaluation set.
 
     Raises:
-        ValueError: On a malformed jsonl (file and line named) or too few held-out problems.
+        DatasetError: On a malformed jsonl (key, file, line and field named).
     """
-    cfg = ref.run_cfg
+    cfg = phase_config(ref)
     if options.jsonl is not None:
-        problems, lines = _jsonl_problems(options.jsonl)
-        origins = [f"{options.jsonl}:{n}" for n in lines]
-        limit = options.num_samples if options.num_samples is not None else len(problems)
+        records = read_rl_jsonl(options.jsonl, tokenizer=tokenizer, key="eval.jsonl")
+        limit = options.num_samples if options.num_samples is not None else len(records)
+        records = records[:limit]
+        problems = [r.problem for r in records]
+        origins = [f"{options.jsonl}:{r.line}" for r in records]
+        env_cfg = cfg.env.copy()
+        with open_dict(env_cfg):
+            env_cfg.val_jsonl = options.jsonl
     else:
-        algo = cfg.algorithm
-        warm = ref.phase == WARM_START_PHASE
-        val_samples = int(algo.warm_start.val_samples) if warm else int(algo.val_samples)
-        limit = options.num_samples if options.num_samples is not None else val_samples
-        env = cfg.env
-        if env.get("val_jsonl") is not None:
-            problems, lines = _jsonl_problems(str(env.val_jsonl))
-            origins = [f"{env.val_jsonl}:{n}" for n in lines]
-        else:
-            task = ArithmeticTask(int(env.digits), tuple(env.operators), int(env.seed))
-            problems = task.eval_problems(limit)
-            origins = [f"held-out problem {i}" for i in range(len(problems))]
-    return problems[:limit], origins[:limit]
+        if options.num_samples is not None:
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                cfg.algorithm.val_samples = int(options.num_samples)
+        problems = build_val_problems(cfg, tokenizer)
+        where = cfg.env.get("val_jsonl") or "held-out problem"
+        origins = [f"{where} #{i}" for i in range(len(problems))]
+        env_cfg = cfg.env
+    reward = resolve_reward(env_cfg)
+    if reward not in _EXTRACTORS:
+        raise ValueError(f"env.reward: evaluation cannot report answers of reward {reward!r}; known: {sorted(_EXTRACTORS)}")
+    return EvalSet(problems, origins, make_environment(env_cfg), reward, _EXTRACTORS[reward])
 
 
 def _encode(
-    problems: Sequence[Problem], origins: Sequence[str], tokenizer: CharTokenizer, max_len: int
+    problems: Sequence[Problem], origins: Sequence[str], tokenizer: Tokenizer, room: int
 ) -> list[list[int]]:
     prompts = []
     for problem, origin in zip(problems, origins):
@@ -340,13 +455,29 @@ def _encode(
             ids = tokenizer.encode_prompt(problem.prompt)
         except ValueError as exc:
             raise ValueError(f"{origin}: prompt cannot be tokenised: {exc}") from exc
-        if len(ids) > max_len:
+        if len(ids) > room:
             raise ValueError(
                 f"{origin}: prompt of {len(ids)} tokens leaves no room for the response "
-                f"(policy.model.max_seq_len minus max_new_tokens = {max_len})"
+                f"(policy.model.max_seq_len minus max_new_tokens = {room})"
             )
         prompts.append(ids)
     return prompts
+
+
+def _batches(n: int, options: EvalOptions, policy_cfg: Any) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges of the prompts decoded together."""
+    if options.batch_size is not None:
+        return [(s, min(s + options.batch_size, n)) for s in range(0, n, options.batch_size)]
+    # The trainer's validation: Policy.generate splits the prompts into dp_size contiguous
+    # shares and each worker decodes its share generation_batch_size prompts at a time.
+    dp = int(cfg_get(policy_cfg, "dp_size"))
+    per_worker = int(cfg_get(policy_cfg, "generation_batch_size"))
+    per = -(-n // dp)
+    out = []
+    for r in range(dp):
+        a, b = min(r * per, n), min((r + 1) * per, n)
+        out.extend((s, min(s + per_worker, b)) for s in range(a, b, per_worker))
+    return out
 
 
 def evaluate_checkpoint(
@@ -358,29 +489,32 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Greedy exact-match accuracy of the checkpoint; predictions written as jsonl.
 
-    Every input is checked (problems loaded and tokenised, lengths fit the model) before the
-    model is loaded and before anything is written.
+    Every input is checked (tokenizer built, problems loaded and tokenised, lengths fit the
+    model, weights loaded) before anything is written.
 
     Args:
         ref: The located checkpoint.
         options: The ``eval`` options.
         out_dir: Output directory (created) for ``options.output_file`` and ``eval_summary.json``.
-        progress_bar: Show a tqdm bar over batches (stderr).
+        progress_bar: Show a tqdm bar over problems (stderr).
 
     Returns:
         ``{"accuracy", "num_problems", "checkpoint", "phase", "step", "predictions",
-        "source"}``.
+        "source", "reward"}``.
 
     Raises:
         ValueError: On bad input (naming the file and line or the held-out index at fault).
     """
-    tokenizer = CharTokenizer()
-    max_new = int(options.max_new_tokens or ref.run_cfg.policy.generation.max_new_tokens)
-    problems, origins = eval_problems(ref, options)
-    room = int(ref.run_cfg.policy.model.max_seq_len) - max_new
-    prompts = _encode(problems, origins, tokenizer, room)
-    model = load_policy_model(ref, tokenizer.vocab_size)
-    env = ArithmeticEnv()
+    policy_cfg = ref.run_cfg.policy
+    tokenizer = load_tokenizer(ref)
+    max_new = int(options.max_new_tokens or policy_cfg.generation.max_new_tokens)
+    data = eval_problems(ref, options, tokenizer)
+    problems = data.problems
+    if not problems:
+        raise ValueError(f"{options.jsonl or 'the held-out set'}: no problems to evaluate")
+    room = int(policy_cfg.model.max_seq_len) - max_new
+    prompts = _encode(problems, data.origins, tokenizer, room)
+    model = load_policy_model(ref, tokenizer)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -393,30 +527,31 @@ def evaluate_checkpoint(
     )
     correct = 0.0
     tmp = pred_path.with_name(pred_path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for start in range(0, len(prompts), options.batch_size):
-            chunk = prompts[start : start + options.batch_size]
-            batch = generate(
-                model, chunk, max_new_tokens=max_new, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-                greedy=True, temperature=1.0, seeds=[0] * len(chunk),
-            )
-            responses = decode_responses(batch, tokenizer)
-            answers = [p.answer for p in problems[start : start + len(chunk)]]
-            rewards = env.score(responses, answers).tolist()
-            for j, (response, reward) in enumerate(zip(responses, rewards)):
-                problem = problems[start + j]
-                record = {
-                    "prompt": problem.prompt,
-                    "response": response,
-                    "extracted_answer": response.split(EOS_TOKEN, 1)[0],
-                    "answer": problem.answer,
-                    "reward": float(reward),
-                }
-                fh.write(json.dumps(record) + "\n")
-                correct += float(reward)
-            bar.update(len(chunk))
-    bar.close()
-    os.replace(tmp, pred_path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for start, end in _batches(len(prompts), options, policy_cfg):
+                batch = generate(
+                    model, prompts[start:end], max_new_tokens=max_new, eos_id=tokenizer.eos_id,
+                    pad_id=tokenizer.pad_id, greedy=True, temperature=1.0, seeds=[0] * (end - start),
+                )
+                responses = decode_responses(batch, tokenizer)
+                chunk = problems[start:end]
+                rewards = data.env.score(responses, [p.answer for p in chunk]).tolist()
+                for problem, response, reward in zip(chunk, responses, rewards):
+                    record = {
+                        "prompt": problem.prompt,
+                        "response": response,
+                        "extracted_answer": data.extract(response),
+                        "answer": problem.answer,
+                        "reward": float(reward),
+                    }
+                    fh.write(json.dumps(record) + "\n")
+                    correct += float(reward)
+                bar.update(end - start)
+        os.replace(tmp, pred_path)
+    finally:
+        bar.close()
+        tmp.unlink(missing_ok=True)
     result = {
         "accuracy": correct / len(problems),
         "num_problems": len(problems),
@@ -425,6 +560,7 @@ def evaluate_checkpoint(
         "step": ref.step,
         "predictions": str(pred_path),
         "source": options.jsonl or "held-out",
+        "reward": data.reward,
     }
     (out / "eval_summary.json").write_text(json.dumps(result, indent=2))
     return result
