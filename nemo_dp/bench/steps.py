@@ -23,7 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_dp.bench.common import MB
 from nemo_dp.bench.probes import RayTraffic, RssSampler
-from nemo_dp.bench.report import print_rl_comparisons, print_sft_table, rl_comparisons, sft_table
+from nemo_dp.bench.report import (
+    print_rl_comparisons,
+    print_sft_table,
+    print_store_breakdown,
+    rl_comparisons,
+    sft_table,
+    store_breakdown,
+)
 from nemo_dp.training import Checkpointer, RunLogger, TrainHooks, main_phase, make_policy, make_tokenizer, run_phase
 
 __all__ = [
@@ -44,6 +51,21 @@ SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 Mark = tuple[int, float, dict[str, int], dict[str, Any]]
+
+_DRIVER_STORE_WALL = "data_plane/step/wall_ms"
+#: Where a step's store calls are counted: breakdown name -> metric prefix of its per-op keys
+#: (the driver's own client, the slowest policy worker, the slowest critic worker).
+STORE_SITES: dict[str, str] = {
+    "driver": "data_plane/step",
+    "slowest_worker": "data_plane/workers/max_rank",
+    "slowest_critic_worker": "data_plane/critic_workers/max_rank",
+}
+_STORE_STATS: dict[str, tuple[str, float]] = {  # breakdown stat -> (metric stat, scale)
+    "calls": ("calls", 1.0),
+    "rows": ("rows", 1.0),
+    "bytes": ("mb", 1e6),
+    "ms": ("wall_ms", 1.0),
+}
 
 
 def _fail(key: str, message: str) -> None:
@@ -120,7 +142,12 @@ class SftStepBenchConfig:
     measured_steps: int = 5
     backends: list[str] = field(default_factory=lambda: list(SFT_STEP_TRAINERS))
     train_overrides: list[str] = field(default_factory=list)
-    backend_overrides: dict[str, list[str]] = field(default_factory=dict)
+    backend_overrides: dict[str, list[str]] = field(
+        default_factory=lambda: {
+            "local": ["data_plane.observability.enabled=true"],
+            "tq": ["data_plane.observability.enabled=true"],
+        }
+    )
     rss_sample_interval_s: float = 0.005
     num_cpus: int = 2
     output_file: str = "bench_sft_step.json"
@@ -135,25 +162,40 @@ class SftStepBenchConfig:
             _fail("rss_sample_interval_s", f"must be > 0, got {self.rss_sample_interval_s}")
 
 
-class StepClock(RunLogger):
-    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there."""
+StoreProbe = Callable[[float], dict[str, float]]
 
-    def __init__(self, *args: Any, traffic: RayTraffic, **kwargs: Any) -> None:
+
+class StepClock(RunLogger):
+    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there.
+
+    ``store_probe`` (the policy's ``data_plane_step_metrics``) fills in the per-step store
+    counters for trainers that do not log them themselves (the SFT trainers); a record that
+    already holds them (GRPO, PPO) is kept as the trainer logged it.
+    """
+
+    def __init__(self, *args: Any, traffic: RayTraffic, store_probe: StoreProbe | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.marks: list[Mark] = []
         self.traffic = traffic
+        self.store_probe = store_probe
 
     def start(self, total_steps: int, start_step: int) -> None:
         """Open the phase and take the step-0 mark (traffic before it is dropped)."""
         super().start(total_steps, start_step)
         self.traffic.take()
+        if self.store_probe is not None:
+            self.store_probe(1.0)  # drop pre-run store traffic
         self.marks.append((0, time.perf_counter(), {}, {}))
 
     def log_step(self, step: int, metrics: Any) -> dict[str, Any]:
         """Log the step and mark it."""
         record = super().log_step(step, metrics)
         if step > 0:
-            self.marks.append((step, time.perf_counter(), self.traffic.take(), dict(record)))
+            now = time.perf_counter()
+            mark = dict(record)
+            if self.store_probe is not None and _DRIVER_STORE_WALL not in mark:
+                mark.update(self.store_probe(max(now - self.marks[-1][1], 1e-9)))
+            self.marks.append((step, now, self.traffic.take(), mark))
         return record
 
 
@@ -184,8 +226,10 @@ def timed_phase_run(
     policy = make_policy(train_cfg, tok, env_vars=ray_env)
     try:
         traffic = RayTraffic(policy.worker_group)
+        probe = getattr(policy, "data_plane_step_metrics", None)
         clock = StepClock(
             run_dir,
+            store_probe=probe if callable(probe) else None,
             metrics_file="metrics.jsonl",
             plot_file="curves.png",
             plot=False,
@@ -209,6 +253,33 @@ def timed_phase_run(
     return clock.marks, memory
 
 
+def store_op_columns(record: dict[str, Any]) -> dict[str, float]:
+    """The per-op store breakdown of one logged step, flattened for the step row.
+
+    Args:
+        record: The step's logged metrics (``data_plane/...`` keys of the observability layer).
+
+    Returns:
+        ``{f"store/{site}/{op}/{stat}": value}`` for every ``STORE_SITES`` site and op kind the
+        record holds; ``stat`` is ``calls``, ``rows``, ``bytes`` or ``ms``.  Empty without
+        store counters (the legacy trainers, observability off).
+    """
+    out: dict[str, float] = {}
+    for site, prefix in STORE_SITES.items():
+        head = prefix + "/"
+        for key, value in record.items():
+            if not key.startswith(head):
+                continue
+            parts = key[len(head):].split("/")
+            if len(parts) != 2:
+                continue
+            op, metric = parts
+            for stat, (name, scale) in _STORE_STATS.items():
+                if metric == name:
+                    out[f"store/{site}/{op}/{stat}"] = float(value) * scale
+    return out
+
+
 def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: dict[str, Any]) -> dict[str, Any]:
     """One measured GRPO / PPO step: timings, store and Ray traffic of the driver."""
     store_read = int(round(float(record.get("data_plane/step/bytes_read_mb", 0.0)) * MB))
@@ -229,6 +300,7 @@ def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: 
         "driver_tensor_received_bytes": traffic["ray_received_bulk_bytes"]
         + traffic["ray_received_per_row_bytes"]
         + store_read,
+        **store_op_columns(record),
     }
 
 
@@ -242,6 +314,7 @@ def sft_step_row(step: int, step_time_s: float, traffic: dict[str, int], record:
         **traffic,
         "driver_sent_tensor_bytes": sent,
         "driver_held_bytes": sent + traffic["ray_received_pickled_bytes"],
+        **store_op_columns(record),
     }
 
 
@@ -276,7 +349,7 @@ class StepBench:
 
 def _measured(bench_cfg: Any, spec: StepBench, marks: list[Mark]) -> list[dict[str, Any]]:
     """Rows of steps ``warmup+1 .. warmup+measured`` (the final validating step is not measured)."""
-    steps = []
+    steps: list[dict[str, Any]] = []
     for (_, t0, _, _), (s1, t1, traffic, record) in zip(marks, marks[1:]):
         if bench_cfg.warmup_steps < s1 <= bench_cfg.warmup_steps + bench_cfg.measured_steps:
             steps.append(spec.step_row(s1, t1 - t0, traffic, record))
@@ -286,6 +359,14 @@ def _measured(bench_cfg: Any, spec: StepBench, marks: list[Mark]) -> list[dict[s
             f"{bench_cfg.measured_steps} (logged steps: {[m[0] for m in marks]})"
         )
     return steps
+
+
+def _mean_row(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Per-key mean over the measured steps; a store op a step did not call counts 0 there."""
+    keys: list[str] = []
+    for row in steps:
+        keys.extend(k for k in row if k != "step" and k not in keys)
+    return {k: statistics.fmean(float(row.get(k, 0.0)) for row in steps) for k in keys}
 
 
 def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[str, Any]:
@@ -328,12 +409,13 @@ def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[s
                 run_dir = output_dir / f"{spec.run_prefix}{dp}_{size}"
                 marks, memory = timed_phase_run(train_config(dp, size), ray_env, run_dir, bench.rss_sample_interval_s)
                 steps = _measured(bench, spec, marks)
-                mean = {k: statistics.fmean(float(s[k]) for s in steps) for k in steps[0] if k != "step"}
+                mean = _mean_row(steps)
                 results.append({spec.size_key: size, "data_plane": dp, "steps": steps, "mean": mean, **memory})
     finally:
         shutdown_ray()
 
     summary = spec.summarize(bench, results)
+    summary["store_breakdown"] = store_breakdown(results, spec.size_key)
     report = {
         "bench": spec.name,
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -344,6 +426,7 @@ def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[s
     out_path = output_dir / bench.output_file
     out_path.write_text(json.dumps(report, indent=2, default=str))
     spec.print_summary(bench, summary)
+    print_store_breakdown(spec.name, spec.size_key, summary["store_breakdown"])
     print(f"[bench] report: {out_path}", flush=True)
     return report
 
@@ -394,6 +477,13 @@ def _sft_overrides(bench: Any, data_plane: str, gbs: int) -> list[str]:
     ]
 
 
+STORE_COLUMNS: dict[str, str] = {
+    "store/<site>/<op>/<stat>": "per step, data-plane backends with observability on: store calls "
+    "of one op kind (put, get_data, get, clear, register, claim_meta, list, ...) at one site - "
+    "driver (the driver's own client), slowest_worker / slowest_critic_worker (the policy / "
+    "critic rank with the most store time that step); stat = calls, rows (keys touched), "
+    "bytes (payload bytes moved), ms (wall time inside the calls)",
+}
 RL_COLUMNS: dict[str, str] = {
     "driver_bulk_received_bytes": "per step: per-token (dim >= 2) tensor bytes Ray returned "
     "to the driver + bytes the driver read from the store (observability counters)",
@@ -402,12 +492,14 @@ RL_COLUMNS: dict[str, str] = {
     "to the driver (metas, carries, metrics included)",
     "ray_sent_bulk_bytes": "per step: per-token tensor bytes the driver shipped to workers",
     "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
+    **STORE_COLUMNS,
 }
 SFT_COLUMNS: dict[str, str] = {
     "driver_held_bytes": "per step: tensor bytes the driver shipped to the workers + pickled "
     "size of everything returned to it (legacy: the collated batch shards; data plane: metas "
     "out, envelopes and metrics back)",
     "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
+    **STORE_COLUMNS,
 }
 
 
