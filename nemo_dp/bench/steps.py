@@ -35,6 +35,7 @@ from nemo_dp.training import Checkpointer, RunLogger, TrainHooks, main_phase, ma
 
 __all__ = [
     "RL_STEP_TRAINERS",
+    "GRPO_STEP_TRAINERS",
     "SFT_STEP_TRAINERS",
     "GrpoStepBenchConfig",
     "PpoStepBenchConfig",
@@ -47,6 +48,13 @@ __all__ = [
 ]
 
 RL_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq")
+#: GRPO also runs the asynchronous trainer: ``tq_async`` = ``data_plane=tq`` with
+#: ``algorithm.async_rollout.enabled=true`` (rollout actors generate while the workers train).
+GRPO_STEP_TRAINERS: tuple[str, ...] = (*RL_STEP_TRAINERS, "tq_async")
+#: Bench backend -> the training overrides that select it (a plain ``data_plane`` option else).
+_BACKEND_SELECTION: dict[str, tuple[str, ...]] = {
+    "tq_async": ("data_plane=tq", "algorithm.async_rollout.enabled=true"),
+}
 SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,19 +105,27 @@ class GrpoStepBenchConfig:
     backends: list[str] = field(default_factory=lambda: list(RL_STEP_TRAINERS))
     train_overrides: list[str] = field(default_factory=list)
     backend_overrides: dict[str, list[str]] = field(
-        default_factory=lambda: {"disabled": [], "tq": ["data_plane.observability.enabled=true"]}
+        default_factory=lambda: {
+            "disabled": [],
+            "tq": ["data_plane.observability.enabled=true"],
+            "tq_async": ["data_plane.observability.enabled=true"],
+        }
     )
     rss_sample_interval_s: float = 0.005
     target_bulk_ratio: float = 0.05
     num_cpus: int = 2
     output_file: str = "bench_grpo_step.json"
 
+    def legal_backends(self) -> tuple[str, ...]:
+        """The ``backends`` this bench can run."""
+        return GRPO_STEP_TRAINERS
+
     def __post_init__(self) -> None:
         if not self.samples_per_step or any(s < 1 for s in self.samples_per_step):
             _fail("samples_per_step", f"need positive sizes, got {self.samples_per_step}")
         if self.group_size < 1 or any(s % self.group_size for s in self.samples_per_step):
             _fail("group_size", f"must be >= 1 and divide every samples_per_step {self.samples_per_step}")
-        _check_common(self, RL_STEP_TRAINERS)
+        _check_common(self, self.legal_backends())
         missing = [d for d in self.backends if d not in self.backend_overrides]
         if missing:
             _fail("backend_overrides", f"no entry for {missing}")
@@ -124,6 +140,10 @@ class PpoStepBenchConfig(GrpoStepBenchConfig):
     name: str = "ppo_step"
     ppo_epochs: int = 2
     output_file: str = "bench_ppo_step.json"
+
+    def legal_backends(self) -> tuple[str, ...]:
+        """The ``backends`` this bench can run (PPO has no asynchronous trainer)."""
+        return RL_STEP_TRAINERS
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -287,7 +307,8 @@ def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: 
     return {
         "step": step,
         "step_time_s": step_time_s,
-        "time/generation_s": record["time/generation_s"],
+        # The asynchronous trainer generates concurrently and logs no generation time.
+        "time/generation_s": record.get("time/generation_s", 0.0),
         "time/logprobs_s": record["time/logprobs_s"],
         "time/train_s": record["time/train_s"],
         "driver_store_wall_ms": float(record.get("data_plane/step/wall_ms", 0.0)),
@@ -447,7 +468,7 @@ def _rl_overrides(algorithm: str) -> Callable[[Any, str, int], list[str]]:
         return [
             *_SHARED_TRAIN_OVERRIDES,
             f"algorithm={algorithm}",
-            f"data_plane={data_plane}",
+            *_BACKEND_SELECTION.get(data_plane, (f"data_plane={data_plane}",)),
             f"algorithm.num_generations_per_prompt={bench.group_size}",
             f"algorithm.num_prompts_per_step={samples // bench.group_size}",
             f"policy.train_global_batch_size={samples}",

@@ -160,3 +160,21 @@ def test_step_clock_fills_store_counters_only_when_the_trainer_did_not(tmp_path:
     clock.log_step(2, {"loss": 0.4, "data_plane/step/wall_ms": 7.0})  # the trainer logged them
     assert clock.marks[-1][3]["data_plane/step/wall_ms"] == 7.0 and len(probes) == 2
     clock.close()
+
+
+def test_tq_async_selects_the_asynchronous_trainer_and_only_for_grpo() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from nemo_dp.bench.steps import GrpoStepBenchConfig, PpoStepBenchConfig
+    from nemo_dp.config import register_configs, validate_config
+    from nemo_dp.data_plane.factory import describe_selection
+
+    register_configs(REPO / "recipes")
+    bench = GrpoStepBenchConfig(backends=["tq", "tq_async"], samples_per_step=[16])
+    with initialize_config_dir(str(REPO / "conf"), version_base=None):
+        cfg = compose("config", overrides=GRPO_STEP.train_overrides(bench, "tq_async", 16))
+        validate_config(cfg)
+    assert describe_selection(cfg)["trainer"] == "nemo_dp.algorithms.grpo_async:grpo_train_async"
+    assert cfg.data_plane.observability.enabled is True
+    with pytest.raises(ValueError, match=r"bench.backends: need distinct options of \['disabled', 'tq'\]"):
+        PpoStepBenchConfig(backends=["tq_async"])
