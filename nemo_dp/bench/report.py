@@ -18,8 +18,6 @@ __all__ = [
     "print_rl_comparisons",
     "sft_table",
     "print_sft_table",
-    "store_breakdown",
-    "print_store_breakdown",
     "LOCAL_TPUT_TARGET",
     "TQ_OVERHEAD_TARGET",
     "Row",
@@ -318,67 +316,3 @@ def print_sft_table(table: list[dict[str, Any]]) -> None:
             flush=True,
         )
 
-
-_STORE_STATS: tuple[str, ...] = ("calls", "rows", "bytes", "ms")
-
-
-def store_breakdown(results: list[dict[str, Any]], size_key: str) -> list[dict[str, Any]]:
-    """Store calls per step, by site and op kind, for every run that recorded them.
-
-    Args:
-        results: The runs (``size_key``, ``data_plane``, ``mean`` with the step rows'
-            ``store/<site>/<op>/<stat>`` columns).
-        size_key: Name of the batch-size axis (``samples_per_step`` / ``global_batch_size``).
-
-    Returns:
-        One entry per run with store counters: ``{size_key, "data_plane", "sites": {site:
-        {op: {"calls", "rows", "bytes", "ms"}}}, "totals": {site: {"calls", "ms"}}}``, means
-        over the measured steps; runs without counters (legacy, observability off) are left out.
-    """
-    out = []
-    for run in results:
-        sites: dict[str, dict[str, dict[str, float]]] = {}
-        for key, value in run["mean"].items():
-            parts = key.split("/")
-            if len(parts) != 4 or parts[0] != "store" or parts[3] not in _STORE_STATS:
-                continue
-            _, site, op, stat = parts
-            sites.setdefault(site, {}).setdefault(op, {k: 0.0 for k in _STORE_STATS})[stat] = float(value)
-        if not sites:
-            continue
-        totals = {
-            site: {"calls": sum(o["calls"] for o in ops.values()), "ms": sum(o["ms"] for o in ops.values())}
-            for site, ops in sites.items()
-        }
-        out.append({size_key: run[size_key], "data_plane": run["data_plane"], "sites": sites, "totals": totals})
-    return out
-
-
-def print_store_breakdown(name: str, size_key: str, breakdown: list[dict[str, Any]]) -> None:
-    """Print the store-call breakdown, one line per (run, site, op kind).
-
-    Args:
-        name: The bench name (title prefix).
-        size_key: Name of the batch-size axis.
-        breakdown: ``store_breakdown`` output.
-    """
-    if not breakdown:
-        print(f"[{name}] no store counters recorded (observability off or legacy only)", flush=True)
-        return
-    print(f"[{name}] store calls per step (mean over measured steps)", flush=True)
-    header = f"{size_key:>18} {'data_plane':>10} {'site':>22} {'op':>24} {'calls':>7} {'rows':>9} {'bytes':>12} {'ms':>9}"
-    print(header, flush=True)
-    for entry in breakdown:
-        for site, ops in entry["sites"].items():
-            for op, st in sorted(ops.items()):
-                print(
-                    f"{entry[size_key]:>18} {entry['data_plane']:>10} {site:>22} {op:>24} "
-                    f"{st['calls']:>7.1f} {st['rows']:>9.0f} {st['bytes']:>12.0f} {st['ms']:>9.1f}",
-                    flush=True,
-                )
-            tot = entry["totals"][site]
-            print(
-                f"{entry[size_key]:>18} {entry['data_plane']:>10} {site:>22} {'(all ops)':>24} "
-                f"{tot['calls']:>7.1f} {'':>9} {'':>12} {tot['ms']:>9.1f}",
-                flush=True,
-            )

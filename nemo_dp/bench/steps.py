@@ -23,14 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_dp.bench.common import MB
 from nemo_dp.bench.probes import RayTraffic, RssSampler
-from nemo_dp.bench.report import (
-    print_rl_comparisons,
-    print_sft_table,
-    print_store_breakdown,
-    rl_comparisons,
-    sft_table,
-    store_breakdown,
-)
+from nemo_dp.bench.report import print_rl_comparisons, print_sft_table, rl_comparisons, sft_table
+from nemo_dp.bench.store_calls import STORE_COLUMNS, print_store_breakdown, store_breakdown, store_op_columns
 from nemo_dp.training import Checkpointer, RunLogger, TrainHooks, main_phase, make_policy, make_tokenizer, run_phase
 
 __all__ = [
@@ -61,19 +55,6 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 Mark = tuple[int, float, dict[str, int], dict[str, Any]]
 
 _DRIVER_STORE_WALL = "data_plane/step/wall_ms"
-#: Where a step's store calls are counted: breakdown name -> metric prefix of its per-op keys
-#: (the driver's own client, the slowest policy worker, the slowest critic worker).
-STORE_SITES: dict[str, str] = {
-    "driver": "data_plane/step",
-    "slowest_worker": "data_plane/workers/max_rank",
-    "slowest_critic_worker": "data_plane/critic_workers/max_rank",
-}
-_STORE_STATS: dict[str, tuple[str, float]] = {  # breakdown stat -> (metric stat, scale)
-    "calls": ("calls", 1.0),
-    "rows": ("rows", 1.0),
-    "bytes": ("mb", 1e6),
-    "ms": ("wall_ms", 1.0),
-}
 
 
 def _fail(key: str, message: str) -> None:
@@ -271,33 +252,6 @@ def timed_phase_run(
         policy.shutdown()
         memory = rss.stop()
     return clock.marks, memory
-
-
-def store_op_columns(record: dict[str, Any]) -> dict[str, float]:
-    """The per-op store breakdown of one logged step, flattened for the step row.
-
-    Args:
-        record: The step's logged metrics (``data_plane/...`` keys of the observability layer).
-
-    Returns:
-        ``{f"store/{site}/{op}/{stat}": value}`` for every ``STORE_SITES`` site and op kind the
-        record holds; ``stat`` is ``calls``, ``rows``, ``bytes`` or ``ms``.  Empty without
-        store counters (the legacy trainers, observability off).
-    """
-    out: dict[str, float] = {}
-    for site, prefix in STORE_SITES.items():
-        head = prefix + "/"
-        for key, value in record.items():
-            if not key.startswith(head):
-                continue
-            parts = key[len(head):].split("/")
-            if len(parts) != 2:
-                continue
-            op, metric = parts
-            for stat, (name, scale) in _STORE_STATS.items():
-                if metric == name:
-                    out[f"store/{site}/{op}/{stat}"] = float(value) * scale
-    return out
 
 
 def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: dict[str, Any]) -> dict[str, Any]:
@@ -498,13 +452,6 @@ def _sft_overrides(bench: Any, data_plane: str, gbs: int) -> list[str]:
     ]
 
 
-STORE_COLUMNS: dict[str, str] = {
-    "store/<site>/<op>/<stat>": "per step, data-plane backends with observability on: store calls "
-    "of one op kind (put, get_data, get, clear, register, claim_meta, list, ...) at one site - "
-    "driver (the driver's own client), slowest_worker / slowest_critic_worker (the policy / "
-    "critic rank with the most store time that step); stat = calls, rows (keys touched), "
-    "bytes (payload bytes moved), ms (wall time inside the calls)",
-}
 RL_COLUMNS: dict[str, str] = {
     "driver_bulk_received_bytes": "per step: per-token (dim >= 2) tensor bytes Ray returned "
     "to the driver + bytes the driver read from the store (observability counters)",

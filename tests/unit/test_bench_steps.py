@@ -1,5 +1,7 @@
 """The step benchmarks' shared runner, without running a trainer: every bench composes valid
-training configs, and the measured window is exactly ``measured_steps`` long."""
+training configs, the measured window is exactly ``measured_steps`` long, and the store-call
+breakdown is read from the logged keys exactly (``_Traffic`` below stands in for the Ray traffic
+probe where only the store probe is under test)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_dp.bench.report import print_store_breakdown, store_breakdown
 from nemo_dp.bench.steps import (
     GRPO_STEP,
     PPO_STEP,
@@ -19,8 +20,8 @@ from nemo_dp.bench.steps import (
     _measured,
     rl_step_row,
     sft_step_row,
-    store_op_columns,
 )
+from nemo_dp.bench.store_calls import print_store_breakdown, store_breakdown, store_op_columns
 
 REPO = Path(__file__).resolve().parents[2]
 
