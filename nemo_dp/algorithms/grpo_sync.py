@@ -12,7 +12,8 @@ per-token tensor passes through the driver:
 * the per-token ``advantages`` are built from the carry (the response span of a row is
   ``[prompt_length, input_length)``, exactly where generation sets ``token_mask``), so the
   driver reads no per-token column back; it writes ``advantages`` and ``sample_mask``;
-* log-probs and training run on meta shards; the workers fetch and write back;
+* log-probs and training run on meta shards; the workers fetch and write back - the policy's
+  and the reference's log-probs in one dispatch (one read, one put of both columns per rank);
 * ``policy.finish_step`` clears the step's samples; a ``finally`` drops the partition if the
   step failed earlier, so a failed step leaks nothing.
 
@@ -269,8 +270,7 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
                 meta, {ADVANTAGES: adv.unsqueeze(1) * token_mask.float(), SAMPLE_MASK: sample_mask}
             )
             t1 = time.perf_counter()
-            policy.get_logprobs_from_meta(meta)
-            policy.get_reference_policy_logprobs_from_meta(meta)
+            policy.get_policy_and_reference_logprobs_from_meta(meta)
             t_lp = time.perf_counter() - t1
             t2 = time.perf_counter()
             train_metrics = policy.train_from_meta(meta, loss_fn)

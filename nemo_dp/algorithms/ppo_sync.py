@@ -10,9 +10,10 @@ metrics), but no bulk per-token tensor is shipped through the driver to the work
   a meta plus a small per-row ``driver_carry`` (rewards, lengths, truncation);
 * policy log-probs, reference log-probs and the critic's values are computed on meta shards;
   the workers write ``prev_logprobs`` / ``reference_policy_logprobs`` / ``values`` back under
-  the same ids - each model dispatch with its own fresh pad target (``TQDriverMixin``);
+  the same ids - each model dispatch with its own fresh pad target (``TQDriverMixin``); the
+  policy's two log-prob passes share one dispatch (one read, one put per rank);
 * the driver reads only the per-token columns the advantage needs, computes GAE targets and
-  writes ``advantages`` and ``returns`` back;
+  writes ``advantages``, ``returns`` and the ``sample_mask`` back in one put;
 * each of ``ppo_epochs`` epochs subsets the meta with a fresh shuffle and trains the policy
   (``train_from_meta``) and the critic (``TQValue.train_from_meta``) on it;
 * ``policy.finish_step`` clears the step's samples; a ``finally`` drops the partition if the
@@ -131,6 +132,9 @@ def _ppo_sync_loop(ctx: TrainContext, value: Any) -> dict[str, Any]:
     )
     validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
 
+    # Start the per-step store-metrics windows here (drops pre-run traffic; no-op when off).
+    policy.data_plane_step_metrics(1.0)
+    value.data_plane_worker_metrics(1.0)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
         t_step = time.perf_counter()
@@ -154,10 +158,8 @@ def _ppo_sync_loop(ctx: TrainContext, value: Any) -> dict[str, Any]:
             sample_mask = torch.ones(meta.size, dtype=torch.float32)
             if bool(algo.overlong_filtering):
                 sample_mask = sample_mask * (~carry["truncated"].bool()).float()
-            policy.write_to_dataplane(meta, {SAMPLE_MASK: sample_mask})
             t1 = time.perf_counter()
-            policy.get_logprobs_from_meta(meta)
-            policy.get_reference_policy_logprobs_from_meta(meta)
+            policy.get_policy_and_reference_logprobs_from_meta(meta)
             value.get_values_from_meta(meta)
             t_fwd = time.perf_counter() - t1
             cols = policy.read_from_dataplane(meta, select_fields=list(_TARGET_READ_FIELDS))
@@ -170,7 +172,11 @@ def _ppo_sync_loop(ctx: TrainContext, value: Any) -> dict[str, Any]:
                 reference_logprobs=cols[REFERENCE_POLICY_LOGPROBS],
                 values=cols[VALUES],
             )
-            policy.write_to_dataplane(meta, {ADVANTAGES: targets.advantages, RETURNS: targets.returns})
+            # Everything the driver computes goes back in one put; the forward passes above
+            # never read the mask (the rollout's all-ones column stands until here).
+            policy.write_to_dataplane(
+                meta, {ADVANTAGES: targets.advantages, RETURNS: targets.returns, SAMPLE_MASK: sample_mask}
+            )
             t2 = time.perf_counter()
             policy_epochs, value_epochs = [], []
             for epoch in range(int(algo.ppo_epochs)):
@@ -207,7 +213,9 @@ def _ppo_sync_loop(ctx: TrainContext, value: Any) -> dict[str, Any]:
             evaluate=_evaluate,
             logger=logger,
         )
-        metrics.update(policy.data_plane_step_metrics(time.perf_counter() - t_step))
+        step_time_s = time.perf_counter() - t_step
+        metrics.update(policy.data_plane_step_metrics(step_time_s))
+        metrics.update(value.data_plane_worker_metrics(step_time_s))
         logger.log_step(step, metrics)
         save_if_due(
             ctx.checkpointer,

@@ -205,9 +205,26 @@ def rl_comparisons(results: list[dict[str, Any]], sizes: list[int], target_bulk_
                     "tq_peak_rss_mb": by_dp["tq"]["peak_rss_mb"],
                     "legacy_rss_growth_mb": by_dp["disabled"]["rss_growth_mb"],
                     "tq_rss_growth_mb": by_dp["tq"]["rss_growth_mb"],
+                    "legacy_ms_per_trained_sample": 1000.0 * legacy["step_time_s"] / samples,
+                    "tq_ms_per_trained_sample": 1000.0 * tq["step_time_s"] / samples,
+                    **_async_columns(by_dp, samples),
                 }
             )
     return comparisons
+
+
+def _async_columns(by_dp: dict[str, dict[str, Any]], samples: int) -> dict[str, Any]:
+    """Wall time per trained sample of the asynchronous trainer against the synchronous one."""
+    if "tq_async" not in by_dp:
+        return {}
+    step_s = by_dp["tq_async"]["mean"]["step_time_s"]
+    sync_s = by_dp["tq"]["mean"]["step_time_s"]
+    return {
+        "tq_async_step_time_s": step_s,
+        "tq_async_ms_per_trained_sample": 1000.0 * step_s / samples,
+        "per_sample_ratio_async_over_sync": step_s / sync_s,
+        "tq_async_peak_rss_mb": by_dp["tq_async"]["peak_rss_mb"],
+    }
 
 
 def print_rl_comparisons(name: str, comparisons: list[dict[str, Any]], target_bulk_ratio: float) -> None:
@@ -237,6 +254,14 @@ def print_rl_comparisons(name: str, comparisons: list[dict[str, Any]], target_bu
             f"{c['legacy_peak_rss_mb']:.0f} MB, tq {c['tq_peak_rss_mb']:.0f} MB",
             flush=True,
         )
+        if "tq_async_step_time_s" in c:
+            print(
+                f"[{name}] {c['samples_per_step']} samples/step: wall time per trained sample legacy "
+                f"{c['legacy_ms_per_trained_sample']:.2f} ms, tq (sync) {c['tq_ms_per_trained_sample']:.2f} ms, "
+                f"tq_async {c['tq_async_ms_per_trained_sample']:.2f} ms (async / sync "
+                f"{c['per_sample_ratio_async_over_sync']:.2f})",
+                flush=True,
+            )
 
 
 def sft_table(results: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
@@ -290,3 +315,4 @@ def print_sft_table(table: list[dict[str, Any]]) -> None:
             f"{'-' if db is None else f'{db:.3f}':>9} {row['peak_rss_mb']:>12.0f}",
             flush=True,
         )
+

@@ -24,10 +24,12 @@ from omegaconf import DictConfig, OmegaConf
 from nemo_dp.bench.common import MB
 from nemo_dp.bench.probes import RayTraffic, RssSampler
 from nemo_dp.bench.report import print_rl_comparisons, print_sft_table, rl_comparisons, sft_table
+from nemo_dp.bench.store_calls import STORE_COLUMNS, print_store_breakdown, store_breakdown, store_op_columns
 from nemo_dp.training import Checkpointer, RunLogger, TrainHooks, main_phase, make_policy, make_tokenizer, run_phase
 
 __all__ = [
     "RL_STEP_TRAINERS",
+    "GRPO_STEP_TRAINERS",
     "SFT_STEP_TRAINERS",
     "GrpoStepBenchConfig",
     "PpoStepBenchConfig",
@@ -40,10 +42,19 @@ __all__ = [
 ]
 
 RL_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq")
+#: GRPO also runs the asynchronous trainer: ``tq_async`` = ``data_plane=tq`` with
+#: ``algorithm.async_rollout.enabled=true`` (rollout actors generate while the workers train).
+GRPO_STEP_TRAINERS: tuple[str, ...] = (*RL_STEP_TRAINERS, "tq_async")
+#: Bench backend -> the training overrides that select it (a plain ``data_plane`` option else).
+_BACKEND_SELECTION: dict[str, tuple[str, ...]] = {
+    "tq_async": ("data_plane=tq", "algorithm.async_rollout.enabled=true"),
+}
 SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 Mark = tuple[int, float, dict[str, int], dict[str, Any]]
+
+_DRIVER_STORE_WALL = "data_plane/step/wall_ms"
 
 
 def _fail(key: str, message: str) -> None:
@@ -75,19 +86,27 @@ class GrpoStepBenchConfig:
     backends: list[str] = field(default_factory=lambda: list(RL_STEP_TRAINERS))
     train_overrides: list[str] = field(default_factory=list)
     backend_overrides: dict[str, list[str]] = field(
-        default_factory=lambda: {"disabled": [], "tq": ["data_plane.observability.enabled=true"]}
+        default_factory=lambda: {
+            "disabled": [],
+            "tq": ["data_plane.observability.enabled=true"],
+            "tq_async": ["data_plane.observability.enabled=true"],
+        }
     )
     rss_sample_interval_s: float = 0.005
     target_bulk_ratio: float = 0.05
     num_cpus: int = 2
     output_file: str = "bench_grpo_step.json"
 
+    def legal_backends(self) -> tuple[str, ...]:
+        """The ``backends`` this bench can run."""
+        return GRPO_STEP_TRAINERS
+
     def __post_init__(self) -> None:
         if not self.samples_per_step or any(s < 1 for s in self.samples_per_step):
             _fail("samples_per_step", f"need positive sizes, got {self.samples_per_step}")
         if self.group_size < 1 or any(s % self.group_size for s in self.samples_per_step):
             _fail("group_size", f"must be >= 1 and divide every samples_per_step {self.samples_per_step}")
-        _check_common(self, RL_STEP_TRAINERS)
+        _check_common(self, self.legal_backends())
         missing = [d for d in self.backends if d not in self.backend_overrides]
         if missing:
             _fail("backend_overrides", f"no entry for {missing}")
@@ -102,6 +121,10 @@ class PpoStepBenchConfig(GrpoStepBenchConfig):
     name: str = "ppo_step"
     ppo_epochs: int = 2
     output_file: str = "bench_ppo_step.json"
+
+    def legal_backends(self) -> tuple[str, ...]:
+        """The ``backends`` this bench can run (PPO has no asynchronous trainer)."""
+        return RL_STEP_TRAINERS
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -120,7 +143,12 @@ class SftStepBenchConfig:
     measured_steps: int = 5
     backends: list[str] = field(default_factory=lambda: list(SFT_STEP_TRAINERS))
     train_overrides: list[str] = field(default_factory=list)
-    backend_overrides: dict[str, list[str]] = field(default_factory=dict)
+    backend_overrides: dict[str, list[str]] = field(
+        default_factory=lambda: {
+            "local": ["data_plane.observability.enabled=true"],
+            "tq": ["data_plane.observability.enabled=true"],
+        }
+    )
     rss_sample_interval_s: float = 0.005
     num_cpus: int = 2
     output_file: str = "bench_sft_step.json"
@@ -135,25 +163,40 @@ class SftStepBenchConfig:
             _fail("rss_sample_interval_s", f"must be > 0, got {self.rss_sample_interval_s}")
 
 
-class StepClock(RunLogger):
-    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there."""
+StoreProbe = Callable[[float], dict[str, float]]
 
-    def __init__(self, *args: Any, traffic: RayTraffic, **kwargs: Any) -> None:
+
+class StepClock(RunLogger):
+    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there.
+
+    ``store_probe`` (the policy's ``data_plane_step_metrics``) fills in the per-step store
+    counters for trainers that do not log them themselves (the SFT trainers); a record that
+    already holds them (GRPO, PPO) is kept as the trainer logged it.
+    """
+
+    def __init__(self, *args: Any, traffic: RayTraffic, store_probe: StoreProbe | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.marks: list[Mark] = []
         self.traffic = traffic
+        self.store_probe = store_probe
 
     def start(self, total_steps: int, start_step: int) -> None:
         """Open the phase and take the step-0 mark (traffic before it is dropped)."""
         super().start(total_steps, start_step)
         self.traffic.take()
+        if self.store_probe is not None:
+            self.store_probe(1.0)  # drop pre-run store traffic
         self.marks.append((0, time.perf_counter(), {}, {}))
 
     def log_step(self, step: int, metrics: Any) -> dict[str, Any]:
         """Log the step and mark it."""
         record = super().log_step(step, metrics)
         if step > 0:
-            self.marks.append((step, time.perf_counter(), self.traffic.take(), dict(record)))
+            now = time.perf_counter()
+            mark = dict(record)
+            if self.store_probe is not None and _DRIVER_STORE_WALL not in mark:
+                mark.update(self.store_probe(max(now - self.marks[-1][1], 1e-9)))
+            self.marks.append((step, now, self.traffic.take(), mark))
         return record
 
 
@@ -184,8 +227,10 @@ def timed_phase_run(
     policy = make_policy(train_cfg, tok, env_vars=ray_env)
     try:
         traffic = RayTraffic(policy.worker_group)
+        probe = getattr(policy, "data_plane_step_metrics", None)
         clock = StepClock(
             run_dir,
+            store_probe=probe if callable(probe) else None,
             metrics_file="metrics.jsonl",
             plot_file="curves.png",
             plot=False,
@@ -216,7 +261,8 @@ def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: 
     return {
         "step": step,
         "step_time_s": step_time_s,
-        "time/generation_s": record["time/generation_s"],
+        # The asynchronous trainer generates concurrently and logs no generation time.
+        "time/generation_s": record.get("time/generation_s", 0.0),
         "time/logprobs_s": record["time/logprobs_s"],
         "time/train_s": record["time/train_s"],
         "driver_store_wall_ms": float(record.get("data_plane/step/wall_ms", 0.0)),
@@ -229,6 +275,7 @@ def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: 
         "driver_tensor_received_bytes": traffic["ray_received_bulk_bytes"]
         + traffic["ray_received_per_row_bytes"]
         + store_read,
+        **store_op_columns(record),
     }
 
 
@@ -242,6 +289,7 @@ def sft_step_row(step: int, step_time_s: float, traffic: dict[str, int], record:
         **traffic,
         "driver_sent_tensor_bytes": sent,
         "driver_held_bytes": sent + traffic["ray_received_pickled_bytes"],
+        **store_op_columns(record),
     }
 
 
@@ -276,7 +324,7 @@ class StepBench:
 
 def _measured(bench_cfg: Any, spec: StepBench, marks: list[Mark]) -> list[dict[str, Any]]:
     """Rows of steps ``warmup+1 .. warmup+measured`` (the final validating step is not measured)."""
-    steps = []
+    steps: list[dict[str, Any]] = []
     for (_, t0, _, _), (s1, t1, traffic, record) in zip(marks, marks[1:]):
         if bench_cfg.warmup_steps < s1 <= bench_cfg.warmup_steps + bench_cfg.measured_steps:
             steps.append(spec.step_row(s1, t1 - t0, traffic, record))
@@ -286,6 +334,14 @@ def _measured(bench_cfg: Any, spec: StepBench, marks: list[Mark]) -> list[dict[s
             f"{bench_cfg.measured_steps} (logged steps: {[m[0] for m in marks]})"
         )
     return steps
+
+
+def _mean_row(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Per-key mean over the measured steps; a store op a step did not call counts 0 there."""
+    keys: list[str] = []
+    for row in steps:
+        keys.extend(k for k in row if k != "step" and k not in keys)
+    return {k: statistics.fmean(float(row.get(k, 0.0)) for row in steps) for k in keys}
 
 
 def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[str, Any]:
@@ -328,12 +384,13 @@ def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[s
                 run_dir = output_dir / f"{spec.run_prefix}{dp}_{size}"
                 marks, memory = timed_phase_run(train_config(dp, size), ray_env, run_dir, bench.rss_sample_interval_s)
                 steps = _measured(bench, spec, marks)
-                mean = {k: statistics.fmean(float(s[k]) for s in steps) for k in steps[0] if k != "step"}
+                mean = _mean_row(steps)
                 results.append({spec.size_key: size, "data_plane": dp, "steps": steps, "mean": mean, **memory})
     finally:
         shutdown_ray()
 
     summary = spec.summarize(bench, results)
+    summary["store_breakdown"] = store_breakdown(results, spec.size_key)
     report = {
         "bench": spec.name,
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -344,6 +401,7 @@ def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[s
     out_path = output_dir / bench.output_file
     out_path.write_text(json.dumps(report, indent=2, default=str))
     spec.print_summary(bench, summary)
+    print_store_breakdown(spec.name, spec.size_key, summary["store_breakdown"])
     print(f"[bench] report: {out_path}", flush=True)
     return report
 
@@ -364,7 +422,7 @@ def _rl_overrides(algorithm: str) -> Callable[[Any, str, int], list[str]]:
         return [
             *_SHARED_TRAIN_OVERRIDES,
             f"algorithm={algorithm}",
-            f"data_plane={data_plane}",
+            *_BACKEND_SELECTION.get(data_plane, (f"data_plane={data_plane}",)),
             f"algorithm.num_generations_per_prompt={bench.group_size}",
             f"algorithm.num_prompts_per_step={samples // bench.group_size}",
             f"policy.train_global_batch_size={samples}",
@@ -402,12 +460,14 @@ RL_COLUMNS: dict[str, str] = {
     "to the driver (metas, carries, metrics included)",
     "ray_sent_bulk_bytes": "per step: per-token tensor bytes the driver shipped to workers",
     "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
+    **STORE_COLUMNS,
 }
 SFT_COLUMNS: dict[str, str] = {
     "driver_held_bytes": "per step: tensor bytes the driver shipped to the workers + pickled "
     "size of everything returned to it (legacy: the collated batch shards; data plane: metas "
     "out, envelopes and metrics back)",
     "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
+    **STORE_COLUMNS,
 }
 
 

@@ -69,6 +69,9 @@ __all__ = [
 MB_TOKENS_KEYS: tuple[str, ...] = ("logprob_mb_tokens", "train_mb_tokens")
 """The two microbatch token budgets a dispatch may ask for."""
 
+#: Per-op statistics of a worker's store window kept in the slowest-rank breakdown.
+_BREAKDOWN_STATS: frozenset[str] = frozenset({"calls", "rows", "mb", "wall_ms"})
+
 
 def cfg_value(node: Any, key: str, path: str) -> Any:
     """Read ``key`` from a mapping or an attribute-style config node.
@@ -368,6 +371,37 @@ class TQDriverMixin:
             ValueError: As ``placed_pad_target``.
         """
         return stamp_placed_metas(metas, seq_round=self._seq_round())
+
+    # --- observability ------------------------------------------------------------------------
+    def _worker_store_metrics(self, step_time_s: float, prefix: str) -> dict[str, float]:
+        """Every rank's per-step store metrics, summed, plus the slowest rank's breakdown.
+
+        Each rank's window is read and reset (``data_plane_step_metrics`` on the workers).
+
+        Args:
+            step_time_s: Wall time of the step (for ``step/frac_of_step``).
+            prefix: Key prefix, e.g. ``"data_plane/workers"``.
+
+        Returns:
+            ``{prefix}/step/{wall_ms, bytes_written_mb, bytes_read_mb}`` summed over ranks,
+            ``{prefix}/step/max_rank_wall_ms`` and, for the rank with the most store time,
+            ``{prefix}/max_rank/{op}/{calls, rows, mb, wall_ms}`` per op kind it called plus
+            ``{prefix}/max_rank/rank``; ``{}`` when the workers' clients record nothing.
+        """
+        ranks = self._dispatch_all("data_plane_step_metrics", float(step_time_s))  # type: ignore[attr-defined]
+        if not ranks or any(not r for r in ranks):
+            return {}
+        out: dict[str, float] = {}
+        for key in ("step/wall_ms", "step/bytes_written_mb", "step/bytes_read_mb"):
+            out[f"{prefix}/{key}"] = float(sum(float(r[key]) for r in ranks))
+        slowest = max(range(len(ranks)), key=lambda i: float(ranks[i]["step/wall_ms"]))
+        out[f"{prefix}/step/max_rank_wall_ms"] = float(ranks[slowest]["step/wall_ms"])
+        out[f"{prefix}/max_rank/rank"] = float(slowest)
+        for key, value in ranks[slowest].items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "step" and parts[2] in _BREAKDOWN_STATS:
+                out[f"{prefix}/max_rank/{parts[1]}/{parts[2]}"] = float(value)
+        return out
 
     # --- bulk columns -------------------------------------------------------------------------
     def read_from_dataplane(

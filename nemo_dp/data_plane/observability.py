@@ -126,6 +126,7 @@ class _OpWindow:
     wall_ms: float = 0.0
     max_ms: float = 0.0
     n_bytes: int = 0
+    n_keys: int = 0
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_EDGES_MS) + 1))
 
     def percentile(self, q: float) -> float:
@@ -215,6 +216,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
                 win.errors += 1
                 return
             win.n_bytes += call.n_bytes
+            win.n_keys += call.n_keys
             if call.op == "put":
                 self._window_written += call.n_bytes
             elif call.op in ("get", "get_data"):
@@ -305,8 +307,10 @@ class MetricsDataPlaneClient(DataPlaneClient):
             step_time_s: Wall time of the training step, for ``step/frac_of_step``.
 
         Returns:
-            The fixed step keys; per-op keys for every op called in the window; ``p50_ms`` only with
-            at least 20 calls and ``p90_ms`` only with at least 40.
+            The fixed step keys; per-op keys for every op called in the window (``calls``,
+            ``errors``, ``wall_ms``, ``mean_ms``, ``max_ms``, ``mb`` and ``rows``: the keys its
+            successful calls touched); ``p50_ms`` only with at least 20 calls and ``p90_ms`` only
+            with at least 40.
 
         Raises:
             ValueError: ``step_time_s`` is not positive.
@@ -334,6 +338,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
             metrics[f"{prefix}/mean_ms"] = win.wall_ms / win.calls
             metrics[f"{prefix}/max_ms"] = win.max_ms
             metrics[f"{prefix}/mb"] = win.n_bytes / _MB
+            metrics[f"{prefix}/rows"] = float(win.n_keys)
             if win.calls >= P50_MIN_CALLS:
                 metrics[f"{prefix}/p50_ms"] = win.percentile(0.5)
             if win.calls >= P90_MIN_CALLS:

@@ -23,6 +23,8 @@ In-memory compute (required for the entrypoints that use them):
 * ``self.get_reference_policy_logprobs(data, micro_batch_size=None) -> Mapping`` with key
   ``"reference_logprobs"``.
 * ``self.get_values(data, micro_batch_size=None) -> Mapping`` with key ``"values"``.
+* ``get_logprobs_and_reference_presharded`` calls both log-prob hooks on one fetched batch
+  and writes both columns in one put (one store read and one write for the whole stage).
 * Split training API (the names ``nemo_dp.models.policy.worker.PolicyWorker`` defines):
   ``self.begin_train_step(loss_fn, mbs: int | None = None) -> None`` (called with keyword
   ``mbs`` only), ``self.train_microbatch(data: BatchedDataDict) -> None``,
@@ -323,28 +325,23 @@ class TQWorkerMixin:
             return
         write_columns(client, meta, fields)
 
-    def _write_back_result_field(
-        self, meta: KVBatchMeta, result: Any, *, result_key: str, field: str
-    ) -> None:
-        """Write ``result[result_key]`` as column ``field`` (replica leader only).
-
-        Non-leaders return without looking at ``result`` (e.g. a pipeline stage that does not
-        hold the output); the host must make the full result available on the leader.
+    def _result_column(self, meta: KVBatchMeta, result: Any, *, result_key: str, field: str) -> torch.Tensor:
+        """``result[result_key]`` checked as column ``field`` of ``meta``'s rows (CPU, detached).
 
         Args:
             meta: The shard the result was computed for.
             result: The host method's result; any ``Mapping`` (``BatchedDataDict`` included).
             result_key: Key of the tensor in ``result``.
-            field: Data-plane field to write.
+            field: Data-plane field it will be written as (named in errors).
+
+        Returns:
+            The tensor, detached and on the CPU.
 
         Raises:
-            RuntimeError: ``result`` is not a Mapping holding ``result_key``; no client.
+            RuntimeError: ``result`` is not a Mapping holding ``result_key``.
             TypeError: The value is not a tensor.
             ValueError: Its batch dim differs from ``meta.size``.
         """
-        self._require_dp_client()
-        if not self._is_replica_leader():
-            return
         if not isinstance(result, Mapping) or result_key not in result:
             got = (
                 sorted(map(str, result.keys()))
@@ -367,7 +364,32 @@ class TQWorkerMixin:
                 f"write-back of {field!r}: result[{result_key!r}] has batch dim {rows}, expected "
                 f"meta.size {meta.size} (partition {meta.partition_id!r})"
             )
-        self._write_back(meta, {field: value.detach().cpu()})
+        return value.detach().cpu()
+
+    def _write_back_result_field(
+        self, meta: KVBatchMeta, result: Any, *, result_key: str, field: str
+    ) -> None:
+        """Write ``result[result_key]`` as column ``field`` (replica leader only).
+
+        Non-leaders return without looking at ``result`` (e.g. a pipeline stage that does not
+        hold the output); the host must make the full result available on the leader.
+
+        Args:
+            meta: The shard the result was computed for.
+            result: The host method's result; any ``Mapping`` (``BatchedDataDict`` included).
+            result_key: Key of the tensor in ``result``.
+            field: Data-plane field to write.
+
+        Raises:
+            RuntimeError: ``result`` is not a Mapping holding ``result_key``; no client.
+            TypeError: The value is not a tensor.
+            ValueError: Its batch dim differs from ``meta.size``.
+        """
+        self._require_dp_client()
+        if not self._is_replica_leader():
+            return
+        value = self._result_column(meta, result, result_key=result_key, field=field)
+        self._write_back(meta, {field: value})
 
     # --- entrypoints --------------------------------------------------------------------------
     def _fetch_planned(self, meta: KVBatchMeta) -> BatchedDataDict:
@@ -425,6 +447,39 @@ class TQWorkerMixin:
         self._write_back_result_field(
             meta, result, result_key="reference_logprobs", field=REFERENCE_POLICY_LOGPROBS
         )
+
+    def get_logprobs_and_reference_presharded(
+        self, meta: KVBatchMeta, micro_batch_size: int | None = None
+    ) -> None:
+        """Policy and reference log-probs of this rank's shard from ONE read and ONE write.
+
+        The shard is fetched once; ``get_logprobs`` and ``get_reference_policy_logprobs`` run
+        on the same materialised batch (neither mutates it), and ``prev_logprobs`` plus
+        ``reference_policy_logprobs`` go back in a single put (replica leader only).  The
+        values are those of the two separate entrypoints, bit for bit: same rows, same pad
+        target, same plan.
+
+        Args:
+            meta: This DP rank's shard.
+            micro_batch_size: Rows per forward pass (without a plan).
+
+        Raises:
+            RuntimeError / TypeError / ValueError: As ``_result_column`` for either result.
+        """
+        data = self._fetch_planned(meta)
+        policy = self.get_logprobs(data, micro_batch_size=micro_batch_size)
+        reference = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
+        if not self._is_replica_leader():
+            return
+        columns = {
+            PREV_LOGPROBS: self._result_column(
+                meta, policy, result_key="logprobs", field=PREV_LOGPROBS
+            ),
+            REFERENCE_POLICY_LOGPROBS: self._result_column(
+                meta, reference, result_key="reference_logprobs", field=REFERENCE_POLICY_LOGPROBS
+            ),
+        }
+        self._write_back(meta, columns)
 
     def get_values_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         """Value estimates of this rank's shard, written back as ``values``.
@@ -508,6 +563,20 @@ class TQWorkerMixin:
         self._dp_train_step_active = False
 
     # --- observability ------------------------------------------------------------------------
+    def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
+        """This worker's per-step store metrics (``get_step_metrics``; resets its window).
+
+        Args:
+            step_time_s: Wall time of the step (for ``step/frac_of_step``).
+
+        Returns:
+            The metrics, or ``{}`` when the client is not a ``MetricsDataPlaneClient``.
+        """
+        client = self.dp_client
+        if client is None or not is_metrics_client(client):
+            return {}
+        return dict(client.get_step_metrics(step_time_s))
+
     def get_data_plane_snapshot(self) -> dict | None:
         """The metrics wrapper's snapshot, or ``None`` without a ``MetricsDataPlaneClient``."""
         client = self.dp_client

@@ -1,7 +1,9 @@
-"""``launchers/bench.py bench=data_plane`` runs end to end on tiny settings.
+"""``launchers/bench.py`` runs end to end on tiny settings.
 
-Only the Ray-free backends (``local``, ``memcpy``) run here; the TransferQueue and Ray columns
-need a cluster and are exercised by running the launcher by hand.  Timing values are checked for
+``bench=data_plane`` runs only its Ray-free backends (``local``, ``memcpy``) here; its
+TransferQueue and Ray columns are exercised by running the launcher by hand.  One tiny
+``bench=grpo_step`` (legacy and ``tq``, one measured step) checks the store-call breakdown of
+the JSON report: call counts per op kind, never timings.  Timing values are checked for
 consistency, never against thresholds.
 """
 
@@ -114,3 +116,32 @@ def test_bench_config_errors(tmp_path: Path, overrides: list[str], message: str)
     proc = _run(tmp_path, *overrides)
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(600)
+def test_grpo_step_bench_reports_the_store_call_breakdown(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable, str(LAUNCHER), "bench=grpo_step", f"hydra.run.dir={run_dir}",
+            "bench.samples_per_step=[16]", "bench.backends=[disabled,tq]",
+            "bench.warmup_steps=0", "bench.measured_steps=1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((run_dir / "bench_grpo_step.json").read_text())
+    (entry,) = report["store_breakdown"]  # the legacy run has no store counters
+    assert entry["data_plane"] == "tq" and entry["samples_per_step"] == 16
+    driver, worker = entry["sites"]["driver"], entry["sites"]["slowest_worker"]
+    assert {op: st["calls"] for op, st in driver.items()} == {"register": 1.0, "put": 1.0, "clear": 1.0}
+    assert driver["put"]["rows"] == 16.0 and driver["put"]["bytes"] > 0
+    # One rollout put, one log-prob read + put, one training read on each rank.
+    assert {op: st["calls"] for op, st in worker.items()} == {"put": 2.0, "get_data": 2.0}
+    tq_run = [r for r in report["runs"] if r["data_plane"] == "tq"][0]
+    assert tq_run["steps"][0]["store/driver/put/calls"] == 1.0
+    assert "store/<site>/<op>/<stat>" in report["columns"]
+    assert "store calls per step" in proc.stdout

@@ -94,3 +94,13 @@ def test_sft_table_is_relative_to_disabled_when_it_ran() -> None:
     assert by_dp["local"]["driver_bytes_vs_disabled"] == pytest.approx(0.01)
     (alone,) = sft_table([run("tq", 1.0, 10.0)], [8])
     assert alone["step_time_vs_disabled"] is None and alone["driver_bytes_vs_disabled"] is None
+
+
+def test_async_column_is_time_per_trained_sample_against_sync() -> None:
+    results = [_run("disabled", 32, 2.0, 1000.0), _run("tq", 32, 4.0, 10.0), _run("tq_async", 32, 3.0, 10.0)]
+    (c,) = rl_comparisons(results, [32], target_bulk_ratio=0.05)
+    assert c["tq_ms_per_trained_sample"] == pytest.approx(125.0)
+    assert c["tq_async_ms_per_trained_sample"] == pytest.approx(93.75)
+    assert c["per_sample_ratio_async_over_sync"] == pytest.approx(0.75)
+    (without,) = rl_comparisons(results[:2], [32], target_bulk_ratio=0.05)
+    assert "tq_async_step_time_s" not in without

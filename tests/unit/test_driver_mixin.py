@@ -441,3 +441,67 @@ def test_write_to_dataplane_lands_columns() -> None:
             driver.write_to_dataplane(meta, {"advantages": torch.zeros(3, 6)})
     finally:
         client.close()
+
+
+# --- worker store metrics ---------------------------------------------------------------------
+
+
+class _RankDriver(_Driver):
+    """A driver whose ``_dispatch_all`` answers with canned per-rank windows.
+
+    It isolates the aggregation of the workers' store windows from a Ray worker group; the
+    windows have the shape ``MetricsDataPlaneClient.get_step_metrics`` returns.
+    """
+
+    def __init__(self, windows: list[dict[str, float]]) -> None:
+        super().__init__(_cfg())
+        self.windows = windows
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def _dispatch_all(self, method: str, *args: Any) -> list[dict[str, float]]:
+        self.calls.append((method, args))
+        return [dict(w) for w in self.windows]
+
+
+def _window(wall_ms: float, get_calls: float, put_rows: float) -> dict[str, float]:
+    return {
+        "step/wall_ms": wall_ms,
+        "step/bytes_written_mb": 1.0,
+        "step/bytes_read_mb": 2.0,
+        "step/frac_of_step": 0.1,
+        "now/bytes_outstanding_mb": 0.0,
+        "step/get_data/calls": get_calls,
+        "step/get_data/rows": 8.0,
+        "step/get_data/mb": 2.0,
+        "step/get_data/wall_ms": wall_ms - 1.0,
+        "step/get_data/mean_ms": 1.0,
+        "step/put/calls": 1.0,
+        "step/put/rows": put_rows,
+        "step/put/mb": 1.0,
+        "step/put/wall_ms": 1.0,
+    }
+
+
+def test_worker_store_metrics_sum_ranks_and_break_down_the_slowest() -> None:
+    driver = _RankDriver([_window(10.0, 2.0, 4.0), _window(30.0, 3.0, 6.0)])
+    out = driver._worker_store_metrics(0.5, "data_plane/workers")
+    assert driver.calls == [("data_plane_step_metrics", (0.5,))]
+    assert out["data_plane/workers/step/wall_ms"] == 40.0
+    assert out["data_plane/workers/step/bytes_read_mb"] == 4.0
+    assert out["data_plane/workers/step/max_rank_wall_ms"] == 30.0
+    assert out["data_plane/workers/max_rank/rank"] == 1.0
+    breakdown = {k: v for k, v in out.items() if "/max_rank/" in k and not k.endswith("/rank")}
+    assert breakdown == {
+        "data_plane/workers/max_rank/get_data/calls": 3.0,
+        "data_plane/workers/max_rank/get_data/rows": 8.0,
+        "data_plane/workers/max_rank/get_data/mb": 2.0,
+        "data_plane/workers/max_rank/get_data/wall_ms": 29.0,
+        "data_plane/workers/max_rank/put/calls": 1.0,
+        "data_plane/workers/max_rank/put/rows": 6.0,
+        "data_plane/workers/max_rank/put/mb": 1.0,
+        "data_plane/workers/max_rank/put/wall_ms": 1.0,
+    }
+
+
+def test_worker_store_metrics_are_empty_without_worker_counters() -> None:
+    assert _RankDriver([{}, {}])._worker_store_metrics(1.0, "data_plane/workers") == {}

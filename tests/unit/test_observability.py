@@ -300,12 +300,15 @@ def test_step_metrics_keys_units_and_reset(monkeypatch: pytest.MonkeyPatch) -> N
     assert metrics["step/bytes_read_mb"] == pytest.approx(16 / 1e6)
     assert metrics["now/bytes_outstanding_mb"] == pytest.approx(16 / 1e6)
     for op in ("register", "put", "get", "list"):
-        for suffix in ("calls", "errors", "wall_ms", "mean_ms", "max_ms", "mb"):
+        for suffix in ("calls", "errors", "wall_ms", "mean_ms", "max_ms", "mb", "rows"):
             assert f"step/{op}/{suffix}" in metrics
         assert f"step/{op}/p50_ms" not in metrics and f"step/{op}/p90_ms" not in metrics
     assert metrics["step/put/wall_ms"] == pytest.approx(3.0)
     assert metrics["step/put/mb"] == pytest.approx(16 / 1e6)
     assert metrics["step/list/max_ms"] == pytest.approx(10.0)
+    # rows: the keys each op touched in the window (register counts its num_samples).
+    assert metrics["step/put/rows"] == 4.0 and metrics["step/get/rows"] == 4.0
+    assert metrics["step/list/rows"] == 4.0 and metrics["step/register/rows"] == 4.0
     # The window resets; the outstanding level does not.
     again = client.get_step_metrics(step_time_s=1.0)
     assert again == {

@@ -370,6 +370,68 @@ def test_result_entrypoints_write_their_field_and_return_none(
     assert torch.equal(stored, _trimmed(expected(_expected_ids()), SEED_LENGTHS))
 
 
+def test_fused_logprob_entrypoint_reads_once_and_writes_both_columns_in_one_put(
+    split_store: _SplitStore,
+) -> None:
+    meta = _seed(split_store.seed)
+    split_store.results.register_partition(
+        "step", fields=[PREV_LOGPROBS, REFERENCE_POLICY_LOGPROBS], num_samples=3, consumer_tasks=[]
+    )
+    counted = MetricsDataPlaneClient(split_store)
+    counted.get_step_metrics(1.0)  # drop the seeding traffic from the window
+    host = _Host({})
+    host.dp_client = counted
+    assert host.get_logprobs_and_reference_presharded(meta, micro_batch_size=2) is None
+    # Both hooks ran on the one fetched batch.
+    assert [name for name, _ in host.received] == ["get_logprobs", "get_reference_policy_logprobs"]
+    assert host.received[0][1] is host.received[1][1]
+    window = counted.get_step_metrics(1.0)
+    assert window["step/get_data/calls"] == 1.0 and window["step/put/calls"] == 1.0
+    assert window["step/put/rows"] == 3.0
+    assert {k.split("/")[1] for k in window if k.count("/") == 2} == {"get_data", "put"}
+    # The columns are exactly what the two separate entrypoints write.
+    ids = _expected_ids()
+    assert torch.equal(
+        _read_back(split_store.results, meta, PREV_LOGPROBS), _trimmed(ids.float() / 10, SEED_LENGTHS)
+    )
+    assert torch.equal(
+        _read_back(split_store.results, meta, REFERENCE_POLICY_LOGPROBS), _trimmed(-ids.float(), SEED_LENGTHS)
+    )
+
+
+def test_fused_logprob_entrypoint_writes_nothing_on_a_sibling(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    split_store.results.register_partition(
+        "step", fields=[PREV_LOGPROBS, REFERENCE_POLICY_LOGPROBS], num_samples=3, consumer_tasks=[]
+    )
+    sibling = _Host({"tensor_parallel": 1})
+    sibling.dp_client = split_store
+    sibling.get_logprobs_and_reference_presharded(meta)
+    assert len(sibling.received) == 2
+    assert split_store.results.list_sample_ids("step") == []
+
+
+def test_fused_logprob_entrypoint_names_a_bad_result(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    split_store.results.register_partition(
+        "step", fields=[PREV_LOGPROBS, REFERENCE_POLICY_LOGPROBS], num_samples=3, consumer_tasks=[]
+    )
+    host = _Host({})
+    host.dp_client = split_store
+    host.get_reference_policy_logprobs = lambda data, micro_batch_size=None: {"oops": data["input_ids"]}
+    with pytest.raises(RuntimeError, match="reference_policy_logprobs.*'reference_logprobs'"):
+        host.get_logprobs_and_reference_presharded(meta)
+    assert split_store.results.list_sample_ids("step") == []  # nothing written before the error
+
+
+def test_worker_step_metrics_need_a_metrics_client(split_store: _SplitStore) -> None:
+    host = _Host({})
+    host.dp_client = split_store
+    assert host.data_plane_step_metrics(1.0) == {}
+    host.dp_client = MetricsDataPlaneClient(split_store)
+    assert host.data_plane_step_metrics(1.0)["step/wall_ms"] == 0.0
+
+
 def test_train_presharded_returns_metrics_and_writes_nothing(split_store: _SplitStore) -> None:
     meta = _seed(split_store.seed)
     split_store.results.register_partition(

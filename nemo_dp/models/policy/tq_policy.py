@@ -282,6 +282,24 @@ class TQPolicy(TQDriverMixin, Policy):
         self._dispatch_sharded("get_logprobs_presharded", shards)
         return None
 
+    def get_policy_and_reference_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
+        """Policy and reference log-probs of ``meta``'s rows in one dispatch per rank.
+
+        Each worker reads its shard once and writes ``prev_logprobs`` and
+        ``reference_policy_logprobs`` in one put; the shards, pad target and plan are those of
+        :meth:`get_logprobs_from_meta`, so the columns equal the two separate calls' bit for bit.
+
+        Args:
+            meta: Rows (with ``sequence_lengths``) already holding ``LP_SEED_FIELDS``.
+
+        Returns:
+            ``None``: the results are in the store.
+        """
+        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_PREV_LP)
+        shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
+        self._dispatch_sharded("get_logprobs_and_reference_presharded", shards)
+        return None
+
     def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
         """Reference log-probs of ``meta``'s rows, written as ``reference_policy_logprobs``.
 
@@ -411,17 +429,15 @@ class TQPolicy(TQDriverMixin, Policy):
         Returns:
             ``get_step_metrics`` of the driver's wrapper with keys prefixed ``data_plane/``, plus
             the workers' store time and bytes of the same window: ``data_plane/workers/step/
-            {wall_ms, bytes_written_mb, bytes_read_mb}`` summed over ranks and
-            ``data_plane/workers/step/max_rank_wall_ms`` (the slowest rank).
+            {wall_ms, bytes_written_mb, bytes_read_mb}`` summed over ranks,
+            ``data_plane/workers/step/max_rank_wall_ms`` (the slowest rank) and that rank's
+            per-op breakdown ``data_plane/workers/max_rank/{op}/{calls, rows, mb, wall_ms}``.
         """
         if not is_metrics_client(self.dp_client):
             return {}
         out = {f"data_plane/{k}": float(v) for k, v in self.dp_client.get_step_metrics(step_time_s).items()}
         # Workers build their clients from the same config, so they are wrapped as well.
-        ranks = self._dispatch_all("data_plane_step_metrics", float(step_time_s))
-        for key in ("step/wall_ms", "step/bytes_written_mb", "step/bytes_read_mb"):
-            out[f"data_plane/workers/{key}"] = float(sum(float(r[key]) for r in ranks))
-        out["data_plane/workers/step/max_rank_wall_ms"] = max(float(r["step/wall_ms"]) for r in ranks)
+        out.update(self._worker_store_metrics(step_time_s, "data_plane/workers"))
         return out
 
     def data_plane_snapshots(self) -> dict[str, Any]:

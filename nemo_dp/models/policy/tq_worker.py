@@ -20,7 +20,6 @@ import torch
 
 from nemo_dp.data_plane.column_io import first_write
 from nemo_dp.data_plane.interfaces import KVBatchMeta
-from nemo_dp.data_plane.observability import is_metrics_client
 from nemo_dp.data_plane.schema import (
     GENERATION_LOGPROBS,
     INPUT_IDS,
@@ -148,20 +147,6 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
             "truncated": out["truncated"].to(torch.bool),
         }
         return {"meta": meta, "carry": carry, "responses": responses if return_responses else None}
-
-    def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
-        """This worker's per-step store metrics (``get_step_metrics``; resets its window).
-
-        Args:
-            step_time_s: Wall time of the step (for ``step/frac_of_step``).
-
-        Returns:
-            The metrics, or ``{}`` when the client is not a ``MetricsDataPlaneClient``.
-        """
-        client = self.dp_client
-        if client is None or not is_metrics_client(client):
-            return {}
-        return dict(client.get_step_metrics(step_time_s))
 
     def shutdown(self) -> None:
         """Forget the colocated loader, close this worker's attached data-plane client, then

@@ -147,6 +147,19 @@ class TQValue(TQDriverMixin, Value):
         )
         return self._aggregate_train_results(results)
 
+    def data_plane_worker_metrics(self, step_time_s: float) -> dict[str, float]:
+        """The critic workers' per-step store metrics (their windows reset); the driver's
+        client is the policy's, whose metrics ``TQPolicy.data_plane_step_metrics`` reports.
+
+        Args:
+            step_time_s: Wall time of the step (for ``step/frac_of_step``).
+
+        Returns:
+            ``data_plane/critic_workers/...`` keys as ``TQDriverMixin._worker_store_metrics``,
+            or ``{}`` when observability is off.
+        """
+        return self._worker_store_metrics(step_time_s, "data_plane/critic_workers")
+
     def shutdown(self) -> None:
         """Shut the critic's workers down (their attached clients close with them); the
         borrowed driver client stays open for its owner (idempotent)."""

@@ -1,0 +1,163 @@
+"""Store round trips per training step on the real TransferQueue adapter, counted per op kind.
+
+One ``TQPolicy`` (2 DP workers, a tiny model, observability on) for the module, built the way
+the launcher builds it.  A two-step ``grpo_train_sync`` and a two-step ``ppo_train_sync`` run on
+it; the first step's logged store counters (step 2 also runs the held-out evaluation, whose
+traffic lands in its window) must be exactly the budget of one step:
+
+* per worker: one read per stage that needs inputs and one write per stage that produces
+  outputs - GRPO: rollout put, one log-prob read + one put of both log-prob columns, one
+  training read; PPO adds one read per epoch and the critic's values read/put;
+* on the driver: one registration, one put of everything it computes, one clear of the whole
+  step (PPO: plus the one read of the columns its advantage needs).
+
+Counts, never timings.  The counts are those of the slowest rank (``max_rank``): every rank runs
+the same stages, so any rank above the budget shows up there as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.grpo_sync import grpo_train_sync
+from nemo_dp.algorithms.ppo_sync import ppo_train_sync
+from nemo_dp.data.arithmetic import ArithmeticTask
+from nemo_dp.data.datasets import EpochLoader, RLPromptDataset
+from nemo_dp.data_plane.factory import make_policy_factory
+from nemo_dp.data_plane.interfaces import DataPlaneConfig, ObservabilityConfig, SimpleStorageConfig
+from nemo_dp.distributed.worker_group import RayCluster
+from nemo_dp.environments.arithmetic_env import ArithmeticEnv
+from nemo_dp.models.tiny.tokenizer import CharTokenizer
+from nemo_dp.training import Checkpointer, RunLogger
+from nemo_dp.utils.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(300)
+
+TOK = CharTokenizer()
+REPO_ROOT = Path(__file__).resolve().parents[2]
+G = 2
+PROMPTS = 2
+ROWS = PROMPTS * G  # rows per step; 2 per DP rank
+PPO_EPOCHS = 2
+
+
+def _master_config(algorithm: str, **algo: Any) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    from nemo_dp.config import register_configs
+
+    register_configs(REPO_ROOT / "recipes")
+    overrides = [
+        "~recipe",
+        f"algorithm={algorithm}",
+        "data_plane=tq",
+        "data_plane.observability.enabled=true",
+        "policy.dp_size=2",
+        "policy.model.n_layers=1",
+        "policy.model.d_model=32",
+        "policy.model.n_heads=2",
+        "policy.model.max_seq_len=16",
+        "policy.generation.max_new_tokens=4",
+        f"policy.train_global_batch_size={ROWS}",
+        "policy.train_micro_batch_size=1",  # several micro-batches per rank: still one read
+        "policy.logprob_batch_size=1",
+        "policy.optimizer.warmup_steps=0",
+        "env.digits=1",
+        f"algorithm.num_prompts_per_step={PROMPTS}",
+        f"algorithm.num_generations_per_prompt={G}",
+        "algorithm.max_steps=2",
+        "algorithm.val_at_start=false",
+        "algorithm.val_period=0",
+        "algorithm.val_samples=4",
+        "algorithm.warm_start.enabled=false",
+        *[f"algorithm.{k}={v}" for k, v in algo.items()],
+    ]
+    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
+        return compose("config", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def policy(ray_cluster: dict[str, str], tq_session: Any) -> Iterator[Any]:
+    tq_session.close()  # one open TransferQueue client per process: TQPolicy bootstraps its own
+    dp_cfg = DataPlaneConfig(
+        simple=SimpleStorageConfig(num_storage_units=1),
+        observability=ObservabilityConfig(enabled=True),
+    )
+    factory = make_policy_factory(dp_cfg)
+    assert factory is not None
+    p = factory(
+        cluster=RayCluster(env_vars=dict(ray_cluster)),
+        config=_master_config("grpo").policy,
+        vocab_size=TOK.vocab_size,
+        pad_id=TOK.pad_id,
+        eos_id=TOK.eos_id,
+        seed=3,
+    )
+    try:
+        yield p
+    finally:
+        p.shutdown()
+
+
+def _first_step_record(trainer: Any, policy: Any, cfg: Any, tmp_path: Path) -> dict[str, Any]:
+    problems = ArithmeticTask(1, ("+",), 0).train_problems(8)
+    logger = RunLogger(tmp_path, metrics_file="metrics.jsonl", plot_file="p.png", plot=False,
+                       progress_bar=False, label="round_trips")
+    result = trainer(
+        TrainContext(
+            policy=policy,
+            cfg=cfg,
+            train_loader=EpochLoader(RLPromptDataset(problems), batch_size=PROMPTS, seed=0, shuffle=False),
+            val_problems=problems[:4],
+            tokenizer=TOK,
+            env=ArithmeticEnv(),
+            logger=logger,
+            checkpointer=Checkpointer(tmp_path / "ckpt", enabled=False, save_period=0, keep_last=1),
+        )
+    )
+    assert result["step"] == 2
+    assert policy.dp_client.list_sample_ids("train") == []
+    (record,) = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] == 1]
+    return record
+
+
+def _calls(record: dict[str, Any], prefix: str) -> dict[str, int]:
+    """``{op: calls}`` of one site's per-op keys (``{prefix}/{op}/calls``)."""
+    head = prefix + "/"
+    out = {}
+    for key, value in record.items():
+        parts = key[len(head):].split("/") if key.startswith(head) else []
+        if len(parts) == 2 and parts[1] == "calls":
+            out[parts[0]] = int(value)
+    return out
+
+
+def test_grpo_step_store_calls_per_op(policy: Any, tmp_path: Path) -> None:
+    record = _first_step_record(grpo_train_sync, policy, _master_config("grpo"), tmp_path)
+    # Driver: register the step, one put of advantages + sample_mask, one clear of the step.
+    assert _calls(record, "data_plane/step") == {"register": 1, "put": 1, "clear": 1}
+    assert record["data_plane/step/put/rows"] == ROWS
+    assert record["data_plane/step/bytes_read_mb"] == 0.0
+    # Worker: rollout put, log-prob stage (one read, one put of both columns), training read -
+    # with two micro-batches per rank in both the log-prob and the training stage.
+    worker = _calls(record, "data_plane/workers/max_rank")
+    assert worker == {"put": 2, "get_data": 2}
+    assert record["data_plane/workers/max_rank/put/rows"] == 2 * (ROWS // 2)
+    assert record["data_plane/workers/max_rank/get_data/rows"] == 2 * (ROWS // 2)
+
+
+def test_ppo_step_store_calls_per_op(policy: Any, tmp_path: Path) -> None:
+    cfg = _master_config("ppo", ppo_epochs=PPO_EPOCHS)
+    record = _first_step_record(ppo_train_sync, policy, cfg, tmp_path)
+    # Driver: register, one read of the advantage's inputs, one put of advantages + returns +
+    # sample_mask, one clear.
+    assert _calls(record, "data_plane/step") == {"register": 1, "get_data": 1, "put": 1, "clear": 1}
+    # Policy worker: rollout put, log-prob stage read + put, one training read per epoch.
+    assert _calls(record, "data_plane/workers/max_rank") == {"put": 2, "get_data": 1 + PPO_EPOCHS}
+    # Critic worker: values read + put, one training read per epoch.
+    assert _calls(record, "data_plane/critic_workers/max_rank") == {"put": 1, "get_data": 1 + PPO_EPOCHS}
