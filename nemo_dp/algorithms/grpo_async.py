@@ -199,8 +199,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
             adv = _tag_tensor(tags, "advantage", torch.float32)
             sample_mask = _tag_tensor(tags, "sample_mask", torch.float32)
             t1 = time.perf_counter()
-            policy.get_logprobs_from_meta(meta)
-            policy.get_reference_policy_logprobs_from_meta(meta)
+            policy.get_policy_and_reference_logprobs_from_meta(meta)
             t_lp = time.perf_counter() - t1
             if max_staleness == 0:
                 loss_fn: Any = sync_loss

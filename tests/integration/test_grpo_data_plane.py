@@ -292,8 +292,7 @@ def test_no_bulk_per_token_tensor_reaches_the_driver(policy: Any, tmp_path: Path
         del group.run_sharded, group.run_all
     assert result["step"] == 1
     methods = [m for m, _ in received]
-    for expected in ("generate_into_store", "get_logprobs_presharded",
-                     "get_reference_policy_logprobs_presharded", "train_presharded"):
+    for expected in ("generate_into_store", "get_logprobs_and_reference_presharded", "train_presharded"):
         assert expected in methods, methods
     tensors: list[tuple[str, int]] = []
     for method, out in received:
