@@ -77,6 +77,35 @@ def plan_phases(cfg: DictConfig) -> list[Phase]:
     return phases
 
 
+def trainer_inputs(pcfg: DictConfig, tokenizer: Any) -> Any:
+    """The loader, held-out problems and reward environment of one phase.
+
+    The datasets are rendered with the policy's tokenizer, so ``env.format=chat`` and
+    ``messages`` prompts go through its chat template.
+
+    Args:
+        pcfg: The phase's root config.
+        tokenizer: The policy's tokenizer.
+
+    Returns:
+        A ``TrainerInputs``.
+    """
+    from nemo_dp.algorithms.trainer_common import TrainerInputs
+    from nemo_dp.data.datasets import EpochLoader
+    from nemo_dp.data.sources import build_train_dataset, build_val_problems
+    from nemo_dp.environments.registry import make_environment
+
+    algo = pcfg.algorithm
+    if algo.name == "sft":
+        batch_size, shuffle = int(pcfg.policy.train_global_batch_size), bool(algo.shuffle)
+    else:
+        batch_size, shuffle = int(algo.num_prompts_per_step), True
+    loader = EpochLoader(build_train_dataset(pcfg, tokenizer), batch_size=batch_size, seed=int(pcfg.seed), shuffle=shuffle)
+    return TrainerInputs(
+        train_loader=loader, val_problems=build_val_problems(pcfg, tokenizer), env=make_environment(pcfg.env)
+    )
+
+
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Validate, preflight, start Ray, run every phase, tear down.
 
@@ -87,15 +116,18 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     Returns:
         The run summary (also written to ``run_dir/summary.json``).
     """
-    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, build_trainer_inputs, load_start_state
-    from nemo_dp.data.tokenizer import CharTokenizer
+    from nemo_dp.algorithms.trainer_common import Checkpointer, RunLogger, load_start_state
     from nemo_dp.data_plane.factory import describe_selection, make_policy_factory, select_sync_trainer
+    from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import ray_session
     from nemo_dp.distributed.worker_group import RayCluster
+    from nemo_dp.models.builders import build_tokenizer, prepare_policy, validate_policy
     from nemo_dp.models.policy import Policy
 
     t_start = time.perf_counter()
     validated = validate_config(cfg)
+    prepare_policy(cfg.policy)
+    validate_policy(cfg.policy)
     preflight(validated, run_dir)
     phases = plan_phases(cfg)
 
@@ -120,7 +152,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     policy_factory = make_policy_factory(cfg.data_plane)
 
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    tokenizer = CharTokenizer()
+    tokenizer = build_tokenizer(cfg.policy)
     ckpt_root = run_dir / validated.checkpointing.checkpoint_dir
     resume_root = validated.checkpointing.resume_from
     start_states = [
@@ -133,7 +165,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     with ray_session(
         address=validated.cluster.address,
         num_cpus=validated.cluster.num_cpus,
-        data_plane_cfg=cfg.data_plane,
+        **ray_start_args(cfg.data_plane),
     ) as worker_env:
         policy_kwargs = {
             "cluster": RayCluster(env_vars=dict(worker_env)),
@@ -150,7 +182,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                     print(f"phase {phase.label}: skipped (resuming a later phase)", flush=True)
                     continue
                 pcfg = phase.cfg
-                inputs = build_trainer_inputs(pcfg)
+                inputs = trainer_inputs(pcfg, tokenizer)
                 logger = RunLogger(
                     run_dir / phase.out_subdir,
                     metrics_file=validated.logger.metrics_file,
