@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
+
+from nemo_dp.models.token_ops import token_logprobs_from_logits
 
 
 class LossFn(Protocol):
@@ -30,29 +31,6 @@ class LossFn(Protocol):
         global_valid_tokens: float,
         global_valid_seqs: float,
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
-
-
-def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Per-token log-probabilities aligned with ``input_ids``.
-
-    Args:
-        logits: float ``[B, S, V]``; position t predicts token t + 1.
-        input_ids: int64 ``[B, S]``.
-
-    Returns:
-        float32 ``[B, S]`` where column t is log p(token t | tokens < t) and column 0 is 0.
-
-    Raises:
-        ValueError: If the shapes do not line up.
-    """
-    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
-        raise ValueError(
-            f"token_logprobs_from_logits: logits {tuple(logits.shape)} do not match "
-            f"input_ids {tuple(input_ids.shape)}"
-        )
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return F.pad(picked, (1, 0), value=0.0)
 
 
 def _check_counts(name: str, global_valid_tokens: float, global_valid_seqs: float) -> None:

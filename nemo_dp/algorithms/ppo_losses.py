@@ -21,29 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
+
+from nemo_dp.models.token_ops import align_values
 
 __all__ = ["align_values", "ClippedValueLossFn"]
-
-
-def align_values(head_out: torch.Tensor) -> torch.Tensor:
-    """Shift value-head outputs so that column ``t`` is the value of the prefix ``tokens < t``.
-
-    Args:
-        head_out: float ``[B, S]`` value-head output (position ``t`` has seen tokens ``<= t``).
-
-    Returns:
-        float32 ``[B, S]`` with column 0 = 0 and column ``t`` = ``head_out[:, t - 1]``.
-
-    Raises:
-        ValueError: If ``head_out`` is not 2-D.
-    """
-    if head_out.dim() != 2:
-        raise ValueError(
-            f"align_values: expected value-head output [B, S], got shape {tuple(head_out.shape)} "
-            "(is the model built with value_head=True?)"
-        )
-    return F.pad(head_out[:, :-1].float(), (1, 0), value=0.0)
 
 
 class ClippedValueLossFn:

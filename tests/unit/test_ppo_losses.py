@@ -11,7 +11,7 @@ from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn, align_values
 def test_align_values_shifts_by_one_column() -> None:
     out = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     assert align_values(out).tolist() == [[0.0, 1.0, 2.0], [0.0, 4.0, 5.0]]
-    with pytest.raises(ValueError, match="value_head=True"):
+    with pytest.raises(ValueError, match="align_values: expected value-head output"):
         align_values(torch.zeros(2, 3, 5))
 
 
