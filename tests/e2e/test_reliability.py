@@ -74,7 +74,7 @@ def _refused(proc: subprocess.CompletedProcess, run_dir: Path, *needles: str) ->
     for needle in needles:
         assert needle in proc.stderr, f"{needle!r} not in stderr:\n{proc.stderr[-4000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
-    assert "Running synchronous" not in proc.stdout
+    assert "Held-out exact-match accuracy" not in proc.stdout  # nothing trained
     assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
 
 
@@ -273,3 +273,14 @@ def test_sigterm_stops_like_ctrl_c_with_a_summary_and_a_clean_log(tmp_path: Path
         time.sleep(0.5)
     alive = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [p.name() for p in alive]
+
+
+# --- problem 6: help and recipes that mislead ----------------------------------------------
+
+
+def test_algorithm_sft_alone_fails_with_the_recipe_hint(tmp_path: Path) -> None:
+    proc = _launch(["algorithm=sft", f"hydra.run.dir={tmp_path / 'x'}"], tmp_path)
+    assert proc.returncode != 0
+    assert "hint: algorithm=sft cannot be merged into the default recipe" in proc.stderr, proc.stderr[-3000:]
+    assert "recipe=sft_arith" in proc.stderr and "~recipe" in proc.stderr
+    assert not (tmp_path / "x").exists()
