@@ -481,12 +481,12 @@ class MasterConfig:
     """The root schema (``config_schema``): one node per group plus the run seed.
 
     ``algorithm`` and ``data_plane`` are typed by the schema their group file names first
-    (``sft_schema``/``grpo_schema``, ``disabled_schema``/``local_schema``/``tq_schema``).
+    (``algorithm_sft_schema`` / ..., ``data_plane_tq_schema`` / ...).
     """
 
     algorithm: Any = MISSING
     data_plane: Any = MISSING
-    policy: Any = MISSING  # typed by the policy group file (tiny_schema / hf_schema)
+    policy: Any = MISSING  # typed by the policy group file (policy_tiny_schema / policy_hf_schema)
     env: EnvConfig = MISSING  # type: ignore[assignment]
     cluster: ClusterConfig = MISSING  # type: ignore[assignment]
     logger: LoggerConfig = MISSING  # type: ignore[assignment]
