@@ -284,3 +284,14 @@ def test_algorithm_sft_alone_fails_with_the_recipe_hint(tmp_path: Path) -> None:
     assert "hint: algorithm=sft cannot be merged into the default recipe" in proc.stderr, proc.stderr[-3000:]
     assert "recipe=sft_arith" in proc.stderr and "~recipe" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_grpo_without_warm_start_says_its_advantages_are_all_zero(tmp_path: Path) -> None:
+    """An untrained tiny policy earns no reward: the run says so and names the fix."""
+    run = tmp_path / "grpo"
+    proc = _launch([*GRPO, "algorithm.max_steps=6", "checkpointing.enabled=false", f"hydra.run.dir={run}"], tmp_path)
+    _ok(proc)
+    rewards = [r.get("reward_mean") for r in read_metrics(run / "metrics.jsonl") if r["step"] > 0]
+    assert rewards and max(rewards) == 0.0, rewards  # the premise: nothing solved
+    assert "WARNING: steps 1-5: every advantage is 0" in proc.stdout, proc.stdout[-3000:]
+    assert "algorithm.warm_start.enabled=true" in proc.stdout and "policy.init_from=" in proc.stdout
