@@ -295,3 +295,20 @@ def test_grpo_without_warm_start_says_its_advantages_are_all_zero(tmp_path: Path
     assert rewards and max(rewards) == 0.0, rewards  # the premise: nothing solved
     assert "WARNING: steps 1-5: every advantage is 0" in proc.stdout, proc.stdout[-3000:]
     assert "algorithm.warm_start.enabled=true" in proc.stdout and "policy.init_from=" in proc.stdout
+
+
+# --- problem 3: dataset problems surface before Ray, naming the key / file:line ------------
+
+
+def test_dataset_errors_name_the_key_and_line_before_ray(tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    missing = tmp_path / "nope.jsonl"
+    proc = _launch([*SFT, "algorithm.max_steps=1", f"env.sft_jsonl={missing}", f"hydra.run.dir={new}"], tmp_path)
+    _refused(proc, new, "env.sft_jsonl", str(missing))
+    long_row = tmp_path / "long.jsonl"
+    long_row.write_text(
+        json.dumps({"prompt": "1+1=", "response": "2"}) + "\n"
+        + json.dumps({"prompt": "1+" * 40 + "1=", "response": "41"}) + "\n"
+    )
+    proc = _launch([*SFT, "algorithm.max_steps=1", f"env.sft_jsonl={long_row}", f"hydra.run.dir={new}"], tmp_path)
+    _refused(proc, new, f"{long_row}:2", "policy.model.max_seq_len")
