@@ -28,7 +28,7 @@ worker's store under ``data_plane/dp{r}``; TransferQueue: the library checkpoint
 batches are dropped (loader rewound) before saving, so the store is empty between steps and a
 resume re-loads exactly the batches the uninterrupted run trains on.
 
-Fault injection: ``ctx.hooks.on_checkpoint_staged(step, tmp_dir)`` runs after ``state.pt`` and
+Fault injection: ``ctx.hooks.on_checkpoint_staged(step, tmp_dir)`` runs after the state files and
 the data plane are written into the temporary directory and before the manifest and the commit
 renames, so a test can kill the process in the middle of a checkpoint write.
 """
@@ -41,7 +41,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, TrainContext, TrainHooks
 from nemo_dp.algorithms.loss_functions import NLLLoss
@@ -58,8 +57,9 @@ from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatc
 from nemo_dp.utils.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_FORMAT_VERSION,
-    STATE_FILE,
     checkpoint_dir_for_step,
+    encode_state,
+    write_training_state,
 )
 
 __all__ = [
@@ -154,9 +154,11 @@ def save_sft_checkpoint(
 ) -> Path:
     """Write ``state`` and the data plane's checkpoint as one atomic ``step_<N>`` directory.
 
-    The layout is ``save_training_checkpoint``'s (``manifest.json`` + ``state.pt``, so
-    ``load_start_state`` reads it) plus ``data_plane/``.  The manifest is written last; the
-    directory appears under its final name only after everything is on disk.
+    The layout is ``save_training_checkpoint``'s (``manifest.json`` + code-free
+    ``state.json`` / ``tensors.safetensors`` / ``policy/``, so ``load_training_checkpoint``
+    reads it) plus ``data_plane/``.  The format manifest is written after the state, then the
+    checkpointer's ``finalize`` (metadata and file manifest) runs; the directory appears under
+    its final name only after everything is on disk.
 
     Args:
         checkpointer: The phase's checkpointer (root and ``keep_last``).
@@ -169,8 +171,10 @@ def save_sft_checkpoint(
         The committed directory.
     """
 
+    encode_state(state)  # refuse a state that cannot be stored before touching the disk
+
     def write(tmp: Path) -> None:
-        torch.save(state, tmp / STATE_FILE)
+        files = write_training_state(tmp, state)
         save_data_plane(tmp / DATA_PLANE_CKPT_DIR)
         if hooks is not None:
             hooks.checkpoint_staged(step, tmp)
@@ -180,9 +184,13 @@ def save_sft_checkpoint(
                 "format": CHECKPOINT_FORMAT,
                 "format_version": CHECKPOINT_FORMAT_VERSION,
                 "keys": sorted(str(k) for k in state),
+                "files": files,
                 "data_plane_dir": DATA_PLANE_CKPT_DIR,
             },
         )
+        finalize = getattr(checkpointer, "finalize", None)
+        if finalize is not None:
+            finalize(tmp, step)
 
     path = write_checkpoint_atomically(checkpoint_dir_for_step(checkpointer.root, step), write)
     checkpointer.prune()

@@ -73,7 +73,10 @@ def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=MasterConfig)
     for name, spec in ALGORITHMS.items():
-        cs.store(group="algorithm", name=f"{name}_schema", node=spec.schema_class())
+        # Root-level (not in group ``algorithm``): a schema is no usable option, so it must not
+        # show in ``--help`` or tab completion; each group file extends it with
+        # ``- /algorithm_<name>_schema@_here_``.
+        cs.store(name=f"algorithm_{name}_schema", node=spec.schema_class())
     register_data_plane_configs()
     register_policy_configs()
     root = Path(recipes_dir) if recipes_dir is not None else RECIPES_DIR

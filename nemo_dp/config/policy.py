@@ -8,8 +8,9 @@ the tiny model's shape by a sequence-length bound.  File-system checks of an ``h
 (paths, architecture, tokenizer) are not schema rules: ``nemo_dp.models.hf.validate_hf_policy``
 runs them before Ray starts.
 
-Registration: ``register_policy_configs()`` stores ``tiny_schema`` and ``hf_schema`` in group
-``policy`` of Hydra's ConfigStore.
+Registration: ``register_policy_configs()`` stores ``policy_tiny_schema`` and ``policy_hf_schema`` at the
+root of Hydra's ConfigStore (not as options of group ``policy``, so ``--help`` does not offer
+them); ``conf/policy/<kind>.yaml`` extends its schema with ``- /policy_<kind>_schema@_here_``.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ class HFPolicyConfig(PolicyConfig):
 
 
 def register_policy_configs() -> None:
-    """Store ``tiny_schema`` and ``hf_schema`` in group ``policy`` (idempotent)."""
+    """Store ``policy_tiny_schema`` / ``policy_hf_schema`` at root level (idempotent; not group options)."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    cs.store(group="policy", name="tiny_schema", node=TinyPolicyConfig)
-    cs.store(group="policy", name="hf_schema", node=HFPolicyConfig)
+    cs.store(name="policy_tiny_schema", node=TinyPolicyConfig)
+    cs.store(name="policy_hf_schema", node=HFPolicyConfig)

@@ -195,6 +195,9 @@ class PolicyConfig:
 
     ``train_global_batch_size`` rows make one optimizer step (split over ``dp_size`` workers,
     each running ``train_micro_batch_size``-row microbatches with gradient accumulation).
+    ``init_from`` starts a fresh run from the policy weights of another run's checkpoint (a run
+    directory, its checkpoints root, a phase root or a step directory; e.g. an SFT run's, to
+    start GRPO/PPO from it); ``checkpointing.resume_from`` wins over it.
     """
 
     dp_size: int = 2
@@ -209,8 +212,11 @@ class PolicyConfig:
     max_grad_norm: float = 1.0
     dynamic_batching: DynamicBatchingConfig = field(default_factory=DynamicBatchingConfig)
     sequence_packing: SequencePackingConfig = field(default_factory=SequencePackingConfig)
+    init_from: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.init_from is not None and not str(self.init_from).strip():
+            _fail("policy.init_from", "must be a checkpoint path or null, got an empty string")
         _at_least("policy.dp_size", self.dp_size, 1)
         _at_least("policy.torch_threads", self.torch_threads, 1)
         _at_least("policy.train_global_batch_size", self.train_global_batch_size, 1)
@@ -475,12 +481,12 @@ class MasterConfig:
     """The root schema (``config_schema``): one node per group plus the run seed.
 
     ``algorithm`` and ``data_plane`` are typed by the schema their group file names first
-    (``sft_schema``/``grpo_schema``, ``disabled_schema``/``local_schema``/``tq_schema``).
+    (``algorithm_sft_schema`` / ..., ``data_plane_tq_schema`` / ...).
     """
 
     algorithm: Any = MISSING
     data_plane: Any = MISSING
-    policy: Any = MISSING  # typed by the policy group file (tiny_schema / hf_schema)
+    policy: Any = MISSING  # typed by the policy group file (policy_tiny_schema / policy_hf_schema)
     env: EnvConfig = MISSING  # type: ignore[assignment]
     cluster: ClusterConfig = MISSING  # type: ignore[assignment]
     logger: LoggerConfig = MISSING  # type: ignore[assignment]

@@ -468,10 +468,12 @@ DataPlaneRuntimeConfig = Union[DataPlaneConfig, LocalDataPlaneConfig]
 
 
 def register_data_plane_configs() -> None:
-    """Store the data-plane schemas in Hydra's ConfigStore (group ``data_plane``).
+    """Store the data-plane schemas in Hydra's ConfigStore (root level, not group ``data_plane``).
 
-    One ``<option>_schema`` per backend of the backend registry (``tq_schema``, ``local_schema``,
-    ``disabled_schema``); each YAML group file lists its schema first in its defaults list.
+    One ``data_plane_<option>_schema`` per backend of the backend registry
+    (``data_plane_tq_schema``, ...); each YAML group file lists
+    ``- /data_plane_<option>_schema@_here_`` first in its defaults list.  Root level keeps the
+    schemas out of ``--help`` and tab completion, where they would be offered as options.
     """
     from hydra.core.config_store import ConfigStore
 
@@ -479,4 +481,4 @@ def register_data_plane_configs() -> None:
 
     cs = ConfigStore.instance()
     for spec in BACKENDS.values():
-        cs.store(group="data_plane", name=f"{spec.option}_schema", node=spec.schema)
+        cs.store(name=f"data_plane_{spec.option}_schema", node=spec.schema)

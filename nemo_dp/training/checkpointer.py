@@ -8,7 +8,7 @@ The run layer builds one checkpointer per phase (trainers see it as
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from nemo_dp.utils.checkpoint import (
     save_training_checkpoint,
 )
 
-__all__ = ["Checkpointer", "load_start_state"]
+__all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer"]
 
 
 class Checkpointer:
@@ -30,10 +30,23 @@ class Checkpointer:
         enabled: Save at all.
         save_period: Save every this many steps (0 = only at the end).
         keep_last: Keep this many newest checkpoints.
+        finalize: Called as ``finalize(tmp_dir, step)`` inside every checkpoint write, after the
+            state files and before the commit rename (the run layer writes the checkpoint's
+            metadata and file manifest there); trainers that write their own checkpoint
+            directory call it too.
     """
 
-    def __init__(self, root: str | Path, *, enabled: bool, save_period: int, keep_last: int) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        enabled: bool,
+        save_period: int,
+        keep_last: int,
+        finalize: Callable[[Path, int], None] | None = None,
+    ) -> None:
         self.root = Path(root)
+        self.finalize = finalize
         self.enabled = enabled
         self.save_period = save_period
         self.keep_last = keep_last
@@ -62,7 +75,9 @@ class Checkpointer:
         Returns:
             The checkpoint directory.
         """
-        path = save_training_checkpoint(checkpoint_dir_for_step(self.root, step), state_fn())
+        finalize = self.finalize
+        fin = None if finalize is None else (lambda tmp: finalize(tmp, step))
+        path = save_training_checkpoint(checkpoint_dir_for_step(self.root, step), state_fn(), finalize=fin)
         self.prune()
         return path
 
@@ -72,6 +87,40 @@ class Checkpointer:
         committed = [p for p in steps if (p / "manifest.json").is_file() and "." not in p.name]
         for old in committed[: max(0, len(committed) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_finalizer(
+    *, algorithm: str, phase: str, model_shape: Mapping[str, int], data_plane: str, run_id: str
+) -> Callable[[Path, int], None]:
+    """The ``finalize`` of a run's checkpointer: what the checkpoint belongs to, then its files.
+
+    Writes ``checkpoint_meta.json`` (algorithm, phase, model shape, data plane, run id, step)
+    and then the file manifest (sizes and SHA-256 of every file, the metadata included), last,
+    so it covers everything the checkpoint holds.
+
+    Args:
+        algorithm: The phase's ``algorithm.name``.
+        phase: The phase name.
+        model_shape: The run's model shape.
+        data_plane: The backend kind.
+        run_id: The run's id.
+
+    Returns:
+        ``finalize(tmp_dir, step)``.
+    """
+    from nemo_dp.training.resume import CheckpointMeta, write_checkpoint_meta
+    from nemo_dp.utils.manifest import write_manifest
+
+    shape = dict(model_shape)
+
+    def finalize(tmp: Path, step: int) -> None:
+        meta = CheckpointMeta(
+            algorithm=algorithm, phase=phase, model_shape=shape, data_plane=data_plane, run_id=run_id, step=step
+        )
+        write_checkpoint_meta(tmp, meta)
+        write_manifest(tmp)
+
+    return finalize
 
 
 def load_start_state(root: str | Path | None) -> dict[str, Any] | None:

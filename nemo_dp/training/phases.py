@@ -4,18 +4,45 @@ phase resumes from.
 A run is a list of phases trained one after another on the same policy.  Planning is separate
 from running so the launcher, the bench and the tests derive the same phases (and the same
 resume decisions) from one config.
+
+:func:`plan_run_start` makes every start decision on the driver before Ray starts and before
+anything is written: ``checkpointing.resume_from`` is resolved to one checkpoint of this run's
+phases (``nemo_dp.training.resume``), ``policy.init_from`` to the weights of another run's
+checkpoint, and the run directory is claimed (``nemo_dp.training.run_dir``: another run's
+checkpoints there are refused).  :meth:`RunStart.commit` then performs the decided writes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_dp.config import warm_start_config
 from nemo_dp.training.checkpointer import load_start_state
+from nemo_dp.training.resume import (
+    InitFromPlan,
+    ResumePlan,
+    model_shape_of,
+    resolve_init_from,
+    resolve_resume,
+)
+from nemo_dp.training.run_dir import RunDirDecision, claim_run_dir, continue_history
+from nemo_dp.utils.checkpoint import REQUIRED_FILES, load_training_checkpoint
 
-__all__ = ["Phase", "main_phase", "warm_start_phase", "plan_phases", "load_start_states", "first_phase_to_run"]
+__all__ = [
+    "Phase",
+    "main_phase",
+    "warm_start_phase",
+    "plan_phases",
+    "load_start_states",
+    "first_phase_to_run",
+    "RunStart",
+    "run_model_shape",
+    "data_plane_kind",
+    "plan_run_start",
+]
 
 
 @dataclass
@@ -105,3 +132,188 @@ def first_phase_to_run(start_states: list[dict[str, Any] | None]) -> int:
         The index.
     """
     return max((i for i, s in enumerate(start_states) if s is not None), default=0)
+
+
+def run_model_shape(cfg: Any, tokenizer: Any) -> dict[str, int]:
+    """The model shape a checkpoint of this run records (and a resumed one must match).
+
+    The integer keys of ``policy.model`` plus the tokenizer's ``vocab_size``; for a
+    HuggingFace policy also the integer entries of the model directory's ``config.json``
+    (hidden size, layer and head counts), prefixed ``hf.``.
+
+    Args:
+        cfg: The composed root config.
+        tokenizer: The run's tokenizer.
+
+    Returns:
+        ``{key: int}``.
+    """
+    import json
+
+    shape = model_shape_of(cfg.policy.model, vocab_size=int(tokenizer.vocab_size))
+    path = getattr(cfg.policy, "model_name_or_path", None)
+    config_json = None if path is None else Path(str(path)) / "config.json"
+    if config_json is not None and config_json.is_file():
+        raw = json.loads(config_json.read_text(encoding="utf-8"))
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "intermediate_size", "vocab_size", "n_embd", "n_layer", "n_head"):
+            value = raw.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                shape[f"hf.{key}"] = value
+    return dict(sorted(shape.items()))
+
+
+def data_plane_kind(data_plane_cfg: Any) -> str:
+    """The backend kind of a validated ``data_plane`` node (what a checkpoint records).
+
+    Args:
+        data_plane_cfg: ``validate_config(cfg).data_plane`` (a registered schema instance).
+
+    Returns:
+        ``disabled``, ``local`` or ``tq``.
+    """
+    from nemo_dp.data_plane.registry import backend_for_config
+
+    return backend_for_config(data_plane_cfg).kind
+
+
+@dataclass
+class RunStart:
+    """Where a run starts, decided on the driver before anything is written.
+
+    Attributes:
+        phases: The planned phases.
+        model_shape: This run's model shape (``run_model_shape``).
+        data_plane: The backend kind.
+        resume: The resolved ``checkpointing.resume_from`` (``None`` = fresh start).
+        init_from: The resolved ``policy.init_from`` of a fresh run (``None`` when unset or
+            when the run resumes).
+        decision: The run-directory decision (``commit`` performs it).
+        start_states: One loaded checkpoint state (or ``None``) per phase.
+        first: Index of the first phase to run.
+        lines: Log lines describing the decisions.
+    """
+
+    phases: list[Phase]
+    model_shape: dict[str, int]
+    data_plane: str
+    resume: ResumePlan | None
+    init_from: InitFromPlan | None
+    decision: RunDirDecision
+    start_states: list[dict[str, Any] | None]
+    first: int
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        """The id this run records in its checkpoints and ``run.json``."""
+        return self.decision.run_id
+
+    def commit(self, run_dir: Path, metrics_file: str) -> list[str]:
+        """Perform the run-directory decision and continue a resumed run's metrics history.
+
+        Args:
+            run_dir: The run directory.
+            metrics_file: ``logger.metrics_file``.
+
+        Returns:
+            Log lines of what was written, moved or removed.
+        """
+        lines = list(self.decision.commit())
+        lines.append(self.decision.message)
+        if self.resume is not None and self.resume.run_dir is not None:
+            for report in continue_history(
+                source_run_dir=self.resume.run_dir,
+                run_dir=run_dir,
+                phase_subdirs=[p.out_subdir for p in self.phases],
+                resume_phase_index=self.resume.phase_index,
+                resume_step=self.resume.step,
+                metrics_file=metrics_file,
+            ):
+                lines.append(report.describe())
+        return lines
+
+
+def _phase_algorithms(phases: list[Phase]) -> Mapping[str, str]:
+    return {p.name: str(p.cfg.algorithm.name) for p in phases}
+
+
+def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> RunStart:
+    """Resolve resume / init_from and claim the run directory (writes nothing).
+
+    Args:
+        cfg: The composed root config.
+        validated: ``validate_config(cfg)``.
+        run_dir: The run's output directory.
+        tokenizer: The run's tokenizer (its vocabulary is part of the model shape).
+
+    Returns:
+        The start decisions.
+
+    Raises:
+        nemo_dp.training.resume.ResumeError: ``resume_from`` / ``init_from`` holds no usable
+            checkpoint for this run (the message says what it found), or the checkpoint
+            belongs to another algorithm, phase, model shape or data plane (naming the keys).
+        nemo_dp.training.run_dir.RunDirError: ``run_dir`` holds another run's outputs.
+        nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
+    """
+    phases = plan_phases(cfg)
+    ck = validated.checkpointing
+    shape = run_model_shape(cfg, tokenizer)
+    kind = data_plane_kind(validated.data_plane)
+    lines: list[str] = []
+    plan = None
+    if ck.resume_from is not None:
+        plan = resolve_resume(
+            ck.resume_from,
+            phase_names=[p.name for p in phases],
+            algorithm=str(cfg.algorithm.name),
+            phase_algorithms=_phase_algorithms(phases),
+            data_plane=kind,
+            model_shape=shape,
+            checkpoint_dir_name=ck.checkpoint_dir,
+            required_files=REQUIRED_FILES,
+        )
+        lines.append(plan.describe())
+    init = None
+    init_from = getattr(cfg.policy, "init_from", None)
+    if init_from is not None:
+        if plan is not None:
+            lines.append(
+                f"init_from: policy.init_from={init_from} ignored: the run resumes from "
+                f"{plan.checkpoint}, whose weights win"
+            )
+        else:
+            init = resolve_init_from(
+                str(init_from),
+                model_shape=shape,
+                checkpoint_dir_name=ck.checkpoint_dir,
+                required_files=REQUIRED_FILES,
+            )
+            lines.append(init.describe())
+    decision = claim_run_dir(
+        run_dir,
+        checkpoint_dir=ck.checkpoint_dir,
+        metrics_file=str(validated.logger.metrics_file),
+        resume=plan,
+        phase_names=[p.name for p in phases],
+        overwrite=bool(ck.overwrite),
+    )
+    start_states: list[dict[str, Any] | None] = []
+    for p in phases:
+        path = None if plan is None else plan.start_checkpoint(p.name)
+        state = None if path is None else load_training_checkpoint(path)
+        if state is not None and path is not None:
+            state["checkpoint_path"] = str(path)
+        start_states.append(state)
+    return RunStart(
+        phases=phases,
+        model_shape=shape,
+        data_plane=kind,
+        resume=plan,
+        init_from=init,
+        decision=decision,
+        start_states=start_states,
+        first=0 if plan is None else plan.phase_index,
+        lines=lines,
+    )

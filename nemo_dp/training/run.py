@@ -3,8 +3,11 @@
 The launcher, the bench and the end-to-end parity tests all train through ``run_phase``: it
 picks the trainer through the factory (``select_sync_trainer``), builds the phase's inputs,
 wraps everything in a ``TrainContext`` and calls the trainer.  ``run_phases`` is the launcher's
-whole job after validation and preflight: plan the phases, load resume states, start Ray, build
-the policy through the factory (``make_policy_factory``), run each phase, write the summary.
+whole job after validation and preflight: plan the phases, check everything that can fail on
+the driver (trackers, model, datasets, ``resume_from`` / ``init_from``, the run directory:
+``plan_run_start``), start Ray, build the policy through the factory (``make_policy_factory``),
+run each phase, write the summary.  Every checkpoint it writes records what it belongs to and
+carries a file manifest (``checkpoint_finalizer``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainCont
 from nemo_dp.algorithms.inputs import TrainerInputs
 from nemo_dp.config.algorithm_registry import algorithm, resolve_target
 from nemo_dp.data_plane.factory import describe_selection, make_policy_factory, select_sync_trainer
-from nemo_dp.training.checkpointer import Checkpointer
-from nemo_dp.training.phases import Phase, first_phase_to_run, load_start_states, plan_phases
+from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer
+from nemo_dp.training.phases import Phase, RunStart, plan_phases, plan_run_start
 from nemo_dp.training.run_logger import RunLogger
 from nemo_dp.training.trackers import build_trackers, check_trackers_available, flatten_run_summary
 
@@ -32,6 +35,7 @@ __all__ = [
     "make_policy",
     "phase_logger",
     "phase_checkpointer",
+    "phase_health",
     "run_phase",
     "run_phases",
     "final_accuracy",
@@ -97,7 +101,9 @@ def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = N
     return Policy(**kwargs) if factory is None else factory(**kwargs)
 
 
-def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = None) -> RunLogger:
+def phase_logger(
+    phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = None, health: Any = None
+) -> RunLogger:
     """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group).
 
     Args:
@@ -105,6 +111,7 @@ def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = No
         run_dir: The run's output directory.
         logger_cfg: ``cfg.logger``.
         tracker: Experiment trackers that also receive every step's record (or ``None``).
+        health: A training-health detector (``nemo_dp.training.health``) fed every record.
 
     Returns:
         The logger.
@@ -117,25 +124,62 @@ def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = No
         progress_bar=bool(logger_cfg.progress_bar),
         label=phase.label,
         tracker=tracker,
+        health=health,
     )
 
 
-def phase_checkpointer(phase: Phase, ckpt_root: Path, ckpt_cfg: Any) -> Checkpointer:
+def phase_health(phase: Phase) -> Any:
+    """The training-health detector of a phase: zero advantages for GRPO, none otherwise.
+
+    Args:
+        phase: The phase.
+
+    Returns:
+        A ``ZeroAdvantageDetector`` for a GRPO phase, else ``None``.
+    """
+    from nemo_dp.training.health import ZeroAdvantageDetector
+
+    algo = phase.cfg.algorithm
+    if str(algo.name) != "grpo":
+        return None
+    return ZeroAdvantageDetector(
+        warm_start_enabled=bool(OmegaConf.select(phase.cfg, "algorithm.warm_start.enabled", default=False)),
+        dynamic_sampling_enabled=bool(
+            OmegaConf.select(phase.cfg, "algorithm.dynamic_sampling.enabled", default=False)
+        ),
+    )
+
+
+def phase_checkpointer(
+    phase: Phase, ckpt_root: Path, ckpt_cfg: Any, start: RunStart | None = None
+) -> Checkpointer:
     """The ``Checkpointer`` of a phase under ``ckpt_root/<phase name>``.
 
     Args:
         phase: The phase.
         ckpt_root: The run's checkpoint root.
         ckpt_cfg: ``cfg.checkpointing``.
+        start: The run's start decisions; when given, every checkpoint records what it belongs
+            to (``checkpoint_meta.json``) and carries a file manifest.
 
     Returns:
         The checkpointer.
     """
+    finalize = None
+    if start is not None:
+        finalize = checkpoint_finalizer(
+            algorithm=str(phase.cfg.algorithm.name),
+            phase=phase.name,
+            model_shape=start.model_shape,
+            data_plane=start.data_plane,
+            run_id=start.run_id,
+        )
     return Checkpointer(
         Path(ckpt_root) / phase.name,
         enabled=bool(ckpt_cfg.enabled),
         save_period=int(ckpt_cfg.save_period),
         keep_last=int(ckpt_cfg.keep_last),
+        finalize=finalize,
     )
 
 
@@ -194,7 +238,14 @@ def _choices() -> dict[str, Any]:
     return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
 
 
-def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | None = None) -> dict[str, Any]:
+def run_phases(
+    cfg: Any,
+    validated: Any,
+    run_dir: Path,
+    *,
+    hooks: TrainHooks | None = None,
+    record: Any = None,
+) -> dict[str, Any]:
     """Run every phase of a validated, preflighted config; write the run's outputs.
 
     Every phase's trainer is selected (and imported) before Ray starts; Ray has its own
@@ -207,13 +258,21 @@ def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | N
         validated: ``validate_config(cfg)`` (typed view: cluster, logger, checkpointing).
         run_dir: The job's output directory.
         hooks: Injected callbacks for every phase's trainer.
+        record: The launcher's ``nemo_dp.training.console.RunRecord``: marked started just
+            before Ray starts (a failure before is a configuration error that leaves no run
+            directory; after, a failed run with a summary and plots), it holds the summary so
+            far and every phase's metrics file.
 
     Returns:
-        The run summary: ``run_dir``, ``phases`` (each phase's result), ``wall_time_s`` and, for
-        a warm-started run with both accuracies, ``accuracy_gain``.
+        The run summary: ``run_dir``, ``run_id``, ``status``, ``phases`` (each phase's
+        result), ``wall_time_s`` and, for a warm-started run with both accuracies,
+        ``accuracy_gain``.
 
     Raises:
-        ValueError: ``checkpointing.resume_from`` holds no checkpoint of any phase.
+        ValueError: A dataset, the model, ``checkpointing.resume_from``, ``policy.init_from`` or
+            the run directory is unusable (``ResumeError``, ``RunDirError``,
+            ``CheckpointCorruptError`` and the dataset errors are ``ValueError``\ s), raised
+            before Ray starts and before anything is written.
     """
     from nemo_dp.data.validation import validate_datasets
     from nemo_dp.models.builders import prepare_policy, validate_policy
@@ -248,28 +307,34 @@ def run_phases(cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | N
     for line in validate_datasets(validated, tokenizer).lines():
         print(f"data: {line}", flush=True)
 
-    resume_from = validated.checkpointing.resume_from
-    start_states = load_start_states(phases, resume_from)
-    if resume_from is not None and all(s is None for s in start_states):
-        raise ValueError(
-            f"checkpointing.resume_from: no committed checkpoint under {resume_from!r} in any of "
-            f"{[p.name for p in phases]} (a resume never silently starts fresh)"
-        )
+    start = plan_run_start(cfg, validated, run_dir, tokenizer)
+    for line in start.lines:
+        print(line, flush=True)
+    for line in start.commit(run_dir, str(validated.logger.metrics_file)):
+        print(line, flush=True)
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     ckpt_root = run_dir / validated.checkpointing.checkpoint_dir
 
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "phases": {}}
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "run_id": start.run_id, "phases": {}}
+    if start.resume is not None:
+        summary["resumed_from"] = str(start.resume.checkpoint)
+    if start.init_from is not None:
+        summary["init_from"] = str(start.init_from.checkpoint)
+    if record is not None:
+        record.summary = summary
+        record.mark_started()
     trackers = build_trackers(cfg.logger, run_dir)
     status = "failed"
     try:
         trackers.log_config(OmegaConf.to_container(cfg, resolve=True))
         _train_phases(
-            cfg, validated, run_dir, phases, trainers, start_states, tokenizer, ckpt_root, summary,
-            trackers, hooks,
+            cfg, validated, run_dir, phases, trainers, start, tokenizer, ckpt_root, summary,
+            trackers, hooks, record,
         )
         status = "success"
     finally:
         trackers.close(status)
+    summary["status"] = "completed"
     summary["final_phase"] = phases[-1].name
     summary["wall_time_s"] = time.perf_counter() - t_start
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -283,18 +348,20 @@ def _train_phases(
     run_dir: Path,
     phases: list[Phase],
     trainers: list[Any],
-    start_states: list[Any],
+    start: RunStart,
     tokenizer: Any,
     ckpt_root: Path,
     summary: dict[str, Any],
     trackers: Any,
     hooks: TrainHooks | None,
+    record: Any,
 ) -> None:
     """Start Ray, build the policy, run the phases into ``summary`` (the body of ``run_phases``)."""
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import ray_session
+    from nemo_dp.training.console import sigterm_as_interrupt
 
-    first = first_phase_to_run(start_states)
+    first = start.first
     main_name = str(cfg.algorithm.name)
     cluster = validated.cluster
     with ray_session(
@@ -304,25 +371,35 @@ def _train_phases(
         connect_timeout_s=cluster.connect_timeout_s,
         working_dir=cluster.working_dir,
         **ray_start_args(cfg.data_plane),
-    ) as worker_env:
+    ) as worker_env, sigterm_as_interrupt():
         policy = make_policy(cfg, tokenizer, env_vars=dict(worker_env))
         try:
+            if start.init_from is not None:
+                from nemo_dp.utils.checkpoint import load_training_checkpoint
+
+                weights = load_training_checkpoint(start.init_from.checkpoint)["policy"]["weights"]["model"]
+                policy.load_initial_weights(weights)
+                print(f"policy weights loaded from {start.init_from.checkpoint}", flush=True)
             for i, (phase, trainer) in enumerate(zip(phases, trainers, strict=True)):
                 if i < first:
                     print(f"phase {phase.label}: skipped (resuming a later phase)", flush=True)
                     continue
+                logger = phase_logger(
+                    phase,
+                    run_dir,
+                    validated.logger,
+                    tracker=trackers.with_prefix("" if phase.name == main_name else phase.name),
+                    health=phase_health(phase),
+                )
+                if record is not None:
+                    record.track_metrics(logger.metrics_path, logger.plot_path)
                 result = run_phase(
                     phase,
                     policy,
                     tokenizer=tokenizer,
-                    logger=phase_logger(
-                        phase,
-                        run_dir,
-                        validated.logger,
-                        tracker=trackers.with_prefix("" if phase.name == main_name else phase.name),
-                    ),
-                    checkpointer=phase_checkpointer(phase, ckpt_root, validated.checkpointing),
-                    start_state=start_states[i],
+                    logger=logger,
+                    checkpointer=phase_checkpointer(phase, ckpt_root, validated.checkpointing, start),
+                    start_state=start.start_states[i],
                     hooks=hooks,
                     trainer=trainer,
                 )

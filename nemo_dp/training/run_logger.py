@@ -40,6 +40,8 @@ class RunLogger:
         progress_bar: Show a tqdm bar over steps (on stderr).
         label: Phase label for log lines (``"SFT"``, ``"GRPO"``, ``"SFT warm start"``).
         tracker: Experiment trackers (``nemo_dp.training.trackers``) that receive every record.
+        health: A training-health detector (``nemo_dp.training.health``): its ``update(step,
+            record)`` sees every record and returns a warning line to print, or ``None``.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class RunLogger:
         progress_bar: bool,
         label: str,
         tracker: Any = None,
+        health: Any = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +67,7 @@ class RunLogger:
         self._bar: Any = None
         self._last: dict[str, float] = {}
         self.tracker = tracker
+        self.health = health
 
     def start(self, total_steps: int, start_step: int) -> None:
         """Open the progress bar (and drop metrics of steps a resumed run will redo).
@@ -111,6 +115,10 @@ class RunLogger:
         record = self.metrics.log(step, metrics)
         if self.tracker is not None:
             self.tracker.log_metrics(step, record)
+        if self.health is not None:
+            warning = self.health.update(step, record)
+            if warning is not None:
+                self.info(f"WARNING: {warning}")
         for key in _BAR_KEYS:
             if key in record and isinstance(record[key], (int, float)):
                 self._last[key] = float(record[key])

@@ -27,7 +27,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from nemo_dp.utils.checkpoint_io import read_manifest, write_checkpoint_atomically, write_manifest
+from nemo_dp.utils.manifest import has_manifest, verify_manifest
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -43,6 +44,7 @@ __all__ = [
     "STATE_JSON",
     "TENSORS_FILE",
     "PRETRAINED_KEY",
+    "REQUIRED_FILES",
     "checkpoint_dir_for_step",
     "encode_state",
     "write_training_state",
@@ -59,6 +61,8 @@ STATE_JSON = "state.json"
 TENSORS_FILE = "tensors.safetensors"
 #: Key of a ``{file name: bytes}`` mapping written as the directory of its top-level key.
 PRETRAINED_KEY = "pretrained"
+#: Files every committed checkpoint of the current format holds (what resume checks for).
+REQUIRED_FILES: tuple[str, ...] = ("manifest.json", STATE_JSON, TENSORS_FILE)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TAG = "__nemo_dp__"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -216,13 +220,20 @@ def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, 
     return sorted([STATE_JSON, TENSORS_FILE, *trees])
 
 
-def save_training_checkpoint(checkpoint_dir: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+def save_training_checkpoint(
+    checkpoint_dir: str | os.PathLike[str],
+    state: dict[str, Any],
+    *,
+    finalize: Callable[[Path], None] | None = None,
+) -> Path:
     """Atomically write ``state`` to ``checkpoint_dir``.
 
     Args:
         checkpoint_dir: Final directory (usually from :func:`checkpoint_dir_for_step`).
         state: Tensors, model/optimizer state dicts, RNG snapshots, loader state, counters,
             pretrained file trees (see the module docstring).
+        finalize: Called as ``finalize(tmp_dir)`` after every file is written and before the
+            commit rename (the run layer adds the checkpoint's metadata and file manifest).
 
     Returns:
         The absolute checkpoint path.
@@ -247,6 +258,8 @@ def save_training_checkpoint(checkpoint_dir: str | os.PathLike[str], state: dict
                 "files": files,
             },
         )
+        if finalize is not None:
+            finalize(tmp)
 
     return write_checkpoint_atomically(checkpoint_dir, write)
 
@@ -271,7 +284,11 @@ def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str
     Raises:
         FileNotFoundError: If the directory, its manifest or its state files are missing.
         ValueError: If the manifest names another format or version, or a file is corrupt.
+        nemo_dp.utils.manifest.CheckpointCorruptError: A file listed in the checkpoint's file
+            manifest is missing, truncated or altered (names the file; checked before reading).
     """
+    if has_manifest(checkpoint_dir):
+        verify_manifest(checkpoint_dir)
     read_manifest(
         checkpoint_dir,
         expected_format=CHECKPOINT_FORMAT,

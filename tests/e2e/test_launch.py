@@ -123,12 +123,16 @@ def test_grpo_with_warm_start_and_exact_resume(launch: LaunchFn, tmp_path: Path)
     assert "skipped (resuming a later phase)" in proc.stdout
     assert "resumed from" in proc.stdout
     half = _training_metrics(first / "metrics.jsonl")
-    rest = _training_metrics(resumed / "metrics.jsonl")
-    assert sorted(half) == [0, 1, 2] and sorted(rest) == [3, 4]
+    # The resumed run continues the interrupted run's history (copied from its run directory):
+    # every step once, the first half exactly as the first run logged it.
+    whole = _training_metrics(resumed / "metrics.jsonl")
+    assert sorted(half) == [0, 1, 2] and sorted(whole) == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(resumed / "metrics.jsonl")] == [0, 1, 2, 3, 4]
     for step in (0, 1, 2):
         assert half[step] == full[step], f"step {step}"
+        assert whole[step] == half[step], f"step {step}"
     for step in (3, 4):
-        assert rest[step] == full[step], f"step {step}"
+        assert whole[step] == full[step], f"step {step}"
 
 
 def test_multirun_sweep_isolates_jobs(launch: LaunchFn, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@
 * **Crash safety** (Local): the training process is SIGKILLed while the step-6 checkpoint is
   being written.  The process is this file run as a script: it runs the launcher's run layer
   (``nemo_dp.training.run_phases``) with a ``TrainHooks.on_checkpoint_staged`` hook that, at
-  step 6, announces itself and blocks - after ``state.pt`` and the data plane are in the
+  step 6, announces itself and blocks - after ``state.json`` and the data plane are in the
   temporary directory and before the manifest / commit renames.  The step-3 checkpoint must
   still be the latest committed one, load, and a run resumed from it must reproduce steps 4-6
   of the straight run.
@@ -51,10 +51,12 @@ def _resume(tmp_path: Path, choice: str, resume_root: Path, name: str) -> Path:
     return run_dir
 
 
-def _assert_same_tail(straight: Path, resumed: Path) -> None:
+def _assert_same_tail(straight: Path, resumed: Path, *, history: bool) -> None:
+    """The resumed run's steps 4-6 equal the straight run's; with ``history`` (resumed from a
+    run directory) its metrics also hold steps 1-3, copied from the interrupted run."""
     a, b = read_metrics(straight), read_metrics(resumed)
-    assert sorted(b) == [4, 5, 6]
-    for step in (4, 5, 6):
+    assert sorted(b) == ([1, 2, 3, 4, 5, 6] if history else [4, 5, 6])
+    for step in sorted(b):
         for key in COMPARED:
             assert b[step][key] == a[step][key], (step, key, b[step][key], a[step][key])
 
@@ -67,7 +69,7 @@ def test_tq_resume_is_exact(tmp_path: Path, tmp_path_factory: pytest.TempPathFac
     assert (step3 / "data_plane" / "tq" / "manifest.json").is_file()  # the library's checkpoint
     root = tmp_path / "resume_root"
     shutil.copytree(step3, root / "sft" / step3.name)
-    _assert_same_tail(straight, _resume(tmp_path, "tq", root, "resumed_tq"))
+    _assert_same_tail(straight, _resume(tmp_path, "tq", root, "resumed_tq"), history=False)
 
 
 @pytest.mark.slow
@@ -124,7 +126,9 @@ def test_local_sigkill_during_checkpoint_then_resume_is_exact(
     assert latest is not None and latest.name == "step_00000003"
     assert load_training_checkpoint(latest)["counters"]["step"] == 3
 
-    _assert_same_tail(straight, _resume(tmp_path, "local", crash_dir / "checkpoints", "resumed_local"))
+    _assert_same_tail(
+        straight, _resume(tmp_path, "local", crash_dir / "checkpoints", "resumed_local"), history=True
+    )
 
 
 PAUSED_LINE = "[test hook] checkpoint step {step} paused"
@@ -154,7 +158,7 @@ def _run_with_pause(run_dir: Path, pause_step: int, overrides: list[str]) -> Non
 
     def pause(step: int, tmp_dir: Path) -> None:
         if step == pause_step:
-            assert (tmp_dir / "state.pt").is_file()
+            assert (tmp_dir / "state.json").is_file()
             print(PAUSED_LINE.format(step=step), flush=True)
             never.wait(300)  # the test SIGKILLs this process while it waits here
 

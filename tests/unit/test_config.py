@@ -239,3 +239,20 @@ def test_preflight_paths(tmp_path: Path) -> None:
     )
     with pytest.raises(PreflightError, match="checkpointing.resume_from"):
         preflight(obj, tmp_path / "run2")
+
+
+def test_help_lists_only_usable_group_options() -> None:
+    """``launch.py --help`` (Hydra's own help, no run) offers no schema as a group option."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "launchers" / "launch.py"), "--help"],
+        cwd=repo, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    groups = proc.stdout.split("== Configuration groups ==", 1)[1].split("== Config ==", 1)[0]
+    assert "_schema" not in groups, groups
+    for line in ("algorithm: grpo, ppo, sft", "data_plane: disabled, local, tq", "policy: hf, tiny"):
+        assert line in groups, groups

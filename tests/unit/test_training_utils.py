@@ -68,12 +68,21 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
     target = checkpoint_dir_for_step(tmp_path, 1)
     save_training_checkpoint(target, {"step": 1, "x": torch.arange(3)})
 
-    class Unpicklable:
-        def __reduce__(self) -> tuple:
-            raise RuntimeError("boom while pickling")
+    class Unstorable:
+        pass
 
-    with pytest.raises(RuntimeError, match="boom while pickling"):
-        save_training_checkpoint(target, {"step": 1, "bad": Unpicklable()})
+    # A value that cannot be stored without code is refused before anything is written ...
+    with pytest.raises(TypeError, match=r"state\['bad'\]: value of type Unstorable cannot be checkpointed"):
+        save_training_checkpoint(target, {"step": 1, "bad": Unstorable()})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+    # ... and a write that fails after its files are on disk leaves the previous one intact.
+    def fail(tmp: Path) -> None:
+        assert (tmp / "state.json").is_file()
+        raise RuntimeError("boom while writing")
+
+    with pytest.raises(RuntimeError, match="boom while writing"):
+        save_training_checkpoint(target, {"step": 2, "x": torch.arange(5)}, finalize=fail)
     assert torch.equal(load_training_checkpoint(target)["x"], torch.arange(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]  # no temp dir left
     with pytest.raises(TypeError, match="state must be a dict"):
@@ -168,9 +177,10 @@ def test_a_resume_that_finds_nothing_fails_naming_the_key(tmp_path: Path) -> Non
     empty = tmp_path / "empty"
     empty.mkdir()
     cfg = _compose("algorithm=sft", "data_plane=disabled", f"checkpointing.resume_from={empty}")
-    with pytest.raises(ValueError, match="checkpointing.resume_from: no committed checkpoint"):
+    with pytest.raises(ValueError, match="checkpointing.resume_from: .* is an empty directory - nothing to resume"):
         run_phases(cfg, validate_config(cfg), tmp_path / "run")
     assert not (tmp_path / "run" / "resolved_config.yaml").exists()
+    assert not (tmp_path / "run" / "run.json").exists()
 
 
 def test_run_phase_hands_the_trainer_one_context(tmp_path: Path) -> None:
@@ -247,7 +257,7 @@ def test_checkpoint_hook_runs_after_the_state_and_before_the_manifest(tmp_path: 
     seen: dict[str, object] = {}
 
     def staged(step: int, tmp_dir: Path) -> None:
-        seen.update(step=step, state=(tmp_dir / "state.pt").is_file(), dp=(tmp_dir / "data_plane" / "x").is_file(),
+        seen.update(step=step, state=(tmp_dir / "state.json").is_file(), dp=(tmp_dir / "data_plane" / "x").is_file(),
                     manifest=(tmp_dir / "manifest.json").exists(), final=(tmp_path / "step_00000002").exists())
 
     def save_dp(d: Path) -> None:
@@ -258,3 +268,38 @@ def test_checkpoint_hook_runs_after_the_state_and_before_the_manifest(tmp_path: 
     save_sft_checkpoint(ckpt, 2, {"counters": {"step": 2}}, save_dp, hooks=TrainHooks(on_checkpoint_staged=staged))
     assert seen == {"step": 2, "state": True, "dp": True, "manifest": False, "final": False}
     assert load_start_state(tmp_path)["counters"] == {"step": 2}
+
+
+def test_checkpointer_finalize_records_meta_and_a_manifest_verified_on_load(tmp_path: Path) -> None:
+    from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer
+    from nemo_dp.training.resume import read_checkpoint_meta
+    from nemo_dp.utils.manifest import CheckpointCorruptError
+
+    fin = checkpoint_finalizer(algorithm="sft", phase="sft", model_shape={"d_model": 8}, data_plane="local", run_id="r1")
+    ckpt = Checkpointer(tmp_path, enabled=True, save_period=1, keep_last=2, finalize=fin)
+    path = ckpt.save(3, lambda: {"counters": {"step": 3}, "w": torch.arange(64, dtype=torch.float32)})
+    meta = read_checkpoint_meta(path)
+    assert meta is not None and (meta.algorithm, meta.phase, meta.data_plane, meta.run_id, meta.step) == (
+        "sft", "sft", "local", "r1", 3)
+    manifest = json.loads((path / "file_manifest.json").read_text())
+    assert {"checkpoint_meta.json", "manifest.json", "state.json", "tensors.safetensors"} <= set(manifest["files"])
+    assert torch.equal(load_training_checkpoint(path)["w"], torch.arange(64, dtype=torch.float32))
+    tensors = path / "tensors.safetensors"
+    tensors.write_bytes(tensors.read_bytes()[:-10])
+    with pytest.raises(CheckpointCorruptError, match=f"checkpoint file {tensors} is truncated"):
+        load_training_checkpoint(path)
+
+
+def test_sft_sync_checkpoints_are_code_free_and_finalized(tmp_path: Path) -> None:
+    from nemo_dp.algorithms.sft_sync import save_sft_checkpoint
+    from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer
+    from nemo_dp.utils.manifest import verify_manifest
+
+    fin = checkpoint_finalizer(algorithm="sft", phase="sft", model_shape={}, data_plane="local", run_id="r")
+    ckpt = Checkpointer(tmp_path, enabled=True, save_period=1, keep_last=3, finalize=fin)
+    state = {"counters": {"step": 1}, "policy": {"weights": {"pretrained": {"config.json": b"{}"}}}}
+    path = save_sft_checkpoint(ckpt, 1, state, lambda d: d.mkdir())
+    assert not (path / "state.pt").exists() and (path / "state.json").is_file()
+    assert (path / "policy" / "config.json").read_bytes() == b"{}"
+    assert (path / "checkpoint_meta.json").is_file() and verify_manifest(path).files >= 4
+    assert load_training_checkpoint(path)["counters"] == {"step": 1}

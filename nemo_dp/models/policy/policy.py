@@ -363,6 +363,29 @@ class Policy:
             [w.load_state.remote(weights, rngs[r]) for r, w in enumerate(self.worker_group.workers)]
         )
 
+    def load_initial_weights(self, model_state: Mapping[str, Any]) -> None:
+        """Start from another run's model weights (``policy.init_from``) on every rank.
+
+        The weights become both the trained and the reference model; the optimizer stays
+        fresh (its state is that of the just-built policy) and the RNG streams are kept, so the
+        run is a fresh run that merely starts from those weights.
+
+        Args:
+            model_state: A model ``state_dict`` (a checkpoint's ``policy.weights.model``).
+
+        Raises:
+            RuntimeError: The state dict does not fit the model (torch names the keys).
+        """
+        import ray
+
+        from nemo_dp.utils.checkpoint import PRETRAINED_KEY
+
+        current = self.worker_group.run_rank(0, "get_state", include_weights=True)
+        weights = {k: v for k, v in current.items() if k not in ("rng", "rank", PRETRAINED_KEY)}
+        weights["model"] = dict(model_state)
+        weights["reference_model"] = dict(model_state)
+        ray.get([w.load_state.remote(weights, None) for w in self.worker_group.workers])
+
     def weights_checksums(self) -> list[float]:
         """Per-rank parameter checksums (equal when the replicas agree)."""
         return [float(x) for x in self._dispatch_all("weights_checksum")]
