@@ -20,9 +20,9 @@ Adding an algorithm (for example DPO):
    whole config), its trainer(s) and an input builder, and register it at the bottom of this
    file with ``register_algorithm(AlgorithmSpec(name="dpo", schema="nemo_dp.algorithms.dpo:
    DPOConfig", input_builder=..., trainers={"disabled": "nemo_dp.algorithms.dpo:dpo_train"}))``.
-2. Add ``conf/algorithm/dpo.yaml`` listing ``dpo_schema`` first in its defaults.
+2. Add ``conf/algorithm/dpo.yaml`` listing ``/algorithm_dpo_schema@_here_`` first in its defaults.
 
-Hydra registration (``dpo_schema``), ``algorithm.name`` validation, the legal-pair check and
+Hydra registration (``algorithm_dpo_schema``), ``algorithm.name`` validation, the legal-pair check and
 ``select_sync_trainer`` then all pick it up.
 """
 

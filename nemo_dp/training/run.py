@@ -280,6 +280,14 @@ def run_phases(
     t_start = time.perf_counter()
     run_dir = Path(run_dir)
     phases = plan_phases(cfg)
+    # Everything that can fail on the driver fails here, before a trainer is selected or Ray
+    # starts: optional tracker packages, the model directory and tokenizer, every dataset.
+    check_trackers_available(cfg.logger)
+    prepare_policy(cfg.policy)
+    validate_policy(cfg.policy)
+    tokenizer = make_tokenizer(cfg)
+    for line in validate_datasets(validated, tokenizer).lines():
+        print(f"data: {line}", flush=True)
     desc = describe_selection(cfg)
     choices = _choices()
     print(f"run directory: {run_dir}", flush=True)
@@ -297,15 +305,6 @@ def run_phases(
             flush=True,
         )
         trainers.append(select_sync_trainer(phase.cfg, label=phase.label))
-
-    # Everything that can fail on the driver fails here, before Ray starts: optional tracker
-    # packages, the model directory and tokenizer, every dataset.
-    check_trackers_available(cfg.logger)
-    prepare_policy(cfg.policy)
-    validate_policy(cfg.policy)
-    tokenizer = make_tokenizer(cfg)
-    for line in validate_datasets(validated, tokenizer).lines():
-        print(f"data: {line}", flush=True)
 
     start = plan_run_start(cfg, validated, run_dir, tokenizer)
     for line in start.lines:

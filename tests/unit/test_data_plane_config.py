@@ -54,7 +54,7 @@ def test_group_files_exist() -> None:
         "local.yaml",
         "tq.yaml",
     ]
-    options = (("disabled", "disabled_schema"), ("local", "local_schema"), ("tq", "tq_schema"))
+    options = tuple((n, f"/data_plane_{n}_schema@_here_") for n in ("disabled", "local", "tq"))
     for name, schema in options:
         loaded = OmegaConf.load(CONF / "data_plane" / f"{name}.yaml")
         assert list(loaded.defaults) == [schema, "_self_"], name
@@ -137,7 +137,7 @@ def test_force_added_key_is_rejected_by_the_factory(conf_dir: Path) -> None:
 def test_unknown_key_in_a_group_file_fails_at_compose(conf_dir: Path) -> None:
     (conf_dir / "data_plane").mkdir()
     (conf_dir / "data_plane" / "tq_typo.yaml").write_text(
-        "defaults:\n  - tq_schema\n  - _self_\n"
+        "defaults:\n  - /data_plane_tq_schema@_here_\n  - _self_\n"
         "simple:\n  num_storage_units: 1\n  storage_capacty: 5\n"
     )
     with pytest.raises(ConfigCompositionException) as info:

@@ -39,7 +39,7 @@ def test_each_hydra_option_has_a_schema_and_a_yaml() -> None:
     assert options == sorted(p.stem for p in conf.glob("*.yaml"))
     for spec in registry.BACKENDS.values():
         defaults = OmegaConf.load(conf / f"{spec.option}.yaml")["defaults"]
-        assert defaults[0] == f"{spec.option}_schema"
+        assert defaults[0] == f"/data_plane_{spec.option}_schema@_here_"
 
 
 @pytest.mark.parametrize(
@@ -263,7 +263,7 @@ def test_a_registered_algorithm_is_selectable_and_validated(
     from nemo_dp.config.schema import MasterConfig, algorithm_schemas
 
     register_configs()
-    assert "dpo_schema.yaml" in ConfigStore.instance().list("algorithm")
+    assert "algorithm_dpo_schema.yaml" in ConfigStore.instance().list("")
     assert [c.__name__ for c in algorithm_schemas()][-1] == "DPOConfig"
     dpo_cfg = algos.ALGORITHMS["dpo"].schema_class()
     with pytest.raises(ValueError, match="algorithm: unknown algorithm schema str"):
