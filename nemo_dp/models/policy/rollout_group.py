@@ -285,6 +285,14 @@ class RolloutGroup:
                 )
             time.sleep(poll_s)
         self.stats.claim_wait_s += time.perf_counter() - t0
+        # Every row of the batch is in the store, so its shards are returning: wait for their
+        # results (bounded) so that the counters (generated rows, busy time) include the batch
+        # being trained, whatever the order in which Ray delivers the results.
+        import ray
+
+        batch_refs = [s.ref for s in self._pending if s.batch == batch]
+        if batch_refs:
+            ray.wait(batch_refs, num_returns=len(batch_refs), timeout=max(deadline - time.perf_counter(), 1.0))
         self._collect_finished()
         meta = parts[0].concat(*parts[1:])
         if meta.tags is None or any(TAG_ORDINAL not in t for t in meta.tags):
