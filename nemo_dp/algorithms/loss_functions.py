@@ -13,7 +13,7 @@ value, so the caller sums them over micro-batches and ranks. Counts (``num_valid
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import torch
@@ -140,12 +140,14 @@ class ClippedPGLossFn:
             ``probs_ratio`` (mean ratio), all as shares of the global normaliser, plus raw
             ``num_valid_tokens`` and ``num_valid_seqs``.
         """
-        name = "ClippedPGLossFn"
+        name = type(self).__name__
         _check_counts(name, global_valid_tokens, global_valid_seqs)
         keys = ("input_ids", "token_mask", "sample_mask", "prev_logprobs", "advantages")
+        keys = keys + self._extra_keys()
         if self.reference_policy_kl_penalty > 0:
             keys = keys + ("reference_policy_logprobs",)
         _require(name, mb, keys)
+        weight = self._pg_weight(mb)
         logp = token_logprobs_from_logits(logits, mb["input_ids"])
         mask = _valid_mask(mb)
         adv = mb["advantages"].float()
@@ -154,6 +156,8 @@ class ClippedPGLossFn:
         pg_unclipped = -ratio * adv
         pg_clipped = -clipped * adv
         pg = torch.maximum(pg_unclipped, pg_clipped)
+        if weight is not None:
+            pg = pg * weight
         if self.reference_policy_kl_penalty > 0:
             log_r = mb["reference_policy_logprobs"].float() - logp
             kl = torch.exp(log_r) - log_r - 1.0
@@ -176,10 +180,25 @@ class ClippedPGLossFn:
                 "kl_penalty": float(reduce(kl)),
                 "clip_fraction": float(reduce(clip_active)),
                 "probs_ratio": float(reduce(ratio)),
+                **({} if weight is None else self._weight_metrics(reduce, weight)),
                 "num_valid_tokens": float(mask.sum()),
                 "num_valid_seqs": float((mb["sample_mask"].float() * (mask.sum(1) > 0).float()).sum()),
             }
         return loss, metrics
+
+    def _extra_keys(self) -> tuple[str, ...]:
+        """Micro-batch keys a subclass needs besides the clipped loss's own (none here)."""
+        return ()
+
+    def _pg_weight(self, mb: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """A per-token weight of the policy-gradient term, or ``None`` (unweighted, here)."""
+        return None
+
+    def _weight_metrics(
+        self, reduce: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor
+    ) -> dict[str, float]:
+        """Additive metrics of a ``_pg_weight`` (none here)."""
+        return {}
 
 
 def global_valid_counts(token_mask: torch.Tensor, sample_mask: torch.Tensor) -> tuple[float, float]:
