@@ -3,7 +3,9 @@
 ``bench=data_plane`` (put/get throughput of every data-plane backend against one memory copy
 and Ray's object store), ``bench=grpo_step`` / ``bench=ppo_step`` / ``bench=sft_step`` (legacy vs
 data-plane trainers side by side).  The benchmarks live in ``nemo_dp.bench``; this launcher
-composes ``conf/benchmark.yaml`` and dispatches.
+composes ``conf_bench/benchmark.yaml`` (the shared groups, ``data_plane`` and the training
+``config``, come from ``conf/`` through the search path ``register_bench_configs`` adds) and
+dispatches.
 
 One backend lives here rather than in the package: ``tq_raw``, the raw library calls
 ``transfer_queue.kv_batch_put/kv_batch_get`` on the same data and system, which isolates the
@@ -62,7 +64,7 @@ class RawTransferQueueBackend(Backend):
         return {"put": put_ms, "get": get_ms}
 
 
-@hydra.main(config_path="../conf", config_name="benchmark", version_base=None)
+@hydra.main(config_path="../conf_bench", config_name="benchmark", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: ``python launchers/bench.py bench=data_plane [overrides]``."""
     run_bench(cfg, Path(HydraConfig.get().runtime.output_dir), raw_backends={TQ_RAW: RawTransferQueueBackend})

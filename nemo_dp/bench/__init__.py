@@ -8,6 +8,16 @@
 
 Numbers are ratios from one run on this machine, reported (``nemo_dp.bench.report``), never
 asserted.
+
+The bench's configs live in their own directory, ``conf_bench/`` (root ``benchmark.yaml``,
+group ``bench``), apart from the training configs in ``conf/``: the training launcher composes
+``conf/``, so a ``bench`` group there showed up in its ``--help`` and tab completion although
+only the bench can use it.  The bench reaches the shared groups of ``conf/`` (``data_plane``,
+and ``config`` with every group for the step benches' training runs) through a Hydra search
+path plugin that :func:`register_bench_configs` registers (:class:`TrainingConfSearchPath`).
+It is a plugin rather than ``hydra.searchpath`` in ``benchmark.yaml`` because the step benches
+compose the training ``config`` inside the running bench app (``hydra.compose``), and a primary
+config's ``hydra.searchpath`` applies only to that primary config's own composition.
 """
 
 from __future__ import annotations
@@ -16,17 +26,65 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig
 
-__all__ = ["BENCH_NAMES", "register_bench_configs", "run_bench"]
+from nemo_dp.config import CONF_DIR, REPO_ROOT
 
-#: ``bench.name`` values, each with ``conf/bench/<name>.yaml`` and a schema below.
+__all__ = [
+    "BENCH_CONF_DIR",
+    "BENCH_NAMES",
+    "TrainingConfSearchPath",
+    "register_bench_configs",
+    "run_bench",
+]
+
+#: The bench's config directory: root ``benchmark.yaml`` and group ``bench``.
+BENCH_CONF_DIR: Path = REPO_ROOT / "conf_bench"
+#: ``bench.name`` values, each with ``conf_bench/bench/<name>.yaml`` and a schema below.
 BENCH_NAMES: tuple[str, ...] = ("data_plane", "grpo_step", "ppo_step", "sft_step")
+
+_SEARCH_PATH_PROVIDER = "nemo_dp-bench"
+
+
+def _local_dir(search_path_entry: str) -> Path | None:
+    """The directory of a ``file://`` (or scheme-less) search path entry, else ``None``."""
+    text = search_path_entry.removeprefix("file://")
+    if "://" in text:
+        return None
+    return Path(text).resolve()
+
+
+class TrainingConfSearchPath(SearchPathPlugin):
+    """Appends the training configs (``conf/``) to a search path that holds ``conf_bench/``.
+
+    Registered in-process by :func:`register_bench_configs`; a search path without
+    ``conf_bench/`` (the training launcher's, a test's ``initialize_config_dir``) is left as
+    it is, so registering it never changes what another Hydra app composes.
+    """
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        """Append ``conf/`` after the bench's own directory.
+
+        Args:
+            search_path: The search path Hydra is building for an app.
+        """
+        dirs = [_local_dir(element.path) for element in search_path.get_path() if element.path]
+        bench, conf = BENCH_CONF_DIR.resolve(), CONF_DIR.resolve()
+        if bench in dirs and conf not in dirs:
+            search_path.append(provider=_SEARCH_PATH_PROVIDER, path=f"file://{conf}")
 
 
 def register_bench_configs() -> None:
-    """Store the bench schemas (group ``bench``) and the data-plane schemas in the ConfigStore."""
+    """Prepare Hydra for the bench app (idempotent; call before composing ``benchmark``).
+
+    Stores the bench schemas (``bench_<name>_schema``) and the data-plane schemas in the
+    ConfigStore and registers :class:`TrainingConfSearchPath`, so that a search path with
+    ``conf_bench/`` also finds ``conf/``.
+    """
     from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
 
     from nemo_dp.bench.common import DataPlaneBenchConfig
     from nemo_dp.bench.steps import GrpoStepBenchConfig, PpoStepBenchConfig, SftStepBenchConfig
@@ -34,10 +92,13 @@ def register_bench_configs() -> None:
 
     register_data_plane_configs()
     store = ConfigStore.instance()
-    store.store(group="bench", name="data_plane_schema", node=DataPlaneBenchConfig)
-    store.store(group="bench", name="grpo_step_schema", node=GrpoStepBenchConfig)
-    store.store(group="bench", name="ppo_step_schema", node=PpoStepBenchConfig)
-    store.store(group="bench", name="sft_step_schema", node=SftStepBenchConfig)
+    # Outside the ``bench`` group (``conf_bench/bench/<name>.yaml`` extends
+    # ``/bench_<name>_schema@_here_``), so that ``--help`` lists only runnable options.
+    store.store(name="bench_data_plane_schema", node=DataPlaneBenchConfig)
+    store.store(name="bench_grpo_step_schema", node=GrpoStepBenchConfig)
+    store.store(name="bench_ppo_step_schema", node=PpoStepBenchConfig)
+    store.store(name="bench_sft_step_schema", node=SftStepBenchConfig)
+    Plugins.instance().register(TrainingConfSearchPath)
 
 
 def run_bench(
