@@ -19,6 +19,11 @@ here once, for the launcher, the benchmarks and the tests.
   storage unit) reserve logical CPUs; a Ray with too few blocks forever instead of failing. The
   caller says how many CPUs are reserved and which environment every worker needs (this layer
   knows nothing about data-plane backends); nemo_dp's own actors request ``num_cpus=0``.
+
+Every Ray worker process of the job also runs ``nemo_dp.utils.noise.install_known_log_filters``
+(Ray's ``worker_process_setup_hook``) before its first task, so a third-party notice the driver
+drops is dropped in the workers too instead of reaching the console through Ray's log
+forwarding.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_dp.utils.noise import WORKER_SETUP_HOOK
+
 __all__ = [
     "init_ray",
     "shutdown_ray",
@@ -44,6 +51,7 @@ __all__ = [
     "default_private_temp_dir",
     "ray_address_file",
     "QUIET_RAY_ENV",
+    "WORKER_SETUP_HOOK",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -466,6 +474,7 @@ def init_ray(
     temp_dir: str | os.PathLike[str] | None = None,
     connect_timeout_s: float = 15.0,
     working_dir: str | os.PathLike[str] | None = None,
+    worker_setup_hook: str | None = WORKER_SETUP_HOOK,
 ) -> dict[str, str]:
     """Start a private Ray (``address`` ``None``/``"local"``) or join a running cluster.
 
@@ -486,9 +495,14 @@ def init_ray(
         connect_timeout_s: Bound on reaching a cluster's head.
         working_dir: Directory shipped to every worker through Ray's ``runtime_env``
             (``working_dir``), for clusters whose nodes lack the code.
+        worker_setup_hook: Import path of a no-argument function every Ray worker process of
+            the job runs before its first task (Ray's ``worker_process_setup_hook``); the
+            default installs ``nemo_dp.utils.noise``'s log filters; ``None`` sets no hook.
 
     Returns:
-        The environment passed to every worker via ``runtime_env``.
+        The environment passed to every worker via ``runtime_env`` (``worker_env``; the hook
+        travels in the job's ``runtime_env`` and reaches actors started with their own
+        ``env_vars`` too).
 
     Raises:
         ValueError: ``address`` is malformed, or the CPU budget cannot host the data plane's
@@ -517,6 +531,8 @@ def init_ray(
         runtime_env["env_vars"] = env_vars
     if working_dir is not None:
         runtime_env["working_dir"] = str(working_dir)
+    if worker_setup_hook is not None:
+        runtime_env["worker_process_setup_hook"] = worker_setup_hook
     if runtime_env:
         init_kwargs["runtime_env"] = runtime_env
 
@@ -563,6 +579,7 @@ def ray_session(
     temp_dir: str | os.PathLike[str] | None = None,
     connect_timeout_s: float = 15.0,
     working_dir: str | os.PathLike[str] | None = None,
+    worker_setup_hook: str | None = WORKER_SETUP_HOOK,
 ) -> Iterator[dict[str, str]]:
     """:func:`init_ray` for the duration of a ``with`` block; Ray is shut down in ``finally``.
 
@@ -578,6 +595,7 @@ def ray_session(
         temp_dir: As in :func:`init_ray`.
         connect_timeout_s: As in :func:`init_ray`.
         working_dir: As in :func:`init_ray`.
+        worker_setup_hook: As in :func:`init_ray`.
 
     Yields:
         The environment dict returned by :func:`init_ray`.
@@ -591,6 +609,7 @@ def ray_session(
         temp_dir=temp_dir,
         connect_timeout_s=connect_timeout_s,
         working_dir=working_dir,
+        worker_setup_hook=worker_setup_hook,
     )
     try:
         yield env

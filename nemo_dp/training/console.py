@@ -20,7 +20,8 @@ Ctrl-C; Ray's token-auth notice and torch's ``is_fx_tracing`` notice cluttered e
   teardown path as Ctrl-C; both end with one line and exit status 143 / 130;
 * stdout and stderr are copied into the run's log file without colour codes or progress-bar
   redraws (:func:`capture_run_log`), and Hydra's file handler strips colour codes too;
-* :func:`silence_known_noise` removes the two known notices at their source.
+* :func:`silence_known_noise` removes the two known notices at their source (on the driver;
+  Ray worker processes drop torch's notice through ``nemo_dp.utils.noise``).
 
 :func:`recipe_hint_on_failure` adds one hint line to a Hydra composition error caused by
 choosing an ``algorithm`` that the default recipe (a GRPO recipe) cannot be merged into.
@@ -75,8 +76,6 @@ _T = TypeVar("_T")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 #: What Hydra and the launcher write into a run directory before the run starts.
 _PRE_START_FILES: frozenset[str] = frozenset({"resolved_config.yaml", "run.json"})
-_FX_NOTICE = "is_fx_tracing will return true for both fx.symbolic_trace and torch.export"
-_FX_LOGGER = "torch.fx._symbolic_trace"
 _EXIT_SIGINT = 130
 _EXIT_SIGTERM = 143
 
@@ -288,18 +287,15 @@ def sigterm_as_interrupt() -> Iterator[_SigtermState]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-class _DropFxTracingNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_FX_NOTICE)
-
-
 def silence_known_noise(*, local_ray: bool) -> list[str]:
     """Remove the known start-up notices at their source (idempotent; call before Ray starts).
 
     * torch logs (logger ``torch.fx._symbolic_trace``, once per process) "is_fx_tracing will
       return true for both fx.symbolic_trace and torch.export ..." the first time
       ``torch.nested.nested_tensor_from_jagged`` runs; it is a logging record, not a Python
-      warning, so a filter on that logger drops exactly that message.
+      warning, so a filter on that logger drops exactly that message
+      (``nemo_dp.utils.noise.install_known_log_filters``; Ray worker processes install the
+      same filter through the setup hook ``nemo_dp.distributed.ray_init.init_ray`` sets).
     * Ray 2.60 logs "Token authentication is enabled for this Ray cluster. Set
       RAY_AUTH_MODE=disabled to opt out ..." when ``ray.init`` starts a local cluster with
       ``RAY_AUTH_MODE`` unset, and then sets ``RAY_AUTH_MODE=token`` itself.  Setting that
@@ -313,11 +309,9 @@ def silence_known_noise(*, local_ray: bool) -> list[str]:
     Returns:
         What was done, one line each (for a debug log).
     """
-    done: list[str] = []
-    fx_logger = logging.getLogger(_FX_LOGGER)
-    if not any(isinstance(f, _DropFxTracingNotice) for f in fx_logger.filters):
-        fx_logger.addFilter(_DropFxTracingNotice())
-        done.append(f"filter on logger {_FX_LOGGER!r} drops the is_fx_tracing notice")
+    from nemo_dp.utils.noise import install_known_log_filters
+
+    done = install_known_log_filters()
     if local_ray and "RAY_AUTH_MODE" not in os.environ and "ray._raylet" not in sys.modules:
         os.environ["RAY_AUTH_MODE"] = "token"
         done.append("RAY_AUTH_MODE=token (Ray's default for a local cluster, set explicitly)")

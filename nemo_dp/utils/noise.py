@@ -1,0 +1,65 @@
+"""Known third-party log notices, dropped at their source in every process of a run.
+
+Why this module exists: torch logs "is_fx_tracing will return true for both fx.symbolic_trace
+and torch.export ..." (logger ``torch.fx._symbolic_trace``, once per process) the first time
+``torch.nested.nested_tensor_from_jagged`` runs.  It says nothing about a nemo_dp run, yet it
+appeared once per Ray worker, forwarded to the driver's console by Ray's log forwarding.  The
+filter lives here, in the lowest layer, so that the driver (through
+``nemo_dp.training.console.silence_known_noise``) and every Ray worker process (through Ray's
+``worker_process_setup_hook``, which ``nemo_dp.distributed.ray_init.init_ray`` sets to
+:data:`WORKER_SETUP_HOOK`) install the same one.  The module imports only ``logging`` so that a
+worker pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = [
+    "FX_TRACING_LOGGER",
+    "FX_TRACING_NOTICE",
+    "WORKER_SETUP_HOOK",
+    "DropFxTracingNotice",
+    "install_known_log_filters",
+]
+
+#: The start of torch's notice (torch 2.x, ``torch/fx/_symbolic_trace.py``).
+FX_TRACING_NOTICE = "is_fx_tracing will return true for both fx.symbolic_trace and torch.export"
+#: The logger torch emits it on.
+FX_TRACING_LOGGER = "torch.fx._symbolic_trace"
+#: Import path of :func:`install_known_log_filters`, Ray's ``worker_process_setup_hook`` value.
+WORKER_SETUP_HOOK = f"{__name__}.install_known_log_filters"
+
+
+class DropFxTracingNotice(logging.Filter):
+    """Drops exactly torch's ``is_fx_tracing`` notice; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Decide whether ``record`` is logged.
+
+        Args:
+            record: A record of logger ``torch.fx._symbolic_trace``.
+
+        Returns:
+            False for the notice, True for anything else.
+        """
+        return not str(record.msg).startswith(FX_TRACING_NOTICE)
+
+
+def install_known_log_filters() -> list[str]:
+    """Install the known-notice filters in this process (idempotent).
+
+    A filter on the emitting logger, not on a handler: the record is dropped before any handler
+    (torch's own, the root logger's, Python's last-resort stderr writer) sees it.  Called by the
+    driver before Ray starts and, as Ray's ``worker_process_setup_hook``, by every Ray worker
+    process before it runs a task or actor.
+
+    Returns:
+        What was installed now, one line each (empty when everything was already in place).
+    """
+    done: list[str] = []
+    fx_logger = logging.getLogger(FX_TRACING_LOGGER)
+    if not any(isinstance(f, DropFxTracingNotice) for f in fx_logger.filters):
+        fx_logger.addFilter(DropFxTracingNotice())
+        done.append(f"filter on logger {FX_TRACING_LOGGER!r} drops the is_fx_tracing notice")
+    return done
