@@ -29,6 +29,7 @@ from omegaconf import DictConfig  # noqa: E402
 from nemo_dp.bench import register_bench_configs, run_bench  # noqa: E402
 from nemo_dp.bench.backends import Backend, timed  # noqa: E402
 from nemo_dp.bench.common import TQ_RAW, Payload, verify_roundtrip  # noqa: E402
+from nemo_dp.training.console import silence_known_noise  # noqa: E402
 
 
 class RawTransferQueueBackend(Backend):
@@ -71,5 +72,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # Every bench starts a private Ray (before Ray is imported, as the training launcher does).
+    silence_known_noise(local_ray=True)
     register_bench_configs()
     main()
