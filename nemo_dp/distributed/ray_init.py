@@ -528,7 +528,9 @@ def init_ray(
     init_kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
     runtime_env: dict[str, Any] = {}
     if env_vars:
-        runtime_env["env_vars"] = env_vars
+        # A copy: Ray writes the setup hook's key into the runtime_env's env_vars in place, and
+        # what is returned must stay exactly the caller's worker_env.
+        runtime_env["env_vars"] = dict(env_vars)
     if working_dir is not None:
         runtime_env["working_dir"] = str(working_dir)
     if worker_setup_hook is not None:
