@@ -271,7 +271,7 @@ def run_phases(
     Raises:
         ValueError: A dataset, the model, ``checkpointing.resume_from``, ``policy.init_from`` or
             the run directory is unusable (``ResumeError``, ``RunDirError``,
-            ``CheckpointCorruptError`` and the dataset errors are ``ValueError``\ s), raised
+            ``CheckpointCorruptError`` and the dataset errors are ``ValueError`` instances), raised
             before Ray starts and before anything is written.
     """
     from nemo_dp.data.validation import validate_datasets
