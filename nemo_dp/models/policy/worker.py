@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict, MicrobatchSpec
 from nemo_dp.distributed.worker_group import find_free_port, node_ip_address
-from nemo_dp.models.builders import build_model, cfg_get
+from nemo_dp.models.builders import build_model, cfg_get, save_tokenizer
 from nemo_dp.models.generation import generate as generate_tokens
 from nemo_dp.models.protocol import LossFn
 from nemo_dp.models.token_ops import token_logprobs_from_logits
@@ -577,9 +577,15 @@ class PolicyWorker:
         return state
 
     def _pretrained_files(self) -> dict[str, bytes]:
-        """The model's ``save_pretrained`` output, file name -> bytes."""
+        """The model's ``save_pretrained`` output plus its tokenizer's files, name -> bytes.
+
+        With the tokenizer beside the weights, a checkpoint's ``policy/`` directory loads on
+        its own (``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` for ``hf``),
+        wherever the run's tokenizer path was relative to.
+        """
         with tempfile.TemporaryDirectory(prefix="nemo_dp_export_") as tmp:
             self.model.save_pretrained(tmp)
+            save_tokenizer(self.cfg, tmp)
             return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
 
     def load_state(self, weights: Mapping[str, Any], rng: Mapping[str, Any] | None) -> None:
