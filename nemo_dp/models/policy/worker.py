@@ -135,6 +135,7 @@ class PolicyWorker:
         self.decay_steps: int | None = None
         self._step_state: dict[str, Any] | None = None
         self._group_ready = False
+        self._tokenizer_files: dict[str, bytes] | None = None  # written once, on first export
 
     def _build_model(self) -> torch.nn.Module:
         """This worker's trainable model (the value worker wraps it in a value head)."""
@@ -581,12 +582,18 @@ class PolicyWorker:
 
         With the tokenizer beside the weights, a checkpoint's ``policy/`` directory loads on
         its own (``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` for ``hf``),
-        wherever the run's tokenizer path was relative to.
+        wherever the run's tokenizer path was relative to.  The tokenizer never changes during
+        a run, so its files are written once (asynchronous GRPO exports every step).
         """
+        if self._tokenizer_files is None:
+            with tempfile.TemporaryDirectory(prefix="nemo_dp_tokenizer_") as tmp:
+                save_tokenizer(self.cfg, tmp)
+                self._tokenizer_files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
         with tempfile.TemporaryDirectory(prefix="nemo_dp_export_") as tmp:
             self.model.save_pretrained(tmp)
-            save_tokenizer(self.cfg, tmp)
-            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+            model_files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+        # On a name both write, the model's own file wins (it is what from_pretrained reads).
+        return {**self._tokenizer_files, **model_files}
 
     def load_state(self, weights: Mapping[str, Any], rng: Mapping[str, Any] | None) -> None:
         """Restore a checkpoint's weights/optimizer (from rank 0) and this rank's RNG.
