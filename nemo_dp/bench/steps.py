@@ -12,6 +12,7 @@ measured.
 from __future__ import annotations
 
 import gc
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ __all__ = [
     "SftStepBenchConfig",
     "StepBench",
     "run_step_bench",
+    "launcher_policy_overrides",
     "run_grpo_step_bench",
     "run_ppo_step_bench",
     "run_sft_step_bench",
@@ -344,6 +346,29 @@ def _mean_row(steps: list[dict[str, Any]]) -> dict[str, float]:
     return {k: statistics.fmean(float(row.get(k, 0.0)) for row in steps) for k in keys}
 
 
+def launcher_policy_overrides() -> list[str]:
+    """The bench command line's ``policy=<kind>`` and ``policy.<key>=<value>`` overrides.
+
+    ``python launchers/bench.py bench=grpo_step policy=hf`` benchmarks the trainers on that
+    policy: every training config the bench composes gets these overrides first.
+
+    Returns:
+        The overrides in command-line order (empty outside a Hydra run).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    out: list[str] = []
+    for item in map(str, HydraConfig.get().overrides.task):
+        choice = re.match(r"^\+?policy=(.*)$", item)
+        if choice is not None:  # the training config always has a policy group to select in
+            out.append(f"policy={choice.group(1)}")
+        elif re.match(r"^(\+\+|\+|~)?policy\.", item):
+            out.append(item)
+    return out
+
+
 def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[str, Any]:
     """Run every (size, data plane) of a step benchmark on one Ray; write the JSON report.
 
@@ -363,14 +388,22 @@ def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[s
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
 
+    from nemo_dp.models.builders import prepare_policy, validate_policy
+
     bench = OmegaConf.to_object(cfg.bench)
     if not isinstance(bench, spec.schema):
         raise ValueError(f"bench: expected the {spec.name} schema, got {type(bench).__name__}")
     register_configs(_REPO_ROOT / "recipes")
+    policy_overrides = launcher_policy_overrides()
 
     def train_config(data_plane: str, size: int) -> DictConfig:
-        train_cfg = compose("config", overrides=spec.train_overrides(bench, data_plane, size))
+        # The bench's own keys come after the launcher's policy overrides, so they win.
+        train_cfg = compose("config", overrides=[*policy_overrides, *spec.train_overrides(bench, data_plane, size)])
         validate_config(train_cfg)
+        # As the training launcher does before Ray starts: build an offline tiny HF checkpoint
+        # on first use, then check the model directory and tokenizer.
+        prepare_policy(train_cfg.policy)
+        validate_policy(train_cfg.policy)
         return train_cfg
 
     sizes = spec.sizes(bench)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from nemo_dp.models.protocol import CausalLM, Tokenizer
 
@@ -31,6 +31,8 @@ __all__ = [
     "validate_policy",
     "load_pretrained_model",
     "prepare_policy",
+    "save_tokenizer",
+    "load_saved_tokenizer",
 ]
 
 #: Kind used when a ``policy`` node has no ``kind`` key (configs written before it existed).
@@ -79,6 +81,12 @@ class ModelBuilder:
         prepare: ``(policy_cfg) -> None``: create what the node refers to and may be built
             locally (``hf``: an offline tiny checkpoint on first use); runs on the driver
             before validation.
+        save_tokenizer: ``(policy_cfg, directory) -> None``: write the tokenizer's files in
+            its own save format next to a model's ``save_pretrained`` output (``hf``: the
+            transformers tokenizer's ``save_pretrained``); a kind whose vocabulary is fixed in
+            code (``tiny``) writes nothing.
+        load_saved_tokenizer: ``(policy_cfg, directory) -> Tokenizer | None``: the tokenizer
+            ``save_tokenizer`` wrote into ``directory``, or ``None`` when it holds none.
     """
 
     kind: str
@@ -87,6 +95,8 @@ class ModelBuilder:
     validate: Callable[[Any], None]
     load_pretrained: Callable[[Any, str], CausalLM]
     prepare: Callable[[Any], None] = lambda policy_cfg: None
+    save_tokenizer: Callable[[Any, str], None] = lambda policy_cfg, directory: None
+    load_saved_tokenizer: Callable[[Any, str], Optional[Tokenizer]] = lambda policy_cfg, directory: None
 
 
 _BUILTIN_MODULES: dict[str, str] = {
@@ -201,3 +211,26 @@ def prepare_policy(policy_cfg: Any) -> None:
         policy_cfg: The ``policy`` node.
     """
     get_builder(policy_kind(policy_cfg)).prepare(policy_cfg)
+
+
+def save_tokenizer(policy_cfg: Any, directory: str) -> None:
+    """Write the tokenizer of a ``policy`` node into ``directory`` (its own save format).
+
+    Args:
+        policy_cfg: The ``policy`` node (its kind picks the writer).
+        directory: Target directory (typically a model's ``save_pretrained`` output).
+    """
+    get_builder(policy_kind(policy_cfg)).save_tokenizer(policy_cfg, str(directory))
+
+
+def load_saved_tokenizer(policy_cfg: Any, directory: str) -> Optional[Tokenizer]:
+    """The tokenizer :func:`save_tokenizer` wrote into ``directory``.
+
+    Args:
+        policy_cfg: The ``policy`` node (its kind picks the reader and its settings).
+        directory: A directory written by :func:`save_tokenizer`.
+
+    Returns:
+        The tokenizer, or ``None`` when ``directory`` holds no tokenizer files of that kind.
+    """
+    return get_builder(policy_kind(policy_cfg)).load_saved_tokenizer(policy_cfg, str(directory))

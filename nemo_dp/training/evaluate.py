@@ -9,7 +9,8 @@ and write one line per problem.
 
 Nothing loaded executes code: the checkpoint is read through ``nemo_dp.utils.checkpoint``
 (JSON manifest and state, safetensors weights; its ``policy/`` directory is the model's own
-``save_pretrained`` output), and a run that allowed a model's remote code is refused.
+``save_pretrained`` output plus its tokenizer's files, so it evaluates from any working
+directory), and a run that allowed a model's remote code is refused.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from nemo_dp.data.sources import build_val_problems
 from nemo_dp.environments import make_environment, resolve_reward
 from nemo_dp.environments.arithmetic_env import EOS_MARKER
 from nemo_dp.environments.math_reward import extract_final_answer
-from nemo_dp.models.builders import build_model, build_tokenizer, cfg_get, load_pretrained_model
+from nemo_dp.models.builders import (
+    build_model,
+    build_tokenizer,
+    cfg_get,
+    load_pretrained_model,
+    load_saved_tokenizer,
+)
 from nemo_dp.models.generation import generate
 from nemo_dp.models.protocol import CausalLM, Tokenizer
 from nemo_dp.training.phases import plan_phases
@@ -147,6 +154,7 @@ class CheckpointRef:
         step: Its step.
         run_dir: The run directory holding ``resolved_config.yaml``.
         run_cfg: The run's resolved config (with ``run_overrides`` applied).
+        run_overrides: The ``run_overrides`` applied to ``run_cfg``.
     """
 
     path: Path
@@ -154,6 +162,7 @@ class CheckpointRef:
     step: int
     run_dir: Path
     run_cfg: DictConfig
+    run_overrides: tuple[str, ...] = ()
 
     @property
     def run_config_file(self) -> Path:
@@ -240,7 +249,7 @@ def resolve_checkpoint(
             raise ValueError(f"phase={phase} contradicts checkpoint={path} (phase {found_phase!r})")
         if not (path / "manifest.json").is_file():
             raise FileNotFoundError(f"checkpoint: {path} has no manifest.json (not a committed checkpoint)")
-        return CheckpointRef(path, found_phase, found_step, run_dir, run_cfg)
+        return CheckpointRef(path, found_phase, found_step, run_dir, run_cfg, tuple(map(str, run_overrides)))
 
     if _committed_steps(path):  # a phase root
         phase_root = path
@@ -270,7 +279,7 @@ def resolve_checkpoint(
         raise FileNotFoundError(
             f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}"
         )
-    return CheckpointRef(steps[step], phase_root.name, step, run_dir, run_cfg)
+    return CheckpointRef(steps[step], phase_root.name, step, run_dir, run_cfg, tuple(map(str, run_overrides)))
 
 
 def phase_config(ref: CheckpointRef) -> Any:
@@ -303,8 +312,17 @@ def _refuse_remote_code(policy_cfg: Any, source: Path) -> None:
         )
 
 
+#: A ``run_overrides`` entry naming one of these keys picks the tokenizer over the checkpoint's.
+_TOKENIZER_KEYS: tuple[str, ...] = ("policy.tokenizer_name_or_path",)
+
+
 def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
-    """The run's tokenizer, built from its ``policy`` node.
+    """The tokenizer the checkpoint's ``policy/`` directory holds, else the run's own.
+
+    The checkpoint's copy (written next to the weights at save time) is used unless
+    ``run_overrides`` names the tokenizer explicitly; a checkpoint without one (a tiny model,
+    whose vocabulary is in code, or one saved before tokenizers were) builds the tokenizer from
+    the run's ``policy`` node.
 
     Args:
         ref: The located checkpoint.
@@ -313,11 +331,21 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
         The tokenizer.
 
     Raises:
-        ValueError: The run allowed remote code, or the tokenizer cannot be built from here
-            (the message names the run config and how to point at the tokenizer).
+        ValueError: The run allowed remote code, the checkpoint's tokenizer files do not load,
+            or the tokenizer cannot be built from here (the message names the run config and
+            how to point at the tokenizer).
     """
     policy_cfg = ref.run_cfg.policy
     _refuse_remote_code(policy_cfg, ref.run_config_file)
+    exported = ref.path / POLICY_KEY
+    overridden = any(str(o).partition("=")[0].strip() in _TOKENIZER_KEYS for o in ref.run_overrides)
+    if exported.is_dir() and not overridden:
+        try:
+            saved = load_saved_tokenizer(policy_cfg, str(exported))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{exported}: cannot load the checkpoint's tokenizer: {exc}") from exc
+        if saved is not None:
+            return saved
     try:
         return build_tokenizer(policy_cfg)
     except (OSError, ValueError) as exc:

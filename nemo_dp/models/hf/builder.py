@@ -9,6 +9,7 @@ same code: safetensors only (``use_safetensors=True``), local files only
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from nemo_dp.models.hf.settings import HFSettings, hf_settings
 from nemo_dp.models.hf.tokenizer import HFTokenizer
 from nemo_dp.models.hf.validate import validate_hf_policy
 
-__all__ = ["BUILDER", "load_hf_model", "load_hf_tokenizer"]
+__all__ = ["BUILDER", "load_hf_model", "load_hf_tokenizer", "save_hf_tokenizer", "load_saved_hf_tokenizer"]
 
 
 def load_hf_model(settings: HFSettings) -> HFCausalLM:
@@ -81,6 +82,57 @@ def _load_pretrained(policy_cfg: Any, directory: str) -> HFCausalLM:
     return load_hf_model(dataclasses.replace(hf_settings(policy_cfg), model_name_or_path=directory))
 
 
+#: The file every transformers tokenizer's ``save_pretrained`` writes.
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+def save_hf_tokenizer(policy_cfg: Any, directory: str) -> None:
+    """Write the run's tokenizer (``save_pretrained``) into ``directory``.
+
+    The tokenizer is read again from ``policy.tokenizer_name_or_path`` (the files the run
+    trained with), so the directory becomes a complete model directory that
+    ``AutoTokenizer.from_pretrained`` reads as well as ``AutoModelForCausalLM``.
+
+    Args:
+        policy_cfg: The ``policy`` node.
+        directory: Target directory (a model's ``save_pretrained`` output).
+    """
+    load_hf_tokenizer(hf_settings(policy_cfg)).save_pretrained(directory)
+
+
+def load_saved_hf_tokenizer(policy_cfg: Any, directory: str) -> HFTokenizer | None:
+    """The tokenizer :func:`save_hf_tokenizer` wrote into ``directory``.
+
+    Args:
+        policy_cfg: The ``policy`` node (``trust_remote_code`` applies as for the run's own).
+        directory: A checkpoint's model directory.
+
+    Returns:
+        The tokenizer, or ``None`` when ``directory`` has no ``tokenizer_config.json``.
+
+    Raises:
+        ValueError: The config is not a JSON object, or it names a tokenizer class of its own
+            code (``auto_map``) while ``policy.trust_remote_code`` is false: transformers would
+            quietly load another class in its place, so it is refused instead (naming the file).
+    """
+    config_file = Path(directory) / TOKENIZER_CONFIG_FILE
+    if not config_file.is_file():
+        return None
+    settings = dataclasses.replace(hf_settings(policy_cfg), tokenizer_name_or_path=directory)
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{config_file}: not a JSON tokenizer config: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file}: not a JSON tokenizer config (a {type(config).__name__})")
+    if "auto_map" in config and not settings.trust_remote_code:
+        raise ValueError(
+            f"{config_file}: \"auto_map\" names a tokenizer class of the checkpoint's own code; "
+            "it is not run (policy.trust_remote_code is false)"
+        )
+    return load_hf_tokenizer(settings)
+
+
 def prepare_hf_policy(policy_cfg: Any) -> None:
     """Build the offline tiny checkpoint ``policy.model_name_or_path`` names, if it is one.
 
@@ -106,4 +158,6 @@ BUILDER = ModelBuilder(
     validate=validate_hf_policy,
     load_pretrained=_load_pretrained,
     prepare=prepare_hf_policy,
+    save_tokenizer=save_hf_tokenizer,
+    load_saved_tokenizer=load_saved_hf_tokenizer,
 )

@@ -16,13 +16,14 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from nemo_dp.data.arithmetic import SUPPORTED_OPERATORS, ArithmeticTask
 
-__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "make_tiny_checkpoint", "ensure_tiny_checkpoint", "main"]
+__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinyDims", "make_tiny_checkpoint", "ensure_tiny_checkpoint", "main"]
 
 #: Architectures this command can write.
 ARCHS: tuple[str, ...] = ("llama", "qwen2", "gpt2")
@@ -85,25 +86,53 @@ def _train_tokenizer(vocab_size: int, digits: int, seed: int) -> object:
     return tok
 
 
-def _model_config(arch: str, vocab: int, ids: dict[str, int], max_positions: int) -> object:
+@dataclass(frozen=True)
+class TinyDims:
+    """Shape of a tiny checkpoint (the defaults are the ``policy=hf`` default model's).
+
+    Attributes:
+        hidden_size: Width of the residual stream.
+        intermediate_size: Width of the MLP (Llama / Qwen2; GPT-2 uses ``4 * hidden_size``).
+        num_layers: Decoder layers.
+        num_heads: Attention heads (must divide ``hidden_size``).
+        num_kv_heads: Key / value heads (Llama / Qwen2; must divide ``num_heads``).
+    """
+
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"make_tiny: {name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"make_tiny: num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"make_tiny: num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
+            )
+
+
+def _model_config(arch: str, vocab: int, ids: dict[str, int], max_positions: int, dims: TinyDims) -> object:
     from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
     common = {"vocab_size": vocab, **ids}
-    if arch == "llama":
-        return LlamaConfig(
-            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=max_positions, tie_word_embeddings=False,
-            **common,
-        )
-    if arch == "qwen2":
-        return Qwen2Config(
-            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=max_positions, tie_word_embeddings=False,
-            **common,
+    if arch in ("llama", "qwen2"):
+        cls = LlamaConfig if arch == "llama" else Qwen2Config
+        return cls(
+            hidden_size=dims.hidden_size, intermediate_size=dims.intermediate_size,
+            num_hidden_layers=dims.num_layers, num_attention_heads=dims.num_heads,
+            num_key_value_heads=dims.num_kv_heads, max_position_embeddings=max_positions,
+            tie_word_embeddings=False, **common,
         )
     return GPT2Config(
-        n_embd=128, n_layer=2, n_head=4, n_positions=max_positions, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, **common,
+        n_embd=dims.hidden_size, n_layer=dims.num_layers, n_head=dims.num_heads, n_positions=max_positions,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common,
     )
 
 
@@ -115,6 +144,7 @@ def make_tiny_checkpoint(
     digits: int = 3,
     vocab_size: int = 384,
     max_positions: int = 128,
+    dims: TinyDims | None = None,
 ) -> Path:
     """Write a tokenizer and a randomly initialised ``arch`` model into ``out``.
 
@@ -125,6 +155,7 @@ def make_tiny_checkpoint(
         digits: Operand digits of the arithmetic corpus.
         vocab_size: Target BPE vocabulary (bytes + merges + specials).
         max_positions: ``max_position_embeddings`` of the model.
+        dims: The model's shape (default :class:`TinyDims`).
 
     Returns:
         The directory.
@@ -144,7 +175,7 @@ def make_tiny_checkpoint(
         "bos_token_id": tok.bos_token_id,
         "eos_token_id": tok.eos_token_id,
     }
-    config = _model_config(arch, len(tok), ids, max_positions)
+    config = _model_config(arch, len(tok), ids, max_positions, dims or TinyDims())
     # from_config draws from the global RNG: fork it so the caller's stream is untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -157,7 +188,14 @@ def make_tiny_checkpoint(
     return target
 
 
-def ensure_tiny_checkpoint(arch: str, cache_dir: str | os.PathLike[str], *, seed: int = 0) -> Path:
+def ensure_tiny_checkpoint(
+    arch: str,
+    cache_dir: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    dims: TinyDims | None = None,
+    name: str | None = None,
+) -> Path:
     """The tiny ``arch`` checkpoint under ``cache_dir``, built on first use.
 
     The build goes into a private sibling directory that is renamed into place, so concurrent
@@ -168,17 +206,20 @@ def ensure_tiny_checkpoint(arch: str, cache_dir: str | os.PathLike[str], *, seed
         arch: One of :data:`ARCHS`.
         cache_dir: Cache root; the checkpoint is ``cache_dir/tiny-<arch>``.
         seed: Seed of a fresh build.
+        dims: Shape of a fresh build (default :class:`TinyDims`); give a non-default shape its
+            own ``name`` so it does not meet a default-shaped cache entry.
+        name: Directory name under ``cache_dir`` (default ``tiny-<arch>``).
 
     Returns:
         The checkpoint directory.
     """
-    final = Path(cache_dir) / f"tiny-{arch}"
+    final = Path(cache_dir) / (name or f"tiny-{arch}")
     if all((final / name).is_file() for name in _FILES_DONE):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f"{final.name}.tmp-{uuid.uuid4().hex}"
     try:
-        make_tiny_checkpoint(arch, tmp, seed=seed)
+        make_tiny_checkpoint(arch, tmp, seed=seed, dims=dims)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -200,8 +241,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="target directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-positions", type=int, default=128)
+    defaults = TinyDims()
+    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
+    parser.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
+    parser.add_argument("--num-layers", type=int, default=defaults.num_layers)
+    parser.add_argument("--num-heads", type=int, default=defaults.num_heads)
+    parser.add_argument("--num-kv-heads", type=int, default=defaults.num_kv_heads)
     args = parser.parse_args(argv)
-    path = make_tiny_checkpoint(args.arch, args.out, seed=args.seed, max_positions=args.max_positions)
+    dims = TinyDims(
+        hidden_size=args.hidden_size, intermediate_size=args.intermediate_size, num_layers=args.num_layers,
+        num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+    )
+    path = make_tiny_checkpoint(args.arch, args.out, seed=args.seed, max_positions=args.max_positions, dims=dims)
     print(f"wrote tiny {args.arch} checkpoint to {path}: {sorted(p.name for p in path.iterdir())}")
 
 

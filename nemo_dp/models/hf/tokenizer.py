@@ -10,6 +10,7 @@ so the choice never reaches a loss).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -74,6 +75,14 @@ class HFTokenizer:
         """The tokenizer's chat template, or ``None``."""
         template = getattr(self._tok, "chat_template", None)
         return template if isinstance(template, str) and template else None
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """The wrapped tokenizer's ``save_pretrained`` (``tokenizer.json``, its config, specials).
+
+        Args:
+            directory: Target directory (created if missing).
+        """
+        self._tok.save_pretrained(os.fspath(directory))
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``; special-token text (e.g. a template's markers) maps to its id.

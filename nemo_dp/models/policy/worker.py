@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict, MicrobatchSpec
 from nemo_dp.distributed.worker_group import find_free_port, node_ip_address
-from nemo_dp.models.builders import build_model, cfg_get
+from nemo_dp.models.builders import build_model, cfg_get, save_tokenizer
 from nemo_dp.models.generation import generate as generate_tokens
 from nemo_dp.models.protocol import LossFn
 from nemo_dp.models.token_ops import token_logprobs_from_logits
@@ -135,6 +135,7 @@ class PolicyWorker:
         self.decay_steps: int | None = None
         self._step_state: dict[str, Any] | None = None
         self._group_ready = False
+        self._tokenizer_files: dict[str, bytes] | None = None  # written once, on first export
 
     def _build_model(self) -> torch.nn.Module:
         """This worker's trainable model (the value worker wraps it in a value head)."""
@@ -577,10 +578,22 @@ class PolicyWorker:
         return state
 
     def _pretrained_files(self) -> dict[str, bytes]:
-        """The model's ``save_pretrained`` output, file name -> bytes."""
+        """The model's ``save_pretrained`` output plus its tokenizer's files, name -> bytes.
+
+        With the tokenizer beside the weights, a checkpoint's ``policy/`` directory loads on
+        its own (``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` for ``hf``),
+        wherever the run's tokenizer path was relative to.  The tokenizer never changes during
+        a run, so its files are written once (asynchronous GRPO exports every step).
+        """
+        if self._tokenizer_files is None:
+            with tempfile.TemporaryDirectory(prefix="nemo_dp_tokenizer_") as tmp:
+                save_tokenizer(self.cfg, tmp)
+                self._tokenizer_files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
         with tempfile.TemporaryDirectory(prefix="nemo_dp_export_") as tmp:
             self.model.save_pretrained(tmp)
-            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+            model_files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+        # On a name both write, the model's own file wins (it is what from_pretrained reads).
+        return {**self._tokenizer_files, **model_files}
 
     def load_state(self, weights: Mapping[str, Any], rng: Mapping[str, Any] | None) -> None:
         """Restore a checkpoint's weights/optimizer (from rank 0) and this rank's RNG.
