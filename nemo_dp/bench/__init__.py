@@ -88,9 +88,11 @@ def register_bench_configs() -> None:
 
     from nemo_dp.bench.common import DataPlaneBenchConfig
     from nemo_dp.bench.steps import GrpoStepBenchConfig, PpoStepBenchConfig, SftStepBenchConfig
+    from nemo_dp.config.policy import register_policy_configs
     from nemo_dp.data_plane.interfaces import register_data_plane_configs
 
     register_data_plane_configs()
+    register_policy_configs()  # conf/policy/<kind>.yaml extends /policy_<kind>_schema
     store = ConfigStore.instance()
     # Outside the ``bench`` group (``conf_bench/bench/<name>.yaml`` extends
     # ``/bench_<name>_schema@_here_``), so that ``--help`` lists only runnable options.

@@ -45,7 +45,7 @@ MB = 1e6
 
 @dataclass
 class DataPlaneBenchConfig:
-    """``bench`` for ``bench=data_plane`` (schema of ``conf/bench/data_plane.yaml``)."""
+    """``bench`` for ``bench=data_plane`` (schema of ``conf_bench/bench/data_plane.yaml``)."""
 
     name: str = "data_plane"
     backends: list[str] = field(default_factory=lambda: list(ALL_BACKENDS))

@@ -78,7 +78,7 @@ def _check_common(cfg: Any, legal_backends: tuple[str, ...]) -> None:
 
 @dataclass
 class GrpoStepBenchConfig:
-    """``bench`` for ``bench=grpo_step`` (schema of ``conf/bench/grpo_step.yaml``)."""
+    """``bench`` for ``bench=grpo_step`` (schema of ``conf_bench/bench/grpo_step.yaml``)."""
 
     name: str = "grpo_step"
     samples_per_step: list[int] = field(default_factory=lambda: [32, 128])
@@ -118,7 +118,7 @@ class GrpoStepBenchConfig:
 
 @dataclass
 class PpoStepBenchConfig(GrpoStepBenchConfig):
-    """``bench`` for ``bench=ppo_step`` (schema of ``conf/bench/ppo_step.yaml``)."""
+    """``bench`` for ``bench=ppo_step`` (schema of ``conf_bench/bench/ppo_step.yaml``)."""
 
     name: str = "ppo_step"
     ppo_epochs: int = 2
@@ -136,7 +136,7 @@ class PpoStepBenchConfig(GrpoStepBenchConfig):
 
 @dataclass
 class SftStepBenchConfig:
-    """``bench`` for ``bench=sft_step`` (schema of ``conf/bench/sft_step.yaml``)."""
+    """``bench`` for ``bench=sft_step`` (schema of ``conf_bench/bench/sft_step.yaml``)."""
 
     name: str = "sft_step"
     global_batch_sizes: list[int] = field(default_factory=lambda: [128, 512])

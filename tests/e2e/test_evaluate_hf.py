@@ -3,8 +3,9 @@
 One short SFT run trains the tiny HuggingFace Llama that ``conf/policy/hf.yaml`` builds on first
 use, printing every held-out example of its final validation; the evaluation of that checkpoint,
 in a separate process, must reproduce the trainer's own responses problem for problem and its
-``val_accuracy``. Run from another directory, the run's relative tokenizer path does not
-resolve: the evaluation fails naming the run config, and works with ``run_overrides``.
+``val_accuracy``. Run from another directory (where the run's relative tokenizer path does not
+resolve) it gives the same predictions, the checkpoint's ``policy/`` holding the tokenizer; a
+tokenizer named in ``run_overrides`` takes precedence.
 """
 
 from __future__ import annotations
@@ -71,23 +72,26 @@ def test_evaluate_hf_sft_checkpoint(launch: LaunchFn, tmp_path: Path) -> None:
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["reward"] == "exact" and summary["checkpoint"].endswith("step_00000002")
 
-    # The run config names its tokenizer relative to where it trained (tmp_path).
+    # The run config names its model and tokenizer relative to where it trained (tmp_path),
+    # but the checkpoint's policy/ directory holds both: it evaluates from any directory.
+    assert (exported / "tokenizer.json").is_file() and (exported / "tokenizer_config.json").is_file()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    out_bad = tmp_path / "eval_hf_bad"
-    proc = _evaluate(elsewhere, [f"checkpoint={run / 'checkpoints'}", f"hydra.run.dir={out_bad}"])
-    assert proc.returncode != 0 and "resolved_config.yaml" in proc.stderr and "run_overrides" in proc.stderr
-    assert not (out_bad / "predictions.jsonl").exists()
-    tokenizer_dir = tmp_path / ".cache" / "nemo_dp" / "tiny-llama"
     out2 = tmp_path / "eval_hf_elsewhere"
+    proc = _evaluate(elsewhere, [f"checkpoint={run / 'checkpoints'}", f"hydra.run.dir={out2}"])
+    _ok(proc)
+    assert _printed(proc)[2] == acc
+    assert _predictions(out2 / "predictions.jsonl") == rows
+    # run_overrides naming the tokenizer take precedence over the checkpoint's copy: a path
+    # that does not resolve from here fails naming the run config and run_overrides.
+    out_bad = tmp_path / "eval_hf_bad"
     proc = _evaluate(
         elsewhere,
         [
             f"checkpoint={run / 'checkpoints'}",
-            f"run_overrides=['policy.tokenizer_name_or_path={tokenizer_dir}']",
-            f"hydra.run.dir={out2}",
+            "run_overrides=['policy.tokenizer_name_or_path=.cache/nemo_dp/tiny-llama']",
+            f"hydra.run.dir={out_bad}",
         ],
     )
-    _ok(proc)
-    assert _printed(proc)[2] == acc
-    assert _predictions(out2 / "predictions.jsonl") == rows
+    assert proc.returncode != 0 and "resolved_config.yaml" in proc.stderr and "run_overrides" in proc.stderr
+    assert not (out_bad / "predictions.jsonl").exists()
