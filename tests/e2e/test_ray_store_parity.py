@@ -166,3 +166,38 @@ if __name__ == "__main__":
     res = run_parity(target, Path(sys.argv[2]))
     (target / "parity.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: [r.get("reward_mean") for r in v["records"]] for k, v in res["runs"].items()}))
+
+
+@pytest.mark.timeout(300)
+def test_launcher_trains_grpo_over_the_ray_store(tmp_path: Path) -> None:
+    """``launch.py data_plane=ray`` selects the data-plane pair through the registries."""
+    from nemo_dp.utils.metrics import read_metrics
+    from tests.e2e.conftest import LAUNCHER, TINY
+
+    run = tmp_path / "run"
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    proc = subprocess.run(
+        [
+            sys.executable, str(LAUNCHER), "data_plane=ray", *TINY,
+            "algorithm.warm_start.enabled=false",
+            "algorithm.num_prompts_per_step=4",
+            "algorithm.num_generations_per_prompt=4",
+            "algorithm.num_train_prompts=64",
+            "algorithm.max_steps=2",
+            "algorithm.val_period=2",
+            "algorithm.val_at_start=false",
+            "data_plane.observability.enabled=true",
+            f"hydra.run.dir={run}",
+        ],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280,
+    )
+    assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    assert "Running synchronous GRPO training (data plane: ray_store)" in proc.stdout
+    assert "trainer nemo_dp.algorithms.grpo_sync:grpo_train_sync" in proc.stdout
+    assert "policy factory nemo_dp.models.policy.tq_policy:TQPolicy" in proc.stdout
+    records = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
+    assert sorted(records) == [1, 2]
+    for rec in records.values():
+        assert rec["data_plane/step/bytes_written_mb"] > 0.0  # the driver wrote advantages
+    assert "val_accuracy" in records[2]
