@@ -26,7 +26,7 @@ from nemo_dp.data_plane.adapters.ray_store.state import StoreState, TensorColumn
 
 
 def _spec(tag: str, dtype: str = "torch.float32", layout: str = DENSE) -> TensorColumnSpec:
-    return TensorColumnSpec(dtype, layout, f"ref-{tag}")
+    return TensorColumnSpec(dtype, layout, f"ref-{tag}", "x")
 
 
 def _store(n: int = 4) -> tuple[StoreState, list[str]]:

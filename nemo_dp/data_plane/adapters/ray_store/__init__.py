@@ -1,9 +1,9 @@
 """The Ray object-store data plane: bulk columns in Ray's object store, metadata in one actor.
 
 Why this package exists: TransferQueue stores and ships one tensor per row per field, so its
-cost grows with rows; this backend stores each tensor column of a put once, as one object in
-Ray's object store (dense columns as one buffer, jagged columns as one ``values``/``offsets``
-pair), and keeps only metadata (partitions, rows, per-task claims, tags, chunk refs) in one
+cost grows with rows; this backend stores each tensor column of a put once, in one object in
+Ray's object store per put (dense columns as one buffer, jagged columns as one
+``values``/``offsets`` pair), and keeps only metadata (partitions, rows, per-task claims, tags, chunk refs) in one
 small named actor.  A put or a read is one actor round trip plus object-store traffic for the
 columns it touches; on one node reads map the shared-memory buffers and copy only their rows.
 It serves the same contract (write-back included) as the TransferQueue adapter.

@@ -115,7 +115,7 @@ def build_snapshot(
                 if cid == last:
                     segments[-1].positions.append(pos)
                 else:
-                    segments.append(Segment(chunks[cid][1], payloads[cid], [pos]))
+                    segments.append(Segment(chunks[cid][2], payloads[cid], [pos]))
                     last = cid
             data = gather_field(name, dtype_from_name(kind), segments)
             if data.is_nested:
@@ -331,7 +331,7 @@ class RayStoreCheckpointMixin:
     """``save_checkpoint`` / ``load_checkpoint`` of ``RayStoreClient``.
 
     Host contract: ``_check_open()``, ``_call(op, partition_id, *args)``,
-    ``_fetch(refs, partition_id, op)``, ``_used`` and ``_bootstrap``.
+    ``_chunk_payloads(chunks, partition_id, op)``, ``_used`` and ``_bootstrap``.
     """
 
     _used: bool
@@ -357,10 +357,9 @@ class RayStoreCheckpointMixin:
         self._check_open()  # type: ignore[attr-defined]
         self._require_owner("save_checkpoint")
         user_metadata = validate_json_metadata(metadata)
-        snap = self._call("snapshot", "", )  # type: ignore[attr-defined]
-        order = list(snap["chunks"])
-        fetched = self._fetch([snap["chunks"][c][0] for c in order], "", "save_checkpoint")  # type: ignore[attr-defined]
-        manifest, tensors = build_snapshot(snap, dict(zip(order, fetched)), user_metadata)
+        snap = self._call("snapshot", "")  # type: ignore[attr-defined]
+        payloads = self._chunk_payloads(snap["chunks"], "", "save_checkpoint")  # type: ignore[attr-defined]
+        manifest, tensors = build_snapshot(snap, payloads, user_metadata)
 
         def write(tmp: Path) -> None:
             torch.save(tensors, tmp / TENSORS_FILE)
@@ -397,7 +396,8 @@ class RayStoreCheckpointMixin:
         for rec, tensor_cols in loaded:
             for name, (data, holders) in tensor_cols.items():
                 enc = encode_column(name, data)
-                rec["columns"][name] = (TensorColumnSpec(enc.dtype, enc.layout, ray.put(enc.payload)), holders)
+                ref = ray.put({name: enc.payload})
+                rec["columns"][name] = (TensorColumnSpec(enc.dtype, enc.layout, ref, name), holders)
             records.append(rec)
         try:
             self._call("restore", "", records)  # type: ignore[attr-defined]

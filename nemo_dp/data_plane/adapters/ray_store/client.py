@@ -1,8 +1,8 @@
 """``RayStoreClient``: the data-plane contract over Ray's object store plus one metadata actor.
 
 Why this module exists: it is the one place that moves bytes for this backend.  A put validates
-its arguments here, ``ray.put``s each tensor column once (``columns``) and registers the refs
-with the metadata actor in one call, which checks the partition's schema before it commits; a
+its arguments here, ``ray.put``s one object holding each of its tensor columns once
+(``columns``) and registers it with the metadata actor in one call, which checks the partition's schema before it commits; a
 read asks the actor where its cells live (one call, which also returns object columns), fetches
 the chunks with one ``ray.get`` and gathers its rows locally.  So a put or a read costs one
 actor round trip plus object-store traffic proportional to the columns touched, whatever the
@@ -12,8 +12,10 @@ Object lifetime: an object ``ray.put`` by a process is owned by that process (Ra
 ownership transfer), so rows stay readable while the process that wrote them lives.  Policy
 workers, rollout actors and the driver live for the whole run; a read of rows whose writer has
 exited raises ``DataPlaneUnavailableError`` naming the partition.  The metadata actor holds a
-reference to every live chunk and drops it when the chunk's last row is cleared or overwritten,
-which lets Ray free the object.
+reference to every live chunk (one column of one put) and drops it when the chunk's last row is
+cleared or overwritten; once every column of a put is dropped, Ray frees the object.  One object
+per put (rather than per column) keeps a put to one object-store write; the price is that a
+read on another node of some of a put's columns transfers all of them.
 """
 
 from __future__ import annotations
@@ -185,6 +187,16 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
                 f"({type(exc).__name__}; the process that wrote it has probably exited)"
             ) from exc
 
+    def _chunk_payloads(
+        self, chunks: Mapping[int, tuple[Any, str, str, str]], partition_id: str, op: str
+    ) -> dict[int, Any]:
+        """chunk id -> its column payload, fetching every distinct object once."""
+        objects: dict[Any, int] = {}
+        for ref, *_ in chunks.values():
+            objects.setdefault(ref, len(objects))
+        fetched = self._fetch(list(objects), partition_id, op)
+        return {cid: fetched[objects[ref]][key] for cid, (ref, key, *_) in chunks.items()}
+
     # --- task-mediated half -------------------------------------------------------------------
     def register_partition(
         self,
@@ -325,15 +337,16 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
         except (TypeError, ValueError):
             self._require_partition(partition_id, "put_samples")  # unknown partition outranks
             raise
-        n = len(plan.ids)
+        encoded = {name: encode_column(name, t) for name, t in plan.tensors.items()}
+        # One object per put: each column once, and one object-store write whatever the width.
+        ref = ray.put({k: e.payload for k, e in encoded.items()}) if encoded and plan.ids else None
         columns: dict[str, Any] = {}
         for name in plan.names:
             if name in plan.objects:
                 columns[name] = plan.objects[name]
-                continue
-            enc = encode_column(name, plan.tensors[name])
-            ref = ray.put(enc.payload) if n else None
-            columns[name] = TensorColumnSpec(enc.dtype, enc.layout, ref)
+            else:
+                enc = encoded[name]
+                columns[name] = TensorColumnSpec(enc.dtype, enc.layout, ref, name)
         self._call("put", partition_id, partition_id, plan.ids, columns, plan.tags)
         return KVBatchMeta(
             partition_id=partition_id,
@@ -364,8 +377,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
             self._require_partition(partition_id, "get_samples")
             return TensorDict({}, batch_size=(0,))
         plan, chunks = self._call("locate", partition_id, partition_id, ids, names)
-        order = list(chunks)
-        payloads = dict(zip(order, self._fetch([chunks[c][0] for c in order], partition_id, "get_samples")))
+        payloads = self._chunk_payloads(chunks, partition_id, "get_samples")
         out: dict[str, Any] = {}
         for name in names:
             entry = plan[name]
@@ -376,7 +388,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
             out[name] = gather_field(
                 name,
                 dtype_from_name(dtype),
-                [Segment(chunks[cid][1], payloads[cid], positions) for cid, positions in segments],
+                [Segment(chunks[cid][2], payloads[cid], positions) for cid, positions in segments],
             )
         return TensorDict(out, batch_size=(len(ids),))
 

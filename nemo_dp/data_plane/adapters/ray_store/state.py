@@ -7,7 +7,8 @@ twice and a put is checked against the same schema everywhere.  :class:`StoreSta
 authority as a plain Python object: the actor wraps it, the unit tests drive it without Ray.
 
 Bulk data is not here.  A put stores each tensor column once in Ray's object store (one object
-per column per put, a *chunk*) and registers ``(object ref, row position)`` per row and field;
+per put holding every tensor column of it; one column of it is a *chunk*) and registers
+``(chunk, row position)`` per row and field;
 this state keeps the refs (so the objects stay alive) and drops a chunk's ref when no live row
 uses it any more.  Object (non-tensor) columns are small per-row values (prompts, statuses,
 dicts) and are kept here directly, which lets a read return them in the same reply as the
@@ -41,12 +42,15 @@ class TensorColumnSpec:
     Attributes:
         dtype: ``str(torch dtype)``.
         layout: ``"dense"`` or ``"jagged"``.
-        ref: The object ref of the column's payload (``None`` for a put of zero rows).
+        ref: The object ref of the put's payload (``None`` for a put of zero rows): one object
+            per put holding every tensor column of it once, as ``{key: column payload}``.
+        key: This column's key in that object.
     """
 
     dtype: str
     layout: str
     ref: Any
+    key: str
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Chunk:
     """One column of one put, living in Ray's object store."""
 
     ref: Any
+    key: str
     layout: str
     dtype: str
     live: int  # live (row, field) cells that point into this chunk
@@ -244,7 +249,7 @@ class StoreState:
             if isinstance(col, TensorColumnSpec):
                 cid = self._next_chunk
                 self._next_chunk += 1
-                self.chunks[cid] = Chunk(col.ref, col.layout, col.dtype, 0)
+                self.chunks[cid] = Chunk(col.ref, col.key, col.layout, col.dtype, 0)
                 chunk_of[name] = cid
         part.field_kinds.update(kinds)
         for i, sid in enumerate(sample_ids):
@@ -281,7 +286,7 @@ class StoreState:
     # --- reads --------------------------------------------------------------------------------
     def locate(
         self, partition_id: str, sample_ids: list[str], fields: list[str]
-    ) -> tuple[dict[str, Any], dict[int, tuple[Any, str, str]]]:
+    ) -> tuple[dict[str, Any], dict[int, tuple[Any, str, str, str]]]:
         """Where a read's cells live.
 
         Args:
@@ -292,7 +297,7 @@ class StoreState:
         Returns:
             ``(plan, chunks)``: ``plan[field]`` is ``("object", values)`` or
             ``("tensor", dtype, [(chunk id, positions), ...])`` with one entry per run of
-            consecutive output rows in one chunk; ``chunks[id]`` is ``(ref, layout, dtype)``.
+            consecutive output rows in one chunk; ``chunks[id]`` is ``(ref, key, layout, dtype)``.
 
         Raises:
             KeyError: Unknown partition, unknown/cleared ids (listed), fields not produced for
@@ -313,7 +318,7 @@ class StoreState:
                 f"{sorted(part.field_kinds)})"
             )
         plan: dict[str, Any] = {}
-        used: dict[int, tuple[Any, str, str]] = {}
+        used: dict[int, tuple[Any, str, str, str]] = {}
         for f in fields:
             if part.field_kinds[f] == OBJECT:
                 plan[f] = (OBJECT, [part.values[sid][f] for sid in sample_ids])
@@ -329,7 +334,7 @@ class StoreState:
                     last = cid
                     if cid not in used:
                         ch = self.chunks[cid]
-                        used[cid] = (ch.ref, ch.layout, ch.dtype)
+                        used[cid] = (ch.ref, ch.key, ch.layout, ch.dtype)
             plan[f] = ("tensor", part.field_kinds[f], segments)
         return plan, used
 
@@ -451,17 +456,17 @@ class StoreState:
         """Everything a checkpoint needs, with chunk refs (the client fetches the payloads).
 
         Returns:
-            ``{"partitions": [...], "chunks": {id: (ref, layout, dtype)}}``; every partition
+            ``{"partitions": [...], "chunks": {id: (ref, key, layout, dtype)}}``; every partition
             record holds its schema, field kinds, ordered ids, per-row cells / object values /
             tags, and the claimed ids per task.
         """
         records = []
-        used: dict[int, tuple[Any, str, str]] = {}
+        used: dict[int, tuple[Any, str, str, str]] = {}
         for part in self.partitions.values():
             for cells in part.cells.values():
                 for cid, _ in cells.values():
                     ch = self.chunks[cid]
-                    used[cid] = (ch.ref, ch.layout, ch.dtype)
+                    used[cid] = (ch.ref, ch.key, ch.layout, ch.dtype)
             records.append(
                 {
                     "partition_id": part.partition_id,
@@ -531,7 +536,7 @@ class StoreState:
                     continue
                 cid = self._next_chunk
                 self._next_chunk += 1
-                self.chunks[cid] = Chunk(spec.ref, spec.layout, spec.dtype, len(ids))
+                self.chunks[cid] = Chunk(spec.ref, spec.key, spec.layout, spec.dtype, len(ids))
                 for pos, sid in enumerate(ids):
                     part.cells[sid][name] = (cid, pos)
                     part.rows[sid][name] = cid
