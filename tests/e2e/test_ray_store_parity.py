@@ -201,3 +201,37 @@ def test_launcher_trains_grpo_over_the_ray_store(tmp_path: Path) -> None:
     for rec in records.values():
         assert rec["data_plane/step/bytes_written_mb"] > 0.0  # the driver wrote advantages
     assert "val_accuracy" in records[2]
+
+
+@pytest.mark.timeout(300)
+def test_launcher_trains_asynchronous_grpo_over_the_ray_store(tmp_path: Path) -> None:
+    """Async GRPO's rollout actors stream rows through the ray store into the trainer."""
+    from nemo_dp.utils.metrics import read_metrics
+    from tests.e2e.conftest import LAUNCHER, TINY
+
+    run = tmp_path / "run"
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    proc = subprocess.run(
+        [
+            sys.executable, str(LAUNCHER), "data_plane=ray", "algorithm.async_rollout.enabled=true",
+            *TINY,
+            "algorithm.warm_start.enabled=false",
+            "algorithm.num_prompts_per_step=4",
+            "algorithm.num_generations_per_prompt=4",
+            "algorithm.num_train_prompts=64",
+            "algorithm.max_steps=3",
+            "algorithm.val_period=3",
+            "algorithm.val_at_start=false",
+            f"hydra.run.dir={run}",
+        ],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280,
+    )
+    assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    assert "Running asynchronous GRPO training (data plane: ray_store)" in proc.stdout
+    assert "trainer nemo_dp.algorithms.grpo_async:grpo_train_async" in proc.stdout
+    records = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
+    assert sorted(records) == [1, 2, 3]
+    # every step trained one full batch (4 prompts x 4) claimed from the store
+    assert [records[s]["consumed_samples"] for s in (1, 2, 3)] == [16, 32, 48]
+    assert records[3]["async/generated_samples"] >= 48
