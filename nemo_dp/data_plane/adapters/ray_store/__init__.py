@@ -9,7 +9,8 @@ columns it touches; on one node reads map the shared-memory buffers and copy onl
 It serves the same contract (write-back included) as the TransferQueue adapter.
 
 Modules, one job each: ``client`` (``RayStoreClient``: puts, reads, claims over the actor),
-``actor`` (the metadata actor and its lifetime), ``state`` (the metadata itself, plain Python),
+``actor`` (the metadata actor and its lifetime), ``state`` (the metadata itself, plain Python;
+``state_snapshot`` its checkpoint half),
 ``columns`` (column payloads and row gathers), ``validation`` (caller-side checks) and
 ``checkpoint`` (typed, pickle-free checkpoints saved by the bootstrapping client).
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from nemo_dp.data_plane.adapters._validation import duplicates
 from nemo_dp.data_plane.adapters.local.validation import check_name, check_names, listed
-from nemo_dp.data_plane.schema import RESERVED_PREFIX, TAG_INPUT_LENGTHS
+from nemo_dp.data_plane.schema import RESERVED_PREFIX
 
 __all__ = ["OBJECT", "Chunk", "PartitionState", "StoreState", "TensorColumnSpec"]
 
@@ -453,93 +453,18 @@ class StoreState:
 
     # --- checkpoints --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """Everything a checkpoint needs, with chunk refs (the client fetches the payloads).
+        """Everything a checkpoint needs, with chunk refs (see ``state_snapshot``)."""
+        from nemo_dp.data_plane.adapters.ray_store.state_snapshot import snapshot_state
 
-        Returns:
-            ``{"partitions": [...], "chunks": {id: (ref, key, layout, dtype)}}``; every partition
-            record holds its schema, field kinds, ordered ids, per-row cells / object values /
-            tags, and the claimed ids per task.
-        """
-        records = []
-        used: dict[int, tuple[Any, str, str, str]] = {}
-        for part in self.partitions.values():
-            for cells in part.cells.values():
-                for cid, _ in cells.values():
-                    ch = self.chunks[cid]
-                    used[cid] = (ch.ref, ch.key, ch.layout, ch.dtype)
-            records.append(
-                {
-                    "partition_id": part.partition_id,
-                    "fields": list(part.fields),
-                    "num_samples": part.num_samples,
-                    "consumer_tasks": list(part.tasks),
-                    "grpo_group_size": part.group_size,
-                    "enums": {k: list(v) for k, v in part.enums.items()},
-                    "field_kinds": dict(part.field_kinds),
-                    "sample_ids": list(part.rows),
-                    "row_fields": {sid: list(row) for sid, row in part.rows.items()},
-                    "cells": {sid: dict(c) for sid, c in part.cells.items()},
-                    "values": copy.deepcopy(part.values),
-                    "tags": copy.deepcopy(part.tags),
-                    "claimed": {t: [s for s in part.rows if s in c] for t, c in part.claimed.items()},
-                }
-            )
-        return {"partitions": records, "chunks": used}
+        return snapshot_state(self)
 
     def restore(self, partitions: list[dict[str, Any]]) -> None:
-        """Rebuild the state of a clean store from a loaded checkpoint.
-
-        Args:
-            partitions: One record per partition: the schema keys of :meth:`register`,
-                ``field_kinds``, ``sample_ids``, ``row_fields`` (sid -> fields it holds),
-                ``columns`` (field -> ``(TensorColumnSpec, ids)`` with one row per id in that
-                order, or ``("object", {sid: value})``), ``tags`` and ``claimed``.
+        """Rebuild a clean store from loaded records, all or nothing (see ``state_snapshot``).
 
         Raises:
             RuntimeError: The store is not empty.
+            KeyError | TypeError | ValueError: A record is invalid (nothing restored).
         """
-        if self.partitions:
-            raise RuntimeError(
-                "load_checkpoint needs a clean data-plane client: the store already holds "
-                f"partitions {sorted(self.partitions)}"
-            )
-        built = StoreState()
-        built._fill(partitions)  # all or nothing: a bad record leaves this store empty
-        self.partitions, self.chunks, self._next_chunk = (
-            built.partitions,
-            built.chunks,
-            built._next_chunk,
-        )
+        from nemo_dp.data_plane.adapters.ray_store.state_snapshot import restore_state
 
-    def _fill(self, partitions: list[dict[str, Any]]) -> None:
-        for rec in partitions:
-            self.register(
-                rec["partition_id"],
-                rec["fields"],
-                rec["num_samples"],
-                rec["consumer_tasks"],
-                rec["grpo_group_size"],
-                rec["enums"],
-            )
-            part = self.partitions[rec["partition_id"]]
-            part.field_kinds = dict(rec["field_kinds"])
-            for sid in rec["sample_ids"]:
-                part.rows[sid] = {}
-                part.cells[sid] = {}
-            for sid, names in rec["row_fields"].items():
-                for name in names:
-                    part.rows[sid][name] = None
-            for name, (spec, ids) in rec["columns"].items():
-                if spec == OBJECT:
-                    for sid, value in ids.items():
-                        part.values.setdefault(sid, {})[name] = value
-                    continue
-                cid = self._next_chunk
-                self._next_chunk += 1
-                self.chunks[cid] = Chunk(spec.ref, spec.key, spec.layout, spec.dtype, len(ids))
-                for pos, sid in enumerate(ids):
-                    part.cells[sid][name] = (cid, pos)
-                    part.rows[sid][name] = cid
-            part.tags = dict(rec["tags"])
-            for task, ids in rec["claimed"].items():
-                part.claimed[task] = set(ids)
+        restore_state(self, partitions)
