@@ -18,6 +18,7 @@ __all__ = [
     "MEMCPY",
     "LOCAL",
     "TQ_ADAPTER",
+    "RAY_STORE",
     "TQ_RAW",
     "RAY_TD",
     "RAY_NUMPY",
@@ -37,7 +38,8 @@ TQ_ADAPTER = "transfer_queue"
 TQ_RAW = "tq_raw"
 RAY_TD = "ray_tensordict"
 RAY_NUMPY = "ray_numpy"
-ALL_BACKENDS: tuple[str, ...] = (MEMCPY, LOCAL, TQ_ADAPTER, TQ_RAW, RAY_TD, RAY_NUMPY)
+RAY_STORE = "ray_store"
+ALL_BACKENDS: tuple[str, ...] = (MEMCPY, LOCAL, TQ_ADAPTER, TQ_RAW, RAY_TD, RAY_NUMPY, RAY_STORE)
 ALL_PAYLOADS: tuple[str, ...] = ("dense", "jagged")
 MIB = 1 << 20
 MB = 1e6

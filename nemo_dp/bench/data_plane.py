@@ -30,6 +30,7 @@ from nemo_dp.bench.common import (
     MEMCPY,
     RAY_NUMPY,
     RAY_TD,
+    RAY_STORE,
     TQ_ADAPTER,
     TQ_RAW,
     DataPlaneBenchConfig,
@@ -43,7 +44,7 @@ __all__ = ["run_data_plane_bench"]
 
 _LOG = logging.getLogger("nemo_dp.bench")
 _NEEDS_TQ = {TQ_ADAPTER, TQ_RAW}
-_NEEDS_RAY = {TQ_ADAPTER, TQ_RAW, RAY_TD, RAY_NUMPY}
+_NEEDS_RAY = {TQ_ADAPTER, TQ_RAW, RAY_TD, RAY_NUMPY, RAY_STORE}
 
 
 def _setup_backends(
@@ -85,6 +86,16 @@ def _setup_backends(
                         backends[TQ_RAW] = make_raw()
                     except Exception as exc:
                         errors[TQ_RAW] = f"{type(exc).__name__}: {exc}"
+    if RAY_STORE in selected:
+        from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
+
+        try:
+            store = build_data_plane_client(RayStoreDataPlaneConfig(), bootstrap=True)
+        except Exception as exc:  # recorded, reported, and fails the run at the end
+            errors[RAY_STORE] = f"ray_store bootstrap failed: {type(exc).__name__}: {exc}"
+        else:
+            backends[RAY_STORE] = ClientBackend(RAY_STORE, store)
+            opened.append(backends[RAY_STORE])
     if selected & {RAY_TD, RAY_NUMPY}:
         reader = make_reader_actor()
         if RAY_TD in selected:

@@ -43,7 +43,7 @@ __all__ = [
     "run_sft_step_bench",
 ]
 
-RL_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq")
+RL_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq", "ray")
 #: GRPO also runs the asynchronous trainer: ``tq_async`` = ``data_plane=tq`` with
 #: ``algorithm.async_rollout.enabled=true`` (rollout actors generate while the workers train).
 GRPO_STEP_TRAINERS: tuple[str, ...] = (*RL_STEP_TRAINERS, "tq_async")
@@ -51,7 +51,7 @@ GRPO_STEP_TRAINERS: tuple[str, ...] = (*RL_STEP_TRAINERS, "tq_async")
 _BACKEND_SELECTION: dict[str, tuple[str, ...]] = {
     "tq_async": ("data_plane=tq", "algorithm.async_rollout.enabled=true"),
 }
-SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq")
+SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq", "ray")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 Mark = tuple[int, float, dict[str, int], dict[str, Any]]
@@ -92,6 +92,7 @@ class GrpoStepBenchConfig:
             "disabled": [],
             "tq": ["data_plane.observability.enabled=true"],
             "tq_async": ["data_plane.observability.enabled=true"],
+            "ray": ["data_plane.observability.enabled=true"],
         }
     )
     rss_sample_interval_s: float = 0.005
@@ -149,6 +150,7 @@ class SftStepBenchConfig:
         default_factory=lambda: {
             "local": ["data_plane.observability.enabled=true"],
             "tq": ["data_plane.observability.enabled=true"],
+            "ray": ["data_plane.observability.enabled=true"],
         }
     )
     rss_sample_interval_s: float = 0.005

@@ -99,7 +99,8 @@ class AlgorithmSpec:
         schema: ``"module:Class"`` of its structured-config dataclass (stored in Hydra as
             ``<name>_schema``).
         input_builder: ``"module:function"`` building its ``TrainerInputs`` from the config.
-        trainers: Data-plane backend kind (``disabled``, ``local``, ``transfer_queue``) ->
+        trainers: Data-plane backend kind (``disabled``, ``local``, ``transfer_queue``,
+            ``ray_store``) ->
             ``"module:function"`` of the trainer; a kind absent here is an illegal pair.
         requires_cross_process: The trainer moves rows between processes (rollout workers,
             driver, trainers), so a backend without ``cross_process`` cannot serve it.
@@ -190,6 +191,7 @@ register_algorithm(
             "disabled": "nemo_dp.algorithms.sft:sft_train",
             "local": "nemo_dp.algorithms.sft_sync:sft_train_sync",
             "transfer_queue": "nemo_dp.algorithms.sft_sync:sft_train_sync",
+            "ray_store": "nemo_dp.algorithms.sft_sync:sft_train_sync",
         },
     )
 )
@@ -201,6 +203,7 @@ register_algorithm(
         trainers={
             "disabled": "nemo_dp.algorithms.grpo:grpo_train",
             "transfer_queue": "nemo_dp.algorithms.grpo_sync:grpo_train_sync",
+            "ray_store": "nemo_dp.algorithms.grpo_sync:grpo_train_sync",
         },
         requires_cross_process=True,
         warm_start=True,
@@ -209,7 +212,10 @@ register_algorithm(
                 name="asynchronous",
                 switch_key="algorithm.async_rollout.enabled",
                 selector="nemo_dp.config.async_rollout:validate_async_rollout_selection",
-                trainers={"transfer_queue": "nemo_dp.algorithms.grpo_async:grpo_train_async"},
+                trainers={
+                    "transfer_queue": "nemo_dp.algorithms.grpo_async:grpo_train_async",
+                    "ray_store": "nemo_dp.algorithms.grpo_async:grpo_train_async",
+                },
             ),
         ),
     )
@@ -222,6 +228,7 @@ register_algorithm(
         trainers={
             "disabled": "nemo_dp.algorithms.ppo:ppo_train",
             "transfer_queue": "nemo_dp.algorithms.ppo_sync:ppo_train_sync",
+            "ray_store": "nemo_dp.algorithms.ppo_sync:ppo_train_sync",
         },
         requires_cross_process=True,
         warm_start=True,

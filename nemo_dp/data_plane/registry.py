@@ -24,6 +24,7 @@ from nemo_dp.data_plane.interfaces import (
     DisabledDataPlaneConfig,
     LocalDataPlaneConfig,
 )
+from nemo_dp.data_plane.ray_store_config import RAY_STORE_KIND, RayStoreDataPlaneConfig
 
 __all__ = [
     "CheckpointScope",
@@ -150,6 +151,10 @@ def _tq_reserved_cpus(cfg: DataPlaneConfig) -> int:
 #: itself has no partition bound.
 TQ_MAX_LIVE_BATCHES = 2
 
+#: Live batches a colocated loader keeps in the Ray object-store backend (active + one
+#: prefetched), like TransferQueue: the store itself has no partition bound.
+RAY_STORE_MAX_LIVE_BATCHES = 2
+
 
 BACKENDS: dict[str, BackendSpec] = {}
 
@@ -217,6 +222,23 @@ register_backend(
         max_live_batches=lambda cfg: TQ_MAX_LIVE_BATCHES,
         configure_env=_tq_configure_env,
         describe=lambda cfg: f"transfer_queue (backend: {cfg.backend})",
+    )
+)
+register_backend(
+    BackendSpec(
+        kind=RAY_STORE_KIND,
+        option="ray",
+        schema=RayStoreDataPlaneConfig,
+        client_target="nemo_dp.data_plane.adapters.ray_store:build_ray_store_client",
+        checkpoint_scope="cluster",
+        checkpoint_subdir="ray_store",
+        cross_process=True,
+        supports_checkpointing=_always,
+        # The metadata actor asks for num_cpus=0; the columns live in Ray's object store.
+        reserved_cpus=_zero,
+        reserved_by=lambda cfg: "the ray_store metadata actor reserves 0 logical CPUs",
+        max_live_batches=lambda cfg: RAY_STORE_MAX_LIVE_BATCHES,
+        describe=lambda cfg: "ray_store (Ray object store + metadata actor)",
     )
 )
 

@@ -1,0 +1,36 @@
+"""The Ray object-store data plane: bulk columns in Ray's object store, metadata in one actor.
+
+Why this package exists: TransferQueue stores and ships one tensor per row per field, so its
+cost grows with rows; this backend stores each tensor column of a put once, in one object in
+Ray's object store per put (dense columns as one buffer, jagged columns as one
+``values``/``offsets`` pair), and keeps only metadata (partitions, rows, per-task claims, tags, chunk refs) in one
+small named actor.  A put or a read is one actor round trip plus object-store traffic for the
+columns it touches; on one node reads map the shared-memory buffers and copy only their rows.
+It serves the same contract (write-back included) as the TransferQueue adapter.
+
+Modules, one job each: ``client`` (``RayStoreClient``: puts, reads, claims over the actor),
+``actor`` (the metadata actor and its lifetime), ``state`` (the metadata itself, plain Python;
+``state_snapshot`` its checkpoint half),
+``columns`` (column payloads and row gathers), ``validation`` (caller-side checks) and
+``checkpoint`` (typed, pickle-free checkpoints saved by the bootstrapping client).
+
+Ray is imported inside functions only: importing this package loads torch and tensordict but
+not Ray.  Objects are owned by the process that put them and stay readable while it lives (see
+``client``).
+"""
+
+from __future__ import annotations
+
+from nemo_dp.data_plane.adapters.ray_store.actor import ACTOR_NAME, ACTOR_NAMESPACE, actor_exists
+from nemo_dp.data_plane.adapters.ray_store.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
+from nemo_dp.data_plane.adapters.ray_store.client import RayStoreClient, build_ray_store_client
+
+__all__ = [
+    "ACTOR_NAME",
+    "ACTOR_NAMESPACE",
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "RayStoreClient",
+    "actor_exists",
+    "build_ray_store_client",
+]

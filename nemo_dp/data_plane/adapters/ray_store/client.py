@@ -1,0 +1,443 @@
+"""``RayStoreClient``: the data-plane contract over Ray's object store plus one metadata actor.
+
+Why this module exists: it is the one place that moves bytes for this backend.  A put validates
+its arguments here, ``ray.put``s one object holding each of its tensor columns once
+(``columns``) and registers it with the metadata actor in one call, which checks the partition's schema before it commits; a
+read asks the actor where its cells live (one call, which also returns object columns), fetches
+the chunks with one ``ray.get`` and gathers its rows locally.  So a put or a read costs one
+actor round trip plus object-store traffic proportional to the columns touched, whatever the
+number of rows.
+
+Object lifetime: an object ``ray.put`` by a process is owned by that process (Ray 2.56+ has no
+ownership transfer), so rows stay readable while the process that wrote them lives.  Policy
+workers, rollout actors and the driver live for the whole run; a read of rows whose writer has
+exited raises ``DataPlaneUnavailableError`` naming the partition.  The metadata actor holds a
+reference to every live chunk (one column of one put) and drops it when the chunk's last row is
+cleared or overwritten; once every column of a put is dropped, Ray frees the object.  One object
+per put (rather than per column) keeps a put to one object-store write; the price is that a
+read on another node of some of a put's columns transfers all of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tensordict import NonTensorStack, TensorDict
+
+from nemo_dp.data_plane.adapters.ray_store.actor import attach_actor, create_actor, kill_actor
+from nemo_dp.data_plane.adapters.ray_store.checkpoint import RayStoreCheckpointMixin
+from nemo_dp.data_plane.adapters.ray_store.columns import (
+    Segment,
+    dtype_from_name,
+    encode_column,
+    gather_field,
+)
+from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, TensorColumnSpec
+from nemo_dp.data_plane.adapters.ray_store.validation import (
+    check_read_args,
+    plan_put,
+    receipt_lengths,
+)
+from nemo_dp.data_plane.interfaces import DataPlaneClient, DataPlaneUnavailableError, KVBatchMeta
+from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
+
+__all__ = ["RayStoreClient", "build_ray_store_client", "coerce_config"]
+
+_CLOSED = "ray_store data-plane client is closed."
+_ERRORS: dict[str, type[Exception]] = {
+    "KeyError": KeyError,
+    "ValueError": ValueError,
+    "TypeError": TypeError,
+    "RuntimeError": RuntimeError,
+}
+
+
+def coerce_config(cfg: Any) -> RayStoreDataPlaneConfig:
+    """``cfg`` as a validated :class:`RayStoreDataPlaneConfig`.
+
+    Raises:
+        TypeError: ``cfg`` is neither the dataclass nor a mapping.
+        ValueError: A key is unknown or out of range (names it).
+    """
+    if isinstance(cfg, RayStoreDataPlaneConfig):
+        return cfg
+    if isinstance(cfg, Mapping):
+        from omegaconf import DictConfig, OmegaConf
+
+        container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+        merged = OmegaConf.merge(OmegaConf.structured(RayStoreDataPlaneConfig), container)
+        out = OmegaConf.to_object(merged)
+        assert isinstance(out, RayStoreDataPlaneConfig)
+        return out
+    raise TypeError(
+        f"RayStoreClient needs a RayStoreDataPlaneConfig (or a mapping of it), got "
+        f"{type(cfg).__name__}"
+    )
+
+
+class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
+    """The data-plane contract over Ray's object store (see the module docstring).
+
+    Thread-safe: Ray's calls are, and the client keeps no mutable state besides ``closed``.
+
+    Args:
+        cfg: The ``data_plane`` config (dataclass, mapping or ``DictConfig``).
+        bootstrap: ``True`` (the driver) creates the metadata actor and kills it on close;
+            ``False`` (workers, rollout actors) finds the running one.
+        checkpointing: Accepted for the registry's constructor signature; every bootstrapping
+            client can checkpoint.
+
+    Raises:
+        RuntimeError: Ray is not running; the actor already exists (bootstrap) or does not
+            (attach), or did not answer within ``timeouts.startup_s``.
+    """
+
+    def __init__(
+        self, cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
+    ) -> None:
+        del checkpointing
+        self._cfg = coerce_config(cfg)
+        self._bootstrap = bool(bootstrap)
+        self._closed = True  # until the actor answered
+        self._used = False
+        self._close_lock = threading.Lock()
+        t = self._cfg.timeouts
+        self._actor_s = float(t.actor_s)
+        self._data_s = float(t.data_s)
+        self._poll_s = float(self._cfg.claim_meta_poll_interval_s)
+        if self._bootstrap:
+            self._actor = create_actor(float(t.startup_s))
+        else:
+            self._actor = attach_actor(float(t.startup_s))
+        self._closed = False
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def is_bootstrap(self) -> bool:
+        """Whether this client created (and on close kills) the metadata actor."""
+        return self._bootstrap
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has run."""
+        return self._closed
+
+    # --- actor calls --------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(_CLOSED)
+
+    def _begin(self) -> None:
+        self._check_open()
+        self._used = True
+
+    def _call(self, op: str, partition_id: Any, *args: Any) -> Any:
+        """One bounded metadata-actor call; contract errors are re-raised with their type.
+
+        Raises:
+            DataPlaneUnavailableError: The actor did not answer within ``timeouts.actor_s`` or
+                is dead.
+        """
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        self._check_open()
+        try:
+            reply = ray.get(self._actor.call.remote(op, *args), timeout=self._actor_s)
+        except GetTimeoutError as exc:
+            raise DataPlaneUnavailableError(
+                f"ray_store {op} on partition {partition_id!r}: the metadata actor gave no "
+                f"answer within data_plane.timeouts.actor_s={self._actor_s:g}s (treat the step "
+                "as failed)"
+            ) from exc
+        except RayActorError as exc:
+            raise DataPlaneUnavailableError(
+                f"ray_store {op} on partition {partition_id!r}: the metadata actor is dead "
+                f"({type(exc).__name__}); the data plane is gone"
+            ) from exc
+        if reply[0]:
+            return reply[1]
+        raise _ERRORS.get(reply[1], RuntimeError)(reply[2])
+
+    def _require_partition(self, partition_id: Any, op: str) -> None:
+        if not self._call("exists", partition_id, partition_id):
+            raise KeyError(
+                f"unknown data-plane partition {partition_id!r} (not registered, or already "
+                "dropped with clear_samples(None, ...))"
+            )
+
+    def _fetch(self, refs: list[Any], partition_id: str, op: str) -> list[Any]:
+        import ray
+        from ray.exceptions import GetTimeoutError, ObjectLostError
+
+        try:
+            return ray.get(refs, timeout=self._data_s)
+        except GetTimeoutError as exc:
+            raise DataPlaneUnavailableError(
+                f"ray_store {op} on partition {partition_id!r}: the object store did not "
+                f"deliver the columns within data_plane.timeouts.data_s={self._data_s:g}s"
+            ) from exc
+        except ObjectLostError as exc:
+            raise DataPlaneUnavailableError(
+                f"ray_store {op} on partition {partition_id!r}: a column object is lost "
+                f"({type(exc).__name__}; the process that wrote it has probably exited)"
+            ) from exc
+
+    def _chunk_payloads(
+        self, chunks: Mapping[int, tuple[Any, str, str, str]], partition_id: str, op: str
+    ) -> dict[int, Any]:
+        """chunk id -> its column payload, fetching every distinct object once."""
+        objects: dict[Any, int] = {}
+        for ref, *_ in chunks.values():
+            objects.setdefault(ref, len(objects))
+        fetched = self._fetch(list(objects), partition_id, op)
+        return {cid: fetched[objects[ref]][key] for cid, (ref, key, *_) in chunks.items()}
+
+    # --- task-mediated half -------------------------------------------------------------------
+    def register_partition(
+        self,
+        partition_id: str,
+        fields: Sequence[str],
+        num_samples: int,
+        consumer_tasks: Sequence[str],
+        grpo_group_size: int | None = None,
+        enums: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Declare a partition cluster-wide.
+
+        Raises:
+            ValueError: Live id (``"already registered"``), reserved id, duplicate fields or
+                tasks (``"must be unique"``), ``num_samples < 1``, a group size that does not
+                divide it, bad enums.
+            TypeError: Non-string names, non-int sizes.
+        """
+        self._begin()
+        enum_map = None if enums is None else {k: list(v) for k, v in dict(enums).items()}
+        self._call(
+            "register",
+            partition_id,
+            partition_id,
+            list(fields) if isinstance(fields, (list, tuple)) else fields,
+            num_samples,
+            list(consumer_tasks) if isinstance(consumer_tasks, (list, tuple)) else consumer_tasks,
+            grpo_group_size,
+            enum_map,
+        )
+
+    def claim_meta(
+        self,
+        partition_id: str,
+        task_name: str,
+        required_fields: Sequence[str],
+        batch_size: int,
+        dp_rank: int | None = None,
+        blocking: bool = True,
+        timeout_s: float = 60.0,
+    ) -> KVBatchMeta:
+        """Claim ``batch_size`` ready rows for ``task_name``, oldest first (``dp_rank`` unused).
+
+        Raises:
+            RuntimeError: Closed (also while waiting).
+            KeyError: Unknown partition (also if dropped while waiting) or task.
+            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
+                ``timeout_s <= 0``.
+            TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
+        """
+        del dp_rank
+        self._begin()
+        fields = list(required_fields) if isinstance(required_fields, (list, tuple)) else required_fields
+        deadline = time.monotonic() + (float(timeout_s) if isinstance(timeout_s, (int, float)) else 0.0)
+        while True:
+            ids, tags = self._call(
+                "claim", partition_id, partition_id, task_name, fields, batch_size, timeout_s
+            )
+            if ids:
+                break
+            if not blocking:
+                return KVBatchMeta(partition_id, task_name, [], fields=list(fields))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"claim_meta: fewer than {batch_size} samples of partition {partition_id!r} "
+                    f"became ready for task {task_name!r} within timeout_s={timeout_s:g}"
+                )
+            time.sleep(min(self._poll_s, remaining))
+        lengths = None
+        if tags is not None:
+            values = [t.get("input_lengths") for t in tags]
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                lengths = [int(v) for v in values]
+        return KVBatchMeta(
+            partition_id, task_name, ids, fields=list(fields), sequence_lengths=lengths, tags=tags
+        )
+
+    def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
+        """Fetch ``meta``'s rows (fields from ``select_fields``, else ``meta.fields``).
+
+        Raises:
+            TypeError: ``meta`` is not a ``KVBatchMeta``.
+            ValueError: No field can be resolved (``select_fields``/``fields``).
+            KeyError: As ``get_samples``.
+        """
+        self._begin()
+        if not isinstance(meta, KVBatchMeta):
+            raise TypeError(f"get_data needs a KVBatchMeta, got {type(meta).__name__}")
+        if select_fields is not None and len(list(select_fields)) > 0:
+            fields = list(select_fields)
+        elif meta.fields:
+            fields = list(meta.fields)
+        else:
+            self._require_partition(meta.partition_id, "get_data")
+            raise ValueError(
+                "get_data: neither select_fields nor meta.fields names a field to fetch "
+                "(fetching all fields silently is forbidden)"
+            )
+        return self.get_samples(meta.sample_ids, meta.partition_id, fields)
+
+    def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
+        """True iff every listed task claimed every sample currently in the partition.
+
+        Raises:
+            KeyError: Unknown partition or task.
+            ValueError: Empty ``task_names``.
+        """
+        self._begin()
+        tasks = list(task_names) if isinstance(task_names, (list, tuple)) else task_names
+        return bool(self._call("consumed", partition_id, partition_id, tasks))
+
+    # --- direct-by-key half -------------------------------------------------------------------
+    def put_samples(
+        self,
+        sample_ids: Sequence[str],
+        partition_id: str,
+        fields: TensorDict | None = None,
+        tags: Sequence[dict] | None = None,
+    ) -> KVBatchMeta:
+        """Write (upsert) rows: new ids are added, given fields and tags of known ids replaced.
+
+        Everything is validated before the actor commits; a rejected put leaves no trace (its
+        objects are freed when this call drops their refs).
+
+        Raises:
+            KeyError: Unknown partition.
+            ValueError: Neither fields nor tags, duplicate ids, length mismatch, undeclared
+                field, enum value outside its vocabulary.
+            TypeError: Non-JSON tags, dtype/kind change of a stored field, a ``NonTensorData``
+                (``"non-tensor"``) or nested ``TensorDict`` leaf.
+        """
+        import ray
+
+        self._begin()
+        try:
+            plan = plan_put(partition_id, sample_ids, fields, tags)
+        except (TypeError, ValueError):
+            self._require_partition(partition_id, "put_samples")  # unknown partition outranks
+            raise
+        encoded = {name: encode_column(name, t) for name, t in plan.tensors.items()}
+        # One object per put: each column once, and one object-store write whatever the width.
+        ref = ray.put({k: e.payload for k, e in encoded.items()}) if encoded and plan.ids else None
+        columns: dict[str, Any] = {}
+        for name in plan.names:
+            if name in plan.objects:
+                columns[name] = plan.objects[name]
+            else:
+                enc = encoded[name]
+                columns[name] = TensorColumnSpec(enc.dtype, enc.layout, ref, name)
+        self._call("put", partition_id, partition_id, plan.ids, columns, plan.tags)
+        return KVBatchMeta(
+            partition_id=partition_id,
+            task_name=None,
+            sample_ids=list(plan.ids),
+            fields=list(plan.names) if plan.names else None,
+            sequence_lengths=receipt_lengths(plan.tensors, plan.tags),
+            tags=copy.deepcopy(plan.tags),
+        )
+
+    def get_samples(
+        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
+    ) -> TensorDict:
+        """Read exactly the requested rows and fields, in the requested order (fresh copies).
+
+        Raises:
+            KeyError: Unknown partition, unknown/cleared ids (listed), unproduced fields.
+            ValueError: Empty ``select_fields`` or duplicate ids.
+            DataPlaneUnavailableError: The actor or the column objects are unreachable.
+        """
+        self._begin()
+        try:
+            ids, names = check_read_args(sample_ids, select_fields)
+        except (TypeError, ValueError):
+            self._require_partition(partition_id, "get_samples")
+            raise
+        if not ids:
+            self._require_partition(partition_id, "get_samples")
+            return TensorDict({}, batch_size=(0,))
+        plan, chunks = self._call("locate", partition_id, partition_id, ids, names)
+        payloads = self._chunk_payloads(chunks, partition_id, "get_samples")
+        out: dict[str, Any] = {}
+        for name in names:
+            entry = plan[name]
+            if entry[0] == OBJECT:
+                out[name] = NonTensorStack.from_list(list(entry[1]))
+                continue
+            _, dtype, segments = entry
+            out[name] = gather_field(
+                name,
+                dtype_from_name(dtype),
+                [Segment(chunks[cid][2], payloads[cid], positions) for cid, positions in segments],
+            )
+        return TensorDict(out, batch_size=(len(ids),))
+
+    def list_sample_ids(self, partition_id: str) -> list[str]:
+        """Sorted live ids of a partition; ``[]`` for an unknown or empty one."""
+        self._begin()
+        return list(self._call("list_ids", partition_id, partition_id))
+
+    def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
+        """Drop rows, or (``None``) the whole partition including its registration.
+
+        A partition emptied by explicit ids stays registered (it can be written again).
+
+        Raises:
+            KeyError: Unknown partition, or ids that are not live (listed; nothing cleared).
+            ValueError: Duplicate ids.
+        """
+        self._begin()
+        ids = None if sample_ids is None else (
+            list(sample_ids) if isinstance(sample_ids, (list, tuple)) else sample_ids
+        )
+        self._call("clear", partition_id, partition_id, ids)
+
+    # --- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close this client (idempotent); the bootstrapping client also kills the actor.
+
+        Killing the actor drops its references to every chunk, so Ray frees the columns.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            actor, self._actor = self._actor, None
+            if self._bootstrap and actor is not None:
+                kill_actor(actor, self._actor_s)
+
+
+def build_ray_store_client(
+    cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
+) -> RayStoreClient:
+    """The backend registry's constructor for the ray_store backend.
+
+    Args:
+        cfg: The validated config.
+        bootstrap: Create the metadata actor (driver) or attach to it (workers).
+        checkpointing: Accepted for the registry's signature (always supported).
+
+    Returns:
+        A new :class:`RayStoreClient`.
+    """
+    return RayStoreClient(cfg, bootstrap=bootstrap, checkpointing=checkpointing)

@@ -1,0 +1,470 @@
+"""The metadata of the Ray object-store data plane: partitions, rows, claims, tags, chunk refs.
+
+Why this module exists: one process of the cluster (the metadata actor, ``actor``) must be the
+single authority on which partitions exist, which rows hold which fields, which rows each
+consumer task has claimed and which tags a row carries, so that claims never hand a row out
+twice and a put is checked against the same schema everywhere.  :class:`StoreState` is that
+authority as a plain Python object: the actor wraps it, the unit tests drive it without Ray.
+
+Bulk data is not here.  A put stores each tensor column once in Ray's object store (one object
+per put holding every tensor column of it; one column of it is a *chunk*) and registers
+``(chunk, row position)`` per row and field;
+this state keeps the refs (so the objects stay alive) and drops a chunk's ref when no live row
+uses it any more.  Object (non-tensor) columns are small per-row values (prompts, statuses,
+dicts) and are kept here directly, which lets a read return them in the same reply as the
+chunk locations.
+
+Every method validates completely before it changes anything, and raises ``KeyError``,
+``ValueError`` or ``TypeError`` with the contract's messages; the actor turns them into replies.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_dp.data_plane.adapters._validation import duplicates
+from nemo_dp.data_plane.adapters.local.validation import check_name, check_names, listed
+from nemo_dp.data_plane.schema import RESERVED_PREFIX
+
+__all__ = ["OBJECT", "Chunk", "PartitionState", "StoreState", "TensorColumnSpec"]
+
+#: The kind of a non-tensor column (tensor columns have their dtype name as kind).
+OBJECT = "object"
+
+
+@dataclass(frozen=True)
+class TensorColumnSpec:
+    """A put's tensor column as the client sends it (the bytes are already in the object store).
+
+    Attributes:
+        dtype: ``str(torch dtype)``.
+        layout: ``"dense"`` or ``"jagged"``.
+        ref: The object ref of the put's payload (``None`` for a put of zero rows): one object
+            per put holding every tensor column of it once, as ``{key: column payload}``.
+        key: This column's key in that object.
+    """
+
+    dtype: str
+    layout: str
+    ref: Any
+    key: str
+
+
+@dataclass
+class Chunk:
+    """One column of one put, living in Ray's object store."""
+
+    ref: Any
+    key: str
+    layout: str
+    dtype: str
+    live: int  # live (row, field) cells that point into this chunk
+
+
+@dataclass
+class PartitionState:
+    """One registered partition."""
+
+    partition_id: str
+    fields: tuple[str, ...]
+    num_samples: int
+    tasks: tuple[str, ...]
+    group_size: int | None
+    enums: dict[str, tuple[str, ...]]
+    field_kinds: dict[str, str] = field(default_factory=dict)
+    # sid -> field -> chunk id (tensor) or None (object value in ``values``); insertion order is
+    # the stored (claim) order
+    rows: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    # sid -> {field: (chunk id, position)} for tensor cells
+    cells: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tags: dict[str, dict[str, Any]] = field(default_factory=dict)
+    claimed: dict[str, set[str]] = field(default_factory=dict)
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} ({value!r})")
+    if value < 1:
+        raise ValueError(f"{what} must be >= 1, got {value}")
+    return value
+
+
+class StoreState:
+    """Cluster-wide metadata of the data plane (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[str, PartitionState] = {}
+        self.chunks: dict[int, Chunk] = {}
+        self._next_chunk = 0
+
+    # --- lookups ------------------------------------------------------------------------------
+    def _live(self, partition_id: Any) -> PartitionState:
+        check_name(partition_id, "partition_id")
+        part = self.partitions.get(partition_id)
+        if part is None:
+            raise KeyError(
+                f"unknown data-plane partition {partition_id!r} (not registered, or already "
+                "dropped with clear_samples(None, ...))"
+            )
+        return part
+
+    @staticmethod
+    def _task(part: PartitionState, task_name: Any) -> str:
+        check_name(task_name, "task_name")
+        if task_name not in part.claimed:
+            raise KeyError(
+                f"unknown consumer task {task_name!r} for partition {part.partition_id!r}; "
+                f"registered tasks: {list(part.tasks)}"
+            )
+        return task_name
+
+    def exists(self, partition_id: Any) -> bool:
+        """Whether ``partition_id`` is registered (``KeyError`` precedence checks)."""
+        return isinstance(partition_id, str) and partition_id in self.partitions
+
+    def is_empty(self) -> bool:
+        """Whether no partition is registered."""
+        return not self.partitions
+
+    # --- partitions ---------------------------------------------------------------------------
+    def register(
+        self,
+        partition_id: Any,
+        fields: Sequence[str],
+        num_samples: int,
+        consumer_tasks: Sequence[str],
+        grpo_group_size: int | None = None,
+        enums: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Declare a partition (see ``DataPlaneClient.register_partition``)."""
+        check_name(partition_id, "partition_id")
+        if partition_id.startswith(RESERVED_PREFIX):
+            raise ValueError(
+                f"partition_id {partition_id!r} is reserved: ids starting with "
+                f"{RESERVED_PREFIX!r} belong to nemo_dp's own bookkeeping"
+            )
+        if partition_id in self.partitions:
+            raise ValueError(
+                f"partition {partition_id!r} is already registered; drop it with "
+                "clear_samples(None, partition_id) before registering it again"
+            )
+        field_list = check_names(fields, "fields")
+        if dups := duplicates(field_list):
+            raise ValueError(f"fields must be unique; duplicated: {dups}")
+        task_list = check_names(consumer_tasks, "consumer_tasks")
+        if dups := duplicates(task_list):
+            raise ValueError(f"consumer_tasks must be unique; duplicated: {dups}")
+        _positive_int(num_samples, "num_samples")
+        if grpo_group_size is not None:
+            _positive_int(grpo_group_size, "grpo_group_size")
+            if num_samples % grpo_group_size:
+                raise ValueError(
+                    f"grpo_group_size={grpo_group_size} must divide num_samples={num_samples}"
+                )
+        enum_map: dict[str, tuple[str, ...]] = {}
+        if enums is not None and not isinstance(enums, Mapping):
+            raise TypeError(f"enums must be a mapping, got {type(enums).__name__}")
+        for name, vocab in (enums or {}).items():
+            if name not in field_list:
+                raise ValueError(f"enums key {name!r} is not a declared field of {partition_id!r}")
+            words = check_names(vocab, f"enums[{name!r}]")
+            if dups := duplicates(words):
+                raise ValueError(f"enums[{name!r}] vocabulary must be unique; duplicated: {dups}")
+            enum_map[name] = tuple(words)
+        self.partitions[partition_id] = PartitionState(
+            partition_id=partition_id,
+            fields=tuple(field_list),
+            num_samples=num_samples,
+            tasks=tuple(task_list),
+            group_size=grpo_group_size,
+            enums=enum_map,
+            claimed={t: set() for t in task_list},
+        )
+
+    # --- puts ---------------------------------------------------------------------------------
+    def put(
+        self,
+        partition_id: str,
+        sample_ids: list[str],
+        columns: Mapping[str, Any],
+        tags: list[dict[str, Any]] | None,
+    ) -> None:
+        """Upsert rows: register the put's chunks and object values, replace tags if given.
+
+        ``sample_ids`` and ``tags`` were checked by the client (types, duplicates, lengths,
+        JSON); this checks everything that needs the partition: declared fields, a field's kind
+        and enum vocabulary.
+
+        Args:
+            partition_id: A live partition.
+            sample_ids: The ids, in put order.
+            columns: field -> :class:`TensorColumnSpec` or a list of per-row objects.
+            tags: Per-row tags replacing the stored ones, or ``None`` (keep them).
+
+        Raises:
+            KeyError: Unknown partition.
+            ValueError: Undeclared field, a value outside a field's enum vocabulary, a tensor
+                column for an enum field.
+            TypeError: A field's kind (dtype, or tensor vs object) differs from the stored one.
+        """
+        part = self._live(partition_id)
+        if undeclared := [k for k in columns if k not in part.fields]:
+            raise ValueError(
+                f"fields {undeclared} are not declared for partition {partition_id!r} "
+                f"(declared: {list(part.fields)})"
+            )
+        kinds: dict[str, str] = {}
+        for name, col in columns.items():
+            kind = col.dtype if isinstance(col, TensorColumnSpec) else OBJECT
+            stored = part.field_kinds.get(name)
+            if stored is not None and stored != kind:
+                raise TypeError(
+                    f"field {name!r} of partition {partition_id!r} is stored as {stored}, this "
+                    f"put has {kind}; a field's kind and dtype cannot change"
+                )
+            if name in part.enums:
+                vocab = part.enums[name]
+                if kind != OBJECT:
+                    raise ValueError(
+                        f"field {name!r} takes values from its enum vocabulary {list(vocab)}, "
+                        f"got a tensor column ({kind})"
+                    )
+                for value in col:
+                    if not isinstance(value, str) or value not in vocab:
+                        raise ValueError(
+                            f"field {name!r} value {value!r} is not in its declared enum "
+                            f"vocabulary {list(vocab)}"
+                        )
+            kinds[name] = kind
+        n = len(sample_ids)
+        if n == 0:
+            return
+        # everything is valid: commit
+        chunk_of: dict[str, int] = {}
+        for name, col in columns.items():
+            if isinstance(col, TensorColumnSpec):
+                cid = self._next_chunk
+                self._next_chunk += 1
+                self.chunks[cid] = Chunk(col.ref, col.key, col.layout, col.dtype, 0)
+                chunk_of[name] = cid
+        part.field_kinds.update(kinds)
+        for i, sid in enumerate(sample_ids):
+            row = part.rows.get(sid)
+            if row is None:
+                row = part.rows[sid] = {}
+                part.cells[sid] = {}
+            cells = part.cells[sid]
+            for name, col in columns.items():
+                old = cells.pop(name, None)
+                if old is not None:
+                    self._release(old[0])
+                cid = chunk_of.get(name)
+                if cid is None:
+                    part.values.setdefault(sid, {})[name] = col[i]
+                    row[name] = None
+                else:
+                    part.values.get(sid, {}).pop(name, None)
+                    cells[name] = (cid, i)
+                    self.chunks[cid].live += 1
+                    row[name] = cid
+            if tags is not None:
+                part.tags[sid] = tags[i]
+        for cid in chunk_of.values():
+            if self.chunks[cid].live == 0:  # pragma: no cover - n > 0 always fills it
+                del self.chunks[cid]
+
+    def _release(self, cid: int) -> None:
+        chunk = self.chunks[cid]
+        chunk.live -= 1
+        if chunk.live == 0:
+            del self.chunks[cid]  # drops the ref: the object store may free the column
+
+    # --- reads --------------------------------------------------------------------------------
+    def locate(
+        self, partition_id: str, sample_ids: list[str], fields: list[str]
+    ) -> tuple[dict[str, Any], dict[int, tuple[Any, str, str, str]]]:
+        """Where a read's cells live.
+
+        Args:
+            partition_id: A live partition.
+            sample_ids: Distinct live ids, in output order.
+            fields: Distinct fields produced for every id.
+
+        Returns:
+            ``(plan, chunks)``: ``plan[field]`` is ``("object", values)`` or
+            ``("tensor", dtype, [(chunk id, positions), ...])`` with one entry per run of
+            consecutive output rows in one chunk; ``chunks[id]`` is ``(ref, key, layout, dtype)``.
+
+        Raises:
+            KeyError: Unknown partition, unknown/cleared ids (listed), fields not produced for
+                every requested id (named).
+        """
+        part = self._live(partition_id)
+        rows = part.rows
+        if missing := [sid for sid in sample_ids if sid not in rows]:
+            raise KeyError(
+                f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
+                f"{listed(missing)}"
+            )
+        unproduced = [f for f in fields if any(f not in rows[sid] for sid in sample_ids)]
+        if unproduced:
+            raise KeyError(
+                f"fields {unproduced} of partition {partition_id!r} are not produced for every "
+                f"requested id (never written, or misspelled; produced kinds: "
+                f"{sorted(part.field_kinds)})"
+            )
+        plan: dict[str, Any] = {}
+        used: dict[int, tuple[Any, str, str, str]] = {}
+        for f in fields:
+            if part.field_kinds[f] == OBJECT:
+                plan[f] = (OBJECT, [part.values[sid][f] for sid in sample_ids])
+                continue
+            segments: list[tuple[int, list[int]]] = []
+            last = -1
+            for sid in sample_ids:
+                cid, pos = part.cells[sid][f]
+                if cid == last:
+                    segments[-1][1].append(pos)
+                else:
+                    segments.append((cid, [pos]))
+                    last = cid
+                    if cid not in used:
+                        ch = self.chunks[cid]
+                        used[cid] = (ch.ref, ch.key, ch.layout, ch.dtype)
+            plan[f] = ("tensor", part.field_kinds[f], segments)
+        return plan, used
+
+    def list_ids(self, partition_id: Any) -> list[str]:
+        """Sorted live ids; ``[]`` for an unknown partition."""
+        check_name(partition_id, "partition_id")
+        part = self.partitions.get(partition_id)
+        return sorted(part.rows) if part is not None else []
+
+    # --- claims -------------------------------------------------------------------------------
+    def claim(
+        self,
+        partition_id: str,
+        task_name: str,
+        required_fields: Sequence[str],
+        batch_size: int,
+        timeout_s: Any = 1.0,
+    ) -> tuple[list[str], list[dict[str, Any]] | None]:
+        """Claim ``batch_size`` ready rows (oldest first), or nothing when fewer are ready.
+
+        ``timeout_s`` is only validated here (the client polls).
+
+        Returns:
+            ``(ids, tags)``: the claimed ids (empty when fewer than ``batch_size`` are ready)
+            and their tags (``None`` when none of them has tags).
+
+        Raises:
+            KeyError: Unknown partition or task.
+            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
+                ``timeout_s <= 0``.
+            TypeError: Non-int ``batch_size``, non-number ``timeout_s``, non-str names.
+        """
+        part = self._live(partition_id)
+        self._task(part, task_name)
+        required = check_names(required_fields, "required_fields")
+        if not required:
+            raise ValueError("claim_meta: required_fields must name at least one field")
+        if undeclared := [f for f in required if f not in part.fields]:
+            raise ValueError(
+                f"claim_meta: required_fields {undeclared} are not declared fields of partition "
+                f"{partition_id!r} (declared: {list(part.fields)})"
+            )
+        _positive_int(batch_size, "batch_size")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+            raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        claimed = part.claimed[task_name]
+        ready: list[str] = []
+        for sid, row in part.rows.items():
+            if sid not in claimed and all(f in row for f in required):
+                ready.append(sid)
+                if len(ready) == batch_size:
+                    break
+        if len(ready) < batch_size:
+            return [], None
+        claimed.update(ready)
+        tags = None
+        if any(sid in part.tags for sid in ready):
+            tags = [copy.deepcopy(part.tags.get(sid, {})) for sid in ready]
+        return ready, tags
+
+    def consumed(self, partition_id: str, task_names: Sequence[str]) -> bool:
+        """True iff every listed task claimed every row currently in the partition.
+
+        Raises:
+            KeyError: Unknown partition or task.
+            ValueError: Empty ``task_names``.
+        """
+        part = self._live(partition_id)
+        tasks = check_names(task_names, "task_names")
+        if not tasks:
+            raise ValueError("check_consumption_status: task_names must name at least one task")
+        if unknown := [t for t in tasks if t not in part.claimed]:
+            raise KeyError(
+                f"unknown consumer task(s) {unknown} for partition {partition_id!r}; "
+                f"registered tasks: {list(part.tasks)}"
+            )
+        if not part.rows:
+            return False
+        return all(part.claimed[t].issuperset(part.rows) for t in tasks)
+
+    # --- clears -------------------------------------------------------------------------------
+    def clear(self, partition_id: str, sample_ids: list[str] | None) -> None:
+        """Drop rows, or (``None``) the whole partition with its registration.
+
+        An emptied partition stays registered (it may be written again).
+
+        Raises:
+            KeyError: Unknown partition, or ids that are not live (listed; nothing cleared).
+            ValueError: Duplicate ids.
+        """
+        part = self._live(partition_id)
+        if sample_ids is None:
+            for cells in part.cells.values():
+                for cid, _ in cells.values():
+                    self._release(cid)
+            del self.partitions[partition_id]
+            return
+        ids = check_names(sample_ids, "sample_ids")
+        if dups := duplicates(ids):
+            raise ValueError(f"duplicate sample ids in one clear: {listed(dups)}")
+        if missing := [sid for sid in ids if sid not in part.rows]:
+            raise KeyError(
+                f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
+                f"{listed(missing)}"
+            )
+        for sid in ids:
+            for cid, _ in part.cells.pop(sid).values():
+                self._release(cid)
+            del part.rows[sid]
+            part.values.pop(sid, None)
+            part.tags.pop(sid, None)
+            for claimed in part.claimed.values():
+                claimed.discard(sid)
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a checkpoint needs, with chunk refs (see ``state_snapshot``)."""
+        from nemo_dp.data_plane.adapters.ray_store.state_snapshot import snapshot_state
+
+        return snapshot_state(self)
+
+    def restore(self, partitions: list[dict[str, Any]]) -> None:
+        """Rebuild a clean store from loaded records, all or nothing (see ``state_snapshot``).
+
+        Raises:
+            RuntimeError: The store is not empty.
+            KeyError | TypeError | ValueError: A record is invalid (nothing restored).
+        """
+        from nemo_dp.data_plane.adapters.ray_store.state_snapshot import restore_state
+
+        restore_state(self, partitions)

@@ -1,0 +1,78 @@
+"""Config schema of the Ray object-store data plane (``data_plane=ray``, ``impl: ray_store``).
+
+Why this module exists apart from the adapter: the backend registry and Hydra's ConfigStore
+need the schema in processes that never build a client, so it lives here with no dependency
+beyond the standard library, omegaconf and the contract module (no Ray, no torch), while the
+adapter package (``nemo_dp.data_plane.adapters.ray_store``) imports Ray lazily when a client is
+built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nemo_dp.data_plane.interfaces import ObservabilityConfig
+
+__all__ = ["RAY_STORE_KIND", "RayStoreTimeoutsConfig", "RayStoreDataPlaneConfig"]
+
+#: ``data_plane.impl`` of this backend (its kind in the backend registry).
+RAY_STORE_KIND = "ray_store"
+
+
+def _fail(key: str, message: str) -> None:
+    raise ValueError(f"{key}: {message}")
+
+
+@dataclass
+class RayStoreTimeoutsConfig:
+    """``data_plane.timeouts``: bounds that turn a dead metadata actor or lost object into errors.
+
+    Attributes:
+        actor_s: Bound of every call to the metadata actor (register, claim, locate, clear).
+        data_s: Bound of fetching a read's column objects from Ray's object store.
+        startup_s: Bound of creating (driver) or finding (workers) the metadata actor.
+    """
+
+    actor_s: float = 15.0
+    data_s: float = 60.0
+    startup_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("actor_s", "data_s", "startup_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                _fail(f"data_plane.timeouts.{name}", f"must be a number > 0, got {value!r}")
+
+
+@dataclass
+class RayStoreDataPlaneConfig:
+    """``data_plane`` for the Ray object-store backend (``impl: ray_store``).
+
+    Attributes:
+        enabled: Always true for this schema.
+        impl: ``"ray_store"``.
+        claim_meta_poll_interval_s: Sleep between two polls of a blocking ``claim_meta``.
+        timeouts: See :class:`RayStoreTimeoutsConfig`.
+        observability: Wrap the client in ``MetricsDataPlaneClient``.
+    """
+
+    enabled: bool = True
+    impl: str = RAY_STORE_KIND
+    claim_meta_poll_interval_s: float = 0.02
+    timeouts: RayStoreTimeoutsConfig = field(default_factory=RayStoreTimeoutsConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+
+    def __post_init__(self) -> None:
+        if self.enabled is not True:
+            _fail("data_plane.enabled", f"must be true for data_plane=ray, got {self.enabled!r}")
+        if self.impl != RAY_STORE_KIND:
+            _fail("data_plane.impl", f"must be {RAY_STORE_KIND!r} for this schema, got {self.impl!r}")
+        poll = self.claim_meta_poll_interval_s
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
+            _fail("data_plane.claim_meta_poll_interval_s", f"must be a number > 0, got {poll!r}")
+        # Nested nodes may arrive as plain mappings when built by hand.
+        if isinstance(self.timeouts, Mapping):
+            self.timeouts = RayStoreTimeoutsConfig(**self.timeouts)
+        if isinstance(self.observability, Mapping):
+            self.observability = ObservabilityConfig(**self.observability)

@@ -1,0 +1,165 @@
+"""The shared ``DataPlaneClient`` contract over the Ray object-store backend (``data_plane=ray``).
+
+Runs ``tests/contract_suite.DataPlaneContract`` unchanged against ``RayStoreClient`` on the
+session Ray of ``tests/integration/conftest.py``.  The store's metadata actor is one per
+cluster, so this module holds one bootstrapping client at a time: ``fresh_client`` closes the
+current one (killing its actor) and bootstraps a new, empty store; a closed client is replaced
+on the next ``client`` access.  The last client is closed when the module finishes, before the
+session shuts Ray down.
+
+Two tests beyond the contract cover what only this backend has: rows written by another process
+(an attached client in a ``num_cpus=0`` actor, as in a policy worker) are readable and writable
+back by the driver, and become a ``DataPlaneUnavailableError`` once that writer (the objects'
+owner) is gone; a dead metadata actor is a ``DataPlaneUnavailableError`` too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from nemo_dp.data_plane.codec import materialize
+from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
+from tests.contract_suite import DataPlaneContract
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class RayStoreSession:
+    """The module's bootstrapping client, replaceable by a fresh, empty store."""
+
+    def __init__(self) -> None:
+        self.cfg = RayStoreDataPlaneConfig()
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        """The live bootstrapping client (created on first use or after close)."""
+        from nemo_dp.data_plane.adapters.ray_store import RayStoreClient
+
+        if self._client is None or self._client.closed:
+            self._client = RayStoreClient(self.cfg, bootstrap=True)
+        return self._client
+
+    def close(self) -> None:
+        """Close the current client (kills the metadata actor); idempotent."""
+        if self._client is not None:
+            try:
+                self._client.close()
+            finally:
+                self._client = None
+
+    def fresh(self) -> Any:
+        """Close the current store and bootstrap a new, empty one."""
+        self.close()
+        return self.client
+
+
+@pytest.fixture(scope="module")
+def ray_store_session(ray_cluster: dict[str, str]) -> Iterator[RayStoreSession]:
+    session = RayStoreSession()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+class TestRayStoreContract(DataPlaneContract):
+    """The contract over the Ray object-store adapter (write-back supported)."""
+
+    supports_write_back = True
+
+    @pytest.fixture
+    def client(self, ray_store_session: RayStoreSession) -> Any:
+        return ray_store_session.client
+
+    @pytest.fixture
+    def fresh_client(self, ray_store_session: RayStoreSession) -> Callable[[], Any]:
+        return ray_store_session.fresh
+
+    @pytest.fixture
+    def read_table(self) -> Callable[[Any], Any]:
+        return materialize
+
+
+# ---------------------------------------------------------------------------------------------
+# beyond the shared contract: processes and faults
+# ---------------------------------------------------------------------------------------------
+
+
+class _Writer:
+    """A ``num_cpus=0`` actor with an attached client (what a policy worker holds)."""
+
+    def __init__(self) -> None:
+        from nemo_dp.data_plane.adapters.ray_store import RayStoreClient
+
+        self.client = RayStoreClient(RayStoreDataPlaneConfig(), bootstrap=False)
+
+    def put(self, pid: str, n: int) -> list[str]:
+        import torch
+        from tensordict import TensorDict
+
+        ids = [f"w{i}" for i in range(n)]
+        rows = [torch.arange(i + 1, dtype=torch.int64) for i in range(n)]
+        td = TensorDict(
+            {
+                "x": torch.arange(n * 3, dtype=torch.float32).reshape(n, 3),
+                "r": torch.nested.nested_tensor(rows, layout=torch.jagged),
+            },
+            batch_size=(n,),
+        )
+        self.client.put_samples(ids, pid, td)
+        return ids
+
+
+@pytest.mark.timeout(240)
+def test_rows_cross_processes_and_a_dead_writer_is_an_unavailable_error(
+    ray_store_session: RayStoreSession,
+) -> None:
+    import ray
+    import torch
+    from tensordict import TensorDict
+
+    from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
+
+    client = ray_store_session.client
+    pid = "xproc"
+    client.register_partition(pid, ["x", "r", "lp"], 4, ["t"])
+    writer = ray.remote(num_cpus=0)(_Writer).remote()
+    try:
+        ids = ray.get(writer.put.remote(pid, 4), timeout=120)
+        table = materialize(client.get_samples(ids[::-1], pid, ["x", "r"]))
+        assert torch.equal(table["x"], torch.arange(12, dtype=torch.float32).reshape(4, 3).flip(0))
+        assert table["r"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 0], [0, 0, 0, 0]]
+        # the driver writes a column back onto the worker's rows
+        client.put_samples(ids, pid, TensorDict({"lp": torch.ones(4)}, batch_size=(4,)))
+        assert client.claim_meta(pid, "t", ["x", "lp"], 4, blocking=False).size == 4
+    finally:
+        ray.kill(writer, no_restart=True)
+    # the rows' objects were owned by the writer process: reading them now fails loudly
+    with pytest.raises(DataPlaneUnavailableError, match=pid):
+        start = time.monotonic()
+        while time.monotonic() - start < 60:  # the owner's death takes a moment to show
+            client.get_samples(ids, pid, ["x"])
+            time.sleep(0.5)
+    # the driver's own column is unaffected
+    assert torch.equal(client.get_samples(ids, pid, ["lp"]).get("lp"), torch.ones(4))
+    client.clear_samples(None, pid)
+
+
+@pytest.mark.timeout(240)
+def test_a_dead_metadata_actor_is_an_unavailable_error(ray_store_session: RayStoreSession) -> None:
+    import ray
+
+    from nemo_dp.data_plane.adapters.ray_store import ACTOR_NAME, ACTOR_NAMESPACE
+    from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
+
+    client = ray_store_session.fresh()
+    client.register_partition("gone", ["x"], 1, ["t"])
+    ray.kill(ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE), no_restart=True)
+    with pytest.raises(DataPlaneUnavailableError, match="metadata actor"):
+        client.list_sample_ids("gone")
+    ray_store_session.close()  # close still succeeds (the actor is already gone)
