@@ -43,6 +43,7 @@ from nemo_dp.algorithms.trainer_common import (
     validate_at_start,
 )
 from nemo_dp.data_plane.factory import validate_trainer_selection
+from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
@@ -197,8 +198,8 @@ def _check_entry(policy: Any, master_config: Any) -> None:
     selection = validate_trainer_selection(master_config)
     if selection.target != TRAINER_TARGET:
         raise ValueError(
-            f"grpo_train_sync needs an enabled data plane with impl: transfer_queue "
-            f"(data_plane=tq); this config selects {selection.target} - use the legacy trainer "
+            f"grpo_train_sync needs a data plane that carries rows between processes "
+            f"({cross_process_options()}); this config selects {selection.target} - use the legacy trainer "
             "nemo_dp.algorithms.grpo:grpo_train (select_sync_trainer picks it)"
         )
     if not hasattr(policy, "dp_cfg"):

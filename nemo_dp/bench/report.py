@@ -158,8 +158,16 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+#: Step-bench backends that are not a plain synchronous data plane compared against legacy.
+_NOT_COMPARED = ("disabled", "tq_async")
+
+
 def rl_comparisons(results: list[dict[str, Any]], sizes: list[int], target_bulk_ratio: float) -> list[dict[str, Any]]:
     """Legacy vs data-plane RL step costs at each size (GRPO and PPO step benchmarks).
+
+    Every synchronous data-plane backend that ran (``tq``, ``ray``, ...) gets its own comparison
+    against ``disabled`` at the same size; keys carry the backend's name
+    (``step_time_ratio_<dp>_over_legacy``, ``<dp>_step_time_s``, ...) beside ``data_plane``.
 
     Args:
         results: The runs (``samples_per_step``, ``data_plane``, ``mean``, RSS keys).
@@ -167,50 +175,58 @@ def rl_comparisons(results: list[dict[str, Any]], sizes: list[int], target_bulk_
         target_bulk_ratio: ``bench.target_bulk_ratio``.
 
     Returns:
-        One comparison per size that ran both ``disabled`` and ``tq``.
+        One comparison per (size, data-plane backend) that ran beside ``disabled``, in the order
+        the backends ran.
     """
     comparisons = []
     for samples in sizes:
         by_dp = {r["data_plane"]: r for r in results if r["samples_per_step"] == samples}
-        if {"disabled", "tq"} <= set(by_dp):
-            legacy, tq = by_dp["disabled"]["mean"], by_dp["tq"]["mean"]
-            bulk_ratio = tq["driver_bulk_received_bytes"] / max(1.0, legacy["driver_bulk_received_bytes"])
-            comparisons.append(
-                {
-                    "samples_per_step": samples,
-                    "step_time_ratio_tq_over_legacy": tq["step_time_s"] / legacy["step_time_s"],
-                    "legacy_step_time_s": legacy["step_time_s"],
-                    "tq_step_time_s": tq["step_time_s"],
-                    "legacy_driver_bulk_received_bytes": legacy["driver_bulk_received_bytes"],
-                    "tq_driver_bulk_received_bytes": tq["driver_bulk_received_bytes"],
-                    "driver_bulk_ratio_tq_over_legacy": bulk_ratio,
-                    "bulk_target_met": bulk_ratio <= target_bulk_ratio,
-                    "legacy_driver_tensor_received_bytes": legacy["driver_tensor_received_bytes"],
-                    "tq_driver_tensor_received_bytes": tq["driver_tensor_received_bytes"],
-                    "driver_tensor_ratio_tq_over_legacy": tq["driver_tensor_received_bytes"]
-                    / max(1.0, legacy["driver_tensor_received_bytes"]),
-                    "legacy_ray_received_pickled_bytes": legacy["ray_received_pickled_bytes"],
-                    "tq_ray_received_pickled_bytes": tq["ray_received_pickled_bytes"],
-                    "ray_pickled_ratio_tq_over_legacy": tq["ray_received_pickled_bytes"]
-                    / max(1.0, legacy["ray_received_pickled_bytes"]),
-                    "legacy_ray_sent_bulk_bytes": legacy["ray_sent_bulk_bytes"],
-                    "tq_ray_sent_bulk_bytes": tq["ray_sent_bulk_bytes"],
-                    "tq_driver_store_written_bytes": tq["driver_store_written_bytes"],
-                    "tq_driver_store_wall_ms": tq["driver_store_wall_ms"],
-                    "tq_workers_store_wall_ms_max_rank": tq["workers_store_wall_ms_max_rank"],
-                    "tq_extra_time_s": tq["step_time_s"] - legacy["step_time_s"],
-                    "time_split_legacy_s": {k: legacy[f"time/{k}_s"] for k in ("generation", "logprobs", "train")},
-                    "time_split_tq_s": {k: tq[f"time/{k}_s"] for k in ("generation", "logprobs", "train")},
-                    "legacy_peak_rss_mb": by_dp["disabled"]["peak_rss_mb"],
-                    "tq_peak_rss_mb": by_dp["tq"]["peak_rss_mb"],
-                    "legacy_rss_growth_mb": by_dp["disabled"]["rss_growth_mb"],
-                    "tq_rss_growth_mb": by_dp["tq"]["rss_growth_mb"],
-                    "legacy_ms_per_trained_sample": 1000.0 * legacy["step_time_s"] / samples,
-                    "tq_ms_per_trained_sample": 1000.0 * tq["step_time_s"] / samples,
-                    **_async_columns(by_dp, samples),
-                }
-            )
+        if "disabled" not in by_dp:
+            continue
+        for dp in by_dp:
+            if dp not in _NOT_COMPARED:
+                comparisons.append(_comparison(by_dp, dp, samples, target_bulk_ratio))
     return comparisons
+
+
+def _comparison(by_dp: dict[str, dict[str, Any]], dp: str, samples: int, target_bulk_ratio: float) -> dict[str, Any]:
+    legacy, ours = by_dp["disabled"]["mean"], by_dp[dp]["mean"]
+    bulk_ratio = ours["driver_bulk_received_bytes"] / max(1.0, legacy["driver_bulk_received_bytes"])
+    splits = ("generation", "logprobs", "train")
+    return {
+        "samples_per_step": samples,
+        "data_plane": dp,
+        f"step_time_ratio_{dp}_over_legacy": ours["step_time_s"] / legacy["step_time_s"],
+        "legacy_step_time_s": legacy["step_time_s"],
+        f"{dp}_step_time_s": ours["step_time_s"],
+        "legacy_driver_bulk_received_bytes": legacy["driver_bulk_received_bytes"],
+        f"{dp}_driver_bulk_received_bytes": ours["driver_bulk_received_bytes"],
+        f"driver_bulk_ratio_{dp}_over_legacy": bulk_ratio,
+        "bulk_target_met": bulk_ratio <= target_bulk_ratio,
+        "legacy_driver_tensor_received_bytes": legacy["driver_tensor_received_bytes"],
+        f"{dp}_driver_tensor_received_bytes": ours["driver_tensor_received_bytes"],
+        f"driver_tensor_ratio_{dp}_over_legacy": ours["driver_tensor_received_bytes"]
+        / max(1.0, legacy["driver_tensor_received_bytes"]),
+        "legacy_ray_received_pickled_bytes": legacy["ray_received_pickled_bytes"],
+        f"{dp}_ray_received_pickled_bytes": ours["ray_received_pickled_bytes"],
+        f"ray_pickled_ratio_{dp}_over_legacy": ours["ray_received_pickled_bytes"]
+        / max(1.0, legacy["ray_received_pickled_bytes"]),
+        "legacy_ray_sent_bulk_bytes": legacy["ray_sent_bulk_bytes"],
+        f"{dp}_ray_sent_bulk_bytes": ours["ray_sent_bulk_bytes"],
+        f"{dp}_driver_store_written_bytes": ours["driver_store_written_bytes"],
+        f"{dp}_driver_store_wall_ms": ours["driver_store_wall_ms"],
+        f"{dp}_workers_store_wall_ms_max_rank": ours["workers_store_wall_ms_max_rank"],
+        f"{dp}_extra_time_s": ours["step_time_s"] - legacy["step_time_s"],
+        "time_split_legacy_s": {k: legacy[f"time/{k}_s"] for k in splits},
+        f"time_split_{dp}_s": {k: ours[f"time/{k}_s"] for k in splits},
+        "legacy_peak_rss_mb": by_dp["disabled"]["peak_rss_mb"],
+        f"{dp}_peak_rss_mb": by_dp[dp]["peak_rss_mb"],
+        "legacy_rss_growth_mb": by_dp["disabled"]["rss_growth_mb"],
+        f"{dp}_rss_growth_mb": by_dp[dp]["rss_growth_mb"],
+        "legacy_ms_per_trained_sample": 1000.0 * legacy["step_time_s"] / samples,
+        f"{dp}_ms_per_trained_sample": 1000.0 * ours["step_time_s"] / samples,
+        **(_async_columns(by_dp, samples) if dp == "tq" else {}),
+    }
 
 
 def _async_columns(by_dp: dict[str, dict[str, Any]], samples: int) -> dict[str, Any]:
@@ -236,22 +252,23 @@ def print_rl_comparisons(name: str, comparisons: list[dict[str, Any]], target_bu
         target_bulk_ratio: ``bench.target_bulk_ratio``.
     """
     for c in comparisons:
+        dp = c["data_plane"]
         print(
             f"[{name}] {c['samples_per_step']} samples/step: step time legacy "
-            f"{c['legacy_step_time_s']:.3f} s, tq {c['tq_step_time_s']:.3f} s "
-            f"(ratio {c['step_time_ratio_tq_over_legacy']:.2f}); driver bulk received legacy "
-            f"{c['legacy_driver_bulk_received_bytes'] / 1e3:.1f} kB, tq "
-            f"{c['tq_driver_bulk_received_bytes'] / 1e3:.1f} kB (ratio "
-            f"{c['driver_bulk_ratio_tq_over_legacy']:.3f}, target <= {target_bulk_ratio}: "
+            f"{c['legacy_step_time_s']:.3f} s, {dp} {c[f'{dp}_step_time_s']:.3f} s "
+            f"(ratio {c[f'step_time_ratio_{dp}_over_legacy']:.2f}); driver bulk received legacy "
+            f"{c['legacy_driver_bulk_received_bytes'] / 1e3:.1f} kB, {dp} "
+            f"{c[f'{dp}_driver_bulk_received_bytes'] / 1e3:.1f} kB (ratio "
+            f"{c[f'driver_bulk_ratio_{dp}_over_legacy']:.3f}, target <= {target_bulk_ratio}: "
             f"{'met' if c['bulk_target_met'] else 'NOT met'}); all tensors received (per-row carry "
-            f"included) ratio {c['driver_tensor_ratio_tq_over_legacy']:.3f}; pickled Ray returns ratio "
-            f"{c['ray_pickled_ratio_tq_over_legacy']:.3f}; driver sent bulk legacy "
-            f"{c['legacy_ray_sent_bulk_bytes'] / 1e3:.1f} kB, tq "
-            f"{(c['tq_ray_sent_bulk_bytes'] + c['tq_driver_store_written_bytes']) / 1e3:.1f} kB; "
-            f"tq store time per step: driver {c['tq_driver_store_wall_ms']:.0f} ms, slowest worker "
-            f"{c['tq_workers_store_wall_ms_max_rank']:.0f} ms (extra step time "
-            f"{1000 * c['tq_extra_time_s']:.0f} ms); peak RSS legacy "
-            f"{c['legacy_peak_rss_mb']:.0f} MB, tq {c['tq_peak_rss_mb']:.0f} MB",
+            f"included) ratio {c[f'driver_tensor_ratio_{dp}_over_legacy']:.3f}; pickled Ray returns "
+            f"ratio {c[f'ray_pickled_ratio_{dp}_over_legacy']:.3f}; driver sent bulk legacy "
+            f"{c['legacy_ray_sent_bulk_bytes'] / 1e3:.1f} kB, {dp} "
+            f"{(c[f'{dp}_ray_sent_bulk_bytes'] + c[f'{dp}_driver_store_written_bytes']) / 1e3:.1f} kB; "
+            f"{dp} store time per step: driver {c[f'{dp}_driver_store_wall_ms']:.0f} ms, slowest worker "
+            f"{c[f'{dp}_workers_store_wall_ms_max_rank']:.0f} ms (extra step time "
+            f"{1000 * c[f'{dp}_extra_time_s']:.0f} ms); peak RSS legacy "
+            f"{c['legacy_peak_rss_mb']:.0f} MB, {dp} {c[f'{dp}_peak_rss_mb']:.0f} MB",
             flush=True,
         )
         if "tq_async_step_time_s" in c:

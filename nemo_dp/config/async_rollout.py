@@ -117,7 +117,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
         Whether asynchronous GRPO is selected (``False``: nothing to check).
 
     Raises:
-        ValueError: Async is enabled but the data plane is not TransferQueue (names both
+        ValueError: Async is enabled but the data plane carries no rows between processes (names both
             ``algorithm.async_rollout.enabled`` and ``data_plane``), or together with
             ``algorithm.dynamic_sampling.enabled``.
     """
@@ -125,6 +125,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
         return False
     from nemo_dp.config.algorithm_registry import algorithm
     from nemo_dp.data_plane.factory import data_plane_kind
+    from nemo_dp.data_plane.registry import backend
 
     kind = data_plane_kind(_get(master_config, "data_plane"))
     legal = [
@@ -134,10 +135,11 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
         for kind_ in mode.trainers
     ]
     if kind not in legal:
+        options = " or ".join(f"data_plane={backend(k).option}" for k in legal)
         raise ValueError(
-            f"{_KEY}.enabled=true needs data_plane=tq (impl: transfer_queue): rollout actors and "
-            f"the trainer exchange samples through the store; this config has data_plane "
-            f"{kind!r}. Set data_plane=tq or {_KEY}.enabled=false."
+            f"{_KEY}.enabled=true needs {options}: rollout actors and the trainer exchange "
+            f"samples through the store; this config has data_plane {kind!r}. Set "
+            f"{options} or {_KEY}.enabled=false."
         )
     ds = _get(_get(master_config, "algorithm"), "dynamic_sampling")
     if ds is not None and bool(_get(ds, "enabled")):

@@ -34,6 +34,7 @@ __all__ = [
     "backend",
     "backend_for_config",
     "backend_for_option",
+    "cross_process_options",
     "enabled_kinds",
     "register_backend",
     "ray_start_args",
@@ -299,6 +300,15 @@ def schema_types() -> tuple[type, ...]:
 def enabled_kinds() -> tuple[str, ...]:
     """Kinds of the backends that have a store (the legal ``impl`` values)."""
     return tuple(kind for kind, spec in BACKENDS.items() if spec.enabled)
+
+
+def cross_process_options() -> str:
+    """The ``data_plane=<option>`` choices whose store carries rows between processes.
+
+    Returns:
+        E.g. ``"data_plane=tq or data_plane=ray"``, for messages of trainers that need one.
+    """
+    return " or ".join(f"data_plane={s.option}" for s in BACKENDS.values() if s.cross_process)
 
 
 def reserved_ray_cpus(data_plane_cfg: Any) -> int:

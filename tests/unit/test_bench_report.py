@@ -81,6 +81,18 @@ def test_rl_comparisons_pair_legacy_with_tq_per_size() -> None:
     assert strict["bulk_target_met"] is False
 
 
+def test_rl_comparisons_cover_every_synchronous_data_plane_backend() -> None:
+    results = [
+        _run("disabled", 32, 2.0, 1000.0), _run("tq", 32, 3.0, 10.0),
+        _run("tq_async", 32, 2.5, 0.0), _run("ray", 32, 1.0, 0.0),
+    ]
+    tq, ray = rl_comparisons(results, [32], target_bulk_ratio=0.05)
+    assert (tq["data_plane"], ray["data_plane"]) == ("tq", "ray")
+    assert ray["step_time_ratio_ray_over_legacy"] == pytest.approx(0.5) and ray["ray_step_time_s"] == 1.0
+    assert "tq_async_step_time_s" in tq and "tq_async_step_time_s" not in ray
+    assert not any(k.startswith("tq_") for k in ray)
+
+
 def test_sft_table_is_relative_to_disabled_when_it_ran() -> None:
     def run(dp: str, step_s: float, held: float) -> dict:
         mean = {"step_time_s": step_s, "time/train_s": step_s / 2, "driver_held_bytes": held,

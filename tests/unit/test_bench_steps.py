@@ -177,5 +177,5 @@ def test_tq_async_selects_the_asynchronous_trainer_and_only_for_grpo() -> None:
         validate_config(cfg)
     assert describe_selection(cfg)["trainer"] == "nemo_dp.algorithms.grpo_async:grpo_train_async"
     assert cfg.data_plane.observability.enabled is True
-    with pytest.raises(ValueError, match=r"bench.backends: need distinct options of \['disabled', 'tq'\]"):
+    with pytest.raises(ValueError, match=r"bench.backends: need distinct options of \['disabled', 'tq', 'ray'\]"):
         PpoStepBenchConfig(backends=["tq_async"])

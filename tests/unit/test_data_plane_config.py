@@ -52,9 +52,10 @@ def test_group_files_exist() -> None:
     assert sorted(p.name for p in (CONF / "data_plane").glob("*.yaml")) == [
         "disabled.yaml",
         "local.yaml",
+        "ray.yaml",
         "tq.yaml",
     ]
-    options = tuple((n, f"/data_plane_{n}_schema@_here_") for n in ("disabled", "local", "tq"))
+    options = tuple((n, f"/data_plane_{n}_schema@_here_") for n in ("disabled", "local", "ray", "tq"))
     for name, schema in options:
         loaded = OmegaConf.load(CONF / "data_plane" / f"{name}.yaml")
         assert list(loaded.defaults) == [schema, "_self_"], name
