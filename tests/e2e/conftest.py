@@ -33,14 +33,8 @@ TINY: tuple[str, ...] = (
 
 LaunchFn = Callable[..., subprocess.CompletedProcess]
 
-#: The shared warm start's model and SFT settings (the parity tests' policy shape; 1-digit
-#: addition so that the RL rewards after it are mixed).
-WARM_START_OVERRIDES: tuple[str, ...] = (
-    "~recipe",
-    "algorithm=grpo",
-    "data_plane=disabled",
-    "seed=11",
-    "env.digits=1",
+#: The parity tests' policy: model shape, batch sizes and optimizer (also the shared warm start's).
+PARITY_POLICY: tuple[str, ...] = (
     "policy.dp_size=2",
     "policy.model.n_layers=1",
     "policy.model.d_model=64",
@@ -52,13 +46,43 @@ WARM_START_OVERRIDES: tuple[str, ...] = (
     "policy.logprob_batch_size=8",
     "policy.optimizer.lr=1.0e-3",
     "policy.optimizer.warmup_steps=0",
+)
+
+#: Quiet run-layer output: no plot, no progress bar.
+QUIET: tuple[str, ...] = ("logger.plot=false", "logger.progress_bar=false")
+
+#: What every RL parity run shares (GRPO, PPO, asynchronous GRPO): 1-digit addition, the parity
+#: policy, 5 steps with held-out accuracy before the first and after the last, no warm start of
+#: its own (the runs load the shared one), no checkpoints.  Each file adds its seed and batch shape.
+PARITY_RUN: tuple[str, ...] = (
+    "~recipe",
+    "env.digits=1",
+    *PARITY_POLICY,
+    "algorithm.max_steps=5",
+    "algorithm.num_train_prompts=64",
+    "algorithm.val_samples=8",
+    "algorithm.val_period=5",
+    "algorithm.val_at_start=true",
+    "algorithm.warm_start.enabled=false",
+    "checkpointing.enabled=false",
+    *QUIET,
+)
+
+#: The shared warm start's model and SFT settings (the parity tests' policy shape; 1-digit
+#: addition so that the RL rewards after it are mixed).
+WARM_START_OVERRIDES: tuple[str, ...] = (
+    "~recipe",
+    "algorithm=grpo",
+    "data_plane=disabled",
+    "seed=11",
+    "env.digits=1",
+    *PARITY_POLICY,
     "algorithm.warm_start.max_steps=150",
     "algorithm.warm_start.num_train_samples=64",
     "algorithm.warm_start.lr=5.0e-3",
     "algorithm.warm_start.warmup_steps=0",
     "algorithm.warm_start.val_samples=8",
-    "logger.plot=false",
-    "logger.progress_bar=false",
+    *QUIET,
 )
 
 WARM_START_SCRIPT = REPO_ROOT / "tests" / "e2e" / "warm_start.py"

@@ -29,33 +29,16 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # run as a script (see the end of this file)
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.e2e.conftest import PARITY_RUN  # noqa: E402
 
 PARITY_OVERRIDES: tuple[str, ...] = (
-    "~recipe",
+    *PARITY_RUN,
     "seed=13",
-    "env.digits=1",
-    "policy.dp_size=2",
-    "policy.model.n_layers=1",
-    "policy.model.d_model=64",
-    "policy.model.n_heads=2",
-    "policy.model.max_seq_len=16",
-    "policy.generation.max_new_tokens=4",
-    "policy.train_global_batch_size=8",
-    "policy.train_micro_batch_size=4",
-    "policy.logprob_batch_size=8",
-    "policy.optimizer.lr=1.0e-3",
-    "policy.optimizer.warmup_steps=0",
-    "algorithm.max_steps=5",
     "algorithm.num_prompts_per_step=8",
     "algorithm.num_generations_per_prompt=2",
-    "algorithm.num_train_prompts=64",
-    "algorithm.val_samples=8",
-    "algorithm.val_period=5",
-    "algorithm.val_at_start=true",
-    "algorithm.warm_start.enabled=false",
-    "checkpointing.enabled=false",
-    "logger.plot=false",
-    "logger.progress_bar=false",
 )
 PPO_OVERRIDES: tuple[str, ...] = ("algorithm=ppo", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.05")
 
