@@ -5,6 +5,10 @@
 * ``warm_start_checkpoint``: one legacy SFT warm start per pytest session (150 steps on 1-digit
   addition, the parity tests' model shape), saved as a training checkpoint; the GRPO and PPO
   parity tests start both of their trainers from it instead of each repeating it.
+* ``sft_checkpointed_run`` / ``grpo_warm_start_run``: launcher runs that several test files
+  read (never modify) once per session, because a launcher run (Python, Hydra, Ray and the
+  workers starting) costs far more than the few steps it trains.  A test that damages a
+  run's files damages a copy.
 """
 
 from __future__ import annotations
@@ -88,24 +92,96 @@ WARM_START_OVERRIDES: tuple[str, ...] = (
 WARM_START_SCRIPT = REPO_ROOT / "tests" / "e2e" / "warm_start.py"
 
 
+def run_launch(overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0) -> subprocess.CompletedProcess:
+    """Run ``launchers/launch.py`` with ``overrides`` in ``cwd`` (short Hydra errors).
+
+    Args:
+        overrides: Hydra overrides (and flags such as ``--multirun``).
+        cwd: Working directory of the launcher process.
+        timeout: Seconds before the run is killed (``subprocess.TimeoutExpired``).
+
+    Returns:
+        The completed process (``stdout`` and ``stderr`` captured as text).
+    """
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env["HYDRA_FULL_ERROR"] = "0"
+    return subprocess.run(
+        [sys.executable, str(LAUNCHER), *overrides],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_launch_ok(proc: subprocess.CompletedProcess) -> None:
+    """Fail with the launcher's output tails unless it exited 0."""
+    assert proc.returncode == 0, f"launcher failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+
+
 @pytest.fixture
 def launch(tmp_path: Path) -> LaunchFn:
     """Run the launcher with the given overrides in ``tmp_path``; returns the completed process."""
 
     def _run(overrides: Sequence[str], *, timeout: float = 240.0) -> subprocess.CompletedProcess:
-        env = dict(os.environ)
-        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        env["HYDRA_FULL_ERROR"] = "0"
-        return subprocess.run(
-            [sys.executable, str(LAUNCHER), *overrides],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return run_launch(overrides, tmp_path, timeout=timeout)
 
     return _run
+
+
+#: A tiny legacy SFT run that checkpoints every step (the resume, refusal and evaluation tests
+#: start from its checkpoints; ``algorithm.max_steps`` is added by each run).
+SFT_CHECKPOINTED: tuple[str, ...] = (
+    "recipe=sft_arith",
+    *TINY,
+    "data_plane=disabled",
+    "algorithm.num_train_samples=64",
+    "algorithm.val_period=0",
+    "checkpointing.save_period=1",
+    "checkpointing.keep_last=5",
+    "logger.progress_bar=false",
+)
+
+
+@pytest.fixture(scope="session")
+def sft_checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step ``SFT_CHECKPOINTED`` run with checkpoints at steps 1 and 2 (read only)."""
+    root = tmp_path_factory.mktemp("shared_sft")
+    run = root / "run"
+    assert_launch_ok(run_launch([*SFT_CHECKPOINTED, "algorithm.max_steps=2", f"hydra.run.dir={run}"], root, timeout=300))
+    steps = sorted(p.name for p in (run / "checkpoints" / "sft").iterdir())
+    assert steps == ["step_00000001", "step_00000002"], steps
+    return run
+
+
+#: Tiny legacy GRPO (the default recipe, so with its SFT warm start: 3 steps, 8 held-out
+#: problems, unlike GRPO's 16) whose runs can be cut and resumed exactly.
+GRPO_WARM_START: tuple[str, ...] = (
+    *TINY,
+    "data_plane=disabled",  # the legacy trainers; the data-plane twins have their parity tests
+    "algorithm.num_prompts_per_step=4",
+    "algorithm.num_generations_per_prompt=4",
+    "algorithm.num_train_prompts=64",
+    "algorithm.val_period=2",
+    "algorithm.warm_start.max_steps=3",
+    "algorithm.warm_start.val_samples=8",
+    "algorithm.warm_start.num_train_samples=64",
+    # The cosine horizon depends on max_steps; a constant GRPO learning rate lets a run that
+    # stops at K steps stand in for an interrupted N-step run.
+    "policy.optimizer.schedule=constant",
+)
+
+
+@pytest.fixture(scope="session")
+def grpo_warm_start_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The run directory and process of a finished 4-step ``GRPO_WARM_START`` run (read only)."""
+    root = tmp_path_factory.mktemp("shared_grpo")
+    run = root / "run"
+    proc = run_launch([*GRPO_WARM_START, "algorithm.max_steps=4", f"hydra.run.dir={run}"], root, timeout=400)
+    assert_launch_ok(proc)
+    return run, proc
 
 
 @pytest.fixture(scope="session")
