@@ -2,9 +2,10 @@
 
 * ``launch``: run ``launchers/launch.py`` in a subprocess on tiny settings (from a temporary
   working directory, to prove recipes resolve from anywhere).
-* ``warm_start_checkpoint``: one legacy SFT warm start per pytest session (150 steps on 1-digit
-  addition, the parity tests' model shape), saved as a training checkpoint; the GRPO and PPO
-  parity tests start both of their trainers from it instead of each repeating it.
+* ``parity_session``: one process per pytest session (``warm_start.py``) that runs the legacy
+  SFT warm start (150 steps on 1-digit addition, the parity tests' model shape, saved as a
+  training checkpoint) and then every GRPO, asynchronous GRPO and PPO parity run the session
+  collected, from that checkpoint, on one Ray; ``warm_start_checkpoint`` is its checkpoint.
 * ``sft_checkpointed_run`` / ``grpo_warm_start_run``: launcher runs that several test files
   read (never modify) once per session, because a launcher run (Python, Hydra, Ray and the
   workers starting) costs far more than the few steps it trains.  A test that damages a
@@ -13,11 +14,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,23 +188,68 @@ def grpo_warm_start_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     return run, proc
 
 
+#: Test timeout of a parity test: the first one the session runs waits for the whole parity
+#: process (warm start and every parity run the session collected).
+PARITY_TIMEOUT_S = 1800
+
+#: Parity test files -> the group of ``warm_start.py`` whose runs they read.
+PARITY_FILES: dict[str, str] = {
+    "test_grpo_parity": "grpo",
+    "test_grpo_async_parity": "async",
+    "test_ppo_parity": "ppo",
+}
+
+
+@dataclass(frozen=True)
+class ParitySession:
+    """The output of the session's parity process (``warm_start.py``).
+
+    Args:
+        out_dir: Its output directory.
+        warm_start_checkpoint: The committed checkpoint of the shared warm start.
+    """
+
+    out_dir: Path
+    warm_start_checkpoint: Path
+
+    def result(self, job: str) -> dict[str, Any]:
+        """The JSON result of ``job`` (``grpo`` or ``ppo``); fails the test with its traceback."""
+        error = self.out_dir / f"{job}.error"
+        if error.is_file():
+            pytest.fail(f"parity job {job!r} failed:\n{error.read_text()[-6000:]}")
+        path = self.out_dir / f"{job}.json"
+        assert path.is_file(), f"the parity process ran no {job!r} job (see PARITY_FILES)"
+        return json.loads(path.read_text())
+
+
 @pytest.fixture(scope="session")
-def warm_start_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The committed checkpoint directory of the session's shared SFT warm start."""
-    out = tmp_path_factory.mktemp("shared_warm_start")
+def parity_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ParitySession:
+    """Run the parity process once: the warm start plus the groups of the collected parity tests."""
+    groups = sorted(
+        {
+            PARITY_FILES[Path(str(item.fspath)).stem]
+            for item in request.session.items
+            if Path(str(item.fspath)).stem in PARITY_FILES and "parity_session" in item.fixturenames
+        }
+    )
+    out = tmp_path_factory.mktemp("parity")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     proc = subprocess.run(
-        [sys.executable, str(WARM_START_SCRIPT), str(out)],
+        [sys.executable, str(WARM_START_SCRIPT), str(out), *groups],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=480,
+        timeout=PARITY_TIMEOUT_S - 60,
     )
-    assert proc.returncode == 0, f"warm start failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    from nemo_dp.utils.checkpoint import latest_checkpoint
+    assert proc.returncode == 0, f"parity process failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    latest = Path(json.loads((out / "warm_start.json").read_text())["checkpoint"])
+    assert latest.name == "step_00000150", latest
+    return ParitySession(out_dir=out, warm_start_checkpoint=latest)
 
-    latest = latest_checkpoint(out / "checkpoints" / "warm_start")
-    assert latest is not None and latest.name == "step_00000150", latest
-    return latest
+
+@pytest.fixture(scope="session")
+def warm_start_checkpoint(parity_session: ParitySession) -> Path:
+    """The committed checkpoint directory of the session's shared SFT warm start."""
+    return parity_session.warm_start_checkpoint
