@@ -2,18 +2,26 @@
 
 * ``launch``: run ``launchers/launch.py`` in a subprocess on tiny settings (from a temporary
   working directory, to prove recipes resolve from anywhere).
-* ``warm_start_checkpoint``: one legacy SFT warm start per pytest session (150 steps on 1-digit
-  addition, the parity tests' model shape), saved as a training checkpoint; the GRPO and PPO
-  parity tests start both of their trainers from it instead of each repeating it.
+* ``parity_session``: one process per pytest session (``warm_start.py``) that runs the legacy
+  SFT warm start (150 steps on 1-digit addition, the parity tests' model shape, saved as a
+  training checkpoint) and then every GRPO, asynchronous GRPO and PPO parity run the session
+  collected, from that checkpoint, on one Ray; ``warm_start_checkpoint`` is its checkpoint.
+* ``sft_checkpointed_run`` / ``grpo_warm_start_run``: launcher runs that several test files
+  read (never modify) once per session, because a launcher run (Python, Hydra, Ray and the
+  workers starting) costs far more than the few steps it trains.  A test that damages a
+  run's files damages a copy.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,14 +41,8 @@ TINY: tuple[str, ...] = (
 
 LaunchFn = Callable[..., subprocess.CompletedProcess]
 
-#: The shared warm start's model and SFT settings (the parity tests' policy shape; 1-digit
-#: addition so that the RL rewards after it are mixed).
-WARM_START_OVERRIDES: tuple[str, ...] = (
-    "~recipe",
-    "algorithm=grpo",
-    "data_plane=disabled",
-    "seed=11",
-    "env.digits=1",
+#: The parity tests' policy: model shape, batch sizes and optimizer (also the shared warm start's).
+PARITY_POLICY: tuple[str, ...] = (
     "policy.dp_size=2",
     "policy.model.n_layers=1",
     "policy.model.d_model=64",
@@ -52,16 +54,75 @@ WARM_START_OVERRIDES: tuple[str, ...] = (
     "policy.logprob_batch_size=8",
     "policy.optimizer.lr=1.0e-3",
     "policy.optimizer.warmup_steps=0",
+)
+
+#: Quiet run-layer output: no plot, no progress bar.
+QUIET: tuple[str, ...] = ("logger.plot=false", "logger.progress_bar=false")
+
+#: What every RL parity run shares (GRPO, PPO, asynchronous GRPO): 1-digit addition, the parity
+#: policy, 5 steps with held-out accuracy before the first and after the last, no warm start of
+#: its own (the runs load the shared one), no checkpoints.  Each file adds its seed and batch shape.
+PARITY_RUN: tuple[str, ...] = (
+    "~recipe",
+    "env.digits=1",
+    *PARITY_POLICY,
+    "algorithm.max_steps=5",
+    "algorithm.num_train_prompts=64",
+    "algorithm.val_samples=8",
+    "algorithm.val_period=5",
+    "algorithm.val_at_start=true",
+    "algorithm.warm_start.enabled=false",
+    "checkpointing.enabled=false",
+    *QUIET,
+)
+
+#: The shared warm start's model and SFT settings (the parity tests' policy shape; 1-digit
+#: addition so that the RL rewards after it are mixed).
+WARM_START_OVERRIDES: tuple[str, ...] = (
+    "~recipe",
+    "algorithm=grpo",
+    "data_plane=disabled",
+    "seed=11",
+    "env.digits=1",
+    *PARITY_POLICY,
     "algorithm.warm_start.max_steps=150",
     "algorithm.warm_start.num_train_samples=64",
     "algorithm.warm_start.lr=5.0e-3",
     "algorithm.warm_start.warmup_steps=0",
     "algorithm.warm_start.val_samples=8",
-    "logger.plot=false",
-    "logger.progress_bar=false",
+    *QUIET,
 )
 
 WARM_START_SCRIPT = REPO_ROOT / "tests" / "e2e" / "warm_start.py"
+
+
+def run_launch(overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0) -> subprocess.CompletedProcess:
+    """Run ``launchers/launch.py`` with ``overrides`` in ``cwd`` (short Hydra errors).
+
+    Args:
+        overrides: Hydra overrides (and flags such as ``--multirun``).
+        cwd: Working directory of the launcher process.
+        timeout: Seconds before the run is killed (``subprocess.TimeoutExpired``).
+
+    Returns:
+        The completed process (``stdout`` and ``stderr`` captured as text).
+    """
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env["HYDRA_FULL_ERROR"] = "0"
+    return subprocess.run(
+        [sys.executable, str(LAUNCHER), *overrides],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_launch_ok(proc: subprocess.CompletedProcess) -> None:
+    """Fail with the launcher's output tails unless it exited 0."""
+    assert proc.returncode == 0, f"launcher failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
 
 
 @pytest.fixture
@@ -69,38 +130,126 @@ def launch(tmp_path: Path) -> LaunchFn:
     """Run the launcher with the given overrides in ``tmp_path``; returns the completed process."""
 
     def _run(overrides: Sequence[str], *, timeout: float = 240.0) -> subprocess.CompletedProcess:
-        env = dict(os.environ)
-        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        env["HYDRA_FULL_ERROR"] = "0"
-        return subprocess.run(
-            [sys.executable, str(LAUNCHER), *overrides],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return run_launch(overrides, tmp_path, timeout=timeout)
 
     return _run
 
 
+#: A tiny legacy SFT run that checkpoints every step (the resume, refusal and evaluation tests
+#: start from its checkpoints; ``algorithm.max_steps`` is added by each run).
+SFT_CHECKPOINTED: tuple[str, ...] = (
+    "recipe=sft_arith",
+    *TINY,
+    "data_plane=disabled",
+    "algorithm.num_train_samples=64",
+    "algorithm.val_period=0",
+    "checkpointing.save_period=1",
+    "checkpointing.keep_last=5",
+    "logger.progress_bar=false",
+)
+
+
 @pytest.fixture(scope="session")
-def warm_start_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The committed checkpoint directory of the session's shared SFT warm start."""
-    out = tmp_path_factory.mktemp("shared_warm_start")
+def sft_checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step ``SFT_CHECKPOINTED`` run with checkpoints at steps 1 and 2 (read only)."""
+    root = tmp_path_factory.mktemp("shared_sft")
+    run = root / "run"
+    assert_launch_ok(run_launch([*SFT_CHECKPOINTED, "algorithm.max_steps=2", f"hydra.run.dir={run}"], root, timeout=300))
+    steps = sorted(p.name for p in (run / "checkpoints" / "sft").iterdir())
+    assert steps == ["step_00000001", "step_00000002"], steps
+    return run
+
+
+#: Tiny legacy GRPO (the default recipe, so with its SFT warm start: 3 steps, 8 held-out
+#: problems, unlike GRPO's 16) whose runs can be cut and resumed exactly.
+GRPO_WARM_START: tuple[str, ...] = (
+    *TINY,
+    "data_plane=disabled",  # the legacy trainers; the data-plane twins have their parity tests
+    "algorithm.num_prompts_per_step=4",
+    "algorithm.num_generations_per_prompt=4",
+    "algorithm.num_train_prompts=64",
+    "algorithm.val_period=2",
+    "algorithm.warm_start.max_steps=3",
+    "algorithm.warm_start.val_samples=8",
+    "algorithm.warm_start.num_train_samples=64",
+    # The cosine horizon depends on max_steps; a constant GRPO learning rate lets a run that
+    # stops at K steps stand in for an interrupted N-step run.
+    "policy.optimizer.schedule=constant",
+)
+
+
+@pytest.fixture(scope="session")
+def grpo_warm_start_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The run directory and process of a finished 4-step ``GRPO_WARM_START`` run (read only)."""
+    root = tmp_path_factory.mktemp("shared_grpo")
+    run = root / "run"
+    proc = run_launch([*GRPO_WARM_START, "algorithm.max_steps=4", f"hydra.run.dir={run}"], root, timeout=400)
+    assert_launch_ok(proc)
+    return run, proc
+
+
+#: Test timeout of a parity test: the first one the session runs waits for the whole parity
+#: process (warm start and every parity run the session collected).
+PARITY_TIMEOUT_S = 1800
+
+#: Parity test files -> the group of ``warm_start.py`` whose runs they read.
+PARITY_FILES: dict[str, str] = {
+    "test_grpo_parity": "grpo",
+    "test_grpo_async_parity": "async",
+    "test_ppo_parity": "ppo",
+}
+
+
+@dataclass(frozen=True)
+class ParitySession:
+    """The output of the session's parity process (``warm_start.py``).
+
+    Args:
+        out_dir: Its output directory.
+        warm_start_checkpoint: The committed checkpoint of the shared warm start.
+    """
+
+    out_dir: Path
+    warm_start_checkpoint: Path
+
+    def result(self, job: str) -> dict[str, Any]:
+        """The JSON result of ``job`` (``grpo`` or ``ppo``); fails the test with its traceback."""
+        error = self.out_dir / f"{job}.error"
+        if error.is_file():
+            pytest.fail(f"parity job {job!r} failed:\n{error.read_text()[-6000:]}")
+        path = self.out_dir / f"{job}.json"
+        assert path.is_file(), f"the parity process ran no {job!r} job (see PARITY_FILES)"
+        return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def parity_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ParitySession:
+    """Run the parity process once: the warm start plus the groups of the collected parity tests."""
+    groups = sorted(
+        {
+            PARITY_FILES[Path(str(item.fspath)).stem]
+            for item in request.session.items
+            if Path(str(item.fspath)).stem in PARITY_FILES and "parity_session" in item.fixturenames
+        }
+    )
+    out = tmp_path_factory.mktemp("parity")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     proc = subprocess.run(
-        [sys.executable, str(WARM_START_SCRIPT), str(out)],
+        [sys.executable, str(WARM_START_SCRIPT), str(out), *groups],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=480,
+        timeout=PARITY_TIMEOUT_S - 60,
     )
-    assert proc.returncode == 0, f"warm start failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    from nemo_dp.utils.checkpoint import latest_checkpoint
+    assert proc.returncode == 0, f"parity process failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    latest = Path(json.loads((out / "warm_start.json").read_text())["checkpoint"])
+    assert latest.name == "step_00000150", latest
+    return ParitySession(out_dir=out, warm_start_checkpoint=latest)
 
-    latest = latest_checkpoint(out / "checkpoints" / "warm_start")
-    assert latest is not None and latest.name == "step_00000150", latest
-    return latest
+
+@pytest.fixture(scope="session")
+def warm_start_checkpoint(parity_session: ParitySession) -> Path:
+    """The committed checkpoint directory of the session's shared SFT warm start."""
+    return parity_session.warm_start_checkpoint

@@ -8,10 +8,10 @@ TransferQueue on a two-node cluster (head + worker node with a custom resource) 
 workers and storage units land where the config asks, whose actors are gone afterwards, and
 which leaves the cluster up.
 
-Every cluster here gets its own free ports, its own ``--temp-dir`` under the test's temporary
-directory and a small ``--num-cpus``; it is started with ``ray start --block`` and stopped by
-signalling the processes this test started (never ``ray stop``, which stops every Ray of the
-user). The launcher sees the test cluster as "the machine's cluster" through ``RAY_TMPDIR``,
+The tests that need a running cluster share one per module (``two_node_cluster``), with its own
+free ports, its own ``--temp-dir`` under a short temporary directory and a small ``--num-cpus``;
+it is started with ``ray start --block`` and stopped by signalling the processes this module
+started (never ``ray stop``, which stops every Ray of the user). The launcher sees the test cluster as "the machine's cluster" through ``RAY_TMPDIR``,
 which moves Ray's default temp dir (and so its address file) under the test's directory.
 """
 
@@ -189,18 +189,16 @@ def short_tmp() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def ray_cluster_factory(short_tmp: Path) -> Iterator:
-    """Start test clusters on demand; every node is stopped by its pids in ``finally``."""
-    clusters: list[RayTestCluster] = []
+def _start_cluster(tmp_root: Path, *, num_cpus: int, worker_resources: dict[str, float] | None = None,
+                   worker_cpus: int = 1) -> RayTestCluster:  # fmt: skip
+    """Start a token-protected head (and a worker node with ``worker_resources``) under ``tmp_root``.
 
-    def _make(*, num_cpus: int = 1, worker_resources: dict[str, float] | None = None,
-              worker_cpus: int = 1) -> RayTestCluster:  # fmt: skip
-        port = _free_port()
-        cluster = RayTestCluster(
-            address=f"127.0.0.1:{port}", token=uuid.uuid4().hex, tmp_root=short_tmp / f"c{len(clusters)}"
-        )
-        clusters.append(cluster)
+    The nodes started are in the returned cluster's ``nodes`` even when this raises, so that the
+    caller's ``finally`` stops them.
+    """
+    port = _free_port()
+    cluster = RayTestCluster(address=f"127.0.0.1:{port}", token=uuid.uuid4().hex, tmp_root=tmp_root)
+    try:
         _start_node(
             cluster,
             "head",
@@ -220,14 +218,35 @@ def ray_cluster_factory(short_tmp: Path) -> Iterator:
             while len(cluster.alive_nodes()) < 2:
                 assert time.monotonic() < deadline, "the worker node never joined the head"
                 time.sleep(1)
-        return cluster
+    except BaseException:
+        _stop_cluster(cluster)
+        raise
+    return cluster
 
+
+def _stop_cluster(cluster: RayTestCluster) -> None:
+    for node in reversed(cluster.nodes):
+        node.stop()
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster() -> Iterator[RayTestCluster]:
+    """The module's "user's cluster": a head (2 CPUs) and a worker node (2 CPUs, ``node_b``).
+
+    One cluster serves every test that needs a running cluster (starting and stopping one
+    costs tens of seconds here): the tests only join it or run next to it, and each checks
+    what it needs relative to the cluster's state (actors are counted before and after).
+    Every node is stopped by its pids in ``finally``.
+    """
+    root = Path(tempfile.mkdtemp(prefix="ndpc_", dir="/tmp"))  # Ray's socket paths: < 108 bytes
+    cluster: RayTestCluster | None = None
     try:
-        yield _make
+        cluster = _start_cluster(root / "c", num_cpus=2, worker_resources={"node_b": 1.0}, worker_cpus=2)
+        yield cluster
     finally:
-        for cluster in clusters:
-            for node in reversed(cluster.nodes):
-                node.stop()
+        if cluster is not None:
+            _stop_cluster(cluster)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _launch(overrides: list[str], cwd: Path, env: dict[str, str], timeout: float = 240.0) -> subprocess.CompletedProcess:
@@ -255,10 +274,11 @@ def _state_of(temp_dir: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_local_run_starts_a_private_ray_next_to_a_running_cluster(
-    ray_cluster_factory, short_tmp: Path, tmp_path: Path
+    two_node_cluster: RayTestCluster, short_tmp: Path, tmp_path: Path
 ) -> None:
-    other = ray_cluster_factory(num_cpus=1)
+    other = two_node_cluster
     before = _state_of(other.head_temp_dir)
+    actors_before = other.query("out['actors'] = len(state.actors())")["actors"]
     # The other cluster is "the machine's cluster": its address file is where Ray looks by
     # default, RAY_ADDRESS names it and this process holds its token.
     env = _base_env(RAY_TMPDIR=str(other.head_temp_dir.parent), RAY_ADDRESS=other.address, **other.auth_env())
@@ -273,9 +293,10 @@ def test_local_run_starts_a_private_ray_next_to_a_running_cluster(
     assert "Held-out exact-match accuracy after SFT:" in proc.stdout
     assert json.loads((run / "summary.json").read_text())["phases"]["sft"]["step"] == 2
     assert list(private.glob("session_2*")), "the private Ray did not run in cluster.temp_dir"
-    # The other cluster still answers, ran no job's actors, and its state files are unchanged.
+    # The other cluster still answers (all its 4 CPUs), ran no actor of the job, and its state
+    # files are unchanged.
     out = other.query("out['cpus'] = ray.cluster_resources().get('CPU'); out['actors'] = len(state.actors())")
-    assert out == {"cpus": 1.0, "actors": 0}
+    assert out == {"cpus": 4.0, "actors": actors_before}
     assert _state_of(other.head_temp_dir) == before
 
 
@@ -367,8 +388,10 @@ def _join(cluster: RayTestCluster, working_dir: str = "", **env: str) -> subproc
 
 
 @pytest.mark.slow
-def test_joining_a_token_cluster_explains_missing_and_wrong_tokens(ray_cluster_factory, tmp_path: Path) -> None:
-    cluster = ray_cluster_factory(num_cpus=1)
+def test_joining_a_token_cluster_explains_missing_and_wrong_tokens(
+    two_node_cluster: RayTestCluster, tmp_path: Path
+) -> None:
+    cluster = two_node_cluster
     home = tmp_path / "home"  # no ~/.ray/auth_token here
     home.mkdir()
     missing = _join(cluster, HOME=str(home))
@@ -384,20 +407,20 @@ def test_joining_a_token_cluster_explains_missing_and_wrong_tokens(ray_cluster_f
     # The right token joins; with a working_dir the worker runs from (and imports nemo_dp
     # from) the copy Ray shipped, not from this checkout.
     right = _join(cluster, str(REPO_ROOT), HOME=str(home), **cluster.auth_env())
-    assert right.returncode == 0 and "CPUS=1" in right.stdout, right.stdout + right.stderr
+    assert right.returncode == 0 and "CPUS=4" in right.stdout, right.stdout + right.stderr
     worker = json.loads(next(ln for ln in right.stdout.splitlines() if ln.startswith("WORKER="))[7:])
     assert "runtime_resources" in worker["cwd"] and Path(worker["cwd"]) != REPO_ROOT, worker
     assert Path(worker["nemo_dp"]).is_relative_to(worker["cwd"]), worker
     assert "PLACEMENT=cluster.policy_resources.gpu_box=1: 2 workers of group 'worker' need 2" in right.stdout
-    assert len(cluster.alive_nodes()) == 1
+    assert len(cluster.alive_nodes()) == 2  # the joins left both nodes of the cluster up
 
 
 # -- issue 15 item 4: a short GRPO over TransferQueue on a two-node cluster --------------------
 
 
 @pytest.mark.slow
-def test_grpo_over_tq_on_a_two_node_cluster(ray_cluster_factory, tmp_path: Path) -> None:
-    cluster = ray_cluster_factory(num_cpus=2, worker_resources={"node_b": 1.0}, worker_cpus=2)
+def test_grpo_over_tq_on_a_two_node_cluster(two_node_cluster: RayTestCluster, tmp_path: Path) -> None:
+    cluster = two_node_cluster
     nodes = cluster.alive_nodes()
     worker_node = next(n["id"] for n in nodes if "node_b" in n["resources"])
     head_node = next(n["id"] for n in nodes if "node_b" not in n["resources"])

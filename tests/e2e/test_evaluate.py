@@ -1,8 +1,10 @@
 """``launchers/evaluate.py`` on checkpoints the launcher wrote (SFT, GRPO with warm start, PPO).
 
-Each case trains a couple of tiny steps with ``launchers/launch.py``, evaluates the checkpoint in
-a separate process, and checks the printed accuracy against the predictions jsonl and against
-the held-out accuracy the trainer itself recorded for that checkpoint.
+Each case evaluates, in a separate process, the checkpoint of a tiny ``launchers/launch.py`` run
+and checks the printed accuracy against the predictions jsonl and against the held-out accuracy
+the trainer itself recorded for that checkpoint.  The SFT and the GRPO-with-warm-start runs are
+the session's shared runs (``sft_checkpointed_run`` and ``grpo_warm_start_run`` in
+``conftest.py``: the resume tests read the same checkpoints); the PPO run is this file's own.
 """
 
 from __future__ import annotations
@@ -68,23 +70,8 @@ def _trainer_accuracy(run: Path, phase: str) -> float:
     return float(summary["phases"][phase]["val_accuracy"])
 
 
-def test_evaluate_sft_checkpoint(launch: LaunchFn, tmp_path: Path) -> None:
-    run = tmp_path / "sft_run"
-    _ok(
-        launch(
-            [
-                "recipe=sft_arith",
-                *TINY,
-                "data_plane=disabled",
-                "algorithm.max_steps=2",
-                "algorithm.val_period=0",
-                "algorithm.num_train_samples=64",
-                "checkpointing.save_period=1",
-                "logger.plot=false",
-                f"hydra.run.dir={run}",
-            ]
-        )
-    )
+def test_evaluate_sft_checkpoint(sft_checkpointed_run: Path, tmp_path: Path) -> None:
+    run = sft_checkpointed_run  # 2 steps, a checkpoint after each
     out = tmp_path / "eval_latest"
     proc = _evaluate(tmp_path, [f"checkpoint={run / 'checkpoints'}", f"hydra.run.dir={out}"])
     _ok(proc)
@@ -127,31 +114,21 @@ def test_evaluate_sft_checkpoint(launch: LaunchFn, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_evaluate_grpo_phases_and_ppo(launch: LaunchFn, tmp_path: Path) -> None:
-    grpo = tmp_path / "grpo_run"
-    _ok(
-        launch(
-            [
-                *RL_TINY,
-                "algorithm.warm_start.enabled=true",
-                "algorithm.warm_start.max_steps=2",
-                "algorithm.warm_start.val_samples=8",
-                "algorithm.warm_start.num_train_samples=64",
-                f"hydra.run.dir={grpo}",
-            ]
-        )
-    )
+def test_evaluate_grpo_phases_and_ppo(
+    launch: LaunchFn, tmp_path: Path, grpo_warm_start_run: tuple[Path, subprocess.CompletedProcess]
+) -> None:
+    grpo, _ = grpo_warm_start_run  # 3 warm-start steps (8 held-out problems), then 4 GRPO steps
     out = tmp_path / "eval_grpo"
     proc = _evaluate(tmp_path, [f"checkpoint={grpo / 'checkpoints'}", f"hydra.run.dir={out}"])
     _ok(proc)
     phase, step, acc, n = _printed(proc)
-    assert (phase, step, n) == ("grpo", 1, 16)  # the last phase by default
+    assert (phase, step, n) == ("grpo", 4, 16)  # the last phase by default
     assert f"{acc:.3f}" == f"{_trainer_accuracy(grpo, 'grpo'):.3f}"
     out_ws = tmp_path / "eval_ws"
     proc = _evaluate(tmp_path, [f"checkpoint={grpo / 'checkpoints'}", "phase=warm_start", f"hydra.run.dir={out_ws}"])
     _ok(proc)
     phase, step, acc, n = _printed(proc)
-    assert (phase, step, n) == ("warm_start", 2, 8)  # warm_start.val_samples
+    assert (phase, step, n) == ("warm_start", 3, 8)  # warm_start.val_samples, not the GRPO phase's 16
     assert f"{acc:.3f}" == f"{_trainer_accuracy(grpo, 'warm_start'):.3f}"
 
     ppo = tmp_path / "ppo_run"

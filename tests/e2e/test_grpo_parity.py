@@ -9,18 +9,21 @@ generation sub-batches with the same per-row seeds, the same planner places the 
 the same ranks and microbatches, losses are normalised by the same global counts and
 gradients are all-reduced in the same order, so any difference is a bug.
 
-Both trainers start from the same weights: the session's shared legacy SFT warm start
-(``warm_start_checkpoint`` in ``conftest.py``) makes the 1-digit addition rewards non-trivial,
-so groups with mixed rewards exist and dynamic sampling really drops, regenerates and slices.
+Both trainers start from the same weights: the session's shared legacy SFT warm start makes the
+1-digit addition rewards non-trivial, so groups with mixed rewards exist and dynamic sampling
+really drops, regenerates and slices.
 
-The runs execute in a subprocess (this file run as a script) with its own Ray, through the run
-layer the launcher uses (``nemo_dp.training.run_phase``: trainer from ``select_sync_trainer``,
-policy from ``make_policy`` over ``make_policy_factory``) on Hydra-composed configs.
+The runs execute in the session's parity process (``parity_session`` in ``conftest.py``: the
+warm start and every parity run in one subprocess with one Ray, see ``warm_start.py``), through
+the run layer the launcher uses (``nemo_dp.training.run_phase``: trainer from
+``select_sync_trainer``, policy from ``make_policy`` over ``make_policy_factory``) on
+Hydra-composed configs.  ``run_grpo`` here also runs the asynchronous parity runs
+(``test_grpo_async_parity.py``) on the same ``TQPolicy``; a run whose composed config equals an
+earlier run's is that run (its synchronous reference is this file's ``tq_ds0``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -29,36 +32,15 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.conftest import PARITY_RUN, PARITY_TIMEOUT_S, REPO_ROOT, ParitySession
 
 #: Tiny settings shared by every run (the data-plane choice and dynamic sampling vary).
 PARITY_OVERRIDES: tuple[str, ...] = (
-    "~recipe",
+    *PARITY_RUN,
     "seed=11",
-    "env.digits=1",
-    "policy.dp_size=2",
-    "policy.model.n_layers=1",
-    "policy.model.d_model=64",
-    "policy.model.n_heads=2",
-    "policy.model.max_seq_len=16",
-    "policy.generation.max_new_tokens=4",
-    "policy.train_global_batch_size=8",
-    "policy.train_micro_batch_size=4",
-    "policy.logprob_batch_size=8",
-    "policy.optimizer.lr=1.0e-3",
-    "policy.optimizer.warmup_steps=0",
-    "algorithm.max_steps=5",
     "algorithm.num_prompts_per_step=4",
     "algorithm.num_generations_per_prompt=4",
-    "algorithm.num_train_prompts=64",
-    "algorithm.val_samples=8",
-    "algorithm.val_period=5",
-    "algorithm.val_at_start=true",
     "algorithm.dynamic_sampling.max_gen_batches=8",
-    "algorithm.warm_start.enabled=false",
-    "checkpointing.enabled=false",
-    "logger.plot=false",
-    "logger.progress_bar=false",
 )
 
 #: Metrics that must be exactly equal step for step.
@@ -81,61 +63,67 @@ COMPARED: tuple[str, ...] = (
     "val_accuracy",
 )
 
-COMBOS: tuple[tuple[str, bool], ...] = (
-    ("disabled", False),
-    ("disabled", True),
-    ("tq", False),
-    ("tq", True),
-)
+#: The four (data plane, dynamic sampling) combinations, as overrides of ``PARITY_OVERRIDES``.
+RUNS: dict[str, tuple[str, ...]] = {
+    f"{dp}_ds{int(dynamic)}": (f"data_plane={dp}", f"algorithm.dynamic_sampling.enabled={str(dynamic).lower()}")
+    for dp in ("disabled", "tq")
+    for dynamic in (False, True)
+}
 
 
-def _compose(data_plane: str, dynamic: bool) -> Any:
+def compose_grpo(extra: tuple[str, ...]) -> Any:
+    """The Hydra-composed config of ``PARITY_OVERRIDES`` plus ``extra``."""
     from hydra import compose, initialize_config_dir
 
     from nemo_dp.config import register_configs
 
     register_configs(REPO_ROOT / "recipes")
-    overrides = [
-        *PARITY_OVERRIDES,
-        f"data_plane={data_plane}",
-        f"algorithm.dynamic_sampling.enabled={'true' if dynamic else 'false'}",
-    ]
     with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=overrides)
+        return compose("config", overrides=[*PARITY_OVERRIDES, *extra])
 
 
-def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
-    """Run the four (data plane, dynamic sampling) combinations from the shared warm start.
+def run_grpo(out_dir: Path, state: Any, env: dict[str, str], runs: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """Run GRPO ``runs`` from the warm start's policy ``state`` on the caller's Ray.
+
+    One policy per data-plane choice serves all of its runs (weights, optimizer and RNG are
+    reloaded from ``state`` before each), which saves worker-group and TransferQueue start-ups.
+    A run whose composed config equals an earlier run's is not run again: it is that run.
 
     Args:
-        out_dir: Where each run writes its ``metrics.jsonl``.
-        warm_ckpt: The shared warm start's checkpoint directory.
+        out_dir: Where each run writes its ``metrics.jsonl`` (and async ledger).
+        state: The warm start's ``policy`` state.
+        env: The worker environment ``init_ray`` returned.
+        runs: Run name -> overrides of ``PARITY_OVERRIDES``, in run order.
 
     Returns:
-        ``{"runs": {"<dp>_ds<0|1>": {"records": [...], "checksums": [...]}}}``.
+        ``{"runs": {name: {"records", "ledger", "checksums", "policy_class", "trainer",
+        "live_partitions", "same_as"}}}``.
     """
+    from omegaconf import OmegaConf
+
+    from nemo_dp.algorithms.async_ledger import read_ledger
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
+    from nemo_dp.data_plane.factory import select_sync_trainer
+    from nemo_dp.models.policy.rollout_worker import partition_for_batch
     from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
-    from nemo_dp.utils.checkpoint import load_training_checkpoint
     from nemo_dp.utils.metrics import read_metrics
 
-    base = _compose("tq", False)
-    validate_config(base)
-    tok = make_tokenizer(base)
-    state = load_training_checkpoint(warm_ckpt)["policy"]
-    env = init_ray(num_cpus=2, **ray_start_args(base.data_plane))
     result: dict[str, Any] = {"runs": {}}
-    # One policy per data-plane choice serves both of its runs (weights, optimizer and RNG
-    # reloaded from the warm start before each), which saves worker-group and TransferQueue
-    # start-ups.
+    done: list[tuple[Any, str]] = []  # (composed config as a container, run name)
     policies: dict[str, Any] = {}
     try:
-        for dp, dynamic in COMBOS:
-            cfg = _compose(dp, dynamic)
+        for name, extra in runs.items():
+            cfg = compose_grpo(extra)
+            container = OmegaConf.to_container(cfg, resolve=True)
+            same = next((n for c, n in done if c == container), None)
+            if same is not None:
+                result["runs"][name] = {**result["runs"][same], "same_as": same}
+                continue
+            done.append((container, name))
             validated = validate_config(cfg)
-            name = f"{dp}_ds{int(dynamic)}"
+            trainer = select_sync_trainer(cfg)
+            dp = str(cfg.data_plane.impl) if bool(cfg.data_plane.enabled) else "disabled"
+            tok = make_tokenizer(cfg)
             if dp not in policies:
                 policies[dp] = make_policy(cfg, tok, env_vars=env)
             policy = policies[dp]
@@ -148,48 +136,41 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
                 tokenizer=tok,
                 logger=phase_logger(phase, run_dir, validated.logger),
                 checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
+                trainer=trainer,
             )
+            ledger = run_dir / "async_ledger.jsonl"
+            client = getattr(policy, "dp_client", None)
             result["runs"][name] = {
                 "records": read_metrics(run_dir / "metrics.jsonl"),
+                "ledger": read_ledger(ledger) if ledger.exists() else None,
                 "checksums": policy.weights_checksums(),
                 "policy_class": type(policy).__name__,
+                "trainer": f"{trainer.__module__}:{trainer.__name__}",
+                "live_partitions": None if client is None else list(client.list_sample_ids(partition_for_batch(1))),
+                "same_as": None,
             }
     finally:
-        try:
-            for policy in policies.values():
-                policy.shutdown()
-        finally:
-            shutdown_ray()
+        for policy in policies.values():
+            policy.shutdown()
     return result
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("grpo_parity")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out), str(warm_start_checkpoint)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "parity.json").read_text())
+def parity(parity_session: ParitySession) -> dict[str, Any]:
+    return parity_session.result("grpo")
 
 
 def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(PARITY_TIMEOUT_S)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["plain", "dynamic_sampling"])
 def test_legacy_and_data_plane_trainers_agree_exactly(parity: dict[str, Any], dynamic: bool) -> None:
     legacy = parity["runs"][f"disabled_ds{int(dynamic)}"]
     tq = parity["runs"][f"tq_ds{int(dynamic)}"]
     assert legacy["policy_class"] == "Policy" and tq["policy_class"] == "TQPolicy"
+    assert legacy["same_as"] is None and tq["same_as"] is None  # two runs, not one run twice
     a, b = _by_step(legacy["records"]), _by_step(tq["records"])
     assert sorted(a) == sorted(b) == [0, 1, 2, 3, 4, 5]
     for step in range(1, 6):
@@ -210,6 +191,7 @@ def test_legacy_and_data_plane_trainers_agree_exactly(parity: dict[str, Any], dy
         assert all(a[s]["dynamic_sampling_num_gen_batches"] == 1 for s in range(1, 6))
 
 
+@pytest.mark.timeout(PARITY_TIMEOUT_S)
 def test_data_plane_run_logs_only_legacy_keys_plus_timings(parity: dict[str, Any]) -> None:
     """Observability is off in the parity config: the tq run's records carry no extra keys."""
     for dynamic in (0, 1):
@@ -258,12 +240,3 @@ def test_launcher_trains_grpo_over_tq_with_store_metrics(tmp_path: Path) -> None
         assert rec["data_plane/step/bytes_written_mb"] > 0.0
         assert "data_plane/step/frac_of_step" in rec and "data_plane/now/bytes_outstanding_mb" in rec
     assert "val_accuracy" in records[2]
-
-
-if __name__ == "__main__":
-    target = Path(sys.argv[1])
-    target.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO_ROOT))
-    res = run_parity(target, Path(sys.argv[2]))
-    (target / "parity.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: [r.get("reward_mean") for r in v["records"]] for k, v in res["runs"].items()}))

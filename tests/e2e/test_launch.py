@@ -9,30 +9,15 @@ steps plus a resumed run, metric for metric).
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from nemo_dp.utils.metrics import read_metrics
-from tests.e2e.conftest import TINY, LaunchFn
+from tests.e2e.conftest import GRPO_WARM_START, TINY, LaunchFn
 
 pytestmark = pytest.mark.timeout(420)
-
-GRPO_TINY: tuple[str, ...] = (
-    *TINY,
-    "data_plane=disabled",  # the legacy trainers; the data-plane twins have their parity tests
-    "algorithm.num_prompts_per_step=4",
-    "algorithm.num_generations_per_prompt=4",
-    "algorithm.num_train_prompts=64",
-    "algorithm.val_period=2",
-    "algorithm.warm_start.max_steps=3",
-    "algorithm.warm_start.val_samples=16",
-    "algorithm.warm_start.num_train_samples=64",
-    # The cosine horizon depends on max_steps; a constant GRPO learning rate lets a run that
-    # stops at K steps stand in for an interrupted N-step run.
-    "policy.optimizer.schedule=constant",
-)
-
 
 def _ok(proc: object) -> None:
     assert proc.returncode == 0, f"launcher failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"  # type: ignore[attr-defined]
@@ -91,10 +76,10 @@ def test_bad_override_fails_before_ray_starts(launch: LaunchFn, tmp_path: Path) 
     assert "run directory:" not in proc.stdout
 
 
-def test_grpo_with_warm_start_and_exact_resume(launch: LaunchFn, tmp_path: Path) -> None:
-    straight = tmp_path / "straight"
-    proc = launch([*GRPO_TINY, "algorithm.max_steps=4", f"hydra.run.dir={straight}"])
-    _ok(proc)
+def test_grpo_with_warm_start_and_exact_resume(
+    launch: LaunchFn, tmp_path: Path, grpo_warm_start_run: tuple[Path, subprocess.CompletedProcess]
+) -> None:
+    straight, proc = grpo_warm_start_run  # the session's straight 4-step run (shared with test_evaluate)
     out = proc.stdout
     assert "Running synchronous SFT warm start training (legacy)" in out
     assert "Running synchronous GRPO training (legacy)" in out
@@ -109,11 +94,11 @@ def test_grpo_with_warm_start_and_exact_resume(launch: LaunchFn, tmp_path: Path)
             assert key in full[step]
 
     first = tmp_path / "first_half"
-    _ok(launch([*GRPO_TINY, "algorithm.max_steps=2", f"hydra.run.dir={first}"]))
+    _ok(launch([*GRPO_WARM_START, "algorithm.max_steps=2", f"hydra.run.dir={first}"]))
     resumed = tmp_path / "resumed"
     proc = launch(
         [
-            *GRPO_TINY,
+            *GRPO_WARM_START,
             "algorithm.max_steps=4",
             f"checkpointing.resume_from={first / 'checkpoints'}",
             f"hydra.run.dir={resumed}",

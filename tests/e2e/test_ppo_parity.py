@@ -10,52 +10,27 @@ store, the targets are computed by the same function at the same canonical width
 shuffle is the same pure function of (seed, step, epoch), and both models' training is sharded,
 planned, normalised and all-reduced identically.
 
-Both runs start from the same weights: the session's shared legacy SFT warm start
-(``warm_start_checkpoint`` in ``conftest.py``) makes the 1-digit addition rewards non-trivial.
-The runs execute in a subprocess (this file run as a script) with its own Ray, through the run
-layer the launcher uses (``nemo_dp.training.run_phase``: trainer from ``select_sync_trainer``,
+Both runs start from the same weights: the session's shared legacy SFT warm start makes the
+1-digit addition rewards non-trivial.  The runs execute in the session's parity process
+(``parity_session`` in ``conftest.py``: one subprocess, one Ray), through the run layer the
+launcher uses (``nemo_dp.training.run_phase``: trainer from ``select_sync_trainer``,
 policy from ``make_policy`` over ``make_policy_factory``) on Hydra-composed, validated configs.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.conftest import PARITY_RUN, PARITY_TIMEOUT_S, REPO_ROOT, ParitySession
 
 PARITY_OVERRIDES: tuple[str, ...] = (
-    "~recipe",
+    *PARITY_RUN,
     "seed=13",
-    "env.digits=1",
-    "policy.dp_size=2",
-    "policy.model.n_layers=1",
-    "policy.model.d_model=64",
-    "policy.model.n_heads=2",
-    "policy.model.max_seq_len=16",
-    "policy.generation.max_new_tokens=4",
-    "policy.train_global_batch_size=8",
-    "policy.train_micro_batch_size=4",
-    "policy.logprob_batch_size=8",
-    "policy.optimizer.lr=1.0e-3",
-    "policy.optimizer.warmup_steps=0",
-    "algorithm.max_steps=5",
     "algorithm.num_prompts_per_step=8",
     "algorithm.num_generations_per_prompt=2",
-    "algorithm.num_train_prompts=64",
-    "algorithm.val_samples=8",
-    "algorithm.val_period=5",
-    "algorithm.val_at_start=true",
-    "algorithm.warm_start.enabled=false",
-    "checkpointing.enabled=false",
-    "logger.plot=false",
-    "logger.progress_bar=false",
 )
 PPO_OVERRIDES: tuple[str, ...] = ("algorithm=ppo", "algorithm.ppo_epochs=2", "algorithm.kl_coef=0.05")
 
@@ -97,85 +72,62 @@ def _compose(overrides: list[str]) -> Any:
         return compose("config", overrides=[*PARITY_OVERRIDES, *overrides])
 
 
-def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
-    """Run PPO with ``data_plane=disabled`` and ``data_plane=tq`` from the shared warm start.
+def run_ppo(out_dir: Path, state: Any, env: dict[str, str]) -> dict[str, Any]:
+    """Run PPO with ``data_plane=disabled`` and ``data_plane=tq`` from the warm start's ``state``.
 
     Args:
         out_dir: Where each run writes its ``metrics.jsonl``.
-        warm_ckpt: The shared warm start's checkpoint directory.
+        state: The warm start's ``policy`` state.
+        env: The worker environment ``init_ray`` returned (Ray runs in the caller).
 
     Returns:
         ``{"runs": {"disabled"|"tq": {"records", "checksums", "policy_class", "trainer"}}}``.
     """
     from nemo_dp.config import validate_config
     from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
-    from nemo_dp.utils.checkpoint import load_training_checkpoint
     from nemo_dp.utils.metrics import read_metrics
 
-    base = _compose([*PPO_OVERRIDES, "data_plane=tq"])
-    validate_config(base)
-    tok = make_tokenizer(base)
-    state = load_training_checkpoint(warm_ckpt)["policy"]
-    env = init_ray(num_cpus=2, **ray_start_args(base.data_plane))
     result: dict[str, Any] = {"runs": {}}
-    try:
-        for dp in ("disabled", "tq"):
-            cfg = _compose([*PPO_OVERRIDES, f"data_plane={dp}"])
-            validated = validate_config(cfg)
-            phase = main_phase(cfg)
-            trainer = select_sync_trainer(cfg)
-            policy = make_policy(cfg, tok, env_vars=env)
-            try:
-                policy.load_state_dict(state)
-                run_dir = out_dir / dp
-                run_phase(
-                    phase,
-                    policy,
-                    tokenizer=tok,
-                    logger=phase_logger(phase, run_dir, validated.logger),
-                    checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-                    trainer=trainer,
-                )
-                result["runs"][dp] = {
-                    "records": read_metrics(run_dir / "metrics.jsonl"),
-                    "checksums": policy.weights_checksums(),
-                    "policy_class": type(policy).__name__,
-                    "trainer": f"{trainer.__module__}.{trainer.__name__}",
-                }
-            finally:
-                policy.shutdown()
-    finally:
-        shutdown_ray()
+    for dp in ("disabled", "tq"):
+        cfg = _compose([*PPO_OVERRIDES, f"data_plane={dp}"])
+        validated = validate_config(cfg)
+        tok = make_tokenizer(cfg)
+        phase = main_phase(cfg)
+        trainer = select_sync_trainer(cfg)
+        policy = make_policy(cfg, tok, env_vars=env)
+        try:
+            policy.load_state_dict(state)
+            run_dir = out_dir / dp
+            run_phase(
+                phase,
+                policy,
+                tokenizer=tok,
+                logger=phase_logger(phase, run_dir, validated.logger),
+                checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
+                trainer=trainer,
+            )
+            result["runs"][dp] = {
+                "records": read_metrics(run_dir / "metrics.jsonl"),
+                "checksums": policy.weights_checksums(),
+                "policy_class": type(policy).__name__,
+                "trainer": f"{trainer.__module__}.{trainer.__name__}",
+            }
+        finally:
+            policy.shutdown()
     return result
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("ppo_parity")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out), str(warm_start_checkpoint)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, (
-        f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    )
-    return json.loads((out / "parity.json").read_text())
+def parity(parity_session: ParitySession) -> dict[str, Any]:
+    return parity_session.result("ppo")
 
 
 def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(PARITY_TIMEOUT_S)
 def test_legacy_and_data_plane_ppo_agree_exactly(parity: dict[str, Any]) -> None:
     legacy, tq = parity["runs"]["disabled"], parity["runs"]["tq"]
     assert legacy["policy_class"] == "Policy" and tq["policy_class"] == "TQPolicy"
@@ -196,12 +148,3 @@ def test_legacy_and_data_plane_ppo_agree_exactly(parity: dict[str, Any]) -> None
     assert any(a[s]["value_loss_epoch0"] != a[s]["value_loss_epoch1"] for s in range(1, 6))
     assert len({a[s]["explained_variance"] for s in range(1, 6)}) > 1
     assert any(a[s]["kl_mean"] != 0.0 for s in range(2, 6))
-
-
-if __name__ == "__main__":
-    target = Path(sys.argv[1])
-    target.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO_ROOT))
-    res = run_parity(target, Path(sys.argv[2]))
-    (target / "parity.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: [r.get("reward_mean") for r in v["records"]] for k, v in res["runs"].items()}))

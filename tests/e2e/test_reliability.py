@@ -4,7 +4,8 @@ or foreign checkpoints are refused naming the file or key, failures are clean.
 Every test drives ``launchers/launch.py`` in a subprocess on tiny SFT / GRPO settings with
 ``data_plane=disabled`` (the backend plays no part in these checks, except where a data-plane
 mismatch is the point).  One short SFT run with a checkpoint after every step is shared by the
-module; tests that damage a checkpoint damage a copy.
+module (and with ``test_evaluate.py``: ``sft_checkpointed_run`` in ``conftest.py``); tests that
+damage a checkpoint damage a copy.
 """
 
 from __future__ import annotations
@@ -19,20 +20,11 @@ from pathlib import Path
 import pytest
 
 from nemo_dp.utils.metrics import read_metrics
-from tests.e2e.conftest import LAUNCHER, TINY
+from tests.e2e.conftest import LAUNCHER, SFT_CHECKPOINTED, TINY, assert_launch_ok, run_launch
 
 pytestmark = pytest.mark.timeout(420)
 
-SFT: tuple[str, ...] = (
-    "recipe=sft_arith",
-    *TINY,
-    "data_plane=disabled",
-    "algorithm.num_train_samples=64",
-    "algorithm.val_period=0",
-    "checkpointing.save_period=1",
-    "checkpointing.keep_last=5",
-    "logger.progress_bar=false",
-)
+SFT = SFT_CHECKPOINTED
 GRPO: tuple[str, ...] = (
     "~recipe",
     "algorithm=grpo",
@@ -49,21 +41,10 @@ GRPO: tuple[str, ...] = (
 
 
 def _launch(overrides: list[str] | tuple[str, ...], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env["HYDRA_FULL_ERROR"] = "0"
-    return subprocess.run(
-        [sys.executable, str(LAUNCHER), *overrides],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_launch(overrides, cwd, timeout=timeout)
 
 
-def _ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, f"launcher failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+_ok = assert_launch_ok
 
 
 def _refused(proc: subprocess.CompletedProcess, run_dir: Path, *needles: str) -> None:
@@ -78,15 +59,10 @@ def _refused(proc: subprocess.CompletedProcess, run_dir: Path, *needles: str) ->
     assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
 
 
-@pytest.fixture(scope="module")
-def sft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished 2-step SFT run with checkpoints at steps 1 and 2."""
-    root = tmp_path_factory.mktemp("reliab_sft")
-    run = root / "run"
-    _ok(_launch([*SFT, "algorithm.max_steps=2", f"hydra.run.dir={run}"], root))
-    steps = sorted(p.name for p in (run / "checkpoints" / "sft").iterdir())
-    assert steps == ["step_00000001", "step_00000002"], steps
-    return run
+@pytest.fixture
+def sft_run(sft_checkpointed_run: Path) -> Path:
+    """The session's finished 2-step ``SFT`` run with checkpoints at steps 1 and 2 (read only)."""
+    return sft_checkpointed_run
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
@@ -289,7 +265,8 @@ def test_algorithm_sft_alone_fails_with_the_recipe_hint(tmp_path: Path) -> None:
 def test_grpo_without_warm_start_says_its_advantages_are_all_zero(tmp_path: Path) -> None:
     """An untrained tiny policy earns no reward: the run says so and names the fix."""
     run = tmp_path / "grpo"
-    proc = _launch([*GRPO, "algorithm.max_steps=6", "checkpointing.enabled=false", f"hydra.run.dir={run}"], tmp_path)
+    # The detector warns after 5 zero-advantage steps in a row: 5 steps are enough to see it.
+    proc = _launch([*GRPO, "algorithm.max_steps=5", "checkpointing.enabled=false", f"hydra.run.dir={run}"], tmp_path)
     _ok(proc)
     rewards = [r.get("reward_mean") for r in read_metrics(run / "metrics.jsonl") if r["step"] > 0]
     assert rewards and max(rewards) == 0.0, rewards  # the premise: nothing solved

@@ -23,7 +23,7 @@ RAY_NUM_CPUS = 2
 
 
 def tq_test_config(**simple: Any) -> DataPlaneConfig:
-    """The session's TransferQueue config: defaults of §8.1 with one storage unit.
+    """The session's TransferQueue config: the adapter's defaults with one storage unit.
 
     Args:
         **simple: Overrides for ``data_plane.simple`` (e.g. ``storage_capacity``).

@@ -1,10 +1,13 @@
-"""Fault cases of the TransferQueue adapter, each in its own subprocess.
+"""Fault cases of the TransferQueue adapter, in a subprocess of their own.
 
-Each case kills or over-commits part of a TransferQueue system, so it runs in a fresh Python
+The cases kill or over-commit parts of a TransferQueue system, so they run in a fresh Python
 process with its own local Ray (``num_cpus=2``) and small timeouts exported *before* the library
-is imported (its knobs are read at import).  The subprocess reports a JSON result line; it also
-lists its Ray child processes and waits, after ``ray.shutdown()``, until none is left, and the
-test re-checks those pids once the subprocess has exited.
+is imported (its knobs are read at import), never on the tier's session cluster.  One process
+runs every case in turn (each starts its own system and ends with it closed; a case that raises
+is reported as that case's failure), which saves a Python and Ray start-up per case.  The
+subprocess reports a JSON result line; it also lists its Ray child processes and waits, after
+``ray.shutdown()``, until none is left, and the module re-checks those pids once the subprocess
+has exited.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # the first test waits for every case
 
 # Small bounds: controller_s=3, storage_s=2, storage_max_attempts=1, storage_probe_s=1.
 CONTROLLER_S = 3.0
@@ -29,10 +32,10 @@ PROBE_S = 1.0
 SLACK_S = 4.0
 
 _SCRIPT = r"""
-import json, sys, time
+import json, sys, time, traceback
 import psutil
 
-case = sys.argv[1]
+cases = sys.argv[1:]
 from nemo_dp.data_plane.interfaces import DataPlaneConfig, SimpleStorageConfig, TimeoutsConfig
 
 
@@ -50,7 +53,7 @@ def cfg(**simple):
 from nemo_dp.data_plane.registry import ray_start_args
 from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
 
-result = {"case": case}
+result = {"cases": {}}
 # Exports the small TQ_* knobs before anything imports transfer_queue.
 result["env"] = init_ray(num_cpus=2, **ray_start_args(cfg()))
 result["tq_imported_before_client"] = "transfer_queue" in sys.modules
@@ -77,33 +80,35 @@ try:
     ids = [f"s{i}" for i in range(4)]
     td = TensorDict({"x": torch.arange(8.0).view(4, 2)}, batch_size=[4])
 
-    if case == "storage":
+    def storage(r):
         c = TQDataPlaneClient(cfg())
         c.register_partition("p", ["x", "y"], 4, ["t"])
         c.put_samples(ids, "p", td)
         ray.kill(ray.get_actor(f"{STORAGE_UNIT_NAME_PREFIX}0"))
         time.sleep(1.0)
-        result["get"] = timed(lambda: c.get_samples(ids, "p", ["x"]))
-        result["put"] = timed(lambda: c.put_samples(ids, "p", TensorDict({"y": torch.zeros(4)}, batch_size=[4])))
-        result["list_after"] = c.list_sample_ids("p")
-        result["close"] = timed(c.close)
-        result["controller_gone"] = not tq_controller_exists()
-    elif case == "controller":
+        r["get"] = timed(lambda: c.get_samples(ids, "p", ["x"]))
+        r["put"] = timed(lambda: c.put_samples(ids, "p", TensorDict({"y": torch.zeros(4)}, batch_size=[4])))
+        r["list_after"] = c.list_sample_ids("p")
+        r["close"] = timed(c.close)
+        r["controller_gone"] = not tq_controller_exists()
+
+    def controller(r):
         c = TQDataPlaneClient(cfg())
         c.register_partition("p", ["x"], 4, ["t"])
         c.put_samples(ids, "p", td)
         ray.kill(ray.get_actor(CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE))
         time.sleep(1.0)
-        result["list"] = timed(lambda: c.list_sample_ids("p"))
-        result["get"] = timed(lambda: c.get_samples(ids, "p", ["x"]))
-        result["put"] = timed(lambda: c.put_samples(ids, "p", td))
-        result["claim"] = timed(lambda: c.claim_meta("p", "t", ["x"], 2, timeout_s=30))
-        result["close"] = timed(c.close)
-        result["controller_gone"] = not tq_controller_exists()
-    elif case == "bootstrap":
+        r["list"] = timed(lambda: c.list_sample_ids("p"))
+        r["get"] = timed(lambda: c.get_samples(ids, "p", ["x"]))
+        r["put"] = timed(lambda: c.put_samples(ids, "p", td))
+        r["claim"] = timed(lambda: c.claim_meta("p", "t", ["x"], 2, timeout_s=30))
+        r["close"] = timed(c.close)
+        r["controller_gone"] = not tq_controller_exists()
+
+    def bootstrap(r):
         over = timed(lambda: TQDataPlaneClient(cfg(num_storage_units=2)))
-        result["over_budget"] = over
-        result["controller_after_over_budget"] = tq_controller_exists()
+        r["over_budget"] = over
+        r["controller_after_over_budget"] = tq_controller_exists()
 
         @ray.remote(num_cpus=0)
         class Booter:
@@ -116,21 +121,29 @@ try:
                 return "created"
 
         first = TQDataPlaneClient(cfg(storage_capacity=1000))
-        result["cap_first"] = first.backend_config.backend.SimpleStorage.total_storage_size
-        result["polling_first"] = first.backend_config.controller.polling_mode
+        r["cap_first"] = first.backend_config.backend.SimpleStorage.total_storage_size
+        r["polling_first"] = first.backend_config.controller.polling_mode
         booter = Booter.remote()
-        result["second_bootstrap"] = ray.get(booter.boot.remote(cfg(storage_capacity=5)), timeout=120)
+        r["second_bootstrap"] = ray.get(booter.boot.remote(cfg(storage_capacity=5)), timeout=120)
         ray.kill(booter)
         first.close()
-        result["controller_after_close"] = tq_controller_exists()
+        r["controller_after_close"] = tq_controller_exists()
         again = TQDataPlaneClient(cfg(storage_capacity=777))
-        result["cap_again"] = again.backend_config.backend.SimpleStorage.total_storage_size
+        r["cap_again"] = again.backend_config.backend.SimpleStorage.total_storage_size
         again.register_partition("p", ["x"], 4, ["t"])
         again.put_samples(ids, "p", td)
-        result["roundtrip"] = bool(torch.equal(again.get_samples(ids, "p", ["x"])["x"], td["x"]))
+        r["roundtrip"] = bool(torch.equal(again.get_samples(ids, "p", ["x"])["x"], td["x"]))
         again.close()
-    else:
-        raise SystemExit(f"unknown case {case}")
+
+    known = {"storage": storage, "controller": controller, "bootstrap": bootstrap}
+    for case in cases:
+        r = result["cases"][case] = {}
+        try:
+            known[case](r)
+        except Exception:
+            r["exception"] = traceback.format_exc()[-3000:]
+        # Every case ends with its system closed: the next one starts from an empty cluster.
+        r["controller_left"] = tq_controller_exists()
 finally:
     children = [p.pid for p in psutil.Process().children(recursive=True)]
     shutdown_ray()
@@ -159,22 +172,33 @@ finally:
     "probe_s": PROBE_S,
 }
 
+#: The fault cases, run in this order by one subprocess (one Ray start instead of one per case).
+CASES: tuple[str, ...] = ("storage", "controller", "bootstrap")
 
-def _run_case(case: str) -> dict[str, Any]:
+
+def _run_cases(cases: tuple[str, ...]) -> dict[str, Any]:
+    """Run ``cases`` in one fresh interpreter and check what it left behind.
+
+    Args:
+        cases: Case names, run in order in the subprocess's one Ray.
+
+    Returns:
+        The subprocess's result: ``cases`` (per-case results), ``env``, ``children``, ...
+    """
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("TQ_") and k != "RAY_ADDRESS"
     }
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, case],
+        [sys.executable, "-c", _SCRIPT, *cases],
         env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=540,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"case {case} produced no result (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    assert lines, f"cases {cases} produced no result (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
     result = json.loads(lines[-1][len("RESULT ") :])
-    assert proc.returncode == 0, f"case {case} rc={proc.returncode}:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"cases {cases} rc={proc.returncode}:\n{proc.stderr[-4000:]}"
     assert result["leftover"] == [], f"Ray/TQ processes left behind: {result['leftover']}"
     # Re-check after the subprocess is gone: none of its children may survive it.
     time.sleep(0.5)
@@ -194,8 +218,21 @@ def _run_case(case: str) -> dict[str, Any]:
     return result
 
 
-def test_killed_storage_unit_raises_within_storage_bound() -> None:
-    r = _run_case("storage")
+@pytest.fixture(scope="module")
+def faults() -> dict[str, Any]:
+    """Every case's result, from one subprocess for the module."""
+    return _run_cases(CASES)
+
+
+def _case(faults: dict[str, Any], case: str) -> dict[str, Any]:
+    r = faults["cases"][case]
+    assert "exception" not in r, f"case {case} raised:\n{r['exception']}"
+    assert r["controller_left"] is False, f"case {case} left a TransferQueue controller behind"
+    return r
+
+
+def test_killed_storage_unit_raises_within_storage_bound(faults: dict[str, Any]) -> None:
+    r = _case(faults, "storage")
     bound = STORAGE_ATTEMPTS * STORAGE_S + PROBE_S + SLACK_S
     for op in ("get", "put"):
         assert r[op]["unavailable"], r[op]
@@ -207,8 +244,8 @@ def test_killed_storage_unit_raises_within_storage_bound() -> None:
     assert r["controller_gone"] is True
 
 
-def test_killed_controller_raises_unavailable_within_controller_bound() -> None:
-    r = _run_case("controller")
+def test_killed_controller_raises_unavailable_within_controller_bound(faults: dict[str, Any]) -> None:
+    r = _case(faults, "controller")
     for op in ("list", "get", "put", "claim"):
         assert r[op]["unavailable"], (op, r[op])
         assert r[op]["elapsed"] <= CONTROLLER_S + SLACK_S, (op, r[op]["elapsed"])
@@ -217,8 +254,8 @@ def test_killed_controller_raises_unavailable_within_controller_bound() -> None:
     assert r["controller_gone"] is True
 
 
-def test_bootstrap_cpu_budget_second_bootstrap_and_rebootstrap() -> None:
-    r = _run_case("bootstrap")
+def test_bootstrap_cpu_budget_second_bootstrap_and_rebootstrap(faults: dict[str, Any]) -> None:
+    r = _case(faults, "bootstrap")
     over = r["over_budget"]
     assert over["error"] == "RuntimeError" and "num_storage_units" in over["message"], over
     assert over["elapsed"] < 10.0
