@@ -393,7 +393,28 @@ def run_recipe(
         except subprocess.TimeoutExpired:
             error = f"timed out after {timeout_s:g} s (log: {log_path})"
     wall = time.perf_counter() - t0
-    result = RunResult(recipe, seed, wall, run_dir=str(run_dir), error=error)
+    _wall_record(run_dir).write_text(json.dumps({"wall_s": wall, "error": error}), encoding="utf-8")
+    return read_run(recipe, seed, run_dir, wall, error)
+
+
+def _wall_record(run_dir: Path) -> Path:
+    return run_dir.parent / f"{run_dir.name}.wall.json"
+
+
+def read_run(recipe: str, seed: int, run_dir: Path, wall_s: float, error: str | None = None) -> RunResult:
+    """The result of a finished run from its ``summary.json``.
+
+    Args:
+        recipe: Recipe name.
+        seed: Seed.
+        run_dir: The run directory.
+        wall_s: Wall seconds of the launcher command.
+        error: Why the launcher failed (``None`` = it exited 0).
+
+    Returns:
+        The result; ``error`` is set when the run wrote no completed summary.
+    """
+    result = RunResult(recipe, seed, wall_s, run_dir=str(run_dir), error=error)
     summary_path = run_dir / "summary.json"
     if error is None:
         if not summary_path.is_file():
@@ -405,6 +426,24 @@ def run_recipe(
             else:
                 result.metrics = metrics_from_summary(summary)
     return result
+
+
+def recheck_run(recipe: str, seed: int, run_dir: Path) -> RunResult:
+    """The result of a run an earlier invocation made in the same work directory.
+
+    Args:
+        recipe: Recipe name.
+        seed: Seed.
+        run_dir: The run directory.
+
+    Returns:
+        The result (``error`` says so when the earlier invocation left no record of the run).
+    """
+    record = _wall_record(run_dir)
+    if not record.is_file():
+        return RunResult(recipe, seed, 0.0, run_dir=str(run_dir), error=f"not run yet: no {record}")
+    data = json.loads(record.read_text(encoding="utf-8"))
+    return read_run(recipe, seed, run_dir, float(data["wall_s"]), data.get("error"))
 
 
 def _fmt(value: float | None, signed: bool = False) -> str:
@@ -521,7 +560,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--table-out", type=Path, default=None, help="markdown table file (default: <work-dir>/recipe_checks.md)")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override for every run (repeatable)")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per-run timeout in seconds")
+    parser.add_argument(
+        "--recheck", action="store_true",
+        help="run nothing: check the claims against the runs an earlier call left in --work-dir",
+    )
     args = parser.parse_args(argv)
+    if args.recheck and args.work_dir is None:
+        print("check_recipes: --recheck needs --work-dir (where the earlier runs are)", file=sys.stderr)
+        return 2
 
     try:
         paths = select_recipes(args.recipes)
@@ -545,7 +591,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for recipe, seed in plan:
         run_dir = work / f"{recipe}_seed{seed}"
         print(f"  {recipe} seed={seed} ...", end=" ", flush=True)
-        res = run_recipe(recipe, seed, run_dir, overrides=args.override, timeout_s=args.timeout_s)
+        if args.recheck:
+            res = recheck_run(recipe, seed, run_dir)
+        else:
+            res = run_recipe(recipe, seed, run_dir, overrides=args.override, timeout_s=args.timeout_s)
         results.append(res)
         acc = res.metrics
         print(
@@ -556,11 +605,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = table_rows(results, claims, defaults)
     print(plain_table(rows))
     extra = f", overrides {' '.join(args.override)}" if args.override else ""
-    note = (
-        f"Measured by `python scripts/check_recipes.py` at commit {_git_commit()}, started {started}, "
-        f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}{extra}; held-out greedy exact-match "
-        f"accuracy; wall = the whole launcher command.\n\n"
-    )
+    if args.recheck:
+        how = f"Re-checked by `python scripts/check_recipes.py --recheck` at commit {_git_commit()} against the runs in {work}"
+    else:
+        how = (
+            f"Measured by `python scripts/check_recipes.py` at commit {_git_commit()}, started {started}, "
+            f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}{extra}"
+        )
+    note = f"{how}; held-out greedy exact-match accuracy; wall = the whole launcher command.\n\n"
     table_out.parent.mkdir(parents=True, exist_ok=True)
     table_out.write_text(note + markdown_table(rows), encoding="utf-8")
     failed = sum(1 for r in rows if r[-1] != "PASS")

@@ -9,6 +9,7 @@ real recipe files checks that every recipe has a header claim the grammar accept
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -184,3 +185,16 @@ def test_launch_command_and_recipe_selection() -> None:
     assert [p.stem for p in cr.select_recipes("sft_arith,grpo_arith")] == ["sft_arith", "grpo_arith"]
     with pytest.raises(cr.ClaimError, match="unknown recipe"):
         cr.select_recipes("grpo_arith,nope")
+
+
+def test_recheck_reads_an_earlier_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r_seed1"
+    assert cr.recheck_run("r", 1, run_dir).error == f"not run yet: no {tmp_path / 'r_seed1.wall.json'}"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps(_summary(0.4, 0.6)))
+    (tmp_path / "r_seed1.wall.json").write_text('{"wall_s": 12.5, "error": null}')
+    res = cr.recheck_run("r", 1, run_dir)
+    assert (res.error, res.wall_s) == (None, 12.5)
+    assert res.metrics == pytest.approx({"val_accuracy": 0.6, "warm_start_val_accuracy": 0.4, "val_accuracy_gain": 0.2})
+    (tmp_path / "r_seed1.wall.json").write_text('{"wall_s": 3.0, "error": "launcher exited 1 (log: l)"}')
+    assert cr.recheck_run("r", 1, run_dir).error == "launcher exited 1 (log: l)"
