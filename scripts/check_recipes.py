@@ -452,7 +452,9 @@ def _fmt(value: float | None, signed: bool = False) -> str:
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
-def table_rows(results: Sequence[RunResult], claims: Mapping[str, Sequence[Claim]], defaults: Mapping[str, int]) -> list[list[str]]:
+def table_rows(
+    results: Sequence[RunResult], claims: Mapping[str, Sequence[Claim]], defaults: Mapping[str, int]
+) -> list[list[str]]:
     """One table row per (run, claim covering its seed).
 
     Args:
@@ -556,9 +558,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", default=None, help="comma-separated recipe names (default: all)")
     parser.add_argument("--seeds-from-claims", action="store_true", help="run every seed the claims name")
-    parser.add_argument("--work-dir", type=Path, default=None, help="where the run directories go (default: a new temp dir)")
-    parser.add_argument("--table-out", type=Path, default=None, help="markdown table file (default: <work-dir>/recipe_checks.md)")
-    parser.add_argument("--override", action="append", default=[], help="extra Hydra override for every run (repeatable)")
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="where the run directories go (default: a new temp dir)"
+    )
+    parser.add_argument(
+        "--table-out", type=Path, default=None,
+        help="markdown table file (default: <work-dir>/recipe_checks.md)",
+    )
+    parser.add_argument(
+        "--override", action="append", default=[], help="extra Hydra override for every run (repeatable)"
+    )
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per-run timeout in seconds")
     parser.add_argument(
         "--recheck", action="store_true",
@@ -606,7 +615,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(plain_table(rows))
     extra = f", overrides {' '.join(args.override)}" if args.override else ""
     if args.recheck:
-        how = f"Re-checked by `python scripts/check_recipes.py --recheck` at commit {_git_commit()} against the runs in {work}"
+        how = (
+            f"Re-checked by `python scripts/check_recipes.py --recheck` at commit {_git_commit()} "
+            f"against the runs in {work}"
+        )
     else:
         how = (
             f"Measured by `python scripts/check_recipes.py` at commit {_git_commit()}, started {started}, "

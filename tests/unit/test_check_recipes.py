@@ -72,7 +72,7 @@ def test_parse_several_conditions_without_seeds() -> None:
         ("val_accuracy >= 0.1; wall <= 3 s; wall <= 4 s", "'wall' given twice"),
         ("val_accuracy >= 0.1; wall <= 0 s", "wall bound must be > 0 s"),
         ("val_accuracy >= 0.1;", "empty clause"),
-        ("val_accuracy >= 0.1; wall < 300", "cannot parse clause 'wall < 300'; expected 'wall <= <number> s'"),
+        ("val_accuracy >= 0.1; wall < 300", "clause 'wall < 300'; expected 'wall <= <number> s'"),
     ],
 )
 def test_parse_errors_name_the_place_and_the_clause(text: str, fragment: str) -> None:
@@ -148,23 +148,18 @@ def test_metrics_from_summary() -> None:
 
 
 def test_table_has_one_row_per_run_and_covering_claim() -> None:
-    claims = {
-        "a": [
-            cr.parse_claim("val_accuracy_gain >= 0.1 on seeds 42,1; wall <= 300 s", recipe="a", where="w"),
-            cr.parse_claim("val_accuracy >= 0.9 on seeds 1; wall <= 300 s", recipe="a", where="w"),
-        ]
-    }
+    gain = "val_accuracy_gain >= 0.1 on seeds 42,1; wall <= 300 s"
+    final = "val_accuracy >= 0.9 on seeds 1; wall <= 300 s"
+    claims = {"a": [cr.parse_claim(gain, recipe="a", where="w"), cr.parse_claim(final, recipe="a", where="w")]}
     results = [
         _result(_summary(0.4, 0.6), seed=42, recipe="a"),
         _result(_summary(0.4, 0.45), seed=1, recipe="a", wall=120.4),
     ]
     rows = cr.table_rows(results, claims, {"a": 42})
     assert rows == [
-        ["a", "42", "0.400", "0.600", "+0.200", "100 s", "val_accuracy_gain >= 0.1 on seeds 42,1; wall <= 300 s", "PASS"],
-        ["a", "1", "0.400", "0.450", "+0.050", "120 s", "val_accuracy_gain >= 0.1 on seeds 42,1; wall <= 300 s",
-         "FAIL: val_accuracy_gain = 0.050, claimed >= 0.1"],
-        ["a", "1", "0.400", "0.450", "+0.050", "120 s", "val_accuracy >= 0.9 on seeds 1; wall <= 300 s",
-         "FAIL: val_accuracy = 0.450, claimed >= 0.9"],
+        ["a", "42", "0.400", "0.600", "+0.200", "100 s", gain, "PASS"],
+        ["a", "1", "0.400", "0.450", "+0.050", "120 s", gain, "FAIL: val_accuracy_gain = 0.050, claimed >= 0.1"],
+        ["a", "1", "0.400", "0.450", "+0.050", "120 s", final, "FAIL: val_accuracy = 0.450, claimed >= 0.9"],
     ]
     md = cr.markdown_table(rows).splitlines()
     assert md[0] == "| recipe | seed | warm-start acc | final acc | gain | wall | claim | result |"
@@ -173,7 +168,8 @@ def test_table_has_one_row_per_run_and_covering_claim() -> None:
 
 
 def test_launch_command_and_recipe_selection() -> None:
-    cmd = cr.launch_command("grpo_arith", 1, Path("/tmp/x/grpo_arith_seed1"), ["data_plane.timeouts.startup_s=300"])
+    run_dir = Path("/tmp/x/grpo_arith_seed1")
+    cmd = cr.launch_command("grpo_arith", 1, run_dir, ["data_plane.timeouts.startup_s=300"])
     assert cmd[1:] == [
         str(REPO / "launchers" / "launch.py"),
         "recipe=grpo_arith",
@@ -195,6 +191,7 @@ def test_recheck_reads_an_earlier_run(tmp_path: Path) -> None:
     (tmp_path / "r_seed1.wall.json").write_text('{"wall_s": 12.5, "error": null}')
     res = cr.recheck_run("r", 1, run_dir)
     assert (res.error, res.wall_s) == (None, 12.5)
-    assert res.metrics == pytest.approx({"val_accuracy": 0.6, "warm_start_val_accuracy": 0.4, "val_accuracy_gain": 0.2})
+    expected = {"val_accuracy": 0.6, "warm_start_val_accuracy": 0.4, "val_accuracy_gain": 0.2}
+    assert res.metrics == pytest.approx(expected)
     (tmp_path / "r_seed1.wall.json").write_text('{"wall_s": 3.0, "error": "launcher exited 1 (log: l)"}')
     assert cr.recheck_run("r", 1, run_dir).error == "launcher exited 1 (log: l)"
