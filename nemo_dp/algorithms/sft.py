@@ -53,7 +53,8 @@ def sft_train(ctx: TrainContext) -> dict[str, Any]:
     )
     if ctx.start_state is None:
         # One optimizer step per SFT step (the loader batch is the global batch).
-        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=max_steps)
+        opt = master_config.policy.optimizer
+        policy.reset_optimizer(float(opt.lr), decay_steps=max_steps, warmup_steps=int(opt.warmup_steps))
     loss_fn = NLLLoss()
     logger.start(max_steps, int(counters["step"]))
 

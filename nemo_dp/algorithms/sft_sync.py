@@ -235,7 +235,9 @@ def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
         restore_extra=lambda state: loaders.load_data_plane(Path(state["checkpoint_path"]) / DATA_PLANE_CKPT_DIR),
     )
     if start_state is None:
-        policy.reset_optimizer(float(pcfg.optimizer.lr), decay_steps=max_steps)
+        policy.reset_optimizer(
+            float(pcfg.optimizer.lr), decay_steps=max_steps, warmup_steps=int(pcfg.optimizer.warmup_steps)
+        )
     loaders.setup(
         train_loader,
         tokenizer=tokenizer,

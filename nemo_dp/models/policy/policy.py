@@ -320,14 +320,20 @@ class Policy:
         """Freeze the current weights as the reference policy (start of an RL phase)."""
         self._dispatch_all("snapshot_reference_policy")
 
-    def reset_optimizer(self, lr: float, decay_steps: int | None = None) -> None:
+    def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
         """Fresh optimizer state at learning rate ``lr`` on every rank (a new phase).
 
         Args:
             lr: Base learning rate.
             decay_steps: Optimizer steps of the phase (horizon of a cosine schedule).
+            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's).
         """
-        self._dispatch_all("reset_optimizer", float(lr), None if decay_steps is None else int(decay_steps))
+        self._dispatch_all(
+            "reset_optimizer",
+            float(lr),
+            None if decay_steps is None else int(decay_steps),
+            None if warmup_steps is None else int(warmup_steps),
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state: rank 0's weights/optimizer and every rank's RNG streams.

@@ -133,6 +133,7 @@ class PolicyWorker:
         self.optimizer = self._make_optimizer(self.lr)
         self.optimizer_steps = 0
         self.decay_steps: int | None = None
+        self.warmup_steps = self._config_warmup_steps()
         self._step_state: dict[str, Any] | None = None
         self._group_ready = False
         self._tokenizer_files: dict[str, bytes] | None = None  # written once, on first export
@@ -212,9 +213,12 @@ class PolicyWorker:
             weight_decay=float(_cfg_get(o, "weight_decay")),
         )
 
+    def _config_warmup_steps(self) -> int:
+        return int(_cfg_get(_cfg_get(self.cfg, "optimizer"), "warmup_steps"))
+
     def _current_lr(self) -> float:
         o = _cfg_get(self.cfg, "optimizer")
-        warmup = int(_cfg_get(o, "warmup_steps"))
+        warmup = self.warmup_steps
         step = self.optimizer_steps + 1
         if warmup > 0 and step <= warmup:
             return self.lr * step / warmup
@@ -534,17 +538,20 @@ class PolicyWorker:
         """Make the reference policy a frozen copy of the current weights."""
         self.reference_model = self._frozen_copy(self.model)
 
-    def reset_optimizer(self, lr: float, decay_steps: int | None = None) -> None:
+    def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
         """Fresh optimizer state with learning rate ``lr`` (a new training phase).
 
         Args:
             lr: Base learning rate.
             decay_steps: Optimizer steps of the phase (the cosine schedule's horizon).
+            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's
+                ``optimizer.warmup_steps``; an SFT warm start passes its own).
         """
         self.lr = float(lr)
         self.optimizer = self._make_optimizer(self.lr)
         self.optimizer_steps = 0
         self.decay_steps = None if decay_steps is None else int(decay_steps)
+        self.warmup_steps = self._config_warmup_steps() if warmup_steps is None else int(warmup_steps)
 
     def get_state(self, include_weights: bool) -> dict[str, Any]:
         """Training state of this rank for a checkpoint.
@@ -572,6 +579,7 @@ class PolicyWorker:
                     "optimizer": _to_cpu(self.optimizer.state_dict()),
                     "optimizer_steps": self.optimizer_steps,
                     "decay_steps": self.decay_steps,
+                    "warmup_steps": self.warmup_steps,
                     "lr": self.lr,
                 }
             )
@@ -611,6 +619,8 @@ class PolicyWorker:
         self.optimizer.load_state_dict(weights["optimizer"])
         self.optimizer_steps = int(weights["optimizer_steps"])
         self.decay_steps = None if weights["decay_steps"] is None else int(weights["decay_steps"])
+        # Checkpoints written before the phase's warm-up was recorded used the config's.
+        self.warmup_steps = int(weights.get("warmup_steps", self._config_warmup_steps()))
         if rng is not None:
             restore_rng_state(dict(rng))
 
