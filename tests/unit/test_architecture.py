@@ -228,6 +228,7 @@ def test_only_real_adapters_and_the_wrapper_implement_the_client() -> None:
             "nemo_dp/data_plane/adapters/transfer_queue.py",
             "nemo_dp/data_plane/adapters/transfer_queue/",
         ),
+        "RayStoreClient": ("nemo_dp/data_plane/adapters/ray_store.py", "nemo_dp/data_plane/adapters/ray_store/"),
         "MetricsDataPlaneClient": ("nemo_dp/data_plane/observability.py",),
     }
     found = _client_subclasses()
