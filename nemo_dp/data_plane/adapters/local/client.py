@@ -15,6 +15,7 @@ from typing import Any
 
 from tensordict import TensorDict
 
+from nemo_dp.data_plane.adapters._validation import check_claim_request
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
 from nemo_dp.data_plane.adapters.local.checkpoint import read_checkpoint, snapshot, write_snapshot
 from nemo_dp.data_plane.adapters.local.store import DenseColumn, Partition
@@ -220,19 +221,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             self._begin_data_op()
             part = self._live(partition_id)
             self._check_task(part, task_name)
-            required = check_names(required_fields, "required_fields")
-            if not required:
-                raise ValueError("claim_meta: required_fields must not be empty")
-            if undeclared := [f for f in required if f not in part.fields]:
-                raise ValueError(
-                    f"claim_meta: required_fields {undeclared} are not declared in partition "
-                    f"{partition_id!r}"
-                )
-            check_positive_int(batch_size, "batch_size")
-            if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-                raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
-            if not timeout_s > 0:
-                raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+            required = check_claim_request(partition_id, part.fields, required_fields, batch_size, timeout_s)
             deadline = time.monotonic() + float(timeout_s)
             while True:
                 ready = self._ready_ids(part, task_name, required)

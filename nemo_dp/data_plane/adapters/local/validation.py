@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
+from nemo_dp.data_plane.adapters._validation import check_name, check_names, check_positive_int
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
 from nemo_dp.data_plane.adapters.local.store import (
     OBJECT_KIND,
@@ -30,38 +31,11 @@ from nemo_dp.data_plane.schema import INPUT_LENGTHS
 _MAX_LISTED_IDS = 20
 
 
-def check_name(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__} ({value!r})")
-    if not value:
-        raise ValueError(f"{what} must be a non-empty str")
-    return value
-
-
-def check_names(values: Any, what: str) -> list[str]:
-    """A sequence of names (not a bare str); each a non-empty str."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(f"{what} must be a sequence of str, got {type(values).__name__}")
-    out = list(values)
-    # fast path in C for the common case (large id lists); the loop below names the culprit
-    if set(map(type, out)) <= {str} and "" not in out:
-        return out
-    return [check_name(v, f"{what} entry") for v in out]
-
-
 def listed(ids: Sequence[str]) -> str:
     ids = sorted(ids)
     shown = ", ".join(repr(i) for i in ids[:_MAX_LISTED_IDS])
     more = len(ids) - _MAX_LISTED_IDS
     return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
-
-
-def check_positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{what} must be >= 1, got {value}")
-    return value
 
 
 def check_tag_value(value: Any, where: str) -> None:

@@ -25,8 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_dp.data_plane.adapters._validation import duplicates
-from nemo_dp.data_plane.adapters.local.validation import check_name, check_names, listed
+from nemo_dp.data_plane.adapters._validation import (
+    check_claim_request,
+    check_name,
+    check_names,
+    check_positive_int,
+    duplicates,
+)
+from nemo_dp.data_plane.adapters.local.validation import listed
 from nemo_dp.data_plane.schema import RESERVED_PREFIX
 
 __all__ = ["OBJECT", "Chunk", "PartitionState", "StoreState", "TensorColumnSpec"]
@@ -83,14 +89,6 @@ class PartitionState:
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
     tags: dict[str, dict[str, Any]] = field(default_factory=dict)
     claimed: dict[str, set[str]] = field(default_factory=dict)
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} ({value!r})")
-    if value < 1:
-        raise ValueError(f"{what} must be >= 1, got {value}")
-    return value
 
 
 class StoreState:
@@ -158,9 +156,9 @@ class StoreState:
         task_list = check_names(consumer_tasks, "consumer_tasks")
         if dups := duplicates(task_list):
             raise ValueError(f"consumer_tasks must be unique; duplicated: {dups}")
-        _positive_int(num_samples, "num_samples")
+        check_positive_int(num_samples, "num_samples")
         if grpo_group_size is not None:
-            _positive_int(grpo_group_size, "grpo_group_size")
+            check_positive_int(grpo_group_size, "grpo_group_size")
             if num_samples % grpo_group_size:
                 raise ValueError(
                     f"grpo_group_size={grpo_group_size} must divide num_samples={num_samples}"
@@ -369,19 +367,7 @@ class StoreState:
         """
         part = self._live(partition_id)
         self._task(part, task_name)
-        required = check_names(required_fields, "required_fields")
-        if not required:
-            raise ValueError("claim_meta: required_fields must name at least one field")
-        if undeclared := [f for f in required if f not in part.fields]:
-            raise ValueError(
-                f"claim_meta: required_fields {undeclared} are not declared fields of partition "
-                f"{partition_id!r} (declared: {list(part.fields)})"
-            )
-        _positive_int(batch_size, "batch_size")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-            raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        required = check_claim_request(partition_id, part.fields, required_fields, batch_size, timeout_s)
         claimed = part.claimed[task_name]
         ready: list[str] = []
         for sid, row in part.rows.items():

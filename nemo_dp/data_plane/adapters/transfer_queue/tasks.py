@@ -17,6 +17,7 @@ from typing import Any
 
 from tensordict import TensorDict
 
+from nemo_dp.data_plane.adapters._validation import check_claim_request
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
 from nemo_dp.data_plane.adapters.transfer_queue.registry import (
     Record,
@@ -153,21 +154,7 @@ class TQTaskMixin:
                     f"unknown consumer task {task_name!r} for partition {partition_id!r}; "
                     f"registered tasks: {rec.tasks}"
                 )
-            fields = check_names(required_fields, "required_fields")
-            if not fields:
-                raise ValueError("required_fields must name at least one field")
-            undeclared = [f for f in fields if f not in rec.fields]
-            if undeclared:
-                raise ValueError(
-                    f"required_fields {undeclared} are not declared fields of partition "
-                    f"{partition_id!r} (declared: {rec.fields})"
-                )
-            if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-                raise TypeError(f"batch_size must be an int, got {batch_size!r}")
-            if batch_size < 1:
-                raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-            if not timeout_s > 0:
-                raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+            fields = check_claim_request(partition_id, rec.fields, required_fields, batch_size, timeout_s)
 
         client = self._client
         poll_s = float(self._cfg.claim_meta_poll_interval_s)
