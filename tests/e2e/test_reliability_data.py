@@ -154,7 +154,7 @@ def test_training_help_lists_no_bench_group_and_no_schema_options(tmp_path: Path
     assert "bench" not in groups, groups
     schemas = [f"{g}={o}" for g, opts in groups.items() for o in [g, *opts] if "_schema" in o]
     assert schemas == [], schemas
-    assert set(groups["data_plane"]) == {"disabled", "local", "tq"}
+    assert set(groups["data_plane"]) == {"disabled", "local", "ray", "tq"}
 
 
 def test_training_completion_offers_no_bench_group_and_no_schema_options(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_training_completion_offers_no_bench_group_and_no_schema_options(tmp_pat
     assert "bench=" not in top and "bench." not in top, top
     assert not [t for t in top if "_schema" in t], top
     options = complete("launch.py data_plane=")
-    assert set(options) == {"data_plane=disabled", "data_plane=local", "data_plane=tq"}, options
+    assert set(options) == {"data_plane=disabled", "data_plane=local", "data_plane=ray", "data_plane=tq"}, options
 
 
 def test_bench_help_lists_its_runnable_benches_and_the_shared_groups(tmp_path: Path) -> None:
@@ -177,5 +177,5 @@ def test_bench_help_lists_its_runnable_benches_and_the_shared_groups(tmp_path: P
     assert proc.returncode == 0, proc.stderr[-3000:]
     groups = _help_groups(proc.stdout)
     assert groups["bench"] == ["data_plane", "grpo_step", "ppo_step", "sft_step"], groups
-    assert set(groups["data_plane"]) == {"disabled", "local", "tq"}  # found through conf/ on the search path
+    assert set(groups["data_plane"]) == {"disabled", "local", "ray", "tq"}  # found through conf/ on the search path
     assert not [o for opts in groups.values() for o in opts if "_schema" in o], groups
