@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-__all__ = ["check_claim_request", "check_name", "check_names", "check_positive_int", "duplicates"]
+__all__ = ["check_claim_request", "check_name", "check_names", "check_positive_int", "duplicates", "listed"]
+
+_MAX_LISTED_IDS = 20
+
+
+def listed(ids: Sequence[str]) -> str:
+    """``ids`` sorted, for a message: the first 20 and how many more."""
+    ids = sorted(ids)
+    shown = ", ".join(repr(i) for i in ids[:_MAX_LISTED_IDS])
+    more = len(ids) - _MAX_LISTED_IDS
+    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
 
 
 def check_name(value: Any, what: str) -> str:

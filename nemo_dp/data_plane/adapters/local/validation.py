@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from nemo_dp.data_plane.adapters._validation import check_name, check_names, check_positive_int
+from nemo_dp.data_plane.adapters._validation import check_name, check_names, check_positive_int, listed
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
 from nemo_dp.data_plane.adapters.local.store import (
     OBJECT_KIND,
@@ -27,16 +27,6 @@ from nemo_dp.data_plane.adapters.local.store import (
     store_tensor,
 )
 from nemo_dp.data_plane.schema import INPUT_LENGTHS
-
-_MAX_LISTED_IDS = 20
-
-
-def listed(ids: Sequence[str]) -> str:
-    ids = sorted(ids)
-    shown = ", ".join(repr(i) for i in ids[:_MAX_LISTED_IDS])
-    more = len(ids) - _MAX_LISTED_IDS
-    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
-
 
 def check_tag_value(value: Any, where: str) -> None:
     if value is None or isinstance(value, (str, bool, int, float)):

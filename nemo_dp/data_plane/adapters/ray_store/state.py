@@ -31,8 +31,8 @@ from nemo_dp.data_plane.adapters._validation import (
     check_names,
     check_positive_int,
     duplicates,
+    listed,
 )
-from nemo_dp.data_plane.adapters.local.validation import listed
 from nemo_dp.data_plane.schema import RESERVED_PREFIX
 
 __all__ = ["OBJECT", "Chunk", "PartitionState", "StoreState", "TensorColumnSpec"]

@@ -17,7 +17,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
 from nemo_dp.data_plane.adapters._validation import duplicates
-from nemo_dp.data_plane.adapters.local.validation import check_names, listed
+from nemo_dp.data_plane.adapters._validation import check_names, listed
 from nemo_dp.data_plane.schema import INPUT_LENGTHS, TAG_INPUT_LENGTHS
 from nemo_dp.utils.checkpoint_io import validate_json_metadata
 
