@@ -1,21 +1,33 @@
 """Data-plane SFT trainer: colocated loaders put batches into the store, the driver moves metas.
 
-Selected by the factory for ``algorithm=sft`` with ``data_plane=local`` or ``data_plane=tq``
-(``TRAINER_REGISTRY``), on a ``TQPolicy`` whose workers carry ``ColocatedLoaderMixin``.  One
-step:
+Selected by the factory for ``algorithm=sft`` with an enabled data plane (``local``, ``tq``,
+``ray``; ``TRAINER_REGISTRY``), on a ``TQPolicy`` whose workers carry
+``ColocatedLoaderMixin``.  One step (``sft_sync_step``) is ONE driver -> worker round trip in
+steady state, like the legacy trainer's one ``train`` call:
 
-1. every DP-leader worker loads its block of global batch *k* into partition
-   ``sft_dp{r}_batch{k}`` of its own client (Local: a private store; TransferQueue: the shared
-   one) and returns an envelope; the driver checks one envelope per DP rank and equal
-   micro-batch counts;
-2. ``policy.begin_train_step(loss)``, ``policy.train_placed_microbatches(metas)`` (one fresh
-   global pad target over all ranks' metas, rank *r*'s meta to rank *r*),
-   ``policy.finish_train_step()``;
-3. commit: every worker clears its partition (frees its slot) and advances its position; only
-   then the driver's counters advance;
-4. on any failure in 1-3: ``abort_train_step`` if begun, every worker drops its loaded batches
-   and rewinds its loader, counters stay unchanged, the exception propagates - the step can be
-   retried and sees the same rows.
+1. the envelopes of batch *k* (one per DP rank: the meta of the rank's block in partition
+   ``sft_dp{r}_batch{k}`` of its own client - Local: a private store; TransferQueue / Ray: the
+   shared one) came back from step *k-1*'s call.  Only when no step readied them (the first
+   step, after a checkpoint's quiesce, an abort, a resume) ``loaders.load(k)`` runs first.  The
+   driver checks one envelope per DP rank and equal micro-batch counts, then the
+   placed-metadata checks of ``TQPolicy.train_placed_microbatches`` (one meta per rank, no
+   dynamic batching) and stamps one fresh global pad target over all ranks' metas
+   (``policy._placed_metas``);
+2. one fused call per rank, ``run_sft_step(placed meta r, k, loss)``
+   (``ColocatedLoaderMixin``): ``begin_train_step_presharded`` ->
+   ``train_microbatch_presharded`` -> ``finish_train_step_presharded`` (the worker's split
+   training API, unchanged), commit (clear the partition, advance the position), then make
+   batch *k+1* ready (prefetched, or loaded now) and prefetch further within
+   ``max_live_batches``; it returns the finish metrics, the rows consumed and the envelope of
+   batch *k+1*.  The driver aggregates the metrics with ``Policy._aggregate_train_results``
+   exactly as ``TQPolicy.finish_train_step`` does, and only then advances its counters;
+3. on any failure in 1-2: a rank whose training raised aborts its own step (gradients dropped);
+   the driver then aborts the train step on every rank (``policy.abort_train_step``) and the
+   loaders with the step's index (``loaders.abort(k)``: every loaded batch dropped, loaders
+   rewound; a rank that had already committed batch *k* in the failed call rolls that commit
+   back), counters stay unchanged, the exception propagates - the step can be retried and sees
+   the same rows.  A batch *k+1* that cannot be readied after the commit (full store, a load
+   error) never fails step *k*: the next step loads it explicitly and fails there.
 
 Rows per rank are exactly the legacy planner's blocks, microbatches are the worker's fixed-size
 runs, losses are normalised by all-reduced global counts: the per-step losses and gradient
@@ -25,8 +37,9 @@ Checkpoints hold model, optimizer, RNG, counters, the committed loader position 
 as the legacy trainer's ``"loader"``) and the data plane's own checkpoint (Local: every
 worker's store under ``data_plane/dp{r}``; TransferQueue: the library checkpoint under
 ``data_plane/tq``), all inside one atomically committed ``step_<N>`` directory.  Prefetched
-batches are dropped (loader rewound) before saving, so the store is empty between steps and a
-resume re-loads exactly the batches the uninterrupted run trains on.
+and readied batches are dropped (loader rewound, the driver forgets their envelopes) before
+saving, so the saved store is empty and a resume re-loads exactly the batches the
+uninterrupted run trains on (the step after a checkpoint does the extra load call).
 
 Fault injection: ``ctx.hooks.on_checkpoint_staged(step, tmp_dir)`` runs after the state files and
 the data plane are written into the temporary directory and before the manifest and the commit
@@ -52,6 +65,7 @@ from nemo_dp.algorithms.trainer_common import (
     trainer_state,
     validate_at_start,
 )
+from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
 from nemo_dp.utils.checkpoint import (
@@ -65,6 +79,7 @@ from nemo_dp.utils.checkpoint import (
 __all__ = [
     "sft_train_sync",
     "sft_sync_step",
+    "placed_train_metas",
     "SFTStepResult",
     "DATA_PLANE_CKPT_DIR",
 ]
@@ -77,14 +92,19 @@ class SFTStepResult:
     """What one committed step produced.
 
     Attributes:
-        metrics: ``finish_train_step`` metrics (summed over ranks).
+        metrics: The step's metrics (``Policy._aggregate_train_results`` over the ranks'
+            ``finish_train_step_presharded`` metrics, exactly as ``TQPolicy.finish_train_step``).
         consumed: Rows consumed over all ranks.
         envelopes: The step's envelopes (rank order).
         driver_held_bytes: Pickled size of everything the driver held for the step's data.
-        load_wait_s: Seconds the driver waited for the loaders (load + prefetch of the next).
+        load_wait_s: Seconds the step waited for the loaders: the explicit load call (when no
+            earlier step readied the batch) plus the slowest rank's readying/prefetching of
+            the following batches inside the fused call.
+        worker_calls: Driver -> worker round trips of the step (1 in steady state, 2 when the
+            batch had to be loaded first).
     """
 
-    __slots__ = ("metrics", "consumed", "envelopes", "driver_held_bytes", "load_wait_s")
+    __slots__ = ("metrics", "consumed", "envelopes", "driver_held_bytes", "load_wait_s", "worker_calls")
 
     def __init__(
         self,
@@ -93,19 +113,56 @@ class SFTStepResult:
         envelopes: list[SFTBatchEnvelope],
         driver_held_bytes: int,
         load_wait_s: float,
+        worker_calls: int,
     ) -> None:
         self.metrics = metrics
         self.consumed = consumed
         self.envelopes = envelopes
         self.driver_held_bytes = driver_held_bytes
         self.load_wait_s = load_wait_s
+        self.worker_calls = worker_calls
+
+
+def placed_train_metas(policy: Any, envelopes: list[SFTBatchEnvelope]) -> list[KVBatchMeta]:
+    """The metas to place, one per DP rank, stamped with one fresh global pad target.
+
+    The checks are ``TQPolicy.train_placed_microbatches``'s (same messages), made on the driver
+    before anything runs on a worker; the stamping is the policy's own ``_placed_metas``.
+
+    Args:
+        policy: The ``TQPolicy``.
+        envelopes: The batch's checked envelopes, in rank order.
+
+    Returns:
+        The stamped copies (the envelopes' metas are never touched).
+
+    Raises:
+        ValueError: Not one meta per DP rank, dynamic batching enabled, or sequence packing
+            without the producer's micro-batch plan.
+    """
+    metas = metas_of(envelopes)
+    if len(metas) != policy.dp_size:
+        raise ValueError(
+            "Placed metadata must contain exactly one batch per DP rank "
+            f"(got {len(metas)} metas for dp_size={policy.dp_size})"
+        )
+    spa, dba = policy._packing_args("train_mb_tokens")
+    if dba is not None:
+        raise ValueError("Placed metadata does not support dynamic batching.")
+    if spa is not None and any("micro_batch_indices" not in m.extra_info for m in metas):
+        raise ValueError("Placed packed metadata requires producer microbatch shapes.")
+    return policy._placed_metas(metas)
 
 
 def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, loss_fn: Any) -> SFTStepResult:
-    """One SFT step over the data plane: load -> begin -> placed train -> finish -> commit.
+    """One SFT step over the data plane: (load) -> one fused train/commit/ready call per rank.
+
+    Steady state is ONE driver -> worker round trip: the envelopes of batch *k* were returned
+    by step *k-1*'s fused call (``loaders.take_ready``); only when no step readied them (first
+    step, after a checkpoint's quiesce, an abort or a resume) ``loaders.load`` runs first.
 
     Args:
-        policy: A ``TQPolicy`` (split training API).
+        policy: A ``TQPolicy`` (its placed-meta stamping and train-metric aggregation are used).
         loaders: The colocated loaders of its workers.
         batch_index: The batch to train on (= steps done so far).
         loss_fn: The loss function.
@@ -114,34 +171,41 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
         The step's result.
 
     Raises:
-        ValueError: Envelopes not one per DP rank / unequal micro-batch counts, or the policy's
+        ValueError: Envelopes not one per DP rank / unequal micro-batch counts, or the
             placed-metadata checks (``"exactly one batch per DP rank"``, dynamic batching).
         Exception: Anything the step raised, after aborting it (counters are the caller's and
-            stay unchanged; the loaders are rewound so the same batch is loaded again).
+            stay unchanged; every rank's step is aborted and its loader rewound to batch
+            ``batch_index`` - a rank that already committed it in this step rolls that back -
+            so the same batch is loaded again).
     """
-    begun = False
+    k = int(batch_index)
+    dispatched = False
+    calls = 1
     try:
         t0 = time.perf_counter()
-        envelopes = loaders.load(batch_index)
-        load_wait_s = time.perf_counter() - t0
+        envelopes = loaders.take_ready(k)
+        if envelopes is None:
+            envelopes = loaders.load(k)
+            calls = 2
+        load_wait_s = time.perf_counter() - t0 if calls == 2 else 0.0
         held = len(pickle.dumps(envelopes))
-        policy.begin_train_step(loss_fn)
-        begun = True
-        policy.train_placed_microbatches(metas_of(envelopes))
-        metrics = policy.finish_train_step()
-        begun = False
-        consumed = loaders.commit(batch_index)
+        placed = placed_train_metas(policy, envelopes)
+        dispatched = True
+        outs = loaders.run_step(k, placed, loss_fn)
+        metrics = policy._aggregate_train_results([{"per_step": [o["metrics"]]} for o in outs])
+        consumed = int(sum(int(o["consumed"]) for o in outs))
+        load_wait_s += max(float(o["load_s"]) for o in outs)
     except BaseException as exc:
         try:
-            if begun:
+            if dispatched:
                 policy.abort_train_step()
         finally:
             try:
-                loaders.abort()
+                loaders.abort(k)
             except Exception as abort_exc:  # keep the step's own error as the one raised
                 exc.add_note(f"(aborting the SFT batch also failed: {abort_exc!r})")
         raise
-    return SFTStepResult(metrics, consumed, envelopes, held, load_wait_s)
+    return SFTStepResult(metrics, consumed, envelopes, held, load_wait_s, calls)
 
 
 def save_sft_checkpoint(

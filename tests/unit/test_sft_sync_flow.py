@@ -97,11 +97,14 @@ class _InProcessGroup:
     def __init__(self, workers: list[_Worker]) -> None:
         self.workers = workers
         self.world_size = len(workers)
+        self.calls: list[str] = []  # one entry per driver -> worker round trip
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        self.calls.append(method)
         return [getattr(w, method)(*args, **kwargs) for w in self.workers]
 
     def run_sharded(self, method: str, shards: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        self.calls.append(method)
         assert len(shards) == len(self.workers)
         return [getattr(w, method)(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
 
@@ -160,10 +163,14 @@ def _expected_blocks(k: int, seed: int = 3) -> list[list[int]]:
 
 def test_step_order_placement_commit_and_counters() -> None:
     policy, loaders, workers, events = _setup()
+    group = policy.worker_group
+    group.calls.clear()
     result = sft_sync_step(policy, loaders, 0, loss_fn=object())
-    # begin -> placed train -> finish -> commit, each on every rank, in that order.
-    kinds = [e[0] for e in events]
-    assert kinds == ["begin", "begin", "train", "train", "finish", "finish", "commit", "commit"]
+    # First step: one load, then ONE fused call per rank: begin -> placed train -> finish ->
+    # commit on each rank, in that order (the in-process group runs the ranks one after another).
+    assert group.calls == ["load_sft_batch", "run_sft_step"]
+    assert result.worker_calls == 2
+    assert events == [(kind, r) for r in range(DP) for kind in ("begin", "train", "finish", "commit")]
     assert result.consumed == GBS
     # Rank r got exactly the legacy planner's block r of global batch 0.
     assert [e.source_ids for e in result.envelopes] == _expected_blocks(0)
@@ -175,14 +182,39 @@ def test_step_order_placement_commit_and_counters() -> None:
     assert widths == {longest}
     assert GLOBAL_FORWARD_PAD_SEQLEN not in result.envelopes[0].meta.extra_info  # caller's meta untouched
     assert result.metrics["num_valid_tokens"] == float(sum(e.valid_tokens for e in result.envelopes))
+    assert policy._train_step_active is False
     # Committed: batch 0's partition is gone, batch 1 is prefetched (max_partitions=2).
     for w in workers:
         with pytest.raises(KeyError):
             w.dp_client.get_samples([f"sft_dp{w.rank}_batch0_row0"], f"sft_dp{w.rank}_batch0", ["input_ids"])
         assert w.dp_client.list_sample_ids(sft_partition_id(w.rank, 1)) != []
-    second = sft_sync_step(policy, loaders, 1, loss_fn=object())
-    assert all(e.prefetched for e in second.envelopes)
-    assert [e.source_ids for e in second.envelopes] == _expected_blocks(1)
+    # Steady state: ONE driver -> worker round trip per step (the envelopes of batch 1 came
+    # back from step 0's fused call), and the same rows as the legacy planner's blocks.
+    for k in (1, 2, 3):
+        group.calls.clear()
+        step = sft_sync_step(policy, loaders, k, loss_fn=object())
+        assert group.calls == ["run_sft_step"]
+        assert step.worker_calls == 1
+        assert all(e.prefetched for e in step.envelopes)
+        assert [e.source_ids for e in step.envelopes] == _expected_blocks(k)
+        assert step.consumed == GBS
+        # Between steps the loader holds the next batches up to max_live_batches (2).
+        assert [w.colocated_loader_stats()["live"] for w in workers] == [[k + 1, k + 2]] * DP
+
+
+def test_one_live_batch_loads_the_next_inside_the_fused_call() -> None:
+    policy, loaders, workers, _ = _setup(max_partitions=1)
+    group = policy.worker_group
+    sft_sync_step(policy, loaders, 0, loss_fn=object())
+    group.calls.clear()
+    step = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert group.calls == ["run_sft_step"]
+    # Batch 1 was loaded after batch 0's commit, in step 0's call: not loaded by an earlier call
+    # than the one that returned its envelope.
+    assert [e.prefetched for e in step.envelopes] == [False] * DP
+    assert all(e.load_time_s > 0 for e in step.envelopes)
+    assert [e.source_ids for e in step.envelopes] == _expected_blocks(1)
+    assert [w.colocated_loader_stats()["live"] for w in workers] == [[2]] * DP
 
 
 def test_training_failure_aborts_drops_and_leaves_position_unchanged() -> None:
@@ -192,9 +224,12 @@ def test_training_failure_aborts_drops_and_leaves_position_unchanged() -> None:
     events.clear()
     with pytest.raises(RuntimeError, match="injected training failure"):
         sft_sync_step(policy, loaders, 1, loss_fn=object())
-    assert ("abort", 0) in events and ("abort", 1) in events
-    assert not any(e[0] == "commit" for e in events)
+    # Rank 1's step was aborted (gradients dropped) where it failed.  The in-process group ran
+    # rank 0's whole fused call first, commit included: the driver's abort rolled that back.
+    assert ("abort", 1) in events
+    assert ("commit", 0) in events and ("commit", 1) not in events
     assert policy._train_step_active is False
+    assert all(not w._dp_train_step_active for w in workers)
     for w in workers:  # active and prefetched partitions dropped
         for k in (1, 2):
             pid = sft_partition_id(w.rank, k)
@@ -205,9 +240,88 @@ def test_training_failure_aborts_drops_and_leaves_position_unchanged() -> None:
     # Retrying batch 1 sees exactly the same rows.
     workers[1].fail_on_train = False
     retry = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert retry.worker_calls == 2  # the abort dropped the readied envelopes: load again
     assert [e.source_ids for e in retry.envelopes] == _expected_blocks(1)
     with pytest.raises(ValueError, match="next batch is 2"):
         loaders.load(1)
+
+
+def test_failure_on_the_first_rank_aborts_every_rank() -> None:
+    policy, loaders, workers, events = _setup()
+    sft_sync_step(policy, loaders, 0, loss_fn=object())
+    workers[0].fail_on_train = True
+    events.clear()
+    with pytest.raises(RuntimeError, match="injected training failure on rank 0"):
+        sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert ("abort", 0) in events and not any(e[0] == "commit" for e in events)
+    assert policy.worker_group.calls[-2:] == ["abort_train_step_presharded", "abort_sft_batch"]
+    assert [w.quiesce_colocated_loader()["next_batch"] for w in workers] == [1] * DP
+    workers[0].fail_on_train = False
+    retry = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert [e.source_ids for e in retry.envelopes] == _expected_blocks(1)
+
+
+@pytest.mark.parametrize("refusal", ["store_full", "store_error"])
+def test_a_next_batch_that_cannot_be_readied_fails_the_step_that_needs_it(
+    refusal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nemo_dp.data_plane.interfaces import PartitionLimitError
+
+    policy, loaders, workers, _ = _setup(max_partitions=1)
+    sft_sync_step(policy, loaders, 0, loss_fn=object())
+    register = workers[0].dp_client.register_partition
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        if refusal == "store_full":
+            raise PartitionLimitError("partition limit reached (injected)")
+        raise OSError("injected store error")
+
+    monkeypatch.setattr(workers[0].dp_client, "register_partition", refuse)
+    # Step 1 trains and commits (its batch was readied by step 0); rank 0 cannot ready batch 2,
+    # which must not fail the step whose optimizer update already happened.
+    step1 = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert [e.source_ids for e in step1.envelopes] == _expected_blocks(1)
+    assert loaders._ready is None
+    assert workers[0].colocated_loader_stats()["live"] == []
+    assert workers[1].colocated_loader_stats()["live"] == [2]
+    # Step 2 must load batch 2 itself: the error surfaces there, and the step is aborted.
+    with pytest.raises((PartitionLimitError, OSError), match="injected"):
+        sft_sync_step(policy, loaders, 2, loss_fn=object())
+    assert [w.quiesce_colocated_loader()["next_batch"] for w in workers] == [2] * DP
+    monkeypatch.setattr(workers[0].dp_client, "register_partition", register)
+    again = sft_sync_step(policy, loaders, 2, loss_fn=object())
+    assert again.worker_calls == 2
+    assert [e.source_ids for e in again.envelopes] == _expected_blocks(2)  # nothing skipped
+
+
+def test_placed_meta_must_be_the_loaded_batch() -> None:
+    _, loaders, workers, events = _setup()
+    envelopes = loaders.load(0)
+    with pytest.raises(ValueError, match=r"differs from the loaded batch 'sft_dp1_batch0' in \['partition_id'"):
+        workers[1].run_sft_step(envelopes[0].meta, 0, object())
+    with pytest.raises(ValueError, match="asked to train batch 1 but the next batch is 0"):
+        workers[0].run_sft_step(envelopes[0].meta, 1, object())
+    assert events == []  # nothing began
+    loaders.abort(0)
+    with pytest.raises(RuntimeError, match="batch 0 is not loaded"):
+        workers[0].run_sft_step(envelopes[0].meta, 0, object())
+    # A reload of the same batch is a new Local generation: the old envelope no longer matches.
+    fresh = loaders.load(0)
+    assert fresh[0].meta.extra_info != envelopes[0].meta.extra_info
+    with pytest.raises(ValueError, match=r"in \['extra_info'\]"):
+        workers[0].run_sft_step(envelopes[0].meta, 0, object())
+    with pytest.raises(RuntimeError, match="abort of the step of batch 5 but this rank's next batch is 0"):
+        loaders.abort(5)
+
+
+def test_quiesce_between_steps_drops_the_readied_batch_and_reloads_it() -> None:
+    policy, loaders, workers, _ = _setup()
+    sft_sync_step(policy, loaders, 0, loss_fn=object())
+    assert loaders.quiesce()["next_batch"] == 1
+    assert [w.colocated_loader_stats()["live"] for w in workers] == [[]] * DP
+    step = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert step.worker_calls == 2
+    assert [e.source_ids for e in step.envelopes] == _expected_blocks(1)
 
 
 def test_wrong_meta_count_and_dynamic_batching_raise() -> None:
@@ -222,7 +336,9 @@ def test_wrong_meta_count_and_dynamic_batching_raise() -> None:
     policy_db, loaders_db, workers_db, events = _setup(dynamic=True)
     with pytest.raises(ValueError, match="does not support dynamic batching"):
         sft_sync_step(policy_db, loaders_db, 0, loss_fn=object())
-    assert ("abort", 0) in events and ("abort", 1) in events
+    # The placed-metadata checks run on the driver before the fused call: no rank began a step.
+    assert events == []
+    assert policy_db.worker_group.calls == ["setup_colocated_loader", "load_sft_batch", "abort_sft_batch"]
     for w in workers_db:
         with pytest.raises(KeyError):
             w.dp_client.get_samples([f"{sft_partition_id(w.rank, 0)}_row0"], sft_partition_id(w.rank, 0), ["input_ids"])
@@ -254,7 +370,7 @@ def test_checkpoint_refused_while_active_and_prefetch_rewound() -> None:
         workers[0].save_colocated_data_plane("/nonexistent/never", {})
     loaders.abort()
     sft_sync_step(policy, loaders, 0, loss_fn=object())
-    assert workers[0].colocated_loader_stats()["live"] == [1]  # batch 1 prefetched
+    assert workers[0].colocated_loader_stats()["live"] == [1, 2]  # batches 1 and 2 prefetched
     position = loaders.quiesce()
     assert position["next_batch"] == 1
     ref = EpochLoader(_dataset(), batch_size=GBS, seed=3)

@@ -8,9 +8,14 @@ the returned ``KVBatchMeta`` envelopes.  This module holds both halves:
   *k* into partition ``f"sft_dp{rank}_batch{k}"`` with ids ``f"{pid}_row{i}"``, prefetches ahead
   within the store's budget, commits (clears) a batch after the optimizer step, aborts (drops
   every loaded batch and rewinds the loader so the step can be retried), and exposes the
-  committed loader position plus the store's own checkpoint for exact resume.
-* ``ColocatedLoaderGroup`` (driver side): fans those calls out over the policy's worker group
-  and checks the envelopes (one per DP rank, equal micro-batch counts).
+  committed loader position plus the store's own checkpoint for exact resume.  Its fused
+  ``run_sft_step`` is a whole SFT step on one rank in one call: train the placed batch *k*
+  through the worker's split training API (``TQWorkerMixin``'s ``*_presharded`` methods),
+  commit it, ready batch *k+1* and return its envelope.
+* ``ColocatedLoaderGroup`` (driver side): fans those calls out over the policy's worker group,
+  checks the envelopes (one per DP rank, equal micro-batch counts) and keeps the envelopes of
+  the batch the last fused step readied (``take_ready``), so a steady-state step is one round
+  trip.
 
 Design (the simplest honest one that gives exact parity with the legacy trainer):
 
@@ -34,7 +39,12 @@ Design (the simplest honest one that gives exact parity with the legacy trainer)
 * Loader positions are recorded per batch, so commit/abort/checkpoint always know the exact
   cursor: the checkpointed position is the one after the last *committed* batch, and
   ``quiesce`` drops prefetched batches (rewinding the loader) so the store is empty when the
-  data plane is checkpointed (the store is empty between steps).
+  data plane is checkpointed.
+* A commit inside the fused step is provisional until the driver confirms it by asking for the
+  next batch (or quiescing): when another rank's part of the same step failed, the driver's
+  ``abort_sft_batch(k)`` rolls this rank's commit of *k* back, so every rank retries *k*.
+  (An optimizer step that some ranks took and others did not cannot be rolled back; with
+  collective gradient all-reduce a rank cannot step without the others, as on the legacy path.)
 """
 
 from __future__ import annotations
@@ -188,6 +198,9 @@ class ColocatedLoaderMixin:
         self._cl_next_step = 0  # batch index the next step trains on
         self._cl_next_produce = 0  # batch index the loader produces next
         self._cl_committed_state: dict[str, Any] = dict(self._cl_loader.state_dict())
+        # (k, committed loader state before k) of the last commit, until the driver confirms it
+        # by asking for batch k + 1: an abort of step k can then roll this rank's commit back.
+        self._cl_uncommit: tuple[int, dict[str, Any]] | None = None
         self._cl_stats = {"loads": 0, "prefetched_hits": 0, "store_full": 0}
 
     def set_colocated_position(self, next_batch_index: int) -> None:
@@ -207,6 +220,7 @@ class ColocatedLoaderMixin:
             )
         self._cl_next_step = int(next_batch_index)
         self._cl_next_produce = int(next_batch_index)
+        self._cl_uncommit = None
 
     def close_colocated_loader(self) -> None:
         """Forget the loader (no data-plane call; the store is closed by its owner)."""
@@ -360,18 +374,140 @@ class ColocatedLoaderMixin:
                 f"colocated loader on DP rank {self.rank}: asked for batch {k} but the next batch "
                 f"is {self._cl_next_step}"
             )
-        loaded = self._cl_ready.get(k)
-        if loaded is None:
-            produced = self._cl_produce(wait=True)
-            assert produced is not None  # a produce with wait returns a batch or raises
-            envelope = produced.envelope
-        else:
-            self._cl_stats["prefetched_hits"] += 1
-            envelope = replace(loaded.envelope, prefetched=True, load_time_s=0.0)
+        self._cl_uncommit = None  # the driver asks for batch k: the commit of k - 1 stands
+        envelope = self._cl_envelope(k, wait=True)
+        assert envelope is not None  # with wait it returns the envelope or raises
         self._cl_active = k
         if prefetch:
             self.prefetch_sft_batches()
         return envelope
+
+    def _cl_envelope(self, k: int, *, wait: bool) -> SFTBatchEnvelope | None:
+        """The envelope of the next batch ``k``: prefetched (``prefetched=True``, no load time)
+        or loaded now (``_cl_produce``; without ``wait`` ``None`` when the store is full)."""
+        loaded = self._cl_ready.get(k)
+        if loaded is not None:
+            self._cl_stats["prefetched_hits"] += 1
+            return replace(loaded.envelope, prefetched=True, load_time_s=0.0)
+        produced = self._cl_produce(wait=wait)
+        return None if produced is None else produced.envelope
+
+    # --- the fused step -----------------------------------------------------------------------
+    def run_sft_step(
+        self, placed_meta: KVBatchMeta, batch_index: int, loss_fn: Any, mbs: int | None = None
+    ) -> dict[str, Any]:
+        """One whole SFT step on this rank in one call: train batch *k*, commit it, ready *k+1*.
+
+        Batch ``batch_index`` must be loaded (the envelope the driver placed came from
+        :meth:`load_sft_batch` or from the previous call's ``"next"``) and ``placed_meta`` must be
+        its meta as the driver stamped it (same partition, ids and ``extra_info`` - the Local
+        generation included - plus the global pad target).  The call runs the worker's split
+        training API (``begin_train_step_presharded``, ``train_microbatch_presharded``,
+        ``finish_train_step_presharded``), commits the batch (:meth:`commit_sft_batch`), then
+        makes batch *k+1* ready (prefetched, or loaded now) and prefetches further while fewer
+        than ``max_live_batches`` are live.
+
+        Failure semantics: before the optimizer step anything that raises leaves this rank's
+        step aborted (gradients dropped) and the batch loaded; the driver then aborts every rank
+        (:meth:`abort_sft_batch` with the step's index, which also rolls back a commit this rank
+        already made in the failed step, so every rank is back at batch *k*).  Readying batch
+        *k+1* happens after the commit and never fails the step: a full store or an error
+        leaves it unloaded (loader rewound), ``"next"`` is ``None`` with the reason in
+        ``"next_error"``, and the driver's explicit load of the next step meets the error where
+        the step that needs the batch can abort.
+
+        Args:
+            placed_meta: This rank's placed meta of batch ``batch_index`` (pad target stamped).
+            batch_index: The batch to train (= steps done so far).
+            loss_fn: The loss function.
+            mbs: Rows per micro-batch (passed to ``begin_train_step_presharded``).
+
+        Returns:
+            ``{"metrics": finish_train_step_presharded's metrics (with is_replica_leader),
+            "consumed": rows of this rank, "next": the envelope of batch k+1 or None,
+            "load_s": seconds spent readying/prefetching after the commit, "next_error": None or
+            why batch k+1 is not ready}``.
+
+        Raises:
+            ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not the
+                loaded batch's meta.
+            RuntimeError: Not set up, the batch is not loaded, or another batch is active.
+            Exception: Whatever training raised (the step is aborted on this rank first).
+        """
+        self._cl_require()
+        k = int(batch_index)
+        self._cl_check_placed(k, placed_meta)
+        self._cl_uncommit = None  # the driver asks for batch k: the commit of k - 1 stands
+        self._cl_active = k
+        begun = False
+        try:
+            self.begin_train_step_presharded(loss_fn, mbs=mbs)  # type: ignore[attr-defined]
+            begun = True
+            self.train_microbatch_presharded(placed_meta)  # type: ignore[attr-defined]
+            metrics = self.finish_train_step_presharded()  # type: ignore[attr-defined]
+        except BaseException as exc:
+            if begun:
+                try:
+                    self.abort_train_step_presharded()  # type: ignore[attr-defined]
+                except Exception as abort_exc:  # keep the step's own error as the one raised
+                    exc.add_note(f"(aborting the train step on DP rank {self.rank} also failed: {abort_exc!r})")
+            raise
+        consumed = self.commit_sft_batch(k)
+        t0 = time.perf_counter()
+        nxt: SFTBatchEnvelope | None = None
+        error: str | None = None
+        try:
+            nxt = self._cl_envelope(k + 1, wait=False)
+            if nxt is None:
+                error = "no free store slot for the next batch"
+            self.prefetch_sft_batches()
+        except Exception as exc:  # the batch that failed was rewound; its step will reload it
+            error = repr(exc)
+        return {
+            "metrics": metrics,
+            "consumed": consumed,
+            "next": nxt,
+            "load_s": time.perf_counter() - t0,
+            "next_error": error,
+        }
+
+    def _cl_check_placed(self, k: int, placed_meta: KVBatchMeta) -> None:
+        """Raise unless batch ``k`` is the loaded next batch and ``placed_meta`` is its meta."""
+        if k != self._cl_next_step:
+            raise ValueError(
+                f"colocated loader on DP rank {self.rank}: asked to train batch {k} but the next "
+                f"batch is {self._cl_next_step}"
+            )
+        if self._cl_active not in (None, k):
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: batch {self._cl_active} is already "
+                f"active; commit or abort it before training batch {k}"
+            )
+        loaded = self._cl_ready.get(k)
+        if loaded is None:
+            raise RuntimeError(
+                f"colocated loader on DP rank {self.rank}: batch {k} is not loaded; load it "
+                "first (load_sft_batch)"
+            )
+        meta = loaded.envelope.meta
+        mismatch = [
+            name
+            for name, same in (
+                ("partition_id", placed_meta.partition_id == meta.partition_id),
+                ("sample_ids", list(placed_meta.sample_ids) == list(meta.sample_ids)),
+                (
+                    "extra_info",
+                    all(placed_meta.extra_info.get(key) == value for key, value in meta.extra_info.items()),
+                ),
+            )
+            if not same
+        ]
+        if mismatch:
+            raise ValueError(
+                f"colocated loader on DP rank {self.rank}: the placed meta of batch {k} "
+                f"(partition {placed_meta.partition_id!r}) differs from the loaded batch "
+                f"{meta.partition_id!r} in {mismatch}; place the envelope this rank returned"
+            )
 
     def prefetch_sft_batches(self) -> int:
         """Load ahead while fewer than ``max_live_batches`` batches are live.
@@ -413,23 +549,50 @@ class ColocatedLoaderMixin:
         self._cl_client().clear_samples(None, loaded.envelope.meta.partition_id)
         del self._cl_ready[k]
         self._cl_active = None
+        self._cl_uncommit = (k, dict(self._cl_committed_state))
         self._cl_next_step = k + 1
         self._cl_committed_state = dict(loaded.loader_state_after)
         return len(loaded.envelope.source_ids)
 
-    def abort_sft_batch(self) -> list[str]:
+    def abort_sft_batch(self, batch_index: int | None = None) -> list[str]:
         """Drop the active and every prefetched batch; rewind the loader to the committed position.
 
         The next :meth:`load_sft_batch` then reloads the same batch (a retried step sees the
         same rows).  Idempotent.
 
+        Args:
+            batch_index: The batch of the step the driver aborts (its counters stay there).
+                When this rank already committed that batch in the failed step (its fused
+                :meth:`run_sft_step` finished while another rank's failed), the commit is rolled
+                back first, so every rank is again at ``batch_index``.  ``None``: abort at this
+                rank's own position.
+
         Returns:
             The partitions dropped.
+
+        Raises:
+            RuntimeError: ``batch_index`` is neither this rank's next batch nor the batch it
+                just committed (after dropping everything).
         """
         if self._cl_loader is None:
             return []
+        mismatch: str | None = None
+        if batch_index is not None:
+            k = int(batch_index)
+            undo = self._cl_uncommit
+            if undo is not None and undo[0] == k and self._cl_next_step == k + 1:
+                self._cl_committed_state = dict(undo[1])
+                self._cl_next_step = k
+                self._cl_uncommit = None
+            elif k != self._cl_next_step:
+                mismatch = (
+                    f"colocated loader on DP rank {self.rank}: abort of the step of batch {k} but "
+                    f"this rank's next batch is {self._cl_next_step}"
+                )
         dropped = self._cl_drop_all()
         self._cl_active = None
+        if mismatch is not None:
+            raise RuntimeError(mismatch)
         return dropped
 
     def _cl_drop_all(self) -> list[str]:
@@ -470,6 +633,7 @@ class ColocatedLoaderMixin:
                 f"{self._cl_active} is active; commit or abort the step first"
             )
         self._cl_drop_all()
+        self._cl_uncommit = None  # the driver checkpoints this position: the last commit stands
         return {
             "loader": dict(self._cl_committed_state),
             "next_batch": int(self._cl_next_step),
@@ -550,6 +714,9 @@ class ColocatedLoaderGroup:
         self.data_plane_cfg = data_plane_cfg
         self.worker_group = policy.worker_group
         self.dp_size = int(self.worker_group.world_size)
+        # (k, envelopes of batch k in rank order) handed out by the last fused step, if every
+        # rank readied batch k; dropped by every call that drops or repositions batches.
+        self._ready: tuple[int, list[SFTBatchEnvelope]] | None = None
 
     def max_live_batches(self) -> int:
         """Batches one loader may hold in the store (active + prefetched)."""
@@ -595,10 +762,12 @@ class ColocatedLoaderGroup:
 
     def setup(self, loader: Any, **kwargs: Any) -> None:
         """``setup_colocated_loader(loader, **kwargs)`` on every rank."""
+        self._ready = None
         self.worker_group.run_all("setup_colocated_loader", loader, **kwargs)
 
     def set_position(self, next_batch_index: int) -> None:
         """``set_colocated_position`` on every rank."""
+        self._ready = None
         self.worker_group.run_all("set_colocated_position", int(next_batch_index))
 
     def load(self, batch_index: int, prefetch: bool = True) -> list[SFTBatchEnvelope]:
@@ -608,7 +777,56 @@ class ColocatedLoaderGroup:
             ValueError: The envelopes' DP ranks are not exactly ``range(dp_size)``, or the ranks
                 would run different numbers of micro-batches.
         """
+        self._ready = None
         envelopes = list(self.worker_group.run_all("load_sft_batch", int(batch_index), prefetch))
+        return self._checked(batch_index, envelopes)
+
+    def take_ready(self, batch_index: int) -> list[SFTBatchEnvelope] | None:
+        """The checked envelopes of batch ``batch_index`` that the last :meth:`run_step` readied.
+
+        The handle forgets them (a failed step must load again).
+
+        Returns:
+            The envelopes in rank order, or ``None`` when no step readied this batch (first
+            step, after quiesce / abort / repositioning, or a rank could not ready it): the
+            caller then calls :meth:`load`.
+
+        Raises:
+            ValueError: As :meth:`load`'s envelope checks.
+        """
+        ready, self._ready = self._ready, None
+        if ready is None or ready[0] != int(batch_index):
+            return None
+        return self._checked(batch_index, ready[1])
+
+    def run_step(
+        self, batch_index: int, placed_metas: Sequence[KVBatchMeta], loss_fn: Any, mbs: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The fused SFT step on every rank: ``run_sft_step(placed_metas[r], k, loss_fn)``.
+
+        One driver -> worker round trip trains, commits and readies the next batch; when every
+        rank readied batch ``k + 1`` its envelopes are kept for :meth:`take_ready`.
+
+        Args:
+            batch_index: The batch to train (each rank's active or readied batch).
+            placed_metas: One stamped meta per DP rank, in rank order.
+            loss_fn: The loss function.
+            mbs: Rows per micro-batch (``None``: the policy config's).
+
+        Returns:
+            Each rank's ``run_sft_step`` result, in rank order.
+        """
+        self._ready = None
+        k = int(batch_index)
+        outs = list(self.worker_group.run_sharded("run_sft_step", list(placed_metas), k, loss_fn, mbs=mbs))
+        nxt = [o["next"] for o in outs]
+        if all(e is not None for e in nxt):
+            self._ready = (k + 1, nxt)
+        return outs
+
+    def _checked(self, batch_index: int, envelopes: list[SFTBatchEnvelope]) -> list[SFTBatchEnvelope]:
+        """``envelopes`` in rank order after checking one per DP rank and equal micro-batch counts."""
+        envelopes = list(envelopes)
         ranks = [e.dp_rank for e in envelopes]
         if sorted(ranks) != list(range(self.dp_size)):
             raise ValueError(
@@ -626,11 +844,17 @@ class ColocatedLoaderGroup:
 
     def commit(self, batch_index: int) -> int:
         """Commit on every rank; returns the rows consumed over all ranks."""
+        self._ready = None
         return int(sum(self.worker_group.run_all("commit_sft_batch", int(batch_index))))
 
-    def abort(self) -> None:
-        """Abort on every rank (drop loaded batches, rewind)."""
-        self.worker_group.run_all("abort_sft_batch")
+    def abort(self, batch_index: int | None = None) -> None:
+        """Abort on every rank (drop loaded batches, rewind; with ``batch_index``, the failed
+        step's batch, also roll back a rank's commit of it - see ``abort_sft_batch``)."""
+        self._ready = None
+        if batch_index is None:
+            self.worker_group.run_all("abort_sft_batch")
+        else:
+            self.worker_group.run_all("abort_sft_batch", int(batch_index))
 
     def quiesce(self) -> dict[str, Any]:
         """Quiesce every rank; return the committed position (identical on all ranks).
@@ -638,6 +862,7 @@ class ColocatedLoaderGroup:
         Raises:
             RuntimeError: The ranks disagree on the position.
         """
+        self._ready = None
         states = list(self.worker_group.run_all("quiesce_colocated_loader"))
         first = {k: v for k, v in states[0].items() if k != "dp_rank"}
         for s in states[1:]:
