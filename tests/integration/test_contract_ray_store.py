@@ -9,8 +9,10 @@ session shuts Ray down.
 
 Two tests beyond the contract cover what only this backend has: rows written by another process
 (an attached client in a ``num_cpus=0`` actor, as in a policy worker) are readable and writable
-back by the driver, and become a ``DataPlaneUnavailableError`` once that writer (the objects'
-owner) is gone; a dead metadata actor is a ``DataPlaneUnavailableError`` too.
+back by the driver; columns of a put above the inline threshold live in the object store and
+become a ``DataPlaneUnavailableError`` once that writer (the objects' owner) is gone, while a
+small put's columns (carried inline by the metadata actor) stay readable; a dead metadata actor
+is a ``DataPlaneUnavailableError`` too.
 """
 
 from __future__ import annotations
@@ -114,6 +116,18 @@ class _Writer:
         self.client.put_samples(ids, pid, td)
         return ids
 
+    def put_big(self, pid: str, ids: list[str]) -> int:
+        """One column above the inline threshold (it goes through the object store)."""
+        import torch
+        from tensordict import TensorDict
+
+        from nemo_dp.data_plane.adapters.ray_store.client import INLINE_MAX_BYTES
+
+        width = INLINE_MAX_BYTES // (4 * len(ids)) + 1
+        big = torch.ones(len(ids), width, dtype=torch.float32)
+        self.client.put_samples(ids, pid, TensorDict({"big": big}, batch_size=(len(ids),)))
+        return width
+
 
 @pytest.mark.timeout(240)
 def test_rows_cross_processes_and_a_dead_writer_is_an_unavailable_error(
@@ -127,10 +141,12 @@ def test_rows_cross_processes_and_a_dead_writer_is_an_unavailable_error(
 
     client = ray_store_session.client
     pid = "xproc"
-    client.register_partition(pid, ["x", "r", "lp"], 4, ["t"])
+    client.register_partition(pid, ["x", "r", "lp", "big"], 4, ["t"])
     writer = ray.remote(num_cpus=0)(_Writer).remote()
     try:
         ids = ray.get(writer.put.remote(pid, 4), timeout=120)
+        width = ray.get(writer.put_big.remote(pid, ids), timeout=120)
+        assert torch.equal(client.get_samples(ids, pid, ["big"]).get("big"), torch.ones(4, width))
         table = materialize(client.get_samples(ids[::-1], pid, ["x", "r"]))
         assert torch.equal(table["x"], torch.arange(12, dtype=torch.float32).reshape(4, 3).flip(0))
         assert table["r"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 0], [0, 0, 0, 0]]
@@ -139,12 +155,15 @@ def test_rows_cross_processes_and_a_dead_writer_is_an_unavailable_error(
         assert client.claim_meta(pid, "t", ["x", "lp"], 4, blocking=False).size == 4
     finally:
         ray.kill(writer, no_restart=True)
-    # the rows' objects were owned by the writer process: reading them now fails loudly
+    # the big column's object was owned by the writer process: reading it now fails loudly
     with pytest.raises(DataPlaneUnavailableError, match=pid):
         start = time.monotonic()
         while time.monotonic() - start < 60:  # the owner's death takes a moment to show
-            client.get_samples(ids, pid, ["x"])
+            client.get_samples(ids, pid, ["big"])
             time.sleep(0.5)
+    # the small put's columns travelled inline and live in the metadata actor: still readable
+    table = materialize(client.get_samples(ids, pid, ["x", "r"]))
+    assert torch.equal(table["x"], torch.arange(12, dtype=torch.float32).reshape(4, 3))
     # the driver's own column is unaffected
     assert torch.equal(client.get_samples(ids, pid, ["lp"]).get("lp"), torch.ones(4))
     client.clear_samples(None, pid)

@@ -6,6 +6,8 @@ Ray's object store per put (dense columns as one buffer, jagged columns as one
 ``values``/``offsets`` pair), and keeps only metadata (partitions, rows, per-task claims, tags, chunk refs) in one
 small named actor.  A put or a read is one actor round trip plus object-store traffic for the
 columns it touches; on one node reads map the shared-memory buffers and copy only their rows.
+A small put (tensor columns up to ``client.INLINE_MAX_BYTES``) skips the object store: its
+columns ride in the actor call and come back in the read's reply, so it costs one round trip.
 It serves the same contract (write-back included) as the TransferQueue adapter.
 
 Modules, one job each: ``client`` (``RayStoreClient``: puts, reads, claims over the actor),
@@ -15,8 +17,8 @@ Modules, one job each: ``client`` (``RayStoreClient``: puts, reads, claims over 
 ``checkpoint`` (typed, pickle-free checkpoints saved by the bootstrapping client).
 
 Ray is imported inside functions only: importing this package loads torch and tensordict but
-not Ray.  Objects are owned by the process that put them and stay readable while it lives (see
-``client``).
+not Ray.  Objects are owned by the process that put them and stay readable while it lives
+(inline columns live in the actor; see ``client``).
 """
 
 from __future__ import annotations

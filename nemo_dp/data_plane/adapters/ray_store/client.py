@@ -11,11 +11,21 @@ number of rows.
 Object lifetime: an object ``ray.put`` by a process is owned by that process (Ray 2.56+ has no
 ownership transfer), so rows stay readable while the process that wrote them lives.  Policy
 workers, rollout actors and the driver live for the whole run; a read of rows whose writer has
-exited raises ``DataPlaneUnavailableError`` naming the partition.  The metadata actor holds a
+exited raises ``DataPlaneUnavailableError`` naming the partition (columns of a small put,
+carried inline by the metadata actor, outlive their writer).  The metadata actor holds a
 reference to every live chunk (one column of one put) and drops it when the chunk's last row is
 cleared or overwritten; once every column of a put is dropped, Ray frees the object.  One object
 per put (rather than per column) keeps a put to one object-store write; the price is that a
 read on another node of some of a put's columns transfers all of them.
+
+Small puts (tensor columns of at most :data:`INLINE_MAX_BYTES` in all) skip the object store:
+their columns travel inside the metadata actor's ``put`` call, live in the actor's memory as
+:class:`~nemo_dp.data_plane.adapters.ray_store.state.InlinePayload` and come back in the reply of
+the read's ``locate`` call.  Such a put or read is exactly one actor round trip (no ``ray.put``,
+no ``ray.get`` of column objects, no borrowed refs to track), which is most of the fixed cost of
+a call at the row counts of a training step; the bytes are the same, so reads are bit-identical.
+The threshold stays below Ray's own inlining limit for task arguments (100 KiB), so an inline
+put never becomes an implicit object-store argument.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from nemo_dp.data_plane.adapters.ray_store.columns import (
     encode_column,
     gather_field,
 )
-from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, TensorColumnSpec
+from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, InlinePayload, TensorColumnSpec
 from nemo_dp.data_plane.adapters.ray_store.validation import (
     check_read_args,
     plan_put,
@@ -45,7 +55,11 @@ from nemo_dp.data_plane.adapters.ray_store.validation import (
 from nemo_dp.data_plane.interfaces import DataPlaneClient, DataPlaneUnavailableError, KVBatchMeta
 from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
 
-__all__ = ["RayStoreClient", "build_ray_store_client", "coerce_config"]
+__all__ = ["INLINE_MAX_BYTES", "RayStoreClient", "build_ray_store_client", "coerce_config"]
+
+#: A put whose tensor columns hold at most this many bytes in all travels inline in the metadata
+#: actor's call instead of through the object store (see the module docstring).
+INLINE_MAX_BYTES = 64 * 1024
 
 _CLOSED = "ray_store data-plane client is closed."
 _ERRORS: dict[str, type[Exception]] = {
@@ -190,12 +204,17 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
     def _chunk_payloads(
         self, chunks: Mapping[int, tuple[Any, str, str, str]], partition_id: str, op: str
     ) -> dict[int, Any]:
-        """chunk id -> its column payload, fetching every distinct object once."""
+        """chunk id -> its column payload, fetching every distinct object once (inline chunks
+        came with the reply and are not fetched)."""
         objects: dict[Any, int] = {}
         for ref, *_ in chunks.values():
-            objects.setdefault(ref, len(objects))
-        fetched = self._fetch(list(objects), partition_id, op)
-        return {cid: fetched[objects[ref]][key] for cid, (ref, key, *_) in chunks.items()}
+            if not isinstance(ref, InlinePayload):
+                objects.setdefault(ref, len(objects))
+        fetched = self._fetch(list(objects), partition_id, op) if objects else []
+        return {
+            cid: ref.payload[key] if isinstance(ref, InlinePayload) else fetched[objects[ref]][key]
+            for cid, (ref, key, *_) in chunks.items()
+        }
 
     # --- task-mediated half -------------------------------------------------------------------
     def register_partition(
@@ -338,15 +357,20 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
             self._require_partition(partition_id, "put_samples")  # unknown partition outranks
             raise
         encoded = {name: encode_column(name, t) for name, t in plan.tensors.items()}
-        # One object per put: each column once, and one object-store write whatever the width.
-        ref = ray.put({k: e.payload for k, e in encoded.items()}) if encoded and plan.ids else None
+        inline = sum(e.nbytes for e in encoded.values()) <= INLINE_MAX_BYTES
+        # One object per put: each column once, and one object-store write whatever the width;
+        # a small put carries its columns in the actor call instead (module docstring).
+        ref = None
+        if encoded and plan.ids and not inline:
+            ref = ray.put({k: e.payload for k, e in encoded.items()})
         columns: dict[str, Any] = {}
         for name in plan.names:
             if name in plan.objects:
                 columns[name] = plan.objects[name]
             else:
                 enc = encoded[name]
-                columns[name] = TensorColumnSpec(enc.dtype, enc.layout, ref, name)
+                carrier = InlinePayload({name: enc.payload}) if inline and plan.ids else ref
+                columns[name] = TensorColumnSpec(enc.dtype, enc.layout, carrier, name)
         self._call("put", partition_id, partition_id, plan.ids, columns, plan.tags)
         return KVBatchMeta(
             partition_id=partition_id,

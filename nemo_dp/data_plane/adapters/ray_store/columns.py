@@ -103,6 +103,14 @@ class EncodedColumn:
     layout: str
     payload: Any
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the payload's arrays."""
+        if self.layout == DENSE:
+            return int(self.payload.nbytes)
+        values, offsets = self.payload
+        return int(values.nbytes) + int(offsets.nbytes)
+
 
 def encode_column(name: str, t: torch.Tensor) -> EncodedColumn:
     """One buffer (dense) or one ``values``/``offsets`` pair (jagged) for a put's tensor leaf.

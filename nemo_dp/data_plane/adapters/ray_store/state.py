@@ -10,7 +10,8 @@ Bulk data is not here.  A put stores each tensor column once in Ray's object sto
 per put holding every tensor column of it; one column of it is a *chunk*) and registers
 ``(chunk, row position)`` per row and field;
 this state keeps the refs (so the objects stay alive) and drops a chunk's ref when no live row
-uses it any more.  Object (non-tensor) columns are small per-row values (prompts, statuses,
+uses it any more.  A small put's columns skip the object store: they arrive inline
+(:class:`InlinePayload`) in place of the ref and are kept and released the same way.  Object (non-tensor) columns are small per-row values (prompts, statuses,
 dicts) and are kept here directly, which lets a read return them in the same reply as the
 chunk locations.
 
@@ -35,10 +36,26 @@ from nemo_dp.data_plane.adapters._validation import (
 )
 from nemo_dp.data_plane.schema import RESERVED_PREFIX
 
-__all__ = ["OBJECT", "Chunk", "PartitionState", "StoreState", "TensorColumnSpec"]
+__all__ = ["OBJECT", "Chunk", "InlinePayload", "PartitionState", "StoreState", "TensorColumnSpec"]
 
 #: The kind of a non-tensor column (tensor columns have their dtype name as kind).
 OBJECT = "object"
+
+
+@dataclass(frozen=True)
+class InlinePayload:
+    """A small put's column payload carried by the metadata call itself.
+
+    Puts below the client's inline threshold skip the object store: the payload travels in the
+    ``put`` call, stays in this state (in place of an object ref) and goes back in the reply of
+    ``locate``, so a small put or read costs one actor round trip and no ``ray.put`` /
+    ``ray.get``.  The state treats it exactly as a ref (it is opaque here).
+
+    Attributes:
+        payload: ``{key: column payload}``, as the object of a ``ray.put`` would hold it.
+    """
+
+    payload: Any
 
 
 @dataclass(frozen=True)
@@ -49,7 +66,8 @@ class TensorColumnSpec:
         dtype: ``str(torch dtype)``.
         layout: ``"dense"`` or ``"jagged"``.
         ref: The object ref of the put's payload (``None`` for a put of zero rows): one object
-            per put holding every tensor column of it once, as ``{key: column payload}``.
+            per put holding every tensor column of it once, as ``{key: column payload}``; or,
+            for a small put, an :class:`InlinePayload` holding this column's payload.
         key: This column's key in that object.
     """
 
@@ -61,7 +79,7 @@ class TensorColumnSpec:
 
 @dataclass
 class Chunk:
-    """One column of one put, living in Ray's object store."""
+    """One column of one put, living in Ray's object store (or here, for a small put)."""
 
     ref: Any
     key: str
