@@ -9,9 +9,10 @@ per-token tensor passes through the driver:
   ``f"{uid}_g{i}"``; the driver receives metas plus a small per-row ``driver_carry``;
 * baseline / std are computed on the carry and stamped on the meta (``stamp_tags``); dynamic
   sampling works on metas (``subset``, ``concat``, ``slice``) and clears dropped ids;
-* the per-token ``advantages`` are built from the carry (the response span of a row is
-  ``[prompt_length, input_length)``, exactly where generation sets ``token_mask``), so the
-  driver reads no per-token column back; it writes ``advantages`` and ``sample_mask``;
+* the per-row advantages and the sample mask are computed from the carry and travel with the
+  training dispatch (``train_from_meta(..., row_values=...)``): each rank spreads its rows'
+  advantages over the ``token_mask`` it fetches (``adv[:, None] * token_mask``, the legacy
+  expression), so the driver neither reads nor writes any column of the step;
 * log-probs and training run on meta shards; the workers fetch and write back - the policy's
   and the reference's log-probs in one dispatch (one read, one put of both columns per rank);
 * ``policy.finish_step`` clears the step's samples; a ``finally`` drops the partition if the
@@ -54,28 +55,10 @@ from nemo_dp.data_plane.schema import (
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
-__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "response_token_mask", "TRAINER_TARGET"]
+__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "TRAINER_TARGET"]
 
 #: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
-
-
-def response_token_mask(prompt_lengths: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
-    """The generation ``token_mask`` rebuilt from per-row lengths: 1 on ``[prompt, input)``.
-
-    Args:
-        prompt_lengths: int [N].
-        input_lengths: int [N] (prompt + response, eos included).
-
-    Returns:
-        int32 [N, max(input_lengths)].
-    """
-    width = int(input_lengths.max())
-    pos = torch.arange(width).unsqueeze(0)
-    start = prompt_lengths.to(torch.long).unsqueeze(1)
-    end = input_lengths.to(torch.long).unsqueeze(1)
-    span = (pos >= start) & (pos < end)
-    return span.to(torch.int32)
 
 
 def collect_grpo_batch_sync(
@@ -266,15 +249,13 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
             sample_mask = torch.ones(meta.size, dtype=torch.float32)
             if bool(algo.overlong_filtering):
                 sample_mask = sample_mask * (~carry["truncated"].bool()).float()
-            token_mask = response_token_mask(carry["prompt_lengths"], carry["input_lengths"])
-            policy.write_to_dataplane(
-                meta, {ADVANTAGES: adv.unsqueeze(1) * token_mask.float(), SAMPLE_MASK: sample_mask}
-            )
             t1 = time.perf_counter()
             policy.get_policy_and_reference_logprobs_from_meta(meta)
             t_lp = time.perf_counter() - t1
             t2 = time.perf_counter()
-            train_metrics = policy.train_from_meta(meta, loss_fn)
+            train_metrics = policy.train_from_meta(
+                meta, loss_fn, row_values={ADVANTAGES: adv, SAMPLE_MASK: sample_mask}
+            )
             t_train = time.perf_counter() - t2
             policy.finish_step(meta)
         finally:

@@ -108,7 +108,11 @@ def _pad_to_multiple(meta: KVBatchMeta) -> int:
 
 
 def isolated_copy(
-    meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None
+    meta: KVBatchMeta,
+    *,
+    fields: Sequence[str] | None,
+    task_name: str | None,
+    keep_tags: bool = True,
 ) -> KVBatchMeta:
     """A copy of ``meta`` with narrowed ``fields``/``task_name`` and no inherited pad target.
 
@@ -121,6 +125,8 @@ def isolated_copy(
         meta: The source meta (never mutated).
         fields: The fields of the copy (``None`` keeps none).
         task_name: The task name of the copy.
+        keep_tags: ``False`` leaves the per-row tags out (``tags=None``): a dispatch to the
+            workers, which never read tags, then neither deep-copies nor ships them.
 
     Returns:
         The new meta.
@@ -135,7 +141,11 @@ def isolated_copy(
             [int(x) for x in meta.sequence_lengths] if meta.sequence_lengths is not None else None
         ),
         extra_info=extra,
-        tags=[copy.deepcopy(t) for t in meta.tags] if meta.tags is not None else None,
+        tags=(
+            [copy.deepcopy(t) for t in meta.tags]
+            if keep_tags and meta.tags is not None
+            else None
+        ),
     )
 
 
@@ -315,7 +325,12 @@ class TQDriverMixin:
         meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = round_up(longest, multiple)
 
     def _isolated_meta(
-        self, meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None
+        self,
+        meta: KVBatchMeta,
+        *,
+        fields: Sequence[str] | None,
+        task_name: str | None,
+        keep_tags: bool = True,
     ) -> KVBatchMeta:
         """A dispatch copy of ``meta`` with a freshly minted pad target.
 
@@ -327,11 +342,12 @@ class TQDriverMixin:
             meta: The caller's meta.
             fields: Fields the dispatch fetches.
             task_name: Task name of the dispatch.
+            keep_tags: ``False`` drops the per-row tags (see ``isolated_copy``).
 
         Returns:
             The new meta.
         """
-        out = isolated_copy(meta, fields=fields, task_name=task_name)
+        out = isolated_copy(meta, fields=fields, task_name=task_name, keep_tags=keep_tags)
         self._stamp_pad_seqlen(out)
         return out
 

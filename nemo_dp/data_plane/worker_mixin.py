@@ -25,6 +25,9 @@ In-memory compute (required for the entrypoints that use them):
 * ``self.get_values(data, micro_batch_size=None) -> Mapping`` with key ``"values"``.
 * ``get_logprobs_and_reference_presharded`` calls both log-prob hooks on one fetched batch
   and writes both columns in one put (one store read and one write for the whole stage).
+* ``train_presharded`` first sets the per-row ``advantages`` / ``sample_mask`` a dispatch
+  carried in its shard's ``extra_info["row_values"]`` (``apply_row_values``) on the fetched
+  batch.
 * Split training API (the names ``nemo_dp.models.policy.worker.PolicyWorker`` defines):
   ``self.begin_train_step(loss_fn, mbs: int | None = None) -> None`` (called with keyword
   ``mbs`` only), ``self.train_microbatch(data: BatchedDataDict) -> None``,
@@ -66,20 +69,68 @@ from nemo_dp.data_plane.factory import build_data_plane_client
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
 from nemo_dp.data_plane.observability import is_metrics_client
 from nemo_dp.data_plane.schema import (
+    ADVANTAGES,
     ELEM_COUNTS_PER_GB,
     GLOBAL_FORWARD_PAD_SEQLEN,
     MICRO_BATCH_INDICES,
     MICRO_BATCH_LENGTHS,
     PREV_LOGPROBS,
     REFERENCE_POLICY_LOGPROBS,
+    SAMPLE_MASK,
+    TOKEN_MASK,
     VALUES,
     Layout,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
-__all__ = ["PARALLEL_AXES", "TQWorkerMixin"]
+__all__ = ["PARALLEL_AXES", "ROW_VALUES_KEY", "ROW_VALUE_FIELDS", "TQWorkerMixin", "apply_row_values"]
 
 PARALLEL_AXES: tuple[str, ...] = ("tensor_parallel", "context_parallel", "pipeline_parallel")
+
+#: Training inputs a dispatch may carry per row instead of the store (``train_presharded``).
+ROW_VALUE_FIELDS: tuple[str, ...] = (ADVANTAGES, SAMPLE_MASK)
+#: ``extra_info`` key of a training shard holding those values (``{field: 1-D tensor}``, rows
+#: aligned with the shard's ``sample_ids``); set by the driver on the shards it dispatches.
+ROW_VALUES_KEY = "row_values"
+
+
+def apply_row_values(data: BatchedDataDict, row_values: Mapping[str, torch.Tensor]) -> BatchedDataDict:
+    """Set the per-row training inputs a dispatch carried on a fetched batch (in place).
+
+    ``sample_mask`` is set as given; ``advantages`` (one value per row) becomes the per-token
+    column ``adv[:, None] * token_mask.float()`` over the batch's ``token_mask`` - the very
+    expression the legacy GRPO trainer evaluates on the driver, so the values are identical
+    on every token of every row.
+
+    Args:
+        data: The fetched batch (holds ``token_mask`` when ``advantages`` is given).
+        row_values: Keys from ``ROW_VALUE_FIELDS``; 1-D tensors, rows in ``data``'s order.
+
+    Returns:
+        ``data``.
+
+    Raises:
+        ValueError: An unknown key, a value whose length differs from ``data.size``, or
+            ``advantages`` on a batch without ``token_mask``.
+    """
+    for key, value in row_values.items():
+        if key not in ROW_VALUE_FIELDS:
+            raise ValueError(f"row_values key {key!r} is not one of {list(ROW_VALUE_FIELDS)}")
+        if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.shape[0] != data.size:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(
+                f"row_values[{key!r}] must be a 1-D tensor of {data.size} rows, got {got}"
+            )
+    if ADVANTAGES in row_values:
+        if TOKEN_MASK not in data:
+            raise ValueError(
+                f"row_values[{ADVANTAGES!r}] is spread over {TOKEN_MASK!r}, which the fetched "
+                "batch does not hold"
+            )
+        data[ADVANTAGES] = row_values[ADVANTAGES].unsqueeze(1) * data[TOKEN_MASK].float()
+    if SAMPLE_MASK in row_values:
+        data[SAMPLE_MASK] = row_values[SAMPLE_MASK]
+    return data
 
 
 
@@ -406,8 +457,12 @@ class TQWorkerMixin:
     ) -> dict:
         """Fetch this rank's shard and train on it (``self.train``); writes nothing.
 
+        When the driver put per-row training inputs on the shard
+        (``extra_info["row_values"]``, see ``apply_row_values``), they are set on the fetched
+        batch first.
+
         Args:
-            meta: This DP rank's shard (fields = what training reads).
+            meta: This DP rank's shard (fields = what training reads from the store).
             loss_fn: The loss function.
             eval_mode: Loss only, no update.
             gbs: Global batch size.
@@ -417,6 +472,9 @@ class TQWorkerMixin:
             The host's training metrics.
         """
         data = self._fetch_planned(meta)
+        row_values = meta.extra_info.get(ROW_VALUES_KEY)
+        if row_values is not None:
+            apply_row_values(data, row_values)
         return self.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)
 
     def get_logprobs_presharded(

@@ -8,8 +8,9 @@ traffic lands in its window) must be exactly the budget of one step:
 * per worker: one read per stage that needs inputs and one write per stage that produces
   outputs - GRPO: rollout put, one log-prob read + one put of both log-prob columns, one
   training read; PPO adds one read per epoch and the critic's values read/put;
-* on the driver: one registration, one put of everything it computes, one clear of the whole
-  step (PPO: plus the one read of the columns its advantage needs).
+* on the driver: one registration and one clear of the whole step; GRPO's per-row advantages
+  and sample mask travel with the training dispatch, PPO adds one read of the columns its
+  advantage needs and one put of everything it computes.
 
 Counts, never timings.  The counts are those of the slowest rank (``max_rank``): every rank runs
 the same stages, so any rank above the budget shows up there as well.
@@ -139,9 +140,10 @@ def _calls(record: dict[str, Any], prefix: str) -> dict[str, int]:
 
 def test_grpo_step_store_calls_per_op(policy: Any, tmp_path: Path) -> None:
     record = _first_step_record(grpo_train_sync, policy, _master_config("grpo"), tmp_path)
-    # Driver: register the step, one put of advantages + sample_mask, one clear of the step.
-    assert _calls(record, "data_plane/step") == {"register": 1, "put": 1, "clear": 1}
-    assert record["data_plane/step/put/rows"] == ROWS
+    # Driver: register the step and clear it; the per-row advantages and sample mask travel
+    # with the training dispatch, so the driver neither writes nor reads a column.
+    assert _calls(record, "data_plane/step") == {"register": 1, "clear": 1}
+    assert record["data_plane/step/bytes_written_mb"] == 0.0
     assert record["data_plane/step/bytes_read_mb"] == 0.0
     # Worker: rollout put, log-prob stage (one read, one put of both columns), training read -
     # with two micro-batches per rank in both the log-prob and the training stage.
@@ -161,3 +163,19 @@ def test_ppo_step_store_calls_per_op(policy: Any, tmp_path: Path) -> None:
     assert _calls(record, "data_plane/workers/max_rank") == {"put": 2, "get_data": 1 + PPO_EPOCHS}
     # Critic worker: values read + put, one training read per epoch.
     assert _calls(record, "data_plane/critic_workers/max_rank") == {"put": 1, "get_data": 1 + PPO_EPOCHS}
+
+
+def test_train_row_values_are_checked_before_any_dispatch(policy: Any) -> None:
+    import torch
+
+    from nemo_dp.data_plane.interfaces import KVBatchMeta
+
+    meta = KVBatchMeta("train", None, ["a", "b"], sequence_lengths=[3, 4])
+    with pytest.raises(ValueError, match="not one of"):
+        policy.train_from_meta(meta, None, row_values={"returns": torch.ones(2)})
+    with pytest.raises(ValueError, match="1-D tensor of meta.size=2"):
+        policy.train_from_meta(meta, None, row_values={"advantages": torch.ones(2, 1)})
+    with pytest.raises(ValueError, match="train_fields must include"):
+        policy.train_from_meta(
+            meta, None, row_values={"advantages": torch.ones(2)}, train_fields=["input_ids"]
+        )

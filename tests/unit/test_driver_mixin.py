@@ -243,6 +243,18 @@ def test_isolated_meta_drops_inherited_target_and_stamps_fresh_one() -> None:
     assert caller == before
 
 
+def test_isolated_meta_for_a_dispatch_can_leave_the_tags_out() -> None:
+    caller = _meta([10, 20, 30])
+    caller.stamp_tags({"std": [0.5, 0.0, 1.0]})
+    before = copy.deepcopy(caller)
+    driver = _Driver(_cfg(db=True, seq_round=64))
+    out = driver._isolated_meta(caller, fields=["input_ids"], task_name="train", keep_tags=False)
+    assert out.tags is None
+    assert out.extra_info[KEY] == 64 and out.sample_ids == caller.sample_ids
+    assert caller == before
+    assert isolated_copy(caller, fields=None, task_name=None, keep_tags=False).tags is None
+
+
 def test_isolated_meta_of_a_concat_mints_a_target_for_the_whole_batch() -> None:
     driver = _Driver(_cfg(db=True, seq_round=64))
     short = _meta([10, 20])

@@ -44,7 +44,7 @@ from nemo_dp.data_plane.schema import (
     REFERENCE_POLICY_LOGPROBS,
     VALUES,
 )
-from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
+from nemo_dp.data_plane.worker_mixin import ROW_VALUES_KEY, TQWorkerMixin, apply_row_values
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
 LOCAL_CFG = {"enabled": True, "impl": "local"}
@@ -452,6 +452,35 @@ def test_train_presharded_returns_metrics_and_writes_nothing(split_store: _Split
         "mbs": 1,
     }
     assert split_store.results.list_sample_ids("step") == []
+
+
+def test_train_presharded_sets_the_row_values_the_dispatch_carried(split_store: _SplitStore) -> None:
+    meta = _seed(split_store.seed)
+    meta.fields = ["input_ids", "input_lengths", "token_mask"]  # no advantages / sample_mask read
+    adv = torch.tensor([0.5, -1.25, 2.0])
+    mask = torch.tensor([1.0, 0.0, 1.0])
+    meta.extra_info[ROW_VALUES_KEY] = {"advantages": adv, "sample_mask": mask}
+    host = _Host({})
+    host.dp_client = split_store
+    host.train_presharded(meta, lambda d: 0.0, gbs=3, mbs=1)
+    (_, data), = host.received
+    token_mask = data["token_mask"]
+    assert token_mask.shape == (3, TARGET)
+    # exactly the legacy trainer's expression, on every token (padding included)
+    assert torch.equal(data["advantages"], adv.unsqueeze(1) * token_mask.float())
+    assert data["advantages"].dtype == torch.float32
+    assert torch.equal(data["sample_mask"], mask)
+
+
+def test_apply_row_values_rejects_bad_input() -> None:
+    data = BatchedDataDict({"token_mask": torch.ones(2, 3, dtype=torch.int32)})
+    with pytest.raises(ValueError, match="not one of"):
+        apply_row_values(data, {"returns": torch.ones(2)})
+    with pytest.raises(ValueError, match="1-D tensor of 2 rows"):
+        apply_row_values(data, {"advantages": torch.ones(3)})
+    with pytest.raises(ValueError, match="token_mask"):
+        apply_row_values(BatchedDataDict({"input_ids": torch.ones(2, 3)}), {"advantages": torch.ones(2)})
+    assert "advantages" not in data  # nothing set by a rejected call
 
 
 # --- I 68: write-back checks --------------------------------------------------------------------

@@ -23,20 +23,25 @@ from dataclasses import dataclass
 from os import PathLike
 from typing import Any, ClassVar
 
+import torch
+
 from nemo_dp.data_plane.driver_mixin import TQDriverMixin
 from nemo_dp.data_plane.factory import build_data_plane_client, coerce_data_plane_config
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.observability import is_metrics_client
 from nemo_dp.data_plane.schema import (
+    ADVANTAGES,
     DP_TRAIN_FIELDS,
     LP_SEED_FIELDS,
     TASK_PREV_LP,
     TASK_REF_LP,
     TASK_TRAIN,
     TASK_VAL,
+    TOKEN_MASK,
     TRAIN_PARTITION,
     VAL_PARTITION,
 )
+from nemo_dp.data_plane.worker_mixin import ROW_VALUE_FIELDS, ROW_VALUES_KEY
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.models.policy.policy import Policy
 from nemo_dp.models.policy.tq_worker import ROLLOUT_STORE_FIELDS, TQPolicyWorker
@@ -277,7 +282,7 @@ class TQPolicy(TQDriverMixin, Policy):
         Returns:
             ``None``: the results are in the store.
         """
-        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_PREV_LP)
+        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_PREV_LP, keep_tags=False)
         shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
         self._dispatch_sharded("get_logprobs_presharded", shards)
         return None
@@ -295,7 +300,7 @@ class TQPolicy(TQDriverMixin, Policy):
         Returns:
             ``None``: the results are in the store.
         """
-        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_PREV_LP)
+        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_PREV_LP, keep_tags=False)
         shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
         self._dispatch_sharded("get_logprobs_and_reference_presharded", shards)
         return None
@@ -309,7 +314,7 @@ class TQPolicy(TQDriverMixin, Policy):
         Returns:
             ``None``: the results are in the store.
         """
-        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_REF_LP)
+        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_REF_LP, keep_tags=False)
         shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
         self._dispatch_sharded("get_reference_policy_logprobs_presharded", shards)
         return None
@@ -322,11 +327,20 @@ class TQPolicy(TQDriverMixin, Policy):
         gbs: int | None = None,
         mbs: int | None = None,
         train_fields: Sequence[str] = DP_TRAIN_FIELDS,
+        row_values: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, Any]:
         """Train on ``meta``'s rows: the workers fetch their shards from the store.
 
         Sharding and aggregation are those of ``Policy.train``, so the same rows land on the
         same ranks in the same microbatches as on the legacy path.
+
+        ``row_values`` carries GRPO's per-row training inputs with the dispatch instead of
+        through a driver put: ``advantages`` (float ``[B]``, one advantage per row) and/or
+        ``sample_mask`` (float ``[B]``), rows aligned with ``meta``.  Each rank receives its
+        shard's values and sets ``sample_mask`` as given and ``advantages`` to
+        ``adv[:, None] * token_mask.float()`` on its fetched ``token_mask`` (the legacy
+        trainer's expression), so neither column is written to or read from the store; only
+        per-row values leave the driver (in each shard's ``extra_info["row_values"]``).
 
         Args:
             meta: The step's rows.
@@ -334,21 +348,63 @@ class TQPolicy(TQDriverMixin, Policy):
             eval_mode: Loss only, no update.
             gbs: Global batch size (default ``policy.train_global_batch_size``).
             mbs: Rows per microbatch without a plan.
-            train_fields: Fields the workers fetch.
+            train_fields: Fields the workers need; those given in ``row_values`` are not
+                fetched.
+            row_values: Optional per-row ``advantages`` / ``sample_mask`` (see above).
 
         Returns:
             Aggregated metrics (``Policy._aggregate_train_results``).
 
         Raises:
-            ValueError: The rows do not divide into global batches over the ranks.
+            ValueError: The rows do not divide into global batches over the ranks; a
+                ``row_values`` key other than ``advantages`` / ``sample_mask``, a value that is
+                not a 1-D tensor of ``meta.size`` rows, or ``advantages`` without
+                ``token_mask`` among ``train_fields``.
         """
         gbs = int(gbs or self.cfg.train_global_batch_size)
-        isolated = self._isolated_meta(meta, fields=list(train_fields), task_name=TASK_TRAIN)
+        rows = self._check_row_values(meta, row_values, train_fields)
+        fields = [f for f in train_fields if f not in rows]
+        isolated = self._isolated_meta(meta, fields=fields, task_name=TASK_TRAIN, keep_tags=False)
         shards = self._shard_meta(isolated, batch_size=gbs, mb_tokens_key="train_mb_tokens")
+        if rows:
+            position = {sid: i for i, sid in enumerate(meta.sample_ids)}
+            for shard in shards:
+                index = torch.tensor([position[sid] for sid in shard.sample_ids], dtype=torch.long)
+                shard.extra_info[ROW_VALUES_KEY] = {k: v.index_select(0, index) for k, v in rows.items()}
         results = self._dispatch_sharded(
             "train_presharded", shards, loss_fn=loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs
         )
         return self._aggregate_train_results(results)
+
+    def _check_row_values(
+        self,
+        meta: KVBatchMeta,
+        row_values: Mapping[str, torch.Tensor] | None,
+        train_fields: Sequence[str],
+    ) -> dict[str, torch.Tensor]:
+        """``row_values`` checked for :meth:`train_from_meta` (CPU, detached; ``{}`` for none)."""
+        if not row_values:
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        for key, value in row_values.items():
+            if key not in ROW_VALUE_FIELDS:
+                raise ValueError(
+                    f"{self.name_prefix}.train_from_meta: row_values key {key!r} is not one of "
+                    f"{list(ROW_VALUE_FIELDS)}"
+                )
+            if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.shape[0] != meta.size:
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(
+                    f"{self.name_prefix}.train_from_meta: row_values[{key!r}] must be a 1-D "
+                    f"tensor of meta.size={meta.size} rows, got {got}"
+                )
+            out[key] = value.detach().cpu()
+        if ADVANTAGES in out and TOKEN_MASK not in train_fields:
+            raise ValueError(
+                f"{self.name_prefix}.train_from_meta: per-row advantages are spread over "
+                f"{TOKEN_MASK!r}, which train_fields must include"
+            )
+        return out
 
     # ------------------------------------------------------------------------------------------
     # split training API over placed metas (contract §17.3)
