@@ -336,6 +336,7 @@ def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
             "time/load_s": max(e.load_time_s for e in result.envelopes),
             "data_plane/prefetched": float(all(e.prefetched for e in result.envelopes)),
             "driver/held_bytes": result.driver_held_bytes,
+            "driver/worker_calls": result.worker_calls,
         }
         if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
             acc = record_validation(counters, metrics, _evaluate)

@@ -1,11 +1,13 @@
-"""PARITY: ``data_plane=disabled``, ``local`` and ``tq`` SFT compute the same run.
+"""PARITY: ``data_plane=disabled``, ``local``, ``tq`` and ``ray`` SFT compute the same run.
 
 Same seed and config, ``dp_size=2``, 6 steps: the legacy trainer (``sft_train`` on a plain
 ``Policy``: the driver collates each global batch and ``policy.train`` shards it) and the
 data-plane trainer (``sft_train_sync`` on a ``TQPolicy``: colocated loaders put each rank's
-block into the Local store / TransferQueue, the driver ships only metas) must write identical
-per-step ``loss``, ``grad_norm``, ``lr`` and ``num_valid_tokens`` to ``metrics.jsonl``, and the
-same final held-out accuracy.
+block into the Local store / TransferQueue / the Ray object store, the driver ships only metas)
+must write identical per-step ``loss``, ``grad_norm``, ``lr`` and ``num_valid_tokens`` to
+``metrics.jsonl``, and the same final held-out accuracy.  The data-plane step is one fused
+driver -> worker call once the previous step readied its batch: two calls (load + step) only
+for the first step and the one after the step-3 checkpoint (``driver/worker_calls``).
 
 The comparison is **exact** (``==`` on the floats), with no tolerance: every rank receives the
 same rows (the legacy planner's contiguous block r of each global batch), materialises them
@@ -104,9 +106,9 @@ def straight_run(choice: str, tmp_path_factory: pytest.TempPathFactory) -> tuple
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_disabled_local_and_tq_sft_agree_exactly(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_disabled_local_tq_and_ray_sft_agree_exactly(tmp_path_factory: pytest.TempPathFactory) -> None:
     runs: dict[str, dict[int, dict[str, Any]]] = {}
-    for choice in ("disabled", "local", "tq"):
+    for choice in ("disabled", "local", "tq", "ray"):
         run_dir, stdout = straight_run(choice, tmp_path_factory)
         expected_trainer = "sft:sft_train " if choice == "disabled" else "sft_sync:sft_train_sync "
         assert f"trainer nemo_dp.algorithms.{expected_trainer}" in stdout
@@ -115,7 +117,7 @@ def test_disabled_local_and_tq_sft_agree_exactly(tmp_path_factory: pytest.TempPa
     legacy = runs["disabled"]
     steps = sorted(s for s in legacy if s >= 1)
     assert steps == list(range(1, 7))
-    for choice in ("local", "tq"):
+    for choice in ("local", "tq", "ray"):
         other = runs[choice]
         assert sorted(s for s in other if s >= 1) == steps
         for step in steps:
@@ -124,5 +126,8 @@ def test_disabled_local_and_tq_sft_agree_exactly(tmp_path_factory: pytest.TempPa
         assert other[6]["val_accuracy"] == legacy[6]["val_accuracy"]
         # The data-plane driver held only metadata: a few hundred bytes of envelopes per step.
         assert all(other[s]["driver/held_bytes"] < 4096 for s in steps)
+        # One driver -> worker round trip per step, except where no earlier step readied the
+        # batch: the first step and the one after the step-3 checkpoint's quiesce.
+        assert [other[s]["driver/worker_calls"] for s in steps] == [2, 1, 1, 2, 1, 1], choice
     # The loss really moved (the comparison is not between constant curves).
     assert legacy[6]["loss"] < legacy[1]["loss"]

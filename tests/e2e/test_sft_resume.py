@@ -1,4 +1,5 @@
-"""Exact resume and crash safety of the data-plane SFT trainer, on the Local store and TransferQueue.
+"""Exact resume and crash safety of the data-plane SFT trainer, on the Local store, TransferQueue
+and the Ray object store.
 
 * **Resume**: N = 6 straight steps (checkpoint every 3) versus 3 steps + resume for 3 more from
   the step-3 checkpoint: steps 4-6 must have identical ``loss`` / ``grad_norm`` / ``lr`` /
@@ -59,6 +60,9 @@ def _assert_same_tail(straight: Path, resumed: Path, *, history: bool) -> None:
     for step in sorted(b):
         for key in COMPARED:
             assert b[step][key] == a[step][key], (step, key, b[step][key], a[step][key])
+    # The first resumed step loads its batch (2 driver -> worker calls), the others are one
+    # fused call each.
+    assert [b[step]["driver/worker_calls"] for step in (4, 5, 6)] == [2, 1, 1]
 
 
 @pytest.mark.slow
@@ -70,6 +74,17 @@ def test_tq_resume_is_exact(tmp_path: Path, tmp_path_factory: pytest.TempPathFac
     root = tmp_path / "resume_root"
     shutil.copytree(step3, root / "sft" / step3.name)
     _assert_same_tail(straight, _resume(tmp_path, "tq", root, "resumed_tq"), history=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ray_resume_is_exact(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    straight, _ = straight_run("ray", tmp_path_factory)
+    step3 = straight / "checkpoints" / "sft" / "step_00000003"
+    assert (step3 / "data_plane" / "ray_store").is_dir()  # the shared store's checkpoint
+    root = tmp_path / "resume_root"
+    shutil.copytree(step3, root / "sft" / step3.name)
+    _assert_same_tail(straight, _resume(tmp_path, "ray", root, "resumed_ray"), history=False)
 
 
 @pytest.mark.slow

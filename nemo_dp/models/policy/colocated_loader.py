@@ -460,7 +460,8 @@ class ColocatedLoaderMixin:
             nxt = self._cl_envelope(k + 1, wait=False)
             if nxt is None:
                 error = "no free store slot for the next batch"
-            self.prefetch_sft_batches()
+            else:
+                self.prefetch_sft_batches()
         except Exception as exc:  # the batch that failed was rewound; its step will reload it
             error = repr(exc)
         return {
