@@ -9,8 +9,9 @@ setup:
 run: setup
 	.venv/bin/python launchers/launch.py
 
-# pytest exits 5 when it collected nothing; that is a failure here, said out loud.
+# Two parallel workers; files that share an expensive session fixture share a worker
+# (tests/conftest.py). pytest exits 5 when it collected nothing; that is a failure here.
 test: setup
-	@.venv/bin/python -m pytest tests; rc=$$?; \
+	@.venv/bin/python -m pytest -n 2 --dist loadgroup tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "[test] pytest collected no tests: failing" >&2; fi; \
 	exit $$rc

@@ -2,6 +2,10 @@
 
 * ``launch``: run ``launchers/launch.py`` in a subprocess on tiny settings (from a temporary
   working directory, to prove recipes resolve from anywhere).
+* ``run_script`` / ``run_launch``: every launcher run forks from one session process that has
+  imported torch, transformers, tensordict and Hydra already (``launch_server.py``), so a run
+  does not pay those imports again; the launcher itself starts from its first line in a
+  process of its own. ``NEMO_DP_TEST_FORK_LAUNCHES=0`` gives each run a fresh interpreter.
 * ``parity_session``: one process per pytest session (``warm_start.py``) that runs the legacy
   SFT warm start (150 steps on 1-digit addition, the parity tests' model shape, saved as a
   training checkpoint) and then every GRPO, asynchronous GRPO and PPO parity run the session
@@ -16,9 +20,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +36,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO_ROOT / "launchers" / "launch.py"
+LAUNCH_SERVER = Path(__file__).resolve().with_name("launch_server.py")
 
 #: Overrides that make any recipe tiny: a 1-layer model, small batches, few held-out problems.
 TINY: tuple[str, ...] = (
@@ -96,6 +106,166 @@ WARM_START_OVERRIDES: tuple[str, ...] = (
 WARM_START_SCRIPT = REPO_ROOT / "tests" / "e2e" / "warm_start.py"
 
 
+#: Environment prefixes the launch server's preloaded libraries read at import: a run whose
+#: environment differs from the server's in one of these gets a fresh interpreter instead.
+_IMPORT_TIME_ENV = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA", "HYDRA_", "PYTHON")
+
+
+class LaunchServer:
+    """Client of ``launch_server.py``: one pre-imported parent per session that forks each run.
+
+    ``run`` behaves like ``subprocess.run(capture_output=True, text=True, timeout=...)`` on
+    ``python SCRIPT ARGV...``: same working directory, environment, ``argv``, exit status and
+    captured output; on timeout the child's process group is killed and
+    ``subprocess.TimeoutExpired`` raised.
+    """
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="ndp_ls_", dir="/tmp"))  # short: AF_UNIX paths
+        self.sock = str(self.root / "s")
+        self.env = _launch_env(dict(os.environ))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(LAUNCH_SERVER), self.sock],
+            cwd=REPO_ROOT, env=self.env, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            self.close()
+            raise RuntimeError(f"launch server did not start (printed {line!r})")
+
+    def serves(self, env: dict[str, str]) -> bool:
+        """Whether a run with ``env`` may fork from this server (import-time variables equal)."""
+        keys = {k for k in (*env, *self.env) if k.startswith(_IMPORT_TIME_ENV)}
+        return self.proc.poll() is None and all(env.get(k) == self.env.get(k) for k in keys)
+
+    def run(self, script: Path, argv: Sequence[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        """Run ``script`` with ``argv`` in a forked child; see the class docstring."""
+        out_dir = Path(tempfile.mkdtemp(prefix="run_", dir=self.root))
+        out, err = out_dir / "stdout", out_dir / "stderr"
+        request = {"script": str(script), "argv": list(argv), "cwd": str(cwd), "env": env,
+                   "stdout": str(out), "stderr": str(err)}  # fmt: skip
+        args = [sys.executable, str(script), *argv]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(self.sock)
+            conn.sendall((json.dumps(request) + "\n").encode())
+            lines = _SocketLines(conn)
+            pid = int(json.loads(lines.next(60))["pid"])
+            try:
+                line = lines.next(timeout)
+            except TimeoutError:
+                os.killpg(pid, signal.SIGKILL)
+                lines.next(60)  # the server reaps the child and reports it
+                raise subprocess.TimeoutExpired(args, timeout, output=_text(out), stderr=_text(err)) from None
+        if not line:
+            raise RuntimeError(f"launch server died while running {args}")
+        code = int(json.loads(line)["returncode"])
+        result = subprocess.CompletedProcess(args, code, _text(out), _text(err))
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return result
+
+    def close(self) -> None:
+        """End the server (by its PID) and remove its socket directory."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class _SocketLines:
+    """Newline-terminated replies read from a socket, each with its own timeout."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buf = b""
+
+    def next(self, timeout: float) -> str:
+        """The next line ('' if the server closed the connection); ``TimeoutError`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self.conn.settimeout(left)
+            chunk = self.conn.recv(65536)
+            if not chunk:
+                return ""
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode()
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def _launch_env(env: dict[str, str]) -> dict[str, str]:
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env["HYDRA_FULL_ERROR"] = "0"
+    return env
+
+
+_SERVER: LaunchServer | None = None
+
+
+def launch_server() -> LaunchServer | None:
+    """The session's launch server (started on first use); ``None`` when turned off.
+
+    ``NEMO_DP_TEST_FORK_LAUNCHES=0`` runs every launch in a fresh interpreter instead.
+    """
+    global _SERVER
+    if os.environ.get("NEMO_DP_TEST_FORK_LAUNCHES", "1") == "0":
+        return None
+    if _SERVER is None:
+        _SERVER = LaunchServer()
+    return _SERVER
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _stop_launch_server() -> Iterator[None]:
+    """End the session's launch server, if one was started, when the session ends."""
+    global _SERVER
+    try:
+        yield
+    finally:
+        if _SERVER is not None:
+            _SERVER.close()
+            _SERVER = None
+
+
+def run_script(
+    script: Path, argv: Sequence[str], cwd: Path, *, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python script argv...`` like ``subprocess.run(capture_output=True, text=True)``.
+
+    The run forks from the session's launch server when its environment allows (see
+    ``LaunchServer.serves``), else starts a fresh interpreter.
+
+    Args:
+        script: The Python script (a launcher).
+        argv: Its arguments.
+        cwd: Working directory of the run.
+        timeout: Seconds before the run is killed (``subprocess.TimeoutExpired``).
+        env: Its environment (default: this process's, quiet Ray, short Hydra errors).
+
+    Returns:
+        The completed process (``stdout`` and ``stderr`` as text).
+    """
+    env = _launch_env(dict(os.environ)) if env is None else env
+    server = launch_server()
+    if server is not None and server.serves(env):
+        return server.run(script, argv, cwd, env, timeout)
+    return subprocess.run(
+        [sys.executable, str(script), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def run_launch(overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0) -> subprocess.CompletedProcess:
     """Run ``launchers/launch.py`` with ``overrides`` in ``cwd`` (short Hydra errors).
 
@@ -107,17 +277,7 @@ def run_launch(overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0) -
     Returns:
         The completed process (``stdout`` and ``stderr`` captured as text).
     """
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env["HYDRA_FULL_ERROR"] = "0"
-    return subprocess.run(
-        [sys.executable, str(LAUNCHER), *overrides],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_script(LAUNCHER, overrides, cwd, timeout=timeout)
 
 
 def assert_launch_ok(proc: subprocess.CompletedProcess) -> None:
@@ -235,14 +395,7 @@ def parity_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     out = tmp_path_factory.mktemp("parity")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.run(
-        [sys.executable, str(WARM_START_SCRIPT), str(out), *groups],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=PARITY_TIMEOUT_S - 60,
-    )
+    proc = run_script(WARM_START_SCRIPT, [str(out), *groups], REPO_ROOT, env=env, timeout=PARITY_TIMEOUT_S - 60)
     assert proc.returncode == 0, f"parity process failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     latest = Path(json.loads((out / "warm_start.json").read_text())["checkpoint"])
     assert latest.name == "step_00000150", latest

@@ -52,10 +52,24 @@ SFT_TINY: tuple[str, ...] = (
 )
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now and never handed out before in this session.
+
+    The kernel may give a just-released ephemeral port again on the next ``bind(0)``, so two
+    calls for one ``ray start`` line could otherwise name the same port for two components
+    (Ray refuses that line). Ports already handed out are skipped.
+    """
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free port that was not handed out already")
 
 
 def _base_env(**extra: str) -> dict[str, str]:

@@ -10,17 +10,15 @@ the session's shared runs (``sft_checkpointed_run`` and ``grpo_warm_start_run`` 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from nemo_dp.data.arithmetic import ArithmeticTask
-from tests.e2e.conftest import REPO_ROOT, TINY, LaunchFn
+from tests.e2e.conftest import REPO_ROOT, TINY, LaunchFn, run_script
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,11 +42,7 @@ def _ok(proc: subprocess.CompletedProcess) -> None:
 
 
 def _evaluate(cwd: Path, overrides: Sequence[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["HYDRA_FULL_ERROR"] = "0"
-    return subprocess.run(
-        [sys.executable, str(EVALUATE), *overrides], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_script(EVALUATE, overrides, cwd, timeout=300)
 
 
 def _printed(proc: subprocess.CompletedProcess) -> tuple[str, int, float, int]:

@@ -163,10 +163,9 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("grpo_async_resume")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400,
-    )
+    from tests.e2e.conftest import run_script
+
+    proc = run_script(Path(__file__).resolve(), [str(out)], REPO_ROOT, env=env, timeout=400)
     assert proc.returncode == 0, f"resume run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return json.loads((out / "resume.json").read_text())
 

@@ -137,14 +137,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("hf_archs")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out), json.dumps({a: str(p) for a, p in model_dirs.items()})],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    from tests.e2e.conftest import run_script
+
+    argv = [str(out), json.dumps({a: str(p) for a, p in model_dirs.items()})]
+    proc = run_script(Path(__file__).resolve(), argv, REPO_ROOT, env=env, timeout=600)
     assert proc.returncode == 0, f"runs failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return json.loads((out / "runs.json").read_text())
 

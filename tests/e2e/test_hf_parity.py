@@ -282,14 +282,9 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("hf_parity")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out), str(model_dir)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    from tests.e2e.conftest import run_script
+
+    proc = run_script(Path(__file__).resolve(), [str(out), str(model_dir)], REPO_ROOT, env=env, timeout=600)
     assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return json.loads((out / "parity.json").read_text())
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LAUNCHER, REPO_ROOT, TINY
+from tests.e2e.conftest import LAUNCHER, REPO_ROOT, TINY, run_script
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -60,9 +60,7 @@ def _env() -> dict[str, str]:
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *argv], cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=180
-    )
+    return run_script(Path(argv[0]), argv[1:], cwd, env=env or _env(), timeout=180)
 
 
 def _jsonl(path: Path, rows: list[dict[str, str]]) -> Path:

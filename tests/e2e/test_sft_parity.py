@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import run_script
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO_ROOT / "launchers" / "launch.py"
 
@@ -64,14 +66,7 @@ def run_launcher(overrides: list[str], cwd: Path, *, timeout: float = 240.0) -> 
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env["HYDRA_FULL_ERROR"] = "1"
-    proc = subprocess.run(
-        [sys.executable, str(LAUNCHER), *overrides],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = run_script(LAUNCHER, overrides, cwd, env=env, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(f"launcher failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
