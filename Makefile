@@ -10,8 +10,8 @@ run: setup
 	.venv/bin/python launchers/launch.py
 
 # Two parallel workers; files that share an expensive session fixture share a worker
-# (tests/conftest.py). pytest exits 5 when it collected nothing; that is a failure here.
+# (the scheduler in tests/conftest.py). pytest exits 5 when it collected nothing; that is a failure here.
 test: setup
-	@.venv/bin/python -m pytest -n 2 --dist loadgroup tests; rc=$$?; \
+	@.venv/bin/python -m pytest -n 2 --dist loadfile tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "[test] pytest collected no tests: failing" >&2; fi; \
 	exit $$rc

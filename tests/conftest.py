@@ -1,54 +1,96 @@
 """Test-tier markers by directory and the grouping of tests onto parallel workers.
 
 Tier markers: tests/unit -> unit, tests/integration -> integration, tests/e2e -> e2e, so that
-`-m unit` selects the fast tier without per-file boilerplate. Worker groups: `make test` runs
-the suite on parallel workers (`pytest -n 2 --dist loadgroup`); each file is one group, except
-that files sharing an expensive session fixture share a group (and so one worker).
+`-m unit` selects the fast tier without per-file boilerplate.
+
+Worker groups: `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist
+loadfile`), and this module's scheduler keeps each test file on one worker (its module
+fixtures, e.g. a file's own cluster or parity run, are built once) and sends the files that
+share an expensive session fixture to the same worker (``SHARED_SESSION_FILES``), so that
+fixture runs once too. Files are handed out in collection order (the slow e2e tier first, the
+many short unit files last, which evens out the end of the run).
 """
 
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import pytest
 
 _TIERS = ("unit", "integration", "e2e")
 
+#: Session fixtures that run something expensive once per test process, by the worker group of
+#: the files that use them.
+SHARED_SESSION_FIXTURES: dict[str, frozenset[str]] = {
+    "e2e-parity-session": frozenset({"parity_session", "warm_start_checkpoint"}),
+    "e2e-shared-runs": frozenset({"sft_checkpointed_run", "grpo_warm_start_run"}),
+}
 
-#: Session fixtures that run something expensive once per test process: every file that uses
-#: one of them runs in the same process under ``pytest -n`` (``--dist loadgroup``), so that it
-#: still runs once. Checked in this order; a file takes the first group any of its tests needs.
-_SHARED_SESSION_GROUPS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("e2e-parity-session", frozenset({"parity_session", "warm_start_checkpoint"})),
-    ("e2e-shared-runs", frozenset({"sft_checkpointed_run", "grpo_warm_start_run"})),
-)
+#: Test file (path from the repository root) -> the worker group it shares. The scheduler runs
+#: in the controlling process, which collects no tests, so the table is written out here;
+#: ``pytest_collection_modifyitems`` fails the run if a file uses one of the fixtures above
+#: without being listed under that fixture's group.
+SHARED_SESSION_FILES: dict[str, str] = {
+    "tests/e2e/test_grpo_async_parity.py": "e2e-parity-session",
+    "tests/e2e/test_grpo_parity.py": "e2e-parity-session",
+    "tests/e2e/test_ppo_parity.py": "e2e-parity-session",
+    "tests/e2e/test_ray_store_parity.py": "e2e-parity-session",
+    "tests/e2e/test_evaluate.py": "e2e-shared-runs",
+    "tests/e2e/test_launch.py": "e2e-shared-runs",
+    "tests/e2e/test_reliability.py": "e2e-shared-runs",
+}
 
 
-def _xdist_group(file_items: list[pytest.Item], file_key: str) -> str:
-    """The worker group of one file's tests: a shared-session group, else the file itself.
+def worker_group(nodeid: str) -> str:
+    """The worker group of a test: its file's shared-session group, else the file itself.
 
-    Whole files stay on one worker, so module-scoped fixtures (a module's own cluster or
-    parity run) are built once.
+    Args:
+        nodeid: The test's pytest node id (``path::name[params]``).
+
+    Returns:
+        The group name; tests with the same group run on the same worker.
     """
-    used = {name for item in file_items for name in getattr(item, "fixturenames", ())}
-    for group, fixtures in _SHARED_SESSION_GROUPS:
-        if used & fixtures:
-            return group
-    return file_key
+    path = nodeid.split("::", 1)[0]
+    return SHARED_SESSION_FILES.get(path, path)
+
+
+def _check_shared_session_files(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fail the collection if a file uses a shared session fixture outside that fixture's group."""
+    problems = []
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        for group, fixtures in SHARED_SESSION_FIXTURES.items():
+            used = fixtures.intersection(getattr(item, "fixturenames", ()))
+            if used and SHARED_SESSION_FILES.get(path) != group:
+                problems.append(f"{path} uses {sorted(used)}: list it as {group!r} in SHARED_SESSION_FILES")
+    if problems:
+        raise pytest.UsageError("tests/conftest.py: " + "; ".join(sorted(set(problems))))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
         parts = pathlib.Path(str(item.fspath)).parts
         for tier in _TIERS:
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
-        by_file.setdefault(str(item.fspath), []).append(item)
-    for file_key, file_items in by_file.items():
-        group = _xdist_group(file_items, file_key)
-        for item in file_items:
-            item.add_marker(pytest.mark.xdist_group(group))
+    _check_shared_session_files(config, items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadfile``: one work unit per ``worker_group``, in collection order."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedSessionScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling with ``worker_group`` as the scope of a test."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    config.option.loadscopereorder = False  # collection order: slow tiers first
+    return SharedSessionScheduling(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")

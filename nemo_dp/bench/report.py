@@ -223,6 +223,9 @@ def _comparison(by_dp: dict[str, dict[str, Any]], dp: str, samples: int, target_
         f"{dp}_peak_rss_mb": by_dp[dp]["peak_rss_mb"],
         "legacy_rss_growth_mb": by_dp["disabled"]["rss_growth_mb"],
         f"{dp}_rss_growth_mb": by_dp[dp]["rss_growth_mb"],
+        f"peak_rss_ratio_{dp}_over_legacy": by_dp[dp]["peak_rss_mb"] / by_dp["disabled"]["peak_rss_mb"],
+        f"rss_growth_ratio_{dp}_over_legacy": by_dp[dp]["rss_growth_mb"]
+        / max(1.0, by_dp["disabled"]["rss_growth_mb"]),
         "legacy_ms_per_trained_sample": 1000.0 * legacy["step_time_s"] / samples,
         f"{dp}_ms_per_trained_sample": 1000.0 * ours["step_time_s"] / samples,
         **(_async_columns(by_dp, samples) if dp == "tq" else {}),
@@ -268,7 +271,10 @@ def print_rl_comparisons(name: str, comparisons: list[dict[str, Any]], target_bu
             f"{dp} store time per step: driver {c[f'{dp}_driver_store_wall_ms']:.0f} ms, slowest worker "
             f"{c[f'{dp}_workers_store_wall_ms_max_rank']:.0f} ms (extra step time "
             f"{1000 * c[f'{dp}_extra_time_s']:.0f} ms); peak RSS legacy "
-            f"{c['legacy_peak_rss_mb']:.0f} MB, {dp} {c[f'{dp}_peak_rss_mb']:.0f} MB",
+            f"{c['legacy_peak_rss_mb']:.0f} MB, {dp} {c[f'{dp}_peak_rss_mb']:.0f} MB (ratio "
+            f"{c[f'peak_rss_ratio_{dp}_over_legacy']:.2f}); RSS growth over the run legacy "
+            f"{c['legacy_rss_growth_mb']:.0f} MB, {dp} {c[f'{dp}_rss_growth_mb']:.0f} MB (ratio "
+            f"{c[f'rss_growth_ratio_{dp}_over_legacy']:.2f})",
             flush=True,
         )
         if "tq_async_step_time_s" in c:
