@@ -294,6 +294,36 @@ def test_a_next_batch_that_cannot_be_readied_fails_the_step_that_needs_it(
     assert [e.source_ids for e in again.envelopes] == _expected_blocks(2)  # nothing skipped
 
 
+def test_a_store_that_stopped_answering_fails_the_next_step_without_a_second_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank that could not ready batch k+1 because the store timed out: the step that needs
+    batch k+1 raises the store error at once and calls no worker to load it again."""
+    from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
+
+    policy, loaders, workers, _ = _setup(max_partitions=1)
+    sft_sync_step(policy, loaders, 0, loss_fn=object())
+
+    def dead(*args: Any, **kwargs: Any) -> None:
+        raise DataPlaneUnavailableError("register_partition: storage did not answer within 10 s (injected)")
+
+    monkeypatch.setattr(workers[0].dp_client, "register_partition", dead)
+    sft_sync_step(policy, loaders, 1, loss_fn=object())  # trained and committed; readying 2 failed
+    loads: list[int] = []
+    for w in workers:
+        original = w.load_sft_batch
+
+        def counting(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            loads.append(1)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(w, "load_sft_batch", counting)
+    with pytest.raises(DataPlaneUnavailableError, match=r"SFT batch 2: .*DP rank 0: .*injected"):
+        sft_sync_step(policy, loaders, 2, loss_fn=object())
+    assert loads == []  # no second wait on the dead store
+    assert [w.quiesce_colocated_loader()["next_batch"] for w in workers] == [2] * DP
+
+
 def test_placed_meta_must_be_the_loaded_batch() -> None:
     _, loaders, workers, events = _setup()
     envelopes = loaders.load(0)

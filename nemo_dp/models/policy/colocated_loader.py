@@ -60,7 +60,7 @@ from typing import Any
 
 from nemo_dp.data_plane import registry
 from nemo_dp.data_plane.batch_columns import local_batch_to_tensordict
-from nemo_dp.data_plane.interfaces import KVBatchMeta, PartitionLimitError
+from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError, KVBatchMeta, PartitionLimitError
 from nemo_dp.data_plane.registry import TQ_MAX_LIVE_BATCHES
 from nemo_dp.data_plane.schema import TASK_TRAIN
 
@@ -426,7 +426,8 @@ class ColocatedLoaderMixin:
             ``{"metrics": finish_train_step_presharded's metrics (with is_replica_leader),
             "consumed": rows of this rank, "next": the envelope of batch k+1 or None,
             "load_s": seconds spent readying/prefetching after the commit, "next_error": None or
-            why batch k+1 is not ready}``.
+            why batch k+1 is not ready, "next_store_unavailable": whether that was the store
+            not answering (``DataPlaneUnavailableError``)}``.
 
         Raises:
             ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not the
@@ -456,6 +457,7 @@ class ColocatedLoaderMixin:
         t0 = time.perf_counter()
         nxt: SFTBatchEnvelope | None = None
         error: str | None = None
+        unavailable = False
         try:
             nxt = self._cl_envelope(k + 1, wait=False)
             if nxt is None:
@@ -464,12 +466,14 @@ class ColocatedLoaderMixin:
                 self.prefetch_sft_batches()
         except Exception as exc:  # the batch that failed was rewound; its step will reload it
             error = repr(exc)
+            unavailable = isinstance(exc, DataPlaneUnavailableError)
         return {
             "metrics": metrics,
             "consumed": consumed,
             "next": nxt,
             "load_s": time.perf_counter() - t0,
             "next_error": error,
+            "next_store_unavailable": unavailable,
         }
 
     def _cl_check_placed(self, k: int, placed_meta: KVBatchMeta) -> None:
@@ -607,6 +611,12 @@ class ColocatedLoaderMixin:
                 dropped.append(pid)
             except KeyError:
                 dropped.append(pid)  # already gone (e.g. the store was reset)
+            except DataPlaneUnavailableError as exc:
+                # The store did not answer within its bound: each further clear would wait out
+                # the same bound, so the rest are forgotten here (their rows are undefined, see
+                # DataPlaneUnavailableError) and the first error is raised.
+                first_error = first_error or exc
+                break
             except BaseException as exc:  # keep dropping the others, re-raise the first
                 first_error = first_error or exc
         self._cl_ready.clear()
@@ -718,6 +728,9 @@ class ColocatedLoaderGroup:
         # (k, envelopes of batch k in rank order) handed out by the last fused step, if every
         # rank readied batch k; dropped by every call that drops or repositions batches.
         self._ready: tuple[int, list[SFTBatchEnvelope]] | None = None
+        # (k, what a rank said) when the last fused step could not ready batch k because the
+        # store stopped answering: loading k would only wait out the same bound again.
+        self._unavailable: tuple[int, str] | None = None
 
     def max_live_batches(self) -> int:
         """Batches one loader may hold in the store (active + prefetched)."""
@@ -764,11 +777,13 @@ class ColocatedLoaderGroup:
     def setup(self, loader: Any, **kwargs: Any) -> None:
         """``setup_colocated_loader(loader, **kwargs)`` on every rank."""
         self._ready = None
+        self._unavailable = None
         self.worker_group.run_all("setup_colocated_loader", loader, **kwargs)
 
     def set_position(self, next_batch_index: int) -> None:
         """``set_colocated_position`` on every rank."""
         self._ready = None
+        self._unavailable = None
         self.worker_group.run_all("set_colocated_position", int(next_batch_index))
 
     def load(self, batch_index: int, prefetch: bool = True) -> list[SFTBatchEnvelope]:
@@ -777,8 +792,17 @@ class ColocatedLoaderGroup:
         Raises:
             ValueError: The envelopes' DP ranks are not exactly ``range(dp_size)``, or the ranks
                 would run different numbers of micro-batches.
+            DataPlaneUnavailableError: The last fused step could not ready this batch because
+                the store did not answer within its bound; raised at once instead of waiting
+                out the bound a second time.
         """
         self._ready = None
+        unavailable, self._unavailable = self._unavailable, None
+        if unavailable is not None and unavailable[0] == int(batch_index):
+            raise DataPlaneUnavailableError(
+                f"SFT batch {batch_index}: readying it after the previous step failed because the "
+                f"store did not answer ({unavailable[1]}); not loading it again"
+            )
         envelopes = list(self.worker_group.run_all("load_sft_batch", int(batch_index), prefetch))
         return self._checked(batch_index, envelopes)
 
@@ -818,11 +842,15 @@ class ColocatedLoaderGroup:
             Each rank's ``run_sft_step`` result, in rank order.
         """
         self._ready = None
+        self._unavailable = None
         k = int(batch_index)
         outs = list(self.worker_group.run_sharded("run_sft_step", list(placed_metas), k, loss_fn, mbs=mbs))
         nxt = [o["next"] for o in outs]
         if all(e is not None for e in nxt):
             self._ready = (k + 1, nxt)
+        dead = [(r, o["next_error"]) for r, o in enumerate(outs) if o.get("next_store_unavailable")]
+        if dead:
+            self._unavailable = (k + 1, f"DP rank {dead[0][0]}: {dead[0][1]}")
         return outs
 
     def _checked(self, batch_index: int, envelopes: list[SFTBatchEnvelope]) -> list[SFTBatchEnvelope]:
@@ -846,12 +874,14 @@ class ColocatedLoaderGroup:
     def commit(self, batch_index: int) -> int:
         """Commit on every rank; returns the rows consumed over all ranks."""
         self._ready = None
+        self._unavailable = None
         return int(sum(self.worker_group.run_all("commit_sft_batch", int(batch_index))))
 
     def abort(self, batch_index: int | None = None) -> None:
         """Abort on every rank (drop loaded batches, rewind; with ``batch_index``, the failed
         step's batch, also roll back a rank's commit of it - see ``abort_sft_batch``)."""
         self._ready = None
+        self._unavailable = None
         if batch_index is None:
             self.worker_group.run_all("abort_sft_batch")
         else:
@@ -864,6 +894,7 @@ class ColocatedLoaderGroup:
             RuntimeError: The ranks disagree on the position.
         """
         self._ready = None
+        self._unavailable = None
         states = list(self.worker_group.run_all("quiesce_colocated_loader"))
         first = {k: v for k, v in states[0].items() if k != "dp_rank"}
         for s in states[1:]:

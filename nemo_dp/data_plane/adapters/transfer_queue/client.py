@@ -99,6 +99,10 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         t = self._cfg.timeouts
         self._controller_s = float(t.controller_s)
         self._data_s = float(t.controller_s + t.storage_max_attempts * t.storage_s + t.storage_probe_s)
+        # Set once the library gave up on a storage unit (it retried storage_max_attempts times
+        # and probed it): later data calls of this client fail at once instead of each waiting
+        # out the same bound on a unit that is gone.
+        self._storage_gone: str | None = None
         self._startup_s = float(t.startup_s)
 
         if checkpointing and self._cfg.backend != "simple":
@@ -190,6 +194,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
                 raise
             timeout = find_in_chain(exc, "StorageUnitTimeout")
             if timeout is not None:
+                self._storage_gone = self._storage_gone or f"{op} on partition {partition_id!r}: {timeout}"
                 raise DataPlaneUnavailableError(
                     f"TransferQueue {op} on partition {partition_id!r}: a storage unit did not "
                     f"answer within the configured bound ({bound:g}s): {timeout}"
@@ -200,6 +205,18 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         return self._run(make, op=op, partition_id=partition_id, bound=self._controller_s)
 
     def _data(self, make: Callable[[], Awaitable[_T]], op: str, partition_id: str) -> _T:
+        """A put / get / clear, bounded by the data-call bound.
+
+        Raises:
+            DataPlaneUnavailableError: As :meth:`_run`; at once, without calling the library,
+                when an earlier data call of this client found a storage unit gone.
+        """
+        if self._storage_gone is not None:
+            raise DataPlaneUnavailableError(
+                f"TransferQueue {op} on partition {partition_id!r}: not attempted, a storage unit "
+                f"stopped answering an earlier call of this process ({self._storage_gone}); "
+                "treat the step as failed"
+            )
         return self._run(make, op=op, partition_id=partition_id, bound=self._data_s)
 
     # --- registry ---------------------------------------------------------------------------
