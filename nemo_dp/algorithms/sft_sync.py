@@ -10,9 +10,8 @@ steady state, like the legacy trainer's one ``train`` call:
    shared one) came back from step *k-1*'s call.  Only when no step readied them (the first
    step, after a checkpoint's quiesce, an abort, a resume) ``loaders.load(k)`` runs first.  The
    driver checks one envelope per DP rank and equal micro-batch counts, then the
-   placed-metadata checks of ``TQPolicy.train_placed_microbatches`` (one meta per rank, no
-   dynamic batching) and stamps one fresh global pad target over all ranks' metas
-   (``policy._placed_metas``);
+   placed-metadata checks (one meta per rank, no dynamic batching) and stamps one fresh global
+   pad target over all ranks' metas (``TQPolicy.checked_placed_metas``);
 2. one fused call per rank, ``run_sft_step(placed meta r, k, loss)``
    (``ColocatedLoaderMixin``): ``begin_train_step_presharded`` ->
    ``train_microbatch_presharded`` -> ``finish_train_step_presharded`` (the worker's split
@@ -126,8 +125,8 @@ class SFTStepResult:
 def placed_train_metas(policy: Any, envelopes: list[SFTBatchEnvelope]) -> list[KVBatchMeta]:
     """The metas to place, one per DP rank, stamped with one fresh global pad target.
 
-    The checks are ``TQPolicy.train_placed_microbatches``'s (same messages), made on the driver
-    before anything runs on a worker; the stamping is the policy's own ``_placed_metas``.
+    The checks and the stamping are ``TQPolicy.checked_placed_metas`` (what
+    ``train_placed_microbatches`` runs), made on the driver before anything runs on a worker.
 
     Args:
         policy: The ``TQPolicy``.
@@ -140,18 +139,7 @@ def placed_train_metas(policy: Any, envelopes: list[SFTBatchEnvelope]) -> list[K
         ValueError: Not one meta per DP rank, dynamic batching enabled, or sequence packing
             without the producer's micro-batch plan.
     """
-    metas = metas_of(envelopes)
-    if len(metas) != policy.dp_size:
-        raise ValueError(
-            "Placed metadata must contain exactly one batch per DP rank "
-            f"(got {len(metas)} metas for dp_size={policy.dp_size})"
-        )
-    spa, dba = policy._packing_args("train_mb_tokens")
-    if dba is not None:
-        raise ValueError("Placed metadata does not support dynamic batching.")
-    if spa is not None and any("micro_batch_indices" not in m.extra_info for m in metas):
-        raise ValueError("Placed packed metadata requires producer microbatch shapes.")
-    return policy._placed_metas(metas)
+    return policy.checked_placed_metas(metas_of(envelopes))
 
 
 def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, loss_fn: Any) -> SFTStepResult:

@@ -438,6 +438,24 @@ class TQPolicy(TQDriverMixin, Policy):
                 without the producer's microbatch plan.
             RuntimeError: No active step.
         """
+        placed = self.checked_placed_metas(dp_metas)
+        if not self._train_step_active:
+            raise RuntimeError(f"{self.name_prefix}: train_placed_microbatches without begin_train_step")
+        self._dispatch_sharded("train_microbatch_presharded", placed)
+
+    def checked_placed_metas(self, dp_metas: Sequence[KVBatchMeta]) -> list[KVBatchMeta]:
+        """Check one placed meta per DP rank and stamp copies with one global pad target.
+
+        Args:
+            dp_metas: Exactly one meta per DP rank, in rank order.
+
+        Returns:
+            The stamped copies (the given metas are never touched).
+
+        Raises:
+            ValueError: Not one meta per rank, dynamic batching enabled, or sequence packing
+                without the producer's microbatch plan.
+        """
         metas = list(dp_metas)
         if len(metas) != self.dp_size:
             raise ValueError(
@@ -449,9 +467,7 @@ class TQPolicy(TQDriverMixin, Policy):
             raise ValueError("Placed metadata does not support dynamic batching.")
         if spa is not None and any("micro_batch_indices" not in m.extra_info for m in metas):
             raise ValueError("Placed packed metadata requires producer microbatch shapes.")
-        if not self._train_step_active:
-            raise RuntimeError(f"{self.name_prefix}: train_placed_microbatches without begin_train_step")
-        self._dispatch_sharded("train_microbatch_presharded", self._placed_metas(metas))
+        return self._placed_metas(metas)
 
     def finish_train_step(self) -> dict[str, Any]:
         """Reduce gradients, step the optimizer on every rank and end the step.
