@@ -194,11 +194,12 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
                 raise
             timeout = find_in_chain(exc, "StorageUnitTimeout")
             if timeout is not None:
-                self._storage_gone = self._storage_gone or f"{op} on partition {partition_id!r}: {timeout}"
-                raise DataPlaneUnavailableError(
+                message = (
                     f"TransferQueue {op} on partition {partition_id!r}: a storage unit did not "
                     f"answer within the configured bound ({bound:g}s): {timeout}"
-                ) from exc
+                )
+                self._storage_gone = self._storage_gone or message
+                raise DataPlaneUnavailableError(message) from exc
             raise
 
     def _ctl(self, make: Callable[[], Awaitable[_T]], op: str, partition_id: str) -> _T:
@@ -213,9 +214,9 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         """
         if self._storage_gone is not None:
             raise DataPlaneUnavailableError(
-                f"TransferQueue {op} on partition {partition_id!r}: not attempted, a storage unit "
-                f"stopped answering an earlier call of this process ({self._storage_gone}); "
-                "treat the step as failed"
+                f"TransferQueue {op} on partition {partition_id!r}: not attempted, an earlier call "
+                f"of this process found a storage unit gone ({self._storage_gone}); treat the step "
+                "as failed"
             )
         return self._run(make, op=op, partition_id=partition_id, bound=self._data_s)
 
