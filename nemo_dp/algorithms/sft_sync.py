@@ -64,7 +64,6 @@ from nemo_dp.algorithms.trainer_common import (
     trainer_state,
     validate_at_start,
 )
-from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
 from nemo_dp.utils.checkpoint import (
@@ -78,7 +77,6 @@ from nemo_dp.utils.checkpoint import (
 __all__ = [
     "sft_train_sync",
     "sft_sync_step",
-    "placed_train_metas",
     "SFTStepResult",
     "DATA_PLANE_CKPT_DIR",
 ]
@@ -122,26 +120,6 @@ class SFTStepResult:
         self.worker_calls = worker_calls
 
 
-def placed_train_metas(policy: Any, envelopes: list[SFTBatchEnvelope]) -> list[KVBatchMeta]:
-    """The metas to place, one per DP rank, stamped with one fresh global pad target.
-
-    The checks and the stamping are ``TQPolicy.checked_placed_metas`` (what
-    ``train_placed_microbatches`` runs), made on the driver before anything runs on a worker.
-
-    Args:
-        policy: The ``TQPolicy``.
-        envelopes: The batch's checked envelopes, in rank order.
-
-    Returns:
-        The stamped copies (the envelopes' metas are never touched).
-
-    Raises:
-        ValueError: Not one meta per DP rank, dynamic batching enabled, or sequence packing
-            without the producer's micro-batch plan.
-    """
-    return policy.checked_placed_metas(metas_of(envelopes))
-
-
 def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, loss_fn: Any) -> SFTStepResult:
     """One SFT step over the data plane: (load) -> one fused train/commit/ready call per rank.
 
@@ -177,7 +155,7 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
             calls = 2
         load_wait_s = time.perf_counter() - t0 if calls == 2 else 0.0
         held = len(pickle.dumps(envelopes))
-        placed = placed_train_metas(policy, envelopes)
+        placed = policy.checked_placed_metas(metas_of(envelopes))
         dispatched = True
         outs = loaders.run_step(k, placed, loss_fn)
         metrics = policy._aggregate_train_results([{"per_step": [o["metrics"]]} for o in outs])

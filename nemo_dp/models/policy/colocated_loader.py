@@ -774,16 +774,19 @@ class ColocatedLoaderGroup:
             )
         return Path(directory) / subdir
 
-    def setup(self, loader: Any, **kwargs: Any) -> None:
-        """``setup_colocated_loader(loader, **kwargs)`` on every rank."""
+    def _forget_readied(self) -> None:
+        """Drop what the last fused step readied (envelopes, or the store-unavailable mark)."""
         self._ready = None
         self._unavailable = None
+
+    def setup(self, loader: Any, **kwargs: Any) -> None:
+        """``setup_colocated_loader(loader, **kwargs)`` on every rank."""
+        self._forget_readied()
         self.worker_group.run_all("setup_colocated_loader", loader, **kwargs)
 
     def set_position(self, next_batch_index: int) -> None:
         """``set_colocated_position`` on every rank."""
-        self._ready = None
-        self._unavailable = None
+        self._forget_readied()
         self.worker_group.run_all("set_colocated_position", int(next_batch_index))
 
     def load(self, batch_index: int, prefetch: bool = True) -> list[SFTBatchEnvelope]:
@@ -796,8 +799,8 @@ class ColocatedLoaderGroup:
                 the store did not answer within its bound; raised at once instead of waiting
                 out the bound a second time.
         """
-        self._ready = None
-        unavailable, self._unavailable = self._unavailable, None
+        unavailable = self._unavailable
+        self._forget_readied()
         if unavailable is not None and unavailable[0] == int(batch_index):
             raise DataPlaneUnavailableError(
                 f"SFT batch {batch_index}: readying it after the previous step failed because the "
@@ -841,8 +844,7 @@ class ColocatedLoaderGroup:
         Returns:
             Each rank's ``run_sft_step`` result, in rank order.
         """
-        self._ready = None
-        self._unavailable = None
+        self._forget_readied()
         k = int(batch_index)
         outs = list(self.worker_group.run_sharded("run_sft_step", list(placed_metas), k, loss_fn, mbs=mbs))
         nxt = [o["next"] for o in outs]
@@ -873,15 +875,13 @@ class ColocatedLoaderGroup:
 
     def commit(self, batch_index: int) -> int:
         """Commit on every rank; returns the rows consumed over all ranks."""
-        self._ready = None
-        self._unavailable = None
+        self._forget_readied()
         return int(sum(self.worker_group.run_all("commit_sft_batch", int(batch_index))))
 
     def abort(self, batch_index: int | None = None) -> None:
         """Abort on every rank (drop loaded batches, rewind; with ``batch_index``, the failed
         step's batch, also roll back a rank's commit of it - see ``abort_sft_batch``)."""
-        self._ready = None
-        self._unavailable = None
+        self._forget_readied()
         if batch_index is None:
             self.worker_group.run_all("abort_sft_batch")
         else:
@@ -893,8 +893,7 @@ class ColocatedLoaderGroup:
         Raises:
             RuntimeError: The ranks disagree on the position.
         """
-        self._ready = None
-        self._unavailable = None
+        self._forget_readied()
         states = list(self.worker_group.run_all("quiesce_colocated_loader"))
         first = {k: v for k, v in states[0].items() if k != "dp_rank"}
         for s in states[1:]:
