@@ -7,6 +7,7 @@ import pytest
 
 from nemo_dp.bench.report import (
     LOCAL_TPUT_TARGET,
+    TQ_JAGGED_TARGET,
     TQ_OVERHEAD_TARGET,
     Row,
     add_ratios,
@@ -59,6 +60,19 @@ def test_tq_overhead_target_is_judged_against_the_raw_library() -> None:
     assert t["threshold"] == TQ_OVERHEAD_TARGET
     assert rows[1].time_vs_tq_raw == pytest.approx(1.05)
     assert rows[1].tput_vs_memcpy is None  # no memcpy row to compare with
+
+
+def test_tq_jagged_target_asks_for_three_times_the_raw_library() -> None:
+    rows = [
+        _row("tq_raw", "get", 30.0, 30.0, payload="jagged"),
+        _row("transfer_queue", "get", 9.0, 11.0, payload="jagged"),  # 0.30x (met), min 0.37x (not)
+    ]
+    targets = _targets(rows)
+    t = next(t for name, t in targets.items() if name.startswith("transfer_queue adapter get") and "jagged" in name)
+    assert "3x faster" in next(n for n in targets if n.startswith("transfer_queue adapter get") and "jagged" in n)
+    assert t["threshold"] == pytest.approx(TQ_JAGGED_TARGET)
+    assert t["value"] == pytest.approx(0.3) and t["met"] is True
+    assert t["value_min"] == pytest.approx(11.0 / 30.0) and t["met_min"] is False
 
 
 def _run(dp: str, size: int, step_s: float, bulk: float) -> dict:

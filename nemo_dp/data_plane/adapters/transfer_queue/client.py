@@ -43,6 +43,7 @@ from nemo_dp.data_plane.adapters.transfer_queue.registry import (
     stale_registry_keys,
     write_registry,
 )
+from nemo_dp.data_plane.adapters.transfer_queue.row_wire import decode_column, encode_put
 from nemo_dp.data_plane.adapters.transfer_queue.tasks import TQTaskMixin
 from nemo_dp.data_plane.adapters.transfer_queue.validation import (
     check_names,
@@ -323,8 +324,13 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
             meta.custom_meta = copy.deepcopy(tag_list) if tag_list is not None else []
 
             if wire:
-                td = TensorDict(wire, batch_size=[n])
-                self._data(lambda: client.async_put(td, meta), "put_samples", partition_id)
+                encoded = encode_put(wire, n)
+                td = TensorDict(encoded.wire, batch_size=[n])
+                self._data(
+                    lambda: client.async_put(td, meta, data_parser=encoded.parser),
+                    "put_samples",
+                    partition_id,
+                )
             else:
                 self._ctl(lambda: client.async_set_custom_meta(meta), "put_samples", partition_id)
             return receipt
@@ -387,7 +393,9 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
                     f"{sorted(raw.keys())} for {n} ids and fields {sorted(fields)} of "
                     f"{partition_id!r}"
                 )
-            return TensorDict({f: densify(raw.get(f)) for f in fields}, batch_size=[n])
+            return TensorDict(
+                {f: densify(decode_column(raw.get(f), f)) for f in fields}, batch_size=[n]
+            )
 
     def list_sample_ids(self, partition_id: str) -> list[str]:
         """Sorted live ids of a partition; ``[]`` for an unknown or empty one."""

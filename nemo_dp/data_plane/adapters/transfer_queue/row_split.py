@@ -1,0 +1,72 @@
+"""The storage-side half of the TransferQueue adapter's row-bytes wire layout.
+
+Why this module exists: TransferQueue's storage units keep one value per (sample, field) and
+send a tensor value back as its own message frame with a pickled descriptor, which costs tens
+of microseconds per row and field on every get; a put of a ragged (nested) column pays the same
+per row.  The adapter therefore ships each tensor column as ONE ``uint8`` matrix (one frame) and
+has the storage unit turn it into one ``bytes`` value per row, which the library's wire encodes
+inline (no frame, no pickle) when the rows are read back.  :func:`split_rows` is that storage
+step; the library runs it on the unit as the put's ``data_parser``.
+
+It is shipped to the unit by value (``cloudpickle``), so this module imports nothing but the
+standard library at module level and uses only the tensor methods of its arguments: a storage
+unit never needs nemo_dp installed.  The client half (encoding, decoding) is ``row_wire``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: Bytes of a padded row's length (little-endian int64) at the start of its header.
+LENGTH_BYTES = 8
+
+
+def split_rows(fields: dict[str, Any], *, columns: Mapping[str, tuple[bytes, int]]) -> dict[str, Any]:
+    """Turn each encoded column of a put into one ``bytes`` value per row.
+
+    Args:
+        fields: The put's columns as the library hands them to a parser (field -> batched
+            value); columns not named in ``columns`` pass through unchanged.
+        columns: Field -> ``(descriptor, header)``.  The column is a 2-D tensor of the field's
+            own dtype, one sample per matrix row.  ``descriptor`` is prefixed to every stored
+            row (it says the dtype and row shape, so rows describe themselves on read).
+            ``header == 0``: every matrix row is exactly one sample's data.  ``header > 0``: each
+            matrix row starts with ``header`` bytes whose first :data:`LENGTH_BYTES` give the
+            number of data bytes that follow; the rest of the row is padding.
+
+    Returns:
+        The same keys, the encoded columns replaced by lists of ``bytes`` (one per row).
+
+    Raises:
+        ValueError: An encoded column is not a 2-D tensor, or a row's length exceeds its row.
+    """
+    import torch  # present on every storage unit (the library depends on it)
+
+    out = dict(fields)
+    join = b"".join
+    for name, (descriptor, header) in columns.items():
+        matrix = fields[name]
+        if not isinstance(matrix, torch.Tensor) or matrix.dim() != 2:
+            raise ValueError(f"row layout: column {name!r} is not a 2-D tensor")
+        raw = matrix.contiguous().view(torch.uint8)
+        rows, width = int(raw.shape[0]), int(raw.shape[1])
+        view = memoryview(raw.numpy()).cast("B")
+        values: list[bytes] = []
+        if header:
+            room = width - header
+            for i in range(rows):
+                start = i * width
+                n = int.from_bytes(view[start : start + LENGTH_BYTES], "little")
+                if n > room:
+                    raise ValueError(
+                        f"row layout: column {name!r} row {i} claims {n} bytes in a {room}-byte row"
+                    )
+                data = start + header
+                values.append(join((descriptor, view[data : data + n])))
+        else:
+            for i in range(rows):
+                start = i * width
+                values.append(join((descriptor, view[start : start + width])))
+        out[name] = values
+    return out

@@ -1,0 +1,323 @@
+"""The client half of the TransferQueue adapter's row-bytes wire layout: encode puts, decode gets.
+
+Why this module exists: left to itself, TransferQueue sends a ragged (nested) column as one
+message frame per row on put, and every non-scalar or scalar tensor value as one frame with a
+pickled descriptor per row on get (about 30-80 us per row and field), so a store call's cost
+grew with the number of rows.  Here a tensor column crosses the wire as one 2-D tensor of its
+own dtype (one frame, one sample per matrix row) and is stored as one self-describing ``bytes``
+value per row, which the library sends back inline.  The layout is chosen per column and put
+by one rule (:func:`plan_column`):
+
+* **exact rows** - every row has the same number of bytes, fewer than :data:`LARGE_ROW_BYTES`
+  (scalar columns, dense columns, a jagged column whose rows happen to be equal): the matrix is
+  the column itself, reshaped to ``(n, -1)`` without a copy;
+* **padded rows** - rows differ in length (jagged columns): each matrix row is a header holding
+  the row's byte count, the row's data and zero padding up to the longest row.  The padding
+  crosses the wire once, on put; the storage unit keeps only each row's own bytes
+  (``row_split``), so reads move exactly the data;
+* **the library's layout** - equal rows of at least :data:`LARGE_ROW_BYTES` (sent dense, one
+  frame; on read, per-row frames cost little next to copying such rows), and columns the row
+  layout cannot describe (a strided nested tensor, a dtype outside :data:`DTYPE_CODES`, a jagged
+  tensor ragged in another dim, zero-size trailing dims).
+
+One sample per matrix row keeps the library's routing of samples to storage units intact,
+whatever the number of units, and sending the field's own dtype keeps the controller's per-field
+dtype the same whichever layout a put chose.  Every stored row starts with a descriptor
+(magic, dtype code, row rank, the row's trailing dims), so a read needs no registry lookup; a
+column whose rows do not share one descriptor, or mix row bytes with tensors stored in the
+library's layout, is decoded row by row and stacked or nested the way the library would.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from nemo_dp.data_plane.adapters.transfer_queue import row_split
+from nemo_dp.data_plane.adapters.transfer_queue.row_split import LENGTH_BYTES
+
+__all__ = ["DTYPE_CODES", "EncodedPut", "decode_column", "encode_put", "plan_column"]
+
+MAGIC = b"ndr1"
+_HEAD = struct.Struct("<4sBB")  # magic, dtype code, row rank
+
+#: Tensor dtypes the row layout carries, by a stable one-byte code (never renumber).
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.bool: 1,
+    torch.uint8: 2,
+    torch.int8: 3,
+    torch.int16: 4,
+    torch.int32: 5,
+    torch.int64: 6,
+    torch.float16: 7,
+    torch.bfloat16: 8,
+    torch.float32: 9,
+    torch.float64: 10,
+    torch.complex64: 11,
+    torch.complex128: 12,
+}
+_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+_PICKLE_BY_VALUE = False
+_MAX_DIMS = 32
+#: Equal rows of at least this many bytes keep the library's own layout (see plan_column).
+LARGE_ROW_BYTES = 16 * 1024
+
+
+def _ship_splitter_by_value() -> None:
+    """Make cloudpickle send ``row_split`` by value, so storage units never import nemo_dp."""
+    global _PICKLE_BY_VALUE
+    if not _PICKLE_BY_VALUE:
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(row_split)
+        _PICKLE_BY_VALUE = True
+
+
+def descriptor(dtype: torch.dtype, rank: int, inner: Sequence[int]) -> bytes:
+    """The bytes every stored row of a column starts with.
+
+    Args:
+        dtype: The column's dtype (a key of :data:`DTYPE_CODES`).
+        rank: Dims of one row: 0 for a scalar per row, otherwise the first (possibly ragged)
+            dim plus ``inner``.
+        inner: The row's trailing dims after its first (``rank - 1`` of them).
+    """
+    return _HEAD.pack(MAGIC, DTYPE_CODES[dtype], rank) + struct.pack(f"<{len(inner)}q", *inner)
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """How one tensor column of a put crosses the wire.
+
+    Attributes:
+        value: What is sent: a 2-D tensor of the column's dtype, one sample per row (row
+            layout), or the column itself / a dense view of it (the library's layout).
+        descriptor: The bytes each stored row starts with; ``None`` for the library's layout.
+        header: Bytes of length header at the start of each matrix row (0: exact rows).
+    """
+
+    value: torch.Tensor
+    descriptor: bytes | None = None
+    header: int = 0
+
+
+def _jagged_rows(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(values, starts, lengths)`` of a jagged nested tensor ragged in dim 1, else ``None``."""
+    if value.layout != torch.jagged or getattr(value, "_ragged_idx", 1) != 1:
+        return None
+    offsets = value.offsets().to(torch.int64)
+    lengths = value.lengths()
+    lengths = offsets.diff() if lengths is None else lengths.to(torch.int64)
+    return value.values(), offsets[:-1], lengths
+
+
+def _exact_rows(dense: torch.Tensor, rank: int, inner: tuple[int, ...]) -> ColumnPlan:
+    """Equal rows: small ones as exact row bytes, large ones in the library's own layout."""
+    n = int(dense.shape[0])
+    matrix = dense.contiguous().reshape(n, -1)
+    row_bytes = matrix.shape[1] * matrix.element_size()
+    if row_bytes >= LARGE_ROW_BYTES:
+        return ColumnPlan(dense)
+    if row_bytes == 0:
+        return _padded_rows(matrix, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), rank, inner)
+    return ColumnPlan(matrix, descriptor(dense.dtype, rank, inner), 0)
+
+
+def _padded_rows(
+    values: torch.Tensor, first: np.ndarray, nbytes: np.ndarray, rank: int, inner: tuple[int, ...]
+) -> ColumnPlan:
+    """Ragged rows: a length header, the row's bytes, zero padding to the longest row."""
+    n = int(nbytes.shape[0])
+    itemsize = values.element_size()
+    header_items = -(-LENGTH_BYTES // itemsize)
+    header = header_items * itemsize
+    width_items = header_items + int(nbytes.max(initial=0)) // itemsize
+    matrix = torch.zeros((n, width_items), dtype=values.dtype)
+    out = matrix.view(torch.uint8).numpy()
+    out[:, :LENGTH_BYTES] = nbytes.astype("<i8").view(np.uint8).reshape(n, LENGTH_BYTES)
+    src = values.contiguous().reshape(-1).view(torch.uint8).numpy()
+    for i in range(n):
+        size = int(nbytes[i])
+        if size:
+            s = int(first[i])
+            out[i, header : header + size] = src[s : s + size]
+    return ColumnPlan(matrix, descriptor(values.dtype, rank, inner), header)
+
+
+def plan_column(value: torch.Tensor) -> ColumnPlan:
+    """Decide how one CPU tensor column of ``n >= 1`` rows crosses the wire.
+
+    The rule: rows of equal size below :data:`LARGE_ROW_BYTES` go as exact row bytes; equal
+    rows of at least that size go in the library's own layout (one frame on put, and per-row
+    frames on get cost little next to copying such rows); ragged rows go padded.  Columns the
+    row layout cannot describe keep the library's layout.
+
+    Args:
+        value: A dense tensor ``(n, ...)`` or a nested tensor.
+
+    Returns:
+        The plan (``descriptor is None``: the library's layout).
+    """
+    if value.dtype not in DTYPE_CODES or sys.byteorder != "little" or value.dim() > _MAX_DIMS:
+        return ColumnPlan(value)
+    rank = value.dim() - 1
+    if not value.is_nested:
+        inner = tuple(int(d) for d in value.shape[2:])
+        if 0 in inner:
+            return ColumnPlan(value)  # zero-size trailing dims: a row's length is not in its bytes
+        return _exact_rows(value, rank, inner)
+    rows = _jagged_rows(value)
+    if rows is None:
+        return ColumnPlan(value)
+    values, starts, lengths = rows
+    inner = tuple(int(d) for d in values.shape[1:])
+    if 0 in inner:
+        return ColumnPlan(value)
+    n = int(lengths.shape[0])
+    per_row = values.element_size() * int(np.prod(inner, dtype=np.int64))
+    nbytes = (lengths * per_row).numpy()
+    first = (starts * per_row).numpy()
+    if value.lengths() is None and int(nbytes.min()) == int(nbytes.max()) and nbytes[0] > 0:
+        # Equal rows of a compact jagged tensor: its values already are the dense rows.
+        length = int(lengths[0])
+        start = int(starts[0])
+        dense = values[start : start + n * length].reshape(n, length, *inner)
+        return _exact_rows(dense, rank, inner)
+    return _padded_rows(values, first, nbytes, rank, inner)
+
+
+@dataclass
+class EncodedPut:
+    """A put's columns as they cross the wire, and the storage-side step that finishes them.
+
+    Attributes:
+        wire: Field -> what is sent (byte matrices for encoded columns, the rest unchanged).
+        parser: The library ``data_parser`` that splits the matrices into stored rows, or
+            ``None`` when no column was encoded.
+    """
+
+    wire: dict[str, Any]
+    parser: Any
+
+
+def encode_put(columns: Mapping[str, Any], n: int) -> EncodedPut:
+    """Encode every tensor column of a put that the row layout describes.
+
+    Args:
+        columns: Field -> CPU tensor (``n`` rows) or per-row ``NonTensorStack``.
+        n: Rows of the put (``>= 1``).
+
+    Returns:
+        The wire columns and the storage-side parser.
+    """
+    wire: dict[str, Any] = {}
+    plans: dict[str, tuple[bytes, bool]] = {}
+    for name, value in columns.items():
+        if not isinstance(value, torch.Tensor) or n == 0:
+            wire[name] = value
+            continue
+        plan = plan_column(value)
+        wire[name] = plan.value
+        if plan.descriptor is not None:
+            plans[name] = (plan.descriptor, plan.header)
+    if not plans:
+        return EncodedPut(wire, None)
+    _ship_splitter_by_value()
+    return EncodedPut(wire, functools.partial(row_split.split_rows, columns=plans))
+
+
+def _parse_descriptor(row: bytes, field: str) -> tuple[torch.dtype, int, tuple[int, ...], int]:
+    """``(dtype, rank, inner, header bytes)`` of a stored row."""
+    if len(row) < _HEAD.size:
+        raise RuntimeError(f"field {field!r}: a stored row is too short for its descriptor")
+    magic, code, rank = _HEAD.unpack_from(row)
+    if magic != MAGIC or code not in _DTYPES:
+        raise RuntimeError(f"field {field!r}: a stored row has no valid row-layout descriptor")
+    n_inner = max(rank - 1, 0)
+    header = _HEAD.size + 8 * n_inner
+    if len(row) < header:
+        raise RuntimeError(f"field {field!r}: a stored row is too short for its descriptor")
+    inner = struct.unpack_from(f"<{n_inner}q", row, _HEAD.size)
+    return _DTYPES[code], rank, tuple(inner), header
+
+
+def _row_tensor(row: Any, field: str) -> torch.Tensor:
+    """One stored row as a tensor (a row-layout ``bytes`` value or a library tensor)."""
+    if isinstance(row, torch.Tensor):
+        return row
+    dtype, rank, inner, header = _parse_descriptor(row, field)
+    data = torch.frombuffer(bytearray(row[header:]), dtype=torch.uint8) if len(row) > header else (
+        torch.empty(0, dtype=torch.uint8)
+    )
+    values = data.view(dtype)
+    return values.reshape(()) if rank == 0 else values.reshape(-1, *inner)
+
+
+def _stack_or_nest(rows: list[torch.Tensor]) -> torch.Tensor:
+    if all(r.shape == rows[0].shape for r in rows):
+        return torch.stack(rows)
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def decode_column(value: Any, field: str) -> Any:
+    """Turn a column read back from the library into the tensor that was put.
+
+    Args:
+        value: The library's column: a per-row ``NonTensorStack`` of row-layout ``bytes`` (or a
+            list of them), or anything else (returned unchanged).
+        field: The field name (for messages).
+
+    Returns:
+        A dense tensor when all rows share one shape (``(n,)`` for scalar rows), else a jagged
+        nested tensor ragged in dim 1; non-row-layout columns unchanged.
+
+    Raises:
+        RuntimeError: A stored row is malformed (wrong descriptor, or a byte count that is not a
+            whole number of elements).
+    """
+    if isinstance(value, torch.Tensor):
+        return value
+    rows = value if isinstance(value, list) else value.tolist() if hasattr(value, "tolist") else value
+    if not isinstance(rows, list) or not rows or not any(isinstance(r, bytes) for r in rows):
+        return value
+    first = rows[0]
+    if not all(isinstance(r, bytes) for r in rows) or not isinstance(first, bytes):
+        return _stack_or_nest([_row_tensor(r, field) for r in rows])
+    dtype, rank, inner, header = _parse_descriptor(first, field)
+    head = first[:header]
+    if not all(r.startswith(head) for r in rows):
+        return _stack_or_nest([_row_tensor(r, field) for r in rows])
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_row = itemsize * int(np.prod(inner, dtype=np.int64)) if rank else itemsize
+    sizes = np.fromiter((len(r) - header for r in rows), dtype=np.int64, count=len(rows))
+    if per_row == 0 or (sizes % per_row).any():
+        raise RuntimeError(
+            f"field {field!r}: a stored row's size is not a whole number of {dtype} elements"
+        )
+    total = int(sizes.sum())
+    buf = torch.empty(total, dtype=torch.uint8)
+    out = memoryview(buf.numpy())
+    pos = 0
+    for r, size in zip(rows, sizes.tolist()):
+        if size:
+            out[pos : pos + size] = memoryview(r)[header:]
+            pos += size
+    values = buf.view(dtype)
+    n = len(rows)
+    if rank == 0:
+        if int(sizes.min()) != per_row or int(sizes.max()) != per_row:
+            raise RuntimeError(f"field {field!r}: a scalar row does not hold exactly one {dtype}")
+        return values
+    lengths = sizes // per_row
+    if int(lengths.min()) == int(lengths.max()):
+        return values.reshape(n, int(lengths[0]), *inner)
+    offsets = torch.zeros(n + 1, dtype=torch.int64)
+    offsets[1:] = torch.from_numpy(np.cumsum(lengths))
+    return torch.nested.nested_tensor_from_jagged(values.reshape(-1, *inner), offsets)
