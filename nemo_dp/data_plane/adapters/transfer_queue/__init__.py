@@ -8,12 +8,14 @@ forever and a dead storage unit for minutes.  This adapter keeps a cluster-wide 
 registry inside the library's own controller, checks every call against it and against the
 controller's metadata before and after the wire call, runs the library's async API on one
 event-loop thread it owns (so every call is bounded and the caller's ``torch.set_num_threads``
-survives), and densifies the jagged columns the library returns for dense puts.
+survives), ships tensor columns in a row-bytes layout that costs no message frame per row, and
+gives dense puts back dense.
 
 Modules, one job each: ``client`` (``TQDataPlaneClient`` and its direct-by-key calls),
 ``tasks`` (partitions, claims, consumption), ``registry`` (the cluster-wide partition
-registry), ``validation`` (argument checks and wire transforms), ``lifetime`` (bootstrap,
-attach, the loop thread, teardown) and ``checkpoint``.
+registry), ``validation`` (argument checks and wire transforms), ``row_wire`` (the row-bytes
+layout: encoding puts, decoding gets) with ``row_split`` (its storage-unit half), ``lifetime``
+(bootstrap, attach, the loop thread, teardown) and ``checkpoint``.
 
 This is the **only** package of nemo_dp that imports ``transfer_queue``, and it does so lazily
 (inside functions), never at module import.  The library's ports are unauthenticated and its

@@ -393,9 +393,13 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
                     f"{sorted(raw.keys())} for {n} ids and fields {sorted(fields)} of "
                     f"{partition_id!r}"
                 )
-            return TensorDict(
-                {f: densify(decode_column(raw.get(f), f)) for f in fields}, batch_size=[n]
-            )
+            columns = {}
+            for f in fields:
+                stored = raw.get(f)
+                decoded = decode_column(stored, f)
+                # Row-layout columns come back dense already when their rows share one shape.
+                columns[f] = densify(stored) if decoded is stored else decoded
+            return TensorDict(columns, batch_size=[n])
 
     def list_sample_ids(self, partition_id: str) -> list[str]:
         """Sorted live ids of a partition; ``[]`` for an unknown or empty one."""
