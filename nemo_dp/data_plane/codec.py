@@ -34,6 +34,7 @@ __all__ = [
     "pad_value_for",
     "to_nested_by_length",
     "stack_or_nest",
+    "jagged_rows",
     "pack_jagged_fields",
     "materialize",
     "materialize_local",
@@ -303,7 +304,7 @@ def pack_jagged_fields(
 # ---------------------------------------------------------------------------------------------
 
 
-def _jagged_rows(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def jagged_rows(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values, row starts, row lengths) of a jagged nested tensor, all int64 on its device."""
     offsets = nt.offsets()
     starts = offsets[:-1]
@@ -322,7 +323,7 @@ def _pad_jagged(nt: torch.Tensor, pad: float | int, min_width: int) -> torch.Ten
             f"materialize: only jagged tensors ragged in dim 1 are supported, got ragged dim "
             f"{nt._ragged_idx}"  # noqa: SLF001
         )
-    values, starts, lens = _jagged_rows(nt)
+    values, starts, lens = jagged_rows(nt)
     n = int(lens.shape[0])
     trailing = tuple(values.shape[1:])
     max_len = int(lens.max()) if n > 0 else 0

@@ -49,7 +49,6 @@ from nemo_dp.data_plane.adapters.transfer_queue.validation import (
     check_names,
     check_partition_id,
     coerce_config,
-    densify,
     find_in_chain,
     listed,
     plan_put,
@@ -393,13 +392,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
                     f"{sorted(raw.keys())} for {n} ids and fields {sorted(fields)} of "
                     f"{partition_id!r}"
                 )
-            columns = {}
-            for f in fields:
-                stored = raw.get(f)
-                decoded = decode_column(stored, f)
-                # Row-layout columns come back dense already when their rows share one shape.
-                columns[f] = densify(stored) if decoded is stored else decoded
-            return TensorDict(columns, batch_size=[n])
+            return TensorDict({f: decode_column(raw.get(f), f) for f in fields}, batch_size=[n])
 
     def list_sample_ids(self, partition_id: str) -> list[str]:
         """Sorted live ids of a partition; ``[]`` for an unknown or empty one."""

@@ -3,14 +3,14 @@
 Why this module exists: TransferQueue's storage units keep one value per (sample, field) and
 send a tensor value back as its own message frame with a pickled descriptor, which costs tens
 of microseconds per row and field on every get; a put of a ragged (nested) column pays the same
-per row.  The adapter therefore ships each tensor column as ONE ``uint8`` matrix (one frame) and
-has the storage unit turn it into one ``bytes`` value per row, which the library's wire encodes
+per row.  The adapter therefore ships each tensor column as ONE 2-D matrix of the field's dtype
+(one frame) and has the storage unit turn it into one ``bytes`` value per row, which the library's wire encodes
 inline (no frame, no pickle) when the rows are read back.  :func:`split_rows` is that storage
 step; the library runs it on the unit as the put's ``data_parser``.
 
 It is shipped to the unit by value (``cloudpickle``), so this module imports nothing but the
-standard library at module level and uses only the tensor methods of its arguments: a storage
-unit never needs nemo_dp installed.  The client half (encoding, decoding) is ``row_wire``.
+standard library at module level (and torch, which every unit has, inside the function): a
+storage unit never needs nemo_dp installed.  The client half (encoding, decoding) is ``row_wire``.
 """
 
 from __future__ import annotations

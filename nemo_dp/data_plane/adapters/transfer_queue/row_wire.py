@@ -42,6 +42,8 @@ import torch
 
 from nemo_dp.data_plane.adapters.transfer_queue import row_split
 from nemo_dp.data_plane.adapters.transfer_queue.row_split import LENGTH_BYTES
+from nemo_dp.data_plane.adapters.transfer_queue.validation import densify
+from nemo_dp.data_plane.codec import jagged_rows, stack_or_nest
 
 __all__ = ["DTYPE_CODES", "EncodedPut", "decode_column", "encode_put", "plan_column"]
 
@@ -108,16 +110,6 @@ class ColumnPlan:
     header: int = 0
 
 
-def _jagged_rows(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``(values, starts, lengths)`` of a jagged nested tensor ragged in dim 1, else ``None``."""
-    if value.layout != torch.jagged or getattr(value, "_ragged_idx", 1) != 1:
-        return None
-    offsets = value.offsets().to(torch.int64)
-    lengths = value.lengths()
-    lengths = offsets.diff() if lengths is None else lengths.to(torch.int64)
-    return value.values(), offsets[:-1], lengths
-
-
 def _exact_rows(dense: torch.Tensor, rank: int, inner: tuple[int, ...]) -> ColumnPlan:
     """Equal rows: small ones as exact row bytes, large ones in the library's own layout."""
     n = int(dense.shape[0])
@@ -173,10 +165,9 @@ def plan_column(value: torch.Tensor) -> ColumnPlan:
         if 0 in inner:
             return ColumnPlan(value)  # zero-size trailing dims: a row's length is not in its bytes
         return _exact_rows(value, rank, inner)
-    rows = _jagged_rows(value)
-    if rows is None:
+    if value.layout != torch.jagged or getattr(value, "_ragged_idx", 1) != 1:
         return ColumnPlan(value)
-    values, starts, lengths = rows
+    values, starts, lengths = jagged_rows(value)
     inner = tuple(int(d) for d in values.shape[1:])
     if 0 in inner:
         return ColumnPlan(value)
@@ -198,7 +189,7 @@ class EncodedPut:
     """A put's columns as they cross the wire, and the storage-side step that finishes them.
 
     Attributes:
-        wire: Field -> what is sent (byte matrices for encoded columns, the rest unchanged).
+        wire: Field -> what is sent (2-D row matrices for encoded columns, the rest unchanged).
         parser: The library ``data_parser`` that splits the matrices into stored rows, or
             ``None`` when no column was encoded.
     """
@@ -218,7 +209,7 @@ def encode_put(columns: Mapping[str, Any], n: int) -> EncodedPut:
         The wire columns and the storage-side parser.
     """
     wire: dict[str, Any] = {}
-    plans: dict[str, tuple[bytes, bool]] = {}
+    plans: dict[str, tuple[bytes, int]] = {}
     for name, value in columns.items():
         if not isinstance(value, torch.Tensor) or n == 0:
             wire[name] = value
@@ -260,41 +251,36 @@ def _row_tensor(row: Any, field: str) -> torch.Tensor:
     return values.reshape(()) if rank == 0 else values.reshape(-1, *inner)
 
 
-def _stack_or_nest(rows: list[torch.Tensor]) -> torch.Tensor:
-    if all(r.shape == rows[0].shape for r in rows):
-        return torch.stack(rows)
-    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-
-
 def decode_column(value: Any, field: str) -> Any:
     """Turn a column read back from the library into the tensor that was put.
 
     Args:
         value: The library's column: a per-row ``NonTensorStack`` of row-layout ``bytes`` (or a
-            list of them), or anything else (returned unchanged).
+            list of them), or a column in the library's own layout.
         field: The field name (for messages).
 
     Returns:
         A dense tensor when all rows share one shape (``(n,)`` for scalar rows), else a jagged
-        nested tensor ragged in dim 1; non-row-layout columns unchanged.
+        nested tensor ragged in dim 1; a column in the library's layout goes through
+        ``densify`` (object columns unchanged).
 
     Raises:
         RuntimeError: A stored row is malformed (wrong descriptor, or a byte count that is not a
             whole number of elements).
     """
     if isinstance(value, torch.Tensor):
-        return value
+        return densify(value)
     rows = value if isinstance(value, list) else value.tolist() if hasattr(value, "tolist") else value
     if not isinstance(rows, list) or not rows or not any(isinstance(r, bytes) for r in rows):
-        return value
+        return densify(value)
     first = rows[0]
     if not all(isinstance(r, bytes) for r in rows) or not isinstance(first, bytes):
-        return _stack_or_nest([_row_tensor(r, field) for r in rows])
+        return stack_or_nest([_row_tensor(r, field) for r in rows])
     dtype, rank, inner, header = _parse_descriptor(first, field)
     head = first[:header]
     if not all(r.startswith(head) for r in rows):
-        return _stack_or_nest([_row_tensor(r, field) for r in rows])
-    itemsize = torch.empty((), dtype=dtype).element_size()
+        return stack_or_nest([_row_tensor(r, field) for r in rows])
+    itemsize = dtype.itemsize
     per_row = itemsize * int(np.prod(inner, dtype=np.int64)) if rank else itemsize
     sizes = np.fromiter((len(r) - header for r in rows), dtype=np.int64, count=len(rows))
     if per_row == 0 or (sizes % per_row).any():
