@@ -25,7 +25,11 @@ steady state, like the legacy trainer's one ``train`` call:
    loaders with the step's index (``loaders.abort(k)``: every loaded batch dropped, loaders
    rewound; a rank that had already committed batch *k* in the failed call rolls that commit
    back), counters stay unchanged, the exception propagates - the step can be retried and sees
-   the same rows.  A batch *k+1* that cannot be readied after the commit (full store, a load
+   the same rows.  Except when the failure is ``DataPlaneUnavailableError`` (the store stopped
+   answering): then nothing is aborted and the error propagates at once.  An abort would wait
+   on the dead store again (every clear runs into the storage timeout) and on any rank still
+   inside a collective with the failed rank (until the collective timeout), while the policy
+   cannot train again anyway; the run ends within the data plane's documented bound.  A batch *k+1* that cannot be readied after the commit (full store, a load
    error) never fails step *k*: the next step loads it explicitly and fails there.
 
 Rows per rank are exactly the legacy planner's blocks, microbatches are the worker's fixed-size
@@ -64,6 +68,7 @@ from nemo_dp.algorithms.trainer_common import (
     trainer_state,
     validate_at_start,
 )
+from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
 from nemo_dp.utils.checkpoint import (
@@ -143,6 +148,8 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
             stay unchanged; every rank's step is aborted and its loader rewound to batch
             ``batch_index`` - a rank that already committed it in this step rolls that back -
             so the same batch is loaded again).
+        DataPlaneUnavailableError: The store stopped answering (on the driver or a rank);
+            raised at once, without the abort (see the module docstring).
     """
     k = int(batch_index)
     dispatched = False
@@ -162,6 +169,12 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
         consumed = int(sum(int(o["consumed"]) for o in outs))
         load_wait_s += max(float(o["load_s"]) for o in outs)
     except BaseException as exc:
+        if isinstance(exc, DataPlaneUnavailableError):  # also a worker's, wrapped by Ray
+            exc.add_note(
+                f"(SFT batch {k} was not aborted: the data plane is unavailable, so this policy "
+                "cannot train again; build a new one to continue)"
+            )
+            raise
         try:
             if dispatched:
                 policy.abort_train_step()

@@ -50,6 +50,7 @@ class _FakeTrainHost:
         self.events = events
         self.seen: list[dict[str, torch.Tensor]] = []
         self.fail_on_train = False
+        self.fail_with: type[Exception] = RuntimeError
         self.step_rows: list[dict[str, torch.Tensor]] | None = None
 
     def _local_coords(self) -> dict[str, int]:
@@ -62,7 +63,7 @@ class _FakeTrainHost:
     def train_microbatch(self, data: Any) -> None:
         self.events.append(("train", self.rank))
         if self.fail_on_train:
-            raise RuntimeError(f"injected training failure on rank {self.rank}")
+            raise self.fail_with(f"injected training failure on rank {self.rank}")
         assert self.step_rows is not None
         self.step_rows.append({k: v.clone() for k, v in data.items() if isinstance(v, torch.Tensor)})
 
@@ -259,6 +260,24 @@ def test_failure_on_the_first_rank_aborts_every_rank() -> None:
     workers[0].fail_on_train = False
     retry = sft_sync_step(policy, loaders, 1, loss_fn=object())
     assert [e.source_ids for e in retry.envelopes] == _expected_blocks(1)
+
+
+def test_an_unavailable_store_fails_the_step_at_once_without_an_abort() -> None:
+    """A rank whose store stopped answering: the step's error propagates with no abort round
+    trip, which would wait on the dead store again and on any rank still inside a collective
+    with the failed one (seen as a 150 s exit instead of the documented 90 s bound)."""
+    from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
+
+    policy, loaders, workers, events = _setup()
+    sft_sync_step(policy, loaders, 0, loss_fn=object())
+    workers[0].fail_on_train = True
+    workers[0].fail_with = DataPlaneUnavailableError
+    calls_before = len(policy.worker_group.calls)
+    with pytest.raises(DataPlaneUnavailableError, match="injected training failure on rank 0") as info:
+        sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert policy.worker_group.calls[calls_before:] == ["run_sft_step"]  # the fused call only
+    assert not any(name in ("abort_train_step_presharded", "abort_sft_batch") for name in policy.worker_group.calls)
+    assert any("SFT batch 1 was not aborted: the data plane is unavailable" in n for n in info.value.__notes__)
 
 
 @pytest.mark.parametrize("refusal", ["store_full", "store_error"])
