@@ -29,8 +29,9 @@ steady state, like the legacy trainer's one ``train`` call:
    answering): then nothing is aborted and the error propagates at once.  An abort would wait
    on the dead store again (every clear runs into the storage timeout) and on any rank still
    inside a collective with the failed rank (until the collective timeout), while the policy
-   cannot train again anyway; the run ends within the data plane's documented bound.  A batch *k+1* that cannot be readied after the commit (full store, a load
-   error) never fails step *k*: the next step loads it explicitly and fails there.
+   cannot train again anyway; the run ends within the data plane's documented bound.  A batch
+   *k+1* that cannot be readied after the commit (full store, a load error) never fails step
+   *k*: the next step loads it explicitly and fails there.
 
 Rows per rank are exactly the legacy planner's blocks, microbatches are the worker's fixed-size
 runs, losses are normalised by all-reduced global counts: the per-step losses and gradient

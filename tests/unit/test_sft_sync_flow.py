@@ -268,7 +268,7 @@ def test_an_unavailable_store_fails_the_step_at_once_without_an_abort() -> None:
     with the failed one (seen as a 150 s exit instead of the documented 90 s bound)."""
     from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
 
-    policy, loaders, workers, events = _setup()
+    policy, loaders, workers, _ = _setup()
     sft_sync_step(policy, loaders, 0, loss_fn=object())
     workers[0].fail_on_train = True
     workers[0].fail_with = DataPlaneUnavailableError
