@@ -1,9 +1,10 @@
 """End-to-end runs of ``launchers/launch.py`` in a subprocess on tiny settings.
 
 Covers: a few SFT steps and a GRPO run with its SFT warm start (outputs, log lines, factory
-selection), a bad override failing before Ray starts, a two-job ``--multirun`` sweep over TransferQueue
-(each job isolated in its own directory and Ray/TQ lifetime), and exact resume (N steps straight equal K
-steps plus a resumed run, metric for metric).
+selection), a bad override failing before Ray starts, a two-job ``--multirun`` sweep over the local
+data plane (each job isolated in its own directory, Ray and store; two TransferQueue jobs in one
+sweep, each bootstrapping and closing its own controller, are ``test_sweep.py``'s Optuna trials),
+and exact resume (N steps straight equal K steps plus a resumed run, metric for metric).
 """
 
 from __future__ import annotations
@@ -127,9 +128,8 @@ def test_multirun_sweep_isolates_jobs(launch: LaunchFn, tmp_path: Path) -> None:
             "--multirun",
             "recipe=sft_arith",
             *TINY,
-            # Each job bootstraps and tears down its own TransferQueue controller: a leftover one
-            # would make the second job's bootstrap fail with "already exists".
-            "data_plane=tq",
+            # Each job starts and ends its own Ray and its workers' private stores.
+            "data_plane=local",
             "algorithm.max_steps=2",
             "algorithm.num_train_samples=64",
             "logger.plot=false",
@@ -138,7 +138,7 @@ def test_multirun_sweep_isolates_jobs(launch: LaunchFn, tmp_path: Path) -> None:
         ]
     )
     _ok(proc)
-    assert proc.stdout.count("Running synchronous SFT training (data plane: transfer_queue)") == 2
+    assert proc.stdout.count("Running synchronous SFT training (data plane: local)") == 2
     losses = []
     for job in ("0", "1"):
         records = read_metrics(sweep / job / "metrics.jsonl")

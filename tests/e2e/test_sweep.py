@@ -1,8 +1,9 @@
 """Hydra's Optuna sweeper over ``launchers/launch.py`` (``hydra/sweeper=grpo_lr_kl``).
 
 Two short GRPO trials over TransferQueue: each trial is its own Hydra job with its own Ray + TQ
-lifetime, the launcher's task function returns the final held-out accuracy, and Optuna records
-the best of the returned values in ``optimization_results.yaml``.
+lifetime (the second trial's bootstrap would fail with "already exists" if the first left its
+controller behind), the launcher's task function returns the final held-out accuracy, and Optuna
+records the best of the returned values in ``optimization_results.yaml``.
 """
 
 from __future__ import annotations
