@@ -129,6 +129,18 @@ class _Writer:
         return width
 
 
+def _call_until_it_raises(call: Callable[[], Any], *, pause_s: float, within_s: float = 60.0) -> None:
+    """Call ``call`` every ``pause_s`` until it raises (returns after ``within_s`` if it never does).
+
+    A killed actor takes a moment to be gone (``ray.kill`` only sends the kill): calls made in
+    that moment may still succeed.  Wrap this in ``pytest.raises`` to expect the error.
+    """
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        call()
+        time.sleep(pause_s)
+
+
 @pytest.mark.timeout(240)
 def test_rows_cross_processes_and_a_dead_writer_is_an_unavailable_error(
     ray_store_session: RayStoreSession,
@@ -157,10 +169,7 @@ def test_rows_cross_processes_and_a_dead_writer_is_an_unavailable_error(
         ray.kill(writer, no_restart=True)
     # the big column's object was owned by the writer process: reading it now fails loudly
     with pytest.raises(DataPlaneUnavailableError, match=pid):
-        start = time.monotonic()
-        while time.monotonic() - start < 60:  # the owner's death takes a moment to show
-            client.get_samples(ids, pid, ["big"])
-            time.sleep(0.5)
+        _call_until_it_raises(lambda: client.get_samples(ids, pid, ["big"]), pause_s=0.5)
     # the small put's columns travelled inline and live in the metadata actor: still readable
     table = materialize(client.get_samples(ids, pid, ["x", "r"]))
     assert torch.equal(table["x"], torch.arange(12, dtype=torch.float32).reshape(4, 3))
@@ -179,11 +188,7 @@ def test_a_dead_metadata_actor_is_an_unavailable_error(ray_store_session: RaySto
     client = ray_store_session.fresh()
     client.register_partition("gone", ["x"], 1, ["t"])
     ray.kill(ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE), no_restart=True)
-    # ray.kill only sends the kill: until the actor is gone a call can still reach it and
-    # succeed (even once its name no longer resolves).  Calls must fail once it is gone.
+    # Calls must fail once the actor is gone (even its name resolving no longer says it is).
     with pytest.raises(DataPlaneUnavailableError, match="metadata actor"):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            client.list_sample_ids("gone")
-            time.sleep(0.05)
+        _call_until_it_raises(lambda: client.list_sample_ids("gone"), pause_s=0.05)
     ray_store_session.close()  # close still succeeds (the actor is already gone)
