@@ -32,7 +32,7 @@ PROBE_S = 1.0
 SLACK_S = 4.0
 
 _SCRIPT = r"""
-import json, sys, time, traceback
+import json, os, sys, time, traceback
 import psutil
 
 cases = sys.argv[1:]
@@ -80,12 +80,26 @@ try:
     ids = [f"s{i}" for i in range(4)]
     td = TensorDict({"x": torch.arange(8.0).view(4, 2)}, batch_size=[4])
 
+    def kill_and_wait(handle):
+        # ray.kill only sends the kill: calls made before the actor's process has exited may
+        # still reach it and succeed.  Wait (at most 60 s) until the process is gone.
+        pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+        ray.kill(handle)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"killed actor process {pid} still runs after 60 s")
+
     def storage(r):
         c = TQDataPlaneClient(cfg())
         c.register_partition("p", ["x", "y"], 4, ["t"])
         c.put_samples(ids, "p", td)
-        ray.kill(ray.get_actor(f"{STORAGE_UNIT_NAME_PREFIX}0"))
-        time.sleep(1.0)
+        kill_and_wait(ray.get_actor(f"{STORAGE_UNIT_NAME_PREFIX}0"))
         r["get"] = timed(lambda: c.get_samples(ids, "p", ["x"]))
         r["put"] = timed(lambda: c.put_samples(ids, "p", TensorDict({"y": torch.zeros(4)}, batch_size=[4])))
         r["list_after"] = c.list_sample_ids("p")
@@ -96,8 +110,7 @@ try:
         c = TQDataPlaneClient(cfg())
         c.register_partition("p", ["x"], 4, ["t"])
         c.put_samples(ids, "p", td)
-        ray.kill(ray.get_actor(CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE))
-        time.sleep(1.0)
+        kill_and_wait(ray.get_actor(CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE))
         r["list"] = timed(lambda: c.list_sample_ids("p"))
         r["get"] = timed(lambda: c.get_samples(ids, "p", ["x"]))
         r["put"] = timed(lambda: c.put_samples(ids, "p", td))
