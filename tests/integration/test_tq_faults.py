@@ -36,6 +36,24 @@ import json, os, sys, time, traceback
 import psutil
 
 cases = sys.argv[1:]
+
+
+def wait_gone(pids, within_s, pause_s):
+    # The processes of pids still running (not exited, not a zombie) after at most within_s.
+    deadline = time.monotonic() + within_s
+    while True:
+        left = []
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{pid}:{proc.name()}")
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(pause_s)
+
 from nemo_dp.data_plane.interfaces import DataPlaneConfig, SimpleStorageConfig, TimeoutsConfig
 
 
@@ -85,15 +103,8 @@ try:
         # still reach it and succeed.  Wait (at most 60 s) until the process is gone.
         pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
         ray.kill(handle)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    return
-            except psutil.NoSuchProcess:
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"killed actor process {pid} still runs after 60 s")
+        if wait_gone([pid], within_s=60, pause_s=0.05):
+            raise TimeoutError(f"killed actor process {pid} still runs after 60 s")
 
     def storage(r):
         c = TQDataPlaneClient(cfg())
@@ -160,21 +171,7 @@ try:
 finally:
     children = [p.pid for p in psutil.Process().children(recursive=True)]
     shutdown_ray()
-    deadline = time.monotonic() + 45
-    def alive():
-        out = []
-        for pid in children:
-            try:
-                proc = psutil.Process(pid)
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(f"{pid}:{proc.name()}")
-            except psutil.NoSuchProcess:
-                pass
-        return out
-    left = alive()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = alive()
+    left = wait_gone(children, within_s=45, pause_s=0.5)
     result["children"] = children
     result["leftover"] = left
     print("RESULT " + json.dumps(result), flush=True)
