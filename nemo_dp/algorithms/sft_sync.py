@@ -61,6 +61,7 @@ from typing import Any
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, TrainContext, TrainHooks
 from nemo_dp.algorithms.loss_functions import NLLLoss
+from nemo_dp.config.schema import train_micro_batch_rows
 from nemo_dp.algorithms.trainer_common import (
     make_evaluator,
     record_validation,
@@ -286,7 +287,7 @@ def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
         train_loader,
         tokenizer=tokenizer,
         max_seq_len=int(pcfg.model.max_seq_len),
-        micro_batch_size=int(pcfg.train_micro_batch_size),
+        micro_batch_size=train_micro_batch_rows(pcfg),
         max_live_batches=loaders.max_live_batches(),
     )
     loaders.set_position(int(counters["step"]))

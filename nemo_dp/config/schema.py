@@ -32,6 +32,7 @@ __all__ = [
     "DynamicBatchingConfig",
     "SequencePackingConfig",
     "PolicyConfig",
+    "train_micro_batch_rows",
     "SFTConfig",
     "GRPOLossConfig",
     "DynamicSamplingConfig",
@@ -194,7 +195,9 @@ class PolicyConfig:
     """``policy``: the worker group, the model, its optimizer and the batching of its work.
 
     ``train_global_batch_size`` rows make one optimizer step (split over ``dp_size`` workers,
-    each running ``train_micro_batch_size``-row microbatches with gradient accumulation).
+    each running ``train_micro_batch_size``-row microbatches with gradient accumulation;
+    ``None``: each worker's whole share, ``train_global_batch_size / dp_size`` rows, in one
+    pass).  A micro-batch larger than that share is refused.
     ``init_from`` starts a fresh run from the policy weights of another run's checkpoint (a run
     directory, its checkpoints root, a phase root or a step directory; e.g. an SFT run's, to
     start GRPO/PPO from it); ``checkpointing.resume_from`` wins over it.
@@ -206,7 +209,7 @@ class PolicyConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     train_global_batch_size: int = 32
-    train_micro_batch_size: int = 16
+    train_micro_batch_size: Optional[int] = None
     logprob_batch_size: int = 32
     generation_batch_size: int = 64
     max_grad_norm: float = 1.0
@@ -220,7 +223,8 @@ class PolicyConfig:
         _at_least("policy.dp_size", self.dp_size, 1)
         _at_least("policy.torch_threads", self.torch_threads, 1)
         _at_least("policy.train_global_batch_size", self.train_global_batch_size, 1)
-        _at_least("policy.train_micro_batch_size", self.train_micro_batch_size, 1)
+        if self.train_micro_batch_size is not None:
+            _at_least("policy.train_micro_batch_size", self.train_micro_batch_size, 1)
         _at_least("policy.logprob_batch_size", self.logprob_batch_size, 1)
         _at_least("policy.generation_batch_size", self.generation_batch_size, 1)
         if self.train_global_batch_size % self.dp_size != 0:
@@ -229,7 +233,31 @@ class PolicyConfig:
                 f"must be a multiple of policy.dp_size={self.dp_size}, "
                 f"got {self.train_global_batch_size}",
             )
+        per_worker = self.train_global_batch_size // self.dp_size
+        if self.train_micro_batch_size is not None and self.train_micro_batch_size > per_worker:
+            _fail(
+                "policy.train_micro_batch_size",
+                f"must be <= the per-worker batch policy.train_global_batch_size / policy.dp_size "
+                f"= {self.train_global_batch_size} / {self.dp_size} = {per_worker}, "
+                f"got {self.train_micro_batch_size}",
+            )
         _positive("policy.max_grad_norm", self.max_grad_norm)
+
+
+def train_micro_batch_rows(policy_cfg: Any) -> int:
+    """Rows of one training micro-batch on one worker (``policy.train_micro_batch_size``).
+
+    Args:
+        policy_cfg: The ``policy`` node (dataclass or ``DictConfig``).
+
+    Returns:
+        ``train_micro_batch_size``, or each worker's whole share
+        ``train_global_batch_size // dp_size`` when it is ``None``.
+    """
+    mbs = policy_cfg.train_micro_batch_size
+    if mbs is not None:
+        return int(mbs)
+    return int(policy_cfg.train_global_batch_size) // int(policy_cfg.dp_size)
 
 
 # ---------------------------------------------------------------------------------------------

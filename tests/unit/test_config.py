@@ -257,3 +257,26 @@ def test_help_lists_only_usable_group_options() -> None:
     for line in ("algorithm: grpo, ppo, sft", "data_plane: disabled, local, ray, tq", "policy: hf, tiny"):
         assert line in groups, groups
     assert "bench:" not in groups, groups  # the bench group lives in conf_bench/, for bench.py only
+
+
+def test_micro_batch_larger_than_the_per_worker_batch_is_refused_naming_the_keys() -> None:
+    cfg = _compose(["policy.dp_size=2", "policy.train_global_batch_size=256", "policy.train_micro_batch_size=256"])
+    with pytest.raises(ValueError) as err:
+        validate_config(cfg)
+    msg = str(err.value)
+    assert msg.startswith("policy.train_micro_batch_size:"), msg
+    assert "policy.train_global_batch_size / policy.dp_size = 256 / 2 = 128" in msg and "got 256" in msg, msg
+    # Exactly the per-worker share is fine, and null means that share.
+    validate_config(_compose(["policy.train_global_batch_size=256", "policy.train_micro_batch_size=128"]))
+    cfg = _compose(["~recipe", "policy.train_global_batch_size=8"])
+    assert cfg.policy.train_micro_batch_size is None
+    from nemo_dp.config.schema import train_micro_batch_rows
+
+    assert train_micro_batch_rows(validate_config(cfg).policy) == 4
+
+
+def test_global_batch_that_does_not_divide_over_the_workers_is_refused_naming_both_keys() -> None:
+    cfg = _compose(["~recipe", "algorithm=sft", "policy.dp_size=3", "policy.train_global_batch_size=64"])
+    with pytest.raises(ValueError) as err:
+        validate_config(cfg)
+    assert str(err.value) == "policy.train_global_batch_size: must be a multiple of policy.dp_size=3, got 64"

@@ -48,6 +48,11 @@ COUNT_METRICS: frozenset[str] = frozenset({"num_valid_tokens", "num_valid_seqs"}
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
+def _micro_rows(value: Any) -> int | None:
+    """A micro-batch size in rows, or ``None`` (each rank's whole part in one pass)."""
+    return None if value is None else int(value)
+
+
 def _cfg_get(cfg: Any, key: str) -> Any:
     return cfg_get(cfg, key)
 
@@ -368,7 +373,7 @@ class PolicyWorker:
         self._step_state = {
             "loss_fn": loss_fn,
             "eval_mode": eval_mode,
-            "mbs": int(mbs or _cfg_get(self.cfg, "train_micro_batch_size")),
+            "mbs": _micro_rows(mbs or _cfg_get(self.cfg, "train_micro_batch_size")),
             "metrics": {},
             "rows": 0,
         }
@@ -402,7 +407,8 @@ class PolicyWorker:
             return
         loss_fn = state["loss_fn"]
         dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
-        specs = self._specs(data, state["mbs"], None)
+        # No micro-batch size (policy.train_micro_batch_size: null): the whole part in one pass.
+        specs = self._specs(data, state["mbs"] or max(data.size, 1), None)
         metrics: dict[str, float] = state["metrics"]
         for spec in specs:
             mb = data.slice(spec.start, spec.end)
