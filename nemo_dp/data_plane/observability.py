@@ -414,7 +414,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
             return td
 
     def list_sample_ids(self, partition_id: str) -> list[str]:
-        with self._record("list", partition_id) as call:
+        with self._record("list_sample_ids", partition_id) as call:
             ids = self._inner.list_sample_ids(partition_id)
             call.n_keys = len(ids)
             return ids

@@ -2,8 +2,9 @@
 
 The driver never holds the bulk tensors of a data-plane batch, only its meta.  To dispatch a
 batch to DP ranks it runs the ordinary planner (``BatchedDataDict.shard_by_batch_size``) on a
-tiny skeleton built from ``meta.sequence_lengths``, then projects the meta with each shard's
-row indices.  The result is pure metadata: no I/O, no new ids, and the microbatch plan every
+tiny skeleton built from ``meta.sequence_lengths`` (always under ``input_ids`` /
+``input_lengths``; the packing arguments go to the planner unchanged), then projects the meta
+with each shard's row indices.  The result is pure metadata: no I/O, no new ids, and the microbatch plan every
 rank must follow identically.
 """
 
@@ -47,8 +48,10 @@ def shard_meta_for_dp(
         meta: The batch to shard; needs ``sequence_lengths``.
         dp_world: Number of DP ranks.
         batch_size: Global batch size (defaults to ``meta.size``).
-        sequence_packing_args: Planner settings for sequence packing.
-        dynamic_batching_args: Planner settings for dynamic batching.
+        sequence_packing_args: Planner settings for sequence packing (passed on unchanged;
+            the skeleton's columns are ``input_ids`` / ``input_lengths``, so the planner's
+            ``input_key`` / ``input_lengths_key`` must name those).
+        dynamic_batching_args: Planner settings for dynamic batching (likewise).
 
     Returns:
         ``(metas, order)``: ``metas[r]`` = ``meta.subset(rows of rank r)`` with
@@ -84,9 +87,6 @@ def shard_meta_for_dp(
             f"shard_meta_for_dp: batch_size {bs} is not divisible by dp_world {dp_world}"
         )
 
-    args = dynamic_batching_args if dynamic_batching_args is not None else sequence_packing_args
-    input_key = args["input_key"] if args is not None else INPUT_IDS
-    lengths_key = args["input_lengths_key"] if args is not None else INPUT_LENGTHS
     int_lengths = [int(x) for x in lengths]
     if dynamic_batching_args is not None:
         # The planner caps each microbatch length at the input width: a narrow placeholder
@@ -99,8 +99,8 @@ def shard_meta_for_dp(
     placeholder = torch.zeros((), dtype=torch.int64).expand(n, width)
     skeleton = BatchedDataDict(
         {
-            input_key: placeholder,
-            lengths_key: torch.tensor(int_lengths, dtype=torch.int64),
+            INPUT_IDS: placeholder,
+            INPUT_LENGTHS: torch.tensor(int_lengths, dtype=torch.int64),
             SAMPLE_MASK: torch.ones(n, dtype=torch.float32),
             META_IDX: torch.arange(n, dtype=torch.int64),
         }

@@ -48,7 +48,8 @@ the mixin is listed on):
 
 State this mixin keeps on the instance: ``self.dp_client`` (the worker's
 ``DataPlaneClient``, ``None`` until ``setup_data_plane``; a test or host may also assign an
-existing client to it), ``self.dp_cfg`` and ``self._dp_train_step_active``.
+existing client to it, or to ``self._dp_client``, the same attribute under another name),
+``self.dp_cfg`` and ``self._dp_train_step_active``.
 
 Nothing here imports Ray, TransferQueue or an adapter.
 """
@@ -134,6 +135,18 @@ def apply_row_values(data: BatchedDataDict, row_values: Mapping[str, torch.Tenso
 
 
 
+def _one_field_name(tq_field: str | None, field: str | None) -> str:
+    """The write-back's field name given as ``tq_field=`` or ``field=`` (one of them)."""
+    if tq_field is None and field is None:
+        raise TypeError("_write_back_result_field: pass the data-plane field as tq_field=")
+    if tq_field is not None and field is not None and tq_field != field:
+        raise TypeError(
+            f"_write_back_result_field: tq_field={tq_field!r} and field={field!r} name two "
+            "different fields; pass one"
+        )
+    return str(tq_field if tq_field is not None else field)
+
+
 class TQWorkerMixin:
     """``*_presharded`` entrypoints that fetch a ``KVBatchMeta`` shard from the data plane.
 
@@ -193,6 +206,15 @@ class TQWorkerMixin:
             return
         self.dp_client = build_data_plane_client(cfg, bootstrap=False)
         self.dp_cfg = cfg
+
+    @property
+    def _dp_client(self) -> DataPlaneClient | None:
+        """``dp_client`` under its other accepted name (a host may set either)."""
+        return self.dp_client
+
+    @_dp_client.setter
+    def _dp_client(self, client: DataPlaneClient | None) -> None:
+        self.dp_client = client
 
     def _require_dp_client(self) -> DataPlaneClient:
         """The worker's client.
@@ -418,24 +440,33 @@ class TQWorkerMixin:
         return value.detach().cpu()
 
     def _write_back_result_field(
-        self, meta: KVBatchMeta, result: Any, *, result_key: str, field: str
+        self,
+        meta: KVBatchMeta,
+        result: Any,
+        *,
+        result_key: str,
+        tq_field: str | None = None,
+        field: str | None = None,
     ) -> None:
-        """Write ``result[result_key]`` as column ``field`` (replica leader only).
+        """Write ``result[result_key]`` as column ``tq_field`` (replica leader only).
 
         Non-leaders return without looking at ``result`` (e.g. a pipeline stage that does not
-        hold the output); the host must make the full result available on the leader.
+        hold the output); the host must make the full result available on the leader.  The
+        entrypoints call it with ``tq_field=``, so a host may override it with that signature.
 
         Args:
             meta: The shard the result was computed for.
             result: The host method's result; any ``Mapping`` (``BatchedDataDict`` included).
             result_key: Key of the tensor in ``result``.
-            field: Data-plane field to write.
+            tq_field: Data-plane field to write.
+            field: The same, under its other accepted name (give one of the two).
 
         Raises:
             RuntimeError: ``result`` is not a Mapping holding ``result_key``; no client.
-            TypeError: The value is not a tensor.
+            TypeError: The value is not a tensor; neither or two different field names given.
             ValueError: Its batch dim differs from ``meta.size``.
         """
+        field = _one_field_name(tq_field, field)
         self._require_dp_client()
         if not self._is_replica_leader():
             return
@@ -488,7 +519,7 @@ class TQWorkerMixin:
         """
         data = self._fetch_planned(meta)
         result = self.get_logprobs(data, micro_batch_size=micro_batch_size)
-        self._write_back_result_field(meta, result, result_key="logprobs", field=PREV_LOGPROBS)
+        self._write_back_result_field(meta, result, result_key="logprobs", tq_field=PREV_LOGPROBS)
 
     def get_reference_policy_logprobs_presharded(
         self, meta: KVBatchMeta, micro_batch_size: int | None = None
@@ -503,7 +534,7 @@ class TQWorkerMixin:
         data = self._fetch_planned(meta)
         result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(
-            meta, result, result_key="reference_logprobs", field=REFERENCE_POLICY_LOGPROBS
+            meta, result, result_key="reference_logprobs", tq_field=REFERENCE_POLICY_LOGPROBS
         )
 
     def get_logprobs_and_reference_presharded(
@@ -548,7 +579,7 @@ class TQWorkerMixin:
         """
         data = self._fetch_planned(meta)
         result = self.get_values(data, micro_batch_size=micro_batch_size)
-        self._write_back_result_field(meta, result, result_key="values", field=VALUES)
+        self._write_back_result_field(meta, result, result_key="values", tq_field=VALUES)
 
     # --- split training API -------------------------------------------------------------------
     def begin_train_step_presharded(

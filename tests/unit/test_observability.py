@@ -84,7 +84,7 @@ def test_put_get_register_clear_events() -> None:
     assert client.list_sample_ids("p") == sorted(ids)
     client.clear_samples(ids[:1], "p")
     client.clear_samples(None, "p")
-    assert [(e["op"], e["n_keys"]) for e in events] == [("list", 4), ("clear", 1), ("clear", 0)]
+    assert [(e["op"], e["n_keys"]) for e in events] == [("list_sample_ids", 4), ("clear", 1), ("clear", 0)]
     client.close()
     client.close()
 
@@ -299,16 +299,16 @@ def test_step_metrics_keys_units_and_reset(monkeypatch: pytest.MonkeyPatch) -> N
     assert metrics["step/bytes_written_mb"] == pytest.approx(16 / 1e6)
     assert metrics["step/bytes_read_mb"] == pytest.approx(16 / 1e6)
     assert metrics["now/bytes_outstanding_mb"] == pytest.approx(16 / 1e6)
-    for op in ("register", "put", "get", "list"):
+    for op in ("register", "put", "get", "list_sample_ids"):
         for suffix in ("calls", "errors", "wall_ms", "mean_ms", "max_ms", "mb", "rows"):
             assert f"step/{op}/{suffix}" in metrics
         assert f"step/{op}/p50_ms" not in metrics and f"step/{op}/p90_ms" not in metrics
     assert metrics["step/put/wall_ms"] == pytest.approx(3.0)
     assert metrics["step/put/mb"] == pytest.approx(16 / 1e6)
-    assert metrics["step/list/max_ms"] == pytest.approx(10.0)
+    assert metrics["step/list_sample_ids/max_ms"] == pytest.approx(10.0)
     # rows: the keys each op touched in the window (register counts its num_samples).
     assert metrics["step/put/rows"] == 4.0 and metrics["step/get/rows"] == 4.0
-    assert metrics["step/list/rows"] == 4.0 and metrics["step/register/rows"] == 4.0
+    assert metrics["step/list_sample_ids/rows"] == 4.0 and metrics["step/register/rows"] == 4.0
     # The window resets; the outstanding level does not.
     again = client.get_step_metrics(step_time_s=1.0)
     assert again == {
@@ -336,15 +336,15 @@ def test_percentiles_thresholds_and_clamping(monkeypatch: pytest.MonkeyPatch) ->
 
     client.get_step_metrics(1.0)
     m = run([3.0] * 19)
-    assert "step/list/p50_ms" not in m
+    assert "step/list_sample_ids/p50_ms" not in m
     m = run([3.0] * 20)  # bucket (2.5, 5] -> edge 5, clamped to max 3
-    assert m["step/list/p50_ms"] == pytest.approx(3.0) and "step/list/p90_ms" not in m
+    assert m["step/list_sample_ids/p50_ms"] == pytest.approx(3.0) and "step/list_sample_ids/p90_ms" not in m
     m = run([0.05] * 30 + [30.0] * 10)
-    assert m["step/list/p50_ms"] == pytest.approx(0.1)  # upper edge of the first bucket
-    assert m["step/list/p90_ms"] == pytest.approx(30.0)  # edge 50 clamped to max 30
+    assert m["step/list_sample_ids/p50_ms"] == pytest.approx(0.1)  # upper edge of the first bucket
+    assert m["step/list_sample_ids/p90_ms"] == pytest.approx(30.0)  # edge 50 clamped to max 30
     m = run([7000.0] * 40)  # the open (+inf) bucket reports max_ms
-    assert m["step/list/p90_ms"] == pytest.approx(7000.0)
-    assert m["step/list/mean_ms"] == pytest.approx(7000.0)
+    assert m["step/list_sample_ids/p90_ms"] == pytest.approx(7000.0)
+    assert m["step/list_sample_ids/mean_ms"] == pytest.approx(7000.0)
     monkeypatch.setattr(observability, "time", time)
     client.close()
 

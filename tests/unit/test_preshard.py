@@ -4,6 +4,7 @@ worked examples, order restoration and equal microbatch counts."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -265,3 +266,24 @@ def test_property_every_id_once_equal_counts_and_restore(data, dp, chunks, mode)
     if order is not None:
         merged.reorder_data(order)
     assert merged["id"] == meta.sample_ids
+
+
+@pytest.mark.parametrize("which", ["dynamic_batching_args", "sequence_packing_args"])
+def test_packing_args_are_forwarded_to_the_planner_unread(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner is replaced by a recorder (isolating shard_meta_for_dp from it): the args
+    object reaches it unchanged, and the skeleton holds ``input_ids`` / ``input_lengths``
+    whatever the args say, so args without ``input_key`` are not read for it."""
+    seen: dict[str, Any] = {}
+
+    def planner(self: BatchedDataDict, shards: int, batch_size: int | None = None, **kwargs: Any) -> Any:
+        seen["keys"] = sorted(self.data)
+        seen["kwargs"] = kwargs
+        return [self.select_indices(list(range(r, self.size, shards))) for r in range(shards)]
+
+    monkeypatch.setattr(BatchedDataDict, "shard_by_batch_size", planner)
+    args = {"max_tokens_per_microbatch": 4096, "sequence_length_round": 64, "algorithm": "concatenative",
+            "sequence_length_pad_multiple": 64}
+    metas, _ = shard_meta_for_dp(_meta(), dp_world=2, **{which: args})
+    assert seen["kwargs"][which] is args
+    assert seen["keys"] == ["input_ids", "input_lengths", "meta_idx", "sample_mask"]
+    assert sorted(s for m in metas for s in m.sample_ids) == sorted(_meta().sample_ids)

@@ -743,3 +743,32 @@ def test_failed_finish_keeps_the_step_for_abort(split_store: _SplitStore) -> Non
         host.finish_train_step_presharded()
     host.abort_train_step_presharded()
     assert host.split_calls[-1] == ("abort",)
+
+
+# --- the reference's keyword and attribute names ----------------------------------------------
+
+
+def test_write_back_accepts_tq_field_and_the_client_under_dp_client_underscore(wb_host: Any) -> None:
+    host, client, meta = wb_host
+    other = _Host({})
+    other._dp_client = client  # the same attribute as dp_client, under its other name
+    assert other.dp_client is client and other._require_dp_client() is client
+    value = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    other._write_back_result_field(meta, {"logprobs": value}, result_key="logprobs", tq_field=PREV_LOGPROBS)
+    assert torch.equal(_read_back(client, meta, PREV_LOGPROBS), torch.tensor([[1.0, 0.0], [3.0, 4.0]]))
+    with pytest.raises(TypeError, match="two different fields"):
+        host._write_back_result_field(meta, {"logprobs": value}, result_key="logprobs", tq_field="a", field="b")
+    with pytest.raises(TypeError, match="tq_field="):
+        host._write_back_result_field(meta, {"logprobs": value}, result_key="logprobs")
+
+
+def test_entrypoints_write_back_through_a_host_override_taking_tq_field(split_store: _SplitStore) -> None:
+    class _Recording(_Host):
+        def _write_back_result_field(self, meta: KVBatchMeta, result: Any, *, result_key: str, tq_field: str) -> None:
+            self.written = (result_key, tq_field, meta.size)
+
+    host = _Recording({})
+    host._dp_client = split_store
+    meta = _seed(split_store.seed)
+    host.get_logprobs_presharded(meta)
+    assert host.written == ("logprobs", PREV_LOGPROBS, 3)
