@@ -6,8 +6,8 @@ entry point reject a bad configuration identically and before any process starts
 * ``register_configs()`` stores the structured schemas (root, ``algorithm`` group, and the
   data-plane schemas) and every ``recipes/*.yaml`` as an option of the ``recipe`` group, so
   ``recipe=grpo_arith`` works from any working directory.
-* ``validate_config(cfg)`` converts the composed node into dataclasses (running every range
-  rule) and checks that the (algorithm, data_plane) pair is legal through the factory's own
+* ``validate_config(cfg)`` refuses keys no schema declares (also those added with ``+``),
+  converts the composed node into dataclasses (running every range rule) and checks that the (algorithm, data_plane) pair is legal through the factory's own
   lookup.
 * ``preflight(cfg, run_dir)`` checks the CPU budget and that output paths are writable.
 """
@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_dp.config.algorithm_registry import ALGORITHMS, algorithm, algorithm_names
+from nemo_dp.config.keys import check_known_keys
 from nemo_dp.config.schema import (
     CheckpointingConfig,
     ClusterConfig,
@@ -108,10 +109,13 @@ def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig
             ``ValueError`` naming both keys.
         omegaconf.errors.MissingMandatoryValue: A required key (``???``) is unset.
     """
+    # A key added with a leading '+' passes Hydra's struct check; check_known_keys refuses it
+    # (to_object would drop it silently).
     node = _without_hydra(cfg)
     missing = sorted(k for k in OmegaConf.missing_keys(node))
     if missing:
         raise ValueError(f"{missing[0]}: required value is missing (all missing keys: {missing})")
+    check_known_keys(node)
     obj = OmegaConf.to_object(node)
     if not isinstance(obj, MasterConfig):
         raise TypeError(f"config root must use config_schema, got {type(obj).__name__}")

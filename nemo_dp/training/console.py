@@ -24,7 +24,9 @@ Ctrl-C; Ray's token-auth notice and torch's ``is_fx_tracing`` notice cluttered e
   Ray worker processes drop torch's notice through ``nemo_dp.utils.noise``).
 
 :func:`recipe_hint_on_failure` adds one hint line to a Hydra composition error caused by
-choosing an ``algorithm`` that the default recipe (a GRPO recipe) cannot be merged into.
+choosing an ``algorithm`` that the default recipe (a GRPO recipe) cannot be merged into, and
+one per mistyped group option or key (``nemo_dp.config.hints``: the closest legal name, never
+Hydra's ``+key`` suggestion, which would add a key nothing reads).
 """
 
 from __future__ import annotations
@@ -585,9 +587,14 @@ def recipe_hint(
         The hint, or ``None`` when a recipe is chosen (``recipe=...``, ``~recipe``) or the
         chosen algorithm is the default recipe's.
     """
+    from nemo_dp.config import CONF_DIR
+    from nemo_dp.config.hints import group_options
+
     algorithm = _override_value(overrides, "algorithm")
     if algorithm is None or any(o.lstrip("+~").startswith("recipe") for o in overrides):
         return None
+    if algorithm not in (group_options(CONF_DIR, "algorithm") or ()):
+        return None  # not an option at all: composition_hints names the closest one
     root = Path(recipes_dir)
     default_algo = recipe_algorithm(root / f"{default_recipe}.yaml")
     if default_algo is None or default_algo == algorithm:
@@ -626,9 +633,13 @@ def recipe_hint_on_failure(
 
 
 def _print_hint(overrides: list[str], recipes_dir: str | os.PathLike[str], default_recipe: str) -> None:
+    from nemo_dp.config import CONF_DIR
+    from nemo_dp.config.hints import composition_hints
+
     try:
         hint = recipe_hint(overrides, recipes_dir=recipes_dir, default_recipe=default_recipe)
+        hints = ([hint] if hint is not None else []) + composition_hints(overrides, conf_dir=CONF_DIR)
     except Exception:  # a hint must never replace the error it explains
         return
-    if hint is not None:
-        print(hint, file=sys.stderr, flush=True)
+    for line in hints:
+        print(line, file=sys.stderr, flush=True)

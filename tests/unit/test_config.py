@@ -280,3 +280,33 @@ def test_global_batch_that_does_not_divide_over_the_workers_is_refused_naming_bo
     with pytest.raises(ValueError) as err:
         validate_config(cfg)
     assert str(err.value) == "policy.train_global_batch_size: must be a multiple of policy.dp_size=3, got 64"
+
+
+def test_a_key_added_with_plus_is_refused_unless_the_node_is_open() -> None:
+    cfg = _compose(["+algorithm.max_stepz=3"])
+    with pytest.raises(ValueError) as err:
+        validate_config(cfg)
+    msg = str(err.value)
+    assert msg.startswith("algorithm.max_stepz: not a key of algorithm (did you mean algorithm.max_steps?)"), msg
+    assert "'+'" in msg
+    with pytest.raises(ValueError, match=r"^policy\.optimizer\.learning_rate: not a key of policy\.optimizer"):
+        validate_config(_compose(["+policy.optimizer.learning_rate=0.5"]))
+    # cluster.policy_resources is a mapping in the schema: an open node takes new keys.
+    obj = validate_config(_compose(["+cluster.policy_resources.node_b=0.5"]))
+    assert obj.cluster.policy_resources == {"node_b": 0.5}
+
+
+def test_composition_hints_name_the_closest_option_and_key_never_plus() -> None:
+    from nemo_dp.config.hints import composition_hints
+    from nemo_dp.training.console import recipe_hint
+
+    hints = composition_hints(["algorithm=gpro"], conf_dir=CONF_DIR)
+    assert hints == ["hint: algorithm=gpro is not an option of group 'algorithm'; did you mean algorithm=grpo? "
+                     "(options: grpo, ppo, sft)"]
+    # The recipe hint ("add ~recipe") is for a real algorithm the default recipe cannot take.
+    assert recipe_hint(["algorithm=gpro"], recipes_dir=RECIPES_DIR, default_recipe=DEFAULT_RECIPE) is None
+    assert "recipe=ppo_arith" in str(recipe_hint(["algorithm=ppo"], recipes_dir=RECIPES_DIR, default_recipe=DEFAULT_RECIPE))
+    (hint,) = composition_hints(["seed=3", "algorithm.max_stepz=3"], conf_dir=CONF_DIR)
+    assert hint == ("hint: algorithm.max_stepz is not a configuration key, and +algorithm.max_stepz=3 would be "
+                    "refused too (nothing reads it); did you mean algorithm.max_steps=3?")
+    assert composition_hints(["algorithm=grpo", "algorithm.max_steps=3"], conf_dir=CONF_DIR) == []

@@ -1,0 +1,83 @@
+"""Keys a composed configuration holds that its schema does not declare.
+
+Hydra's struct mode refuses an unknown key in ``a.b=1``, but ``+a.b=1`` adds it anyway, and
+``OmegaConf.to_object`` then drops it without a word: the run would start with a setting that
+nothing reads.  :func:`check_known_keys` walks the composed node and refuses every key that the
+dataclass typing its node does not declare.  A node typed as a mapping (e.g.
+``cluster.policy_resources: dict[str, float]``) is open: any key may be added to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["unknown_keys", "check_known_keys", "closest"]
+
+
+def closest(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:
+    """The candidate nearest to ``word`` (a likely typo), or ``None`` when none is close.
+
+    Args:
+        word: What the user wrote.
+        candidates: The legal names.
+
+    Returns:
+        The closest legal name, or ``None``.
+    """
+    match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, list[str]]]:
+    """Every key of ``node`` (recursively) that its schema does not declare.
+
+    Args:
+        node: A composed config node.
+        prefix: The node's full key (``""`` for the root).
+
+    Yields:
+        ``(full key, the keys its parent's schema declares)``.
+    """
+    schema = OmegaConf.get_type(node)
+    declared = (
+        [f.name for f in dataclasses.fields(schema)]
+        if schema is not None and dataclasses.is_dataclass(schema)
+        else None
+    )
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if declared is not None and key not in declared:
+            yield full, declared
+            continue
+        child = node._get_node(key)  # the node itself: no interpolation is resolved here
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            yield from unknown_keys(child, f"{full}.")
+
+
+def check_known_keys(node: DictConfig) -> None:
+    """Refuse a key the schema does not declare (one added with a leading ``+``).
+
+    Args:
+        node: The composed root node (without the ``hydra`` node).
+
+    Raises:
+        ValueError: Naming the first unknown key, the closest declared key and why ``+`` does
+            not help.
+    """
+    for full, declared in unknown_keys(node):
+        parent, _, name = full.rpartition(".")
+        where = parent or "the root config"
+        guess = closest(str(name), declared)
+        fix = (
+            f"did you mean {parent + '.' if parent else ''}{guess}?"
+            if guess is not None
+            else f"its keys are {sorted(declared)}"
+        )
+        raise ValueError(
+            f"{full}: not a key of {where} ({fix}); a leading '+' cannot add keys to a schema "
+            "node, so the value would be ignored"
+        )
