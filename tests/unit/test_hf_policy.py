@@ -256,15 +256,28 @@ def test_bfloat16_policy_generates_and_trains(llama: Path) -> None:
     assert torch.isfinite(torch.tensor([out["loss"], out["grad_norm"]])).all() and out["grad_norm"] > 0
 
 
-def test_prepare_builds_a_named_tiny_checkpoint_on_first_use(tmp_path: Path) -> None:
+def test_prepare_builds_only_the_default_cache_path_on_first_use_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from nemo_dp.models.builders import prepare_policy
 
-    cfg = _policy(tmp_path / "cache" / "tiny-gpt2")
+    monkeypatch.chdir(tmp_path)
+    cfg = _policy(".cache/nemo_dp/tiny-gpt2")
     with pytest.raises(ValueError, match="does not exist"):
         validate_policy(cfg)
     prepare_policy(cfg)
+    assert "building the offline tiny gpt2 checkpoint" in capsys.readouterr().out
     validate_policy(cfg)
-    assert json.loads((tmp_path / "cache" / "tiny-gpt2" / "config.json").read_text())["model_type"] == "gpt2"
+    assert json.loads((tmp_path / ".cache/nemo_dp/tiny-gpt2/config.json").read_text())["model_type"] == "gpt2"
+    prepare_policy(_policy(tmp_path / ".cache/nemo_dp/tiny-gpt2"))  # the same path, absolute: exists
+    assert capsys.readouterr().out == ""
+    # Any other tiny-<arch> path is no magic: nothing is created, validation names the key.
+    for elsewhere in (tmp_path / "missing" / "dir" / "tiny-qwen2", tmp_path / "cache" / "tiny-gpt2"):
+        prepare_policy(_policy(elsewhere))
+        assert not elsewhere.exists() and not elsewhere.parent.exists()
+        with pytest.raises(ValueError, match=r"^policy\.model_name_or_path: directory .* does not exist.*only the "
+                                             r"default cache path \.cache/nemo_dp/tiny-<arch> is built"):
+            validate_policy(_policy(elsewhere))
     other = _policy(tmp_path / "my-model")
     prepare_policy(other)  # not a tiny-<arch> name: left for validation to report
     assert not (tmp_path / "my-model").exists()

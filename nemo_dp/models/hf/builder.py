@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -133,22 +134,52 @@ def load_saved_hf_tokenizer(policy_cfg: Any, directory: str) -> HFTokenizer | No
     return load_hf_tokenizer(settings)
 
 
-def prepare_hf_policy(policy_cfg: Any) -> None:
-    """Build the offline tiny checkpoint ``policy.model_name_or_path`` names, if it is one.
+def default_tiny_arch(path: str | os.PathLike[str]) -> str | None:
+    """The architecture of ``path`` when it is the documented default cache path, else ``None``.
 
-    A missing directory whose name is ``tiny-<arch>`` (``arch`` in ``make_tiny.ARCHS``) is
-    created by ``ensure_tiny_checkpoint(arch, <its parent>)``; any other path is left alone
-    (validation then reports it).
+    Only ``.cache/nemo_dp/tiny-<arch>`` (relative to the working directory, the default of
+    ``policy.model_name_or_path``; ``arch`` in ``make_tiny.ARCHS``) is built on first use; any
+    other path must exist.
+
+    Args:
+        path: A ``policy.model_name_or_path`` value.
+
+    Returns:
+        The architecture name, or ``None``.
+    """
+    from nemo_dp.models.hf.make_tiny import ARCHS, TINY_CACHE_DIR
+
+    given = Path(path).expanduser()
+    for arch in ARCHS:
+        default = Path(TINY_CACHE_DIR) / f"tiny-{arch}"
+        if given == default or given.absolute() == default.absolute():
+            return arch
+    return None
+
+
+def prepare_hf_policy(policy_cfg: Any) -> None:
+    """Build the offline tiny checkpoint at the default cache path on first use.
+
+    ``policy.model_name_or_path`` = ``.cache/nemo_dp/tiny-<arch>`` (see
+    :func:`default_tiny_arch`) that does not exist yet is created by
+    ``ensure_tiny_checkpoint(arch, ".cache/nemo_dp")``, and a line says so; any other path is
+    left alone (validation reports a missing one, naming the key).
 
     Args:
         policy_cfg: The ``policy`` node.
     """
-    from nemo_dp.models.hf.make_tiny import ARCHS, ensure_tiny_checkpoint
+    from nemo_dp.models.hf.make_tiny import TINY_CACHE_DIR, ensure_tiny_checkpoint
 
-    path = Path(hf_settings(policy_cfg).model_name_or_path).expanduser()
-    arch = path.name[len("tiny-") :] if path.name.startswith("tiny-") else None
-    if arch in ARCHS and not path.exists():
-        ensure_tiny_checkpoint(arch, path.parent)
+    value = hf_settings(policy_cfg).model_name_or_path
+    arch = default_tiny_arch(value)
+    if arch is None or Path(value).expanduser().exists():
+        return
+    print(
+        f"policy.model_name_or_path: {value} does not exist yet; building the offline tiny {arch} "
+        "checkpoint there (random weights, first use of the default cache path)",
+        flush=True,
+    )
+    ensure_tiny_checkpoint(arch, TINY_CACHE_DIR)
 
 
 BUILDER = ModelBuilder(

@@ -23,10 +23,13 @@ import torch
 
 from nemo_dp.data.arithmetic import SUPPORTED_OPERATORS, ArithmeticTask
 
-__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinyDims", "make_tiny_checkpoint", "ensure_tiny_checkpoint", "main"]
+__all__ = ["ARCHS", "TINY_CACHE_DIR", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinyDims", "make_tiny_checkpoint", "ensure_tiny_checkpoint", "main"]
 
 #: Architectures this command can write.
 ARCHS: tuple[str, ...] = ("llama", "qwen2", "gpt2")
+#: The default cache directory (relative to the working directory): ``policy.model_name_or_path``
+#: = ``<TINY_CACHE_DIR>/tiny-<arch>`` is the one path the launcher builds on first use.
+TINY_CACHE_DIR = ".cache/nemo_dp"
 
 PAD_TOKEN = "<|pad|>"
 BOS_TOKEN = "<|bos|>"

@@ -46,9 +46,17 @@ def check_local_dir(key: str, path: str) -> Path:
             f"(e.g. `huggingface-cli download {path} --local-dir DIR`) and set {key}=DIR, or build "
             f"an offline tiny checkpoint with `{_MAKE_TINY}`"
         )
+    tiny = ""
+    if p.name.startswith("tiny-"):
+        from nemo_dp.models.hf.make_tiny import TINY_CACHE_DIR
+
+        tiny = (
+            f" (only the default cache path {TINY_CACHE_DIR}/tiny-<arch> is built on first use; "
+            "any other path must exist)"
+        )
     raise ValueError(
         f"{key}: directory {path!r} does not exist; point it at a local checkpoint directory "
-        f"or build one with `{_MAKE_TINY}`"
+        f"or build one with `{_MAKE_TINY}`{tiny}"
     )
 
 
