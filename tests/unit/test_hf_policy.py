@@ -132,6 +132,61 @@ def test_checkpoint_problems_name_the_key(tmp_path: Path, llama: Path) -> None:
     validate_hf_policy(_policy(llama))  # the intact checkpoint passes
 
 
+def _edit_json(path: Path, **values: Any) -> None:
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data.update(values)
+    path.write_text(json.dumps(data))
+
+
+def test_another_models_smaller_tokenizer_is_refused_by_its_special_ids(tmp_path: Path, llama: Path) -> None:
+    """A tokenizer with fewer tokens than the embedding passes the size check; its eos id (here
+    its bos token made eos) disagrees with the model's config.json and names both."""
+    other = make_tiny_checkpoint("llama", tmp_path / "other", vocab_size=270)
+    tok_cfg = json.loads((other / "tokenizer_config.json").read_text())
+    _edit_json(other / "tokenizer_config.json", eos_token=tok_cfg["bos_token"])
+    small = build_tokenizer(_policy(llama, tokenizer_name_or_path=str(other)))
+    model_cfg = json.loads((llama / "config.json").read_text())
+    assert small.vocab_size < model_cfg["vocab_size"] and small.eos_id != model_cfg["eos_token_id"]
+    with pytest.raises(ValueError) as err:
+        validate_hf_policy(_policy(llama, tokenizer_name_or_path=str(other)))
+    msg = str(err.value)
+    assert msg.startswith(f"policy.tokenizer_name_or_path: the tokenizer at {str(other)!r} has eos id {small.eos_id} "), msg
+    assert f"policy.model_name_or_path={str(llama)!r} declares config.json:eos_token_id={model_cfg['eos_token_id']}" in msg, msg
+
+
+@pytest.mark.parametrize("name", ["eos", "bos", "pad"])
+@pytest.mark.parametrize("file_name", ["config.json", "generation_config.json"])
+def test_special_ids_must_agree_with_the_models_files(tmp_path: Path, llama: Path, name: str, file_name: str) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(llama, model)
+    tok = build_tokenizer(_policy(llama))
+    ours = {"eos": tok.eos_id, "bos": tok.bos_id, "pad": tok.pad_id}[name]
+    _edit_json(model / file_name, **{f"{name}_token_id": ours + 5})
+    with pytest.raises(ValueError, match=rf"^policy\.tokenizer_name_or_path: .* has {name} id {ours} .* declares "
+                                         rf".*{file_name}:{name}_token_id={ours + 5}"):
+        validate_hf_policy(_policy(model))
+    # A list (generation_config.json's eos often is one) holding the tokenizer's id agrees
+    # (transformers allows a list in config.json for eos only).
+    fixed = [ours + 5, ours] if name == "eos" or file_name == "generation_config.json" else ours
+    _edit_json(model / file_name, **{f"{name}_token_id": fixed})
+    validate_hf_policy(_policy(model))
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both_sizes(tmp_path: Path, llama: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(llama, model)
+    size = build_tokenizer(_policy(llama)).vocab_size
+    _edit_json(model / "config.json", vocab_size=size - 1)
+    with pytest.raises(ValueError, match=rf"has {size} tokens but the model has only {size - 1} embedding rows "
+                                         rf"\(config\.json:vocab_size={size - 1} of policy\.model_name_or_path="):
+        validate_hf_policy(_policy(model))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_every_tiny_architecture_passes_validation(cache: Path, arch: str) -> None:
+    validate_hf_policy(_policy(ensure_tiny_checkpoint(arch, cache)))
+
+
 # --- tokenizer adapter ----------------------------------------------------------------------
 def test_tokenizer_adapter_layout_and_chat_template(llama: Path) -> None:
     tok = build_tokenizer(_policy(llama))

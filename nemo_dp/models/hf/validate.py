@@ -8,6 +8,7 @@ hub-style name that is not a local directory is refused as such.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,48 @@ def _check_model_dir(settings: HFSettings) -> Any:
     return config
 
 
+def _declared_ids(model_dir: Path, name: str) -> list[tuple[str, int]]:
+    """``(file:key, id)`` of every ``<name>_token_id`` the model's JSON files declare."""
+    found: list[tuple[str, int]] = []
+    for file_name in ("config.json", "generation_config.json"):
+        path = model_dir / file_name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"policy.model_name_or_path: cannot read {str(path)!r}: {exc}") from exc
+        value = data.get(f"{name}_token_id") if isinstance(data, dict) else None
+        for tid in value if isinstance(value, list) else [value]:
+            if isinstance(tid, int) and not isinstance(tid, bool):
+                found.append((f"{file_name}:{name}_token_id", tid))
+    return found
+
+
+def _check_special_ids(hf_tok: Any, tok_key: str, tok_path: Path, model_dir: Path) -> None:
+    """The tokenizer's eos / bos / pad ids agree with what the model's files declare.
+
+    A tokenizer id is checked only when the tokenizer has that token, against each file of the
+    model that declares one (``config.json``, ``generation_config.json``; a list, as
+    ``generation_config.json`` often holds for eos, means any of them).  A tokenizer with fewer
+    tokens than the model's embedding rows is fine (models pad their embedding), so these ids
+    are what tells another model's tokenizer apart.
+    """
+    for name in ("eos", "bos", "pad"):
+        tid = getattr(hf_tok, f"{name}_token_id", None)
+        declared = _declared_ids(model_dir, name)
+        files = {where for where, _ in declared}
+        if tid is None or all(int(tid) in {i for w, i in declared if w == f} for f in files):
+            continue
+        token = getattr(hf_tok, f"{name}_token", None)
+        model_side = ", ".join(f"{where}={i}" for where, i in declared)
+        raise ValueError(
+            f"{tok_key}: the tokenizer at {str(tok_path)!r} has {name} id {int(tid)} ({token!r}) but "
+            f"the model at policy.model_name_or_path={str(model_dir)!r} declares {model_side}; use the "
+            "tokenizer the model was trained with (or fix those ids in the model's files)"
+        )
+
+
 def validate_hf_policy(policy_cfg: Any) -> None:
     """Check the ``policy=hf`` keys, the checkpoint and the tokenizer (local files only).
 
@@ -137,13 +180,16 @@ def validate_hf_policy(policy_cfg: Any) -> None:
     if tok.vocab_size > model_vocab:
         raise ValueError(
             f"{tok_key}: the tokenizer at {str(tok_path)!r} has {tok.vocab_size} tokens but the model "
-            f"has only {model_vocab} embedding rows; use the tokenizer the model was trained with"
+            f"has only {model_vocab} embedding rows (config.json:vocab_size={model_vocab} of "
+            f"policy.model_name_or_path={settings.model_name_or_path!r}); use the tokenizer the model "
+            "was trained with"
         )
-    for name, tid in (("eos", tok.eos_id), ("pad", tok.pad_id)):
-        if not 0 <= tid < model_vocab:
+    for name, tid in (("eos", tok.eos_id), ("pad", tok.pad_id), ("bos", tok.bos_id)):
+        if tid is not None and not 0 <= tid < model_vocab:
             raise ValueError(
                 f"{tok_key}: {name} token id {tid} is outside the model's vocabulary of {model_vocab}"
             )
+    _check_special_ids(hf_tok, tok_key, tok_path, Path(settings.model_name_or_path).expanduser())
     model_node = cfg_get(policy_cfg, "model", None)
     max_len = cfg_get(model_node, "max_seq_len", None) if model_node is not None else None
     limit = getattr(config, "max_position_embeddings", None)
