@@ -6,18 +6,23 @@ configuration fails before any process starts.
 1. Hydra composes ``conf/config.yaml`` (recipes from ``recipes/`` are registered as the
    ``recipe`` group, so ``recipe=grpo_arith`` works from any working directory); struct mode
    rejects unknown keys and wrong types naming the key.
-2. ``validate_config`` runs every range rule and checks the (algorithm, data_plane) pair through
-   the factory's lookup; ``preflight`` checks the CPU budget and output paths.
+2. Before Hydra creates the output directory, the launcher checks it can be written
+   (``nemo_dp.training.output_dir``).  ``validate_config`` refuses unknown keys, runs every
+   range rule and checks the (algorithm, data_plane) pair through the factory's lookup;
+   ``preflight`` checks the CPU budget (the data plane's actors included), the device and the
+   output paths, writing nothing.
 3. ``nemo_dp.training.run_phases`` plans the phases (an RL run with
    ``algorithm.warm_start.enabled`` first runs an SFT warm start on the same policy), selects
    every trainer and the policy through the factory, starts Ray for this job only and writes
    the run directory.
 
 Failures are clean (``nemo_dp.training.console.hydra_task``): a configuration or preflight
-error prints one message (the traceback only with ``HYDRA_FULL_ERROR=1``) and leaves no run
-directory behind; a failure after Ray started writes ``summary.json`` with the error and the
-plot of what ran; SIGTERM stops like Ctrl-C; ``launch.log`` holds the run's output without
-colour codes.
+error, a cluster that cannot be joined included, prints one message (the traceback only with
+``HYDRA_FULL_ERROR=1``) and changes nothing on disk: no new run directory, no file of an
+existing one (``launch.log`` and ``.hydra/`` are written only once the run is accepted, i.e.
+Ray is up and the run directory claimed); a failure after that writes ``summary.json`` with the
+error and the plot of what ran; SIGTERM stops like Ctrl-C; ``launch.log`` holds the run's
+output without colour codes.
 
 The Hydra task function returns the final held-out accuracy, so a Hydra sweeper can maximise
 it.
@@ -25,6 +30,7 @@ it.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -86,6 +92,23 @@ def _default_recipe() -> str:
     return ""
 
 
+def _refuse_unwritable_output_dir(argv: list[str]) -> None:
+    """Exit with one message (Hydra's own style) when the output directory cannot be written."""
+    from nemo_dp.training.console import RunConfigurationError
+    from nemo_dp.training.output_dir import output_dir_problem
+
+    if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion") for a in argv):
+        return
+    problem = output_dir_problem(argv, CONF_DIR)
+    if problem is None:
+        return
+    if os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0"):
+        raise RunConfigurationError(problem)
+    print(f"{problem}\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", file=sys.stderr)
+    raise SystemExit(1)
+
+
 if __name__ == "__main__":
+    _refuse_unwritable_output_dir(sys.argv[1:])
     with recipe_hint_on_failure(sys.argv[1:], recipes_dir=RECIPES_DIR, default_recipe=_default_recipe()):
         main()

@@ -39,6 +39,7 @@ SHARED_SESSION_FILES: dict[str, str] = {
     "tests/e2e/test_evaluate.py": "e2e-shared-runs",
     "tests/e2e/test_launch.py": "e2e-shared-runs",
     "tests/e2e/test_reliability.py": "e2e-shared-runs",
+    "tests/e2e/test_reliability_prestart.py": "e2e-shared-runs",
 }
 
 

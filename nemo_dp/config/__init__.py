@@ -44,6 +44,7 @@ __all__ = [
     "validate_config",
     "preflight",
     "PreflightError",
+    "check_writable",
     "warm_start_config",
 ]
 
@@ -193,23 +194,66 @@ def warm_start_config(cfg: DictConfig) -> DictConfig:
     return out
 
 
-def _check_writable(key: str, path: Path) -> None:
+def check_writable(key: str, path: str | os.PathLike[str]) -> None:
+    """``path`` can be created and written, checked without creating anything that stays.
+
+    The probe is a temporary file in ``path`` or, when it does not exist yet, in its nearest
+    existing ancestor (removed at once), so a refused run leaves no directory behind.
+
+    Args:
+        key: The config key holding the path (named in the error).
+        path: The directory.
+
+    Raises:
+        PreflightError: A file is in the way, or the directory cannot be written (read-only,
+            no permission).
+    """
+    path = Path(path).absolute()
+    probe_dir = path
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        raise PreflightError(
+            f"{key}: output path {str(path)!r} is not writable: {str(probe_dir)!r} is not a directory"
+        )
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_probe_"):
+        with tempfile.NamedTemporaryFile(dir=probe_dir, prefix=".write_probe_"):
             pass
     except OSError as exc:
         raise PreflightError(f"{key}: output path {str(path)!r} is not writable: {exc}") from exc
 
 
+def _check_device(cfg: MasterConfig) -> None:
+    """``policy.device=cuda`` needs a CUDA device this machine can see (for a local Ray)."""
+    if str(getattr(cfg.policy, "device", "cpu")) != "cuda" or not cfg.cluster.is_local:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        seen = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        build = torch.version.cuda
+        why = f"torch {torch.__version__} (CUDA {build}) sees no CUDA device{seen}" if build else (
+            f"torch {torch.__version__} is a CPU-only build"
+        )
+        raise PreflightError(
+            f"policy.device: cuda, but {why} and the run starts its own Ray on this machine "
+            "(cluster.address is local); set policy.device=cpu, or install a CUDA torch build "
+            "(README, 'Running on GPUs')"
+        )
+
+
 def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
-    """Checks that must pass before Ray starts.
+    """Checks that must pass before Ray starts; they write nothing.
 
     * CPU budget: a local Ray gets ``cluster.num_cpus`` logical CPUs; that must not exceed the
-      machine's CPUs, and the policy workers' compute threads (``dp_size x torch_threads``)
-      must fit in it (workers reserve ``num_cpus=0`` but their threads still need cores).
-    * Output paths: the run directory and the checkpoint directory are writable; a
-      ``checkpointing.resume_from`` directory exists.
+      machine's CPUs, the policy workers' compute threads (``dp_size x torch_threads``)
+      must fit in it (workers reserve ``num_cpus=0`` but their threads still need cores), and
+      it must host the data plane's own actors (TransferQueue's controller and storage units
+      reserve one CPU each).
+    * Device: ``policy.device=cuda`` with a local Ray needs a CUDA device visible here.
+    * Output paths: the run directory and the checkpoint directory can be written (probed
+      without creating them); a ``checkpointing.resume_from`` directory exists.
 
     Args:
         cfg: The validated configuration.
@@ -217,7 +261,12 @@ def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
 
     Raises:
         PreflightError: Naming the key at fault.
+        ValueError: The CPU budget cannot host the data plane's actors (names
+            ``cluster.num_cpus`` and the actors' keys).
     """
+    from nemo_dp.data_plane.registry import ray_cpu_reservation
+    from nemo_dp.distributed.ray_init import check_cpu_budget
+
     machine = os.cpu_count() or 1
     if cfg.cluster.is_local and cfg.cluster.num_cpus > machine:
         raise PreflightError(
@@ -229,10 +278,13 @@ def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
             f"policy.dp_size x policy.torch_threads = {threads} compute threads exceed "
             f"cluster.num_cpus={cfg.cluster.num_cpus}; lower policy.dp_size or policy.torch_threads"
         )
+    if cfg.cluster.is_local:
+        check_cpu_budget(cfg.cluster.num_cpus, *ray_cpu_reservation(cfg.data_plane))
+    _check_device(cfg)
     run = Path(run_dir)
-    _check_writable("hydra.run.dir", run)
+    check_writable("hydra.run.dir", run)
     if cfg.checkpointing.enabled:
-        _check_writable("checkpointing.checkpoint_dir", run / cfg.checkpointing.checkpoint_dir)
+        check_writable("checkpointing.checkpoint_dir", run / cfg.checkpointing.checkpoint_dir)
     if cfg.checkpointing.resume_from is not None and not Path(cfg.checkpointing.resume_from).is_dir():
         raise PreflightError(
             f"checkpointing.resume_from: {cfg.checkpointing.resume_from!r} is not a directory"

@@ -39,6 +39,7 @@ __all__ = [
     "register_backend",
     "ray_start_args",
     "reserved_ray_cpus",
+    "ray_cpu_reservation",
     "schema_types",
 ]
 
@@ -335,6 +336,28 @@ def reserved_ray_cpus(data_plane_cfg: Any) -> int:
     return int(backend_for_config(dp_cfg).reserved_cpus(dp_cfg))
 
 
+def ray_cpu_reservation(data_plane_cfg: Any) -> tuple[int, str]:
+    """The logical Ray CPUs the backend's own actors reserve, and what reserves them.
+
+    Args:
+        data_plane_cfg: Any accepted ``data_plane`` form.
+
+    Returns:
+        ``(reserved_cpus, reserved_by)`` as Ray start-up's budget check takes them; nothing is
+        exported (unlike :func:`ray_start_args`), so preflight can call it.
+
+    Raises:
+        ValueError: The config is invalid (names the key).
+    """
+    from nemo_dp.data_plane.factory import coerce_data_plane_config
+
+    dp_cfg = coerce_data_plane_config(data_plane_cfg)
+    if not getattr(dp_cfg, "enabled", False):
+        return 0, "no data-plane actors"
+    spec = backend_for_config(dp_cfg)
+    return int(spec.reserved_cpus(dp_cfg)), spec.reserved_by(dp_cfg)
+
+
 def kinds_by_option() -> Mapping[str, str]:
     """``kind -> Hydra option`` for messages."""
     return {kind: spec.option for kind, spec in BACKENDS.items()}
@@ -361,10 +384,9 @@ def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:
     from nemo_dp.data_plane.factory import coerce_data_plane_config, maybe_configure_data_plane_env
 
     dp_cfg = coerce_data_plane_config(data_plane_cfg)
-    spec = backend_for_config(dp_cfg)
-    enabled = bool(getattr(dp_cfg, "enabled", False))
+    reserved, reserved_by = ray_cpu_reservation(dp_cfg)
     return {
-        "reserved_cpus": int(spec.reserved_cpus(dp_cfg)) if enabled else 0,
-        "reserved_by": spec.reserved_by(dp_cfg) if enabled else "no data-plane actors",
+        "reserved_cpus": reserved,
+        "reserved_by": reserved_by,
         "worker_env": dict(maybe_configure_data_plane_env(dp_cfg)),
     }

@@ -41,6 +41,7 @@ from nemo_dp.utils.noise import WORKER_SETUP_HOOK
 
 __all__ = [
     "init_ray",
+    "check_cpu_budget",
     "shutdown_ray",
     "ray_session",
     "ClusterAddress",
@@ -464,6 +465,22 @@ def _budget_error(
     )
 
 
+def check_cpu_budget(num_cpus: int | None, reserved_cpus: int, reserved_by: str = "") -> None:
+    """Refuse a private Ray whose CPUs cannot host the data plane's own actors (before Ray starts).
+
+    Args:
+        num_cpus: ``cluster.num_cpus`` of a private Ray (``None``: Ray counts the cores; not
+            checked here).
+        reserved_cpus: Logical CPUs the data plane's own actors reserve.
+        reserved_by: Which actors and config keys make up ``reserved_cpus``.
+
+    Raises:
+        ValueError: ``num_cpus < reserved_cpus``, naming ``cluster.num_cpus`` and the actors.
+    """
+    if num_cpus is not None and num_cpus < reserved_cpus:
+        raise _budget_error(num_cpus, reserved_cpus, reserved_by)
+
+
 def init_ray(
     *,
     address: str | None = None,
@@ -511,8 +528,8 @@ def init_ray(
         RuntimeError: Ray is already initialised in this process.
     """
     parsed = parse_cluster_address(address)
-    if parsed.local and num_cpus is not None and num_cpus < reserved_cpus:
-        raise _budget_error(num_cpus, reserved_cpus, reserved_by)
+    if parsed.local:
+        check_cpu_budget(num_cpus, reserved_cpus, reserved_by)
 
     import ray
 

@@ -64,6 +64,8 @@ __all__ = [
     "silence_known_noise",
     "is_configuration_error",
     "remove_unstarted_run_dir",
+    "save_hydra_outputs",
+    "RunLog",
     "write_failure_summary",
     "hydra_task",
     "recipe_algorithm",
@@ -131,13 +133,32 @@ class AnsiStrippingFormatter(logging.Formatter):
 
 
 class _LineSink:
-    """Appends complete lines to the log file: colour codes stripped, ``\\r`` redraws collapsed."""
+    """Appends complete lines to the log file: colour codes stripped, ``\\r`` redraws collapsed.
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(path, "a", encoding="utf-8")
+    A deferred sink holds its lines in memory until :meth:`open` (the run was accepted); closed
+    before that, it writes nothing, so a refused run leaves another run's log as it was.
+    """
+
+    def __init__(self, path: Path, *, deferred: bool = False) -> None:
+        self._path = path
+        self._fh: TextIO | None = None
+        self._held: list[str] = []
         self._lock = threading.Lock()
         self._partial: dict[str, str] = {}
+        if not deferred:
+            self.open()
+
+    def open(self) -> None:
+        """Open the file (idempotent) and write the lines held so far."""
+        with self._lock:
+            if self._fh is not None:
+                return
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self._path, "a", encoding="utf-8")
+            for line in self._held:
+                self._fh.write(line)
+            self._held.clear()
+            self._fh.flush()
 
     def feed(self, key: str, text: str) -> None:
         with self._lock:
@@ -150,16 +171,22 @@ class _LineSink:
     def _write(self, line: str) -> None:
         # A progress bar redraws its line after \r: keep what the terminal ends up showing.
         shown = strip_ansi(line.rsplit("\r", 1)[-1]).rstrip()
-        if shown:
-            self._fh.write(shown + "\n")
-            self._fh.flush()
+        if not shown:
+            return
+        if self._fh is None:
+            self._held.append(shown + "\n")
+            return
+        self._fh.write(shown + "\n")
+        self._fh.flush()
 
     def close(self) -> None:
         with self._lock:
             for rest in self._partial.values():
                 self._write(rest)
             self._partial.clear()
-            self._fh.close()
+            self._held.clear()
+            if self._fh is not None:
+                self._fh.close()
 
 
 class _Tee(io.TextIOBase):
@@ -205,44 +232,108 @@ def _file_handlers(path: Path) -> list[logging.FileHandler]:
     ]
 
 
+class _HeldRecords(logging.Handler):
+    """Keeps log records until the run's log file may be written (see :class:`RunLog`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@dataclass
+class RunLog:
+    """The run's log file while :func:`capture_run_log` copies into it.
+
+    Attributes:
+        path: The log file.
+        opened: Whether the file is being written (a deferred log opens on :meth:`open`).
+    """
+
+    path: Path
+    opened: bool = False
+    _sink: Any = None
+    _handlers: list[logging.Handler] = field(default_factory=list)
+    _held: _HeldRecords | None = None
+
+    def open(self) -> None:
+        """Start writing the file, the lines and log records held so far first (idempotent)."""
+        if self.opened:
+            return
+        self.opened = True
+        self._sink.open()
+        root = logging.getLogger()
+        held = self._held.records if self._held is not None else []
+        if self._held is not None:
+            root.removeHandler(self._held)
+            self._held = None
+        for handler in self._handlers:
+            root.addHandler(handler)
+            for record in held:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+
+
 @contextmanager
-def capture_run_log(log_path: str | os.PathLike[str]) -> Iterator[Path]:
+def capture_run_log(log_path: str | os.PathLike[str], *, deferred: bool = False) -> Iterator[RunLog]:
     """Copy stdout/stderr into ``log_path`` (no colour codes) for the duration of the block.
 
     Hydra's file handler for the same file (its job log) keeps writing log records there, with
     an ANSI-stripping formatter for the duration; without one, a handler is added so that
-    log records reach the file too.  Console output is unchanged.
+    log records reach the file too.  Console output is unchanged.  A ``deferred`` log holds
+    every line and log record in memory and touches no file until :meth:`RunLog.open`; if the
+    block ends first, nothing is written.
 
     Args:
         log_path: The run's log file (Hydra's ``<run_dir>/<job name>.log``).
+        deferred: Hold the output until :meth:`RunLog.open` (the run was accepted).
 
     Yields:
-        The log path.
+        The :class:`RunLog`.
     """
     path = Path(log_path)
-    sink = _LineSink(path)
-    handlers = _file_handlers(path)
+    root = logging.getLogger()
+    sink = _LineSink(path, deferred=deferred)
+    handlers: list[logging.Handler] = list(_file_handlers(path))
     saved_formatters = [(h, h.formatter) for h in handlers]
-    added: logging.FileHandler | None = None
     for h in handlers:
         h.setFormatter(AnsiStrippingFormatter(h.formatter))
+    added: logging.FileHandler | None = None
     if not handlers:
-        added = logging.FileHandler(path, encoding="utf-8")
+        added = logging.FileHandler(path, encoding="utf-8", delay=True)
         added.setFormatter(
             AnsiStrippingFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
         )
-        logging.getLogger().addHandler(added)
+        handlers.append(added)
+    run_log = RunLog(path=path, _sink=sink, _handlers=handlers)
+    if deferred:
+        for h in handlers:
+            root.removeHandler(h)
+        run_log._held = _HeldRecords()
+        root.addHandler(run_log._held)
+    else:
+        run_log.opened = True
+        if added is not None:
+            root.addHandler(added)
     old_out, old_err = sys.stdout, sys.stderr
     sys.stdout = _Tee(old_out, sink, "stdout")  # type: ignore[assignment]
     sys.stderr = _Tee(old_err, sink, "stderr")  # type: ignore[assignment]
     try:
-        yield path
+        yield run_log
     finally:
         sys.stdout, sys.stderr = old_out, old_err
+        if run_log._held is not None:
+            root.removeHandler(run_log._held)
+        if not run_log.opened:  # never accepted: Hydra's own handlers go back, unused
+            for h in handlers:
+                if h is not added:
+                    root.addHandler(h)
         for h, fmt in saved_formatters:
             h.setFormatter(fmt)  # type: ignore[arg-type]
         if added is not None:
-            logging.getLogger().removeHandler(added)
+            root.removeHandler(added)
             added.close()
         sink.close()
 
@@ -337,6 +428,9 @@ class RunRecord:
             ``summary.json``; the launcher may replace it or fill it in place.
         metrics: ``(metrics.jsonl, plot.png)`` of every phase begun, plotted after a failure.
         t_start: ``time.perf_counter()`` when the task started.
+        on_start: Called once by :meth:`mark_started` (the wrapper opens the run's log file
+            and writes Hydra's ``.hydra/`` files there: nothing reaches the run directory
+            before the run is accepted).
     """
 
     run_dir: Path
@@ -345,10 +439,15 @@ class RunRecord:
     summary: dict[str, Any] = field(default_factory=dict)
     metrics: list[tuple[Path, Path]] = field(default_factory=list)
     t_start: float = field(default_factory=time.perf_counter)
+    on_start: list[Callable[[], None]] = field(default_factory=list)
 
     def mark_started(self) -> None:
         """From now on a failure is a failed run (summary, plot), not a configuration error."""
+        if self.started:
+            return
         self.started = True
+        for hook in self.on_start:
+            hook()
 
     def track_metrics(self, metrics_path: str | os.PathLike[str], plot_path: str | os.PathLike[str]) -> None:
         """Plot ``metrics_path`` to ``plot_path`` if the run fails.
@@ -370,13 +469,17 @@ def is_configuration_error(exc: BaseException) -> bool:
 
     Returns:
         True for ``ValueError`` (schema rules, resume, run-dir, dataset, checkpoint-integrity
-        errors), OmegaConf errors, ``PreflightError`` and ``FileNotFoundError``.
+        errors, the CPU budget), OmegaConf errors, ``PreflightError``, ``FileNotFoundError``
+        and ``ClusterConnectError`` (the cluster to join cannot be reached).
     """
     from omegaconf.errors import OmegaConfBaseException
 
     from nemo_dp.config import PreflightError
+    from nemo_dp.distributed.ray_init import ClusterConnectError
 
-    return isinstance(exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError))
+    return isinstance(
+        exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError, ClusterConnectError)
+    )
 
 
 def _empty_tree(path: Path) -> bool:
@@ -470,6 +573,32 @@ def _hydra_run_dir_and_log() -> tuple[Path, Path]:
     return run_dir, run_dir / f"{hc.job.name}.log"
 
 
+def save_hydra_outputs(cfg: Any, run_dir: Path) -> None:
+    """Write Hydra's ``.hydra/`` files (config, hydra, overrides) into ``run_dir``.
+
+    The launcher's config sets ``hydra.output_subdir: null``, so Hydra writes nothing before
+    the task runs; the wrapper calls this once the run is accepted.  Nothing is done when
+    Hydra wrote them itself (``output_subdir`` set) or runs no job.
+
+    Args:
+        cfg: The job's composed config (without the ``hydra`` node).
+        run_dir: The job's output directory.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    if hc.output_subdir is not None:
+        return
+    out = run_dir / ".hydra"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+    (out / "hydra.yaml").write_text(OmegaConf.to_yaml({"hydra": hc}), encoding="utf-8")
+    (out / "overrides.yaml").write_text(OmegaConf.to_yaml(hc.overrides.task), encoding="utf-8")
+
+
 def _local_ray(cfg: Any) -> bool:
     try:
         return cfg.cluster.address is None
@@ -508,7 +637,8 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
         record = RunRecord(run_dir=run_dir, log_path=log_path)
         for line in silence_known_noise(local_ray=_local_ray(cfg)):
             _LOG.debug(line)
-        with capture_run_log(log_path), sigterm_as_interrupt():
+        with capture_run_log(log_path, deferred=True) as run_log, sigterm_as_interrupt():
+            record.on_start.extend([run_log.open, lambda: save_hydra_outputs(cfg, run_dir)])
             try:
                 return task(cfg, record)
             except SystemExit as exc:

@@ -258,10 +258,11 @@ def run_phases(
         validated: ``validate_config(cfg)`` (typed view: cluster, logger, checkpointing).
         run_dir: The job's output directory.
         hooks: Injected callbacks for every phase's trainer.
-        record: The launcher's ``nemo_dp.training.console.RunRecord``: marked started just
-            before Ray starts (a failure before is a configuration error that leaves no run
-            directory; after, a failed run with a summary and plots), it holds the summary so
-            far and every phase's metrics file.
+        record: The launcher's ``nemo_dp.training.console.RunRecord``: marked started once
+            Ray is up and the run directory is claimed (a failure before, Ray start-up and the
+            cluster join included, is a configuration error that leaves the run directory as
+            it was; after, a failed run with a summary and plots), it holds the summary so far
+            and every phase's metrics file.
 
     Returns:
         The run summary: ``run_dir``, ``run_id``, ``status``, ``phases`` (each phase's
@@ -273,9 +274,11 @@ def run_phases(
             the run directory is unusable (``ResumeError``, ``RunDirError``,
             ``CheckpointCorruptError`` and the dataset errors are ``ValueError`` instances), raised
             before Ray starts and before anything is written.
+        ClusterConnectError: The cluster to join cannot be reached (nothing written yet).
     """
     from nemo_dp.data.validation import validate_datasets
     from nemo_dp.models.builders import prepare_policy, validate_policy
+    from nemo_dp.training.console import sigterm_as_interrupt
 
     t_start = time.perf_counter()
     run_dir = Path(run_dir)
@@ -309,30 +312,33 @@ def run_phases(
     start = plan_run_start(cfg, validated, run_dir, tokenizer)
     for line in start.lines:
         print(line, flush=True)
-    for line in start.commit(run_dir, str(validated.logger.metrics_file)):
-        print(line, flush=True)
-    (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    ckpt_root = run_dir / validated.checkpointing.checkpoint_dir
+    with _ray_for(cfg, validated) as worker_env, sigterm_as_interrupt():
+        # Ray is up (started, or the cluster joined): the run is accepted, and only now does
+        # anything reach the run directory, so a refused run leaves it as it was.
+        for line in start.commit(run_dir, str(validated.logger.metrics_file)):
+            print(line, flush=True)
+        (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        ckpt_root = run_dir / validated.checkpointing.checkpoint_dir
 
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "run_id": start.run_id, "phases": {}}
-    if start.resume is not None:
-        summary["resumed_from"] = str(start.resume.checkpoint)
-    if start.init_from is not None:
-        summary["init_from"] = str(start.init_from.checkpoint)
-    if record is not None:
-        record.summary = summary
-        record.mark_started()
-    trackers = build_trackers(cfg.logger, run_dir)
-    status = "failed"
-    try:
-        trackers.log_config(OmegaConf.to_container(cfg, resolve=True))
-        _train_phases(
-            cfg, validated, run_dir, phases, trainers, start, tokenizer, ckpt_root, summary,
-            trackers, hooks, record,
-        )
-        status = "success"
-    finally:
-        trackers.close(status)
+        summary: dict[str, Any] = {"run_dir": str(run_dir), "run_id": start.run_id, "phases": {}}
+        if start.resume is not None:
+            summary["resumed_from"] = str(start.resume.checkpoint)
+        if start.init_from is not None:
+            summary["init_from"] = str(start.init_from.checkpoint)
+        if record is not None:
+            record.summary = summary
+            record.mark_started()
+        trackers = build_trackers(cfg.logger, run_dir)
+        status = "failed"
+        try:
+            trackers.log_config(OmegaConf.to_container(cfg, resolve=True))
+            _train_phases(
+                cfg, run_dir, phases, trainers, start, tokenizer, ckpt_root, summary,
+                trackers, hooks, record, validated, dict(worker_env),
+            )
+            status = "success"
+        finally:
+            trackers.close(status)
     summary["status"] = "completed"
     summary["final_phase"] = phases[-1].name
     summary["wall_time_s"] = time.perf_counter() - t_start
@@ -341,9 +347,24 @@ def run_phases(
     return summary
 
 
+def _ray_for(cfg: Any, validated: Any) -> Any:
+    """The run's Ray session (``ray_session`` with the cluster keys and the data plane's needs)."""
+    from nemo_dp.data_plane.registry import ray_start_args
+    from nemo_dp.distributed.ray_init import ray_session
+
+    cluster = validated.cluster
+    return ray_session(
+        address=cluster.address,
+        num_cpus=cluster.num_cpus,
+        temp_dir=cluster.temp_dir,
+        connect_timeout_s=cluster.connect_timeout_s,
+        working_dir=cluster.working_dir,
+        **ray_start_args(cfg.data_plane),
+    )
+
+
 def _train_phases(
     cfg: Any,
-    validated: Any,
     run_dir: Path,
     phases: list[Phase],
     trainers: list[Any],
@@ -354,65 +375,54 @@ def _train_phases(
     trackers: Any,
     hooks: TrainHooks | None,
     record: Any,
+    validated: Any,
+    worker_env: dict[str, str],
 ) -> None:
-    """Start Ray, build the policy, run the phases into ``summary`` (the body of ``run_phases``)."""
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import ray_session
-    from nemo_dp.training.console import sigterm_as_interrupt
-
+    """Build the policy on the running Ray, run the phases into ``summary`` (``run_phases``' body)."""
     first = start.first
     main_name = str(cfg.algorithm.name)
-    cluster = validated.cluster
-    with ray_session(
-        address=cluster.address,
-        num_cpus=cluster.num_cpus,
-        temp_dir=cluster.temp_dir,
-        connect_timeout_s=cluster.connect_timeout_s,
-        working_dir=cluster.working_dir,
-        **ray_start_args(cfg.data_plane),
-    ) as worker_env, sigterm_as_interrupt():
-        policy = make_policy(cfg, tokenizer, env_vars=dict(worker_env))
-        try:
-            if start.init_from is not None:
-                from nemo_dp.utils.checkpoint import load_training_checkpoint
+    policy = make_policy(cfg, tokenizer, env_vars=worker_env)
+    try:
+        if start.init_from is not None:
+            from nemo_dp.utils.checkpoint import load_training_checkpoint
 
-                weights = load_training_checkpoint(start.init_from.checkpoint)["policy"]["weights"]["model"]
-                policy.load_initial_weights(weights)
-                print(f"policy weights loaded from {start.init_from.checkpoint}", flush=True)
-            for i, (phase, trainer) in enumerate(zip(phases, trainers, strict=True)):
-                if i < first:
-                    print(f"phase {phase.label}: skipped (resuming a later phase)", flush=True)
-                    continue
-                logger = phase_logger(
-                    phase,
-                    run_dir,
-                    validated.logger,
-                    tracker=trackers.with_prefix("" if phase.name == main_name else phase.name),
-                    health=phase_health(phase),
-                )
-                if record is not None:
-                    record.track_metrics(logger.metrics_path, logger.plot_path)
-                result = run_phase(
-                    phase,
-                    policy,
-                    tokenizer=tokenizer,
-                    logger=logger,
-                    checkpointer=phase_checkpointer(phase, ckpt_root, validated.checkpointing, start),
-                    start_state=start.start_states[i],
-                    hooks=hooks,
-                    trainer=trainer,
-                )
-                summary["phases"][phase.name] = result
-                acc = result.get("val_accuracy")
-                acc_text = "n/a" if acc is None else f"{acc:.3f}"
-                print(
-                    f"Held-out exact-match accuracy after {phase.label}: {acc_text} "
-                    f"({result['num_val_problems']} problems, {result['step']} steps, "
-                    f"{result['wall_time_s']:.1f} s)",
-                    flush=True,
-                )
-        finally:
-            policy.shutdown()
+            weights = load_training_checkpoint(start.init_from.checkpoint)["policy"]["weights"]["model"]
+            policy.load_initial_weights(weights)
+            print(f"policy weights loaded from {start.init_from.checkpoint}", flush=True)
+        for i, (phase, trainer) in enumerate(zip(phases, trainers, strict=True)):
+            if i < first:
+                print(f"phase {phase.label}: skipped (resuming a later phase)", flush=True)
+                continue
+            logger = phase_logger(
+                phase,
+                run_dir,
+                validated.logger,
+                tracker=trackers.with_prefix("" if phase.name == main_name else phase.name),
+                health=phase_health(phase),
+            )
+            if record is not None:
+                record.track_metrics(logger.metrics_path, logger.plot_path)
+            result = run_phase(
+                phase,
+                policy,
+                tokenizer=tokenizer,
+                logger=logger,
+                checkpointer=phase_checkpointer(phase, ckpt_root, validated.checkpointing, start),
+                start_state=start.start_states[i],
+                hooks=hooks,
+                trainer=trainer,
+            )
+            summary["phases"][phase.name] = result
+            acc = result.get("val_accuracy")
+            acc_text = "n/a" if acc is None else f"{acc:.3f}"
+            print(
+                f"Held-out exact-match accuracy after {phase.label}: {acc_text} "
+                f"({result['num_val_problems']} problems, {result['step']} steps, "
+                f"{result['wall_time_s']:.1f} s)",
+                flush=True,
+            )
+    finally:
+        policy.shutdown()
 
     accs = [summary["phases"][p.name].get("val_accuracy") for p in phases if p.name in summary["phases"]]
     if len(phases) == 2 and len(accs) == 2 and None not in accs:

@@ -227,15 +227,17 @@ def test_preflight_cpu_budget(tmp_path: Path) -> None:
 
 
 def test_preflight_paths(tmp_path: Path) -> None:
-    obj = validate_config(_compose(["cluster.num_cpus=1", "policy.dp_size=1"]))
+    obj = validate_config(_compose(["cluster.num_cpus=1", "policy.dp_size=1", "data_plane=disabled"]))
     preflight(obj, tmp_path / "run")
-    assert (tmp_path / "run" / "checkpoints").is_dir()
+    # Probed, not created: a run refused later leaves no directory behind.
+    assert list(tmp_path.iterdir()) == []
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(PreflightError, match="hydra.run.dir"):
         preflight(obj, blocker / "run")
     obj = validate_config(
-        _compose(["cluster.num_cpus=1", "policy.dp_size=1", f"checkpointing.resume_from={tmp_path}/nope"])
+        _compose(["cluster.num_cpus=1", "policy.dp_size=1", "data_plane=disabled",
+                  f"checkpointing.resume_from={tmp_path}/nope"])
     )
     with pytest.raises(PreflightError, match="checkpointing.resume_from"):
         preflight(obj, tmp_path / "run2")
@@ -310,3 +312,39 @@ def test_composition_hints_name_the_closest_option_and_key_never_plus() -> None:
     assert hint == ("hint: algorithm.max_stepz is not a configuration key, and +algorithm.max_stepz=3 would be "
                     "refused too (nothing reads it); did you mean algorithm.max_steps=3?")
     assert composition_hints(["algorithm=grpo", "algorithm.max_steps=3"], conf_dir=CONF_DIR) == []
+
+
+def test_preflight_refuses_a_cpu_budget_the_data_planes_actors_do_not_fit(tmp_path: Path) -> None:
+    obj = validate_config(_compose(["cluster.num_cpus=2", "data_plane=tq", "data_plane.simple.num_storage_units=2"]))
+    with pytest.raises(ValueError, match=r"^cluster\.num_cpus=2 is too small: the data plane's own actors reserve 3 "
+                                         r"logical CPUs .*data_plane\.simple\.num_storage_units=2"):
+        preflight(obj, tmp_path / "run")
+    preflight(validate_config(_compose(["cluster.num_cpus=2", "data_plane=tq"])), tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_preflight_refuses_cuda_without_a_visible_device_for_a_local_ray(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(PreflightError, match=r"^policy\.device: cuda, but torch .* local\); set policy\.device=cpu"):
+        preflight(validate_config(_compose(["policy.device=cuda"])), tmp_path / "run")
+    # Joining a cluster: its nodes may have the GPUs, so this machine's view is not the test.
+    preflight(validate_config(_compose(["policy.device=cuda", "cluster=auto"])), tmp_path / "run")
+
+
+def test_output_dir_problem_names_the_key_before_hydra_creates_it(tmp_path: Path) -> None:
+    from nemo_dp.training.output_dir import output_dir_key_and_path, output_dir_problem
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert output_dir_problem([f"hydra.run.dir={blocker}/run"], CONF_DIR) == (
+        f"hydra.run.dir: output path '{blocker}/run' is not writable: '{blocker}' is not a directory"
+    )
+    assert output_dir_problem(["-m", f"hydra.sweep.dir={blocker}/sweep", "seed=1,2"], CONF_DIR).startswith(
+        "hydra.sweep.dir: "
+    )
+    assert output_dir_problem([f"hydra.run.dir={tmp_path}/new/run"], CONF_DIR) is None
+    assert output_dir_key_and_path([], CONF_DIR) == ("hydra.run.dir", "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}")
+    assert list(tmp_path.iterdir()) == [blocker]

@@ -1,0 +1,70 @@
+"""The launcher's output directory, checked before Hydra creates it.
+
+Hydra creates ``hydra.run.dir`` (``hydra.sweep.dir`` under ``--multirun``) before the task
+function runs, and a path it cannot create (a file in the way, a read-only file system, no
+permission) ends in a traceback from Hydra itself.  :func:`output_dir_problem` finds the
+directory the command line names (or the root config's default) and probes it, without
+creating anything, so the launcher can refuse the run with one message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from nemo_dp.config import PreflightError, check_writable
+
+__all__ = ["output_dir_key_and_path", "output_dir_problem"]
+
+_MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def output_dir_key_and_path(overrides: Sequence[str], conf_dir: str | os.PathLike[str]) -> tuple[str, str]:
+    """The output-directory key of this command line and its value (unresolved).
+
+    Args:
+        overrides: The command line (``sys.argv[1:]``).
+        conf_dir: The config directory whose ``config.yaml`` holds the default.
+
+    Returns:
+        ``("hydra.run.dir" | "hydra.sweep.dir", value)``.
+    """
+    key = "hydra.sweep.dir" if any(a in _MULTIRUN_FLAGS for a in overrides) else "hydra.run.dir"
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if sep and name.lstrip("+") == key:
+            return key, value
+    hydra_node = OmegaConf.to_container(OmegaConf.load(Path(conf_dir) / "config.yaml").hydra, resolve=False)
+    group = "run" if key == "hydra.run.dir" else "sweep"
+    return key, str(hydra_node[group]["dir"])  # type: ignore[index]
+
+
+def _static_prefix(value: str) -> Path:
+    """The leading components of ``value`` before the first one holding an interpolation."""
+    parts = []
+    for part in Path(value).parts:
+        if "${" in part:
+            break
+        parts.append(part)
+    return Path(*parts) if parts else Path(".")
+
+
+def output_dir_problem(overrides: Sequence[str], conf_dir: str | os.PathLike[str]) -> str | None:
+    """Why the output directory of this command line cannot be created or written, if it cannot.
+
+    Args:
+        overrides: The command line (``sys.argv[1:]``).
+        conf_dir: The config directory (for the default ``hydra.run.dir``).
+
+    Returns:
+        One message naming the key, or ``None`` when the directory is usable.
+    """
+    key, value = output_dir_key_and_path(overrides, conf_dir)
+    try:
+        check_writable(key, _static_prefix(value))
+    except PreflightError as exc:
+        return str(exc)
+    return None
