@@ -8,12 +8,16 @@ Ctrl-C; Ray's token-auth notice and torch's ``is_fx_tracing`` notice cluttered e
 
 :func:`hydra_task` wraps a Hydra task function ``task(cfg, record)``:
 
-* before the run starts (:meth:`RunRecord.mark_started`, called just before Ray starts), a
-  configuration error (``ValueError`` and its subclasses -- schema rules, ``ResumeError``,
-  ``RunDirError``, ``DatasetError``, ``CheckpointCorruptError`` --, OmegaConf errors,
-  ``PreflightError``, a missing file) removes the run directory when it holds only what Hydra
-  and the launcher wrote before start, and is re-raised as :class:`RunConfigurationError`,
-  which Hydra prints as one message (the full traceback only with ``HYDRA_FULL_ERROR=1``);
+* before the run starts (:meth:`RunRecord.mark_started`, called once Ray is up and the run
+  directory is claimed), nothing is written into the run directory: the log lines and records
+  are held in memory, and Hydra's ``.hydra/`` files (``hydra.output_subdir: null`` in the
+  launcher's config) are written by :func:`save_hydra_outputs` at start.  A configuration
+  error (``ValueError`` and its subclasses -- schema rules, ``ResumeError``, ``RunDirError``,
+  ``DatasetError``, ``CheckpointCorruptError`` --, OmegaConf errors, ``PreflightError``, a
+  missing file, ``ClusterConnectError``) removes the run directory only when it was made for
+  this job (an existing one stays exactly as it was), and is re-raised as
+  :class:`RunConfigurationError`, which Hydra prints as one message (the full traceback only
+  with ``HYDRA_FULL_ERROR=1``);
 * after start, a failure writes ``summary.json`` (status, error, what ran) and the plot of
   every tracked metrics file, then propagates with its traceback;
 * SIGTERM raises :class:`TerminationRequested` (a ``KeyboardInterrupt``), so it takes the same
@@ -606,8 +610,18 @@ def _local_ray(cfg: Any) -> bool:
         return False
 
 
+def _new_for_this_job(run_dir: Path, log_path: Path) -> bool:
+    """Whether ``run_dir`` holds nothing but what Hydra wrote for this job (it is new)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_own = {log_path.name}
+    if HydraConfig.initialized() and HydraConfig.get().output_subdir is not None:
+        hydra_own.add(str(HydraConfig.get().output_subdir))
+    return run_dir.is_dir() and all(child.name in hydra_own for child in run_dir.iterdir())
+
+
 def _stopped(
-    record: RunRecord, run_dir: Path, log_path: Path, exc: BaseException, *, terminated: bool
+    record: RunRecord, run_dir: Path, log_path: Path, exc: BaseException, *, terminated: bool, new: bool
 ) -> None:
     """Finish a run stopped by SIGINT/SIGTERM: summary and plot, or no debris before start."""
     signame = "SIGTERM" if terminated else "SIGINT"
@@ -615,7 +629,8 @@ def _stopped(
         where = write_failure_summary(record, exc, status="terminated" if terminated else "interrupted")
         print(f"stopped by {signame}; teardown done; summary in {where}", file=sys.stderr, flush=True)
     else:
-        remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
+        if new:
+            remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
         print(f"stopped by {signame} before the run started", file=sys.stderr, flush=True)
 
 
@@ -635,6 +650,9 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
     def wrapper(cfg: Any) -> _T:
         run_dir, log_path = _hydra_run_dir_and_log()
         record = RunRecord(run_dir=run_dir, log_path=log_path)
+        # Only a directory made for this job is removed when the run is refused: an existing
+        # one (another run's) stays exactly as it was.
+        new = _new_for_this_job(run_dir, log_path)
         for line in silence_known_noise(local_ray=_local_ray(cfg)):
             _LOG.debug(line)
         with capture_run_log(log_path, deferred=True) as run_log, sigterm_as_interrupt():
@@ -646,11 +664,11 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
                 # re-enters sigterm_as_interrupt after Ray is up, SIGTERM arrives as this.
                 if exc.code != int(signal.SIGTERM):
                     raise
-                _stopped(record, run_dir, log_path, exc, terminated=True)
+                _stopped(record, run_dir, log_path, exc, terminated=True, new=new)
                 raise SystemExit(_EXIT_SIGTERM) from None
             except KeyboardInterrupt as exc:
                 terminated = isinstance(exc, TerminationRequested)
-                _stopped(record, run_dir, log_path, exc, terminated=terminated)
+                _stopped(record, run_dir, log_path, exc, terminated=terminated, new=new)
                 raise SystemExit(_EXIT_SIGTERM if terminated else _EXIT_SIGINT) from None
             except Exception as exc:
                 if record.started:
@@ -659,7 +677,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
                         f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True
                     )
                     raise
-                removed = remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
+                removed = new and remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
                 if removed:
                     _LOG.debug("removed unstarted run directory %s", run_dir)
                 if _full_error_requested() or not is_configuration_error(exc):

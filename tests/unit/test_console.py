@@ -344,3 +344,26 @@ def test_recipe_hint_on_failure_prints_only_on_failure(capsys: pytest.CaptureFix
     with recipe_hint_on_failure(["algorithm=sft"], recipes_dir=RECIPES_DIR, default_recipe="arith_main"):
         pass
     assert capsys.readouterr().err == ""
+
+
+def test_a_deferred_run_log_writes_nothing_until_the_run_is_accepted(tmp_path: Path) -> None:
+    import logging
+
+    from nemo_dp.training.console import capture_run_log
+
+    log = tmp_path / "run" / "launch.log"
+    with capture_run_log(log, deferred=True):
+        print("refused before start", flush=True)
+        logging.getLogger("nemo_dp.test").warning("a record before start")
+    assert not (tmp_path / "run").exists()  # a refused run leaves no file, no directory
+    with capture_run_log(log, deferred=True) as run_log:
+        print("\x1b[32mline before start\x1b[0m", flush=True)
+        logging.getLogger("nemo_dp.test").warning("a record before start")
+        assert not log.exists()
+        record = RunRecord(run_dir=tmp_path / "run", on_start=[run_log.open])
+        record.mark_started()
+        record.mark_started()  # once only
+        print("line after start", flush=True)
+    lines = log.read_text().splitlines()
+    assert lines[0] == "line before start" and lines[-1] == "line after start", lines
+    assert sum("a record before start" in line for line in lines) == 1, lines
