@@ -5,8 +5,9 @@ picks the trainer through the factory (``select_sync_trainer``), builds the phas
 wraps everything in a ``TrainContext`` and calls the trainer.  ``run_phases`` is the launcher's
 whole job after validation and preflight: plan the phases, check everything that can fail on
 the driver (trackers, model, datasets, ``resume_from`` / ``init_from``, the run directory:
-``plan_run_start``), start Ray, build the policy through the factory (``make_policy_factory``),
-run each phase, write the summary.  Every checkpoint it writes records what it belongs to and
+``plan_run_start``), start Ray (or join the cluster), only then claim the run directory (so a
+refused run changes nothing there), build the policy through the factory
+(``make_policy_factory``), run each phase, write the summary.  Every checkpoint it writes records what it belongs to and
 carries a file manifest (``checkpoint_finalizer``).
 """
 
