@@ -610,6 +610,16 @@ def _local_ray(cfg: Any) -> bool:
         return False
 
 
+def _one_message(exc: BaseException) -> str:
+    """The line a configuration error prints (a cluster join names its error type too)."""
+    from nemo_dp.distributed.ray_init import ClusterConnectError
+
+    text = str(exc)
+    if not text:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if isinstance(exc, ClusterConnectError) else text
+
+
 def _new_for_this_job(run_dir: Path, log_path: Path) -> bool:
     """Whether ``run_dir`` holds nothing but what Hydra wrote for this job (it is new)."""
     from hydra.core.hydra_config import HydraConfig
@@ -682,7 +692,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
                     _LOG.debug("removed unstarted run directory %s", run_dir)
                 if _full_error_requested() or not is_configuration_error(exc):
                     raise
-                message = str(exc) if str(exc) else type(exc).__name__
+                message = _one_message(exc)
         raise RunConfigurationError(message) from None
 
     return wrapper
