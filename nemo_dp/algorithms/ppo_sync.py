@@ -48,7 +48,7 @@ from nemo_dp.algorithms.trainer_common import (
     trainer_state,
     validate_at_start,
 )
-from nemo_dp.data_plane.factory import validate_trainer_selection
+from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
@@ -67,7 +67,7 @@ from nemo_dp.models.value.tq_value import TQValue
 
 __all__ = ["ppo_train_sync", "TRAINER_TARGET"]
 
-#: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
+#: This trainer's registry entry in ``nemo_dp.config.trainer_lookup.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.ppo_sync:ppo_train_sync"
 
 #: Per-token columns the driver reads back for the advantage.

@@ -14,7 +14,6 @@ so importing this module loads no adapter (and so neither Ray nor TransferQueue)
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,6 +24,7 @@ from nemo_dp.data_plane.interfaces import (
     LocalDataPlaneConfig,
 )
 from nemo_dp.data_plane.ray_store_config import RAY_STORE_KIND, RayStoreDataPlaneConfig
+from nemo_dp.utils.imports import resolve_target
 
 __all__ = [
     "CheckpointScope",
@@ -125,13 +125,7 @@ class BackendSpec:
         """
         if self.client_target is None:
             raise ValueError(f"data_plane={self.option}: this backend has no client")
-        module_name, _, attr = self.client_target.partition(":")
-        module = importlib.import_module(module_name)
-        if not hasattr(module, attr):
-            raise ImportError(
-                f"backend {self.kind!r}: client constructor {self.client_target} does not exist"
-            )
-        return getattr(module, attr)
+        return resolve_target(self.client_target, f"the client constructor of backend {self.kind!r}")
 
 
 # --- the two real backends' capabilities ---------------------------------------------------

@@ -97,7 +97,7 @@ def _compose(*overrides: str, recipe: str | None = None):
 
 def test_factory_selects_the_async_trainer_only_with_tq() -> None:
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.factory import validate_trainer_selection
+    from nemo_dp.config.trainer_lookup import validate_trainer_selection
 
     cfg = _compose("data_plane=tq", "algorithm.async_rollout.enabled=true")
     validate_config(cfg)
@@ -115,7 +115,7 @@ def test_factory_selects_the_async_trainer_only_with_tq() -> None:
 def test_grpo_recipe_composes() -> None:
     from nemo_dp.config import validate_config
 
-    from nemo_dp.data_plane.factory import validate_trainer_selection
+    from nemo_dp.config.trainer_lookup import validate_trainer_selection
 
     cfg = _compose(recipe="grpo_async_arith")
     obj = validate_config(cfg)

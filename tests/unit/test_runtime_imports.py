@@ -34,6 +34,8 @@ HELPERS = [
     "nemo_dp.data_plane.observability",
     "nemo_dp.models.policy.colocated_loader",
     "nemo_dp.config.algorithm_registry",
+    "nemo_dp.config.trainer_lookup",
+    "nemo_dp.algorithms.selection",
     "nemo_dp.algorithms.grpo_sync",
     "nemo_dp.algorithms.ppo_sync",
     "nemo_dp.algorithms.sft_sync",
