@@ -14,7 +14,7 @@ so importing this module loads no adapter (and so neither Ray nor TransferQueue)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -327,11 +327,6 @@ def reserved_ray_cpus(data_plane_cfg: Any) -> int:
     if not getattr(dp_cfg, "enabled", False):
         return 0
     return int(backend_for_config(dp_cfg).reserved_cpus(dp_cfg))
-
-
-def kinds_by_option() -> Mapping[str, str]:
-    """``kind -> Hydra option`` for messages."""
-    return {kind: spec.option for kind, spec in BACKENDS.items()}
 
 
 def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:

@@ -341,26 +341,3 @@ def test_the_async_rule_check_sees_a_violation(tmp_path: Path) -> None:
     bad.write_text("def f(policy):\n    return policy.dp_client\n")
     with pytest.raises(AssertionError, match="touches the client directly"):
         test_async_trainer_modules_reach_the_store_only_through_policy_facades(bad)
-
-
-# --- the sync-vs-async bench's bookkeeping ------------------------------------------------------
-
-
-def test_bench_summary_measures_only_the_steps_after_the_warmup(tmp_path: Path) -> None:
-    from nemo_dp.algorithms.async_bench import _NoCheckpoints, _StepClock, _summary
-    from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger
-
-    clock, ckpt = _StepClock(tmp_path / "run", "sync"), _NoCheckpoints(tmp_path / "ckpt")
-    assert isinstance(clock, PhaseLogger) and isinstance(ckpt, PhaseCheckpointer)
-    assert not ckpt.should_save(3, final=True)
-    # Wall clock marks at steps 0..4 with step durations 9, 1, 3, 100 (the last, validating one).
-    marks = [(0, 0.0, {}), (1, 9.0, {"time/train_s": 5.0}), (2, 10.0, {"time/train_s": 0.5}),
-             (3, 13.0, {"time/train_s": 1.5}), (4, 113.0, {"time/train_s": 50.0})]
-    got = _summary(marks, warmup=1, measured=2, keys=("time/train_s", "absent"), rows_per_step=8)
-    assert got == {"step_time_s": 2.0, "s_per_trained_sample": 0.25, "split": {"time/train_s": 1.0, "absent": 0.0},
-                   "steps": [2, 3]}
-    with pytest.raises(ValueError, match="no measured steps"):
-        _summary(marks, warmup=4, measured=2, keys=(), rows_per_step=8)
-    clock.start(4, 0)
-    assert clock.log_step(1, {"loss": 1.5}) == {"step": 1, "loss": 1.5}
-    assert [m[0] for m in clock.marks] == [0, 1] and (tmp_path / "run" / "metrics.jsonl").exists()

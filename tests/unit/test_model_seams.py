@@ -13,7 +13,7 @@ import tokenize
 from pathlib import Path
 
 MODELS = Path(__file__).resolve().parents[2] / "nemo_dp" / "models"
-TINY_ALLOWED = {"tiny/model.py", "tiny/tokenizer.py", "tiny/builder.py", "tiny/__init__.py", "model.py"}
+TINY_ALLOWED = {"tiny/model.py", "tiny/tokenizer.py", "tiny/builder.py", "tiny/__init__.py"}
 
 
 def _code_names(source: str) -> set[str]:
