@@ -151,6 +151,17 @@ def test_each_contract_fails_on_its_violation(planted: dict[str, dict], contract
         assert expected in result["report"], f"{contract_id} did not report {expected!r}:\n{result['report']}"
 
 
+def test_every_data_plane_trainer_module_is_under_its_contract() -> None:
+    """A new ``*_sync`` / ``*_async`` / ``async_*`` trainer module cannot slip past the rule."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    sources = next(c["source_modules"] for c in contracts if c["id"] == "data-plane-trainers-without-adapters")
+    algorithms = REPO / "nemo_dp" / "algorithms"
+    found = {p.stem for pattern in ("*_sync.py", "*_async.py", "async_*.py") for p in algorithms.glob(pattern)}
+    assert found and {f"nemo_dp.algorithms.{m}" for m in found} <= set(sources)
+
+
 def _literal_dynamic_imports(tree: ast.AST) -> list[int]:
     """Lines that call ``import_module`` / ``__import__`` with a literal module name."""
     lines = []
