@@ -3,7 +3,7 @@
 The run layer calls :func:`select_sync_trainer` and :func:`make_policy_factory` with the same
 config, so the trainer and the policy class cannot drift apart.  Which trainer serves a pair is
 the lookup of :mod:`nemo_dp.config.trainer_lookup`; this module imports what it names.
-``nemo_dp.data_plane.factory`` offers the two functions under their reference names.
+``nemo_dp.data_plane.factory`` offers the two functions under the same names.
 """
 
 from __future__ import annotations

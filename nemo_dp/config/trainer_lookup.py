@@ -25,8 +25,7 @@ __all__ = [
     "validate_trainer_selection",
 ]
 
-#: The algorithm of a config without an ``algorithm`` node: the reference factory reads only
-#: ``data_plane`` and always selects GRPO (label "GRPO"), so such configs keep working here.
+#: The algorithm of a config without an ``algorithm`` node (such a config is a GRPO config).
 DEFAULT_ALGORITHM = "grpo"
 
 _ABSENT = object()
@@ -136,8 +135,7 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
 
     Args:
         master_config: Root config (``DictConfig``, dataclass or mapping) with an optional
-            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``, as in the
-            reference) and an optional ``data_plane`` entry.
+            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``) and an optional ``data_plane`` entry.
         label: Progress-line label; defaults to the algorithm's label.
 
     Returns:

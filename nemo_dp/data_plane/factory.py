@@ -2,9 +2,9 @@
 
 Every backend-specific decision comes from the backend registry (``nemo_dp.data_plane.registry``);
 this module compares no kind strings of its own.  There is no no-op client and no fallback: a
-disabled config never yields a client.  ``select_sync_trainer`` and ``make_policy_factory`` keep
-their reference home here but live in :mod:`nemo_dp.algorithms.selection` (a higher layer,
-imported on first use; the layers contract lists this one edge).
+disabled config never yields a client.  ``select_sync_trainer`` and ``make_policy_factory`` are also
+importable from here; they live in :mod:`nemo_dp.algorithms.selection` (a higher layer, imported
+on first use; the layers contract lists this one edge).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = [
 
 DISABLED = registry.DISABLED
 
-#: Reference names served by nemo_dp.algorithms.selection.
+#: Names of the data-plane API that nemo_dp.algorithms.selection defines.
 _SELECTION_NAMES = ("select_sync_trainer", "make_policy_factory")
 
 
