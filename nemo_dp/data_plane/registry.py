@@ -1,15 +1,10 @@
 """The one table of data-plane backends: each backend is registered here exactly once.
 
-Why this module exists: a backend is a bundle of decisions (its Hydra option, its config
-schema, how its client is built, whether it can checkpoint and at which scope, how many Ray
-CPUs its own actors reserve, how many live batches a loader may keep in it, whether it carries
-data between processes).  Keeping them in one :class:`BackendSpec` per backend lets the factory,
-the colocated loader, Ray start-up and the tests ask the registry instead of comparing kind
-strings, so adding a backend is one adapter package, one YAML under ``conf/data_plane/`` and
-one entry in :data:`BACKENDS`.
-
-Client constructors are ``"module:attr"`` strings resolved only by :meth:`BackendSpec.client`,
-so importing this module loads no adapter (and so neither Ray nor TransferQueue).
+A :class:`BackendSpec` holds a backend's Hydra option, config schema, client constructor,
+checkpoint support, reserved Ray CPUs, live-batch limit and whether it carries data between
+processes; callers ask the registry instead of comparing kind strings.  Client constructors are
+``"module:attr"`` names resolved only when a client is built, so importing this module loads no
+adapter.
 """
 
 from __future__ import annotations
