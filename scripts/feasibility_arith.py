@@ -37,7 +37,7 @@ from nemo_dp.data.datasets import EpochLoader, RLPromptDataset, SFTDataset, coll
 from nemo_dp.data.tokenizer import CharTokenizer
 from nemo_dp.environments.arithmetic_env import ArithmeticEnv
 from nemo_dp.models.generation import generate
-from nemo_dp.models.model import ModelConfig, TinyCausalLM
+from nemo_dp.models.tiny.model import ModelConfig, TinyCausalLM
 
 TOK = CharTokenizer()
 ENV = ArithmeticEnv()

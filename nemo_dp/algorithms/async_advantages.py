@@ -1,10 +1,8 @@
 """The GRPO advantage estimator the rollout actors apply to their shards.
 
-Why this module exists: rollout actors live in the models layer, which must not import the
-algorithms layer, yet they compute each group's advantages where the rewards are (so nothing
-per-row travels through the driver).  The trainer therefore hands them this small, picklable
-callable built from its algorithm config; it runs the very functions ``grpo_sync`` uses, so the
-asynchronous trainer's advantages equal the synchronous trainer's bit for bit.
+Rollout actors (models layer) compute each group's advantages where the rewards are, so nothing
+per-row travels through the driver; the trainer hands them this picklable callable, built from
+its algorithm config, which runs the functions ``grpo_sync`` uses (same advantages bit for bit).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """A per-step record of which prompts asynchronous GRPO trained, for exactly-once accounting.
 
-Why this module exists: an asynchronous run always has generated-but-untrained samples in the
-store, so "resume reproduces the run" must be checked as an invariant instead: over an
-interrupted run plus its resume, every prompt of the epoch is trained exactly once.  The ledger
-(``async_ledger.jsonl`` beside ``metrics.jsonl``) writes one JSON line per trained step: the
-loader epoch and dataset indices of the step's prompts and the trained sample ids.  A resumed run
-drops the lines of steps after its checkpoint, exactly as the metrics file does.
+The ledger (``async_ledger.jsonl`` beside ``metrics.jsonl``) holds one JSON line per trained
+step: the loader epoch and dataset indices of its prompts and the trained sample ids.  Over an
+interrupted run plus its resume every prompt of the epoch is trained exactly once; a resumed run
+drops the lines of steps after its checkpoint, as the metrics file does.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Per-step metrics of asynchronous GRPO: staleness, idle fractions, throughput.
 
-Why this module exists: the point of the asynchronous trainer is to keep the rollout actors and
-the trainer busy at the same time, so each step reports where the time went (trainer waiting for
-samples, rollout actors idle) and how old the trained samples were.  These are pure functions of
-numbers the trainer already has, kept out of the trainer loop so they are unit-testable.
+Pure functions of numbers the trainer already has: where the step's time went (trainer waiting
+for samples, rollout actors idle) and how old the trained samples were.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The one argument every trainer takes: ``TrainContext``.
 
-Every trainer the factory can select (legacy or data-plane, SFT / GRPO / PPO) is called as
-``trainer(ctx)``.  The context lives here, in the algorithms layer, rather than in
-``nemo_dp.training`` (which builds it), so that trainers depend only downward; the run layer
-re-exports it.  The logger and checkpointer are seen through small protocols: the run layer's
-``RunLogger`` / ``Checkpointer`` implement them, and a benchmark or a test may pass its own.
+Every trainer (legacy or data-plane, SFT / GRPO / PPO) is called as ``trainer(ctx)``.  The
+logger and checkpointer are seen through small protocols, which the run layer's ``RunLogger`` /
+``Checkpointer`` implement and a benchmark or a test may implement too.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Token-level PPO advantage estimation: rewards, GAE, returns, whitening, explained variance.
 
-Why this module exists: the legacy PPO trainer (``ppo.py``) and the data-plane PPO trainer
-(``ppo_sync.py``) must compute exactly the same advantages and returns from the same columns so
-that they agree step for step; keeping the maths here, pure and free of any Ray / data-plane
-import, lets both call one implementation and lets the unit tests check it against a plain
-per-sample loop.
+One pure implementation for the legacy (``ppo.py``) and the data-plane (``ppo_sync.py``) PPO
+trainers, so both compute the same advantages and returns.
 
-Tensor conventions (``TRAINING_API.md``): per-token tensors are ``[B, S]`` aligned with
-``input_ids`` - column ``t`` describes token ``t``.  ``values[:, t]`` is the critic's estimate of
-the state *before* token ``t`` is emitted (the prefix ``tokens < t``), the same alignment as
-``*_logprobs[:, t]``.  ``mask`` is ``token_mask * sample_mask``: the response tokens of the rows
-that are trained.  Response tokens are contiguous in each row, so the episode of row ``i`` is its
-masked-in columns in order; the step after the last masked-in token is terminal (value 0).
+Tensor conventions: per-token tensors are ``[B, S]`` aligned with ``input_ids`` (column ``t``
+describes token ``t``).  ``values[:, t]`` estimates the state *before* token ``t`` is emitted,
+the same alignment as ``*_logprobs[:, t]``.  ``mask`` is ``token_mask * sample_mask``; response
+tokens are contiguous in each row, and the step after the last masked-in token is terminal
+(value 0).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from nemo_dp.config.async_rollout import (
     coerce_async_rollout_config,
     validate_async_rollout_selection,
 )
-from nemo_dp.data_plane.factory import validate_trainer_selection
+from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.schema import DP_TRAIN_FIELDS
 from nemo_dp.models.policy.rollout_group import RolloutGroup
 from nemo_dp.models.policy.rollout_worker import POLICY_VERSION

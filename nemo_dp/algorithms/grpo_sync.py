@@ -43,7 +43,7 @@ from nemo_dp.algorithms.trainer_common import (
     trainer_state,
     validate_at_start,
 )
-from nemo_dp.data_plane.factory import validate_trainer_selection
+from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import (
@@ -57,7 +57,7 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
 __all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "TRAINER_TARGET"]
 
-#: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
+#: This trainer's registry entry in ``nemo_dp.config.trainer_lookup.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
 
 

@@ -1,15 +1,11 @@
 """Legacy (in-memory) PPO trainer: actor-critic with token-level rewards and GAE.
 
-Per step: draw ``num_prompts_per_step`` problems, sample ``num_generations_per_prompt``
-responses each (per-row seeds), score them, mask truncated rows (overlong filtering), compute
-the policy's ``prev_logprobs``, the reference policy's log-probs and the critic's values, build
-token-level rewards (the score at the last response token, a per-token KL penalty
-``-kl_coef * (logp - logp_ref)``), GAE advantages (whitened) and returns, then run
-``ppo_epochs`` epochs; each epoch trains the policy (clipped PG loss) and the critic (clipped
-value loss) on a fresh shuffle of the batch.  The whole batch lives in driver memory; everything
-that does not depend on where the tensors live is in ``ppo_common``, shared with the
-data-plane twin.  The critic is a ``Value`` worker group this trainer creates (and shuts down);
-like every trainer it is called as ``ppo_train(ctx)`` with a ``TrainContext``.
+Per step: sample ``num_generations_per_prompt`` responses to each of ``num_prompts_per_step``
+problems, score them, mask truncated rows, compute the policy's, the reference policy's and the
+critic's outputs, build token-level rewards (score at the last response token plus a per-token
+KL penalty), GAE advantages and returns, then run ``ppo_epochs`` epochs of policy and critic
+training on fresh shuffles.  The batch lives in driver memory; the rest is ``ppo_common``, shared
+with the data-plane trainer.  Called as ``ppo_train(ctx)``.
 """
 
 from __future__ import annotations

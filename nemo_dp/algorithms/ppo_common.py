@@ -1,11 +1,9 @@
 """What the legacy and the data-plane PPO trainers share, so that they agree step for step.
 
-Why this module exists: ``ppo.py`` (batches in driver memory) and its data-plane twin (metas
-over the store) must run the same algorithm on the same numbers.  Everything that is not about
-where the tensors live is here, once: the loss functions built from the config, the critic's
-construction, the phase start / resume of both models, the per-epoch shuffles, the
-advantage/return computation from the columns the driver holds, and the step's metrics.
-Nothing here imports the data plane (Ray only lazily, inside the worker group).
+Everything that is not about where the tensors live: the loss functions built from the config,
+the critic's construction, the phase start / resume of both models, the per-epoch shuffles, the
+advantage/return computation from the driver's columns, and the step's metrics.  Nothing here
+imports the data plane.
 """
 
 from __future__ import annotations

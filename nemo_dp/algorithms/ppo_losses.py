@@ -1,19 +1,14 @@
 """The PPO critic's loss and the alignment of value-head outputs with tokens.
 
-Why this module exists: the critic is trained through the same worker machinery as the policy
-(``PolicyWorker.train_microbatch`` calls ``loss_fn(model(input_ids), mb, global_tokens,
-global_seqs)``), so its loss must follow the same ``LossFn`` protocol as the policy losses in
-``loss_functions.py``: the first argument is the raw model output - here the value head's
-``[b, s]`` per-position scalars instead of logits - and the loss is normalised by the GLOBAL
-valid-token count so that DP size and micro-batching do not change the update (needed for
-legacy / data-plane parity).
+The critic trains through the policy's worker machinery, so its loss follows the ``LossFn``
+protocol of ``loss_functions.py``: the first argument is the raw model output (here the value
+head's ``[b, s]`` scalars) and the loss is normalised by the global valid-token count, so DP size
+and micro-batching do not change the update.
 
-Alignment: the model's output at position ``t`` has seen tokens ``<= t``.  The value of the
-state in which token ``t`` is emitted is therefore the output at position ``t - 1``;
-:func:`align_values` shifts the head output by one column (column 0 = 0) so that
-``values[:, t]`` lines up with ``prev_logprobs[:, t]`` and ``advantages[:, t]``.  The worker's
-``get_values`` and this loss both use it, so the values the driver sees and the predictions the
-loss trains are the same quantity.
+The output at position ``t`` has seen tokens ``<= t``, so the value of the state in which token
+``t`` is emitted is the output at ``t - 1``: :func:`align_values` shifts the head output by one
+column (column 0 = 0) so ``values[:, t]`` lines up with ``prev_logprobs[:, t]``; the worker's
+``get_values`` and this loss both use it.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""Data-plane (TransferQueue-mediated) PPO trainer: ``ppo_train_sync``.
+"""Data-plane PPO trainer: ``ppo_train_sync``.
 
-The same algorithm as the legacy ``ppo_train`` (same seeds, sharding, shuffles, loss
-normalisation and target maths from ``ppo_common``, so both produce the same per-step
-metrics), but no bulk per-token tensor is shipped through the driver to the workers:
-
-* ``policy.prepare_step`` registers the step's ``"train"`` partition with the value columns
-  (``PPO_VALUE_FIELDS``) as extra fields;
-* the policy workers generate and write their rows straight into the store; the driver gets
-  a meta plus a small per-row ``driver_carry`` (rewards, lengths, truncation);
-* policy log-probs, reference log-probs and the critic's values are computed on meta shards;
-  the workers write ``prev_logprobs`` / ``reference_policy_logprobs`` / ``values`` back under
-  the same ids - each model dispatch with its own fresh pad target (``TQDriverMixin``); the
-  policy's two log-prob passes share one dispatch (one read, one put per rank);
-* the driver reads only the per-token columns the advantage needs, computes GAE targets and
-  writes ``advantages``, ``returns`` and the ``sample_mask`` back in one put;
-* each of ``ppo_epochs`` epochs subsets the meta with a fresh shuffle and trains the policy
-  (``train_from_meta``) and the critic (``TQValue.train_from_meta``) on it;
-* ``policy.finish_step`` clears the step's samples; a ``finally`` drops the partition if the
-  step failed earlier.
-
-This module never imports an adapter and never touches a client: the store is reached only
-through ``TQPolicy`` / ``TQValue`` methods and ``KVBatchMeta`` transforms (rule 4).
+The legacy ``ppo_train``'s algorithm (seeds, sharding, shuffles, loss normalisation and targets
+from ``ppo_common``; the same per-step metrics), with the per-token tensors in the store: the
+workers write generations, log-probs and values under the step's ids, the driver reads only the
+columns the advantages need and writes ``advantages`` / ``returns`` / ``sample_mask`` back, and
+each epoch trains the policy and the critic on a shuffled subset of the meta.  The store is
+reached only through ``TQPolicy`` / ``TQValue`` methods and ``KVBatchMeta`` transforms.
 """
 
 from __future__ import annotations
@@ -48,7 +33,7 @@ from nemo_dp.algorithms.trainer_common import (
     trainer_state,
     validate_at_start,
 )
-from nemo_dp.data_plane.factory import validate_trainer_selection
+from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
@@ -67,7 +52,7 @@ from nemo_dp.models.value.tq_value import TQValue
 
 __all__ = ["ppo_train_sync", "TRAINER_TARGET"]
 
-#: This trainer's registry entry in ``nemo_dp.data_plane.factory.TRAINER_REGISTRY``.
+#: This trainer's registry entry in ``nemo_dp.config.trainer_lookup.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.ppo_sync:ppo_train_sync"
 
 #: Per-token columns the driver reads back for the advantage.

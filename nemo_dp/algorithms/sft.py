@@ -1,12 +1,8 @@
 """Legacy (in-memory) SFT trainer: next-token loss on response tokens.
 
-The driver holds every batch: it draws ``policy.train_global_batch_size`` pairs from the loader,
-collates them and calls ``policy.train`` (which shards the batch over the DP workers with the
-shared planner).  Periodic held-out greedy exact-match evaluation, per-step metrics, and
-checkpoints (model, optimizer, RNG streams, loader cursor, counters) with exact resume.
-
-Like every trainer the factory can select, it is called as ``sft_train(ctx)`` with a
-``TrainContext``, so the run layer calls whichever trainer it is handed the same way.
+The driver draws ``policy.train_global_batch_size`` pairs from the loader, collates them and
+calls ``policy.train``.  Held-out greedy exact-match evaluation, per-step metrics and
+checkpoints with exact resume.  Called as ``sft_train(ctx)``.
 """
 
 from __future__ import annotations

@@ -1,53 +1,17 @@
 """Data-plane SFT trainer: colocated loaders put batches into the store, the driver moves metas.
 
-Selected by the factory for ``algorithm=sft`` with an enabled data plane (``local``, ``tq``,
-``ray``; ``TRAINER_REGISTRY``), on a ``TQPolicy`` whose workers carry
-``ColocatedLoaderMixin``.  One step (``sft_sync_step``) is ONE driver -> worker round trip in
-steady state, like the legacy trainer's one ``train`` call:
+Runs on a ``TQPolicy`` whose workers carry ``ColocatedLoaderMixin``; a step
+(``sft_sync_step``) is one driver -> worker call per rank in steady state: the driver checks the
+envelopes of batch *k* readied by the previous step (one per DP rank) and stamps one pad target
+over the placed metas; each rank's ``run_sft_step`` trains on its meta, commits (clears the
+partition, advances its position) and readies batch *k+1* within ``max_live_batches``.
 
-1. the envelopes of batch *k* (one per DP rank: the meta of the rank's block in partition
-   ``sft_dp{r}_batch{k}`` of its own client - Local: a private store; TransferQueue / Ray: the
-   shared one) came back from step *k-1*'s call.  Only when no step readied them (the first
-   step, after a checkpoint's quiesce, an abort, a resume) ``loaders.load(k)`` runs first.  The
-   driver checks one envelope per DP rank and equal micro-batch counts, then the
-   placed-metadata checks (one meta per rank, no dynamic batching) and stamps one fresh global
-   pad target over all ranks' metas (``TQPolicy.checked_placed_metas``);
-2. one fused call per rank, ``run_sft_step(placed meta r, k, loss)``
-   (``ColocatedLoaderMixin``): ``begin_train_step_presharded`` ->
-   ``train_microbatch_presharded`` -> ``finish_train_step_presharded`` (the worker's split
-   training API, unchanged), commit (clear the partition, advance the position), then make
-   batch *k+1* ready (prefetched, or loaded now) and prefetch further within
-   ``max_live_batches``; it returns the finish metrics, the rows consumed and the envelope of
-   batch *k+1*.  The driver aggregates the metrics with ``Policy._aggregate_train_results``
-   exactly as ``TQPolicy.finish_train_step`` does, and only then advances its counters;
-3. on any failure in 1-2: a rank whose training raised aborts its own step (gradients dropped);
-   the driver then aborts the train step on every rank (``policy.abort_train_step``) and the
-   loaders with the step's index (``loaders.abort(k)``: every loaded batch dropped, loaders
-   rewound; a rank that had already committed batch *k* in the failed call rolls that commit
-   back), counters stay unchanged, the exception propagates - the step can be retried and sees
-   the same rows.  Except when the failure is ``DataPlaneUnavailableError`` (the store stopped
-   answering): then nothing is aborted and the error propagates at once.  An abort would wait
-   on the dead store again (every clear runs into the storage timeout) and on any rank still
-   inside a collective with the failed rank (until the collective timeout), while the policy
-   cannot train again anyway; the run ends within the data plane's documented bound.  A batch
-   *k+1* that cannot be readied after the commit (full store, a load error) never fails step
-   *k*: the next step loads it explicitly and fails there.
-
-Rows per rank are exactly the legacy planner's blocks, microbatches are the worker's fixed-size
-runs, losses are normalised by all-reduced global counts: the per-step losses and gradient
-norms equal ``sft_train``'s bit for bit (tests/e2e/test_sft_parity.py).
-
-Checkpoints hold model, optimizer, RNG, counters, the committed loader position (same meaning
-as the legacy trainer's ``"loader"``) and the data plane's own checkpoint (Local: every
-worker's store under ``data_plane/dp{r}``; TransferQueue: the library checkpoint under
-``data_plane/tq``), all inside one atomically committed ``step_<N>`` directory.  Prefetched
-and readied batches are dropped (loader rewound, the driver forgets their envelopes) before
-saving, so the saved store is empty and a resume re-loads exactly the batches the
-uninterrupted run trains on (the step after a checkpoint does the extra load call).
-
-Fault injection: ``ctx.hooks.on_checkpoint_staged(step, tmp_dir)`` runs after the state files and
-the data plane are written into the temporary directory and before the manifest and the commit
-renames, so a test can kill the process in the middle of a checkpoint write.
+On a failure the train step and the loaders are aborted on every rank (batch *k* rolled back,
+counters unchanged), so a retry sees the same rows; a ``DataPlaneUnavailableError`` propagates
+at once without aborting.  Per-step losses and gradient norms equal ``sft_train``'s bit for bit
+(tests/e2e/test_sft_parity.py).  Checkpoints drop readied batches first, so the saved store is
+empty and a resume re-loads exactly the batches the uninterrupted run trains on;
+``ctx.hooks.on_checkpoint_staged`` runs before a checkpoint's commit (fault injection).
 """
 
 from __future__ import annotations

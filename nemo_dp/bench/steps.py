@@ -221,7 +221,7 @@ def timed_phase_run(
         worker group and of any model the trainer builds, e.g. PPO's critic), and the driver's
         ``peak_rss_mb`` / ``rss_growth_mb``.
     """
-    from nemo_dp.data_plane.factory import select_sync_trainer
+    from nemo_dp.algorithms.selection import select_sync_trainer
 
     tok = make_tokenizer(train_cfg)
     phase = main_phase(train_cfg)

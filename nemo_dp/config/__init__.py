@@ -7,8 +7,9 @@ entry point reject a bad configuration identically and before any process starts
   data-plane schemas) and every ``recipes/*.yaml`` as an option of the ``recipe`` group, so
   ``recipe=grpo_arith`` works from any working directory.
 * ``validate_config(cfg)`` refuses keys no schema declares (also those added with ``+``),
-  converts the composed node into dataclasses (running every range rule) and checks that the (algorithm, data_plane) pair is legal through the factory's own
-  lookup.
+  converts the composed node into dataclasses (running every range rule) and checks that the
+  (algorithm, data_plane) pair is legal through the trainer lookup
+  (``nemo_dp.config.trainer_lookup``) that selection uses.
 * ``preflight(cfg, run_dir)`` checks the CPU budget and that output paths are writable.
 """
 
@@ -88,7 +89,7 @@ def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
 
 
 def _trainer_lookup(cfg: DictConfig) -> Any:
-    from nemo_dp.data_plane.factory import validate_trainer_selection
+    from nemo_dp.config.trainer_lookup import validate_trainer_selection
 
     return validate_trainer_selection(cfg)
 
@@ -99,14 +100,14 @@ def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig
     Args:
         cfg: The composed root node (with or without the ``hydra`` node).
         check_pair: Also check that the (algorithm, data_plane) pair is served by a trainer,
-            via the factory's own registry lookup (``validate_trainer_selection``).
+            via the trainer lookup (``validate_trainer_selection``).
 
     Returns:
         The configuration converted to dataclasses (every ``__post_init__`` rule has run).
 
     Raises:
         ValueError: A range/legal-value rule failed; the message names the full key and the
-            legal values.  An illegal (algorithm, data_plane) pair raises the factory's
+            legal values.  An illegal (algorithm, data_plane) pair raises the lookup's
             ``ValueError`` naming both keys.
         omegaconf.errors.MissingMandatoryValue: A required key (``???``) is unset.
     """
@@ -148,7 +149,7 @@ def _without_hydra(cfg: DictConfig) -> DictConfig:
 
 
 def _check_pair(node: DictConfig) -> None:
-    # The factory's own registry lookup (no import, no output): the same table
+    # The trainer lookup (no import, no output): the same table
     # select_sync_trainer uses later, so validation and selection cannot disagree.
     _trainer_lookup(node)
 

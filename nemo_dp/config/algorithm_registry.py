@@ -3,15 +3,14 @@
 Why this module exists: an algorithm is a bundle of decisions (its name, its config schema,
 how the launcher builds its trainer inputs, which trainer serves it on each data-plane backend,
 whether it needs a store that carries data between processes, whether it has a warm-start SFT
-phase).  The config layer (schema registration, validation), the data-plane factory (trainer
-selection) and the tests all read :data:`ALGORITHMS`; nothing else lists algorithm names.
+phase).  The config layer (schema registration, validation), trainer selection
+(``nemo_dp.config.trainer_lookup``) and the tests all read :data:`ALGORITHMS`; nothing else lists algorithm names.
 
 The table is plain data: every target is a ``"module:attr"`` string resolved only when used, and
-this module imports nothing but the standard library.  It lives in the config layer (below
-models and algorithms) because schema registration and validation read it; the trainers and
-builders it names are higher up and are only imported when selected.
-``nemo_dp.data_plane.factory``, one layer lower still, resolves this table the same way
-(:data:`ALGORITHMS_TARGET`), never with a module-level import.
+this module imports nothing but the standard library and :mod:`nemo_dp.utils.imports`.  It
+lives in the config layer (below models and algorithms) because schema registration and
+validation read it; the trainers and builders it names are higher up and are only imported
+when selected (:mod:`nemo_dp.algorithms.selection`).
 
 Adding an algorithm (for example DPO):
 
@@ -28,15 +27,14 @@ Hydra registration (``algorithm_dpo_schema``), ``algorithm.name`` validation, th
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+
+from nemo_dp.utils.imports import resolve_target
 
 __all__ = [
     "ALGORITHMS",
-    "ALGORITHMS_TARGET",
     "AlgorithmSpec",
     "TrainerMode",
     "algorithm",
@@ -44,25 +42,6 @@ __all__ = [
     "register_algorithm",
     "resolve_target",
 ]
-
-#: Where the factory finds :data:`ALGORITHMS` (resolved lazily, see the module docstring).
-ALGORITHMS_TARGET = "nemo_dp.config.algorithm_registry:ALGORITHMS"
-
-
-def resolve_target(target: str) -> Any:
-    """Import ``"module:attr"`` and return the attribute.
-
-    Raises:
-        ValueError: ``target`` is not of the form ``"module:attr"``.
-        ImportError: The module or the attribute does not exist (names the target).
-    """
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"target {target!r} must have the form 'module:attr'")
-    module = importlib.import_module(module_name)
-    if not hasattr(module, attr):
-        raise ImportError(f"{target}: module {module_name!r} has no attribute {attr!r}")
-    return getattr(module, attr)
 
 
 @dataclass(frozen=True)

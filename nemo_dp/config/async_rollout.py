@@ -2,7 +2,7 @@
 
 Why this module exists: asynchronous GRPO is the synchronous algorithm plus one config block, and
 the block must be validated (ranges, and the data plane it needs) before any process starts.
-It is pure configuration (standard library and the factory's config reader only), so the GRPO
+It is pure configuration (standard library and the shared config reader only), so the GRPO
 schema, ``validate_config`` and the trainer can all import it without loading Ray.
 
 Semantics of the knobs (see ``docs/async_grpo.md``):
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from nemo_dp.utils.config_access import cfg_get
 
 __all__ = [
     "AsyncRolloutConfig",
@@ -70,17 +72,6 @@ class AsyncRolloutConfig:
             _fail(f"{_KEY}.torch_threads", f"must be >= 0, got {self.torch_threads!r}")
 
 
-def _get(node: Any, key: str) -> Any:
-    if node is None:
-        return None
-    if isinstance(node, dict):
-        return node.get(key)
-    try:
-        return node[key] if key in node else None  # DictConfig / Mapping
-    except TypeError:
-        return getattr(node, key, None)
-
-
 def async_rollout_enabled(master_config: Any) -> bool:
     """Whether a root config asks for asynchronous GRPO.
 
@@ -93,13 +84,13 @@ def async_rollout_enabled(master_config: Any) -> bool:
     Raises:
         TypeError: ``algorithm.async_rollout.enabled`` is not a bool.
     """
-    algo = _get(master_config, "algorithm")
-    if algo is None or isinstance(algo, str) or _get(algo, "name") != "grpo":
+    algo = cfg_get(master_config, "algorithm", None)
+    if algo is None or isinstance(algo, str) or cfg_get(algo, "name", None) != "grpo":
         return False
-    block = _get(algo, "async_rollout")
+    block = cfg_get(algo, "async_rollout", None)
     if block is None:
         return False
-    enabled = _get(block, "enabled")
+    enabled = cfg_get(block, "enabled", None)
     if enabled is None:
         return False
     if not isinstance(enabled, bool):
@@ -127,7 +118,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
     from nemo_dp.data_plane.factory import data_plane_kind
     from nemo_dp.data_plane.registry import backend
 
-    kind = data_plane_kind(_get(master_config, "data_plane"))
+    kind = data_plane_kind(cfg_get(master_config, "data_plane", None))
     legal = [
         kind_
         for mode in algorithm("grpo").modes
@@ -141,8 +132,8 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
             f"samples through the store; this config has data_plane {kind!r}. Set "
             f"{options} or {_KEY}.enabled=false."
         )
-    ds = _get(_get(master_config, "algorithm"), "dynamic_sampling")
-    if ds is not None and bool(_get(ds, "enabled")):
+    ds = cfg_get(cfg_get(master_config, "algorithm", None), "dynamic_sampling", None)
+    if ds is not None and bool(cfg_get(ds, "enabled", None)):
         raise ValueError(
             f"{_KEY}.enabled=true does not support algorithm.dynamic_sampling.enabled=true "
             "(a streamed batch is trained as generated); disable one of them"

@@ -23,7 +23,6 @@ from omegaconf import MISSING
 from nemo_dp.config.schema import PolicyConfig, _at_least, _one_of
 
 __all__ = [
-    "POLICY_KINDS",
     "POLICY_DEVICES",
     "HF_DTYPE_NAMES",
     "HF_ATTN_NAMES",
@@ -33,7 +32,6 @@ __all__ = [
     "register_policy_configs",
 ]
 
-POLICY_KINDS: tuple[str, ...] = ("tiny", "hf")
 POLICY_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 HF_DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16")
 HF_ATTN_NAMES: tuple[str, ...] = ("sdpa", "eager")

@@ -17,7 +17,6 @@ from typing import Any, Optional, Union
 
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.chat import ChatExample, Message, SFTExample, render_prompt
-from nemo_dp.data.datasets import RLPromptDataset, SFTDataset
 from nemo_dp.data.errors import DatasetError
 from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl
 
@@ -27,7 +26,6 @@ __all__ = [
     "sft_source",
     "rl_source",
     "val_source",
-    "build_train_dataset",
     "build_val_problems",
 ]
 
@@ -166,34 +164,6 @@ def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenize
     if _chat_format(env_cfg):
         return DataSource(src.key, None, _as_chat(src.rows, tokenizer), src.lines)
     return src
-
-
-def build_train_dataset(master_config: Any, tokenizer: Any | None = None) -> Union[SFTDataset, RLPromptDataset]:
-    """The training dataset of a phase config (``algorithm.name`` sft, grpo or ppo).
-
-    Args:
-        master_config: The phase's root config (a warm start is its own SFT phase config).
-        tokenizer: Renders RL ``messages`` prompts.
-
-    Returns:
-        An ``SFTDataset`` for SFT, an ``RLPromptDataset`` for GRPO / PPO.
-
-    Raises:
-        DatasetError: Naming the key, file, line and field at fault.
-        ValueError: On an unknown algorithm name.
-    """
-    algo = master_config.algorithm
-    env_cfg = master_config.env
-    if algo.name == "sft":
-        return SFTDataset(
-            sft_source(env_cfg, int(algo.num_train_samples), num_samples_key="algorithm.num_train_samples").rows
-        )
-    if algo.name in ("grpo", "ppo"):
-        src = rl_source(
-            env_cfg, int(algo.num_train_prompts), num_prompts_key="algorithm.num_train_prompts", tokenizer=tokenizer
-        )
-        return RLPromptDataset(src.rows)
-    raise ValueError(f"algorithm.name: no dataset for {algo.name!r}; legal values: ['sft', 'grpo', 'ppo']")
 
 
 def build_val_problems(master_config: Any, tokenizer: Any | None = None) -> list[Problem]:

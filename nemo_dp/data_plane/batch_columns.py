@@ -1,11 +1,9 @@
 """Whole-column batches: the form a loader puts and the Local adapter hands back.
 
-Why this module exists: the Local adapter stores a non-tensor column as one ``NonTensorData``
-leaf holding the whole column, while wire backends hold one value per row.  Helpers (the worker
-mixin, the colocated loader, ``column_io``) must pick the right form without importing an
-adapter, so the rule that tells the two apart (:func:`is_local_batch_meta`), the builder of a
-whole-column put (:func:`local_batch_to_tensordict`) and the reader that dispatches on the meta
-(:func:`materialize_for_meta`) live here, below every adapter.
+The Local adapter stores a non-tensor column as one ``NonTensorData`` leaf, wire backends one
+value per row.  :func:`is_local_batch_meta` tells the two apart, :func:`local_batch_to_tensordict`
+builds a whole-column put and :func:`materialize_for_meta` reads either form, for helpers that
+must not import an adapter.
 """
 
 from __future__ import annotations

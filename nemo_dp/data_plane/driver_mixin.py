@@ -1,39 +1,10 @@
-"""Driver-side data-plane methods of the policy / value façades.
+"""Driver-side data-plane methods of the policy / value façades (``TQDriverMixin``).
 
-Why this module exists: every model dispatch from the driver needs the same three pieces of
-metadata work - planner arguments from the policy config, a *fresh* global pad target per
-dispatch (a target stamped once on a shared meta would leak from the policy into the critic,
-across PPO epochs and into ``concat``-ed dynamic-sampling metas), and a caller meta that is
-never mutated.  ``TQDriverMixin`` gives the driver façades (``TQPolicy``, ``TQValue``) those
-pieces plus the two bulk-column helpers the trainers use (``read_from_dataplane`` /
-``write_to_dataplane``).  ``stamp_placed_metas`` does the same for placed microbatches: one
-target over several DP ranks' metas.
-
-Host contract (what a class mixing in ``TQDriverMixin`` must provide):
-
-* ``self.use_dynamic_batches`` / ``self.use_sequence_packing`` (optional bools, as the
-  reference's policy and value hosts set them) - when present they decide whether each mode is
-  on; when absent (or ``None``) the mode's ``cfg[...]["enabled"]`` decides, and a missing
-  ``dynamic_batching`` / ``sequence_packing`` section means that mode is off.
-* ``self.cfg`` - the policy config, a mapping (``dict``, ``DictConfig``) or an attribute-style
-  object (dataclass).  Read keys (no defaults here; the config schema owns them):
-
-  * ``cfg["dynamic_batching"]["enabled"]`` (bool) - only without ``use_dynamic_batches``
-  * ``cfg["dynamic_batching"]["train_mb_tokens"]`` / ``["logprob_mb_tokens"]`` (int) - only the
-    one asked for, only when dynamic batching is on
-  * ``cfg["dynamic_batching"]["sequence_length_round"]`` (int) - when on
-  * ``cfg["sequence_packing"]["enabled"]`` (bool) - only when dynamic batching is off and the
-    host has no ``use_sequence_packing``
-  * ``cfg["sequence_packing"]["train_mb_tokens"]`` / ``["logprob_mb_tokens"]``,
-    ``["algorithm"]``, ``["sequence_length_pad_multiple"]``, ``["microbatch_order"]`` - when
-    sequence packing is on (and dynamic batching is not)
-
-  A missing key that an enabled mode needs raises ``KeyError`` naming its dotted path.
-* ``self.dp_client`` - the driver's ``DataPlaneClient`` (used by ``read_from_dataplane`` and
-  ``write_to_dataplane`` only).
-* ``self.dp_size`` - the number of data-parallel ranks (used by ``_shard_meta`` only).
-
-Nothing here imports Ray or TransferQueue.
+Each model dispatch gets planner arguments from the policy config, a *fresh* global pad target
+(a target stamped once on a shared meta would leak from the policy into the critic, across PPO
+epochs and into concatenated metas) and leaves the caller's meta untouched;
+``stamp_placed_metas`` stamps one target over several DP ranks' placed metas.  Nothing here
+imports Ray or TransferQueue.
 """
 
 from __future__ import annotations
@@ -221,8 +192,19 @@ def stamp_placed_metas(
 class TQDriverMixin:
     """Driver-side metadata helpers for façades that dispatch ``KVBatchMeta`` shards.
 
-    See the module docstring for the ``cfg`` keys and the ``dp_client`` attribute the host
-    provides.
+    The host class provides:
+
+    * ``use_dynamic_batches`` / ``use_sequence_packing`` (optional bools): when set they decide
+      whether each mode is on; otherwise the mode's ``cfg[...]["enabled"]`` does, and a missing
+      ``dynamic_batching`` / ``sequence_packing`` section means off.
+    * ``cfg``: the policy config (mapping, ``DictConfig`` or dataclass), read without defaults:
+      ``dynamic_batching.{enabled, train_mb_tokens | logprob_mb_tokens,
+      sequence_length_round}`` and ``sequence_packing.{enabled, train_mb_tokens |
+      logprob_mb_tokens, algorithm, sequence_length_pad_multiple, microbatch_order}``, each
+      only when its mode needs it; a missing key raises ``KeyError`` naming its dotted path.
+    * ``dp_client``: the driver's ``DataPlaneClient`` (``read_from_dataplane`` /
+      ``write_to_dataplane``).
+    * ``dp_size``: the number of data-parallel ranks (``_shard_meta``).
     """
 
     cfg: Any
@@ -429,7 +411,7 @@ class TQDriverMixin:
     ) -> BatchedDataDict:
         """Read columns of ``meta``'s rows at the meta's pad target (caller's meta untouched).
 
-        As in the reference, a ``global_forward_pad_seqlen`` already stamped on ``meta`` (the
+        A ``global_forward_pad_seqlen`` already stamped on ``meta`` (the
         width the workers padded to) is honoured, so driver reads line up with worker columns;
         without one a fresh target is minted for this read (``_isolated_meta``).
 

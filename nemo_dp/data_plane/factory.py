@@ -1,25 +1,15 @@
-"""The one place that turns a ``data_plane`` config into a client, a trainer and a policy factory.
+"""Turn a ``data_plane`` config into its dataclass, its environment knobs and its client.
 
-Launchers never branch on the data plane themselves: they call :func:`select_sync_trainer` and
-:func:`make_policy_factory` with the same config, so the trainer and the policy class cannot
-drift apart, and they build clients only through :func:`build_data_plane_client`.
-
-Every backend-specific decision comes from the backend registry
-(``nemo_dp.data_plane.registry``) and every algorithm-specific one from the algorithm registry
-(``nemo_dp.config.algorithm_registry``); this module compares no kind strings of its own.  The
-algorithm table sits in a higher layer, so it is resolved from a ``"module:attr"`` string on
-first use, exactly like the trainers it names; importing this module loads neither it, nor an
-adapter, nor Ray or TransferQueue.  There is no no-op client and no fallback: a disabled config
-never yields a client.
+Every backend-specific decision comes from the backend registry (``nemo_dp.data_plane.registry``);
+this module compares no kind strings of its own.  There is no no-op client and no fallback: a
+disabled config never yields a client.  ``select_sync_trainer`` and ``make_policy_factory`` are also
+importable from here; they live in :mod:`nemo_dp.algorithms.selection` (a higher layer, imported
+on first use; the layers contract lists this one edge).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import importlib.util
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -32,123 +22,39 @@ from nemo_dp.data_plane.interfaces import (
     DisabledDataPlaneConfig,
     LocalDataPlaneConfig,
 )
+from nemo_dp.utils.config_access import cfg_get
 
 __all__ = [
-    "DATA_PLANE_KINDS",
-    "TRAINER_REGISTRY",
-    "POLICY_CLASS_PATH",
-    "TrainerSelection",
-    "TrainerNotAvailableError",
     "data_plane_enabled",
     "data_plane_kind",
     "coerce_data_plane_config",
     "build_data_plane_client",
     "data_plane_supports_checkpointing",
     "maybe_configure_data_plane_env",
-    "validate_trainer_selection",
     "select_sync_trainer",
-    "describe_selection",
     "make_policy_factory",
 ]
 
 DISABLED = registry.DISABLED
 
-#: Data-plane kinds a trainer can be registered for ("disabled" = legacy trainer).
-DATA_PLANE_KINDS: tuple[str, ...] = tuple(registry.BACKENDS)
-
-#: Where the algorithm table lives (a higher layer, so resolved on first use, never imported here
-#: at module level).
-_ALGORITHMS_TARGET = "nemo_dp.config.algorithm_registry:ALGORITHMS"
-
-#: The data-plane policy class built by :func:`make_policy_factory`.
-POLICY_CLASS_PATH = "nemo_dp.models.policy.tq_policy:TQPolicy"
-
-# (algorithm, kind) -> "module:function", built from the algorithm registry on first use and
-# rebuilt only when an algorithm is registered later (tests may patch entries of this dict).
-_TRAINER_TABLE: dict[tuple[str, str], str] = {}
-_TRAINER_TABLE_KEY: tuple[Any, ...] | None = None
-
-
-def _algorithms() -> Mapping[str, Any]:
-    module_name, _, attr = _ALGORITHMS_TARGET.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-def _trainer_table() -> dict[tuple[str, str], str]:
-    global _TRAINER_TABLE_KEY
-    algorithms = _algorithms()
-    key = tuple(id(spec) for spec in algorithms.values())
-    if key != _TRAINER_TABLE_KEY:
-        _TRAINER_TABLE.clear()
-        _TRAINER_TABLE.update(
-            {
-                (name, kind): target
-                for name, spec in algorithms.items()
-                for kind, target in spec.trainers.items()
-            }
-        )
-        _TRAINER_TABLE_KEY = key
-    return _TRAINER_TABLE
+#: Names of the data-plane API that nemo_dp.algorithms.selection defines.
+_SELECTION_NAMES = ("select_sync_trainer", "make_policy_factory")
 
 
 def __getattr__(name: str) -> Any:
-    # ``TRAINER_REGISTRY`` is resolved lazily so that importing the factory never imports a
-    # higher layer; it is the same dict the selection functions read.
-    if name == "TRAINER_REGISTRY":
-        return _trainer_table()
+    if name in _SELECTION_NAMES:
+        from nemo_dp.algorithms import selection
+
+        return getattr(selection, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-class TrainerNotAvailableError(ImportError):
-    """A legal (algorithm, data plane) pair whose trainer module or function does not exist."""
-
-
-@dataclass(frozen=True)
-class TrainerSelection:
-    """The resolved trainer choice for one config (nothing imported yet).
-
-    Attributes:
-        algorithm: ``algorithm`` name (``sft``, ``grpo``, ``ppo``).
-        data_plane: Data-plane kind (``disabled``, ``local``, ``transfer_queue``).
-        target: ``"module:function"`` of the trainer.
-        label: Label for the progress line.
-    """
-
-    algorithm: str
-    data_plane: str
-    target: str
-    label: str
-    mode: str = "synchronous"
-
-    @property
-    def progress_line(self) -> str:
-        """The single line :func:`select_sync_trainer` prints."""
-        if not registry.backend(self.data_plane).enabled:
-            return f"Running {self.mode} {self.label} training (legacy)"
-        return f"Running {self.mode} {self.label} training (data plane: {self.data_plane})"
-
-
-# ---------------------------------------------------------------------------------------------
-# config access
-# ---------------------------------------------------------------------------------------------
 
 _ABSENT = object()
 
 
-def _get(node: Any, key: str, full_key: str) -> Any:
-    """``node[key]`` / ``node.key`` or ``_ABSENT``; a ``???`` value raises instead of hiding."""
-    if isinstance(node, DictConfig):
-        if key in node.keys() and OmegaConf.is_missing(node, key):
-            raise ValueError(f"{full_key} is a mandatory value that was not set (???)")
-        return node[key] if key in node else _ABSENT
-    if isinstance(node, Mapping):
-        return node[key] if key in node else _ABSENT
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return getattr(node, key) if hasattr(node, key) else _ABSENT
-    raise TypeError(
-        f"{full_key.rsplit('.', 1)[0] or full_key}: expected a mapping, DictConfig or config "
-        f"dataclass, got {type(node).__name__}"
-    )
+def _get(node: Any, key: str) -> Any:
+    """``node.key`` of a ``data_plane`` node or ``_ABSENT``; a ``???`` value raises instead."""
+    return cfg_get(node, key, _ABSENT, where="data_plane", strict=True)
 
 
 def data_plane_kind(cfg: Any) -> str:
@@ -167,14 +73,14 @@ def data_plane_kind(cfg: Any) -> str:
     """
     if cfg is None or type(cfg) is DisabledDataPlaneConfig:
         return DISABLED
-    enabled = _get(cfg, "enabled", "data_plane.enabled")
+    enabled = _get(cfg, "enabled")
     if enabled is _ABSENT or enabled is None:
         return DISABLED
     if not isinstance(enabled, bool):
         raise TypeError(f"data_plane.enabled must be a bool, got {enabled!r}")
     if not enabled:
         return DISABLED
-    impl = _get(cfg, "impl", "data_plane.impl")
+    impl = _get(cfg, "impl")
     if impl is _ABSENT:
         impl = None
     if impl not in registry.enabled_kinds():
@@ -196,7 +102,7 @@ def data_plane_enabled(cfg: Any) -> bool:
     """
     if cfg is None or type(cfg) is DisabledDataPlaneConfig:
         return False
-    enabled = _get(cfg, "enabled", "data_plane.enabled")
+    enabled = _get(cfg, "enabled")
     if enabled is _ABSENT or enabled is None:
         return False
     if not isinstance(enabled, bool):
@@ -334,195 +240,3 @@ def build_data_plane_client(
         sink = log_event if dp_cfg.observability.log_events else None
         return MetricsDataPlaneClient(client, on_event=sink)
     return client
-
-
-# ---------------------------------------------------------------------------------------------
-# trainer and policy selection
-# ---------------------------------------------------------------------------------------------
-
-
-#: The algorithm of a config without an ``algorithm`` node: the reference factory reads only
-#: ``data_plane`` and always selects GRPO (label "GRPO"), so such configs keep working here.
-DEFAULT_ALGORITHM = "grpo"
-
-
-def _algorithm_name(master_config: Any) -> str:
-    algorithm = _get(master_config, "algorithm", "algorithm")
-    if algorithm is _ABSENT or algorithm is None:
-        return DEFAULT_ALGORITHM
-    if not isinstance(algorithm, str):
-        algorithm = _get(algorithm, "name", "algorithm.name")
-        if algorithm is _ABSENT:
-            raise ValueError("algorithm.name is missing from the config")
-    if not isinstance(algorithm, str) or not algorithm:
-        raise ValueError(f"algorithm.name must be a non-empty string, got {algorithm!r}")
-    return algorithm
-
-
-def _master_data_plane(master_config: Any) -> Any:
-    dp = _get(master_config, "data_plane", "data_plane")
-    return None if dp is _ABSENT else dp
-
-
-def _legal_data_planes(algorithm: str) -> list[str]:
-    table = _trainer_table()
-    return [kind for kind in DATA_PLANE_KINDS if (algorithm, kind) in table]
-
-
-def _illegal_reason(spec: Any, kind: str) -> str | None:
-    """Why ``spec`` cannot run on backend ``kind``, derived from the backend's capabilities."""
-    backend = registry.backend(kind)
-    needs_transport = spec is not None and spec.requires_cross_process
-    if needs_transport and backend.enabled and not backend.cross_process:
-        return "a process-local store cannot carry rollout data between processes"
-    return None
-
-
-def validate_trainer_selection(master_config: Any, *, label: str | None = None) -> TrainerSelection:
-    """Resolve (algorithm, data plane) to a registered trainer without importing it.
-
-    The launcher calls this at compose time, before any process starts; :func:`select_sync_trainer`
-    uses the same lookup.
-
-    Args:
-        master_config: Root config (``DictConfig``, dataclass or mapping) with an optional
-            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``, as in the
-            reference) and an optional ``data_plane`` entry.
-        label: Progress-line label; defaults to the algorithm name upper-cased.
-
-    Returns:
-        The selection.
-
-    Raises:
-        ValueError: Unknown algorithm, unknown ``data_plane.impl``, or an illegal pair (naming
-            ``algorithm`` and ``data_plane`` and listing the legal data planes).
-    """
-    algorithm = _algorithm_name(master_config)
-    kind = data_plane_kind(_master_data_plane(master_config))
-    legal = _legal_data_planes(algorithm)
-    if not legal:
-        known = sorted({alg for alg, _ in _trainer_table()})
-        raise ValueError(
-            f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}"
-        )
-    spec = _algorithms().get(algorithm)
-    if label is None and spec is not None:
-        label = spec.display_label
-    # A mode switched on (e.g. asynchronous GRPO) decides the trainer, and its own error names
-    # its switch, before the algorithm's default trainer table is consulted.
-    mode_name, target = "synchronous", None
-    for mode in spec.modes if spec is not None else ():
-        if not _import_target(mode.selector, f"the {mode.name} mode selector of {algorithm!r}")(
-            master_config
-        ):
-            continue
-        target = mode.trainers.get(kind)
-        if target is None:
-            choices = ", ".join(
-                f"{k} (data_plane={registry.backend(k).option})" for k in mode.trainers
-            )
-            raise ValueError(
-                f"{mode.switch_key}=true cannot run with data_plane={kind!r}. Legal data planes "
-                f"for {mode.name} {algorithm!r}: {choices}; or set {mode.switch_key}=false."
-            )
-        mode_name = mode.name
-        break
-    if target is None:
-        target = _trainer_table().get((algorithm, kind))
-    if target is None:
-        reason = _illegal_reason(spec, kind)
-        choices = ", ".join(f"{k} (data_plane={registry.backend(k).option})" for k in legal)
-        raise ValueError(
-            f"algorithm={algorithm!r} cannot run with data_plane={kind!r}"
-            + (f": {reason}" if reason else "")
-            + f". Legal data planes for algorithm {algorithm!r}: {choices}."
-        )
-    return TrainerSelection(
-        algorithm=algorithm,
-        data_plane=kind,
-        target=target,
-        label=label if label is not None else algorithm.upper(),
-        mode=mode_name,
-    )
-
-
-def _import_target(target: str, what: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    if importlib.util.find_spec(module_name) is None:
-        raise TrainerNotAvailableError(
-            f"{what} ({target}) is not available: module {module_name!r} does not exist"
-        )
-    module = importlib.import_module(module_name)
-    if not hasattr(module, attr):
-        raise TrainerNotAvailableError(
-            f"{what} ({target}) is not available: {module_name!r} has no attribute {attr!r}"
-        )
-    return getattr(module, attr)
-
-
-def select_sync_trainer(master_config: Any, *, label: str | None = None) -> Callable[..., Any]:
-    """Pick and import the trainer for (algorithm, data plane); print exactly one line.
-
-    Args:
-        master_config: Root config with ``algorithm`` and an optional ``data_plane``.
-        label: Label for the progress line; defaults to the algorithm name upper-cased.
-
-    Returns:
-        The trainer function.
-
-    Raises:
-        ValueError: As :func:`validate_trainer_selection`.
-        TrainerNotAvailableError: The pair is legal but its trainer module or function is missing.
-    """
-    selection = validate_trainer_selection(master_config, label=label)
-    trainer = _import_target(
-        selection.target,
-        f"the trainer for algorithm={selection.algorithm!r} with "
-        f"data_plane={selection.data_plane!r}",
-    )
-    print(selection.progress_line, flush=True)
-    return trainer
-
-
-def describe_selection(master_config: Any) -> dict[str, str]:
-    """Strings naming the backend, trainer and policy factory a config selects (for logs).
-
-    Args:
-        master_config: Root config with ``algorithm`` and an optional ``data_plane``.
-
-    Returns:
-        ``{"backend": ..., "trainer": ..., "policy_factory": ...}``.
-
-    Raises:
-        ValueError: As :func:`validate_trainer_selection`.
-    """
-    selection = validate_trainer_selection(master_config)
-    spec = registry.backend(selection.data_plane)
-    dp_cfg = coerce_data_plane_config(_master_data_plane(master_config))
-    backend = spec.describe(dp_cfg)
-    policy = POLICY_CLASS_PATH if spec.enabled else "plain policy (no data plane)"
-    return {"backend": backend, "trainer": selection.target, "policy_factory": policy}
-
-
-def make_policy_factory(cfg: Any) -> Callable[..., Any] | None:
-    """The policy constructor that matches a ``data_plane`` config.
-
-    Args:
-        cfg: Any accepted ``data_plane`` form.
-
-    Returns:
-        ``None`` when disabled (build the plain policy); otherwise ``_make_policy(**kwargs)``
-        returning ``TQPolicy(**kwargs, dp_cfg=cfg)`` with ``cfg`` passed through unchanged.
-
-    Raises:
-        ValueError: Unknown ``impl`` or invalid config (checked now, not at first call).
-    """
-    if not data_plane_enabled(cfg):
-        return None
-    coerce_data_plane_config(cfg)  # validate eagerly; the policy gets cfg exactly as given
-
-    def _make_policy(**kwargs: Any) -> Any:
-        policy_cls = _import_target(POLICY_CLASS_PATH, "the data-plane policy class")
-        return policy_cls(**kwargs, dp_cfg=cfg)
-
-    return _make_policy

@@ -1,10 +1,7 @@
 """Config schema of the Ray object-store data plane (``data_plane=ray``, ``impl: ray_store``).
 
-Why this module exists apart from the adapter: the backend registry and Hydra's ConfigStore
-need the schema in processes that never build a client, so it lives here with no dependency
-beyond the standard library, omegaconf and the contract module (no Ray, no torch), while the
-adapter package (``nemo_dp.data_plane.adapters.ray_store``) imports Ray lazily when a client is
-built.
+Kept apart from the adapter (no Ray, no torch) because the backend registry and Hydra's
+ConfigStore need it in processes that never build a client.
 """
 
 from __future__ import annotations

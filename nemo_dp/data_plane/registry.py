@@ -1,21 +1,15 @@
 """The one table of data-plane backends: each backend is registered here exactly once.
 
-Why this module exists: a backend is a bundle of decisions (its Hydra option, its config
-schema, how its client is built, whether it can checkpoint and at which scope, how many Ray
-CPUs its own actors reserve, how many live batches a loader may keep in it, whether it carries
-data between processes).  Keeping them in one :class:`BackendSpec` per backend lets the factory,
-the colocated loader, Ray start-up and the tests ask the registry instead of comparing kind
-strings, so adding a backend is one adapter package, one YAML under ``conf/data_plane/`` and
-one entry in :data:`BACKENDS`.
-
-Client constructors are ``"module:attr"`` strings resolved only by :meth:`BackendSpec.client`,
-so importing this module loads no adapter (and so neither Ray nor TransferQueue).
+A :class:`BackendSpec` holds a backend's Hydra option, config schema, client constructor,
+checkpoint support, reserved Ray CPUs, live-batch limit and whether it carries data between
+processes; callers ask the registry instead of comparing kind strings.  Client constructors are
+``"module:attr"`` names resolved only when a client is built, so importing this module loads no
+adapter.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,6 +19,7 @@ from nemo_dp.data_plane.interfaces import (
     LocalDataPlaneConfig,
 )
 from nemo_dp.data_plane.ray_store_config import RAY_STORE_KIND, RayStoreDataPlaneConfig
+from nemo_dp.utils.imports import resolve_target
 
 __all__ = [
     "CheckpointScope",
@@ -126,13 +121,7 @@ class BackendSpec:
         """
         if self.client_target is None:
             raise ValueError(f"data_plane={self.option}: this backend has no client")
-        module_name, _, attr = self.client_target.partition(":")
-        module = importlib.import_module(module_name)
-        if not hasattr(module, attr):
-            raise ImportError(
-                f"backend {self.kind!r}: client constructor {self.client_target} does not exist"
-            )
-        return getattr(module, attr)
+        return resolve_target(self.client_target, f"the client constructor of backend {self.kind!r}")
 
 
 # --- the two real backends' capabilities ---------------------------------------------------
@@ -356,11 +345,6 @@ def ray_cpu_reservation(data_plane_cfg: Any) -> tuple[int, str]:
         return 0, "no data-plane actors"
     spec = backend_for_config(dp_cfg)
     return int(spec.reserved_cpus(dp_cfg)), spec.reserved_by(dp_cfg)
-
-
-def kinds_by_option() -> Mapping[str, str]:
-    """``kind -> Hydra option`` for messages."""
-    return {kind: spec.option for kind, spec in BACKENDS.items()}
 
 
 def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:

@@ -1,13 +1,11 @@
 """``BatchedDataDict``: the in-memory batch the trainers and workers pass around, and the DP
-sharding planner (contract §12.2, §12.3).
+sharding planner.
 
 A batch maps field names to batch-major values: dense tensors (dim 0 = batch), jagged nested
-tensors (one row per sample), Python lists and 1-D object arrays.  The planner splits a batch
-across data-parallel ranks and, for dynamic batching or sequence packing, also emits the
-microbatch plan that every rank must follow identically (re-planning per rank desynchronises
-collectives).  ``make_microbatch_iterator`` turns a planned shard back into microbatches.
-
-``BatchedDataDict`` is a ``collections.UserDict``: a ``Mapping``, not a ``dict``.
+tensors, Python lists and 1-D object arrays.  The planner splits a batch across data-parallel
+ranks and, for dynamic batching or sequence packing, emits the microbatch plan every rank
+follows identically.  ``BatchedDataDict`` is a ``collections.UserDict``: a ``Mapping``, not a
+``dict``.
 """
 
 from __future__ import annotations
@@ -351,7 +349,7 @@ class BatchedDataDict(UserDict):
         dynamic_batching_args: Mapping[str, Any] | None = None,
         sequence_packing_args: Mapping[str, Any] | None = None,
     ) -> list[BatchedDataDict] | tuple[list[BatchedDataDict], list[int]]:
-        """Split the batch across ``shards`` DP ranks (contract §12.3).
+        """Split the batch across ``shards`` DP ranks.
 
         The ``T`` rows are processed in ``T / batch_size`` consecutive chunks (global
         batches); each rank receives its part of chunk k before its part of chunk k+1.

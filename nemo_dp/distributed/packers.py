@@ -1,12 +1,9 @@
-"""Bin packers for sequence packing (contract §12.3).
+"""Bin packers for sequence packing.
 
-The DP planner packs each global batch's sequences into bins of at most
-``max_tokens_per_microbatch`` tokens; each bin becomes one microbatch.  Every packer ends with
-the same bin-count adjustment so that the bin count is at least ``min_bin_count`` and a
-multiple of ``bin_count_multiple``: with both set to the DP world size every rank receives the
-same number of microbatches, which keeps cross-rank collectives in step.
-
-Packers are pure functions of the length list: no randomness, ties broken by index.
+Each packer fills bins of at most ``max_tokens_per_microbatch`` tokens (one bin per microbatch)
+and ends with the same adjustment: at least ``min_bin_count`` bins, a multiple of
+``bin_count_multiple``, so every DP rank gets the same number of microbatches.  Pure functions
+of the length list: no randomness, ties broken by index.
 """
 
 from __future__ import annotations
@@ -153,7 +150,7 @@ class FirstFitDecreasingPacker(SequencePacker):
 
 
 class ModifiedFirstFitDecreasingPacker(SequencePacker):
-    """Johnson-Garey modified first-fit decreasing (contract §12.3).
+    """Johnson-Garey modified first-fit decreasing.
 
     Items are classed by capacity ``C``: large (> C/2), medium (C/3, C/2], small (C/6, C/3],
     tiny (<= C/6).  One bin per large item (largest first); a forward pass gives each large bin

@@ -1,29 +1,14 @@
 """Start a private Ray for a run, or join a running cluster, the one way every entry point needs.
 
-Why this module exists: three traps sit between a config and a working Ray, and each is handled
-here once, for the launcher, the benchmarks and the tests.
+* A local run starts Ray with ``address="local"`` in its own temporary directory, so it neither
+  follows ``RAY_ADDRESS`` / a stale address file nor touches a cluster someone else runs.
+* ``cluster.address=auto`` or ``<host>:<port>`` is resolved, probed and joined; any failure is one
+  :class:`ClusterConnectError` naming the address, where it came from, why it failed and the fix.
+* The CPU budget must cover the CPUs the data plane's actors reserve (the caller says how many);
+  nemo_dp's own actors request ``num_cpus=0``.
 
-* **A private Ray must stay private.** ``ray.init()`` without an address does not always start
-  a new Ray: it follows ``RAY_ADDRESS`` and the address file a ``ray start --head`` leaves on the
-  machine (even one whose cluster has died), and then refuses the CPU budget with a message that
-  names no config key. A local run therefore starts Ray with ``address="local"`` (Ray's explicit
-  "always start a new instance") in its own temporary directory, so a cluster somebody else runs
-  on the machine is neither joined nor touched (its address file and ``session_latest`` link
-  stay as they are).
-* **Joining must say what went wrong.** ``cluster.address=auto`` or ``<host>:<port>`` is resolved
-  here the way Ray resolves it, probed, and joined; any failure becomes one
-  :class:`ClusterConnectError` naming the address tried, where it came from, why it failed
-  (nothing running, stale address file, missing or rejected auth token) and how to fix it, raised
-  before any training work.
-* **The budget must fit the data plane.** Its actors (for TransferQueue: the controller and each
-  storage unit) reserve logical CPUs; a Ray with too few blocks forever instead of failing. The
-  caller says how many CPUs are reserved and which environment every worker needs (this layer
-  knows nothing about data-plane backends); nemo_dp's own actors request ``num_cpus=0``.
-
-Every Ray worker process of the job also runs ``nemo_dp.utils.noise.install_known_log_filters``
-(Ray's ``worker_process_setup_hook``) before its first task, so a third-party notice the driver
-drops is dropped in the workers too instead of reaching the console through Ray's log
-forwarding.
+Every worker process runs ``nemo_dp.utils.noise.install_known_log_filters`` (Ray's
+``worker_process_setup_hook``) before its first task.
 """
 
 from __future__ import annotations

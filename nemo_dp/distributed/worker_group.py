@@ -1,11 +1,8 @@
 """A group of Ray actors forming one torch.distributed (gloo) data-parallel group.
 
-The driver-side policy (and later the value model) needs the same plumbing: start ``dp_size``
-actors of a worker class with ``num_cpus=0`` (the CPU budget goes to the data plane's own
-actors; compute threads are bounded by each worker's ``torch.set_num_threads``), wire them into
-a gloo process group whose rendezvous address comes from rank 0's node, and fan calls out either
-with identical arguments (``run_all``) or one shard per rank (``run_sharded``).  Ray is imported
-lazily so that importing this module stays cheap for configuration code.
+Starts ``dp_size`` actors of a worker class with ``num_cpus=0``, wires them into a gloo process
+group rendezvousing at rank 0's node, and fans calls out with identical arguments (``run_all``)
+or one shard per rank (``run_sharded``).  Ray is imported lazily.
 """
 
 from __future__ import annotations

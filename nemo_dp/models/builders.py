@@ -12,11 +12,13 @@ a tiny model never imports transformers.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from nemo_dp.models.protocol import CausalLM, Tokenizer
+from nemo_dp.utils import config_access
+from nemo_dp.utils.config_access import REQUIRED
 
 __all__ = [
     "ModelBuilder",
@@ -38,31 +40,14 @@ __all__ = [
 #: Kind used when a ``policy`` node has no ``kind`` key (configs written before it existed).
 DEFAULT_POLICY_KIND = "tiny"
 
-_MISSING = object()
 
-
-def cfg_get(cfg: Any, key: str, default: Any = _MISSING) -> Any:
-    """``cfg[key]`` for mappings / DictConfigs, ``getattr`` for dataclasses.
-
-    Args:
-        cfg: A config node.
-        key: The key.
-        default: Returned when the key is absent (otherwise ``KeyError``).
-
-    Returns:
-        The value.
+def cfg_get(cfg: Any, key: str, default: Any = REQUIRED) -> Any:
+    """``cfg[key]`` of a ``policy`` node of any form (see :func:`nemo_dp.utils.config_access.cfg_get`).
 
     Raises:
         KeyError: The key is absent and no default was given (the message names it).
     """
-    if isinstance(cfg, Mapping) or hasattr(cfg, "keys") and hasattr(cfg, "__getitem__"):
-        if key in cfg:
-            return cfg[key]
-    elif hasattr(cfg, key):
-        return getattr(cfg, key)
-    if default is _MISSING:
-        raise KeyError(f"policy config has no key {key!r}")
-    return default
+    return config_access.cfg_get(cfg, key, default, where="policy config")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from nemo_dp.training.phases import plan_phases
 from nemo_dp.utils.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_FORMAT_VERSION,
+    STEP_DIR,
     latest_checkpoint,
     load_training_checkpoint,
 )
@@ -66,7 +66,6 @@ __all__ = [
 RUN_CONFIG_FILE = "resolved_config.yaml"
 #: Top-level checkpoint key (and directory) of the policy's state.
 POLICY_KEY = "policy"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 #: What each reward compares with the reference answer, for the predictions file.
 _EXTRACTORS: dict[str, Callable[[str], Optional[str]]] = {
@@ -174,7 +173,7 @@ def _committed_steps(phase_root: Path) -> dict[int, Path]:
     steps: dict[int, Path] = {}
     if phase_root.is_dir():
         for child in phase_root.iterdir():
-            m = _STEP_DIR.match(child.name)
+            m = STEP_DIR.match(child.name)
             if m and (child / "manifest.json").is_file():
                 steps[int(m.group(1))] = child
     return steps
@@ -240,7 +239,7 @@ def resolve_checkpoint(
         raise ValueError(f"checkpoint: {run_dir / RUN_CONFIG_FILE} is not a nemo_dp run config")
     run_cfg = _apply_overrides(run_cfg, run_overrides, run_dir / RUN_CONFIG_FILE)
 
-    m = _STEP_DIR.match(path.name)
+    m = STEP_DIR.match(path.name)
     if m is not None:  # a step directory
         found_step, found_phase = int(m.group(1)), path.parent.name
         if step is not None and step != found_step:
@@ -274,7 +273,7 @@ def resolve_checkpoint(
         latest = latest_checkpoint(phase_root)
         if latest is None:
             raise FileNotFoundError(f"checkpoint: no committed checkpoint with a state file in {phase_root}")
-        step = int(_STEP_DIR.match(latest.name).group(1))  # type: ignore[union-attr]
+        step = int(STEP_DIR.match(latest.name).group(1))  # type: ignore[union-attr]
     if step not in steps:
         raise FileNotFoundError(
             f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}"

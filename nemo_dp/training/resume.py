@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_dp.utils.checkpoint import STEP_DIR
 from nemo_dp.utils.manifest import has_manifest, verify_manifest
 
 __all__ = [
@@ -58,7 +58,6 @@ CHECKPOINT_META_VERSION = 1
 DEFAULT_REQUIRED_FILES: tuple[str, ...] = ("manifest.json", "state.pt")
 #: Phase name of an RL run's SFT warm start (its checkpoints are SFT checkpoints).
 WARM_START_PHASE = "warm_start"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 _RESUME_KEY = "checkpointing.resume_from"
 _INIT_KEY = "policy.init_from"
 
@@ -285,7 +284,7 @@ def list_step_dirs(phase_root: str | os.PathLike[str]) -> list[tuple[int, Path]]
         return []
     out = []
     for child in root.iterdir():
-        m = _STEP_DIR.match(child.name)
+        m = STEP_DIR.match(child.name)
         if m is not None and child.is_dir():
             out.append((int(m.group(1)), child))
     return sorted(out)
@@ -344,10 +343,10 @@ def _locate(path_str: str | os.PathLike[str], key: str, checkpoint_dir_name: str
         raise ResumeError(f"{key}: {str(path)!r} does not exist")
     if path.is_file():
         parent = (
-            f"; pass its step directory {str(path.parent)!r}" if _STEP_DIR.match(path.parent.name) else ""
+            f"; pass its step directory {str(path.parent)!r}" if STEP_DIR.match(path.parent.name) else ""
         )
         raise ResumeError(f"{key}: {str(path)!r} is a file, not a checkpoint directory{parent}")
-    if _STEP_DIR.match(path.name):
+    if STEP_DIR.match(path.name):
         root = path.parent.parent
         run_dir = _run_dir_of(root, checkpoint_dir_name)
         return _Located("step directory", root, run_dir, {path.parent.name: path.parent}, path)
@@ -534,7 +533,7 @@ def resolve_resume(
         _check_step_dir(step_dir, key, required_files, verify_integrity)
         meta = read_checkpoint_meta(step_dir)
         phase = meta.phase if meta is not None else step_dir.parent.name
-        step = int(_STEP_DIR.match(step_dir.name).group(1))  # type: ignore[union-attr]
+        step = int(STEP_DIR.match(step_dir.name).group(1))  # type: ignore[union-attr]
         if phase not in phase_names:
             raise _foreign_phase(key, step_dir, [phase], phase_names, algorithm)
     else:
@@ -669,7 +668,7 @@ def resolve_init_from(
     loc = _locate(init_from, key, checkpoint_dir_name)
     if loc.step_dir is not None:
         step_dir = loc.step_dir
-        step = int(_STEP_DIR.match(step_dir.name).group(1))  # type: ignore[union-attr]
+        step = int(STEP_DIR.match(step_dir.name).group(1))  # type: ignore[union-attr]
     else:
         finals = [p for p in loc.phase_roots if p != WARM_START_PHASE]
         if len(finals) > 1:

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainContext, TrainHooks
 from nemo_dp.algorithms.inputs import TrainerInputs
 from nemo_dp.config.algorithm_registry import algorithm, resolve_target
-from nemo_dp.data_plane.factory import describe_selection, make_policy_factory, select_sync_trainer
+from nemo_dp.algorithms.selection import describe_selection, make_policy_factory, select_sync_trainer
 from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer
 from nemo_dp.training.phases import Phase, RunStart, plan_phases, plan_run_start
 from nemo_dp.training.run_logger import RunLogger

@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from nemo_dp.utils.config_access import cfg_get
+
 __all__ = [
     "TRACKING_EXTRA",
     "TrackerUnavailableError",
@@ -174,14 +176,6 @@ def _check_status(status: str) -> None:
         raise ValueError(f"Tracker.close: status must be one of {list(_STATUSES)}, got {status!r}")
 
 
-def _cfg(node: Any, key: str, default: Any = None) -> Any:
-    if node is None:
-        return default
-    if isinstance(node, Mapping):
-        return node.get(key, default)
-    return getattr(node, key, default)
-
-
 # ---------------------------------------------------------------------------------------------
 # TensorBoard
 # ---------------------------------------------------------------------------------------------
@@ -277,9 +271,9 @@ class WandbTracker:
         import wandb
 
         run_dir = Path(run_dir)
-        wandb_dir = run_dir / str(_cfg(cfg, "dir", "."))
+        wandb_dir = run_dir / str(cfg_get(cfg, "dir", "."))
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        mode = str(_cfg(cfg, "mode", "offline"))
+        mode = str(cfg_get(cfg, "mode", "offline"))
         settings = wandb.Settings(
             mode=mode,
             silent=True,  # no banner, no sync hints: the run directory is printed by the launcher
@@ -290,13 +284,13 @@ class WandbTracker:
             save_code=False,
             reinit="create_new",  # a --multirun job must never continue the previous job's run
         )
-        tags = _cfg(cfg, "tags", None)
+        tags = cfg_get(cfg, "tags", None)
         self.mode = mode
         self._run: Any = wandb.init(
-            project=str(_cfg(cfg, "project", "nemo_dp")),
-            entity=_cfg(cfg, "entity", None),
-            name=_cfg(cfg, "name", None) or run_dir.name,
-            group=_cfg(cfg, "group", None),
+            project=str(cfg_get(cfg, "project", "nemo_dp")),
+            entity=cfg_get(cfg, "entity", None),
+            name=cfg_get(cfg, "name", None) or run_dir.name,
+            group=cfg_get(cfg, "group", None),
             tags=None if not tags else [str(t) for t in tags],
             dir=str(wandb_dir),
             settings=settings,
@@ -398,12 +392,12 @@ class MlflowTracker:
         from mlflow.tracking import MlflowClient
 
         run_dir = Path(run_dir)
-        self.tracking_uri = str(_cfg(cfg, "tracking_uri", None) or default_mlflow_uri(run_dir))
+        self.tracking_uri = str(cfg_get(cfg, "tracking_uri", None) or default_mlflow_uri(run_dir))
         with warnings.catch_warnings():
             # MLflow's SQL store configures its mappers with a loader SQLAlchemy 2.1 deprecates.
             warnings.filterwarnings("ignore", message=".*noload.*", category=DeprecationWarning)
             self._client: Any = MlflowClient(tracking_uri=self.tracking_uri)
-            name = str(_cfg(cfg, "experiment", "nemo_dp"))
+            name = str(cfg_get(cfg, "experiment", "nemo_dp"))
             experiment = self._client.get_experiment_by_name(name)
         if experiment is not None:
             experiment_id = experiment.experiment_id
@@ -412,7 +406,7 @@ class MlflowTracker:
             experiment_id = self._client.create_experiment(name, artifact_location=artifacts.as_uri())
         else:
             experiment_id = self._client.create_experiment(name)
-        run = self._client.create_run(experiment_id, run_name=_cfg(cfg, "run_name", None) or run_dir.name)
+        run = self._client.create_run(experiment_id, run_name=cfg_get(cfg, "run_name", None) or run_dir.name)
         self.experiment_id = experiment_id
         self.run_id: str | None = run.info.run_id
 
@@ -585,7 +579,7 @@ def enabled_trackers(logger_cfg: Any) -> list[str]:
     Returns:
         A sublist of ``["tensorboard", "wandb", "mlflow"]``.
     """
-    return [name for name in _PACKAGES if bool(_cfg(_cfg(logger_cfg, name), "enabled", False))]
+    return [name for name in _PACKAGES if bool(cfg_get(cfg_get(logger_cfg, name, None), "enabled", False))]
 
 
 def check_trackers_available(logger_cfg: Any) -> None:
@@ -634,9 +628,9 @@ def build_trackers(logger_cfg: Any, run_dir: str | os.PathLike[str]) -> TrackerG
     group = TrackerGroup()
     try:
         for name in enabled_trackers(logger_cfg):
-            node = _cfg(logger_cfg, name)
+            node = cfg_get(logger_cfg, name, None)
             if name == "tensorboard":
-                group.trackers.append(TensorBoardTracker(run_dir / str(_cfg(node, "log_dir", "tensorboard"))))
+                group.trackers.append(TensorBoardTracker(run_dir / str(cfg_get(node, "log_dir", "tensorboard"))))
             elif name == "wandb":
                 group.trackers.append(WandbTracker(run_dir, node))
             else:

@@ -41,6 +41,7 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_FORMAT_VERSION",
     "STATE_FILE",
+    "STEP_DIR",
     "STATE_JSON",
     "TENSORS_FILE",
     "PRETRAINED_KEY",
@@ -63,7 +64,8 @@ TENSORS_FILE = "tensors.safetensors"
 PRETRAINED_KEY = "pretrained"
 #: Files every committed checkpoint of the current format holds (what resume checks for).
 REQUIRED_FILES: tuple[str, ...] = ("manifest.json", STATE_JSON, TENSORS_FILE)
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+#: Name of a step directory (:func:`checkpoint_dir_for_step`); group 1 is the step.
+STEP_DIR = re.compile(r"^step_(\d+)$")
 _TAG = "__nemo_dp__"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -330,7 +332,7 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
         return None
     best: tuple[int, Path] | None = None
     for child in base.iterdir():
-        m = _STEP_DIR.match(child.name)
+        m = STEP_DIR.match(child.name)
         if m is None or not (child / "manifest.json").is_file():
             continue
         if not ((child / STATE_JSON).is_file() or (child / STATE_FILE).is_file()):

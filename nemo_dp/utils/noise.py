@@ -1,14 +1,8 @@
 """Known third-party log notices, dropped at their source in every process of a run.
 
-Why this module exists: torch logs "is_fx_tracing will return true for both fx.symbolic_trace
-and torch.export ..." (logger ``torch.fx._symbolic_trace``, once per process) the first time
-``torch.nested.nested_tensor_from_jagged`` runs.  It says nothing about a nemo_dp run, yet it
-appeared once per Ray worker, forwarded to the driver's console by Ray's log forwarding.  The
-filter lives here, in the lowest layer, so that the driver (through
-``nemo_dp.training.console.silence_known_noise``) and every Ray worker process (through Ray's
-``worker_process_setup_hook``, which ``nemo_dp.distributed.ray_init.init_ray`` sets to
-:data:`WORKER_SETUP_HOOK`) install the same one.  The module imports only ``logging`` so that a
-worker pays nothing for it.
+The driver (``nemo_dp.training.console.silence_known_noise``) and every Ray worker (through
+:data:`WORKER_SETUP_HOOK`, Ray's ``worker_process_setup_hook``) install the same filters, e.g.
+for torch's one-time "is_fx_tracing will return true ..." notice.  Imports only ``logging``.
 """
 
 from __future__ import annotations

@@ -11,22 +11,6 @@ import torch
 _KEYS: tuple[str, ...] = ("python", "numpy", "torch")
 
 
-def set_seed(seed: int) -> None:
-    """Seed Python's ``random``, NumPy's global RNG and torch's CPU RNG.
-
-    Args:
-        seed: The seed (0 <= seed < 2**32 for NumPy).
-
-    Raises:
-        ValueError: If the seed is out of range.
-    """
-    if not 0 <= seed < 2**32:
-        raise ValueError(f"set_seed: seed must be in [0, 2**32), got {seed}")
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def capture_rng_state() -> dict[str, Any]:
     """Snapshot every global RNG state used in training.
 

@@ -8,6 +8,7 @@ semantics and the caller's torch thread count.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -238,15 +239,24 @@ def test_tags_replace_and_untouched_without_tags(tq_client: TQDataPlaneClient, t
         tq_client.put_samples(ids, tq_pid, tags=[{"bad": object()}, {}])
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_concurrency=2)
 class _StarvedClaimer:
-    """Attached client in another process that sits in a blocking claim."""
+    """Attached client in another process that sits in a blocking claim.
+
+    Two threads: ``wait_claiming`` answers while ``claim`` blocks, so the test starts probing
+    only once the claim has begun.
+    """
 
     def __init__(self, cfg: Any) -> None:
         self.client = TQDataPlaneClient(cfg, bootstrap=False)
+        self.claiming = threading.Event()
+
+    def wait_claiming(self, timeout_s: float) -> bool:
+        return self.claiming.wait(timeout_s)
 
     def claim(self, pid: str, timeout_s: float) -> tuple[str, float]:
         start = time.monotonic()
+        self.claiming.set()
         try:
             self.client.claim_meta(pid, "t", ["x"], 100, timeout_s=timeout_s)
         except TimeoutError as exc:
@@ -266,13 +276,15 @@ def test_starved_blocking_claim_does_not_stall_other_process(
     try:
         ray.get(actor.__ray_ready__.remote(), timeout=120)
         pending = actor.claim.remote(tq_pid, 4.0)
-        time.sleep(0.5)
+        assert ray.get(actor.wait_claiming.remote(60.0), timeout=120), "the claim never started"
         worst = 0.0
         end = time.monotonic() + 2.5
         while time.monotonic() < end:
             t0 = time.monotonic()
             assert tq_client.list_sample_ids(tq_pid) == ["a", "b"]
             worst = max(worst, time.monotonic() - t0)
+            ready, _ = ray.wait([pending], timeout=0)
+            assert ready == [], "the claim ended before the probes did: they did not overlap it"
             time.sleep(0.1)
         assert worst < 1.0, f"list_sample_ids took {worst:.2f}s during a starved claim"
         outcome, waited = ray.get(pending, timeout=60)

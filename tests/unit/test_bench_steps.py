@@ -31,7 +31,7 @@ def test_each_step_bench_composes_valid_training_configs(spec: StepBench) -> Non
     from hydra import compose, initialize_config_dir
 
     from nemo_dp.config import register_configs, validate_config
-    from nemo_dp.data_plane.factory import describe_selection
+    from nemo_dp.algorithms.selection import describe_selection
 
     register_configs(REPO / "recipes")
     bench = OmegaConf.to_object(OmegaConf.structured(spec.schema))
@@ -168,7 +168,7 @@ def test_tq_async_selects_the_asynchronous_trainer_and_only_for_grpo() -> None:
 
     from nemo_dp.bench.steps import GrpoStepBenchConfig, PpoStepBenchConfig
     from nemo_dp.config import register_configs, validate_config
-    from nemo_dp.data_plane.factory import describe_selection
+    from nemo_dp.algorithms.selection import describe_selection
 
     register_configs(REPO / "recipes")
     bench = GrpoStepBenchConfig(backends=["tq", "tq_async"], samples_per_step=[16])

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from nemo_dp.config import CONF_DIR, RECIPES_DIR, register_configs, validate_config
 from nemo_dp.config.schema import MasterConfig
 from nemo_dp.data.errors import DatasetError
-from nemo_dp.data.sources import build_train_dataset, build_val_problems
+from nemo_dp.data.sources import build_val_problems
 from nemo_dp.models.tiny.tokenizer import CharTokenizer
 from nemo_dp.data.validation import validate_datasets
 from tests.unit.test_chat_template import build_hf_tokenizer
@@ -42,6 +42,15 @@ def _jsonl(tmp_path: Path, rows: list[object], name: str = "data.jsonl") -> str:
 
 SFT = ("~recipe", "algorithm=sft", "data_plane=local", "policy.train_global_batch_size=4")
 GRPO = ("~recipe", "algorithm=grpo", "algorithm.num_prompts_per_step=4", "policy.train_global_batch_size=32")
+
+
+def _train_dataset(cfg: object, tokenizer: object) -> object:
+    """The training dataset the run builds: the algorithm's registered input builder's."""
+    from nemo_dp.config.algorithm_registry import algorithm
+    from nemo_dp.utils.imports import resolve_target
+
+    builder = resolve_target(algorithm(str(cfg.algorithm.name)).input_builder)
+    return builder(cfg, tokenizer).train_loader.dataset
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
@@ -182,7 +191,7 @@ def test_sample_files_validate_and_match_the_trainer_datasets() -> None:
     ]
     assert all(c.longest <= 96 for c in report.checks)
     assert "from " + f"{DATA}/sft_chat.jsonl" in report.lines()[0]
-    ds = build_train_dataset(cfg, TOK)
+    ds = _train_dataset(cfg, TOK)
     assert len(ds) == 16 and ds[0].prompt == "Put the final answer in \\boxed{}.Compute 60+34."
     assert build_val_problems(cfg, TOK)[1].answer == "84 plus 67 is 151.\n#### 151"
 
@@ -191,7 +200,7 @@ def test_chat_template_lengths_are_what_the_template_renders() -> None:
     hf = build_hf_tokenizer()
     cfg = _cfg(*GRPO, f"env.rl_jsonl={DATA}/rl_messages.jsonl", "policy.model.max_seq_len=512")
     report = validate_datasets(cfg, hf)
-    rendered = build_train_dataset(cfg, hf)
+    rendered = _train_dataset(cfg, hf)
     assert rendered[0].prompt.startswith("<|bos|><|im_start|>system\n") and rendered[0].prompt.endswith("assistant\n")
     # The template already starts with bos, so none is added on top; + max_new_tokens.
     assert all(hf.encode_prompt(p.prompt).count(hf.bos_id) == 1 for p in rendered.problems)
@@ -218,18 +227,18 @@ def test_chat_format_of_the_built_in_task() -> None:
     chat_sft, chat_rl = _cfg(*SFT), _cfg(*GRPO)
     chat_sft.env = EnvConfig(format="chat")
     chat_rl.env = EnvConfig(format="chat")
-    chat_ds = build_train_dataset(chat_sft, TOK)
+    chat_ds = _train_dataset(chat_sft, TOK)
     assert all(isinstance(x, ChatExample) for x in chat_ds.pairs)
     # Without a chat template, chat form is the plain task bit for bit.
-    a = collate_sft(build_train_dataset(plain_sft, TOK).pairs[:64], TOK)
+    a = collate_sft(_train_dataset(plain_sft, TOK).pairs[:64], TOK)
     b = collate_sft(chat_ds.pairs[:64], TOK)
     assert all(a[k].tolist() == b[k].tolist() for k in ("input_ids", "token_mask", "input_lengths"))
-    assert build_train_dataset(chat_rl, TOK).problems == build_train_dataset(plain_rl, TOK).problems
+    assert _train_dataset(chat_rl, TOK).problems == _train_dataset(plain_rl, TOK).problems
     assert build_val_problems(chat_rl, TOK) == build_val_problems(plain_rl, TOK)
     # With one, prompts are the template's rendering of a one-turn conversation.
     hf = build_hf_tokenizer()
-    first = build_train_dataset(chat_rl, hf)[0]
-    plain_first = build_train_dataset(plain_rl, hf)[0]
+    first = _train_dataset(chat_rl, hf)[0]
+    plain_first = _train_dataset(plain_rl, hf)[0]
     assert first.answer == plain_first.answer
     assert first.prompt == f"<|bos|><|im_start|>user\n{plain_first.prompt}<|im_end|>\n<|im_start|>assistant\n"
     chat_rl.policy.model.max_seq_len = 64
@@ -273,7 +282,7 @@ def test_built_in_datasets_are_the_generator_rows_bit_for_bit(algorithm: str) ->
 
     cfg = _cfg("~recipe", f"algorithm={algorithm}", "data_plane=disabled", "env.digits=2", "env.seed=3")
     task = ArithmeticTask(2, ("+",), 3)
-    ds = build_train_dataset(cfg, TOK)
+    ds = _train_dataset(cfg, TOK)
     if algorithm == "sft":
         assert ds.pairs == [(p.prompt, p.answer) for p in task.train_problems(cfg.algorithm.num_train_samples)]
     else:

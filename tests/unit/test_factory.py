@@ -19,20 +19,20 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from nemo_dp.algorithms import selection
+from nemo_dp.algorithms.selection import describe_selection, make_policy_factory, select_sync_trainer
+from nemo_dp.config import trainer_lookup
+from nemo_dp.config.trainer_lookup import TrainerNotAvailableError, validate_trainer_selection
 from nemo_dp.data_plane import factory
 from nemo_dp.data_plane.adapters import transfer_queue_env as tqenv
 from nemo_dp.data_plane.factory import (
-    TrainerNotAvailableError,
     build_data_plane_client,
     coerce_data_plane_config,
     data_plane_enabled,
     data_plane_supports_checkpointing,
-    describe_selection,
-    make_policy_factory,
     maybe_configure_data_plane_env,
-    select_sync_trainer,
-    validate_trainer_selection,
 )
+from nemo_dp.utils.imports import resolve_target
 from nemo_dp.data_plane.interfaces import (
     DataPlaneConfig,
     DisabledDataPlaneConfig,
@@ -205,10 +205,10 @@ def test_every_registered_trainer_resolves_to_a_callable() -> None:
     come from the algorithm registry, and a process-local backend serves no RL algorithm."""
     from nemo_dp.config.algorithm_registry import ALGORITHMS
 
-    table = factory.TRAINER_REGISTRY
+    table = trainer_lookup.TRAINER_REGISTRY
     assert set(table) == {(n, k) for n, spec in ALGORITHMS.items() for k in spec.trainers}
     for (alg, kind), target in table.items():
-        trainer = factory._import_target(target, f"{alg}/{kind}")
+        trainer = resolve_target(target, f"{alg}/{kind}")
         assert callable(trainer) and trainer.__name__ == target.rpartition(":")[2]
     assert {(a, k) for a, k in table if k == "local"} == {("sft", "local")}
 
@@ -221,9 +221,9 @@ def fake_trainers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         "def legacy(*a, **k):\n    return 'legacy'\n\ndef sync(*a, **k):\n    return 'sync'\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    for alg, kind in list(factory.TRAINER_REGISTRY):
+    for alg, kind in list(trainer_lookup.TRAINER_REGISTRY):
         target = f"{name}:legacy" if kind == "disabled" else f"{name}:sync"
-        monkeypatch.setitem(factory.TRAINER_REGISTRY, (alg, kind), target)
+        monkeypatch.setitem(trainer_lookup.TRAINER_REGISTRY, (alg, kind), target)
     return name
 
 
@@ -339,7 +339,7 @@ def test_unknown_algorithm_and_missing_algorithm() -> None:
 
 def test_validate_does_not_import(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(
-        factory.TRAINER_REGISTRY, ("grpo", "transfer_queue"), "nemo_dp_no_such_module:fn"
+        trainer_lookup.TRAINER_REGISTRY, ("grpo", "transfer_queue"), "nemo_dp_no_such_module:fn"
     )
     sel = validate_trainer_selection({"algorithm": {"name": "grpo"}, "data_plane": TQ_DICT})
     assert sel.target == "nemo_dp_no_such_module:fn"
@@ -350,13 +350,13 @@ def test_trainer_not_landed_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(
-        factory.TRAINER_REGISTRY, ("grpo", "transfer_queue"), "nemo_dp_no_such_module:fn"
+        trainer_lookup.TRAINER_REGISTRY, ("grpo", "transfer_queue"), "nemo_dp_no_such_module:fn"
     )
     with pytest.raises(
         TrainerNotAvailableError, match="is not available.*nemo_dp_no_such_module"
     ):
         select_sync_trainer({"algorithm": {"name": "grpo"}, "data_plane": TQ_DICT})
-    monkeypatch.setitem(factory.TRAINER_REGISTRY, ("grpo", "transfer_queue"), "json:no_such_fn")
+    monkeypatch.setitem(trainer_lookup.TRAINER_REGISTRY, ("grpo", "transfer_queue"), "json:no_such_fn")
     with pytest.raises(TrainerNotAvailableError, match="no attribute 'no_such_fn'"):
         select_sync_trainer({"algorithm": {"name": "grpo"}, "data_plane": TQ_DICT})
     assert capsys.readouterr().out == ""
@@ -404,7 +404,8 @@ def test_make_policy_factory_builds_tqpolicy_with_exact_kwargs(
         "class TQPolicy:\n    def __init__(self, **kwargs):\n        self.kwargs = kwargs\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(factory, "POLICY_CLASS_PATH", f"{name}:TQPolicy")
+    fake = resolve_target(f"{name}:TQPolicy")
+    monkeypatch.setattr(selection, "TQPolicy", fake)
     make = make_policy_factory(cfg)
     assert make is not None
     policy = make(cluster="c")
@@ -419,8 +420,13 @@ def test_make_policy_factory_validates_eagerly() -> None:
         make_policy_factory({"enabled": True, "impl": "noop"})
 
 
-def test_default_policy_path_points_at_tq_policy() -> None:
-    assert factory.POLICY_CLASS_PATH == "nemo_dp.models.policy.tq_policy:TQPolicy"
+def test_the_factory_keeps_the_reference_selection_names() -> None:
+    from nemo_dp.data_plane.factory import make_policy_factory as from_factory
+
+    assert from_factory is make_policy_factory
+    assert factory.select_sync_trainer is select_sync_trainer
+    with pytest.raises(AttributeError, match="validate_trainer_selection"):
+        factory.validate_trainer_selection  # noqa: B018 - only the reference names are kept
 
 
 # --- maybe_configure_data_plane_env / transfer_queue_env --------------------------------

@@ -46,17 +46,13 @@ def _shares_container(a: KVBatchMeta, b: KVBatchMeta) -> bool:
     return any(id(c) in ids_a for c in _containers(b))
 
 
-def test_field_names_order_and_defaults() -> None:
-    names = [f.name for f in dataclasses.fields(KVBatchMeta)]
-    assert names == [
-        "partition_id",
-        "task_name",
-        "sample_ids",
-        "fields",
-        "sequence_lengths",
-        "extra_info",
-        "tags",
-    ]
+def test_positional_construction_and_defaults() -> None:
+    """Callers build metas positionally: seven fields in the contract's order, no eighth."""
+    m = KVBatchMeta("p", "t", ["a", "b"], ["x"], [3, 4], {"k": 1}, [{"i": 0}, {"i": 1}])
+    assert (m.partition_id, m.task_name, m.sample_ids, m.fields) == ("p", "t", ["a", "b"], ["x"])
+    assert (m.sequence_lengths, m.extra_info, m.tags) == ([3, 4], {"k": 1}, [{"i": 0}, {"i": 1}])
+    with pytest.raises(TypeError):
+        KVBatchMeta("p", None, [], None, None, {}, None, "an eighth field")  # type: ignore[call-arg]
     m = KVBatchMeta("p", None, ["a", "b"])
     assert m.fields is None
     assert m.sequence_lengths is None

@@ -13,7 +13,7 @@ from nemo_dp.algorithms.loss_functions import (
     global_valid_counts,
     token_logprobs_from_logits,
 )
-from nemo_dp.models.model import ModelConfig, TinyCausalLM
+from nemo_dp.models.tiny.model import ModelConfig, TinyCausalLM
 
 
 V = 7

@@ -17,6 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_dp.config import algorithm_registry as algos
+from nemo_dp.config import trainer_lookup
 from nemo_dp.data_plane import factory, registry
 from nemo_dp.data_plane.interfaces import (
     DataPlaneConfig,
@@ -181,7 +182,7 @@ def test_a_registered_backend_is_served_by_the_factory_unchanged(extra_backend: 
         client.close()
     # No algorithm serves it yet: the message lists the legal backends by their options.
     with pytest.raises(ValueError, match=r"data_plane='memo'.*disabled \(data_plane=disabled\)"):
-        factory.validate_trainer_selection({"algorithm": {"name": "grpo"}, "data_plane": cfg})
+        trainer_lookup.validate_trainer_selection({"algorithm": {"name": "grpo"}, "data_plane": cfg})
 
 
 # --- algorithms -------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ def test_a_registered_algorithm_is_selectable_and_validated(
     assert trainer() == "dpo"
     assert capsys.readouterr().out == "Running synchronous DPO training (data plane: transfer_queue)\n"
     with pytest.raises(ValueError, match="process-local store cannot carry rollout data"):
-        factory.validate_trainer_selection({"algorithm": {"name": "dpo"}, "data_plane": LocalDataPlaneConfig()})
+        trainer_lookup.validate_trainer_selection({"algorithm": {"name": "dpo"}, "data_plane": LocalDataPlaneConfig()})
 
     from hydra.core.config_store import ConfigStore
 

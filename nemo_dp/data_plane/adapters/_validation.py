@@ -1,9 +1,6 @@
-"""Argument-validation helpers shared by the data-plane adapters.
+"""Argument-validation helpers shared by the data-plane adapters, so they report the same findings.
 
-Why this module exists: the process-local and the TransferQueue adapters validate caller
-arguments the same way where the contract fixes the behaviour; keeping those helpers here
-means both report the same findings.  Standard library only (never Ray or transfer_queue), so
-importing it costs nothing and cannot pull a backend in.
+Standard library only: importing it cannot pull a backend in.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """``TQ_*`` environment knobs for TransferQueue, derived from the ``data_plane`` config.
 
-TransferQueue reads its knobs once, when the library is imported, in every process -
-including its own controller and storage actors, which only see them through Ray's
-``runtime_env``.  The knobs therefore have to be computed from the config and exported
-*before* ``ray.init`` and before anything imports ``transfer_queue``.  Both the
-factory (driver side, before Ray starts) and the adapter (defensively, at construction) call
-:func:`configure_engine_env`.
-
-This module imports only the standard library: it runs in launchers before Ray, torch or the
-library are loaded, and it must never be the thing that imports them.
+TransferQueue reads its knobs when it is imported, in every process (its own actors see them
+through Ray's ``runtime_env``), so they are computed and exported before ``ray.init`` and before
+``transfer_queue`` is imported: by the factory on the driver and by the adapter at construction.
+Standard library only, so it never imports Ray, torch or the library itself.
 """
 
 from __future__ import annotations

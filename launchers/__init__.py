@@ -1,0 +1,1 @@
+"""Entry-point scripts (run as files); a package only so that the import contracts see them."""

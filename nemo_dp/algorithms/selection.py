@@ -1,0 +1,93 @@
+"""Trainer and policy selection: the trainer and the policy constructor a config asks for.
+
+The run layer calls :func:`select_sync_trainer` and :func:`make_policy_factory` with the same
+config, so the trainer and the policy class cannot drift apart.  Which trainer serves a pair is
+the lookup of :mod:`nemo_dp.config.trainer_lookup`; this module imports what it names.
+``nemo_dp.data_plane.factory`` offers the two functions under the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from nemo_dp.config.trainer_lookup import (
+    TrainerNotAvailableError,
+    master_data_plane,
+    validate_trainer_selection,
+)
+from nemo_dp.data_plane import registry
+from nemo_dp.data_plane.factory import coerce_data_plane_config, data_plane_enabled
+from nemo_dp.models.policy.tq_policy import TQPolicy
+from nemo_dp.utils.imports import resolve_target
+
+__all__ = ["describe_selection", "make_policy_factory", "select_sync_trainer"]
+
+
+def select_sync_trainer(master_config: Any, *, label: str | None = None) -> Callable[..., Any]:
+    """Pick and import the trainer for (algorithm, data plane); print exactly one line.
+
+    Args:
+        master_config: Root config with ``algorithm`` and an optional ``data_plane``.
+        label: Label for the progress line; defaults to the algorithm's label.
+
+    Returns:
+        The trainer function.
+
+    Raises:
+        ValueError: As :func:`~nemo_dp.config.trainer_lookup.validate_trainer_selection`.
+        TrainerNotAvailableError: The pair is legal but its trainer module or function is missing.
+    """
+    selection = validate_trainer_selection(master_config, label=label)
+    trainer = resolve_target(
+        selection.target,
+        f"the trainer for algorithm={selection.algorithm!r} with data_plane={selection.data_plane!r}",
+        error=TrainerNotAvailableError,
+    )
+    print(selection.progress_line, flush=True)
+    return trainer
+
+
+def describe_selection(master_config: Any) -> dict[str, str]:
+    """Strings naming the backend, trainer and policy factory a config selects (for logs).
+
+    Args:
+        master_config: Root config with ``algorithm`` and an optional ``data_plane``.
+
+    Returns:
+        ``{"backend": ..., "trainer": ..., "policy_factory": ...}``.
+
+    Raises:
+        ValueError: As :func:`~nemo_dp.config.trainer_lookup.validate_trainer_selection`.
+    """
+    selection = validate_trainer_selection(master_config)
+    spec = registry.backend(selection.data_plane)
+    backend = spec.describe(coerce_data_plane_config(master_data_plane(master_config)))
+    if spec.enabled:
+        policy = f"{TQPolicy.__module__}:{TQPolicy.__qualname__}"
+    else:
+        policy = "plain policy (no data plane)"
+    return {"backend": backend, "trainer": selection.target, "policy_factory": policy}
+
+
+def make_policy_factory(cfg: Any) -> Callable[..., Any] | None:
+    """The policy constructor that matches a ``data_plane`` config.
+
+    Args:
+        cfg: Any accepted ``data_plane`` form.
+
+    Returns:
+        ``None`` when disabled (build the plain policy); otherwise ``_make_policy(**kwargs)``
+        returning ``TQPolicy(**kwargs, dp_cfg=cfg)`` with ``cfg`` passed through unchanged.
+
+    Raises:
+        ValueError: Unknown ``impl`` or invalid config (checked now, not at first call).
+    """
+    if not data_plane_enabled(cfg):
+        return None
+    coerce_data_plane_config(cfg)  # validate eagerly; the policy gets cfg exactly as given
+
+    def _make_policy(**kwargs: Any) -> Any:
+        return TQPolicy(**kwargs, dp_cfg=cfg)
+
+    return _make_policy

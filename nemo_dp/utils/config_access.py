@@ -1,0 +1,56 @@
+"""Read one key from a config node of any form: ``DictConfig``, plain mapping or dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["REQUIRED", "cfg_get"]
+
+#: The default of :func:`cfg_get` meaning "no default: an absent key is an error".
+REQUIRED: Any = object()
+
+
+def cfg_get(
+    node: Any, key: str, default: Any = REQUIRED, *, where: str = "", strict: bool = False
+) -> Any:
+    """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for dataclasses and objects.
+
+    Args:
+        node: The config node; ``None`` has no keys.
+        key: The key.
+        default: Returned when the key is absent; without it an absent key raises.
+        where: The node's dotted name in messages (``"data_plane"``; ``""`` for the root).
+        strict: Accept only ``None``, mappings (``DictConfig`` included) and dataclass
+            instances as nodes.
+
+    Returns:
+        The value, or ``default``.
+
+    Raises:
+        ValueError: The key of a ``DictConfig`` is the unset mandatory value ``???``.
+        KeyError: The key is absent and no default was given (names the node and the key).
+        TypeError: ``strict`` and ``node`` is of another type.
+    """
+    if isinstance(node, DictConfig) and key in node.keys() and OmegaConf.is_missing(node, key):
+        raise ValueError(f"{where + '.' if where else ''}{key} is a mandatory value that was not set (???)")
+    is_mapping = isinstance(node, Mapping) or (hasattr(node, "keys") and hasattr(node, "__getitem__"))
+    if strict and node is not None and not isinstance(node, Mapping):
+        if not dataclasses.is_dataclass(node) or isinstance(node, type):
+            raise TypeError(
+                f"{where or 'config'}: expected a mapping, DictConfig or config dataclass, "
+                f"got {type(node).__name__}"
+            )
+    if node is None:
+        pass
+    elif is_mapping:
+        if key in node:
+            return node[key]
+    elif hasattr(node, key):
+        return getattr(node, key)
+    if default is REQUIRED:
+        raise KeyError(f"{where or 'config'} has no key {key!r}")
+    return default

@@ -1,0 +1,47 @@
+"""Resolve ``"module:attr"`` names: how registries name the code they load only when used."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+__all__ = ["TargetNotFoundError", "resolve_target"]
+
+
+class TargetNotFoundError(ImportError):
+    """A ``"module:attr"`` whose module or attribute does not exist."""
+
+
+def resolve_target(
+    target: str, what: str = "target", *, error: type[TargetNotFoundError] = TargetNotFoundError
+) -> Any:
+    """Import ``"module:attr"`` and return the attribute.
+
+    Args:
+        target: ``"package.module:attribute"``.
+        what: What the target is, for error messages (``"the trainer for ..."``).
+        error: The exception class raised for a missing module or attribute.
+
+    Returns:
+        The attribute.
+
+    Raises:
+        ValueError: ``target`` is not of the form ``"module:attr"``.
+        TargetNotFoundError: (or ``error``) The module or the attribute does not exist; the
+            message names ``what``, the target and the missing part.  An error raised while
+            importing a module that does exist propagates unchanged.
+    """
+    module_name, sep, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
+    if not sep or not module_name or not attr or ":" in attr:
+        raise ValueError(f"{what}: {target!r} must have the form 'module:attr'")
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    if not found:
+        raise error(f"{what} ({target}) is not available: module {module_name!r} does not exist")
+    module = importlib.import_module(module_name)
+    if not hasattr(module, attr):
+        raise error(f"{what} ({target}) is not available: {module_name!r} has no attribute {attr!r}")
+    return getattr(module, attr)
