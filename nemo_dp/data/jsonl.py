@@ -31,6 +31,7 @@ __all__ = [
     "load_sft_jsonl",
     "load_rl_jsonl",
     "nonblank_lines",
+    "scan_jsonl",
     "RowFields",
     "sft_example",
     "rl_fields",
@@ -363,3 +364,22 @@ def nonblank_lines(path: str | os.PathLike[str]) -> list[int]:
             if raw.decode("utf-8", errors="replace").removeprefix("\ufeff").strip():
                 out.append(lineno)
     return out
+
+
+def scan_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> int:
+    """Read every line of a jsonl file as a JSON object, failing at the first that is not.
+
+    Args:
+        path: The file.
+        key: The config key that named it (put in error messages).
+
+    Returns:
+        The number of records.
+
+    Raises:
+        DatasetError: A missing or unreadable file, a line that is not UTF-8 or not a JSON
+            object (file:line named), or a file without records.
+    """
+    spath = os.fspath(path)
+    rows = [lineno for lineno, _ in _objects(spath, key)]
+    return len(_finish(rows, spath, key))
