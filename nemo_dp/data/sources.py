@@ -25,7 +25,7 @@ from nemo_dp.data.chat import ChatExample, Message, SFTExample, render_prompt
 from nemo_dp.data.columns import Columns, columns_of
 from nemo_dp.data.datasets import RLPromptDataset, SFTDataset
 from nemo_dp.data.errors import DatasetError
-from nemo_dp.data.jsonl import render_rl_prompt, rl_fields, sft_example
+from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl, render_rl_prompt, rl_fields, sft_example
 from nemo_dp.data.tables import Table, check_rows, open_table
 
 __all__ = [
@@ -160,8 +160,14 @@ def _table_source(env_cfg: Any, role: str, kind: str, tokenizer: Any, stop: Opti
     if key is None or spec is None:
         return None
     split = getattr(env_cfg, "split", None)
-    table = open_table(spec, key=key, split=None if split is None else str(split))
     col = columns_of(env_cfg)
+
+    def strict(path: str) -> Any:
+        if kind == "sft":
+            return read_sft_jsonl(path, key=key, columns=col)
+        return read_rl_jsonl(path, key=key, columns=col, tokenizer=tokenizer)
+
+    table = open_table(spec, key=key, split=None if split is None else str(split), strict=strict)
     check_rows(table, kind, col)
     rows = _TableRows(table, col, kind, tokenizer, stop)
     return DataSource(key, spec, rows, table=table, total=len(table), memo=table.memo)
@@ -192,19 +198,24 @@ def _as_chat(problems: list[Problem], tokenizer: Any | None) -> list[Problem]:
     return [
         Problem(
             prompt=render_prompt((Message("user", p.prompt),), tokenizer),
-            answer=with_row(p.answer, [{"role": "user", "content": p.prompt}], chat=True),
+            answer=with_row(p.answer, [{"role": "user", "content": p.prompt}], chat=True, columns=p.answer.columns),
         )
         for p in problems
     ]
 
 
-def _generated(key: str, draw: Any, n: int, *, rl: bool = True) -> DataSource:
+def _generated(key: str, draw: Any, n: int, *, answer_column: Optional[str] = None) -> DataSource:
+    """Generated problems; for RL (``answer_column`` given) each answer carries its row, the
+    answer under the column name ``env.columns.answer`` gives (what reward functions take)."""
     try:
         problems = draw(n)
     except ValueError as exc:
         raise DatasetError(str(exc), key=key, fix=f"lower {key} or raise env.digits") from exc
-    if rl:
-        problems = [Problem(prompt=p.prompt, answer=with_row(p.answer, p.prompt)) for p in problems]
+    if answer_column is not None:
+        problems = [
+            Problem(prompt=p.prompt, answer=with_row(p.answer, p.prompt, columns={answer_column: p.answer}))
+            for p in problems
+        ]
     return DataSource(key=key, path=None, rows=problems, total=len(problems))
 
 
@@ -225,7 +236,7 @@ def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataS
     table = _table_source(env_cfg, "sft", "sft", None)
     if table is not None:
         return table
-    src = _generated(num_samples_key, arithmetic_task(env_cfg).train_problems, int(num_samples), rl=False)
+    src = _generated(num_samples_key, arithmetic_task(env_cfg).train_problems, int(num_samples))
     if _chat_format(env_cfg):
         rows: list[Any] = [ChatExample((Message("user", p.prompt), Message("assistant", p.answer))) for p in src.rows]
     else:
@@ -251,7 +262,9 @@ def rl_source(env_cfg: Any, num_prompts: int, *, num_prompts_key: str, tokenizer
     table = _table_source(env_cfg, "rl", "rl", tokenizer)
     if table is not None:
         return table
-    src = _generated(num_prompts_key, arithmetic_task(env_cfg).train_problems, int(num_prompts))
+    src = _generated(
+        num_prompts_key, arithmetic_task(env_cfg).train_problems, int(num_prompts), answer_column=columns_of(env_cfg).answer
+    )
     if _chat_format(env_cfg):
         return DataSource(src.key, None, _as_chat(src.rows, tokenizer), total=src.total)
     return src
@@ -279,7 +292,9 @@ def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenize
     table = _table_source(env_cfg, "val", "rl", tokenizer, stop=int(val_samples))
     if table is not None:
         return table
-    src = _generated(val_samples_key, arithmetic_task(env_cfg).eval_problems, int(val_samples))
+    src = _generated(
+        val_samples_key, arithmetic_task(env_cfg).eval_problems, int(val_samples), answer_column=columns_of(env_cfg).answer
+    )
     if _chat_format(env_cfg):
         return DataSource(src.key, None, _as_chat(src.rows, tokenizer), total=src.total)
     return src

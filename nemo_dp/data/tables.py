@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -36,7 +36,9 @@ __all__ = ["Table", "open_table", "check_rows", "row_fields", "FORMATS"]
 #: File suffixes and the ``datasets`` builder that reads them.
 FORMATS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _BATCH = 2048
-_CACHE: dict[tuple[Any, ...], Table] = {}
+# Opened datasets by (path, split, file stats): (dataset, lines, checked, memo), shared by every
+# key that names the same files (a train set that is also the held-out set is parsed once).
+_CACHE: dict[tuple[Any, ...], tuple[Any, Optional[list[int]], set[Any], dict[Any, Any]]] = {}
 _CACHE_SIZE = 16
 
 
@@ -49,9 +51,10 @@ class Table:
         path: What the key holds (a file, a glob or a directory), for messages.
         dataset: The ``datasets.Dataset`` (memory-mapped Arrow).
         lines: For a single jsonl file, the 1-based line of each row; None otherwise.
-        checked: The ``(kind, columns)`` pairs whose rows passed ``check_rows``.
+        checked: The ``(kind, columns)`` pairs whose rows passed ``check_rows`` (shared by
+            every key naming the same files).
         memo: Per-tokenizer results computed from the rows (token lengths), so they are
-            computed once per process.
+            computed once per process (shared likewise).
     """
 
     key: str
@@ -168,18 +171,43 @@ def _saved(spec: str, key: str, split: Optional[str]) -> Any:
     return loaded
 
 
-def _load_files(files: list[str], spec: str, key: str) -> Any:
+def _no_rows(files: list[str], builder: str) -> bool:
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        return all(pq.read_metadata(f).num_rows == 0 for f in files)
+    return all(os.path.getsize(f) == 0 for f in files)
+
+
+def _csv_as_text(path: str, datasets: Any) -> dict[str, Any]:
+    """Read every csv column as text (no number guessing, an empty cell stays ``""``): a prompt
+    "12" stays a prompt, and answers are compared as the text the file holds."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        header = next(csv.reader(fh), None)
+    if not header:
+        return {}
+    features = datasets.Features({name: datasets.Value("string") for name in header})
+    return {"features": features, "keep_default_na": False}
+
+
+def _load_files(files: list[str], spec: str, key: str, strict: Callable[[str], Any]) -> Any:
     datasets = _quiet()
     builder = _builder(files, spec, key)
+    kwargs: dict[str, Any] = {}
+    if builder == "csv":
+        kwargs = _csv_as_text(files[0], datasets)
     try:
-        return datasets.load_dataset(builder, data_files=files, split="train")
-    except DatasetError:
-        raise
+        return datasets.load_dataset(builder, data_files=files, split="train", **kwargs)
     except Exception as exc:
+        if _no_rows(files, builder):
+            raise DatasetError("no records", key=key, path=spec, fix="the dataset holds no rows") from None
         if builder == "json":
             for f in files:
                 if f.lower().endswith(".jsonl"):
-                    scan_jsonl(f, key=key)  # raises the file:line of the fault
+                    scan_jsonl(f, key=key)  # a line that is no JSON object: its file:line
+                    strict(f)  # a field of the wrong type: its file:line and field
         cause = exc.__cause__ or exc
         raise DatasetError(f"cannot be read as {builder}: {cause}", key=key, path=spec) from exc
 
@@ -196,13 +224,17 @@ def _dir_stat(spec: str) -> tuple[Any, ...]:
     return _stat_key(sorted(str(p) for p in Path(spec).rglob("*") if p.is_file()))
 
 
-def open_table(spec: str, *, key: str, split: Optional[str] = None) -> Table:
-    """Open the dataset ``spec`` names (a cached ``Table`` when the files are unchanged).
+def open_table(
+    spec: str, *, key: str, split: Optional[str] = None, strict: Optional[Callable[[str], Any]] = None
+) -> Table:
+    """Open the dataset ``spec`` names (parsed once per process while the files are unchanged).
 
     Args:
         spec: A file, a glob, or a ``save_to_disk`` directory.
         key: The config key holding ``spec`` (named in errors).
         split: The split of a saved ``DatasetDict`` (``env.split``).
+        strict: Reads a jsonl file that the library cannot, raising its fault by file:line
+            (the jsonl reader for the dataset's kind and columns).
 
     Returns:
         The table.
@@ -214,17 +246,18 @@ def open_table(spec: str, *, key: str, split: Optional[str] = None) -> Table:
     """
     is_dir = os.path.isdir(spec)
     files = [] if is_dir else _files(spec, key)
-    cache_key = (key, spec, split, _dir_stat(spec) if is_dir else _stat_key(files))
+    cache_key = (os.path.abspath(spec), split, _dir_stat(spec) if is_dir else _stat_key(files))
     hit = _CACHE.get(cache_key)
     if hit is not None:
-        return hit
+        dataset, lines, checked, memo = hit
+        return Table(key=key, path=spec, dataset=dataset, lines=lines, checked=checked, memo=memo)
 
     if is_dir:
         dataset = _saved(spec, key, split)
     else:
         if split is not None:
             raise DatasetError(f"env.split={split!r} applies only to a saved DatasetDict directory", key=key, path=spec)
-        dataset = _load_files(files, spec, key)
+        dataset = _load_files(files, spec, key, strict or (lambda path: None))
     lines = None
     if len(files) == 1 and files[0].lower().endswith(".jsonl"):
         lines = nonblank_lines(files[0])
@@ -239,7 +272,7 @@ def open_table(spec: str, *, key: str, split: Optional[str] = None) -> Table:
         raise DatasetError("no records", key=key, path=spec, fix="the dataset holds no rows")
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[cache_key] = table
+    _CACHE[cache_key] = (dataset, lines, table.checked, table.memo)
     return table
 
 

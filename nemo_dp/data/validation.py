@@ -170,9 +170,9 @@ def _check_size(src: DataSource, batch: int, batch_key: str) -> None:
 
 
 def _reward_columns(src: DataSource, env_cfg: Any) -> tuple[str, ...]:
-    if src.table is None:
-        return ("answer",)
     col = columns_of(env_cfg)
+    if src.table is None:
+        return (col.answer,)
     return tuple(c for c in src.table.column_names if c not in (col.prompt, col.messages))
 
 
