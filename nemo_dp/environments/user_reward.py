@@ -19,6 +19,7 @@ import inspect
 import math
 import numbers
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -68,9 +69,11 @@ def _module(target: str, key: str) -> Any:
         if spec is None or spec.loader is None:
             raise ValueError(f"{key}: {target!r} cannot be loaded as a Python file")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # as an import would (dataclasses and pickle look it up)
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
+            del sys.modules[name]
             raise ValueError(f"{key}: importing reward file {target!r} failed: {type(exc).__name__}: {exc}") from exc
         return module
     try:
@@ -161,8 +164,9 @@ class UserReward:
             ValueError: It does not import, takes no ``completions``, or needs an argument that
                 no column gives.
         """
+        fn = self.fn
         try:
-            var_kw, named, required = _accepts(self.fn)
+            var_kw, named, required = _accepts(fn)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{self.key}: the signature of {self.label!r} cannot be read: {exc}") from exc
         if "completions" not in named and not var_kw:
