@@ -64,7 +64,12 @@ def _module(target: str, key: str) -> Any:
         path = os.path.abspath(target)
         if not os.path.isfile(path):
             raise ValueError(f"{key}: reward file {target!r} does not exist (resolved to {path})")
-        name = "nemo_dp_user_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+        # One module per file version and process: a worker receives the reward with every
+        # batch and must not re-run the file each time (module state, such as a counter, lives on).
+        version = f"{path}:{os.stat(path).st_mtime_ns}"
+        name = "nemo_dp_user_reward_" + hashlib.sha1(version.encode()).hexdigest()[:12]
+        if name in sys.modules:
+            return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise ValueError(f"{key}: {target!r} cannot be loaded as a Python file")

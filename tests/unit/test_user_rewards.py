@@ -135,6 +135,9 @@ def test_the_user_function_is_sent_by_spec_and_reloaded(rewards_file: Path) -> N
     copy = pickle.loads(pickle.dumps(reward))
     assert copy._fn is None and copy.spec == f"{rewards_file}:correct"
     assert copy(["2"], _answers()[:1]) == [1.0]
+    # A worker gets the reward with every batch: the file runs once per process, so module
+    # state lives on between batches.
+    assert pickle.loads(pickle.dumps(reward)).fn is copy.fn is reward.fn
     answer = pickle.loads(pickle.dumps(_answers()[1]))
     assert answer == "5" and answer.columns == {"solution": "5", "level": 1} and answer.prompt == "2+3="
 
