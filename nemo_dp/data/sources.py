@@ -126,6 +126,14 @@ class _TableRows(Sequence[Any]):
         for i, row in enumerate(self.table.iter_rows(self.n)):
             yield self._build(i, row)
 
+    def prompt_texts(self) -> Iterator[str]:
+        """The RL prompt text of each row, reading only the prompt column of text prompts."""
+        if self.kind == "rl" and self.col.messages not in self.table.column_names:
+            yield from self.table.column_values(self.col.prompt, self.n)
+            return
+        for problem in self:
+            yield problem.prompt
+
 
 def data_setting(env_cfg: Any, role: str) -> tuple[Optional[str], Optional[str]]:
     """The key and value that set dataset ``role`` (``"sft"``, ``"rl"`` or ``"val"``).

@@ -124,12 +124,17 @@ def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
     if hit is not None and hit[0] is tokenizer:
         return hit[1]
     out: list[int] = []
-    for i, row in enumerate(src.rows):
+    if sft:
+        items: Any = src.rows
+    else:
+        texts = getattr(src.rows, "prompt_texts", None)
+        items = texts() if texts is not None else (row.prompt for row in src.rows)
+    for i, item in enumerate(items):
         try:
             if sft:
-                out.append(len(tokenize_sft_example(row, tokenizer).ids))
+                out.append(len(tokenize_sft_example(item, tokenizer).ids))
             else:
-                out.append(len(encode_prompt_text(row.prompt, tokenizer)))
+                out.append(len(encode_prompt_text(item, tokenizer)))
         except ValueError as exc:
             raise _encoding_error(src, i, exc, tokenizer) from exc
     src.memo[memo_key] = (tokenizer, out)
