@@ -5,6 +5,7 @@ them, chosen by ``env.reward`` / ``env.rewards`` through ``make_environment``.""
 from nemo_dp.environments.registry import (
     REWARDS,
     RewardSpec,
+    answer_extractor,
     make_environment,
     register_reward,
     resolve_reward,
@@ -15,6 +16,7 @@ from nemo_dp.environments.registry import (
 __all__ = [
     "REWARDS",
     "RewardSpec",
+    "answer_extractor",
     "make_environment",
     "register_reward",
     "resolve_reward",

@@ -37,6 +37,7 @@ __all__ = [
     "reward_entries",
     "check_reward_entry",
     "make_environment",
+    "answer_extractor",
     "FormatReward",
 ]
 
@@ -261,6 +262,31 @@ def resolve_reward(env_cfg: Any) -> str:
     if not is_function_path(fn):
         reward_spec(fn)
     return fn
+
+
+def answer_extractor(env_cfg: Any) -> Callable[[str], Optional[str]]:
+    """What evaluation reports as a response's answer under ``env_cfg``'s rewards.
+
+    The extraction of the first reward that compares an answer (the single ``env.reward``, or
+    the first such entry of ``env.rewards``); the response up to ``eos`` when none does (a
+    user's function, ``format``).
+
+    Args:
+        env_cfg: The ``env`` node.
+
+    Returns:
+        ``extract(response) -> answer or None``.
+
+    Raises:
+        ValueError: On an unknown reward setting.
+    """
+    for entry in reward_entries(env_cfg):
+        fn = entry["fn"]
+        if not is_function_path(fn):
+            spec = reward_spec(fn, key=entry["key"])
+            if spec.extract is not None:
+                return spec.extract
+    return REWARDS["exact"].extract  # type: ignore[return-value]
 
 
 def make_environment(env_cfg: Any) -> Any:

@@ -30,7 +30,7 @@ from nemo_dp.algorithms.rollout import decode_responses
 from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.jsonl import read_rl_jsonl
 from nemo_dp.data.sources import build_val_problems
-from nemo_dp.environments import REWARDS, make_environment, resolve_reward
+from nemo_dp.environments import answer_extractor, make_environment, resolve_reward
 from nemo_dp.models.builders import (
     build_model,
     build_tokenizer,
@@ -460,11 +460,7 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer
         origins = [f"{where} #{i}" for i in range(len(problems))]
         env_cfg = cfg.env
     reward = resolve_reward(env_cfg)
-    # What the reward compares with the reference answer, for the predictions file.
-    extractors = {name: spec.extract for name, spec in REWARDS.items() if spec.extract is not None}
-    if reward not in extractors:
-        raise ValueError(f"env.reward: evaluation cannot report answers of reward {reward!r}; known: {sorted(extractors)}")
-    return EvalSet(problems, origins, make_environment(env_cfg), reward, extractors[reward])
+    return EvalSet(problems, origins, make_environment(env_cfg), reward, answer_extractor(env_cfg))
 
 
 def _encode(

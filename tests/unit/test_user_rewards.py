@@ -219,3 +219,11 @@ def test_config_rules_of_the_reward_settings(rewards_file: Path) -> None:
 def test_format_reward_matches_the_whole_response() -> None:
     env = make_environment(_env({"fn": "format", "pattern": r"<a>.*</a>"}))
     assert env.score(["<a>x\ny</a>", "<a>x</a> tail", "no"], ["", "", ""]).tolist() == [1.0, 0.0, 0.0]
+
+
+def test_evaluation_reports_the_answer_of_the_first_reward_that_extracts_one(rewards_file: Path) -> None:
+    from nemo_dp.environments import answer_extractor
+
+    assert answer_extractor(EnvConfig(reward="math"))("so #### 42") == "42"
+    assert answer_extractor(_env({"fn": "format", "pattern": "x"}, {"fn": "math"}))("so #### 42") == "42"
+    assert answer_extractor(EnvConfig(reward=f"{rewards_file}:correct"))("42<eos>junk") == "42"
