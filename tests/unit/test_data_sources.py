@@ -231,3 +231,17 @@ def test_one_parse_and_one_tokenization_serve_the_check_and_the_trainer(
     sft = _cfg(*SFT, f"env.sft_data={_write(tmp_path, 'jsonl', [{'prompt': '1+1=', 'response': '2'}] * 4)}")
     validate_datasets(sft, tok)
     assert list(build_sft_inputs(sft, tok).train_loader.dataset.pairs) == [("1+1=", "2")] * 4
+
+
+def test_a_blank_text_in_a_typed_column_is_found_row_by_row(tmp_path: Path) -> None:
+    # A string column without nulls passes by its type unless a value is blank; then the rows
+    # are checked one by one and the blank one is named.
+    rows = [dict(r) for r in ROWS]
+    rows[4]["question"] = "  "
+    with pytest.raises(DatasetError, match=r": row 4: field 'question' is empty$"):
+        validate_datasets(_mapped(_write(tmp_path, "parquet", rows)), TOK)
+    sft = [{"q": "1+1=", "a": "2"}] * 3 + [{"q": "1+1=", "a": ""}]
+    datasets.Dataset.from_list(sft).to_parquet(str(tmp_path / "s.parquet"))
+    cfg = _cfg(*SFT, f"env.sft_data={tmp_path}/s.parquet", "env.columns.prompt=q", "env.columns.response=a")
+    with pytest.raises(DatasetError, match=r": row 3: field 'a' is empty$"):
+        validate_datasets(cfg, TOK)
