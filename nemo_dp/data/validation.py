@@ -119,7 +119,7 @@ def _encoding_error(src: DataSource, i: int, exc: ValueError, tokenizer: Any) ->
 
 def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
     """Token count of every row; kept on the source's table, so each is tokenized once."""
-    memo_key = ("sft" if sft else "rl", len(src.rows))
+    memo_key = ("sft" if sft else "rl", len(src.rows), getattr(src.rows, "col", None))
     hit = src.memo.get(memo_key)
     if hit is not None and hit[0] is tokenizer:
         return hit[1]
@@ -135,6 +135,8 @@ def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
                 out.append(len(tokenize_sft_example(item, tokenizer).ids))
             else:
                 out.append(len(encode_prompt_text(item, tokenizer)))
+        except DatasetError:  # a row the chat template cannot render names itself
+            raise
         except ValueError as exc:
             raise _encoding_error(src, i, exc, tokenizer) from exc
     src.memo[memo_key] = (tokenizer, out)

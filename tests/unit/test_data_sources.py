@@ -15,7 +15,7 @@ import pytest
 from nemo_dp.algorithms.inputs import build_rl_inputs, build_sft_inputs
 from nemo_dp.data import tables
 from nemo_dp.data.errors import DatasetError
-from nemo_dp.data.sources import build_train_dataset, build_val_problems
+from nemo_dp.data.sources import build_train_dataset
 from nemo_dp.data.validation import validate_datasets
 from nemo_dp.models.tiny.tokenizer import CharTokenizer
 from tests.unit.test_data_validation import GRPO, SFT, _cfg
