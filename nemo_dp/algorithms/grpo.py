@@ -33,6 +33,7 @@ from nemo_dp.algorithms.trainer_common import (
     validate_at_start,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.environments.weighted import reward_part_means
 
 __all__ = ["grpo_train", "collect_grpo_batch", "GRPO_TRAIN_KEYS"]
 
@@ -205,6 +206,7 @@ def grpo_train(ctx: TrainContext) -> dict[str, Any]:
             train_metrics,
             info=info,
             train_rewards=batch["rewards"],
+            reward_parts=reward_part_means(batch),
             advantages=adv,
             response_lengths=token_mask.sum(1).float(),
             truncated=batch["truncated"],

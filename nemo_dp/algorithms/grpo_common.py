@@ -34,6 +34,7 @@ def finish_grpo_step_metrics(
     max_steps: int,
     evaluate: Callable[[], float],
     logger: PhaseLogger,
+    reward_parts: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The step's metrics, with the held-out evaluation when it is due.
 
@@ -54,6 +55,8 @@ def finish_grpo_step_metrics(
         max_steps: The phase's last step.
         evaluate: Held-out evaluation returning accuracy.
         logger: For the validation line.
+        reward_parts: Each reward's mean over the rows trained on (``reward/<fn>``), when
+            ``env.rewards`` lists several.
 
     Returns:
         The step's metrics.
@@ -79,6 +82,7 @@ def finish_grpo_step_metrics(
         "time/generation_s": t_gen,
         "time/logprobs_s": t_lp,
         "time/train_s": t_train,
+        **(reward_parts or {}),
     }
     if should_validate(step, val_period=val_period, max_steps=max_steps):
         acc = record_validation(counters, metrics, evaluate)

@@ -54,6 +54,7 @@ from nemo_dp.data_plane.schema import (
     TASK_TRAIN,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.environments.weighted import reward_part_means
 
 __all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "TRAINER_TARGET"]
 
@@ -267,6 +268,7 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
             train_metrics,
             info=info,
             train_rewards=carry["rewards"],
+            reward_parts=reward_part_means(carry),
             advantages=adv,
             response_lengths=carry["response_lengths"].float(),
             truncated=carry["truncated"],

@@ -36,6 +36,7 @@ from nemo_dp.algorithms.trainer_common import (
     validate_at_start,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.environments.weighted import reward_part_means
 
 __all__ = ["ppo_train"]
 
@@ -128,6 +129,7 @@ def _ppo_loop(ctx: TrainContext, value: Any) -> dict[str, Any]:
         counters["consumed_samples"] += batch.size
         metrics = ppo_step_metrics(
             scores=batch["rewards"],
+            reward_parts=reward_part_means(batch),
             targets=targets,
             values=data["values"],
             token_mask=data["token_mask"],

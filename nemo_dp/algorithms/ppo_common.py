@@ -211,6 +211,7 @@ def ppo_step_metrics(
     sample_mask: torch.Tensor,
     policy_epochs: Sequence[Mapping[str, Any]],
     value_epochs: Sequence[Mapping[str, Any]],
+    reward_parts: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The step's metrics, identical in both trainers.
 
@@ -227,6 +228,7 @@ def ppo_step_metrics(
         sample_mask: float ``[B]``.
         policy_epochs: ``policy.train`` results, one per epoch.
         value_epochs: ``value.train`` results, one per epoch.
+        reward_parts: Each reward's mean (``reward/<fn>``), when ``env.rewards`` lists several.
 
     Returns:
         Scalar metrics.
@@ -255,6 +257,7 @@ def ppo_step_metrics(
         "mean_response_length": float(token_mask[:, :w].float().sum(1).mean()),
         "truncated_fraction": float(truncated.float().mean()),
         "sample_mask_mean": float(sample_mask.float().mean()),
+        **(reward_parts or {}),
     }
     for k, (pm, vm) in enumerate(zip(policy_epochs, value_epochs)):
         out[f"policy_loss_epoch{k}"] = float(pm["loss"])

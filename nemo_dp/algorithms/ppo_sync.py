@@ -48,6 +48,7 @@ from nemo_dp.data_plane.schema import (
     TOKEN_MASK,
     VALUES,
 )
+from nemo_dp.environments.weighted import reward_part_means
 from nemo_dp.models.value.tq_value import TQValue
 
 __all__ = ["ppo_train_sync", "TRAINER_TARGET"]
@@ -181,6 +182,7 @@ def _ppo_sync_loop(ctx: TrainContext, value: Any) -> dict[str, Any]:
         counters["consumed_samples"] += meta.size
         metrics = ppo_step_metrics(
             scores=carry["rewards"],
+            reward_parts=reward_part_means(carry),
             targets=targets,
             values=cols[VALUES],
             token_mask=cols[TOKEN_MASK],

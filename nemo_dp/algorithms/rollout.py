@@ -17,6 +17,7 @@ import torch
 
 from nemo_dp.data.arithmetic import Problem
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.environments.weighted import score_parts
 
 __all__ = ["Rollout", "decode_responses", "rollout", "evaluate"]
 
@@ -27,7 +28,8 @@ class Rollout:
 
     Attributes:
         batch: ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
-            ``token_mask``, ``truncated`` (from generation) plus ``rewards`` float32 [N].
+            ``token_mask``, ``truncated`` (from generation) plus ``rewards`` float32 [N] (and
+            each reward's values, ``reward/<fn>``, when ``env.rewards`` lists several).
         responses: Decoded response texts (before eos).
         answers: Reference answers, aligned with the rows.
     """
@@ -89,7 +91,8 @@ def rollout(
     answers = [p.answer for p in problems for _ in range(group_size)]
     batch = policy.generate(prompts, list(seeds), greedy=greedy)
     responses = decode_responses(batch, tokenizer)
-    batch["rewards"] = env.score(responses, answers).to(torch.float32)
+    for key, values in score_parts(env, responses, answers).items():  # rewards, and reward/<fn> of a list
+        batch[key] = values
     return Rollout(batch=batch, responses=responses, answers=answers)
 
 

@@ -2,7 +2,8 @@
 responses are rewarded.
 
 Kept apart from the other group schemas because the data layer owns these keys; the root
-schema types its ``env`` node with this dataclass.
+schema types its ``env`` node with this dataclass. Reward names are checked against the reward
+registry (``nemo_dp.environments``), the only list of them.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["ENV_NAMES", "ENV_REWARDS", "ENV_FORMATS", "EnvConfig"]
+from nemo_dp.environments.registry import check_reward_entry, is_function_path, reward_entries, single_reward_names
+
+__all__ = ["ENV_NAMES", "ENV_FORMATS", "EnvConfig", "ColumnsConfig", "RewardItem"]
 
 #: Legal values of ``env.name``.
 ENV_NAMES: tuple[str, ...] = ("arithmetic",)
-#: Legal values of ``env.reward`` (mirrors ``nemo_dp.environments.REWARD_NAMES``).
-ENV_REWARDS: tuple[str, ...] = ("auto", "exact", "math")
 #: Legal values of ``env.format`` (how the built-in task's examples are presented).
 ENV_FORMATS: tuple[str, ...] = ("plain", "chat")
 _OPERATORS: tuple[str, ...] = ("+", "-", "*")
+_DATA_KEYS: tuple[tuple[str, str], ...] = (("sft_data", "sft_jsonl"), ("rl_data", "rl_jsonl"), ("val_data", "val_jsonl"))
 
 
 def _one_of(key: str, value: object, legal: tuple[str, ...]) -> None:
@@ -27,28 +29,63 @@ def _one_of(key: str, value: object, legal: tuple[str, ...]) -> None:
 
 
 @dataclass
+class ColumnsConfig:
+    """``env.columns``: the dataset column that holds each field (today's names by default)."""
+
+    prompt: str = "prompt"
+    messages: str = "messages"
+    answer: str = "answer"
+    response: str = "response"
+
+
+@dataclass
+class RewardItem:
+    """One ``env.rewards`` entry.
+
+    Attributes:
+        fn: A registered reward (``exact``, ``math``, ``format``, ``auto``) or a function
+            ``package.module:function`` / ``path/to/file.py:function``.
+        weight: Its weight in the total.
+        pattern: The regular expression of the ``format`` reward.
+    """
+
+    fn: str = ""
+    weight: float = 1.0
+    pattern: Optional[str] = None
+
+
+@dataclass
 class EnvConfig:
     """``env``: the task that supplies SFT examples, RL prompts and the verifiable reward.
 
-    With ``sft_jsonl`` / ``rl_jsonl`` set, training data comes from those files (validation
-    still uses the arithmetic generator's held-out partition unless ``val_jsonl`` is set).
-    SFT files hold ``{"prompt", "response"}`` or ``{"messages"}`` lines; RL and validation
-    files hold ``{"prompt" | "messages", "answer"}`` lines. ``reward``: ``exact`` (the response
-    equals the answer), ``math`` (its final answer does: ``#### 42``, ``\\boxed{42}`` or the
-    last number) or ``auto`` (``math`` when ``rl_jsonl`` or ``val_jsonl`` is set, ``exact``
-    otherwise). ``format``: how the built-in generator presents its problems: ``plain``
-    (``"37+5="`` -> ``"42"``) or ``chat`` (a one-turn conversation, rendered with the
-    tokenizer's chat template when it has one; identical to ``plain`` without one).
+    ``sft_data`` / ``rl_data`` / ``val_data`` (or their older names ``*_jsonl``; setting both
+    names of one dataset is an error) name a jsonl, json, parquet or csv file, a glob of files,
+    or a ``Dataset.save_to_disk`` directory (``split`` picks a ``DatasetDict``'s split); with
+    none set the arithmetic generator supplies the data (validation uses its held-out partition
+    unless ``val_data`` is set). ``columns`` maps the fields (``prompt`` or ``messages``,
+    ``answer``, ``response``) to the dataset's column names. ``reward``: ``exact`` (the response
+    equals the answer), ``math`` (its final answer does: ``#### 42``, ``\\boxed{42}`` or the last
+    number), ``auto`` (``math`` with RL or validation data from a file, ``exact`` otherwise) or a
+    user's function ``module:function`` / ``file.py:function``; ``rewards`` instead lists several
+    with weights (``{fn, weight, pattern}``). ``format``: how the built-in generator presents its
+    problems: ``plain`` (``"37+5="`` -> ``"42"``) or ``chat`` (a one-turn conversation, rendered
+    with the tokenizer's chat template when it has one; identical to ``plain`` without one).
     """
 
     name: str = "arithmetic"
     digits: int = 2
     operators: list[str] = field(default_factory=lambda: ["+"])
     seed: int = 0
+    sft_data: Optional[str] = None
+    rl_data: Optional[str] = None
+    val_data: Optional[str] = None
     sft_jsonl: Optional[str] = None
     rl_jsonl: Optional[str] = None
     val_jsonl: Optional[str] = None
+    split: Optional[str] = None
+    columns: ColumnsConfig = field(default_factory=ColumnsConfig)
     reward: str = "auto"
+    rewards: Optional[list[RewardItem]] = None
     format: str = "plain"
 
     def __post_init__(self) -> None:
@@ -59,9 +96,25 @@ class EnvConfig:
             raise ValueError(f"env.operators: must not be empty; legal values: {list(_OPERATORS)}")
         for op in self.operators:
             _one_of("env.operators", op, _OPERATORS)
-        _one_of("env.reward", self.reward, ENV_REWARDS)
+        if not is_function_path(str(self.reward)) and self.reward not in single_reward_names():
+            raise ValueError(
+                f"env.reward: got {self.reward!r}; legal values: {list(single_reward_names())} or a function "
+                "'package.module:function' / 'path/to/file.py:function'"
+            )
+        for entry in reward_entries(self):
+            check_reward_entry(entry)
         _one_of("env.format", self.format, ENV_FORMATS)
-        for key in ("sft_jsonl", "rl_jsonl", "val_jsonl"):
-            value = getattr(self, key)
-            if value is not None and not str(value).strip():
-                raise ValueError(f"env.{key}: must be a file path or null, got an empty string")
+        for new, old in _DATA_KEYS:
+            for key in (new, old):
+                value = getattr(self, key)
+                if value is not None and not str(value).strip():
+                    raise ValueError(f"env.{key}: must be a file path or null, got an empty string")
+            if getattr(self, new) is not None and getattr(self, old) is not None:
+                raise ValueError(
+                    f"env.{new} and env.{old} are both set; env.{old} is the older name of env.{new}: set one"
+                )
+        for name in ("prompt", "messages", "answer", "response"):
+            if not str(getattr(self.columns, name)).strip():
+                raise ValueError(f"env.columns.{name}: must name a column, got an empty string")
+        if self.split is not None and not str(self.split).strip():
+            raise ValueError("env.split: must name a split or be null, got an empty string")

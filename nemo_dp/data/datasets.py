@@ -34,7 +34,7 @@ class SFTDataset:
     """SFT examples: (prompt, response) pairs and/or ``ChatExample`` conversations.
 
     Args:
-        pairs: The examples (non-empty).
+        pairs: The examples (non-empty): a list, or a sequence read on access.
 
     Raises:
         ValueError: If ``pairs`` is empty.
@@ -43,9 +43,12 @@ class SFTDataset:
     def __init__(self, pairs: Sequence[SFTExample]) -> None:
         if not pairs:
             raise ValueError("SFTDataset: no examples")
-        self.pairs: list[SFTExample] = [
-            ex if isinstance(ex, ChatExample) else (str(ex[0]), str(ex[1])) for ex in pairs
-        ]
+        # A list is normalised; any other sequence (a lazily read table) is read on access.
+        self.pairs: Sequence[SFTExample] = (
+            [ex if isinstance(ex, ChatExample) else (str(ex[0]), str(ex[1])) for ex in pairs]
+            if isinstance(pairs, list)
+            else pairs
+        )
 
     @classmethod
     def from_arithmetic(cls, task: ArithmeticTask, n: int) -> SFTDataset:
@@ -88,7 +91,8 @@ class RLPromptDataset:
     def __init__(self, problems: Sequence[Problem]) -> None:
         if not problems:
             raise ValueError("RLPromptDataset: no problems")
-        self.problems: list[Problem] = list(problems)
+        # A lazily read table stays one; anything else is copied into a list.
+        self.problems: Sequence[Problem] = list(problems) if isinstance(problems, (list, tuple)) else problems
 
     @classmethod
     def from_arithmetic(cls, task: ArithmeticTask, n: int) -> RLPromptDataset:

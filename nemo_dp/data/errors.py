@@ -15,7 +15,8 @@ class DatasetError(ValueError):
     """A dataset cannot be used as configured.
 
     The message reads ``"<key>: <path>:<line>: field '<field>' <problem>[; <fix>]"`` with the
-    parts that are unknown left out, e.g.
+    parts that are unknown left out (a table without lines, e.g. parquet, gives
+    ``"<path>: row <row>: ..."`` with the 0-based row index instead), e.g.
     ``"env.sft_jsonl: data/sft.jsonl:7: field 'messages[1].role' is 'bot', not a legal role"``.
 
     Args:
@@ -25,6 +26,7 @@ class DatasetError(ValueError):
         path: The file at fault.
         line: The 1-based line number in ``path``.
         field: The JSON field at fault, e.g. ``"messages[1].role"``.
+        row: The 0-based row index in a table that has no lines (parquet, csv, a saved dataset).
         fix: What to change, e.g. ``"raise policy.model.max_seq_len to at least 40"``.
     """
 
@@ -37,6 +39,7 @@ class DatasetError(ValueError):
         line: int | None = None,
         field: str | None = None,
         fix: str | None = None,
+        row: int | None = None,
     ) -> None:
         self.problem = problem
         self.key = key
@@ -44,6 +47,7 @@ class DatasetError(ValueError):
         self.line = line
         self.field = field
         self.fix = fix
+        self.row = row
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -52,6 +56,8 @@ class DatasetError(ValueError):
             parts.append(self.key)
         if self.path is not None:
             parts.append(self.path if self.line is None else f"{self.path}:{self.line}")
+        if self.row is not None and self.line is None:
+            parts.append(f"row {self.row}")
         problem = self.problem if self.field is None else f"field {self.field!r} {self.problem}"
         text = ": ".join(parts + [problem])
         if self.fix:
@@ -67,7 +73,9 @@ class DatasetError(ValueError):
         Returns:
             A new error (the original is kept as its cause by ``raise ... from``).
         """
-        return DatasetError(self.problem, key=key, path=self.path, line=self.line, field=self.field, fix=self.fix)
+        return DatasetError(
+            self.problem, key=key, path=self.path, line=self.line, field=self.field, fix=self.fix, row=self.row
+        )
 
 
 class UnknownCharacterError(ValueError):

@@ -4,9 +4,10 @@ SFT lines are either ``{"prompt": str, "response": str}`` or
 ``{"messages": [{"role": ..., "content": ...}, ...]}`` (a conversation whose last turn is the
 assistant's; loss on assistant turns only). RL lines are ``{"prompt": str, "answer": ...}`` or
 ``{"messages": [...], "answer": ...}`` (the prompt conversation, its last turn not the
-assistant's); the answer is a string or an integer. Blank lines are skipped and extra fields
-ignored. Anything else raises ``DatasetError`` naming the file, the line and the field, before
-training starts.
+assistant's); the answer is a string or an integer. ``columns`` renames the fields
+(``env.columns``). Blank lines are skipped, a UTF-8 byte-order mark is accepted and extra fields
+ignored; an empty prompt or response is refused. Anything else raises ``DatasetError`` naming
+the file, the line and the field, before training starts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Optional
 
 from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.chat import ROLES, ChatExample, Message, SFTExample, render_prompt
+from nemo_dp.data.columns import Columns
 from nemo_dp.data.errors import DatasetError
 
 __all__ = [
@@ -28,6 +30,12 @@ __all__ = [
     "read_rl_jsonl",
     "load_sft_jsonl",
     "load_rl_jsonl",
+    "nonblank_lines",
+    "scan_jsonl",
+    "RowFields",
+    "sft_example",
+    "rl_fields",
+    "render_rl_prompt",
 ]
 
 
@@ -76,6 +84,8 @@ def _objects(path: str, key: str | None) -> Iterator[tuple[int, dict[str, Any]]]
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise DatasetError(f"not UTF-8 text: {exc.reason}", key=key, path=path, line=lineno) from None
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
             if not line.strip():
                 continue
             try:
@@ -91,14 +101,24 @@ def _objects(path: str, key: str | None) -> Iterator[tuple[int, dict[str, Any]]]
             yield lineno, obj
 
 
-class _Line:
-    """Field access on one parsed line, raising ``DatasetError`` at this file:line."""
+class RowFields:
+    """Field access on one record, raising ``DatasetError`` at its file:line (or table row).
 
-    def __init__(self, obj: dict[str, Any], path: str, line: int, key: str | None) -> None:
-        self.obj, self.path, self.line, self.key = obj, path, line, key
+    Args:
+        obj: The record's fields (an absent field is not a key).
+        path: The file.
+        line: The record's 1-based line (jsonl), or None.
+        key: The config key that named the file.
+        row: The record's 0-based row index, for tables without lines.
+    """
+
+    def __init__(
+        self, obj: dict[str, Any], path: str, line: int | None, key: str | None, row: int | None = None
+    ) -> None:
+        self.obj, self.path, self.line, self.key, self.row = obj, path, line, key, row
 
     def fail(self, problem: str, field: str | None = None) -> DatasetError:
-        return DatasetError(problem, key=self.key, path=self.path, line=self.line, field=field)
+        return DatasetError(problem, key=self.key, path=self.path, line=self.line, field=field, row=self.row)
 
     def string(self, name: str) -> str:
         if name not in self.obj:
@@ -106,25 +126,27 @@ class _Line:
         value = self.obj[name]
         if not isinstance(value, str):
             raise self.fail(f"must be a string, got {_type(value)}", name)
+        if not value.strip():
+            raise self.fail("is empty", name)
         return value
 
-    def answer(self) -> str:
-        if "answer" not in self.obj:
-            raise self.fail("is missing", "answer")
-        value = self.obj["answer"]
+    def answer(self, name: str = "answer") -> str:
+        if name not in self.obj:
+            raise self.fail("is missing", name)
+        value = self.obj[name]
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise self.fail(f"must be a string or an integer, got {_type(value)}", "answer")
+            raise self.fail(f"must be a string or an integer, got {_type(value)}", name)
         return str(value)
 
-    def messages(self) -> tuple[Message, ...]:
-        value = self.obj["messages"]
+    def messages(self, name: str = "messages") -> tuple[Message, ...]:
+        value = self.obj[name]
         if not isinstance(value, list):
-            raise self.fail(f"must be a list of {{role, content}} objects, got {_type(value)}", "messages")
+            raise self.fail(f"must be a list of {{role, content}} objects, got {_type(value)}", name)
         if not value:
-            raise self.fail("must not be empty", "messages")
+            raise self.fail("must not be empty", name)
         out: list[Message] = []
         for i, turn in enumerate(value):
-            where = f"messages[{i}]"
+            where = f"{name}[{i}]"
             if not isinstance(turn, dict):
                 raise self.fail(f"must be an object with 'role' and 'content', got {_type(turn)}", where)
             for part in ("role", "content"):
@@ -158,12 +180,89 @@ def _finish(rows: list[Any], path: str, key: str | None) -> list[Any]:
     return rows
 
 
-def read_sft_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> list[SFTRecord]:
+def sft_example(line: RowFields, col: Columns) -> SFTExample:
+    """The SFT example one record gives: a ``(prompt, response)`` pair or a conversation.
+
+    Args:
+        line: The record.
+        col: The fields' names.
+
+    Returns:
+        The example.
+
+    Raises:
+        DatasetError: On a missing, mistyped or empty field, or a conversation not ending with
+            the assistant.
+    """
+    if line.exclusive(col.messages, col.prompt) == col.prompt:
+        return (line.string(col.prompt), line.string(col.response))
+    messages = line.messages(col.messages)
+    if messages[-1].role != "assistant":
+        raise line.fail(
+            f"is {messages[-1].role!r}; an SFT conversation must end with an 'assistant' "
+            "turn (the text to learn)",
+            f"{col.messages}[{len(messages) - 1}].role",
+        )
+    return ChatExample(messages)
+
+
+def rl_fields(line: RowFields, col: Columns) -> tuple[str, Optional[tuple[Message, ...]], str]:
+    """The prompt text (or conversation) and the answer one RL record gives.
+
+    Args:
+        line: The record.
+        col: The fields' names.
+
+    Returns:
+        ``(prompt, messages, answer)``: ``messages`` is None for a text prompt; for a
+        conversation ``prompt`` is ``""`` until rendered (``render_rl_prompt``).
+
+    Raises:
+        DatasetError: On a missing, mistyped or empty field, or a conversation ending with the
+            assistant.
+    """
+    if line.exclusive(col.messages, col.prompt) == col.prompt:
+        return line.string(col.prompt), None, line.answer(col.answer)
+    messages = line.messages(col.messages)
+    if messages[-1].role == "assistant":
+        raise line.fail(
+            "is 'assistant'; an RL prompt conversation must end with a 'user' or 'system' "
+            f"turn (the reference answer goes in {col.answer!r})",
+            f"{col.messages}[{len(messages) - 1}].role",
+        )
+    return "", messages, line.answer(col.answer)
+
+
+def render_rl_prompt(line: RowFields, col: Columns, messages: tuple[Message, ...], tokenizer: Any | None) -> str:
+    """An RL prompt conversation rendered to text, failing at the record.
+
+    Args:
+        line: The record (named in errors).
+        col: The fields' names.
+        messages: Its prompt conversation.
+        tokenizer: Renders with its chat template when it has one.
+
+    Returns:
+        The prompt text.
+
+    Raises:
+        DatasetError: The chat template cannot render it.
+    """
+    try:
+        return render_prompt(messages, tokenizer)
+    except ValueError as exc:
+        raise line.fail(f"cannot be rendered by the tokenizer's chat template: {exc}", col.messages) from exc
+
+
+def read_sft_jsonl(
+    path: str | os.PathLike[str], *, key: str | None = None, columns: Columns | None = None
+) -> list[SFTRecord]:
     """Parse an SFT jsonl file, keeping each example's line number.
 
     Args:
         path: The file.
         key: The config key that named it (put in error messages).
+        columns: The fields' names in the file (default: ``prompt``, ``response``, ``messages``).
 
     Returns:
         The records in file order.
@@ -173,25 +272,19 @@ def read_sft_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> l
             conversation not ending with the assistant, or a file without records.
     """
     spath = os.fspath(path)
+    col = columns or Columns()
     rows: list[SFTRecord] = []
     for lineno, obj in _objects(spath, key):
-        line = _Line(obj, spath, lineno, key)
-        if line.exclusive("messages", "prompt") == "prompt":
-            rows.append(SFTRecord((line.string("prompt"), line.string("response")), lineno))
-            continue
-        messages = line.messages()
-        if messages[-1].role != "assistant":
-            raise line.fail(
-                f"is {messages[-1].role!r}; an SFT conversation must end with an 'assistant' "
-                "turn (the text to learn)",
-                f"messages[{len(messages) - 1}].role",
-            )
-        rows.append(SFTRecord(ChatExample(messages), lineno))
+        rows.append(SFTRecord(sft_example(RowFields(obj, spath, lineno, key), col), lineno))
     return _finish(rows, spath, key)
 
 
 def read_rl_jsonl(
-    path: str | os.PathLike[str], *, tokenizer: Any | None = None, key: str | None = None
+    path: str | os.PathLike[str],
+    *,
+    tokenizer: Any | None = None,
+    key: str | None = None,
+    columns: Columns | None = None,
 ) -> list[RLRecord]:
     """Parse an RL jsonl file, keeping each problem's line number.
 
@@ -200,6 +293,7 @@ def read_rl_jsonl(
         tokenizer: Renders ``messages`` prompts with its chat template when it has one (plain
             concatenation of the contents otherwise, or when None).
         key: The config key that named the file (put in error messages).
+        columns: The fields' names in the file (default: ``prompt``, ``answer``, ``messages``).
 
     Returns:
         The records in file order.
@@ -209,24 +303,13 @@ def read_rl_jsonl(
             prompt conversation ending with the assistant, or a file without records.
     """
     spath = os.fspath(path)
+    col = columns or Columns()
     rows: list[RLRecord] = []
     for lineno, obj in _objects(spath, key):
-        line = _Line(obj, spath, lineno, key)
-        if line.exclusive("messages", "prompt") == "prompt":
-            rows.append(RLRecord(Problem(prompt=line.string("prompt"), answer=line.answer()), lineno))
-            continue
-        messages = line.messages()
-        if messages[-1].role == "assistant":
-            raise line.fail(
-                "is 'assistant'; an RL prompt conversation must end with a 'user' or 'system' "
-                "turn (the reference answer goes in 'answer')",
-                f"messages[{len(messages) - 1}].role",
-            )
-        answer = line.answer()
-        try:
-            prompt = render_prompt(messages, tokenizer)
-        except ValueError as exc:
-            raise line.fail(f"cannot be rendered by the tokenizer's chat template: {exc}", "messages") from exc
+        line = RowFields(obj, spath, lineno, key)
+        prompt, messages, answer = rl_fields(line, col)
+        if messages is not None:
+            prompt = render_rl_prompt(line, col, messages, tokenizer)
         rows.append(RLRecord(Problem(prompt=prompt, answer=answer), lineno, messages))
     return _finish(rows, spath, key)
 
@@ -264,3 +347,39 @@ def load_rl_jsonl(
         DatasetError: See ``read_rl_jsonl``.
     """
     return [r.problem for r in read_rl_jsonl(path, tokenizer=tokenizer, key=key)]
+
+
+def nonblank_lines(path: str | os.PathLike[str]) -> list[int]:
+    """The 1-based line number of each record of a jsonl file (its non-blank lines).
+
+    Args:
+        path: The file (already known to be readable UTF-8).
+
+    Returns:
+        One line number per record, in file order.
+    """
+    out: list[int] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if raw.decode("utf-8", errors="replace").removeprefix("\ufeff").strip():
+                out.append(lineno)
+    return out
+
+
+def scan_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> int:
+    """Read every line of a jsonl file as a JSON object, failing at the first that is not.
+
+    Args:
+        path: The file.
+        key: The config key that named it (put in error messages).
+
+    Returns:
+        The number of records.
+
+    Raises:
+        DatasetError: A missing or unreadable file, a line that is not UTF-8 or not a JSON
+            object (file:line named), or a file without records.
+    """
+    spath = os.fspath(path)
+    rows = [lineno for lineno, _ in _objects(spath, key)]
+    return len(_finish(rows, spath, key))

@@ -1,27 +1,35 @@
 """The datasets a configuration names, built in one place for training and for the check
 before Ray starts.
 
-Each dataset is either a jsonl file (``env.sft_jsonl``, ``env.rl_jsonl``, ``env.val_jsonl``)
+Each dataset is either a user's data (``env.sft_data``, ``env.rl_data``, ``env.val_data``; the
+older ``env.*_jsonl`` names still work) opened through ``nemo_dp.data.tables`` (jsonl, json,
+parquet or csv files, globs, ``save_to_disk`` directories; columns renamed by ``env.columns``),
 or the built-in arithmetic generator sized by an ``algorithm`` key, presented plain or, with
-``env.format=chat``, as one-turn conversations (rendered by the tokenizer's chat template). ``DataSource`` says which,
-names the config key a user would change, and carries the rows with their line numbers, so
-that the preflight check (``nemo_dp.data.validation``) and the trainer inputs load exactly
-the same rows.
+``env.format=chat``, as one-turn conversations (rendered by the tokenizer's chat template).
+``DataSource`` says which, names the config key a user would change, and reads the rows
+lazily from the memory-mapped table; tables are cached per process, so the preflight check
+(``nemo_dp.data.validation``) and the trainer inputs share one parse of the same rows. RL rows
+carry their dataset row with the answer (``nemo_dp.data.answer``) for reward functions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, overload
 
+from nemo_dp.data.answer import with_row
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.chat import ChatExample, Message, SFTExample, render_prompt
+from nemo_dp.data.columns import Columns, columns_of
 from nemo_dp.data.errors import DatasetError
-from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl
+from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl, render_rl_prompt, rl_fields, sft_example
+from nemo_dp.data.tables import Table, check_rows, open_table
 
 __all__ = [
     "DataSource",
+    "data_setting",
     "arithmetic_task",
     "sft_source",
     "rl_source",
@@ -31,28 +39,144 @@ __all__ = [
 
 Row = Union[SFTExample, Problem]
 
+#: Each dataset's key and the older name it still answers to.
+DATA_KEYS: dict[str, tuple[str, str]] = {
+    "sft": ("sft_data", "sft_jsonl"),
+    "rl": ("rl_data", "rl_jsonl"),
+    "val": ("val_data", "val_jsonl"),
+}
+
 
 @dataclass(frozen=True)
 class DataSource:
     """One configured dataset and its rows.
 
     Attributes:
-        key: The config key to change for this dataset: the jsonl key (``env.sft_jsonl``) or
-            the generator's size key (``algorithm.num_train_samples``).
-        path: The jsonl file, or None for the built-in generator.
-        rows: SFT examples or RL problems, in dataset order.
-        lines: The 1-based file line of each row (None for generated rows).
+        key: The config key to change for this dataset: the data key (``env.rl_data``, or the
+            older ``env.rl_jsonl`` when that is what the config sets) or the generator's size
+            key (``algorithm.num_train_samples``).
+        path: What the data key holds (a file, glob or directory), or None for the generator.
+        rows: SFT examples or RL problems, in dataset order (read lazily from a table).
+        table: The opened table, or None for the generator.
+        total: Rows in the whole table (``rows`` may be its first ``val_samples``).
+        memo: Results computed from the rows once per process (token lengths per tokenizer).
     """
 
     key: str
     path: Optional[str]
-    rows: list[Any]
-    lines: list[Optional[int]]
+    rows: Sequence[Any]
+    table: Optional[Table] = None
+    total: int = 0
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False)
 
     @property
     def label(self) -> str:
         """Where the rows come from, for messages: the file path or the generator."""
         return self.path if self.path is not None else "the built-in arithmetic generator"
+
+    def locate(self, i: int) -> dict[str, Optional[int]]:
+        """Where row ``i`` is, as ``DatasetError`` keywords (``line`` for jsonl, else ``row``)."""
+        if self.table is None:
+            return {"line": None, "row": None}
+        return self.table.locate(i)
+
+
+class _TableRows(Sequence[Any]):
+    """The rows of a checked table, built on access (``stop``: only the first rows)."""
+
+    def __init__(self, table: Table, col: Columns, kind: str, tokenizer: Any, stop: Optional[int] = None) -> None:
+        self.table, self.col, self.kind, self.tokenizer = table, col, kind, tokenizer
+        self.n = len(table) if stop is None else min(int(stop), len(table))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _build(self, i: int, row: dict[str, Any]) -> Any:
+        fields = self.table.fields(i, row)
+        col = self.col
+        if self.kind == "sft":
+            return sft_example(fields, col)
+        prompt, messages, answer = rl_fields(fields, col)
+        if messages is not None:
+            prompt = render_rl_prompt(fields, col, messages, self.tokenizer)
+        chat = messages is not None
+        shown = row[col.messages] if chat else row[col.prompt]
+        others = {k: v for k, v in row.items() if k not in (col.prompt, col.messages)}
+        return Problem(prompt=prompt, answer=with_row(answer, shown, chat=chat, columns=others))
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.n))]
+        i = int(index)
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(f"row {index} out of range for {self.n} rows")
+        return self._build(i, self.table.dataset[i])
+
+    def __iter__(self) -> Iterator[Any]:
+        for i, row in enumerate(self.table.iter_rows(self.n)):
+            yield self._build(i, row)
+
+    def prompt_texts(self) -> Iterator[str]:
+        """The RL prompt text of each row, reading only the prompt column of text prompts."""
+        if self.kind == "rl" and self.col.messages not in self.table.column_names:
+            yield from self.table.column_values(self.col.prompt, self.n)
+            return
+        for problem in self:
+            yield problem.prompt
+
+
+def data_setting(env_cfg: Any, role: str) -> tuple[Optional[str], Optional[str]]:
+    """The key and value that set dataset ``role`` (``"sft"``, ``"rl"`` or ``"val"``).
+
+    Args:
+        env_cfg: The ``env`` node.
+        role: Which dataset.
+
+    Returns:
+        ``("env.rl_data", path)``, ``("env.rl_jsonl", path)`` when only the older name is set,
+        or ``(None, None)`` when neither is (the generator).
+
+    Raises:
+        DatasetError: Both names are set.
+    """
+    new, old = DATA_KEYS[role]
+    a, b = getattr(env_cfg, new, None), getattr(env_cfg, old, None)
+    if a is not None and b is not None:
+        raise DatasetError(
+            f"env.{new} and env.{old} are both set; env.{old} is the older name of env.{new}: set one",
+            key=f"env.{new}",
+        )
+    if a is not None:
+        return f"env.{new}", str(a)
+    if b is not None:
+        return f"env.{old}", str(b)
+    return None, None
+
+
+def _table_source(env_cfg: Any, role: str, kind: str, tokenizer: Any, stop: Optional[int] = None) -> Optional[DataSource]:
+    key, spec = data_setting(env_cfg, role)
+    if key is None or spec is None:
+        return None
+    split = getattr(env_cfg, "split", None)
+    col = columns_of(env_cfg)
+
+    def strict(path: str) -> Any:
+        if kind == "sft":
+            return read_sft_jsonl(path, key=key, columns=col)
+        return read_rl_jsonl(path, key=key, columns=col, tokenizer=tokenizer)
+
+    table = open_table(spec, key=key, split=None if split is None else str(split), strict=strict)
+    check_rows(table, kind, col)
+    rows = _TableRows(table, col, kind, tokenizer, stop)
+    return DataSource(key, spec, rows, table=table, total=len(table), memo=table.memo)
 
 
 @lru_cache(maxsize=8)
@@ -77,19 +201,32 @@ def _chat_format(env_cfg: Any) -> bool:
 
 
 def _as_chat(problems: list[Problem], tokenizer: Any | None) -> list[Problem]:
-    return [Problem(prompt=render_prompt((Message("user", p.prompt),), tokenizer), answer=p.answer) for p in problems]
+    return [
+        Problem(
+            prompt=render_prompt((Message("user", p.prompt),), tokenizer),
+            answer=with_row(p.answer, [{"role": "user", "content": p.prompt}], chat=True, columns=p.answer.columns),
+        )
+        for p in problems
+    ]
 
 
-def _generated(key: str, draw: Any, n: int) -> DataSource:
+def _generated(key: str, draw: Any, n: int, *, answer_column: Optional[str] = None) -> DataSource:
+    """Generated problems; for RL (``answer_column`` given) each answer carries its row, the
+    answer under the column name ``env.columns.answer`` gives (what reward functions take)."""
     try:
         problems = draw(n)
     except ValueError as exc:
         raise DatasetError(str(exc), key=key, fix=f"lower {key} or raise env.digits") from exc
-    return DataSource(key=key, path=None, rows=problems, lines=[None] * len(problems))
+    if answer_column is not None:
+        problems = [
+            Problem(prompt=p.prompt, answer=with_row(p.answer, p.prompt, columns={answer_column: p.answer}))
+            for p in problems
+        ]
+    return DataSource(key=key, path=None, rows=problems, total=len(problems))
 
 
 def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataSource:
-    """SFT examples: ``env.sft_jsonl`` when set, else ``num_samples`` generated pairs.
+    """SFT examples: ``env.sft_data`` (or ``env.sft_jsonl``) when set, else ``num_samples`` generated pairs.
 
     Args:
         env_cfg: The ``env`` node.
@@ -102,20 +239,19 @@ def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataS
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
-    if env_cfg.sft_jsonl is not None:
-        path = str(env_cfg.sft_jsonl)
-        records = read_sft_jsonl(path, key="env.sft_jsonl")
-        return DataSource("env.sft_jsonl", path, [r.example for r in records], [r.line for r in records])
+    table = _table_source(env_cfg, "sft", "sft", None)
+    if table is not None:
+        return table
     src = _generated(num_samples_key, arithmetic_task(env_cfg).train_problems, int(num_samples))
     if _chat_format(env_cfg):
         rows: list[Any] = [ChatExample((Message("user", p.prompt), Message("assistant", p.answer))) for p in src.rows]
     else:
         rows = [(p.prompt, p.answer) for p in src.rows]
-    return DataSource(src.key, None, rows, src.lines)
+    return DataSource(src.key, None, rows, total=len(rows))
 
 
 def rl_source(env_cfg: Any, num_prompts: int, *, num_prompts_key: str, tokenizer: Any | None) -> DataSource:
-    """RL problems: ``env.rl_jsonl`` when set, else ``num_prompts`` generated problems.
+    """RL problems: ``env.rl_data`` (or ``env.rl_jsonl``) when set, else ``num_prompts`` generated problems.
 
     Args:
         env_cfg: The ``env`` node.
@@ -129,20 +265,23 @@ def rl_source(env_cfg: Any, num_prompts: int, *, num_prompts_key: str, tokenizer
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
-    if env_cfg.rl_jsonl is not None:
-        path = str(env_cfg.rl_jsonl)
-        records = read_rl_jsonl(path, tokenizer=tokenizer, key="env.rl_jsonl")
-        return DataSource("env.rl_jsonl", path, [r.problem for r in records], [r.line for r in records])
-    src = _generated(num_prompts_key, arithmetic_task(env_cfg).train_problems, int(num_prompts))
+    table = _table_source(env_cfg, "rl", "rl", tokenizer)
+    if table is not None:
+        return table
+    src = _generated(
+        num_prompts_key, arithmetic_task(env_cfg).train_problems, int(num_prompts), answer_column=columns_of(env_cfg).answer
+    )
     if _chat_format(env_cfg):
-        return DataSource(src.key, None, _as_chat(src.rows, tokenizer), src.lines)
+        return DataSource(src.key, None, _as_chat(src.rows, tokenizer), total=src.total)
     return src
 
 
 def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenizer: Any | None) -> DataSource:
-    """Held-out problems: the first ``val_samples`` of ``env.val_jsonl``, else generated ones.
+    """Held-out problems: the first ``val_samples`` of ``env.val_data`` (or ``env.val_jsonl``),
+    else generated ones.
 
-    Every line of a file is parsed (a malformed line fails even past ``val_samples``).
+    Every row of a file is checked (a malformed line fails even past ``val_samples``); a file
+    with fewer rows gives all of them (``DataSource.total`` says how many there are).
 
     Args:
         env_cfg: The ``env`` node.
@@ -156,13 +295,14 @@ def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenize
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
-    if env_cfg.val_jsonl is not None:
-        path = str(env_cfg.val_jsonl)
-        records = read_rl_jsonl(path, tokenizer=tokenizer, key="env.val_jsonl")[: int(val_samples)]
-        return DataSource("env.val_jsonl", path, [r.problem for r in records], [r.line for r in records])
-    src = _generated(val_samples_key, arithmetic_task(env_cfg).eval_problems, int(val_samples))
+    table = _table_source(env_cfg, "val", "rl", tokenizer, stop=int(val_samples))
+    if table is not None:
+        return table
+    src = _generated(
+        val_samples_key, arithmetic_task(env_cfg).eval_problems, int(val_samples), answer_column=columns_of(env_cfg).answer
+    )
     if _chat_format(env_cfg):
-        return DataSource(src.key, None, _as_chat(src.rows, tokenizer), src.lines)
+        return DataSource(src.key, None, _as_chat(src.rows, tokenizer), total=src.total)
     return src
 
 
@@ -174,7 +314,7 @@ def build_val_problems(master_config: Any, tokenizer: Any | None = None) -> list
         tokenizer: Renders ``messages`` prompts.
 
     Returns:
-        ``algorithm.val_samples`` problems (fewer when ``env.val_jsonl`` holds fewer).
+        ``algorithm.val_samples`` problems (fewer when ``env.val_data`` holds fewer).
 
     Raises:
         DatasetError: Naming the key, file, line and field at fault.

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.chat import ChatExample, encode_prompt_text, tokenize_sft_example
+from nemo_dp.data.columns import columns_of
 from nemo_dp.data.errors import DatasetError, UnknownCharacterError
 from nemo_dp.data.sources import DataSource, rl_source, sft_source, val_source
 
@@ -38,6 +39,9 @@ class DatasetCheck:
         longest: Most tokens of any row (SFT: the whole example; RL: prompt plus
             ``policy.generation.max_new_tokens``).
         limit: The sequence limit it was checked against.
+        note: A notice for the run log (e.g. a held-out file shorter than ``val_samples``).
+        columns: For a set whose rows are rewarded (RL training, held-out), the dataset columns a
+            reward function receives besides ``completions`` and ``prompts``.
     """
 
     phase: str
@@ -47,13 +51,16 @@ class DatasetCheck:
     rows: int
     longest: int
     limit: int
+    note: str = ""
+    columns: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for the run log."""
-        return (
+        line = (
             f"{self.phase} {self.role}: {self.rows} rows from {self.source} ({self.key}), "
             f"longest {self.longest} / {self.limit} tokens"
         )
+        return f"{line}; NOTE: {self.note}" if self.note else line
 
 
 @dataclass
@@ -65,6 +72,10 @@ class DatasetReport:
     def lines(self) -> list[str]:
         """One log line per dataset."""
         return [c.describe() for c in self.checks]
+
+    def reward_columns(self) -> list[tuple[str, tuple[str, ...]]]:
+        """``(key, columns)`` of every rewarded set: what reward functions are called with."""
+        return [(c.key, c.columns) for c in self.checks if c.role == "val" or c.phase in ("grpo", "ppo")]
 
 
 def _unencodable(text: str, tokenizer: Any) -> Optional[str]:
@@ -99,23 +110,36 @@ def _encoding_error(src: DataSource, i: int, exc: ValueError, tokenizer: Any) ->
                 f"holds {shown}, which the tokenizer cannot encode",
                 key=src.key,
                 path=src.label,
-                line=src.lines[i],
                 field=name if src.path is not None else None,
                 fix="remove it from the data or use a tokenizer whose vocabulary has it",
+                **src.locate(i),
             )
-    return DatasetError(f"cannot be tokenized: {exc}", key=src.key, path=src.label, line=src.lines[i])
+    return DatasetError(f"cannot be tokenized: {exc}", key=src.key, path=src.label, **src.locate(i))
 
 
 def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
+    """Token count of every row; kept on the source's table, so each is tokenized once."""
+    memo_key = ("sft" if sft else "rl", len(src.rows), getattr(src.rows, "col", None))
+    hit = src.memo.get(memo_key)
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1]
     out: list[int] = []
-    for i, row in enumerate(src.rows):
+    if sft:
+        items: Any = src.rows
+    else:
+        texts = getattr(src.rows, "prompt_texts", None)
+        items = texts() if texts is not None else (row.prompt for row in src.rows)
+    for i, item in enumerate(items):
         try:
             if sft:
-                out.append(len(tokenize_sft_example(row, tokenizer).ids))
+                out.append(len(tokenize_sft_example(item, tokenizer).ids))
             else:
-                out.append(len(encode_prompt_text(row.prompt, tokenizer)))
+                out.append(len(encode_prompt_text(item, tokenizer)))
+        except DatasetError:  # a row the chat template cannot render names itself
+            raise
         except ValueError as exc:
             raise _encoding_error(src, i, exc, tokenizer) from exc
+    src.memo[memo_key] = (tokenizer, out)
     return out
 
 
@@ -135,8 +159,8 @@ def _check_lengths(
             f"{what} has {lengths[first]} tokens{tail}: {totals[first]} > {limit_key}={limit}",
             key=src.key,
             path=src.label,
-            line=src.lines[first],
             fix=fix,
+            **src.locate(first),
         )
     return max(totals)
 
@@ -150,6 +174,13 @@ def _check_size(src: DataSource, batch: int, batch_key: str) -> None:
             path=src.path,
             fix=f"add rows or lower {batch_key}",
         )
+
+
+def _reward_columns(src: DataSource, env_cfg: Any) -> tuple[str, ...]:
+    col = columns_of(env_cfg)
+    if src.table is None:
+        return (col.answer,)
+    return tuple(c for c in src.table.column_names if c not in (col.prompt, col.messages))
 
 
 def _get(node: Any, dotted: str) -> Any:
@@ -202,7 +233,8 @@ def validate_datasets(
         val(phase, val_key)
 
     def val(phase: str, val_key: str) -> None:
-        src = val_source(env_cfg, int(_get(cfg, val_key)), val_samples_key=val_key, tokenizer=tokenizer)
+        want = int(_get(cfg, val_key))
+        src = val_source(env_cfg, want, val_samples_key=val_key, tokenizer=tokenizer)
         longest = _check_lengths(
             src,
             _lengths(src, tokenizer, sft=False),
@@ -211,7 +243,12 @@ def validate_datasets(
             limit_key=max_seq_len_key,
             what="prompt",
         )
-        report.checks.append(DatasetCheck(phase, "val", src.key, src.label, len(src.rows), longest, limit))
+        note = ""
+        if src.path is not None and len(src.rows) < want:
+            note = f"the file holds {len(src.rows)} rows, fewer than {val_key}={want}: all {len(src.rows)} are used"
+        report.checks.append(
+            DatasetCheck(phase, "val", src.key, src.label, len(src.rows), longest, limit, note, _reward_columns(src, env_cfg))
+        )
 
     name = str(algo.name)
     if name == "sft":
@@ -232,6 +269,8 @@ def validate_datasets(
         what="prompt",
     )
     _check_size(src, int(algo.num_prompts_per_step), "algorithm.num_prompts_per_step")
-    report.checks.append(DatasetCheck(name, "train", src.key, src.label, len(src.rows), longest, limit))
+    report.checks.append(
+        DatasetCheck(name, "train", src.key, src.label, len(src.rows), longest, limit, columns=_reward_columns(src, env_cfg))
+    )
     val(name, "algorithm.val_samples")
     return report

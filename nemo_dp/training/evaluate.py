@@ -29,9 +29,7 @@ from nemo_dp.algorithms.rollout import decode_responses
 from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.jsonl import read_rl_jsonl
 from nemo_dp.data.sources import build_val_problems
-from nemo_dp.environments import make_environment, resolve_reward
-from nemo_dp.environments.arithmetic_env import EOS_MARKER
-from nemo_dp.environments.math_reward import extract_final_answer
+from nemo_dp.environments import answer_extractor, make_environment, resolve_reward
 from nemo_dp.models.builders import (
     build_model,
     build_tokenizer,
@@ -66,13 +64,6 @@ __all__ = [
 RUN_CONFIG_FILE = "resolved_config.yaml"
 #: Top-level checkpoint key (and directory) of the policy's state.
 POLICY_KEY = "policy"
-
-#: What each reward compares with the reference answer, for the predictions file.
-_EXTRACTORS: dict[str, Callable[[str], Optional[str]]] = {
-    "exact": lambda response: response.split(EOS_MARKER, 1)[0],
-    "math": extract_final_answer,
-}
-
 
 @dataclass
 class EvalOptions:
@@ -468,9 +459,7 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer
         origins = [f"{where} #{i}" for i in range(len(problems))]
         env_cfg = cfg.env
     reward = resolve_reward(env_cfg)
-    if reward not in _EXTRACTORS:
-        raise ValueError(f"env.reward: evaluation cannot report answers of reward {reward!r}; known: {sorted(_EXTRACTORS)}")
-    return EvalSet(problems, origins, make_environment(env_cfg), reward, _EXTRACTORS[reward])
+    return EvalSet(problems, origins, make_environment(env_cfg), reward, answer_extractor(env_cfg))
 
 
 def _encode(

@@ -227,7 +227,17 @@ def run_phase(
         hooks=hooks if hooks is not None else TrainHooks(),
     )
     t0 = time.perf_counter()
-    result = dict(trainer(ctx))
+    try:
+        result = dict(trainer(ctx))
+    except Exception as exc:
+        from nemo_dp.environments.weighted import find_reward_error
+
+        failed = find_reward_error(exc)
+        if failed is None:
+            raise
+        # A reward function failed (on the driver or in a worker): one message naming it, the
+        # sample and the step under way.
+        raise failed.with_step(int(getattr(logger, "last_step", 0)) + 1) from exc
     result["wall_time_s"] = time.perf_counter() - t0
     result["num_val_problems"] = len(inputs.val_problems)
     return result
@@ -278,6 +288,7 @@ def run_phases(
         ClusterConnectError: The cluster to join cannot be reached (nothing written yet).
     """
     from nemo_dp.data.validation import validate_datasets
+    from nemo_dp.environments.weighted import check_rewards
     from nemo_dp.models.builders import prepare_policy, validate_policy
     from nemo_dp.training.console import sigterm_as_interrupt
 
@@ -290,8 +301,10 @@ def run_phases(
     prepare_policy(cfg.policy)
     validate_policy(cfg.policy)
     tokenizer = make_tokenizer(cfg)
-    for line in validate_datasets(validated, tokenizer).lines():
+    report = validate_datasets(validated, tokenizer)
+    for line in report.lines():
         print(f"data: {line}", flush=True)
+    check_rewards(cfg.env, report.reward_columns())
     desc = describe_selection(cfg)
     choices = _choices()
     print(f"run directory: {run_dir}", flush=True)

@@ -68,6 +68,8 @@ class RunLogger:
         self._last: dict[str, float] = {}
         self.tracker = tracker
         self.health = health
+        #: The last step logged (or resumed from); the step under way is the next one.
+        self.last_step = 0
 
     def start(self, total_steps: int, start_step: int) -> None:
         """Open the progress bar (and drop metrics of steps a resumed run will redo).
@@ -77,6 +79,7 @@ class RunLogger:
             start_step: Steps already done (0 for a fresh run).
         """
         self.metrics.truncate_after(start_step)
+        self.last_step = int(start_step)
         if self.progress_bar:
             from tqdm import tqdm
 
@@ -113,6 +116,7 @@ class RunLogger:
             The record written.
         """
         record = self.metrics.log(step, metrics)
+        self.last_step = max(self.last_step, int(step))
         if self.tracker is not None:
             self.tracker.log_metrics(step, record)
         if self.health is not None:

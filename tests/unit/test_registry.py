@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -270,3 +271,55 @@ def test_a_registered_algorithm_is_selectable_and_validated(
     with pytest.raises(ValueError, match="algorithm: unknown algorithm schema str"):
         MasterConfig(algorithm="dpo", data_plane=None, policy=None, env=None, cluster=None, logger=None, checkpointing=None)  # type: ignore[arg-type]
     MasterConfig(algorithm=dpo_cfg(), data_plane=None, policy=None, env=None, cluster=None, logger=None, checkpointing=None)  # type: ignore[arg-type]
+
+
+# --- rewards ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def starts_with_reward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """A new reward in one module: its score and its answer extraction, registered on import."""
+    from nemo_dp.environments import registry as rewards
+
+    name = "fake_prefix_reward"
+    (tmp_path / f"{name}.py").write_text(
+        "import torch\n"
+        "from nemo_dp.environments import RewardSpec, register_reward\n"
+        "def first_word(response):\n"
+        "    return response.split()[0] if response.split() else None\n"
+        "class FirstWord:\n"
+        "    def score(self, responses, answers):\n"
+        "        return torch.tensor([float(first_word(r) == a) for r, a in zip(responses, answers)])\n"
+        "register_reward(RewardSpec('first_word', FirstWord, first_word))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    yield name, tmp_path
+    rewards.REWARDS.pop("first_word", None)
+
+
+def test_a_registered_reward_is_a_legal_setting_scores_and_is_evaluated(
+    starts_with_reward: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    from nemo_dp.config.env import EnvConfig, RewardItem
+    from nemo_dp.environments import make_environment
+    from nemo_dp.models.tiny.tokenizer import CharTokenizer
+    from nemo_dp.training import evaluate
+
+    name, folder = starts_with_reward
+    with pytest.raises(ValueError, match="env.reward: got 'first_word'"):
+        EnvConfig(reward="first_word")
+    importlib.import_module(name)
+    assert [p.name for p in folder.iterdir() if p.suffix == ".py"] == [f"{name}.py"]  # the one file it needed
+    env = make_environment(EnvConfig(reward="first_word"))
+    assert env.score(["42 is it", "4 2"], ["42", "42"]).tolist() == [1.0, 0.0]
+    listed = make_environment(EnvConfig(rewards=[RewardItem(fn="first_word", weight=2.0), RewardItem(fn="exact")]))
+    assert listed.score(["42 x", "42"], ["42", "42"]).tolist() == [2.0, 3.0]
+    # Evaluation reports the answer this reward extracts, with no list of its own to extend.
+    run_cfg = OmegaConf.create({"env": {"reward": "first_word", "digits": 1, "operators": ["+"], "seed": 0,
+                                         "format": "plain"}, "algorithm": {"name": "sft", "val_samples": 2}})
+    monkeypatch.setattr(evaluate, "phase_config", lambda ref: run_cfg)
+    data = evaluate.eval_problems(None, evaluate.EvalOptions(), CharTokenizer())  # type: ignore[arg-type]
+    assert data.extract("7 is the answer") == "7" and len(data.problems) == 2

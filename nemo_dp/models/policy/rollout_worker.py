@@ -39,6 +39,7 @@ from nemo_dp.data_plane.schema import (
     TOKEN_MASK,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.environments.weighted import score_parts
 from nemo_dp.models.builders import build_model, cfg_get
 from nemo_dp.models.generation import generate as generate_tokens
 
@@ -254,7 +255,7 @@ class RolloutWorker:
         responses = [
             tokenizer.decode(token_ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))
         ]
-        rewards = env.score(responses, answers).to(torch.float32)
+        rewards = score_parts(env, responses, answers)["rewards"]
         baseline, std, adv = self.advantage_fn(rewards)
         if not (baseline.shape == std.shape == adv.shape == rewards.shape):
             raise ValueError(

@@ -248,7 +248,7 @@ class TQPolicy(TQDriverMixin, Policy):
                 "prompts": [list(p) for p in prompts[a:b]],
                 "seeds": [int(s) for s in seeds[a:b]],
                 "sample_ids": [str(s) for s in sample_ids[a:b]],
-                "answers": [str(x) for x in answers[a:b]],
+                "answers": list(answers[a:b]),  # str; an Answer keeps its row for reward functions
             }
             for a, b in bounds
         ]

@@ -28,6 +28,7 @@ from nemo_dp.data_plane.schema import (
     TOKEN_MASK,
 )
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
+from nemo_dp.environments.weighted import score_parts
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderMixin
 from nemo_dp.models.policy.worker import PolicyWorker
 
@@ -94,7 +95,8 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
             return_responses: Also return the decoded response strings (validation logging).
 
         Returns:
-            ``{"meta": KVBatchMeta | None, "carry": {key: 1-D tensor} (``CARRY_KEYS``),
+            ``{"meta": KVBatchMeta | None, "carry": {key: 1-D tensor} (``CARRY_KEYS``, plus each
+            reward's ``reward/<fn>`` values when ``env.rewards`` lists several),
             "responses": list[str] | None}``; ``meta`` is ``None`` and ``carry`` empty for an
             empty shard.  Nothing per-token is returned.
 
@@ -121,7 +123,8 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
         responses = [
             tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))
         ]
-        rewards = env.score(responses, answers).to(torch.float32)
+        scored = score_parts(env, responses, answers)
+        rewards = scored.pop("rewards")
         columns = {
             INPUT_IDS: ids,
             INPUT_LENGTHS: out[INPUT_LENGTHS],
@@ -145,6 +148,7 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
             "prompt_lengths": out[PROMPT_LENGTHS].to(torch.int32),
             "response_lengths": out[TOKEN_MASK].sum(dim=1).to(torch.int32),
             "truncated": out["truncated"].to(torch.bool),
+            **scored,
         }
         return {"meta": meta, "carry": carry, "responses": responses if return_responses else None}
 

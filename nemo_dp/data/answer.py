@@ -1,0 +1,59 @@
+"""A reference answer that carries its dataset row to the reward functions.
+
+Rollouts pass each row's reference answer (a string) from the driver to wherever rewards are
+computed, on the driver or in a worker. ``Answer`` is that string plus what a user's reward
+function is called with besides the completion: the row's prompt as the dataset holds it (text
+or a conversation) and the row's other columns, by their names in the dataset. Built-in rewards
+use it as the plain string it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["Answer", "with_row"]
+
+
+class Answer(str):
+    """A reference answer string with its row.
+
+    Attributes:
+        prompt: The row's prompt as the dataset holds it: a string, or a list of
+            ``{"role", "content"}`` turns for chat data.
+        chat: Whether the row is chat data (completions are then given as message lists).
+        columns: The row's other columns, by their dataset names.
+    """
+
+    prompt: Any
+    chat: bool
+    columns: dict[str, Any]
+
+    def __new__(cls, text: str, *, prompt: Any, chat: bool, columns: Mapping[str, Any]) -> Answer:
+        obj = super().__new__(cls, text)
+        obj.prompt = prompt
+        obj.chat = chat
+        obj.columns = dict(columns)
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (str(self), self.prompt, self.chat, self.columns))
+
+
+def _rebuild(text: str, prompt: Any, chat: bool, columns: dict[str, Any]) -> Answer:
+    return Answer(text, prompt=prompt, chat=chat, columns=columns)
+
+
+def with_row(answer: str, prompt: Any, *, chat: bool = False, columns: Mapping[str, Any] | None = None) -> Answer:
+    """``answer`` carrying its row (``columns`` defaults to ``{"answer": answer}``).
+
+    Args:
+        answer: The reference answer.
+        prompt: The row's prompt (text, or turns for chat data).
+        chat: Whether the row is chat data.
+        columns: The row's other columns.
+
+    Returns:
+        The answer.
+    """
+    return Answer(answer, prompt=prompt, chat=chat, columns=columns if columns is not None else {"answer": answer})
