@@ -15,13 +15,21 @@ import pytest
 from nemo_dp.algorithms.inputs import build_rl_inputs, build_sft_inputs
 from nemo_dp.data import tables
 from nemo_dp.data.errors import DatasetError
-from nemo_dp.data.sources import build_train_dataset
 from nemo_dp.data.validation import validate_datasets
 from nemo_dp.models.tiny.tokenizer import CharTokenizer
 from tests.unit.test_data_validation import GRPO, SFT, _cfg
 
 TOK = CharTokenizer()
 ROWS = [{"question": f"{a}+{a}=", "solution": str(2 * a), "level": a % 3} for a in range(8)]
+
+
+def build_train_dataset(cfg: object, tokenizer: object) -> object:
+    """The training dataset the run builds: the algorithm's registered input builder's."""
+    from nemo_dp.config.algorithm_registry import algorithm
+    from nemo_dp.utils.imports import resolve_target
+
+    builder = resolve_target(algorithm(str(cfg.algorithm.name)).input_builder)
+    return builder(cfg, tokenizer).train_loader.dataset
 
 
 @pytest.fixture(autouse=True)
