@@ -46,6 +46,7 @@ __all__ = [
     "read_checkpoint_meta",
     "check_checkpoint_meta",
     "list_step_dirs",
+    "refuse_pickles",
     "find_phase_roots",
     "resolve_resume",
     "resolve_init_from",
@@ -60,6 +61,7 @@ DEFAULT_REQUIRED_FILES: tuple[str, ...] = ("manifest.json", "state.pt")
 WARM_START_PHASE = "warm_start"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _RESUME_KEY = "checkpointing.resume_from"
+_PICKLE_SUFFIXES = (".pkl", ".pickle")
 _INIT_KEY = "policy.init_from"
 
 
@@ -409,6 +411,47 @@ def _usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[i
     return step, newest
 
 
+def _pickle_reason(path: Path) -> str | None:
+    """Why ``path`` looks like a pickle (its name or its protocol header), else ``None``."""
+    if path.suffix.lower() in _PICKLE_SUFFIXES:
+        return f"its name ends in {path.suffix!r}"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+    except OSError:
+        return None
+    if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return f"it starts with a pickle protocol {head[1]} header"
+    return None
+
+
+def refuse_pickles(step_dir: str | os.PathLike[str], key: str) -> None:
+    """Refuse a checkpoint that holds a pickle anywhere, without loading any of its files.
+
+    No nemo_dp checkpoint writes one (older TransferQueue data-plane checkpoints held the
+    library's own), and unpickling one can run code.
+
+    Args:
+        step_dir: The step directory.
+        key: The config key that named it (for the message).
+
+    Raises:
+        ResumeError: Naming the first such file.
+    """
+    root = Path(step_dir)
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            reason = _pickle_reason(path)
+            if reason is not None:
+                raise ResumeError(
+                    f"{key}: checkpoint file {path} is a pickle ({reason}); nemo_dp checkpoints "
+                    "never hold one (older TransferQueue data-plane checkpoints held the "
+                    "library's own controller_state.pkl and su_*.pkl) and loading it could run "
+                    "code, so the checkpoint is refused and none of its files was loaded"
+                )
+
+
 def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool) -> None:
     missing = _missing_files(step_dir, required)
     if missing:
@@ -417,6 +460,7 @@ def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_in
         )
     if verify_integrity and has_manifest(step_dir):
         verify_manifest(step_dir)
+    refuse_pickles(step_dir, key)
 
 
 # ---------------------------------------------------------------------------------------------
