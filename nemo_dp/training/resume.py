@@ -47,6 +47,7 @@ __all__ = [
     "check_checkpoint_meta",
     "list_step_dirs",
     "refuse_pickles",
+    "check_checkpoint_dir",
     "find_phase_roots",
     "resolve_resume",
     "resolve_init_from",
@@ -450,6 +451,24 @@ def refuse_pickles(step_dir: str | os.PathLike[str], key: str) -> None:
                     "library's own controller_state.pkl and su_*.pkl) and loading it could run "
                     "code, so the checkpoint is refused and none of its files was loaded"
                 )
+
+
+def check_checkpoint_dir(
+    step_dir: str | os.PathLike[str], *, key: str, required_files: Sequence[str], verify_integrity: bool = True
+) -> None:
+    """The checks every loader of a step directory runs before reading it (resume, init, eval).
+
+    Args:
+        step_dir: The step directory.
+        key: The config key that named it (for the messages).
+        required_files: Files a complete step directory holds.
+        verify_integrity: Verify its file manifest (sizes and SHA-256) when it has one.
+
+    Raises:
+        ResumeError: A required file is missing, or the checkpoint holds a pickle.
+        nemo_dp.utils.manifest.CheckpointCorruptError: A file is missing, truncated or altered.
+    """
+    _check_step_dir(Path(step_dir), key, required_files, verify_integrity)
 
 
 def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool) -> None:
