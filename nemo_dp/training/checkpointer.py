@@ -90,11 +90,18 @@ class Checkpointer:
 
 
 def checkpoint_finalizer(
-    *, algorithm: str, phase: str, model_shape: Mapping[str, int], data_plane: str, run_id: str
+    *,
+    algorithm: str,
+    phase: str,
+    model_shape: Mapping[str, int],
+    data_plane: str,
+    run_id: str,
+    settings: Mapping[str, Any] | None = None,
 ) -> Callable[[Path, int], None]:
     """The ``finalize`` of a run's checkpointer: what the checkpoint belongs to, then its files.
 
-    Writes ``checkpoint_meta.json`` (algorithm, phase, model shape, data plane, run id, step)
+    Writes ``checkpoint_meta.json`` (algorithm, phase, model shape, data plane, run id, step,
+    the settings a resume must keep)
     and then the file manifest (sizes and SHA-256 of every file, the metadata included), last,
     so it covers everything the checkpoint holds.
 
@@ -104,6 +111,7 @@ def checkpoint_finalizer(
         model_shape: The run's model shape.
         data_plane: The backend kind.
         run_id: The run's id.
+        settings: The phase's settings (``nemo_dp.training.resume.run_settings``).
 
     Returns:
         ``finalize(tmp_dir, step)``.
@@ -112,10 +120,17 @@ def checkpoint_finalizer(
     from nemo_dp.utils.manifest import write_manifest
 
     shape = dict(model_shape)
+    kept = dict(settings or {})
 
     def finalize(tmp: Path, step: int) -> None:
         meta = CheckpointMeta(
-            algorithm=algorithm, phase=phase, model_shape=shape, data_plane=data_plane, run_id=run_id, step=step
+            algorithm=algorithm,
+            phase=phase,
+            model_shape=shape,
+            data_plane=data_plane,
+            run_id=run_id,
+            step=step,
+            settings=kept,
         )
         write_checkpoint_meta(tmp, meta)
         write_manifest(tmp)

@@ -26,6 +26,7 @@ from nemo_dp.config.algorithm_registry import algorithm, resolve_target
 from nemo_dp.data_plane.factory import describe_selection, make_policy_factory, select_sync_trainer
 from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer
 from nemo_dp.training.phases import Phase, RunStart, plan_phases, plan_run_start
+from nemo_dp.training.resume import run_settings
 from nemo_dp.training.run_logger import RunLogger
 from nemo_dp.training.trackers import build_trackers, check_trackers_available, flatten_run_summary
 
@@ -173,6 +174,7 @@ def phase_checkpointer(
             model_shape=start.model_shape,
             data_plane=start.data_plane,
             run_id=start.run_id,
+            settings=run_settings(phase.cfg),
         )
     return Checkpointer(
         Path(ckpt_root) / phase.name,

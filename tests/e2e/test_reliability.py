@@ -185,6 +185,42 @@ def test_other_model_size_and_data_plane_are_refused_naming_the_keys(sft_run: Pa
     _refused(proc, new, "differing keys: ['data_plane']", "checkpoint 'disabled', this run 'local'")
 
 
+def test_other_dp_size_is_refused_before_ray_naming_the_key(sft_run: Path, tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    proc = _launch(
+        [*SFT, "algorithm.max_steps=3", "policy.dp_size=1", f"checkpointing.resume_from={sft_run}", f"hydra.run.dir={new}"],
+        tmp_path,
+    )
+    _refused(proc, new, "differing keys: ['policy.dp_size']", "policy.dp_size: checkpoint 2, this run 1")
+    assert "Ray" not in proc.stdout  # refused before Ray started
+
+
+def test_resume_keeps_the_trainer_mode_of_the_checkpoint(
+    grpo_warm_start_run: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
+) -> None:
+    from tests.e2e.conftest import GRPO_WARM_START
+
+    run, _ = grpo_warm_start_run  # synchronous GRPO on the legacy trainer
+    new = tmp_path / "new"
+    proc = _launch(
+        [
+            *GRPO_WARM_START,
+            "algorithm.max_steps=6",
+            "data_plane=tq",
+            "algorithm.async_rollout.enabled=true",
+            f"checkpointing.resume_from={run}",
+            f"hydra.run.dir={new}",
+        ],
+        tmp_path,
+    )
+    _refused(
+        proc,
+        new,
+        "differing keys: ['algorithm.async_rollout.enabled', 'data_plane']",
+        "algorithm.async_rollout.enabled: checkpoint False, this run True",
+    )
+
+
 # --- problem 5: failures are clean ------------------------------------------------------------
 
 
