@@ -7,6 +7,7 @@ The run layer builds one checkpointer per phase (trainers see it as
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,7 +20,9 @@ from nemo_dp.utils.checkpoint import (
     save_training_checkpoint,
 )
 
-__all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer"]
+__all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer", "remove_stale_temp_dirs"]
+
+_STALE_TMP = re.compile(r"^step_\d+\.tmp-[0-9a-f]+$")
 
 
 class Checkpointer:
@@ -155,3 +158,28 @@ def load_start_state(root: str | Path | None) -> dict[str, Any] | None:
     state = load_training_checkpoint(latest)
     state["checkpoint_path"] = str(latest)
     return state
+
+
+def remove_stale_temp_dirs(ckpt_root: str | Path) -> list[Path]:
+    """Remove the ``step_<N>.tmp-<hex>`` directories a killed checkpoint write left behind.
+
+    A temp directory is never a checkpoint (nothing reads it; it becomes one only by its
+    commit rename), so one that exists when a run starts is debris of an earlier process.
+
+    Args:
+        ckpt_root: The run's checkpoints root (its phase roots are searched; may not exist).
+
+    Returns:
+        The directories removed.
+    """
+    root = Path(ckpt_root)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for phase_root in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        for child in sorted(phase_root.iterdir()):
+            if _STALE_TMP.match(child.name) and child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+                if not child.exists():
+                    removed.append(child)
+    return removed

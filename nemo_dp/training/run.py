@@ -24,7 +24,7 @@ from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainCont
 from nemo_dp.algorithms.inputs import TrainerInputs
 from nemo_dp.config.algorithm_registry import algorithm, resolve_target
 from nemo_dp.data_plane.factory import describe_selection, make_policy_factory, select_sync_trainer
-from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer
+from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer, remove_stale_temp_dirs
 from nemo_dp.training.phases import Phase, RunStart, plan_phases, plan_run_start
 from nemo_dp.training.resume import run_settings
 from nemo_dp.training.run_logger import RunLogger
@@ -315,6 +315,8 @@ def run_phases(
         print(line, flush=True)
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     ckpt_root = run_dir / validated.checkpointing.checkpoint_dir
+    for stale in remove_stale_temp_dirs(ckpt_root):
+        print(f"removed {stale}: an interrupted checkpoint write of an earlier process", flush=True)
 
     summary: dict[str, Any] = {"run_dir": str(run_dir), "run_id": start.run_id, "phases": {}}
     if start.resume is not None:
@@ -323,6 +325,8 @@ def run_phases(
         summary["init_from"] = str(start.init_from.checkpoint)
     if record is not None:
         record.summary = summary
+        record.checkpoint_root = ckpt_root
+        record.phase_names = [p.name for p in phases]
         record.mark_started()
     trackers = build_trackers(cfg.logger, run_dir)
     status = "failed"
@@ -359,7 +363,7 @@ def _train_phases(
 ) -> None:
     """Start Ray, build the policy, run the phases into ``summary`` (the body of ``run_phases``)."""
     from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import ray_session
+    from nemo_dp.distributed.ray_init import ray_session, shutdown_ray
     from nemo_dp.training.console import sigterm_as_interrupt
 
     first = start.first
@@ -372,7 +376,7 @@ def _train_phases(
         connect_timeout_s=cluster.connect_timeout_s,
         working_dir=cluster.working_dir,
         **ray_start_args(cfg.data_plane),
-    ) as worker_env, sigterm_as_interrupt():
+    ) as worker_env, sigterm_as_interrupt() as term:
         policy = make_policy(cfg, tokenizer, env_vars=dict(worker_env))
         try:
             if start.init_from is not None:
@@ -414,7 +418,11 @@ def _train_phases(
                     flush=True,
                 )
         finally:
-            policy.shutdown()
+            # Teardown under this handler, to its end: a SIGTERM now is held until the
+            # workers, the data plane and Ray are down, then stops the run as usual.
+            with term.deferred():
+                policy.shutdown()
+                shutdown_ray()
 
     accs = [summary["phases"][p.name].get("val_accuracy") for p in phases if p.name in summary["phases"]]
     if len(phases) == 2 and len(accs) == 2 and None not in accs:

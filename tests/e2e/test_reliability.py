@@ -287,6 +287,53 @@ def test_sigterm_stops_like_ctrl_c_with_a_summary_and_a_clean_log(tmp_path: Path
     assert not alive, [p.name() for p in alive]
 
 
+def test_sigterm_during_final_teardown_keeps_summary_plot_and_says_how_to_resume(tmp_path: Path) -> None:
+    import shlex
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    proc = subprocess.Popen(
+        [sys.executable, str(LAUNCHER), *SFT, "algorithm.max_steps=2", f"hydra.run.dir={run}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "Held-out exact-match accuracy after" in line:  # every step and checkpoint done
+                break
+        assert seen and "Held-out exact-match accuracy after" in seen[-1], "".join(seen[-40:])
+        time.sleep(1.0)  # into the teardown of the workers and Ray (several seconds here)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["phases"]["sft"]["step"] == 2, summary
+    assert (run / "training_curves.png").is_file()
+    assert proc.returncode == 143, err[-4000:]
+    assert summary["status"] == "terminated" and "stopped by SIGTERM" in err
+    last = run / "checkpoints" / "sft" / "step_00000002"
+    assert f"last good checkpoint: {last}" in err and summary["last_checkpoint"] == str(last)
+    command = summary["resume_command"]
+    assert f"resume with: {command}" in err
+    assert f"checkpointing.resume_from={run}" in command and f"hydra.run.dir={run}" in command
+    # The printed command resumes; a killed checkpoint write's temp directory is removed.
+    stale = run / "checkpoints" / "sft" / "step_00000003.tmp-0badc0de"
+    stale.mkdir()
+    (stale / "state.json").write_text("{}")
+    resumed = _launch(shlex.split(command)[2:], tmp_path)
+    _ok(resumed)
+    assert f"removed {stale}" in resumed.stdout and not stale.exists()
+    assert "step 2" in resumed.stdout
+
+
 # --- problem 6: help and recipes that mislead ----------------------------------------------
 
 
