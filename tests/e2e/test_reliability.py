@@ -287,6 +287,7 @@ def test_sigterm_stops_like_ctrl_c_with_a_summary_and_a_clean_log(tmp_path: Path
     assert not alive, [p.name() for p in alive]
 
 
+@pytest.mark.slow
 def test_sigterm_during_final_teardown_keeps_summary_plot_and_says_how_to_resume(tmp_path: Path) -> None:
     import shlex
     import signal
@@ -332,6 +333,48 @@ def test_sigterm_during_final_teardown_keeps_summary_plot_and_says_how_to_resume
     _ok(resumed)
     assert f"removed {stale}" in resumed.stdout and not stale.exists()
     assert "step 2" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_launch_right_after_a_sigkilled_driver_is_unaffected(tmp_path: Path) -> None:
+    """A SIGKILLed driver leaves Ray's dashboard and runtime-env agents running for about a
+    minute (Ray's own cleanup, docs/resume.md); the next launch starts its own private Ray
+    beside them and runs normally."""
+    import signal
+    import time
+
+    import psutil
+
+    killed = tmp_path / "killed"
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    proc = subprocess.Popen(
+        [sys.executable, str(LAUNCHER), *SFT, "algorithm.max_steps=100000", "algorithm.val_period=1",
+         "checkpointing.save_period=0", f"hydra.run.dir={killed}"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    orphans: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 240
+        metrics = killed / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.is_file() and metrics.stat().st_size > 0):
+            time.sleep(0.2)
+        assert metrics.is_file(), "the run to kill never trained"
+        orphans = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        new = tmp_path / "next"
+        _ok(_launch([*SFT, "algorithm.max_steps=2", f"hydra.run.dir={new}"], tmp_path))
+        assert json.loads((new / "summary.json").read_text())["status"] == "completed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for orphan in orphans:  # what the killed driver's Ray left, by PID
+            try:
+                orphan.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 # --- problem 6: help and recipes that mislead ----------------------------------------------
