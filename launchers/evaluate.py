@@ -1,12 +1,15 @@
-"""Evaluate a checkpoint: ``python launchers/evaluate.py checkpoint=<run>/checkpoints [step=N]``.
+"""Evaluate a checkpoint: ``python launchers/evaluate.py checkpoint=<run dir> [step=N]``.
 
-Loads the policy a training checkpoint holds (latest step of the run's last phase by default;
-``phase=`` / ``step=`` pick another) and reports greedy held-out exact-match accuracy on the
+Loads the policy a training checkpoint holds (``checkpoint=`` takes the forms
+``checkpointing.resume_from`` takes; latest step of the run's last phase by default;
+``phase=`` / ``step=`` pick another), after the same checks a resume runs (file manifest, no
+pickle), and reports greedy held-out exact-match accuracy on the
 problems the trainer validated on, or on a user jsonl (``eval.jsonl=<file>`` with ``prompt`` and
 ``answer`` lines), scored by the run's reward.  Works for every algorithm and ``policy`` kind
 (``tiny``, ``hf``).  Writes ``predictions.jsonl`` (prompt, response, extracted answer, reference
 answer, reward per line) and ``eval_summary.json`` to Hydra's output directory.  The model runs
-in this process: no Ray, no data plane.
+in this process: no Ray, no data plane.  A bad input prints one message (the traceback only
+with ``HYDRA_FULL_ERROR=1``) and leaves no output directory.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ if str(_REPO_ROOT) not in sys.path:  # running from a checkout without an instal
 
 import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from nemo_dp.training.console import RunRecord, hydra_task  # noqa: E402
 from nemo_dp.training.evaluate import EvaluateConfig  # noqa: E402
 
 CONF_DIR = _REPO_ROOT / "conf"
@@ -48,7 +51,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if missing:
         raise ValueError(
             f"{missing[0]}: required value is missing "
-            f"(python launchers/evaluate.py checkpoint=<run>/checkpoints)"
+            f"(python launchers/evaluate.py checkpoint=<run dir>)"
         )
     options: EvaluateConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     torch.set_num_threads(options.torch_threads)
@@ -67,9 +70,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base=None)
-def main(cfg: DictConfig) -> float:
+@hydra_task
+def main(cfg: DictConfig, record: RunRecord) -> float:
     """Hydra entry point; returns the accuracy (a sweeper's objective)."""
-    return float(run(cfg, Path(HydraConfig.get().runtime.output_dir))["accuracy"])
+    return float(run(cfg, record.run_dir)["accuracy"])
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ on the driver; nothing here knows about a data plane.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +21,7 @@ from nemo_dp.data.arithmetic import Problem
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import score_parts
 
-__all__ = ["Rollout", "decode_responses", "rollout", "evaluate"]
+__all__ = ["Rollout", "decode_responses", "rollout", "evaluate", "mean_reward"]
 
 
 @dataclass
@@ -122,4 +124,27 @@ def evaluate(
         f"{p.prompt}{r!r} (expected {p.answer!r})"
         for p, r in list(zip(problems, out.responses))[:num_examples_to_print]
     ]
-    return {"val_accuracy": float(rewards.mean()), "val_samples": len(problems), "examples": examples}
+    return {"val_accuracy": mean_reward(rewards.tolist()), "val_samples": len(problems), "examples": examples}
+
+
+def mean_reward(rewards: Sequence[float]) -> float:
+    """The mean of per-problem rewards as the one float64 every report uses.
+
+    The sum is exactly rounded (``math.fsum``), so the result does not depend on the dtype the
+    rewards were computed in nor on the order they are summed: training's held-out accuracy and
+    ``launchers/evaluate.py`` give the same number (a float32 mean of 1 correct in 400 prints as
+    0.002, the exact 1/400 as 0.003).
+
+    Args:
+        rewards: One reward per problem.
+
+    Returns:
+        Their mean.
+
+    Raises:
+        ValueError: ``rewards`` is empty.
+    """
+    values = [float(r) for r in rewards]
+    if not values:
+        raise ValueError("mean_reward: no rewards")
+    return math.fsum(values) / len(values)

@@ -526,6 +526,7 @@ def init_ray(
     env_vars = {str(k): str(v) for k, v in (worker_env or {}).items()}
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
+    _keep_driver_sigterm()
 
     init_kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
     runtime_env: dict[str, Any] = {}
@@ -562,6 +563,20 @@ def init_ray(
             ray.shutdown()
             raise _budget_error(total, reserved_cpus, reserved_by, joined=None if target is None else target.address)
     return env_vars
+
+
+def _keep_driver_sigterm() -> None:
+    """Stop this driver's ``ray.shutdown()`` from resetting SIGTERM to "terminate at once".
+
+    Ray's core worker installs fatal-signal handlers in the driver and, on shutdown, resets
+    SIGTERM's disposition to the default below Python's handler, so a SIGTERM during teardown
+    killed the driver before it wrote ``summary.json`` and the plot.  Ray reads the switch
+    (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``) from its constants at ``ray.init``; setting it here
+    affects this process only (Ray's worker processes keep their handlers).
+    """
+    from ray._private import ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
 
 def shutdown_ray() -> None:

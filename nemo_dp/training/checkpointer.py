@@ -7,6 +7,7 @@ The run layer builds one checkpointer per phase (trainers see it as
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,7 +20,9 @@ from nemo_dp.utils.checkpoint import (
     save_training_checkpoint,
 )
 
-__all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer"]
+__all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer", "remove_stale_temp_dirs"]
+
+_STALE_TMP = re.compile(r"^step_\d+\.tmp-[0-9a-f]+$")
 
 
 class Checkpointer:
@@ -90,11 +93,18 @@ class Checkpointer:
 
 
 def checkpoint_finalizer(
-    *, algorithm: str, phase: str, model_shape: Mapping[str, int], data_plane: str, run_id: str
+    *,
+    algorithm: str,
+    phase: str,
+    model_shape: Mapping[str, int],
+    data_plane: str,
+    run_id: str,
+    settings: Mapping[str, Any] | None = None,
 ) -> Callable[[Path, int], None]:
     """The ``finalize`` of a run's checkpointer: what the checkpoint belongs to, then its files.
 
-    Writes ``checkpoint_meta.json`` (algorithm, phase, model shape, data plane, run id, step)
+    Writes ``checkpoint_meta.json`` (algorithm, phase, model shape, data plane, run id, step,
+    the settings a resume must keep)
     and then the file manifest (sizes and SHA-256 of every file, the metadata included), last,
     so it covers everything the checkpoint holds.
 
@@ -104,6 +114,7 @@ def checkpoint_finalizer(
         model_shape: The run's model shape.
         data_plane: The backend kind.
         run_id: The run's id.
+        settings: The phase's settings (``nemo_dp.training.resume.run_settings``).
 
     Returns:
         ``finalize(tmp_dir, step)``.
@@ -112,10 +123,17 @@ def checkpoint_finalizer(
     from nemo_dp.utils.manifest import write_manifest
 
     shape = dict(model_shape)
+    kept = dict(settings or {})
 
     def finalize(tmp: Path, step: int) -> None:
         meta = CheckpointMeta(
-            algorithm=algorithm, phase=phase, model_shape=shape, data_plane=data_plane, run_id=run_id, step=step
+            algorithm=algorithm,
+            phase=phase,
+            model_shape=shape,
+            data_plane=data_plane,
+            run_id=run_id,
+            step=step,
+            settings=kept,
         )
         write_checkpoint_meta(tmp, meta)
         write_manifest(tmp)
@@ -140,3 +158,28 @@ def load_start_state(root: str | Path | None) -> dict[str, Any] | None:
     state = load_training_checkpoint(latest)
     state["checkpoint_path"] = str(latest)
     return state
+
+
+def remove_stale_temp_dirs(ckpt_root: str | Path) -> list[Path]:
+    """Remove the ``step_<N>.tmp-<hex>`` directories a killed checkpoint write left behind.
+
+    A temp directory is never a checkpoint (nothing reads it; it becomes one only by its
+    commit rename), so one that exists when a run starts is debris of an earlier process.
+
+    Args:
+        ckpt_root: The run's checkpoints root (its phase roots are searched; may not exist).
+
+    Returns:
+        The directories removed.
+    """
+    root = Path(ckpt_root)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for phase_root in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        for child in sorted(phase_root.iterdir()):
+            if _STALE_TMP.match(child.name) and child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+                if not child.exists():
+                    removed.append(child)
+    return removed

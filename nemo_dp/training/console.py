@@ -71,6 +71,8 @@ __all__ = [
     "save_hydra_outputs",
     "RunLog",
     "write_failure_summary",
+    "last_good_checkpoint",
+    "resume_command",
     "hydra_task",
     "recipe_algorithm",
     "recipe_hint",
@@ -349,7 +351,28 @@ def capture_run_log(log_path: str | os.PathLike[str], *, deferred: bool = False)
 
 @dataclass
 class _SigtermState:
-    received: bool = False
+    """What :func:`sigterm_as_interrupt` saw; :meth:`deferred` holds SIGTERM during teardown."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.deferring = False
+        self.pending = False
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Hold a SIGTERM that arrives inside the block until the block is done.
+
+        Teardown (workers, the data plane, Ray) must not be cut half-way: a SIGTERM during it
+        is remembered and raised as :class:`TerminationRequested` once the block finished
+        (unless the block already raised).
+        """
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.pending:
+            raise TerminationRequested("SIGTERM received")
 
 
 @contextmanager
@@ -358,8 +381,9 @@ def sigterm_as_interrupt() -> Iterator[_SigtermState]:
 
     ``ray.init`` installs its own SIGTERM handlers (exit at once, killing the local node's
     processes under the driver), so enter this again right after Ray has started.  A second
-    SIGTERM during teardown is ignored (the first one is being handled); the previous handler
-    is restored on exit.
+    SIGTERM during teardown is ignored (the first one is being handled), and inside
+    ``state.deferred()`` one is held until the block is done; the previous handler is restored
+    on exit.
 
     Yields:
         A state whose ``received`` says whether SIGTERM arrived.
@@ -375,6 +399,9 @@ def sigterm_as_interrupt() -> Iterator[_SigtermState]:
         if state.received:
             return
         state.received = True
+        if state.deferring:
+            state.pending = True
+            return
         raise TerminationRequested("SIGTERM received")
 
     signal.signal(signal.SIGTERM, _handler)
@@ -435,6 +462,9 @@ class RunRecord:
         on_start: Called once by :meth:`mark_started` (the wrapper opens the run's log file
             and writes Hydra's ``.hydra/`` files there: nothing reaches the run directory
             before the run is accepted).
+        checkpoint_root: The run's checkpoints root (set by the launcher; the last good
+            checkpoint after a failure is looked up there).
+        phase_names: The run's phases in order.
     """
 
     run_dir: Path
@@ -444,6 +474,8 @@ class RunRecord:
     metrics: list[tuple[Path, Path]] = field(default_factory=list)
     t_start: float = field(default_factory=time.perf_counter)
     on_start: list[Callable[[], None]] = field(default_factory=list)
+    checkpoint_root: Path | None = None
+    phase_names: list[str] = field(default_factory=list)
 
     def mark_started(self) -> None:
         """From now on a failure is a failed run (summary, plot), not a configuration error."""
@@ -536,6 +568,69 @@ def _plot_tracked(record: RunRecord) -> list[str]:
     return plots
 
 
+def last_good_checkpoint(record: RunRecord) -> Path | None:
+    """The newest committed checkpoint of the latest phase that has one, or ``None``.
+
+    Args:
+        record: The run's record (``checkpoint_root``, ``phase_names``).
+
+    Returns:
+        The step directory.
+    """
+    from nemo_dp.utils.checkpoint import latest_checkpoint
+
+    root = record.checkpoint_root
+    if root is None or not root.is_dir():
+        return None
+    names = list(record.phase_names) or sorted(p.name for p in root.iterdir() if p.is_dir())
+    for name in reversed(names):
+        found = latest_checkpoint(root / name)
+        if found is not None:
+            return found
+    return None
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes this run into its own directory (this job's overrides kept).
+
+    Args:
+        run_dir: The run directory.
+
+    Returns:
+        A shell command line.
+    """
+    import shlex
+
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = [str(o) for o in HydraConfig.get().overrides.task]
+    except ValueError:  # not under Hydra
+        pass
+    replaced = ("hydra.run.dir", "checkpointing.resume_from")
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in replaced]
+    script = sys.argv[0] if sys.argv and sys.argv[0] else "launchers/launch.py"
+    return shlex.join(
+        ["python", script, *kept, f"checkpointing.resume_from={run_dir}", f"hydra.run.dir={run_dir}"]
+    )
+
+
+def _resume_hint(record: RunRecord) -> tuple[dict[str, Any], list[str]]:
+    """What a stopped run tells the user about resuming it: summary fields and lines."""
+    last = last_good_checkpoint(record)
+    if last is None:
+        return {"last_checkpoint": None}, [
+            "no checkpoint was written before the run stopped (see checkpointing.save_period); "
+            "nothing to resume from"
+        ]
+    command = resume_command(record.run_dir)
+    return {"last_checkpoint": str(last), "resume_command": command}, [
+        f"last good checkpoint: {last}",
+        f"resume with: {command}",
+    ]
+
+
 def write_failure_summary(record: RunRecord, exc: BaseException, *, status: str) -> Path:
     """Write ``summary.json`` for a run that stopped early, and plot what ran.
 
@@ -557,6 +652,14 @@ def write_failure_summary(record: RunRecord, exc: BaseException, *, status: str)
     }
     summary["plots"] = _plot_tracked(record)
     summary["wall_time_s"] = time.perf_counter() - record.t_start
+    try:
+        hint, lines = _resume_hint(record)
+    except Exception as hint_exc:  # the hint must never hide the run's own error
+        hint, lines = {}, []
+        _LOG.warning("could not find the last checkpoint: %s", hint_exc)
+    summary.update(hint)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
     path = record.run_dir / "summary.json"
     record.run_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".summary.json.tmp-{uuid.uuid4().hex}")

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nemo_dp.algorithms.rollout import decode_responses
+from nemo_dp.algorithms.rollout import decode_responses, mean_reward
 from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.jsonl import read_rl_jsonl
 from nemo_dp.data.sources import build_val_problems
@@ -40,6 +40,7 @@ from nemo_dp.models.builders import (
 from nemo_dp.models.generation import generate
 from nemo_dp.models.protocol import CausalLM, Tokenizer
 from nemo_dp.training.phases import plan_phases
+from nemo_dp.training.resume import check_checkpoint_dir
 from nemo_dp.utils.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_FORMAT_VERSION,
@@ -64,6 +65,8 @@ __all__ = [
 RUN_CONFIG_FILE = "resolved_config.yaml"
 #: Top-level checkpoint key (and directory) of the policy's state.
 POLICY_KEY = "policy"
+_KEY = "checkpoint"
+
 
 @dataclass
 class EvalOptions:
@@ -206,8 +209,12 @@ def resolve_checkpoint(
 ) -> CheckpointRef:
     """Locate the checkpoint to evaluate.
 
+    The checkpoint is checked as a resume checks it before anything is read: its file manifest
+    (sizes and SHA-256) and no pickle anywhere.
+
     Args:
-        checkpoint: A checkpoint root, a phase root or a ``step_<N>`` directory.
+        checkpoint: A run directory, its checkpoints root, a phase root or a ``step_<N>``
+            directory (the forms ``checkpointing.resume_from`` accepts).
         step: A given step (``None``: the latest of the phase).
         phase: A given phase (``None``: the run's last phase with a checkpoint).
         run_overrides: ``key=value`` changes to the run config (each key must exist).
@@ -220,15 +227,28 @@ def resolve_checkpoint(
             the message lists what does.
         ValueError: If ``step``/``phase`` contradict a ``step_<N>`` path, the run config is not
             a nemo_dp one, or an override names an unknown key.
+        nemo_dp.training.resume.ResumeError: The checkpoint holds a pickle.
+        nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is missing, truncated
+            or altered (named by path).
     """
     path = Path(checkpoint).expanduser().resolve()
     if not path.exists():
         raise FileNotFoundError(f"checkpoint: {str(checkpoint)!r} does not exist")
+    if path.is_file():
+        raise FileNotFoundError(f"checkpoint: {str(path)!r} is a file, not a checkpoint directory")
     run_dir = _find_run_dir(path)
     run_cfg = OmegaConf.load(run_dir / RUN_CONFIG_FILE)
     if not isinstance(run_cfg, DictConfig) or "algorithm" not in run_cfg or "policy" not in run_cfg:
         raise ValueError(f"checkpoint: {run_dir / RUN_CONFIG_FILE} is not a nemo_dp run config")
     run_cfg = _apply_overrides(run_cfg, run_overrides, run_dir / RUN_CONFIG_FILE)
+    if path == run_dir:  # a run directory: its checkpoints root
+        root_name = str(OmegaConf.select(run_cfg, "checkpointing.checkpoint_dir", default="checkpoints"))
+        path = run_dir / root_name
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"checkpoint: run directory {run_dir} has no checkpoints ({root_name}/ is missing: "
+                "checkpointing.enabled was false, or the run stopped before its first save)"
+            )
 
     m = STEP_DIR.match(path.name)
     if m is not None:  # a step directory
@@ -239,6 +259,7 @@ def resolve_checkpoint(
             raise ValueError(f"phase={phase} contradicts checkpoint={path} (phase {found_phase!r})")
         if not (path / "manifest.json").is_file():
             raise FileNotFoundError(f"checkpoint: {path} has no manifest.json (not a committed checkpoint)")
+        check_checkpoint_dir(path, key=_KEY, required_files=("manifest.json",))
         return CheckpointRef(path, found_phase, found_step, run_dir, run_cfg, tuple(map(str, run_overrides)))
 
     if _committed_steps(path):  # a phase root
@@ -269,6 +290,7 @@ def resolve_checkpoint(
         raise FileNotFoundError(
             f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}"
         )
+    check_checkpoint_dir(steps[step], key=_KEY, required_files=("manifest.json",))
     return CheckpointRef(steps[step], phase_root.name, step, run_dir, run_cfg, tuple(map(str, run_overrides)))
 
 
@@ -463,7 +485,7 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer
 
 
 def _encode(
-    problems: Sequence[Problem], origins: Sequence[str], tokenizer: Tokenizer, room: int
+    problems: Sequence[Problem], origins: Sequence[str], tokenizer: Tokenizer, room: int, limits: str
 ) -> list[list[int]]:
     prompts = []
     for problem, origin in zip(problems, origins):
@@ -473,8 +495,8 @@ def _encode(
             raise ValueError(f"{origin}: prompt cannot be tokenised: {exc}") from exc
         if len(ids) > room:
             raise ValueError(
-                f"{origin}: prompt of {len(ids)} tokens leaves no room for the response "
-                f"(policy.model.max_seq_len minus max_new_tokens = {room})"
+                f"{origin}: prompt of {len(ids)} tokens leaves no room for the response: {limits} "
+                f"= {room} tokens for the prompt"
             )
         prompts.append(ids)
     return prompts
@@ -528,8 +550,14 @@ def evaluate_checkpoint(
     problems = data.problems
     if not problems:
         raise ValueError(f"{options.jsonl or 'the held-out set'}: no problems to evaluate")
-    room = int(policy_cfg.model.max_seq_len) - max_new
-    prompts = _encode(problems, data.origins, tokenizer, room)
+    seq_len = int(policy_cfg.model.max_seq_len)
+    room = seq_len - max_new
+    new_key = "eval.max_new_tokens" if options.max_new_tokens else "policy.generation.max_new_tokens"
+    limits = (
+        f"policy.model.max_seq_len ({seq_len}, of {ref.run_config_file}) minus {new_key} ({max_new}); "
+        f"lower eval.max_new_tokens or shorten the prompt"
+    )
+    prompts = _encode(problems, data.origins, tokenizer, room, limits)
     model = load_policy_model(ref, tokenizer)
 
     out = Path(out_dir)
@@ -541,7 +569,7 @@ def evaluate_checkpoint(
         total=len(prompts), desc=f"eval {ref.phase} step {ref.step}", unit="problem",
         file=sys.stderr, disable=not progress_bar, dynamic_ncols=True, mininterval=0.5,
     )
-    correct = 0.0
+    rewards_all: list[float] = []
     tmp = pred_path.with_name(pred_path.name + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -562,14 +590,14 @@ def evaluate_checkpoint(
                         "reward": float(reward),
                     }
                     fh.write(json.dumps(record) + "\n")
-                    correct += float(reward)
+                    rewards_all.append(float(reward))
                 bar.update(end - start)
         os.replace(tmp, pred_path)
     finally:
         bar.close()
         tmp.unlink(missing_ok=True)
     result = {
-        "accuracy": correct / len(problems),
+        "accuracy": mean_reward(rewards_all),
         "num_problems": len(problems),
         "checkpoint": str(ref.path),
         "phase": ref.phase,

@@ -27,6 +27,7 @@ from nemo_dp.training.resume import (
     model_shape_of,
     resolve_init_from,
     resolve_resume,
+    run_settings,
 )
 from nemo_dp.training.run_dir import RunDirDecision, claim_run_dir, continue_history
 from nemo_dp.utils.checkpoint import REQUIRED_FILES, load_training_checkpoint
@@ -273,6 +274,7 @@ def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> R
             model_shape=shape,
             checkpoint_dir_name=ck.checkpoint_dir,
             required_files=REQUIRED_FILES,
+            phase_settings={p.name: run_settings(p.cfg) for p in phases},
         )
         lines.append(plan.describe())
     init = None

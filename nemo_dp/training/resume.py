@@ -42,10 +42,13 @@ __all__ = [
     "ResumePlan",
     "InitFromPlan",
     "model_shape_of",
+    "run_settings",
     "write_checkpoint_meta",
     "read_checkpoint_meta",
     "check_checkpoint_meta",
     "list_step_dirs",
+    "refuse_pickles",
+    "check_checkpoint_dir",
     "find_phase_roots",
     "resolve_resume",
     "resolve_init_from",
@@ -59,6 +62,7 @@ DEFAULT_REQUIRED_FILES: tuple[str, ...] = ("manifest.json", "state.pt")
 #: Phase name of an RL run's SFT warm start (its checkpoints are SFT checkpoints).
 WARM_START_PHASE = "warm_start"
 _RESUME_KEY = "checkpointing.resume_from"
+_PICKLE_SUFFIXES = (".pkl", ".pickle")
 _INIT_KEY = "policy.init_from"
 
 
@@ -95,6 +99,9 @@ class CheckpointMeta:
         run_id: Id of the run that wrote it.
         step: Training step of the checkpoint.
         format_version: Layout version of this file.
+        settings: The run's settings a resume must keep, by config key (``policy.dp_size``,
+            ``algorithm.async_rollout.enabled``, ``architecture``: see :func:`run_settings`);
+            empty in checkpoints written before they were recorded.
     """
 
     algorithm: str
@@ -104,6 +111,7 @@ class CheckpointMeta:
     run_id: str
     step: int
     format_version: int = CHECKPOINT_META_VERSION
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object written to disk.
@@ -131,6 +139,65 @@ def model_shape_of(model_cfg: Mapping[str, Any] | Any, **extra: int) -> dict[str
     shape = {str(k): int(v) for k, v in items.items() if isinstance(v, int) and not isinstance(v, bool)}
     shape.update({k: int(v) for k, v in extra.items()})
     return dict(sorted(shape.items()))
+
+
+#: The config keys a resume must keep, read from a phase's root config (absent keys skipped).
+_KEPT_KEYS: tuple[str, ...] = ("policy.dp_size", "algorithm.async_rollout.enabled")
+
+
+def _architecture(policy_cfg: Any) -> str | None:
+    """The model architecture a policy node builds: ``config.json``'s, or the policy kind."""
+    kind = _select(policy_cfg, "kind")
+    path = _select(policy_cfg, "model_name_or_path")
+    config_json = None if path is None else Path(str(path)) / "config.json"
+    if config_json is not None and config_json.is_file():
+        try:
+            raw = json.loads(config_json.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None  # the model builder reports a broken config.json, naming the key
+        names = raw.get("architectures") if isinstance(raw, dict) else None
+        if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+            return ",".join(names)
+        if isinstance(raw, dict) and isinstance(raw.get("model_type"), str):
+            return str(raw["model_type"])
+        return None
+    return None if kind is None else str(kind)
+
+
+def _select(node: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if node is None:
+            return None
+        try:
+            node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+        except Exception:  # a struct node without the key
+            return None
+    return node
+
+
+def run_settings(phase_cfg: Any) -> dict[str, Any]:
+    """The settings of a phase that its checkpoints record and a resume must keep.
+
+    ``policy.dp_size`` (one RNG stream and optimizer shard per worker),
+    ``algorithm.async_rollout.enabled`` (the asynchronous and synchronous GRPO trainers keep
+    different state) when the algorithm has it, and ``architecture`` (the model directory's
+    ``config.json`` architectures, or the policy kind for the tiny model).
+
+    Args:
+        phase_cfg: The phase's root config.
+
+    Returns:
+        ``{key: JSON scalar}`` of the keys the config has.
+    """
+    out: dict[str, Any] = {}
+    for key in _KEPT_KEYS:
+        value = _select(phase_cfg, key)
+        if isinstance(value, (bool, int, float, str)):
+            out[key] = value
+    arch = _architecture(_select(phase_cfg, "policy"))
+    if arch is not None:
+        out["architecture"] = arch
+    return out
 
 
 def write_checkpoint_meta(checkpoint_dir: str | os.PathLike[str], meta: CheckpointMeta) -> Path:
@@ -188,6 +255,11 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
     shape = raw["model_shape"]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in shape.values()):
         raise ResumeError(f"{path}: field 'model_shape' must map names to ints, got {shape!r}")
+    settings = raw.get("settings", {})
+    if not isinstance(settings, dict) or not all(
+        isinstance(v, (str, int, float, bool)) or v is None for v in settings.values()
+    ):
+        raise ResumeError(f"{path}: field 'settings' must map config keys to JSON scalars, got {settings!r}")
     return CheckpointMeta(
         algorithm=raw["algorithm"],
         phase=raw["phase"],
@@ -196,6 +268,7 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
         run_id=raw["run_id"],
         step=raw["step"],
         format_version=raw["format_version"],
+        settings=dict(settings),
     )
 
 
@@ -206,6 +279,7 @@ def _config_key(meta_key: str) -> str:
         "algorithm": "algorithm",
         "data_plane": "data_plane",
         "phase": "the phase root's directory name",
+        "architecture": "policy / policy.model_name_or_path: the model's config.json architectures",
     }.get(meta_key, meta_key)
 
 
@@ -236,8 +310,9 @@ def check_checkpoint_meta(
     phase: str,
     data_plane: str,
     model_shape: Mapping[str, int],
+    settings: Mapping[str, Any] | None = None,
 ) -> None:
-    """Refuse a checkpoint written for another algorithm, phase, backend or model shape.
+    """Refuse a checkpoint written for another algorithm, phase, backend, model or settings.
 
     Args:
         meta: The checkpoint's metadata.
@@ -246,6 +321,8 @@ def check_checkpoint_meta(
         phase: This phase's name.
         data_plane: This run's data-plane backend choice.
         model_shape: This run's model shape (:func:`model_shape_of`).
+        settings: This run's settings of the phase (:func:`run_settings`); a key is compared
+            when both the checkpoint and the run record it.
 
     Raises:
         CheckpointMismatchError: Naming every differing key with both values and the config
@@ -256,6 +333,9 @@ def check_checkpoint_meta(
         if getattr(meta, key) != run_value:
             differing[key] = (getattr(meta, key), run_value)
     differing.update(_shape_diff(meta.model_shape, model_shape))
+    for key, run_value in (settings or {}).items():
+        if key in meta.settings and meta.settings[key] != run_value:
+            differing[key] = (meta.settings[key], run_value)
     if differing:
         hint = "Resume with the settings the checkpoint was written with, or start a fresh run"
         if "algorithm" in differing or "phase" in differing:
@@ -408,6 +488,65 @@ def _usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[i
     return step, newest
 
 
+def _pickle_reason(path: Path) -> str | None:
+    """Why ``path`` looks like a pickle (its name or its protocol header), else ``None``."""
+    if path.suffix.lower() in _PICKLE_SUFFIXES:
+        return f"its name ends in {path.suffix!r}"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+    except OSError:
+        return None
+    if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return f"it starts with a pickle protocol {head[1]} header"
+    return None
+
+
+def refuse_pickles(step_dir: str | os.PathLike[str], key: str) -> None:
+    """Refuse a checkpoint that holds a pickle anywhere, without loading any of its files.
+
+    No nemo_dp checkpoint writes one (older TransferQueue data-plane checkpoints held the
+    library's own), and unpickling one can run code.
+
+    Args:
+        step_dir: The step directory.
+        key: The config key that named it (for the message).
+
+    Raises:
+        ResumeError: Naming the first such file.
+    """
+    root = Path(step_dir)
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            reason = _pickle_reason(path)
+            if reason is not None:
+                raise ResumeError(
+                    f"{key}: checkpoint file {path} is a pickle ({reason}); nemo_dp checkpoints "
+                    "never hold one (older TransferQueue data-plane checkpoints held the "
+                    "library's own controller_state.pkl and su_*.pkl) and loading it could run "
+                    "code, so the checkpoint is refused and none of its files was loaded"
+                )
+
+
+def check_checkpoint_dir(
+    step_dir: str | os.PathLike[str], *, key: str, required_files: Sequence[str], verify_integrity: bool = True
+) -> None:
+    """The checks every loader of a step directory runs before reading it (resume, init, eval).
+
+    Args:
+        step_dir: The step directory.
+        key: The config key that named it (for the messages).
+        required_files: Files a complete step directory holds.
+        verify_integrity: Verify its file manifest (sizes and SHA-256) when it has one.
+
+    Raises:
+        ResumeError: A required file is missing, or the checkpoint holds a pickle.
+        nemo_dp.utils.manifest.CheckpointCorruptError: A file is missing, truncated or altered.
+    """
+    _check_step_dir(Path(step_dir), key, required_files, verify_integrity)
+
+
 def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool) -> None:
     missing = _missing_files(step_dir, required)
     if missing:
@@ -416,6 +555,7 @@ def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_in
         )
     if verify_integrity and has_manifest(step_dir):
         verify_manifest(step_dir)
+    refuse_pickles(step_dir, key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,6 +632,7 @@ def resolve_resume(
     checkpoint_dir_name: str = "checkpoints",
     required_files: Sequence[str] = DEFAULT_REQUIRED_FILES,
     verify_integrity: bool = True,
+    phase_settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ResumePlan:
     """Resolve ``checkpointing.resume_from`` to one usable checkpoint of this run, or refuse.
 
@@ -509,6 +650,8 @@ def resolve_resume(
         checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
         required_files: Files a complete step directory holds.
         verify_integrity: Verify the checkpoint's file manifest when it has one.
+        phase_settings: This run's settings per phase (:func:`run_settings`), compared with
+            the checkpoint's.
 
     Returns:
         The plan; log :meth:`ResumePlan.describe`.
@@ -560,6 +703,7 @@ def resolve_resume(
             phase=phase,
             data_plane=data_plane,
             model_shape=model_shape,
+            settings=(phase_settings or {}).get(phase),
         )
     index = list(phase_names).index(phase)
     if index > 0:

@@ -25,8 +25,9 @@ from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainCont
 from nemo_dp.algorithms.inputs import TrainerInputs
 from nemo_dp.config.algorithm_registry import algorithm, resolve_target
 from nemo_dp.algorithms.selection import describe_selection, make_policy_factory, select_sync_trainer
-from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer
+from nemo_dp.training.checkpointer import Checkpointer, checkpoint_finalizer, remove_stale_temp_dirs
 from nemo_dp.training.phases import Phase, RunStart, plan_phases, plan_run_start
+from nemo_dp.training.resume import run_settings
 from nemo_dp.training.run_logger import RunLogger
 from nemo_dp.training.trackers import build_trackers, check_trackers_available, flatten_run_summary
 
@@ -174,6 +175,7 @@ def phase_checkpointer(
             model_shape=start.model_shape,
             data_plane=start.data_plane,
             run_id=start.run_id,
+            settings=run_settings(phase.cfg),
         )
     return Checkpointer(
         Path(ckpt_root) / phase.name,
@@ -326,13 +328,15 @@ def run_phases(
     start = plan_run_start(cfg, validated, run_dir, tokenizer)
     for line in start.lines:
         print(line, flush=True)
-    with _ray_for(cfg, validated) as worker_env, sigterm_as_interrupt():
+    with _ray_for(cfg, validated) as worker_env, sigterm_as_interrupt() as term:
         # Ray is up (started, or the cluster joined): the run is accepted, and only now does
         # anything reach the run directory, so a refused run leaves it as it was.
         for line in start.commit(run_dir, str(validated.logger.metrics_file)):
             print(line, flush=True)
         (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         ckpt_root = run_dir / validated.checkpointing.checkpoint_dir
+        for stale in remove_stale_temp_dirs(ckpt_root):
+            print(f"removed {stale}: an interrupted checkpoint write of an earlier process", flush=True)
 
         summary: dict[str, Any] = {"run_dir": str(run_dir), "run_id": start.run_id, "phases": {}}
         if start.resume is not None:
@@ -341,6 +345,8 @@ def run_phases(
             summary["init_from"] = str(start.init_from.checkpoint)
         if record is not None:
             record.summary = summary
+            record.checkpoint_root = ckpt_root
+            record.phase_names = [p.name for p in phases]
             record.mark_started()
         trackers = build_trackers(cfg.logger, run_dir)
         status = "failed"
@@ -348,7 +354,7 @@ def run_phases(
             trackers.log_config(OmegaConf.to_container(cfg, resolve=True))
             _train_phases(
                 cfg, run_dir, phases, trainers, start, tokenizer, ckpt_root, summary,
-                trackers, hooks, record, validated, dict(worker_env),
+                trackers, hooks, record, validated, dict(worker_env), term,
             )
             status = "success"
         finally:
@@ -391,8 +397,11 @@ def _train_phases(
     record: Any,
     validated: Any,
     worker_env: dict[str, str],
+    term: Any,
 ) -> None:
     """Build the policy on the running Ray, run the phases into ``summary`` (``run_phases``' body)."""
+    from nemo_dp.distributed.ray_init import shutdown_ray
+
     first = start.first
     main_name = str(cfg.algorithm.name)
     policy = make_policy(cfg, tokenizer, env_vars=worker_env)
@@ -436,7 +445,11 @@ def _train_phases(
                 flush=True,
             )
     finally:
-        policy.shutdown()
+        # Teardown under the run's SIGTERM handler, to its end: a SIGTERM now is held until
+        # the workers, the data plane and Ray are down, then stops the run as usual.
+        with term.deferred():
+            policy.shutdown()
+            shutdown_ray()
 
     accs = [summary["phases"][p.name].get("val_accuracy") for p in phases if p.name in summary["phases"]]
     if len(phases) == 2 and len(accs) == 2 and None not in accs:

@@ -133,3 +133,40 @@ def test_evaluate_grpo_phases_and_ppo(
     phase, step, acc, n = _printed(proc)
     assert (phase, step, n) == ("ppo", 1, 16)
     assert f"{acc:.3f}" == f"{_trainer_accuracy(ppo, 'ppo'):.3f}"
+
+
+def test_evaluate_checks_the_checkpoint_like_resume_and_fails_cleanly(sft_checkpointed_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "run"  # a copy: this test damages its files
+    shutil.copytree(sft_checkpointed_run, run)
+    # A run directory is accepted as resume_from takes it; the accuracy is the trainer's own number.
+    out = tmp_path / "eval_run_dir"
+    proc = _evaluate(tmp_path, [f"checkpoint={run}", f"hydra.run.dir={out}"])
+    _ok(proc)
+    assert _printed(proc)[:2] == ("sft", 2)
+    assert json.loads((out / "eval_summary.json").read_text())["accuracy"] == _trainer_accuracy(run, "sft")
+
+    def refused(overrides: Sequence[str], *needles: str) -> None:
+        out_bad = tmp_path / "eval_refused"
+        proc = _evaluate(tmp_path, [*overrides, f"hydra.run.dir={out_bad}"])
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 1, text[-3000:]
+        for needle in needles:
+            assert needle in text, (needle, text[-3000:])
+        assert "Traceback" not in text
+        assert not out_bad.exists()  # no output directory left behind
+
+    step2 = run / "checkpoints" / "sft" / "step_00000002"
+    tensors = step2 / "tensors.safetensors"
+    original = tensors.read_bytes()
+    tensors.write_bytes(bytes(len(original)))  # zeroed, same size
+    refused([f"checkpoint={step2}"], f"checkpoint file {tensors} is altered")
+    tensors.write_bytes(original[: len(original) // 2])
+    refused([f"checkpoint={run}"], f"checkpoint file {tensors} is truncated")
+    tensors.write_bytes(original)
+    refused([f"checkpoint={run}", "eval.max_new_tokens=4096"], "policy.model.max_seq_len", "eval.max_new_tokens (4096)")
+
+    help_text = _evaluate(tmp_path, ["--help"]).stdout
+    assert "checkpoint:" in help_text and "eval:" in help_text
+    assert "data_plane" not in help_text and "algorithm" not in help_text

@@ -185,6 +185,42 @@ def test_other_model_size_and_data_plane_are_refused_naming_the_keys(sft_run: Pa
     _refused(proc, new, "differing keys: ['data_plane']", "checkpoint 'disabled', this run 'local'")
 
 
+def test_other_dp_size_is_refused_before_ray_naming_the_key(sft_run: Path, tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    proc = _launch(
+        [*SFT, "algorithm.max_steps=3", "policy.dp_size=1", f"checkpointing.resume_from={sft_run}", f"hydra.run.dir={new}"],
+        tmp_path,
+    )
+    _refused(proc, new, "differing keys: ['policy.dp_size']", "policy.dp_size: checkpoint 2, this run 1")
+    assert "Ray" not in proc.stdout  # refused before Ray started
+
+
+def test_resume_keeps_the_trainer_mode_of_the_checkpoint(
+    grpo_warm_start_run: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
+) -> None:
+    from tests.e2e.conftest import GRPO_WARM_START
+
+    run, _ = grpo_warm_start_run  # synchronous GRPO on the legacy trainer
+    new = tmp_path / "new"
+    proc = _launch(
+        [
+            *GRPO_WARM_START,
+            "algorithm.max_steps=6",
+            "data_plane=tq",
+            "algorithm.async_rollout.enabled=true",
+            f"checkpointing.resume_from={run}",
+            f"hydra.run.dir={new}",
+        ],
+        tmp_path,
+    )
+    _refused(
+        proc,
+        new,
+        "differing keys: ['algorithm.async_rollout.enabled', 'data_plane']",
+        "algorithm.async_rollout.enabled: checkpoint False, this run True",
+    )
+
+
 # --- problem 5: failures are clean ------------------------------------------------------------
 
 
@@ -249,6 +285,96 @@ def test_sigterm_stops_like_ctrl_c_with_a_summary_and_a_clean_log(tmp_path: Path
         time.sleep(0.5)
     alive = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [p.name() for p in alive]
+
+
+@pytest.mark.slow
+def test_sigterm_during_final_teardown_keeps_summary_plot_and_says_how_to_resume(tmp_path: Path) -> None:
+    import shlex
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    proc = subprocess.Popen(
+        [sys.executable, str(LAUNCHER), *SFT, "algorithm.max_steps=2", f"hydra.run.dir={run}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "Held-out exact-match accuracy after" in line:  # every step and checkpoint done
+                break
+        assert seen and "Held-out exact-match accuracy after" in seen[-1], "".join(seen[-40:])
+        time.sleep(1.0)  # into the teardown of the workers and Ray (several seconds here)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["phases"]["sft"]["step"] == 2, summary
+    assert (run / "training_curves.png").is_file()
+    assert proc.returncode == 143, err[-4000:]
+    assert summary["status"] == "terminated" and "stopped by SIGTERM" in err
+    last = run / "checkpoints" / "sft" / "step_00000002"
+    assert f"last good checkpoint: {last}" in err and summary["last_checkpoint"] == str(last)
+    command = summary["resume_command"]
+    assert f"resume with: {command}" in err
+    assert f"checkpointing.resume_from={run}" in command and f"hydra.run.dir={run}" in command
+    # The printed command resumes; a killed checkpoint write's temp directory is removed.
+    stale = run / "checkpoints" / "sft" / "step_00000003.tmp-0badc0de"
+    stale.mkdir()
+    (stale / "state.json").write_text("{}")
+    resumed = _launch(shlex.split(command)[2:], tmp_path)
+    _ok(resumed)
+    assert f"removed {stale}" in resumed.stdout and not stale.exists()
+    assert "step 2" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_launch_right_after_a_sigkilled_driver_is_unaffected(tmp_path: Path) -> None:
+    """A SIGKILLed driver leaves Ray's dashboard and runtime-env agents running for about a
+    minute (Ray's own cleanup, docs/resume.md); the next launch starts its own private Ray
+    beside them and runs normally."""
+    import signal
+    import time
+
+    import psutil
+
+    killed = tmp_path / "killed"
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    proc = subprocess.Popen(
+        [sys.executable, str(LAUNCHER), *SFT, "algorithm.max_steps=100000", "algorithm.val_period=1",
+         "checkpointing.save_period=0", f"hydra.run.dir={killed}"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    orphans: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 240
+        metrics = killed / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.is_file() and metrics.stat().st_size > 0):
+            time.sleep(0.2)
+        assert metrics.is_file(), "the run to kill never trained"
+        orphans = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        new = tmp_path / "next"
+        _ok(_launch([*SFT, "algorithm.max_steps=2", f"hydra.run.dir={new}"], tmp_path))
+        assert json.loads((new / "summary.json").read_text())["status"] == "completed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for orphan in orphans:  # what the killed driver's Ray left, by PID
+            try:
+                orphan.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 # --- problem 6: help and recipes that mislead ----------------------------------------------

@@ -70,7 +70,7 @@ def _assert_same_tail(straight: Path, resumed: Path, *, history: bool) -> None:
 def test_tq_resume_is_exact(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     straight, _ = straight_run("tq", tmp_path_factory)
     step3 = straight / "checkpoints" / "sft" / "step_00000003"
-    assert (step3 / "data_plane" / "tq" / "manifest.json").is_file()  # the library's checkpoint
+    assert (step3 / "data_plane" / "tq" / "manifest.json").is_file()  # the data plane's checkpoint
     root = tmp_path / "resume_root"
     shutil.copytree(step3, root / "sft" / step3.name)
     _assert_same_tail(straight, _resume(tmp_path, "tq", root, "resumed_tq"), history=False)
@@ -144,6 +144,59 @@ def test_local_sigkill_during_checkpoint_then_resume_is_exact(
     _assert_same_tail(
         straight, _resume(tmp_path, "local", crash_dir / "checkpoints", "resumed_local"), history=True
     )
+
+
+class _Payload:
+    """A pickle whose loading creates ``marker`` (what a malicious checkpoint file would run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+#: Every file name the TransferQueue data plane's old checkpoint format (the library's own
+#: files under ``data_plane/tq/tq/``) wrote into a training checkpoint.
+OLD_TQ_FILES = (
+    "data_plane/tq/tq/controller_state.pkl",
+    "data_plane/tq/tq/metadata.json",
+    "data_plane/tq/tq/simple_storage/su_0_TransferQueueStorageUnit#0.pkl",
+    "data_plane/tq/tq/simple_storage/storage_unit_info.json",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tq_resume_never_loads_a_planted_pickle(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    import pickle
+
+    from nemo_dp.utils.manifest import verify_manifest, write_manifest
+    from tests.e2e.conftest import run_launch
+
+    straight, _ = straight_run("tq", tmp_path_factory)
+    step3 = straight / "checkpoints" / "sft" / "step_00000003"
+    assert sorted(p.name for p in (step3 / "data_plane" / "tq").iterdir()) == ["manifest.json", "tensors.safetensors"]
+    marker = tmp_path / "code_ran"
+    for i, rel in enumerate(OLD_TQ_FILES):
+        root = tmp_path / f"root_{i}"
+        ckpt = root / "sft" / step3.name
+        shutil.copytree(step3, ckpt)
+        (ckpt / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ckpt / rel).write_bytes(pickle.dumps(_Payload(marker)))
+        write_manifest(ckpt)  # whoever can write the checkpoint can rewrite its manifest
+        verify_manifest(ckpt)
+        run_dir = tmp_path / f"run_{i}"
+        proc = run_launch(
+            [*SFT_OVERRIDES, "data_plane=tq", *CKPT, f"checkpointing.resume_from={root}", f"hydra.run.dir={run_dir}"],
+            tmp_path,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out[-3000:]
+        assert f"{ckpt / rel} is a pickle" in out, out[-3000:]
+        assert "Traceback" not in out
+        assert not marker.exists(), rel
+        assert not run_dir.exists(), rel
 
 
 PAUSED_LINE = "[test hook] checkpoint step {step} paused"

@@ -2,8 +2,8 @@
 
 Save from the session system, drop the data, load into a freshly bootstrapped system and
 compare bit-exactly (dense, jagged, bf16, object columns, tags and per-task cursors); check the
-on-disk format (``manifest.json`` of ``nemo_dp.tq_data_plane`` v1 plus the library's own files
-under ``tq/``), that only the bootstrapping client may checkpoint, and that a load needs an
+on-disk format (``manifest.json`` of ``nemo_dp.tq_data_plane`` v2 plus ``tensors.safetensors``,
+nothing else: no pickle of the library's), that only the bootstrapping client may checkpoint, and that a load needs an
 empty cluster-wide registry and a known format version.
 """
 
@@ -96,12 +96,10 @@ def test_save_clear_load_into_fresh_bootstrap_bit_exact(
 
     manifest = json.loads((ck / "manifest.json").read_text())
     assert manifest["format"] == CHECKPOINT_FORMAT == "nemo_dp.tq_data_plane"
-    assert manifest["format_version"] == CHECKPOINT_FORMAT_VERSION == 1
+    assert manifest["format_version"] == CHECKPOINT_FORMAT_VERSION == 2
     assert manifest["backend"] == "simple"
     assert manifest["metadata"] == {"step": 7, "run": "it"}
-    assert (ck / "tq" / "controller_state.pkl").is_file()
-    assert (ck / "tq" / "metadata.json").is_file()
-    assert any((ck / "tq").rglob("su_0_*.pkl"))
+    assert sorted(p.name for p in ck.rglob("*")) == ["manifest.json", "tensors.safetensors"]
 
     # Drop everything after the save: the checkpoint alone must carry the state.
     a.clear_samples(None, tq_pid)
@@ -165,3 +163,112 @@ def test_checkpoint_owner_registry_and_version_rules(tq_session: TQSession, tmp_
     with pytest.raises(ValueError, match="999") as info:
         c.load_checkpoint(bad)
     assert "manifest.json" in str(info.value)
+
+
+class _Payload:
+    """A pickle whose loading creates ``marker`` (what a malicious checkpoint file would run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+#: Every file name TransferQueue's own checkpoint (the adapter's format version 1) wrote.
+OLD_TQ_FILES = (
+    "tq/controller_state.pkl",
+    "tq/metadata.json",
+    "tq/simple_storage/su_0_TransferQueueStorageUnit#0.pkl",
+    "tq/simple_storage/storage_unit_info.json",
+    "tq/storage_units/su_0_0.pkl",
+)
+
+
+def _plant(ck: Path, rel: str, marker: Path) -> Path:
+    import pickle
+
+    path = ck / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(_Payload(marker)))
+    return path
+
+
+def test_load_never_reads_a_pickle_planted_in_the_checkpoint(
+    tq_session: TQSession, tq_pid: str, tmp_path: Path
+) -> None:
+    a = tq_session.client
+    a.register_partition(tq_pid, ["x"], 2, ["t"])
+    a.put_samples(["a", "b"], tq_pid, TensorDict({"x": torch.arange(2)}, batch_size=[2]))
+    ck = tmp_path / "ck"
+    a.save_checkpoint(ck, metadata={})
+    marker = tmp_path / "code_ran"
+    for rel in OLD_TQ_FILES:
+        bad = tmp_path / f"bad_{Path(rel).name}"
+        shutil.copytree(ck, bad)
+        planted = _plant(bad, rel, marker)
+        b = tq_session.fresh()
+        with pytest.raises(ValueError, match="not part of its format") as info:
+            b.load_checkpoint(bad)
+        assert str(planted) in str(info.value)
+        assert not marker.exists(), rel
+        assert b.list_sample_ids(tq_pid) == []  # refused before anything was restored
+    # The old format (version 1: the library's pickles, with its manifest) is refused unread.
+    old = tmp_path / "old"
+    old.mkdir()
+    for rel in OLD_TQ_FILES:
+        _plant(old, rel, marker)
+    (old / "manifest.json").write_text(
+        json.dumps({"format": CHECKPOINT_FORMAT, "format_version": 1, "backend": "simple", "metadata": {}})
+    )
+    b = tq_session.fresh()
+    with pytest.raises(ValueError, match="format_version 1") as info:
+        b.load_checkpoint(old)
+    assert "controller_state.pkl" in str(info.value) and str(old / "manifest.json") in str(info.value)
+    assert not marker.exists()
+
+
+def test_rows_with_different_fields_typed_objects_and_two_tasks_come_back(
+    tq_session: TQSession, tq_pid: str, tmp_path: Path
+) -> None:
+    a = tq_session.client
+    fields = ["tokens", "c128", "obj", "late"]
+    a.register_partition(tq_pid, fields, 6, ["gen", "train"], enums={"late": ["yes", "no"]})
+    ids = [f"r{i}" for i in range(6)]
+    z = torch.randn(6, 2, dtype=torch.complex128)
+    first = TensorDict(
+        {
+            "tokens": torch.nested.as_nested_tensor([torch.arange(i + 1) for i in range(6)], layout=torch.jagged),
+            "c128": z,
+            "obj": NonTensorStack(*[(i, {1: b"x" * i}, None) for i in range(6)]),
+        },
+        batch_size=[6],
+    )
+    a.put_samples(ids, tq_pid, first, tags=[{"i": i} for i in range(6)])
+    a.put_samples(ids[1:3], tq_pid, TensorDict({"late": NonTensorStack("yes", "no")}, batch_size=[2]))
+    gen = a.claim_meta(tq_pid, "gen", ["tokens"], 3, timeout_s=10).sample_ids
+    train = a.claim_meta(tq_pid, "train", ["late"], 1, timeout_s=10).sample_ids
+    before = a.get_samples(ids, tq_pid, ["tokens", "c128", "obj"])  # what the store gives back
+    ck = tmp_path / "ck"
+    a.save_checkpoint(ck, metadata={})
+
+    b = tq_session.fresh()
+    b.load_checkpoint(ck)
+    got = b.get_samples(ids, tq_pid, ["tokens", "c128", "obj"])
+    _assert_equal(got, before)
+    _assert_equal(TensorDict({k: got.get(k) for k in ("tokens", "c128")}, batch_size=[6]), first.exclude("obj"))
+    assert [type(v) for v in got.get("obj").tolist()] == [type(v) for v in before.get("obj").tolist()]
+    assert b.get_samples(ids[1:3], tq_pid, ["late"]).get("late").tolist() == ["yes", "no"]
+    with pytest.raises(KeyError, match="late"):
+        b.get_samples(ids[:1], tq_pid, ["late"])
+    # Each task's claims came back as they were: the rest, in the original order.
+    assert b.claim_meta(tq_pid, "gen", ["tokens"], 3, timeout_s=10).sample_ids == [i for i in ids if i not in gen]
+    assert b.claim_meta(tq_pid, "train", ["late"], 1, timeout_s=10).sample_ids == [i for i in ids[1:3] if i not in train]
+    rest = b.claim_meta(tq_pid, "train", ["tokens"], 6 - 2, timeout_s=10)
+    assert rest.tags == [{"i": int(s[1:])} for s in rest.sample_ids]
+    # A checkpoint of the restored store is the same checkpoint (the re-claim marks are not in it).
+    ck2 = tmp_path / "ck2"
+    b.save_checkpoint(ck2, metadata={})
+    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (ck, ck2))
+    assert [p["sample_ids"] for p in m1["partitions"]] == [p["sample_ids"] for p in m2["partitions"]]
+    assert m2["partitions"][0]["field_types"] == m1["partitions"][0]["field_types"]

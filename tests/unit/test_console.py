@@ -9,6 +9,7 @@ codes, a SIGTERM handler installed by ``ray.init``) are reproduced by the app it
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -66,6 +67,15 @@ APP = textwrap.dedent(
             sys.stderr.write("GRPO:  10%|#    | 1/10\\rGRPO:  30%|###  | 3/10\\n")
             logging.getLogger("nemo_dp.test").warning("\\x1b[31mstore is slow\\x1b[0m")
             if cfg.mode == "crash":
+                raise RuntimeError("storage unit died")
+            if cfg.mode == "crash_after_checkpoint":
+                record.checkpoint_root = record.run_dir / "checkpoints"
+                record.phase_names = ["warm_start", "grpo"]
+                for phase, step in (("warm_start", 3), ("grpo", 1), ("grpo", 2)):
+                    ckpt = record.checkpoint_root / phase / f"step_{step:08d}"
+                    ckpt.mkdir(parents=True)
+                    (ckpt / "manifest.json").write_text("{}")
+                    (ckpt / "state.json").write_text("{}")
                 raise RuntimeError("storage unit died")
             if cfg.mode == "sigterm":
                 try:
@@ -143,6 +153,24 @@ def test_failure_after_start_writes_summary_plot_and_a_clean_log(tmp_path: Path)
     assert "store is slow" in log
     # The console itself still gets the colours.
     assert "\x1b[36m(PolicyWorker pid=123)" in proc.stdout
+
+
+def test_failure_after_start_names_the_last_checkpoint_and_the_resume_command(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "crash")
+    assert "no checkpoint was written before the run stopped" in proc.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["last_checkpoint"] is None
+    shutil.rmtree(tmp_path / "run")
+    proc = _run(tmp_path, "crash_after_checkpoint", "+lr=0.1")
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "grpo" / "step_00000002"
+    command = (
+        f"python {tmp_path / 'app.py'} +mode=crash_after_checkpoint +lr=0.1 "
+        f"checkpointing.resume_from={run} hydra.run.dir={run}"
+    )
+    assert f"last good checkpoint: {last}" in proc.stderr
+    assert f"resume with: {command}" in proc.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["last_checkpoint"] == str(last) and summary["resume_command"] == command
 
 
 @pytest.mark.parametrize("mode", ["sigterm", "sigterm_during_ray_init"])

@@ -331,3 +331,36 @@ def test_model_shape_of_dictconfig_and_dataclass() -> None:
     node = OmegaConf.create({"n_layers": 1, "d_model": 32, "n_heads": 2, "max_seq_len": 16, "dropout": 0.1})
     assert model_shape_of(node, vocab_size=20) == SHAPE
     assert model_shape_of(_Model()) == {"d_model": 32, "n_layers": 1}
+
+
+def test_settings_a_resume_must_keep_are_recorded_and_compared(tmp_path: Path) -> None:
+    from nemo_dp.training.resume import run_settings
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    hf_async = OmegaConf.create(
+        {"policy": {"kind": "hf", "dp_size": 2, "model_name_or_path": str(model_dir)},
+         "algorithm": {"name": "grpo", "async_rollout": {"enabled": True}}}
+    )  # fmt: skip
+    settings = run_settings(hf_async)
+    assert settings == {"policy.dp_size": 2, "algorithm.async_rollout.enabled": True, "architecture": "LlamaForCausalLM"}
+    assert run_settings(OmegaConf.create({"policy": {"kind": "tiny", "dp_size": 1}, "algorithm": {"name": "sft"}})) == {
+        "policy.dp_size": 1,
+        "architecture": "tiny",
+    }
+    meta = CheckpointMeta("grpo", "grpo", dict(SHAPE), "tq", "r", 2, settings=dict(settings))
+    write_checkpoint_meta(tmp_path, meta)
+    assert read_checkpoint_meta(tmp_path) == meta
+    other = {"policy.dp_size": 1, "algorithm.async_rollout.enabled": False, "architecture": "Qwen2ForCausalLM"}
+    with pytest.raises(CheckpointMismatchError) as info:
+        check_checkpoint_meta(
+            meta, where=tmp_path, algorithm="grpo", phase="grpo", data_plane="tq", model_shape=SHAPE, settings=other
+        )
+    assert sorted(info.value.differing) == ["algorithm.async_rollout.enabled", "architecture", "policy.dp_size"]
+    text = str(info.value)
+    assert "algorithm.async_rollout.enabled: checkpoint True, this run False" in text
+    assert "architecture: checkpoint 'LlamaForCausalLM', this run 'Qwen2ForCausalLM'" in text
+    # A checkpoint written before settings were recorded is not refused for them.
+    old = CheckpointMeta("grpo", "grpo", dict(SHAPE), "tq", "r", 2)
+    check_checkpoint_meta(old, where=tmp_path, algorithm="grpo", phase="grpo", data_plane="tq", model_shape=SHAPE, settings=other)

@@ -298,3 +298,19 @@ def test_sft_sync_checkpoints_are_code_free_and_finalized(tmp_path: Path) -> Non
     assert (path / "policy" / "config.json").read_bytes() == b"{}"
     assert (path / "checkpoint_meta.json").is_file() and verify_manifest(path).files >= 4
     assert load_training_checkpoint(path)["counters"] == {"step": 1}
+
+
+def test_stale_temp_checkpoint_dirs_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    from nemo_dp.training.checkpointer import remove_stale_temp_dirs
+
+    root = tmp_path / "checkpoints"
+    keep = [root / "sft" / "step_00000003", root / "sft" / "step_00000002.old-0a1b", root / "grpo" / "step_00000001"]
+    stale = [root / "sft" / "step_00000004.tmp-0123abcd", root / "grpo" / "step_00000002.tmp-ff"]
+    for d in keep + stale:
+        d.mkdir(parents=True)
+        (d / "state.json").write_text("{}")
+    (root / "sft" / "notes.tmp-1").write_text("a file, not a checkpoint write")
+    assert remove_stale_temp_dirs(root) == sorted(stale, key=lambda p: (p.parent.name, p.name))
+    assert all(d.is_dir() for d in keep) and not any(d.exists() for d in stale)
+    assert (root / "sft" / "notes.tmp-1").is_file()
+    assert remove_stale_temp_dirs(tmp_path / "missing") == []

@@ -15,11 +15,13 @@ Modules, one job each: ``client`` (``TQDataPlaneClient`` and its direct-by-key c
 ``tasks`` (partitions, claims, consumption), ``registry`` (the cluster-wide partition
 registry), ``validation`` (argument checks and wire transforms), ``row_wire`` (the row-bytes
 layout: encoding puts, decoding gets) with ``row_split`` (its storage-unit half), ``lifetime``
-(bootstrap, attach, the loop thread, teardown) and ``checkpoint``.
+(bootstrap, attach, the loop thread, teardown) and ``checkpoint`` with ``checkpoint_format``
+(checkpoints read through the adapter and written as JSON + safetensors).
 
 This is the **only** package of nemo_dp that imports ``transfer_queue``, and it does so lazily
-(inside functions), never at module import.  The library's ports are unauthenticated and its
-checkpoints are pickles: trusted networks and trusted paths only.
+(inside functions), never at module import.  The library's ports are unauthenticated and unpickle what
+they receive: trusted networks only.  Its own checkpoint files are pickles, so the adapter never
+writes nor reads them.
 """
 
 from __future__ import annotations

@@ -1,44 +1,62 @@
-"""Checkpoints of the TransferQueue data plane: one atomic directory, written by the driver.
+"""Checkpoints of the TransferQueue data plane: read through the adapter, written code-free.
 
-Why this module exists: the library can save its controller and storage state, but not
-atomically, without a format marker, and from any process.  :class:`TQCheckpointMixin` gives the
-client an atomic save (temp directory + rename, a JSON manifest with format, version, backend
-and user metadata) and a load that refuses a client that is not clean.  The library's own files
-are pickles: load checkpoints only from trusted paths.
+The bootstrapping client (the driver) reads every partition through its own calls (registry
+records, live ids in the controller's order, tags, which fields each row holds, the rows
+themselves and each task's claims) and writes one atomic directory in the format of
+``checkpoint_format`` (JSON + safetensors).  A load checks the directory holds nothing else,
+then re-creates the partitions, re-puts the rows and re-claims what was claimed.  The library's
+own checkpoint files (pickles) are never written nor read.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from nemo_dp.data_plane.adapters.transfer_queue.registry import parse_registry
-from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from nemo_dp.data_plane.adapters.transfer_queue.checkpoint_format import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_FORMAT_VERSION,
+    KIND_OBJECT,
+    PartitionState,
+    decode_partition,
+    encode_partition,
+    old_format_error,
+    refuse_foreign_files,
+)
+from nemo_dp.data_plane.adapters.transfer_queue.registry import field_key, parse_registry, write_registry
+from nemo_dp.data_plane.schema import RESERVED_PREFIX
+from nemo_dp.data_plane.tensor_table import TENSORS_FILE, load_tensor_table, save_tensor_table
 from nemo_dp.utils.checkpoint_io import (
+    MANIFEST_NAME,
     read_manifest,
+    resolve_checkpoint_dir,
     validate_json_metadata,
     write_checkpoint_atomically,
     write_manifest,
 )
 
-CHECKPOINT_FORMAT = "nemo_dp.tq_data_plane"
-CHECKPOINT_FORMAT_VERSION = 1
-_CHECKPOINT_SUBDIR = "tq"
-# File names the library's own save_checkpoint/load_checkpoint use inside its directory.
-_TQ_CONTROLLER_FILE = "controller_state.pkl"
-_TQ_METADATA_FILE = "metadata.json"
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION", "TQCheckpointMixin"]
+
+#: Field names (outside every user's namespace) that re-claim rows on load, one per task.
+_CLAIM_FIELD = f"{RESERVED_PREFIX}_claim_"
+
+
+def _positions(indexes: Any) -> dict[int, int]:
+    return {} if indexes is None else {int(g): i for i, g in enumerate(indexes.tolist())}
 
 
 class TQCheckpointMixin:
     """``save_checkpoint`` / ``load_checkpoint`` of ``TQDataPlaneClient``.
 
-    Host contract (the client): ``_check_open()``, ``_data(make, op, partition_id)``,
-    ``_registry_entries(op, partition_id)``, ``_lock``, ``_used``, ``_bootstrap``, ``_cfg`` and
-    ``_client`` (the library client).
+    Host contract (the client): ``_check_open()``, ``_ctl`` / ``_data`` (bounded library calls),
+    ``_registry_entries``, ``register_partition``, ``put_samples``, ``get_samples``, ``_lock``,
+    ``_used``, ``_bootstrap``, ``_cfg`` and ``_client`` (the library client).
     """
 
     _bootstrap: bool
@@ -54,44 +72,198 @@ class TQCheckpointMixin:
                 "this client attached with bootstrap=False"
             )
 
+    # --- save -------------------------------------------------------------------------------
+
+    def _read_partition(self, rec: Any) -> PartitionState:
+        """One partition as the adapter sees it (ids in the controller's order)."""
+        pid = rec.partition_id
+        client = self._client
+
+        async def _state() -> tuple[dict[str, Any], list[int], dict[str, Any], dict[str, Any]]:
+            info = await client.async_kv_list(pid)
+            tags = dict(info.get(pid, {}))
+            if not tags:
+                return tags, [], {}, {}
+            meta = await client.async_kv_retrieve_meta(keys=list(tags), partition_id=pid, create=False)
+            produced = {f: await client.async_get_production_status([f], pid) for f in rec.field_types}
+            consumed = {t: await client.async_get_consumption_status(t, pid) for t in rec.tasks}
+            return tags, list(meta.global_indexes), produced, consumed
+
+        tags, gindex, produced, consumed = self._ctl(_state, "save_checkpoint", pid)  # type: ignore[attr-defined]
+        keys = list(tags)
+        if len(gindex) != len(keys):
+            raise RuntimeError(f"save_checkpoint: TransferQueue resolved {len(gindex)} of {len(keys)} ids of {pid!r}")
+        order = sorted(range(len(keys)), key=lambda i: gindex[i])
+        ids = [keys[i] for i in order]
+        index_of = {keys[i]: gindex[i] for i in order}
+        holds: dict[str, list[str]] = {sid: [] for sid in ids}
+        for name, (indexes, status) in produced.items():
+            pos = _positions(indexes)
+            for sid in ids:
+                row = pos.get(index_of[sid])
+                if row is not None and bool(status[row].all()):
+                    holds[sid].append(name)
+        claimed: dict[str, list[str]] = {}
+        for task, (indexes, status) in consumed.items():
+            pos = _positions(indexes)
+            got = [sid for sid in ids if (row := pos.get(index_of[sid])) is not None and int(status[row]) == 1]
+            if got:
+                claimed[task] = got
+        by_fields: dict[tuple[str, ...], list[str]] = {}
+        for sid in ids:
+            if holds[sid]:
+                by_fields.setdefault(tuple(holds[sid]), []).append(sid)
+        groups: list[tuple[list[str], dict[str, Any]]] = []
+        for names, gids in by_fields.items():
+            data = self.get_samples(gids, pid, list(names))  # type: ignore[attr-defined]
+            columns = {}
+            for name in names:
+                value = data.get(name)
+                columns[name] = value.tolist() if rec.field_types[name][0] == KIND_OBJECT else value
+            groups.append((gids, columns))
+        record = {
+            "partition_id": pid,
+            "fields": list(rec.fields),
+            "consumer_tasks": list(rec.tasks),
+            "num_samples": rec.num_samples,
+            "grpo_group_size": rec.group_size,
+            "enums": {k: list(v) for k, v in rec.enums.items()},
+            "field_types": {k: tuple(v) for k, v in rec.field_types.items()},
+        }
+        return PartitionState(record, ids, {sid: tags[sid] or None for sid in ids}, claimed, groups)
+
     def save_checkpoint(
         self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None
     ) -> None:
-        """Atomically save the whole TransferQueue state plus user ``metadata``.
+        """Atomically save every partition (rows, tags, claims, schema) plus user ``metadata``.
 
         Raises:
             RuntimeError: Closed, or not the bootstrapping client.
-            TypeError | ValueError: ``metadata`` is not JSON-serialisable (nothing written).
+            TypeError | ValueError: ``metadata`` is not JSON-serialisable, or a stored object
+                value cannot be stored exactly (nothing written).
         """
-        self._check_open()
+        self._check_open()  # type: ignore[attr-defined]
         self._require_checkpoint_owner("save_checkpoint")
         user_meta = validate_json_metadata(metadata)
+        with self._lock:
+            used = self._used  # reading the store does not make this client unclean
+            try:
+                records = parse_registry(self._registry_entries("save_checkpoint", ""))  # type: ignore[attr-defined]
+                states = [self._read_partition(records[pid]) for pid in sorted(records)]
+            finally:
+                self._used = used
+            tensors: dict[str, torch.Tensor] = {}
+            manifest = {
+                "format": CHECKPOINT_FORMAT,
+                "format_version": CHECKPOINT_FORMAT_VERSION,
+                "backend": self._cfg.backend,
+                "metadata": user_meta,
+                "partitions": [encode_partition(s, i, tensors) for i, s in enumerate(states)],
+            }
+            json.dumps(manifest, allow_nan=False)  # a bad value fails before the temp dir exists
+
+            def _write(tmp_dir: Path) -> None:
+                save_tensor_table(tmp_dir / TENSORS_FILE, tensors)
+                write_manifest(tmp_dir, manifest)
+
+            write_checkpoint_atomically(checkpoint_dir, _write)
+
+    # --- load -------------------------------------------------------------------------------
+
+    def _read_checkpoint(self, checkpoint_dir: str | PathLike) -> tuple[list[PartitionState], dict]:
+        """Read and validate a checkpoint completely, touching no store."""
+        root = resolve_checkpoint_dir(checkpoint_dir)
+        manifest_path = root / MANIFEST_NAME
+        manifest = read_manifest(
+            root, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
+        )
+        if manifest["format_version"] != CHECKPOINT_FORMAT_VERSION:
+            raise old_format_error(manifest_path, manifest["format_version"])
+        refuse_foreign_files(root)
+        where = f"checkpoint manifest {str(manifest_path)!r}"
+        if manifest.get("backend") != self._cfg.backend:
+            raise ValueError(
+                f"{where} is for backend {manifest.get('backend')!r}, this client runs {self._cfg.backend!r}"
+            )
+        user_meta = manifest.get("metadata")
+        records = manifest.get("partitions")
+        if not isinstance(user_meta, dict) or not isinstance(records, list):
+            raise ValueError(f"{where} is corrupt: 'metadata' must be an object and 'partitions' a list")
+        tensors = load_tensor_table(root / TENSORS_FILE)
+        states = [decode_partition(rec, tensors, f"{where} partitions[{i}]") for i, rec in enumerate(records)]
+        pids = [s.record["partition_id"] for s in states]
+        if len(set(pids)) != len(pids):
+            raise ValueError(f"{where} is corrupt: a partition appears twice")
+        return states, user_meta
+
+    def _restore_partition(self, state: PartitionState) -> None:
+        rec = state.record
+        pid = rec["partition_id"]
+        self.register_partition(  # type: ignore[attr-defined]
+            pid, rec["fields"], rec["num_samples"], rec["consumer_tasks"], rec["grpo_group_size"], rec["enums"]
+        )
+        incarnation = parse_registry(self._registry_entries("load_checkpoint", pid))[pid].incarnation  # type: ignore[attr-defined]
+        client = self._client
+        types = {
+            field_key(incarnation, name): {
+                "partition_id": pid, "incarnation": incarnation, "field": name, "kind": kind, "dtype": dtype,
+            }
+            for name, (kind, dtype) in rec["field_types"].items()
+        }  # fmt: skip
+        ids = state.sample_ids
+
+        async def _reserve() -> None:
+            if types:
+                await write_registry(client, types)
+            if ids:  # allocates the ids in their saved order, which claims follow
+                await client.async_kv_retrieve_meta(keys=list(ids), partition_id=pid, create=True)
+
+        self._ctl(_reserve, "load_checkpoint", pid)  # type: ignore[attr-defined]
+        in_group = set()
+        for gids, columns in state.groups:
+            in_group |= set(gids)
+            whole = {n: c for n, c in columns.items() if not isinstance(c, list) or rec["field_types"][n][0] == KIND_OBJECT}
+            td = TensorDict(
+                {n: NonTensorStack(*c) if isinstance(c, list) else c for n, c in whole.items()}, batch_size=[len(gids)]
+            )
+            tags = [state.tags.get(sid) or {} for sid in gids]
+            self.put_samples(gids, pid, td if whole else None, tags=tags)  # type: ignore[attr-defined]
+            for name, rows in columns.items():
+                if name in whole:
+                    continue
+                for sid, row in zip(gids, rows, strict=True):
+                    self.put_samples([sid], pid, TensorDict({name: row.unsqueeze(0)}, batch_size=[1]))  # type: ignore[attr-defined]
+        tagged = [sid for sid in ids if sid not in in_group and state.tags.get(sid)]
+        if tagged:
+            self.put_samples(tagged, pid, None, tags=[state.tags[sid] for sid in tagged])  # type: ignore[attr-defined]
+        for t_index, (task, claimed) in enumerate(state.claimed.items()):
+            self._reclaim(pid, task, claimed, f"{_CLAIM_FIELD}{t_index}")
+
+    def _reclaim(self, pid: str, task: str, claimed: list[str], marker: str) -> None:
+        """Mark exactly ``claimed`` consumed for ``task``.
+
+        The library marks rows consumed only when a claim hands them out, so a marker field
+        that only these rows hold is written and the rows holding it are claimed for ``task``.
+        The marker is never declared, read or saved.
+        """
         client = self._client
 
-        def _write(tmp_dir: Path) -> None:
-            tq_dir = tmp_dir / _CHECKPOINT_SUBDIR
-            tq_dir.mkdir()
-
-            async def _save() -> None:
-                await client.async_save_controller_checkpoint(str(tq_dir / _TQ_CONTROLLER_FILE))
-                await client.async_save_storage_checkpoint(str(tq_dir))
-
-            self._data(_save, "save_checkpoint", "")
-            # Same layout as the library's own save_checkpoint, so either loader reads it.
-            with open(tq_dir / _TQ_METADATA_FILE, "w", encoding="utf-8") as fh:
-                json.dump({"storage_saved": True, "user_metadata": {}}, fh)
-            write_manifest(
-                tmp_dir,
-                {
-                    "format": CHECKPOINT_FORMAT,
-                    "format_version": CHECKPOINT_FORMAT_VERSION,
-                    "backend": self._cfg.backend,
-                    "metadata": user_meta,
-                },
+        async def _claim() -> tuple[list[int], list[int]]:
+            meta = await client.async_kv_retrieve_meta(keys=list(claimed), partition_id=pid, create=False)
+            meta.custom_meta = []  # no tag RPC: the rows keep their tags
+            marks = TensorDict({marker: torch.zeros(len(claimed), dtype=torch.uint8)}, batch_size=[len(claimed)])
+            await client.async_put(marks, meta)
+            got = await client.async_get_meta(
+                data_fields=[marker], batch_size=len(claimed), partition_id=pid, mode="fetch", task_name=task
             )
+            return sorted(int(g) for g in meta.global_indexes), sorted(int(g) for g in got.global_indexes)
 
-        with self._lock:
-            write_checkpoint_atomically(checkpoint_dir, _write)
+        want, got = self._data(_claim, "load_checkpoint", pid)  # type: ignore[attr-defined]
+        if want != got:
+            raise RuntimeError(
+                f"load_checkpoint: re-claiming {len(want)} rows of {pid!r} for task {task!r} claimed "
+                f"{len(got)} other rows"
+            )
 
     def load_checkpoint(self, checkpoint_dir: str | PathLike) -> dict:
         """Restore a checkpoint into this clean bootstrapping client; return the user metadata.
@@ -99,10 +271,11 @@ class TQCheckpointMixin:
         Raises:
             RuntimeError: Closed, not the bootstrapping client, or not a clean data-plane client
                 (a data operation or a load already ran, or the cluster registry is not empty).
-            FileNotFoundError: Missing directory, manifest or library files.
-            ValueError: Unknown format/version or corrupt content (naming the file).
+            FileNotFoundError: Missing directory or manifest.
+            ValueError: An older format, a file the format does not hold (named, never read),
+                another backend, or corrupt content (naming the file).
         """
-        self._check_open()
+        self._check_open()  # type: ignore[attr-defined]
         self._require_checkpoint_owner("load_checkpoint")
         with self._lock:
             if self._used:
@@ -111,47 +284,13 @@ class TQCheckpointMixin:
                     "already ran on this client"
                 )
             self._used = True
-            entries = self._registry_entries("load_checkpoint", "")
+            entries = self._registry_entries("load_checkpoint", "")  # type: ignore[attr-defined]
             if parse_registry(entries):
                 raise RuntimeError(
                     "load_checkpoint needs a clean data-plane client: the cluster-wide registry "
                     f"already holds partitions {sorted(parse_registry(entries))}"
                 )
-            manifest = read_manifest(
-                checkpoint_dir,
-                expected_format=CHECKPOINT_FORMAT,
-                supported_versions=(CHECKPOINT_FORMAT_VERSION,),
-            )
-            root = Path(checkpoint_dir).resolve()
-            manifest_path = root / "manifest.json"
-            if manifest.get("backend") != self._cfg.backend:
-                raise ValueError(
-                    f"checkpoint manifest {str(manifest_path)!r} is for backend "
-                    f"{manifest.get('backend')!r}, this client runs {self._cfg.backend!r}"
-                )
-            user_meta = manifest.get("metadata")
-            if not isinstance(user_meta, dict):
-                raise ValueError(
-                    f"checkpoint manifest {str(manifest_path)!r} is corrupt: 'metadata' must be "
-                    f"a JSON object, got {type(user_meta).__name__}"
-                )
-            tq_dir = root / _CHECKPOINT_SUBDIR
-            controller_file = tq_dir / _TQ_CONTROLLER_FILE
-            for required in (tq_dir, controller_file):
-                if not required.exists():
-                    raise FileNotFoundError(f"TransferQueue checkpoint file {str(required)!r} is missing")
-            client = self._client
-
-            async def _load() -> None:
-                await client.async_load_storage_checkpoint(str(tq_dir))
-                await client.async_load_controller_checkpoint(str(controller_file))
-
-            try:
-                self._data(_load, "load_checkpoint", "")
-            except (FileNotFoundError, DataPlaneUnavailableError):
-                raise
-            except (RuntimeError, ValueError) as exc:
-                raise ValueError(
-                    f"TransferQueue checkpoint under {str(tq_dir)!r} could not be restored: {exc}"
-                ) from exc
-            return copy.deepcopy(user_meta)
+            states, user_meta = self._read_checkpoint(checkpoint_dir)
+            for state in states:
+                self._restore_partition(state)
+            return json.loads(json.dumps(user_meta))
