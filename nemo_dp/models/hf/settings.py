@@ -7,6 +7,7 @@ place keeps defaults and legal values in one place too.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,9 +79,10 @@ def hf_settings(policy_cfg: Any) -> HFSettings:
     remote = cfg_get(policy_cfg, "trust_remote_code", False)
     if not isinstance(remote, bool):
         raise ValueError(f"policy.trust_remote_code: must be true or false, got {remote!r}")
+    model = os.path.expanduser(str(model))
     return HFSettings(
-        model_name_or_path=str(model),
-        tokenizer_name_or_path=str(tok) if tok not in (None, "") else str(model),
+        model_name_or_path=model,
+        tokenizer_name_or_path=os.path.expanduser(str(tok)) if tok not in (None, "") else model,
         dtype=dtype,
         attn_implementation=attn,
         trust_remote_code=remote,
