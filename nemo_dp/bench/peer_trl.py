@@ -65,6 +65,7 @@ class PeerTrlBenchConfig:
     train_overrides: list[str] = field(default_factory=list)
     matmul_shape: list[int] = field(default_factory=lambda: [2048, 576, 1536])
     matmul_seconds: float = 1.0
+    trl_niceness: int = 15
     num_cpus: int = 2
     seed: int = 42
     output_file: str = "bench_peer_trl.json"
@@ -93,6 +94,8 @@ class PeerTrlBenchConfig:
             _fail("matmul_shape", f"need [m, k, n] >= 1, got {self.matmul_shape}")
         if not self.matmul_seconds > 0:
             _fail("matmul_seconds", f"must be > 0, got {self.matmul_seconds}")
+        if not 0 <= self.trl_niceness <= 19:
+            _fail("trl_niceness", f"must be in [0, 19], got {self.trl_niceness}")
         if not self.output_file or "/" in self.output_file:
             _fail("output_file", f"must be a plain file name, got {self.output_file!r}")
 
@@ -337,6 +340,9 @@ def run_peer_trl_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         if ray_env is not None:
             shutdown_ray()
     if "trl" in bench.sides:
+        # Ray runs nemo_dp's workers niced; TRL gets the same priority on a shared host
+        # (lowering a niceness is never needed: it only goes up here, once, for the rest of the run).
+        host["trl_niceness"] = os.nice(max(0, bench.trl_niceness - os.nice(0)))
         algo, opt = first.algorithm, first.policy.optimizer
         for precision in bench.precisions:
             print(f"[bench] peer_trl: trl {precision}", flush=True)
