@@ -223,11 +223,12 @@ def summarize_side(
 def _nemo_logprob_forwards(record: dict[str, Any], kl_coef: float) -> int:
     """Forwards nemo_dp's log-prob phase ran per row, from the step's metrics.
 
-    A step that reused the training forward's log-probs says so in its metrics
-    (``logprobs/prev_from_train`` true); otherwise the previous-policy forward ran, and the
-    reference forward runs when the KL coefficient is above 0.
+    A step whose ``prev_logprobs_source`` is the training forward ran no separate policy
+    forward; the reference forward runs when the KL coefficient is above 0.
     """
-    reused = bool(record.get("logprobs/prev_from_train", False))
+    from nemo_dp.algorithms.grpo_common import TRAIN_FORWARD
+
+    reused = record.get("prev_logprobs_source") == TRAIN_FORWARD
     return (0 if reused else 1) + (1 if kl_coef > 0 else 0)
 
 

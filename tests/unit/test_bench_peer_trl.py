@@ -168,8 +168,9 @@ def test_config_checks_name_the_key() -> None:
 
 def test_logprob_forwards_follow_the_step_metrics() -> None:
     assert _nemo_logprob_forwards({}, 0.04) == 2
-    assert _nemo_logprob_forwards({"logprobs/prev_from_train": True}, 0.04) == 1
-    assert _nemo_logprob_forwards({"logprobs/prev_from_train": True}, 0.0) == 0
+    assert _nemo_logprob_forwards({"prev_logprobs_source": "separate_forward"}, 0.04) == 2
+    assert _nemo_logprob_forwards({"prev_logprobs_source": "train_forward"}, 0.04) == 1
+    assert _nemo_logprob_forwards({"prev_logprobs_source": "train_forward"}, 0.0) == 0
 
 
 def test_the_nemo_side_composes_a_valid_config_with_the_shared_settings() -> None:
