@@ -12,11 +12,15 @@ Claim grammar (one claim per line, in the recipe's leading comment block)::
     clause    := <metric> <op> <number> [on seeds <int>[,<int>...]]
                | wall <= <number> s
     metric    := val_accuracy | val_accuracy_gain | warm_start_val_accuracy
+               | initial_val_accuracy | main_phase_val_accuracy_gain
     op        := >= | > | <= | <
 
 ``val_accuracy`` is the held-out exact-match accuracy after the run's last phase,
 ``warm_start_val_accuracy`` the one after the SFT warm start, ``val_accuracy_gain`` their
-difference (``summary.json``'s ``accuracy_gain``).  ``wall`` bounds the wall-clock seconds of the
+difference (``summary.json``'s ``accuracy_gain``).  ``initial_val_accuracy`` is the last phase's
+accuracy before its first step (recorded with ``algorithm.val_at_start=true``) and
+``main_phase_val_accuracy_gain`` what that phase added to it, so a recipe without a warm start
+(GRPO from pretrained weights) can claim its gain.  ``wall`` bounds the wall-clock seconds of the
 whole launcher command (start-up included), measured by this script.  ``on seeds`` may appear
 once per line and applies to every clause of the line; a line without it covers the recipe's
 default seed (the root config's ``seed``, or the recipe's own ``seed`` key).  Example::
@@ -53,7 +57,13 @@ ROOT_CONFIG = REPO_ROOT / "conf" / "config.yaml"
 LAUNCHER = REPO_ROOT / "launchers" / "launch.py"
 
 CLAIM_PREFIX = "# claim:"
-METRICS = ("val_accuracy", "val_accuracy_gain", "warm_start_val_accuracy")
+METRICS = (
+    "val_accuracy",
+    "val_accuracy_gain",
+    "warm_start_val_accuracy",
+    "initial_val_accuracy",
+    "main_phase_val_accuracy_gain",
+)
 # Accuracies are fractions k/n, so a gain of exactly 0.10 can come out as 0.0999...: comparisons
 # treat values within _EPS as equal.
 _EPS = 1e-9
@@ -312,6 +322,10 @@ def metrics_from_summary(summary: Mapping[str, Any]) -> dict[str, float]:
         out["warm_start_val_accuracy"] = float(warm["val_accuracy"])
     if summary.get("accuracy_gain") is not None:
         out["val_accuracy_gain"] = float(summary["accuracy_gain"])
+    if final.get("initial_val_accuracy") is not None:
+        out["initial_val_accuracy"] = float(final["initial_val_accuracy"])
+        if "val_accuracy" in out:
+            out["main_phase_val_accuracy_gain"] = out["val_accuracy"] - out["initial_val_accuracy"]
     return out
 
 

@@ -4,7 +4,10 @@
   Ray's object store (``nemo_dp.bench.data_plane``);
 * ``grpo_step`` / ``ppo_step`` / ``sft_step`` - legacy vs data-plane trainers side by side:
   step time, bytes crossing the driver, driver peak RSS (``nemo_dp.bench.steps``, one shared
-  runner over the launcher's run layer).
+  runner over the launcher's run layer);
+* ``peer_trl`` - nemo_dp's GRPO against TRL's ``GRPOTrainer`` on the same model, prompts and
+  settings, per precision, with each phase's achieved GFLOP/s against the host's matmul peak
+  (``nemo_dp.bench.peer_trl``; needs the ``bench`` extra, imported only by that bench).
 
 Numbers are ratios from one run on this machine, reported (``nemo_dp.bench.report``), never
 asserted.
@@ -43,7 +46,7 @@ __all__ = [
 #: The bench's config directory: root ``benchmark.yaml`` and group ``bench``.
 BENCH_CONF_DIR: Path = REPO_ROOT / "conf_bench"
 #: ``bench.name`` values, each with ``conf_bench/bench/<name>.yaml`` and a schema below.
-BENCH_NAMES: tuple[str, ...] = ("data_plane", "grpo_step", "ppo_step", "sft_step")
+BENCH_NAMES: tuple[str, ...] = ("data_plane", "grpo_step", "peer_trl", "ppo_step", "sft_step")
 
 _SEARCH_PATH_PROVIDER = "nemo_dp-bench"
 
@@ -87,6 +90,7 @@ def register_bench_configs() -> None:
     from hydra.core.plugins import Plugins
 
     from nemo_dp.bench.common import DataPlaneBenchConfig
+    from nemo_dp.bench.peer_trl import PeerTrlBenchConfig
     from nemo_dp.bench.steps import GrpoStepBenchConfig, PpoStepBenchConfig, SftStepBenchConfig
     from nemo_dp.config.policy import register_policy_configs
     from nemo_dp.data_plane.interfaces import register_data_plane_configs
@@ -98,6 +102,7 @@ def register_bench_configs() -> None:
     # ``/bench_<name>_schema@_here_``), so that ``--help`` lists only runnable options.
     store.store(name="bench_data_plane_schema", node=DataPlaneBenchConfig)
     store.store(name="bench_grpo_step_schema", node=GrpoStepBenchConfig)
+    store.store(name="bench_peer_trl_schema", node=PeerTrlBenchConfig)
     store.store(name="bench_ppo_step_schema", node=PpoStepBenchConfig)
     store.store(name="bench_sft_step_schema", node=SftStepBenchConfig)
     Plugins.instance().register(TrainingConfSearchPath)
@@ -124,6 +129,10 @@ def run_bench(
         from nemo_dp.bench.data_plane import run_data_plane_bench
 
         return run_data_plane_bench(cfg, output_dir, raw_backends=raw_backends)
+    if name == "peer_trl":
+        from nemo_dp.bench.peer_trl import run_peer_trl_bench
+
+        return run_peer_trl_bench(cfg, output_dir)
     from nemo_dp.bench import steps
 
     runners = {

@@ -147,6 +147,18 @@ def test_metrics_from_summary() -> None:
     assert cr.metrics_from_summary(_summary(None, 0.9, final_phase="sft")) == {"val_accuracy": 0.9}
 
 
+def test_a_phase_validated_at_start_claims_its_own_gain() -> None:
+    summary = _summary(None, 0.6)
+    summary["phases"]["grpo"]["initial_val_accuracy"] = 0.35
+    assert cr.metrics_from_summary(summary) == pytest.approx(
+        {"val_accuracy": 0.6, "initial_val_accuracy": 0.35, "main_phase_val_accuracy_gain": 0.25}
+    )
+    claim = cr.parse_claim("main_phase_val_accuracy_gain >= 0.20; wall <= 600 s", recipe="r", where="w")
+    assert cr.check_claim(claim, _result(summary)).passed
+    summary["phases"]["grpo"]["initial_val_accuracy"] = 0.45
+    assert not cr.check_claim(claim, _result(summary)).passed
+
+
 def test_table_has_one_row_per_run_and_covering_claim() -> None:
     gain = "val_accuracy_gain >= 0.1 on seeds 42,1; wall <= 300 s"
     final = "val_accuracy >= 0.9 on seeds 1; wall <= 300 s"

