@@ -464,10 +464,8 @@ def _restore_partition(
     _expect(ok_columns, where, "columns must have field_kinds")
     n = len(ids)
     twhere = f"checkpoint tensor file {str(tensor_path)!r} ({where})"
-    columns: dict[str, Column] = {}
-    for name, col in columns_rec.items():
-        ctx = _ColumnContext(n, ids, tensors, typed, where, twhere, vwhere)
-        columns[name] = _restore_column(col, repr(name), kinds[name], ctx)
+    ctx = _ColumnContext(n, ids, tensors, typed, where, twhere, vwhere)
+    columns = {name: _restore_column(col, repr(name), kinds[name], ctx) for name, col in columns_rec.items()}
     return Partition(
         partition_id=pid,
         fields=tuple(fields),
