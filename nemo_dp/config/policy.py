@@ -27,6 +27,10 @@ __all__ = [
     "POLICY_DEVICES",
     "HF_DTYPE_NAMES",
     "HF_ATTN_NAMES",
+    "PRECISION_NAMES",
+    "DEFAULT_PRECISION",
+    "DTYPE_PRECISIONS",
+    "resolve_precision_name",
     "TinyPolicyConfig",
     "HFModelSchema",
     "HFPolicyConfig",
@@ -35,8 +39,45 @@ __all__ = [
 
 POLICY_KINDS: tuple[str, ...] = ("tiny", "hf")
 POLICY_DEVICES: tuple[str, ...] = ("cpu", "cuda")
-HF_DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16")
 HF_ATTN_NAMES: tuple[str, ...] = ("sdpa", "eager")
+#: ``policy.precision`` values (Lightning's names): float32 throughout; float32 master weights
+#: and optimizer state with the forward and backward under bfloat16 autocast; bfloat16 weights.
+PRECISION_NAMES: tuple[str, ...] = ("32-true", "bf16-mixed", "bf16-true")
+#: The precision of a node that sets neither ``policy.precision`` nor ``policy.dtype``.
+DEFAULT_PRECISION = "32-true"
+#: ``policy.dtype`` (the older key, kept as an alias) -> the precision it names.
+DTYPE_PRECISIONS: dict[str, str] = {"float32": "32-true", "bfloat16": "bf16-true"}
+#: Legal ``policy.dtype`` values.
+HF_DTYPE_NAMES: tuple[str, ...] = tuple(DTYPE_PRECISIONS)
+
+
+def resolve_precision_name(precision: Optional[str], dtype: Optional[str]) -> str:
+    """The precision ``policy.precision`` / ``policy.dtype`` select.
+
+    Args:
+        precision: ``policy.precision`` (``None``: not set).
+        dtype: ``policy.dtype`` (``None``: not set), an alias of ``float32`` -> ``32-true``
+            and ``bfloat16`` -> ``bf16-true``.
+
+    Returns:
+        One of :data:`PRECISION_NAMES` (:data:`DEFAULT_PRECISION` when neither is set).
+
+    Raises:
+        ValueError: An illegal value (naming the key and the legal values), or both keys set
+            to different precisions (naming both).
+    """
+    if dtype is not None:
+        _one_of("policy.dtype", dtype, tuple(DTYPE_PRECISIONS))
+    if precision is not None:
+        _one_of("policy.precision", precision, PRECISION_NAMES)
+    if precision is not None and dtype is not None and DTYPE_PRECISIONS[dtype] != precision:
+        raise ValueError(
+            f"policy.precision={precision} and policy.dtype={dtype} (an alias of "
+            f"policy.precision={DTYPE_PRECISIONS[dtype]}) disagree; set only policy.precision"
+        )
+    if precision is not None:
+        return precision
+    return DTYPE_PRECISIONS[dtype] if dtype is not None else DEFAULT_PRECISION
 
 
 @dataclass
@@ -45,11 +86,13 @@ class TinyPolicyConfig(PolicyConfig):
 
     kind: str = "tiny"
     device: str = "cpu"
+    precision: Optional[str] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _one_of("policy.kind", self.kind, ("tiny",))
         _one_of("policy.device", self.device, POLICY_DEVICES)
+        resolve_precision_name(self.precision, None)
 
 
 @dataclass
@@ -69,7 +112,9 @@ class HFPolicyConfig(PolicyConfig):
     Attributes:
         model_name_or_path: Local checkpoint directory (required).
         tokenizer_name_or_path: Tokenizer directory; ``None`` = the model directory.
-        dtype: ``float32`` | ``bfloat16``.
+        precision: ``32-true`` | ``bf16-mixed`` | ``bf16-true`` (``None``: from ``dtype``).
+        dtype: ``float32`` | ``bfloat16``: the older key, an alias of ``32-true`` /
+            ``bf16-true``; set together with ``precision`` it must agree.
         attn_implementation: ``sdpa`` | ``eager``.
         trust_remote_code: Allow the checkpoint's own Python code (off by default).
     """
@@ -79,7 +124,8 @@ class HFPolicyConfig(PolicyConfig):
     model: HFModelSchema = field(default_factory=HFModelSchema)  # type: ignore[assignment]
     model_name_or_path: str = MISSING
     tokenizer_name_or_path: Optional[str] = None
-    dtype: str = "float32"
+    precision: Optional[str] = None
+    dtype: Optional[str] = None
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
 
@@ -87,7 +133,7 @@ class HFPolicyConfig(PolicyConfig):
         super().__post_init__()
         _one_of("policy.kind", self.kind, ("hf",))
         _one_of("policy.device", self.device, POLICY_DEVICES)
-        _one_of("policy.dtype", self.dtype, HF_DTYPE_NAMES)
+        resolve_precision_name(self.precision, self.dtype)
         _one_of("policy.attn_implementation", self.attn_implementation, HF_ATTN_NAMES)
         if not str(self.model_name_or_path).strip():
             raise ValueError("policy.model_name_or_path: must be a local checkpoint directory")

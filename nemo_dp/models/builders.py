@@ -184,10 +184,18 @@ def validate_policy(policy_cfg: Any) -> None:
     Args:
         policy_cfg: The ``policy`` node.
 
+    A precision that uses bfloat16 on a CPU host without bfloat16 support gets a warning
+    here (a CUDA worker checks its own device).
+
     Raises:
         ValueError: Naming the key at fault and the fix.
     """
+    from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
+
+    precision = resolve_precision(policy_cfg)
     get_builder(policy_kind(policy_cfg)).validate(policy_cfg)
+    if str(cfg_get(policy_cfg, "device", "cpu")) == "cpu":
+        warn_if_no_bf16(precision, "cpu")
 
 
 def load_pretrained_model(policy_cfg: Any, directory: str) -> CausalLM:

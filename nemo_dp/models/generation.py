@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from nemo_dp.models.precision import FULL_PRECISION, Precision
 from nemo_dp.models.protocol import CausalLM
 
 __all__ = ["generate"]
@@ -58,6 +59,7 @@ def generate(
     greedy: bool,
     temperature: float,
     seeds: list[int],
+    precision: Precision = FULL_PRECISION,
 ) -> dict[str, Any]:
     """Generate a response for each prompt.
 
@@ -73,6 +75,8 @@ def generate(
         greedy: Argmax decoding (seeds are then unused).
         temperature: Sampling temperature (> 0 when not greedy).
         seeds: One seed per row for its private ``torch.Generator``.
+        precision: The model's ``policy.precision``: the forwards run in its autocast; the
+            sampling itself always in float32.
 
     Returns:
         ``input_ids`` int64 [B, S] (prompt + response, right padded), ``input_lengths`` int32
@@ -89,7 +93,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        return _generate(model, prompts, max_new_tokens, eos_id, pad_id, greedy, temperature, seeds)
+        return _generate(model, prompts, max_new_tokens, eos_id, pad_id, greedy, temperature, seeds, precision)
     finally:
         model.train(was_training)
 
@@ -103,6 +107,7 @@ def _generate(
     greedy: bool,
     temperature: float,
     seeds: list[int],
+    precision: Precision,
 ) -> dict[str, Any]:
     device = next(iter(model.parameters())).device
     bsz = len(prompts)
@@ -119,7 +124,8 @@ def _generate(
     positions = (torch.arange(width).unsqueeze(0) - offsets.unsqueeze(1)).clamp(min=0)
     key_valid_dev = key_valid.to(device)
 
-    logits, cache = model.prefill(left.to(device), key_valid_dev[:, :width], positions.to(device), total)
+    with precision.autocast(device):
+        logits, cache = model.prefill(left.to(device), key_valid_dev[:, :width], positions.to(device), total)
     logits = logits.float().cpu()
 
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
@@ -153,9 +159,10 @@ def _generate(
             break
         step_pos = (plens + t).unsqueeze(1)
         key_valid_dev[:, width + t] = True
-        logits, cache = model.decode(
-            tok.unsqueeze(1).to(device), step_pos.to(device), key_valid_dev[:, : width + t + 1], cache
-        )
+        with precision.autocast(device):
+            logits, cache = model.decode(
+                tok.unsqueeze(1).to(device), step_pos.to(device), key_valid_dev[:, : width + t + 1], cache
+            )
         logits = logits.float().cpu()
 
     lengths = plens + resp_len

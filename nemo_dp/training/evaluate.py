@@ -41,6 +41,7 @@ from nemo_dp.models.builders import (
     load_saved_tokenizer,
 )
 from nemo_dp.models.generation import generate
+from nemo_dp.models.precision import resolve_precision
 from nemo_dp.models.protocol import CausalLM, Tokenizer
 from nemo_dp.training.phases import plan_phases
 from nemo_dp.utils.checkpoint import (
@@ -543,6 +544,7 @@ def evaluate_checkpoint(
     room = int(policy_cfg.model.max_seq_len) - max_new
     prompts = _encode(problems, data.origins, tokenizer, room)
     model = load_policy_model(ref, tokenizer)
+    precision = resolve_precision(policy_cfg)  # the run's: greedy answers as it evaluated them
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -561,6 +563,7 @@ def evaluate_checkpoint(
                 batch = generate(
                     model, prompts[start:end], max_new_tokens=max_new, eos_id=tokenizer.eos_id,
                     pad_id=tokenizer.pad_id, greedy=True, temperature=1.0, seeds=[0] * (end - start),
+                    precision=precision,
                 )
                 responses = decode_responses(batch, tokenizer)
                 chunk = problems[start:end]

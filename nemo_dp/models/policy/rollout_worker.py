@@ -41,6 +41,7 @@ from nemo_dp.data_plane.schema import (
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.models.builders import build_model, cfg_get
 from nemo_dp.models.generation import generate as generate_tokens
+from nemo_dp.models.precision import resolve_precision
 
 __all__ = [
     "POLICY_VERSION",
@@ -162,6 +163,7 @@ class RolloutWorker:
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.model = build_model(policy_cfg, vocab_size=int(vocab_size), seed=int(seed)).eval()
+        self.precision = resolve_precision(policy_cfg)
         self.version: int | None = None
         self.dp_client = build_data_plane_client(dp_cfg, bootstrap=False)
 
@@ -203,6 +205,7 @@ class RolloutWorker:
                 greedy=False,
                 temperature=float(cfg_get(gen_cfg, "temperature")),
                 seeds=[int(x) for x in seeds[s : s + bs]],
+                precision=self.precision,
             )
             parts.append(BatchedDataDict(out))
         return BatchedDataDict.from_batches(parts, pad_value_dict={INPUT_IDS: self.pad_id})

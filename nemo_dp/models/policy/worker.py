@@ -35,6 +35,7 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict, MicrobatchSpe
 from nemo_dp.distributed.worker_group import find_free_port, node_ip_address
 from nemo_dp.models.builders import build_model, cfg_get, save_tokenizer
 from nemo_dp.models.generation import generate as generate_tokens
+from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
 from nemo_dp.models.protocol import LossFn
 from nemo_dp.models.token_ops import token_logprobs_from_logits
 
@@ -126,6 +127,9 @@ class PolicyWorker:
         self.seed = seed
         self.vocab_size = vocab_size
         self.device = resolve_device(policy_cfg)
+        self.precision = resolve_precision(policy_cfg)
+        if self.device.type == "cuda":
+            warn_if_no_bf16(self.precision, "cuda")
         torch.manual_seed(seed + rank)
         self.model = self._build_model().to(self.device)
         self.reference_model = self._frozen_copy(self.model)
@@ -229,6 +233,16 @@ class PolicyWorker:
             return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
         return self.lr
 
+    def _forward(self, model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        """``model(input_ids)`` in ``policy.precision``'s autocast (bf16-mixed: bfloat16 matmuls).
+
+        Only the forward runs inside the autocast region: the caller's log-softmax and loss
+        (``token_logprobs_from_logits`` casts the logits to float32 first) run outside it, in
+        float32, and the backward follows each op's forward dtype.
+        """
+        with self.precision.autocast(self.device):
+            return model(input_ids)
+
     def _trim(self, mb: BatchedDataDict, width: int) -> dict[str, torch.Tensor]:
         """Tensor fields of a microbatch on the model's device, per-token ones narrowed to
         ``width`` columns."""
@@ -299,6 +313,7 @@ class PolicyWorker:
                 greedy=greedy,
                 temperature=float(_cfg_get(gen_cfg, "temperature")),
                 seeds=[int(x) for x in seeds[s : s + bs]],
+                precision=self.precision,
             )
             parts.append(BatchedDataDict(out))
         return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
@@ -314,7 +329,7 @@ class PolicyWorker:
             mb = data.slice(spec.start, spec.end)
             w = self._mb_width(mb, spec, dynamic)
             ids = mb["input_ids"][:, :w].to(self.device)
-            lp = token_logprobs_from_logits(model(ids), ids).cpu()
+            lp = token_logprobs_from_logits(self._forward(model, ids), ids).cpu()
             lengths = mb["input_lengths"].to(torch.long)
             valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
             out[spec.start : spec.end, :w] = lp * valid
@@ -410,9 +425,11 @@ class PolicyWorker:
             tensors = self._trim(mb, width)
             if state["eval_mode"]:
                 with torch.no_grad():
-                    loss, m = loss_fn(self.model(tensors["input_ids"]), tensors, global_tokens, global_seqs)
+                    logits = self._forward(self.model, tensors["input_ids"])
+                    loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
             else:
-                loss, m = loss_fn(self.model(tensors["input_ids"]), tensors, global_tokens, global_seqs)
+                logits = self._forward(self.model, tensors["input_ids"])
+                loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
                 loss.backward()
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_dp.models.builders import ModelBuilder, cfg_get
+from nemo_dp.models.precision import resolve_precision
 from nemo_dp.models.tiny.model import ModelConfig, TinyCausalLM
 from nemo_dp.models.tiny.tokenizer import CharTokenizer
 
@@ -38,7 +39,9 @@ def tiny_model_config(policy_cfg: Any, vocab_size: int) -> ModelConfig:
 
 
 def _build_model(policy_cfg: Any, vocab_size: int, seed: int) -> TinyCausalLM:
-    return TinyCausalLM(tiny_model_config(policy_cfg, vocab_size), seed=seed)
+    # Initialised in float32 (the same numbers whatever the precision), then cast for bf16-true.
+    model = TinyCausalLM(tiny_model_config(policy_cfg, vocab_size), seed=seed)
+    return model.to(resolve_precision(policy_cfg).param_dtype)
 
 
 def _build_tokenizer(policy_cfg: Any) -> CharTokenizer:

@@ -92,7 +92,7 @@ class ValueWorker(PolicyWorker):
         for spec in self._specs(data, mbs, None):
             mb = data.slice(spec.start, spec.end)
             w = self._mb_width(mb, spec, dynamic)
-            values = align_values(self.model(mb["input_ids"][:, :w].to(self.device))).cpu()
+            values = align_values(self._forward(self.model, mb["input_ids"][:, :w].to(self.device))).cpu()
             lengths = mb["input_lengths"].to(torch.long)
             valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
             out[spec.start : spec.end, :w] = values * valid
