@@ -13,7 +13,7 @@ from typing import Optional
 __all__ = ["ENV_NAMES", "ENV_REWARDS", "ENV_FORMATS", "EnvConfig"]
 
 #: Legal values of ``env.name``.
-ENV_NAMES: tuple[str, ...] = ("arithmetic",)
+ENV_NAMES: tuple[str, ...] = ("arithmetic", "visual")
 #: Legal values of ``env.reward`` (mirrors ``nemo_dp.environments.REWARD_NAMES``).
 ENV_REWARDS: tuple[str, ...] = ("auto", "exact", "math")
 #: Legal values of ``env.format`` (how the built-in task's examples are presented).
@@ -39,6 +39,8 @@ class EnvConfig:
     otherwise). ``format``: how the built-in generator presents its problems: ``plain``
     (``"37+5="`` -> ``"42"``) or ``chat`` (a one-turn conversation, rendered with the
     tokenizer's chat template when it has one; identical to ``plain`` without one).
+    ``name: visual`` selects the built-in visual task instead (``visual_kind``: ``digit`` or
+    ``count``; images rendered from ``seed``; needs ``policy=hf_vlm``).
     """
 
     name: str = "arithmetic"
@@ -50,6 +52,7 @@ class EnvConfig:
     val_jsonl: Optional[str] = None
     reward: str = "auto"
     format: str = "plain"
+    visual_kind: str = "digit"  # env=visual: "digit" | "count" (nemo_dp.data.visual_task)
 
     def __post_init__(self) -> None:
         _one_of("env.name", self.name, ENV_NAMES)

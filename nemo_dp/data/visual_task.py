@@ -25,6 +25,8 @@ __all__ = [
     "IMAGE_SIZES",
     "KINDS",
     "VisualProblem",
+    "VisualPrompt",
+    "VisualSFTExample",
     "VisualTask",
     "exact_match_reward",
     "render",
@@ -49,6 +51,40 @@ _PALETTE = ((0, 0, 0), (255, 255, 255), (220, 40, 40), (40, 160, 60), (40, 70, 2
 
 
 @dataclass(frozen=True)
+class VisualPrompt:
+    """A visual question as the trainers pass it around: the rendering spec, not the pixels.
+
+    The policy's workers render and encode it (image processor, placeholder expansion), so a
+    trainer moves a few integers per prompt and the image tensors exist only in the workers.
+
+    Attributes:
+        kind: ``"digit"`` or ``"count"``.
+        spec: The rendering parameters (see :func:`render`).
+        question: The question text.
+    """
+
+    kind: str
+    spec: tuple[int, ...]
+    question: str
+
+    def image(self) -> Any:
+        """The rendered ``PIL.Image.Image`` (RGB)."""
+        return render(self.kind, self.spec)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The prompt as chat turns with an image part (``{"type": "image", "image": PIL}``)."""
+        return [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": self.image()}, {"type": "text", "text": self.question}],
+            }
+        ]
+
+    def __str__(self) -> str:
+        return f"[{self.kind} image {self.spec[1]}x{self.spec[2]}] {self.question} "
+
+
+@dataclass(frozen=True)
 class VisualProblem:
     """One image question with its exact answer.
 
@@ -64,18 +100,31 @@ class VisualProblem:
     question: str
     answer: str
 
+    @property
+    def prompt(self) -> VisualPrompt:
+        """The question without its answer (what rollouts send to the policy)."""
+        return VisualPrompt(self.kind, self.spec, self.question)
+
     def image(self) -> Any:
         """The rendered ``PIL.Image.Image`` (RGB)."""
         return render(self.kind, self.spec)
 
     def messages(self) -> list[dict[str, Any]]:
         """The prompt as chat turns with an image part (``{"type": "image", "image": PIL}``)."""
-        return [
-            {
-                "role": "user",
-                "content": [{"type": "image", "image": self.image()}, {"type": "text", "text": self.question}],
-            }
-        ]
+        return self.prompt.messages()
+
+
+@dataclass(frozen=True)
+class VisualSFTExample:
+    """A supervised example of the visual task: the prompt and the response to learn.
+
+    Attributes:
+        prompt: The visual question.
+        response: The target response (the exact answer).
+    """
+
+    prompt: VisualPrompt
+    response: str
 
 
 def _draw_digit(draw: Any, spec: tuple[int, ...]) -> None:

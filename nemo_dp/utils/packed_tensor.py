@@ -17,7 +17,13 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["PackedTensor"]
+__all__ = ["IMAGE_FIELDS", "IMAGE_GRID_THW", "PIXEL_VALUES", "PackedTensor"]
+
+#: A vision-language batch's per-sample image columns (``PackedTensor``, one entry per row):
+#: the patches of a row's images, and one ``(t, h, w)`` grid per image.
+PIXEL_VALUES = "pixel_values"
+IMAGE_GRID_THW = "image_grid_thw"
+IMAGE_FIELDS: tuple[str, ...] = (PIXEL_VALUES, IMAGE_GRID_THW)
 
 Entry = Optional[torch.Tensor]
 

@@ -21,6 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.distributed.worker_group import RayCluster, RayWorkerGroup
+from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
+from nemo_dp.models.policy.images import wire_prompt
 from nemo_dp.models.policy.worker import COUNT_METRICS, PolicyWorker
 
 __all__ = ["Policy"]
@@ -243,7 +245,7 @@ class Policy:
         bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
         outs = self.worker_group.run_sharded(
             "generate",
-            [{"prompts": [list(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]} for a, b in bounds],
+            [{"prompts": [wire_prompt(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]} for a, b in bounds],
             greedy,
         )
         parts = [o for o in outs if len(o) > 0]
@@ -281,7 +283,8 @@ class Policy:
 
     @staticmethod
     def _lp_view(data: BatchedDataDict) -> BatchedDataDict:
-        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"]})
+        images = {k: data[k] for k in IMAGE_FIELDS if k in data}
+        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"], **images})
 
     @staticmethod
     def _fit_width(out: BatchedDataDict, data: BatchedDataDict, key: str) -> BatchedDataDict:
