@@ -218,16 +218,21 @@ class Policy:
     # ------------------------------------------------------------------------------------------
     # the public API the legacy trainers use
     # ------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool) -> BatchedDataDict:
+    def generate(
+        self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
+    ) -> BatchedDataDict:
         """Generate one response per prompt, spread over the workers.
 
         Each row is sampled with its own seed, so the output does not depend on ``dp_size`` or
         on which worker generated it.
 
         Args:
-            prompts: Token ids per prompt (bos included).
+            prompts: Token ids per prompt (bos included), or ``VisualPrompt`` specs (the
+                workers render and encode them).
             seeds: One seed per prompt.
             greedy: Argmax decoding (evaluation).
+            return_images: Return visual prompts' image columns with the rows (False: the
+                caller only decodes responses, so no image crosses to the driver).
 
         Returns:
             ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
@@ -247,6 +252,7 @@ class Policy:
             "generate",
             [{"prompts": [wire_prompt(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]} for a, b in bounds],
             greedy,
+            return_images=return_images,
         )
         parts = [o for o in outs if len(o) > 0]
         return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})

@@ -286,17 +286,23 @@ class PolicyWorker:
     # ------------------------------------------------------------------------------------------
     # generation and log-probs
     # ------------------------------------------------------------------------------------------
-    def generate(self, shard: Mapping[str, Sequence[Any]], greedy: bool) -> BatchedDataDict:
+    def generate(
+        self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True
+    ) -> BatchedDataDict:
         """Generate responses for this rank's prompts (one private RNG per row).
 
         Args:
-            shard: ``{"prompts": token ids per prompt (bos included), "seeds": one sampling
-                seed per prompt}``.
+            shard: ``{"prompts": token ids per prompt (bos included) or ``VisualPrompt``
+                specs (encoded here, images rendered here), "seeds": one sampling seed per
+                prompt}``.
             greedy: Argmax decoding (evaluation) instead of sampling.
+            return_images: Include visual prompts' image columns in the result (a caller
+                that only decodes the responses, e.g. evaluation, passes False).
 
         Returns:
-            The fields of ``nemo_dp.models.generation.generate`` as a ``BatchedDataDict``
-            (empty dict when no prompts were given).
+            The fields of ``nemo_dp.models.generation.generate`` as a ``BatchedDataDict``,
+            plus ``pixel_values`` / ``image_grid_thw`` for visual prompts when
+            ``return_images`` (empty dict when no prompts were given).
         """
         prompts, seeds = shard["prompts"], shard["seeds"]
         if len(prompts) != len(seeds):
@@ -320,7 +326,7 @@ class PolicyWorker:
                 seeds=[int(x) for x in seeds[s : s + bs]],
                 precision=self.precision,
             )
-            parts.append(BatchedDataDict({**out, **images}))
+            parts.append(BatchedDataDict({**out, **(images if return_images else {})}))
         return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
 
     @torch.no_grad()
