@@ -4,8 +4,10 @@ Per step: draw ``num_prompts_per_step`` problems, sample ``num_generations_per_p
 responses each (per-row seeds, so the run is reproducible whatever ``dp_size``), score them,
 compute group baselines (optionally leave-one-out) and stds, optionally drop zero-std groups and
 keep generating until the batch is full (dynamic sampling, bounded by ``max_gen_batches``),
-mask truncated responses (overlong filtering), compute ``prev_logprobs`` and the reference
-policy's log-probs, and train with the clipped policy-gradient loss plus the k3 KL penalty.
+mask truncated responses (overlong filtering), compute ``prev_logprobs`` (unless the rollout is
+one optimizer step: then the training forward provides them, see ``grpo_common.logprob_plan``)
+and, with a KL coefficient above 0, the reference policy's log-probs, and train with the
+clipped policy-gradient loss plus the k3 KL penalty.
 The whole batch lives in driver memory.  Held-out greedy evaluation, per-step metrics and
 checkpoints with exact resume as in ``sft_train``; like every trainer it is called as
 ``grpo_train(ctx)`` with a ``TrainContext``.  The step tail (metrics, held-out evaluation) is
@@ -21,7 +23,7 @@ import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.grpo_common import finish_grpo_step_metrics
+from nemo_dp.algorithms.grpo_common import finish_grpo_step_metrics, logprob_plan
 from nemo_dp.algorithms.rollout import rollout
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
@@ -160,7 +162,9 @@ def grpo_train(ctx: TrainContext) -> dict[str, Any]:
         per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
         optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
         policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
-    loss_fn = clipped_pg_loss_fn(algo)
+    plan = logprob_plan(master_config)
+    loss_fn = clipped_pg_loss_fn(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
+    train_keys = [k for k in GRPO_TRAIN_KEYS if k not in plan.skipped_fields]
     logger.start(max_steps, int(counters["step"]))
 
     _evaluate = make_evaluator(
@@ -192,13 +196,15 @@ def grpo_train(ctx: TrainContext) -> dict[str, Any]:
             }
         )
         t1 = time.perf_counter()
-        train_batch["prev_logprobs"] = policy.get_logprobs(train_batch)["logprobs"]
-        train_batch["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_batch)[
-            "reference_logprobs"
-        ]
+        if not plan.reuse_train_forward:
+            train_batch["prev_logprobs"] = policy.get_logprobs(train_batch)["logprobs"]
+        if plan.reference:
+            train_batch["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_batch)[
+                "reference_logprobs"
+            ]
         t_lp = time.perf_counter() - t1
         t2 = time.perf_counter()
-        keys = [*GRPO_TRAIN_KEYS, *(k for k in IMAGE_FIELDS if k in train_batch)]
+        keys = [*train_keys, *(k for k in IMAGE_FIELDS if k in train_batch)]
         train_metrics = policy.train(BatchedDataDict({k: train_batch[k] for k in keys}), loss_fn)
         t_train = time.perf_counter() - t2
         counters["step"] = step
@@ -214,6 +220,7 @@ def grpo_train(ctx: TrainContext) -> dict[str, Any]:
             sample_mask=sample_mask,
             counters=counters,
             timings=(t_gen, t_lp, t_train),
+            prev_logprobs_source=plan.prev_logprobs_source,
             val_period=int(algo.val_period),
             max_steps=max_steps,
             evaluate=_evaluate,

@@ -1,13 +1,15 @@
-"""The GRPO step tail both GRPO trainers share: step metrics and the held-out evaluation.
+"""What both synchronous GRPO trainers share: the log-prob plan, step metrics, evaluation.
 
 ``grpo_train`` (in-memory) and ``grpo_train_sync`` (data plane) differ only in where the
-batch lives; once a step has trained, both hand the same tensors here, so their records and
-log lines cannot drift apart (their exact equality is tested end to end).
+batch lives.  Both decide here which log-prob forwards a step needs (``LogprobPlan``) and,
+once a step has trained, hand the same tensors here, so their records and log lines cannot
+drift apart (their exact equality is tested end to end).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,7 +17,64 @@ import torch
 from nemo_dp.algorithms.context import PhaseLogger
 from nemo_dp.algorithms.trainer_common import record_validation, should_validate
 
-__all__ = ["finish_grpo_step_metrics"]
+__all__ = ["TRAIN_FORWARD", "SEPARATE_FORWARD", "LogprobPlan", "logprob_plan", "finish_grpo_step_metrics"]
+
+#: ``prev_logprobs_source`` of a step whose ``prev_logprobs`` came from the training forward.
+TRAIN_FORWARD = "train_forward"
+#: ``prev_logprobs_source`` of a step that ran a separate no-grad log-prob forward.
+SEPARATE_FORWARD = "separate_forward"
+
+
+@dataclass(frozen=True)
+class LogprobPlan:
+    """Which log-prob forwards a GRPO step runs before training.
+
+    Attributes:
+        reuse_train_forward: ``prev_logprobs`` are the training forward's own (detached), so
+            no separate policy forward runs.
+        reference: The reference policy's log-probs are computed (KL coefficient > 0).
+    """
+
+    reuse_train_forward: bool
+    reference: bool
+
+    @property
+    def prev_logprobs_source(self) -> str:
+        """:data:`TRAIN_FORWARD` or :data:`SEPARATE_FORWARD` (the step metric)."""
+        return TRAIN_FORWARD if self.reuse_train_forward else SEPARATE_FORWARD
+
+    @property
+    def skipped_fields(self) -> frozenset[str]:
+        """Training inputs this plan does not compute (left out of the training batch)."""
+        skipped = {"prev_logprobs"} if self.reuse_train_forward else set()
+        if not self.reference:
+            skipped.add("reference_policy_logprobs")
+        return frozenset(skipped)
+
+
+def logprob_plan(master_config: Any) -> LogprobPlan:
+    """The log-prob plan of a synchronous GRPO run.
+
+    GRPO trains each rollout for one epoch; when the whole rollout is also one optimizer step
+    (``num_prompts_per_step x num_generations_per_prompt == policy.train_global_batch_size``),
+    a no-grad forward before training would compute exactly the log-probs the training forward
+    computes with the same weights, so with ``algorithm.reuse_train_forward_logprobs`` it is
+    skipped.  With several optimizer steps per rollout the later ones need the log-probs of the
+    weights that generated, so the separate forward runs.
+
+    Args:
+        master_config: Root config (GRPO algorithm).
+
+    Returns:
+        The plan.
+    """
+    algo = master_config.algorithm
+    per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
+    one_step = per_step == int(master_config.policy.train_global_batch_size)
+    return LogprobPlan(
+        reuse_train_forward=bool(algo.reuse_train_forward_logprobs) and one_step,
+        reference=float(algo.loss.reference_policy_kl_penalty) > 0,
+    )
 
 
 def finish_grpo_step_metrics(
@@ -30,6 +89,7 @@ def finish_grpo_step_metrics(
     sample_mask: torch.Tensor,
     counters: dict[str, Any],
     timings: tuple[float, float, float],
+    prev_logprobs_source: str,
     val_period: int,
     max_steps: int,
     evaluate: Callable[[], float],
@@ -50,6 +110,7 @@ def finish_grpo_step_metrics(
         counters: The trainer counters (``consumed_samples`` is recorded; validation sets
             ``val_accuracy``).
         timings: Seconds spent in generation, log-probs and training.
+        prev_logprobs_source: :data:`TRAIN_FORWARD` or :data:`SEPARATE_FORWARD`.
         val_period: ``algorithm.val_period``.
         max_steps: The phase's last step.
         evaluate: Held-out evaluation returning accuracy.
@@ -79,6 +140,7 @@ def finish_grpo_step_metrics(
         "time/generation_s": t_gen,
         "time/logprobs_s": t_lp,
         "time/train_s": t_train,
+        "prev_logprobs_source": prev_logprobs_source,
     }
     if should_validate(step, val_period=val_period, max_steps=max_steps):
         acc = record_validation(counters, metrics, evaluate)

@@ -14,7 +14,9 @@ per-token tensor passes through the driver:
   advantages over the ``token_mask`` it fetches (``adv[:, None] * token_mask``, the legacy
   expression), so the driver neither reads nor writes any column of the step;
 * log-probs and training run on meta shards; the workers fetch and write back - the policy's
-  and the reference's log-probs in one dispatch (one read, one put of both columns per rank);
+  and the reference's log-probs in one dispatch (one read, one put of both columns per rank),
+  only those ``grpo_common.logprob_plan`` asks for (none of the policy's when the training
+  forward provides them, none of the reference's at KL coefficient 0);
 * ``policy.finish_step`` clears the step's samples; a ``finally`` drops the partition if the
   step failed earlier, so a failed step leaks nothing.
 
@@ -33,7 +35,7 @@ import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.grpo_common import finish_grpo_step_metrics
+from nemo_dp.algorithms.grpo_common import finish_grpo_step_metrics, logprob_plan
 from nemo_dp.algorithms.store_eval import make_store_evaluator, problem_rows
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
@@ -48,6 +50,7 @@ from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
+    DP_TRAIN_FIELDS,
     SAMPLE_MASK,
     TAG_BASELINE,
     TAG_STD,
@@ -224,7 +227,9 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
         policy.snapshot_reference_policy()
         optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
         policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
-    loss_fn = clipped_pg_loss_fn(algo)
+    plan = logprob_plan(master_config)
+    loss_fn = clipped_pg_loss_fn(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
+    train_fields = tuple(f for f in DP_TRAIN_FIELDS if f not in plan.skipped_fields)
     logger.start(max_steps, int(counters["step"]))
     _evaluate = make_store_evaluator(
         policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
@@ -250,11 +255,19 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
             if bool(algo.overlong_filtering):
                 sample_mask = sample_mask * (~carry["truncated"].bool()).float()
             t1 = time.perf_counter()
-            policy.get_policy_and_reference_logprobs_from_meta(meta)
+            if not plan.reuse_train_forward and plan.reference:
+                policy.get_policy_and_reference_logprobs_from_meta(meta)
+            elif not plan.reuse_train_forward:
+                policy.get_logprobs_from_meta(meta)
+            elif plan.reference:
+                policy.get_reference_policy_logprobs_from_meta(meta)
             t_lp = time.perf_counter() - t1
             t2 = time.perf_counter()
             train_metrics = policy.train_from_meta(
-                meta, loss_fn, row_values={ADVANTAGES: adv, SAMPLE_MASK: sample_mask}
+                meta,
+                loss_fn,
+                train_fields=train_fields,
+                row_values={ADVANTAGES: adv, SAMPLE_MASK: sample_mask},
             )
             t_train = time.perf_counter() - t2
             policy.finish_step(meta)
@@ -273,6 +286,7 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
             sample_mask=sample_mask,
             counters=counters,
             timings=(t_gen, t_lp, t_train),
+            prev_logprobs_source=plan.prev_logprobs_source,
             val_period=int(algo.val_period),
             max_steps=max_steps,
             evaluate=_evaluate,

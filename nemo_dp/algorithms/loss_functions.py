@@ -89,11 +89,17 @@ class ClippedPGLossFn:
     ``global_valid_tokens``; otherwise each sequence's mean token loss is summed over valid
     sequences and divided by ``global_valid_seqs``.
 
+    With ``prev_logprobs_from_forward`` the micro-batch needs no ``prev_logprobs``: they are
+    this very forward's log-probs, detached (ratio 1 in value, ``d ratio = d logp``).  That is
+    exact when the rollout is consumed by one optimizer step, where a separate no-grad
+    forward of the same weights would compute the same numbers.
+
     Args:
         ratio_clip_min: Lower clip epsilon (ratio clipped at ``1 - ratio_clip_min``).
         ratio_clip_max: Upper clip epsilon (ratio clipped at ``1 + ratio_clip_max``).
         reference_policy_kl_penalty: KL coefficient (>= 0).
         token_level_loss: Token-level (True) or sequence-level (False) normalisation.
+        prev_logprobs_from_forward: Take ``prev_logprobs`` from the forward (see above).
 
     Raises:
         ValueError: On negative clip epsilons or KL coefficient.
@@ -105,6 +111,8 @@ class ClippedPGLossFn:
         ratio_clip_max: float,
         reference_policy_kl_penalty: float,
         token_level_loss: bool,
+        *,
+        prev_logprobs_from_forward: bool = False,
     ) -> None:
         for name, value in (
             ("ratio_clip_min", ratio_clip_min),
@@ -117,6 +125,7 @@ class ClippedPGLossFn:
         self.ratio_clip_max = ratio_clip_max
         self.reference_policy_kl_penalty = reference_policy_kl_penalty
         self.token_level_loss = token_level_loss
+        self.prev_logprobs_from_forward = prev_logprobs_from_forward
 
     def __call__(
         self,
@@ -129,8 +138,9 @@ class ClippedPGLossFn:
 
         Args:
             logits: ``[b, s, V]`` for the micro-batch.
-            mb: Needs input_ids, token_mask, sample_mask, prev_logprobs, advantages, and
-                reference_policy_logprobs when the KL coefficient is non-zero.
+            mb: Needs input_ids, token_mask, sample_mask, advantages, prev_logprobs (unless
+                ``prev_logprobs_from_forward``), and reference_policy_logprobs when the KL
+                coefficient is non-zero.
             global_valid_tokens: Valid (masked-in) tokens of the global batch.
             global_valid_seqs: Valid sequences of the global batch.
 
@@ -142,7 +152,9 @@ class ClippedPGLossFn:
         """
         name = type(self).__name__
         _check_counts(name, global_valid_tokens, global_valid_seqs)
-        keys = ("input_ids", "token_mask", "sample_mask", "prev_logprobs", "advantages")
+        keys = ("input_ids", "token_mask", "sample_mask", "advantages")
+        if not self.prev_logprobs_from_forward:
+            keys = keys + ("prev_logprobs",)
         keys = keys + self._extra_keys()
         if self.reference_policy_kl_penalty > 0:
             keys = keys + ("reference_policy_logprobs",)
@@ -151,7 +163,8 @@ class ClippedPGLossFn:
         logp = token_logprobs_from_logits(logits, mb["input_ids"])
         mask = _valid_mask(mb)
         adv = mb["advantages"].float()
-        ratio = torch.exp(logp - mb["prev_logprobs"].float())
+        prev = logp.detach() if self.prev_logprobs_from_forward else mb["prev_logprobs"].float()
+        ratio = torch.exp(logp - prev)
         clipped = ratio.clamp(1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
         pg_unclipped = -ratio * adv
         pg_clipped = -clipped * adv

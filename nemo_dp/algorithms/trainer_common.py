@@ -253,12 +253,14 @@ def trainer_state(
     return state
 
 
-def clipped_pg_loss_fn(algo: Any) -> ClippedPGLossFn:
+def clipped_pg_loss_fn(algo: Any, *, prev_logprobs_from_forward: bool = False) -> ClippedPGLossFn:
     """The clipped policy-gradient loss of a GRPO / PPO ``algorithm`` node.
 
     Args:
         algo: ``master_config.algorithm`` (``loss.ratio_clip_min``/``ratio_clip_max``/
             ``reference_policy_kl_penalty``/``token_level_loss``).
+        prev_logprobs_from_forward: The loss takes ``prev_logprobs`` from the training
+            forward (GRPO with one optimizer step per rollout).
 
     Returns:
         The loss function.
@@ -269,6 +271,7 @@ def clipped_pg_loss_fn(algo: Any) -> ClippedPGLossFn:
         ratio_clip_max=float(loss_cfg.ratio_clip_max),
         reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
         token_level_loss=bool(loss_cfg.token_level_loss),
+        prev_logprobs_from_forward=prev_logprobs_from_forward,
     )
 
 

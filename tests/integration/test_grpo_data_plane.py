@@ -260,8 +260,17 @@ def _walk(obj: Any, path: str, found: list[tuple[str, int]]) -> None:
             _walk(v, f"{path}[{i}]", found)
 
 
-def test_no_bulk_per_token_tensor_reaches_the_driver(policy: Any, tmp_path: Path) -> None:
-    cfg = _master_config(max_steps=1, val_period=1)
+#: The log-prob dispatch of each ``algorithm.reuse_train_forward_logprobs`` (the step here is
+#: one optimizer step, so ``true`` takes ``prev_logprobs`` from the training forward).
+LOGPROB_DISPATCH: dict[str, str] = {
+    "false": "get_logprobs_and_reference_presharded",
+    "true": "get_reference_policy_logprobs_presharded",
+}
+
+
+@pytest.mark.parametrize("reuse", sorted(LOGPROB_DISPATCH))
+def test_no_bulk_per_token_tensor_reaches_the_driver(policy: Any, tmp_path: Path, reuse: str) -> None:
+    cfg = _master_config(max_steps=1, val_period=1, reuse_train_forward_logprobs=reuse)
     problems = ArithmeticTask(1, ("+",), 0).train_problems(8)
     received: list[tuple[str, Any]] = []
     group = policy.worker_group
@@ -292,8 +301,9 @@ def test_no_bulk_per_token_tensor_reaches_the_driver(policy: Any, tmp_path: Path
         del group.run_sharded, group.run_all
     assert result["step"] == 1
     methods = [m for m, _ in received]
-    for expected in ("generate_into_store", "get_logprobs_and_reference_presharded", "train_presharded"):
+    for expected in ("generate_into_store", LOGPROB_DISPATCH[reuse], "train_presharded"):
         assert expected in methods, methods
+    assert (reuse == "true") == ("get_logprobs_presharded" not in methods and LOGPROB_DISPATCH["false"] not in methods)
     tensors: list[tuple[str, int]] = []
     for method, out in received:
         _walk(out, method, tensors)

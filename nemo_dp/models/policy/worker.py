@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import hashlib
 import math
 import os
 import tempfile
@@ -651,6 +652,22 @@ class PolicyWorker:
         self.warmup_steps = int(weights.get("warmup_steps", self._config_warmup_steps()))
         if rng is not None:
             restore_rng_state(dict(rng))
+
+    def weights_digest(self) -> str:
+        """sha256 over the model state dict's names, dtypes, shapes and bytes, computed here.
+
+        Replicas and runs compare bit for bit through it without shipping the weights.
+
+        Returns:
+            The hex digest.
+        """
+        h = hashlib.sha256()
+        state = self.model.state_dict()
+        for name in sorted(state):
+            t = state[name].detach().contiguous().cpu()
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
 
     def weights_checksum(self) -> float:
         """Sum of all parameters in float64 (to check that replicas agree).
