@@ -19,8 +19,8 @@ from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.chat import ChatExample, Message, SFTExample, render_prompt
 from nemo_dp.data.datasets import RLPromptDataset, SFTDataset
 from nemo_dp.data.errors import DatasetError
-from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl
 from nemo_dp.data import visual_sources as _visual
+from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl
 
 __all__ = [
     "DataSource",
@@ -106,7 +106,8 @@ def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataS
         DatasetError: Naming the key, file, line and field at fault.
     """
     if _visual.is_visual_env(env_cfg):
-        return _generated(num_samples_key, lambda n: _visual.visual_sft_rows(env_cfg, n, num_samples_key=num_samples_key), int(num_samples))
+        rows = _visual.visual_sft_rows(env_cfg, int(num_samples), num_samples_key=num_samples_key)
+        return DataSource(num_samples_key, None, list(rows), [None] * len(rows))
     if env_cfg.sft_jsonl is not None:
         path = str(env_cfg.sft_jsonl)
         records = read_sft_jsonl(path, key="env.sft_jsonl")
@@ -135,7 +136,8 @@ def rl_source(env_cfg: Any, num_prompts: int, *, num_prompts_key: str, tokenizer
         DatasetError: Naming the key, file, line and field at fault.
     """
     if _visual.is_visual_env(env_cfg):
-        return _generated(num_prompts_key, lambda n: _visual.visual_rl_rows(env_cfg, n, num_prompts_key=num_prompts_key), int(num_prompts))
+        rows = _visual.visual_rl_rows(env_cfg, int(num_prompts), num_prompts_key=num_prompts_key)
+        return DataSource(num_prompts_key, None, list(rows), [None] * len(rows))
     if env_cfg.rl_jsonl is not None:
         path = str(env_cfg.rl_jsonl)
         records = read_rl_jsonl(path, tokenizer=tokenizer, key="env.rl_jsonl")
@@ -164,7 +166,8 @@ def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenize
         DatasetError: Naming the key, file, line and field at fault.
     """
     if _visual.is_visual_env(env_cfg):
-        return _generated(val_samples_key, lambda n: _visual.visual_val_rows(env_cfg, n, val_samples_key=val_samples_key), int(val_samples))
+        rows = _visual.visual_val_rows(env_cfg, int(val_samples), val_samples_key=val_samples_key)
+        return DataSource(val_samples_key, None, list(rows), [None] * len(rows))
     if env_cfg.val_jsonl is not None:
         path = str(env_cfg.val_jsonl)
         records = read_rl_jsonl(path, tokenizer=tokenizer, key="env.val_jsonl")[: int(val_samples)]

@@ -100,7 +100,8 @@ def _load_saved_tokenizer(policy_cfg: Any, directory: str) -> VLMTokenizer | Non
     if not (Path(directory) / "tokenizer_config.json").is_file():
         return None
     settings = hf_settings(policy_cfg)
-    return load_vlm_tokenizer(dataclasses.replace(settings, model_name_or_path=directory, tokenizer_name_or_path=directory))
+    saved = dataclasses.replace(settings, model_name_or_path=directory, tokenizer_name_or_path=directory)
+    return load_vlm_tokenizer(saved)
 
 
 def validate_vlm_policy(policy_cfg: Any) -> None:
@@ -116,7 +117,9 @@ def validate_vlm_policy(policy_cfg: Any) -> None:
     path = check_local_dir(key, settings.model_name_or_path)
     config_file = path / "config.json"
     if not config_file.is_file() or not any(path.glob("*.safetensors")):
-        raise ValueError(f"{key}: {str(path)!r} needs config.json and *.safetensors weights (a save_pretrained directory)")
+        raise ValueError(
+            f"{key}: {str(path)!r} needs config.json and *.safetensors weights (a save_pretrained directory)"
+        )
     model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
     if model_type != "qwen2_vl":
         raise ValueError(

@@ -250,7 +250,10 @@ class Policy:
         bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
         outs = self.worker_group.run_sharded(
             "generate",
-            [{"prompts": [wire_prompt(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]} for a, b in bounds],
+            [
+                {"prompts": [wire_prompt(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]}
+                for a, b in bounds
+            ],
             greedy,
             return_images=return_images,
         )

@@ -25,8 +25,6 @@ import torch
 from tensordict import TensorDict
 
 from nemo_dp.data_plane.column_io import first_write
-from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
-from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 from nemo_dp.data_plane.factory import build_data_plane_client
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
@@ -43,7 +41,9 @@ from nemo_dp.data_plane.schema import (
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.models.builders import build_model, cfg_get
 from nemo_dp.models.generation import generate as generate_tokens
+from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
 from nemo_dp.models.precision import resolve_precision
+from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
 __all__ = [
     "POLICY_VERSION",

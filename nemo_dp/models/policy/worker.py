@@ -235,7 +235,9 @@ class PolicyWorker:
             return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
         return self.lr
 
-    def _forward(self, model: torch.nn.Module, input_ids: torch.Tensor, mb: BatchedDataDict | None = None) -> torch.Tensor:
+    def _forward(
+        self, model: torch.nn.Module, input_ids: torch.Tensor, mb: BatchedDataDict | None = None
+    ) -> torch.Tensor:
         """``model(input_ids)`` in ``policy.precision``'s autocast (bf16-mixed: bfloat16 matmuls).
 
         Only the forward runs inside the autocast region: the caller's log-softmax and loss
