@@ -137,6 +137,81 @@ def assert_table(table: Any, expected: dict[str, Any]) -> None:
             assert list(got) == list(want), f"{name}: {list(got)!r} != {list(want)!r}"
 
 
+MM_FIELDS = ["img", "pix", "feat", "input_lengths"]
+
+
+@dataclass
+class MultimodalBatch:
+    """Rows of a multimodal put: per-sample images of different shapes and PackedTensor entries."""
+
+    ids: list[str]
+    td: TensorDict
+    images: list[torch.Tensor]
+    entries: list[torch.Tensor | None]
+    feats: list[torch.Tensor]
+
+
+def make_multimodal_batch(n: int = 6, *, seed: int = 0) -> MultimodalBatch:
+    """``img``: one uint8 ``(3, H_i, W_i)`` image per sample; ``pix``: one bf16 PackedTensor
+    entry per sample (``None`` for every third); ``feat``: float32 rows of different lengths
+    and widths; ``input_lengths`` for presharding."""
+    from nemo_dp.data.multimodal_utils import PackedTensor
+
+    g = torch.Generator().manual_seed(seed)
+    ids = [f"mm{i}_{uuid.uuid4().hex[:6]}" for i in range(n)]
+    images = [
+        torch.randint(0, 256, (3, 2 + (i % 3), 3 + (i * 2) % 5), generator=g, dtype=torch.uint8)
+        for i in range(n)
+    ]
+    entries: list[torch.Tensor | None] = [
+        None if i % 3 == 2 else torch.randn(1 + i, 4, generator=g).to(torch.bfloat16) for i in range(n)
+    ]
+    feats = [torch.randn(1 + i % 2, 2 + i, generator=g) for i in range(n)]
+    td = TensorDict(
+        {
+            "img": NonTensorStack.from_list([t.clone() for t in images]),
+            "pix": NonTensorStack.from_list(
+                [PackedTensor([None if e is None else e.clone()], 0) for e in entries]
+            ),
+            "feat": NonTensorStack.from_list([t.clone() for t in feats]),
+            "input_lengths": torch.tensor([2 + i for i in range(n)], dtype=torch.int64),
+        },
+        batch_size=(n,),
+    )
+    return MultimodalBatch(ids, td, images, entries, feats)
+
+
+def assert_multimodal_rows(table: Any, batch: MultimodalBatch, ids: Sequence[str]) -> None:
+    """Every requested row of a materialised multimodal read equals what was put, bit for bit."""
+    from nemo_dp.data.multimodal_utils import PackedTensor
+
+    pos = [batch.ids.index(sid) for sid in ids]
+
+    def same(got: Any, want: torch.Tensor | None, what: str) -> None:
+        if want is None:
+            assert got is None, f"{what}: expected None, got {type(got).__name__}"
+            return
+        assert isinstance(got, torch.Tensor), f"{what}: got {type(got).__name__}"
+        assert got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape), (
+            f"{what}: {got.dtype}{tuple(got.shape)} != {want.dtype}{tuple(want.shape)}"
+        )
+        assert torch.equal(got.view(torch.uint8) if got.dim() else got, want.view(torch.uint8) if want.dim() else want), f"{what}: bytes differ"
+
+    if "img" in table:
+        assert len(table["img"]) == len(ids)
+        for got, p in zip(list(table["img"]), pos):
+            same(got, batch.images[p], f"img row {p}")
+    if "feat" in table:
+        for got, p in zip(list(table["feat"]), pos):
+            same(got, batch.feats[p], f"feat row {p}")
+    if "pix" in table:
+        packed = table["pix"]
+        assert type(packed) is PackedTensor, f"pix: got {type(packed).__name__}"
+        assert len(packed) == len(ids) and packed.dim_to_pack == 0
+        for got, p in zip(packed.tensors, pos):
+            same(got, batch.entries[p], f"pix row {p}")
+
+
 def message(exc_info: pytest.ExceptionInfo[BaseException]) -> str:
     """The exception's message (``KeyError`` str() adds quotes, args[0] does not)."""
     args = exc_info.value.args
@@ -749,3 +824,61 @@ class DataPlaneContract:
         b = fresh_client()
         assert b.load_checkpoint(ck) == {"step": 1}
         assert_table(read_table(b.get_samples(["a", "b"], pid, ["x"])), {"x": dense_td(2).get("x")})
+
+    # --- multimodal columns --------------------------------------------------------------
+    def _put_multimodal(self, client: DataPlaneClient, pid: str, n: int = 6, fields: Sequence[str] = MM_FIELDS) -> tuple[MultimodalBatch, KVBatchMeta]:
+        batch = make_multimodal_batch(n, seed=n)
+        client.register_partition(pid, [*fields, "x"], n, ["t1"])
+        receipt = client.put_samples(batch.ids, pid, batch.td)
+        return batch, receipt
+
+    def test_multimodal_columns_round_trip_per_sample(
+        self, client: DataPlaneClient, pid: str, read_table: Callable
+    ) -> None:
+        batch, _ = self._put_multimodal(client, pid)
+        assert_multimodal_rows(read_table(client.get_samples(batch.ids, pid, MM_FIELDS)), batch, batch.ids)
+        order = [batch.ids[4], batch.ids[0], batch.ids[2]]
+        assert_multimodal_rows(read_table(client.get_samples(order, pid, ["pix", "img"])), batch, order)
+        meta = client.claim_meta(pid, "t1", ["img", "pix"], 4, blocking=False)
+        assert meta.size == 4
+        assert_multimodal_rows(read_table(client.get_data(meta)), batch, meta.sample_ids)
+        # a read is the caller's copy
+        first = read_table(client.get_samples(batch.ids, pid, ["img", "pix"]))
+        list(first["img"])[0].zero_()
+        first["pix"].tensors[0].zero_()
+        assert_multimodal_rows(read_table(client.get_samples(batch.ids, pid, ["img", "pix"])), batch, batch.ids)
+
+    def test_multimodal_columns_survive_write_back_preshard_and_clear(
+        self, client: DataPlaneClient, pid: str, read_table: Callable
+    ) -> None:
+        from nemo_dp.data_plane.preshard import shard_meta_for_dp
+
+        batch, receipt = self._put_multimodal(client, pid)
+        if self.supports_write_back:
+            client.put_samples(batch.ids, pid, dense_td(6))  # another field, same ids
+            client.put_samples(batch.ids[:3], pid, TensorDict({"input_lengths": torch.tensor([9, 9, 9])}, batch_size=(3,)))
+            table = read_table(client.get_samples(batch.ids, pid, ["x", *MM_FIELDS[:3]]))
+            assert torch.equal(table["x"], dense_td(6).get("x"))
+            assert_multimodal_rows(table, batch, batch.ids)
+        shards, _ = shard_meta_for_dp(receipt, dp_world=2)
+        assert [s.size for s in shards] == [3, 3]
+        for shard in shards:
+            shard.fields = ["img", "pix", "feat"]
+            assert_multimodal_rows(read_table(client.get_data(shard)), batch, shard.sample_ids)
+        dropped = [batch.ids[1], batch.ids[4]]
+        client.clear_samples(dropped, pid)
+        kept = [sid for sid in batch.ids if sid not in dropped]
+        assert client.list_sample_ids(pid) == sorted(kept)
+        assert_multimodal_rows(read_table(client.get_samples(kept, pid, MM_FIELDS[:3])), batch, kept)
+        with pytest.raises(KeyError):
+            client.get_samples(dropped[:1], pid, ["img"])
+
+    def test_multimodal_checkpoint_round_trip(
+        self, fresh_client: Callable[[], DataPlaneClient], read_table: Callable, tmp_path: Path, pid: str
+    ) -> None:
+        a = fresh_client()
+        batch, _ = self._put_multimodal(a, pid)
+        a.save_checkpoint(tmp_path / "ck", metadata={"mm": True})
+        b = fresh_client()
+        assert b.load_checkpoint(tmp_path / "ck") == {"mm": True}
+        assert_multimodal_rows(read_table(b.get_samples(batch.ids, pid, MM_FIELDS)), batch, batch.ids)

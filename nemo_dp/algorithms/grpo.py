@@ -34,6 +34,7 @@ from nemo_dp.algorithms.trainer_common import (
     trainer_state,
     validate_at_start,
 )
+from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import reward_part_means
 
@@ -192,6 +193,7 @@ def grpo_train(ctx: TrainContext) -> dict[str, Any]:
                 "sample_mask": sample_mask,
                 "generation_logprobs": batch["generation_logprobs"],
                 "advantages": adv.unsqueeze(1) * token_mask.float(),
+                **{k: batch[k] for k in IMAGE_FIELDS if k in batch},
             }
         )
         t1 = time.perf_counter()
@@ -203,7 +205,8 @@ def grpo_train(ctx: TrainContext) -> dict[str, Any]:
             ]
         t_lp = time.perf_counter() - t1
         t2 = time.perf_counter()
-        train_metrics = policy.train(BatchedDataDict({k: train_batch[k] for k in train_keys}), loss_fn)
+        keys = [*train_keys, *(k for k in IMAGE_FIELDS if k in train_batch)]
+        train_metrics = policy.train(BatchedDataDict({k: train_batch[k] for k in keys}), loss_fn)
         t_train = time.perf_counter() - t2
         counters["step"] = step
         counters["consumed_samples"] += batch.size

@@ -66,6 +66,7 @@ def rollout(
     group_size: int,
     seeds: Sequence[int],
     greedy: bool,
+    return_images: bool = True,
 ) -> Rollout:
     """Generate ``group_size`` responses per problem and score them.
 
@@ -79,6 +80,8 @@ def rollout(
         group_size: Responses per problem.
         seeds: One seed per row (``len(problems) * group_size``).
         greedy: Argmax decoding.
+        return_images: Keep visual prompts' image columns in the batch (needed to train on
+            it; evaluation passes False).
 
     Returns:
         The rollout.
@@ -91,7 +94,7 @@ def rollout(
         raise ValueError(f"rollout: {len(seeds)} seeds for {n} rows ({len(problems)} problems x {group_size})")
     prompts = [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group_size)]
     answers = [p.answer for p in problems for _ in range(group_size)]
-    batch = policy.generate(prompts, list(seeds), greedy=greedy)
+    batch = policy.generate(prompts, list(seeds), greedy=greedy, return_images=return_images)
     responses = decode_responses(batch, tokenizer)
     for key, values in score_parts(env, responses, answers).items():  # rewards, and reward/<fn> of a list
         batch[key] = values
@@ -118,7 +121,10 @@ def evaluate(
     """
     if not problems:
         raise ValueError("evaluate: no held-out problems")
-    out = rollout(policy, problems, tokenizer=tokenizer, env=env, group_size=1, seeds=[0] * len(problems), greedy=True)
+    out = rollout(
+        policy, problems, tokenizer=tokenizer, env=env, group_size=1, seeds=[0] * len(problems), greedy=True,
+        return_images=False,
+    )
     rewards = out.batch["rewards"]
     examples = [
         f"{p.prompt}{r!r} (expected {p.answer!r})"

@@ -16,12 +16,18 @@ import psutil
 import torch
 
 from nemo_dp.bench.common import MB
+from nemo_dp.utils.packed_tensor import PackedTensor
 
-__all__ = ["tensor_bytes", "RayTraffic", "RssSampler"]
+__all__ = ["tensor_bytes", "packed_bytes", "RayTraffic", "RssSampler"]
 
 
 def tensor_bytes(obj: Any) -> tuple[int, int]:
-    """(bytes of per-token tensors (dim >= 2), bytes of other tensors) reachable from ``obj``."""
+    """(bytes of per-token tensors (dim >= 2), bytes of other tensors) reachable from ``obj``.
+
+    A ``PackedTensor`` (per-sample images) counts whole as bulk.
+    """
+    if isinstance(obj, PackedTensor):
+        return sum(int(t.numel()) * t.element_size() for t in obj.tensors if t is not None), 0
     if isinstance(obj, torch.Tensor):
         t = obj.values() if obj.is_nested else obj
         n = int(t.numel()) * t.element_size()
@@ -41,6 +47,19 @@ def tensor_bytes(obj: Any) -> tuple[int, int]:
     return bulk, small
 
 
+def packed_bytes(obj: Any) -> int:
+    """Bytes of the ``PackedTensor`` values (per-sample images) reachable from ``obj``."""
+    if isinstance(obj, PackedTensor):
+        return sum(int(t.numel()) * t.element_size() for t in obj.tensors if t is not None)
+    if isinstance(obj, dict) or (hasattr(obj, "items") and hasattr(obj, "keys")):
+        return sum(packed_bytes(v) for v in list(obj.values()))
+    if isinstance(obj, (list, tuple)):
+        return sum(packed_bytes(v) for v in obj)
+    if hasattr(obj, "extra_info") and hasattr(obj, "sample_ids"):  # a KVBatchMeta
+        return packed_bytes(obj.extra_info)
+    return 0
+
+
 class RayTraffic:
     """Counts tensor bytes crossing the driver <-> worker boundary of the attached worker groups."""
 
@@ -50,6 +69,8 @@ class RayTraffic:
         self.received_pickled = 0
         self.sent_bulk = 0
         self.sent_small = 0
+        self.received_packed = 0
+        self.sent_packed = 0
         self.groups: list[Any] = []
         self.attach(group)
 
@@ -68,10 +89,12 @@ class RayTraffic:
             b, s = tensor_bytes([args, kwargs])
             self.sent_bulk += b
             self.sent_small += s
+            self.sent_packed += packed_bytes([args, kwargs])
             out = fn(method, *args, **kwargs)
             b, s = tensor_bytes(out)
             self.received_bulk += b
             self.received_small += s
+            self.received_packed += packed_bytes(out)
             self.received_pickled += len(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
             return out
 
@@ -85,9 +108,12 @@ class RayTraffic:
             "ray_received_pickled_bytes": self.received_pickled,
             "ray_sent_bulk_bytes": self.sent_bulk,
             "ray_sent_per_row_bytes": self.sent_small,
+            "ray_received_packed_bytes": self.received_packed,
+            "ray_sent_packed_bytes": self.sent_packed,
         }
         self.received_bulk = self.received_small = self.received_pickled = 0
         self.sent_bulk = self.sent_small = 0
+        self.received_packed = self.sent_packed = 0
         return out
 
 

@@ -349,10 +349,12 @@ def _mean_row(steps: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def launcher_policy_overrides() -> list[str]:
-    """The bench command line's ``policy=<kind>`` and ``policy.<key>=<value>`` overrides.
+    """The bench command line's ``policy=<kind>`` / ``env=<task>`` and ``policy.<key>=<value>``
+    / ``env.<key>=<value>`` overrides.
 
     ``python launchers/bench.py bench=grpo_step policy=hf`` benchmarks the trainers on that
-    policy: every training config the bench composes gets these overrides first.
+    policy, ``policy=hf_vlm env=visual`` on the vision-language model and its visual task:
+    every training config the bench composes gets these overrides first.
 
     Returns:
         The overrides in command-line order (empty outside a Hydra run).
@@ -363,10 +365,10 @@ def launcher_policy_overrides() -> list[str]:
         return []
     out: list[str] = []
     for item in map(str, HydraConfig.get().overrides.task):
-        choice = re.match(r"^\+?policy=(.*)$", item)
-        if choice is not None:  # the training config always has a policy group to select in
-            out.append(f"policy={choice.group(1)}")
-        elif re.match(r"^(\+\+|\+|~)?policy\.", item):
+        choice = re.match(r"^\+?(policy|env)=(.*)$", item)
+        if choice is not None:  # the training config always has these groups to select in
+            out.append(f"{choice.group(1)}={choice.group(2)}")
+        elif re.match(r"^(\+\+|\+|~)?(policy|env)\.", item):
             out.append(item)
     return out
 

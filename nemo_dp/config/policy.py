@@ -129,7 +129,7 @@ class HFPolicyConfig(PolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _one_of("policy.kind", self.kind, ("hf",))
+        _one_of("policy.kind", self.kind, ("hf", "hf_vlm"))
         _one_of("policy.device", self.device, POLICY_DEVICES)
         resolve_precision_name(self.precision, self.dtype)
         _one_of("policy.attn_implementation", self.attn_implementation, HF_ATTN_NAMES)

@@ -19,6 +19,7 @@ import torch
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.chat import ChatExample, SFTExample, tokenize_sft_example
 from nemo_dp.data.jsonl import load_rl_jsonl, load_sft_jsonl
+from nemo_dp.data.visual_task import VisualSFTExample
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -45,7 +46,7 @@ class SFTDataset:
             raise ValueError("SFTDataset: no examples")
         # A list is normalised; any other sequence (a lazily read table) is read on access.
         self.pairs: Sequence[SFTExample] = (
-            [ex if isinstance(ex, ChatExample) else (str(ex[0]), str(ex[1])) for ex in pairs]
+            [ex if isinstance(ex, (ChatExample, VisualSFTExample)) else (str(ex[0]), str(ex[1])) for ex in pairs]
             if isinstance(pairs, list)
             else pairs
         )
@@ -243,6 +244,10 @@ def collate_sft(examples: Sequence[SFTExample], tokenizer: Any, max_seq_len: int
 
     if not examples:
         raise ValueError("collate_sft: empty batch")
+    if isinstance(examples[0], VisualSFTExample):
+        from nemo_dp.data.visual_collate import collate_visual_sft
+
+        return collate_visual_sft(examples, tokenizer, max_seq_len=max_seq_len)
     rows = [tokenize_sft_example(ex, tokenizer) for ex in examples]
     for i, row in enumerate(rows):
         if max_seq_len is not None and len(row.ids) > max_seq_len:

@@ -24,6 +24,7 @@ from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.chat import ChatExample, Message, SFTExample, render_prompt
 from nemo_dp.data.columns import Columns, columns_of
 from nemo_dp.data.errors import DatasetError
+from nemo_dp.data import visual_sources as _visual
 from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl, render_rl_prompt, rl_fields, sft_example
 from nemo_dp.data.tables import Table, check_rows, open_table
 
@@ -239,6 +240,9 @@ def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataS
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
+    if _visual.is_visual_env(env_cfg):
+        rows = _visual.visual_sft_rows(env_cfg, int(num_samples), num_samples_key=num_samples_key)
+        return DataSource(num_samples_key, None, list(rows), total=len(rows))
     table = _table_source(env_cfg, "sft", "sft", None)
     if table is not None:
         return table
@@ -265,6 +269,9 @@ def rl_source(env_cfg: Any, num_prompts: int, *, num_prompts_key: str, tokenizer
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
+    if _visual.is_visual_env(env_cfg):
+        rows = _visual.visual_rl_rows(env_cfg, int(num_prompts), num_prompts_key=num_prompts_key)
+        return DataSource(num_prompts_key, None, list(rows), total=len(rows))
     table = _table_source(env_cfg, "rl", "rl", tokenizer)
     if table is not None:
         return table
@@ -295,6 +302,9 @@ def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenize
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
+    if _visual.is_visual_env(env_cfg):
+        rows = _visual.visual_val_rows(env_cfg, int(val_samples), val_samples_key=val_samples_key)
+        return DataSource(val_samples_key, None, list(rows), total=len(rows))
     table = _table_source(env_cfg, "val", "rl", tokenizer, stop=int(val_samples))
     if table is not None:
         return table

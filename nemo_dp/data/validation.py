@@ -19,6 +19,7 @@ from nemo_dp.data.chat import ChatExample, encode_prompt_text, tokenize_sft_exam
 from nemo_dp.data.columns import columns_of
 from nemo_dp.data.errors import DatasetError, UnknownCharacterError
 from nemo_dp.data.sources import DataSource, rl_source, sft_source, val_source
+from nemo_dp.data.visual_sources import is_visual_env, validate_visual_datasets
 
 __all__ = ["DatasetCheck", "DatasetReport", "validate_datasets"]
 
@@ -217,6 +218,8 @@ def validate_datasets(
         DatasetError: The first problem found, naming the config key, file:line, field and
             the key to change.
     """
+    if is_visual_env(cfg.env):
+        return validate_visual_datasets(cfg, tokenizer)
     limit = int(max_seq_len if max_seq_len is not None else _get(cfg, max_seq_len_key))
     new_tokens = int(cfg.policy.generation.max_new_tokens)
     sft_batch = int(cfg.policy.train_global_batch_size)

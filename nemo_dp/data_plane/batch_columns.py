@@ -47,11 +47,31 @@ def is_local_batch_meta(meta: KVBatchMeta) -> bool:
     return LOCAL_PARTITION_GENERATION in meta.extra_info
 
 
+def _column_rows(name: str, value: Any) -> int:
+    """Rows of one whole-column value; a dict column's values must agree."""
+    if isinstance(value, Mapping):
+        if not value:
+            raise ValueError(f"Local field {name!r} is an empty dict column.")
+        rows = {k: _column_rows(f"{name}[{k!r}]", v) for k, v in value.items()}
+        distinct = set(rows.values())
+        if len(distinct) > 1:
+            raise ValueError(f"Local field {name!r}: its dict values disagree on the batch size: {rows}")
+        return distinct.pop()
+    is_tensor = isinstance(value, torch.Tensor)
+    if (is_tensor or isinstance(value, np.ndarray)) and value.ndim == 0:
+        raise ValueError(f"Local field {name!r} is 0-d; it has no batch dimension.")
+    if not is_tensor and (isinstance(value, (str, bytes)) or not hasattr(value, "__len__")):
+        raise ValueError(f"Local field {name!r} ({type(value).__name__}) has no batch dimension.")
+    return value.size(0) if is_tensor else len(value)
+
+
 def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> TensorDict:
     """Wrap a loader batch as the TensorDict the Local adapter's ``put_samples`` takes.
 
-    Tensors become tensor leaves (not copied here; the put copies). Every other value (list,
-    tuple, object array) becomes one ``NonTensorData`` holding the whole column.
+    Nothing is flattened: tensors become tensor leaves (not copied here; the put copies); every
+    other value becomes one ``NonTensorData`` holding the whole column - a list, tuple or object
+    array (one value per row, e.g. per-sample tensors of different shapes), a ``PackedTensor``
+    (one entry per row) or a dict whose values are such columns (nested dicts allowed).
 
     Args:
         fields: Field name -> batch-major value.
@@ -62,8 +82,9 @@ def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> 
 
     Raises:
         TypeError: ``batch_size`` is not an int, or a field name is not a str.
-        ValueError: ``batch_size < 0``, an empty field name, a 0-d value, or a value whose
-            batch size differs (``"Local field 'x' has batch size A, expected B."``).
+        ValueError: ``batch_size < 0``, an empty field name, a 0-d value, an empty dict, a dict
+            whose values disagree, or a value whose batch size differs (``"Local field 'x' has
+            batch size A, expected B."``).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
         raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
@@ -72,16 +93,10 @@ def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> 
     leaves: dict[str, Any] = {}
     for name, value in fields.items():
         _check_field_name(name)
-        is_tensor = isinstance(value, torch.Tensor)
-        if (is_tensor or isinstance(value, np.ndarray)) and value.ndim == 0:
-            raise ValueError(f"Local field {name!r} is 0-d; it has no batch dimension.")
-        if not is_tensor and (isinstance(value, (str, bytes)) or not hasattr(value, "__len__")):
-            raise ValueError(
-                f"Local field {name!r} ({type(value).__name__}) has no batch dimension."
-            )
-        rows = value.size(0) if is_tensor else len(value)
+        rows = _column_rows(name, value)
         if rows != batch_size:
             raise ValueError(f"Local field {name!r} has batch size {rows}, expected {batch_size}.")
+        is_tensor = isinstance(value, torch.Tensor)
         leaves[name] = value if is_tensor else NonTensorData(value, batch_size=(batch_size,))
     return TensorDict(leaves, batch_size=(batch_size,))
 

@@ -23,6 +23,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from nemo_dp.data_plane.schema import INPUT_IDS, Layout
+from nemo_dp.utils.packed_tensor import PackedTensor
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from nemo_dp.distributed.batched_data_dict import BatchedDataDict
@@ -36,6 +37,7 @@ __all__ = [
     "stack_or_nest",
     "jagged_rows",
     "pack_jagged_fields",
+    "packed_column",
     "materialize",
     "materialize_local",
     "unwrap_wire_stripped_payload",
@@ -200,7 +202,32 @@ def _object_column(values: np.ndarray) -> NonTensorStack:
     return NonTensorStack(*[NonTensorData(v) for v in values.tolist()])
 
 
+def _packed_rows(packed: PackedTensor) -> NonTensorStack:
+    # One single-entry PackedTensor per row, so the column is stored and selected per sample;
+    # the readers turn such a column back into one PackedTensor (``packed_column``).
+    return NonTensorStack(*[NonTensorData(packed.slice([i])) for i in range(len(packed))])
+
+
+def packed_column(values: Sequence[Any]) -> PackedTensor | None:
+    """One ``PackedTensor`` column from per-row single-entry PackedTensors, else ``None``.
+
+    Args:
+        values: One value per row, as read from the store.
+
+    Returns:
+        The rows' entries as one PackedTensor when every row is a one-entry PackedTensor with
+        the same ``dim_to_pack``; ``None`` for any other column.
+    """
+    if not values or not all(type(v) is PackedTensor and len(v) == 1 for v in values):
+        return None
+    if len({v.dim_to_pack for v in values}) > 1:
+        return None
+    return PackedTensor.concat(list(values))
+
+
 def _batch_dim(name: str, value: Any) -> int:
+    if isinstance(value, PackedTensor):
+        return len(value)
     if isinstance(value, torch.Tensor):
         if value.dim() == 0:
             raise ValueError(f"pack_jagged_fields: field {name!r} is 0-d; it has no batch dim")
@@ -211,7 +238,7 @@ def _batch_dim(name: str, value: Any) -> int:
         return int(value.shape[0])
     raise TypeError(
         f"pack_jagged_fields: unsupported value type for {name!r}: {type(value).__name__} "
-        "(expected a torch.Tensor or a 1-D object np.ndarray)"
+        "(expected a torch.Tensor, a PackedTensor or a 1-D object np.ndarray)"
     )
 
 
@@ -224,7 +251,7 @@ def pack_jagged_fields(
     """Turn trainer columns into the data-plane layout (the single write-side transform).
 
     Args:
-        fields: Field name -> tensor (batch-major) or 1-D object ``np.ndarray``.
+        fields: Field name -> tensor (batch-major), ``PackedTensor`` or 1-D object ``np.ndarray``.
         lengths: ``(N,)`` per-row valid lengths, or ``None`` (then nothing becomes jagged and
             ``N`` is the common batch size of the values).
         token_aligned_fields: Names of per-token fields that become jagged by row length.
@@ -234,11 +261,13 @@ def pack_jagged_fields(
         token-aligned tensors as jagged nested tensors (trailing columns beyond each row's
         length dropped) unless ``N == 0``, they are not at least 2-D, their batch dim differs
         from ``N`` or they are narrower than ``max(lengths)`` (then rectangular); other
-        tensors rectangular (``detach().contiguous()``); object arrays as per-row
-        ``NonTensorStack`` columns.
+        tensors rectangular (``detach().contiguous()``); object arrays (e.g. per-sample tensors
+        of different shapes) as per-row ``NonTensorStack`` columns; a ``PackedTensor`` as a
+        per-row ``NonTensorStack`` of one-entry PackedTensors.
 
     Raises:
-        TypeError: A value is neither a tensor nor a 1-D object ndarray (message names it).
+        TypeError: A value is neither a tensor, a PackedTensor nor a 1-D object ndarray
+            (message names it).
         ValueError: Batch sizes disagree with each other or with ``len(lengths)``, or the
             lengths are malformed.
     """
@@ -281,6 +310,9 @@ def pack_jagged_fields(
     for name, value in fields.items():
         if isinstance(value, np.ndarray):
             out.set(name, _object_column(value))
+            continue
+        if isinstance(value, PackedTensor):
+            out.set(name, _packed_rows(value))
             continue
         t = value.detach()
         if (
@@ -384,6 +416,19 @@ def unwrap_wire_stripped_payload(item: Any) -> Any:
     return item
 
 
+def _whole_column_rows(data: Any) -> int | None:
+    """Rows of a Local whole-column value (a dict column: its values' common rows)."""
+    if isinstance(data, Mapping):
+        rows = {_whole_column_rows(v) for v in data.values()}
+        return rows.pop() if len(rows) == 1 else None
+    if isinstance(data, torch.Tensor):
+        return int(data.size(0)) if data.dim() > 0 else None
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
 def _object_array(values: list[Any]) -> np.ndarray:
     # Per-item assignment keeps numpy from iterating into list/tuple items.
     arr = np.empty(len(values), dtype=object)
@@ -415,23 +460,25 @@ def _materialize_impl(
     for key in td.keys():
         value = td.get(key)
         if isinstance(value, NonTensorStack):
-            out[key] = _object_array(value.tolist())
+            rows = value.tolist()
+            packed = packed_column(rows)
+            out[key] = packed if packed is not None else _object_array(rows)
         elif isinstance(value, NonTensorData):
             if local:
                 data = value.data
-                try:
-                    count = len(data)
-                except TypeError as exc:
+                count = _whole_column_rows(data)
+                if count is None:
                     raise ValueError(
                         f"materialize_local: non-tensor column {key!r} holds a "
                         f"{type(data).__name__}, not a length-{n} sequence"
-                    ) from exc
+                    )
                 if count != n:
                     raise ValueError(
                         f"materialize_local: non-tensor column {key!r} has {count} values, "
                         f"expected {n}"
                     )
-                out[key] = data
+                packed = packed_column(data) if isinstance(data, list) else None
+                out[key] = packed if packed is not None else data
             elif tuple(td.batch_size) == (1,):
                 out[key] = _object_array([value.data])
             else:
@@ -467,7 +514,9 @@ def materialize(
     """Turn a wire read (TransferQueue or per-row layout) into trainer columns.
 
     Per top-level key: ``NonTensorStack`` -> 1-D object array (a row stripped on the wire, an
-    empty ``TensorDict``, becomes ``None``: ``unwrap_wire_stripped_payload``); ``NonTensorData``
+    empty ``TensorDict``, becomes ``None``: ``unwrap_wire_stripped_payload``), except that a
+    column whose rows are all one-entry ``PackedTensor``s becomes one ``PackedTensor`` column
+    (the form ``pack_jagged_fields`` writes); ``NonTensorData``
     -> one-row object array (only for a batch of one); nested tensors -> padded rectangles (pad value
     from ``pad_value_dict``, default 0) or unchanged for ``layout="jagged"``; with
     ``pad_to_seqlen > 0`` every non-nested tensor of dim >= 2 narrower than the target is
@@ -502,8 +551,10 @@ def materialize_local(
     """Turn a Local-adapter read into trainer columns.
 
     Tensor and ``NonTensorStack`` leaves follow the ``materialize`` rules; each
-    ``NonTensorData`` leaf is a whole column and is unwrapped to its Python value (e.g. the
-    stored list), which must hold exactly N rows.  Not interchangeable with ``materialize``.
+    ``NonTensorData`` leaf is a whole column and is unwrapped to its Python value (the stored
+    list, ``PackedTensor`` or dict column), which must hold exactly N rows (a dict column: each
+    of its values); a list of one-entry PackedTensors becomes one ``PackedTensor`` column, as
+    in ``materialize``.  Not interchangeable with ``materialize``.
 
     Args:
         td: The TensorDict returned by ``LocalDataPlaneClient.get_data``/``get_samples``.

@@ -28,6 +28,7 @@ from nemo_dp.data_plane.schema import (
     Layout,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.utils.packed_tensor import PackedTensor
 
 __all__ = ["round_up", "first_write", "read_columns", "write_columns"]
 
@@ -50,14 +51,14 @@ def round_up(value: int, multiple: int) -> int:
 
 
 def _check_column(name: str, value: Any, where: str) -> None:
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, PackedTensor)):
         return
     if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
         return
     raise TypeError(
         f"{where}: field {name!r} has unsupported type {type(value).__name__}"
         + (f" (dtype {value.dtype}, ndim {value.ndim})" if isinstance(value, np.ndarray) else "")
-        + "; expected a torch.Tensor or a 1-D object np.ndarray"
+        + "; expected a torch.Tensor, a PackedTensor or a 1-D object np.ndarray"
     )
 
 
@@ -66,12 +67,16 @@ def _column_rows(name: str, value: Any, where: str) -> int:
         if value.dim() == 0:
             raise ValueError(f"{where}: field {name!r} is 0-d and has no batch dim")
         return int(value.shape[0])
+    if isinstance(value, PackedTensor):
+        return len(value)
     return int(value.shape[0])
 
 
 def _to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
+    if isinstance(value, PackedTensor):
+        return PackedTensor([None if t is None else t.detach().cpu() for t in value.tensors], value.dim_to_pack)
     return value
 
 
@@ -109,7 +114,8 @@ def first_write(
         KeyError: ``sample_mask`` or ``input_lengths`` is missing.
         ValueError: Id count differs from the batch size (``"must match batch size"``), an
             empty batch, duplicate ids, misaligned tags, ``pad_to_multiple < 1``.
-        TypeError: A value is neither a tensor nor a 1-D object ndarray (names the key).
+        TypeError: A value is neither a tensor, a PackedTensor nor a 1-D object ndarray (names
+            the key).
     """
     where = "first_write"
     if SAMPLE_MASK not in batch:
@@ -210,7 +216,7 @@ def write_columns(
 
     Raises:
         ValueError: A value's batch dim differs from ``meta.size``.
-        TypeError: A value is neither a tensor nor a 1-D object ndarray.
+        TypeError: A value is neither a tensor, a PackedTensor nor a 1-D object ndarray.
     """
     if len(fields) == 0:
         return

@@ -24,7 +24,13 @@ Encoding (a node is what ``ValueEncoder.encode`` returns):
   ``"ndarray"``        ``{"dtype": str, "shape": [int], "key": str}`` -> raw bytes (uint8) in
                        the table; object arrays: ``{"dtype": "|O", "shape": [...], "v": [...]}``
   ``"npscalar"``       ``{"dtype": str, "b64": str}`` (raw bytes of one numpy scalar)
+  ``"packed"``         ``{"dim": int, "v": [tensor node | null, ...]}`` (a ``PackedTensor``:
+                       its packing dim and one entry per sample, ``null`` for ``None``)
   ===================  ==============================================================
+
+Variable-shape tensors need nothing extra: each tensor node keeps its own shape and dtype
+(any dtype, e.g. ``uint8`` images or ``bfloat16`` features), so a column of per-sample tensors
+of different shapes is a list of tensor nodes.
 
 Types are matched exactly (``type(v) is list``, not ``isinstance``): a subclass (a namedtuple,
 an ``OrderedDict``, an ``IntEnum``, ``np.matrix``...) is refused rather than silently turned
@@ -45,6 +51,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from nemo_dp.utils.packed_tensor import PackedTensor
 
 __all__ = ["CorruptValueError", "UnencodableValueError", "ValueEncoder", "decode_value"]
 
@@ -120,6 +128,8 @@ class ValueEncoder:
             return {"t": kind.__name__, "b64": _b64(bytes(value))}
         if kind is torch.Tensor:
             return self._tensor(value, path)
+        if kind is PackedTensor:
+            return self._packed(value, path)
         if kind is np.ndarray:
             if value.dtype.hasobject:
                 return self._container(value, path, active, depth)
@@ -132,10 +142,15 @@ class ValueEncoder:
             return {"t": "npscalar", "dtype": value.dtype.str, "b64": _b64(value.tobytes())}
         if kind in _SEQUENCES or kind is dict:
             return self._container(value, path, active, depth)
+        return self._refuse(value, path)
+
+    @staticmethod
+    def _refuse(value: Any, path: str) -> Any:
+        kind = type(value)
         raise UnencodableValueError(
             f"{path}: a {kind.__module__}.{kind.__qualname__} value cannot be checkpointed exactly "
             "(supported: None, bool, int, float, complex, str, bytes, bytearray, list, tuple, "
-            "set, frozenset, dict, numpy scalars and arrays, dense CPU torch.Tensor)"
+            "set, frozenset, dict, numpy scalars and arrays, dense CPU torch.Tensor, PackedTensor)"
         )
 
     def _container(self, value: Any, path: str, active: set[int], depth: int) -> dict[str, Any]:
@@ -176,6 +191,18 @@ class ValueEncoder:
         key = self._key()
         self._tensors[key] = value.detach().clone(memory_format=torch.contiguous_format)
         return {"t": "tensor", "key": key, "requires_grad": bool(value.requires_grad)}
+
+    def _packed(self, value: PackedTensor, path: str) -> dict[str, Any]:
+        entries: list[Any] = []
+        for i, t in enumerate(value.tensors):
+            where = f"{path}.tensors[{i}]"
+            if t is None:
+                entries.append(None)
+            elif type(t) is torch.Tensor:
+                entries.append(self._tensor(t, where))
+            else:
+                self._refuse(t, where)
+        return {"t": "packed", "dim": value.dim_to_pack, "v": entries}
 
     def _ndarray(self, value: np.ndarray, path: str) -> dict[str, Any]:
         if value.dtype.fields is not None:
@@ -315,6 +342,17 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor], where: str, depth: int)
         return t.requires_grad_(True) if grad else t
     if tag == "ndarray":
         return _decode_ndarray(node, tensors, where, depth)
+    if tag == "packed":
+        dim = _field(node, "dim", int, where)
+        entries = _field(node, "v", list, where)
+        if not entries:
+            raise _fail(where, "a packed node needs at least one entry")
+        out_entries = []
+        for entry in entries:
+            if entry is not None and (type(entry) is not dict or entry.get("t") != "tensor"):
+                raise _fail(where, "a packed node's entries must be tensor nodes or null")
+            out_entries.append(None if entry is None else _decode(entry, tensors, where, depth + 1))
+        return PackedTensor(out_entries, dim)
     if tag == "npscalar":
         dtype = _dtype(node, where)
         raw = _unb64(node, where)

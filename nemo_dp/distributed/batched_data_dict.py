@@ -2,10 +2,13 @@
 sharding planner.
 
 A batch maps field names to batch-major values: dense tensors (dim 0 = batch), jagged nested
-tensors, Python lists and 1-D object arrays.  The planner splits a batch across data-parallel
-ranks and, for dynamic batching or sequence packing, emits the microbatch plan every rank
-follows identically.  ``BatchedDataDict`` is a ``collections.UserDict``: a ``Mapping``, not a
-``dict``.
+tensors (one row per sample), Python lists, 1-D object arrays and ``PackedTensor`` columns
+(one entry per sample).  The planner splits a batch
+across data-parallel ranks and, for dynamic batching or sequence packing, also emits the
+microbatch plan that every rank must follow identically (re-planning per rank desynchronises
+collectives).  ``make_microbatch_iterator`` turns a planned shard back into microbatches.
+
+``BatchedDataDict`` is a ``collections.UserDict``: a ``Mapping``, not a ``dict``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 
 from nemo_dp.distributed.packers import get_packer
+from nemo_dp.utils.packed_tensor import PackedTensor
 
 __all__ = ["BatchedDataDict", "MicrobatchSpec", "MICROBATCH_ORDERS"]
 
@@ -67,11 +71,11 @@ def _rows_of(key: str, value: Any) -> int:
         if value.ndim == 0:
             raise ValueError(f"BatchedDataDict: field {key!r} is a 0-d array (no batch dim)")
         return int(value.shape[0])
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, PackedTensor)):
         return len(value)
     raise TypeError(
         f"BatchedDataDict: field {key!r} has unsupported type {type(value).__name__} "
-        "(expected a tensor, list, tuple or np.ndarray)"
+        "(expected a tensor, list, tuple, np.ndarray or PackedTensor)"
     )
 
 
@@ -144,6 +148,12 @@ def _select(key: str, value: Any, indices: list[int]) -> Any:
         return tuple(value[i] for i in indices)
     if isinstance(value, list):
         return [value[i] for i in indices]
+    if isinstance(value, PackedTensor):
+        if not indices:
+            raise ValueError(
+                f"BatchedDataDict: field {key!r} is a PackedTensor, which cannot hold zero rows"
+            )
+        return PackedTensor([value.tensors[i] for i in indices], value.dim_to_pack)
     raise TypeError(
         f"BatchedDataDict: cannot select rows of field {key!r} ({type(value).__name__})"
     )
@@ -175,6 +185,12 @@ def _concat(key: str, values: list[Any], pad: float | int) -> Any:
         return torch.cat(values, dim=0)
     if isinstance(first, np.ndarray):
         return np.concatenate(values, axis=0)
+    if isinstance(first, PackedTensor):
+        if not all(isinstance(v, PackedTensor) for v in values):
+            raise TypeError(
+                f"BatchedDataDict.from_batches: field {key!r} mixes PackedTensor and others"
+            )
+        return PackedTensor.concat(values)
     if isinstance(first, (list, tuple)):
         out: list[Any] = []
         for v in values:
@@ -295,7 +311,7 @@ class BatchedDataDict(UserDict):
             )
         data: dict[str, Any] = {}
         for k, v in self.data.items():
-            if isinstance(v, torch.Tensor) and v.is_nested:
+            if (isinstance(v, torch.Tensor) and v.is_nested) or isinstance(v, PackedTensor):
                 data[k] = _select(k, v, list(range(start, end)))
             else:
                 data[k] = v[start:end]
@@ -337,7 +353,7 @@ class BatchedDataDict(UserDict):
     def to(self, device: str | torch.device) -> BatchedDataDict:
         """Move every tensor to ``device`` (in place); returns ``self``."""
         for k, v in self.data.items():
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, (torch.Tensor, PackedTensor)):
                 self.data[k] = v.to(device)
         return self
 

@@ -35,6 +35,7 @@ __all__ = [
     "prepare_policy",
     "save_tokenizer",
     "load_saved_tokenizer",
+    "policy_takes_images",
 ]
 
 #: Kind used when a ``policy`` node has no ``kind`` key (configs written before it existed).
@@ -72,6 +73,8 @@ class ModelBuilder:
             code (``tiny``) writes nothing.
         load_saved_tokenizer: ``(policy_cfg, directory) -> Tokenizer | None``: the tokenizer
             ``save_tokenizer`` wrote into ``directory``, or ``None`` when it holds none.
+        takes_images: The model reads per-sample images (``pixel_values`` /
+            ``image_grid_thw`` columns) and has ``with_images`` (``hf_vlm``).
     """
 
     kind: str
@@ -82,11 +85,13 @@ class ModelBuilder:
     prepare: Callable[[Any], None] = lambda policy_cfg: None
     save_tokenizer: Callable[[Any, str], None] = lambda policy_cfg, directory: None
     load_saved_tokenizer: Callable[[Any, str], Optional[Tokenizer]] = lambda policy_cfg, directory: None
+    takes_images: bool = False
 
 
 _BUILTIN_MODULES: dict[str, str] = {
     "tiny": "nemo_dp.models.tiny.builder",
     "hf": "nemo_dp.models.hf.builder",
+    "hf_vlm": "nemo_dp.models.hf.vlm_builder",
 }
 _REGISTRY: dict[str, ModelBuilder] = {}
 
@@ -227,3 +232,15 @@ def load_saved_tokenizer(policy_cfg: Any, directory: str) -> Optional[Tokenizer]
         The tokenizer, or ``None`` when ``directory`` holds no tokenizer files of that kind.
     """
     return get_builder(policy_kind(policy_cfg)).load_saved_tokenizer(policy_cfg, str(directory))
+
+
+def policy_takes_images(policy_cfg: Any) -> bool:
+    """Whether the ``policy`` node's model reads per-sample images (a vision-language model).
+
+    Args:
+        policy_cfg: The ``policy`` node.
+
+    Returns:
+        Its builder's ``takes_images``.
+    """
+    return get_builder(policy_kind(policy_cfg)).takes_images

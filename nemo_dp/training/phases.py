@@ -73,7 +73,7 @@ def main_phase(cfg: Any) -> Phase:
         The phase, writing into the run directory itself.
     """
     name = str(cfg.algorithm.name)
-    return Phase(name, name.upper(), cfg, "")
+    return Phase(name, _label(cfg, name.upper()), cfg, "")
 
 
 def warm_start_phase(cfg: Any) -> Phase:
@@ -88,7 +88,33 @@ def warm_start_phase(cfg: Any) -> Phase:
     Raises:
         ValueError: The algorithm has no warm start.
     """
-    return Phase("warm_start", "SFT warm start", warm_start_config(cfg), "warm_start")
+    return Phase("warm_start", _label(cfg, "SFT warm start"), warm_start_config(cfg), "warm_start")
+
+
+def _label(cfg: Any, base: str) -> str:
+    """``base``, prefixed with ``VLM`` when the policy reads images (``VLM GRPO``, ``VLM SFT``)."""
+    from nemo_dp.models.builders import policy_takes_images
+
+    return f"VLM {base}" if policy_takes_images(cfg.policy) else base
+
+
+def check_policy_supports_algorithm(cfg: Any) -> None:
+    """Refuse an algorithm the policy cannot run, before Ray starts.
+
+    Args:
+        cfg: The composed root config.
+
+    Raises:
+        ValueError: ``algorithm=ppo`` with a vision-language policy (PPO's critic is a text
+            value model; there is no critic for a VLM).
+    """
+    from nemo_dp.models.builders import policy_takes_images
+
+    if str(cfg.algorithm.name) == "ppo" and policy_takes_images(cfg.policy):
+        raise ValueError(
+            f"algorithm=ppo: not supported with policy={cfg.policy.kind} (a vision-language policy has no "
+            "PPO critic); use algorithm=grpo or algorithm=sft"
+        )
 
 
 def plan_phases(cfg: Any) -> list[Phase]:
@@ -99,7 +125,11 @@ def plan_phases(cfg: Any) -> list[Phase]:
 
     Returns:
         The phases in execution order.
+
+    Raises:
+        ValueError: The policy cannot run the algorithm (``check_policy_supports_algorithm``).
     """
+    check_policy_supports_algorithm(cfg)
     phases: list[Phase] = []
     if "warm_start" in cfg.algorithm and bool(cfg.algorithm.warm_start.enabled):
         phases.append(warm_start_phase(cfg))

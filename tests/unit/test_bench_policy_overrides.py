@@ -52,3 +52,10 @@ def test_forwarded_overrides_select_the_policy_of_the_training_config(hydra_job:
 def test_outside_a_hydra_job_nothing_is_forwarded() -> None:
     HydraConfig.instance().cfg = None  # type: ignore[assignment]
     assert launcher_policy_overrides() == []
+
+
+def test_env_choice_and_keys_are_forwarded_with_the_policy(hydra_job: None) -> None:
+    _as_job(["policy=hf_vlm", "env=visual", "seed=3", "env.visual_kind=count"])
+    assert launcher_policy_overrides() == ["policy=hf_vlm", "env=visual", "env.visual_kind=count"]
+    train = compose("config", overrides=[*launcher_policy_overrides(), "~recipe", "algorithm=grpo"])
+    assert train.policy.kind == "hf_vlm" and train.env.name == "visual" and train.env.visual_kind == "count"

@@ -240,3 +240,21 @@ def test_read_columns_uses_materialize_for_wire_metas() -> None:
             materialize(LocalDataPlaneClient.get_data(c, meta, ["content"]))
     finally:
         c.close()
+
+
+def test_packed_tensor_columns_round_trip_through_first_write_and_read_columns(client: LocalDataPlaneClient) -> None:
+    from nemo_dp.data.multimodal_utils import PackedTensor
+
+    _register(client, "p")
+    batch = _batch()
+    pix = [torch.randn(2, 5).to(torch.bfloat16), None, torch.randn(4, 5).to(torch.bfloat16)]
+    batch["extra"] = PackedTensor([None if t is None else t.clone() for t in pix], dim_to_pack=0)
+    meta = first_write(batch, sample_ids=["a", "b", "c"], dp_client=client, partition_id="p", task_name="train")
+    out = read_columns(client, meta.subset([2, 0]), ["extra"])
+    got = out["extra"]
+    assert isinstance(got, PackedTensor) and got.dim_to_pack == 0 and len(got) == 2
+    assert torch.equal(got.tensors[0], pix[2]) and got.tensors[0].dtype == torch.bfloat16
+    assert torch.equal(got.tensors[1], pix[0])
+    with pytest.raises(TypeError, match="PackedTensor"):
+        first_write({**_batch(), "extra": [1, 2, 3]}, sample_ids=["x", "y", "z"], dp_client=client,
+                    partition_id="p", task_name="train")

@@ -256,7 +256,7 @@ def test_help_lists_only_usable_group_options() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     groups = proc.stdout.split("== Configuration groups ==", 1)[1].split("== Config ==", 1)[0]
     assert "_schema" not in groups, groups
-    for line in ("algorithm: grpo, ppo, sft", "data_plane: disabled, local, ray, tq", "policy: hf, smollm2, tiny"):
+    for line in ("algorithm: grpo, ppo, sft", "data_plane: disabled, local, ray, tq", "policy: hf, hf_vlm, smollm2, tiny"):
         assert line in groups, groups
     assert "bench:" not in groups, groups  # the bench group lives in conf_bench/, for bench.py only
 

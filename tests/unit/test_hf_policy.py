@@ -101,7 +101,7 @@ def test_missing_directory_and_hub_names_are_refused(tmp_path: Path) -> None:
         validate_policy(_policy(tmp_path, dtype="float16"))
     with pytest.raises(ValueError, match=r"policy\.attn_implementation: got 'flash'"):
         validate_policy(_policy(tmp_path, attn_implementation="flash"))
-    with pytest.raises(ValueError, match=r"policy\.kind: got 'vllm'; legal values: \['hf', 'tiny'\]"):
+    with pytest.raises(ValueError, match=r"policy\.kind: got 'vllm'; legal values: \['hf', 'hf_vlm', 'tiny'\]"):
         validate_policy({"kind": "vllm"})
 
 

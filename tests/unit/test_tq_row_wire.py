@@ -181,3 +181,84 @@ def test_splitter_travels_by_value_and_needs_no_nemo_dp_on_the_unit() -> None:
         del sys.modules["nemo_dp"]
         sys.modules.update(hidden)
     assert len(rows) == 2 and all(isinstance(r, bytes) for r in rows)
+
+
+# --- multimodal object rows ----------------------------------------------------------------
+
+
+def _images(dtype: torch.dtype) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for h, w in [(4, 5), (2, 7), (6, 1)]:
+        if dtype == torch.bool:
+            out.append(torch.rand(3, h, w, generator=g) > 0.5)
+        elif dtype.is_complex:
+            out.append(torch.randn(3, h, w, dtype=dtype, generator=g))
+        elif dtype.is_floating_point:
+            out.append(torch.randn(3, h, w, generator=g).to(dtype))
+        else:
+            out.append(torch.randint(0, 100, (3, h, w), generator=g).to(dtype))
+    return out
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPE_CODES, key=str))
+def test_variable_shape_tensor_rows_round_trip_bit_exact_as_object_rows(dtype: torch.dtype) -> None:
+    images = _images(dtype)
+    wire, out = _round_trip({"img": NonTensorStack.from_list(images)}, 3)
+    assert wire["img"].dtype == torch.uint8 and wire["img"].dim() == 2, "sent as one row matrix"
+    assert isinstance(out["img"], NonTensorStack)
+    got = out["img"].tolist()
+    assert len(got) == 3
+    for g, want in zip(got, images):
+        _assert_same(g, want)
+
+
+def test_packed_entries_none_rows_and_empty_tensors_round_trip() -> None:
+    from nemo_dp.data.multimodal_utils import PackedTensor
+
+    rows = [
+        PackedTensor(torch.randn(5, 6).to(torch.bfloat16), 0),
+        PackedTensor([None], 0),
+        None,
+        PackedTensor(torch.zeros(0, 6), 1),
+        torch.arange(3, dtype=torch.uint8),
+        torch.tensor(2.5),
+    ]
+    wire, out = _round_trip({"pix": NonTensorStack.from_list(rows)}, 6)
+    assert wire["pix"].dtype == torch.uint8
+    got = out["pix"].tolist()
+    assert type(got[0]) is PackedTensor and got[0].dim_to_pack == 0
+    _assert_same(got[0].tensors[0], rows[0].tensors[0])
+    assert type(got[1]) is PackedTensor and got[1].tensors == [None]
+    assert got[2] is None
+    assert got[3].dim_to_pack == 1 and got[3].tensors[0].shape == (0, 6)
+    _assert_same(got[4], rows[4])
+    assert got[5].shape == () and got[5].dtype == torch.float32 and got[5].item() == 2.5
+
+
+def test_object_columns_the_rows_cannot_carry_keep_the_library_layout() -> None:
+    from nemo_dp.data.multimodal_utils import PackedTensor
+
+    for rows in (
+        [torch.ones(2), "text"],
+        [torch.ones(2, requires_grad=True), torch.ones(1)],
+        [PackedTensor([torch.ones(1), torch.ones(1)], 0), torch.ones(1)],
+        [torch.ones(2, dtype=torch.uint16), torch.ones(1)],
+        [None, None],
+    ):
+        stack = NonTensorStack.from_list(rows)
+        encoded = encode_put({"o": stack}, 2)
+        assert encoded.parser is None and encoded.wire["o"] is stack
+
+
+def test_object_rows_mixed_with_library_rows_and_malformed_rows() -> None:
+    encoded = encode_put({"img": NonTensorStack.from_list([torch.ones(2, 2), torch.zeros(1, 3)])}, 2)
+    rows = pickle.loads(cloudpickle.dumps(encoded.parser))(dict(encoded.wire))["img"]
+    assert all(r.startswith(b"ndo1") for r in rows)
+    # a later put of the same field in the library's layout (e.g. text rows)
+    mixed = decode_column(NonTensorStack(rows[0], "text"), "img").tolist()
+    assert torch.equal(mixed[0], torch.ones(2, 2)) and mixed[1] == "text"
+    with pytest.raises(RuntimeError, match="'img'.*malformed"):
+        decode_column(NonTensorStack(rows[0][:-1], rows[1]), "img")
+    with pytest.raises(RuntimeError, match="'img'.*unknown kind"):
+        decode_column(NonTensorStack(b"ndo1\x09", rows[1]), "img")

@@ -77,6 +77,25 @@ __all__ = [
 SFT_PARTITION_TEMPLATE = "sft_dp{rank}_batch{k}"
 
 
+def _batch_to_tensordict(batch: Mapping[str, Any], n: int) -> Any:
+    """A collated batch as the TensorDict a put takes, on every backend.
+
+    ``PackedTensor`` columns (a vision-language batch's images) are written in the per-row
+    form (one one-entry PackedTensor per row), which every backend stores per sample and both
+    readers turn back into one PackedTensor; the other columns are wrapped as they are.
+    """
+    from nemo_dp.data_plane.codec import pack_jagged_fields
+    from nemo_dp.utils.packed_tensor import PackedTensor
+
+    packed = {k: v for k, v in batch.items() if isinstance(v, PackedTensor)}
+    td = local_batch_to_tensordict({k: v for k, v in batch.items() if k not in packed}, batch_size=n)
+    if packed:
+        rows = pack_jagged_fields(packed, lengths=None)
+        for key in packed:
+            td.set(key, rows.get(key))
+    return td
+
+
 def sft_partition_id(rank: int, k: int) -> str:
     """The partition id of rank ``rank``'s part of batch ``k``.
 
@@ -267,7 +286,7 @@ class ColocatedLoaderMixin:
         try:
             batch = collate_sft(examples[lo:hi], self._cl_tokenizer, max_seq_len=self._cl_max_seq_len)
             n = int(batch["input_ids"].shape[0])
-            td = local_batch_to_tensordict(dict(batch), batch_size=n)
+            td = _batch_to_tensordict(batch, n)
             sample_ids = [f"{pid}_row{i}" for i in range(n)]
             source_ids = indices[lo:hi]
             if not self._cl_register(client, pid, fields=list(td.keys()), num_samples=n, wait=wait):

@@ -21,6 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.distributed.worker_group import RayCluster, RayWorkerGroup
+from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
+from nemo_dp.models.policy.images import wire_prompt
 from nemo_dp.models.policy.worker import COUNT_METRICS, PolicyWorker
 
 __all__ = ["Policy"]
@@ -216,16 +218,21 @@ class Policy:
     # ------------------------------------------------------------------------------------------
     # the public API the legacy trainers use
     # ------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool) -> BatchedDataDict:
+    def generate(
+        self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
+    ) -> BatchedDataDict:
         """Generate one response per prompt, spread over the workers.
 
         Each row is sampled with its own seed, so the output does not depend on ``dp_size`` or
         on which worker generated it.
 
         Args:
-            prompts: Token ids per prompt (bos included).
+            prompts: Token ids per prompt (bos included), or ``VisualPrompt`` specs (the
+                workers render and encode them).
             seeds: One seed per prompt.
             greedy: Argmax decoding (evaluation).
+            return_images: Return visual prompts' image columns with the rows (False: the
+                caller only decodes responses, so no image crosses to the driver).
 
         Returns:
             ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
@@ -243,8 +250,12 @@ class Policy:
         bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
         outs = self.worker_group.run_sharded(
             "generate",
-            [{"prompts": [list(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]} for a, b in bounds],
+            [
+                {"prompts": [wire_prompt(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]}
+                for a, b in bounds
+            ],
             greedy,
+            return_images=return_images,
         )
         parts = [o for o in outs if len(o) > 0]
         return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
@@ -281,7 +292,8 @@ class Policy:
 
     @staticmethod
     def _lp_view(data: BatchedDataDict) -> BatchedDataDict:
-        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"]})
+        images = {k: data[k] for k in IMAGE_FIELDS if k in data}
+        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"], **images})
 
     @staticmethod
     def _fit_width(out: BatchedDataDict, data: BatchedDataDict, key: str) -> BatchedDataDict:

@@ -195,7 +195,7 @@ class RolloutGroup:
         pid = partition_for_batch(batch)
         self._client.register_partition(
             pid,
-            fields=list(STREAM_FIELDS),
+            fields=[*STREAM_FIELDS, *self._policy.image_fields],
             num_samples=n,
             consumer_tasks=[TASK_PREV_LP, TASK_REF_LP, TASK_TRAIN],
             grpo_group_size=g,

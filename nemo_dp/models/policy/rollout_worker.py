@@ -42,7 +42,9 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import score_parts
 from nemo_dp.models.builders import build_model, cfg_get
 from nemo_dp.models.generation import generate as generate_tokens
+from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
 from nemo_dp.models.precision import resolve_precision
+from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
 __all__ = [
     "POLICY_VERSION",
@@ -197,9 +199,10 @@ class RolloutWorker:
         bs = int(cfg_get(self.cfg, "generation_batch_size"))
         parts = []
         for s in range(0, len(prompts), bs):
+            token_ids, images = encode_visual_prompts(self, prompts[s : s + bs])
             out = generate_tokens(
-                self.model,
-                [list(p) for p in prompts[s : s + bs]],
+                bind_images(self.model, images) if images else self.model,
+                token_ids,
                 max_new_tokens=int(cfg_get(gen_cfg, "max_new_tokens")),
                 eos_id=self.eos_id,
                 pad_id=self.pad_id,
@@ -208,7 +211,7 @@ class RolloutWorker:
                 seeds=[int(x) for x in seeds[s : s + bs]],
                 precision=self.precision,
             )
-            parts.append(BatchedDataDict(out))
+            parts.append(BatchedDataDict({**out, **images}))
         return BatchedDataDict.from_batches(parts, pad_value_dict={INPUT_IDS: self.pad_id})
 
     def generate_into_store(
@@ -280,6 +283,7 @@ class RolloutWorker:
             TOKEN_MASK: token_mask,
             SAMPLE_MASK: sample_mask,
             ADVANTAGES: adv.unsqueeze(1) * token_mask.float(),
+            **{k: out[k] for k in IMAGE_FIELDS if k in out},
         }
         tags = [
             {

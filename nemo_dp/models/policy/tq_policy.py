@@ -43,6 +43,9 @@ from nemo_dp.data_plane.schema import (
 )
 from nemo_dp.data_plane.worker_mixin import ROW_VALUE_FIELDS, ROW_VALUES_KEY
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
+from nemo_dp.models.builders import policy_takes_images
+from nemo_dp.models.policy.images import wire_prompt
 from nemo_dp.models.policy.policy import Policy
 from nemo_dp.models.policy.tq_worker import ROLLOUT_STORE_FIELDS, TQPolicyWorker
 
@@ -95,6 +98,9 @@ class TQPolicy(TQDriverMixin, Policy):
         except BaseException:
             self.dp_client.close()
             raise
+        #: Per-sample image columns every rollout, log-prob and train call also carries
+        #: (a vision-language policy; none for a text model).
+        self.image_fields: tuple[str, ...] = IMAGE_FIELDS if policy_takes_images(self.cfg) else ()
         try:
             # Workers get the validated dataclass: picklable and free of interpolations.
             self._dispatch_all("setup_data_plane", coerce_data_plane_config(dp_cfg))
@@ -121,7 +127,7 @@ class TQPolicy(TQDriverMixin, Policy):
             ValueError: The partition is already registered (``"already registered"``).
         """
         fields: list[str] = []
-        for f in (*DP_TRAIN_FIELDS, *ROLLOUT_STORE_FIELDS, *extra_fields):
+        for f in (*DP_TRAIN_FIELDS, *ROLLOUT_STORE_FIELDS, *self.image_fields, *extra_fields):
             if f not in fields:
                 fields.append(f)
         self.dp_client.register_partition(
@@ -143,7 +149,7 @@ class TQPolicy(TQDriverMixin, Policy):
         Raises:
             ValueError: The partition is already registered.
         """
-        fields = list(ROLLOUT_STORE_FIELDS)
+        fields = [*ROLLOUT_STORE_FIELDS, *self.image_fields]
         self.dp_client.register_partition(
             partition_id, fields=fields, num_samples=int(num_samples), consumer_tasks=[TASK_VAL]
         )
@@ -245,7 +251,7 @@ class TQPolicy(TQDriverMixin, Policy):
         bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
         shards = [
             {
-                "prompts": [list(p) for p in prompts[a:b]],
+                "prompts": [wire_prompt(p) for p in prompts[a:b]],
                 "seeds": [int(s) for s in seeds[a:b]],
                 "sample_ids": [str(s) for s in sample_ids[a:b]],
                 "answers": list(answers[a:b]),  # str; an Answer keeps its row for reward functions
@@ -282,7 +288,9 @@ class TQPolicy(TQDriverMixin, Policy):
         Returns:
             ``None``: the results are in the store.
         """
-        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_PREV_LP, keep_tags=False)
+        isolated = self._isolated_meta(
+            meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_PREV_LP, keep_tags=False
+        )
         shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
         self._dispatch_sharded("get_logprobs_presharded", shards)
         return None
@@ -300,7 +308,9 @@ class TQPolicy(TQDriverMixin, Policy):
         Returns:
             ``None``: the results are in the store.
         """
-        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_PREV_LP, keep_tags=False)
+        isolated = self._isolated_meta(
+            meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_PREV_LP, keep_tags=False
+        )
         shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
         self._dispatch_sharded("get_logprobs_and_reference_presharded", shards)
         return None
@@ -314,7 +324,9 @@ class TQPolicy(TQDriverMixin, Policy):
         Returns:
             ``None``: the results are in the store.
         """
-        isolated = self._isolated_meta(meta, fields=LP_SEED_FIELDS, task_name=TASK_REF_LP, keep_tags=False)
+        isolated = self._isolated_meta(
+            meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_REF_LP, keep_tags=False
+        )
         shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
         self._dispatch_sharded("get_reference_policy_logprobs_presharded", shards)
         return None
@@ -364,6 +376,7 @@ class TQPolicy(TQDriverMixin, Policy):
         gbs = int(gbs or self.cfg.train_global_batch_size)
         rows = self._check_row_values(meta, row_values, train_fields)
         fields = [f for f in train_fields if f not in rows]
+        fields += [f for f in self.image_fields if f not in fields]
         isolated = self._isolated_meta(meta, fields=fields, task_name=TASK_TRAIN, keep_tags=False)
         shards = self._shard_meta(isolated, batch_size=gbs, mb_tokens_key="train_mb_tokens")
         if rows:

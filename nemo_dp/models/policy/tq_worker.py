@@ -29,6 +29,7 @@ from nemo_dp.data_plane.schema import (
 )
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
 from nemo_dp.environments.weighted import score_parts
+from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderMixin
 from nemo_dp.models.policy.worker import PolicyWorker
 
@@ -132,6 +133,8 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
             GENERATION_LOGPROBS: out[GENERATION_LOGPROBS],
             TOKEN_MASK: out[TOKEN_MASK],
             SAMPLE_MASK: torch.ones(n, dtype=torch.float32),
+            # a vision-language rollout's images go into the store with their rows
+            **{k: out[k] for k in IMAGE_FIELDS if k in out},
         }
         meta: KVBatchMeta | None = None
         if self._is_replica_leader():

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict, MicrobatchSpec
 from nemo_dp.distributed.worker_group import find_free_port, node_ip_address
 from nemo_dp.models.builders import build_model, cfg_get, save_tokenizer
+from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
 from nemo_dp.models.generation import generate as generate_tokens
 from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
 from nemo_dp.models.protocol import LossFn
@@ -239,13 +240,18 @@ class PolicyWorker:
             return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
         return self.lr
 
-    def _forward(self, model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    def _forward(
+        self, model: torch.nn.Module, input_ids: torch.Tensor, mb: BatchedDataDict | None = None
+    ) -> torch.Tensor:
         """``model(input_ids)`` in ``policy.precision``'s autocast (bf16-mixed: bfloat16 matmuls).
 
         Only the forward runs inside the autocast region: the caller's log-softmax and loss
         (``token_logprobs_from_logits`` casts the logits to float32 first) run outside it, in
-        float32, and the backward follows each op's forward dtype.
+        float32, and the backward follows each op's forward dtype.  A microbatch ``mb`` that
+        carries images binds them to a vision-language model first (``bind_images``).
         """
+        if mb is not None:
+            model = bind_images(model, mb)
         with self.precision.autocast(self.device):
             return model(input_ids)
 
@@ -288,17 +294,23 @@ class PolicyWorker:
     # ------------------------------------------------------------------------------------------
     # generation and log-probs
     # ------------------------------------------------------------------------------------------
-    def generate(self, shard: Mapping[str, Sequence[Any]], greedy: bool) -> BatchedDataDict:
+    def generate(
+        self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True
+    ) -> BatchedDataDict:
         """Generate responses for this rank's prompts (one private RNG per row).
 
         Args:
-            shard: ``{"prompts": token ids per prompt (bos included), "seeds": one sampling
-                seed per prompt}``.
+            shard: ``{"prompts": token ids per prompt (bos included) or ``VisualPrompt``
+                specs (encoded here, images rendered here), "seeds": one sampling seed per
+                prompt}``.
             greedy: Argmax decoding (evaluation) instead of sampling.
+            return_images: Include visual prompts' image columns in the result (a caller
+                that only decodes the responses, e.g. evaluation, passes False).
 
         Returns:
-            The fields of ``nemo_dp.models.generation.generate`` as a ``BatchedDataDict``
-            (empty dict when no prompts were given).
+            The fields of ``nemo_dp.models.generation.generate`` as a ``BatchedDataDict``,
+            plus ``pixel_values`` / ``image_grid_thw`` for visual prompts when
+            ``return_images`` (empty dict when no prompts were given).
         """
         prompts, seeds = shard["prompts"], shard["seeds"]
         if len(prompts) != len(seeds):
@@ -310,9 +322,10 @@ class PolicyWorker:
         self.model.eval()
         parts = []
         for s in range(0, len(prompts), bs):
+            token_ids, images = encode_visual_prompts(self, prompts[s : s + bs])
             out = generate_tokens(
-                self.model,
-                [list(p) for p in prompts[s : s + bs]],
+                bind_images(self.model, images) if images else self.model,
+                token_ids,
                 max_new_tokens=int(_cfg_get(gen_cfg, "max_new_tokens")),
                 eos_id=self.eos_id,
                 pad_id=self.pad_id,
@@ -321,7 +334,7 @@ class PolicyWorker:
                 seeds=[int(x) for x in seeds[s : s + bs]],
                 precision=self.precision,
             )
-            parts.append(BatchedDataDict(out))
+            parts.append(BatchedDataDict({**out, **(images if return_images else {})}))
         return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
 
     @torch.no_grad()
@@ -335,7 +348,7 @@ class PolicyWorker:
             mb = data.slice(spec.start, spec.end)
             w = self._mb_width(mb, spec, dynamic)
             ids = mb["input_ids"][:, :w].to(self.device)
-            lp = token_logprobs_from_logits(self._forward(model, ids), ids).cpu()
+            lp = token_logprobs_from_logits(self._forward(model, ids, mb), ids).cpu()
             lengths = mb["input_lengths"].to(torch.long)
             valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
             out[spec.start : spec.end, :w] = lp * valid
@@ -432,10 +445,10 @@ class PolicyWorker:
             tensors = self._trim(mb, width)
             if state["eval_mode"]:
                 with torch.no_grad():
-                    logits = self._forward(self.model, tensors["input_ids"])
+                    logits = self._forward(self.model, tensors["input_ids"], mb)
                     loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
             else:
-                logits = self._forward(self.model, tensors["input_ids"])
+                logits = self._forward(self.model, tensors["input_ids"], mb)
                 loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
                 loss.backward()
             for k, v in m.items():

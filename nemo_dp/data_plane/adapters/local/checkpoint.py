@@ -11,7 +11,10 @@ Layout of ``<dir>/manifest.json`` (version 2): format, version, ``next_generatio
 tasks, group size, enums, generation, written flag, ordered sample ids, tags, per-task
 cursors, field kinds and columns).  Tensor columns name their key in the table (jagged ones
 also an offsets key); object columns hold one typed value node per row, and tags one node (or
-``null``) per row, both in the encoding of ``nemo_dp.data_plane.value_codec``.  Version-1
+``null``) per row, both in the encoding of ``nemo_dp.data_plane.value_codec``.  A
+``PackedTensor`` column (``"kind": "packed"``) holds its ``dim_to_pack`` and one tensor node (or
+``null``) per row; a dict column (``"kind": "dict"``) one such record per key, each with its
+``field_kind``.  Version-1
 checkpoints (object values and tags as plain JSON) still load.
 
 A value the encoding cannot represent makes :func:`snapshot` raise ``TypeError`` naming the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,15 @@ import torch
 
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
 from nemo_dp.data_plane.adapters.local.store import (
+    DICT_KIND,
     OBJECT_KIND,
+    PACKED_KIND,
     Column,
     DenseColumn,
+    DictColumn,
     JaggedColumn,
     ObjectColumn,
+    PackedColumn,
     Partition,
     Selection,
     compact,
@@ -92,6 +100,44 @@ def _encode_tags(
     ]
 
 
+def _column_record(
+    col: Column,
+    key: str,
+    ids: list[str],
+    sel: Selection,
+    tensors: dict[str, torch.Tensor],
+    where: tuple[str, str],
+) -> dict[str, Any]:
+    """The manifest record of one stored column's live rows (its tensors added to ``tensors``)."""
+    pid, what = where
+    everything = sel.run == (0, col.num_rows) or (not ids and col.num_rows == 0)
+    if isinstance(col, ObjectColumn):
+        encoder = ValueEncoder(tensors, f"{key}.v")
+        values = [
+            _encode(encoder, col.values[pos], pid, what, sid) for sid, pos in zip(ids, sel.positions)
+        ]
+        return {"kind": "object", "values": values}
+    if isinstance(col, PackedColumn):
+        encoder = ValueEncoder(tensors, f"{key}.v")
+        values = [
+            _encode(encoder, col.entries[pos], pid, what, sid) for sid, pos in zip(ids, sel.positions)
+        ]
+        return {"kind": PACKED_KIND, "dim_to_pack": col.dim_to_pack, "values": values}
+    if isinstance(col, DictColumn):
+        subs = {}
+        for i, (sub, sub_col) in enumerate(col.columns.items()):
+            record = _column_record(sub_col, f"{key}.d{i}", ids, sel, tensors, (pid, f"{what}[{sub!r}]"))
+            subs[sub] = {**record, "field_kind": sub_col.kind}
+        return {"kind": DICT_KIND, "columns": subs}
+    if isinstance(col, DenseColumn):
+        tensors[key] = compact(col.data if everything else col.take(sel))
+        return {"kind": "tensor", "layout": "dense", "key": key}
+    values_t, offsets_t = (col.values, col.offsets) if everything else col.take_parts(sel)
+    tensors[key] = compact(values_t)
+    tensors[f"{key}.offsets"] = compact(offsets_t)
+    return {"kind": "tensor", "layout": "jagged", "key": key, "offsets_key": f"{key}.offsets"}
+
+
 def snapshot(
     partitions: Iterable[Partition], next_generation: int, user_metadata: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -119,32 +165,8 @@ def snapshot(
         sel = Selection.of([part.row_of[sid] for sid in ids])
         columns: dict[str, Any] = {}
         for c_index, (name, col) in enumerate(part.columns.items()):
-            key = f"p{p_index}.c{c_index}"
-            everything = sel.run == (0, col.num_rows) or (not ids and col.num_rows == 0)
-            if isinstance(col, ObjectColumn):
-                encoder = ValueEncoder(tensors, f"{key}.v")
-                values = [
-                    _encode(encoder, col.values[pos], part.partition_id, f"field {name!r}", sid)
-                    for sid, pos in zip(ids, sel.positions)
-                ]
-                columns[name] = {"kind": "object", "values": values}
-            elif isinstance(col, DenseColumn):
-                data = col.data if everything else col.take(sel)
-                tensors[key] = compact(data)
-                columns[name] = {"kind": "tensor", "layout": "dense", "key": key}
-            else:
-                if everything:
-                    values_t, offsets_t = col.values, col.offsets
-                else:
-                    values_t, offsets_t = col.take_parts(sel)
-                tensors[key] = compact(values_t)
-                tensors[f"{key}.offsets"] = compact(offsets_t)
-                columns[name] = {
-                    "kind": "tensor",
-                    "layout": "jagged",
-                    "key": key,
-                    "offsets_key": f"{key}.offsets",
-                }
+            where = (part.partition_id, f"field {name!r}")
+            columns[name] = _column_record(col, f"p{p_index}.c{c_index}", ids, sel, tensors, where)
         records.append(
             {
                 "partition_id": part.partition_id,
@@ -302,6 +324,87 @@ def _restore(
     return partitions, next_generation, copy.deepcopy(metadata)
 
 
+@dataclass(frozen=True)
+class _ColumnContext:
+    """What restoring one partition's columns needs (rows, tensor table, message locations)."""
+
+    n: int
+    ids: list[str]
+    tensors: dict[str, torch.Tensor]
+    typed: bool
+    where: str
+    twhere: str
+    vwhere: str
+
+
+def _restore_column(col: Any, name: str, kind_name: str, ctx: _ColumnContext) -> Column:
+    """Rebuild one column record (``name`` is its quoted name, e.g. ``'img'['pixels']``)."""
+    n, ids, tensors, where, twhere = ctx.n, ctx.ids, ctx.tensors, ctx.where, ctx.twhere
+    _expect(isinstance(col, dict), where, f"column {name} must be an object")
+    kind = col.get("kind")
+    if kind in ("object", PACKED_KIND):
+        values = col.get("values")
+        ok_values = isinstance(values, list) and len(values) == n
+        _expect(ok_values, where, f"column {name} must hold {n} values")
+        expected = OBJECT_KIND if kind == "object" else PACKED_KIND
+        _expect(kind_name == expected, where, f"column {name} kind mismatch")
+        decoded = [
+            _value(node, ctx.typed, tensors, f"{ctx.vwhere} column {name} sample {sid!r}")
+            for sid, node in zip(ids, values)
+        ]
+        if kind == "object":
+            return ObjectColumn(decoded)
+        dim = col.get("dim_to_pack")
+        _expect(_is_int(dim), where, f"column {name} needs an int dim_to_pack")
+        ok_entries = all(v is None or type(v) is torch.Tensor for v in decoded)
+        _expect(ok_entries, where, f"column {name} entries must be tensors or null")
+        return PackedColumn(decoded, dim)
+    if kind == DICT_KIND:
+        _expect(kind_name == DICT_KIND, where, f"column {name} kind mismatch")
+        subs = col.get("columns")
+        ok_subs = isinstance(subs, dict) and bool(subs) and all(isinstance(k, str) and k for k in subs)
+        _expect(ok_subs, where, f"column {name} must hold a non-empty object of sub-columns")
+        out: dict[str, Column] = {}
+        for sub, rec in subs.items():
+            sub_kind = rec.get("field_kind") if isinstance(rec, dict) else None
+            _expect(isinstance(sub_kind, str), where, f"column {name}[{sub!r}] needs a field_kind")
+            out[sub] = _restore_column(rec, f"{name}[{sub!r}]", sub_kind, ctx)
+        return DictColumn(out)
+    _expect(kind == "tensor", where, f"column {name} has unknown kind {kind!r}")
+    key = col.get("key")
+    ok_key = isinstance(key, str) and key in tensors
+    _expect(ok_key, twhere, f"tensor {key!r} of column {name} is missing")
+    data = tensors[key]
+    _expect(
+        str(data.dtype) == kind_name,
+        twhere,
+        f"column {name} has dtype {data.dtype}, manifest says {kind_name}",
+    )
+    layout = col.get("layout")
+    if layout == "dense":
+        ok_rows = data.dim() >= 1 and data.size(0) == n
+        _expect(ok_rows, twhere, f"column {name} must have {n} rows")
+        return DenseColumn(data.contiguous())
+    if layout == "jagged":
+        okey = col.get("offsets_key")
+        ok_okey = isinstance(okey, str) and okey in tensors
+        _expect(ok_okey, twhere, f"offsets of column {name} are missing")
+        offsets = tensors[okey]
+        _expect(
+            offsets.dtype == torch.long
+            and offsets.dim() == 1
+            and offsets.numel() == n + 1
+            and data.dim() >= 1
+            and int(offsets[0]) == 0
+            and int(offsets[-1]) == data.size(0)
+            and bool((offsets[1:] >= offsets[:-1]).all()),
+            twhere,
+            f"offsets of column {name} are inconsistent",
+        )
+        return JaggedColumn(data.contiguous(), offsets.contiguous())
+    raise _Corrupt(f"{where}: column {name} has unknown layout {layout!r}")
+
+
 def _restore_partition(
     rec: Any, where: str, tensors: dict[str, torch.Tensor], tensor_path: Path, typed: bool
 ) -> Partition:
@@ -361,56 +464,8 @@ def _restore_partition(
     _expect(ok_columns, where, "columns must have field_kinds")
     n = len(ids)
     twhere = f"checkpoint tensor file {str(tensor_path)!r} ({where})"
-    columns: dict[str, Column] = {}
-    for name, col in columns_rec.items():
-        _expect(isinstance(col, dict), where, f"column {name!r} must be an object")
-        kind = col.get("kind")
-        if kind == "object":
-            values = col.get("values")
-            ok_values = isinstance(values, list) and len(values) == n
-            _expect(ok_values, where, f"column {name!r} must hold {n} values")
-            _expect(kinds[name] == OBJECT_KIND, where, f"column {name!r} kind mismatch")
-            columns[name] = ObjectColumn(
-                [
-                    _value(node, typed, tensors, f"{vwhere} column {name!r} sample {sid!r}")
-                    for sid, node in zip(ids, values)
-                ]
-            )
-            continue
-        _expect(kind == "tensor", where, f"column {name!r} has unknown kind {kind!r}")
-        key = col.get("key")
-        ok_key = isinstance(key, str) and key in tensors
-        _expect(ok_key, twhere, f"tensor {key!r} of column {name!r} is missing")
-        data = tensors[key]
-        _expect(
-            str(data.dtype) == kinds[name],
-            twhere,
-            f"column {name!r} has dtype {data.dtype}, manifest says {kinds[name]}",
-        )
-        layout = col.get("layout")
-        if layout == "dense":
-            ok_rows = data.dim() >= 1 and data.size(0) == n
-            _expect(ok_rows, twhere, f"column {name!r} must have {n} rows")
-            columns[name] = DenseColumn(data.contiguous())
-        elif layout == "jagged":
-            okey = col.get("offsets_key")
-            ok_okey = isinstance(okey, str) and okey in tensors
-            _expect(ok_okey, twhere, f"offsets of column {name!r} are missing")
-            offsets = tensors[okey]
-            _expect(
-                offsets.dtype == torch.long
-                and offsets.dim() == 1
-                and offsets.numel() == n + 1
-                and data.dim() >= 1
-                and int(offsets[0]) == 0
-                and int(offsets[-1]) == data.size(0)
-                and bool((offsets[1:] >= offsets[:-1]).all()),
-                twhere,
-                f"offsets of column {name!r} are inconsistent",
-            )
-            columns[name] = JaggedColumn(data.contiguous(), offsets.contiguous())
-        else:
-            raise _Corrupt(f"{where}: column {name!r} has unknown layout {layout!r}")
+    ctx = _ColumnContext(n, ids, tensors, typed, where, twhere, vwhere)
+    columns = {name: _restore_column(col, repr(name), kinds[name], ctx) for name, col in columns_rec.items()}
     return Partition(
         partition_id=pid,
         fields=tuple(fields),

@@ -6,7 +6,10 @@ import them without an import cycle and keeps each module to one job.
 
 Columns own their bytes and are never mutated after a put, so reads can gather from them
 without holding the client's lock: dense tensors are one contiguous CPU clone, jagged tensors a
-compact ``values``/``offsets`` pair, object columns a deep-copied Python list.
+compact ``values``/``offsets`` pair, object columns a deep-copied Python list.  Multimodal
+columns keep their structure instead of being flattened: a ``PackedTensor`` column is one CPU
+clone per sample's entry (``PackedColumn``), a dict column one sub-column per key
+(``DictColumn``); both are read back per sample, as the same type.
 """
 
 from __future__ import annotations
@@ -17,12 +20,18 @@ from typing import Any, Union
 
 import torch
 
+from nemo_dp.utils.packed_tensor import PackedTensor
+
 __all__ = [
+    "DICT_KIND",
     "OBJECT_KIND",
+    "PACKED_KIND",
     "Column",
     "DenseColumn",
+    "DictColumn",
     "JaggedColumn",
     "ObjectColumn",
+    "PackedColumn",
     "Partition",
     "Selection",
     "compact",
@@ -32,6 +41,10 @@ __all__ = [
 
 OBJECT_KIND = "object"
 """The kind (in place of a dtype) of a non-tensor column."""
+PACKED_KIND = "packed"
+"""The kind of a ``PackedTensor`` column."""
+DICT_KIND = "dict"
+"""The kind of a dict column (a mapping of batch-major sub-columns)."""
 
 # ---------------------------------------------------------------------------------------------
 # stored columns
@@ -166,7 +179,53 @@ class ObjectColumn:
         return copy.deepcopy([self.values[p] for p in sel.positions])
 
 
-Column = Union[DenseColumn, JaggedColumn, ObjectColumn]
+def _own_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+
+
+@dataclass
+class PackedColumn:
+    """A ``PackedTensor`` column: one owned CPU entry (or ``None``) per row; never mutated."""
+
+    entries: list[torch.Tensor | None]
+    dim_to_pack: int
+
+    @classmethod
+    def of(cls, packed: PackedTensor) -> PackedColumn:
+        return cls([None if t is None else _own_copy(t) for t in packed.tensors], packed.dim_to_pack)
+
+    @property
+    def kind(self) -> str:
+        return PACKED_KIND
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.entries)
+
+    def take(self, sel: Selection) -> PackedTensor:
+        picked = [self.entries[p] for p in sel.positions]
+        return PackedTensor([None if t is None else t.clone() for t in picked], self.dim_to_pack)
+
+
+@dataclass
+class DictColumn:
+    """A dict column: key -> sub-column, every sub-column with the same rows; never mutated."""
+
+    columns: dict[str, Column]
+
+    @property
+    def kind(self) -> str:
+        return DICT_KIND
+
+    @property
+    def num_rows(self) -> int:
+        return next(iter(self.columns.values())).num_rows
+
+    def take(self, sel: Selection) -> dict[str, Any]:
+        return {k: col.take(sel) for k, col in self.columns.items()}
+
+
+Column = Union[DenseColumn, JaggedColumn, ObjectColumn, PackedColumn, DictColumn]
 
 
 def store_tensor(name: str, t: torch.Tensor) -> DenseColumn | JaggedColumn:

@@ -19,14 +19,19 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 from nemo_dp.data_plane.adapters._validation import check_name, check_names, check_positive_int, listed
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
 from nemo_dp.data_plane.adapters.local.store import (
+    DICT_KIND,
     OBJECT_KIND,
+    PACKED_KIND,
     Column,
+    DictColumn,
     ObjectColumn,
+    PackedColumn,
     Partition,
     Selection,
     store_tensor,
 )
 from nemo_dp.data_plane.schema import INPUT_LENGTHS
+from nemo_dp.utils.packed_tensor import PackedTensor
 
 def check_tag_value(value: Any, where: str) -> None:
     if value is None or isinstance(value, (str, bool, int, float)):
@@ -70,8 +75,51 @@ class PendingPut:
     tags: list[dict[str, Any]] | None
 
 
+def _classify_packed(where: str, packed: PackedTensor, n: int) -> tuple[str, Any]:
+    if len(packed) != n:
+        raise ValueError(f"{where}: PackedTensor column has {len(packed)} entries, expected {n}")
+    for i, t in enumerate(packed.tensors):
+        if t is not None and (t.is_nested or t.layout != torch.strided):
+            raise TypeError(f"{where}: PackedTensor entry {i} is a {t.layout} tensor; entries must be dense")
+    return PACKED_KIND, packed
+
+
+def _classify_dict(where: str, data: Mapping[Any, Any], n: int) -> tuple[str, Any]:
+    """A dict column: every value is a batch-major column of ``n`` rows (checked recursively)."""
+    if not data:
+        raise ValueError(f"{where}: a dict column needs at least one key")
+    parts: dict[str, tuple[str, Any]] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"{where}: dict column keys must be non-empty str, got {key!r}")
+        sub = f"{where}[{key!r}]"
+        if isinstance(value, PackedTensor):
+            parts[key] = _classify_packed(sub, value, n)
+        elif isinstance(value, Mapping):
+            parts[key] = _classify_dict(sub, value, n)
+        elif isinstance(value, torch.Tensor):
+            rows = value.size(0) if value.dim() > 0 else None
+            if rows != n:
+                raise ValueError(f"{sub}: tensor has batch size {rows}, expected {n}")
+            parts[key] = (str(value.dtype), value)
+        elif isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim >= 1):
+            if len(value) != n:
+                raise ValueError(f"{sub}: holds {len(value)} values, expected {n}")
+            parts[key] = (OBJECT_KIND, list(value))
+        else:
+            raise TypeError(
+                f"{sub}: a dict column value must be a tensor, PackedTensor, dict or a sequence "
+                f"of {n} values, got {type(value).__name__}"
+            )
+    return DICT_KIND, parts
+
+
 def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
-    """Return ``(kind, payload)`` for a put leaf; payload is the tensor or the list of objects."""
+    """Return ``(kind, payload)`` for a put leaf.
+
+    The payload is the tensor, the list of objects, the ``PackedTensor``, or (for a dict column)
+    the sub-column name -> ``(kind, payload)`` mapping.
+    """
     if isinstance(leaf, NonTensorStack):
         values = leaf.tolist()
         if len(values) != n:
@@ -79,14 +127,18 @@ def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
         return OBJECT_KIND, values
     if isinstance(leaf, NonTensorData):
         data = leaf.data
+        if isinstance(data, PackedTensor):
+            return _classify_packed(f"field {name!r}", data, n)
+        if isinstance(data, Mapping):
+            return _classify_dict(f"field {name!r}", data, n)
         if isinstance(data, np.ndarray) and data.ndim >= 1:
             values = list(data)
         elif isinstance(data, (list, tuple)):
             values = list(data)
         else:
             raise TypeError(
-                f"field {name!r}: a NonTensorData column must hold a list, tuple or 1-D array "
-                f"of {n} values, got {type(data).__name__}"
+                f"field {name!r}: a NonTensorData column must hold a list, tuple, 1-D array, "
+                f"PackedTensor or dict of {n}-row columns, got {type(data).__name__}"
             )
         if len(values) != n:
             raise ValueError(
@@ -99,6 +151,16 @@ def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
         return str(leaf.dtype), leaf
     raise TypeError(f"field {name!r}: unsupported leaf type {type(leaf).__name__}")
 
+
+def store_leaf(name: str, kind: str, payload: Any) -> Column:
+    """The one stored copy of a classified leaf (see :func:`classify_leaf`)."""
+    if kind == OBJECT_KIND:
+        return ObjectColumn(copy.deepcopy(payload))
+    if kind == PACKED_KIND:
+        return PackedColumn.of(payload)
+    if kind == DICT_KIND:
+        return DictColumn({k: store_leaf(f"{name}[{k!r}]", *part) for k, part in payload.items()})
+    return store_tensor(name, payload)
 
 
 def validate_put(
@@ -177,12 +239,7 @@ def validate_put(
             f"{part.num_samples} rows in its one put, got {n}"
         )
     # Everything is valid: now take the one copy per column.
-    columns: dict[str, Column] = {}
-    for name, (kind, payload) in leaves.items():
-        if kind == OBJECT_KIND:
-            columns[name] = ObjectColumn(copy.deepcopy(payload))
-        else:
-            columns[name] = store_tensor(name, payload)
+    columns = {name: store_leaf(name, kind, payload) for name, (kind, payload) in leaves.items()}
     return PendingPut(
         row_of, columns, copy.deepcopy([dict(t) for t in tags]) if tags is not None else None
     )
@@ -224,7 +281,7 @@ def build_read(plan: tuple[int, list[tuple[str, Column]], Selection]) -> TensorD
     n, cols, sel = plan
     out: dict[str, Any] = {}
     for name, col in cols:
-        if isinstance(col, ObjectColumn):
+        if isinstance(col, (ObjectColumn, PackedColumn, DictColumn)):
             out[name] = NonTensorData(col.take(sel), batch_size=(n,))
         else:
             out[name] = col.take(sel)

@@ -15,6 +15,9 @@ by one rule (:func:`plan_column`):
   the row's byte count, the row's data and zero padding up to the longest row.  The padding
   crosses the wire once, on put; the storage unit keeps only each row's own bytes
   (``row_split``), so reads move exactly the data;
+* **object rows** - a per-row object column whose rows are per-sample tensors of any shape or
+  one-entry ``PackedTensor``s (multimodal columns): padded rows of ``uint8``, each row carrying
+  its own dtype and shape (``object_rows``);
 * **the library's layout** - equal rows of at least :data:`LARGE_ROW_BYTES` (sent dense, one
   frame; on read, per-row frames cost little next to copying such rows), and columns the row
   layout cannot describe (a strided nested tensor, a dtype outside :data:`DTYPE_CODES`, a jagged
@@ -40,9 +43,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from nemo_dp.data_plane.adapters.transfer_queue import row_split
+from tensordict import NonTensorStack
+
+from nemo_dp.data_plane.adapters.transfer_queue import object_rows, row_split
 from nemo_dp.data_plane.adapters.transfer_queue.row_split import LENGTH_BYTES
 from nemo_dp.data_plane.adapters.transfer_queue.validation import densify
+from nemo_dp.data_plane.adapters.transfer_queue.wire_dtypes import DTYPE_CODES, DTYPES_BY_CODE
 from nemo_dp.data_plane.codec import jagged_rows, stack_or_nest
 
 __all__ = ["DTYPE_CODES", "EncodedPut", "decode_column", "encode_put", "plan_column"]
@@ -50,22 +56,7 @@ __all__ = ["DTYPE_CODES", "EncodedPut", "decode_column", "encode_put", "plan_col
 MAGIC = b"ndr1"
 _HEAD = struct.Struct("<4sBB")  # magic, dtype code, row rank
 
-#: Tensor dtypes the row layout carries, by a stable one-byte code (never renumber).
-DTYPE_CODES: dict[torch.dtype, int] = {
-    torch.bool: 1,
-    torch.uint8: 2,
-    torch.int8: 3,
-    torch.int16: 4,
-    torch.int32: 5,
-    torch.int64: 6,
-    torch.float16: 7,
-    torch.bfloat16: 8,
-    torch.float32: 9,
-    torch.float64: 10,
-    torch.complex64: 11,
-    torch.complex128: 12,
-}
-_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+_DTYPES = DTYPES_BY_CODE
 _PICKLE_BY_VALUE = False
 _MAX_DIMS = 32
 #: Equal rows of at least this many bytes keep the library's own layout (see plan_column).
@@ -201,6 +192,10 @@ class EncodedPut:
 def encode_put(columns: Mapping[str, Any], n: int) -> EncodedPut:
     """Encode every tensor column of a put that the row layout describes.
 
+    A per-row ``NonTensorStack`` whose rows are per-sample tensors or one-entry
+    ``PackedTensor``s (a multimodal column) goes as object rows (``object_rows``); other
+    object columns keep the library's layout.
+
     Args:
         columns: Field -> CPU tensor (``n`` rows) or per-row ``NonTensorStack``.
         n: Rows of the put (``>= 1``).
@@ -211,6 +206,12 @@ def encode_put(columns: Mapping[str, Any], n: int) -> EncodedPut:
     wire: dict[str, Any] = {}
     plans: dict[str, tuple[bytes, int]] = {}
     for name, value in columns.items():
+        if isinstance(value, NonTensorStack) and n > 0:
+            matrix = object_rows.encode_rows(value.tolist())
+            if matrix is not None:
+                wire[name] = matrix
+                plans[name] = (object_rows.MAGIC, LENGTH_BYTES)
+                continue
         if not isinstance(value, torch.Tensor) or n == 0:
             wire[name] = value
             continue
@@ -261,8 +262,9 @@ def decode_column(value: Any, field: str) -> Any:
 
     Returns:
         A dense tensor when all rows share one shape (``(n,)`` for scalar rows), else a jagged
-        nested tensor ragged in dim 1; a column in the library's layout goes through
-        ``densify`` (object columns unchanged).
+        nested tensor ragged in dim 1; a column of object rows a per-row ``NonTensorStack`` of
+        the tensors / one-entry PackedTensors / ``None`` that were put; a column in the
+        library's layout goes through ``densify`` (object columns unchanged).
 
     Raises:
         RuntimeError: A stored row is malformed (wrong descriptor, or a byte count that is not a
@@ -273,6 +275,11 @@ def decode_column(value: Any, field: str) -> Any:
     rows = value if isinstance(value, list) else value.tolist() if hasattr(value, "tolist") else value
     if not isinstance(rows, list) or not rows or not any(isinstance(r, bytes) for r in rows):
         return densify(value)
+    if any(object_rows.is_object_row(r) for r in rows):
+        # rows written by another put in the library's layout stay as they came
+        return NonTensorStack.from_list(
+            [object_rows.decode_row(r, field) if object_rows.is_object_row(r) else r for r in rows]
+        )
     first = rows[0]
     if not all(isinstance(r, bytes) for r in rows) or not isinstance(first, bytes):
         return stack_or_nest([_row_tensor(r, field) for r in rows])

@@ -1,0 +1,290 @@
+"""Offline tiny vision-language checkpoints: ``python -m nemo_dp.models.hf.make_tiny_vlm --out DIR``.
+
+Why this module exists: the vision-language path must run and be tested with no network, like
+the text path (``make_tiny``).  This command trains a byte-level BPE tokenizer (``tokenizers``)
+on the built-in visual task's text, with the chat specials of the text checkpoints plus
+Qwen2-VL's vision specials and a chat template that renders an image part of a message as
+``<|vision_start|><|image_pad|><|vision_end|>``; it writes that tokenizer, a Qwen2-VL image
+processor (patch size, merge size and pixel bounds sized for tiny images) and a randomly
+initialised tiny ``Qwen2VLForConditionalGeneration`` with ``save_pretrained``: a directory laid
+out like a downloaded Qwen2-VL checkpoint, loaded later with ``from_pretrained``
+(``nemo_dp.models.hf.vlm.load_vlm``).  Images of different sizes give different numbers of
+patches (``pixel_values`` rows) and different ``image_grid_thw``, as with the real model.
+
+The ``Qwen2VLProcessor`` class itself is not written: in transformers 5.23 it needs
+torchvision (for its video processor), which this environment does not have; the image
+processor and the tokenizer it would bundle are saved and loaded separately instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nemo_dp.models.hf.make_tiny import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, START_TOKEN, UNK_TOKEN
+
+__all__ = [
+    "IMAGE_TOKEN",
+    "VLM_CHAT_TEMPLATE",
+    "VisionDims",
+    "ensure_tiny_vlm_checkpoint",
+    "make_tiny_vlm_checkpoint",
+    "main",
+]
+
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_TOKEN = "<|image_pad|>"
+VIDEO_TOKEN = "<|video_pad|>"
+VISION_TOKENS: tuple[str, ...] = (VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN)
+
+#: ChatML with image parts: a message's content is a string or a list of ``{"type": "text",
+#: "text": ...}`` / ``{"type": "image", ...}`` parts; each image part becomes one placeholder,
+#: which the processor side expands to the image's number of merged patches.
+VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_FILES_DONE = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
+
+
+@dataclass(frozen=True)
+class VisionDims:
+    """Shape of a tiny VLM checkpoint (defaults: seconds to build and run on one CPU core).
+
+    Attributes:
+        hidden_size: Width of the language model (also the vision tower's output width).
+        intermediate_size: MLP width of the language model.
+        num_layers: Decoder layers.
+        num_heads: Attention heads of the language model (``hidden_size / num_heads`` must be
+            even: the rotary halves are split into Qwen2-VL's three M-RoPE sections).
+        num_kv_heads: Key / value heads.
+        vision_depth: Vision transformer blocks.
+        vision_embed_dim: Width of the vision transformer.
+        vision_heads: Its attention heads.
+        patch_size: Pixels per patch side.
+        merge_size: Patches merged per side into one language token.
+        min_pixels: Smallest image area after resizing.
+        max_pixels: Largest image area after resizing.
+    """
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vision_depth: int = 1
+    vision_embed_dim: int = 32
+    vision_heads: int = 2
+    patch_size: int = 4
+    merge_size: int = 2
+    min_pixels: int = 8 * 8
+    max_pixels: int = 32 * 32
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if value < 1:
+                raise ValueError(f"make_tiny_vlm: {name} must be >= 1, got {value}")
+        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
+            raise ValueError(
+                f"make_tiny_vlm: hidden_size ({self.hidden_size}) / num_heads ({self.num_heads}) "
+                "must be an even integer"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"make_tiny_vlm: num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
+            )
+        if self.vision_embed_dim % self.vision_heads:
+            raise ValueError(
+                f"make_tiny_vlm: vision_heads ({self.vision_heads}) must divide vision_embed_dim "
+                f"({self.vision_embed_dim})"
+            )
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"make_tiny_vlm: min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
+
+    def mrope_section(self) -> list[int]:
+        """Rotary frequencies per M-RoPE section (temporal, height, width); sums to head_dim/2."""
+        half = self.hidden_size // self.num_heads // 2
+        first = half - 2 * (half // 3)
+        return [first, half // 3, half // 3]
+
+
+def _corpus(seed: int) -> Iterator[str]:
+    from nemo_dp.data.visual_task import VisualTask
+
+    for kind in ("digit", "count"):
+        task = VisualTask(kind=kind, seed=seed)
+        for p in task.train_problems(200):
+            yield f"{START_TOKEN}user\n{VISION_START}{IMAGE_TOKEN}{VISION_END}{p.question}{EOS_TOKEN}\n"
+            yield f"{START_TOKEN}assistant\n{p.answer}{EOS_TOKEN}\n"
+
+
+def _train_tokenizer(vocab_size: int, seed: int) -> object:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[*SPECIAL_TOKENS, *VISION_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        additional_special_tokens=[START_TOKEN, *VISION_TOKENS],
+    )
+    tok.chat_template = VLM_CHAT_TEMPLATE
+    return tok
+
+
+def make_tiny_vlm_checkpoint(
+    out: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    vocab_size: int = 320,
+    max_positions: int = 256,
+    dims: VisionDims | None = None,
+) -> Path:
+    """Write a tokenizer, an image processor and a random tiny Qwen2-VL model into ``out``.
+
+    Args:
+        out: Target directory (created; existing files are overwritten).
+        seed: Seeds the tokenizer corpus and the weight initialisation.
+        vocab_size: Target BPE vocabulary (bytes + merges + specials).
+        max_positions: ``max_position_embeddings`` of the language model.
+        dims: The model's shape (default :class:`VisionDims`).
+
+    Returns:
+        The directory.
+    """
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+    d = dims or VisionDims()
+    target = Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    tok = _train_tokenizer(vocab_size, seed)
+    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    token_id = tok.convert_tokens_to_ids
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": len(tok),
+            "hidden_size": d.hidden_size,
+            "intermediate_size": d.intermediate_size,
+            "num_hidden_layers": d.num_layers,
+            "num_attention_heads": d.num_heads,
+            "num_key_value_heads": d.num_kv_heads,
+            "max_position_embeddings": max_positions,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": d.mrope_section()},
+            **ids,
+        },
+        vision_config={
+            "depth": d.vision_depth,
+            "embed_dim": d.vision_embed_dim,
+            "hidden_size": d.hidden_size,
+            "num_heads": d.vision_heads,
+            "mlp_ratio": 2,
+            "patch_size": d.patch_size,
+            "spatial_merge_size": d.merge_size,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+        image_token_id=token_id(IMAGE_TOKEN),
+        video_token_id=token_id(VIDEO_TOKEN),
+        vision_start_token_id=token_id(VISION_START),
+        vision_end_token_id=token_id(VISION_END),
+        tie_word_embeddings=False,
+    )
+    # from_config draws from the global RNG: fork it so the caller's stream is untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
+    model.generation_config.pad_token_id = ids["pad_token_id"]
+    model.generation_config.eos_token_id = ids["eos_token_id"]
+    model.generation_config.bos_token_id = ids["bos_token_id"]
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=d.patch_size,
+        merge_size=d.merge_size,
+        temporal_patch_size=2,
+        min_pixels=d.min_pixels,
+        max_pixels=d.max_pixels,
+    )
+    model.save_pretrained(str(target))
+    tok.save_pretrained(str(target))
+    image_processor.save_pretrained(str(target))
+    return target
+
+
+def ensure_tiny_vlm_checkpoint(
+    cache_dir: str | os.PathLike[str], *, seed: int = 0, dims: VisionDims | None = None, name: str = "tiny-qwen2-vl"
+) -> Path:
+    """The tiny VLM checkpoint under ``cache_dir``, built on first use (atomically renamed).
+
+    Args:
+        cache_dir: Cache root; the checkpoint is ``cache_dir/name``.
+        seed: Seed of a fresh build.
+        dims: Shape of a fresh build; give a non-default shape its own ``name``.
+        name: Directory name under ``cache_dir``.
+
+    Returns:
+        The checkpoint directory.
+    """
+    final = Path(cache_dir) / name
+    if all((final / f).is_file() for f in _FILES_DONE):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f"{final.name}.tmp-{uuid.uuid4().hex}"
+    try:
+        make_tiny_vlm_checkpoint(tmp, seed=seed, dims=dims)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not all((final / f).is_file() for f in _FILES_DONE):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point.
+
+    Args:
+        argv: Arguments (default ``sys.argv[1:]``).
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="target directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-positions", type=int, default=256)
+    args = parser.parse_args(argv)
+    path = make_tiny_vlm_checkpoint(args.out, seed=args.seed, max_positions=args.max_positions)
+    print(f"wrote tiny Qwen2-VL checkpoint to {path}: {sorted(p.name for p in path.iterdir())}")
+
+
+if __name__ == "__main__":
+    main()

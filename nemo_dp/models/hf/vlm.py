@@ -1,0 +1,271 @@
+"""``HFVisionLM``: a Qwen2-VL model, and its view as a ``CausalLM`` for one batch of images.
+
+Why this module exists: generation, log-probs and training drive a model through the
+``CausalLM`` protocol (token ids in, logits out, prefill / decode through an opaque KV cache).
+A vision-language model also needs the batch's images, and Qwen2-VL places tokens with 3-D
+rotary positions (M-RoPE: an image's tokens get (temporal, row, column) positions; text after
+it continues from the image's largest position).  :class:`HFVisionLM` owns the model and
+computes those positions; :meth:`HFVisionLM.with_images` binds one batch's images and returns
+an :class:`ImageBoundLM`, which *is* a ``CausalLM``: its prefill turns the protocol's per-row
+1-D positions into M-RoPE positions and keeps each row's offset in the cache, and its decode
+shifts the new token's 1-D position by that offset.  So the ordinary KV-cached sampler
+(``nemo_dp.models.generation.generate``) and ``token_logprobs_from_logits`` work unchanged,
+and a cached decode gives the same log-probs as a full forward over prompt + response.
+
+Images travel per sample as two ``PackedTensor`` columns (one entry per sample, ``None`` for a
+sample without images): ``pixel_values`` (the sample's patches, concatenated over its images)
+and ``image_grid_thw`` (one ``(t, h, w)`` row per image); rows of a batch are packed in order,
+which is the order of the image placeholder tokens in the flattened batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from nemo_dp.utils.packed_tensor import PackedTensor
+
+__all__ = ["HFVisionLM", "ImageBoundLM", "load_vlm"]
+
+
+def _packed(value: PackedTensor | torch.Tensor | None, name: str) -> torch.Tensor | None:
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, PackedTensor):
+        return value.as_tensor()
+    raise TypeError(f"{name} must be a PackedTensor, a tensor or None, got {type(value).__name__}")
+
+
+class HFVisionLM(nn.Module):
+    """A loaded ``Qwen2VLForConditionalGeneration`` with M-RoPE position handling.
+
+    Args:
+        hf_model: The transformers model.
+    """
+
+    def __init__(self, hf_model: Any) -> None:
+        super().__init__()
+        self.hf = hf_model
+        self.image_token_id = int(hf_model.config.image_token_id)
+
+    @property
+    def max_positions(self) -> int:
+        """``text_config.max_position_embeddings``."""
+        return int(self.hf.config.text_config.max_position_embeddings)
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the language model."""
+        return int(self.hf.config.text_config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the LM head."""
+        return int(self.hf.get_output_embeddings().weight.shape[0])
+
+    def rope_positions(
+        self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """M-RoPE positions ``[3, B, S]`` and per-row offsets ``[B, 1]``.
+
+        A row's text positions after its last image are ``1-D position + offset``.
+
+        Raises:
+            ValueError: The image placeholders do not match ``image_grid_thw``.
+        """
+        mm_types = (input_ids == self.image_token_id).int()
+        merge = int(self.hf.config.vision_config.spatial_merge_size)
+        want = 0 if image_grid_thw is None else int((image_grid_thw.prod(dim=-1) // (merge * merge)).sum())
+        have = int(mm_types.sum())
+        if have != want:
+            raise ValueError(
+                f"the batch holds {have} image placeholder tokens but its images need {want} "
+                f"(image_grid_thw {None if image_grid_thw is None else image_grid_thw.tolist()})"
+            )
+        return self.hf.model.get_rope_index(
+            input_ids, mm_token_type_ids=mm_types, image_grid_thw=image_grid_thw, attention_mask=attention_mask
+        )
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        pixel_values: torch.Tensor | None,
+        image_grid_thw: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = False,
+    ) -> Any:
+        """One call of the model with explicit M-RoPE positions (the model's output object)."""
+        return self.hf(
+            input_ids=input_ids,
+            pixel_values=pixel_values,
+            image_grid_thw=image_grid_thw,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+
+    def with_images(
+        self, pixel_values: PackedTensor | torch.Tensor | None, image_grid_thw: PackedTensor | torch.Tensor | None
+    ) -> ImageBoundLM:
+        """This model as a ``CausalLM`` over one batch whose rows hold these images.
+
+        Args:
+            pixel_values: Per-sample patches (a PackedTensor with one entry per row, or the
+                already concatenated tensor), or ``None`` for a text-only batch.
+            image_grid_thw: Per-sample grids, packed the same way.
+
+        Returns:
+            The bound model (shares this model's parameters).
+
+        Raises:
+            ValueError: Only one of the two is given.
+        """
+        pv = _packed(pixel_values, "pixel_values")
+        grid = _packed(image_grid_thw, "image_grid_thw")
+        if (pv is None) != (grid is None):
+            raise ValueError("with_images: give both pixel_values and image_grid_thw, or neither")
+        return ImageBoundLM(self, pv, grid)
+
+    def lm_head_only_parameters(self) -> list[nn.Parameter]:
+        """The LM head's parameters unless tied to the input embedding."""
+        head = self.hf.get_output_embeddings()
+        shared = {id(p) for p in self.hf.get_input_embeddings().parameters()}
+        return [p for p in head.parameters() if id(p) not in shared]
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """``save_pretrained`` of the wrapped model (config + safetensors)."""
+        self.hf.save_pretrained(os.fspath(directory))
+
+
+@dataclass
+class _Cache:
+    past: Any
+    offsets: torch.Tensor  # [B, 1]: M-RoPE position minus 1-D position, per row
+
+
+class ImageBoundLM(nn.Module):
+    """``CausalLM`` view of an :class:`HFVisionLM` for one batch of images (see the module doc).
+
+    Every call covers the whole batch the images were bound for, rows in the same order.
+    """
+
+    def __init__(self, vlm: HFVisionLM, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None) -> None:
+        super().__init__()
+        self.vlm = vlm
+        self.pixel_values = pixel_values
+        self.image_grid_thw = image_grid_thw
+
+    @property
+    def max_positions(self) -> int:
+        return self.vlm.max_positions
+
+    @property
+    def hidden_size(self) -> int:
+        return self.vlm.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vlm.vocab_size
+
+    def _images_on(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.pixel_values is None:
+            return None, None
+        return self.pixel_values.to(device), self.image_grid_thw.to(device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Cache-free forward over right-padded rows: logits ``[B, S, V]``."""
+        pv, grid = self._images_on(input_ids.device)
+        positions, _ = self.vlm.rope_positions(input_ids, grid, None)
+        out = self.vlm.run(input_ids, pixel_values=pv, image_grid_thw=grid, position_ids=positions)
+        return out.logits
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Last-layer hidden states ``[B, S, hidden_size]`` (after the final norm)."""
+        pv, grid = self._images_on(input_ids.device)
+        positions, _ = self.vlm.rope_positions(input_ids, grid, None)
+        out = self.vlm.hf.model(
+            input_ids=input_ids, pixel_values=pv, image_grid_thw=grid, position_ids=positions, use_cache=False
+        )
+        return out.last_hidden_state
+
+    def prefill(
+        self, input_ids: torch.Tensor, key_valid: torch.Tensor, positions: torch.Tensor, max_len: int
+    ) -> tuple[torch.Tensor, Any]:
+        """Left-padded prompts (with their images) through the model, opening its KV cache.
+
+        ``positions`` (1-D, per row) is replaced by the rows' M-RoPE positions; ``max_len`` is
+        unused (the cache grows as needed).
+        """
+        del max_len
+        pv, grid = self._images_on(input_ids.device)
+        mask = key_valid.long()
+        rope, _ = self.vlm.rope_positions(input_ids, grid, mask)
+        out = self.vlm.run(
+            input_ids, pixel_values=pv, image_grid_thw=grid, position_ids=rope, attention_mask=mask, use_cache=True
+        )
+        # next text position in M-RoPE minus the protocol's next 1-D position, per row
+        offsets = rope.amax(dim=(0, 2)) + 1 - (positions[:, -1] + 1)
+        return out.logits[:, -1], _Cache(out.past_key_values, offsets.unsqueeze(1))
+
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """One text token per row through the cache (its M-RoPE position = 1-D + row offset)."""
+        rope = (positions + cache.offsets).unsqueeze(0).expand(3, -1, -1)
+        out = self.vlm.run(
+            tokens,
+            pixel_values=None,
+            image_grid_thw=None,
+            position_ids=rope,
+            attention_mask=key_valid.long(),
+            past_key_values=cache.past,
+            use_cache=True,
+        )
+        return out.logits[:, -1], _Cache(out.past_key_values, cache.offsets)
+
+    def lm_head_only_parameters(self) -> list[nn.Parameter]:
+        return self.vlm.lm_head_only_parameters()
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        self.vlm.save_pretrained(directory)
+
+
+def load_vlm(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32) -> tuple[HFVisionLM, Any]:
+    """Load a Qwen2-VL checkpoint directory with ``from_pretrained``: model and processor.
+
+    Args:
+        path: A ``save_pretrained`` directory holding the model, its tokenizer and its image
+            processor (e.g. one written by ``nemo_dp.models.hf.make_tiny_vlm``).
+        dtype: The model's parameter dtype.
+
+    Returns:
+        ``(model, processor)``; the processor is a
+        :class:`~nemo_dp.models.hf.vlm_processor.VLMProcessor`.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+        ValueError: The directory is not a Qwen2-VL checkpoint.
+    """
+    from transformers import AutoConfig, Qwen2VLForConditionalGeneration
+
+    from nemo_dp.models.hf.vlm_processor import VLMProcessor
+
+    directory = os.fspath(path)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"load_vlm: {directory!r} is not a directory")
+    config = AutoConfig.from_pretrained(directory)
+    if config.model_type != "qwen2_vl":
+        raise ValueError(
+            f"load_vlm: {directory!r} holds a {config.model_type!r} model; this loader reads Qwen2-VL "
+            "('qwen2_vl') checkpoints"
+        )
+    model = Qwen2VLForConditionalGeneration.from_pretrained(directory, dtype=dtype)
+    return HFVisionLM(model), VLMProcessor.from_pretrained(directory, image_token_id=int(config.image_token_id))

@@ -1,0 +1,100 @@
+"""Images on the policy workers: encoding visual prompts and binding a batch's images.
+
+Why this module exists: a vision-language model needs each forward's rows' images.  A
+trainer hands the workers ``VisualPrompt`` specs (not pixels); :func:`encode_visual_prompts`
+renders and encodes them with the worker's own processor into token ids plus ``PackedTensor``
+image columns, which then travel with the rows (in the driver's batch on the legacy path, in
+the store on the data-plane path).  :func:`bind_images` gives a forward the model bound to
+exactly its microbatch's images (``with_images``); a batch without image columns uses the model
+as it is, so text models are untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from nemo_dp.utils.packed_tensor import IMAGE_FIELDS, IMAGE_GRID_THW, PIXEL_VALUES
+
+__all__ = ["bind_images", "encode_visual_prompts", "has_images", "wire_prompt"]
+
+
+def wire_prompt(prompt: Any) -> Any:
+    """A prompt as a worker call carries it: a list of token ids, or the ``VisualPrompt`` itself."""
+    from nemo_dp.data.visual_task import VisualPrompt
+
+    return prompt if isinstance(prompt, VisualPrompt) else list(prompt)
+
+
+def has_images(batch: Mapping[str, Any]) -> bool:
+    """Whether ``batch`` carries image columns."""
+    return PIXEL_VALUES in batch
+
+
+def bind_images(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.nn.Module:
+    """``model`` for the rows of ``batch``: bound to their images when the batch has any.
+
+    Args:
+        model: The policy's model (a vision-language one has ``with_images``).
+        batch: The rows (``pixel_values`` / ``image_grid_thw`` ``PackedTensor`` columns, one
+            entry per row, if any).
+
+    Returns:
+        ``model.with_images(...)`` or ``model`` itself.
+
+    Raises:
+        ValueError: Only one of the two image columns is present, or the batch has images and
+            the model cannot read them.
+    """
+    present = [f for f in IMAGE_FIELDS if f in batch]
+    if not present:
+        return model
+    if len(present) != len(IMAGE_FIELDS):
+        raise ValueError(f"a batch with images needs both {list(IMAGE_FIELDS)}, got only {present}")
+    if not hasattr(model, "with_images"):
+        raise ValueError(
+            f"the batch carries images but the policy's model ({type(model).__name__}) does not read "
+            "them; use policy=hf_vlm"
+        )
+    return model.with_images(batch[PIXEL_VALUES], batch[IMAGE_GRID_THW])
+
+
+def _processor(worker: Any) -> Any:
+    processor = getattr(worker, "_vlm_processor", None)
+    if processor is None:
+        from nemo_dp.models.builders import build_tokenizer
+
+        processor = getattr(build_tokenizer(worker.cfg), "processor", None)
+        if processor is None:
+            raise ValueError("visual prompts need a vision-language policy (policy=hf_vlm)")
+        worker._vlm_processor = processor
+    return processor
+
+
+def encode_visual_prompts(worker: Any, prompts: Sequence[Any]) -> tuple[list[list[int]], dict[str, Any]]:
+    """Token ids per prompt, and the image columns when any prompt is a ``VisualPrompt``.
+
+    Args:
+        worker: The policy worker (its ``policy`` config builds the processor, once).
+        prompts: Token-id lists and / or ``VisualPrompt`` objects.
+
+    Returns:
+        ``(token_ids, images)``: ``images`` is ``{}`` for a text-only batch, else
+        ``{"pixel_values": PackedTensor, "image_grid_thw": PackedTensor}`` (a text row's
+        entries are ``None``).
+    """
+    from nemo_dp.data.visual_task import VisualPrompt
+
+    if not any(isinstance(p, VisualPrompt) for p in prompts):
+        return [list(p) for p in prompts], {}
+    processor = _processor(worker)
+    from nemo_dp.models.hf.vlm_processor import EncodedPrompt
+
+    encoded = [
+        processor.encode_messages(p.messages()) if isinstance(p, VisualPrompt) else EncodedPrompt(list(p), None, None)
+        for p in prompts
+    ]
+    ids, pixel_values, grids = processor.pack(encoded)
+    return ids, {PIXEL_VALUES: pixel_values, IMAGE_GRID_THW: grids}
