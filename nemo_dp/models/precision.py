@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from nemo_dp.config.policy import resolve_precision_name
+from nemo_dp.config.precision import resolve_precision_name
 from nemo_dp.models.builders import cfg_get
 
 __all__ = ["Precision", "FULL_PRECISION", "resolve_precision", "bf16_support_problem", "warn_if_no_bf16"]
