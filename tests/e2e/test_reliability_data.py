@@ -174,6 +174,6 @@ def test_bench_help_lists_its_runnable_benches_and_the_shared_groups(tmp_path: P
     proc = _run([str(BENCH_LAUNCHER), "--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     groups = _help_groups(proc.stdout)
-    assert groups["bench"] == ["data_plane", "grpo_memory", "grpo_step", "ppo_step", "sft_step"], groups
+    assert groups["bench"] == ["data_plane", "grpo_memory", "grpo_step", "peer_trl", "ppo_step", "sft_step"], groups
     assert set(groups["data_plane"]) == {"disabled", "local", "ray", "tq"}  # found through conf/ on the search path
     assert not [o for opts in groups.values() for o in opts if "_schema" in o], groups

@@ -85,6 +85,9 @@ class TQPolicy(TQDriverMixin, Policy):
         RuntimeError: The backend cannot be bootstrapped (e.g. Ray is not running).
     """
 
+    #: Image columns the workers read with each dispatch (set per instance for a VLM policy).
+    image_fields: tuple[str, ...] = ()
+
     worker_class: ClassVar[type] = TQPolicyWorker
 
     def __init__(self, *args: Any, dp_cfg: Any, partition_id: str = TRAIN_PARTITION, **kwargs: Any) -> None:
