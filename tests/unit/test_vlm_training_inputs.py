@@ -126,3 +126,15 @@ def test_configuration_rules_refuse_what_a_vlm_cannot_run(vlm, model_dir: Path) 
     short = _cfg(model_dir, "algorithm=grpo", "policy.model.max_seq_len=20")
     with pytest.raises(DatasetError, match=r"raise policy\.model\.max_seq_len to at least"):
         validate_datasets(validate_config(short), vlm[1])
+
+
+def test_the_bound_model_never_emits_an_image_placeholder(vlm) -> None:
+    from nemo_dp.models.hf.vlm import PLACEHOLDER_LOGIT
+
+    cfg, tok, model = vlm
+    problems = rl_source(cfg.env, 1, num_prompts_key="k", tokenizer=tok).rows
+    ids, images = encode_visual_prompts(SimpleNamespace(cfg=cfg.policy), [problems[0].prompt])
+    row = torch.tensor(ids)
+    logits = bind_images(model, images)(row)
+    assert torch.all(logits[..., tok.processor.image_token_id] == PLACEHOLDER_LOGIT)
+    assert torch.isfinite(token_logprobs_from_logits(logits, row)).all()  # prompt placeholders stay finite

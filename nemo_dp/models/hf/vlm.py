@@ -151,10 +151,19 @@ class _Cache:
     offsets: torch.Tensor  # [B, 1]: M-RoPE position minus 1-D position, per row
 
 
+#: Logit given to the image placeholder token in every output: its probability underflows to 0
+#: (never sampled), while its log-prob stays finite (masked sums over prompt positions stay
+#: finite, where ``-inf`` would turn them into NaN).
+PLACEHOLDER_LOGIT = -1.0e4
+
+
 class ImageBoundLM(nn.Module):
     """``CausalLM`` view of an :class:`HFVisionLM` for one batch of images (see the module doc).
 
-    Every call covers the whole batch the images were bound for, rows in the same order.
+    Every call covers the whole batch the images were bound for, rows in the same order.  The
+    image placeholder is not a token the model may emit: all outputs (forward, prefill,
+    decode) give it ``PLACEHOLDER_LOGIT``, so a response never holds one (the model would
+    then need an image for it) and sampled log-probs still equal the full forward's.
     """
 
     def __init__(self, vlm: HFVisionLM, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None) -> None:
@@ -175,6 +184,10 @@ class ImageBoundLM(nn.Module):
     def vocab_size(self) -> int:
         return self.vlm.vocab_size
 
+    def _no_placeholder(self, logits: torch.Tensor) -> torch.Tensor:
+        index = torch.tensor([self.vlm.image_token_id], device=logits.device)
+        return logits.index_fill(-1, index, PLACEHOLDER_LOGIT)
+
     def _images_on(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.pixel_values is None:
             return None, None
@@ -185,7 +198,7 @@ class ImageBoundLM(nn.Module):
         pv, grid = self._images_on(input_ids.device)
         positions, _ = self.vlm.rope_positions(input_ids, grid, None)
         out = self.vlm.run(input_ids, pixel_values=pv, image_grid_thw=grid, position_ids=positions)
-        return out.logits
+        return self._no_placeholder(out.logits)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Last-layer hidden states ``[B, S, hidden_size]`` (after the final norm)."""
@@ -213,7 +226,7 @@ class ImageBoundLM(nn.Module):
         )
         # next text position in M-RoPE minus the protocol's next 1-D position, per row
         offsets = rope.amax(dim=(0, 2)) + 1 - (positions[:, -1] + 1)
-        return out.logits[:, -1], _Cache(out.past_key_values, offsets.unsqueeze(1))
+        return self._no_placeholder(out.logits[:, -1]), _Cache(out.past_key_values, offsets.unsqueeze(1))
 
     def decode(
         self, tokens: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, cache: Any
@@ -229,7 +242,7 @@ class ImageBoundLM(nn.Module):
             past_key_values=cache.past,
             use_cache=True,
         )
-        return out.logits[:, -1], _Cache(out.past_key_values, cache.offsets)
+        return self._no_placeholder(out.logits[:, -1]), _Cache(out.past_key_values, cache.offsets)
 
     def lm_head_only_parameters(self) -> list[nn.Parameter]:
         return self.vlm.lm_head_only_parameters()
