@@ -105,8 +105,8 @@ def run_grpo(out_dir: Path, state: Any, env: dict[str, str], runs: dict[str, tup
     from nemo_dp.config import validate_config
     from nemo_dp.data_plane.factory import select_sync_trainer
     from nemo_dp.models.policy.rollout_worker import partition_for_batch
-    from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
-    from nemo_dp.utils.metrics import read_metrics
+    from nemo_dp.training import main_phase, make_policy, make_tokenizer
+    from tests.e2e.phase_runs import train_phase
 
     result: dict[str, Any] = {"runs": {}}
     done: list[tuple[Any, str]] = []  # (composed config as a container, run name)
@@ -130,18 +130,11 @@ def run_grpo(out_dir: Path, state: Any, env: dict[str, str], runs: dict[str, tup
             policy.load_state_dict(state)
             phase = main_phase(cfg)
             run_dir = out_dir / name
-            run_phase(
-                phase,
-                policy,
-                tokenizer=tok,
-                logger=phase_logger(phase, run_dir, validated.logger),
-                checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-                trainer=trainer,
-            )
+            records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
             ledger = run_dir / "async_ledger.jsonl"
             client = getattr(policy, "dp_client", None)
             result["runs"][name] = {
-                "records": read_metrics(run_dir / "metrics.jsonl"),
+                "records": records,
                 "ledger": read_ledger(ledger) if ledger.exists() else None,
                 "checksums": policy.weights_checksums(),
                 "policy_class": type(policy).__name__,

@@ -210,6 +210,7 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
         warm_start_phase,
     )
     from nemo_dp.utils.metrics import read_metrics
+    from tests.e2e.phase_runs import train_phase
 
     base = _compose(model_dir, GRPO, "tq")
     validate_config(base)
@@ -231,16 +232,9 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
         validated = validate_config(cfg)
         trainer = select_sync_trainer(phase.cfg)
         run_dir = out_dir / name
-        run_phase(
-            phase,
-            policy,
-            tokenizer=tok,
-            logger=phase_logger(phase, run_dir, validated.logger),
-            checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-            trainer=trainer,
-        )
+        records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
         result["runs"][name] = {
-            "records": read_metrics(run_dir / "metrics.jsonl"),
+            "records": records,
             "digests": _rank_digests(policy),
             "policy_class": type(policy).__name__,
             "trainer": f"{trainer.__module__}.{trainer.__name__}",

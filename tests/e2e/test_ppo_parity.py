@@ -85,8 +85,8 @@ def run_ppo(out_dir: Path, state: Any, env: dict[str, str]) -> dict[str, Any]:
     """
     from nemo_dp.config import validate_config
     from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
-    from nemo_dp.utils.metrics import read_metrics
+    from nemo_dp.training import main_phase, make_policy, make_tokenizer
+    from tests.e2e.phase_runs import train_phase
 
     result: dict[str, Any] = {"runs": {}}
     for dp in ("disabled", "tq"):
@@ -99,16 +99,9 @@ def run_ppo(out_dir: Path, state: Any, env: dict[str, str]) -> dict[str, Any]:
         try:
             policy.load_state_dict(state)
             run_dir = out_dir / dp
-            run_phase(
-                phase,
-                policy,
-                tokenizer=tok,
-                logger=phase_logger(phase, run_dir, validated.logger),
-                checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-                trainer=trainer,
-            )
+            records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
             result["runs"][dp] = {
-                "records": read_metrics(run_dir / "metrics.jsonl"),
+                "records": records,
                 "checksums": policy.weights_checksums(),
                 "policy_class": type(policy).__name__,
                 "trainer": f"{trainer.__module__}.{trainer.__name__}",

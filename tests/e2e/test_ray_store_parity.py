@@ -69,9 +69,9 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
     from nemo_dp.data_plane.factory import select_sync_trainer
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
+    from nemo_dp.training import main_phase, make_policy, make_tokenizer
     from nemo_dp.utils.checkpoint import load_training_checkpoint
-    from nemo_dp.utils.metrics import read_metrics
+    from tests.e2e.phase_runs import train_phase
 
     runs = _runs()
     base = _compose(runs["grpo_ray"])
@@ -90,16 +90,9 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
             try:
                 policy.load_state_dict(state)
                 run_dir = out_dir / name
-                run_phase(
-                    phase,
-                    policy,
-                    tokenizer=tok,
-                    logger=phase_logger(phase, run_dir, validated.logger),
-                    checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-                    trainer=trainer,
-                )
+                records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
                 result["runs"][name] = {
-                    "records": read_metrics(run_dir / "metrics.jsonl"),
+                    "records": records,
                     "checksums": policy.weights_checksums(),
                     "policy_class": type(policy).__name__,
                     "trainer": f"{trainer.__module__}.{trainer.__name__}",

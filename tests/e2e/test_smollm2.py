@@ -86,8 +86,8 @@ def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.models.builders import prepare_policy, validate_policy
-    from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
-    from nemo_dp.utils.metrics import read_metrics
+    from nemo_dp.training import main_phase, make_policy, make_tokenizer
+    from tests.e2e.phase_runs import train_phase
 
     base = _compose(model_dir, "tq")
     prepare_policy(base.policy)  # the cached import: found, not redone
@@ -104,16 +104,9 @@ def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
                 phase = main_phase(cfg)
                 trainer = select_sync_trainer(phase.cfg)
                 run_dir = out_dir / data_plane
-                run_phase(
-                    phase,
-                    policy,
-                    tokenizer=tok,
-                    logger=phase_logger(phase, run_dir, validated.logger),
-                    checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-                    trainer=trainer,
-                )
+                records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
                 result["runs"][data_plane] = {
-                    "records": read_metrics(run_dir / "metrics.jsonl"),
+                    "records": records,
                     "digests": policy.worker_group.run_all("weights_digest"),
                     "trainer": f"{trainer.__module__}.{trainer.__name__}",
                 }

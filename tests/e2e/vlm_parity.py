@@ -100,8 +100,8 @@ def _run(name: str, overrides: Sequence[str], model_dir: Path, out_dir: Path, en
     from nemo_dp.bench.probes import RayTraffic
     from nemo_dp.config import validate_config
     from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.training import Checkpointer, main_phase, make_policy, make_tokenizer, phase_logger, run_phase
-    from nemo_dp.utils.metrics import read_metrics
+    from nemo_dp.training import main_phase, make_policy, make_tokenizer
+    from tests.e2e.phase_runs import train_phase
 
     cfg = _compose([*VLM_BASE, f"policy.model_name_or_path={model_dir}", *overrides])
     validated = validate_config(cfg)
@@ -116,16 +116,9 @@ def _run(name: str, overrides: Sequence[str], model_dir: Path, out_dir: Path, en
     policy.load_state_dict(state if state is not None else initial)
     run_dir = out_dir / name
     traffic.take()
-    run_phase(
-        phase,
-        policy,
-        tokenizer=tok,
-        logger=phase_logger(phase, run_dir, validated.logger),
-        checkpointer=Checkpointer(run_dir / "ckpt", enabled=False, save_period=0, keep_last=1),
-        trainer=trainer,
-    )
+    records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
     return {
-        "records": read_metrics(run_dir / "metrics.jsonl"),
+        "records": records,
         "checksums": policy.weights_checksums(),
         "policy_class": type(policy).__name__,
         "trainer": f"{trainer.__module__}:{trainer.__name__}",

@@ -23,8 +23,8 @@ from nemo_dp.models.builders import validate_policy
 from nemo_dp.models.precision import Precision, resolve_precision, warn_if_no_bf16
 from nemo_dp.models.policy.worker import PolicyWorker
 from nemo_dp.models.value.worker import ValueWorker
+from tests.unit.test_value_worker import VOCAB, _batch  # the same 4-row masked batch
 
-VOCAB = 20
 
 
 def _tiny(**kw: Any) -> dict[str, Any]:
@@ -48,21 +48,6 @@ def _tiny(**kw: Any) -> dict[str, Any]:
     }
     cfg.update(kw)
     return cfg
-
-
-def _batch() -> BatchedDataDict:
-    gen = torch.Generator().manual_seed(1)
-    lengths = torch.tensor([6, 4, 8, 5], dtype=torch.int32)
-    ids = torch.randint(3, VOCAB, (4, 8), generator=gen)
-    pos = torch.arange(8).unsqueeze(0)
-    valid = pos < lengths.unsqueeze(1).long()
-    ids = torch.where(valid, ids, torch.zeros_like(ids))
-    token_mask = (valid & (pos >= 2)).to(torch.int32)
-    returns = torch.where(token_mask.bool(), torch.tensor([[1.0], [-0.5], [0.25], [2.0]]).expand(4, 8), 0.0)
-    return BatchedDataDict(
-        {"input_ids": ids, "input_lengths": lengths, "token_mask": token_mask, "sample_mask": torch.ones(4),
-         "returns": returns, "values": torch.zeros(4, 8)}
-    )
 
 
 class _Recorder:

@@ -66,11 +66,20 @@ def load_hf_tokenizer(settings: HFSettings) -> HFTokenizer:
 
 def _build_model(policy_cfg: Any, vocab_size: int, seed: int) -> HFCausalLM:
     # The weights come from disk, identical on every rank: the seed has nothing to initialise.
-    model = load_hf_model(hf_settings(policy_cfg))
+    settings = hf_settings(policy_cfg)
+    return check_tokenizer_fits(load_hf_model(settings), vocab_size, settings)
+
+
+def check_tokenizer_fits(model: Any, vocab_size: int, settings: HFSettings) -> Any:
+    """``model``, unless the tokenizer has more tokens than its output rows.
+
+    Raises:
+        ValueError: Naming ``policy.tokenizer_name_or_path`` and both sizes.
+    """
     if vocab_size > model.vocab_size:
         raise ValueError(
             f"policy.tokenizer_name_or_path: tokenizer vocabulary ({vocab_size}) exceeds the "
-            f"model's {model.vocab_size} output rows ({hf_settings(policy_cfg).model_name_or_path})"
+            f"model's {model.vocab_size} output rows ({settings.model_name_or_path})"
         )
     return model
 

@@ -15,9 +15,10 @@ import argparse
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -216,17 +217,37 @@ def ensure_tiny_checkpoint(
     Returns:
         The checkpoint directory.
     """
-    final = Path(cache_dir) / (name or f"tiny-{arch}")
-    if all((final / name).is_file() for name in _FILES_DONE):
+    return build_once(
+        Path(cache_dir) / (name or f"tiny-{arch}"),
+        _FILES_DONE,
+        lambda tmp: make_tiny_checkpoint(arch, tmp, seed=seed, dims=dims),
+    )
+
+
+def build_once(final: Path, done_files: Sequence[str], build: Callable[[Path], Any]) -> Path:
+    """``final``, built by ``build(<private sibling>)`` and renamed into place unless complete.
+
+    Concurrent callers never see a half-written directory: the first rename wins and the others
+    discard their copy.
+
+    Args:
+        final: The directory to provide.
+        done_files: Files whose presence in ``final`` means it is complete.
+        build: Writes a complete directory at the path it is given.
+
+    Returns:
+        ``final``.
+    """
+    if all((final / f).is_file() for f in done_files):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f"{final.name}.tmp-{uuid.uuid4().hex}"
     try:
-        make_tiny_checkpoint(arch, tmp, seed=seed, dims=dims)
+        build(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
-            if not all((final / name).is_file() for name in _FILES_DONE):
+            if not all((final / f).is_file() for f in done_files):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from nemo_dp.models.hf.make_tiny import build_once
 from nemo_dp.models.hf.make_tiny import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, START_TOKEN, UNK_TOKEN
 
 __all__ = [
@@ -254,21 +253,7 @@ def ensure_tiny_vlm_checkpoint(
     Returns:
         The checkpoint directory.
     """
-    final = Path(cache_dir) / name
-    if all((final / f).is_file() for f in _FILES_DONE):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f"{final.name}.tmp-{uuid.uuid4().hex}"
-    try:
-        make_tiny_vlm_checkpoint(tmp, seed=seed, dims=dims)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not all((final / f).is_file() for f in _FILES_DONE):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return build_once(Path(cache_dir) / name, _FILES_DONE, lambda tmp: make_tiny_vlm_checkpoint(tmp, seed=seed, dims=dims))
 
 
 def main(argv: list[str] | None = None) -> None:

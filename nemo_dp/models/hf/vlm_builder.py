@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_dp.models.builders import ModelBuilder, cfg_get
+from nemo_dp.models.hf.builder import check_tokenizer_fits
 from nemo_dp.models.hf.settings import HFSettings, hf_settings
 from nemo_dp.models.hf.tokenizer import HFTokenizer
 from nemo_dp.models.hf.validate import check_local_dir
@@ -75,13 +76,7 @@ def _load_model(settings: HFSettings) -> Any:
 def _build_model(policy_cfg: Any, vocab_size: int, seed: int) -> Any:
     del seed  # the weights come from disk, identical on every rank
     settings = hf_settings(policy_cfg)
-    model = _load_model(settings)
-    if vocab_size > model.vocab_size:
-        raise ValueError(
-            f"policy.tokenizer_name_or_path: tokenizer vocabulary ({vocab_size}) exceeds the "
-            f"model's {model.vocab_size} output rows ({settings.model_name_or_path})"
-        )
-    return model
+    return check_tokenizer_fits(_load_model(settings), vocab_size, settings)
 
 
 def _build_tokenizer(policy_cfg: Any) -> VLMTokenizer:

@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
+from nemo_dp.data_plane.adapters._validation import CorruptCheckpointError as _Corrupt
+from nemo_dp.data_plane.adapters._validation import expect as _expect, str_list as _str_list, is_int as _is_int
 from nemo_dp.data_plane.adapters.local.store import (
     DICT_KIND,
     OBJECT_KIND,
@@ -250,26 +251,6 @@ def _value(node: Any, typed: bool, tensors: dict[str, torch.Tensor], where: str)
 # ---------------------------------------------------------------------------------------------
 # load (pure: builds new partitions, touches no client state)
 # ---------------------------------------------------------------------------------------------
-
-
-class _Corrupt(ValueError):
-    pass
-
-
-def _expect(cond: bool, where: str, what: str) -> None:
-    if not cond:
-        raise _Corrupt(f"{where}: {what}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _str_list(v: Any, where: str, what: str) -> list[str]:
-    ok = isinstance(v, list) and all(isinstance(x, str) and x for x in v)
-    _expect(ok, where, f"{what} must be a list of non-empty str")
-    _expect(not _duplicates(v), where, f"{what} has duplicates")
-    return list(v)
 
 
 def _load_tensor_file(path: Path) -> dict[str, torch.Tensor]:

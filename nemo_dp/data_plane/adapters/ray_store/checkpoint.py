@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from nemo_dp.data_plane.adapters._validation import CorruptCheckpointError as _Corrupt
+from nemo_dp.data_plane.adapters._validation import expect as _expect, str_list as _str_list
 from nemo_dp.data_plane.adapters.ray_store.columns import (
     JAGGED,
     Segment,
@@ -165,22 +167,6 @@ def build_snapshot(
 # ---------------------------------------------------------------------------------------------
 # load (pure: validates and rebuilds records, touches no store)
 # ---------------------------------------------------------------------------------------------
-
-
-class _Corrupt(ValueError):
-    pass
-
-
-def _expect(cond: bool, where: str, what: str) -> None:
-    if not cond:
-        raise _Corrupt(f"{where}: {what}")
-
-
-def _str_list(v: Any, where: str, what: str) -> list[str]:
-    ok = isinstance(v, list) and all(isinstance(x, str) and x for x in v)
-    _expect(ok, where, f"{what} must be a list of non-empty str")
-    _expect(len(set(v)) == len(v), where, f"{what} has duplicates")
-    return list(v)
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:

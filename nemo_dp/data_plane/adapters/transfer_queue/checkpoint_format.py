@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from nemo_dp.data_plane.adapters._validation import duplicates
+from nemo_dp.data_plane.adapters._validation import CorruptCheckpointError as _Corrupt
+from nemo_dp.data_plane.adapters._validation import expect as _expect, str_list as _names, is_int as _is_int
 from nemo_dp.data_plane.schema import RESERVED_PREFIX
 from nemo_dp.data_plane.tensor_table import (
     TENSORS_FILE,
@@ -152,26 +153,6 @@ def encode_partition(state: PartitionState, index: int, tensors: dict[str, torch
 # ---------------------------------------------------------------------------------------------
 # load (pure: validates everything before any store is touched)
 # ---------------------------------------------------------------------------------------------
-
-
-class _Corrupt(ValueError):
-    pass
-
-
-def _expect(cond: bool, where: str, what: str) -> None:
-    if not cond:
-        raise _Corrupt(f"{where}: {what}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _names(v: Any, where: str, what: str) -> list[str]:
-    ok = isinstance(v, list) and all(isinstance(x, str) and x for x in v)
-    _expect(ok, where, f"{what} must be a list of non-empty str")
-    _expect(not duplicates(v), where, f"{what} has duplicates")
-    return list(v)
 
 
 def _column(entry: Any, tensors: dict[str, torch.Tensor], n: int, kind: str, dtype: Any, where: str) -> Any:
