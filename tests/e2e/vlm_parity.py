@@ -131,9 +131,9 @@ def main(out_dir: Path, model_dir: Path) -> None:
     """Run every SFT and GRPO run on one Ray; write ``OUT_DIR/vlm.json``."""
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from nemo_dp.models.builders import prepare_policy
+    from nemo_dp.models.hf.make_tiny_vlm import ensure_tiny_vlm_checkpoint
 
-    prepare_policy(_compose([*VLM_BASE, f"policy.model_name_or_path={model_dir}"]).policy)
+    ensure_tiny_vlm_checkpoint(model_dir.parent, name=model_dir.name)
     env = init_ray(num_cpus=2, **ray_start_args(_compose(["~recipe", "data_plane=tq"]).data_plane))
     policies: dict[str, Any] = {}
     result: dict[str, Any] = {"runs": {}}

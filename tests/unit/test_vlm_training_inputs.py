@@ -33,7 +33,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("vlm") / "tiny-qwen2-vl"
+    from nemo_dp.models.hf.make_tiny_vlm import ensure_tiny_vlm_checkpoint
+
+    return ensure_tiny_vlm_checkpoint(tmp_path_factory.mktemp("vlm"))
 
 
 def _cfg(model_dir: Path | None, *overrides: str):
@@ -47,7 +49,7 @@ def _cfg(model_dir: Path | None, *overrides: str):
 @pytest.fixture(scope="module")
 def vlm(model_dir: Path):
     cfg = _cfg(model_dir, "algorithm=sft")
-    prepare_policy(cfg.policy)  # builds the tiny checkpoint (first use)
+    prepare_policy(cfg.policy)  # not the default cache path: leaves the fixture's build alone
     validate_policy(cfg.policy)
     tok = build_tokenizer(cfg.policy)
     model = build_model(cfg.policy, vocab_size=tok.vocab_size, seed=0)
@@ -61,6 +63,21 @@ def test_prepare_builds_the_tiny_vlm_once_and_validation_accepts_it(vlm, model_d
     assert "building" not in capsys.readouterr().out
     assert policy_takes_images(cfg.policy) and not policy_takes_images(_cfg(None).policy)
     assert tok.processor.image_token_id > 0
+
+
+def test_only_the_default_cache_path_builds_the_tiny_vlm_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "missing" / "tiny-qwen2-vl"
+    prepare_policy(_cfg(elsewhere).policy)
+    assert not elsewhere.parent.exists()
+    with pytest.raises(ValueError, match=r"^policy\.model_name_or_path: "):
+        validate_policy(_cfg(elsewhere).policy)
+    default = _cfg(Path(".cache/nemo_dp/tiny-qwen2-vl")).policy
+    prepare_policy(default)
+    assert "building the offline tiny Qwen2-VL" in capsys.readouterr().out
+    validate_policy(default)
 
 
 def test_visual_rows_carry_specs_and_the_tokenizer_defers_their_encoding(vlm) -> None:
