@@ -30,6 +30,7 @@ Like ``grpo_sync`` this module never imports an adapter: the store is reached th
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -56,6 +57,7 @@ from nemo_dp.config.async_rollout import (
 )
 from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.schema import DP_TRAIN_FIELDS
+from nemo_dp.environments.weighted import PART_PREFIX, reward_part_means
 from nemo_dp.models.policy.rollout_group import RolloutGroup
 from nemo_dp.models.policy.rollout_worker import POLICY_VERSION
 
@@ -87,6 +89,14 @@ def _check_entry(policy: Any, master_config: Any) -> None:
 
 def _tag_tensor(tags: list[dict[str, Any]], key: str, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor([t[key] for t in tags], dtype=dtype)
+
+
+def _tag_parts(tags: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Each reward's values of a list (``reward/<fn>`` tags, None = not applicable) as NaN-marked tensors."""
+    keys = sorted({k for t in tags for k in t if k.startswith(PART_PREFIX)})
+    return {
+        k: torch.tensor([math.nan if t.get(k) is None else t[k] for t in tags], dtype=torch.float32) for k in keys
+    }
 
 
 def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
@@ -232,6 +242,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
                 "lr": train_metrics["lr"],
                 "reward_mean": float(rewards.mean()),
                 "train_reward_mean": float(rewards.mean()),
+                **reward_part_means(_tag_parts(tags)),
                 "advantage_abs_mean": float(adv.abs().mean()),
                 "mean_response_length": float(_tag_tensor(tags, "response_length", torch.int32).float().mean()),
                 "truncated_fraction": float(_tag_tensor(tags, "truncated", torch.bool).float().mean()),

@@ -55,7 +55,12 @@ class NLLLoss:
 
     loss = -sum(logp * token_mask * sample_mask) / global_valid_tokens.
     Metrics: ``loss`` (share of the global mean), ``num_valid_tokens``, ``num_valid_seqs``.
+
+    ``reads_masked_logprobs_only``: the loss reads log-probs only where ``token_mask`` is set,
+    so the worker computes logits from one position before the first such token.
     """
+
+    reads_masked_logprobs_only: bool = True
 
     def __call__(
         self,
@@ -103,7 +108,11 @@ class ClippedPGLossFn:
 
     Raises:
         ValueError: On negative clip epsilons or KL coefficient.
+
+    Like ``NLLLoss`` it reads log-probs only on ``token_mask`` (``reads_masked_logprobs_only``).
     """
+
+    reads_masked_logprobs_only: bool = True
 
     def __init__(
         self,
@@ -164,7 +173,11 @@ class ClippedPGLossFn:
         mask = _valid_mask(mb)
         adv = mb["advantages"].float()
         prev = logp.detach() if self.prev_logprobs_from_forward else mb["prev_logprobs"].float()
-        ratio = torch.exp(logp - prev)
+        # Off the mask the two log-probs may come from passes that kept different columns (0
+        # for a skipped prompt column): exponentiate only the masked ones, so an unmasked
+        # difference can never overflow into inf * 0 = NaN.
+        on = mask > 0
+        ratio = torch.exp(torch.where(on, logp - prev, 0.0))
         clipped = ratio.clamp(1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
         pg_unclipped = -ratio * adv
         pg_clipped = -clipped * adv
@@ -172,7 +185,7 @@ class ClippedPGLossFn:
         if weight is not None:
             pg = pg * weight
         if self.reference_policy_kl_penalty > 0:
-            log_r = mb["reference_policy_logprobs"].float() - logp
+            log_r = torch.where(on, mb["reference_policy_logprobs"].float() - logp, 0.0)
             kl = torch.exp(log_r) - log_r - 1.0
         else:
             kl = torch.zeros_like(logp)

@@ -83,6 +83,8 @@ class HFPolicyConfig(PolicyConfig):
         dtype: ``float32`` | ``bfloat16``: the older key, an alias of ``32-true`` /
             ``bf16-true``; set together with ``precision`` it must agree.
         attn_implementation: ``sdpa`` | ``eager``.
+        train_attn_implementation: The attention of the training passes (forward and
+            backward); ``None`` = ``attn_implementation``.
         trust_remote_code: Allow the checkpoint's own Python code (off by default).
     """
 
@@ -94,6 +96,7 @@ class HFPolicyConfig(PolicyConfig):
     precision: Optional[str] = None
     dtype: Optional[str] = None
     attn_implementation: str = "sdpa"
+    train_attn_implementation: Optional[str] = None
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
@@ -102,6 +105,8 @@ class HFPolicyConfig(PolicyConfig):
         _one_of("policy.device", self.device, POLICY_DEVICES)
         resolve_precision_name(self.precision, self.dtype)
         _one_of("policy.attn_implementation", self.attn_implementation, HF_ATTN_NAMES)
+        if self.train_attn_implementation is not None:
+            _one_of("policy.train_attn_implementation", self.train_attn_implementation, HF_ATTN_NAMES)
         if not str(self.model_name_or_path).strip():
             raise ValueError("policy.model_name_or_path: must be a local checkpoint directory")
 

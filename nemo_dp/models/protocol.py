@@ -54,14 +54,18 @@ class CausalLM(Protocol):
         """Number of logits per position."""
         ...
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
         """Full causal forward.
 
         Args:
             input_ids: int64 ``[B, S]`` (right padding does not affect valid positions).
+            logits_from: The first position whose logits are returned (``0 <= logits_from <
+                S``): a loss that reads only the response's log-probs skips the LM head, and
+                its log-softmax, on the prompt.
 
         Returns:
-            Logits ``[B, S, V]``; position ``t`` predicts token ``t + 1``.
+            Logits ``[B, S - logits_from, V]`` of positions ``logits_from .. S - 1``; position
+            ``t`` predicts token ``t + 1``.
         """
         ...
 
@@ -200,6 +204,10 @@ class LossFn(Protocol):
 
     ``global_valid_tokens`` / ``global_valid_seqs`` are the counts over the whole global
     batch (all ranks, all microbatches), so summing microbatch losses gives the batch mean.
+
+    A loss whose class sets ``reads_masked_logprobs_only = True`` receives the logits of the
+    positions from one before the micro-batch's first ``token_mask`` column on (``[B, K, V]``,
+    see ``token_logprobs_from_logits``); any other loss receives all ``[B, S, V]``.
     """
 
     def __call__(

@@ -11,30 +11,53 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["token_logprobs_from_logits", "align_values"]
+__all__ = ["token_logprobs_from_logits", "align_values", "first_logits_position"]
+
+
+def first_logits_position(token_mask: torch.Tensor) -> int:
+    """The first position whose logits a masked log-prob needs: one before the first masked token.
+
+    Args:
+        token_mask: ``[B, S]``, nonzero on the tokens whose log-probs count.
+
+    Returns:
+        ``logits_from`` for ``model(input_ids, logits_from=...)``: the earliest column with a
+        nonzero mask in any row, minus 1 (0 when no column is masked in, or column 0 is).
+    """
+    cols = torch.nonzero(token_mask.reshape(token_mask.shape[0], -1).ne(0).any(0))
+    return max(int(cols[0]) - 1, 0) if cols.numel() else 0
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Per-token log-probabilities aligned with ``input_ids``.
 
     Args:
-        logits: float ``[B, S, V]``; position t predicts token t + 1.
+        logits: float ``[B, K, V]``, the logits of the last ``K <= S`` positions (``K = S``:
+            all of them; fewer come from ``model(input_ids, logits_from=S - K)``); position t
+            predicts token t + 1.
         input_ids: int64 ``[B, S]``.
 
     Returns:
-        float32 ``[B, S]`` where column t is log p(token t | tokens < t) and column 0 is 0.
+        float32 ``[B, S]`` where column t is log p(token t | tokens < t); columns
+        ``0 .. S - K`` (column 0 alone for full logits) are 0.
 
     Raises:
         ValueError: If the shapes do not line up.
     """
-    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
+    if (
+        logits.dim() != 3
+        or input_ids.dim() != 2
+        or logits.shape[0] != input_ids.shape[0]
+        or not 1 <= logits.shape[1] <= input_ids.shape[1]
+    ):
         raise ValueError(
             f"token_logprobs_from_logits: logits {tuple(logits.shape)} do not match "
             f"input_ids {tuple(input_ids.shape)}"
         )
+    first = input_ids.shape[1] - logits.shape[1]  # the position of the first logits row
     logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return F.pad(picked, (1, 0), value=0.0)
+    picked = logp.gather(2, input_ids[:, first + 1 :].unsqueeze(-1)).squeeze(-1)
+    return F.pad(picked, (first + 1, 0), value=0.0)
 
 
 def align_values(head_out: torch.Tensor) -> torch.Tensor:

@@ -447,7 +447,7 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer
     """The problems to evaluate and the environment that scores them.
 
     Without ``eval.jsonl`` these are the held-out problems the phase's trainer validated on
-    (``build_val_problems`` of the phase config: ``env.val_jsonl`` or the arithmetic task's
+    (``build_val_problems`` of the phase config: ``env.val_data`` / ``env.val_jsonl`` or the task's
     held-out partition, ``val_samples`` of them), scored by the run's reward. A user jsonl is
     scored as the run would score a held-out file of its own (``env.val_jsonl``).
 
@@ -478,7 +478,7 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer
             with open_dict(cfg):
                 cfg.algorithm.val_samples = int(options.num_samples)
         problems = build_val_problems(cfg, tokenizer)
-        where = cfg.env.get("val_jsonl") or "held-out problem"
+        where = cfg.env.get("val_data") or cfg.env.get("val_jsonl") or "held-out problem"
         origins = [f"{where} #{i}" for i in range(len(problems))]
         env_cfg = cfg.env
     reward = resolve_reward(env_cfg)

@@ -4,7 +4,8 @@
   ``level`` column) and a two-reward list (the built-in ``format`` regex plus a correctness
   function loaded from a file path, TRL's signature) trains identically on the legacy trainer
   (rewards on the driver) and on TransferQueue (rewards in the workers): every metric,
-  the per-reward means included, is equal step for step.
+  the per-reward means included, is equal step for step; the asynchronous trainer at
+  staleness 0 (rewards in its rollout workers) logs the same losses and per-reward means.
 * A reward function that raises at step 2 ends the run as a failure naming the function, the
   step and the sample, after ``summary.json`` records it; the step-1 checkpoint still loads.
 * A reward function whose signature cannot take the dataset's columns is refused before Ray,
@@ -67,6 +68,13 @@ BASE: tuple[str, ...] = (
     "logger.progress_bar=false",
 )
 
+#: The runs of the parity test: legacy, synchronous TransferQueue, asynchronous at staleness 0.
+ASYNC_AND_SYNC_RUNS: dict[str, tuple[str, ...]] = {
+    "disabled": ("data_plane=disabled",),
+    "tq": ("data_plane=tq",),
+    "async_tq": ("data_plane=tq", "algorithm.async_rollout.enabled=true", "algorithm.async_rollout.max_staleness=0"),
+}
+
 #: Metrics that differ between the two runs by nature (wall times, store traffic).
 _UNCOMPARED_PREFIXES = ("time/", "data_plane/", "dp/")
 
@@ -107,13 +115,17 @@ def test_parquet_with_renamed_columns_and_two_rewards_legacy_equals_tq(tmp_path:
         f'env.rewards=[{{fn: format, weight: 0.5, pattern: "[0-9]+"}}, {{fn: "{rewards}:correct", weight: 1.0}}]',
     ]
     runs = {}
-    for plane in ("disabled", "tq"):
-        run = tmp_path / plane
-        proc = run_launch([*overrides, f"data_plane={plane}", f"hydra.run.dir={run}"], tmp_path, timeout=300)
+    for name, extra in ASYNC_AND_SYNC_RUNS.items():
+        run = tmp_path / name
+        proc = run_launch([*overrides, *extra, f"hydra.run.dir={run}"], tmp_path, timeout=300)
         assert_launch_ok(proc)
         assert f"grpo train: 48 rows from {train} (env.rl_data)" in proc.stdout
-        runs[plane] = _records(run)
+        runs[name] = _records(run)
     legacy, tq = runs["disabled"], runs["tq"]
+    # The asynchronous trainer at staleness 0 computes the rewards in its rollout workers and
+    # logs the same per-reward means (its records add async/* metrics, so compare these keys).
+    shared = ("step", "loss", "reward_mean", "reward/format", "reward/correct", "val_accuracy")
+    assert [{k: r.get(k) for k in shared} for r in runs["async_tq"]] == [{k: r.get(k) for k in shared} for r in tq]
     assert [r["step"] for r in legacy] == [0, 1, 2, 3]  # held-out score before the first step too
     assert legacy == tq
     steps = legacy[1:]

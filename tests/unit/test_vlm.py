@@ -103,6 +103,9 @@ def test_log_probs_depend_on_the_image(loaded) -> None:
         la = model.with_images(a.pixel_values, a.image_grid_thw)(ids)
         lb = model.with_images(b.pixel_values, b.image_grid_thw)(ids)
     assert not torch.allclose(la[0, -1], lb[0, -1])
+    with torch.no_grad():  # the logits of the last positions only, as a response-only loss asks
+        tail = model.with_images(a.pixel_values, a.image_grid_thw)(ids, logits_from=ids.shape[1] - 3)
+    assert tail.shape[1] == 3 and torch.allclose(tail, la[:, -3:], atol=1e-5)
 
 
 def test_a_training_step_changes_the_log_probs_of_the_answer(loaded, tmp_path: Path) -> None:

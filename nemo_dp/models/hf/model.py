@@ -10,7 +10,9 @@ prompts give the same numbers as the right-padded training forward).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,16 +47,40 @@ class HFCausalLM(nn.Module):
         """Rows of the output embedding (the logits' last dimension)."""
         return int(self.hf.get_output_embeddings().weight.shape[0])
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
         """Cache-free causal forward.
 
         Args:
             input_ids: int64 ``[B, S]`` (right padding does not affect valid positions).
+            logits_from: The first position whose logits are returned.
 
         Returns:
-            Logits ``[B, S, V]`` in the model's dtype.
+            Logits ``[B, S - logits_from, V]`` in the model's dtype.
         """
+        if logits_from:
+            keep = int(input_ids.shape[1]) - int(logits_from)
+            return self.hf(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits
         return self.hf(input_ids=input_ids, use_cache=False).logits
+
+    @contextlib.contextmanager
+    def attention_implementation(self, name: str) -> Iterator[None]:
+        """Run the block with the model's attention set to ``name`` (``sdpa`` | ``eager``).
+
+        Args:
+            name: A transformers attention implementation.
+
+        Yields:
+            Nothing; the previous implementation is restored on exit.
+        """
+        before = str(self.hf.config._attn_implementation)
+        if name == before:
+            yield
+            return
+        self.hf.set_attn_implementation(name)
+        try:
+            yield
+        finally:
+            self.hf.set_attn_implementation(before)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The base model's ``last_hidden_state`` (after its final norm).
@@ -100,6 +126,7 @@ class HFCausalLM(nn.Module):
             attention_mask=key_valid.long(),
             position_ids=positions,
             use_cache=True,
+            logits_to_keep=1,  # sampling reads the last column only
         )
         return out.logits[:, -1], out.past_key_values
 

@@ -100,8 +100,10 @@ class HFVisionLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Any = None,
         use_cache: bool = False,
+        logits_to_keep: int = 0,
     ) -> Any:
-        """One call of the model with explicit M-RoPE positions (the model's output object)."""
+        """One call of the model with explicit M-RoPE positions (the model's output object;
+        ``logits_to_keep`` > 0: the logits of the last that many positions only)."""
         return self.hf(
             input_ids=input_ids,
             pixel_values=pixel_values,
@@ -110,6 +112,7 @@ class HFVisionLM(nn.Module):
             attention_mask=attention_mask,
             past_key_values=past_key_values,
             use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
         )
 
     def with_images(
@@ -193,11 +196,12 @@ class ImageBoundLM(nn.Module):
             return None, None
         return self.pixel_values.to(device), self.image_grid_thw.to(device)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Cache-free forward over right-padded rows: logits ``[B, S, V]``."""
+    def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
+        """Cache-free forward over right-padded rows: logits ``[B, S - logits_from, V]``."""
         pv, grid = self._images_on(input_ids.device)
         positions, _ = self.vlm.rope_positions(input_ids, grid, None)
-        out = self.vlm.run(input_ids, pixel_values=pv, image_grid_thw=grid, position_ids=positions)
+        keep = int(input_ids.shape[1]) - int(logits_from) if logits_from else 0
+        out = self.vlm.run(input_ids, pixel_values=pv, image_grid_thw=grid, position_ids=positions, logits_to_keep=keep)
         return self._no_placeholder(out.logits)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -222,7 +226,8 @@ class ImageBoundLM(nn.Module):
         mask = key_valid.long()
         rope, _ = self.vlm.rope_positions(input_ids, grid, mask)
         out = self.vlm.run(
-            input_ids, pixel_values=pv, image_grid_thw=grid, position_ids=rope, attention_mask=mask, use_cache=True
+            input_ids, pixel_values=pv, image_grid_thw=grid, position_ids=rope, attention_mask=mask, use_cache=True,
+            logits_to_keep=1,  # sampling reads the last column only
         )
         # next text position in M-RoPE minus the protocol's next 1-D position, per row
         offsets = rope.amax(dim=(0, 2)) + 1 - (positions[:, -1] + 1)

@@ -16,6 +16,7 @@ The driver side that starts and feeds these actors is ``rollout_group.RolloutGro
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -261,7 +262,8 @@ class RolloutWorker:
         responses = [
             tokenizer.decode(token_ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))
         ]
-        rewards = score_parts(env, responses, answers)["rewards"]
+        scored = score_parts(env, responses, answers)
+        rewards = scored.pop("rewards")
         baseline, std, adv = self.advantage_fn(rewards)
         if not (baseline.shape == std.shape == adv.shape == rewards.shape):
             raise ValueError(
@@ -297,6 +299,8 @@ class RolloutWorker:
                 "truncated": bool(truncated[i]),
                 "sample_mask": float(sample_mask[i]),
                 POLICY_VERSION: self.version,
+                # reward/<fn> of a list; None (not NaN: tags may go into JSON) = not applicable
+                **{key: None if math.isnan(float(v[i])) else float(v[i]) for key, v in scored.items()},
             }
             for i in range(n)
         ]

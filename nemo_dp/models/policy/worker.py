@@ -39,7 +39,7 @@ from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
 from nemo_dp.models.generation import generate as generate_tokens
 from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
 from nemo_dp.models.protocol import LossFn
-from nemo_dp.models.token_ops import token_logprobs_from_logits
+from nemo_dp.models.token_ops import first_logits_position, token_logprobs_from_logits
 
 __all__ = ["PolicyWorker"]
 
@@ -241,19 +241,45 @@ class PolicyWorker:
         return self.lr
 
     def _forward(
-        self, model: torch.nn.Module, input_ids: torch.Tensor, mb: BatchedDataDict | None = None
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        mb: BatchedDataDict | None = None,
+        logits_from: int = 0,
     ) -> torch.Tensor:
-        """``model(input_ids)`` in ``policy.precision``'s autocast (bf16-mixed: bfloat16 matmuls).
+        """``model(input_ids, logits_from)`` in ``policy.precision``'s autocast (bf16-mixed:
+        bfloat16 matmuls).
 
         Only the forward runs inside the autocast region: the caller's log-softmax and loss
         (``token_logprobs_from_logits`` casts the logits to float32 first) run outside it, in
         float32, and the backward follows each op's forward dtype.  A microbatch ``mb`` that
         carries images binds them to a vision-language model first (``bind_images``).
+        ``logits_from`` > 0 asks for the logits of positions ``logits_from ..`` only.
         """
         if mb is not None:
             model = bind_images(model, mb)
         with self.precision.autocast(self.device):
-            return model(input_ids)
+            return model(input_ids, logits_from=logits_from) if logits_from else model(input_ids)
+
+    def _training_forward(
+        self, loss_fn: LossFn, tensors: Mapping[str, torch.Tensor], mb: BatchedDataDict
+    ) -> torch.Tensor:
+        """The training pass's forward: the logits the loss reads, under the training attention.
+
+        A loss that reads log-probs only where ``token_mask`` is nonzero (its
+        ``reads_masked_logprobs_only``) gets the logits from one before the first such token,
+        so the prompt's LM-head rows and their log-softmax are skipped.  With
+        ``policy.train_attn_implementation`` set, a HuggingFace model runs this pass (and so
+        its backward) with that attention implementation.
+        """
+        logits_from = 0
+        if getattr(loss_fn, "reads_masked_logprobs_only", False) and "token_mask" in tensors:
+            logits_from = first_logits_position(tensors["token_mask"])
+        impl = cfg_get(self.cfg, "train_attn_implementation", None)
+        if impl and hasattr(self.model, "attention_implementation"):
+            with self.model.attention_implementation(str(impl)):
+                return self._forward(self.model, tensors["input_ids"], mb, logits_from)
+        return self._forward(self.model, tensors["input_ids"], mb, logits_from)
 
     def _trim(self, mb: BatchedDataDict, width: int) -> dict[str, torch.Tensor]:
         """Tensor fields of a microbatch on the model's device, per-token ones narrowed to
@@ -348,7 +374,10 @@ class PolicyWorker:
             mb = data.slice(spec.start, spec.end)
             w = self._mb_width(mb, spec, dynamic)
             ids = mb["input_ids"][:, :w].to(self.device)
-            lp = token_logprobs_from_logits(self._forward(model, ids, mb), ids).cpu()
+            # Only the masked tokens' log-probs are read downstream (the loss and the metrics
+            # mask them), so the LM head skips the prompt; without a mask every column is kept.
+            start = first_logits_position(mb["token_mask"][:, :w]) if "token_mask" in mb else 0
+            lp = token_logprobs_from_logits(self._forward(model, ids, mb, start), ids).cpu()
             lengths = mb["input_lengths"].to(torch.long)
             valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
             out[spec.start : spec.end, :w] = lp * valid
@@ -445,10 +474,10 @@ class PolicyWorker:
             tensors = self._trim(mb, width)
             if state["eval_mode"]:
                 with torch.no_grad():
-                    logits = self._forward(self.model, tensors["input_ids"], mb)
+                    logits = self._training_forward(loss_fn, tensors, mb)
                     loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
             else:
-                logits = self._forward(self.model, tensors["input_ids"], mb)
+                logits = self._training_forward(loss_fn, tensors, mb)
                 loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
                 loss.backward()
             for k, v in m.items():

@@ -215,16 +215,18 @@ class TinyCausalLM(nn.Module):
             x = block(x)
         return x
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
         """Full causal forward pass.
 
         Args:
             input_ids: int64 ``[B, S]``; right padding does not affect valid positions.
+            logits_from: The first position whose logits are returned.
 
         Returns:
-            float32 logits ``[B, S, V]``.
+            float32 logits ``[B, S - logits_from, V]``.
         """
-        return self._head(self._trunk(input_ids))
+        trunk = self._trunk(input_ids)
+        return self._head(trunk[:, logits_from:] if logits_from else trunk)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden states ``[B, S, d_model]`` (what the LM head reads).
