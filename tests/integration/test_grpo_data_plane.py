@@ -176,7 +176,7 @@ def test_full_step_keeps_dtypes_and_reads_fail_after_finish(policy: Any) -> None
         back = policy.read_from_dataplane(meta, select_fields=["logprobs_bf16"])["logprobs_bf16"]
         assert back.dtype == torch.bfloat16 and torch.equal(back[:, : bf16.shape[1]], bf16)
         # The workers' write-back equals the legacy in-memory computation on the same rows.
-        legacy = policy.get_logprobs(BatchedDataDict({k: data[k] for k in ("input_ids", "input_lengths")}))
+        legacy = policy.get_logprobs(BatchedDataDict({k: data[k] for k in ("input_ids", "input_lengths", "token_mask")}))
         assert torch.equal(legacy["logprobs"], data["prev_logprobs"])
         # Reference = policy before any update (same weights): identical log-probs.
         assert torch.equal(data["reference_policy_logprobs"], data["prev_logprobs"])

@@ -264,10 +264,13 @@ class Policy:
         """Per-token log-probs under the current policy.
 
         Args:
-            data: ``input_ids`` [B, S], ``input_lengths`` [B] (other fields ride along).
+            data: ``input_ids`` [B, S], ``input_lengths`` [B], optionally ``token_mask`` [B, S]
+                (other fields ride along).
 
         Returns:
-            ``{"logprobs": float32 [B, S]}`` in input order.
+            ``{"logprobs": float32 [B, S]}`` in input order. With a ``token_mask`` the LM head
+            skips the columns before a micro-batch's first masked token, which come back 0
+            (losses and metrics read masked tokens only); without one every column is filled.
         """
         shards, order = self._shard_for_dp(
             self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens"
@@ -292,8 +295,8 @@ class Policy:
 
     @staticmethod
     def _lp_view(data: BatchedDataDict) -> BatchedDataDict:
-        images = {k: data[k] for k in IMAGE_FIELDS if k in data}
-        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"], **images})
+        extra = {k: data[k] for k in ("token_mask", *IMAGE_FIELDS) if k in data}
+        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"], **extra})
 
     @staticmethod
     def _fit_width(out: BatchedDataDict, data: BatchedDataDict, key: str) -> BatchedDataDict:

@@ -387,12 +387,13 @@ class PolicyWorker:
         """Per-token log-probs of ``input_ids`` under the current policy.
 
         Args:
-            data: Shard with ``input_ids`` [b, S] and ``input_lengths`` [b] (a plan, if attached,
-                is followed).
+            data: Shard with ``input_ids`` [b, S], ``input_lengths`` [b] and optionally
+                ``token_mask`` [b, S] (a plan, if attached, is followed).
             micro_batch_size: Rows per forward pass (default ``policy.logprob_batch_size``).
 
         Returns:
-            ``{"logprobs": float32 [b, S]}`` (column 0 and padding are 0), rows in input order.
+            ``{"logprobs": float32 [b, S]}`` (column 0 and padding are 0; with a ``token_mask``,
+            so are the columns before a micro-batch's first masked token), rows in input order.
         """
         return BatchedDataDict({"logprobs": self._logprobs(self.model, data, micro_batch_size)})
 
