@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["token_logprobs_from_logits", "align_values", "first_logits_position"]
+__all__ = ["token_logprobs_from_logits", "align_values", "first_logits_position", "first_masked_columns"]
 
 
 def first_logits_position(token_mask: torch.Tensor) -> int:
@@ -26,6 +26,20 @@ def first_logits_position(token_mask: torch.Tensor) -> int:
     """
     cols = torch.nonzero(token_mask.reshape(token_mask.shape[0], -1).ne(0).any(0))
     return max(int(cols[0]) - 1, 0) if cols.numel() else 0
+
+
+def first_masked_columns(token_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's first masked column.
+
+    Args:
+        token_mask: ``[B, S]``, nonzero on the tokens whose log-probs count.
+
+    Returns:
+        int64 ``[B]``: the first column with a nonzero mask, ``S`` for a row with none.
+    """
+    on = token_mask.ne(0)
+    first = on.to(torch.int8).argmax(dim=1)
+    return torch.where(on.any(dim=1), first, torch.full_like(first, on.shape[1]))
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

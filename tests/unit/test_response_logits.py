@@ -20,7 +20,7 @@ import torch
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.models.policy.worker import PolicyWorker
-from nemo_dp.models.token_ops import first_logits_position, token_logprobs_from_logits
+from nemo_dp.models.token_ops import first_logits_position, first_masked_columns, token_logprobs_from_logits
 from tests.unit.test_precision import _tiny
 from tests.unit.test_prev_logprob_reuse import _one_pass, _rollout, _worker
 
@@ -70,11 +70,17 @@ def _compare_logprobs(w: PolicyWorker, data: BatchedDataDict) -> None:
         full = token_logprobs_from_logits(w.model(data["input_ids"]), data["input_ids"])
     on = data["token_mask"].bool()
     assert float((lp - full)[on].abs().max()) <= TOL
-    start = first_logits_position(data["token_mask"])
-    assert start > 0 and bool((lp[:, : start + 1] == 0).all())  # the skipped columns hold 0
-    width = lp.shape[1]
-    padding = torch.arange(width).unsqueeze(0) >= data["input_lengths"].unsqueeze(1)
+    assert first_logits_position(data["token_mask"]) > 0
+    cols = torch.arange(lp.shape[1]).unsqueeze(0)
+    before = cols < first_masked_columns(data["token_mask"]).unsqueeze(1)
+    assert bool((lp[before] == 0).all())  # each row's prompt columns hold 0
+    padding = cols >= data["input_lengths"].unsqueeze(1)
     assert bool((lp[padding] == 0).all())
+    # Row by row, so one row per pass zeroes the same columns as the whole batch in one pass
+    # (the values differ by float32 rounding only: other matmul shapes).
+    single = w.get_logprobs(data, micro_batch_size=1)["logprobs"]
+    assert torch.equal(single == 0, lp == 0)
+    assert float((single - lp).abs().max()) <= TOL
 
 
 def test_tiny_model_trains_the_same_on_response_logits() -> None:
@@ -143,6 +149,12 @@ def test_first_logits_position_is_one_before_the_first_masked_column() -> None:
     assert first_logits_position(mask) == 2
     assert first_logits_position(torch.zeros(2, 5)) == 0  # nothing masked in: keep every column
     assert first_logits_position(torch.tensor([[1, 1, 0]])) == 0
+
+
+def test_first_masked_columns_are_per_row_and_the_width_for_an_unmasked_row() -> None:
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 1, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0]])
+    assert first_masked_columns(mask).tolist() == [3, 1, 6]
+    assert first_masked_columns(mask.bool()).tolist() == [3, 1, 6]
 
 
 def test_log_probs_of_trailing_logits_equal_the_full_ones_on_their_columns() -> None:

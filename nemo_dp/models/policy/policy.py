@@ -268,9 +268,10 @@ class Policy:
                 (other fields ride along).
 
         Returns:
-            ``{"logprobs": float32 [B, S]}`` in input order. With a ``token_mask`` the LM head
-            skips the columns before a micro-batch's first masked token, which come back 0
-            (losses and metrics read masked tokens only); without one every column is filled.
+            ``{"logprobs": float32 [B, S]}`` in input order. With a ``token_mask`` a row's
+            columns before its first masked token come back 0 (so does a row with none): losses
+            and metrics read masked tokens only, and the LM head skips the prompt. Without one
+            every column is filled.
         """
         shards, order = self._shard_for_dp(
             self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens"

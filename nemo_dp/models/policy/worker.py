@@ -39,7 +39,11 @@ from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
 from nemo_dp.models.generation import generate as generate_tokens
 from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
 from nemo_dp.models.protocol import LossFn
-from nemo_dp.models.token_ops import first_logits_position, token_logprobs_from_logits
+from nemo_dp.models.token_ops import (
+    first_logits_position,
+    first_masked_columns,
+    token_logprobs_from_logits,
+)
 
 __all__ = ["PolicyWorker"]
 
@@ -376,10 +380,15 @@ class PolicyWorker:
             ids = mb["input_ids"][:, :w].to(self.device)
             # Only the masked tokens' log-probs are read downstream (the loss and the metrics
             # mask them), so the LM head skips the prompt; without a mask every column is kept.
-            start = first_logits_position(mb["token_mask"][:, :w]) if "token_mask" in mb else 0
+            mask = mb["token_mask"][:, :w] if "token_mask" in mb else None
+            start = first_logits_position(mask) if mask is not None else 0
             lp = token_logprobs_from_logits(self._forward(model, ids, mb, start), ids).cpu()
             lengths = mb["input_lengths"].to(torch.long)
-            valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
+            cols = torch.arange(w).unsqueeze(0)
+            valid = cols < lengths.unsqueeze(1)
+            if mask is not None:
+                # Per row, not per micro-batch, so the result does not depend on the batching.
+                valid &= cols >= first_masked_columns(mask).unsqueeze(1)
             out[spec.start : spec.end, :w] = lp * valid
         return out
 
@@ -393,7 +402,8 @@ class PolicyWorker:
 
         Returns:
             ``{"logprobs": float32 [b, S]}`` (column 0 and padding are 0; with a ``token_mask``,
-            so are the columns before a micro-batch's first masked token), rows in input order.
+            so are a row's columns before its first masked token, and the whole of a row with
+            none), rows in input order.
         """
         return BatchedDataDict({"logprobs": self._logprobs(self.model, data, micro_batch_size)})
 
