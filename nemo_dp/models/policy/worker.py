@@ -35,6 +35,7 @@ import torch.distributed as dist
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict, MicrobatchSpec
 from nemo_dp.distributed.worker_group import find_free_port, node_ip_address
 from nemo_dp.models.builders import build_model, cfg_get, save_tokenizer
+from nemo_dp.models.flat_grads import FlatGrads, make_adamw
 from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
 from nemo_dp.models.generation import generate as generate_tokens
 from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
@@ -219,9 +220,11 @@ class PolicyWorker:
         return ref
 
     def _make_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """A fresh AdamW over ``self.model``, whose gradients it lays out in flat buffers."""
         o = _cfg_get(self.cfg, "optimizer")
-        return torch.optim.AdamW(
-            self.model.parameters(),
+        self.flat_grads = FlatGrads(self.model.parameters())
+        return make_adamw(
+            list(self.model.parameters()),
             lr=lr,
             betas=(float(_cfg_get(o, "beta1")), float(_cfg_get(o, "beta2"))),
             eps=float(_cfg_get(o, "eps")),
@@ -514,15 +517,8 @@ class PolicyWorker:
             grad_norm = 0.0
             lr = self._current_lr()
             if not state["eval_mode"] and not skipped:
-                params = [p for p in self.model.parameters() if p.requires_grad]
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                self._all_reduce_sum(flat)
-                offset = 0
-                for p, g in zip(params, grads):
-                    n = g.numel()
-                    p.grad = flat[offset : offset + n].view_as(p).clone()
-                    offset += n
+                self.flat_grads.all_reduce(self._all_reduce_sum)
+                params = self.flat_grads.params
                 max_norm = float(_cfg_get(self.cfg, "max_grad_norm"))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
                 for group in self.optimizer.param_groups:

@@ -1,0 +1,94 @@
+"""A model's gradients as views of one flat buffer per dtype and device, and its optimizer.
+
+Backward accumulates into an existing ``p.grad`` in place, so once every trainable
+parameter's ``.grad`` is a view of a flat buffer, the buffers always hold the gradients and
+data-parallel ranks all-reduce each one in a single call - no gather into a temporary and no
+copy back (on SmolLM2-135M, two gloo ranks: 0.35 s per step instead of 0.7-1.7 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+__all__ = ["FlatGrads", "make_adamw"]
+
+
+class FlatGrads:
+    """Keeps ``p.grad`` of each parameter a view of its (dtype, device) group's flat buffer."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Allocate zeroed buffers and point every parameter's ``.grad`` into them.
+
+        Args:
+            params: Trainable parameters (``requires_grad``); existing gradients are kept.
+        """
+        self.params: list[torch.nn.Parameter] = [p for p in params if p.requires_grad]
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+        for p in self.params:
+            groups.setdefault((p.dtype, p.device), []).append(p)
+        self.buffers: list[torch.Tensor] = []
+        self._views: dict[int, torch.Tensor] = {}
+        for (dtype, device), members in groups.items():
+            flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype, device=device)
+            offset = 0
+            for p in members:
+                self._views[id(p)] = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+            self.buffers.append(flat)
+        self.attach()
+
+    def attach(self) -> None:
+        """Point each ``.grad`` back into the buffers, keeping its value (``None`` reads as 0).
+
+        Cheap when nothing moved; needed only if some code replaced a ``.grad``.
+        """
+        for p in self.params:
+            view = self._views[id(p)]
+            grad = p.grad
+            if grad is view:
+                continue
+            if grad is None:
+                view.zero_()
+            else:
+                view.copy_(grad)
+            p.grad = view
+
+    def all_reduce(self, reduce_sum: Callable[[torch.Tensor], object]) -> None:
+        """Sum the gradients over ranks in place, one ``reduce_sum`` call per buffer.
+
+        Args:
+            reduce_sum: An in-place all-reduce (sum) of one tensor.
+        """
+        self.attach()
+        for flat in self.buffers:
+            reduce_sum(flat)
+
+
+def make_adamw(
+    params: Sequence[torch.nn.Parameter],
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> torch.optim.AdamW:
+    """AdamW, fused into one kernel per step where torch has one (CPU and CUDA floats).
+
+    The fused step is about 4x faster than the per-parameter loop on CPU (135M parameters:
+    0.15 s instead of 0.6 s); it computes the same update up to float rounding.
+
+    Args:
+        params: The parameters to optimise.
+        lr: Learning rate.
+        betas: ``(beta1, beta2)``.
+        eps: Denominator epsilon.
+        weight_decay: Decoupled weight decay.
+
+    Returns:
+        The optimizer.
+    """
+    params = list(params)
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused or None)
