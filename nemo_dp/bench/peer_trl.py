@@ -189,7 +189,8 @@ def summarize_side(
         logprob_forwards: Forwards per row in this side's log-prob phase.
 
     Returns:
-        ``step_s`` (median), ``samples_per_s``, per phase mean seconds ``<phase>_s``, FLOPs
+        ``step_s`` (median), ``samples_per_s``, per phase mean seconds ``<phase>_s`` and
+        ``other_s`` (the mean step less the phases), FLOPs
         ``<phase>_gflop`` and rate ``<phase>_gflops``, the ``rewards`` of every step, the mean
         response length, and ``logprob_forwards``.
     """
@@ -216,7 +217,10 @@ def summarize_side(
         out[f"{phase}_s"] = seconds
         out[f"{phase}_gflop"] = flops[phase] / 1e9
         out[f"{phase}_gflops"] = flops[phase] / 1e9 / seconds if seconds > 0 else None
-    out["other_s"] = step_s - sum(out[f"{p}_s"] for p in PHASES)
+    # Against the mean step (the phases are means too): the median step can be shorter than
+    # the phases' sum when one measured step still ran slow.
+    mean_step_s = statistics.fmean(float(r["step_time_s"]) for r in steady)
+    out["other_s"] = mean_step_s - sum(out[f"{p}_s"] for p in PHASES)
     return out
 
 

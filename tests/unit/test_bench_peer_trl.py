@@ -105,6 +105,13 @@ def test_summary_excludes_the_warmup_steps_and_counts_flops() -> None:
     flops = phase_flops(shape, samples=64, prompt_len=34.0, response_len=12.0, logprob_forwards=1)
     assert s["train_gflops"] == pytest.approx(flops.train / 1e9 / 2.0)
     assert s["logprobs_gflop"] == pytest.approx(flops.logprobs / 1e9)
+    # One slow measured step moves the mean, not the median: "other" is the mean step less
+    # the mean phases, so it never goes negative when the phases were slow with it.
+    rows = _rows(5, 4.0)
+    rows[2].update({"step_time_s": 7.0, "time/train_s": 5.0})
+    slow = summarize_side(rows, bench, shape=shape, prompt_len=34.0, logprob_forwards=1)
+    assert slow["step_s"] == 4.0 and slow["train_s"] == pytest.approx(3.0)
+    assert slow["other_s"] == pytest.approx(5.0 - 4.5)
     with pytest.raises(RuntimeError, match="measured 1 steps, expected bench.measured_steps=3"):
         summarize_side(_rows(2, 4.0), bench, shape=shape, prompt_len=34.0, logprob_forwards=1)
 
