@@ -203,13 +203,11 @@ def test_load_never_reads_a_pickle_planted_in_the_checkpoint(
     ck = tmp_path / "ck"
     a.save_checkpoint(ck, metadata={})
     marker = tmp_path / "code_ran"
-    # One fresh system serves every refused load: a refusal restores nothing (asserted after
-    # each), so the client stays clean for the next one.
-    b = tq_session.fresh()
     for rel in OLD_TQ_FILES:
         bad = tmp_path / f"bad_{Path(rel).name}"
         shutil.copytree(ck, bad)
         planted = _plant(bad, rel, marker)
+        b = tq_session.fresh()
         with pytest.raises(ValueError, match="not part of its format") as info:
             b.load_checkpoint(bad)
         assert str(planted) in str(info.value)
@@ -223,6 +221,7 @@ def test_load_never_reads_a_pickle_planted_in_the_checkpoint(
     (old / "manifest.json").write_text(
         json.dumps({"format": CHECKPOINT_FORMAT, "format_version": 1, "backend": "simple", "metadata": {}})
     )
+    b = tq_session.fresh()
     with pytest.raises(ValueError, match="format_version 1") as info:
         b.load_checkpoint(old)
     assert "controller_state.pkl" in str(info.value) and str(old / "manifest.json") in str(info.value)
