@@ -70,8 +70,8 @@ class EnvConfig:
     with weights (``{fn, weight, pattern}``). ``format``: how the built-in generator presents its
     problems: ``plain`` (``"37+5="`` -> ``"42"``) or ``chat`` (a one-turn conversation, rendered
     with the tokenizer's chat template when it has one; identical to ``plain`` without one).
-    ``name: visual`` selects the built-in visual task instead (``visual_kind``: ``digit`` or
-    ``count``; images rendered from ``seed``; needs ``policy=hf_vlm``).
+    ``name: visual`` selects the built-in visual task instead (``visual_kind``: ``digit``,
+    ``count`` or ``colour``; images rendered from ``seed``; needs ``policy=hf_vlm``).
     """
 
     name: str = "arithmetic"
@@ -89,7 +89,7 @@ class EnvConfig:
     reward: str = "auto"
     rewards: Optional[list[RewardItem]] = None
     format: str = "plain"
-    visual_kind: str = "digit"  # env=visual: "digit" | "count" (nemo_dp.data.visual_task)
+    visual_kind: str = "digit"  # env=visual: "digit" | "count" | "colour" (nemo_dp.data.visual_task)
 
     def __post_init__(self) -> None:
         _one_of("env.name", self.name, ENV_NAMES)

@@ -1,11 +1,13 @@
 """Built-in visual task: small images rendered with Pillow, a question, an exact answer.
 
-Two kinds, both verifiable by exact match:
+Three kinds, all verifiable by exact match:
 
 * ``"digit"``: one seven-segment digit drawn at a random place, size and colour; "Which digit
   is shown?" -> ``"7"``;
 * ``"count"``: 1 to ``max_count`` non-overlapping filled squares; "How many squares are
-  there?" -> ``"3"``.
+  there?" -> ``"3"``;
+* ``"colour"``: the same digit images; "What colour is the digit?" -> ``"red"`` (one of
+  :data:`COLOUR_NAMES`).
 
 Images have different sizes (so a vision model gets different numbers of patches per image).
 Everything is deterministic from the seed: a problem is a rendering spec (a tuple of ints)
@@ -23,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "IMAGE_SIZES",
+    "COLOUR_NAMES",
     "KINDS",
     "VisualProblem",
     "VisualPrompt",
@@ -32,11 +35,15 @@ __all__ = [
     "render",
 ]
 
-KINDS: tuple[str, ...] = ("digit", "count")
+KINDS: tuple[str, ...] = ("digit", "count", "colour")
 #: Image widths and heights (multiples of 8, the tiny VLM's patch * merge size).
 IMAGE_SIZES: tuple[int, ...] = (16, 24, 32)
 EVAL_BUCKETS = 10
-QUESTIONS = {"digit": "Which digit is shown?", "count": "How many squares are there?"}
+QUESTIONS = {
+    "digit": "Which digit is shown?",
+    "count": "How many squares are there?",
+    "colour": "What colour is the digit?",
+}
 
 # Segments a..g of a seven-segment digit, as (x0, y0, x1, y1) on a 2 x 4 grid of cells.
 _SEGMENTS = {
@@ -48,6 +55,8 @@ _DIGITS = {
     5: "acdfg", 6: "acdefg", 7: "abc", 8: "abcdefg", 9: "abcdfg",
 }
 _PALETTE = ((0, 0, 0), (255, 255, 255), (220, 40, 40), (40, 160, 60), (40, 70, 220), (240, 200, 30))
+#: The answers of a ``"colour"`` problem, one per palette entry.
+COLOUR_NAMES: tuple[str, ...] = ("black", "white", "red", "green", "blue", "yellow")
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class VisualPrompt:
     trainer moves a few integers per prompt and the image tensors exist only in the workers.
 
     Attributes:
-        kind: ``"digit"`` or ``"count"``.
+        kind: ``"digit"``, ``"count"`` or ``"colour"``.
         spec: The rendering parameters (see :func:`render`).
         question: The question text.
     """
@@ -89,7 +98,7 @@ class VisualProblem:
     """One image question with its exact answer.
 
     Attributes:
-        kind: ``"digit"`` or ``"count"``.
+        kind: ``"digit"``, ``"count"`` or ``"colour"``.
         spec: The rendering parameters (see :func:`render`).
         question: The question text.
         answer: The exact expected response.
@@ -151,7 +160,8 @@ def render(kind: str, spec: tuple[int, ...]) -> Any:
     """Render a problem's image.
 
     Args:
-        kind: ``"digit"``: spec = (digit, width, height, fg, bg, x0, y0, cell, thickness);
+        kind: ``"digit"`` and ``"colour"``: spec = (digit, width, height, fg, bg, x0, y0, cell,
+            thickness);
             ``"count"``: spec = (count, width, height, fg, bg, side, x1, y1, x2, y2, ...).
         spec: The rendering parameters.
 
@@ -167,7 +177,7 @@ def render(kind: str, spec: tuple[int, ...]) -> Any:
         raise ValueError(f"render: kind {kind!r} not in {KINDS}")
     image = Image.new("RGB", (spec[1], spec[2]), _PALETTE[spec[4]])
     draw = ImageDraw.Draw(image)
-    (_draw_digit if kind == "digit" else _draw_squares)(draw, spec)
+    (_draw_squares if kind == "count" else _draw_digit)(draw, spec)
     return image
 
 
@@ -210,7 +220,7 @@ class VisualTask:
     """Deterministic generator of visual problems of one kind.
 
     Args:
-        kind: ``"digit"`` or ``"count"``.
+        kind: ``"digit"``, ``"count"`` or ``"colour"``.
         seed: Seed of the generator.
         max_count: Most squares of a ``"count"`` problem (2 to 6).
 
@@ -239,11 +249,12 @@ class VisualTask:
             attempts += 1
             if attempts > 200 * (n + 10):
                 raise ValueError(f"VisualTask: could not draw {n} distinct {name} problems")
-            spec = _digit_spec(rng) if self.kind == "digit" else _count_spec(rng, self.max_count)
+            spec = _count_spec(rng, self.max_count) if self.kind == "count" else _digit_spec(rng)
             if spec in seen or _is_eval(self.kind, spec) != eval_part:
                 continue
             seen.add(spec)
-            out.append(VisualProblem(self.kind, spec, QUESTIONS[self.kind], str(spec[0])))
+            answer = COLOUR_NAMES[spec[3]] if self.kind == "colour" else str(spec[0])
+            out.append(VisualProblem(self.kind, spec, QUESTIONS[self.kind], answer))
         return out
 
     def train_problems(self, n: int) -> list[VisualProblem]:

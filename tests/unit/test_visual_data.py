@@ -9,10 +9,10 @@ import pytest
 
 from nemo_dp.data.errors import DatasetError
 from nemo_dp.data.images import has_image_parts, load_image_jsonl, parse_image_messages
-from nemo_dp.data.visual_task import _PALETTE, IMAGE_SIZES, VisualTask, exact_match_reward, render
+from nemo_dp.data.visual_task import _PALETTE, COLOUR_NAMES, IMAGE_SIZES, VisualTask, exact_match_reward, render
 
 
-@pytest.mark.parametrize("kind", ["digit", "count"])
+@pytest.mark.parametrize("kind", ["digit", "count", "colour"])
 def test_visual_task_is_deterministic_and_held_out_is_disjoint(kind: str) -> None:
     a = VisualTask(kind, seed=3).train_problems(200)
     b = VisualTask(kind, seed=3).train_problems(200)
@@ -25,13 +25,23 @@ def test_visual_task_is_deterministic_and_held_out_is_disjoint(kind: str) -> Non
     sizes = {p.image().size for p in a}
     assert len(sizes) > 1 and all(w in IMAGE_SIZES and h in IMAGE_SIZES for w, h in sizes)
     answers = {p.answer for p in a}
-    assert answers == ({str(d) for d in range(10)} if kind == "digit" else {"1", "2", "3", "4"})
+    expected = {"digit": {str(d) for d in range(10)}, "count": {"1", "2", "3", "4"}, "colour": set(COLOUR_NAMES)}
+    assert answers == expected[kind]
 
 
 def _fg_pixels(kind: str, spec: tuple[int, ...]) -> int:
     img = render(kind, spec)
     fg = _PALETTE[spec[3]]
     return sum(px == fg for px in img.get_flattened_data())
+
+
+def test_colour_answer_is_the_digit_colour() -> None:
+    # colour: the digit's pixels have the answer's palette colour, the rest the background's
+    for p in VisualTask("colour", seed=2).train_problems(30):
+        img = render("colour", p.spec)
+        colours = {px for px in img.get_flattened_data()}
+        assert colours == {_PALETTE[p.spec[3]], _PALETTE[p.spec[4]]}
+        assert p.answer == COLOUR_NAMES[p.spec[3]] and p.question == "What colour is the digit?"
 
 
 def test_rendered_images_show_the_answer() -> None:
