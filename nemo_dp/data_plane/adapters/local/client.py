@@ -482,8 +482,9 @@ class LocalDataPlaneClient(DataPlaneClient):
             RuntimeError: Closed, or a data operation (or load attempt) already ran on this
                 client ("clean data-plane client").
             FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.
-            ValueError: Unknown format/version, corrupt or inconsistent manifest or tensor
-                file (naming the file), or more partitions than ``max_partitions``.
+            ValueError: Unknown format/version, an older format or a file the format does
+                not hold (refused unread, naming the file), corrupt or inconsistent manifest
+                or tensor file (naming the file), or more partitions than ``max_partitions``.
         """
         with self._lock:
             self._check_open()
