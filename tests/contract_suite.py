@@ -21,6 +21,9 @@ Class attribute a subclass must set:
   columns and an emptied partition stays live for more puts (TransferQueue); ``False`` if every
   partition takes exactly one put, a second one is rejected with "duplicate writes", and a
   partition whose last row is cleared by explicit ids is dropped (Local).
+* ``old_checkpoint: tuple[int, str]`` -- an older checkpoint format version of the adapter and a
+  file (relative path) it held that can run code when loaded (a pickle); such a checkpoint is
+  refused without reading any of its files.
 
 Rules the tests follow so they hold on both adapters: every partition receives exactly one
 successful put of exactly ``num_samples`` rows (except where ``supports_write_back`` decides);
@@ -30,6 +33,8 @@ adapter's materialiser; each error is asserted by type and the contract's messag
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 import time
 import uuid
@@ -223,10 +228,21 @@ def message(exc_info: pytest.ExceptionInfo[BaseException]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+class _Payload:
+    """A pickle whose loading creates ``marker`` (what a malicious checkpoint file would run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
 class DataPlaneContract:
     """Contract tests valid for every adapter; subclass and provide the fixtures (see module)."""
 
     supports_write_back: bool
+    old_checkpoint: tuple[int, str]
 
     @pytest.fixture
     def pid(self) -> str:
@@ -824,6 +840,46 @@ class DataPlaneContract:
         b = fresh_client()
         assert b.load_checkpoint(ck) == {"step": 1}
         assert_table(read_table(b.get_samples(["a", "b"], pid, ["x"])), {"x": dense_td(2).get("x")})
+
+    # --- pickles are never loaded ----------------------------------------------------------
+    def test_checkpoint_pickles_are_refused_unread(
+        self, fresh_client: Callable[[], DataPlaneClient], tmp_path: Path, pid: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        a = fresh_client()
+        a.register_partition(pid, ["x"], 2, ["t"])
+        a.put_samples(["a", "b"], pid, dense_td(2))
+        ck = tmp_path / "ck"
+        a.save_checkpoint(ck, metadata={"step": 1})
+        assert sorted(p.name for p in ck.iterdir()) == ["manifest.json", "tensors.safetensors"]
+        marker = tmp_path / "code_ran"
+        unpickled: list[Any] = []
+
+        def load(*args: Any, **kwargs: Any) -> Any:
+            unpickled.append(args)
+            raise AssertionError("torch.load called while loading a checkpoint")
+
+        version, old_file = self.old_checkpoint
+        for old in (False, True):
+            bad = tmp_path / f"bad_{old}"
+            shutil.copytree(ck, bad)
+            planted = bad / old_file
+            planted.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"x": _Payload(marker)}, planted)
+            if old:  # the manifest of the older format, which held the pickle
+                manifest = json.loads((bad / "manifest.json").read_text())
+                (bad / "manifest.json").write_text(json.dumps({**manifest, "format_version": version}))
+                (bad / "tensors.safetensors").unlink()
+            b = fresh_client()
+            with monkeypatch.context() as m:
+                m.setattr(torch, "load", load)
+                m.setattr(torch.serialization, "load", load)
+                with pytest.raises(ValueError, match="no longer supported" if old else "not part of its format") as info:
+                    b.load_checkpoint(bad)
+            assert str(planted) in str(info.value)
+            assert not marker.exists() and unpickled == []
+        b = fresh_client()
+        assert b.load_checkpoint(ck) == {"step": 1}
+        assert b.list_sample_ids(pid) == ["a", "b"]
 
     # --- multimodal columns --------------------------------------------------------------
     def _put_multimodal(self, client: DataPlaneClient, pid: str, n: int = 6, fields: Sequence[str] = MM_FIELDS) -> tuple[MultimodalBatch, KVBatchMeta]:

@@ -4,8 +4,8 @@ Why it exists: a checkpoint of the Local store must give back every stored objec
 exactly (same value, same Python type) without pickle, because loading a checkpoint must never
 execute code.  Plain JSON is not enough: it turns tuples into lists, non-string dict keys into
 strings, and cannot hold bytes, numpy values or tensors.  This module maps a value to a JSON
-tree of tagged nodes plus a flat table of tensors (saved by the caller with a weights-only
-format) and back.
+tree of tagged nodes plus a flat table of tensors (saved by the caller as safetensors) and
+back.
 
 Encoding (a node is what ``ValueEncoder.encode`` returns):
 
@@ -270,7 +270,7 @@ def decode_value(node: Any, tensors: dict[str, torch.Tensor], where: str) -> Any
 
     Args:
         node: A node read back from JSON.
-        tensors: The tensor table loaded (weights-only) from the checkpoint.
+        tensors: The tensor table loaded from the checkpoint.
         where: Location for error messages (file and position).
 
     Returns:

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_dp.utils.checkpoint import STEP_DIR
+from nemo_dp.utils.checkpoint import REQUIRED_FILES, STEP_DIR
 from nemo_dp.utils.manifest import has_manifest, verify_manifest
 
 __all__ = [
@@ -57,8 +58,8 @@ __all__ = [
 CHECKPOINT_META_NAME = "checkpoint_meta.json"
 CHECKPOINT_META_FORMAT = "nemo_dp.checkpoint_meta"
 CHECKPOINT_META_VERSION = 1
-#: Files a committed training checkpoint holds today (format manifest + state file).
-DEFAULT_REQUIRED_FILES: tuple[str, ...] = ("manifest.json", "state.pt")
+#: Files a committed training checkpoint holds (format manifest, typed state, tensor table).
+DEFAULT_REQUIRED_FILES: tuple[str, ...] = REQUIRED_FILES
 #: Phase name of an RL run's SFT warm start (its checkpoints are SFT checkpoints).
 WARM_START_PHASE = "warm_start"
 _RESUME_KEY = "checkpointing.resume_from"
@@ -489,7 +490,8 @@ def _usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[i
 
 
 def _pickle_reason(path: Path) -> str | None:
-    """Why ``path`` looks like a pickle (its name or its protocol header), else ``None``."""
+    """Why ``path`` looks like a pickle (its name, its protocol header, or a zip archive holding
+    one, as ``torch.save`` writes), else ``None``; only the zip's directory is read."""
     if path.suffix.lower() in _PICKLE_SUFFIXES:
         return f"its name ends in {path.suffix!r}"
     try:
@@ -499,14 +501,23 @@ def _pickle_reason(path: Path) -> str | None:
         return None
     if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return f"it starts with a pickle protocol {head[1]} header"
+    if head == b"PK":
+        try:
+            with zipfile.ZipFile(path) as archive:
+                inner = [n for n in archive.namelist() if n.lower().endswith(_PICKLE_SUFFIXES)]
+        except (OSError, zipfile.BadZipFile):
+            return None
+        if inner:
+            return f"it is a zip archive holding the pickle {inner[0]!r}, as torch.save writes"
     return None
 
 
 def refuse_pickles(step_dir: str | os.PathLike[str], key: str) -> None:
     """Refuse a checkpoint that holds a pickle anywhere, without loading any of its files.
 
-    No nemo_dp checkpoint writes one (older TransferQueue data-plane checkpoints held the
-    library's own), and unpickling one can run code.
+    No nemo_dp checkpoint writes one (older data-plane checkpoints did: TransferQueue's held the
+    library's own, local and ray ones a ``torch.save`` archive ``tensors.pt``), and unpickling one
+    can run code.
 
     Args:
         step_dir: The step directory.
@@ -523,9 +534,10 @@ def refuse_pickles(step_dir: str | os.PathLike[str], key: str) -> None:
             if reason is not None:
                 raise ResumeError(
                     f"{key}: checkpoint file {path} is a pickle ({reason}); nemo_dp checkpoints "
-                    "never hold one (older TransferQueue data-plane checkpoints held the "
-                    "library's own controller_state.pkl and su_*.pkl) and loading it could run "
-                    "code, so the checkpoint is refused and none of its files was loaded"
+                    "never hold one (older data-plane checkpoints held TransferQueue's own "
+                    "controller_state.pkl and su_*.pkl, or the local and ray backends' tensors.pt) "
+                    "and loading it could run code, so the checkpoint is refused and none of its "
+                    "files was loaded"
                 )
 
 

@@ -15,9 +15,8 @@ objects:
   ``<checkpoint>/K/``: ``<checkpoint>/policy`` is then a HuggingFace (or tiny) model directory
   that ``AutoModelForCausalLM.from_pretrained`` (or the tiny loader) reads as is.
 
-Checkpoints of ``format_version`` 1 (one ``state.pt``, still written by callers that pickle
-the state themselves) are read with ``torch.load(weights_only=True)`` and only NumPy's array
-reconstruction allowed besides tensors and primitives.
+Checkpoints of ``format_version`` 1 held one pickled ``state.pt``; they are refused without
+reading it (unpickling can run code).
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ __all__ = [
 
 CHECKPOINT_FORMAT = "nemo_dp.training_checkpoint"
 CHECKPOINT_FORMAT_VERSION = 2
-#: Pickled state of format_version 1 (read with the weights-only unpickler).
+#: Pickled state of format_version 1 (refused unread).
 STATE_FILE = "state.pt"
 STATE_JSON = "state.json"
 TENSORS_FILE = "tensors.safetensors"
@@ -266,16 +265,8 @@ def save_training_checkpoint(
     return write_checkpoint_atomically(checkpoint_dir, write)
 
 
-def _numpy_reconstruct_globals() -> list[Any]:
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # pragma: no cover - NumPy < 2
-        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
-    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype("uint32"))]
-
-
 def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_training_checkpoint` (or a version-1 one).
+    """Load a checkpoint written by :func:`save_training_checkpoint`.
 
     Args:
         checkpoint_dir: The checkpoint directory.
@@ -285,34 +276,37 @@ def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str
 
     Raises:
         FileNotFoundError: If the directory, its manifest or its state files are missing.
-        ValueError: If the manifest names another format or version, or a file is corrupt.
+        ValueError: If the manifest names another format or version (a version-1 checkpoint,
+            whose ``state.pt`` is a pickle, is refused without reading it), or a file is corrupt.
         nemo_dp.utils.manifest.CheckpointCorruptError: A file listed in the checkpoint's file
             manifest is missing, truncated or altered (names the file; checked before reading).
     """
     if has_manifest(checkpoint_dir):
         verify_manifest(checkpoint_dir)
-    read_manifest(
+    manifest = read_manifest(
         checkpoint_dir,
         expected_format=CHECKPOINT_FORMAT,
         supported_versions=(1, CHECKPOINT_FORMAT_VERSION),
     )
     base = Path(checkpoint_dir)
-    if (base / STATE_JSON).is_file():
-        from safetensors.torch import load_file
+    if manifest["format_version"] != CHECKPOINT_FORMAT_VERSION:
+        raise ValueError(
+            f"load_training_checkpoint: {base / 'manifest.json'} has format_version "
+            f"{manifest['format_version']}, an older format that is no longer supported: its state "
+            f"is {base / STATE_FILE}, a pickle that can run code when loaded, so it was not read. "
+            f"This version reads format_version {CHECKPOINT_FORMAT_VERSION} ({STATE_JSON} + "
+            f"{TENSORS_FILE}); start a fresh run or resume from a checkpoint written by this version"
+        )
+    from safetensors.torch import load_file
 
-        tensors_path = base / TENSORS_FILE
-        if not tensors_path.is_file():
-            raise FileNotFoundError(f"load_training_checkpoint: {tensors_path} is missing")
-        try:
-            tree = json.loads((base / STATE_JSON).read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"load_training_checkpoint: {base / STATE_JSON} is corrupt: {exc}") from exc
-        return _decode(tree, load_file(str(tensors_path)), base)
-    path = base / STATE_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"load_training_checkpoint: neither {base / STATE_JSON} nor {path} exists")
-    with torch.serialization.safe_globals(_numpy_reconstruct_globals()):
-        return torch.load(path, map_location="cpu", weights_only=True)
+    for path in (base / STATE_JSON, base / TENSORS_FILE):
+        if not path.is_file():
+            raise FileNotFoundError(f"load_training_checkpoint: {path} is missing")
+    try:
+        tree = json.loads((base / STATE_JSON).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"load_training_checkpoint: {base / STATE_JSON} is corrupt: {exc}") from exc
+    return _decode(tree, load_file(str(base / TENSORS_FILE)), base)
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:

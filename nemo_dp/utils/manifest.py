@@ -3,7 +3,7 @@
 Why this module exists: the atomic commit protocol (``nemo_dp.utils.checkpoint_io``) guarantees
 that a checkpoint directory is never observed half-written, but nothing protects it afterwards:
 a copy that stopped early, a full disk during ``rsync`` or a zeroed block leaves a directory that
-looks committed and fails deep inside ``torch.load`` or ``safetensors`` with a message that names
+looks committed and fails deep inside ``safetensors`` or a JSON parser with a message that names
 no file.  A checkpoint writer calls :func:`write_manifest` as the *last* step of filling its
 (temp) directory; a loader calls :func:`verify_manifest` before reading anything, which reports
 the first missing, truncated or altered file by path as a :class:`CheckpointCorruptError`.

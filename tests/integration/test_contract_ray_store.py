@@ -73,6 +73,7 @@ class TestRayStoreContract(DataPlaneContract):
     """The contract over the Ray object-store adapter (write-back supported)."""
 
     supports_write_back = True
+    old_checkpoint = (1, "tensors.pt")
 
     @pytest.fixture
     def client(self, ray_store_session: RayStoreSession) -> Any:

@@ -25,6 +25,7 @@ class TestTQContract(DataPlaneContract):
     """The contract over the TransferQueue adapter (write-back supported)."""
 
     supports_write_back = True
+    old_checkpoint = (1, "tq/controller_state.pkl")
 
     @pytest.fixture
     def client(self, tq_session: TQSession) -> Any:

@@ -1,8 +1,8 @@
 """Training checkpoints users can take away, loaded without unpickling code: typed JSON +
 safetensors round trips exactly, ``<checkpoint>/policy`` is a model directory
 (``AutoModelForCausalLM.from_pretrained`` / the tiny loader), resume from a checkpoint equals
-the uninterrupted run, bad states are refused before anything is written, and a pickled
-version-1 state holding code is refused by the weights-only reader."""
+the uninterrupted run, bad states are refused before anything is written, and a version-1
+checkpoint (a pickled ``state.pt``) is refused without being read."""
 
 from __future__ import annotations
 
@@ -184,15 +184,19 @@ class _Exploit:
         return (print, ("code ran while loading",))
 
 
-def test_version_1_pickle_with_code_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_version_1_pickle_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     d = tmp_path / "step_00000003"
     d.mkdir()
-    torch.save({"x": torch.arange(2), "evil": _Exploit()}, d / ckpt.STATE_FILE)
     write_manifest(d, {"format": ckpt.CHECKPOINT_FORMAT, "format_version": 1})
-    assert latest_checkpoint(tmp_path) == d
-    with pytest.raises(Exception, match="Weights only load failed"):
-        load_training_checkpoint(d)
-    assert "code ran" not in capsys.readouterr().out
-    # A plain version-1 state (tensors, primitives, NumPy RNG state) still loads.
-    torch.save({"x": torch.arange(2), "rng": capture_rng_state()}, d / ckpt.STATE_FILE)
-    assert torch.equal(load_training_checkpoint(d)["x"], torch.arange(2))
+    unpickled: list[Any] = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: unpickled.append(a))
+    # A state holding code, and a plain one (tensors, primitives, NumPy RNG state): both refused.
+    for state in ({"x": torch.arange(2), "evil": _Exploit()}, {"x": torch.arange(2), "rng": capture_rng_state()}):
+        torch.save(state, d / ckpt.STATE_FILE)
+        assert latest_checkpoint(tmp_path) == d
+        with pytest.raises(ValueError, match="format_version 1, an older format that is no longer supported") as info:
+            load_training_checkpoint(d)
+        assert str(d / ckpt.STATE_FILE) in str(info.value)
+    assert "code ran" not in capsys.readouterr().out and unpickled == []

@@ -18,6 +18,7 @@ class TestLocalContract(DataPlaneContract):
     """The shared contract on ``LocalDataPlaneClient`` (one put per partition)."""
 
     supports_write_back = False
+    old_checkpoint = (2, "tensors.pt")
 
     @pytest.fixture
     def client(self) -> Iterator[DataPlaneClient]:

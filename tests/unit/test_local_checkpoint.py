@@ -1,9 +1,9 @@
 """Local-adapter checkpoints and the shared atomic-write helper.
 
 Covers failures during a save (real exception inside the writer, failing final rename, a crash
-between the two renames), hostile or damaged files on load (a code-bearing pickle, unknown
-versions, corrupt manifests, inconsistent content) and what a restore brings back
-(generations, cursors, compact tensors).
+between the two renames), hostile or damaged files on load (a code-bearing pickle in place of the
+tensor table, older formats that held ``tensors.pt``, unknown versions, corrupt manifests,
+inconsistent content) and what a restore brings back (generations, cursors, compact tensors).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from tensordict import TensorDict
 
 from nemo_dp.utils import checkpoint_io
 from nemo_dp.data_plane.adapters.local import TENSORS_FILE, LocalDataPlaneClient, local_batch_to_tensordict
+from nemo_dp.data_plane.typed_checkpoint import load_tensor_table
 from nemo_dp.data_plane.codec import materialize_local
 from nemo_dp.data_plane.interfaces import KVBatchMeta, LocalDataPlaneConfig
 from nemo_dp.data_plane.schema import LOCAL_PARTITION_GENERATION
@@ -65,18 +67,20 @@ def test_exception_inside_the_writer_keeps_previous_checkpoint(tmp_path: Path, m
     c.save_checkpoint(ck, metadata={"step": 1})
     before = {p.name: p.read_bytes() for p in ck.iterdir()}
 
-    real_save = torch.save
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
     partial: list[Path] = []
 
-    def save_half_then_fail(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        path = Path(f)
-        real_save(obj, path, *args, **kwargs)
+    def save_half_then_fail(tensors: Any, filename: Any, *args: Any, **kwargs: Any) -> None:
+        path = Path(filename)
+        real_save(tensors, path, *args, **kwargs)
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 2])  # a torn file inside the temp dir
         partial.append(path)
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(torch, "save", save_half_then_fail)
+    monkeypatch.setattr(safetensors.torch, "save_file", save_half_then_fail)
     with pytest.raises(OSError, match="disk full"):
         c.save_checkpoint(ck, metadata={"step": 2})
     monkeypatch.undo()
@@ -155,28 +159,67 @@ class _CodeBearing:
         return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
 
 
-def test_code_bearing_pickle_is_rejected_and_never_runs(tmp_path: Path) -> None:
+@pytest.fixture
+def unpickled(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Records every ``torch.load`` (an unpickler, even with ``weights_only=True``)."""
+    calls: list[Any] = []
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        raise AssertionError("torch.load called while loading a checkpoint")
+
+    monkeypatch.setattr(torch, "load", load)
+    monkeypatch.setattr(torch.serialization, "load", load)
+    return calls
+
+
+def test_code_bearing_pickle_is_rejected_and_never_runs(tmp_path: Path, unpickled: list[Any]) -> None:
     ck = saved_checkpoint(tmp_path / "a")
     marker = tmp_path / "marker"
     tensor_file = ck / TENSORS_FILE
     torch.save({"p0.c0": _CodeBearing(marker)}, tensor_file)
-    # the file really carries code: an unrestricted load of a copy would run it
-    probe = tmp_path / "probe_marker"
-    torch.save({"p0.c0": _CodeBearing(probe)}, tmp_path / "probe.pt")
-    torch.load(tmp_path / "probe.pt", weights_only=False)
-    assert probe.exists()
-
-    with pytest.raises(ValueError) as ei:
+    with pytest.raises(ValueError, match="not a valid safetensors file") as ei:
         make_client().load_checkpoint(ck)
     assert str(tensor_file) in str(ei.value)
-    assert not marker.exists()
-
     # the same with a raw (non-zip) pickle in place of the tensor file
     tensor_file.write_bytes(pickle.dumps({"p0.c0": _CodeBearing(marker)}, protocol=2))
-    with pytest.raises(ValueError) as ei:
+    with pytest.raises(ValueError, match="not a valid safetensors file") as ei:
         make_client().load_checkpoint(ck)
     assert str(tensor_file) in str(ei.value)
-    assert not marker.exists()
+    assert not marker.exists() and unpickled == []
+
+
+def test_older_formats_holding_tensors_pt_are_refused_unread(tmp_path: Path, unpickled: list[Any]) -> None:
+    """Versions 1 and 2 kept their tensors in ``tensors.pt`` (a pickle): refused, never read."""
+    marker = tmp_path / "marker"
+    probe = tmp_path / "probe.pt"
+    torch.save({"p0.c0": _CodeBearing(tmp_path / "probe_marker")}, probe)
+    # the payload really carries code: an unrestricted load of it runs it
+    pickle.loads(zipfile.ZipFile(probe).read("probe/data.pkl"))
+    assert (tmp_path / "probe_marker").exists()
+    for version in (1, 2):
+        ck = saved_checkpoint(tmp_path / f"v{version}")
+        manifest_path = ck / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        manifest_path.write_text(json.dumps({**manifest, "format_version": version}))
+        (ck / TENSORS_FILE).unlink()
+        torch.save({"p0.c0": _CodeBearing(marker)}, ck / "tensors.pt")
+        with pytest.raises(ValueError, match=f"format_version {version} .* no longer supported") as ei:
+            make_client().load_checkpoint(ck)
+        assert str(ck / "tensors.pt") in str(ei.value) and str(manifest_path) in str(ei.value)
+    assert not marker.exists() and unpickled == []
+
+
+def test_a_tensors_pt_beside_a_current_checkpoint_is_refused_unread(tmp_path: Path, unpickled: list[Any]) -> None:
+    ck = saved_checkpoint(tmp_path)
+    marker = tmp_path / "marker"
+    torch.save({"p0.c0": _CodeBearing(marker)}, ck / "tensors.pt")
+    with pytest.raises(ValueError, match="not part of its format") as ei:
+        make_client().load_checkpoint(ck)
+    assert str(ck / "tensors.pt") in str(ei.value)
+    assert not marker.exists() and unpickled == []
+    (ck / "tensors.pt").unlink()
+    assert make_client().load_checkpoint(ck) == {"step": 1}
 
 
 def test_truncated_or_wrong_tensor_file(tmp_path: Path) -> None:
@@ -187,14 +230,18 @@ def test_truncated_or_wrong_tensor_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as ei:
         make_client().load_checkpoint(ck)
     assert str(tensor_file) in str(ei.value)
-    torch.save([torch.zeros(1)], tensor_file)  # weights-only loadable, but not a flat dict
-    with pytest.raises(ValueError) as ei:
+    from safetensors.torch import save_file
+
+    save_file({"other": torch.zeros(3, 2)}, str(tensor_file))  # a valid table without the column
+    with pytest.raises(ValueError, match="'p0.c0' is missing") as ei:
         make_client().load_checkpoint(ck)
-    assert str(tensor_file) in str(ei.value)
-    torch.save({"p0.c0": torch.zeros(5, 2)}, tensor_file)  # 5 rows for 3 ids
-    with pytest.raises(ValueError) as ei:
+    assert str(ck / "manifest.json") in str(ei.value)
+    save_file({"p0.c0": torch.zeros(5, 2)}, str(tensor_file))  # 5 rows for 3 ids
+    with pytest.raises(ValueError, match="must have 3 rows") as ei:
         make_client().load_checkpoint(ck)
-    assert str(tensor_file) in str(ei.value)
+    save_file({"p0.c0": torch.zeros(3, 2, dtype=torch.float64)}, str(tensor_file))  # another dtype
+    with pytest.raises(ValueError, match="float64") as ei:
+        make_client().load_checkpoint(ck)
     tensor_file.unlink()
     with pytest.raises(ValueError) as ei:
         make_client().load_checkpoint(ck)
@@ -205,7 +252,7 @@ def test_manifest_version_format_and_corruption(tmp_path: Path) -> None:
     ck = saved_checkpoint(tmp_path)
     manifest_path = ck / "manifest.json"
     good = json.loads(manifest_path.read_text())
-    assert good["format"] == "nemo_dp.local_data_plane" and good["format_version"] == 2
+    assert good["format"] == "nemo_dp.local_data_plane" and good["format_version"] == 3
 
     manifest_path.write_text(json.dumps({**good, "format_version": 999}))
     with pytest.raises(ValueError) as ei:
@@ -224,7 +271,7 @@ def test_manifest_version_format_and_corruption(tmp_path: Path) -> None:
         assert str(manifest_path) in str(ei.value)
 
     broken = json.loads(json.dumps(good))
-    broken["partitions"][0]["cursors"] = {"train": ["not-a-row"]}
+    broken["partitions"][0]["claimed"] = {"train": ["not-a-row"]}
     manifest_path.write_text(json.dumps(broken))
     with pytest.raises(ValueError) as ei:
         make_client().load_checkpoint(ck)
@@ -311,9 +358,7 @@ def test_saved_tensors_are_compact_live_rows(tmp_path: Path) -> None:
     c.clear_samples(["a", "c", "d"], "big")
     ck = tmp_path / "ck"
     c.save_checkpoint(ck)
-    saved = torch.load(ck / TENSORS_FILE, weights_only=True)
-    for t in saved.values():
-        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    saved = load_tensor_table(ck / TENSORS_FILE)
     assert sum(t.numel() for t in saved.values()) == 1000 + 1 + 2  # one dense row, one jagged row
     r = make_client()
     assert r.load_checkpoint(ck) == {}
@@ -485,17 +530,6 @@ def test_unencodable_value_fails_naming_field_and_sample_before_writing(tmp_path
     assert siblings(ck) == []  # no temp dir left behind
     assert {p.name: p.read_bytes() for p in ck.iterdir()} == before  # previous checkpoint intact
     assert make_client().load_checkpoint(ck) == {"step": 1}
-
-
-def test_version_1_checkpoints_still_load(tmp_path: Path) -> None:
-    ck = saved_checkpoint(tmp_path)
-    manifest_path = ck / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["format_version"] = 1  # version 1 stored object values and tags as plain JSON
-    manifest_path.write_text(json.dumps(manifest))
-    r = make_client()
-    assert r.load_checkpoint(ck) == {"step": 1}
-    assert materialize_local(r.get_samples(["p_r0", "p_r2"], "p", ["text"]))["text"] == ["a", "c"]
 
 
 def test_corrupt_value_node_is_rejected_naming_the_file(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from nemo_dp.training.resume import (
     resolve_resume,
     write_checkpoint_meta,
 )
+from nemo_dp.utils.checkpoint import write_training_state
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically
 from nemo_dp.utils.checkpoint_io import write_manifest as write_format_manifest
 from nemo_dp.utils.manifest import CheckpointCorruptError, write_manifest
@@ -50,8 +51,8 @@ def _save(
     algo = algorithm or ("sft" if phase in ("sft", "warm_start") else phase)
 
     def write(tmp: Path) -> None:
-        torch.save({"policy": {"w": torch.zeros(3)}, "counters": {"step": step}}, tmp / "state.pt")
-        write_format_manifest(tmp, {"format": "nemo_dp.training_checkpoint", "format_version": 1})
+        write_training_state(tmp, {"policy": {"w": torch.zeros(3)}, "counters": {"step": step}})
+        write_format_manifest(tmp, {"format": "nemo_dp.training_checkpoint", "format_version": 2})
         if meta:
             write_checkpoint_meta(
                 tmp,
@@ -144,7 +145,7 @@ def test_missing_path_file_and_empty_dir(tmp_path: Path) -> None:
     with pytest.raises(ResumeError, match="is an empty directory - nothing to resume from"):
         _grpo(tmp_path / "empty")
     run = _run_dir(tmp_path)
-    state = _save(run, "grpo", 1) / "state.pt"
+    state = _save(run, "grpo", 1) / "state.json"
     with pytest.raises(ResumeError, match="is a file, not a checkpoint directory; pass its step directory"):
         _grpo(state)
 
@@ -173,8 +174,8 @@ def test_unrelated_dir_lists_what_it_found(tmp_path: Path) -> None:
 def test_step_dir_missing_its_state_file(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     ckpt = _save(run, "grpo", 4)
-    (ckpt / "state.pt").unlink()
-    with pytest.raises(ResumeError, match=r"is missing \['state.pt'\]; it is not a complete checkpoint"):
+    (ckpt / "state.json").unlink()
+    with pytest.raises(ResumeError, match=r"is missing \['state.json'\]; it is not a complete checkpoint"):
         _grpo(ckpt)
 
 
@@ -182,7 +183,7 @@ def test_newest_incomplete_checkpoint_is_refused_not_skipped(tmp_path: Path) -> 
     run = _run_dir(tmp_path)
     older = _save(run, "grpo", 4)
     newest = _save(run, "grpo", 8)
-    (newest / "state.pt").unlink()
+    (newest / "state.json").unlink()
     with pytest.raises(ResumeError, match="refusing to fall back silently") as info:
         _grpo(run)
     assert str(newest) in str(info.value)
@@ -270,12 +271,47 @@ def test_check_checkpoint_meta_passes_on_equal_and_names_phase(tmp_path: Path) -
 def test_truncated_state_file_is_reported_by_path(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     ckpt = _save(run, "grpo", 2)
-    state = ckpt / "state.pt"
+    state = ckpt / "tensors.safetensors"
     state.write_bytes(state.read_bytes()[:10])
     with pytest.raises(CheckpointCorruptError, match="truncated") as info:
         _grpo(run)
     assert info.value.path == state
     assert _grpo(run, verify_integrity=False).checkpoint == ckpt
+
+
+class _Payload:
+    """A pickle whose loading creates ``marker`` (what a malicious checkpoint file would run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_planted_pickle_is_refused_by_path_without_loading_it(tmp_path: Path) -> None:
+    """A raw pickle, a ``.pkl`` name, or a ``torch.save`` archive (the ``tensors.pt`` of older
+    local and ray data-plane checkpoints) anywhere in the step directory, with a file manifest
+    rewritten to match: refused by path, nothing unpickled."""
+    import pickle
+
+    marker = tmp_path / "code_ran"
+    plants = {
+        "data_plane/dp0/tensors.pt": lambda p: torch.save({"x": _Payload(marker)}, p),
+        "data_plane/ray_store/tensors.pt": lambda p: torch.save({"x": _Payload(marker)}, p),
+        "data_plane/tq/state.bin": lambda p: p.write_bytes(pickle.dumps(_Payload(marker))),
+        "data_plane/tq/tq/controller_state.pkl": lambda p: p.write_bytes(b"not even a pickle"),
+    }
+    for i, (rel, plant) in enumerate(plants.items()):
+        run = _run_dir(tmp_path / f"r{i}")
+        ckpt = _save(run, "grpo", 3)
+        (ckpt / rel).parent.mkdir(parents=True, exist_ok=True)
+        plant(ckpt / rel)
+        write_manifest(ckpt)  # whoever can write the checkpoint can rewrite its file manifest
+        with pytest.raises(ResumeError, match="is a pickle") as info:
+            _grpo(run)
+        assert f"{ckpt / rel} is a pickle" in str(info.value)
+    assert not marker.exists()
 
 
 # --- policy.init_from ------------------------------------------------------------------------

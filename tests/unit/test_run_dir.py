@@ -24,6 +24,7 @@ from nemo_dp.training.run_dir import (
     read_run_marker,
     scan_run_dir,
 )
+from nemo_dp.utils.checkpoint import write_training_state
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically
 from nemo_dp.utils.checkpoint_io import write_manifest as write_format_manifest
 from nemo_dp.utils.metrics import MetricsLogger, read_metrics
@@ -33,8 +34,8 @@ SHAPE = {"d_model": 8, "n_layers": 1}
 
 def _save(run: Path, phase: str, step: int, run_id: str = "old-run") -> Path:
     def write(tmp: Path) -> None:
-        torch.save({"step": step}, tmp / "state.pt")
-        write_format_manifest(tmp, {"format": "nemo_dp.training_checkpoint", "format_version": 1})
+        write_training_state(tmp, {"step": torch.tensor(step)})
+        write_format_manifest(tmp, {"format": "nemo_dp.training_checkpoint", "format_version": 2})
         algo = "sft" if phase == "warm_start" else phase
         write_checkpoint_meta(tmp, CheckpointMeta(algo, phase, dict(SHAPE), "local", run_id, step))
 

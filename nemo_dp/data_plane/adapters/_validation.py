@@ -125,26 +125,3 @@ def duplicates(values: Sequence[str]) -> list[str]:
         seen.add(v)
     return sorted(dups)
 
-
-class CorruptCheckpointError(ValueError):
-    """A data-plane checkpoint's manifest does not describe a store this adapter can rebuild."""
-
-
-def expect(cond: bool, where: str, what: str) -> None:
-    """Raise :class:`CorruptCheckpointError` ``"<where>: <what>"`` unless ``cond`` holds."""
-    if not cond:
-        raise CorruptCheckpointError(f"{where}: {what}")
-
-
-def is_int(v: Any) -> bool:
-    """``v`` is an ``int`` and not a ``bool`` (JSON integers as a checkpoint reader takes them)."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def str_list(v: Any, where: str, what: str) -> list[str]:
-    """``v`` as a list of distinct non-empty strings, or :class:`CorruptCheckpointError`."""
-    ok = isinstance(v, list) and all(isinstance(x, str) and x for x in v)
-    expect(ok, where, f"{what} must be a list of non-empty str")
-    expect(not duplicates(v), where, f"{what} has duplicates")
-    return list(v)
-

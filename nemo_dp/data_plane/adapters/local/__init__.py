@@ -4,7 +4,7 @@ Why it exists: colocated SFT (a data loader living in the same process as the po
 that consumes its batches) needs the data-plane interface without Ray or TransferQueue.  This
 adapter keeps at most ``max_partitions`` complete batches in memory, each written by exactly one
 put, and hands them out by id or through per-task claims.  Its checkpoints are exact and
-pickle-free (``checkpoint``: a typed JSON manifest plus a weights-only tensor file).  Modules:
+pickle-free (``checkpoint``: a typed JSON manifest plus a safetensors tensor table).  Modules:
 ``client`` (the ``LocalDataPlaneClient``), ``store`` (column structures), ``validation`` (input
 checks and the pure halves of put and get) and ``checkpoint``.
 

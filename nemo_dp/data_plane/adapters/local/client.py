@@ -10,14 +10,13 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from os import PathLike
-from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDict
 
 from nemo_dp.data_plane.adapters._validation import check_claim_request
 from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
-from nemo_dp.data_plane.adapters.local.checkpoint import read_checkpoint, snapshot, write_snapshot
+from nemo_dp.data_plane.adapters.local.checkpoint import read_checkpoint, snapshot
 from nemo_dp.data_plane.adapters.local.store import DenseColumn, Partition
 from nemo_dp.data_plane.adapters.local.validation import (
     PendingPut,
@@ -39,7 +38,8 @@ from nemo_dp.data_plane.interfaces import (
     PartitionLimitError,
 )
 from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION, RESERVED_PREFIX
-from nemo_dp.utils.checkpoint_io import validate_json_metadata, write_checkpoint_atomically
+from nemo_dp.data_plane.typed_checkpoint import write_checkpoint
+from nemo_dp.utils.checkpoint_io import validate_json_metadata
 
 __all__ = ["LocalDataPlaneClient", "build_local_client"]
 
@@ -473,11 +473,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             manifest, tensors = snapshot(
                 self._partitions.values(), self._generation + 1, user_metadata
             )
-
-        def write(tmp: Path) -> None:
-            write_snapshot(tmp, manifest, tensors)
-
-        write_checkpoint_atomically(checkpoint_dir, write)
+        write_checkpoint(checkpoint_dir, manifest, tensors)
 
     def load_checkpoint(self, checkpoint_dir: str | PathLike) -> dict:
         """Restore a checkpoint into this clean client and return its user metadata.
@@ -486,8 +482,9 @@ class LocalDataPlaneClient(DataPlaneClient):
             RuntimeError: Closed, or a data operation (or load attempt) already ran on this
                 client ("clean data-plane client").
             FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.
-            ValueError: Unknown format/version, corrupt or inconsistent manifest or tensor
-                file (naming the file), or more partitions than ``max_partitions``.
+            ValueError: Unknown format/version, an older format or a file the format does
+                not hold (refused unread, naming the file), corrupt or inconsistent manifest
+                or tensor file (naming the file), or more partitions than ``max_partitions``.
         """
         with self._lock:
             self._check_open()

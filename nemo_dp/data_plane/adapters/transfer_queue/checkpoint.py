@@ -10,10 +10,8 @@ own checkpoint files (pickles) are never written nor read.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from os import PathLike
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,23 +21,15 @@ from nemo_dp.data_plane.adapters.transfer_queue.checkpoint_format import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_FORMAT_VERSION,
     KIND_OBJECT,
+    OLD_FILES,
     PartitionState,
     decode_partition,
     encode_partition,
-    old_format_error,
-    refuse_foreign_files,
 )
 from nemo_dp.data_plane.adapters.transfer_queue.registry import field_key, parse_registry, write_registry
 from nemo_dp.data_plane.schema import RESERVED_PREFIX
-from nemo_dp.data_plane.tensor_table import TENSORS_FILE, load_tensor_table, save_tensor_table
-from nemo_dp.utils.checkpoint_io import (
-    MANIFEST_NAME,
-    read_manifest,
-    resolve_checkpoint_dir,
-    validate_json_metadata,
-    write_checkpoint_atomically,
-    write_manifest,
-)
+from nemo_dp.data_plane.typed_checkpoint import PartitionHeader, new_manifest, read_checkpoint, write_checkpoint
+from nemo_dp.utils.checkpoint_io import validate_json_metadata
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION", "TQCheckpointMixin"]
 
@@ -121,16 +111,18 @@ class TQCheckpointMixin:
                 value = data.get(name)
                 columns[name] = value.tolist() if rec.field_types[name][0] == KIND_OBJECT else value
             groups.append((gids, columns))
-        record = {
-            "partition_id": pid,
-            "fields": list(rec.fields),
-            "consumer_tasks": list(rec.tasks),
-            "num_samples": rec.num_samples,
-            "grpo_group_size": rec.group_size,
-            "enums": {k: list(v) for k, v in rec.enums.items()},
-            "field_types": {k: tuple(v) for k, v in rec.field_types.items()},
-        }
-        return PartitionState(record, ids, {sid: tags[sid] or None for sid in ids}, claimed, groups)
+        header = PartitionHeader(
+            pid,
+            list(rec.fields),
+            list(rec.tasks),
+            rec.num_samples,
+            rec.group_size,
+            {k: list(v) for k, v in rec.enums.items()},
+            ids,
+            {sid: tags[sid] for sid in ids if tags[sid]},
+            claimed,
+        )
+        return PartitionState(header, {k: tuple(v) for k, v in rec.field_types.items()}, groups)
 
     def save_checkpoint(
         self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None
@@ -153,54 +145,28 @@ class TQCheckpointMixin:
             finally:
                 self._used = used
             tensors: dict[str, torch.Tensor] = {}
-            manifest = {
-                "format": CHECKPOINT_FORMAT,
-                "format_version": CHECKPOINT_FORMAT_VERSION,
-                "backend": self._cfg.backend,
-                "metadata": user_meta,
-                "partitions": [encode_partition(s, i, tensors) for i, s in enumerate(states)],
-            }
-            json.dumps(manifest, allow_nan=False)  # a bad value fails before the temp dir exists
-
-            def _write(tmp_dir: Path) -> None:
-                save_tensor_table(tmp_dir / TENSORS_FILE, tensors)
-                write_manifest(tmp_dir, manifest)
-
-            write_checkpoint_atomically(checkpoint_dir, _write)
+            records = [encode_partition(s, i, tensors) for i, s in enumerate(states)]
+            manifest = new_manifest(
+                CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, user_meta, records, backend=self._cfg.backend
+            )
+            write_checkpoint(checkpoint_dir, manifest, tensors)
 
     # --- load -------------------------------------------------------------------------------
 
     def _read_checkpoint(self, checkpoint_dir: str | PathLike) -> tuple[list[PartitionState], dict]:
         """Read and validate a checkpoint completely, touching no store."""
-        root = resolve_checkpoint_dir(checkpoint_dir)
-        manifest_path = root / MANIFEST_NAME
-        manifest = read_manifest(
-            root, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
-        )
-        if manifest["format_version"] != CHECKPOINT_FORMAT_VERSION:
-            raise old_format_error(manifest_path, manifest["format_version"])
-        refuse_foreign_files(root)
-        where = f"checkpoint manifest {str(manifest_path)!r}"
-        if manifest.get("backend") != self._cfg.backend:
-            raise ValueError(
-                f"{where} is for backend {manifest.get('backend')!r}, this client runs {self._cfg.backend!r}"
-            )
-        user_meta = manifest.get("metadata")
-        records = manifest.get("partitions")
-        if not isinstance(user_meta, dict) or not isinstance(records, list):
-            raise ValueError(f"{where} is corrupt: 'metadata' must be an object and 'partitions' a list")
-        tensors = load_tensor_table(root / TENSORS_FILE)
-        states = [decode_partition(rec, tensors, f"{where} partitions[{i}]") for i, rec in enumerate(records)]
-        pids = [s.record["partition_id"] for s in states]
-        if len(set(pids)) != len(pids):
-            raise ValueError(f"{where} is corrupt: a partition appears twice")
-        return states, user_meta
+        ck = read_checkpoint(checkpoint_dir, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, OLD_FILES)
+        backend = ck.manifest.get("backend")
+        if backend != self._cfg.backend:
+            raise ValueError(f"{ck.where} is for backend {backend!r}, this client runs {self._cfg.backend!r}")
+        states = [decode_partition(rec, ck.tensors, f"{ck.where} partitions[{i}]") for i, rec in enumerate(ck.partitions)]
+        return states, ck.metadata
 
     def _restore_partition(self, state: PartitionState) -> None:
-        rec = state.record
-        pid = rec["partition_id"]
+        h = state.header
+        pid = h.partition_id
         self.register_partition(  # type: ignore[attr-defined]
-            pid, rec["fields"], rec["num_samples"], rec["consumer_tasks"], rec["grpo_group_size"], rec["enums"]
+            pid, h.fields, h.num_samples, h.consumer_tasks, h.grpo_group_size, h.enums
         )
         incarnation = parse_registry(self._registry_entries("load_checkpoint", pid))[pid].incarnation  # type: ignore[attr-defined]
         client = self._client
@@ -208,9 +174,9 @@ class TQCheckpointMixin:
             field_key(incarnation, name): {
                 "partition_id": pid, "incarnation": incarnation, "field": name, "kind": kind, "dtype": dtype,
             }
-            for name, (kind, dtype) in rec["field_types"].items()
+            for name, (kind, dtype) in state.field_types.items()
         }  # fmt: skip
-        ids = state.sample_ids
+        ids = h.sample_ids
 
         async def _reserve() -> None:
             if types:
@@ -222,21 +188,21 @@ class TQCheckpointMixin:
         in_group = set()
         for gids, columns in state.groups:
             in_group |= set(gids)
-            whole = {n: c for n, c in columns.items() if not isinstance(c, list) or rec["field_types"][n][0] == KIND_OBJECT}
+            whole = {n: c for n, c in columns.items() if not isinstance(c, list) or state.field_types[n][0] == KIND_OBJECT}
             td = TensorDict(
                 {n: NonTensorStack(*c) if isinstance(c, list) else c for n, c in whole.items()}, batch_size=[len(gids)]
             )
-            tags = [state.tags.get(sid) or {} for sid in gids]
+            tags = [h.tags.get(sid) or {} for sid in gids]
             self.put_samples(gids, pid, td if whole else None, tags=tags)  # type: ignore[attr-defined]
             for name, rows in columns.items():
                 if name in whole:
                     continue
                 for sid, row in zip(gids, rows, strict=True):
                     self.put_samples([sid], pid, TensorDict({name: row.unsqueeze(0)}, batch_size=[1]))  # type: ignore[attr-defined]
-        tagged = [sid for sid in ids if sid not in in_group and state.tags.get(sid)]
+        tagged = [sid for sid in ids if sid not in in_group and h.tags.get(sid)]
         if tagged:
-            self.put_samples(tagged, pid, None, tags=[state.tags[sid] for sid in tagged])  # type: ignore[attr-defined]
-        for t_index, (task, claimed) in enumerate(state.claimed.items()):
+            self.put_samples(tagged, pid, None, tags=[h.tags[sid] for sid in tagged])  # type: ignore[attr-defined]
+        for t_index, (task, claimed) in enumerate(h.claimed.items()):
             self._reclaim(pid, task, claimed, f"{_CLAIM_FIELD}{t_index}")
 
     def _reclaim(self, pid: str, task: str, claimed: list[str], marker: str) -> None:
@@ -293,4 +259,4 @@ class TQCheckpointMixin:
             states, user_meta = self._read_checkpoint(checkpoint_dir)
             for state in states:
                 self._restore_partition(state)
-            return json.loads(json.dumps(user_meta))
+            return user_meta
