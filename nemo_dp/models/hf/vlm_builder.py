@@ -42,11 +42,11 @@ class VLMTokenizer(HFTokenizer):
         self.processor = processor
 
     def encode_prompt(self, prompt: Any) -> Any:  # type: ignore[override]
-        """Token ids of a text prompt; a ``VisualPrompt`` is returned as it is (the workers
-        render and encode it)."""
-        from nemo_dp.data.visual_task import VisualPrompt
+        """Token ids of a text prompt; an image prompt (``VisualPrompt``, ``ImagePrompt``) is
+        returned as it is (the workers render or load and encode its images)."""
+        from nemo_dp.data.image_rows import is_image_prompt
 
-        if isinstance(prompt, VisualPrompt):
+        if is_image_prompt(prompt):
             return prompt
         return super().encode_prompt(prompt)
 
