@@ -99,8 +99,8 @@ def _row(obj: Any, kind: Kind, col: Columns, file: Path, lineno: int, key: Optio
 
 
 @lru_cache(maxsize=8)
-def _read(path: str, mtime_ns: int, kind: Kind, col: Columns, key: Optional[str]) -> ImageRows:
-    del mtime_ns  # part of the cache key only: an edited file is read again
+def _read(path: str, version: tuple[int, int], kind: Kind, col: Columns, key: Optional[str]) -> ImageRows:
+    del version  # part of the cache key only: an edited file is read again
     file = Path(path)
     rows: list[Any] = []
     lines: list[int] = []
@@ -138,7 +138,8 @@ def read_image_rows(spec: str, *, kind: Kind, columns: Columns, key: Optional[st
             ``file:line``, field and path), or an empty file.
     """
     path = str(Path(spec))
-    rows, lines = _read(path, Path(path).stat().st_mtime_ns, kind, columns, key)
+    stat = Path(path).stat()
+    rows, lines = _read(path, (stat.st_mtime_ns, stat.st_size), kind, columns, key)
     return list(rows), lines
 
 
