@@ -168,3 +168,10 @@ def test_only_jsonl_files_with_image_parts_take_the_image_path(tmp_path: Path, d
     assert is_image_jsonl(str(data["rl"]), Columns()) and not is_image_jsonl(str(text), Columns())
     renamed = _write(tmp_path / "renamed.jsonl", [{"turns": _turns("imgs/0.png", "q"), "answer": "1"}])
     assert not is_image_jsonl(str(renamed), Columns()) and is_image_jsonl(str(renamed), Columns(messages="turns"))
+
+
+def test_the_visual_task_refuses_a_data_key(data: dict[str, Path], model_dir: Path) -> None:
+    cfg = _cfg(model_dir, "env=visual", "algorithm=sft", f"env.sft_jsonl={data['sft']}")
+    with pytest.raises(DatasetError, match="env=visual generates its own data") as info:
+        validate_datasets(validate_config(cfg), build_tokenizer(cfg.policy))
+    assert info.value.key == "env.sft_jsonl" and "env=arith" in str(info.value)
