@@ -86,7 +86,9 @@ def _row(obj: Any, kind: Kind, col: Columns, file: Path, lineno: int, key: Optio
     last, last_field = turns[-1], f"messages[{len(turns) - 1}]"
     if kind == "sft":
         if last["role"] != "assistant":
-            raise fail(f"is {last['role']!r}; an SFT conversation must end with an 'assistant' turn", f"{last_field}.role")
+            raise fail(
+                f"is {last['role']!r}; an SFT conversation must end with an 'assistant' turn", f"{last_field}.role"
+            )
         if len(turns) < 2:
             raise fail("holds only the assistant's turn; an SFT conversation needs a prompt before it", "messages")
         response = _text_of(last["content"], fail, f"{last_field}.content")
@@ -189,6 +191,8 @@ def image_prompt_lengths(
             if sft:
                 n += len(tokenizer.encode_response(row.response))
         except (OSError, ValueError) as exc:
-            raise DatasetError(f"cannot be encoded by the policy's processor: {exc}", key=key, path=path, line=line) from exc
+            raise DatasetError(
+                f"cannot be encoded by the policy's processor: {exc}", key=key, path=path, line=line
+            ) from exc
         out.append(n)
     return out

@@ -59,7 +59,8 @@ def write_dataset(data_dir: Path) -> dict[str, Path]:
         for i, p in enumerate(problems):
             name = f"imgs/{role}_{i}.png"
             p.image().save(data_dir / name)
-            prompt = [{"role": "user", "content": [{"type": "image", "image": name}, {"type": "text", "text": p.question}]}]
+            parts = [{"type": "image", "image": name}, {"type": "text", "text": p.question}]
+            prompt = [{"role": "user", "content": parts}]
             rows[role].append({"messages": prompt, "answer": p.answer})
             if role == "rl":
                 rows["sft"].append({"messages": [*prompt, {"role": "assistant", "content": p.answer}]})
@@ -123,7 +124,9 @@ def _compose(overrides: Sequence[str]) -> Any:
         return compose("config", overrides=list(overrides))
 
 
-def _run(name: str, cfg: Any, out_dir: Path, env: dict[str, str], policies: dict[str, Any], state: Any) -> tuple[dict[str, Any], Any]:
+def _run(
+    name: str, cfg: Any, out_dir: Path, env: dict[str, str], policies: dict[str, Any], state: Any
+) -> tuple[dict[str, Any], Any]:
     from nemo_dp.config import validate_config
     from nemo_dp.data.validation import validate_datasets
     from nemo_dp.data_plane.factory import select_sync_trainer

@@ -75,7 +75,10 @@ def _cfg(model_dir: Path | None, *overrides: str) -> Any:
 
 
 def _grpo(model_dir: Path | None, data: dict[str, Path], *overrides: str) -> Any:
-    return _cfg(model_dir, "algorithm=grpo", "algorithm.num_prompts_per_step=4", f"env.rl_data={data['rl']}", f"env.val_data={data['rl']}", *overrides)
+    return _cfg(
+        model_dir, "algorithm=grpo", "algorithm.num_prompts_per_step=4",
+        f"env.rl_data={data['rl']}", f"env.val_data={data['rl']}", *overrides,
+    )
 
 
 def test_rows_carry_resolved_image_paths_and_the_answer_row(data: dict[str, Path], model_dir: Path) -> None:
@@ -122,7 +125,9 @@ def test_validation_before_ray_checks_image_datasets(data: dict[str, Path], mode
     assert report.checks[2].columns == ("answer", "level")
 
 
-def test_a_missing_image_fails_before_ray_naming_key_line_field_and_path(data: dict[str, Path], model_dir: Path) -> None:
+def test_a_missing_image_fails_before_ray_naming_key_line_field_and_path(
+    data: dict[str, Path], model_dir: Path
+) -> None:
     rows = [json.loads(line) for line in data["rl"].read_text().splitlines()]
     rows[2]["messages"][0]["content"][0]["image"] = "imgs/nope.png"
     _write(data["rl"], rows)
@@ -130,7 +135,8 @@ def test_a_missing_image_fails_before_ray_naming_key_line_field_and_path(data: d
     with pytest.raises(DatasetError) as info:
         validate_datasets(validate_config(cfg), build_tokenizer(cfg.policy))
     err = info.value
-    assert (err.key, err.path, err.line, err.field) == ("env.rl_data", str(data["rl"]), 3, "messages[0].content[0].image")
+    where = ("env.rl_data", str(data["rl"]), 3, "messages[0].content[0].image")
+    assert (err.key, err.path, err.line, err.field) == where
     assert "imgs/nope.png" in str(err) and "does not exist" in str(err)
 
 
@@ -138,7 +144,8 @@ def test_a_prompt_longer_than_max_seq_len_is_refused_naming_the_key(data: dict[s
     cfg = _grpo(model_dir, data, "policy.model.max_seq_len=24", "policy.generation.max_new_tokens=2")
     with pytest.raises(DatasetError, match=r"policy\.model\.max_seq_len") as info:
         validate_datasets(validate_config(cfg), build_tokenizer(cfg.policy))
-    assert info.value.key == "env.rl_data" and info.value.line == 1 and "raise policy.model.max_seq_len" in str(info.value)
+    assert info.value.key == "env.rl_data" and info.value.line == 1
+    assert "raise policy.model.max_seq_len" in str(info.value)
 
 
 def test_a_text_only_policy_is_refused_with_the_fix(data: dict[str, Path]) -> None:
