@@ -19,7 +19,7 @@ import torch
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.chat import ChatExample, SFTExample, tokenize_sft_example
 from nemo_dp.data.jsonl import load_rl_jsonl, load_sft_jsonl
-from nemo_dp.data.visual_task import VisualSFTExample
+from nemo_dp.data.image_rows import is_image_example
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -46,7 +46,7 @@ class SFTDataset:
             raise ValueError("SFTDataset: no examples")
         # A list is normalised; any other sequence (a lazily read table) is read on access.
         self.pairs: Sequence[SFTExample] = (
-            [ex if isinstance(ex, (ChatExample, VisualSFTExample)) else (str(ex[0]), str(ex[1])) for ex in pairs]
+            [ex if isinstance(ex, ChatExample) or is_image_example(ex) else (str(ex[0]), str(ex[1])) for ex in pairs]
             if isinstance(pairs, list)
             else pairs
         )
@@ -244,7 +244,7 @@ def collate_sft(examples: Sequence[SFTExample], tokenizer: Any, max_seq_len: int
 
     if not examples:
         raise ValueError("collate_sft: empty batch")
-    if isinstance(examples[0], VisualSFTExample):
+    if is_image_example(examples[0]):
         from nemo_dp.data.visual_collate import collate_visual_sft
 
         return collate_visual_sft(examples, tokenizer, max_seq_len=max_seq_len)

@@ -9,7 +9,9 @@ or the built-in arithmetic generator sized by an ``algorithm`` key, presented pl
 ``DataSource`` says which, names the config key a user would change, and reads the rows
 lazily from the memory-mapped table; tables are cached per process, so the preflight check
 (``nemo_dp.data.validation``) and the trainer inputs share one parse of the same rows. RL rows
-carry their dataset row with the answer (``nemo_dp.data.answer``) for reward functions.
+carry their dataset row with the answer (``nemo_dp.data.answer``) for reward functions. A
+jsonl file whose ``messages`` hold image parts is read by ``nemo_dp.data.image_sources``
+instead (rows carry image paths, for ``policy=hf_vlm``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from nemo_dp.data.chat import ChatExample, Message, SFTExample, render_prompt
 from nemo_dp.data.columns import Columns, columns_of
 from nemo_dp.data.errors import DatasetError
 from nemo_dp.data import visual_sources as _visual
+from nemo_dp.data.image_sources import is_image_jsonl, read_image_rows
 from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl, render_rl_prompt, rl_fields, sft_example
 from nemo_dp.data.tables import Table, check_rows, open_table
 
@@ -61,6 +64,8 @@ class DataSource:
         table: The opened table, or None for the generator.
         total: Rows in the whole table (``rows`` may be its first ``val_samples``).
         memo: Results computed from the rows once per process (token lengths per tokenizer).
+        lines: Each row's line in ``path`` when the rows were read without a table (an image
+            jsonl file, ``nemo_dp.data.image_sources``), else None.
     """
 
     key: str
@@ -69,6 +74,7 @@ class DataSource:
     table: Optional[Table] = None
     total: int = 0
     memo: dict[Any, Any] = field(default_factory=dict, compare=False)
+    lines: Optional[tuple[int, ...]] = None
 
     @property
     def label(self) -> str:
@@ -77,6 +83,8 @@ class DataSource:
 
     def locate(self, i: int) -> dict[str, Optional[int]]:
         """Where row ``i`` is, as ``DatasetError`` keywords (``line`` for jsonl, else ``row``)."""
+        if self.lines is not None:
+            return {"line": self.lines[i], "row": None}
         if self.table is None:
             return {"line": None, "row": None}
         return self.table.locate(i)
@@ -168,6 +176,12 @@ def _table_source(env_cfg: Any, role: str, kind: str, tokenizer: Any, stop: Opti
         return None
     split = getattr(env_cfg, "split", None)
     col = columns_of(env_cfg)
+    if is_image_jsonl(spec, col):
+        rows, lines = read_image_rows(spec, kind="sft" if kind == "sft" else "rl", columns=col, key=key)
+        total = len(rows)
+        if stop is not None:
+            rows, lines = rows[: int(stop)], lines[: int(stop)]
+        return DataSource(key, spec, rows, total=total, lines=lines)
 
     def strict(path: str) -> Any:
         if kind == "sft":

@@ -18,6 +18,7 @@ from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.chat import ChatExample, encode_prompt_text, tokenize_sft_example
 from nemo_dp.data.columns import columns_of
 from nemo_dp.data.errors import DatasetError, UnknownCharacterError
+from nemo_dp.data.image_sources import image_prompt_lengths, is_image_rows
 from nemo_dp.data.sources import DataSource, rl_source, sft_source, val_source
 from nemo_dp.data.visual_sources import is_visual_env, validate_visual_datasets
 
@@ -125,6 +126,10 @@ def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
     if hit is not None and hit[0] is tokenizer:
         return hit[1]
     out: list[int] = []
+    if src.lines is not None and is_image_rows(src.rows):
+        out = image_prompt_lengths(src.rows, src.lines, tokenizer, key=src.key, path=src.label, sft=sft)
+        src.memo[memo_key] = (tokenizer, out)
+        return out
     if sft:
         items: Any = src.rows
     else:
@@ -179,6 +184,8 @@ def _check_size(src: DataSource, batch: int, batch_key: str) -> None:
 
 def _reward_columns(src: DataSource, env_cfg: Any) -> tuple[str, ...]:
     col = columns_of(env_cfg)
+    if src.lines is not None and is_image_rows(src.rows):
+        return tuple(src.rows[0].answer.columns)
     if src.table is None:
         return (col.answer,)
     return tuple(c for c in src.table.column_names if c not in (col.prompt, col.messages))

@@ -1,6 +1,7 @@
-"""SFT batches of the visual task: token ids with expanded image placeholders, plus images.
+"""SFT batches with images: token ids with expanded image placeholders, plus the images.
 
-``collate_sft`` hands a batch of ``VisualSFTExample`` here.  Each example is rendered and
+``collate_sft`` hands a batch of ``VisualSFTExample`` (the built-in visual task) or
+``ImageSFTExample`` (a user's image jsonl) here.  Each example is rendered and
 encoded as a generation prompt (``add_generation_prompt``), so the tokens an SFT step learns
 follow exactly the prompt a rollout samples from; the response and its eos are the learned
 tokens.  The images travel as ``PackedTensor`` columns, one entry per row.
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from nemo_dp.data.image_rows import ImageSFTExample, is_image_example
 from nemo_dp.data.visual_task import VisualSFTExample
 from nemo_dp.utils.packed_tensor import IMAGE_GRID_THW, PIXEL_VALUES
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
@@ -21,7 +23,7 @@ __all__ = ["collate_visual_sft"]
 
 
 def collate_visual_sft(
-    examples: Sequence[VisualSFTExample], tokenizer: Any, max_seq_len: int | None = None
+    examples: Sequence[VisualSFTExample | ImageSFTExample], tokenizer: Any, max_seq_len: int | None = None
 ) -> BatchedDataDict:
     """Tokenise, right-pad and attach the images of visual SFT examples.
 
@@ -37,7 +39,7 @@ def collate_visual_sft(
         ``image_grid_thw`` (``PackedTensor``, one entry per row).
 
     Raises:
-        TypeError: A row is not a ``VisualSFTExample``.
+        TypeError: A row is not a ``VisualSFTExample`` or an ``ImageSFTExample``.
         ValueError: The tokenizer has no image processor, or an example is longer than
             ``max_seq_len`` (naming its index).
     """
@@ -47,8 +49,10 @@ def collate_visual_sft(
     rows: list[tuple[list[int], int]] = []
     prompts = []
     for i, ex in enumerate(examples):
-        if not isinstance(ex, VisualSFTExample):
-            raise TypeError(f"collate_sft: example {i} is a {type(ex).__name__}, not a VisualSFTExample")
+        if not is_image_example(ex):
+            raise TypeError(
+                f"collate_sft: example {i} is a {type(ex).__name__}, not a VisualSFTExample or ImageSFTExample"
+            )
         enc = processor.encode_messages(ex.prompt.messages())
         ids = list(enc.input_ids) + tokenizer.encode_response(ex.response)
         if max_seq_len is not None and len(ids) > max_seq_len:

@@ -100,11 +100,19 @@ def validate_visual_datasets(cfg: Any, tokenizer: Any) -> Any:
         A ``DatasetReport``.
 
     Raises:
-        DatasetError: The policy cannot read images, or a prompt / example does not fit
+        DatasetError: A data key is set (the task reads no file), the policy cannot read
+            images, or a prompt / example does not fit
             ``policy.model.max_seq_len`` (naming the key to change).
     """
     from nemo_dp.data.validation import DatasetCheck, DatasetReport
 
+    for name in ("sft_data", "rl_data", "val_data", "sft_jsonl", "rl_jsonl", "val_jsonl"):
+        if getattr(cfg.env, name, None) is not None:
+            raise DatasetError(
+                "is set, but env=visual generates its own data and reads no file",
+                key=f"env.{name}",
+                fix="leave env at its default (env=arith) to train on your files with policy=hf_vlm",
+            )
     processor = getattr(tokenizer, "processor", None)
     if processor is None:
         raise DatasetError(

@@ -5,9 +5,10 @@ processor through ``from_pretrained``, local files only) and gives the run a tok
 also carries the image processor (:class:`VLMTokenizer`).  The default path, the offline tiny
 Qwen2-VL under ``.cache/nemo_dp/tiny-qwen2-vl``, is built on first use.
 
-A visual prompt (``nemo_dp.data.visual_task.VisualPrompt``) is not tokenised on the driver:
+An image prompt (``nemo_dp.data.visual_task.VisualPrompt``, or a user's
+``nemo_dp.data.image_rows.ImagePrompt``) is not tokenised on the driver:
 ``VLMTokenizer.encode_prompt`` returns it unchanged and the policy's workers encode it with
-their own processor (rendering the image), so the pixels exist only in the workers.
+their own processor (rendering or loading the images), so the pixels exist only in the workers.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ class VLMTokenizer(HFTokenizer):
         self.processor = processor
 
     def encode_prompt(self, prompt: Any) -> Any:  # type: ignore[override]
-        """Token ids of a text prompt; a ``VisualPrompt`` is returned as it is (the workers
-        render and encode it)."""
-        from nemo_dp.data.visual_task import VisualPrompt
+        """Token ids of a text prompt; an image prompt (``VisualPrompt``, ``ImagePrompt``) is
+        returned as it is (the workers render or load and encode its images)."""
+        from nemo_dp.data.image_rows import is_image_prompt
 
-        if isinstance(prompt, VisualPrompt):
+        if is_image_prompt(prompt):
             return prompt
         return super().encode_prompt(prompt)
 

@@ -1,8 +1,9 @@
 """Images on the policy workers: encoding visual prompts and binding a batch's images.
 
 Why this module exists: a vision-language model needs each forward's rows' images.  A
-trainer hands the workers ``VisualPrompt`` specs (not pixels); :func:`encode_visual_prompts`
-renders and encodes them with the worker's own processor into token ids plus ``PackedTensor``
+trainer hands the workers ``VisualPrompt`` specs or ``ImagePrompt`` image paths (not pixels);
+:func:`encode_visual_prompts` renders or loads the images and encodes the prompts with the
+worker's own processor into token ids plus ``PackedTensor``
 image columns, which then travel with the rows (in the driver's batch on the legacy path, in
 the store on the data-plane path).  :func:`bind_images` gives a forward the model bound to
 exactly its microbatch's images (``with_images``); a batch without image columns uses the model
@@ -22,10 +23,11 @@ __all__ = ["bind_images", "encode_visual_prompts", "has_images", "wire_prompt"]
 
 
 def wire_prompt(prompt: Any) -> Any:
-    """A prompt as a worker call carries it: a list of token ids, or the ``VisualPrompt`` itself."""
-    from nemo_dp.data.visual_task import VisualPrompt
+    """A prompt as a worker call carries it: a list of token ids, or the image prompt itself
+    (``VisualPrompt`` or ``ImagePrompt``)."""
+    from nemo_dp.data.image_rows import is_image_prompt
 
-    return prompt if isinstance(prompt, VisualPrompt) else list(prompt)
+    return prompt if is_image_prompt(prompt) else list(prompt)
 
 
 def has_images(batch: Mapping[str, Any]) -> bool:
@@ -74,26 +76,27 @@ def _processor(worker: Any) -> Any:
 
 
 def encode_visual_prompts(worker: Any, prompts: Sequence[Any]) -> tuple[list[list[int]], dict[str, Any]]:
-    """Token ids per prompt, and the image columns when any prompt is a ``VisualPrompt``.
+    """Token ids per prompt, and the image columns when any prompt is an image prompt.
 
     Args:
         worker: The policy worker (its ``policy`` config builds the processor, once).
-        prompts: Token-id lists and / or ``VisualPrompt`` objects.
+        prompts: Token-id lists and / or image prompts (``VisualPrompt``: rendered here;
+            ``ImagePrompt``: its image files are loaded here).
 
     Returns:
         ``(token_ids, images)``: ``images`` is ``{}`` for a text-only batch, else
         ``{"pixel_values": PackedTensor, "image_grid_thw": PackedTensor}`` (a text row's
         entries are ``None``).
     """
-    from nemo_dp.data.visual_task import VisualPrompt
+    from nemo_dp.data.image_rows import is_image_prompt
 
-    if not any(isinstance(p, VisualPrompt) for p in prompts):
+    if not any(is_image_prompt(p) for p in prompts):
         return [list(p) for p in prompts], {}
     processor = _processor(worker)
     from nemo_dp.models.hf.vlm_processor import EncodedPrompt
 
     encoded = [
-        processor.encode_messages(p.messages()) if isinstance(p, VisualPrompt) else EncodedPrompt(list(p), None, None)
+        processor.encode_messages(p.messages()) if is_image_prompt(p) else EncodedPrompt(list(p), None, None)
         for p in prompts
     ]
     ids, pixel_values, grids = processor.pack(encoded)

@@ -1,0 +1,88 @@
+"""Rows of a user's image dataset as the trainers pass them around: image paths, not pixels.
+
+An :class:`ImagePrompt` holds a prompt's chat turns with each image part naming its resolved
+(absolute) path, as :mod:`nemo_dp.data.images` parses them.  Like the built-in task's
+``VisualPrompt`` it is what the driver moves; the policy's workers load and encode the images
+(:meth:`ImagePrompt.messages`), so pixels exist only where the model reads them.
+:func:`is_image_prompt` and :func:`is_image_example` recognise both kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_dp.data.images import load_image
+from nemo_dp.data.visual_task import VisualPrompt, VisualSFTExample
+
+__all__ = ["ImagePrompt", "ImageSFTExample", "is_image_example", "is_image_prompt"]
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    """A prompt of a user's image dataset.
+
+    Attributes:
+        turns: The prompt's turns (``{"role", "content"}``; a list content holds ``text`` parts
+            and ``image`` parts whose ``"image"`` is an absolute path).
+    """
+
+    turns: tuple[dict[str, Any], ...]
+
+    def image_paths(self) -> list[str]:
+        """The image paths, in order."""
+        return [
+            p["image"]
+            for turn in self.turns
+            if isinstance(turn["content"], list)
+            for p in turn["content"]
+            if p["type"] == "image"
+        ]
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The turns with each image path replaced by the loaded RGB ``PIL`` image."""
+        out: list[dict[str, Any]] = []
+        for turn in self.turns:
+            content = turn["content"]
+            if isinstance(content, list):
+                content = [
+                    {"type": "image", "image": load_image(p["image"])} if p["type"] == "image" else dict(p)
+                    for p in content
+                ]
+            out.append({"role": turn["role"], "content": content})
+        return out
+
+    def __str__(self) -> str:
+        texts: list[str] = []
+        for turn in self.turns:
+            content = turn["content"]
+            if isinstance(content, str):
+                texts.append(content)
+                continue
+            for p in content:
+                texts.append(f"[image {Path(p['image']).name}]" if p["type"] == "image" else p["text"])
+        return " ".join(texts) + " "
+
+
+@dataclass(frozen=True)
+class ImageSFTExample:
+    """A supervised example of a user's image dataset.
+
+    Attributes:
+        prompt: The conversation before its last (assistant) turn.
+        response: The last assistant turn's text: the tokens learned.
+    """
+
+    prompt: ImagePrompt
+    response: str
+
+
+def is_image_prompt(prompt: Any) -> bool:
+    """Whether ``prompt`` is encoded by the workers (a ``VisualPrompt`` or an :class:`ImagePrompt`)."""
+    return isinstance(prompt, (VisualPrompt, ImagePrompt))
+
+
+def is_image_example(example: Any) -> bool:
+    """Whether ``example`` is an SFT example with images (built-in task or a user's file)."""
+    return isinstance(example, (VisualSFTExample, ImageSFTExample))
