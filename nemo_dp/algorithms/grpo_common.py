@@ -1,9 +1,7 @@
 """What both synchronous GRPO trainers share: the log-prob plan, step metrics, evaluation.
 
-``grpo_train`` (in-memory) and ``grpo_train_sync`` (data plane) differ only in where the
-batch lives.  Both decide here which log-prob forwards a step needs (``LogprobPlan``) and,
-once a step has trained, hand the same tensors here, so their records and log lines cannot
-drift apart (their exact equality is tested end to end).
+``grpo_train`` and ``grpo_train_sync`` differ only in where the batch lives; sharing this keeps
+their records identical.
 """
 
 from __future__ import annotations

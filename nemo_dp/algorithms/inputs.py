@@ -1,8 +1,6 @@
 """Input builders: the loader, held-out problems and environment a trainer consumes.
 
-One builder per kind of algorithm input (``build_sft_inputs`` for supervised pairs,
-``build_rl_inputs`` for RL prompts), so that an algorithm names its builder instead of a shared
-function branching on ``algorithm.name``.
+``build_sft_inputs`` for supervised pairs, ``build_rl_inputs`` for RL prompts.
 """
 
 from __future__ import annotations

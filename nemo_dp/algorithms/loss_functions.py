@@ -1,14 +1,8 @@
 """Loss functions for SFT and GRPO, normalised by global (whole-batch) counts.
 
-Every loss divides by the number of valid tokens (or sequences) of the GLOBAL batch, across
-all data-parallel ranks and micro-batches, never by the micro-batch's own count. Summing the
-micro-batch losses (and their gradients) therefore gives exactly the full-batch mean, so the
-DP size and the micro-batching change nothing: this is what makes the legacy and data-plane
-trainers bit-comparable.
-
-All returned metrics are additive: each is this micro-batch's share of the global-batch
-value, so the caller sums them over micro-batches and ranks. Counts (``num_valid_tokens``,
-``num_valid_seqs``) are this micro-batch's raw counts, also summed by the caller.
+Every loss divides by the valid-token (or sequence) count of the global batch, so summing
+micro-batch losses over ranks gives exactly the full-batch mean whatever the DP size or
+micro-batching.  Returned metrics are additive: each is this micro-batch's share.
 """
 
 from __future__ import annotations

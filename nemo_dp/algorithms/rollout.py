@@ -1,10 +1,8 @@
 """Rollouts and held-out evaluation on top of ``Policy.generate``.
 
-A rollout turns problems into a trainable batch: prompts are tokenised (bos + prompt), each is
-repeated ``group_size`` times, the policy samples a response per row with a per-row seed, the
-responses are decoded and scored by the environment.  Evaluation is the same with greedy decoding
-and one row per problem, reporting exact-match accuracy.  The legacy trainers use these directly
-on the driver; nothing here knows about a data plane.
+A rollout tokenises prompts, repeats each ``group_size`` times, samples with per-row seeds and
+scores the decoded responses; evaluation is greedy with one row per problem.  Used by the legacy
+trainers on the driver.
 """
 
 from __future__ import annotations
