@@ -1,9 +1,6 @@
-"""Schema of the ``env`` config group: where training and validation data come from and how
-responses are rewarded.
+"""Schema of the ``env`` config group: training/validation data and how responses are rewarded.
 
-Kept apart from the other group schemas because the data layer owns these keys; the root
-schema types its ``env`` node with this dataclass. Reward names are checked against the reward
-registry (``nemo_dp.environments``), the only list of them.
+Reward names are checked against the reward registry (``nemo_dp.environments``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Structured-config schemas for every Hydra config group except ``data_plane``.
 
-The YAML files under ``conf/`` carry the values; these dataclasses carry the types and the
-rules.  Hydra composes in struct mode against them, so an unknown key or a value of the wrong
-type fails at compose time naming the full key; rules OmegaConf cannot express (ranges, legal
-string values, cross-field constraints) run in ``__post_init__``, i.e. when
-``nemo_dp.config.validate_config`` converts the composed node with ``OmegaConf.to_object``, and
-raise ``ValueError`` naming the full key and the legal values.  All of this happens before any
-process starts.  The ``data_plane`` schemas live in ``nemo_dp.data_plane.interfaces``.
+Hydra composes in struct mode against these dataclasses (unknown keys and wrong types fail
+naming the key); ranges and cross-field rules run in ``__post_init__`` when ``validate_config``
+converts the node.  The ``data_plane`` schemas live in ``nemo_dp.data_plane.interfaces``.
 """
 
 from __future__ import annotations
