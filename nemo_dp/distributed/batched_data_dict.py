@@ -1,14 +1,8 @@
-"""``BatchedDataDict``: the in-memory batch the trainers and workers pass around, and the DP
-sharding planner.
+"""``BatchedDataDict``: the in-memory batch trainers and workers pass around, and the DP sharding planner.
 
-A batch maps field names to batch-major values: dense tensors (dim 0 = batch), jagged nested
-tensors (one row per sample), Python lists, 1-D object arrays and ``PackedTensor`` columns
-(one entry per sample).  The planner splits a batch
-across data-parallel ranks and, for dynamic batching or sequence packing, also emits the
-microbatch plan that every rank must follow identically (re-planning per rank desynchronises
-collectives).  ``make_microbatch_iterator`` turns a planned shard back into microbatches.
-
-``BatchedDataDict`` is a ``collections.UserDict``: a ``Mapping``, not a ``dict``.
+Fields are batch-major (dense or jagged tensors, lists, object arrays, ``PackedTensor``).  The
+planner also emits the micro-batch plan every rank must follow identically (re-planning per rank
+desynchronises collectives).  It is a ``UserDict``: a ``Mapping``, not a ``dict``.
 """
 
 from __future__ import annotations

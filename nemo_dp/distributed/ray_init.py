@@ -1,14 +1,9 @@
-"""Start a private Ray for a run, or join a running cluster, the one way every entry point needs.
+"""Start a private Ray for a run, or join a running cluster.
 
-* A local run starts Ray with ``address="local"`` in its own temporary directory, so it neither
-  follows ``RAY_ADDRESS`` / a stale address file nor touches a cluster someone else runs.
-* ``cluster.address=auto`` or ``<host>:<port>`` is resolved, probed and joined; any failure is one
-  :class:`ClusterConnectError` naming the address, where it came from, why it failed and the fix.
-* The CPU budget must cover the CPUs the data plane's actors reserve (the caller says how many);
-  nemo_dp's own actors request ``num_cpus=0``.
-
-Every worker process runs ``nemo_dp.utils.noise.install_known_log_filters`` (Ray's
-``worker_process_setup_hook``) before its first task.
+A local run starts Ray with ``address="local"`` in its own temp directory (ignoring
+``RAY_ADDRESS``); ``cluster.address=auto`` / ``<host>:<port>`` is resolved, probed and joined, any
+failure being one :class:`ClusterConnectError` with the fix.  Every worker runs
+``nemo_dp.utils.noise.install_known_log_filters`` before its first task.
 """
 
 from __future__ import annotations

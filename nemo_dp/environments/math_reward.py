@@ -1,16 +1,8 @@
-"""A verifiable reward for math-style answers in free text.
+r"""A verifiable reward for math-style answers in free text.
 
-Users' RL data (GSM8K-like jsonl) has a reference answer per prompt, and policies answer in
-prose. The reward extracts the *final answer* from the response, in this order of precedence:
-
-1. the text after the last ``####`` on its line (GSM8K's convention), e.g. ``"... #### 42"``;
-2. the content of the last ``\\boxed{...}`` (braces may nest), e.g. ``"\\boxed{42}"``;
-3. otherwise the last number in the text (``-3``, ``1,234``, ``0.5``).
-
-The reference answer goes through rules 1 and 2 only (a bare ``"42"`` is taken as is). Both
-sides are normalised the same minimal way (surrounding whitespace, ``$`` and a trailing period
-dropped, thousands separators removed from numbers) and compared exactly: ``"42.0"`` does not
-match ``"42"``. No answer found scores 0.
+The final answer is the text after the last ``####``, else the last ``\boxed{...}``, else the
+last number; the reference goes through the first two rules only.  Both sides are minimally
+normalised and compared exactly (``"42.0"`` does not match ``"42"``); no answer scores 0.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""The reward registry: the one list of built-in rewards, and what ``env.reward`` /
-``env.rewards`` turn into.
+"""The reward registry: the one list of built-in rewards (``exact``, ``math``, ``format``).
 
-A reward is one ``RewardSpec``: how to build its scorer (``score(responses, answers)`` ->
-float tensor) from its config entry, and the answer it extracts from a response (what
-evaluation reports as the prediction; None for rewards that compare no answer). Registering a
-spec makes it a legal ``env.reward`` / ``env.rewards[i].fn`` everywhere, evaluation included.
-
-Built-ins: ``exact`` (the built-in arithmetic task's exact match), ``math`` (final-answer match
-for users' data) and ``format`` (the response must match ``pattern``). ``auto`` (the default
-``env.reward``) picks ``math`` when the problems being scored come from a user's file
-(``env.rl_data`` / ``env.val_data`` or their ``*_jsonl`` names) and ``exact`` otherwise. Any
-other value with a ``:`` is a user's function (``nemo_dp.environments.user_reward``).
+A ``RewardSpec`` builds a scorer from its config entry and names the answer it extracts.
+``auto`` picks ``math`` for problems from a user's file and ``exact`` otherwise; a value with a
+``:`` is a user's function (``nemo_dp.environments.user_reward``).
 """
 
 from __future__ import annotations

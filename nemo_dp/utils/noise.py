@@ -1,8 +1,6 @@
 """Known third-party log notices, dropped at their source in every process of a run.
 
-The driver (``nemo_dp.training.console.silence_known_noise``) and every Ray worker (through
-:data:`WORKER_SETUP_HOOK`, Ray's ``worker_process_setup_hook``) install the same filters, e.g.
-for torch's one-time "is_fx_tracing will return true ..." notice.  Imports only ``logging``.
+The driver and every Ray worker (via :data:`WORKER_SETUP_HOOK`) install the same filters.
 """
 
 from __future__ import annotations
