@@ -1,9 +1,4 @@
-"""Which dataset column holds each field the data layer reads (``env.columns``).
-
-A user's dataset may name its columns after its own task ("question", "solution"); the data
-layer reads them through this mapping, whose defaults are the names the project has always
-used.
-"""
+"""Which dataset column holds each field the data layer reads (``env.columns``)."""
 
 from __future__ import annotations
 

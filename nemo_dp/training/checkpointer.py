@@ -1,9 +1,4 @@
-"""``Checkpointer`` (periodic atomic checkpoints of one phase) and ``load_start_state``.
-
-The run layer builds one checkpointer per phase (trainers see it as
-``nemo_dp.algorithms.context.PhaseCheckpointer``) and loads each phase's start state from
-``checkpointing.resume_from`` before any process starts.
-"""
+"""``Checkpointer`` (periodic atomic checkpoints of one phase) and ``load_start_state``."""
 
 from __future__ import annotations
 

@@ -1,36 +1,9 @@
 """How a launcher run ends: one clear message, no debris, a summary of what ran, a clean log.
 
-Why this module exists: every validation failure printed a ~15-line traceback before its good
-message and left ``outputs/<date>/<time>/`` behind with ``.hydra/`` and an empty ``launch.log``;
-a failed run wrote no ``summary.json`` and no plot; ``launch.log`` stayed empty (the project
-prints), log files held ANSI colour codes; SIGTERM dumped a C++ stack instead of stopping like
-Ctrl-C; Ray's token-auth notice and torch's ``is_fx_tracing`` notice cluttered every run.
-
-:func:`hydra_task` wraps a Hydra task function ``task(cfg, record)``:
-
-* before the run starts (:meth:`RunRecord.mark_started`, called once Ray is up and the run
-  directory is claimed), nothing is written into the run directory: the log lines and records
-  are held in memory, and Hydra's ``.hydra/`` files (``hydra.output_subdir: null`` in the
-  launcher's config) are written by :func:`save_hydra_outputs` at start.  A configuration
-  error (``ValueError`` and its subclasses -- schema rules, ``ResumeError``, ``RunDirError``,
-  ``DatasetError``, ``CheckpointCorruptError`` --, OmegaConf errors, ``PreflightError``, a
-  missing file, ``ClusterConnectError``) removes the run directory only when it was made for
-  this job (an existing one stays exactly as it was), and is re-raised as
-  :class:`RunConfigurationError`, which Hydra prints as one message (the full traceback only
-  with ``HYDRA_FULL_ERROR=1``);
-* after start, a failure writes ``summary.json`` (status, error, what ran) and the plot of
-  every tracked metrics file, then propagates with its traceback;
-* SIGTERM raises :class:`TerminationRequested` (a ``KeyboardInterrupt``), so it takes the same
-  teardown path as Ctrl-C; both end with one line and exit status 143 / 130;
-* stdout and stderr are copied into the run's log file without colour codes or progress-bar
-  redraws (:func:`capture_run_log`), and Hydra's file handler strips colour codes too;
-* :func:`silence_known_noise` removes the two known notices at their source (on the driver;
-  Ray worker processes drop torch's notice through ``nemo_dp.utils.noise``).
-
-:func:`recipe_hint_on_failure` adds one hint line to a Hydra composition error caused by
-choosing an ``algorithm`` that the default recipe (a GRPO recipe) cannot be merged into, and
-one per mistyped group option or key (``nemo_dp.config.hints``: the closest legal name, never
-Hydra's ``+key`` suggestion, which would add a key nothing reads).
+:func:`hydra_task` wraps a Hydra task: before the run starts nothing is written and a
+configuration error becomes one :class:`RunConfigurationError` message; after start a failure
+writes ``summary.json`` and plots; SIGTERM behaves like Ctrl-C; the run log has no colour codes.
+:func:`recipe_hint_on_failure` adds hints to Hydra composition errors.
 """
 
 from __future__ import annotations

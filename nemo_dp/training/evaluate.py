@@ -1,16 +1,8 @@
 """Greedy held-out evaluation of a saved checkpoint, in-process on the driver (no Ray).
 
-``launchers/evaluate.py checkpoint=<run>/checkpoints`` lands here: find the checkpoint (latest
-step of the run's last phase, or the one asked for), rebuild the phase's config from the run's
-``resolved_config.yaml``, load the policy through the model builders (any ``policy`` kind:
-``tiny``, ``hf``), decode greedily on the phase's held-out problems (the ones its trainer
-validated on, in the same batches) or on a user jsonl, score with the run's reward environment
-and write one line per problem.
-
-Nothing loaded executes code: the checkpoint is read through ``nemo_dp.utils.checkpoint``
-(JSON manifest and state, safetensors weights; its ``policy/`` directory is the model's own
-``save_pretrained`` output plus its tokenizer's files, so it evaluates from any working
-directory), and a run that allowed a model's remote code is refused.
+Finds the checkpoint, rebuilds the phase's config from ``resolved_config.yaml``, loads the policy,
+decodes greedily on the phase's held-out problems (or a user jsonl), scores with the run's reward
+and writes one line per problem.  Nothing loaded executes code; remote model code is refused.
 """
 
 from __future__ import annotations

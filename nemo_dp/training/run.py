@@ -1,14 +1,7 @@
-"""The run layer: one ``run_phase`` that trains one phase, and ``run_phases`` for a whole run.
+"""The run layer: ``run_phase`` trains one phase, ``run_phases`` a whole run.
 
-The launcher, the bench and the end-to-end parity tests all train through ``run_phase``: it
-picks the trainer through the factory (``select_sync_trainer``), builds the phase's inputs,
-wraps everything in a ``TrainContext`` and calls the trainer.  ``run_phases`` is the launcher's
-whole job after validation and preflight: plan the phases, check everything that can fail on
-the driver (trackers, model, datasets, ``resume_from`` / ``init_from``, the run directory:
-``plan_run_start``), start Ray (or join the cluster), only then claim the run directory (so a
-refused run changes nothing there), build the policy through the factory
-(``make_policy_factory``), run each phase, write the summary.  Every checkpoint it writes records what it belongs to and
-carries a file manifest (``checkpoint_finalizer``).
+``run_phases`` plans the phases, checks everything that can fail on the driver, starts Ray, only
+then claims the run directory, builds the policy, runs each phase and writes the summary.
 """
 
 from __future__ import annotations

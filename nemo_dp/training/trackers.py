@@ -1,15 +1,8 @@
 """Experiment trackers (TensorBoard, Weights & Biases, MLflow) behind one small protocol.
 
-A run always writes ``metrics.jsonl`` and its PNG curves; users of RL toolkits also expect to
-follow a run in the tracker they already use.  Every tracker here receives the same four calls:
-the resolved config once, every step's record (all numeric keys, ``data_plane/*`` included when
-observability is on), the run summary (final held-out accuracy) and ``close``.  They can be
-combined (``TrackerGroup``) and are built from the ``logger`` config node by
-:func:`build_trackers`.  Defaults never need the network: TensorBoard and MLflow write inside the
-run directory, W&B runs offline.
-
-The optional packages are imported lazily, inside each tracker; :func:`check_trackers_available`
-lets a launcher fail before Ray starts when an enabled tracker's package is missing.
+Each receives the config, every step record, the summary and ``close``; built from ``logger`` by
+:func:`build_trackers`.  Defaults need no network.  Packages are imported lazily;
+:func:`check_trackers_available` fails early when one is missing.
 """
 
 from __future__ import annotations
