@@ -1,15 +1,9 @@
 """Layout transforms between trainer rectangles and what travels through the data plane.
 
-Per-token fields are stored as jagged nested tensors so that padding is paid only when a
-consumer materialises rectangles, and object columns travel as per-row non-tensor values.
-This module is the single place where those layouts are produced (``pack_jagged_fields``) and
-undone (``materialize`` for wire reads, ``materialize_local`` for Local-adapter reads).  It
-never imports Ray or TransferQueue.
-
-Performance note: building and padding jagged tensors uses one of two vectorised paths chosen
-by the average row size: boolean-mask gather/scatter for many short rows, and contiguous row
-slices (``torch.cat`` / ``to_padded_tensor``) for few long rows, where slicing is several times
-faster than a mask over the whole rectangle.
+Per-token fields travel as jagged nested tensors (padding is paid only on materialisation) and
+object columns as per-row values: ``pack_jagged_fields`` produces them, ``materialize`` /
+``materialize_local`` undo them.  Two vectorised paths are chosen by average row size (mask
+gather for many short rows, row slices for few long ones).  Never imports Ray or TransferQueue.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Driver-side data-plane methods of the policy / value façades (``TQDriverMixin``).
 
-Each model dispatch gets planner arguments from the policy config, a *fresh* global pad target
-(a target stamped once on a shared meta would leak from the policy into the critic, across PPO
-epochs and into concatenated metas) and leaves the caller's meta untouched;
-``stamp_placed_metas`` stamps one target over several DP ranks' placed metas.  Nothing here
-imports Ray or TransferQueue.
+Each model dispatch gets a fresh global pad target on an isolated copy of the meta (a target
+stamped on a shared meta would leak between policy and critic and across PPO epochs).  Nothing
+here imports Ray or TransferQueue.
 """
 
 from __future__ import annotations

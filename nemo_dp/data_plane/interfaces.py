@@ -1,9 +1,7 @@
 """The data-plane contract: ``KVBatchMeta``, the ``DataPlaneClient`` ABC and the config schemas.
 
-Everything above this module (helpers, mixins, trainers) talks to a store only through the
-abstract client defined here, and everything below it (the adapters) implements it.  The module
-must stay importable without Ray, TransferQueue, torch or tensordict: configuration code and the
-Hydra schemas import it in processes that never touch a tensor.
+Must stay importable without Ray, TransferQueue, torch or tensordict: config code and the Hydra
+schemas import it in processes that never touch a tensor.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """One builder per ``policy`` option: the only place that maps a policy kind to code.
 
-Why this module exists: workers, the launcher, the bench and the tests build models and
-tokenizers through :func:`build_model` / :func:`build_tokenizer` and receive objects that
-satisfy the protocols of ``nemo_dp.models.protocol``; nothing else compares kind strings.
-Adding a model family is one builder module plus one ``conf/policy/<kind>.yaml``.
-
-The built-in builders are imported lazily (the ``hf`` one pulls in transformers), so building
-a tiny model never imports transformers.
+:func:`build_model` / :func:`build_tokenizer` return objects satisfying
+``nemo_dp.models.protocol``.  Builders are imported lazily (``hf`` pulls in transformers).
 """
 
 from __future__ import annotations

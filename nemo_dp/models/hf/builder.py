@@ -1,9 +1,6 @@
-"""``policy=hf`` builder: transformers' Auto classes over a local checkpoint directory.
+"""``policy=hf`` builder: the only place that calls ``from_pretrained``.
 
-Why this module exists: it is the only place that calls ``from_pretrained``, so a real
-Qwen2.5-0.5B directory and an offline tiny checkpoint from ``make_tiny`` load through the very
-same code: safetensors only (``use_safetensors=True``), local files only
-(``local_files_only=True``), remote code only when ``policy.trust_remote_code`` says so.
+Safetensors only, local files only, remote code only with ``policy.trust_remote_code``.
 """
 
 from __future__ import annotations

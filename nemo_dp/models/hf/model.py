@@ -1,11 +1,7 @@
 """``HFCausalLM``: a HuggingFace ``*ForCausalLM`` behind the ``CausalLM`` protocol.
 
-Why this module exists: the workers and generation must drive Llama, Qwen2, GPT-2 (any causal
-LM transformers can load) exactly as they drive the tiny model.  The wrapper maps the
-protocol onto the model's own interface: ``logits`` from a cache-free forward, the base
-model's ``last_hidden_state`` for a value head, and prefill / decode through the model's own
-``past_key_values`` with an explicit attention mask and per-row position ids (so left-padded
-prompts give the same numbers as the right-padded training forward).
+Prefill / decode use the model's ``past_key_values`` with an explicit attention mask and per-row
+position ids, so left-padded prompts give the same numbers as the right-padded training forward.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``HFTokenizer``: a transformers tokenizer behind the ``Tokenizer`` protocol.
 
-Why this module exists: datasets, rewards and generation lay sequences out as
-``[bos]? + prompt + response + [eos]`` and stop at eos; HuggingFace tokenizers differ in
-which specials they have (Qwen2 has no bos, Llama no pad, GPT-2 one token for all three).
-The wrapper fixes one reading: ``encode`` adds nothing, bos is prepended only when the
-tokenizer has one, and a missing pad token falls back to eos (padding is masked by lengths,
-so the choice never reaches a loss).
+``encode`` adds no specials, bos is prepended only when the tokenizer has one, and a missing pad
+token falls back to eos (padding is masked by lengths).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Checks of a ``policy=hf`` node that run on the driver before Ray starts.
 
-Why this module exists: a wrong path or an unusable checkpoint must fail in the first second,
-naming the key and the fix, not minutes later inside a Ray actor.  Everything here reads only
-local files (``local_files_only=True``): this toolkit never downloads from the hub, and a
-hub-style name that is not a local directory is refused as such.
+Local files only; a hub-style name that is not a local directory is refused as such.
 """
 
 from __future__ import annotations

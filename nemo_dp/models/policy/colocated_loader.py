@@ -1,50 +1,11 @@
 """Colocated SFT loading: each DP-leader worker loads its own rows into its own store.
 
-Why this module exists: on the SFT data-plane path the driver must never hold bulk tensors.  Instead every DP-replica leader worker
-owns a loader and puts complete batches into its data-plane client, and the driver only moves
-the returned ``KVBatchMeta`` envelopes.  This module holds both halves:
-
-* ``ColocatedLoaderMixin`` (worker side, mixed into the data-plane policy worker): loads batch
-  *k* into partition ``f"sft_dp{rank}_batch{k}"`` with ids ``f"{pid}_row{i}"``, prefetches ahead
-  within the store's budget, commits (clears) a batch after the optimizer step, aborts (drops
-  every loaded batch and rewinds the loader so the step can be retried), and exposes the
-  committed loader position plus the store's own checkpoint for exact resume.  Its fused
-  ``run_sft_step`` is a whole SFT step on one rank in one call: train the placed batch *k*
-  through the worker's split training API (``TQWorkerMixin``'s ``*_presharded`` methods),
-  commit it, ready batch *k+1* and return its envelope.
-* ``ColocatedLoaderGroup`` (driver side): fans those calls out over the policy's worker group,
-  checks the envelopes (one per DP rank, equal micro-batch counts) and keeps the envelopes of
-  the batch the last fused step readied (``take_ready``), so a steady-state step is one round
-  trip.
-
-Design (the simplest honest one that gives exact parity with the legacy trainer):
-
-* Every worker holds a replica of the run's ``EpochLoader`` (dataset of short text pairs, a few
-  hundred KB; the driver ships it once at setup).  All replicas advance in lockstep over the
-  same global batches, and rank ``r`` keeps only its block ``[r*m, (r+1)*m)`` of each global
-  batch (``m = global batch / dp_size``) - exactly the rows the legacy planner
-  (``shard_by_batch_size``, no packing: contiguous blocks) gives rank ``r``.  Tokenisation and
-  tensors for rank ``r`` exist only in rank ``r``'s process.
-* The same code serves ``data_plane=local`` (each worker's private ``LocalDataPlaneClient``) and
-  ``data_plane=tq`` (the worker's attached TransferQueue client: the loader puts into
-  TransferQueue instead).  Columns are written padded to the rank's own width
-  (``local_batch_to_tensordict``); the worker's fetch pads them to the driver's global target.
-* The worker is a single-threaded Ray actor: every loader call runs to completion before the
-  next one starts, so there is no lock and nothing to wait for.  Prefetch is synchronous: after
-  batch *k* is ready, the same call loads batches *k+1...* while the loader's live batches are
-  below ``max_live_batches`` (the backend registry's bound: Local ``max_partitions``).  A
-  prefetch that finds the store full (``PartitionLimitError``: another user holds a slot) stops
-  with the loader rewound; a load of the batch a step needs raises that error instead of
-  waiting for a slot that nothing in this process could free.  No batch is ever dropped.
-* Loader positions are recorded per batch, so commit/abort/checkpoint always know the exact
-  cursor: the checkpointed position is the one after the last *committed* batch, and
-  ``quiesce`` drops prefetched batches (rewinding the loader) so the store is empty when the
-  data plane is checkpointed.
-* A commit inside the fused step is provisional until the driver confirms it by asking for the
-  next batch (or quiescing): when another rank's part of the same step failed, the driver's
-  ``abort_sft_batch(k)`` rolls this rank's commit of *k* back, so every rank retries *k*.
-  (An optimizer step that some ranks took and others did not cannot be rolled back; with
-  collective gradient all-reduce a rank cannot step without the others, as on the legacy path.)
+``ColocatedLoaderMixin`` (worker side) keeps a lockstep replica of the run's ``EpochLoader``,
+puts rank ``r``'s block of each global batch into partition ``sft_dp{r}_batch{k}``, prefetches
+within ``max_live_batches``, commits or aborts (rewinding the loader) and runs a fused
+``run_sft_step``.  ``ColocatedLoaderGroup`` (driver side) fans calls out and checks envelopes.
+A commit stays provisional until the driver asks for the next batch, so a failed step is retried
+on every rank.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``Policy``: the driver-side facade over a group of ``PolicyWorker`` Ray actors.
 
-The legacy (in-memory) trainers call ``generate``, ``get_logprobs``,
-``get_reference_policy_logprobs`` and ``train`` with whole ``BatchedDataDict`` batches; the
-facade shards them with the shared planner (``BatchedDataDict.shard_by_batch_size``, the same
-planner ``shard_meta_for_dp`` runs on the data-plane path, so both paths place rows and plan
-microbatches identically), dispatches one shard per DP rank and reassembles the results in input
-order.  The dispatch helpers (``_packing_args``, ``_shard_for_dp``, ``_dispatch_sharded``,
-``_aggregate_train_results``) are kept separate and reusable so that
-``TQPolicy(TQDriverMixin, Policy)`` can ship ``KVBatchMeta`` shards through the same worker group.
+Shards whole ``BatchedDataDict`` batches with the shared planner, dispatches one shard per DP
+rank and reassembles results in input order.  The dispatch helpers are reused by
+``TQPolicy(TQDriverMixin, Policy)`` for ``KVBatchMeta`` shards.
 """
 
 from __future__ import annotations

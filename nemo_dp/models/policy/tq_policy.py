@@ -1,19 +1,9 @@
 """``TQPolicy``: the driver-side policy façade whose bulk tensors live in the data plane.
 
-Why this module exists: the data-plane trainers must reach the store only through policy
-methods and ``KVBatchMeta`` transforms (design rule 4), and bulk per-token tensors must never
-pass through the driver (rule 6).  ``TQPolicy`` is that surface.  It builds the driver's
-bootstrapping client, has every worker attach (``setup_data_plane``), and turns each model call
-into *metadata* work on the driver: mint a fresh pad target on an isolated copy of the meta
-(``TQDriverMixin``), shard it with the same planner the legacy ``Policy`` uses
-(``shard_meta_for_dp``), and ship one meta shard per DP rank to the worker's ``*_presharded``
-entrypoint, which fetches its rows and writes results back.  The rollout itself runs in the
-workers and writes straight into the store (``TQPolicyWorker.generate_into_store``); the driver
-receives metas plus a small per-row ``driver_carry``.
-
-It is constructed as ``TQPolicy(*args, dp_cfg, partition_id="train", **kwargs)`` by
-``nemo_dp.data_plane.factory.make_policy_factory``; every legacy ``Policy`` method keeps working
-(an SFT warm start on the same policy uses them).
+Trainers reach the store only through its methods; model calls become metadata work on the
+driver (isolated meta, fresh pad target, ``shard_meta_for_dp``) and one meta shard per DP rank to
+the workers' ``*_presharded`` entrypoints.  Built by ``make_policy_factory``; every ``Policy``
+method keeps working.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """``PolicyWorker``: one data-parallel rank of the policy (a Ray actor).
 
-Each worker holds a full model replica, its optimizer and a frozen reference copy, and joins
-the other ranks in a gloo process group over which gradients are all-reduced.  Every compute
-method takes an **in-memory** ``BatchedDataDict`` shard (already planned by the driver with the
-shared ``shard_by_batch_size`` planner) and never fetches anything itself: the data-plane
-variant of this worker (``TQWorkerMixin``) adds ``*_presharded`` entrypoints that fetch a
-``KVBatchMeta`` shard from the store, attach the driver's plan and then call these same methods.
-
-Loss normalisation: for every global batch the worker all-reduces its valid token / sequence
-counts first, the loss functions divide by those global counts, and gradients are all-reduced
-with SUM, so the update equals the full-batch mean whatever ``dp_size`` and the microbatching.
-
-The worker sees its model only through the ``CausalLM`` protocol (built by
-``nemo_dp.models.builders.build_model`` from the ``policy`` node) and its loss only through the
-``LossFn`` protocol (passed in by the trainer).  ``policy.device`` (``cpu`` | ``cuda``) places
-the model; on ``cuda`` the process group uses NCCL.
+Holds a model replica, its optimizer and a frozen reference copy; compute methods take an
+in-memory ``BatchedDataDict`` shard planned by the driver.  Losses divide by all-reduced global
+counts and gradients are SUM-reduced, so the update equals the full-batch mean for any
+``dp_size``.  ``policy.device`` places the model (NCCL on ``cuda``, gloo otherwise).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""A small causal transformer in plain PyTorch: the ``policy=tiny`` model of nemo_dp.
+"""A small causal transformer in plain PyTorch: the ``policy=tiny`` model.
 
-Real training has to fit on two CPU cores, so the model is tiny, but it is shaped like a
-production decoder (token + learned position embeddings, pre-LN blocks, causal SDPA attention,
-an LM head) and implements the ``CausalLM`` protocol (``nemo_dp.models.protocol``): full
-forward, hidden states for a value head, and prefill / one-token decode over its own
-preallocated KV cache.  ``save_pretrained`` / ``from_pretrained`` store it as a JSON config
-plus safetensors weights, so its checkpoints load without executing code.
+Pre-LN decoder with learned positions and a preallocated KV cache, implementing ``CausalLM``;
+saved as a JSON config plus safetensors, so checkpoints load without executing code.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Character-level tokenizer shipped with nemo_dp (the ``policy=tiny`` tokenizer).
-
-The built-in tasks (arithmetic, small jsonl tasks) need no downloaded vocabulary: a fixed
-character vocabulary in code keeps token ids stable across runs, machines and checkpoints.
-It implements the ``Tokenizer`` protocol of ``nemo_dp.models.protocol``; it has no chat
-template, so chat turns are concatenated.
+"""Character-level tokenizer (the ``policy=tiny`` tokenizer): a fixed vocabulary in code, so ids are
+stable everywhere; no chat template.
 """
 
 from __future__ import annotations

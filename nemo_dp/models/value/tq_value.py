@@ -1,17 +1,7 @@
 """``TQValue``: the PPO critic's driver facade whose bulk tensors live in the data plane.
 
-Why this module exists: on the data-plane path the critic, like the policy, must receive only
-``KVBatchMeta`` shards (design rules 4 and 6): its workers fetch their rows from the store,
-compute, and write ``values`` back under the same ids.  ``TQValue`` is ``Value`` (shared
-sharding, dispatch and metric aggregation from ``Policy``) with ``TQDriverMixin`` - the same
-mixin ``TQPolicy`` uses - for the metadata work, so every critic dispatch gets its **own**
-fresh pad target from ``_isolated_meta`` (contract §13): with ``ppo_epochs > 1`` the policy and
-the critic each dispatch the same rows several times, and a target stamped once on a shared
-meta would leak from the policy into the critic (different rounding) and across epochs.
-
-The TransferQueue library allows one client per process, so the critic does not build a
-driver client of its own: it borrows the policy's (``TQValue.from_policy``) and never closes
-it.  Its workers (``TQValueWorker``) attach their own clients with ``setup_data_plane``.
+``Value`` plus ``TQDriverMixin``: every critic dispatch gets its own fresh pad target.  It borrows
+the policy's driver client (TransferQueue allows one per process) and never closes it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """``ValueWorker``: one data-parallel rank of the PPO critic (a Ray actor).
 
-Why this module exists: the critic is trained exactly like the policy - a model replica per DP
-rank, its own AdamW optimizer, the same global-count loss normalisation, gradients all-reduced
-over its own gloo group, the same microbatch plans - so it reuses ``PolicyWorker`` for all of
-that and changes only the model (``ValueModel``: the policy's model family as a backbone plus a
-scalar head over the protocol's hidden states) and the forward-only method (``get_values``
-instead of log-probs).  Because ``PolicyWorker.train`` hands the raw model output to the loss
-function, the critic's loss receives the value head's ``[b, s]`` output in place of logits.
+Reuses ``PolicyWorker`` with a ``ValueModel`` and ``get_values``; the loss receives the value
+head's ``[b, s]`` output in place of logits.
 """
 
 from __future__ import annotations
