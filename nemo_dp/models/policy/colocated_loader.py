@@ -107,11 +107,8 @@ class _LoadedBatch:
 class ColocatedLoaderMixin:
     """Worker-side colocated SFT loader (see the module docstring).
 
-    Host contract: the host has ``self.dp_client`` (a ``DataPlaneClient``; set by
-    ``TQWorkerMixin.setup_data_plane`` or assigned directly), ``self.rank`` and
-    ``self.world_size`` (its DP coordinates).  Pure data parallelism only: if the host defines
-    ``_is_replica_leader()`` it must be true (model-parallel siblings would need the leader's
-    envelope broadcast, which is not implemented; setup refuses instead of writing rows twice).
+    The host has ``self.dp_client``, ``self.rank`` and ``self.world_size``.  Pure data
+    parallelism only: a host ``_is_replica_leader()`` must be true (setup refuses otherwise).
     """
 
     _cl_loader: Any = None
@@ -378,23 +375,10 @@ class ColocatedLoaderMixin:
     ) -> dict[str, Any]:
         """One whole SFT step on this rank in one call: train batch *k*, commit it, ready *k+1*.
 
-        Batch ``batch_index`` must be loaded (the envelope the driver placed came from
-        :meth:`load_sft_batch` or from the previous call's ``"next"``) and ``placed_meta`` must be
-        its meta as the driver stamped it (same partition, ids and ``extra_info`` - the Local
-        generation included - plus the global pad target).  The call runs the worker's split
-        training API (``begin_train_step_presharded``, ``train_microbatch_presharded``,
-        ``finish_train_step_presharded``), commits the batch (:meth:`commit_sft_batch`), then
-        makes batch *k+1* ready (prefetched, or loaded now) and prefetches further while fewer
-        than ``max_live_batches`` are live.
-
-        Failure semantics: before the optimizer step anything that raises leaves this rank's
-        step aborted (gradients dropped) and the batch loaded; the driver then aborts every rank
-        (:meth:`abort_sft_batch` with the step's index, which also rolls back a commit this rank
-        already made in the failed step, so every rank is back at batch *k*).  Readying batch
-        *k+1* happens after the commit and never fails the step: a full store or an error
-        leaves it unloaded (loader rewound), ``"next"`` is ``None`` with the reason in
-        ``"next_error"``, and the driver's explicit load of the next step meets the error where
-        the step that needs the batch can abort.
+        ``placed_meta`` must be the loaded batch's meta as the driver stamped it.  A failure before
+        the optimizer step aborts this rank's step and leaves the batch loaded (the driver then
+        aborts every rank).  Readying *k+1* never fails the step: on error ``"next"`` is ``None``
+        and ``"next_error"`` says why.
 
         Args:
             placed_meta: This rank's placed meta of batch ``batch_index`` (pad target stamped).
@@ -403,11 +387,9 @@ class ColocatedLoaderMixin:
             mbs: Rows per micro-batch (passed to ``begin_train_step_presharded``).
 
         Returns:
-            ``{"metrics": finish_train_step_presharded's metrics (with is_replica_leader),
-            "consumed": rows of this rank, "next": the envelope of batch k+1 or None,
-            "load_s": seconds spent readying/prefetching after the commit, "next_error": None or
-            why batch k+1 is not ready, "next_store_unavailable": whether that was the store
-            not answering (``DataPlaneUnavailableError``)}``.
+            ``{"metrics", "consumed", "next", "load_s", "next_error", "next_store_unavailable"}``:
+            the step's metrics, rows of this rank, the envelope of batch k+1 or None, seconds spent
+            readying, why k+1 is not ready, and whether that was ``DataPlaneUnavailableError``.
 
         Raises:
             ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not the
@@ -542,14 +524,11 @@ class ColocatedLoaderMixin:
     def abort_sft_batch(self, batch_index: int | None = None) -> list[str]:
         """Drop the active and every prefetched batch; rewind the loader to the committed position.
 
-        The next :meth:`load_sft_batch` then reloads the same batch (a retried step sees the
-        same rows).  Idempotent.
+        The next :meth:`load_sft_batch` reloads the same batch.  Idempotent.
 
         Args:
-            batch_index: The batch of the step the driver aborts (its counters stay there).
-                When this rank already committed that batch in the failed step (its fused
-                :meth:`run_sft_step` finished while another rank's failed), the commit is rolled
-                back first, so every rank is again at ``batch_index``.  ``None``: abort at this
+            batch_index: The batch of the step the driver aborts.  If this rank already committed
+                it in the failed step, the commit is rolled back first.  ``None``: abort at this
                 rank's own position.
 
         Returns:
@@ -673,11 +652,9 @@ class ColocatedLoaderMixin:
 class ColocatedLoaderGroup:
     """Driver-side handle: runs the loader calls on every DP rank and checks the envelopes.
 
-    What differs between backends comes from the backend registry: where the data plane's own
-    checkpoint lives (``checkpoint_scope`` ``"process"``: every worker's private store, saved by
-    that worker under ``<dir>/dp{r}``; ``"cluster"``: the one shared store, saved by the
-    policy's bootstrapping client under ``<dir>/<checkpoint_subdir>``) and how many batches a
-    loader may keep live (``max_live_batches``).
+    The backend registry decides where the data plane's checkpoint lives (``checkpoint_scope``
+    ``"process"``: each worker's store under ``<dir>/dp{r}``; ``"cluster"``: the shared store
+    under ``<dir>/<checkpoint_subdir>``) and ``max_live_batches``.
 
     Args:
         policy: The data-plane policy (``worker_group`` with ``run_all`` / ``run_sharded`` /

@@ -80,9 +80,7 @@ class Policy:
             name_prefix=name_prefix,
         )
 
-    # ------------------------------------------------------------------------------------------
-    # dispatch helpers (shared with the data-plane subclass)
-    # ------------------------------------------------------------------------------------------
+    # --- dispatch helpers (shared with the data-plane subclass) ---
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Planner arguments for a dispatch: ``(sequence_packing_args, dynamic_batching_args)``.
 
@@ -210,9 +208,7 @@ class Policy:
         out["per_step_loss"] = step_values.get("loss", [])
         return out
 
-    # ------------------------------------------------------------------------------------------
-    # the public API the legacy trainers use
-    # ------------------------------------------------------------------------------------------
+    # --- the public API the legacy trainers use ---
     def generate(
         self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
     ) -> BatchedDataDict:

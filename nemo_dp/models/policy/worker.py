@@ -147,9 +147,7 @@ class PolicyWorker:
         """This worker's trainable model (the value worker wraps it in a value head)."""
         return build_model(self.cfg, vocab_size=self.vocab_size, seed=self.seed)
 
-    # ------------------------------------------------------------------------------------------
-    # process group
-    # ------------------------------------------------------------------------------------------
+    # --- process group ---
     def collective_address(self) -> tuple[str, int]:
         """Rendezvous address for the gloo group (asked of rank 0 only).
 
@@ -198,9 +196,7 @@ class PolicyWorker:
                 dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
-    # ------------------------------------------------------------------------------------------
-    # helpers
-    # ------------------------------------------------------------------------------------------
+    # --- helpers ---
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
         ref = copy.deepcopy(model).eval()
@@ -243,13 +239,10 @@ class PolicyWorker:
         mb: BatchedDataDict | None = None,
         logits_from: int = 0,
     ) -> torch.Tensor:
-        """``model(input_ids, logits_from)`` in ``policy.precision``'s autocast (bf16-mixed:
-        bfloat16 matmuls).
+        """``model(input_ids, logits_from)`` in ``policy.precision``'s autocast.
 
-        Only the forward runs inside the autocast region: the caller's log-softmax and loss
-        (``token_logprobs_from_logits`` casts the logits to float32 first) run outside it, in
-        float32, and the backward follows each op's forward dtype.  A microbatch ``mb`` that
-        carries images binds them to a vision-language model first (``bind_images``).
+        Only the forward runs under autocast; the caller's log-softmax and loss run in float32.
+        A micro-batch carrying images binds them to the model first (``bind_images``).
         ``logits_from`` > 0 asks for the logits of positions ``logits_from ..`` only.
         """
         if mb is not None:
@@ -262,11 +255,9 @@ class PolicyWorker:
     ) -> torch.Tensor:
         """The training pass's forward: the logits the loss reads, under the training attention.
 
-        A loss that reads log-probs only where ``token_mask`` is nonzero (its
-        ``reads_masked_logprobs_only``) gets the logits from one before the first such token,
-        so the prompt's LM-head rows and their log-softmax are skipped.  With
-        ``policy.train_attn_implementation`` set, a HuggingFace model runs this pass (and so
-        its backward) with that attention implementation.
+        A loss with ``reads_masked_logprobs_only`` gets logits from one before the first
+        ``token_mask`` token (the prompt's LM-head rows are skipped).  A HuggingFace model uses
+        ``policy.train_attn_implementation`` for this pass when set.
         """
         logits_from = 0
         if getattr(loss_fn, "reads_masked_logprobs_only", False) and "token_mask" in tensors:
@@ -313,9 +304,7 @@ class PolicyWorker:
             )
         return specs
 
-    # ------------------------------------------------------------------------------------------
-    # generation and log-probs
-    # ------------------------------------------------------------------------------------------
+    # --- generation and log-probs ---
     def generate(
         self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True
     ) -> BatchedDataDict:
@@ -411,9 +400,7 @@ class PolicyWorker:
             {"reference_logprobs": self._logprobs(self.reference_model, data, micro_batch_size)}
         )
 
-    # ------------------------------------------------------------------------------------------
-    # training: split API (begin / microbatches / finish) and the one-call ``train``
-    # ------------------------------------------------------------------------------------------
+    # --- training: split API (begin / microbatches / finish) and the one-call ``train`` ---
     def begin_train_step(self, loss_fn: LossFn, eval_mode: bool = False, mbs: int | None = None) -> None:
         """Start one optimizer step: zero gradients and remember the loss function.
 
@@ -593,9 +580,7 @@ class PolicyWorker:
             per_step.append(self.finish_train_step())
         return {"per_step": per_step}
 
-    # ------------------------------------------------------------------------------------------
-    # state
-    # ------------------------------------------------------------------------------------------
+    # --- state ---
     def snapshot_reference_policy(self) -> None:
         """Make the reference policy a frozen copy of the current weights."""
         self.reference_model = self._frozen_copy(self.model)
@@ -650,10 +635,8 @@ class PolicyWorker:
     def _pretrained_files(self) -> dict[str, bytes]:
         """The model's ``save_pretrained`` output plus its tokenizer's files, name -> bytes.
 
-        With the tokenizer beside the weights, a checkpoint's ``policy/`` directory loads on
-        its own (``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` for ``hf``),
-        wherever the run's tokenizer path was relative to.  The tokenizer never changes during
-        a run, so its files are written once (asynchronous GRPO exports every step).
+        With the tokenizer beside the weights a checkpoint's ``policy/`` directory loads on its
+        own.  The tokenizer files are read once (they never change during a run).
         """
         if self._tokenizer_files is None:
             with tempfile.TemporaryDirectory(prefix="nemo_dp_tokenizer_") as tmp:

@@ -26,11 +26,8 @@ VALUE_HEAD_PARAMS: frozenset[str] = frozenset({f"{VALUE_HEAD_PREFIX}weight"})
 class ValueWorker(PolicyWorker):
     """One critic DP rank: value model, optimizer and gloo group membership.
 
-    Constructed like ``PolicyWorker`` (``rank``, ``world_size``, ``policy_cfg`` = the critic's
-    config node with the policy config's keys, ``vocab_size``, ``pad_id``, ``eos_id``,
-    ``seed``).  The inherited reference copy is a frozen copy of the value model; it is never
-    used for computation and exists only so that the inherited checkpoint state methods work
-    unchanged.
+    Constructed like ``PolicyWorker``.  The inherited reference copy is never used for
+    computation; it exists so the inherited checkpoint methods work unchanged.
     """
 
     def _build_model(self) -> torch.nn.Module:
