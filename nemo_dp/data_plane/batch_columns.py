@@ -99,9 +99,7 @@ def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> 
     return TensorDict(leaves, batch_size=(batch_size,))
 
 
-# ---------------------------------------------------------------------------------------------
-# validation helpers
-# ---------------------------------------------------------------------------------------------
+# --- validation helpers ---
 
 
 def materialize_for_meta(

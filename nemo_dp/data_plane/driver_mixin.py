@@ -85,10 +85,8 @@ def isolated_copy(
 ) -> KVBatchMeta:
     """A copy of ``meta`` with narrowed ``fields``/``task_name`` and no inherited pad target.
 
-    Every container is fresh (ids, fields, lengths, tags and each tag dict, the top-level
-    ``extra_info`` dict; tag dicts are deep copies); ``extra_info`` values are shared (shallow
-    copy) except
-    ``global_forward_pad_seqlen``, which is dropped.  No target is stamped here.
+    Containers and tag dicts are fresh; other ``extra_info`` values are shared, except
+    ``global_forward_pad_seqlen``, which is dropped.
 
     Args:
         meta: The source meta (never mutated).
@@ -163,10 +161,8 @@ def stamp_placed_metas(
 ) -> list[KVBatchMeta]:
     """New metas, one per input, all carrying one fresh pad target (``placed_pad_target``).
 
-    The inputs are never mutated; each output is an ``isolated_copy`` (same fields and task
-    name, fresh containers, inherited target dropped) stamped with the shared target.  Other
-    ``extra_info`` entries (Local generation, ``pad_to_multiple``, a producer's micro-batch
-    plan) travel unchanged.
+    Each output is an ``isolated_copy`` stamped with the shared target; other ``extra_info``
+    entries travel unchanged.
 
     Args:
         metas: One meta per DP rank, in rank order.
@@ -190,19 +186,10 @@ def stamp_placed_metas(
 class TQDriverMixin:
     """Driver-side metadata helpers for façades that dispatch ``KVBatchMeta`` shards.
 
-    The host class provides:
-
-    * ``use_dynamic_batches`` / ``use_sequence_packing`` (optional bools): when set they decide
-      whether each mode is on; otherwise the mode's ``cfg[...]["enabled"]`` does, and a missing
-      ``dynamic_batching`` / ``sequence_packing`` section means off.
-    * ``cfg``: the policy config (mapping, ``DictConfig`` or dataclass), read without defaults:
-      ``dynamic_batching.{enabled, train_mb_tokens | logprob_mb_tokens,
-      sequence_length_round}`` and ``sequence_packing.{enabled, train_mb_tokens |
-      logprob_mb_tokens, algorithm, sequence_length_pad_multiple, microbatch_order}``, each
-      only when its mode needs it; a missing key raises ``KeyError`` naming its dotted path.
-    * ``dp_client``: the driver's ``DataPlaneClient`` (``read_from_dataplane`` /
-      ``write_to_dataplane``).
-    * ``dp_size``: the number of data-parallel ranks (``_shard_meta``).
+    The host provides ``cfg`` (the policy config; the ``dynamic_batching`` /
+    ``sequence_packing`` keys a mode needs are read without defaults, a missing one raising
+    ``KeyError`` naming it), ``dp_client``, ``dp_size`` and optionally the bools
+    ``use_dynamic_batches`` / ``use_sequence_packing`` overriding ``cfg``.
     """
 
     cfg: Any
@@ -285,10 +272,8 @@ class TQDriverMixin:
     def _stamp_pad_seqlen(self, meta: KVBatchMeta) -> None:
         """Stamp ``extra_info["global_forward_pad_seqlen"]`` in place (idempotent).
 
-        No-op when ``meta.sequence_lengths`` is ``None``, when the meta holds no rows, or when a
-        target is already present.  Otherwise the target is ``round_up(max(lengths),
-        lcm(pad_to_multiple, seq_round))`` with ``pad_to_multiple`` from ``extra_info``
-        (default 1) and ``seq_round`` the dynamic-batching rounding (1 when disabled).
+        The target is ``round_up(max(lengths), lcm(pad_to_multiple, seq_round))``; no-op without
+        lengths, without rows, or when a target is already present.
 
         Args:
             meta: The meta to stamp.

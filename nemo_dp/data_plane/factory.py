@@ -151,9 +151,7 @@ def coerce_data_plane_config(
     return _convert_mapping(cfg, registry.backend(kind).schema)
 
 
-# ---------------------------------------------------------------------------------------------
-# clients and environment
-# ---------------------------------------------------------------------------------------------
+# --- clients and environment ---
 
 
 def data_plane_supports_checkpointing(cfg: Any) -> bool:

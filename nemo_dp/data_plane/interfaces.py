@@ -52,9 +52,7 @@ class PartitionLimitError(RuntimeError):
     """
 
 
-# ---------------------------------------------------------------------------------------------
-# KVBatchMeta
-# ---------------------------------------------------------------------------------------------
+# --- KVBatchMeta ---
 
 
 def _to_python_scalar(value: Any) -> Any:
@@ -236,9 +234,7 @@ class KVBatchMeta:
         return out
 
 
-# ---------------------------------------------------------------------------------------------
-# DataPlaneClient
-# ---------------------------------------------------------------------------------------------
+# --- DataPlaneClient ---
 
 
 class DataPlaneClient(abc.ABC):
@@ -324,9 +320,7 @@ class DataPlaneClient(abc.ABC):
         """Release resources; idempotent."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Configuration schemas (Hydra structured configs)
-# ---------------------------------------------------------------------------------------------
+# --- Configuration schemas (Hydra structured configs) ---
 
 
 def _fail(key: str, message: str) -> None:
