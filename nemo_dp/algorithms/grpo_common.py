@@ -53,12 +53,9 @@ class LogprobPlan:
 def logprob_plan(master_config: Any) -> LogprobPlan:
     """The log-prob plan of a synchronous GRPO run.
 
-    GRPO trains each rollout for one epoch; when the whole rollout is also one optimizer step
-    (``num_prompts_per_step x num_generations_per_prompt == policy.train_global_batch_size``),
-    a no-grad forward before training would compute exactly the log-probs the training forward
-    computes with the same weights, so with ``algorithm.reuse_train_forward_logprobs`` it is
-    skipped.  With several optimizer steps per rollout the later ones need the log-probs of the
-    weights that generated, so the separate forward runs.
+    When the rollout is exactly one optimizer step and
+    ``algorithm.reuse_train_forward_logprobs`` is set, the training forward's own log-probs
+    replace the separate no-grad forward (same weights, same numbers).
 
     Args:
         master_config: Root config (GRPO algorithm).

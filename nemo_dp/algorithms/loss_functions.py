@@ -79,19 +79,13 @@ class NLLLoss:
 class ClippedPGLossFn:
     """PPO-style clipped policy-gradient loss with a k3 KL penalty to the reference policy.
 
-    Per token: ratio = exp(logp - prev_logprobs);
-    pg = -min(ratio * A, clip(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max) * A);
-    kl = exp(ref - logp) - (ref - logp) - 1 (k3 estimator, always >= 0);
-    token loss = pg + reference_policy_kl_penalty * kl.
-
-    With ``token_level_loss`` the token losses are summed over valid tokens and divided by
-    ``global_valid_tokens``; otherwise each sequence's mean token loss is summed over valid
-    sequences and divided by ``global_valid_seqs``.
-
-    With ``prev_logprobs_from_forward`` the micro-batch needs no ``prev_logprobs``: they are
-    this very forward's log-probs, detached (ratio 1 in value, ``d ratio = d logp``).  That is
-    exact when the rollout is consumed by one optimizer step, where a separate no-grad
-    forward of the same weights would compute the same numbers.
+    Per token: ``ratio = exp(logp - prev_logprobs)``,
+    ``pg = -min(ratio * A, clip(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max) * A)``,
+    ``kl = exp(ref - logp) - (ref - logp) - 1``, loss ``= pg + reference_policy_kl_penalty * kl``;
+    normalised by ``global_valid_tokens`` (``token_level_loss``) or by ``global_valid_seqs`` over
+    per-sequence means.  With ``prev_logprobs_from_forward`` the forward's own detached log-probs
+    serve as ``prev_logprobs`` (exact when the rollout is one optimizer step).  Reads log-probs
+    only on ``token_mask`` (``reads_masked_logprobs_only``).
 
     Args:
         ratio_clip_min: Lower clip epsilon (ratio clipped at ``1 - ratio_clip_min``).
@@ -102,8 +96,6 @@ class ClippedPGLossFn:
 
     Raises:
         ValueError: On negative clip epsilons or KL coefficient.
-
-    Like ``NLLLoss`` it reads log-probs only on ``token_mask`` (``reads_masked_logprobs_only``).
     """
 
     reads_masked_logprobs_only: bool = True

@@ -134,10 +134,8 @@ def evaluate(
 def mean_reward(rewards: Sequence[float]) -> float:
     """The mean of per-problem rewards as the one float64 every report uses.
 
-    The sum is exactly rounded (``math.fsum``), so the result does not depend on the dtype the
-    rewards were computed in nor on the order they are summed: training's held-out accuracy and
-    ``launchers/evaluate.py`` give the same number (a float32 mean of 1 correct in 400 prints as
-    0.002, the exact 1/400 as 0.003).
+    Summed with ``math.fsum``, so the result depends neither on the rewards' dtype nor on their
+    order: training and ``launchers/evaluate.py`` report the same number.
 
     Args:
         rewards: One reward per problem.

@@ -2,8 +2,9 @@
 
 Runs on a ``TQPolicy`` whose workers carry ``ColocatedLoaderMixin``; a steady-state step is one
 call per rank (train batch *k*, commit, ready *k+1*).  A failure aborts every rank so a retry
-sees the same rows; losses equal ``sft_train``'s bit for bit.  Checkpoints drop readied batches
-first, so the saved store is empty.
+sees the same rows (a ``DataPlaneUnavailableError`` propagates at once, without the abort);
+losses equal ``sft_train``'s bit for bit.  Checkpoints drop readied batches first, so the saved
+store is empty.
 """
 
 from __future__ import annotations
