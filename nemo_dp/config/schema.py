@@ -75,9 +75,7 @@ def _one_of(key: str, value: Any, legal: Sequence[Any]) -> None:
         _fail(key, f"got {value!r}; legal values: {list(legal)}")
 
 
-# ---------------------------------------------------------------------------------------------
-# policy
-# ---------------------------------------------------------------------------------------------
+# --- policy ---
 
 
 @dataclass
@@ -256,9 +254,7 @@ def train_micro_batch_rows(policy_cfg: Any) -> int:
     return int(policy_cfg.train_global_batch_size) // int(policy_cfg.dp_size)
 
 
-# ---------------------------------------------------------------------------------------------
-# algorithm
-# ---------------------------------------------------------------------------------------------
+# --- algorithm ---
 
 
 def _check_common_algorithm(cfg: Any, expected_name: str) -> None:
@@ -458,9 +454,7 @@ class PPOConfig:
         _check_rl_root(self, root)
 
 
-# ---------------------------------------------------------------------------------------------
-# env, cluster, logger, checkpointing
-# ---------------------------------------------------------------------------------------------
+# --- env, cluster, logger, checkpointing ---
 
 
 @dataclass

@@ -45,9 +45,7 @@ class MicrobatchSpec:
     padded_length: int | None
 
 
-# ---------------------------------------------------------------------------------------------
-# Row-level helpers for every supported value kind
-# ---------------------------------------------------------------------------------------------
+# --- Row-level helpers for every supported value kind ---
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -193,9 +191,7 @@ def _concat(key: str, values: list[Any], pad: float | int) -> Any:
     raise TypeError(f"BatchedDataDict.from_batches: unsupported type for {key!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# BatchedDataDict
-# ---------------------------------------------------------------------------------------------
+# --- BatchedDataDict ---
 
 
 class BatchedDataDict(UserDict):

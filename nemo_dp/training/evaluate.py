@@ -364,11 +364,9 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
 def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
     """The policy model a checkpoint holds, in eval mode on the CPU.
 
-    A training checkpoint of ``format_version`` 2 holds the policy's ``save_pretrained``
-    directory (``<checkpoint>/policy``), loaded by the run's model builder. A checkpoint
-    without it (``format_version`` 1) is read with ``load_training_checkpoint`` and its
-    ``policy.weights.model`` state dict is loaded into a model built from the run's ``policy``
-    node. Neither path runs code from the checkpoint.
+    ``format_version`` 2 loads ``<checkpoint>/policy`` through the run's model builder;
+    version 1 loads ``policy.weights.model`` from the training state into a model built from
+    the run's ``policy`` node.  Neither runs code from the checkpoint.
 
     Args:
         ref: The located checkpoint.

@@ -70,9 +70,7 @@ class CheckpointMismatchError(ResumeError):
         self.differing = dict(differing)
 
 
-# ---------------------------------------------------------------------------------------------
-# checkpoint metadata
-# ---------------------------------------------------------------------------------------------
+# --- checkpoint metadata ---
 
 
 @dataclass(frozen=True)
@@ -331,9 +329,7 @@ def check_checkpoint_meta(
         raise _mismatch(Path(where), _RESUME_KEY, differing, hint + ".")
 
 
-# ---------------------------------------------------------------------------------------------
-# locating checkpoints
-# ---------------------------------------------------------------------------------------------
+# --- locating checkpoints ---
 
 
 def list_step_dirs(phase_root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
@@ -546,9 +542,7 @@ def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_in
     refuse_pickles(step_dir, key)
 
 
-# ---------------------------------------------------------------------------------------------
-# resume
-# ---------------------------------------------------------------------------------------------
+# --- resume ---
 
 
 @dataclass(frozen=True)
@@ -725,9 +719,7 @@ def _foreign_phase(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# init_from
-# ---------------------------------------------------------------------------------------------
+# --- init_from ---
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,7 @@ class Tracker(Protocol):
         """Flush and finish (``status`` in ``success`` / ``failed`` / ``killed``)."""
 
 
-# ---------------------------------------------------------------------------------------------
-# helpers
-# ---------------------------------------------------------------------------------------------
+# --- helpers ---
 
 
 def _as_number(value: Any) -> float | None:
@@ -169,9 +167,7 @@ def _check_status(status: str) -> None:
         raise ValueError(f"Tracker.close: status must be one of {list(_STATUSES)}, got {status!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# TensorBoard
-# ---------------------------------------------------------------------------------------------
+# --- TensorBoard ---
 
 
 class TensorBoardTracker:
@@ -242,9 +238,7 @@ class TensorBoardTracker:
         self._writer = None
 
 
-# ---------------------------------------------------------------------------------------------
-# Weights & Biases
-# ---------------------------------------------------------------------------------------------
+# --- Weights & Biases ---
 
 
 class WandbTracker:
@@ -337,9 +331,7 @@ class WandbTracker:
         self._run = None
 
 
-# ---------------------------------------------------------------------------------------------
-# MLflow
-# ---------------------------------------------------------------------------------------------
+# --- MLflow ---
 
 _MLFLOW_STATUS = {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 _MLFLOW_MAX_PARAMS = 100  # per log_batch call
@@ -465,9 +457,7 @@ class MlflowTracker:
         self.run_id = None
 
 
-# ---------------------------------------------------------------------------------------------
-# combination
-# ---------------------------------------------------------------------------------------------
+# --- combination ---
 
 
 class TrackerGroup:
@@ -557,9 +547,7 @@ class PrefixedTracker:
         _check_status(status)
 
 
-# ---------------------------------------------------------------------------------------------
-# construction
-# ---------------------------------------------------------------------------------------------
+# --- construction ---
 
 
 def enabled_trackers(logger_cfg: Any) -> list[str]:

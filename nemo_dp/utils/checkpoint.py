@@ -74,9 +74,7 @@ def checkpoint_dir_for_step(root: str | os.PathLike[str], step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
 
 
-# ---------------------------------------------------------------------------------------------
-# typed JSON encoding
-# ---------------------------------------------------------------------------------------------
+# --- typed JSON encoding ---
 
 
 class _Encoder:
