@@ -64,15 +64,7 @@ class CharTokenizer:
         return None
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
-        """Concatenate the turns' contents (there is no template to apply).
-
-        Args:
-            messages: ``{role, content}`` turns.
-            add_generation_prompt: Ignored (no assistant prefix exists).
-
-        Returns:
-            The concatenated text.
-        """
+        """Concatenate the turns' contents (no template; ``add_generation_prompt`` is ignored)."""
         return concat_messages(messages)
 
     def encode(self, text: str) -> list[int]:
@@ -98,25 +90,11 @@ class CharTokenizer:
         return ids
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """Encode a prompt as ``[bos] + encode(prompt)``.
-
-        Args:
-            prompt: The prompt text.
-
-        Returns:
-            The prompt ids, starting with bos.
-        """
+        """Encode a prompt as ``[bos] + encode(prompt)``."""
         return [self.bos_id] + self.encode(prompt)
 
     def encode_response(self, response: str) -> list[int]:
-        """Encode a response as ``encode(response) + [eos]``.
-
-        Args:
-            response: The response text.
-
-        Returns:
-            The response ids, ending with eos.
-        """
+        """Encode a response as ``encode(response) + [eos]``."""
         return self.encode(response) + [self.eos_id]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
