@@ -96,17 +96,9 @@ class MathEnv:
     """Final-answer exact match: 1.0 when the response's final answer equals the reference."""
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """Score responses.
+        """Score responses: float32 ``[N]``, 1.0 where the final answers match.
 
-        Args:
-            responses: Decoded responses.
-            answers: Reference answers, aligned with ``responses``.
-
-        Returns:
-            float32 ``[N]`` rewards in {0.0, 1.0}.
-
-        Raises:
-            ValueError: If the lists differ in length.
+        Raises ``ValueError`` when the lists differ in length.
         """
         if len(responses) != len(answers):
             raise ValueError(f"MathEnv.score: {len(responses)} responses for {len(answers)} answers")

@@ -128,17 +128,9 @@ class FormatReward:
         self.pattern = str(pattern)
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """Score responses (``answers`` only fixes the count).
+        """Score responses: float32 ``[N]``, 1.0 where the whole response matches ``pattern``.
 
-        Args:
-            responses: Decoded responses.
-            answers: Reference answers, aligned with ``responses``.
-
-        Returns:
-            float32 ``[N]`` rewards in {0.0, 1.0}.
-
-        Raises:
-            ValueError: If the lists differ in length.
+        ``answers`` only fixes the count (``ValueError`` on unequal lengths).
         """
         if len(responses) != len(answers):
             raise ValueError(f"FormatReward.score: {len(responses)} responses for {len(answers)} answers")
