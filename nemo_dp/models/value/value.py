@@ -81,33 +81,17 @@ class Value(Policy):
     def generate(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool
     ) -> BatchedDataDict:
-        """Not available.
-
-        Raises:
-            RuntimeError: Always (a critic has no language-model head).
-        """
+        """Not available: a critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model cannot generate")
 
     def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Not available.
-
-        Raises:
-            RuntimeError: Always; use :meth:`get_values`.
-        """
+        """Not available (use :meth:`get_values`); raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no log-probs; use get_values")
 
     def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Not available.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no reference policy")
 
     def snapshot_reference_policy(self) -> None:
-        """Not available.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no reference policy")

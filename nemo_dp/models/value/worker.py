@@ -37,29 +37,17 @@ class ValueWorker(PolicyWorker):
 
     # --- what a critic does not do ----------------------------------------------------------
     def generate(self, shard: Mapping[str, Any], greedy: bool) -> BatchedDataDict:
-        """Not available: the critic has no language-model head.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available: the critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model cannot generate")
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Not available: the critic has no language-model head.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available: the critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no log-probs; use get_values")
 
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
-        """Not available: the critic has no reference policy.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available: the critic has no reference policy; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no reference policy")
 
     # --- values --------------------------------------------------------------------------------
