@@ -156,11 +156,9 @@ def save_sft_checkpoint(
 ) -> Path:
     """Write ``state`` and the data plane's checkpoint as one atomic ``step_<N>`` directory.
 
-    The layout is ``save_training_checkpoint``'s (``manifest.json`` + code-free
-    ``state.json`` / ``tensors.safetensors`` / ``policy/``, so ``load_training_checkpoint``
-    reads it) plus ``data_plane/``.  The format manifest is written after the state, then the
-    checkpointer's ``finalize`` (metadata and file manifest) runs; the directory appears under
-    its final name only after everything is on disk.
+    The layout is ``save_training_checkpoint``'s plus ``data_plane/``; the format manifest is
+    written after the state, then the checkpointer's ``finalize`` runs, and the directory
+    appears under its final name only after everything is on disk.
 
     Args:
         checkpointer: The phase's checkpointer (root and ``keep_last``).

@@ -44,11 +44,10 @@ class DataPlaneUnavailableError(TimeoutError):
 
 
 class PartitionLimitError(RuntimeError):
-    """``register_partition`` found the store at its bound of live partitions.
+    """``register_partition`` found the store at its bound of live partitions; nothing was registered.
 
-    A subclass of ``RuntimeError`` (what the adapters raised before the type existed), so
-    existing ``except RuntimeError`` handlers keep working; callers that want to wait for a slot
-    catch this type instead of matching the message.  Nothing was registered.
+    A ``RuntimeError`` subclass, so ``except RuntimeError`` handlers still catch it; callers that
+    want to wait for a slot catch this type instead of matching the message.
     """
 
 

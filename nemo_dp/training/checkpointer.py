@@ -96,12 +96,9 @@ def checkpoint_finalizer(
     run_id: str,
     settings: Mapping[str, Any] | None = None,
 ) -> Callable[[Path, int], None]:
-    """The ``finalize`` of a run's checkpointer: what the checkpoint belongs to, then its files.
+    """The ``finalize`` of a run's checkpointer: ``checkpoint_meta.json``, then the file manifest.
 
-    Writes ``checkpoint_meta.json`` (algorithm, phase, model shape, data plane, run id, step,
-    the settings a resume must keep)
-    and then the file manifest (sizes and SHA-256 of every file, the metadata included), last,
-    so it covers everything the checkpoint holds.
+    The manifest is written last, so it covers every file the checkpoint holds.
 
     Args:
         algorithm: The phase's ``algorithm.name``.

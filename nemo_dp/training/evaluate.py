@@ -324,10 +324,8 @@ _TOKENIZER_KEYS: tuple[str, ...] = ("policy.tokenizer_name_or_path",)
 def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
     """The tokenizer the checkpoint's ``policy/`` directory holds, else the run's own.
 
-    The checkpoint's copy (written next to the weights at save time) is used unless
-    ``run_overrides`` names the tokenizer explicitly; a checkpoint without one (a tiny model,
-    whose vocabulary is in code, or one saved before tokenizers were) builds the tokenizer from
-    the run's ``policy`` node.
+    ``run_overrides`` naming the tokenizer wins; a checkpoint without tokenizer files (the tiny
+    model, or an older checkpoint) builds it from the run's ``policy`` node.
 
     Args:
         ref: The located checkpoint.
