@@ -36,9 +36,6 @@ class GroupAdvantages:
 
         Args:
             algo: The ``algorithm`` config node.
-
-        Returns:
-            The estimator.
         """
         return cls(
             group_size=int(algo.num_generations_per_prompt),

@@ -59,9 +59,6 @@ def logprob_plan(master_config: Any) -> LogprobPlan:
 
     Args:
         master_config: Root config (GRPO algorithm).
-
-    Returns:
-        The plan.
     """
     algo = master_config.algorithm
     per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
@@ -113,9 +110,6 @@ def finish_grpo_step_metrics(
         logger: For the validation line.
         reward_parts: Each reward's mean over the rows trained on (``reward/<fn>``), when
             ``env.rewards`` lists several.
-
-    Returns:
-        The step's metrics.
     """
     t_gen, t_lp, t_train = timings
     rewards = info["unfiltered_rewards"]

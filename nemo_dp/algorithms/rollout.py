@@ -140,9 +140,6 @@ def mean_reward(rewards: Sequence[float]) -> float:
     Args:
         rewards: One reward per problem.
 
-    Returns:
-        Their mean.
-
     Raises:
         ValueError: ``rewards`` is empty.
     """

@@ -49,8 +49,5 @@ def with_row(answer: str, prompt: Any, *, chat: bool = False, columns: Mapping[s
         prompt: The row's prompt (text, or turns for chat data).
         chat: Whether the row is chat data.
         columns: The row's other columns.
-
-    Returns:
-        The answer.
     """
     return Answer(answer, prompt=prompt, chat=chat, columns=columns if columns is not None else {"answer": answer})

@@ -63,9 +63,6 @@ def make_problem(a: int, op: str, b: int) -> Problem:
         op: One of ``SUPPORTED_OPERATORS``.
         b: Right operand (non-negative).
 
-    Returns:
-        The problem.
-
     Raises:
         ValueError: If the operator is unsupported or an operand is negative.
     """

@@ -143,9 +143,6 @@ def encode_prompt_text(text: str, tokenizer: Any) -> list[int]:
     Args:
         text: The text.
         tokenizer: The tokenizer.
-
-    Returns:
-        The ids.
     """
     encode_prompt = getattr(tokenizer, "encode_prompt", None)
     if callable(encode_prompt):
@@ -184,9 +181,6 @@ def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExampl
         example: A ``(prompt, response)`` pair or a ``ChatExample``.
         tokenizer: A ``TextTokenizer`` (with a chat template, conversations use it).
 
-    Returns:
-        The tokenized example.
-
     Raises:
         TypeError: If ``example`` is neither shape.
         ChatTemplateError: If the template cannot be split exactly at turn boundaries.
@@ -210,9 +204,6 @@ def render_prompt(messages: Sequence[Message], tokenizer: Any | None) -> str:
         tokenizer: A tokenizer; with a chat template the text is the template's rendering with
             ``add_generation_prompt=True``, otherwise (or when None) the turns' contents
             concatenated.
-
-    Returns:
-        The prompt text.
 
     Raises:
         ChatTemplateError: If the template does not return text.

@@ -34,9 +34,6 @@ def columns_of(env_cfg: Any) -> Columns:
 
     Args:
         env_cfg: The ``env`` node (dataclass or DictConfig).
-
-    Returns:
-        The mapping.
     """
     node = getattr(env_cfg, "columns", None)
     if node is None:

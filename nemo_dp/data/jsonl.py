@@ -182,9 +182,6 @@ def sft_example(line: RowFields, col: Columns) -> SFTExample:
         line: The record.
         col: The fields' names.
 
-    Returns:
-        The example.
-
     Raises:
         DatasetError: On a missing, mistyped or empty field, or a conversation not ending with
             the assistant.
@@ -236,9 +233,6 @@ def render_rl_prompt(line: RowFields, col: Columns, messages: tuple[Message, ...
         col: The fields' names.
         messages: Its prompt conversation.
         tokenizer: Renders with its chat template when it has one.
-
-    Returns:
-        The prompt text.
 
     Raises:
         DatasetError: The chat template cannot render it.

@@ -36,9 +36,6 @@ def round_up(value: int, multiple: int) -> int:
     Args:
         value: The value to round.
         multiple: The granularity.
-
-    Returns:
-        The rounded value.
     """
     value = int(value)
     multiple = int(multiple)

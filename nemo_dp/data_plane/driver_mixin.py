@@ -94,9 +94,6 @@ def isolated_copy(
         task_name: The task name of the copy.
         keep_tags: ``False`` leaves the per-row tags out (``tags=None``): a dispatch to the
             workers, which never read tags, then neither deep-copies nor ships them.
-
-    Returns:
-        The new meta.
     """
     extra = {k: v for k, v in meta.extra_info.items() if k != GLOBAL_FORWARD_PAD_SEQLEN}
     return KVBatchMeta(
@@ -126,9 +123,6 @@ def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> in
     Args:
         metas: One meta per DP rank; each needs ``sequence_lengths``.
         seq_round: The dynamic-batching sequence-length rounding (1 = none).
-
-    Returns:
-        The pad target.
 
     Raises:
         ValueError: No metas, a meta without ``sequence_lengths``, no rows at all, or
@@ -308,9 +302,6 @@ class TQDriverMixin:
             fields: Fields the dispatch fetches.
             task_name: Task name of the dispatch.
             keep_tags: ``False`` drops the per-row tags (see ``isolated_copy``).
-
-        Returns:
-            The new meta.
         """
         out = isolated_copy(meta, fields=fields, task_name=task_name, keep_tags=keep_tags)
         self._stamp_pad_seqlen(out)

@@ -282,9 +282,6 @@ def make_environment(env_cfg: Any) -> Any:
     Args:
         env_cfg: The ``env`` node.
 
-    Returns:
-        The environment.
-
     Raises:
         ValueError: On an unknown or malformed reward setting (naming the key).
     """

@@ -92,9 +92,6 @@ def load_function(spec: str, *, key: str) -> Callable[..., Any]:
         spec: ``package.module:function`` or ``path/to/file.py:function``.
         key: The config key that names it (in errors).
 
-    Returns:
-        The function.
-
     Raises:
         ValueError: The module does not import, has no such attribute, or it is not callable.
     """

@@ -111,9 +111,6 @@ def get_builder(kind: str) -> ModelBuilder:
     Args:
         kind: A policy kind.
 
-    Returns:
-        Its builder.
-
     Raises:
         ValueError: Unknown kind (naming ``policy.kind`` and the legal values).
     """
@@ -130,9 +127,6 @@ def policy_kind(policy_cfg: Any) -> str:
 
     Args:
         policy_cfg: The ``policy`` node.
-
-    Returns:
-        The kind.
     """
     return str(cfg_get(policy_cfg, "kind", DEFAULT_POLICY_KIND))
 
@@ -189,9 +183,6 @@ def load_pretrained_model(policy_cfg: Any, directory: str) -> CausalLM:
     Args:
         policy_cfg: The ``policy`` node (its kind picks the loader).
         directory: The saved model's directory.
-
-    Returns:
-        The model.
     """
     return get_builder(policy_kind(policy_cfg)).load_pretrained(policy_cfg, str(directory))
 

@@ -69,9 +69,6 @@ def resolve_precision(policy_cfg: Any) -> Precision:
     Args:
         policy_cfg: The ``policy`` node.
 
-    Returns:
-        The precision.
-
     Raises:
         ValueError: An illegal value, or both keys set and disagreeing (naming both).
     """

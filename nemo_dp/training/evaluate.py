@@ -293,9 +293,6 @@ def phase_config(ref: CheckpointRef) -> Any:
     Args:
         ref: The located checkpoint.
 
-    Returns:
-        The phase's root config.
-
     Raises:
         ValueError: The run config plans no phase of that name (the message lists its phases).
     """
@@ -329,9 +326,6 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
 
     Args:
         ref: The located checkpoint.
-
-    Returns:
-        The tokenizer.
 
     Raises:
         ValueError: The run allowed remote code, the checkpoint's tokenizer files do not load,

@@ -151,9 +151,6 @@ def first_phase_to_run(start_states: list[dict[str, Any] | None]) -> int:
 
     Args:
         start_states: ``load_start_states`` output.
-
-    Returns:
-        The index.
     """
     return max((i for i, s in enumerate(start_states) if s is not None), default=0)
 

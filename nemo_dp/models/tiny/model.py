@@ -301,9 +301,6 @@ class TinyCausalLM(nn.Module):
         Args:
             batch_size: Rows decoded together.
             max_len: Positions to allocate.
-
-        Returns:
-            An empty cache.
         """
         weight = self.tok_emb.weight
         return KVCache(self.cfg, batch_size, max_len, weight.dtype, weight.device)

@@ -110,9 +110,6 @@ class CharTokenizer:
             skip_special: Drop pad and bos (and eos when not stopping), e.g. for display of a
                 whole ``[bos] + prompt + ...`` row.
 
-        Returns:
-            The decoded text.
-
         Raises:
             ValueError: If an id is outside the vocabulary.
         """

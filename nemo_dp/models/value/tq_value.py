@@ -67,9 +67,6 @@ class TQValue(TQDriverMixin, Value):
             policy: A data-plane policy exposing ``dp_cfg`` and ``dp_client`` (``TQPolicy``).
             **kwargs: ``Value`` constructor arguments.
 
-        Returns:
-            The critic.
-
         Raises:
             ValueError: ``policy`` is not a data-plane policy.
         """
