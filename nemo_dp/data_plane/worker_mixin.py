@@ -103,10 +103,12 @@ def _one_field_name(tq_field: str | None, field: str | None) -> str:
 class TQWorkerMixin:
     """``*_presharded`` entrypoints that fetch a ``KVBatchMeta`` shard from the data plane.
 
-    The host provides the in-memory methods declared under ``TYPE_CHECKING`` below and
-    ``_local_coords()``; ``_packing_enabled()`` and ``_data_plane_pad_values()`` have defaults
-    that defer to a host base class defining them.  ``self.dp_client`` is set by
-    ``setup_data_plane`` (or assigned directly, also as ``self._dp_client``).
+    Each entrypoint takes ``meta``, this DP rank's shard; the forward entrypoints also take
+    ``micro_batch_size`` (rows per forward pass without a plan).  The host provides the
+    in-memory methods declared under ``TYPE_CHECKING`` below and ``_local_coords()``;
+    ``_packing_enabled()`` and ``_data_plane_pad_values()`` have defaults that defer to a host
+    base class defining them.  ``self.dp_client`` is set by ``setup_data_plane`` (or assigned
+    directly, also as ``self._dp_client``).
     """
 
     dp_client: DataPlaneClient | None = None
@@ -470,12 +472,7 @@ class TQWorkerMixin:
     def get_logprobs_presharded(
         self, meta: KVBatchMeta, micro_batch_size: int | None = None
     ) -> None:
-        """Compute log-probs of this rank's shard and write them back as ``prev_logprobs``.
-
-        Args:
-            meta: This DP rank's shard.
-            micro_batch_size: Rows per forward pass (without a plan).
-        """
+        """Log-probs of this rank's shard, written back as ``prev_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="logprobs", tq_field=PREV_LOGPROBS)
@@ -483,13 +480,7 @@ class TQWorkerMixin:
     def get_reference_policy_logprobs_presharded(
         self, meta: KVBatchMeta, micro_batch_size: int | None = None
     ) -> None:
-        """Reference-policy log-probs of this rank's shard, written as
-        ``reference_policy_logprobs``.
-
-        Args:
-            meta: This DP rank's shard.
-            micro_batch_size: Rows per forward pass (without a plan).
-        """
+        """Reference-policy log-probs of this rank's shard, written back as ``reference_policy_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(
@@ -503,10 +494,6 @@ class TQWorkerMixin:
 
         Both hooks run on the same fetched batch and both columns go back in a single put
         (replica leader only); values equal the two separate entrypoints' bit for bit.
-
-        Args:
-            meta: This DP rank's shard.
-            micro_batch_size: Rows per forward pass (without a plan).
 
         Raises:
             RuntimeError / TypeError / ValueError: As ``_result_column`` for either result.
@@ -527,12 +514,7 @@ class TQWorkerMixin:
         self._write_back(meta, columns)
 
     def get_values_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
-        """Value estimates of this rank's shard, written back as ``values``.
-
-        Args:
-            meta: This DP rank's shard.
-            micro_batch_size: Rows per forward pass (without a plan).
-        """
+        """Value estimates of this rank's shard, written back as ``values``."""
         data = self._fetch_planned(meta)
         result = self.get_values(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="values", tq_field=VALUES)
