@@ -333,7 +333,8 @@ class Policy:
         Args:
             lr: Base learning rate.
             decay_steps: Optimizer steps of the phase (horizon of a cosine schedule).
-            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's).
+            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's
+                ``optimizer.warmup_steps``; an SFT warm start passes its own).
         """
         self._dispatch_all(
             "reset_optimizer",

@@ -266,13 +266,9 @@ class TQPolicy(TQDriverMixin, Policy):
 
     # --- model calls on metas ---
     def get_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
-        """Policy log-probs of ``meta``'s rows; the workers write them as ``prev_logprobs``.
+        """Policy log-probs of ``meta``'s rows; the workers write them to the store as ``prev_logprobs``.
 
-        Args:
-            meta: Rows (with ``sequence_lengths``) already holding ``LP_SEED_FIELDS``.
-
-        Returns:
-            ``None``: the results are in the store.
+        ``meta`` carries ``sequence_lengths`` and its rows already hold ``LP_SEED_FIELDS``.
         """
         isolated = self._isolated_meta(
             meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_PREV_LP, keep_tags=False
@@ -285,14 +281,8 @@ class TQPolicy(TQDriverMixin, Policy):
         """Policy and reference log-probs of ``meta``'s rows in one dispatch per rank.
 
         Each worker reads its shard once and writes ``prev_logprobs`` and
-        ``reference_policy_logprobs`` in one put; the shards, pad target and plan are those of
+        ``reference_policy_logprobs`` in one put; shards, pad target and plan are those of
         :meth:`get_logprobs_from_meta`, so the columns equal the two separate calls' bit for bit.
-
-        Args:
-            meta: Rows (with ``sequence_lengths``) already holding ``LP_SEED_FIELDS``.
-
-        Returns:
-            ``None``: the results are in the store.
         """
         isolated = self._isolated_meta(
             meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_PREV_LP, keep_tags=False
@@ -304,11 +294,7 @@ class TQPolicy(TQDriverMixin, Policy):
     def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
         """Reference log-probs of ``meta``'s rows, written as ``reference_policy_logprobs``.
 
-        Args:
-            meta: As :meth:`get_logprobs_from_meta`.
-
-        Returns:
-            ``None``: the results are in the store.
+        ``meta`` as for :meth:`get_logprobs_from_meta`.
         """
         isolated = self._isolated_meta(
             meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_REF_LP, keep_tags=False

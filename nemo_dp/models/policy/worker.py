@@ -583,14 +583,7 @@ class PolicyWorker:
         self.reference_model = self._frozen_copy(self.model)
 
     def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
-        """Fresh optimizer state with learning rate ``lr`` (a new training phase).
-
-        Args:
-            lr: Base learning rate.
-            decay_steps: Optimizer steps of the phase (the cosine schedule's horizon).
-            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's
-                ``optimizer.warmup_steps``; an SFT warm start passes its own).
-        """
+        """Fresh optimizer state for a new phase (arguments as ``Policy.reset_optimizer``)."""
         self.lr = float(lr)
         self.optimizer = self._make_optimizer(self.lr)
         self.optimizer_steps = 0

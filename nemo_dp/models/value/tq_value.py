@@ -87,13 +87,9 @@ class TQValue(TQDriverMixin, Value):
         return self._shard_meta(isolated, batch_size=batch_size, mb_tokens_key=mb_tokens_key)
 
     def get_values_from_meta(self, meta: KVBatchMeta) -> None:
-        """Critic values of ``meta``'s rows; the workers write them back as ``values``.
+        """Critic values of ``meta``'s rows; the workers write them to the store as ``values``.
 
-        Args:
-            meta: Rows (with ``sequence_lengths``) already holding ``VALUE_SEED_FIELDS``.
-
-        Returns:
-            ``None``: the results are in the store under the same ids.
+        ``meta`` carries ``sequence_lengths`` and its rows already hold ``VALUE_SEED_FIELDS``.
         """
         shards = self._shard_isolated(
             meta, fields=VALUE_SEED_FIELDS, task_name=TASK_VALUES, batch_size=None,
