@@ -1,16 +1,9 @@
 """Benchmarks for nemo_dp, configured with Hydra: ``python launchers/bench.py bench=<name>``.
 
-``bench=data_plane`` (put/get throughput of every data-plane backend against one memory copy
-and Ray's object store), ``bench=grpo_step`` / ``bench=ppo_step`` / ``bench=sft_step`` (legacy vs
-data-plane trainers side by side).  The benchmarks live in ``nemo_dp.bench``; this launcher
-composes ``conf_bench/benchmark.yaml`` (the shared groups, ``data_plane`` and the training
-``config``, come from ``conf/`` through the search path ``register_bench_configs`` adds) and
-dispatches.
-
-One backend lives here rather than in the package: ``tq_raw``, the raw library calls
-``transfer_queue.kv_batch_put/kv_batch_get`` on the same data and system, which isolates the
-adapter's overhead.  Inside ``nemo_dp`` only the TransferQueue adapter may import
-``transfer_queue``; this launcher imports it lazily, for this one measurement only.
+Composes ``conf_bench/benchmark.yaml`` and dispatches to ``nemo_dp.bench``.  The ``tq_raw``
+backend (raw ``transfer_queue.kv_batch_put/kv_batch_get``, to isolate the adapter's overhead)
+lives here because inside ``nemo_dp`` only the TransferQueue adapter may import
+``transfer_queue``; it is imported lazily.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Evaluate a checkpoint: ``python launchers/evaluate.py checkpoint=<run dir> [step=N]``.
 
-Loads the policy a training checkpoint holds (``checkpoint=`` takes the forms
-``checkpointing.resume_from`` takes; latest step of the run's last phase by default;
-``phase=`` / ``step=`` pick another), after the same checks a resume runs (file manifest, no
-pickle), and reports greedy held-out exact-match accuracy on the
-problems the trainer validated on, or on a user jsonl (``eval.jsonl=<file>`` with ``prompt`` and
-``answer`` lines), scored by the run's reward.  Works for every algorithm and ``policy`` kind
-(``tiny``, ``hf``).  Writes ``predictions.jsonl`` (prompt, response, extracted answer, reference
-answer, reward per line) and ``eval_summary.json`` to Hydra's output directory.  The model runs
-in this process: no Ray, no data plane.  A bad input prints one message (the traceback only
-with ``HYDRA_FULL_ERROR=1``) and leaves no output directory.
+Loads the checkpointed policy (after the same checks a resume runs) and reports greedy held-out
+exact-match accuracy on the trainer's validation problems or on ``eval.jsonl=<file>``, writing
+``predictions.jsonl`` and ``eval_summary.json``.  Runs in this process: no Ray, no data plane.
 """
 
 from __future__ import annotations

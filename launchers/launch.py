@@ -1,31 +1,9 @@
 """The one training entry point: ``python launchers/launch.py [recipe=...] [overrides...]``.
 
-Thin on purpose: compose -> validate -> preflight -> ``run_phases``, so that a bad
-configuration fails before any process starts.
-
-1. Hydra composes ``conf/config.yaml`` (recipes from ``recipes/`` are registered as the
-   ``recipe`` group, so ``recipe=grpo_arith`` works from any working directory); struct mode
-   rejects unknown keys and wrong types naming the key.
-2. Before Hydra creates the output directory, the launcher checks it can be written
-   (``nemo_dp.training.output_dir``).  ``validate_config`` refuses unknown keys, runs every
-   range rule and checks the (algorithm, data_plane) pair through the factory's lookup;
-   ``preflight`` checks the CPU budget (the data plane's actors included), the device and the
-   output paths, writing nothing.
-3. ``nemo_dp.training.run_phases`` plans the phases (an RL run with
-   ``algorithm.warm_start.enabled`` first runs an SFT warm start on the same policy), selects
-   every trainer and the policy through the factory, starts Ray for this job only and writes
-   the run directory.
-
-Failures are clean (``nemo_dp.training.console.hydra_task``): a configuration or preflight
-error, a cluster that cannot be joined included, prints one message (the traceback only with
-``HYDRA_FULL_ERROR=1``) and changes nothing on disk: no new run directory, no file of an
-existing one (``launch.log`` and ``.hydra/`` are written only once the run is accepted, i.e.
-Ray is up and the run directory claimed); a failure after that writes ``summary.json`` with the
-error and the plot of what ran; SIGTERM stops like Ctrl-C; ``launch.log`` holds the run's
-output without colour codes.
-
-The Hydra task function returns the final held-out accuracy, so a Hydra sweeper can maximise
-it.
+Compose -> validate -> preflight -> ``run_phases``, so a bad configuration fails before any
+process starts and leaves nothing on disk.  Failures print one message (the traceback only with
+``HYDRA_FULL_ERROR=1``).  The task function returns the final held-out accuracy, so a Hydra
+sweeper can maximise it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Group-relative (GRPO) baselines and advantages.
 
-Samples of one prompt form a contiguous group of ``group_size`` rows (the layout produced by
-``repeat_interleave``). The advantage of a sample is its reward minus a group baseline,
-optionally divided by the group's reward std.
+A prompt's samples are ``group_size`` contiguous rows; a sample's advantage is its reward minus
+the group baseline, optionally divided by the group's reward std.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The GRPO advantage estimator the rollout actors apply to their shards.
+"""The GRPO advantage estimator rollout actors apply to their shards.
 
-Rollout actors (models layer) compute each group's advantages where the rewards are, so nothing
-per-row travels through the driver; the trainer hands them this picklable callable, built from
-its algorithm config, which runs the functions ``grpo_sync`` uses (same advantages bit for bit).
+A picklable callable built from the algorithm config; it runs the functions ``grpo_sync`` uses,
+so advantages are identical and nothing per-row travels through the driver.
 """
 
 from __future__ import annotations
@@ -37,9 +36,6 @@ class GroupAdvantages:
 
         Args:
             algo: The ``algorithm`` config node.
-
-        Returns:
-            The estimator.
         """
         return cls(
             group_size=int(algo.num_generations_per_prompt),

@@ -1,9 +1,7 @@
-"""A per-step record of which prompts asynchronous GRPO trained, for exactly-once accounting.
+"""Per-step record of which prompts asynchronous GRPO trained (``async_ledger.jsonl``).
 
-The ledger (``async_ledger.jsonl`` beside ``metrics.jsonl``) holds one JSON line per trained
-step: the loader epoch and dataset indices of its prompts and the trained sample ids.  Over an
-interrupted run plus its resume every prompt of the epoch is trained exactly once; a resumed run
-drops the lines of steps after its checkpoint, as the metrics file does.
+One JSON line per trained step (loader epoch, prompt indices, sample ids), so exactly-once
+training over an interrupted run plus its resume can be checked.
 """
 
 from __future__ import annotations

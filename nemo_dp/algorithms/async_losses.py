@@ -1,13 +1,8 @@
 """Off-policy correction for asynchronous GRPO: a truncated importance weight on stale samples.
 
-With ``max_staleness > 0`` a sample may come from an older (*behaviour*) policy than the one the
-step starts from (``pi_old``, log-probs ``prev_logprobs``), so each token's policy-gradient term
-is re-weighted by the detached, truncated ratio
-
-    w = min(exp(prev_logprobs - generation_logprobs), importance_ratio_cap)
-
-with the behaviour log-probs recorded at generation.  A lag-0 sample gets ``w = 1`` exactly,
-so the loss equals ``ClippedPGLossFn``'s bit for bit.
+Each token's policy-gradient term is re-weighted by the detached ratio
+``min(exp(prev_logprobs - generation_logprobs), importance_ratio_cap)``; a lag-0 sample gets
+``w = 1``, so the loss equals ``ClippedPGLossFn``'s bit for bit.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Per-step metrics of asynchronous GRPO: staleness, idle fractions, throughput.
-
-Pure functions of numbers the trainer already has: where the step's time went (trainer waiting
-for samples, rollout actors idle) and how old the trained samples were.
-"""
+"""Per-step metrics of asynchronous GRPO: staleness, idle fractions, throughput."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The one argument every trainer takes: ``TrainContext``.
+"""``TrainContext``: the one argument every trainer takes.
 
-Every trainer (legacy or data-plane, SFT / GRPO / PPO) is called as ``trainer(ctx)``.  The
-logger and checkpointer are seen through small protocols, which the run layer's ``RunLogger`` /
-``Checkpointer`` implement and a benchmark or a test may implement too.
+The logger and checkpointer are small protocols, implemented by the run layer's ``RunLogger`` /
+``Checkpointer`` (or by a benchmark or test).
 """
 
 from __future__ import annotations

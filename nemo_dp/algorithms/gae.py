@@ -1,13 +1,9 @@
 """Token-level PPO advantage estimation: rewards, GAE, returns, whitening, explained variance.
 
-One pure implementation for the legacy (``ppo.py``) and the data-plane (``ppo_sync.py``) PPO
-trainers, so both compute the same advantages and returns.
-
-Tensor conventions: per-token tensors are ``[B, S]`` aligned with ``input_ids`` (column ``t``
-describes token ``t``).  ``values[:, t]`` estimates the state *before* token ``t`` is emitted,
-the same alignment as ``*_logprobs[:, t]``.  ``mask`` is ``token_mask * sample_mask``; response
-tokens are contiguous in each row, and the step after the last masked-in token is terminal
-(value 0).
+Shared by ``ppo.py`` and ``ppo_sync.py``.  Per-token tensors are ``[B, S]`` aligned with
+``input_ids``; ``values[:, t]`` estimates the state before token ``t`` is emitted.  ``mask`` is
+``token_mask * sample_mask``; response tokens are contiguous and the step after the last one is
+terminal (value 0).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Legacy (in-memory) GRPO trainer.
+"""Legacy (in-memory) GRPO trainer: ``grpo_train(ctx)``.
 
-Per step: draw ``num_prompts_per_step`` problems, sample ``num_generations_per_prompt``
-responses each (per-row seeds, so the run is reproducible whatever ``dp_size``), score them,
-compute group baselines (optionally leave-one-out) and stds, optionally drop zero-std groups and
-keep generating until the batch is full (dynamic sampling, bounded by ``max_gen_batches``),
-mask truncated responses (overlong filtering), compute ``prev_logprobs`` (unless the rollout is
-one optimizer step: then the training forward provides them, see ``grpo_common.logprob_plan``)
-and, with a KL coefficient above 0, the reference policy's log-probs, and train with the
-clipped policy-gradient loss plus the k3 KL penalty.
-The whole batch lives in driver memory.  Held-out greedy evaluation, per-step metrics and
-checkpoints with exact resume as in ``sft_train``; like every trainer it is called as
-``grpo_train(ctx)`` with a ``TrainContext``.  The step tail (metrics, held-out evaluation) is
-``grpo_common``'s, shared with the data-plane twin.
+Per step: sample responses with per-row seeds, score them, compute group baselines/stds, optional
+dynamic sampling and overlong filtering, the log-probs ``grpo_common.logprob_plan`` asks for,
+then train with the clipped policy-gradient loss plus the k3 KL penalty.  The batch lives in
+driver memory; the step tail is ``grpo_common``'s, shared with the data-plane twin.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """What both synchronous GRPO trainers share: the log-prob plan, step metrics, evaluation.
 
-``grpo_train`` (in-memory) and ``grpo_train_sync`` (data plane) differ only in where the
-batch lives.  Both decide here which log-prob forwards a step needs (``LogprobPlan``) and,
-once a step has trained, hand the same tensors here, so their records and log lines cannot
-drift apart (their exact equality is tested end to end).
+``grpo_train`` and ``grpo_train_sync`` differ only in where the batch lives; sharing this keeps
+their records identical.
 """
 
 from __future__ import annotations
@@ -55,18 +53,12 @@ class LogprobPlan:
 def logprob_plan(master_config: Any) -> LogprobPlan:
     """The log-prob plan of a synchronous GRPO run.
 
-    GRPO trains each rollout for one epoch; when the whole rollout is also one optimizer step
-    (``num_prompts_per_step x num_generations_per_prompt == policy.train_global_batch_size``),
-    a no-grad forward before training would compute exactly the log-probs the training forward
-    computes with the same weights, so with ``algorithm.reuse_train_forward_logprobs`` it is
-    skipped.  With several optimizer steps per rollout the later ones need the log-probs of the
-    weights that generated, so the separate forward runs.
+    When the rollout is exactly one optimizer step and
+    ``algorithm.reuse_train_forward_logprobs`` is set, the training forward's own log-probs
+    replace the separate no-grad forward (same weights, same numbers).
 
     Args:
         master_config: Root config (GRPO algorithm).
-
-    Returns:
-        The plan.
     """
     algo = master_config.algorithm
     per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
@@ -118,9 +110,6 @@ def finish_grpo_step_metrics(
         logger: For the validation line.
         reward_parts: Each reward's mean over the rows trained on (``reward/<fn>``), when
             ``env.rewards`` lists several.
-
-    Returns:
-        The step's metrics.
     """
     t_gen, t_lp, t_train = timings
     rewards = info["unfiltered_rewards"]

@@ -1,29 +1,10 @@
-"""Data-plane (TransferQueue-mediated) GRPO trainer: ``grpo_train_sync``.
+"""Data-plane GRPO trainer: ``grpo_train_sync``.
 
-The same algorithm as the legacy ``grpo_train`` (same seeds, sharding, loss normalisation and
-order of floating-point reductions, so both produce identical per-step metrics), but no bulk
-per-token tensor passes through the driver:
-
-* ``policy.prepare_step`` registers the step's ``"train"`` partition once;
-* the workers generate and write their rows straight into the store under ids
-  ``f"{uid}_g{i}"``; the driver receives metas plus a small per-row ``driver_carry``;
-* baseline / std are computed on the carry and stamped on the meta (``stamp_tags``); dynamic
-  sampling works on metas (``subset``, ``concat``, ``slice``) and clears dropped ids;
-* the per-row advantages and the sample mask are computed from the carry and travel with the
-  training dispatch (``train_from_meta(..., row_values=...)``): each rank spreads its rows'
-  advantages over the ``token_mask`` it fetches (``adv[:, None] * token_mask``, the legacy
-  expression), so the driver neither reads nor writes any column of the step;
-* log-probs and training run on meta shards; the workers fetch and write back - the policy's
-  and the reference's log-probs in one dispatch (one read, one put of both columns per rank),
-  only those ``grpo_common.logprob_plan`` asks for (none of the policy's when the training
-  forward provides them, none of the reference's at KL coefficient 0);
-* ``policy.finish_step`` clears the step's samples; a ``finally`` drops the partition if the
-  step failed earlier, so a failed step leaks nothing.
-
-This module never imports an adapter and never touches ``policy.dp_client``: the store is
-reached only through ``TQPolicy`` methods and ``KVBatchMeta`` transforms.  The step tail
-(metrics, held-out evaluation) is ``grpo_common``'s, shared with the legacy twin; the held-out
-evaluation through the store is ``store_eval``'s, shared with the PPO twin.
+The legacy ``grpo_train``'s algorithm with identical per-step metrics, but no per-token tensor
+passes through the driver: workers write generations into the store, the driver works on metas
+and a small per-row carry, and advantages travel with the training dispatch.  The store is
+reached only through ``TQPolicy`` methods and ``KVBatchMeta`` transforms; a failed step drops its
+partition.
 """
 
 from __future__ import annotations

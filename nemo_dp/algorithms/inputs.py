@@ -1,8 +1,6 @@
 """Input builders: the loader, held-out problems and environment a trainer consumes.
 
-One builder per kind of algorithm input (``build_sft_inputs`` for supervised pairs,
-``build_rl_inputs`` for RL prompts), so that an algorithm names its builder instead of a shared
-function branching on ``algorithm.name``.
+``build_sft_inputs`` for supervised pairs, ``build_rl_inputs`` for RL prompts.
 """
 
 from __future__ import annotations
@@ -44,9 +42,6 @@ def build_sft_inputs(master_config: Any, tokenizer: Any | None = None) -> Traine
         master_config: Validated root config whose ``algorithm`` is an SFT node.
         tokenizer: The run's tokenizer (renders chat prompts of the held-out set).
 
-    Returns:
-        The inputs.
-
     Raises:
         DatasetError: A dataset problem, naming the key, file:line and field.
     """
@@ -77,9 +72,6 @@ def build_rl_inputs(master_config: Any, tokenizer: Any | None = None) -> Trainer
     Args:
         master_config: Validated root config whose ``algorithm`` is an RL node.
         tokenizer: The run's tokenizer (renders chat prompts).
-
-    Returns:
-        The inputs.
 
     Raises:
         DatasetError: A dataset problem, naming the key, file:line and field.

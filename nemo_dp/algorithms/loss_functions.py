@@ -1,14 +1,8 @@
 """Loss functions for SFT and GRPO, normalised by global (whole-batch) counts.
 
-Every loss divides by the number of valid tokens (or sequences) of the GLOBAL batch, across
-all data-parallel ranks and micro-batches, never by the micro-batch's own count. Summing the
-micro-batch losses (and their gradients) therefore gives exactly the full-batch mean, so the
-DP size and the micro-batching change nothing: this is what makes the legacy and data-plane
-trainers bit-comparable.
-
-All returned metrics are additive: each is this micro-batch's share of the global-batch
-value, so the caller sums them over micro-batches and ranks. Counts (``num_valid_tokens``,
-``num_valid_seqs``) are this micro-batch's raw counts, also summed by the caller.
+Every loss divides by the valid-token (or sequence) count of the global batch, so summing
+micro-batch losses over ranks gives exactly the full-batch mean whatever the DP size or
+micro-batching.  Returned metrics are additive: each is this micro-batch's share.
 """
 
 from __future__ import annotations
@@ -85,19 +79,13 @@ class NLLLoss:
 class ClippedPGLossFn:
     """PPO-style clipped policy-gradient loss with a k3 KL penalty to the reference policy.
 
-    Per token: ratio = exp(logp - prev_logprobs);
-    pg = -min(ratio * A, clip(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max) * A);
-    kl = exp(ref - logp) - (ref - logp) - 1 (k3 estimator, always >= 0);
-    token loss = pg + reference_policy_kl_penalty * kl.
-
-    With ``token_level_loss`` the token losses are summed over valid tokens and divided by
-    ``global_valid_tokens``; otherwise each sequence's mean token loss is summed over valid
-    sequences and divided by ``global_valid_seqs``.
-
-    With ``prev_logprobs_from_forward`` the micro-batch needs no ``prev_logprobs``: they are
-    this very forward's log-probs, detached (ratio 1 in value, ``d ratio = d logp``).  That is
-    exact when the rollout is consumed by one optimizer step, where a separate no-grad
-    forward of the same weights would compute the same numbers.
+    Per token: ``ratio = exp(logp - prev_logprobs)``,
+    ``pg = -min(ratio * A, clip(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max) * A)``,
+    ``kl = exp(ref - logp) - (ref - logp) - 1``, loss ``= pg + reference_policy_kl_penalty * kl``;
+    normalised by ``global_valid_tokens`` (``token_level_loss``) or by ``global_valid_seqs`` over
+    per-sequence means.  With ``prev_logprobs_from_forward`` the forward's own detached log-probs
+    serve as ``prev_logprobs`` (exact when the rollout is one optimizer step).  Reads log-probs
+    only on ``token_mask`` (``reads_masked_logprobs_only``).
 
     Args:
         ratio_clip_min: Lower clip epsilon (ratio clipped at ``1 - ratio_clip_min``).
@@ -108,8 +96,6 @@ class ClippedPGLossFn:
 
     Raises:
         ValueError: On negative clip epsilons or KL coefficient.
-
-    Like ``NLLLoss`` it reads log-probs only on ``token_mask`` (``reads_masked_logprobs_only``).
     """
 
     reads_masked_logprobs_only: bool = True

@@ -1,11 +1,7 @@
-"""Legacy (in-memory) PPO trainer: actor-critic with token-level rewards and GAE.
+"""Legacy (in-memory) PPO trainer: ``ppo_train(ctx)``, actor-critic with token-level rewards and GAE.
 
-Per step: sample ``num_generations_per_prompt`` responses to each of ``num_prompts_per_step``
-problems, score them, mask truncated rows, compute the policy's, the reference policy's and the
-critic's outputs, build token-level rewards (score at the last response token plus a per-token
-KL penalty), GAE advantages and returns, then run ``ppo_epochs`` epochs of policy and critic
-training on fresh shuffles.  The batch lives in driver memory; the rest is ``ppo_common``, shared
-with the data-plane trainer.  Called as ``ppo_train(ctx)``.
+The batch lives in driver memory; everything else is ``ppo_common``, shared with the data-plane
+trainer.
 """
 
 from __future__ import annotations

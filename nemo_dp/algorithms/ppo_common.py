@@ -1,9 +1,7 @@
-"""What the legacy and the data-plane PPO trainers share, so that they agree step for step.
+"""What the legacy and data-plane PPO trainers share, so they agree step for step.
 
-Everything that is not about where the tensors live: the loss functions built from the config,
-the critic's construction, the phase start / resume of both models, the per-epoch shuffles, the
-advantage/return computation from the driver's columns, and the step's metrics.  Nothing here
-imports the data plane.
+Loss functions, critic construction, phase start/resume, per-epoch shuffles, advantages/returns
+and step metrics.  Nothing here imports the data plane.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The PPO critic's loss and the alignment of value-head outputs with tokens.
 
-The critic trains through the policy's worker machinery, so its loss follows the ``LossFn``
-protocol of ``loss_functions.py``: the first argument is the raw model output (here the value
-head's ``[b, s]`` scalars) and the loss is normalised by the global valid-token count, so DP size
-and micro-batching do not change the update.
-
-The output at position ``t`` has seen tokens ``<= t``, so the value of the state in which token
-``t`` is emitted is the output at ``t - 1``: :func:`align_values` shifts the head output by one
-column (column 0 = 0) so ``values[:, t]`` lines up with ``prev_logprobs[:, t]``; the worker's
-``get_values`` and this loss both use it.
+The loss follows the ``LossFn`` protocol (normalised by the global valid-token count).
+:func:`align_values` shifts the head output one column right so ``values[:, t]`` lines up with
+``prev_logprobs[:, t]``.
 """
 
 from __future__ import annotations

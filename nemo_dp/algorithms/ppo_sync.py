@@ -1,11 +1,8 @@
 """Data-plane PPO trainer: ``ppo_train_sync``.
 
-The legacy ``ppo_train``'s algorithm (seeds, sharding, shuffles, loss normalisation and targets
-from ``ppo_common``; the same per-step metrics), with the per-token tensors in the store: the
-workers write generations, log-probs and values under the step's ids, the driver reads only the
-columns the advantages need and writes ``advantages`` / ``returns`` / ``sample_mask`` back, and
-each epoch trains the policy and the critic on a shuffled subset of the meta.  The store is
-reached only through ``TQPolicy`` / ``TQValue`` methods and ``KVBatchMeta`` transforms.
+The legacy ``ppo_train``'s algorithm and metrics with the per-token tensors in the store; the
+driver reads only the columns the advantages need and writes ``advantages`` / ``returns`` /
+``sample_mask`` back.  The store is reached only through ``TQPolicy`` / ``TQValue`` methods.
 """
 
 from __future__ import annotations

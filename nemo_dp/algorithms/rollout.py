@@ -1,10 +1,8 @@
 """Rollouts and held-out evaluation on top of ``Policy.generate``.
 
-A rollout turns problems into a trainable batch: prompts are tokenised (bos + prompt), each is
-repeated ``group_size`` times, the policy samples a response per row with a per-row seed, the
-responses are decoded and scored by the environment.  Evaluation is the same with greedy decoding
-and one row per problem, reporting exact-match accuracy.  The legacy trainers use these directly
-on the driver; nothing here knows about a data plane.
+A rollout tokenises prompts, repeats each ``group_size`` times, samples with per-row seeds and
+scores the decoded responses; evaluation is greedy with one row per problem.  Used by the legacy
+trainers on the driver.
 """
 
 from __future__ import annotations
@@ -136,16 +134,11 @@ def evaluate(
 def mean_reward(rewards: Sequence[float]) -> float:
     """The mean of per-problem rewards as the one float64 every report uses.
 
-    The sum is exactly rounded (``math.fsum``), so the result does not depend on the dtype the
-    rewards were computed in nor on the order they are summed: training's held-out accuracy and
-    ``launchers/evaluate.py`` give the same number (a float32 mean of 1 correct in 400 prints as
-    0.002, the exact 1/400 as 0.003).
+    Summed with ``math.fsum``, so the result depends neither on the rewards' dtype nor on their
+    order: training and ``launchers/evaluate.py`` report the same number.
 
     Args:
         rewards: One reward per problem.
-
-    Returns:
-        Their mean.
 
     Raises:
         ValueError: ``rewards`` is empty.

@@ -1,9 +1,7 @@
-"""Trainer and policy selection: the trainer and the policy constructor a config asks for.
+"""Trainer and policy selection for a config: :func:`select_sync_trainer`, :func:`make_policy_factory`.
 
-The run layer calls :func:`select_sync_trainer` and :func:`make_policy_factory` with the same
-config, so the trainer and the policy class cannot drift apart.  Which trainer serves a pair is
-the lookup of :mod:`nemo_dp.config.trainer_lookup`; this module imports what it names.
-``nemo_dp.data_plane.factory`` offers the two functions under the same names.
+Which trainer serves a pair is :mod:`nemo_dp.config.trainer_lookup`'s lookup; this module imports
+what it names.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Legacy (in-memory) SFT trainer: next-token loss on response tokens.
-
-The driver draws ``policy.train_global_batch_size`` pairs from the loader, collates them and
-calls ``policy.train``.  Held-out greedy exact-match evaluation, per-step metrics and
-checkpoints with exact resume.  Called as ``sft_train(ctx)``.
-"""
+"""Legacy (in-memory) SFT trainer: ``sft_train(ctx)``, next-token loss on response tokens."""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """Data-plane SFT trainer: colocated loaders put batches into the store, the driver moves metas.
 
-Runs on a ``TQPolicy`` whose workers carry ``ColocatedLoaderMixin``; a step
-(``sft_sync_step``) is one driver -> worker call per rank in steady state: the driver checks the
-envelopes of batch *k* readied by the previous step (one per DP rank) and stamps one pad target
-over the placed metas; each rank's ``run_sft_step`` trains on its meta, commits (clears the
-partition, advances its position) and readies batch *k+1* within ``max_live_batches``.
-
-On a failure the train step and the loaders are aborted on every rank (batch *k* rolled back,
-counters unchanged), so a retry sees the same rows; a ``DataPlaneUnavailableError`` propagates
-at once without aborting.  Per-step losses and gradient norms equal ``sft_train``'s bit for bit
-(tests/e2e/test_sft_parity.py).  Checkpoints drop readied batches first, so the saved store is
-empty and a resume re-loads exactly the batches the uninterrupted run trains on;
-``ctx.hooks.on_checkpoint_staged`` runs before a checkpoint's commit (fault injection).
+Runs on a ``TQPolicy`` whose workers carry ``ColocatedLoaderMixin``; a steady-state step is one
+call per rank (train batch *k*, commit, ready *k+1*).  A failure aborts every rank so a retry
+sees the same rows (a ``DataPlaneUnavailableError`` propagates at once, without the abort);
+losses equal ``sft_train``'s bit for bit.  Checkpoints drop readied batches first, so the saved
+store is empty.
 """
 
 from __future__ import annotations
@@ -163,11 +156,9 @@ def save_sft_checkpoint(
 ) -> Path:
     """Write ``state`` and the data plane's checkpoint as one atomic ``step_<N>`` directory.
 
-    The layout is ``save_training_checkpoint``'s (``manifest.json`` + code-free
-    ``state.json`` / ``tensors.safetensors`` / ``policy/``, so ``load_training_checkpoint``
-    reads it) plus ``data_plane/``.  The format manifest is written after the state, then the
-    checkpointer's ``finalize`` (metadata and file manifest) runs; the directory appears under
-    its final name only after everything is on disk.
+    The layout is ``save_training_checkpoint``'s plus ``data_plane/``; the format manifest is
+    written after the state, then the checkpointer's ``finalize`` runs, and the directory
+    appears under its final name only after everything is on disk.
 
     Args:
         checkpointer: The phase's checkpointer (root and ``keep_last``).

@@ -1,8 +1,4 @@
-"""Held-out evaluation through the data plane, shared by the data-plane RL trainers.
-
-Kept apart from any one trainer so that ``grpo_sync`` and ``ppo_sync`` both use it without a
-trainer importing another trainer.
-"""
+"""Held-out evaluation through the data plane, shared by ``grpo_sync`` and ``ppo_sync``."""
 
 from __future__ import annotations
 

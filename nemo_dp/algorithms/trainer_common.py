@@ -1,10 +1,7 @@
-"""Pieces every trainer (legacy or data-plane, SFT / GRPO / PPO) shares around its step loop.
+"""Pieces every trainer shares around its step loop.
 
-Counters and resume (``start_counters``), the held-out evaluation schedule and records, the
-checkpointed trainer state, per-sample seeds and the clipped policy-gradient loss.  Keeping
-them here means a data-plane trainer gets the same logging, checkpointing and resume semantics
-as its legacy twin without importing it.  Trainers reach the phase's logger and checkpointer
-through the protocols of ``nemo_dp.algorithms.context``.
+Counters and resume, the held-out evaluation schedule, checkpointed trainer state, per-sample
+seeds and the clipped policy-gradient loss.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Configuration: ConfigStore registration, validation and preflight for every launch.
 
-One place composes the run's configuration rules so that the launcher, the tests and any other
-entry point reject a bad configuration identically and before any process starts:
-
-* ``register_configs()`` stores the structured schemas (root, ``algorithm`` group, and the
-  data-plane schemas) and every ``recipes/*.yaml`` as an option of the ``recipe`` group, so
-  ``recipe=grpo_arith`` works from any working directory.
-* ``validate_config(cfg)`` refuses keys no schema declares (also those added with ``+``),
-  converts the composed node into dataclasses (running every range rule) and checks that the
-  (algorithm, data_plane) pair is legal through the trainer lookup
-  (``nemo_dp.config.trainer_lookup``) that selection uses.
-* ``preflight(cfg, run_dir)`` checks the CPU budget and that output paths are writable.
+``register_configs()`` stores the structured schemas and every ``recipes/*.yaml`` as a
+``recipe`` option; ``validate_config(cfg)`` refuses undeclared keys, runs every range rule and
+checks the (algorithm, data_plane) pair; ``preflight(cfg, run_dir)`` checks the CPU budget and
+that output paths are writable.  All run before any process starts.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""The one table of training algorithms: each algorithm is registered here exactly once.
+"""The one table of training algorithms (:data:`ALGORITHMS`); nothing else lists algorithm names.
 
-Why this module exists: an algorithm is a bundle of decisions (its name, its config schema,
-how the launcher builds its trainer inputs, which trainer serves it on each data-plane backend,
-whether it needs a store that carries data between processes, whether it has a warm-start SFT
-phase).  The config layer (schema registration, validation), trainer selection
-(``nemo_dp.config.trainer_lookup``) and the tests all read :data:`ALGORITHMS`; nothing else lists algorithm names.
-
-The table is plain data: every target is a ``"module:attr"`` string resolved only when used, and
-this module imports nothing but the standard library and :mod:`nemo_dp.utils.imports`.  It
-lives in the config layer (below models and algorithms) because schema registration and
-validation read it; the trainers and builders it names are higher up and are only imported
-when selected (:mod:`nemo_dp.algorithms.selection`).
-
-Adding an algorithm (for example DPO):
-
-1. Write ``nemo_dp/algorithms/dpo.py`` with its config dataclass (``DPOConfig``, ``name: str =
-   "dpo"``, rules in ``__post_init__``; optionally ``check_root(root)`` for rules that need the
-   whole config), its trainer(s) and an input builder, and register it at the bottom of this
-   file with ``register_algorithm(AlgorithmSpec(name="dpo", schema="nemo_dp.algorithms.dpo:
-   DPOConfig", input_builder=..., trainers={"disabled": "nemo_dp.algorithms.dpo:dpo_train"}))``.
-2. Add ``conf/algorithm/dpo.yaml`` listing ``/algorithm_dpo_schema@_here_`` first in its defaults.
-
-Hydra registration (``algorithm_dpo_schema``), ``algorithm.name`` validation, the legal-pair check and
-``select_sync_trainer`` then all pick it up.
+Each ``AlgorithmSpec`` bundles an algorithm's name, schema, input builder and the trainer per
+data-plane backend as ``"module:attr"`` strings, resolved only when used, so this module imports
+only the standard library.  To add one (e.g. DPO): write its module (config dataclass, trainers,
+input builder), call ``register_algorithm(AlgorithmSpec(...))`` at the bottom of this file, and
+add ``conf/algorithm/<name>.yaml`` listing ``/algorithm_<name>_schema@_here_`` first.
 """
 
 from __future__ import annotations

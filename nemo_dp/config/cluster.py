@@ -1,11 +1,7 @@
 """``cluster`` config: where Ray runs, its CPU budget, and where the policy workers go.
 
-Why this module exists: the cluster node is the one part of the configuration that decides
-whether a run starts its own Ray or joins somebody else's, so its rules (what an address may
-look like, which resources a worker may ask for) are kept together, next to nothing else, and
-are checked before any process starts.  The address grammar itself lives with the code that
-uses it (``nemo_dp.distributed.ray_init.parse_cluster_address``) so that the config check and
-the join can never disagree.
+The address grammar lives with the code that joins
+(``nemo_dp.distributed.ray_init.parse_cluster_address``), so the check and the join agree.
 """
 
 from __future__ import annotations

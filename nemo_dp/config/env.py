@@ -1,9 +1,6 @@
-"""Schema of the ``env`` config group: where training and validation data come from and how
-responses are rewarded.
+"""Schema of the ``env`` config group: training/validation data and how responses are rewarded.
 
-Kept apart from the other group schemas because the data layer owns these keys; the root
-schema types its ``env`` node with this dataclass. Reward names are checked against the reward
-registry (``nemo_dp.environments``), the only list of them.
+Reward names are checked against the reward registry (``nemo_dp.environments``).
 """
 
 from __future__ import annotations
@@ -58,20 +55,13 @@ class RewardItem:
 class EnvConfig:
     """``env``: the task that supplies SFT examples, RL prompts and the verifiable reward.
 
-    ``sft_data`` / ``rl_data`` / ``val_data`` (or their older names ``*_jsonl``; setting both
-    names of one dataset is an error) name a jsonl, json, parquet or csv file, a glob of files,
-    or a ``Dataset.save_to_disk`` directory (``split`` picks a ``DatasetDict``'s split); with
-    none set the arithmetic generator supplies the data (validation uses its held-out partition
-    unless ``val_data`` is set). ``columns`` maps the fields (``prompt`` or ``messages``,
-    ``answer``, ``response``) to the dataset's column names. ``reward``: ``exact`` (the response
-    equals the answer), ``math`` (its final answer does: ``#### 42``, ``\\boxed{42}`` or the last
-    number), ``auto`` (``math`` with RL or validation data from a file, ``exact`` otherwise) or a
-    user's function ``module:function`` / ``file.py:function``; ``rewards`` instead lists several
-    with weights (``{fn, weight, pattern}``). ``format``: how the built-in generator presents its
-    problems: ``plain`` (``"37+5="`` -> ``"42"``) or ``chat`` (a one-turn conversation, rendered
-    with the tokenizer's chat template when it has one; identical to ``plain`` without one).
-    ``name: visual`` selects the built-in visual task instead (``visual_kind``: ``digit``,
-    ``count`` or ``colour``; images rendered from ``seed``; needs ``policy=hf_vlm``).
+    ``sft_data`` / ``rl_data`` / ``val_data`` (or the older ``*_jsonl`` names, not both) name a
+    file, glob or ``save_to_disk`` directory (``split`` picks a split); with none set the
+    arithmetic generator supplies the data.  ``columns`` maps fields to column names.
+    ``reward``: ``exact``, ``math``, ``auto`` or a user's ``module:function`` /
+    ``file.py:function``; ``rewards`` lists several with weights.  ``format``: ``plain`` or
+    ``chat`` for the generator.  ``name: visual`` selects the visual task (``visual_kind``;
+    needs ``policy=hf_vlm``).
     """
 
     name: str = "arithmetic"

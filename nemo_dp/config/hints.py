@@ -1,9 +1,7 @@
 """Hints for a command line that Hydra refused to compose.
 
-Hydra's own messages name the problem but can point the wrong way: for a mistyped key it
-suggests ``+key=value``, which adds a key that nothing reads (``validate_config`` refuses it,
-see ``nemo_dp.config.keys``), and for a mistyped group option it only lists the options.
-:func:`composition_hints` adds one line per mistake with the closest legal name.
+:func:`composition_hints` adds one line per mistake with the closest legal name (Hydra suggests
+``+key=value`` for a mistyped key, which adds a key nothing reads).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Keys a composed configuration holds that its schema does not declare.
 
-Hydra's struct mode refuses an unknown key in ``a.b=1``, but ``+a.b=1`` adds it anyway, and
-``OmegaConf.to_object`` then drops it without a word: the run would start with a setting that
-nothing reads.  :func:`check_known_keys` walks the composed node and refuses every key that the
-dataclass typing its node does not declare.  A node typed as a mapping (e.g.
-``cluster.policy_resources: dict[str, float]``) is open: any key may be added to it.
+``+a.b=1`` adds a key struct mode would refuse, and ``OmegaConf.to_object`` then drops it
+silently; :func:`check_known_keys` refuses such keys.  A node typed as a mapping is open.
 """
 
 from __future__ import annotations

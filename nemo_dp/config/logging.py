@@ -1,10 +1,7 @@
 """Structured-config schemas of the experiment trackers under ``logger`` (TensorBoard, W&B, MLflow).
 
-They live apart from ``nemo_dp.config.schema`` so that the tracker options and the code that
-reads them (``nemo_dp.training.trackers``) change together; ``LoggerConfig`` holds one field per
-tracker.  Every tracker is off by default, writes inside the run directory by default and never
-needs the network unless the user asks for it (``logger.wandb.mode=online``, a remote
-``logger.mlflow.tracking_uri``).
+Every tracker is off by default, writes inside the run directory and needs the network only when
+asked (``logger.wandb.mode=online``, a remote ``logger.mlflow.tracking_uri``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Structured-config schemas of the ``policy`` group options: ``tiny`` and ``hf``.
 
-Why this module exists: each ``conf/policy/<kind>.yaml`` is typed by its own schema, so an
-unknown key or an illegal value fails at compose / validate time naming the key.  Both extend
-the shared ``PolicyConfig`` (worker group, optimizer, batching) with ``kind`` (which builder of
-``nemo_dp.models.builders`` runs) and ``device``; ``hf`` adds the checkpoint keys and replaces
-the tiny model's shape by a sequence-length bound.  File-system checks of an ``hf`` node
-(paths, architecture, tokenizer) are not schema rules: ``nemo_dp.models.hf.validate_hf_policy``
-runs them before Ray starts.
-
-Registration: ``register_policy_configs()`` stores ``policy_tiny_schema`` and ``policy_hf_schema`` at the
-root of Hydra's ConfigStore (not as options of group ``policy``, so ``--help`` does not offer
-them); ``conf/policy/<kind>.yaml`` extends its schema with ``- /policy_<kind>_schema@_here_``.
+Both extend ``PolicyConfig`` with ``kind`` and ``device``; ``hf`` adds checkpoint keys.  The
+schemas are stored at the ConfigStore root (so ``--help`` does not offer them) and each
+``conf/policy/<kind>.yaml`` extends ``/policy_<kind>_schema@_here_``.  File-system checks of an
+``hf`` node run in ``nemo_dp.models.hf.validate_hf_policy``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The ``policy.precision`` names and their ``policy.dtype`` aliases (no other imports, so the
-model layer can resolve a precision without loading the config schemas)."""
+"""The ``policy.precision`` names and their ``policy.dtype`` aliases.
+
+No other imports, so the model layer can resolve a precision without loading the schemas.
+"""
 
 from __future__ import annotations
 

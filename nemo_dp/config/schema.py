@@ -1,12 +1,8 @@
 """Structured-config schemas for every Hydra config group except ``data_plane``.
 
-The YAML files under ``conf/`` carry the values; these dataclasses carry the types and the
-rules.  Hydra composes in struct mode against them, so an unknown key or a value of the wrong
-type fails at compose time naming the full key; rules OmegaConf cannot express (ranges, legal
-string values, cross-field constraints) run in ``__post_init__``, i.e. when
-``nemo_dp.config.validate_config`` converts the composed node with ``OmegaConf.to_object``, and
-raise ``ValueError`` naming the full key and the legal values.  All of this happens before any
-process starts.  The ``data_plane`` schemas live in ``nemo_dp.data_plane.interfaces``.
+Hydra composes in struct mode against these dataclasses (unknown keys and wrong types fail
+naming the key); ranges and cross-field rules run in ``__post_init__`` when ``validate_config``
+converts the node.  The ``data_plane`` schemas live in ``nemo_dp.data_plane.interfaces``.
 """
 
 from __future__ import annotations
@@ -79,9 +75,7 @@ def _one_of(key: str, value: Any, legal: Sequence[Any]) -> None:
         _fail(key, f"got {value!r}; legal values: {list(legal)}")
 
 
-# ---------------------------------------------------------------------------------------------
-# policy
-# ---------------------------------------------------------------------------------------------
+# --- policy ---
 
 
 @dataclass
@@ -260,9 +254,7 @@ def train_micro_batch_rows(policy_cfg: Any) -> int:
     return int(policy_cfg.train_global_batch_size) // int(policy_cfg.dp_size)
 
 
-# ---------------------------------------------------------------------------------------------
-# algorithm
-# ---------------------------------------------------------------------------------------------
+# --- algorithm ---
 
 
 def _check_common_algorithm(cfg: Any, expected_name: str) -> None:
@@ -462,9 +454,7 @@ class PPOConfig:
         _check_rl_root(self, root)
 
 
-# ---------------------------------------------------------------------------------------------
-# env, cluster, logger, checkpointing
-# ---------------------------------------------------------------------------------------------
+# --- env, cluster, logger, checkpointing ---
 
 
 @dataclass

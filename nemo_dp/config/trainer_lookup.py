@@ -1,8 +1,7 @@
 """Which trainer serves a config: the (algorithm, data plane) lookup over the algorithm table.
 
-The lookup names trainers by their ``"module:function"`` targets and imports none of them, so
-config validation (``validate_config``) can run it before any process starts;
-:mod:`nemo_dp.algorithms.selection` imports the trainer it names.
+Trainers are named by ``"module:function"`` and not imported, so validation can run the lookup
+before any process starts.
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
-"""nemo_dp.data: the built-in arithmetic task, users' jsonl datasets (prompt/response and chat
-``messages``), their rendering to token ids with an exact loss mask, and the check that every
-configured dataset is usable before Ray starts (``nemo_dp.data.validation``)."""
+"""nemo_dp.data: the arithmetic task, users' datasets, rendering to token ids with an exact loss
+mask, and the dataset check before Ray starts (``nemo_dp.data.validation``).
+"""

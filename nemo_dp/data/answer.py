@@ -1,10 +1,7 @@
 """A reference answer that carries its dataset row to the reward functions.
 
-Rollouts pass each row's reference answer (a string) from the driver to wherever rewards are
-computed, on the driver or in a worker. ``Answer`` is that string plus what a user's reward
-function is called with besides the completion: the row's prompt as the dataset holds it (text
-or a conversation) and the row's other columns, by their names in the dataset. Built-in rewards
-use it as the plain string it is.
+``Answer`` is the answer string plus what a user's reward function receives besides the
+completion (the row's prompt and other columns); built-in rewards use it as a plain string.
 """
 
 from __future__ import annotations
@@ -52,8 +49,5 @@ def with_row(answer: str, prompt: Any, *, chat: bool = False, columns: Mapping[s
         prompt: The row's prompt (text, or turns for chat data).
         chat: Whether the row is chat data.
         columns: The row's other columns.
-
-    Returns:
-        The answer.
     """
     return Answer(answer, prompt=prompt, chat=chat, columns=columns if columns is not None else {"answer": answer})

@@ -1,8 +1,7 @@
 """Built-in arithmetic task: verifiable problems such as ``"37+5="`` -> ``"42"``.
 
-Problems are generated deterministically from a seed. The problem space is partitioned into
-train and eval by a stable hash of ``(a, op, b)``, so the eval set is disjoint from every train
-set by construction (whatever the seeds or sizes), which keeps held-out accuracy honest.
+Problems are generated from a seed; train and eval are split by a stable hash of ``(a, op, b)``,
+so the eval set is disjoint from every train set whatever the seeds or sizes.
 """
 
 from __future__ import annotations
@@ -63,9 +62,6 @@ def make_problem(a: int, op: str, b: int) -> Problem:
         a: Left operand (non-negative).
         op: One of ``SUPPORTED_OPERATORS``.
         b: Right operand (non-negative).
-
-    Returns:
-        The problem.
 
     Raises:
         ValueError: If the operator is unsupported or an operand is negative.

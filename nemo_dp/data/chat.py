@@ -1,25 +1,10 @@
 """Rendering examples to token ids with an exact loss mask.
 
-Two example shapes reach the SFT collator: a ``(prompt, response)`` pair and a
-``ChatExample`` (a conversation of ``{role, content}`` turns). Both become token ids plus a
-per-token loss mask that is 1 exactly on what the model should learn to produce: the
-assistant's content and the end-of-turn token.
-
-* **Plain concatenation** (pairs always; conversations when the tokenizer has no chat
-  template): ``[bos] + content_1 + content_2 + ...``, each assistant turn followed by
-  ``eos``. A pair ``(p, r)`` is the conversation ``[user: p, assistant: r]``, i.e.
-  ``[bos] + p + r + [eos]``, the layout the built-in task has always used.
-* **Chat template** (conversations, tokenizer with a template): the conversation is rendered
-  by the template, split at turn boundaries found by rendering each prefix (with
-  ``add_generation_prompt=True`` before every assistant turn), and each piece is tokenized on
-  its own so that no token straddles a boundary. In an assistant piece the mask covers the
-  tokens up to and including the first ``eos``; the template's text after it (a newline, say)
-  is not learned. A piece with no ``eos`` is learned whole and ``eos`` is appended, so the
-  model still learns to stop. The leading piece is encoded like an RL prompt
-  (``encode_prompt_text``): bos is prepended when the tokenizer has one and the template's
-  text does not already start with it, so SFT and RL sequences begin alike.
-
-RL prompts given as conversations render to text the same way (``render_prompt``).
+Pairs ``(p, r)`` and ``ChatExample`` conversations become token ids plus a mask that is 1 exactly
+on assistant content and its end-of-turn token.  Without a chat template this is plain
+concatenation (``[bos] + p + r + [eos]``); with one, the rendered text is split at turn boundaries
+and each piece tokenized on its own, so no token straddles a boundary.  RL prompts given as
+conversations render the same way (``render_prompt``).
 """
 
 from __future__ import annotations
@@ -158,9 +143,6 @@ def encode_prompt_text(text: str, tokenizer: Any) -> list[int]:
     Args:
         text: The text.
         tokenizer: The tokenizer.
-
-    Returns:
-        The ids.
     """
     encode_prompt = getattr(tokenizer, "encode_prompt", None)
     if callable(encode_prompt):
@@ -199,9 +181,6 @@ def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExampl
         example: A ``(prompt, response)`` pair or a ``ChatExample``.
         tokenizer: A ``TextTokenizer`` (with a chat template, conversations use it).
 
-    Returns:
-        The tokenized example.
-
     Raises:
         TypeError: If ``example`` is neither shape.
         ChatTemplateError: If the template cannot be split exactly at turn boundaries.
@@ -225,9 +204,6 @@ def render_prompt(messages: Sequence[Message], tokenizer: Any | None) -> str:
         tokenizer: A tokenizer; with a chat template the text is the template's rendering with
             ``add_generation_prompt=True``, otherwise (or when None) the turns' contents
             concatenated.
-
-    Returns:
-        The prompt text.
 
     Raises:
         ChatTemplateError: If the template does not return text.

@@ -1,9 +1,4 @@
-"""Which dataset column holds each field the data layer reads (``env.columns``).
-
-A user's dataset may name its columns after its own task ("question", "solution"); the data
-layer reads them through this mapping, whose defaults are the names the project has always
-used.
-"""
+"""Which dataset column holds each field the data layer reads (``env.columns``)."""
 
 from __future__ import annotations
 
@@ -39,9 +34,6 @@ def columns_of(env_cfg: Any) -> Columns:
 
     Args:
         env_cfg: The ``env`` node (dataclass or DictConfig).
-
-    Returns:
-        The mapping.
     """
     node = getattr(env_cfg, "columns", None)
     if node is None:

@@ -1,11 +1,7 @@
 """Datasets, a resumable epoch loader, and the SFT collator.
 
-SFT examples are ``(prompt, response)`` pairs or ``ChatExample`` conversations; the collator
-tokenizes both through ``nemo_dp.data.chat`` so the loss mask is exact for either.
-
-The loader's order depends only on (seed, epoch), and its whole position is a small
-``state_dict`` (epoch + cursor), so a run resumed from a checkpoint sees exactly the batches
-the uninterrupted run would have seen.
+The loader's order depends only on (seed, epoch) and its position is a small ``state_dict``, so a
+resumed run sees exactly the batches the uninterrupted run would have seen.
 """
 
 from __future__ import annotations

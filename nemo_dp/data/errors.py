@@ -1,9 +1,7 @@
 """Typed errors for dataset problems, so callers can map them to a config key and a file line.
 
-A ``DatasetError`` carries where the problem is (config key, file, line, field) as attributes and
-renders them in one fixed order in its message; tools and tests read the attributes instead of
-parsing messages. ``UnknownCharacterError`` is what a fixed-vocabulary tokenizer raises for text
-it cannot encode; it names the character so a dataset check can point at the line holding it.
+``DatasetError`` carries key, file, line and field as attributes (rendered in a fixed order);
+``UnknownCharacterError`` names a character a fixed-vocabulary tokenizer cannot encode.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Chat jsonl rows whose messages hold images: parsing, path resolution and image checks.
 
-A row's ``messages`` is a list of ``{"role", "content"}`` turns whose ``content`` is a string or
-a list of parts: ``{"type": "text", "text": "..."}`` and ``{"type": "image", "image":
-"<path>"}``.  Image paths are relative to the jsonl file (absolute paths are kept).  An RL row
-also has an ``answer`` (string or integer); an SFT row's last turn is the assistant's.
-
-Every image is opened and decoded when the rows are parsed, so a missing or unreadable image
-fails before anything starts, with a :class:`~nemo_dp.data.errors.DatasetError` naming the
-config key, ``file:line``, the field (``messages[0].content[1].image``) and the path.  Rows keep
-resolved paths; :meth:`ImageChatRow.messages_with_images` loads the images as RGB ``PIL``
-images for a processor.  :func:`parse_image_messages` checks one row's ``messages`` and is what
-a dataset reader calls per row; :func:`load_image_jsonl` reads a whole file.
+Content parts are ``{"type": "text", ...}`` or ``{"type": "image", "image": "<path>"}`` (paths
+relative to the jsonl file).  Every image is decoded at parse time, so a bad one fails before
+anything starts with a ``DatasetError`` naming key, ``file:line``, field and path.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Loading user datasets from jsonl files, with the file, line and field of any fault.
 
-SFT lines are either ``{"prompt": str, "response": str}`` or
-``{"messages": [{"role": ..., "content": ...}, ...]}`` (a conversation whose last turn is the
-assistant's; loss on assistant turns only). RL lines are ``{"prompt": str, "answer": ...}`` or
-``{"messages": [...], "answer": ...}`` (the prompt conversation, its last turn not the
-assistant's); the answer is a string or an integer. ``columns`` renames the fields
-(``env.columns``). Blank lines are skipped, a UTF-8 byte-order mark is accepted and extra fields
-ignored; an empty prompt or response is refused. Anything else raises ``DatasetError`` naming
-the file, the line and the field, before training starts.
+SFT lines: ``{"prompt", "response"}`` or ``{"messages"}``; RL lines: ``{"prompt"|"messages",
+"answer"}``.  ``columns`` renames fields (``env.columns``); blank lines, a BOM and extra fields are
+accepted, empty prompts or responses refused.  Faults raise ``DatasetError`` before training.
 """
 
 from __future__ import annotations
@@ -187,9 +182,6 @@ def sft_example(line: RowFields, col: Columns) -> SFTExample:
         line: The record.
         col: The fields' names.
 
-    Returns:
-        The example.
-
     Raises:
         DatasetError: On a missing, mistyped or empty field, or a conversation not ending with
             the assistant.
@@ -241,9 +233,6 @@ def render_rl_prompt(line: RowFields, col: Columns, messages: tuple[Message, ...
         col: The fields' names.
         messages: Its prompt conversation.
         tokenizer: Renders with its chat template when it has one.
-
-    Returns:
-        The prompt text.
 
     Raises:
         DatasetError: The chat template cannot render it.

@@ -1,8 +1,4 @@
-"""Multimodal batch values: ``PackedTensor`` (per-sample tensors packed when the model uses them).
-
-The class lives in ``nemo_dp.utils.packed_tensor`` so that the batch container and the data
-plane, which sit below ``nemo_dp.data``, can handle it; this module is its public home.
-"""
+"""Public home of ``PackedTensor`` (defined in ``nemo_dp.utils.packed_tensor``, below this layer)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """What the data layer needs from a tokenizer, stated as a protocol.
 
-The data layer renders and tokenizes examples for any tokenizer that offers these few members:
-the project's character tokenizer and HuggingFace tokenizers (through the model layer's
-wrapper) both do; the model layer's ``Tokenizer`` protocol is a superset of these. A
-tokenizer *has a chat template* when it exposes a non-empty ``chat_template`` string and an
-``apply_chat_template(messages, add_generation_prompt)`` method returning the rendered text;
-otherwise conversations are rendered by plain concatenation (see ``nemo_dp.data.chat``).
+A tokenizer has a chat template when it exposes a non-empty ``chat_template`` and
+``apply_chat_template(messages, add_generation_prompt)``; otherwise conversations are rendered by
+plain concatenation (``nemo_dp.data.chat``).
 """
 
 from __future__ import annotations

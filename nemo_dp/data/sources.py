@@ -1,17 +1,10 @@
-"""The datasets a configuration names, built in one place for training and for the check
-before Ray starts.
+"""The datasets a configuration names, built in one place for training and for the pre-Ray check.
 
-Each dataset is either a user's data (``env.sft_data``, ``env.rl_data``, ``env.val_data``; the
-older ``env.*_jsonl`` names still work) opened through ``nemo_dp.data.tables`` (jsonl, json,
-parquet or csv files, globs, ``save_to_disk`` directories; columns renamed by ``env.columns``),
-or the built-in arithmetic generator sized by an ``algorithm`` key, presented plain or, with
-``env.format=chat``, as one-turn conversations (rendered by the tokenizer's chat template).
-``DataSource`` says which, names the config key a user would change, and reads the rows
-lazily from the memory-mapped table; tables are cached per process, so the preflight check
-(``nemo_dp.data.validation``) and the trainer inputs share one parse of the same rows. RL rows
-carry their dataset row with the answer (``nemo_dp.data.answer``) for reward functions. A
-jsonl file whose ``messages`` hold image parts is read by ``nemo_dp.data.image_sources``
-instead (rows carry image paths, for ``policy=hf_vlm``).
+A ``DataSource`` is a user's data (``env.sft_data`` / ``rl_data`` / ``val_data``, or the older
+``*_jsonl`` names, opened through ``nemo_dp.data.tables``) or the built-in arithmetic generator,
+names the config key to change, and reads rows lazily.  Tables are cached per process, so the
+check and the trainer inputs share one parse.  A jsonl file whose ``messages`` hold image parts
+is read by ``nemo_dp.data.image_sources`` instead (rows carry image paths, for ``policy=hf_vlm``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """A user's dataset opened through the ``datasets`` library, checked once, read lazily.
 
-``env.sft_data`` / ``env.rl_data`` / ``env.val_data`` name a jsonl, json, parquet or csv file, a
-glob of such files, or a directory written by ``Dataset.save_to_disk`` (``env.split`` picks the
-split of a saved ``DatasetDict``). ``datasets`` converts files into its Arrow cache once and
-memory-maps it, so rows are read on access, not held as Python lists. Every row is checked
-before training (the same field rules as the jsonl reader, ``nemo_dp.data.jsonl``); a jsonl
-file's errors name its file:line (the jsonl reader is rerun to find it), other tables' name the
-row index. Opened tables are kept per process, keyed by the files' paths, sizes and times, so
-the check before Ray starts and the trainers' inputs share one parse.
+Accepts jsonl/json/parquet/csv files, globs, or a ``save_to_disk`` directory (``env.split``).
+Every row is checked with the jsonl reader's rules (jsonl errors name file:line, others the row
+index).  Opened tables are cached per process, keyed by paths, sizes and mtimes.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Check every configured dataset on the driver before Ray starts.
 
-A dataset problem found inside a Ray worker costs the user the cluster start-up and names no
-config key. ``validate_datasets`` opens, parses, tokenizes and length-checks each dataset the
-run will use (the training set of every phase, warm start included, and the held-out set)
-with the run's tokenizer, and raises ``DatasetError`` naming the config key, the file:line and
-the field at fault, and the key to change. It loads rows through ``nemo_dp.data.sources``,
-the same code the trainers use, so the check and the run cannot disagree.
+``validate_datasets`` opens, tokenizes and length-checks every dataset the run uses through
+``nemo_dp.data.sources`` (the trainers' own code), raising ``DatasetError`` naming the key,
+file:line and field.
 """
 
 from __future__ import annotations

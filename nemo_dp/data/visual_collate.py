@@ -1,10 +1,8 @@
 """SFT batches with images: token ids with expanded image placeholders, plus the images.
 
-``collate_sft`` hands a batch of ``VisualSFTExample`` (the built-in visual task) or
-``ImageSFTExample`` (a user's image jsonl) here.  Each example is rendered and
-encoded as a generation prompt (``add_generation_prompt``), so the tokens an SFT step learns
-follow exactly the prompt a rollout samples from; the response and its eos are the learned
-tokens.  The images travel as ``PackedTensor`` columns, one entry per row.
+Examples are ``VisualSFTExample`` (the built-in visual task) or ``ImageSFTExample`` (a user's
+image jsonl).  Each is encoded as a generation prompt, so SFT learns exactly what a rollout
+samples after; images travel as ``PackedTensor`` columns.
 """
 
 from __future__ import annotations

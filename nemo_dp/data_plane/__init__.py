@@ -1,7 +1,7 @@
 """The data plane: a per-sample key/value store for bulk tensors, and the helpers around it.
 
-Public names resolve lazily (PEP 562) so that ``import nemo_dp.data_plane`` stays cheap and
-never imports Ray or TransferQueue; adapters are loaded only by the factory, when used.
+Public names resolve lazily (PEP 562), so importing the package never imports Ray or
+TransferQueue; adapters are loaded only by the factory.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Whole-column batches: the form a loader puts and the Local adapter hands back.
 
-The Local adapter stores a non-tensor column as one ``NonTensorData`` leaf, wire backends one
-value per row.  :func:`is_local_batch_meta` tells the two apart, :func:`local_batch_to_tensordict`
-builds a whole-column put and :func:`materialize_for_meta` reads either form, for helpers that
-must not import an adapter.
+Local stores a non-tensor column as one ``NonTensorData`` leaf, wire backends one value per row;
+these helpers build and read either form without importing an adapter.
 """
 
 from __future__ import annotations
@@ -101,9 +99,7 @@ def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> 
     return TensorDict(leaves, batch_size=(batch_size,))
 
 
-# ---------------------------------------------------------------------------------------------
-# validation helpers
-# ---------------------------------------------------------------------------------------------
+# --- validation helpers ---
 
 
 def materialize_for_meta(

@@ -1,15 +1,9 @@
 """Layout transforms between trainer rectangles and what travels through the data plane.
 
-Per-token fields are stored as jagged nested tensors so that padding is paid only when a
-consumer materialises rectangles, and object columns travel as per-row non-tensor values.
-This module is the single place where those layouts are produced (``pack_jagged_fields``) and
-undone (``materialize`` for wire reads, ``materialize_local`` for Local-adapter reads).  It
-never imports Ray or TransferQueue.
-
-Performance note: building and padding jagged tensors uses one of two vectorised paths chosen
-by the average row size: boolean-mask gather/scatter for many short rows, and contiguous row
-slices (``torch.cat`` / ``to_padded_tensor``) for few long rows, where slicing is several times
-faster than a mask over the whole rectangle.
+Per-token fields travel as jagged nested tensors (padding is paid only on materialisation) and
+object columns as per-row values: ``pack_jagged_fields`` produces them, ``materialize`` /
+``materialize_local`` undo them.  Two vectorised paths are chosen by average row size (mask
+gather for many short rows, row slices for few long ones).  Never imports Ray or TransferQueue.
 """
 
 from __future__ import annotations
@@ -79,9 +73,7 @@ def pad_value_for(field_name: str, pad_value_dict: Mapping[str, float | int] | N
     return 0
 
 
-# ---------------------------------------------------------------------------------------------
-# Jagged construction
-# ---------------------------------------------------------------------------------------------
+# --- Jagged construction ---
 
 
 def _as_length_tensor(lengths: torch.Tensor | Sequence[int], n: int) -> torch.Tensor:
@@ -331,9 +323,7 @@ def pack_jagged_fields(
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Materialisation
-# ---------------------------------------------------------------------------------------------
+# --- Materialisation ---
 
 
 def jagged_rows(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -395,11 +385,9 @@ def _right_pad(t: torch.Tensor, width: int, pad: float | int) -> torch.Tensor:
 def unwrap_wire_stripped_payload(item: Any) -> Any:
     """The payload of one non-tensor row as read from the wire (``None`` if it was stripped).
 
-    TransferQueue serialises a ``TensorDictBase`` by its tensor items only; a per-row
-    ``NonTensorData`` keeps its payload outside them, so a row can arrive as an empty
-    ``TensorDict({}, batch_size=[])``.  Exactly that signature becomes ``None`` (as in the
-    reference); an object still carrying its ``NonTensorData`` payload is unwrapped; anything
-    else - including a ``TensorDict`` with keys or a batch dimension - is returned unchanged.
+    TransferQueue serialises a ``TensorDictBase`` by its tensor items only, so a per-row
+    ``NonTensorData`` can arrive as an empty ``TensorDict({}, batch_size=[])``: exactly that
+    becomes ``None``; a ``NonTensorData`` is unwrapped; anything else is returned unchanged.
 
     Args:
         item: One row of a ``NonTensorStack`` (``tolist()`` element) or a ``NonTensorData``
@@ -513,15 +501,11 @@ def materialize(
 ) -> BatchedDataDict:
     """Turn a wire read (TransferQueue or per-row layout) into trainer columns.
 
-    Per top-level key: ``NonTensorStack`` -> 1-D object array (a row stripped on the wire, an
-    empty ``TensorDict``, becomes ``None``: ``unwrap_wire_stripped_payload``), except that a
-    column whose rows are all one-entry ``PackedTensor``s becomes one ``PackedTensor`` column
-    (the form ``pack_jagged_fields`` writes); ``NonTensorData``
-    -> one-row object array (only for a batch of one); nested tensors -> padded rectangles (pad value
-    from ``pad_value_dict``, default 0) or unchanged for ``layout="jagged"``; with
-    ``pad_to_seqlen > 0`` every non-nested tensor of dim >= 2 narrower than the target is
-    right-padded along dim 1 to exactly the target (never truncated; 1-D untouched).  Dtypes
-    are preserved.
+    ``NonTensorStack`` -> 1-D object array (stripped rows ``None``), or one ``PackedTensor``
+    column when every row is a one-entry ``PackedTensor``; ``NonTensorData`` -> one-row object
+    array; nested tensors -> padded rectangles (or unchanged for ``layout="jagged"``).  With
+    ``pad_to_seqlen > 0`` tensors of dim >= 2 are right-padded along dim 1 to the target (never
+    truncated).  Dtypes are preserved.
 
     Args:
         td: The TensorDict returned by ``get_data``/``get_samples``.
@@ -548,13 +532,10 @@ def materialize_local(
     pad_value_dict: Mapping[str, float | int] | None = None,
     pad_to_seqlen: int = 0,
 ) -> BatchedDataDict:
-    """Turn a Local-adapter read into trainer columns.
+    """Turn a Local-adapter read into trainer columns (not interchangeable with ``materialize``).
 
-    Tensor and ``NonTensorStack`` leaves follow the ``materialize`` rules; each
-    ``NonTensorData`` leaf is a whole column and is unwrapped to its Python value (the stored
-    list, ``PackedTensor`` or dict column), which must hold exactly N rows (a dict column: each
-    of its values); a list of one-entry PackedTensors becomes one ``PackedTensor`` column, as
-    in ``materialize``.  Not interchangeable with ``materialize``.
+    As ``materialize``, except that each ``NonTensorData`` leaf is a whole column, unwrapped to
+    its Python value, which must hold exactly N rows.
 
     Args:
         td: The TensorDict returned by ``LocalDataPlaneClient.get_data``/``get_samples``.

@@ -1,10 +1,7 @@
 """Column reads and writes between trainer batches and a ``DataPlaneClient``.
 
-Producers, workers and the driver all move columns through these four helpers so that the
-layout rules (jagged per-token fields, per-row object columns, the shared pad target) are
-applied in one place: ``first_write`` mints a batch, ``write_columns`` adds columns under the
-same ids, ``read_columns`` fetches rectangles.  Works with any adapter; chooses the Local
-reader by the meta's generation key.
+``first_write`` mints a batch, ``write_columns`` adds columns under the same ids,
+``read_columns`` fetches rectangles; the layout rules are applied here once, for any adapter.
 """
 
 from __future__ import annotations
@@ -39,9 +36,6 @@ def round_up(value: int, multiple: int) -> int:
     Args:
         value: The value to round.
         multiple: The granularity.
-
-    Returns:
-        The rounded value.
     """
     value = int(value)
     multiple = int(multiple)

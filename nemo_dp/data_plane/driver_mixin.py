@@ -1,10 +1,8 @@
 """Driver-side data-plane methods of the policy / value façades (``TQDriverMixin``).
 
-Each model dispatch gets planner arguments from the policy config, a *fresh* global pad target
-(a target stamped once on a shared meta would leak from the policy into the critic, across PPO
-epochs and into concatenated metas) and leaves the caller's meta untouched;
-``stamp_placed_metas`` stamps one target over several DP ranks' placed metas.  Nothing here
-imports Ray or TransferQueue.
+Each model dispatch gets a fresh global pad target on an isolated copy of the meta (a target
+stamped on a shared meta would leak between policy and critic and across PPO epochs).  Nothing
+here imports Ray or TransferQueue.
 """
 
 from __future__ import annotations
@@ -87,10 +85,8 @@ def isolated_copy(
 ) -> KVBatchMeta:
     """A copy of ``meta`` with narrowed ``fields``/``task_name`` and no inherited pad target.
 
-    Every container is fresh (ids, fields, lengths, tags and each tag dict, the top-level
-    ``extra_info`` dict; tag dicts are deep copies); ``extra_info`` values are shared (shallow
-    copy) except
-    ``global_forward_pad_seqlen``, which is dropped.  No target is stamped here.
+    Containers and tag dicts are fresh; other ``extra_info`` values are shared, except
+    ``global_forward_pad_seqlen``, which is dropped.
 
     Args:
         meta: The source meta (never mutated).
@@ -98,9 +94,6 @@ def isolated_copy(
         task_name: The task name of the copy.
         keep_tags: ``False`` leaves the per-row tags out (``tags=None``): a dispatch to the
             workers, which never read tags, then neither deep-copies nor ships them.
-
-    Returns:
-        The new meta.
     """
     extra = {k: v for k, v in meta.extra_info.items() if k != GLOBAL_FORWARD_PAD_SEQLEN}
     return KVBatchMeta(
@@ -130,9 +123,6 @@ def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> in
     Args:
         metas: One meta per DP rank; each needs ``sequence_lengths``.
         seq_round: The dynamic-batching sequence-length rounding (1 = none).
-
-    Returns:
-        The pad target.
 
     Raises:
         ValueError: No metas, a meta without ``sequence_lengths``, no rows at all, or
@@ -165,10 +155,8 @@ def stamp_placed_metas(
 ) -> list[KVBatchMeta]:
     """New metas, one per input, all carrying one fresh pad target (``placed_pad_target``).
 
-    The inputs are never mutated; each output is an ``isolated_copy`` (same fields and task
-    name, fresh containers, inherited target dropped) stamped with the shared target.  Other
-    ``extra_info`` entries (Local generation, ``pad_to_multiple``, a producer's micro-batch
-    plan) travel unchanged.
+    Each output is an ``isolated_copy`` stamped with the shared target; other ``extra_info``
+    entries travel unchanged.
 
     Args:
         metas: One meta per DP rank, in rank order.
@@ -192,19 +180,10 @@ def stamp_placed_metas(
 class TQDriverMixin:
     """Driver-side metadata helpers for façades that dispatch ``KVBatchMeta`` shards.
 
-    The host class provides:
-
-    * ``use_dynamic_batches`` / ``use_sequence_packing`` (optional bools): when set they decide
-      whether each mode is on; otherwise the mode's ``cfg[...]["enabled"]`` does, and a missing
-      ``dynamic_batching`` / ``sequence_packing`` section means off.
-    * ``cfg``: the policy config (mapping, ``DictConfig`` or dataclass), read without defaults:
-      ``dynamic_batching.{enabled, train_mb_tokens | logprob_mb_tokens,
-      sequence_length_round}`` and ``sequence_packing.{enabled, train_mb_tokens |
-      logprob_mb_tokens, algorithm, sequence_length_pad_multiple, microbatch_order}``, each
-      only when its mode needs it; a missing key raises ``KeyError`` naming its dotted path.
-    * ``dp_client``: the driver's ``DataPlaneClient`` (``read_from_dataplane`` /
-      ``write_to_dataplane``).
-    * ``dp_size``: the number of data-parallel ranks (``_shard_meta``).
+    The host provides ``cfg`` (the policy config; the ``dynamic_batching`` /
+    ``sequence_packing`` keys a mode needs are read without defaults, a missing one raising
+    ``KeyError`` naming it), ``dp_client``, ``dp_size`` and optionally the bools
+    ``use_dynamic_batches`` / ``use_sequence_packing`` overriding ``cfg``.
     """
 
     cfg: Any
@@ -287,10 +266,8 @@ class TQDriverMixin:
     def _stamp_pad_seqlen(self, meta: KVBatchMeta) -> None:
         """Stamp ``extra_info["global_forward_pad_seqlen"]`` in place (idempotent).
 
-        No-op when ``meta.sequence_lengths`` is ``None``, when the meta holds no rows, or when a
-        target is already present.  Otherwise the target is ``round_up(max(lengths),
-        lcm(pad_to_multiple, seq_round))`` with ``pad_to_multiple`` from ``extra_info``
-        (default 1) and ``seq_round`` the dynamic-batching rounding (1 when disabled).
+        The target is ``round_up(max(lengths), lcm(pad_to_multiple, seq_round))``; no-op without
+        lengths, without rows, or when a target is already present.
 
         Args:
             meta: The meta to stamp.
@@ -325,9 +302,6 @@ class TQDriverMixin:
             fields: Fields the dispatch fetches.
             task_name: Task name of the dispatch.
             keep_tags: ``False`` drops the per-row tags (see ``isolated_copy``).
-
-        Returns:
-            The new meta.
         """
         out = isolated_copy(meta, fields=fields, task_name=task_name, keep_tags=keep_tags)
         self._stamp_pad_seqlen(out)

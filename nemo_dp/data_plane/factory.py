@@ -1,10 +1,8 @@
 """Turn a ``data_plane`` config into its dataclass, its environment knobs and its client.
 
-Every backend-specific decision comes from the backend registry (``nemo_dp.data_plane.registry``);
-this module compares no kind strings of its own.  There is no no-op client and no fallback: a
-disabled config never yields a client.  ``select_sync_trainer`` and ``make_policy_factory`` are also
-importable from here; they live in :mod:`nemo_dp.algorithms.selection` (a higher layer, imported
-on first use; the layers contract lists this one edge).
+Backend decisions come from the registry (``nemo_dp.data_plane.registry``); there is no no-op
+client and no fallback.  ``select_sync_trainer`` and ``make_policy_factory`` are re-exported
+from :mod:`nemo_dp.algorithms.selection` (imported on first use).
 """
 
 from __future__ import annotations
@@ -153,9 +151,7 @@ def coerce_data_plane_config(
     return _convert_mapping(cfg, registry.backend(kind).schema)
 
 
-# ---------------------------------------------------------------------------------------------
-# clients and environment
-# ---------------------------------------------------------------------------------------------
+# --- clients and environment ---
 
 
 def data_plane_supports_checkpointing(cfg: Any) -> bool:

@@ -1,9 +1,7 @@
 """The data-plane contract: ``KVBatchMeta``, the ``DataPlaneClient`` ABC and the config schemas.
 
-Everything above this module (helpers, mixins, trainers) talks to a store only through the
-abstract client defined here, and everything below it (the adapters) implements it.  The module
-must stay importable without Ray, TransferQueue, torch or tensordict: configuration code and the
-Hydra schemas import it in processes that never touch a tensor.
+Must stay importable without Ray, TransferQueue, torch or tensordict: config code and the Hydra
+schemas import it in processes that never touch a tensor.
 """
 
 from __future__ import annotations
@@ -46,17 +44,14 @@ class DataPlaneUnavailableError(TimeoutError):
 
 
 class PartitionLimitError(RuntimeError):
-    """``register_partition`` found the store at its bound of live partitions.
+    """``register_partition`` found the store at its bound of live partitions; nothing was registered.
 
-    A subclass of ``RuntimeError`` (what the adapters raised before the type existed), so
-    existing ``except RuntimeError`` handlers keep working; callers that want to wait for a slot
-    catch this type instead of matching the message.  Nothing was registered.
+    A ``RuntimeError`` subclass, so ``except RuntimeError`` handlers still catch it; callers that
+    want to wait for a slot catch this type instead of matching the message.
     """
 
 
-# ---------------------------------------------------------------------------------------------
-# KVBatchMeta
-# ---------------------------------------------------------------------------------------------
+# --- KVBatchMeta ---
 
 
 def _to_python_scalar(value: Any) -> Any:
@@ -238,9 +233,7 @@ class KVBatchMeta:
         return out
 
 
-# ---------------------------------------------------------------------------------------------
-# DataPlaneClient
-# ---------------------------------------------------------------------------------------------
+# --- DataPlaneClient ---
 
 
 class DataPlaneClient(abc.ABC):
@@ -326,9 +319,7 @@ class DataPlaneClient(abc.ABC):
         """Release resources; idempotent."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Configuration schemas (Hydra structured configs)
-# ---------------------------------------------------------------------------------------------
+# --- Configuration schemas (Hydra structured configs) ---
 
 
 def _fail(key: str, message: str) -> None:

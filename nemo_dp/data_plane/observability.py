@@ -1,11 +1,7 @@
 """Timing, byte accounting and per-step metrics for any ``DataPlaneClient``.
 
-The data plane moves the bulk of every training step, so its cost has to be visible without
-changing the adapters: :class:`MetricsDataPlaneClient` wraps a client, times every call with a
-monotonic clock, emits one event per call, keeps cumulative :class:`DataPlaneStats` (including
-the bytes this process still holds in the store) and a per-step window that
-:meth:`MetricsDataPlaneClient.get_step_metrics` turns into fixed metric keys.
-The factory applies the wrapper when ``observability.enabled`` is set.
+:class:`MetricsDataPlaneClient` wraps a client (when ``observability.enabled``), times every call,
+keeps cumulative :class:`DataPlaneStats` and a per-step window reported by ``get_step_metrics``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Driver-side DP sharding of a ``KVBatchMeta``.
 
-The driver never holds the bulk tensors of a data-plane batch, only its meta.  To dispatch a
-batch to DP ranks it runs the ordinary planner (``BatchedDataDict.shard_by_batch_size``) on a
-tiny skeleton built from ``meta.sequence_lengths`` (always under ``input_ids`` /
-``input_lengths``; the packing arguments go to the planner unchanged), then projects the meta
-with each shard's row indices.  The result is pure metadata: no I/O, no new ids, and the microbatch plan every
-rank must follow identically.
+Runs the ordinary planner (``BatchedDataDict.shard_by_batch_size``) on a skeleton built from
+``meta.sequence_lengths`` and projects the meta per shard: pure metadata, no I/O, and the
+micro-batch plan every rank must follow.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Config schema of the Ray object-store data plane (``data_plane=ray``, ``impl: ray_store``).
 
-Kept apart from the adapter (no Ray, no torch) because the backend registry and Hydra's
-ConfigStore need it in processes that never build a client.
+Kept apart from the adapter so the registry and ConfigStore load it without Ray or torch.
 """
 
 from __future__ import annotations

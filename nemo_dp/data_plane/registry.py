@@ -1,10 +1,8 @@
 """The one table of data-plane backends: each backend is registered here exactly once.
 
-A :class:`BackendSpec` holds a backend's Hydra option, config schema, client constructor,
-checkpoint support, reserved Ray CPUs, live-batch limit and whether it carries data between
-processes; callers ask the registry instead of comparing kind strings.  Client constructors are
-``"module:attr"`` names resolved only when a client is built, so importing this module loads no
-adapter.
+A :class:`BackendSpec` holds a backend's Hydra option, schema, client constructor (a
+``"module:attr"`` name resolved only when used), checkpoint support, reserved Ray CPUs, live-batch
+limit and whether it carries data between processes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Names shared by every producer and consumer of the data plane.
-
-Field names, ``KVBatchMeta.extra_info`` keys, tag names, partition and task names live here so
-that a rollout actor, a worker and the driver can never disagree on a spelling.  Standard library
-only: this module is imported everywhere, including by configuration code.
+"""Names shared by every producer and consumer of the data plane (fields, ``extra_info`` keys, tags,
+partitions, tasks).  Standard library only.
 """
 
 from __future__ import annotations

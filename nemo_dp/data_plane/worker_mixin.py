@@ -1,57 +1,10 @@
-"""Worker-side data-plane entrypoints for policy / value workers.
+"""Worker-side data-plane entrypoints for policy / value workers (``TQWorkerMixin``).
 
-Why this module exists: a training worker's compute methods take an in-memory
-``BatchedDataDict``.  On the data-plane path the driver sends only a ``KVBatchMeta`` shard, so
-every DP rank must fetch its rows, pad them to the driver's global target, attach the driver's
-microbatch plan (never re-plan per rank: every rank must run the same micro-batch count), run
-the in-memory method and write results back - exactly once per DP replica (model-parallel
-siblings would hold identical results, so only the replica leader writes).  ``TQWorkerMixin``
-adds those ``*_presharded`` entrypoints to any worker class.  Workers are purely data-parallel
-today: every rank reads its own shard; a model-parallel worker would add a leader fetch plus
-broadcast here.
-
-Hooks the host worker class provides (called by this mixin; exact names and signatures)
--------------------------------------------------------------------------------------------
-In-memory compute (required for the entrypoints that use them):
-
-* ``self.train(data: BatchedDataDict, loss_fn, eval_mode: bool = False, gbs: int | None = None,
-  mbs: int | None = None) -> dict`` - called by ``train_presharded`` as
-  ``self.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)``; returns metrics.
-* ``self.get_logprobs(data: BatchedDataDict, micro_batch_size: int | None = None) -> Mapping``
-  with key ``"logprobs"`` (tensor, rows in ``data`` order) - called as
-  ``self.get_logprobs(data, micro_batch_size=micro_batch_size)``.
-* ``self.get_reference_policy_logprobs(data, micro_batch_size=None) -> Mapping`` with key
-  ``"reference_logprobs"``.
-* ``self.get_values(data, micro_batch_size=None) -> Mapping`` with key ``"values"``.
-* ``get_logprobs_and_reference_presharded`` calls both log-prob hooks on one fetched batch
-  and writes both columns in one put (one store read and one write for the whole stage).
-* ``train_presharded`` first sets the per-row ``advantages`` / ``sample_mask`` a dispatch
-  carried in its shard's ``extra_info["row_values"]`` (``apply_row_values``) on the fetched
-  batch.
-* Split training API (the names ``nemo_dp.models.policy.worker.PolicyWorker`` defines):
-  ``self.begin_train_step(loss_fn, mbs: int | None = None) -> None`` (called with keyword
-  ``mbs`` only), ``self.train_microbatch(data: BatchedDataDict) -> None``,
-  ``self.finish_train_step() -> dict`` and ``self.abort_train_step() -> None`` (idempotent).
-
-Topology and settings (overridable; the mixin's versions defer to a host base class that
-defines the same name - ``getattr(super(), name)`` - so they work whichever side of the host
-the mixin is listed on):
-
-* ``self._local_coords() -> dict[str, int]`` - **required**: this rank's coordinates on
-  ``"tensor_parallel"``, ``"context_parallel"``, ``"pipeline_parallel"`` (missing axes = 0).
-  Without a host definition it raises ``NotImplementedError``.
-* ``self._packing_enabled() -> bool`` - default: ``cfg["dynamic_batching"]["enabled"] or
-  cfg["sequence_packing"]["enabled"]`` read from ``self.cfg`` (mapping or attribute style).
-* ``self._data_plane_pad_values() -> Mapping[str, int | float] | None`` - per-field pad values
-  for materialisation; default: ``make_pad_value_dict(self.pad_id)`` when the host has an int
-  ``pad_id`` attribute, else ``None`` (every field pads with 0).
-
-State this mixin keeps on the instance: ``self.dp_client`` (the worker's
-``DataPlaneClient``, ``None`` until ``setup_data_plane``; a test or host may also assign an
-existing client to it, or to ``self._dp_client``, the same attribute under another name),
-``self.dp_cfg`` and ``self._dp_train_step_active``.
-
-Nothing here imports Ray, TransferQueue or an adapter.
+Each ``*_presharded`` entrypoint fetches the rank's ``KVBatchMeta`` shard, pads it to the
+driver's target, attaches the driver's micro-batch plan (never re-planned per rank), runs the
+host's in-memory method (``train``, ``get_logprobs``, ``get_reference_policy_logprobs``,
+``get_values``, split-training API) and writes results back on the replica leader only.  The host
+must define ``_local_coords()``.  Nothing here imports Ray, TransferQueue or an adapter.
 """
 
 from __future__ import annotations
@@ -150,14 +103,19 @@ def _one_field_name(tq_field: str | None, field: str | None) -> str:
 class TQWorkerMixin:
     """``*_presharded`` entrypoints that fetch a ``KVBatchMeta`` shard from the data plane.
 
-    See the module docstring for the hooks the host class provides.
+    Each entrypoint takes ``meta``, this DP rank's shard; the forward entrypoints also take
+    ``micro_batch_size`` (rows per forward pass without a plan).  The host provides the
+    in-memory methods declared under ``TYPE_CHECKING`` below and ``_local_coords()``;
+    ``_packing_enabled()`` and ``_data_plane_pad_values()`` have defaults that defer to a host
+    base class defining them.  ``self.dp_client`` is set by ``setup_data_plane`` (or assigned
+    directly, also as ``self._dp_client``).
     """
 
     dp_client: DataPlaneClient | None = None
     dp_cfg: Any = None
     _dp_train_step_active: bool = False
 
-    if TYPE_CHECKING:  # the host's hooks (module docstring); never defined here at runtime
+    if TYPE_CHECKING:  # the host's hooks; never defined here at runtime
         cfg: Any
 
         def train(
@@ -283,7 +241,11 @@ class TQWorkerMixin:
         )
 
     def _data_plane_pad_values(self) -> Mapping[str, float | int] | None:
-        """Per-field pad values for materialisation (see the module docstring)."""
+        """Per-field pad values for materialisation.
+
+        A host base class's, else ``make_pad_value_dict(self.pad_id)`` for an int ``pad_id``, else
+        ``None`` (every field pads with 0).
+        """
         parent = getattr(super(), "_data_plane_pad_values", None)
         if parent is not None:
             return parent()
@@ -450,9 +412,8 @@ class TQWorkerMixin:
     ) -> None:
         """Write ``result[result_key]`` as column ``tq_field`` (replica leader only).
 
-        Non-leaders return without looking at ``result`` (e.g. a pipeline stage that does not
-        hold the output); the host must make the full result available on the leader.  The
-        entrypoints call it with ``tq_field=``, so a host may override it with that signature.
+        Non-leaders return without looking at ``result``.  The entrypoints call it with
+        ``tq_field=``, so a host may override it with that signature.
 
         Args:
             meta: The shard the result was computed for.
@@ -511,12 +472,7 @@ class TQWorkerMixin:
     def get_logprobs_presharded(
         self, meta: KVBatchMeta, micro_batch_size: int | None = None
     ) -> None:
-        """Compute log-probs of this rank's shard and write them back as ``prev_logprobs``.
-
-        Args:
-            meta: This DP rank's shard.
-            micro_batch_size: Rows per forward pass (without a plan).
-        """
+        """Log-probs of this rank's shard, written back as ``prev_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="logprobs", tq_field=PREV_LOGPROBS)
@@ -524,13 +480,7 @@ class TQWorkerMixin:
     def get_reference_policy_logprobs_presharded(
         self, meta: KVBatchMeta, micro_batch_size: int | None = None
     ) -> None:
-        """Reference-policy log-probs of this rank's shard, written as
-        ``reference_policy_logprobs``.
-
-        Args:
-            meta: This DP rank's shard.
-            micro_batch_size: Rows per forward pass (without a plan).
-        """
+        """Reference-policy log-probs of this rank's shard, written back as ``reference_policy_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(
@@ -540,17 +490,10 @@ class TQWorkerMixin:
     def get_logprobs_and_reference_presharded(
         self, meta: KVBatchMeta, micro_batch_size: int | None = None
     ) -> None:
-        """Policy and reference log-probs of this rank's shard from ONE read and ONE write.
+        """Policy and reference log-probs of this rank's shard from one read and one write.
 
-        The shard is fetched once; ``get_logprobs`` and ``get_reference_policy_logprobs`` run
-        on the same materialised batch (neither mutates it), and ``prev_logprobs`` plus
-        ``reference_policy_logprobs`` go back in a single put (replica leader only).  The
-        values are those of the two separate entrypoints, bit for bit: same rows, same pad
-        target, same plan.
-
-        Args:
-            meta: This DP rank's shard.
-            micro_batch_size: Rows per forward pass (without a plan).
+        Both hooks run on the same fetched batch and both columns go back in a single put
+        (replica leader only); values equal the two separate entrypoints' bit for bit.
 
         Raises:
             RuntimeError / TypeError / ValueError: As ``_result_column`` for either result.
@@ -571,12 +514,7 @@ class TQWorkerMixin:
         self._write_back(meta, columns)
 
     def get_values_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
-        """Value estimates of this rank's shard, written back as ``values``.
-
-        Args:
-            meta: This DP rank's shard.
-            micro_batch_size: Rows per forward pass (without a plan).
-        """
+        """Value estimates of this rank's shard, written back as ``values``."""
         data = self._fetch_planned(meta)
         result = self.get_values(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="values", tq_field=VALUES)

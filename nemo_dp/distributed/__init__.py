@@ -1,1 +1,1 @@
-"""nemo_dp.distributed"""
+"""nemo_dp.distributed: the batch container, sharding, packing, Ray start-up and worker groups."""

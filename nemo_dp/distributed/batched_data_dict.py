@@ -1,14 +1,8 @@
-"""``BatchedDataDict``: the in-memory batch the trainers and workers pass around, and the DP
-sharding planner.
+"""``BatchedDataDict``: the in-memory batch trainers and workers pass around, and the DP sharding planner.
 
-A batch maps field names to batch-major values: dense tensors (dim 0 = batch), jagged nested
-tensors (one row per sample), Python lists, 1-D object arrays and ``PackedTensor`` columns
-(one entry per sample).  The planner splits a batch
-across data-parallel ranks and, for dynamic batching or sequence packing, also emits the
-microbatch plan that every rank must follow identically (re-planning per rank desynchronises
-collectives).  ``make_microbatch_iterator`` turns a planned shard back into microbatches.
-
-``BatchedDataDict`` is a ``collections.UserDict``: a ``Mapping``, not a ``dict``.
+Fields are batch-major (dense or jagged tensors, lists, object arrays, ``PackedTensor``).  The
+planner also emits the micro-batch plan every rank must follow identically (re-planning per rank
+desynchronises collectives).  It is a ``UserDict``: a ``Mapping``, not a ``dict``.
 """
 
 from __future__ import annotations
@@ -51,9 +45,7 @@ class MicrobatchSpec:
     padded_length: int | None
 
 
-# ---------------------------------------------------------------------------------------------
-# Row-level helpers for every supported value kind
-# ---------------------------------------------------------------------------------------------
+# --- Row-level helpers for every supported value kind ---
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -199,9 +191,7 @@ def _concat(key: str, values: list[Any], pad: float | int) -> Any:
     raise TypeError(f"BatchedDataDict.from_batches: unsupported type for {key!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# BatchedDataDict
-# ---------------------------------------------------------------------------------------------
+# --- BatchedDataDict ---
 
 
 class BatchedDataDict(UserDict):

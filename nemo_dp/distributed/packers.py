@@ -1,9 +1,8 @@
 """Bin packers for sequence packing.
 
-Each packer fills bins of at most ``max_tokens_per_microbatch`` tokens (one bin per microbatch)
-and ends with the same adjustment: at least ``min_bin_count`` bins, a multiple of
-``bin_count_multiple``, so every DP rank gets the same number of microbatches.  Pure functions
-of the length list: no randomness, ties broken by index.
+Each packer fills bins of at most ``max_tokens_per_microbatch`` tokens, then pads the bin count to
+at least ``min_bin_count`` and a multiple of ``bin_count_multiple`` so every DP rank gets the same
+number of micro-batches.  Deterministic: ties broken by index.
 """
 
 from __future__ import annotations

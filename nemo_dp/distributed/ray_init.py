@@ -1,14 +1,9 @@
-"""Start a private Ray for a run, or join a running cluster, the one way every entry point needs.
+"""Start a private Ray for a run, or join a running cluster.
 
-* A local run starts Ray with ``address="local"`` in its own temporary directory, so it neither
-  follows ``RAY_ADDRESS`` / a stale address file nor touches a cluster someone else runs.
-* ``cluster.address=auto`` or ``<host>:<port>`` is resolved, probed and joined; any failure is one
-  :class:`ClusterConnectError` naming the address, where it came from, why it failed and the fix.
-* The CPU budget must cover the CPUs the data plane's actors reserve (the caller says how many);
-  nemo_dp's own actors request ``num_cpus=0``.
-
-Every worker process runs ``nemo_dp.utils.noise.install_known_log_filters`` (Ray's
-``worker_process_setup_hook``) before its first task.
+A local run starts Ray with ``address="local"`` in its own temp directory (ignoring
+``RAY_ADDRESS``); ``cluster.address=auto`` / ``<host>:<port>`` is resolved, probed and joined, any
+failure being one :class:`ClusterConnectError` with the fix.  Every worker runs
+``nemo_dp.utils.noise.install_known_log_filters`` before its first task.
 """
 
 from __future__ import annotations
@@ -59,9 +54,7 @@ _AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 _FIX_LOCAL = "or run with cluster=local (a private Ray for this run)"
 
 
-# ---------------------------------------------------------------------------------------------
-# addresses
-# ---------------------------------------------------------------------------------------------
+# --- addresses ---
 
 
 @dataclass(frozen=True)
@@ -157,9 +150,7 @@ def default_private_temp_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(_system_temp_dir(env)) / f"nemo_dp_ray_{os.getuid()}"
 
 
-# ---------------------------------------------------------------------------------------------
-# join diagnostics
-# ---------------------------------------------------------------------------------------------
+# --- join diagnostics ---
 
 
 class ClusterConnectError(ConnectionError):
@@ -430,9 +421,7 @@ def _join_failed(target: JoinTarget, exc: BaseException) -> ClusterConnectError:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# start / join
-# ---------------------------------------------------------------------------------------------
+# --- start / join ---
 
 
 def _budget_error(
@@ -568,11 +557,8 @@ def init_ray(
 def _keep_driver_sigterm() -> None:
     """Stop this driver's ``ray.shutdown()`` from resetting SIGTERM to "terminate at once".
 
-    Ray's core worker installs fatal-signal handlers in the driver and, on shutdown, resets
-    SIGTERM's disposition to the default below Python's handler, so a SIGTERM during teardown
-    killed the driver before it wrote ``summary.json`` and the plot.  Ray reads the switch
-    (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``) from its constants at ``ray.init``; setting it here
-    affects this process only (Ray's worker processes keep their handlers).
+    Otherwise a SIGTERM during teardown kills the driver before it writes ``summary.json``.
+    Sets ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` (read at ``ray.init``) for this process only.
     """
     from ray._private import ray_constants
 
@@ -603,18 +589,7 @@ def ray_session(
     """:func:`init_ray` for the duration of a ``with`` block; Ray is shut down in ``finally``.
 
     Leaving the block disconnects from a joined cluster (which keeps running) or stops the
-    private Ray this block started.
-
-    Args:
-        address: As in :func:`init_ray`.
-        num_cpus: As in :func:`init_ray`.
-        reserved_cpus: As in :func:`init_ray`.
-        reserved_by: As in :func:`init_ray`.
-        worker_env: As in :func:`init_ray`.
-        temp_dir: As in :func:`init_ray`.
-        connect_timeout_s: As in :func:`init_ray`.
-        working_dir: As in :func:`init_ray`.
-        worker_setup_hook: As in :func:`init_ray`.
+    private Ray this block started.  Arguments are :func:`init_ray`'s.
 
     Yields:
         The environment dict returned by :func:`init_ray`.

@@ -1,6 +1,4 @@
-"""Verifiable rewards: the reward registry (exact match for the built-in task, final-answer
-match for users' math data, a format regex), users' own reward functions and weighted lists of
-them, chosen by ``env.reward`` / ``env.rewards`` through ``make_environment``."""
+"""Verifiable rewards: the reward registry, users' reward functions and weighted lists of them."""
 
 from nemo_dp.environments.registry import (
     REWARDS,

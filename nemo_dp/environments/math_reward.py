@@ -1,16 +1,8 @@
-"""A verifiable reward for math-style answers in free text.
+r"""A verifiable reward for math-style answers in free text.
 
-Users' RL data (GSM8K-like jsonl) has a reference answer per prompt, and policies answer in
-prose. The reward extracts the *final answer* from the response, in this order of precedence:
-
-1. the text after the last ``####`` on its line (GSM8K's convention), e.g. ``"... #### 42"``;
-2. the content of the last ``\\boxed{...}`` (braces may nest), e.g. ``"\\boxed{42}"``;
-3. otherwise the last number in the text (``-3``, ``1,234``, ``0.5``).
-
-The reference answer goes through rules 1 and 2 only (a bare ``"42"`` is taken as is). Both
-sides are normalised the same minimal way (surrounding whitespace, ``$`` and a trailing period
-dropped, thousands separators removed from numbers) and compared exactly: ``"42.0"`` does not
-match ``"42"``. No answer found scores 0.
+The final answer is the text after the last ``####``, else the last ``\boxed{...}``, else the
+last number; the reference goes through the first two rules only.  Both sides are minimally
+normalised and compared exactly (``"42.0"`` does not match ``"42"``); no answer scores 0.
 """
 
 from __future__ import annotations
@@ -104,17 +96,9 @@ class MathEnv:
     """Final-answer exact match: 1.0 when the response's final answer equals the reference."""
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """Score responses.
+        """Score responses: float32 ``[N]``, 1.0 where the final answers match.
 
-        Args:
-            responses: Decoded responses.
-            answers: Reference answers, aligned with ``responses``.
-
-        Returns:
-            float32 ``[N]`` rewards in {0.0, 1.0}.
-
-        Raises:
-            ValueError: If the lists differ in length.
+        Raises ``ValueError`` when the lists differ in length.
         """
         if len(responses) != len(answers):
             raise ValueError(f"MathEnv.score: {len(responses)} responses for {len(answers)} answers")

@@ -1,16 +1,8 @@
-"""The reward registry: the one list of built-in rewards, and what ``env.reward`` /
-``env.rewards`` turn into.
+"""The reward registry: the one list of built-in rewards (``exact``, ``math``, ``format``).
 
-A reward is one ``RewardSpec``: how to build its scorer (``score(responses, answers)`` ->
-float tensor) from its config entry, and the answer it extracts from a response (what
-evaluation reports as the prediction; None for rewards that compare no answer). Registering a
-spec makes it a legal ``env.reward`` / ``env.rewards[i].fn`` everywhere, evaluation included.
-
-Built-ins: ``exact`` (the built-in arithmetic task's exact match), ``math`` (final-answer match
-for users' data) and ``format`` (the response must match ``pattern``). ``auto`` (the default
-``env.reward``) picks ``math`` when the problems being scored come from a user's file
-(``env.rl_data`` / ``env.val_data`` or their ``*_jsonl`` names) and ``exact`` otherwise. Any
-other value with a ``:`` is a user's function (``nemo_dp.environments.user_reward``).
+A ``RewardSpec`` builds a scorer from its config entry and names the answer it extracts.
+``auto`` picks ``math`` for problems from a user's file and ``exact`` otherwise; a value with a
+``:`` is a user's function (``nemo_dp.environments.user_reward``).
 """
 
 from __future__ import annotations
@@ -136,17 +128,9 @@ class FormatReward:
         self.pattern = str(pattern)
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """Score responses (``answers`` only fixes the count).
+        """Score responses: float32 ``[N]``, 1.0 where the whole response matches ``pattern``.
 
-        Args:
-            responses: Decoded responses.
-            answers: Reference answers, aligned with ``responses``.
-
-        Returns:
-            float32 ``[N]`` rewards in {0.0, 1.0}.
-
-        Raises:
-            ValueError: If the lists differ in length.
+        ``answers`` only fixes the count (``ValueError`` on unequal lengths).
         """
         if len(responses) != len(answers):
             raise ValueError(f"FormatReward.score: {len(responses)} responses for {len(answers)} answers")
@@ -297,9 +281,6 @@ def make_environment(env_cfg: Any) -> Any:
 
     Args:
         env_cfg: The ``env`` node.
-
-    Returns:
-        The environment.
 
     Raises:
         ValueError: On an unknown or malformed reward setting (naming the key).

@@ -1,13 +1,8 @@
 """Reward functions from the user's code, called the way TRL calls them.
 
-A user names a function ``package.module:function`` (importable on the driver and the workers)
-or ``path/to/file.py:function`` (the path resolved on the driver, so workers load the same
-file). It is called with keyword arguments: ``completions`` (one per sample: the response text,
-or ``[{"role": "assistant", "content": text}]`` for chat data), ``prompts`` (the dataset's
-prompt text or conversation) and every other dataset column (a list, one value per sample),
-and returns one number per completion, or ``None`` where the reward does not apply. A function
-without ``**kwargs`` receives only the arguments it names. Importing a user's function is the
-only code this project runs from a path, because the user names it.
+Named ``package.module:function`` or ``path/to/file.py:function``; called with ``completions``,
+``prompts`` and every other dataset column as keyword arguments (only those named, without
+``**kwargs``), returning one number or ``None`` per completion.
 """
 
 from __future__ import annotations
@@ -96,9 +91,6 @@ def load_function(spec: str, *, key: str) -> Callable[..., Any]:
     Args:
         spec: ``package.module:function`` or ``path/to/file.py:function``.
         key: The config key that names it (in errors).
-
-    Returns:
-        The function.
 
     Raises:
         ValueError: The module does not import, has no such attribute, or it is not callable.

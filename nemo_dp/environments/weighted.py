@@ -1,10 +1,7 @@
-"""Several rewards with weights: what ``env.rewards`` (or a user's ``env.reward`` function)
-builds.
+"""Several weighted rewards: what ``env.rewards`` (or a user's ``env.reward`` function) builds.
 
-The total of a sample is the weighted sum of its rewards, a reward that does not apply
-(``None``, kept as NaN) adding nothing, as TRL sums them; each reward's own values come back
-too (``score_parts``), so every step can log each reward's mean over the samples it applies to
-(``reward/<fn>``).
+A sample's total is the weighted sum, a ``None`` reward adding nothing (as TRL does); each
+reward's values come back too (``score_parts``) for ``reward/<fn>`` metrics.
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
-"""Models layer: the model / tokenizer / loss protocols (``protocol``), one builder per
-``policy`` option (``builders``; ``tiny/`` and ``hf/``), generation, the value model, and the
-policy / value driver facades with their Ray workers."""
+"""Models layer: the protocols, one builder per ``policy`` option, generation, the value model, and
+the policy / value driver facades with their Ray workers.
+"""

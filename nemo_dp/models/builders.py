@@ -1,12 +1,7 @@
 """One builder per ``policy`` option: the only place that maps a policy kind to code.
 
-Why this module exists: workers, the launcher, the bench and the tests build models and
-tokenizers through :func:`build_model` / :func:`build_tokenizer` and receive objects that
-satisfy the protocols of ``nemo_dp.models.protocol``; nothing else compares kind strings.
-Adding a model family is one builder module plus one ``conf/policy/<kind>.yaml``.
-
-The built-in builders are imported lazily (the ``hf`` one pulls in transformers), so building
-a tiny model never imports transformers.
+:func:`build_model` / :func:`build_tokenizer` return objects satisfying
+``nemo_dp.models.protocol``.  Builders are imported lazily (``hf`` pulls in transformers).
 """
 
 from __future__ import annotations
@@ -116,9 +111,6 @@ def get_builder(kind: str) -> ModelBuilder:
     Args:
         kind: A policy kind.
 
-    Returns:
-        Its builder.
-
     Raises:
         ValueError: Unknown kind (naming ``policy.kind`` and the legal values).
     """
@@ -135,9 +127,6 @@ def policy_kind(policy_cfg: Any) -> str:
 
     Args:
         policy_cfg: The ``policy`` node.
-
-    Returns:
-        The kind.
     """
     return str(cfg_get(policy_cfg, "kind", DEFAULT_POLICY_KIND))
 
@@ -194,9 +183,6 @@ def load_pretrained_model(policy_cfg: Any, directory: str) -> CausalLM:
     Args:
         policy_cfg: The ``policy`` node (its kind picks the loader).
         directory: The saved model's directory.
-
-    Returns:
-        The model.
     """
     return get_builder(policy_kind(policy_cfg)).load_pretrained(policy_cfg, str(directory))
 

@@ -1,10 +1,4 @@
-"""Chat turns to text when a tokenizer has no chat template: plain concatenation.
-
-Why this module exists: a chat-format dataset (``messages`` = ``[{role, content}, ...]``) must
-train with any tokenizer.  A tokenizer with a chat template renders turns through it; one
-without (the char tokenizer, a bare BPE) concatenates the turns' contents in order, which for
-the arithmetic task gives back exactly its plain ``prompt + answer`` layout.
-"""
+"""Chat turns to text when a tokenizer has no chat template: plain concatenation of contents."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """A model's gradients as views of one flat buffer per dtype and device, and its optimizer.
 
-Backward accumulates into an existing ``p.grad`` in place, so once every trainable
-parameter's ``.grad`` is a view of a flat buffer, the buffers always hold the gradients and
-data-parallel ranks all-reduce each one in a single call - no gather into a temporary and no
-copy back (on SmolLM2-135M, two gloo ranks: 0.35 s per step instead of 0.7-1.7 s).
+Backward accumulates into ``p.grad`` in place, so the buffers always hold the gradients and DP
+ranks all-reduce each in one call, without gather or copy back.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Incremental (KV-cached) sampling from any ``CausalLM`` with per-sample seeds.
 
-Rollouts must be reproducible no matter how prompts are sharded over workers or batched, so
-every row draws its sampling noise from its own CPU ``torch.Generator`` seeded with
-``seeds[i]`` (Gumbel-max sampling): a sample depends only on its prompt, its seed and the
-weights.  The loop drives the model only through the protocol's ``prefill`` / ``decode``, so
-the tiny model's preallocated cache and a HuggingFace model's ``past_key_values`` are used the
-same way; prompts are left-padded with per-row positions and a key-validity mask.
+Each row samples (Gumbel-max) from its own CPU generator seeded with ``seeds[i]``, so a sample
+depends only on prompt, seed and weights, however prompts are sharded or batched.  Prompts are
+left-padded with per-row positions and a key-validity mask.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """``policy.precision`` as the weight dtype a builder uses and the autocast a worker enters.
 
-Why this module exists: every forward pass (training, log-probs, values, generation) of every
-model family must run in the same numeric mode, so the legacy and data-plane workers, the
-rollout workers and evaluation all take it from here:
-
-* ``32-true``: float32 weights, no autocast;
-* ``bf16-mixed``: float32 master weights and optimizer state, the forward (and so the
-  backward) under ``torch.autocast(device_type, dtype=torch.bfloat16)``; callers leave the
-  autocast region before log-softmax and the losses, which then run in float32;
-* ``bf16-true``: bfloat16 weights (and optimizer state), no autocast.
+``32-true``: float32, no autocast; ``bf16-mixed``: float32 weights, forward under bfloat16
+autocast (log-softmax and losses outside it, in float32); ``bf16-true``: bfloat16 weights.
 """
 
 from __future__ import annotations
@@ -75,9 +68,6 @@ def resolve_precision(policy_cfg: Any) -> Precision:
 
     Args:
         policy_cfg: The ``policy`` node.
-
-    Returns:
-        The precision.
 
     Raises:
         ValueError: An illegal value, or both keys set and disagreeing (naming both).

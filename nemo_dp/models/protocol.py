@@ -1,20 +1,8 @@
 """The seams between the workers and whatever model / tokenizer a run trains.
 
-Why this module exists: the policy and value workers, generation, the value head, the
-collate functions, the launcher and the bench must not know which model family they drive
-(the built-in ``tiny`` transformer or a HuggingFace causal LM).  They see a model only as a
-:class:`CausalLM`, a tokenizer only as a :class:`Tokenizer` and a loss only as a
-:class:`LossFn`; each ``policy`` option supplies implementations through
-``nemo_dp.models.builders``.
-
-Conventions shared by every implementation:
-
-* Token ids are int64 ``[B, S]``; training batches are right-padded, so a causal forward
-  without an attention mask gives exact results on the valid positions.
-* Generation is left-padded: ``prefill`` receives per-row position ids (restarting at 0 in
-  each row) and a key-validity mask; ``decode`` extends the opaque cache by one token per row.
-* A model is also a ``torch.nn.Module`` (``parameters``, ``state_dict``, ``train`` / ``eval``,
-  ``deepcopy``), so the workers' optimiser and reference-copy code stays model-agnostic.
+:class:`CausalLM`, :class:`Tokenizer` and :class:`LossFn`.  Token ids are int64 ``[B, S]``;
+training batches are right-padded, generation left-padded (``prefill`` takes per-row positions
+and a key-validity mask).  A model is also a ``torch.nn.Module``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Per-token views of model outputs the workers compute: log-probs and aligned values.
+"""Per-token views of model outputs: log-probs and aligned values.
 
-Why this module exists: the policy worker needs per-token log-probs and the value worker
-needs values shifted onto the tokens they predict, and the models layer may not import the
-algorithms layer above it.  The loss functions use the same definitions, so the numbers a
-worker returns and the numbers a loss sees are computed by one piece of code.
+Shared by the workers and the loss functions, so both compute the same numbers (the models layer
+may not import the algorithms layer).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The PPO critic's model: any ``CausalLM`` backbone plus a scalar head on its hidden states.
 
-Why this module exists: the critic must work for every model family without knowing which
-one it has.  It reads the protocol's ``hidden_states`` (the final-norm output the LM head
-would read) and maps each position to one scalar.  The backbone's LM-head-only parameters are
-frozen: they receive no gradient, so they stay out of the gradient all-reduce and the norm.
-The head starts at zero so the first advantages are the (whitened) reward-to-go rather than
-noise from a random head.
+LM-head-only parameters are frozen (out of the all-reduce and the norm); the head starts at zero
+so the first advantages are the whitened reward-to-go.
 """
 
 from __future__ import annotations

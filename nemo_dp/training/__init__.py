@@ -1,9 +1,6 @@
 """The run layer: trainer context, phase planning, ``run_phase``, logging, checkpoints, trackers.
 
-Sits above ``nemo_dp.algorithms`` (trainers) and below the launchers: a launcher composes and
-validates a config and hands it to ``run_phases``; the bench and the parity tests call
-``run_phase`` directly.  ``TrainContext`` is defined next to the trainers that consume it and
-re-exported here.
+Sits between the launchers and ``nemo_dp.algorithms``; ``TrainContext`` is re-exported here.
 """
 
 from __future__ import annotations

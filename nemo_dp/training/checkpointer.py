@@ -1,9 +1,4 @@
-"""``Checkpointer`` (periodic atomic checkpoints of one phase) and ``load_start_state``.
-
-The run layer builds one checkpointer per phase (trainers see it as
-``nemo_dp.algorithms.context.PhaseCheckpointer``) and loads each phase's start state from
-``checkpointing.resume_from`` before any process starts.
-"""
+"""``Checkpointer`` (periodic atomic checkpoints of one phase) and ``load_start_state``."""
 
 from __future__ import annotations
 
@@ -101,12 +96,9 @@ def checkpoint_finalizer(
     run_id: str,
     settings: Mapping[str, Any] | None = None,
 ) -> Callable[[Path, int], None]:
-    """The ``finalize`` of a run's checkpointer: what the checkpoint belongs to, then its files.
+    """The ``finalize`` of a run's checkpointer: ``checkpoint_meta.json``, then the file manifest.
 
-    Writes ``checkpoint_meta.json`` (algorithm, phase, model shape, data plane, run id, step,
-    the settings a resume must keep)
-    and then the file manifest (sizes and SHA-256 of every file, the metadata included), last,
-    so it covers everything the checkpoint holds.
+    The manifest is written last, so it covers every file the checkpoint holds.
 
     Args:
         algorithm: The phase's ``algorithm.name``.

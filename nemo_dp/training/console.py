@@ -1,36 +1,9 @@
 """How a launcher run ends: one clear message, no debris, a summary of what ran, a clean log.
 
-Why this module exists: every validation failure printed a ~15-line traceback before its good
-message and left ``outputs/<date>/<time>/`` behind with ``.hydra/`` and an empty ``launch.log``;
-a failed run wrote no ``summary.json`` and no plot; ``launch.log`` stayed empty (the project
-prints), log files held ANSI colour codes; SIGTERM dumped a C++ stack instead of stopping like
-Ctrl-C; Ray's token-auth notice and torch's ``is_fx_tracing`` notice cluttered every run.
-
-:func:`hydra_task` wraps a Hydra task function ``task(cfg, record)``:
-
-* before the run starts (:meth:`RunRecord.mark_started`, called once Ray is up and the run
-  directory is claimed), nothing is written into the run directory: the log lines and records
-  are held in memory, and Hydra's ``.hydra/`` files (``hydra.output_subdir: null`` in the
-  launcher's config) are written by :func:`save_hydra_outputs` at start.  A configuration
-  error (``ValueError`` and its subclasses -- schema rules, ``ResumeError``, ``RunDirError``,
-  ``DatasetError``, ``CheckpointCorruptError`` --, OmegaConf errors, ``PreflightError``, a
-  missing file, ``ClusterConnectError``) removes the run directory only when it was made for
-  this job (an existing one stays exactly as it was), and is re-raised as
-  :class:`RunConfigurationError`, which Hydra prints as one message (the full traceback only
-  with ``HYDRA_FULL_ERROR=1``);
-* after start, a failure writes ``summary.json`` (status, error, what ran) and the plot of
-  every tracked metrics file, then propagates with its traceback;
-* SIGTERM raises :class:`TerminationRequested` (a ``KeyboardInterrupt``), so it takes the same
-  teardown path as Ctrl-C; both end with one line and exit status 143 / 130;
-* stdout and stderr are copied into the run's log file without colour codes or progress-bar
-  redraws (:func:`capture_run_log`), and Hydra's file handler strips colour codes too;
-* :func:`silence_known_noise` removes the two known notices at their source (on the driver;
-  Ray worker processes drop torch's notice through ``nemo_dp.utils.noise``).
-
-:func:`recipe_hint_on_failure` adds one hint line to a Hydra composition error caused by
-choosing an ``algorithm`` that the default recipe (a GRPO recipe) cannot be merged into, and
-one per mistyped group option or key (``nemo_dp.config.hints``: the closest legal name, never
-Hydra's ``+key`` suggestion, which would add a key nothing reads).
+:func:`hydra_task` wraps a Hydra task: before the run starts nothing is written and a
+configuration error becomes one :class:`RunConfigurationError` message; after start a failure
+writes ``summary.json`` and plots; SIGTERM behaves like Ctrl-C; the run log has no colour codes.
+:func:`recipe_hint_on_failure` adds hints to Hydra composition errors.
 """
 
 from __future__ import annotations
@@ -133,9 +106,7 @@ class AnsiStrippingFormatter(logging.Formatter):
         return strip_ansi(self.inner.format(record))
 
 
-# ---------------------------------------------------------------------------------------------
-# the run's log file
-# ---------------------------------------------------------------------------------------------
+# --- the run's log file ---
 
 
 class _LineSink:
@@ -286,11 +257,9 @@ class RunLog:
 def capture_run_log(log_path: str | os.PathLike[str], *, deferred: bool = False) -> Iterator[RunLog]:
     """Copy stdout/stderr into ``log_path`` (no colour codes) for the duration of the block.
 
-    Hydra's file handler for the same file (its job log) keeps writing log records there, with
-    an ANSI-stripping formatter for the duration; without one, a handler is added so that
-    log records reach the file too.  Console output is unchanged.  A ``deferred`` log holds
-    every line and log record in memory and touches no file until :meth:`RunLog.open`; if the
-    block ends first, nothing is written.
+    Hydra's file handler gets an ANSI-stripping formatter meanwhile (or a handler is added).
+    A ``deferred`` log holds everything in memory until :meth:`RunLog.open`; if the block ends
+    first, nothing is written.
 
     Args:
         log_path: The run's log file (Hydra's ``<run_dir>/<job name>.log``).
@@ -344,9 +313,7 @@ def capture_run_log(log_path: str | os.PathLike[str], *, deferred: bool = False)
         sink.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# signals and noise
-# ---------------------------------------------------------------------------------------------
+# --- signals and noise ---
 
 
 @dataclass
@@ -379,11 +346,9 @@ class _SigtermState:
 def sigterm_as_interrupt() -> Iterator[_SigtermState]:
     """Turn SIGTERM into :class:`TerminationRequested` in the main thread for the block.
 
-    ``ray.init`` installs its own SIGTERM handlers (exit at once, killing the local node's
-    processes under the driver), so enter this again right after Ray has started.  A second
-    SIGTERM during teardown is ignored (the first one is being handled), and inside
-    ``state.deferred()`` one is held until the block is done; the previous handler is restored
-    on exit.
+    ``ray.init`` installs its own SIGTERM handlers, so enter this again after Ray has started.
+    A second SIGTERM during teardown is ignored; inside ``state.deferred()`` one is held until
+    the block is done.
 
     Yields:
         A state whose ``received`` says whether SIGTERM arrived.
@@ -414,18 +379,10 @@ def sigterm_as_interrupt() -> Iterator[_SigtermState]:
 def silence_known_noise(*, local_ray: bool) -> list[str]:
     """Remove the known start-up notices at their source (idempotent; call before Ray starts).
 
-    * torch logs (logger ``torch.fx._symbolic_trace``, once per process) "is_fx_tracing will
-      return true for both fx.symbolic_trace and torch.export ..." the first time
-      ``torch.nested.nested_tensor_from_jagged`` runs; it is a logging record, not a Python
-      warning, so a filter on that logger drops exactly that message
-      (``nemo_dp.utils.noise.install_known_log_filters``; Ray worker processes install the
-      same filter through the setup hook ``nemo_dp.distributed.ray_init.init_ray`` sets).
-    * Ray 2.60 logs "Token authentication is enabled for this Ray cluster. Set
-      RAY_AUTH_MODE=disabled to opt out ..." when ``ray.init`` starts a local cluster with
-      ``RAY_AUTH_MODE`` unset, and then sets ``RAY_AUTH_MODE=token`` itself.  Setting that
-      value first keeps token authentication exactly as it is and skips the notice.  Only for a
-      local cluster (joining one must follow the cluster's mode) and only before Ray is
-      imported (Ray caches the mode at import).
+    * torch's one-time "is_fx_tracing will return true ..." log record: dropped by a logger
+      filter (``nemo_dp.utils.noise``; Ray workers install it through the setup hook).
+    * Ray's "Token authentication is enabled ..." notice: for a local Ray only, set
+      ``RAY_AUTH_MODE=token`` (what Ray would set itself) before Ray is imported.
 
     Args:
         local_ray: The run starts a local Ray (``cluster.address`` is null).
@@ -442,9 +399,7 @@ def silence_known_noise(*, local_ray: bool) -> list[str]:
     return done
 
 
-# ---------------------------------------------------------------------------------------------
-# failures
-# ---------------------------------------------------------------------------------------------
+# --- failures ---
 
 
 @dataclass
@@ -526,10 +481,8 @@ def _empty_tree(path: Path) -> bool:
 def remove_unstarted_run_dir(run_dir: str | os.PathLike[str], *, log_names: tuple[str, ...] = ()) -> bool:
     """Remove a run directory that holds only what was written before the run started.
 
-    Allowed contents: ``.hydra/``, the log files named in ``log_names`` (or any ``*.log``),
-    ``resolved_config.yaml``, ``run.json`` and empty directories (the checkpoint directory
-    preflight creates to probe that it is writable).  Anything else (checkpoints, metrics, a
-    user's files) keeps the directory untouched.
+    Allowed: ``.hydra/``, the run's log files, ``resolved_config.yaml``, ``run.json`` and empty
+    directories; anything else keeps the directory untouched.
 
     Args:
         run_dir: The job's output directory.
@@ -801,9 +754,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
     return wrapper
 
 
-# ---------------------------------------------------------------------------------------------
-# composition hints
-# ---------------------------------------------------------------------------------------------
+# --- composition hints ---
 
 
 def recipe_algorithm(recipe_path: str | os.PathLike[str]) -> str | None:

@@ -1,16 +1,8 @@
 """Greedy held-out evaluation of a saved checkpoint, in-process on the driver (no Ray).
 
-``launchers/evaluate.py checkpoint=<run>/checkpoints`` lands here: find the checkpoint (latest
-step of the run's last phase, or the one asked for), rebuild the phase's config from the run's
-``resolved_config.yaml``, load the policy through the model builders (any ``policy`` kind:
-``tiny``, ``hf``), decode greedily on the phase's held-out problems (the ones its trainer
-validated on, in the same batches) or on a user jsonl, score with the run's reward environment
-and write one line per problem.
-
-Nothing loaded executes code: the checkpoint is read through ``nemo_dp.utils.checkpoint``
-(JSON manifest and state, safetensors weights; its ``policy/`` directory is the model's own
-``save_pretrained`` output plus its tokenizer's files, so it evaluates from any working
-directory), and a run that allowed a model's remote code is refused.
+Finds the checkpoint, rebuilds the phase's config from ``resolved_config.yaml``, loads the policy,
+decodes greedily on the phase's held-out problems (or a user jsonl), scores with the run's reward
+and writes one line per problem.  Nothing loaded executes code; remote model code is refused.
 """
 
 from __future__ import annotations
@@ -301,9 +293,6 @@ def phase_config(ref: CheckpointRef) -> Any:
     Args:
         ref: The located checkpoint.
 
-    Returns:
-        The phase's root config.
-
     Raises:
         ValueError: The run config plans no phase of that name (the message lists its phases).
     """
@@ -332,16 +321,11 @@ _TOKENIZER_KEYS: tuple[str, ...] = ("policy.tokenizer_name_or_path",)
 def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
     """The tokenizer the checkpoint's ``policy/`` directory holds, else the run's own.
 
-    The checkpoint's copy (written next to the weights at save time) is used unless
-    ``run_overrides`` names the tokenizer explicitly; a checkpoint without one (a tiny model,
-    whose vocabulary is in code, or one saved before tokenizers were) builds the tokenizer from
-    the run's ``policy`` node.
+    ``run_overrides`` naming the tokenizer wins; a checkpoint without tokenizer files (the tiny
+    model, or an older checkpoint) builds it from the run's ``policy`` node.
 
     Args:
         ref: The located checkpoint.
-
-    Returns:
-        The tokenizer.
 
     Raises:
         ValueError: The run allowed remote code, the checkpoint's tokenizer files do not load,
@@ -372,11 +356,9 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
 def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
     """The policy model a checkpoint holds, in eval mode on the CPU.
 
-    A training checkpoint of ``format_version`` 2 holds the policy's ``save_pretrained``
-    directory (``<checkpoint>/policy``), loaded by the run's model builder. A checkpoint
-    without it (``format_version`` 1) is read with ``load_training_checkpoint`` and its
-    ``policy.weights.model`` state dict is loaded into a model built from the run's ``policy``
-    node. Neither path runs code from the checkpoint.
+    ``format_version`` 2 loads ``<checkpoint>/policy`` through the run's model builder;
+    version 1 loads ``policy.weights.model`` from the training state into a model built from
+    the run's ``policy`` node.  Neither runs code from the checkpoint.
 
     Args:
         ref: The located checkpoint.

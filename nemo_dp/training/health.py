@@ -1,12 +1,7 @@
 """Run-health checks fed one step record at a time, so a run that cannot learn says so.
 
-Why this module exists: GRPO learns only from differences between the rewards of one prompt's
-generations.  When every group's rewards are equal (all wrong, as for a policy that has not been
-warm-started; or all right) every advantage is exactly 0, so loss and gradient are 0 and the
-run spends all its steps changing nothing -- one probe ran 80 such steps without a word.
-:class:`ZeroAdvantageDetector` watches the step records the trainer logs and returns one warning
-(what is happening, and which key to change) once the condition has held for ``patience``
-consecutive steps.
+:class:`ZeroAdvantageDetector` warns (naming the key to change) when every GRPO group's rewards
+have been equal, hence every advantage 0, for ``patience`` consecutive steps.
 """
 
 from __future__ import annotations

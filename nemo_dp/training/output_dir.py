@@ -1,10 +1,7 @@
 """The launcher's output directory, checked before Hydra creates it.
 
-Hydra creates ``hydra.run.dir`` (``hydra.sweep.dir`` under ``--multirun``) before the task
-function runs, and a path it cannot create (a file in the way, a read-only file system, no
-permission) ends in a traceback from Hydra itself.  :func:`output_dir_problem` finds the
-directory the command line names (or the root config's default) and probes it, without
-creating anything, so the launcher can refuse the run with one message naming the key.
+:func:`output_dir_problem` probes the directory the command line names without creating it, so
+the launcher refuses an unwritable path with one message instead of Hydra's traceback.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Phase planning of a run: an optional SFT warm start, then the main algorithm, and where each
 phase resumes from.
 
-A run is a list of phases trained one after another on the same policy.  Planning is separate
-from running so the launcher, the bench and the tests derive the same phases (and the same
-resume decisions) from one config.
-
-:func:`plan_run_start` makes every start decision on the driver before Ray starts and before
-anything is written: ``checkpointing.resume_from`` is resolved to one checkpoint of this run's
-phases (``nemo_dp.training.resume``), ``policy.init_from`` to the weights of another run's
-checkpoint, and the run directory is claimed (``nemo_dp.training.run_dir``: another run's
-checkpoints there are refused).  :meth:`RunStart.commit` then performs the decided writes.
+:func:`plan_run_start` makes every start decision on the driver before Ray starts and writes
+nothing; :meth:`RunStart.commit` then performs the decided writes.
 """
 
 from __future__ import annotations
@@ -158,9 +151,6 @@ def first_phase_to_run(start_states: list[dict[str, Any] | None]) -> int:
 
     Args:
         start_states: ``load_start_states`` output.
-
-    Returns:
-        The index.
     """
     return max((i for i, s in enumerate(start_states) if s is not None), default=0)
 

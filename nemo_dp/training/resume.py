@@ -1,21 +1,9 @@
-"""Explicit resolution of ``checkpointing.resume_from`` and ``policy.init_from``, on the driver.
+"""Resolution of ``checkpointing.resume_from`` and ``policy.init_from``, on the driver.
 
-Why this module exists: resume used to look only at ``<resume_from>/<phase>`` and treat "found
-nothing" as "start fresh", so an empty directory, a run directory, a step directory, a
-checkpoint missing its state file or an SFT checkpoint given to a GRPO run all retrained from
-step 0 with exit status 0.  Here every accepted form (a run directory, its checkpoints root, a
-phase root ``<root>/<phase>``, a step directory ``<root>/<phase>/step_<N>``) is resolved to one
-checkpoint, and anything else raises :class:`ResumeError` saying what was found, before Ray
-starts.
-
-Each checkpoint also carries ``checkpoint_meta.json`` (:class:`CheckpointMeta`: algorithm,
-phase, model shape, data-plane backend, run id, step, format version), written into the
-checkpoint's temp directory before the atomic commit; resolution compares it with this run and
-refuses a mismatch naming the differing keys (:class:`CheckpointMismatchError`).
-
-``policy.init_from`` is the separate, explicit way to start a GRPO/PPO run from the weights of
-another run's (usually SFT) checkpoint: :func:`resolve_init_from` accepts the same path forms,
-checks the model shape and returns the weights location; loading the weights is the policy's.
+Every accepted path form (run directory, checkpoints root, phase root, step directory) resolves
+to exactly one checkpoint; anything else raises :class:`ResumeError` before Ray starts.  Each
+checkpoint's ``checkpoint_meta.json`` (:class:`CheckpointMeta`) is compared with this run and a
+mismatch refused (:class:`CheckpointMismatchError`).
 """
 
 from __future__ import annotations
@@ -83,9 +71,7 @@ class CheckpointMismatchError(ResumeError):
         self.differing = dict(differing)
 
 
-# ---------------------------------------------------------------------------------------------
-# checkpoint metadata
-# ---------------------------------------------------------------------------------------------
+# --- checkpoint metadata ---
 
 
 @dataclass(frozen=True)
@@ -344,9 +330,7 @@ def check_checkpoint_meta(
         raise _mismatch(Path(where), _RESUME_KEY, differing, hint + ".")
 
 
-# ---------------------------------------------------------------------------------------------
-# locating checkpoints
-# ---------------------------------------------------------------------------------------------
+# --- locating checkpoints ---
 
 
 def list_step_dirs(phase_root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
@@ -570,9 +554,7 @@ def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_in
     refuse_pickles(step_dir, key)
 
 
-# ---------------------------------------------------------------------------------------------
-# resume
-# ---------------------------------------------------------------------------------------------
+# --- resume ---
 
 
 @dataclass(frozen=True)
@@ -749,9 +731,7 @@ def _foreign_phase(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# init_from
-# ---------------------------------------------------------------------------------------------
+# --- init_from ---
 
 
 @dataclass(frozen=True)

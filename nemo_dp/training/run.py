@@ -1,14 +1,7 @@
-"""The run layer: one ``run_phase`` that trains one phase, and ``run_phases`` for a whole run.
+"""The run layer: ``run_phase`` trains one phase, ``run_phases`` a whole run.
 
-The launcher, the bench and the end-to-end parity tests all train through ``run_phase``: it
-picks the trainer through the factory (``select_sync_trainer``), builds the phase's inputs,
-wraps everything in a ``TrainContext`` and calls the trainer.  ``run_phases`` is the launcher's
-whole job after validation and preflight: plan the phases, check everything that can fail on
-the driver (trackers, model, datasets, ``resume_from`` / ``init_from``, the run directory:
-``plan_run_start``), start Ray (or join the cluster), only then claim the run directory (so a
-refused run changes nothing there), build the policy through the factory
-(``make_policy_factory``), run each phase, write the summary.  Every checkpoint it writes records what it belongs to and
-carries a file manifest (``checkpoint_finalizer``).
+``run_phases`` plans the phases, checks everything that can fail on the driver, starts Ray, only
+then claims the run directory, builds the policy, runs each phase and writes the summary.
 """
 
 from __future__ import annotations
@@ -114,9 +107,6 @@ def phase_logger(
         logger_cfg: ``cfg.logger``.
         tracker: Experiment trackers that also receive every step's record (or ``None``).
         health: A training-health detector (``nemo_dp.training.health``) fed every record.
-
-    Returns:
-        The logger.
     """
     return RunLogger(
         Path(run_dir) / phase.out_subdir,
@@ -163,9 +153,6 @@ def phase_checkpointer(
         ckpt_cfg: ``cfg.checkpointing``.
         start: The run's start decisions; when given, every checkpoint records what it belongs
             to (``checkpoint_meta.json``) and carries a file manifest.
-
-    Returns:
-        The checkpointer.
     """
     finalize = None
     if start is not None:
@@ -467,9 +454,6 @@ def final_accuracy(summary: dict[str, Any]) -> float:
 
     Args:
         summary: ``run_phases`` output.
-
-    Returns:
-        The accuracy.
 
     Raises:
         ValueError: The last phase recorded no held-out accuracy.

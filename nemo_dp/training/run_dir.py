@@ -1,22 +1,8 @@
 """One run per run directory, and a resumed run that continues its history.
 
-Why this module exists: a second run into the same ``hydra.run.dir`` used to overwrite
-``metrics.jsonl`` but leave the first run's checkpoints beside its own, and a later resume
-picked the older run's step; a run resumed into a fresh directory started a new
-``metrics.jsonl`` whose steps overlapped the interrupted run's, so its plot showed only the
-resumed part.
-
-Two steps, so that nothing is written before every check has passed:
-
-* :func:`claim_run_dir` (no writes) looks at what the directory already holds and decides:
-  ``fresh`` (nothing there), ``resume_in_place`` (it holds exactly the run being resumed),
-  ``overwrite`` (``checkpointing.overwrite=true``), or refuses with :class:`RunDirError`.
-* :meth:`RunDirDecision.commit` then does the writes: removes the previous run's artefacts
-  (overwrite), moves checkpoints newer than the resumed step out of the checkpoints root
-  (resume in place from an older step), and writes the ``run.json`` marker with the run id.
-
-:func:`continue_history` makes the new run's ``metrics.jsonl`` files hold the interrupted run's
-records up to the resumed step and nothing after it, so the plot covers the whole run.
+:func:`claim_run_dir` (no writes) decides ``fresh`` / ``resume_in_place`` / ``overwrite`` or
+raises :class:`RunDirError`; :meth:`RunDirDecision.commit` does the writes.
+:func:`continue_history` trims ``metrics.jsonl`` to the resumed step so the plot covers the whole run.
 """
 
 from __future__ import annotations
@@ -365,9 +351,7 @@ def claim_run_dir(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# history
-# ---------------------------------------------------------------------------------------------
+# --- history ---
 
 
 @dataclass

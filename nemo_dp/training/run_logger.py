@@ -1,8 +1,4 @@
-"""``RunLogger``: metrics file, progress bar, log lines and the final plot of one phase.
-
-The run layer builds one per phase and hands it to the trainer through ``TrainContext``
-(trainers see it as ``nemo_dp.algorithms.context.PhaseLogger``).
-"""
+"""``RunLogger``: metrics file, progress bar, log lines and the final plot of one phase."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Experiment trackers (TensorBoard, Weights & Biases, MLflow) behind one small protocol.
 
-A run always writes ``metrics.jsonl`` and its PNG curves; users of RL toolkits also expect to
-follow a run in the tracker they already use.  Every tracker here receives the same four calls:
-the resolved config once, every step's record (all numeric keys, ``data_plane/*`` included when
-observability is on), the run summary (final held-out accuracy) and ``close``.  They can be
-combined (``TrackerGroup``) and are built from the ``logger`` config node by
-:func:`build_trackers`.  Defaults never need the network: TensorBoard and MLflow write inside the
-run directory, W&B runs offline.
-
-The optional packages are imported lazily, inside each tracker; :func:`check_trackers_available`
-lets a launcher fail before Ray starts when an enabled tracker's package is missing.
+Each receives the config, every step record, the summary and ``close``; built from ``logger`` by
+:func:`build_trackers`.  Defaults need no network.  Packages are imported lazily;
+:func:`check_trackers_available` fails early when one is missing.
 """
 
 from __future__ import annotations
@@ -79,9 +72,7 @@ class Tracker(Protocol):
         """Flush and finish (``status`` in ``success`` / ``failed`` / ``killed``)."""
 
 
-# ---------------------------------------------------------------------------------------------
-# helpers
-# ---------------------------------------------------------------------------------------------
+# --- helpers ---
 
 
 def _as_number(value: Any) -> float | None:
@@ -176,9 +167,7 @@ def _check_status(status: str) -> None:
         raise ValueError(f"Tracker.close: status must be one of {list(_STATUSES)}, got {status!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# TensorBoard
-# ---------------------------------------------------------------------------------------------
+# --- TensorBoard ---
 
 
 class TensorBoardTracker:
@@ -200,11 +189,7 @@ class TensorBoardTracker:
         self._writer: Any = SummaryWriter(log_dir=str(self.log_dir))
 
     def log_config(self, resolved: Mapping[str, Any]) -> None:
-        """Write the config as a text summary (indented: TensorBoard renders it as code).
-
-        Args:
-            resolved: The resolved config.
-        """
+        """Write the config as a text summary (indented: TensorBoard renders it as code)."""
         import yaml
 
         text = yaml.safe_dump(dict(resolved), sort_keys=False)
@@ -212,22 +197,13 @@ class TensorBoardTracker:
         self._writer.flush()
 
     def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
-        """Write each numeric entry as a scalar at ``step``.
-
-        Args:
-            step: The step.
-            record: The step's record.
-        """
+        """Write each numeric entry as a scalar at ``step``."""
         for key, value in numeric_metrics(record).items():
             self._writer.add_scalar(key, value, global_step=int(step))
         self._writer.flush()
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
-        """Write final values as ``final/<name>`` scalars and a ``summary`` text.
-
-        Args:
-            summary: Flat ``name -> number``.
-        """
+        """Write final values as ``final/<name>`` scalars and a ``summary`` text."""
         values = numeric_metrics(summary, skip=())
         for key, value in values.items():
             self._writer.add_scalar(f"{FINAL_PREFIX}{key}", value, global_step=0)
@@ -236,11 +212,7 @@ class TensorBoardTracker:
         self._writer.flush()
 
     def close(self, status: str = "success") -> None:
-        """Flush and close the event file.
-
-        Args:
-            status: The run's outcome (recorded as ``status`` text).
-        """
+        """Flush and close the event file (``status`` is recorded as text)."""
         _check_status(status)
         if self._writer is None:
             return
@@ -249,9 +221,7 @@ class TensorBoardTracker:
         self._writer = None
 
 
-# ---------------------------------------------------------------------------------------------
-# Weights & Biases
-# ---------------------------------------------------------------------------------------------
+# --- Weights & Biases ---
 
 
 class WandbTracker:
@@ -304,39 +274,22 @@ class WandbTracker:
         return Path(self._run.dir).parent
 
     def log_config(self, resolved: Mapping[str, Any]) -> None:
-        """Store the resolved config as the run's config.
-
-        Args:
-            resolved: The resolved config.
-        """
+        """Store the resolved config as the run's config."""
         self._run.config.update(dict(resolved), allow_val_change=True)
 
     def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
-        """Append one history row: the numeric entries plus ``step``.
-
-        Args:
-            step: The phase's step.
-            record: The step's record.
-        """
+        """Append one history row: the numeric entries plus ``step``."""
         values = numeric_metrics(record)
         if values:
             self._run.log({"step": int(step), **values})
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
-        """Set ``final/<name>`` entries of the run summary.
-
-        Args:
-            summary: Flat ``name -> number``.
-        """
+        """Set ``final/<name>`` entries of the run summary."""
         for key, value in numeric_metrics(summary, skip=()).items():
             self._run.summary[f"{FINAL_PREFIX}{key}"] = value
 
     def close(self, status: str = "success") -> None:
-        """Finish the run (exit code 0 on success, 1 otherwise).
-
-        Args:
-            status: The run's outcome.
-        """
+        """Finish the run (exit code 0 on success, 1 otherwise)."""
         _check_status(status)
         if self._run is None:
             return
@@ -344,9 +297,7 @@ class WandbTracker:
         self._run = None
 
 
-# ---------------------------------------------------------------------------------------------
-# MLflow
-# ---------------------------------------------------------------------------------------------
+# --- MLflow ---
 
 _MLFLOW_STATUS = {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 _MLFLOW_MAX_PARAMS = 100  # per log_batch call
@@ -416,11 +367,7 @@ class MlflowTracker:
         self._client.log_batch(self.run_id, metrics=metrics or [], params=params or [])
 
     def log_config(self, resolved: Mapping[str, Any]) -> None:
-        """Log flattened params (values cut at MLflow's length limit) and the YAML artifact.
-
-        Args:
-            resolved: The resolved config.
-        """
+        """Log flattened params (values cut at MLflow's length limit) and the YAML artifact."""
         from mlflow.entities import Param
 
         flat = flatten_config(resolved)
@@ -439,32 +386,19 @@ class MlflowTracker:
         return [Metric(_mlflow_key(prefix + k), v, now, int(step)) for k, v in values.items()]
 
     def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
-        """Log the numeric entries at ``step``.
-
-        Args:
-            step: The step.
-            record: The step's record.
-        """
+        """Log the numeric entries at ``step``."""
         metrics = self._metrics(numeric_metrics(record), step)
         if metrics:
             self._log_batch(metrics=metrics)
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
-        """Log final values as ``final/<name>`` metrics (step 0).
-
-        Args:
-            summary: Flat ``name -> number``.
-        """
+        """Log final values as ``final/<name>`` metrics (step 0)."""
         metrics = self._metrics(numeric_metrics(summary, skip=()), 0, prefix=FINAL_PREFIX)
         if metrics:
             self._log_batch(metrics=metrics)
 
     def close(self, status: str = "success") -> None:
-        """Mark the run terminated with the MLflow status matching ``status``.
-
-        Args:
-            status: The run's outcome.
-        """
+        """Mark the run terminated with the MLflow status matching ``status``."""
         _check_status(status)
         if self.run_id is None:
             return
@@ -472,9 +406,7 @@ class MlflowTracker:
         self.run_id = None
 
 
-# ---------------------------------------------------------------------------------------------
-# combination
-# ---------------------------------------------------------------------------------------------
+# --- combination ---
 
 
 class TrackerGroup:
@@ -564,9 +496,7 @@ class PrefixedTracker:
         _check_status(status)
 
 
-# ---------------------------------------------------------------------------------------------
-# construction
-# ---------------------------------------------------------------------------------------------
+# --- construction ---
 
 
 def enabled_trackers(logger_cfg: Any) -> list[str]:

@@ -1,1 +1,1 @@
-"""nemo_dp.utils"""
+"""nemo_dp.utils: the bottom layer (checkpoint I/O, seeding, metrics, packed tensors)."""

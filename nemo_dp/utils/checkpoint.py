@@ -1,22 +1,9 @@
 """Atomic, code-free training checkpoints (model, optimizer, RNG, loader cursor, counters).
 
-A checkpoint is a directory ``<root>/step_<N>`` committed through the atomic protocol of
-``nemo_dp.utils.checkpoint_io`` (temp sibling + rename), so a crash mid-save never damages the
-previous checkpoint and a half-written one is never loaded.  Loading never unpickles arbitrary
-objects:
-
-* ``tensors.safetensors`` holds every tensor of the state (weights, optimizer moments, torch
-  RNG states);
-* ``state.json`` holds everything else as typed JSON (tuples, non-string dict keys, NumPy
-  arrays and scalars, non-finite floats and bytes are tagged so they come back exactly; tensors
-  are references into the safetensors file);
-* a ``"pretrained"`` mapping of file name -> bytes anywhere under a top-level key ``K`` (the
-  workers put their model's ``save_pretrained`` output there) is written as the directory
-  ``<checkpoint>/K/``: ``<checkpoint>/policy`` is then a HuggingFace (or tiny) model directory
-  that ``AutoModelForCausalLM.from_pretrained`` (or the tiny loader) reads as is.
-
-Checkpoints of ``format_version`` 1 held one pickled ``state.pt``; they are refused without
-reading it (unpickling can run code).
+A checkpoint ``<root>/step_<N>`` is committed through ``nemo_dp.utils.checkpoint_io`` and never
+unpickled: tensors go to ``tensors.safetensors``, everything else to typed ``state.json``, and a
+``"pretrained"`` mapping under key ``K`` becomes the model directory ``<checkpoint>/K/``.
+``format_version`` 1 (a pickled ``state.pt``) is refused without reading it.
 """
 
 from __future__ import annotations
@@ -87,9 +74,7 @@ def checkpoint_dir_for_step(root: str | os.PathLike[str], step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
 
 
-# ---------------------------------------------------------------------------------------------
-# typed JSON encoding
-# ---------------------------------------------------------------------------------------------
+# --- typed JSON encoding ---
 
 
 class _Encoder:

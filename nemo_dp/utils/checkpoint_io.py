@@ -1,40 +1,9 @@
 """Atomic checkpoint directories and versioned manifests, shared by every checkpoint writer.
 
-Why this module exists: a checkpoint is a directory (a manifest plus payload files) and must
-never be observed half-written.  Both data-plane adapters (Local and TransferQueue) and the
-trainers' own checkpoints (``nemo_dp.utils.checkpoint``) write their payloads but commit them
-through the one protocol implemented here (contract §7), so a crash or an exception mid-save
-always leaves the previous checkpoint loadable.  It lives in ``nemo_dp.utils`` rather than in
-``nemo_dp.data_plane`` so that the legacy trainers can checkpoint without importing the data
-plane (design rule 3).
-
-API:
-
-* ``validate_json_metadata(metadata) -> dict`` -- checks that the user metadata is a mapping of
-  JSON values (str keys; str/int/float/bool/None, lists/tuples and dicts of those) and returns
-  a detached JSON-normalised copy (tuples become lists).  Call it before touching the disk.
-* ``write_checkpoint_atomically(checkpoint_dir, write_fn) -> Path`` -- the atomic write
-  protocol: ``write_fn(tmp_dir)`` fills a fresh sibling ``<dir>.tmp-<random>`` (missing parents
-  of ``<dir>`` are created); the helper then checks that ``tmp_dir/manifest.json`` exists,
-  fsyncs the files, renames an existing ``<dir>`` to ``<dir>.old-<random>``, renames the temp dir
-  to ``<dir>`` (restoring the old dir if that rename fails) and removes the old dir.  On any
-  failure the temp dir is removed, the previous ``<dir>`` is left intact and the exception is
-  re-raised.  Returns the final path.
-* ``write_manifest(directory, manifest) -> Path`` -- writes ``manifest.json`` (UTF-8 JSON, no
-  pickle) inside ``directory``; the manifest must carry ``"format"`` and ``"format_version"``.
-* ``read_manifest(checkpoint_dir, *, expected_format, supported_versions) -> dict`` -- resolves
-  the checkpoint directory (``FileNotFoundError`` if it is missing, naming any surviving
-  ``<dir>.old-*`` left by a crash between the two renames), reads ``manifest.json``
-  (``FileNotFoundError`` if missing; ``ValueError`` naming the file if it is not a JSON object)
-  and checks the format name and version (``ValueError`` naming the file and the version).
-* ``resolve_checkpoint_dir(checkpoint_dir) -> Path`` -- only the directory check of
-  ``read_manifest``, for adapters that read more files.
-
-Leftover ``*.tmp-*`` siblings (from a killed process) are never read by these helpers.
-
-Failure-injection seams used by the shared contract tests (keep their names and call sites):
-``_verify_written(tmp_dir)`` runs after ``write_fn`` and before the renames, and the renames
-go through ``os.replace`` looked up at call time.
+``write_checkpoint_atomically`` fills a temp sibling, then renames it into place, so a crash
+mid-save leaves the previous checkpoint loadable and ``*.tmp-*`` leftovers are never read.  It
+lives in ``utils`` so the legacy trainers can checkpoint without importing the data plane.
+Contract tests patch ``_verify_written`` and ``os.replace`` (looked up at call time).
 """
 
 from __future__ import annotations
@@ -66,9 +35,7 @@ _TMP_INFIX = ".tmp-"
 _OLD_INFIX = ".old-"
 
 
-# ---------------------------------------------------------------------------------------------
-# metadata
-# ---------------------------------------------------------------------------------------------
+# --- metadata ---
 
 
 def _check_json_value(value: Any, where: str) -> None:
@@ -114,9 +81,7 @@ def validate_json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]
     return json.loads(json.dumps(metadata))
 
 
-# ---------------------------------------------------------------------------------------------
-# atomic directory write
-# ---------------------------------------------------------------------------------------------
+# --- atomic directory write ---
 
 
 def _absolute(checkpoint_dir: str | PathLike[str]) -> Path:
@@ -164,7 +129,11 @@ def _fsync_tree(root: Path) -> None:
 def write_checkpoint_atomically(
     checkpoint_dir: str | PathLike[str], write_fn: Callable[[Path], None]
 ) -> Path:
-    """Write a checkpoint directory through a temp sibling and two renames (contract §7).
+    """Write a checkpoint directory through a temp sibling and two renames.
+
+    ``write_fn`` fills ``<dir>.tmp-<random>``; after fsync an existing ``<dir>`` is renamed to
+    ``<dir>.old-<random>``, the temp dir renamed into place (the old one restored if that fails)
+    and the old one removed.
 
     Args:
         checkpoint_dir: Final directory; its missing parents are created.
@@ -212,9 +181,7 @@ def write_checkpoint_atomically(
     return final
 
 
-# ---------------------------------------------------------------------------------------------
-# manifests
-# ---------------------------------------------------------------------------------------------
+# --- manifests ---
 
 
 def write_manifest(directory: str | PathLike[str], manifest: Mapping[str, Any]) -> Path:

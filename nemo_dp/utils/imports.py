@@ -23,9 +23,6 @@ def resolve_target(
         what: What the target is, for error messages (``"the trainer for ..."``).
         error: The exception class raised for a missing module or attribute.
 
-    Returns:
-        The attribute.
-
     Raises:
         ValueError: ``target`` is not of the form ``"module:attr"``.
         TargetNotFoundError: (or ``error``) The module or the attribute does not exist; the

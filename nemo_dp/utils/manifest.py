@@ -1,16 +1,9 @@
-"""File manifests (sizes and SHA-256 checksums) that make a checkpoint's integrity checkable.
+"""File manifests (sizes and SHA-256) that make a checkpoint's integrity checkable.
 
-Why this module exists: the atomic commit protocol (``nemo_dp.utils.checkpoint_io``) guarantees
-that a checkpoint directory is never observed half-written, but nothing protects it afterwards:
-a copy that stopped early, a full disk during ``rsync`` or a zeroed block leaves a directory that
-looks committed and fails deep inside ``safetensors`` or a JSON parser with a message that names
-no file.  A checkpoint writer calls :func:`write_manifest` as the *last* step of filling its
-(temp) directory; a loader calls :func:`verify_manifest` before reading anything, which reports
-the first missing, truncated or altered file by path as a :class:`CheckpointCorruptError`.
-
-The manifest is ``file_manifest.json`` (UTF-8 JSON, never pickle) beside the files it covers.
-It is distinct from the format manifest ``manifest.json`` written by
-``nemo_dp.utils.checkpoint_io.write_manifest`` (which it covers like any other file).
+A writer calls :func:`write_manifest` as the last step of filling its directory; a loader calls
+:func:`verify_manifest` first, which names the first missing, truncated or altered file
+(:class:`CheckpointCorruptError`).  ``file_manifest.json`` is distinct from the format manifest
+``manifest.json``, which it covers like any other file.
 """
 
 from __future__ import annotations

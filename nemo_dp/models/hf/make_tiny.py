@@ -1,12 +1,7 @@
 """Offline tiny HuggingFace checkpoints: ``python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR``.
 
-Why this module exists: the ``policy=hf`` path must run (and be tested) with no network.  This
-command trains a byte-level BPE tokenizer with the ``tokenizers`` library on the arithmetic
-task's text in chat form, wraps it as a transformers fast tokenizer with pad / eos specials and
-a chat template, and writes a randomly initialised small Llama, Qwen2 or GPT-2 with
-``save_pretrained`` (safetensors) next to it: a directory laid out like a downloaded hub
-checkpoint, loaded later through the same ``from_pretrained(path)`` as a real one.
-:func:`ensure_tiny_checkpoint` builds one into a cache directory on first use and reuses it.
+Trains a byte-level BPE tokenizer on the arithmetic task and writes a randomly initialised small
+Llama, Qwen2 or GPT-2 laid out like a hub checkpoint.  :func:`ensure_tiny_checkpoint` caches one.
 """
 
 from __future__ import annotations

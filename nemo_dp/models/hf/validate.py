@@ -1,9 +1,6 @@
 """Checks of a ``policy=hf`` node that run on the driver before Ray starts.
 
-Why this module exists: a wrong path or an unusable checkpoint must fail in the first second,
-naming the key and the fix, not minutes later inside a Ray actor.  Everything here reads only
-local files (``local_files_only=True``): this toolkit never downloads from the hub, and a
-hub-style name that is not a local directory is refused as such.
+Local files only; a hub-style name that is not a local directory is refused as such.
 """
 
 from __future__ import annotations
@@ -29,9 +26,6 @@ def check_local_dir(key: str, path: str) -> Path:
     Args:
         key: The config key holding it (named in errors).
         path: The configured value.
-
-    Returns:
-        The directory.
 
     Raises:
         ValueError: Missing (a hub-style name gets its own explanation) or not a directory.
@@ -63,11 +57,7 @@ def check_local_dir(key: str, path: str) -> Path:
 
 
 def causal_lm_architectures() -> set[str]:
-    """Class names transformers registers as causal LMs (``AutoModelForCausalLM``).
-
-    Returns:
-        The names.
-    """
+    """Class names transformers registers as causal LMs (``AutoModelForCausalLM``)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     names: set[str] = set()

@@ -1,50 +1,11 @@
 """Colocated SFT loading: each DP-leader worker loads its own rows into its own store.
 
-Why this module exists: on the SFT data-plane path the driver must never hold bulk tensors.  Instead every DP-replica leader worker
-owns a loader and puts complete batches into its data-plane client, and the driver only moves
-the returned ``KVBatchMeta`` envelopes.  This module holds both halves:
-
-* ``ColocatedLoaderMixin`` (worker side, mixed into the data-plane policy worker): loads batch
-  *k* into partition ``f"sft_dp{rank}_batch{k}"`` with ids ``f"{pid}_row{i}"``, prefetches ahead
-  within the store's budget, commits (clears) a batch after the optimizer step, aborts (drops
-  every loaded batch and rewinds the loader so the step can be retried), and exposes the
-  committed loader position plus the store's own checkpoint for exact resume.  Its fused
-  ``run_sft_step`` is a whole SFT step on one rank in one call: train the placed batch *k*
-  through the worker's split training API (``TQWorkerMixin``'s ``*_presharded`` methods),
-  commit it, ready batch *k+1* and return its envelope.
-* ``ColocatedLoaderGroup`` (driver side): fans those calls out over the policy's worker group,
-  checks the envelopes (one per DP rank, equal micro-batch counts) and keeps the envelopes of
-  the batch the last fused step readied (``take_ready``), so a steady-state step is one round
-  trip.
-
-Design (the simplest honest one that gives exact parity with the legacy trainer):
-
-* Every worker holds a replica of the run's ``EpochLoader`` (dataset of short text pairs, a few
-  hundred KB; the driver ships it once at setup).  All replicas advance in lockstep over the
-  same global batches, and rank ``r`` keeps only its block ``[r*m, (r+1)*m)`` of each global
-  batch (``m = global batch / dp_size``) - exactly the rows the legacy planner
-  (``shard_by_batch_size``, no packing: contiguous blocks) gives rank ``r``.  Tokenisation and
-  tensors for rank ``r`` exist only in rank ``r``'s process.
-* The same code serves ``data_plane=local`` (each worker's private ``LocalDataPlaneClient``) and
-  ``data_plane=tq`` (the worker's attached TransferQueue client: the loader puts into
-  TransferQueue instead).  Columns are written padded to the rank's own width
-  (``local_batch_to_tensordict``); the worker's fetch pads them to the driver's global target.
-* The worker is a single-threaded Ray actor: every loader call runs to completion before the
-  next one starts, so there is no lock and nothing to wait for.  Prefetch is synchronous: after
-  batch *k* is ready, the same call loads batches *k+1...* while the loader's live batches are
-  below ``max_live_batches`` (the backend registry's bound: Local ``max_partitions``).  A
-  prefetch that finds the store full (``PartitionLimitError``: another user holds a slot) stops
-  with the loader rewound; a load of the batch a step needs raises that error instead of
-  waiting for a slot that nothing in this process could free.  No batch is ever dropped.
-* Loader positions are recorded per batch, so commit/abort/checkpoint always know the exact
-  cursor: the checkpointed position is the one after the last *committed* batch, and
-  ``quiesce`` drops prefetched batches (rewinding the loader) so the store is empty when the
-  data plane is checkpointed.
-* A commit inside the fused step is provisional until the driver confirms it by asking for the
-  next batch (or quiescing): when another rank's part of the same step failed, the driver's
-  ``abort_sft_batch(k)`` rolls this rank's commit of *k* back, so every rank retries *k*.
-  (An optimizer step that some ranks took and others did not cannot be rolled back; with
-  collective gradient all-reduce a rank cannot step without the others, as on the legacy path.)
+``ColocatedLoaderMixin`` (worker side) keeps a lockstep replica of the run's ``EpochLoader``,
+puts rank ``r``'s block of each global batch into partition ``sft_dp{r}_batch{k}``, prefetches
+within ``max_live_batches``, commits or aborts (rewinding the loader) and runs a fused
+``run_sft_step``.  ``ColocatedLoaderGroup`` (driver side) fans calls out and checks envelopes.
+A commit stays provisional until the driver asks for the next batch, so a failed step is retried
+on every rank.
 """
 
 from __future__ import annotations
@@ -146,11 +107,8 @@ class _LoadedBatch:
 class ColocatedLoaderMixin:
     """Worker-side colocated SFT loader (see the module docstring).
 
-    Host contract: the host has ``self.dp_client`` (a ``DataPlaneClient``; set by
-    ``TQWorkerMixin.setup_data_plane`` or assigned directly), ``self.rank`` and
-    ``self.world_size`` (its DP coordinates).  Pure data parallelism only: if the host defines
-    ``_is_replica_leader()`` it must be true (model-parallel siblings would need the leader's
-    envelope broadcast, which is not implemented; setup refuses instead of writing rows twice).
+    The host has ``self.dp_client``, ``self.rank`` and ``self.world_size``.  Pure data
+    parallelism only: a host ``_is_replica_leader()`` must be true (setup refuses otherwise).
     """
 
     _cl_loader: Any = None
@@ -417,23 +375,10 @@ class ColocatedLoaderMixin:
     ) -> dict[str, Any]:
         """One whole SFT step on this rank in one call: train batch *k*, commit it, ready *k+1*.
 
-        Batch ``batch_index`` must be loaded (the envelope the driver placed came from
-        :meth:`load_sft_batch` or from the previous call's ``"next"``) and ``placed_meta`` must be
-        its meta as the driver stamped it (same partition, ids and ``extra_info`` - the Local
-        generation included - plus the global pad target).  The call runs the worker's split
-        training API (``begin_train_step_presharded``, ``train_microbatch_presharded``,
-        ``finish_train_step_presharded``), commits the batch (:meth:`commit_sft_batch`), then
-        makes batch *k+1* ready (prefetched, or loaded now) and prefetches further while fewer
-        than ``max_live_batches`` are live.
-
-        Failure semantics: before the optimizer step anything that raises leaves this rank's
-        step aborted (gradients dropped) and the batch loaded; the driver then aborts every rank
-        (:meth:`abort_sft_batch` with the step's index, which also rolls back a commit this rank
-        already made in the failed step, so every rank is back at batch *k*).  Readying batch
-        *k+1* happens after the commit and never fails the step: a full store or an error
-        leaves it unloaded (loader rewound), ``"next"`` is ``None`` with the reason in
-        ``"next_error"``, and the driver's explicit load of the next step meets the error where
-        the step that needs the batch can abort.
+        ``placed_meta`` must be the loaded batch's meta as the driver stamped it.  A failure before
+        the optimizer step aborts this rank's step and leaves the batch loaded (the driver then
+        aborts every rank).  Readying *k+1* never fails the step: on error ``"next"`` is ``None``
+        and ``"next_error"`` says why.
 
         Args:
             placed_meta: This rank's placed meta of batch ``batch_index`` (pad target stamped).
@@ -442,11 +387,9 @@ class ColocatedLoaderMixin:
             mbs: Rows per micro-batch (passed to ``begin_train_step_presharded``).
 
         Returns:
-            ``{"metrics": finish_train_step_presharded's metrics (with is_replica_leader),
-            "consumed": rows of this rank, "next": the envelope of batch k+1 or None,
-            "load_s": seconds spent readying/prefetching after the commit, "next_error": None or
-            why batch k+1 is not ready, "next_store_unavailable": whether that was the store
-            not answering (``DataPlaneUnavailableError``)}``.
+            ``{"metrics", "consumed", "next", "load_s", "next_error", "next_store_unavailable"}``:
+            the step's metrics, rows of this rank, the envelope of batch k+1 or None, seconds spent
+            readying, why k+1 is not ready, and whether that was ``DataPlaneUnavailableError``.
 
         Raises:
             ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not the
@@ -581,14 +524,11 @@ class ColocatedLoaderMixin:
     def abort_sft_batch(self, batch_index: int | None = None) -> list[str]:
         """Drop the active and every prefetched batch; rewind the loader to the committed position.
 
-        The next :meth:`load_sft_batch` then reloads the same batch (a retried step sees the
-        same rows).  Idempotent.
+        The next :meth:`load_sft_batch` reloads the same batch.  Idempotent.
 
         Args:
-            batch_index: The batch of the step the driver aborts (its counters stay there).
-                When this rank already committed that batch in the failed step (its fused
-                :meth:`run_sft_step` finished while another rank's failed), the commit is rolled
-                back first, so every rank is again at ``batch_index``.  ``None``: abort at this
+            batch_index: The batch of the step the driver aborts.  If this rank already committed
+                it in the failed step, the commit is rolled back first.  ``None``: abort at this
                 rank's own position.
 
         Returns:
@@ -712,11 +652,9 @@ class ColocatedLoaderMixin:
 class ColocatedLoaderGroup:
     """Driver-side handle: runs the loader calls on every DP rank and checks the envelopes.
 
-    What differs between backends comes from the backend registry: where the data plane's own
-    checkpoint lives (``checkpoint_scope`` ``"process"``: every worker's private store, saved by
-    that worker under ``<dir>/dp{r}``; ``"cluster"``: the one shared store, saved by the
-    policy's bootstrapping client under ``<dir>/<checkpoint_subdir>``) and how many batches a
-    loader may keep live (``max_live_batches``).
+    The backend registry decides where the data plane's checkpoint lives (``checkpoint_scope``
+    ``"process"``: each worker's store under ``<dir>/dp{r}``; ``"cluster"``: the shared store
+    under ``<dir>/<checkpoint_subdir>``) and ``max_live_batches``.
 
     Args:
         policy: The data-plane policy (``worker_group`` with ``run_all`` / ``run_sharded`` /

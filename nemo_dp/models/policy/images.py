@@ -1,13 +1,8 @@
 """Images on the policy workers: encoding visual prompts and binding a batch's images.
 
-Why this module exists: a vision-language model needs each forward's rows' images.  A
-trainer hands the workers ``VisualPrompt`` specs or ``ImagePrompt`` image paths (not pixels);
-:func:`encode_visual_prompts` renders or loads the images and encodes the prompts with the
-worker's own processor into token ids plus ``PackedTensor``
-image columns, which then travel with the rows (in the driver's batch on the legacy path, in
-the store on the data-plane path).  :func:`bind_images` gives a forward the model bound to
-exactly its microbatch's images (``with_images``); a batch without image columns uses the model
-as it is, so text models are untouched.
+:func:`encode_visual_prompts` turns ``VisualPrompt`` specs or ``ImagePrompt`` image paths into
+token ids plus ``PackedTensor`` image columns; :func:`bind_images` binds a micro-batch's images to
+the model (text batches use the model as is).
 """
 
 from __future__ import annotations

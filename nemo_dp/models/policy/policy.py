@@ -1,13 +1,8 @@
 """``Policy``: the driver-side facade over a group of ``PolicyWorker`` Ray actors.
 
-The legacy (in-memory) trainers call ``generate``, ``get_logprobs``,
-``get_reference_policy_logprobs`` and ``train`` with whole ``BatchedDataDict`` batches; the
-facade shards them with the shared planner (``BatchedDataDict.shard_by_batch_size``, the same
-planner ``shard_meta_for_dp`` runs on the data-plane path, so both paths place rows and plan
-microbatches identically), dispatches one shard per DP rank and reassembles the results in input
-order.  The dispatch helpers (``_packing_args``, ``_shard_for_dp``, ``_dispatch_sharded``,
-``_aggregate_train_results``) are kept separate and reusable so that
-``TQPolicy(TQDriverMixin, Policy)`` can ship ``KVBatchMeta`` shards through the same worker group.
+Shards whole ``BatchedDataDict`` batches with the shared planner, dispatches one shard per DP
+rank and reassembles results in input order.  The dispatch helpers are reused by
+``TQPolicy(TQDriverMixin, Policy)`` for ``KVBatchMeta`` shards.
 """
 
 from __future__ import annotations
@@ -85,9 +80,7 @@ class Policy:
             name_prefix=name_prefix,
         )
 
-    # ------------------------------------------------------------------------------------------
-    # dispatch helpers (shared with the data-plane subclass)
-    # ------------------------------------------------------------------------------------------
+    # --- dispatch helpers (shared with the data-plane subclass) ---
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Planner arguments for a dispatch: ``(sequence_packing_args, dynamic_batching_args)``.
 
@@ -215,9 +208,7 @@ class Policy:
         out["per_step_loss"] = step_values.get("loss", [])
         return out
 
-    # ------------------------------------------------------------------------------------------
-    # the public API the legacy trainers use
-    # ------------------------------------------------------------------------------------------
+    # --- the public API the legacy trainers use ---
     def generate(
         self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
     ) -> BatchedDataDict:
@@ -342,7 +333,8 @@ class Policy:
         Args:
             lr: Base learning rate.
             decay_steps: Optimizer steps of the phase (horizon of a cosine schedule).
-            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's).
+            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's
+                ``optimizer.warmup_steps``; an SFT warm start passes its own).
         """
         self._dispatch_all(
             "reset_optimizer",

@@ -1,16 +1,8 @@
 """Driver side of the rollout actors: weights, dispatch, streaming claims, teardown.
 
-Why this module exists: ``RolloutGroup`` is what the asynchronous trainer sees of generation.
-It starts the ``RolloutWorker`` actors, pushes new weights to them straight from training rank 0
-through Ray's object store (the driver never holds the tensors), registers one partition per
-rollout batch, dispatches shards without waiting, and claims a batch's rows with ``claim_meta``
-as they become ready.  Rollout failures surface at the next claim instead of as a claim timeout.
-
-It reaches two attributes of the ``TQPolicy`` it is given: ``policy.dp_client`` (the driver's
-store client: register, claim, list and clear the rollout partitions) and
-``policy.worker_group.workers[0]`` (the rank-0 actor handle whose ``get_state`` is the source of
-new weights).  Both are plain attributes of ``TQPolicy`` / ``Policy`` today; a public accessor on
-the policy would replace them without changing this class's interface.
+``RolloutGroup`` starts the ``RolloutWorker`` actors, pushes weights from training rank 0 through
+Ray's object store, registers one partition per rollout batch and claims rows as they are ready.
+It uses ``policy.dp_client`` and ``policy.worker_group.workers[0]`` of the ``TQPolicy`` it gets.
 """
 
 from __future__ import annotations

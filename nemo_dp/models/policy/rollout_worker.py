@@ -1,17 +1,8 @@
-"""Rollout actors separate from the training workers: generation, scoring and the store write.
+"""``RolloutWorker``: a rollout actor separate from the training workers.
 
-Why this module exists: asynchronous GRPO generates while the trainer trains, so generation
-cannot live in the training workers (they are busy).  A ``RolloutWorker`` is a Ray actor
-(``num_cpus=0``) holding its own copy of the policy model, built through
-``nemo_dp.models.builders.build_model`` like a training worker's.  It generates its shard of a
-rollout batch exactly as ``PolicyWorker.generate`` does (same ``nemo_dp.models.generation.generate``
-call, same ``generation_batch_size`` chunks, per-row seeds), scores the responses, turns the
-rewards of its whole groups into advantages with the callable the trainer passed in (the models
-layer knows no advantage estimator), and writes every column the trainer needs into the store
-in one put, with the generating policy version on each row (column and tag ``policy_version``).
-Nothing per-token goes back to the driver.
-
-The driver side that starts and feeds these actors is ``rollout_group.RolloutGroup``.
+Holds its own model copy, generates its shard exactly as ``PolicyWorker.generate`` does, scores
+it, computes group advantages with the trainer's callable and writes every column into the store
+in one put, tagged with the generating ``policy_version``.  ``rollout_group`` is the driver side.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """``TQPolicyWorker``: the policy worker with the data-plane entrypoints mixed in.
 
-Why this module exists: on the data-plane path the workers, not the driver, own the bulk
-tensors.  ``TQWorkerMixin`` gives ``PolicyWorker`` the ``*_presharded`` entrypoints (fetch a
-``KVBatchMeta`` shard, attach the driver's plan, compute, write back on the replica leader);
-this module adds the one entrypoint that is specific to the policy: **rollout into the store**.
-A worker generates its shard of prompts with the same in-memory ``generate`` the legacy path
-uses (so the tokens are bit-identical), scores the responses, writes the bulk columns
-(``input_ids``, lengths, ``generation_logprobs``, ``token_mask``, ``sample_mask``) straight into
-the store under ids minted once per sample, and returns only the receipt meta plus a small
-per-row ``driver_carry`` (rewards, lengths, truncation flags).
+Adds rollout into the store: generate with the in-memory ``generate`` (bit-identical tokens),
+score, write the bulk columns under ids minted once per sample, and return only the receipt meta
+plus a small per-row ``driver_carry``.
 """
 
 from __future__ import annotations

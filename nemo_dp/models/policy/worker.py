@@ -1,20 +1,9 @@
 """``PolicyWorker``: one data-parallel rank of the policy (a Ray actor).
 
-Each worker holds a full model replica, its optimizer and a frozen reference copy, and joins
-the other ranks in a gloo process group over which gradients are all-reduced.  Every compute
-method takes an **in-memory** ``BatchedDataDict`` shard (already planned by the driver with the
-shared ``shard_by_batch_size`` planner) and never fetches anything itself: the data-plane
-variant of this worker (``TQWorkerMixin``) adds ``*_presharded`` entrypoints that fetch a
-``KVBatchMeta`` shard from the store, attach the driver's plan and then call these same methods.
-
-Loss normalisation: for every global batch the worker all-reduces its valid token / sequence
-counts first, the loss functions divide by those global counts, and gradients are all-reduced
-with SUM, so the update equals the full-batch mean whatever ``dp_size`` and the microbatching.
-
-The worker sees its model only through the ``CausalLM`` protocol (built by
-``nemo_dp.models.builders.build_model`` from the ``policy`` node) and its loss only through the
-``LossFn`` protocol (passed in by the trainer).  ``policy.device`` (``cpu`` | ``cuda``) places
-the model; on ``cuda`` the process group uses NCCL.
+Holds a model replica, its optimizer and a frozen reference copy; compute methods take an
+in-memory ``BatchedDataDict`` shard planned by the driver.  Losses divide by all-reduced global
+counts and gradients are SUM-reduced, so the update equals the full-batch mean for any
+``dp_size``.  ``policy.device`` places the model (NCCL on ``cuda``, gloo otherwise).
 """
 
 from __future__ import annotations
@@ -81,9 +70,6 @@ def resolve_device(policy_cfg: Any) -> torch.device:
 
     Args:
         policy_cfg: The ``policy`` node.
-
-    Returns:
-        The torch device.
 
     Raises:
         ValueError: An unknown device name.
@@ -158,9 +144,7 @@ class PolicyWorker:
         """This worker's trainable model (the value worker wraps it in a value head)."""
         return build_model(self.cfg, vocab_size=self.vocab_size, seed=self.seed)
 
-    # ------------------------------------------------------------------------------------------
-    # process group
-    # ------------------------------------------------------------------------------------------
+    # --- process group ---
     def collective_address(self) -> tuple[str, int]:
         """Rendezvous address for the gloo group (asked of rank 0 only).
 
@@ -209,9 +193,7 @@ class PolicyWorker:
                 dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
-    # ------------------------------------------------------------------------------------------
-    # helpers
-    # ------------------------------------------------------------------------------------------
+    # --- helpers ---
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
         ref = copy.deepcopy(model).eval()
@@ -254,13 +236,10 @@ class PolicyWorker:
         mb: BatchedDataDict | None = None,
         logits_from: int = 0,
     ) -> torch.Tensor:
-        """``model(input_ids, logits_from)`` in ``policy.precision``'s autocast (bf16-mixed:
-        bfloat16 matmuls).
+        """``model(input_ids, logits_from)`` in ``policy.precision``'s autocast.
 
-        Only the forward runs inside the autocast region: the caller's log-softmax and loss
-        (``token_logprobs_from_logits`` casts the logits to float32 first) run outside it, in
-        float32, and the backward follows each op's forward dtype.  A microbatch ``mb`` that
-        carries images binds them to a vision-language model first (``bind_images``).
+        Only the forward runs under autocast; the caller's log-softmax and loss run in float32.
+        A micro-batch carrying images binds them to the model first (``bind_images``).
         ``logits_from`` > 0 asks for the logits of positions ``logits_from ..`` only.
         """
         if mb is not None:
@@ -273,11 +252,9 @@ class PolicyWorker:
     ) -> torch.Tensor:
         """The training pass's forward: the logits the loss reads, under the training attention.
 
-        A loss that reads log-probs only where ``token_mask`` is nonzero (its
-        ``reads_masked_logprobs_only``) gets the logits from one before the first such token,
-        so the prompt's LM-head rows and their log-softmax are skipped.  With
-        ``policy.train_attn_implementation`` set, a HuggingFace model runs this pass (and so
-        its backward) with that attention implementation.
+        A loss with ``reads_masked_logprobs_only`` gets logits from one before the first
+        ``token_mask`` token (the prompt's LM-head rows are skipped).  A HuggingFace model uses
+        ``policy.train_attn_implementation`` for this pass when set.
         """
         logits_from = 0
         if getattr(loss_fn, "reads_masked_logprobs_only", False) and "token_mask" in tensors:
@@ -324,9 +301,7 @@ class PolicyWorker:
             )
         return specs
 
-    # ------------------------------------------------------------------------------------------
-    # generation and log-probs
-    # ------------------------------------------------------------------------------------------
+    # --- generation and log-probs ---
     def generate(
         self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True
     ) -> BatchedDataDict:
@@ -422,9 +397,7 @@ class PolicyWorker:
             {"reference_logprobs": self._logprobs(self.reference_model, data, micro_batch_size)}
         )
 
-    # ------------------------------------------------------------------------------------------
-    # training: split API (begin / microbatches / finish) and the one-call ``train``
-    # ------------------------------------------------------------------------------------------
+    # --- training: split API (begin / microbatches / finish) and the one-call ``train`` ---
     def begin_train_step(self, loss_fn: LossFn, eval_mode: bool = False, mbs: int | None = None) -> None:
         """Start one optimizer step: zero gradients and remember the loss function.
 
@@ -604,22 +577,13 @@ class PolicyWorker:
             per_step.append(self.finish_train_step())
         return {"per_step": per_step}
 
-    # ------------------------------------------------------------------------------------------
-    # state
-    # ------------------------------------------------------------------------------------------
+    # --- state ---
     def snapshot_reference_policy(self) -> None:
         """Make the reference policy a frozen copy of the current weights."""
         self.reference_model = self._frozen_copy(self.model)
 
     def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
-        """Fresh optimizer state with learning rate ``lr`` (a new training phase).
-
-        Args:
-            lr: Base learning rate.
-            decay_steps: Optimizer steps of the phase (the cosine schedule's horizon).
-            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's
-                ``optimizer.warmup_steps``; an SFT warm start passes its own).
-        """
+        """Fresh optimizer state for a new phase (arguments as ``Policy.reset_optimizer``)."""
         self.lr = float(lr)
         self.optimizer = self._make_optimizer(self.lr)
         self.optimizer_steps = 0
@@ -661,10 +625,8 @@ class PolicyWorker:
     def _pretrained_files(self) -> dict[str, bytes]:
         """The model's ``save_pretrained`` output plus its tokenizer's files, name -> bytes.
 
-        With the tokenizer beside the weights, a checkpoint's ``policy/`` directory loads on
-        its own (``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` for ``hf``),
-        wherever the run's tokenizer path was relative to.  The tokenizer never changes during
-        a run, so its files are written once (asynchronous GRPO exports every step).
+        With the tokenizer beside the weights a checkpoint's ``policy/`` directory loads on its
+        own.  The tokenizer files are read once (they never change during a run).
         """
         if self._tokenizer_files is None:
             with tempfile.TemporaryDirectory(prefix="nemo_dp_tokenizer_") as tmp:

@@ -1,9 +1,4 @@
-"""``policy=tiny`` builder: ``TinyCausalLM`` shaped by ``policy.model`` and the char tokenizer.
-
-Why this module exists: it is the one place outside the tiny model's own modules that names
-``TinyCausalLM`` and ``CharTokenizer``; everything else reaches them through
-``nemo_dp.models.builders``.
-"""
+"""``policy=tiny`` builder: ``TinyCausalLM`` shaped by ``policy.model`` and the char tokenizer."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""A small causal transformer in plain PyTorch: the ``policy=tiny`` model of nemo_dp.
+"""A small causal transformer in plain PyTorch: the ``policy=tiny`` model.
 
-Real training has to fit on two CPU cores, so the model is tiny, but it is shaped like a
-production decoder (token + learned position embeddings, pre-LN blocks, causal SDPA attention,
-an LM head) and implements the ``CausalLM`` protocol (``nemo_dp.models.protocol``): full
-forward, hidden states for a value head, and prefill / one-token decode over its own
-preallocated KV cache.  ``save_pretrained`` / ``from_pretrained`` store it as a JSON config
-plus safetensors weights, so its checkpoints load without executing code.
+Pre-LN decoder with learned positions and a preallocated KV cache, implementing ``CausalLM``;
+saved as a JSON config plus safetensors, so checkpoints load without executing code.
 """
 
 from __future__ import annotations
@@ -216,35 +212,16 @@ class TinyCausalLM(nn.Module):
         return x
 
     def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
-        """Full causal forward pass.
-
-        Args:
-            input_ids: int64 ``[B, S]``; right padding does not affect valid positions.
-            logits_from: The first position whose logits are returned.
-
-        Returns:
-            float32 logits ``[B, S - logits_from, V]``.
-        """
+        """Full causal forward pass (float32 logits ``[B, S - logits_from, V]``)."""
         trunk = self._trunk(input_ids)
         return self._head(trunk[:, logits_from:] if logits_from else trunk)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Final-norm hidden states ``[B, S, d_model]`` (what the LM head reads).
-
-        Args:
-            input_ids: int64 ``[B, S]``.
-
-        Returns:
-            float32 ``[B, S, d_model]``.
-        """
+        """Final-norm hidden states ``[B, S, d_model]`` (what the LM head reads)."""
         return self.ln_f(self._trunk(input_ids))
 
     def lm_head_only_parameters(self) -> list[nn.Parameter]:
-        """The untied LM head weight.
-
-        Returns:
-            ``[head.weight]``.
-        """
+        """The untied LM head weight."""
         return [self.head.weight]
 
     def prefill(
@@ -254,17 +231,7 @@ class TinyCausalLM(nn.Module):
         positions: torch.Tensor,
         max_len: int,
     ) -> tuple[torch.Tensor, KVCache]:
-        """Left-padded prompts through a fresh cache of ``max_len`` positions.
-
-        Args:
-            input_ids: int64 ``[B, W]``.
-            key_valid: bool ``[B, W]``, True on real tokens.
-            positions: int64 ``[B, W]``.
-            max_len: Cache capacity.
-
-        Returns:
-            ``(last-column logits [B, V], cache)``.
-        """
+        """Left-padded prompts through a fresh cache of ``max_len`` positions."""
         bsz, width = input_ids.shape
         # Pad queries may attend to themselves so that no softmax row is empty (their outputs
         # are never read); real queries see only real, earlier keys.
@@ -282,26 +249,12 @@ class TinyCausalLM(nn.Module):
         key_valid: torch.Tensor,
         cache: KVCache,
     ) -> tuple[torch.Tensor, KVCache]:
-        """One token per row through the cache.
-
-        Args:
-            tokens: int64 ``[B, 1]``.
-            positions: int64 ``[B, 1]``.
-            key_valid: bool ``[B, cache.length + 1]``.
-            cache: The cache (advanced in place).
-
-        Returns:
-            ``(logits [B, V], cache)``.
-        """
+        """One token per row through the cache."""
         logits = self.forward_cached(tokens, positions, cache, key_valid[:, None, None, :])
         return logits[:, -1], cache
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """Write ``config.json`` (the :class:`ModelConfig`) and ``model.safetensors``.
-
-        Args:
-            directory: Target directory (created if missing).
-        """
+        """Write ``config.json`` (the :class:`ModelConfig`) and ``model.safetensors``."""
         from safetensors.torch import save_file
 
         out = Path(directory)
@@ -348,9 +301,6 @@ class TinyCausalLM(nn.Module):
         Args:
             batch_size: Rows decoded together.
             max_len: Positions to allocate.
-
-        Returns:
-            An empty cache.
         """
         weight = self.tok_emb.weight
         return KVCache(self.cfg, batch_size, max_len, weight.dtype, weight.device)

@@ -1,9 +1,5 @@
-"""Character-level tokenizer shipped with nemo_dp (the ``policy=tiny`` tokenizer).
-
-The built-in tasks (arithmetic, small jsonl tasks) need no downloaded vocabulary: a fixed
-character vocabulary in code keeps token ids stable across runs, machines and checkpoints.
-It implements the ``Tokenizer`` protocol of ``nemo_dp.models.protocol``; it has no chat
-template, so chat turns are concatenated.
+"""Character-level tokenizer (the ``policy=tiny`` tokenizer): a fixed vocabulary in code, so ids are
+stable everywhere; no chat template.
 """
 
 from __future__ import annotations
@@ -68,15 +64,7 @@ class CharTokenizer:
         return None
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
-        """Concatenate the turns' contents (there is no template to apply).
-
-        Args:
-            messages: ``{role, content}`` turns.
-            add_generation_prompt: Ignored (no assistant prefix exists).
-
-        Returns:
-            The concatenated text.
-        """
+        """Concatenate the turns' contents (no template; ``add_generation_prompt`` is ignored)."""
         return concat_messages(messages)
 
     def encode(self, text: str) -> list[int]:
@@ -102,25 +90,11 @@ class CharTokenizer:
         return ids
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """Encode a prompt as ``[bos] + encode(prompt)``.
-
-        Args:
-            prompt: The prompt text.
-
-        Returns:
-            The prompt ids, starting with bos.
-        """
+        """Encode a prompt as ``[bos] + encode(prompt)``."""
         return [self.bos_id] + self.encode(prompt)
 
     def encode_response(self, response: str) -> list[int]:
-        """Encode a response as ``encode(response) + [eos]``.
-
-        Args:
-            response: The response text.
-
-        Returns:
-            The response ids, ending with eos.
-        """
+        """Encode a response as ``encode(response) + [eos]``."""
         return self.encode(response) + [self.eos_id]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
@@ -135,9 +109,6 @@ class CharTokenizer:
             stop_at_eos: Stop at the first eos (the default) instead of rendering it.
             skip_special: Drop pad and bos (and eos when not stopping), e.g. for display of a
                 whole ``[bos] + prompt + ...`` row.
-
-        Returns:
-            The decoded text.
 
         Raises:
             ValueError: If an id is outside the vocabulary.

@@ -1,17 +1,7 @@
 """``TQValue``: the PPO critic's driver facade whose bulk tensors live in the data plane.
 
-Why this module exists: on the data-plane path the critic, like the policy, must receive only
-``KVBatchMeta`` shards (design rules 4 and 6): its workers fetch their rows from the store,
-compute, and write ``values`` back under the same ids.  ``TQValue`` is ``Value`` (shared
-sharding, dispatch and metric aggregation from ``Policy``) with ``TQDriverMixin`` - the same
-mixin ``TQPolicy`` uses - for the metadata work, so every critic dispatch gets its **own**
-fresh pad target from ``_isolated_meta`` (contract §13): with ``ppo_epochs > 1`` the policy and
-the critic each dispatch the same rows several times, and a target stamped once on a shared
-meta would leak from the policy into the critic (different rounding) and across epochs.
-
-The TransferQueue library allows one client per process, so the critic does not build a
-driver client of its own: it borrows the policy's (``TQValue.from_policy``) and never closes
-it.  Its workers (``TQValueWorker``) attach their own clients with ``setup_data_plane``.
+``Value`` plus ``TQDriverMixin``: every critic dispatch gets its own fresh pad target.  It borrows
+the policy's driver client (TransferQueue allows one per process) and never closes it.
 """
 
 from __future__ import annotations
@@ -77,9 +67,6 @@ class TQValue(TQDriverMixin, Value):
             policy: A data-plane policy exposing ``dp_cfg`` and ``dp_client`` (``TQPolicy``).
             **kwargs: ``Value`` constructor arguments.
 
-        Returns:
-            The critic.
-
         Raises:
             ValueError: ``policy`` is not a data-plane policy.
         """
@@ -100,13 +87,9 @@ class TQValue(TQDriverMixin, Value):
         return self._shard_meta(isolated, batch_size=batch_size, mb_tokens_key=mb_tokens_key)
 
     def get_values_from_meta(self, meta: KVBatchMeta) -> None:
-        """Critic values of ``meta``'s rows; the workers write them back as ``values``.
+        """Critic values of ``meta``'s rows; the workers write them to the store as ``values``.
 
-        Args:
-            meta: Rows (with ``sequence_lengths``) already holding ``VALUE_SEED_FIELDS``.
-
-        Returns:
-            ``None``: the results are in the store under the same ids.
+        ``meta`` carries ``sequence_lengths`` and its rows already hold ``VALUE_SEED_FIELDS``.
         """
         shards = self._shard_isolated(
             meta, fields=VALUE_SEED_FIELDS, task_name=TASK_VALUES, batch_size=None,

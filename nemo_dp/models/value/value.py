@@ -1,15 +1,8 @@
 """``Value``: the driver-side facade over the PPO critic's own worker group.
 
-Why this module exists: the critic needs exactly the policy facade's dispatch machinery - shard
-a batch over its DP ranks with the shared planner, fan out, reassemble in input order, aggregate
-per-rank training metrics, checkpoint and restore - so ``Value`` subclasses ``Policy`` and swaps
-in ``ValueWorker``; the critic runs its own ``RayWorkerGroup`` (its own gloo group, its own
-optimizer).  What differs is the forward-only call (``get_values``) and that a critic cannot
-generate or produce log-probs.  ``TQValue(TQDriverMixin, Value)`` adds the data-plane variants.
-
-The critic's config node has the policy config's keys (``critic_config`` derives it from the
-policy config and ``algorithm.value``): same model shape and the same batching / planning
-settings, so both models see identical microbatch plans for the same rows.
+Subclasses ``Policy`` (same sharding, dispatch and aggregation) with ``ValueWorker``; adds
+``get_values`` and refuses generation and log-probs.  Its config has the policy's batching keys,
+so both models get identical micro-batch plans.
 """
 
 from __future__ import annotations
@@ -88,33 +81,17 @@ class Value(Policy):
     def generate(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool
     ) -> BatchedDataDict:
-        """Not available.
-
-        Raises:
-            RuntimeError: Always (a critic has no language-model head).
-        """
+        """Not available: a critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model cannot generate")
 
     def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Not available.
-
-        Raises:
-            RuntimeError: Always; use :meth:`get_values`.
-        """
+        """Not available (use :meth:`get_values`); raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no log-probs; use get_values")
 
     def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Not available.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no reference policy")
 
     def snapshot_reference_policy(self) -> None:
-        """Not available.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no reference policy")

@@ -1,12 +1,7 @@
 """``ValueWorker``: one data-parallel rank of the PPO critic (a Ray actor).
 
-Why this module exists: the critic is trained exactly like the policy - a model replica per DP
-rank, its own AdamW optimizer, the same global-count loss normalisation, gradients all-reduced
-over its own gloo group, the same microbatch plans - so it reuses ``PolicyWorker`` for all of
-that and changes only the model (``ValueModel``: the policy's model family as a backbone plus a
-scalar head over the protocol's hidden states) and the forward-only method (``get_values``
-instead of log-probs).  Because ``PolicyWorker.train`` hands the raw model output to the loss
-function, the critic's loss receives the value head's ``[b, s]`` output in place of logits.
+Reuses ``PolicyWorker`` with a ``ValueModel`` and ``get_values``; the loss receives the value
+head's ``[b, s]`` output in place of logits.
 """
 
 from __future__ import annotations
@@ -31,11 +26,8 @@ VALUE_HEAD_PARAMS: frozenset[str] = frozenset({f"{VALUE_HEAD_PREFIX}weight"})
 class ValueWorker(PolicyWorker):
     """One critic DP rank: value model, optimizer and gloo group membership.
 
-    Constructed like ``PolicyWorker`` (``rank``, ``world_size``, ``policy_cfg`` = the critic's
-    config node with the policy config's keys, ``vocab_size``, ``pad_id``, ``eos_id``,
-    ``seed``).  The inherited reference copy is a frozen copy of the value model; it is never
-    used for computation and exists only so that the inherited checkpoint state methods work
-    unchanged.
+    Constructed like ``PolicyWorker``.  The inherited reference copy is never used for
+    computation; it exists so the inherited checkpoint methods work unchanged.
     """
 
     def _build_model(self) -> torch.nn.Module:
@@ -45,29 +37,17 @@ class ValueWorker(PolicyWorker):
 
     # --- what a critic does not do ----------------------------------------------------------
     def generate(self, shard: Mapping[str, Any], greedy: bool) -> BatchedDataDict:
-        """Not available: the critic has no language-model head.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available: the critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model cannot generate")
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Not available: the critic has no language-model head.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available: the critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no log-probs; use get_values")
 
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
-        """Not available: the critic has no reference policy.
-
-        Raises:
-            RuntimeError: Always.
-        """
+        """Not available: the critic has no reference policy; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no reference policy")
 
     # --- values --------------------------------------------------------------------------------
