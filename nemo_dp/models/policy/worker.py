@@ -55,9 +55,14 @@ def _cfg_get(cfg: Any, key: str) -> Any:
 
 
 def _to_cpu(obj: Any) -> Any:
-    """A detached CPU copy of every tensor in a nested state (dicts, lists, tuples)."""
+    """Every tensor of a nested state (dicts, lists, tuples) detached and on the CPU.
+
+    A tensor already on the CPU is returned as a detached view, not copied: the state leaves
+    the actor serialized (Ray copies it on return), and a copy here would hold a second full
+    set of weights and optimizer moments in the worker for the length of the call.
+    """
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        return obj.detach().to("cpu")
     if isinstance(obj, dict):
         return {k: _to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
