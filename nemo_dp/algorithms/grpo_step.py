@@ -1,0 +1,254 @@
+"""The one synchronous GRPO step, over either batch path.
+
+:func:`collect_grpo_rows` (rollout, group baselines, dynamic sampling) and :func:`run_grpo` (the
+step loop: log-probs, training, metrics, validation, checkpoints) are written once here; a
+:class:`GRPOBatchPath` says where the rows live: in driver memory (``grpo.LegacyGRPOPath``)
+or in the data plane (``grpo_sync.StoreGRPOPath``).  This module never imports the data plane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.grpo_common import LogprobPlan, finish_grpo_step_metrics, logprob_plan
+from nemo_dp.algorithms.trainer_common import (
+    clipped_pg_loss_fn,
+    sample_seeds,
+    save_if_due,
+    start_counters,
+    trainer_state,
+    validate_at_start,
+)
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.environments.weighted import reward_part_means
+
+__all__ = ["StepRows", "GRPOBatchPath", "collect_grpo_rows", "run_grpo"]
+
+
+@dataclass
+class StepRows:
+    """A step's rows: ``handle`` reaches the per-token data, ``carry`` holds per-row values.
+
+    Attributes:
+        handle: The legacy path's ``BatchedDataDict`` (then ``carry is handle``) or the data
+            plane's ``KVBatchMeta``.
+        carry: ``rewards``, ``baseline``, ``std``, ``truncated`` (and the path's lengths) per row.
+    """
+
+    handle: Any
+    carry: BatchedDataDict
+
+    @property
+    def size(self) -> int:
+        """Number of rows."""
+        return int(self.handle.size)
+
+
+class GRPOBatchPath(Protocol):
+    """What the GRPO step asks of the place its rows live."""
+
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        """The held-out evaluation of the phase."""
+
+    def start_run(self) -> None:
+        """Called once before the first step."""
+
+    def begin_step(self, num_samples: int, group_size: int) -> None:
+        """Called before a step's first rollout."""
+
+    def end_step(self) -> None:
+        """Called after a step, also when it failed."""
+
+    def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
+        """Sample ``group`` responses per problem (one seed per response) and score them."""
+
+    def stamp(self, rows: StepRows, baseline: torch.Tensor, std: torch.Tensor) -> None:
+        """Record the group baselines and stds with the rows."""
+
+    def keep(self, rows: StepRows, keep: list[int]) -> StepRows | None:
+        """The rows at ``keep`` (the others are dropped); ``None`` when ``keep`` is empty."""
+
+    def concat(self, first: StepRows, second: StepRows) -> StepRows:
+        """``first`` followed by ``second``."""
+
+    def head(self, rows: StepRows, n: int) -> StepRows:
+        """The first ``n`` rows (the rest are dropped)."""
+
+    def response_lengths(self, rows: StepRows) -> torch.Tensor:
+        """float ``[B]`` response lengths."""
+
+    def logprobs(self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan) -> None:
+        """Compute the log-probs ``plan`` asks for, ready for :meth:`train`."""
+
+    def train(self, rows: StepRows, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
+        """One training call on the rows; returns ``policy.train``'s result."""
+
+    def step_metrics(self, step: int, step_s: float) -> dict[str, Any]:
+        """Extra per-step metrics of the path (logged with the step's)."""
+
+
+def collect_grpo_rows(
+    path: GRPOBatchPath, master_config: Any, *, train_loader: Any, step: int
+) -> tuple[StepRows, dict[str, Any]]:
+    """Roll out until one step's batch is complete (with dynamic sampling when enabled).
+
+    Args:
+        path: Where the rows live.
+        master_config: Root config (GRPO algorithm).
+        train_loader: Loader of problems (``num_prompts_per_step`` per batch).
+        step: The step being collected (1-based; seeds depend on it).
+
+    Returns:
+        ``(rows, info)``: exactly ``num_prompts_per_step x num_generations_per_prompt`` rows
+        whose carry holds ``rewards``, ``baseline`` and ``std``; ``info`` holds the unfiltered
+        rewards (truncated to the batch size), ``num_gen_batches`` and
+        ``num_discarded_valid_samples``.
+
+    Raises:
+        ValueError: ``"Dynamic sampling reached max_gen_batches=..."`` when the batch cannot be
+            filled within the budget.
+    """
+    algo = master_config.algorithm
+    group = int(algo.num_generations_per_prompt)
+    target = int(algo.num_prompts_per_step) * group
+    ds = algo.dynamic_sampling
+    pending: StepRows | None = None
+    unfiltered: list[torch.Tensor] = []
+    num_gen = 0
+    discarded = 0
+    while True:
+        problems = train_loader.next_batch()
+        seeds = sample_seeds(int(master_config.seed), step, num_gen, len(problems) * group)
+        iteration = num_gen
+        num_gen += 1
+        rows: StepRows | None = path.rollout(problems, seeds, group=group, step=step, iteration=iteration)
+        assert rows is not None
+        rewards = rows.carry["rewards"]
+        baseline, std = grpo_baseline_and_std(rewards, group, bool(algo.use_leave_one_out_baseline))
+        rows.carry["baseline"] = baseline
+        rows.carry["std"] = std
+        path.stamp(rows, baseline, std)
+        unfiltered.append(rewards)
+        if bool(ds.enabled):
+            rows = path.keep(rows, [i for i, s in enumerate(std.tolist()) if s != 0.0])
+        if rows is not None:
+            pending = rows if pending is None else path.concat(pending, rows)
+        if not bool(ds.enabled):
+            break
+        have = 0 if pending is None else pending.size
+        if have >= target:
+            if have > target:
+                assert pending is not None
+                discarded = have - target
+                pending = path.head(pending, target)
+            break
+        if num_gen >= int(ds.max_gen_batches):
+            raise ValueError(
+                f"Dynamic sampling reached max_gen_batches={int(ds.max_gen_batches)} "
+                f"(algorithm.dynamic_sampling.max_gen_batches) with {have} of {target} samples "
+                f"at step {step}: too many groups have identical rewards; raise the budget or "
+                "disable algorithm.dynamic_sampling"
+            )
+    assert pending is not None
+    info = {
+        "unfiltered_rewards": torch.cat(unfiltered)[:target],
+        "num_gen_batches": num_gen,
+        "num_discarded_valid_samples": discarded,
+    }
+    return pending, info
+
+
+def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
+    """Run GRPO for ``algorithm.max_steps`` steps with the rows on ``path``.
+
+    A fresh run (no ``ctx.start_state``) freezes the current weights as the reference policy
+    and starts a fresh optimizer at ``policy.optimizer.lr`` (after an SFT warm start this makes
+    the warm-started model the reference).
+
+    Args:
+        ctx: The phase's context.
+        path: Where the rows live.
+
+    Returns:
+        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
+
+    Raises:
+        ValueError: Dynamic sampling exhausted ``max_gen_batches``.
+    """
+    policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
+    algo = master_config.algorithm
+    max_steps = int(algo.max_steps)
+    group = int(algo.num_generations_per_prompt)
+    per_step = int(algo.num_prompts_per_step) * group
+    counters = start_counters(
+        ctx.start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger
+    )
+    if ctx.start_state is None:
+        policy.snapshot_reference_policy()
+        optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
+        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
+    plan = logprob_plan(master_config)
+    loss_fn = clipped_pg_loss_fn(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
+    logger.start(max_steps, int(counters["step"]))
+    evaluate = path.make_evaluator(ctx)
+    validate_at_start(counters, evaluate, algo=algo, num_problems=len(ctx.val_problems), logger=logger)
+
+    path.start_run()
+    while counters["step"] < max_steps:
+        step = int(counters["step"]) + 1
+        t_step = time.perf_counter()
+        path.begin_step(per_step, group)
+        try:
+            t0 = time.perf_counter()
+            rows, info = collect_grpo_rows(path, master_config, train_loader=train_loader, step=step)
+            t_gen = time.perf_counter() - t0
+            carry = rows.carry
+            adv = grpo_advantages(carry["rewards"], carry["baseline"], carry["std"], bool(algo.normalize_rewards))
+            sample_mask = torch.ones(rows.size, dtype=torch.float32)
+            if bool(algo.overlong_filtering):
+                sample_mask = sample_mask * (~carry["truncated"].bool()).float()
+            t1 = time.perf_counter()
+            path.logprobs(rows, adv, sample_mask, plan)
+            t_lp = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            train_metrics = path.train(rows, loss_fn, plan)
+            t_train = time.perf_counter() - t2
+        finally:
+            path.end_step()
+        counters["step"] = step
+        counters["consumed_samples"] += rows.size
+        metrics = finish_grpo_step_metrics(
+            step,
+            train_metrics,
+            info=info,
+            train_rewards=carry["rewards"],
+            reward_parts=reward_part_means(carry),
+            advantages=adv,
+            response_lengths=path.response_lengths(rows),
+            truncated=carry["truncated"],
+            sample_mask=sample_mask,
+            counters=counters,
+            timings=(t_gen, t_lp, t_train),
+            prev_logprobs_source=plan.prev_logprobs_source,
+            val_period=int(algo.val_period),
+            max_steps=max_steps,
+            evaluate=evaluate,
+            logger=logger,
+        )
+        metrics.update(path.step_metrics(step, time.perf_counter() - t_step))
+        logger.log_step(step, metrics)
+        save_if_due(
+            ctx.checkpointer,
+            step,
+            max_steps,
+            lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
+        )
+    logger.close()
+    return dict(counters)
