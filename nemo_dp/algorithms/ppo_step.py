@@ -1,0 +1,177 @@
+"""The one PPO step, over either batch path.
+
+:func:`run_ppo` (rollout, policy / reference / value forwards, GAE targets, epochs of policy and
+critic training, metrics, validation, checkpoints) is written once here; a
+:class:`PPOBatchPath` says where the rows live: in driver memory (``ppo.LegacyPPOPath``) or in
+the data plane (``ppo_sync.StorePPOPath``).  This module never imports the data plane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.grpo_step import StepRows
+from nemo_dp.algorithms.ppo_common import (
+    build_ppo_loss_fns,
+    compute_ppo_targets,
+    epoch_permutation,
+    finish_ppo_step_metrics,
+    ppo_step_metrics,
+    start_ppo_phase,
+)
+from nemo_dp.algorithms.trainer_common import sample_seeds, save_if_due, trainer_state, validate_at_start
+from nemo_dp.environments.weighted import reward_part_means
+
+__all__ = ["PPOBatchPath", "TARGET_INPUTS", "run_ppo"]
+
+#: The per-token columns the GAE targets and the step metrics read, by name.
+TARGET_INPUTS: tuple[str, ...] = ("token_mask", "prev_logprobs", "reference_policy_logprobs", "values")
+
+
+class PPOBatchPath(Protocol):
+    """What the PPO step asks of the place its rows live."""
+
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        """The held-out evaluation of the phase."""
+
+    def start_run(self) -> None:
+        """Called once before the first step."""
+
+    def begin_step(self, num_samples: int) -> None:
+        """Called before a step's rollout."""
+
+    def end_step(self) -> None:
+        """Called after a step, also when it failed."""
+
+    def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
+        """Sample ``group`` responses per problem (one seed per response) and score them."""
+
+    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> None:
+        """Policy, reference and value forwards over the rows."""
+
+    def target_inputs(self, rows: StepRows) -> Mapping[str, torch.Tensor]:
+        """The :data:`TARGET_INPUTS` columns of the rows."""
+
+    def set_targets(self, rows: StepRows, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor) -> None:
+        """Attach the targets (and the sample mask) to the rows for training."""
+
+    def train_epoch(
+        self, rows: StepRows, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Train the policy, then the critic, on the rows in ``order``; their results."""
+
+    def finish(self, rows: StepRows) -> None:
+        """Called after a step's training succeeded."""
+
+    def step_metrics(self, step_s: float) -> dict[str, Any]:
+        """Extra per-step metrics of the path (logged with the step's)."""
+
+
+def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]:
+    """Run PPO for ``algorithm.max_steps`` steps with the rows on ``path``.
+
+    Args:
+        ctx: The phase's context (``ctx.cfg.algorithm`` PPO).
+        value: The critic (built by the caller, which also shuts it down).
+        path: Where the rows live.
+
+    Returns:
+        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
+    """
+    policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
+    algo = master_config.algorithm
+    max_steps = int(algo.max_steps)
+    group = int(algo.num_generations_per_prompt)
+    per_step = int(algo.num_prompts_per_step) * group
+    counters = start_ppo_phase(
+        policy, value, master_config, start_state=ctx.start_state, train_loader=train_loader, logger=logger
+    )
+    policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
+    logger.start(max_steps, int(counters["step"]))
+    evaluate = path.make_evaluator(ctx)
+    validate_at_start(counters, evaluate, algo=algo, num_problems=len(ctx.val_problems), logger=logger)
+
+    path.start_run()
+    while counters["step"] < max_steps:
+        step = int(counters["step"]) + 1
+        t_step = time.perf_counter()
+        path.begin_step(per_step)
+        try:
+            t0 = time.perf_counter()
+            problems = train_loader.next_batch()
+            seeds = sample_seeds(int(master_config.seed), step, 0, len(problems) * group)
+            rows = path.rollout(problems, seeds, group=group, step=step)
+            carry = rows.carry
+            t_gen = time.perf_counter() - t0
+            sample_mask = torch.ones(rows.size, dtype=torch.float32)
+            if bool(algo.overlong_filtering):
+                sample_mask = sample_mask * (~carry["truncated"].bool()).float()
+            t1 = time.perf_counter()
+            path.forward(rows, sample_mask)
+            t_fwd = time.perf_counter() - t1
+            cols = path.target_inputs(rows)
+            targets = compute_ppo_targets(
+                algo,
+                scores=carry["rewards"],
+                token_mask=cols["token_mask"],
+                sample_mask=sample_mask,
+                prev_logprobs=cols["prev_logprobs"],
+                reference_logprobs=cols["reference_policy_logprobs"],
+                values=cols["values"],
+            )
+            path.set_targets(rows, targets.advantages, targets.returns, sample_mask)
+            t2 = time.perf_counter()
+            policy_epochs, value_epochs = [], []
+            for epoch in range(int(algo.ppo_epochs)):
+                order = epoch_permutation(int(master_config.seed), step, epoch, rows.size)
+                policy_metrics, value_metrics = path.train_epoch(rows, order, policy_loss_fn, value_loss_fn)
+                policy_epochs.append(policy_metrics)
+                value_epochs.append(value_metrics)
+            t_train = time.perf_counter() - t2
+            path.finish(rows)
+        finally:
+            path.end_step()
+        counters["step"] = step
+        counters["consumed_samples"] += rows.size
+        metrics = ppo_step_metrics(
+            scores=carry["rewards"],
+            reward_parts=reward_part_means(carry),
+            targets=targets,
+            values=cols["values"],
+            token_mask=cols["token_mask"],
+            truncated=carry["truncated"],
+            sample_mask=sample_mask,
+            policy_epochs=policy_epochs,
+            value_epochs=value_epochs,
+        )
+        finish_ppo_step_metrics(
+            step,
+            metrics,
+            counters=counters,
+            timings=(t_gen, t_fwd, t_train),
+            val_period=int(algo.val_period),
+            max_steps=max_steps,
+            evaluate=evaluate,
+            logger=logger,
+        )
+        metrics.update(path.step_metrics(time.perf_counter() - t_step))
+        logger.log_step(step, metrics)
+        save_if_due(
+            ctx.checkpointer,
+            step,
+            max_steps,
+            lambda: trainer_state(
+                "ppo",
+                counters,
+                policy_state=policy.state_dict(),
+                value_state=value.state_dict(),
+                loader_state=train_loader.state_dict(),
+            ),
+        )
+    logger.close()
+    return dict(counters)
