@@ -17,16 +17,9 @@ from typing import Any
 
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, TrainContext, TrainHooks
-from nemo_dp.algorithms.loss_functions import NLLLoss
+from nemo_dp.algorithms.sft_step import run_sft
+from nemo_dp.algorithms.trainer_common import make_evaluator, trainer_state
 from nemo_dp.config.schema import train_micro_batch_rows
-from nemo_dp.algorithms.trainer_common import (
-    make_evaluator,
-    record_validation,
-    should_validate,
-    start_counters,
-    trainer_state,
-    validate_at_start,
-)
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
 from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
@@ -40,6 +33,7 @@ from nemo_dp.utils.checkpoint import (
 
 __all__ = [
     "sft_train_sync",
+    "ColocatedSFTPath",
     "sft_sync_step",
     "SFTStepResult",
     "DATA_PLANE_CKPT_DIR",
@@ -197,6 +191,65 @@ def save_sft_checkpoint(
     return path
 
 
+class ColocatedSFTPath:
+    """SFT batches loaded by the workers' colocated loaders into the data plane.
+
+    Args:
+        ctx: The phase's context (``ctx.policy`` a ``TQPolicy`` with colocated-loader workers).
+    """
+
+    def __init__(self, ctx: TrainContext) -> None:
+        self.policy = ctx.policy
+        self.loaders = ColocatedLoaderGroup(ctx.policy, ctx.cfg.data_plane)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.loaders.load_data_plane(Path(state["checkpoint_path"]) / DATA_PLANE_CKPT_DIR)
+
+    def prepare(self, ctx: TrainContext, next_batch: int) -> None:
+        pcfg = ctx.cfg.policy
+        self.loaders.setup(
+            ctx.train_loader,
+            tokenizer=ctx.tokenizer,
+            max_seq_len=int(pcfg.model.max_seq_len),
+            micro_batch_size=train_micro_batch_rows(pcfg),
+            max_live_batches=self.loaders.max_live_batches(),
+        )
+        self.loaders.set_position(next_batch)
+
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        return make_evaluator(
+            ctx.policy, ctx.val_problems, tokenizer=ctx.tokenizer, env=ctx.env, master_config=ctx.cfg, logger=ctx.logger
+        )
+
+    def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
+        result = sft_sync_step(self.policy, self.loaders, batch_index, loss_fn)
+        extra = {
+            "time/load_wait_s": result.load_wait_s,
+            "time/load_s": max(e.load_time_s for e in result.envelopes),
+            "data_plane/prefetched": float(all(e.prefetched for e in result.envelopes)),
+            "driver/held_bytes": result.driver_held_bytes,
+            "driver/worker_calls": result.worker_calls,
+        }
+        return result.metrics, result.consumed, extra
+
+    def save_if_due(self, ctx: TrainContext, step: int, max_steps: int, counters: dict[str, Any]) -> None:
+        if not ctx.checkpointer.should_save(step, final=step == max_steps):
+            return
+        position = self.loaders.quiesce()
+        if position["next_batch"] != step:
+            raise RuntimeError(f"colocated loaders are at batch {position['next_batch']} after step {step}")
+        state = trainer_state("sft", counters, self.policy.state_dict(), position["loader"])
+        meta = {"step": step, "algorithm": "sft"}
+        save_sft_checkpoint(
+            ctx.checkpointer, step, state, lambda d: self.loaders.save_data_plane(d, meta), hooks=ctx.hooks
+        )
+
+    def close(self) -> None:
+        # Leave nothing behind in the store (prefetched batches) for a following phase (GRPO
+        # after an SFT warm start reuses the same policy and, with TransferQueue, the same store).
+        self.loaders.quiesce()
+
+
 def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
     """Run SFT for ``algorithm.max_steps`` steps over the data plane (same context as ``sft_train``).
 
@@ -214,83 +267,9 @@ def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
         ValueError: Sequence packing is enabled (placed SFT batches carry no producer plan
             yet), or the data plane is not local/tq.
     """
-    policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
-    tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
-    start_state, checkpointer = ctx.start_state, ctx.checkpointer
-    algo = master_config.algorithm
-    pcfg = master_config.policy
-    if bool(pcfg.sequence_packing.enabled):
+    if bool(ctx.cfg.policy.sequence_packing.enabled):
         raise ValueError(
             "policy.sequence_packing.enabled=true is not supported by the data-plane SFT trainer "
             "(the colocated loader ships no producer micro-batch plan); legal: false"
         )
-    loaders = ColocatedLoaderGroup(policy, master_config.data_plane)
-    max_steps = int(algo.max_steps)
-    counters = start_counters(
-        start_state,
-        algorithm="sft",
-        policy=policy,
-        train_loader=train_loader,
-        logger=logger,
-        restore_extra=lambda state: loaders.load_data_plane(Path(state["checkpoint_path"]) / DATA_PLANE_CKPT_DIR),
-    )
-    if start_state is None:
-        policy.reset_optimizer(
-            float(pcfg.optimizer.lr), decay_steps=max_steps, warmup_steps=int(pcfg.optimizer.warmup_steps)
-        )
-    loaders.setup(
-        train_loader,
-        tokenizer=tokenizer,
-        max_seq_len=int(pcfg.model.max_seq_len),
-        micro_batch_size=train_micro_batch_rows(pcfg),
-        max_live_batches=loaders.max_live_batches(),
-    )
-    loaders.set_position(int(counters["step"]))
-    loss_fn = NLLLoss()
-    logger.start(max_steps, int(counters["step"]))
-
-    _evaluate = make_evaluator(
-        policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
-    )
-    validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
-
-    while counters["step"] < max_steps:
-        t0 = time.perf_counter()
-        result = sft_sync_step(policy, loaders, int(counters["step"]), loss_fn)
-        counters["step"] += 1
-        counters["consumed_samples"] += result.consumed
-        step = int(counters["step"])
-        m = result.metrics
-        metrics: dict[str, Any] = {
-            "loss": m["loss"],
-            "grad_norm": m["grad_norm"],
-            "lr": m["lr"],
-            "num_valid_tokens": m["num_valid_tokens"],
-            "consumed_samples": counters["consumed_samples"],
-            "time/train_s": time.perf_counter() - t0,
-            "time/load_wait_s": result.load_wait_s,
-            "time/load_s": max(e.load_time_s for e in result.envelopes),
-            "data_plane/prefetched": float(all(e.prefetched for e in result.envelopes)),
-            "driver/held_bytes": result.driver_held_bytes,
-            "driver/worker_calls": result.worker_calls,
-        }
-        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
-            acc = record_validation(counters, metrics, _evaluate)
-            logger.info(f"step {step}: loss {metrics['loss']:.4f}, held-out accuracy {acc:.3f}")
-        logger.log_step(step, metrics)
-        if checkpointer.should_save(step, final=step == max_steps):
-            position = loaders.quiesce()
-            if position["next_batch"] != step:
-                raise RuntimeError(
-                    f"colocated loaders are at batch {position['next_batch']} after step {step}"
-                )
-            state = trainer_state("sft", counters, policy.state_dict(), position["loader"])
-            meta = {"step": step, "algorithm": "sft"}
-            save_sft_checkpoint(
-                checkpointer, step, state, lambda d: loaders.save_data_plane(d, meta), hooks=ctx.hooks
-            )
-    # Leave nothing behind in the store (prefetched batches) for a following phase (GRPO after
-    # an SFT warm start reuses the same policy and, with TransferQueue, the same store).
-    loaders.quiesce()
-    logger.close()
-    return dict(counters)
+    return run_sft(ctx, ColocatedSFTPath(ctx))

@@ -1,0 +1,98 @@
+"""The one SFT step loop, over either batch path.
+
+:func:`run_sft` (optimizer set-up, steps, metrics, validation, checkpoints) is written once
+here; a :class:`SFTBatchPath` says how a step's batch reaches the workers: collated on the
+driver (``sft.LegacySFTPath``) or loaded by the workers' colocated loaders into the data plane
+(``sft_sync.ColocatedSFTPath``).  This module never imports the data plane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.loss_functions import NLLLoss
+from nemo_dp.algorithms.trainer_common import record_validation, should_validate, start_counters, validate_at_start
+
+__all__ = ["SFTBatchPath", "run_sft"]
+
+
+class SFTBatchPath(Protocol):
+    """What the SFT step loop asks of the way batches reach the workers."""
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Restore the path's own state from a resumed checkpoint's trainer state."""
+
+    def prepare(self, ctx: TrainContext, next_batch: int) -> None:
+        """Called once before the first step (``next_batch``: steps done so far)."""
+
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        """The held-out evaluation of the phase."""
+
+    def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
+        """Train on batch ``batch_index``: ``(train metrics, rows consumed, extra metrics)``."""
+
+    def save_if_due(self, ctx: TrainContext, step: int, max_steps: int, counters: dict[str, Any]) -> None:
+        """Write a checkpoint when ``ctx.checkpointer`` wants one after ``step``."""
+
+    def close(self) -> None:
+        """Called after the last step."""
+
+
+def run_sft(ctx: TrainContext, path: SFTBatchPath) -> dict[str, Any]:
+    """Run SFT for ``algorithm.max_steps`` steps with batches delivered by ``path``.
+
+    Args:
+        ctx: The phase's context (``ctx.cfg.algorithm`` SFT).
+        path: How batches reach the workers.
+
+    Returns:
+        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}`` (accuracies
+        ``None`` when never evaluated).
+    """
+    policy, master_config, logger = ctx.policy, ctx.cfg, ctx.logger
+    algo = master_config.algorithm
+    max_steps = int(algo.max_steps)
+    counters = start_counters(
+        ctx.start_state,
+        algorithm="sft",
+        policy=policy,
+        train_loader=ctx.train_loader,
+        logger=logger,
+        restore_extra=path.restore,
+    )
+    if ctx.start_state is None:
+        # One optimizer step per SFT step (the loader batch is the global batch).
+        opt = master_config.policy.optimizer
+        policy.reset_optimizer(float(opt.lr), decay_steps=max_steps, warmup_steps=int(opt.warmup_steps))
+    path.prepare(ctx, int(counters["step"]))
+    loss_fn = NLLLoss()
+    logger.start(max_steps, int(counters["step"]))
+    evaluate = path.make_evaluator(ctx)
+    validate_at_start(counters, evaluate, algo=algo, num_problems=len(ctx.val_problems), logger=logger)
+
+    while counters["step"] < max_steps:
+        t0 = time.perf_counter()
+        train_metrics, consumed, extra = path.train_step(int(counters["step"]), loss_fn)
+        counters["step"] += 1
+        counters["consumed_samples"] += consumed
+        step = int(counters["step"])
+        metrics: dict[str, Any] = {
+            "loss": train_metrics["loss"],
+            "grad_norm": train_metrics["grad_norm"],
+            "lr": train_metrics["lr"],
+            "num_valid_tokens": train_metrics["num_valid_tokens"],
+            "consumed_samples": counters["consumed_samples"],
+            "time/train_s": time.perf_counter() - t0,
+            **extra,
+        }
+        if should_validate(step, val_period=int(algo.val_period), max_steps=max_steps):
+            acc = record_validation(counters, metrics, evaluate)
+            logger.info(f"step {step}: loss {metrics['loss']:.4f}, held-out accuracy {acc:.3f}")
+        logger.log_step(step, metrics)
+        path.save_if_due(ctx, step, max_steps, counters)
+    path.close()
+    logger.close()
+    return dict(counters)
