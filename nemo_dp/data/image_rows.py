@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_dp.data.images import load_image
+from nemo_dp.data.images import image_paths, with_loaded_images
 from nemo_dp.data.visual_task import VisualPrompt, VisualSFTExample
 
 __all__ = ["ImagePrompt", "ImageSFTExample", "is_image_example", "is_image_prompt"]
@@ -32,26 +32,11 @@ class ImagePrompt:
 
     def image_paths(self) -> list[str]:
         """The image paths, in order."""
-        return [
-            p["image"]
-            for turn in self.turns
-            if isinstance(turn["content"], list)
-            for p in turn["content"]
-            if p["type"] == "image"
-        ]
+        return image_paths(self.turns)
 
     def messages(self) -> list[dict[str, Any]]:
         """The turns with each image path replaced by the loaded RGB ``PIL`` image."""
-        out: list[dict[str, Any]] = []
-        for turn in self.turns:
-            content = turn["content"]
-            if isinstance(content, list):
-                content = [
-                    {"type": "image", "image": load_image(p["image"])} if p["type"] == "image" else dict(p)
-                    for p in content
-                ]
-            out.append({"role": turn["role"], "content": content})
-        return out
+        return with_loaded_images(self.turns)
 
     def __str__(self) -> str:
         texts: list[str] = []

@@ -8,7 +8,7 @@ anything starts with a ``DatasetError`` naming key, ``file:line``, field and pat
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,9 +19,11 @@ from nemo_dp.data.errors import DatasetError
 __all__ = [
     "ImageChatRow",
     "has_image_parts",
+    "image_paths",
     "load_image",
     "load_image_jsonl",
     "parse_image_messages",
+    "with_loaded_images",
 ]
 
 Kind = Literal["rl", "sft"]
@@ -143,6 +145,31 @@ def parse_image_messages(
     return out
 
 
+def image_paths(turns: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The ``"image"`` paths of the image parts of ``turns``, in order."""
+    return [
+        p["image"]
+        for turn in turns
+        if isinstance(turn["content"], list)
+        for p in turn["content"]
+        if p["type"] == "image"
+    ]
+
+
+def with_loaded_images(turns: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``turns`` with each image part's path replaced by the loaded RGB ``PIL`` image."""
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        content = turn["content"]
+        if isinstance(content, list):
+            content = [
+                {"type": "image", "image": load_image(p["image"])} if p["type"] == "image" else dict(p)
+                for p in content
+            ]
+        out.append({"role": turn["role"], "content": content})
+    return out
+
+
 @dataclass(frozen=True)
 class ImageChatRow:
     """One parsed row.
@@ -160,26 +187,11 @@ class ImageChatRow:
 
     def image_paths(self) -> list[str]:
         """The resolved paths of the row's images, in order."""
-        return [
-            p["image"]
-            for turn in self.messages
-            if isinstance(turn["content"], list)
-            for p in turn["content"]
-            if p["type"] == "image"
-        ]
+        return image_paths(self.messages)
 
     def messages_with_images(self) -> list[dict[str, Any]]:
         """The turns with each image part's path replaced by the loaded RGB ``PIL`` image."""
-        out: list[dict[str, Any]] = []
-        for turn in self.messages:
-            content = turn["content"]
-            if isinstance(content, list):
-                content = [
-                    {"type": "image", "image": load_image(p["image"])} if p["type"] == "image" else dict(p)
-                    for p in content
-                ]
-            out.append({"role": turn["role"], "content": content})
-        return out
+        return with_loaded_images(self.messages)
 
 
 def _answer(obj: Mapping[str, Any], where: _Where) -> str:
