@@ -14,20 +14,31 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from nemo_dp.data_plane.adapters._validation import check_claim_request
-from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
+from nemo_dp.data_plane.adapters._validation import (
+    already_registered,
+    check_claim_request,
+    check_clear_ids,
+    check_consumption_tasks,
+    check_meta,
+    check_name,
+    check_partition_id,
+    check_registration,
+    check_task,
+    claim_timeout,
+    closed_error,
+    get_data_fields,
+    lengths_from_tags,
+    receipt_lengths,
+    unknown_ids,
+    unknown_partition,
+)
 from nemo_dp.data_plane.adapters.local.checkpoint import read_checkpoint, snapshot
 from nemo_dp.data_plane.adapters.local.store import DenseColumn, Partition
 from nemo_dp.data_plane.adapters.local.validation import (
     PendingPut,
     build_read,
-    check_name,
-    check_names,
-    check_positive_int,
     is_int,
     is_integer_dtype,
-    lengths_from_tags,
-    listed,
     plan_get,
     validate_put,
 )
@@ -37,13 +48,11 @@ from nemo_dp.data_plane.interfaces import (
     LocalDataPlaneConfig,
     PartitionLimitError,
 )
-from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION, RESERVED_PREFIX
+from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION
 from nemo_dp.data_plane.typed_checkpoint import write_checkpoint
 from nemo_dp.utils.checkpoint_io import validate_json_metadata
 
 __all__ = ["LocalDataPlaneClient", "build_local_client"]
-
-_CLOSED_MESSAGE = "Local data-plane client is closed."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +90,7 @@ class LocalDataPlaneClient(DataPlaneClient):
     # --- internal checks (call with the lock held) --------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(_CLOSED_MESSAGE)
+            raise closed_error("Local")
 
     def _begin_data_op(self) -> None:
         self._check_open()
@@ -91,18 +100,12 @@ class LocalDataPlaneClient(DataPlaneClient):
         check_name(partition_id, "partition_id")
         part = self._partitions.get(partition_id)
         if part is None:
-            raise KeyError(f"unknown partition {partition_id!r} (not registered or already dropped)")
+            raise unknown_partition(partition_id)
         return part
 
     @staticmethod
     def _check_task(part: Partition, task_name: Any) -> str:
-        check_name(task_name, "task_name")
-        if task_name not in part.claimed:
-            raise KeyError(
-                f"unknown task {task_name!r} for partition {part.partition_id!r}; "
-                f"registered tasks: {list(part.consumer_tasks)}"
-            )
-        return task_name
+        return check_task(part.partition_id, part.consumer_tasks, task_name)
 
     def _meta_extra(self, part: Partition) -> dict[str, Any]:
         return {LOCAL_PARTITION_GENERATION: part.generation}
@@ -129,27 +132,12 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            check_name(partition_id, "partition_id")
-            if partition_id.startswith(RESERVED_PREFIX):
-                raise ValueError(
-                    f"partition_id {partition_id!r} uses the reserved prefix {RESERVED_PREFIX!r}"
-                )
-            field_names = check_names(fields, "fields")
-            task_names = check_names(consumer_tasks, "consumer_tasks")
-            check_positive_int(num_samples, "num_samples")
-            if dup := _duplicates(field_names):
-                raise ValueError(f"fields must be unique; duplicated: {dup}")
-            if dup := _duplicates(task_names):
-                raise ValueError(f"consumer_tasks must be unique; duplicated: {dup}")
-            if grpo_group_size is not None:
-                check_positive_int(grpo_group_size, "grpo_group_size")
-                if num_samples % grpo_group_size != 0:
-                    raise ValueError(
-                        f"grpo_group_size {grpo_group_size} does not divide num_samples {num_samples}"
-                    )
-            vocab = self._check_enums(enums, field_names)
+            check_partition_id(partition_id)
+            reg = check_registration(
+                partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
+            )
             if partition_id in self._partitions:
-                raise ValueError(f"partition {partition_id!r} is already registered")
+                raise already_registered(partition_id)
             if len(self._partitions) >= self._max_partitions:
                 raise PartitionLimitError(
                     f"Local data plane partition limit reached ({self._max_partitions} live "
@@ -160,41 +148,14 @@ class LocalDataPlaneClient(DataPlaneClient):
             self._generation += 1
             self._partitions[partition_id] = Partition(
                 partition_id=partition_id,
-                fields=tuple(field_names),
+                fields=tuple(reg.fields),
                 num_samples=num_samples,
-                consumer_tasks=tuple(task_names),
+                consumer_tasks=tuple(reg.tasks),
                 grpo_group_size=grpo_group_size,
-                enums=vocab,
+                enums=reg.enums,
                 generation=self._generation,
-                claimed={t: set() for t in task_names},
+                claimed={t: set() for t in reg.tasks},
             )
-
-    @staticmethod
-    def _check_enums(
-        enums: Mapping[str, Sequence[str]] | None, field_names: Sequence[str]
-    ) -> dict[str, tuple[str, ...]]:
-        if enums is None:
-            return {}
-        if not isinstance(enums, Mapping):
-            raise TypeError(
-                f"enums must be a mapping field -> vocabulary, got {type(enums).__name__}"
-            )
-        out: dict[str, tuple[str, ...]] = {}
-        for name, words in enums.items():
-            check_name(name, "enums key")
-            if name not in field_names:
-                raise ValueError(f"enums key {name!r} is not a declared field ({list(field_names)})")
-            if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
-                raise TypeError(
-                    f"enums[{name!r}] must be a sequence of str, got {type(words).__name__}"
-                )
-            for w in words:
-                if not isinstance(w, str):
-                    raise TypeError(f"enums[{name!r}] entry {w!r} is not a str")
-            if dup := _duplicates(list(words)):
-                raise ValueError(f"enums[{name!r}] vocabulary has duplicates: {dup}")
-            out[name] = tuple(words)
-        return out
 
     def claim_meta(
         self,
@@ -237,10 +198,7 @@ class LocalDataPlaneClient(DataPlaneClient):
                     )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(
-                        f"claim_meta: partition {partition_id!r}, task {task_name!r}: only "
-                        f"{len(ready)} of {batch_size} rows ready after timeout_s={timeout_s}"
-                    )
+                    raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
                 self._changed.wait(remaining)
                 self._check_open()
                 if self._partitions.get(partition_id) is not part:
@@ -294,8 +252,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            if not isinstance(meta, KVBatchMeta):
-                raise TypeError(f"get_data expects a KVBatchMeta, got {type(meta).__name__}")
+            check_meta(meta)
             part = self._live(meta.partition_id)
             got = meta.extra_info.get(LOCAL_PARTITION_GENERATION)
             if not is_int(got) or got != part.generation:
@@ -303,15 +260,7 @@ class LocalDataPlaneClient(DataPlaneClient):
                     f"Stale local metadata for partition {meta.partition_id!r}: generation "
                     f"{got}, expected {part.generation}."
                 )
-            if select_fields:
-                fields = select_fields
-            elif meta.fields:
-                fields = meta.fields
-            else:
-                raise ValueError(
-                    "get_data: neither select_fields nor meta.fields names a field; "
-                    "fetching all fields silently is forbidden"
-                )
+            fields = get_data_fields(meta, select_fields)
             plan = plan_get(part, meta.sample_ids, fields)
         return build_read(plan)
 
@@ -326,11 +275,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         with self._lock:
             self._begin_data_op()
             part = self._live(partition_id)
-            tasks = check_names(task_names, "task_names")
-            if not tasks:
-                raise ValueError("check_consumption_status: task_names must not be empty")
-            for t in tasks:
-                self._check_task(part, t)
+            tasks = check_consumption_tasks(partition_id, part.consumer_tasks, task_names)
             if not part.row_of:
                 return False
             return all(all(sid in part.claimed[t] for sid in part.row_of) for t in tasks)
@@ -357,9 +302,8 @@ class LocalDataPlaneClient(DataPlaneClient):
         with self._lock:
             self._begin_data_op()
             part = self._live(partition_id)
-            ids = check_names(sample_ids, "sample_ids")
-            pending = validate_put(part, ids, fields, tags)
-            return self._commit_put(part, ids, pending, fields is not None)
+            pending = validate_put(part, sample_ids, fields, tags)
+            return self._commit_put(part, list(pending.row_of), pending, fields is not None)
 
     def _commit_put(
         self, part: Partition, ids: list[str], pending: PendingPut, has_fields: bool
@@ -371,12 +315,8 @@ class LocalDataPlaneClient(DataPlaneClient):
         if pending.tags is not None:
             part.tags = dict(zip(ids, pending.tags))
         self._changed.notify_all()
-        lengths: list[int] | None = None
         col = pending.columns.get(INPUT_LENGTHS)
-        if isinstance(col, DenseColumn) and col.data.dim() == 1 and is_integer_dtype(col.data.dtype):
-            lengths = [int(x) for x in col.data.tolist()]
-        if lengths is None:
-            lengths = lengths_from_tags(pending.tags)
+        lengths = receipt_lengths(col.data if isinstance(col, DenseColumn) else None, pending.tags)
         return KVBatchMeta(
             part.partition_id,
             None,
@@ -433,14 +373,9 @@ class LocalDataPlaneClient(DataPlaneClient):
                 del self._partitions[partition_id]
                 self._changed.notify_all()
                 return
-            ids = check_names(sample_ids, "sample_ids")
-            if dup := _duplicates(ids):
-                raise ValueError(f"clear_samples: duplicate sample ids: {listed(dup)}")
+            ids = check_clear_ids(sample_ids)
             if missing := [sid for sid in ids if sid not in part.row_of]:
-                raise KeyError(
-                    f"clear_samples: {len(missing)} ids are not live in partition "
-                    f"{partition_id!r}: {listed(missing)}"
-                )
+                raise unknown_ids(partition_id, missing)
             for sid in ids:
                 del part.row_of[sid]
                 part.tags.pop(sid, None)

@@ -47,13 +47,20 @@ from nemo_dp.data_plane.adapters.ray_store.columns import (
     gather_field,
 )
 from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, InlinePayload, TensorColumnSpec
-from nemo_dp.data_plane.adapters.ray_store.validation import (
+from nemo_dp.data_plane.adapters._validation import (
+    check_meta,
     check_read_args,
-    plan_put,
+    claim_timeout,
+    closed_error,
+    get_data_fields,
+    lengths_from_tags,
     receipt_lengths,
+    unknown_partition,
 )
+from nemo_dp.data_plane.adapters.ray_store.validation import plan_put
 from nemo_dp.data_plane.interfaces import DataPlaneClient, DataPlaneUnavailableError, KVBatchMeta
 from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
+from nemo_dp.data_plane.schema import INPUT_LENGTHS
 
 __all__ = ["INLINE_MAX_BYTES", "RayStoreClient", "build_ray_store_client", "coerce_config"]
 
@@ -61,7 +68,6 @@ __all__ = ["INLINE_MAX_BYTES", "RayStoreClient", "build_ray_store_client", "coer
 #: actor's call instead of through the object store (see the module docstring).
 INLINE_MAX_BYTES = 64 * 1024
 
-_CLOSED = "ray_store data-plane client is closed."
 _ERRORS: dict[str, type[Exception]] = {
     "KeyError": KeyError,
     "ValueError": ValueError,
@@ -143,7 +149,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
     # --- actor calls --------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(_CLOSED)
+            raise closed_error("ray_store")
 
     def _begin(self) -> None:
         self._check_open()
@@ -179,10 +185,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
 
     def _require_partition(self, partition_id: Any, op: str) -> None:
         if not self._call("exists", partition_id, partition_id):
-            raise KeyError(
-                f"unknown data-plane partition {partition_id!r} (not registered, or already "
-                "dropped with clear_samples(None, ...))"
-            )
+            raise unknown_partition(partition_id)
 
     def _fetch(self, refs: list[Any], partition_id: str, op: str) -> list[Any]:
         import ray
@@ -280,18 +283,15 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
                 return KVBatchMeta(partition_id, task_name, [], fields=list(fields))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(
-                    f"claim_meta: fewer than {batch_size} samples of partition {partition_id!r} "
-                    f"became ready for task {task_name!r} within timeout_s={timeout_s:g}"
-                )
+                raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
             time.sleep(min(self._poll_s, remaining))
-        lengths = None
-        if tags is not None:
-            values = [t.get("input_lengths") for t in tags]
-            if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-                lengths = [int(v) for v in values]
         return KVBatchMeta(
-            partition_id, task_name, ids, fields=list(fields), sequence_lengths=lengths, tags=tags
+            partition_id,
+            task_name,
+            ids,
+            fields=list(fields),
+            sequence_lengths=lengths_from_tags(tags),
+            tags=tags,
         )
 
     def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
@@ -303,18 +303,12 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
             KeyError: As ``get_samples``.
         """
         self._begin()
-        if not isinstance(meta, KVBatchMeta):
-            raise TypeError(f"get_data needs a KVBatchMeta, got {type(meta).__name__}")
-        if select_fields is not None and len(list(select_fields)) > 0:
-            fields = list(select_fields)
-        elif meta.fields:
-            fields = list(meta.fields)
-        else:
+        check_meta(meta)
+        try:
+            fields = get_data_fields(meta, select_fields)
+        except ValueError:
             self._require_partition(meta.partition_id, "get_data")
-            raise ValueError(
-                "get_data: neither select_fields nor meta.fields names a field to fetch "
-                "(fetching all fields silently is forbidden)"
-            )
+            raise
         return self.get_samples(meta.sample_ids, meta.partition_id, fields)
 
     def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
@@ -377,7 +371,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
             task_name=None,
             sample_ids=list(plan.ids),
             fields=list(plan.names) if plan.names else None,
-            sequence_lengths=receipt_lengths(plan.tensors, plan.tags),
+            sequence_lengths=receipt_lengths(plan.tensors.get(INPUT_LENGTHS), plan.tags),
             tags=copy.deepcopy(plan.tags),
         )
 

@@ -27,14 +27,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_dp.data_plane.adapters._validation import (
+    already_registered,
     check_claim_request,
+    check_clear_ids,
+    check_consumption_tasks,
+    check_enum_put,
     check_name,
-    check_names,
-    check_positive_int,
-    duplicates,
-    listed,
+    check_partition_id,
+    check_registration,
+    check_task,
+    check_undeclared,
+    kind_changed,
+    unknown_ids,
+    unknown_partition,
+    unproduced_fields,
 )
-from nemo_dp.data_plane.schema import RESERVED_PREFIX
 
 __all__ = ["OBJECT", "Chunk", "InlinePayload", "PartitionState", "StoreState", "TensorColumnSpec"]
 
@@ -122,21 +129,12 @@ class StoreState:
         check_name(partition_id, "partition_id")
         part = self.partitions.get(partition_id)
         if part is None:
-            raise KeyError(
-                f"unknown data-plane partition {partition_id!r} (not registered, or already "
-                "dropped with clear_samples(None, ...))"
-            )
+            raise unknown_partition(partition_id)
         return part
 
     @staticmethod
     def _task(part: PartitionState, task_name: Any) -> str:
-        check_name(task_name, "task_name")
-        if task_name not in part.claimed:
-            raise KeyError(
-                f"unknown consumer task {task_name!r} for partition {part.partition_id!r}; "
-                f"registered tasks: {list(part.tasks)}"
-            )
-        return task_name
+        return check_task(part.partition_id, part.tasks, task_name)
 
     def exists(self, partition_id: Any) -> bool:
         """Whether ``partition_id`` is registered (``KeyError`` precedence checks)."""
@@ -157,48 +155,20 @@ class StoreState:
         enums: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """Declare a partition (see ``DataPlaneClient.register_partition``)."""
-        check_name(partition_id, "partition_id")
-        if partition_id.startswith(RESERVED_PREFIX):
-            raise ValueError(
-                f"partition_id {partition_id!r} is reserved: ids starting with "
-                f"{RESERVED_PREFIX!r} belong to nemo_dp's own bookkeeping"
-            )
+        check_partition_id(partition_id)
         if partition_id in self.partitions:
-            raise ValueError(
-                f"partition {partition_id!r} is already registered; drop it with "
-                "clear_samples(None, partition_id) before registering it again"
-            )
-        field_list = check_names(fields, "fields")
-        if dups := duplicates(field_list):
-            raise ValueError(f"fields must be unique; duplicated: {dups}")
-        task_list = check_names(consumer_tasks, "consumer_tasks")
-        if dups := duplicates(task_list):
-            raise ValueError(f"consumer_tasks must be unique; duplicated: {dups}")
-        check_positive_int(num_samples, "num_samples")
-        if grpo_group_size is not None:
-            check_positive_int(grpo_group_size, "grpo_group_size")
-            if num_samples % grpo_group_size:
-                raise ValueError(
-                    f"grpo_group_size={grpo_group_size} must divide num_samples={num_samples}"
-                )
-        enum_map: dict[str, tuple[str, ...]] = {}
-        if enums is not None and not isinstance(enums, Mapping):
-            raise TypeError(f"enums must be a mapping, got {type(enums).__name__}")
-        for name, vocab in (enums or {}).items():
-            if name not in field_list:
-                raise ValueError(f"enums key {name!r} is not a declared field of {partition_id!r}")
-            words = check_names(vocab, f"enums[{name!r}]")
-            if dups := duplicates(words):
-                raise ValueError(f"enums[{name!r}] vocabulary must be unique; duplicated: {dups}")
-            enum_map[name] = tuple(words)
+            raise already_registered(partition_id)
+        reg = check_registration(
+            partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
+        )
         self.partitions[partition_id] = PartitionState(
             partition_id=partition_id,
-            fields=tuple(field_list),
+            fields=tuple(reg.fields),
             num_samples=num_samples,
-            tasks=tuple(task_list),
+            tasks=tuple(reg.tasks),
             group_size=grpo_group_size,
-            enums=enum_map,
-            claimed={t: set() for t in task_list},
+            enums=reg.enums,
+            claimed={t: set() for t in reg.tasks},
         )
 
     # --- puts ---------------------------------------------------------------------------------
@@ -228,33 +198,15 @@ class StoreState:
             TypeError: A field's kind (dtype, or tensor vs object) differs from the stored one.
         """
         part = self._live(partition_id)
-        if undeclared := [k for k in columns if k not in part.fields]:
-            raise ValueError(
-                f"fields {undeclared} are not declared for partition {partition_id!r} "
-                f"(declared: {list(part.fields)})"
-            )
+        check_undeclared(partition_id, list(columns), part.fields)
         kinds: dict[str, str] = {}
         for name, col in columns.items():
             kind = col.dtype if isinstance(col, TensorColumnSpec) else OBJECT
             stored = part.field_kinds.get(name)
             if stored is not None and stored != kind:
-                raise TypeError(
-                    f"field {name!r} of partition {partition_id!r} is stored as {stored}, this "
-                    f"put has {kind}; a field's kind and dtype cannot change"
-                )
+                raise kind_changed(partition_id, name, stored, kind)
             if name in part.enums:
-                vocab = part.enums[name]
-                if kind != OBJECT:
-                    raise ValueError(
-                        f"field {name!r} takes values from its enum vocabulary {list(vocab)}, "
-                        f"got a tensor column ({kind})"
-                    )
-                for value in col:
-                    if not isinstance(value, str) or value not in vocab:
-                        raise ValueError(
-                            f"field {name!r} value {value!r} is not in its declared enum "
-                            f"vocabulary {list(vocab)}"
-                        )
+                check_enum_put(name, part.enums[name], col if kind == OBJECT else None, kind)
             kinds[name] = kind
         n = len(sample_ids)
         if n == 0:
@@ -322,17 +274,10 @@ class StoreState:
         part = self._live(partition_id)
         rows = part.rows
         if missing := [sid for sid in sample_ids if sid not in rows]:
-            raise KeyError(
-                f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
-                f"{listed(missing)}"
-            )
+            raise unknown_ids(partition_id, missing)
         unproduced = [f for f in fields if any(f not in rows[sid] for sid in sample_ids)]
         if unproduced:
-            raise KeyError(
-                f"fields {unproduced} of partition {partition_id!r} are not produced for every "
-                f"requested id (never written, or misspelled; produced kinds: "
-                f"{sorted(part.field_kinds)})"
-            )
+            raise unproduced_fields(partition_id, unproduced, part.field_kinds)
         plan: dict[str, Any] = {}
         used: dict[int, tuple[Any, str, str, str]] = {}
         for f in fields:
@@ -409,14 +354,7 @@ class StoreState:
             ValueError: Empty ``task_names``.
         """
         part = self._live(partition_id)
-        tasks = check_names(task_names, "task_names")
-        if not tasks:
-            raise ValueError("check_consumption_status: task_names must name at least one task")
-        if unknown := [t for t in tasks if t not in part.claimed]:
-            raise KeyError(
-                f"unknown consumer task(s) {unknown} for partition {partition_id!r}; "
-                f"registered tasks: {list(part.tasks)}"
-            )
+        tasks = check_consumption_tasks(partition_id, part.tasks, task_names)
         if not part.rows:
             return False
         return all(part.claimed[t].issuperset(part.rows) for t in tasks)
@@ -438,14 +376,9 @@ class StoreState:
                     self._release(cid)
             del self.partitions[partition_id]
             return
-        ids = check_names(sample_ids, "sample_ids")
-        if dups := duplicates(ids):
-            raise ValueError(f"duplicate sample ids in one clear: {listed(dups)}")
+        ids = check_clear_ids(sample_ids)
         if missing := [sid for sid in ids if sid not in part.rows]:
-            raise KeyError(
-                f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
-                f"{listed(missing)}"
-            )
+            raise unknown_ids(partition_id, missing)
         for sid in ids:
             for cid, _ in part.cells.pop(sid).values():
                 self._release(cid)
