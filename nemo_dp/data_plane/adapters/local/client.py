@@ -14,23 +14,14 @@ from typing import Any
 
 from tensordict import TensorDict
 
+from nemo_dp.data_plane.adapters._book import PartitionBook
 from nemo_dp.data_plane.adapters._validation import (
-    already_registered,
-    check_claim_request,
-    check_clear_ids,
-    check_consumption_tasks,
     check_meta,
-    check_name,
-    check_partition_id,
-    check_registration,
-    check_task,
     claim_timeout,
     closed_error,
     get_data_fields,
     lengths_from_tags,
     receipt_lengths,
-    unknown_ids,
-    unknown_partition,
 )
 from nemo_dp.data_plane.adapters.local.checkpoint import read_checkpoint, snapshot
 from nemo_dp.data_plane.adapters.local.store import DenseColumn, Partition
@@ -82,7 +73,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         self._max_partitions = cfg.max_partitions
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._partitions: dict[str, Partition] = {}
+        self._book: PartitionBook[Partition] = PartitionBook()
         self._generation = 0  # generation of the most recent registration
         self._closed = False
         self._used = False
@@ -95,17 +86,6 @@ class LocalDataPlaneClient(DataPlaneClient):
     def _begin_data_op(self) -> None:
         self._check_open()
         self._used = True
-
-    def _live(self, partition_id: Any) -> Partition:
-        check_name(partition_id, "partition_id")
-        part = self._partitions.get(partition_id)
-        if part is None:
-            raise unknown_partition(partition_id)
-        return part
-
-    @staticmethod
-    def _check_task(part: Partition, task_name: Any) -> str:
-        return check_task(part.partition_id, part.consumer_tasks, task_name)
 
     def _meta_extra(self, part: Partition) -> dict[str, Any]:
         return {LOCAL_PARTITION_GENERATION: part.generation}
@@ -132,21 +112,18 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            check_partition_id(partition_id)
-            reg = check_registration(
+            reg = self._book.check_new(
                 partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
             )
-            if partition_id in self._partitions:
-                raise already_registered(partition_id)
-            if len(self._partitions) >= self._max_partitions:
+            if len(self._book.partitions) >= self._max_partitions:
                 raise PartitionLimitError(
                     f"Local data plane partition limit reached ({self._max_partitions} live "
-                    f"partitions: {sorted(self._partitions)}); cannot register {partition_id!r}. "
+                    f"partitions: {sorted(self._book.partitions)}); cannot register {partition_id!r}. "
                     "Clear an active or prefetched partition first (clear_samples(None, pid)) "
                     "or raise data_plane.max_partitions."
                 )
             self._generation += 1
-            self._partitions[partition_id] = Partition(
+            self._book.add(Partition(
                 partition_id=partition_id,
                 fields=tuple(reg.fields),
                 num_samples=num_samples,
@@ -154,8 +131,7 @@ class LocalDataPlaneClient(DataPlaneClient):
                 grpo_group_size=grpo_group_size,
                 enums=reg.enums,
                 generation=self._generation,
-                claimed={t: set() for t in reg.tasks},
-            )
+            ))
 
     def claim_meta(
         self,
@@ -180,14 +156,13 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            part = self._live(partition_id)
-            self._check_task(part, task_name)
-            required = check_claim_request(partition_id, part.fields, required_fields, batch_size, timeout_s)
+            part, required = self._book.check_claim(
+                partition_id, task_name, required_fields, batch_size, timeout_s
+            )
             deadline = time.monotonic() + float(timeout_s)
             while True:
-                ready = self._ready_ids(part, task_name, required)
-                if len(ready) >= batch_size:
-                    return self._claim(part, task_name, required, ready[:batch_size])
+                if ids := self._book.take(part, task_name, required, batch_size):
+                    return self._claim_meta(part, task_name, required, ids)
                 if not blocking:
                     return KVBatchMeta(
                         partition_id,
@@ -201,25 +176,15 @@ class LocalDataPlaneClient(DataPlaneClient):
                     raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
                 self._changed.wait(remaining)
                 self._check_open()
-                if self._partitions.get(partition_id) is not part:
+                if self._book.partitions.get(partition_id) is not part:
                     raise KeyError(
                         f"partition {partition_id!r} was dropped while claim_meta was waiting"
                     )
 
-    @staticmethod
-    def _ready_ids(part: Partition, task_name: str, required: Sequence[str]) -> list[str]:
-        if any(f not in part.columns for f in required):
-            return []
-        claimed = part.claimed[task_name]
-        return [sid for sid in part.row_of if sid not in claimed]
-
-    def _claim(
+    def _claim_meta(
         self, part: Partition, task_name: str, required: Sequence[str], ids: list[str]
     ) -> KVBatchMeta:
-        part.claimed[task_name].update(ids)
-        tags: list[dict[str, Any]] | None = None
-        if any(sid in part.tags for sid in ids):
-            tags = [copy.deepcopy(part.tags.get(sid, {})) for sid in ids]
+        tags = part.tags_of(ids)
         lengths = lengths_from_tags(tags)
         if lengths is None:
             col = part.columns.get(INPUT_LENGTHS)
@@ -253,7 +218,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         with self._lock:
             self._begin_data_op()
             check_meta(meta)
-            part = self._live(meta.partition_id)
+            part = self._book.live(meta.partition_id)
             got = meta.extra_info.get(LOCAL_PARTITION_GENERATION)
             if not is_int(got) or got != part.generation:
                 raise ValueError(
@@ -274,11 +239,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            part = self._live(partition_id)
-            tasks = check_consumption_tasks(partition_id, part.consumer_tasks, task_names)
-            if not part.row_of:
-                return False
-            return all(all(sid in part.claimed[t] for sid in part.row_of) for t in tasks)
+            return self._book.consumed(partition_id, task_names)
 
     # --- direct-by-key half -------------------------------------------------------------------
     def put_samples(
@@ -301,7 +262,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            part = self._live(partition_id)
+            part = self._book.live(partition_id)
             pending = validate_put(part, sample_ids, fields, tags)
             return self._commit_put(part, list(pending.row_of), pending, fields is not None)
 
@@ -339,7 +300,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            part = self._live(partition_id)
+            part = self._book.live(partition_id)
             plan = plan_get(part, sample_ids, select_fields)
         return build_read(plan)
 
@@ -351,9 +312,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            check_name(partition_id, "partition_id")
-            part = self._partitions.get(partition_id)
-            return sorted(part.row_of) if part is not None else []
+            return self._book.list_ids(partition_id)
 
     def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
         """Drop rows (explicit ids) or the whole partition (``None``).
@@ -368,23 +327,16 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._begin_data_op()
-            part = self._live(partition_id)
             if sample_ids is None:
-                del self._partitions[partition_id]
+                self._book.drop(partition_id)
                 self._changed.notify_all()
                 return
-            ids = check_clear_ids(sample_ids)
-            if missing := [sid for sid in ids if sid not in part.row_of]:
-                raise unknown_ids(partition_id, missing)
-            for sid in ids:
-                del part.row_of[sid]
-                part.tags.pop(sid, None)
-                for claimed in part.claimed.values():
-                    claimed.discard(sid)
+            part, ids = self._book.check_clear(partition_id, sample_ids)
+            self._book.forget_rows(part, ids)
             if ids and not part.row_of:
                 # the last row is gone: the partition can never take another put, so it is
                 # dropped exactly as by the None form (its max_partitions slot is freed)
-                del self._partitions[partition_id]
+                self._book.drop(partition_id)
             self._changed.notify_all()
 
     # --- checkpoints --------------------------------------------------------------------------
@@ -406,7 +358,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             self._check_open()
             user_metadata = validate_json_metadata(metadata)
             manifest, tensors = snapshot(
-                self._partitions.values(), self._generation + 1, user_metadata
+                self._book.partitions.values(), self._generation + 1, user_metadata
             )
         write_checkpoint(checkpoint_dir, manifest, tensors)
 
@@ -432,7 +384,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             partitions, next_generation, metadata = read_checkpoint(
                 checkpoint_dir, self._max_partitions
             )
-            self._partitions = partitions
+            self._book.partitions = partitions
             self._generation = next_generation - 1
             return metadata
 
@@ -441,7 +393,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         """Drop every partition and mark the client closed; idempotent."""
         with self._lock:
             self._closed = True
-            self._partitions = {}
+            self._book.partitions = {}
             self._changed.notify_all()
 
 
