@@ -14,11 +14,11 @@ from typing import Any
 
 from tensordict import TensorDict
 
+from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient
 from nemo_dp.data_plane.adapters._book import PartitionBook
 from nemo_dp.data_plane.adapters._validation import (
     check_meta,
     claim_timeout,
-    closed_error,
     get_data_fields,
     lengths_from_tags,
     receipt_lengths,
@@ -34,7 +34,6 @@ from nemo_dp.data_plane.adapters.local.validation import (
     validate_put,
 )
 from nemo_dp.data_plane.interfaces import (
-    DataPlaneClient,
     KVBatchMeta,
     LocalDataPlaneConfig,
     PartitionLimitError,
@@ -51,7 +50,7 @@ __all__ = ["LocalDataPlaneClient", "build_local_client"]
 # ---------------------------------------------------------------------------------------------
 
 
-class LocalDataPlaneClient(DataPlaneClient):
+class LocalDataPlaneClient(BaseDataPlaneClient):
     """In-process data plane holding at most ``max_partitions`` complete batches.
 
     Thread-safe: every state change happens under one lock; blocking claims wait on a
@@ -64,6 +63,8 @@ class LocalDataPlaneClient(DataPlaneClient):
         TypeError: ``cfg`` is not a ``LocalDataPlaneConfig``.
     """
 
+    BACKEND = "Local"
+
     def __init__(self, cfg: LocalDataPlaneConfig) -> None:
         if not isinstance(cfg, LocalDataPlaneConfig):
             raise TypeError(
@@ -75,18 +76,9 @@ class LocalDataPlaneClient(DataPlaneClient):
         self._changed = threading.Condition(self._lock)
         self._book: PartitionBook[Partition] = PartitionBook()
         self._generation = 0  # generation of the most recent registration
-        self._closed = False
-        self._used = False
+        self._init_lifetime(True, closed=False)
 
     # --- internal checks (call with the lock held) --------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise closed_error("Local")
-
-    def _begin_data_op(self) -> None:
-        self._check_open()
-        self._used = True
-
     def _meta_extra(self, part: Partition) -> dict[str, Any]:
         return {LOCAL_PARTITION_GENERATION: part.generation}
 
@@ -111,7 +103,7 @@ class LocalDataPlaneClient(DataPlaneClient):
                 ("already registered").
         """
         with self._lock:
-            self._begin_data_op()
+            self._begin()
             reg = self._book.check_new(
                 partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
             )
@@ -155,7 +147,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
         """
         with self._lock:
-            self._begin_data_op()
+            self._begin()
             part, required = self._book.check_claim(
                 partition_id, task_name, required_fields, batch_size, timeout_s
             )
@@ -216,7 +208,7 @@ class LocalDataPlaneClient(DataPlaneClient):
                 the ``get_samples`` argument errors.
         """
         with self._lock:
-            self._begin_data_op()
+            self._begin()
             check_meta(meta)
             part = self._book.live(meta.partition_id)
             got = meta.extra_info.get(LOCAL_PARTITION_GENERATION)
@@ -238,7 +230,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             ValueError: Empty ``task_names``.
         """
         with self._lock:
-            self._begin_data_op()
+            self._begin()
             return self._book.consumed(partition_id, task_names)
 
     # --- direct-by-key half -------------------------------------------------------------------
@@ -261,7 +253,7 @@ class LocalDataPlaneClient(DataPlaneClient):
                 ("duplicate writes"), or a row count other than ``num_samples``.
         """
         with self._lock:
-            self._begin_data_op()
+            self._begin()
             part = self._book.live(partition_id)
             pending = validate_put(part, sample_ids, fields, tags)
             return self._commit_put(part, list(pending.row_of), pending, fields is not None)
@@ -299,7 +291,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             ValueError: Empty ``select_fields`` or duplicate ids.
         """
         with self._lock:
-            self._begin_data_op()
+            self._begin()
             part = self._book.live(partition_id)
             plan = plan_get(part, sample_ids, select_fields)
         return build_read(plan)
@@ -311,7 +303,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             RuntimeError: Closed.
         """
         with self._lock:
-            self._begin_data_op()
+            self._begin()
             return self._book.list_ids(partition_id)
 
     def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
@@ -326,7 +318,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             ValueError: Duplicate explicit ids.
         """
         with self._lock:
-            self._begin_data_op()
+            self._begin()
             if sample_ids is None:
                 self._book.drop(partition_id)
                 self._changed.notify_all()
@@ -375,12 +367,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._check_open()
-            if self._used:
-                raise RuntimeError(
-                    "load_checkpoint needs a clean data-plane client: a data operation or a "
-                    "previous load already ran on this one; build a new client to load into"
-                )
-            self._used = True
+            self._begin_load()
             partitions, next_generation, metadata = read_checkpoint(
                 checkpoint_dir, self._max_partitions
             )

@@ -38,6 +38,16 @@ from typing import Any
 
 from tensordict import NonTensorStack, TensorDict
 
+from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient, coerce_dataclass_config
+from nemo_dp.data_plane.adapters._validation import (
+    check_meta,
+    check_read_args,
+    claim_timeout,
+    get_data_fields,
+    lengths_from_tags,
+    receipt_lengths,
+    unknown_partition,
+)
 from nemo_dp.data_plane.adapters.ray_store.actor import attach_actor, create_actor, kill_actor
 from nemo_dp.data_plane.adapters.ray_store.checkpoint import RayStoreCheckpointMixin
 from nemo_dp.data_plane.adapters.ray_store.columns import (
@@ -47,18 +57,8 @@ from nemo_dp.data_plane.adapters.ray_store.columns import (
     gather_field,
 )
 from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, InlinePayload, TensorColumnSpec
-from nemo_dp.data_plane.adapters._validation import (
-    check_meta,
-    check_read_args,
-    claim_timeout,
-    closed_error,
-    get_data_fields,
-    lengths_from_tags,
-    receipt_lengths,
-    unknown_partition,
-)
 from nemo_dp.data_plane.adapters.ray_store.validation import plan_put
-from nemo_dp.data_plane.interfaces import DataPlaneClient, DataPlaneUnavailableError, KVBatchMeta
+from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError, KVBatchMeta
 from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
 from nemo_dp.data_plane.schema import INPUT_LENGTHS
 
@@ -77,29 +77,11 @@ _ERRORS: dict[str, type[Exception]] = {
 
 
 def coerce_config(cfg: Any) -> RayStoreDataPlaneConfig:
-    """``cfg`` as a validated :class:`RayStoreDataPlaneConfig`.
-
-    Raises:
-        TypeError: ``cfg`` is neither the dataclass nor a mapping.
-        ValueError: A key is unknown or out of range (names it).
-    """
-    if isinstance(cfg, RayStoreDataPlaneConfig):
-        return cfg
-    if isinstance(cfg, Mapping):
-        from omegaconf import DictConfig, OmegaConf
-
-        container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-        merged = OmegaConf.merge(OmegaConf.structured(RayStoreDataPlaneConfig), container)
-        out = OmegaConf.to_object(merged)
-        assert isinstance(out, RayStoreDataPlaneConfig)
-        return out
-    raise TypeError(
-        f"RayStoreClient needs a RayStoreDataPlaneConfig (or a mapping of it), got "
-        f"{type(cfg).__name__}"
-    )
+    """``cfg`` as a validated :class:`RayStoreDataPlaneConfig` (see ``coerce_dataclass_config``)."""
+    return coerce_dataclass_config(cfg, RayStoreDataPlaneConfig, "RayStoreClient")
 
 
-class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
+class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     """The data-plane contract over Ray's object store (see the module docstring).
 
     Thread-safe: Ray's calls are, and the client keeps no mutable state besides ``closed``.
@@ -121,9 +103,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
     ) -> None:
         del checkpointing
         self._cfg = coerce_config(cfg)
-        self._bootstrap = bool(bootstrap)
-        self._closed = True  # until the actor answered
-        self._used = False
+        self._init_lifetime(bootstrap, closed=True)  # open once the actor answered
         self._close_lock = threading.Lock()
         t = self._cfg.timeouts
         self._actor_s = float(t.actor_s)
@@ -135,26 +115,9 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
             self._actor = attach_actor(float(t.startup_s))
         self._closed = False
 
-    # --- properties ---------------------------------------------------------------------------
-    @property
-    def is_bootstrap(self) -> bool:
-        """Whether this client created (and on close kills) the metadata actor."""
-        return self._bootstrap
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close()`` has run."""
-        return self._closed
+    BACKEND = "ray_store"
 
     # --- actor calls --------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise closed_error("ray_store")
-
-    def _begin(self) -> None:
-        self._check_open()
-        self._used = True
-
     def _call(self, op: str, partition_id: Any, *args: Any) -> Any:
         """One bounded metadata-actor call; contract errors are re-raised with their type.
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from tensordict import TensorDict
 
+from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient
 from nemo_dp.data_plane.adapters._validation import (
     check_clear_ids,
     check_partition_id,
@@ -61,7 +62,6 @@ from nemo_dp.data_plane.adapters.transfer_queue.validation import (
 )
 from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
 from nemo_dp.data_plane.interfaces import (
-    DataPlaneClient,
     DataPlaneConfig,
     DataPlaneUnavailableError,
     KVBatchMeta,
@@ -73,7 +73,7 @@ __all__ = ["TQDataPlaneClient"]
 _T = TypeVar("_T")
 
 
-class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
+class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
     """The data-plane contract over TransferQueue (SimpleStorage) on Ray .
 
     Args:
@@ -91,13 +91,13 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         ValueError: ``checkpointing=True`` on a backend without checkpoint support.
     """
 
+    BACKEND = "TransferQueue"
+
     def __init__(
         self, cfg: DataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False
     ) -> None:
         self._cfg = coerce_config(cfg)
-        self._bootstrap = bool(bootstrap)
-        self._closed = True  # until construction succeeds
-        self._used = False
+        self._init_lifetime(bootstrap, closed=True)  # open once construction succeeds
         self._lock = threading.RLock()
         self._loop: LoopThread | None = None
         self._client: Any = None
@@ -153,21 +153,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         """The library's merged configuration in force (read-only ``DictConfig``)."""
         return self._backend_config
 
-    @property
-    def is_bootstrap(self) -> bool:
-        """Whether this client started (and on close tears down) the library's actors."""
-        return self._bootstrap
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close()`` has run."""
-        return self._closed
-
     # --- bounded calls ----------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise closed_error("TransferQueue")
 
     def _run(
         self,
@@ -184,7 +170,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         """
         loop = self._loop
         if loop is None or self._closed:
-            raise closed_error("TransferQueue")
+            raise closed_error(self.BACKEND)
         future = loop.submit(make(), bound)
         try:
             # The loop enforces the bound; the margin only guards against a wedged loop thread.

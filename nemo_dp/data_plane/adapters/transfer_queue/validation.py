@@ -8,13 +8,14 @@ returning dense columns as jagged nested tensors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDict
 
+from nemo_dp.data_plane.adapters._base import coerce_dataclass_config
 from nemo_dp.data_plane.adapters._validation import (
     OBJECT_LEAF,
     check_enum_put,
@@ -67,20 +68,8 @@ def densify(value: Any) -> Any:
 
 
 def coerce_config(cfg: Any) -> DataPlaneConfig:
-    if isinstance(cfg, DataPlaneConfig):
-        return cfg
-    if isinstance(cfg, Mapping):
-        from omegaconf import DictConfig, OmegaConf
-
-        container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-        merged = OmegaConf.merge(OmegaConf.structured(DataPlaneConfig), container)
-        out = OmegaConf.to_object(merged)
-        assert isinstance(out, DataPlaneConfig)
-        return out
-    raise TypeError(
-        f"TQDataPlaneClient needs a DataPlaneConfig (or a mapping of it), got {type(cfg).__name__}"
-    )
-
+    """``cfg`` as a validated :class:`DataPlaneConfig` (see ``coerce_dataclass_config``)."""
+    return coerce_dataclass_config(cfg, DataPlaneConfig, "TQDataPlaneClient")
 
 
 @dataclass
