@@ -1,6 +1,8 @@
-"""The Local adapter's client: locking, partition bookkeeping, claims, puts and reads.
+"""The Local adapter's client: locking, blocking claims, puts and reads over a partition book.
 
-See the package docstring for the storage and copy rules this client implements.
+Partitions, claims, consumption and tags are the shared partition book (``adapters._book``);
+this module adds the lock, the one-put rule and the stored columns.  See the package docstring
+for the storage and copy rules this client implements.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
         self._generation = 0  # generation of the most recent registration
         self._init_lifetime(True, closed=False)
 
-    # --- internal checks (call with the lock held) --------------------------------------------
+    # --- internal helpers (call with the lock held) -------------------------------------------
     def _meta_extra(self, part: Partition) -> dict[str, Any]:
         return {LOCAL_PARTITION_GENERATION: part.generation}
 

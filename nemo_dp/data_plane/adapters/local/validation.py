@@ -39,6 +39,7 @@ from nemo_dp.data_plane.adapters.local.store import (
 )
 from nemo_dp.utils.packed_tensor import PackedTensor
 
+
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
