@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,11 +39,7 @@ from tensordict import NonTensorStack, TensorDict
 
 from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient, coerce_dataclass_config
 from nemo_dp.data_plane.adapters._validation import (
-    check_meta,
     check_read_args,
-    claim_timeout,
-    get_data_fields,
-    lengths_from_tags,
     receipt_lengths,
     unknown_partition,
 )
@@ -235,44 +230,21 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         del dp_rank
         self._begin()
         fields = list(required_fields) if isinstance(required_fields, (list, tuple)) else required_fields
-        deadline = time.monotonic() + (float(timeout_s) if isinstance(timeout_s, (int, float)) else 0.0)
-        while True:
-            ids, tags = self._call(
+        return self._poll_claim(
+            lambda: self._call(
                 "claim", partition_id, partition_id, task_name, fields, batch_size, timeout_s
-            )
-            if ids:
-                break
-            if not blocking:
-                return KVBatchMeta(partition_id, task_name, [], fields=list(fields))
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
-            time.sleep(min(self._poll_s, remaining))
-        return KVBatchMeta(
+            ),
             partition_id,
             task_name,
-            ids,
-            fields=list(fields),
-            sequence_lengths=lengths_from_tags(tags),
-            tags=tags,
+            fields,
+            batch_size,
+            blocking,
+            timeout_s,
+            self._poll_s,
         )
 
-    def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
-        """Fetch ``meta``'s rows (fields from ``select_fields``, else ``meta.fields``).
-
-        Raises:
-            TypeError: ``meta`` is not a ``KVBatchMeta``.
-            ValueError: No field can be resolved (``select_fields``/``fields``).
-            KeyError: As ``get_samples``.
-        """
-        self._begin()
-        check_meta(meta)
-        try:
-            fields = get_data_fields(meta, select_fields)
-        except ValueError:
-            self._require_partition(meta.partition_id, "get_data")
-            raise
-        return self.get_samples(meta.sample_ids, meta.partition_id, fields)
+    def _require_known(self, partition_id: str) -> None:
+        self._require_partition(partition_id, "get_data")
 
     def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
         """True iff every listed task claimed every sample currently in the partition.

@@ -10,24 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from tensordict import TensorDict
 
 from nemo_dp.data_plane.adapters._validation import (
     already_registered,
     check_claim_request,
     check_consumption_tasks,
-    check_meta,
     check_partition_id,
     check_registration,
     check_task,
-    claim_timeout,
-    get_data_fields,
-    lengths_from_tags,
 )
 from nemo_dp.data_plane.adapters.transfer_queue.registry import (
     Record,
@@ -41,11 +34,12 @@ from nemo_dp.data_plane.interfaces import KVBatchMeta
 
 
 class TQTaskMixin:
-    """``register_partition``, ``claim_meta``, ``get_data``, ``check_consumption_status``.
+    """``register_partition``, ``claim_meta``, ``check_consumption_status``, and the partition
+    check of ``get_data``.
 
-    Host contract (the client): ``_check_open()``, ``_ctl`` / ``_data`` (bounded library calls),
-    ``_registry_entries``, ``_require_record``, ``get_samples``, ``_lock``, ``_used``, ``_cfg``
-    and ``_client`` (the library client).
+    Host contract (the client): ``BaseDataPlaneClient``'s lifetime checks and ``_poll_claim``,
+    ``_ctl`` / ``_data`` (bounded library calls), ``_registry_entries``, ``_require_record``,
+    ``_lock``, ``_cfg`` and ``_client`` (the library client).
     """
 
     _used: bool
@@ -129,8 +123,6 @@ class TQTaskMixin:
             fields = check_claim_request(partition_id, rec.fields, required_fields, batch_size, timeout_s)
 
         client = self._client
-        poll_s = float(self._cfg.claim_meta_poll_interval_s)
-        deadline = time.monotonic() + float(timeout_s)
 
         async def _claim() -> tuple[list[str], list[dict[str, Any]]] | None:
             meta = await client.async_get_meta(
@@ -147,53 +139,30 @@ class TQTaskMixin:
             )
             return list(keys), [dict(t) for t in meta.custom_meta]
 
-        while True:
+        def _attempt() -> tuple[list[str], list[dict[str, Any]] | None]:
             self._check_open()
             with self._lock:
                 got = self._ctl(_claim, "claim_meta", partition_id)
-            if got is not None:
-                ids, stored = got
-                break
-            if not blocking:
-                return KVBatchMeta(
-                    partition_id=partition_id,
-                    task_name=task_name,
-                    sample_ids=[],
-                    fields=list(fields),
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
-            time.sleep(min(poll_s, remaining))
+            if got is None:
+                return [], None
+            ids, stored = got
+            return ids, copy.deepcopy(stored) if any(stored) else None
 
-        tags = copy.deepcopy(stored) if any(stored) else None
-        return KVBatchMeta(
-            partition_id=partition_id,
-            task_name=task_name,
-            sample_ids=ids,
-            fields=list(fields),
-            sequence_lengths=lengths_from_tags(tags),
-            tags=tags,
+        return self._poll_claim(
+            _attempt,
+            partition_id,
+            task_name,
+            fields,
+            batch_size,
+            blocking,
+            timeout_s,
+            float(self._cfg.claim_meta_poll_interval_s),
         )
 
-    def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
-        """Fetch ``meta``'s rows (fields from ``select_fields``, else ``meta.fields``).
-
-        Raises:
-            ValueError: No field can be resolved (``select_fields``/``fields``).
-            KeyError: As ``get_samples``.
-        """
-        self._check_open()
-        check_meta(meta)
-        try:
-            fields = get_data_fields(meta, select_fields)
-        except ValueError:
-            with self._lock:
-                self._used = True
-                check_partition_id(meta.partition_id)
-                self._require_record(meta.partition_id, "get_data")
-            raise
-        return self.get_samples(meta.sample_ids, meta.partition_id, fields)
+    def _require_known(self, partition_id: str) -> None:
+        with self._lock:
+            check_partition_id(partition_id)
+            self._require_record(partition_id, "get_data")
 
     def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
         """True iff every listed task claimed every sample currently in the partition.
