@@ -21,13 +21,14 @@ FACTORY = PKG / "data_plane" / "factory.py"
 
 
 def _client_subclasses() -> dict[str, str]:
-    """Classes under nemo_dp/ whose bases name DataPlaneClient -> defining file."""
+    """Classes under nemo_dp/ whose bases name DataPlaneClient (or the adapters' shared base
+    client) -> defining file."""
     found: dict[str, str] = {}
     for path in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ClassDef):
                 bases = {ast.unparse(b).split(".")[-1] for b in node.bases}
-                if "DataPlaneClient" in bases:
+                if bases & {"DataPlaneClient", "BaseDataPlaneClient"}:
                     found[node.name] = str(path.relative_to(REPO))
     return found
 
@@ -42,6 +43,7 @@ def test_only_real_adapters_and_the_wrapper_implement_the_client() -> None:
         ),
         "RayStoreClient": ("nemo_dp/data_plane/adapters/ray_store.py", "nemo_dp/data_plane/adapters/ray_store/"),
         "MetricsDataPlaneClient": ("nemo_dp/data_plane/observability.py",),
+        "BaseDataPlaneClient": ("nemo_dp/data_plane/adapters/_base.py",),
     }
     found = _client_subclasses()
     assert set(found) == set(allowed), f"DataPlaneClient implementations: {found}"

@@ -1,19 +1,68 @@
-"""Argument-validation helpers shared by the data-plane adapters, so they report the same findings.
+"""Request checks shared by the data-plane adapters: one check and one wording per error.
 
-Standard library only: importing it cannot pull a backend in.
+Every adapter validates a call completely before it changes anything; the checks that need no
+storage (names, ids, sizes, tags, leaves, registrations, claims, reads, clears) and the
+messages of the partition-level errors live here.  No backend is imported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import copy
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["check_claim_request", "check_name", "check_names", "check_positive_int", "duplicates", "listed"]
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDictBase
+
+from nemo_dp.data_plane.interfaces import KVBatchMeta
+from nemo_dp.data_plane.schema import RESERVED_PREFIX, TAG_INPUT_LENGTHS
+from nemo_dp.utils.checkpoint_io import validate_json_metadata
+
+__all__ = [
+    "OBJECT_LEAF",
+    "TENSOR_LEAF",
+    "PutArgs",
+    "Registration",
+    "already_registered",
+    "check_claim_request",
+    "check_clear_ids",
+    "check_consumption_tasks",
+    "check_enum_put",
+    "check_meta",
+    "check_name",
+    "check_names",
+    "check_partition_id",
+    "check_positive_int",
+    "check_put_args",
+    "check_read_args",
+    "check_registration",
+    "check_tag_value",
+    "check_task",
+    "check_undeclared",
+    "claim_timeout",
+    "closed_error",
+    "duplicates",
+    "get_data_fields",
+    "kind_changed",
+    "lengths_from_tags",
+    "listed",
+    "receipt_lengths",
+    "unknown_ids",
+    "unknown_partition",
+    "unproduced_fields",
+    "wire_leaf_kind",
+]
 
 _MAX_LISTED_IDS = 20
 
+#: Kinds of a put leaf for the adapters that ship tensors and per-row objects apart.
+TENSOR_LEAF = "tensor"
+OBJECT_LEAF = "object"
 
-def listed(ids: Sequence[str]) -> str:
+
+# --- names and numbers ------------------------------------------------------------------------
+def listed(ids: Collection[str]) -> str:
     """``ids`` sorted, for a message: the first 20 and how many more."""
     ids = sorted(ids)
     shown = ", ".join(repr(i) for i in ids[:_MAX_LISTED_IDS])
@@ -65,6 +114,185 @@ def check_positive_int(value: Any, what: str) -> int:
     return value
 
 
+def duplicates(values: Sequence[str]) -> list[str]:
+    """The values that occur more than once, sorted, each once (empty when all are distinct)."""
+    # fast path in C for the common case (large id lists without repeats)
+    if len(set(values)) == len(values):
+        return []
+    seen: set[str] = set()
+    dups: set[str] = set()
+    for v in values:
+        if v in seen:
+            dups.add(v)
+        seen.add(v)
+    return sorted(dups)
+
+
+def _check_unique(values: Sequence[str], what: str) -> None:
+    if dups := duplicates(values):
+        raise ValueError(f"{what} must be unique; duplicated: {dups}")
+
+
+def check_partition_id(partition_id: Any) -> str:
+    """``partition_id`` if it is a non-empty str outside the reserved prefix.
+
+    Raises:
+        TypeError: Not a str.
+        ValueError: Empty, or starts with the reserved prefix.
+    """
+    check_name(partition_id, "partition_id")
+    if partition_id.startswith(RESERVED_PREFIX):
+        raise ValueError(
+            f"partition_id {partition_id!r} is reserved: ids starting with {RESERVED_PREFIX!r} "
+            "belong to nemo_dp's own bookkeeping"
+        )
+    return partition_id
+
+
+# --- errors about partition state -------------------------------------------------------------
+def closed_error(backend: str) -> RuntimeError:
+    """The error of any call on a closed client of ``backend``."""
+    return RuntimeError(f"{backend} data-plane client is closed.")
+
+
+def unknown_partition(partition_id: Any) -> KeyError:
+    """The error for a partition that is not registered."""
+    return KeyError(
+        f"unknown data-plane partition {partition_id!r} (not registered, or already dropped "
+        "with clear_samples(None, ...))"
+    )
+
+
+def already_registered(partition_id: str) -> ValueError:
+    """The error for registering a live partition id."""
+    return ValueError(
+        f"partition {partition_id!r} is already registered; drop it with "
+        "clear_samples(None, partition_id) before registering it again"
+    )
+
+
+def unknown_ids(partition_id: str, missing: Collection[str]) -> KeyError:
+    """The error for sample ids that are not live in a partition (listed)."""
+    return KeyError(
+        f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
+        f"{listed(missing)}"
+    )
+
+
+def unproduced_fields(
+    partition_id: str, unproduced: Sequence[str], produced: Collection[str] | None = None
+) -> KeyError:
+    """The error for read fields that are not produced for every requested id."""
+    known = "" if produced is None else f"; produced: {sorted(produced)}"
+    return KeyError(
+        f"fields {list(unproduced)} of partition {partition_id!r} are not produced for every "
+        f"requested id (never written, or misspelled{known})"
+    )
+
+
+def claim_timeout(partition_id: str, task_name: str, batch_size: int, timeout_s: float) -> TimeoutError:
+    """The error of a blocking claim that was not satisfied in time."""
+    return TimeoutError(
+        f"claim_meta: fewer than {batch_size} samples of partition {partition_id!r} became ready "
+        f"for task {task_name!r} within timeout_s={timeout_s:g}"
+    )
+
+
+# --- registrations ----------------------------------------------------------------------------
+@dataclass
+class Registration:
+    """A checked ``register_partition`` request.
+
+    Attributes:
+        fields: Declared field names, in order.
+        tasks: Consumer task names, in order.
+        enums: field -> its vocabulary.
+    """
+
+    fields: list[str]
+    tasks: list[str]
+    enums: dict[str, tuple[str, ...]]
+
+
+def check_registration(
+    partition_id: str,
+    fields: Any,
+    num_samples: Any,
+    consumer_tasks: Any,
+    grpo_group_size: Any = None,
+    enums: Any = None,
+) -> Registration:
+    """Check a registration's arguments (the id itself is checked by :func:`check_partition_id`).
+
+    Raises:
+        TypeError: Non-str names, non-int sizes, ``enums`` not a mapping of str sequences.
+        ValueError: Duplicate fields or tasks (``"must be unique"``), ``num_samples < 1``, a
+            group size below 1 or not dividing ``num_samples``, an ``enums`` key that is not a
+            declared field or a vocabulary with duplicates.
+    """
+    field_list = check_names(fields, "fields")
+    _check_unique(field_list, "fields")
+    task_list = check_names(consumer_tasks, "consumer_tasks")
+    _check_unique(task_list, "consumer_tasks")
+    check_positive_int(num_samples, "num_samples")
+    if grpo_group_size is not None:
+        check_positive_int(grpo_group_size, "grpo_group_size")
+        if num_samples % grpo_group_size:
+            raise ValueError(
+                f"grpo_group_size {grpo_group_size} does not divide num_samples {num_samples}"
+            )
+    if enums is not None and not isinstance(enums, Mapping):
+        raise TypeError(f"enums must be a mapping field -> vocabulary, got {type(enums).__name__}")
+    enum_map: dict[str, tuple[str, ...]] = {}
+    for name, vocab in (enums or {}).items():
+        check_name(name, "enums key")
+        if name not in field_list:
+            raise ValueError(
+                f"enums key {name!r} is not a declared field of {partition_id!r} "
+                f"(declared: {field_list})"
+            )
+        words = check_names(vocab, f"enums[{name!r}]")
+        _check_unique(words, f"enums[{name!r}] vocabulary")
+        enum_map[name] = tuple(words)
+    return Registration(field_list, task_list, enum_map)
+
+
+# --- claims and consumption -------------------------------------------------------------------
+def check_task(partition_id: str, registered: Collection[str], task_name: Any) -> str:
+    """``task_name`` if it is one of the partition's consumer tasks.
+
+    Raises:
+        TypeError | ValueError: Not a non-empty str.
+        KeyError: Not registered for the partition.
+    """
+    check_name(task_name, "task_name")
+    if task_name not in registered:
+        raise KeyError(
+            f"unknown consumer task {task_name!r} for partition {partition_id!r}; "
+            f"registered tasks: {list(registered)}"
+        )
+    return task_name
+
+
+def check_consumption_tasks(partition_id: str, registered: Collection[str], task_names: Any) -> list[str]:
+    """The tasks of a ``check_consumption_status`` call.
+
+    Raises:
+        TypeError: Not a sequence of str.
+        ValueError: Empty, or an empty-string name.
+        KeyError: A task that is not registered (all such listed).
+    """
+    tasks = check_names(task_names, "task_names")
+    if not tasks:
+        raise ValueError("check_consumption_status: task_names must name at least one task")
+    if unknown := [t for t in tasks if t not in registered]:
+        raise KeyError(
+            f"unknown consumer task(s) {unknown} for partition {partition_id!r}; "
+            f"registered tasks: {list(registered)}"
+        )
+    return tasks
+
+
 def check_claim_request(
     partition_id: str,
     declared: Collection[str],
@@ -105,23 +333,269 @@ def check_claim_request(
     return required
 
 
-def duplicates(values: Sequence[str]) -> list[str]:
-    """The values that occur more than once.
+def lengths_from_tags(tags: Sequence[Mapping[str, Any]] | None) -> list[int] | None:
+    """Per-row ``input_lengths`` from tags, when every tag holds an int one; else ``None``."""
+    if not tags or any(TAG_INPUT_LENGTHS not in t for t in tags):
+        return None
+    values = [t[TAG_INPUT_LENGTHS] for t in tags]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        return None
+    return [int(v) for v in values]
 
-    Args:
-        values: Names or ids.
+
+def receipt_lengths(column: Any, tags: Sequence[Mapping[str, Any]] | None) -> list[int] | None:
+    """A put receipt's ``sequence_lengths``: a 1-D integer ``input_lengths`` column, else the tags'."""
+    if (
+        isinstance(column, torch.Tensor)
+        and not column.is_nested
+        and column.dim() == 1
+        and not (column.is_floating_point() or column.is_complex() or column.dtype == torch.bool)
+    ):
+        return [int(x) for x in column.tolist()]
+    return lengths_from_tags(tags)
+
+
+# --- reads and clears -------------------------------------------------------------------------
+def check_meta(meta: Any) -> KVBatchMeta:
+    """``meta`` if it is a ``KVBatchMeta``.
+
+    Raises:
+        TypeError: It is not.
+    """
+    if not isinstance(meta, KVBatchMeta):
+        raise TypeError(f"get_data needs a KVBatchMeta, got {type(meta).__name__}")
+    return meta
+
+
+def get_data_fields(meta: KVBatchMeta, select_fields: Sequence[str] | None) -> list[str]:
+    """The fields ``get_data`` reads: ``select_fields`` when non-empty, else ``meta.fields``.
+
+    Raises:
+        ValueError: Neither names a field (callers check the partition first).
+    """
+    if select_fields is not None and len(list(select_fields)) > 0:
+        return list(select_fields)
+    if meta.fields:
+        return list(meta.fields)
+    raise ValueError(
+        "get_data: neither select_fields nor meta.fields names a field to fetch "
+        "(fetching all fields silently is forbidden)"
+    )
+
+
+def check_read_args(sample_ids: Any, select_fields: Any) -> tuple[list[str], list[str]]:
+    """Validate a read's ids and fields.
 
     Returns:
-        The repeated values, sorted, each once (empty when all are distinct).
-    """
-    # fast path in C for the common case (large id lists without repeats)
-    if len(set(values)) == len(values):
-        return []
-    seen: set[str] = set()
-    dups: set[str] = set()
-    for v in values:
-        if v in seen:
-            dups.add(v)
-        seen.add(v)
-    return sorted(dups)
+        ``(ids, fields)``.
 
+    Raises:
+        ValueError: ``select_fields`` missing or empty; duplicate fields or ids.
+        TypeError: Non-str entries.
+    """
+    if select_fields is None:
+        raise ValueError("get_samples needs a non-empty select_fields (no 'fetch everything')")
+    fields = check_names(select_fields, "select_fields")
+    if not fields:
+        raise ValueError("get_samples needs a non-empty select_fields (no 'fetch everything')")
+    _check_unique(fields, "select_fields")
+    ids = check_names(sample_ids, "sample_ids")
+    if dups := duplicates(ids):
+        raise ValueError(f"duplicate sample ids in one get: {listed(dups)}")
+    return ids, fields
+
+
+def check_clear_ids(sample_ids: Any) -> list[str]:
+    """The explicit ids of a ``clear_samples`` call.
+
+    Raises:
+        TypeError: Not a sequence of str.
+        ValueError: An empty-string id, or duplicate ids (listed).
+    """
+    ids = check_names(sample_ids, "sample_ids")
+    if dups := duplicates(ids):
+        raise ValueError(f"duplicate sample ids in one clear: {listed(dups)}")
+    return ids
+
+
+# --- puts -------------------------------------------------------------------------------------
+def check_tag_value(value: Any, where: str) -> None:
+    """Check that a tag value is JSON-like (str-keyed mappings, lists, tuples, scalars).
+
+    Raises:
+        TypeError: A non-str key or a value of another type (named by ``where``).
+    """
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_tag_value(item, f"{where}[{i}]")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where}: tag key {key!r} is not a str")
+            check_tag_value(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(f"{where}: {type(value).__name__} value {value!r} is not JSON-compatible")
+
+
+@dataclass
+class PutArgs:
+    """A put's arguments checked without the partition.
+
+    Attributes:
+        ids: Sample ids, in put order.
+        names: The put's field names, in the TensorDict's order.
+        tags: Detached per-row tags (exact deep copies or JSON-normalised), or ``None``.
+    """
+
+    ids: list[str]
+    names: list[str]
+    tags: list[dict[str, Any]] | None
+
+
+def check_put_args(
+    partition_id: str,
+    sample_ids: Any,
+    fields: Any,
+    tags: Any,
+    *,
+    exact_tags: bool = False,
+    allow_no_columns: bool = False,
+) -> PutArgs:
+    """Validate a put's ids, fields container and tags.
+
+    Args:
+        partition_id: The partition (for messages).
+        sample_ids: The ids to write.
+        fields: A ``TensorDict`` of columns, or ``None``.
+        tags: One dict per id, or ``None``.
+        exact_tags: Keep tags as given (deep copies of JSON-like values, non-finite floats
+            allowed) instead of JSON-normalising them.
+        allow_no_columns: Accept a ``fields`` without columns and no tags.
+
+    Raises:
+        ValueError: Neither fields nor tags, duplicate ids, batch size or tags length differing
+            from the ids, a tags-less put of a TensorDict without columns.
+        TypeError: Non-str ids, fields not a TensorDict, tags not a sequence of JSON-compatible
+            dicts.
+    """
+    ids = check_names(sample_ids, "sample_ids")
+    if fields is None and tags is None:
+        raise ValueError("put_samples needs fields or tags (got neither)")
+    if dups := duplicates(ids):
+        raise ValueError(f"duplicate sample ids in one put to {partition_id!r}: {listed(dups)}")
+    n = len(ids)
+    names: list[str] = []
+    if fields is not None:
+        if not isinstance(fields, TensorDictBase):
+            raise TypeError(f"put_samples: fields must be a TensorDict, got {type(fields).__name__}")
+        if fields.batch_dims != 1 or fields.batch_size[0] != n:
+            raise ValueError(
+                f"put_samples: fields batch_size {tuple(fields.batch_size)} does not match {n} "
+                f"sample ids (expected ({n},))"
+            )
+        names = list(fields.keys())
+    tag_list: list[dict[str, Any]] | None = None
+    if tags is not None:
+        if isinstance(tags, (str, bytes, Mapping)) or not isinstance(tags, Sequence):
+            raise TypeError(f"put_samples: tags must be a sequence of dicts, got {type(tags).__name__}")
+        if len(tags) != n:
+            raise ValueError(f"put_samples: tags has {len(tags)} entries for {n} sample ids")
+        tag_list = []
+        for i, t in enumerate(tags):
+            if not isinstance(t, Mapping):
+                raise TypeError(f"put_samples: tags[{i}] must be a dict, got {type(t).__name__}")
+            if exact_tags:
+                check_tag_value(t, f"put_samples: tags[{i}]")
+                tag_list.append(copy.deepcopy(dict(t)))
+                continue
+            try:
+                tag_list.append(validate_json_metadata(t))
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"put_samples: tags[{i}] is not JSON-compatible: {exc}") from exc
+    if fields is not None and not names and tag_list is None and not allow_no_columns:
+        raise ValueError("put_samples needs fields or tags (fields has no columns)")
+    return PutArgs(ids, names, tag_list)
+
+
+def wire_leaf_kind(name: str, leaf: Any, n: int) -> str:
+    """:data:`TENSOR_LEAF` or :data:`OBJECT_LEAF` for a leaf that ships one value per row.
+
+    Raises:
+        TypeError: A whole-column ``NonTensorData``, a nested ``TensorDict`` or another type.
+        ValueError: A ``NonTensorStack`` whose row count is not ``n``.
+    """
+    if isinstance(leaf, NonTensorStack):
+        if len(leaf) != n:
+            raise ValueError(f"field {name!r}: non-tensor column has {len(leaf)} rows, expected {n}")
+        return OBJECT_LEAF
+    if isinstance(leaf, NonTensorData):
+        raise TypeError(
+            f"field {name!r} is a NonTensorData (one non-tensor object for the whole column); "
+            "this store keeps one value per row - use a per-row NonTensorStack "
+            "(pack_jagged_fields builds one)"
+        )
+    if isinstance(leaf, TensorDictBase):
+        raise TypeError(
+            f"field {name!r} is a nested TensorDict; only tensors and per-row NonTensorStack "
+            "columns are fields"
+        )
+    if isinstance(leaf, torch.Tensor):
+        return TENSOR_LEAF
+    raise TypeError(f"field {name!r} has unsupported type {type(leaf).__name__}")
+
+
+def check_undeclared(partition_id: str, names: Sequence[str], declared: Collection[str]) -> None:
+    """Refuse a put naming fields the partition did not declare.
+
+    Raises:
+        ValueError: Names every undeclared field and the declared ones.
+    """
+    if undeclared := [k for k in names if k not in declared]:
+        raise ValueError(
+            f"put_samples: fields {undeclared} are not declared for partition "
+            f"{partition_id!r} (declared: {list(declared)})"
+        )
+
+
+def kind_changed(partition_id: str, name: str, stored: str, got: str) -> TypeError:
+    """The error for a put whose column kind or dtype differs from the stored one."""
+    return TypeError(
+        f"put_samples: field {name!r} of partition {partition_id!r} is stored as {stored}, this "
+        f"put has {got}; a field's kind and dtype cannot change"
+    )
+
+
+def check_enum_put(
+    name: str,
+    vocab: Sequence[str],
+    values: Sequence[Any] | None,
+    kind: str,
+    tensor_error: type[Exception] = ValueError,
+) -> None:
+    """Check one put column of a field that has an enum vocabulary.
+
+    Args:
+        name: The field.
+        vocab: Its vocabulary.
+        values: The column's per-row values, or ``None`` for a tensor column.
+        kind: The column's kind (for the message when it is a tensor).
+        tensor_error: The exception type raised for a tensor column.
+
+    Raises:
+        tensor_error: A tensor column.
+        ValueError: A value outside the vocabulary (named with the field).
+    """
+    if values is None:
+        raise tensor_error(
+            f"put_samples: field {name!r} takes values from its enum vocabulary {list(vocab)}, "
+            f"got a tensor column ({kind})"
+        )
+    for value in values:
+        if not isinstance(value, str) or value not in vocab:
+            raise ValueError(
+                f"put_samples: field {name!r} value {value!r} is not in its declared enum "
+                f"vocabulary {list(vocab)}"
+            )

@@ -1,6 +1,8 @@
-"""The Local adapter's client: locking, partition bookkeeping, claims, puts and reads.
+"""The Local adapter's client: locking, blocking claims, puts and reads over a partition book.
 
-See the package docstring for the storage and copy rules this client implements.
+Partitions, claims, consumption and tags are the shared partition book (``adapters._book``);
+this module adds the lock, the one-put rule and the stored columns.  See the package docstring
+for the storage and copy rules this client implements.
 """
 
 from __future__ import annotations
@@ -14,36 +16,35 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from nemo_dp.data_plane.adapters._validation import check_claim_request
-from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
+from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient
+from nemo_dp.data_plane.adapters._book import PartitionBook
+from nemo_dp.data_plane.adapters._validation import (
+    check_meta,
+    claim_timeout,
+    get_data_fields,
+    lengths_from_tags,
+    receipt_lengths,
+)
 from nemo_dp.data_plane.adapters.local.checkpoint import read_checkpoint, snapshot
 from nemo_dp.data_plane.adapters.local.store import DenseColumn, Partition
 from nemo_dp.data_plane.adapters.local.validation import (
     PendingPut,
     build_read,
-    check_name,
-    check_names,
-    check_positive_int,
     is_int,
     is_integer_dtype,
-    lengths_from_tags,
-    listed,
     plan_get,
     validate_put,
 )
 from nemo_dp.data_plane.interfaces import (
-    DataPlaneClient,
     KVBatchMeta,
     LocalDataPlaneConfig,
     PartitionLimitError,
 )
-from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION, RESERVED_PREFIX
+from nemo_dp.data_plane.schema import INPUT_LENGTHS, LOCAL_PARTITION_GENERATION
 from nemo_dp.data_plane.typed_checkpoint import write_checkpoint
 from nemo_dp.utils.checkpoint_io import validate_json_metadata
 
 __all__ = ["LocalDataPlaneClient", "build_local_client"]
-
-_CLOSED_MESSAGE = "Local data-plane client is closed."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ _CLOSED_MESSAGE = "Local data-plane client is closed."
 # ---------------------------------------------------------------------------------------------
 
 
-class LocalDataPlaneClient(DataPlaneClient):
+class LocalDataPlaneClient(BaseDataPlaneClient):
     """In-process data plane holding at most ``max_partitions`` complete batches.
 
     Thread-safe: every state change happens under one lock; blocking claims wait on a
@@ -64,6 +65,8 @@ class LocalDataPlaneClient(DataPlaneClient):
         TypeError: ``cfg`` is not a ``LocalDataPlaneConfig``.
     """
 
+    BACKEND = "Local"
+
     def __init__(self, cfg: LocalDataPlaneConfig) -> None:
         if not isinstance(cfg, LocalDataPlaneConfig):
             raise TypeError(
@@ -73,37 +76,11 @@ class LocalDataPlaneClient(DataPlaneClient):
         self._max_partitions = cfg.max_partitions
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._partitions: dict[str, Partition] = {}
+        self._book: PartitionBook[Partition] = PartitionBook()
         self._generation = 0  # generation of the most recent registration
-        self._closed = False
-        self._used = False
+        self._init_lifetime(True, closed=False)
 
-    # --- internal checks (call with the lock held) --------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(_CLOSED_MESSAGE)
-
-    def _begin_data_op(self) -> None:
-        self._check_open()
-        self._used = True
-
-    def _live(self, partition_id: Any) -> Partition:
-        check_name(partition_id, "partition_id")
-        part = self._partitions.get(partition_id)
-        if part is None:
-            raise KeyError(f"unknown partition {partition_id!r} (not registered or already dropped)")
-        return part
-
-    @staticmethod
-    def _check_task(part: Partition, task_name: Any) -> str:
-        check_name(task_name, "task_name")
-        if task_name not in part.claimed:
-            raise KeyError(
-                f"unknown task {task_name!r} for partition {part.partition_id!r}; "
-                f"registered tasks: {list(part.consumer_tasks)}"
-            )
-        return task_name
-
+    # --- internal helpers (call with the lock held) -------------------------------------------
     def _meta_extra(self, part: Partition) -> dict[str, Any]:
         return {LOCAL_PARTITION_GENERATION: part.generation}
 
@@ -128,73 +105,27 @@ class LocalDataPlaneClient(DataPlaneClient):
                 ("already registered").
         """
         with self._lock:
-            self._begin_data_op()
-            check_name(partition_id, "partition_id")
-            if partition_id.startswith(RESERVED_PREFIX):
-                raise ValueError(
-                    f"partition_id {partition_id!r} uses the reserved prefix {RESERVED_PREFIX!r}"
-                )
-            field_names = check_names(fields, "fields")
-            task_names = check_names(consumer_tasks, "consumer_tasks")
-            check_positive_int(num_samples, "num_samples")
-            if dup := _duplicates(field_names):
-                raise ValueError(f"fields must be unique; duplicated: {dup}")
-            if dup := _duplicates(task_names):
-                raise ValueError(f"consumer_tasks must be unique; duplicated: {dup}")
-            if grpo_group_size is not None:
-                check_positive_int(grpo_group_size, "grpo_group_size")
-                if num_samples % grpo_group_size != 0:
-                    raise ValueError(
-                        f"grpo_group_size {grpo_group_size} does not divide num_samples {num_samples}"
-                    )
-            vocab = self._check_enums(enums, field_names)
-            if partition_id in self._partitions:
-                raise ValueError(f"partition {partition_id!r} is already registered")
-            if len(self._partitions) >= self._max_partitions:
+            self._begin()
+            reg = self._book.check_new(
+                partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
+            )
+            if len(self._book.partitions) >= self._max_partitions:
                 raise PartitionLimitError(
                     f"Local data plane partition limit reached ({self._max_partitions} live "
-                    f"partitions: {sorted(self._partitions)}); cannot register {partition_id!r}. "
+                    f"partitions: {sorted(self._book.partitions)}); cannot register {partition_id!r}. "
                     "Clear an active or prefetched partition first (clear_samples(None, pid)) "
                     "or raise data_plane.max_partitions."
                 )
             self._generation += 1
-            self._partitions[partition_id] = Partition(
+            self._book.add(Partition(
                 partition_id=partition_id,
-                fields=tuple(field_names),
+                fields=tuple(reg.fields),
                 num_samples=num_samples,
-                consumer_tasks=tuple(task_names),
+                consumer_tasks=tuple(reg.tasks),
                 grpo_group_size=grpo_group_size,
-                enums=vocab,
+                enums=reg.enums,
                 generation=self._generation,
-                claimed={t: set() for t in task_names},
-            )
-
-    @staticmethod
-    def _check_enums(
-        enums: Mapping[str, Sequence[str]] | None, field_names: Sequence[str]
-    ) -> dict[str, tuple[str, ...]]:
-        if enums is None:
-            return {}
-        if not isinstance(enums, Mapping):
-            raise TypeError(
-                f"enums must be a mapping field -> vocabulary, got {type(enums).__name__}"
-            )
-        out: dict[str, tuple[str, ...]] = {}
-        for name, words in enums.items():
-            check_name(name, "enums key")
-            if name not in field_names:
-                raise ValueError(f"enums key {name!r} is not a declared field ({list(field_names)})")
-            if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
-                raise TypeError(
-                    f"enums[{name!r}] must be a sequence of str, got {type(words).__name__}"
-                )
-            for w in words:
-                if not isinstance(w, str):
-                    raise TypeError(f"enums[{name!r}] entry {w!r} is not a str")
-            if dup := _duplicates(list(words)):
-                raise ValueError(f"enums[{name!r}] vocabulary has duplicates: {dup}")
-            out[name] = tuple(words)
-        return out
+            ))
 
     def claim_meta(
         self,
@@ -218,15 +149,14 @@ class LocalDataPlaneClient(DataPlaneClient):
             TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
         """
         with self._lock:
-            self._begin_data_op()
-            part = self._live(partition_id)
-            self._check_task(part, task_name)
-            required = check_claim_request(partition_id, part.fields, required_fields, batch_size, timeout_s)
+            self._begin()
+            part, required = self._book.check_claim(
+                partition_id, task_name, required_fields, batch_size, timeout_s
+            )
             deadline = time.monotonic() + float(timeout_s)
             while True:
-                ready = self._ready_ids(part, task_name, required)
-                if len(ready) >= batch_size:
-                    return self._claim(part, task_name, required, ready[:batch_size])
+                if ids := self._book.take(part, task_name, required, batch_size):
+                    return self._claim_meta(part, task_name, required, ids)
                 if not blocking:
                     return KVBatchMeta(
                         partition_id,
@@ -237,31 +167,18 @@ class LocalDataPlaneClient(DataPlaneClient):
                     )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(
-                        f"claim_meta: partition {partition_id!r}, task {task_name!r}: only "
-                        f"{len(ready)} of {batch_size} rows ready after timeout_s={timeout_s}"
-                    )
+                    raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
                 self._changed.wait(remaining)
                 self._check_open()
-                if self._partitions.get(partition_id) is not part:
+                if self._book.partitions.get(partition_id) is not part:
                     raise KeyError(
                         f"partition {partition_id!r} was dropped while claim_meta was waiting"
                     )
 
-    @staticmethod
-    def _ready_ids(part: Partition, task_name: str, required: Sequence[str]) -> list[str]:
-        if any(f not in part.columns for f in required):
-            return []
-        claimed = part.claimed[task_name]
-        return [sid for sid in part.row_of if sid not in claimed]
-
-    def _claim(
+    def _claim_meta(
         self, part: Partition, task_name: str, required: Sequence[str], ids: list[str]
     ) -> KVBatchMeta:
-        part.claimed[task_name].update(ids)
-        tags: list[dict[str, Any]] | None = None
-        if any(sid in part.tags for sid in ids):
-            tags = [copy.deepcopy(part.tags.get(sid, {})) for sid in ids]
+        tags = part.tags_of(ids)
         lengths = lengths_from_tags(tags)
         if lengths is None:
             col = part.columns.get(INPUT_LENGTHS)
@@ -293,25 +210,16 @@ class LocalDataPlaneClient(DataPlaneClient):
                 the ``get_samples`` argument errors.
         """
         with self._lock:
-            self._begin_data_op()
-            if not isinstance(meta, KVBatchMeta):
-                raise TypeError(f"get_data expects a KVBatchMeta, got {type(meta).__name__}")
-            part = self._live(meta.partition_id)
+            self._begin()
+            check_meta(meta)
+            part = self._book.live(meta.partition_id)
             got = meta.extra_info.get(LOCAL_PARTITION_GENERATION)
             if not is_int(got) or got != part.generation:
                 raise ValueError(
                     f"Stale local metadata for partition {meta.partition_id!r}: generation "
                     f"{got}, expected {part.generation}."
                 )
-            if select_fields:
-                fields = select_fields
-            elif meta.fields:
-                fields = meta.fields
-            else:
-                raise ValueError(
-                    "get_data: neither select_fields nor meta.fields names a field; "
-                    "fetching all fields silently is forbidden"
-                )
+            fields = get_data_fields(meta, select_fields)
             plan = plan_get(part, meta.sample_ids, fields)
         return build_read(plan)
 
@@ -324,16 +232,8 @@ class LocalDataPlaneClient(DataPlaneClient):
             ValueError: Empty ``task_names``.
         """
         with self._lock:
-            self._begin_data_op()
-            part = self._live(partition_id)
-            tasks = check_names(task_names, "task_names")
-            if not tasks:
-                raise ValueError("check_consumption_status: task_names must not be empty")
-            for t in tasks:
-                self._check_task(part, t)
-            if not part.row_of:
-                return False
-            return all(all(sid in part.claimed[t] for sid in part.row_of) for t in tasks)
+            self._begin()
+            return self._book.consumed(partition_id, task_names)
 
     # --- direct-by-key half -------------------------------------------------------------------
     def put_samples(
@@ -355,11 +255,10 @@ class LocalDataPlaneClient(DataPlaneClient):
                 ("duplicate writes"), or a row count other than ``num_samples``.
         """
         with self._lock:
-            self._begin_data_op()
-            part = self._live(partition_id)
-            ids = check_names(sample_ids, "sample_ids")
-            pending = validate_put(part, ids, fields, tags)
-            return self._commit_put(part, ids, pending, fields is not None)
+            self._begin()
+            part = self._book.live(partition_id)
+            pending = validate_put(part, sample_ids, fields, tags)
+            return self._commit_put(part, list(pending.row_of), pending, fields is not None)
 
     def _commit_put(
         self, part: Partition, ids: list[str], pending: PendingPut, has_fields: bool
@@ -371,12 +270,8 @@ class LocalDataPlaneClient(DataPlaneClient):
         if pending.tags is not None:
             part.tags = dict(zip(ids, pending.tags))
         self._changed.notify_all()
-        lengths: list[int] | None = None
         col = pending.columns.get(INPUT_LENGTHS)
-        if isinstance(col, DenseColumn) and col.data.dim() == 1 and is_integer_dtype(col.data.dtype):
-            lengths = [int(x) for x in col.data.tolist()]
-        if lengths is None:
-            lengths = lengths_from_tags(pending.tags)
+        lengths = receipt_lengths(col.data if isinstance(col, DenseColumn) else None, pending.tags)
         return KVBatchMeta(
             part.partition_id,
             None,
@@ -398,8 +293,8 @@ class LocalDataPlaneClient(DataPlaneClient):
             ValueError: Empty ``select_fields`` or duplicate ids.
         """
         with self._lock:
-            self._begin_data_op()
-            part = self._live(partition_id)
+            self._begin()
+            part = self._book.live(partition_id)
             plan = plan_get(part, sample_ids, select_fields)
         return build_read(plan)
 
@@ -410,10 +305,8 @@ class LocalDataPlaneClient(DataPlaneClient):
             RuntimeError: Closed.
         """
         with self._lock:
-            self._begin_data_op()
-            check_name(partition_id, "partition_id")
-            part = self._partitions.get(partition_id)
-            return sorted(part.row_of) if part is not None else []
+            self._begin()
+            return self._book.list_ids(partition_id)
 
     def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
         """Drop rows (explicit ids) or the whole partition (``None``).
@@ -427,29 +320,17 @@ class LocalDataPlaneClient(DataPlaneClient):
             ValueError: Duplicate explicit ids.
         """
         with self._lock:
-            self._begin_data_op()
-            part = self._live(partition_id)
+            self._begin()
             if sample_ids is None:
-                del self._partitions[partition_id]
+                self._book.drop(partition_id)
                 self._changed.notify_all()
                 return
-            ids = check_names(sample_ids, "sample_ids")
-            if dup := _duplicates(ids):
-                raise ValueError(f"clear_samples: duplicate sample ids: {listed(dup)}")
-            if missing := [sid for sid in ids if sid not in part.row_of]:
-                raise KeyError(
-                    f"clear_samples: {len(missing)} ids are not live in partition "
-                    f"{partition_id!r}: {listed(missing)}"
-                )
-            for sid in ids:
-                del part.row_of[sid]
-                part.tags.pop(sid, None)
-                for claimed in part.claimed.values():
-                    claimed.discard(sid)
+            part, ids = self._book.check_clear(partition_id, sample_ids)
+            self._book.forget_rows(part, ids)
             if ids and not part.row_of:
                 # the last row is gone: the partition can never take another put, so it is
                 # dropped exactly as by the None form (its max_partitions slot is freed)
-                del self._partitions[partition_id]
+                self._book.drop(partition_id)
             self._changed.notify_all()
 
     # --- checkpoints --------------------------------------------------------------------------
@@ -471,7 +352,7 @@ class LocalDataPlaneClient(DataPlaneClient):
             self._check_open()
             user_metadata = validate_json_metadata(metadata)
             manifest, tensors = snapshot(
-                self._partitions.values(), self._generation + 1, user_metadata
+                self._book.partitions.values(), self._generation + 1, user_metadata
             )
         write_checkpoint(checkpoint_dir, manifest, tensors)
 
@@ -488,16 +369,11 @@ class LocalDataPlaneClient(DataPlaneClient):
         """
         with self._lock:
             self._check_open()
-            if self._used:
-                raise RuntimeError(
-                    "load_checkpoint needs a clean data-plane client: a data operation or a "
-                    "previous load already ran on this one; build a new client to load into"
-                )
-            self._used = True
+            self._begin_load()
             partitions, next_generation, metadata = read_checkpoint(
                 checkpoint_dir, self._max_partitions
             )
-            self._partitions = partitions
+            self._book.partitions = partitions
             self._generation = next_generation - 1
             return metadata
 
@@ -506,7 +382,7 @@ class LocalDataPlaneClient(DataPlaneClient):
         """Drop every partition and mark the client closed; idempotent."""
         with self._lock:
             self._closed = True
-            self._partitions = {}
+            self._book.partitions = {}
             self._changed.notify_all()
 
 

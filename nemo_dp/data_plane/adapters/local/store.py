@@ -15,11 +15,13 @@ clone per sample's entry (``PackedColumn``), a dict column one sub-column per ke
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 import torch
 
+from nemo_dp.data_plane.adapters._book import PartitionRecord
 from nemo_dp.utils.packed_tensor import PackedTensor
 
 __all__ = [
@@ -265,20 +267,29 @@ def store_tensor(name: str, t: torch.Tensor) -> DenseColumn | JaggedColumn:
 
 
 @dataclass
-class Partition:
-    """One live partition: schema, rows (stored once), tags and per-task claims."""
+class Partition(PartitionRecord):
+    """One live partition: the book's record plus its rows, stored once as columns.
 
-    partition_id: str
-    fields: tuple[str, ...]
-    num_samples: int
-    consumer_tasks: tuple[str, ...]
-    grpo_group_size: int | None
-    enums: dict[str, tuple[str, ...]]
-    generation: int
+    Attributes:
+        generation: Registration counter value, checked by ``get_data`` against stale metadata.
+        written: Whether the partition's one put happened.
+        row_of: live id -> row of the stored columns; insertion order is the stored order.
+        columns: field -> its stored column.
+    """
+
+    generation: int = 0
     written: bool = False
-    # live id -> row of the stored columns; insertion order is the stored (claim) order
     row_of: dict[str, int] = field(default_factory=dict)
     columns: dict[str, Column] = field(default_factory=dict)
-    field_kinds: dict[str, str] = field(default_factory=dict)
-    tags: dict[str, dict[str, Any]] = field(default_factory=dict)
-    claimed: dict[str, set[str]] = field(default_factory=dict)
+
+    def row_ids(self) -> dict[str, int]:
+        """The live ids (a dict: insertion order is the stored order)."""
+        return self.row_of
+
+    def ready_rows(self, required: Sequence[str]) -> Iterable[str]:
+        """Every live id once the partition's one put holds all ``required`` fields."""
+        return self.row_of if all(f in self.columns for f in required) else ()
+
+    def drop_row(self, sample_id: str) -> None:
+        """Forget a row (its column cells stay until the partition is dropped)."""
+        del self.row_of[sample_id]

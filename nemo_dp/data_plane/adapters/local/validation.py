@@ -16,8 +16,15 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from nemo_dp.data_plane.adapters._validation import check_name, check_names, check_positive_int, listed
-from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
+from nemo_dp.data_plane.adapters._validation import (
+    check_enum_put,
+    check_put_args,
+    check_read_args,
+    check_undeclared,
+    kind_changed,
+    unknown_ids,
+    unproduced_fields,
+)
 from nemo_dp.data_plane.adapters.local.store import (
     DICT_KIND,
     OBJECT_KIND,
@@ -30,23 +37,7 @@ from nemo_dp.data_plane.adapters.local.store import (
     Selection,
     store_tensor,
 )
-from nemo_dp.data_plane.schema import INPUT_LENGTHS
 from nemo_dp.utils.packed_tensor import PackedTensor
-
-def check_tag_value(value: Any, where: str) -> None:
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            check_tag_value(item, f"{where}[{i}]")
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{where}: tag key {key!r} is not a str")
-            check_tag_value(item, f"{where}[{key!r}]")
-        return
-    raise TypeError(f"{where}: {type(value).__name__} value {value!r} is not JSON-compatible")
 
 
 def is_int(v: Any) -> bool:
@@ -55,15 +46,6 @@ def is_int(v: Any) -> bool:
 
 def is_integer_dtype(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
-
-
-def lengths_from_tags(tags: Sequence[Mapping[str, Any]] | None) -> list[int] | None:
-    if not tags or any(INPUT_LENGTHS not in t for t in tags):
-        return None
-    values = [t[INPUT_LENGTHS] for t in tags]
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
-        return None
-    return [int(v) for v in values]
 
 
 @dataclass
@@ -165,67 +147,25 @@ def store_leaf(name: str, kind: str, payload: Any) -> Column:
 
 def validate_put(
     part: Partition,
-    ids: list[str],
+    sample_ids: Sequence[str],
     fields: TensorDict | None,
     tags: Sequence[dict] | None,
 ) -> PendingPut:
     """Check a put completely and take the one copy per column; nothing is stored yet."""
-    n = len(ids)
-    if fields is None and tags is None:
-        raise ValueError("put_samples: give fields, tags or both (got neither)")
-    if fields is not None and not isinstance(fields, TensorDictBase):
-        raise TypeError(f"put_samples: fields must be a TensorDict, got {type(fields).__name__}")
-    if tags is not None and (
-        isinstance(tags, (str, bytes, Mapping)) or not isinstance(tags, Sequence)
-    ):
-        raise TypeError(
-            f"put_samples: tags must be a sequence of dicts, got {type(tags).__name__}"
-        )
-    row_of = dict(zip(ids, range(n)))  # doubles as the duplicate check
-    if len(row_of) != n:
-        raise ValueError(
-            f"put_samples: duplicate sample ids in one put: {listed(_duplicates(ids))}"
-        )
-    if fields is not None and (fields.batch_dims != 1 or fields.batch_size[0] != n):
-        raise ValueError(
-            f"put_samples: fields.batch_size {tuple(fields.batch_size)} does not match "
-            f"{n} sample ids"
-        )
-    if tags is not None:
-        if len(tags) != n:
-            raise ValueError(f"put_samples: {len(tags)} tags for {n} sample ids")
-        for i, tag in enumerate(tags):
-            if not isinstance(tag, Mapping):
-                raise TypeError(f"put_samples: tags[{i}] is a {type(tag).__name__}, not a dict")
-            check_tag_value(tag, f"put_samples: tags[{i}]")
-    names = list(fields.keys()) if fields is not None else []
-    if undeclared := [k for k in names if k not in part.fields]:
-        raise ValueError(
-            f"put_samples: fields {undeclared} are not declared in partition "
-            f"{part.partition_id!r} (declared: {list(part.fields)})"
-        )
+    args = check_put_args(
+        part.partition_id, sample_ids, fields, tags, exact_tags=True, allow_no_columns=True
+    )
+    ids, names, n = args.ids, args.names, len(args.ids)
+    check_undeclared(part.partition_id, names, part.fields)
     leaves: dict[str, tuple[str, Any]] = {}
     for name in names:
         kind, payload = classify_leaf(name, fields.get(name), n)  # type: ignore[union-attr]
         stored = part.field_kinds.get(name)
         if stored is not None and stored != kind:
-            raise TypeError(
-                f"put_samples: field {name!r} is stored as {stored} in partition "
-                f"{part.partition_id!r}, this put has {kind}"
-            )
+            raise kind_changed(part.partition_id, name, stored, kind)
         if name in part.enums:
-            if kind != OBJECT_KIND:
-                raise TypeError(
-                    f"put_samples: field {name!r} has an enums vocabulary and must be a "
-                    f"non-tensor column, got a {kind} tensor"
-                )
-            allowed = part.enums[name]
-            for value in payload:
-                if not isinstance(value, str) or value not in allowed:
-                    raise ValueError(
-                        f"put_samples: field {name!r} value {value!r} is not in its enums "
-                        f"vocabulary {list(allowed)}"
-                    )
+            values = payload if kind == OBJECT_KIND else None
+            check_enum_put(name, part.enums[name], values, kind, tensor_error=TypeError)
         leaves[name] = (kind, payload)
     if part.written:
         raise ValueError(
@@ -240,41 +180,23 @@ def validate_put(
         )
     # Everything is valid: now take the one copy per column.
     columns = {name: store_leaf(name, kind, payload) for name, (kind, payload) in leaves.items()}
-    return PendingPut(
-        row_of, columns, copy.deepcopy([dict(t) for t in tags]) if tags is not None else None
-    )
+    return PendingPut(dict(zip(ids, range(n))), columns, args.tags)
 
 
 def plan_get(
     part: Partition, sample_ids: Sequence[str], select_fields: Sequence[str] | None
 ) -> tuple[int, list[tuple[str, Column]], Selection]:
     """Validate a read and capture what to copy (stored columns are immutable)."""
-    if select_fields is None:
-        raise ValueError("get_samples: select_fields is required; there is no 'fetch everything'")
-    names = check_names(select_fields, "select_fields")
-    if not names:
-        raise ValueError("get_samples: select_fields must not be empty")
-    ids = check_names(sample_ids, "sample_ids")
-    if dup := _duplicates(ids):
-        raise ValueError(f"get_samples: duplicate sample ids requested: {listed(dup)}")
-    if dup := _duplicates(names):
-        raise ValueError(f"get_samples: duplicate select_fields: {dup}")
+    ids, names = check_read_args(sample_ids, select_fields)
     if not ids:
         return 0, [], Selection([])
     row_of = part.row_of
     try:
         positions = [row_of[sid] for sid in ids]
     except KeyError:
-        missing = [sid for sid in ids if sid not in row_of]
-        raise KeyError(
-            f"get_samples: {len(missing)} unknown or cleared sample ids in partition "
-            f"{part.partition_id!r}: {listed(missing)}"
-        ) from None
+        raise unknown_ids(part.partition_id, [sid for sid in ids if sid not in row_of]) from None
     if unproduced := [f for f in names if f not in part.columns]:
-        raise KeyError(
-            f"get_samples: fields {unproduced} have not been produced in partition "
-            f"{part.partition_id!r} (produced: {sorted(part.columns)})"
-        )
+        raise unproduced_fields(part.partition_id, unproduced, part.columns)
     return len(ids), [(f, part.columns[f]) for f in names], Selection.of(positions)
 
 def build_read(plan: tuple[int, list[tuple[str, Column]], Selection]) -> TensorDict:

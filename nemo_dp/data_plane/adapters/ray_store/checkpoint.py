@@ -151,19 +151,9 @@ def _restore_record(rec: Any, where: str, tensors: dict[str, torch.Tensor]) -> t
 class RayStoreCheckpointMixin:
     """``save_checkpoint`` / ``load_checkpoint`` of ``RayStoreClient``.
 
-    Host contract: ``_check_open()``, ``_call(op, partition_id, *args)``,
-    ``_chunk_payloads(chunks, partition_id, op)``, ``_used`` and ``_bootstrap``.
+    Host contract: ``BaseDataPlaneClient``'s lifetime checks, ``_call(op, partition_id, *args)``
+    and ``_chunk_payloads(chunks, partition_id, op)``.
     """
-
-    _used: bool
-    _bootstrap: bool
-
-    def _require_owner(self, op: str) -> None:
-        if not self._bootstrap:
-            raise RuntimeError(
-                f"{op} is only available on the bootstrapping ray_store client (the driver); "
-                "this client attached with bootstrap=False"
-            )
 
     def save_checkpoint(self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None) -> None:
         """Atomically save every partition plus user ``metadata``.
@@ -174,7 +164,7 @@ class RayStoreCheckpointMixin:
                 cannot be encoded exactly (nothing written).
         """
         self._check_open()  # type: ignore[attr-defined]
-        self._require_owner("save_checkpoint")
+        self._require_owner("save_checkpoint")  # type: ignore[attr-defined]
         user_metadata = validate_json_metadata(metadata)
         snap = self._call("snapshot", "")  # type: ignore[attr-defined]
         payloads = self._chunk_payloads(snap["chunks"], "", "save_checkpoint")  # type: ignore[attr-defined]
@@ -193,13 +183,8 @@ class RayStoreCheckpointMixin:
         import ray
 
         self._check_open()  # type: ignore[attr-defined]
-        self._require_owner("load_checkpoint")
-        if self._used:
-            raise RuntimeError(
-                "load_checkpoint needs a clean data-plane client: a data operation or a load "
-                "already ran on this client"
-            )
-        self._used = True
+        self._require_owner("load_checkpoint")  # type: ignore[attr-defined]
+        self._begin_load()  # type: ignore[attr-defined]
         if not self._call("is_empty", ""):  # type: ignore[attr-defined]
             raise RuntimeError(
                 "load_checkpoint needs a clean data-plane client: the cluster-wide store "

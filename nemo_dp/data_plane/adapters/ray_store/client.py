@@ -32,12 +32,17 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tensordict import NonTensorStack, TensorDict
 
+from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient, coerce_dataclass_config
+from nemo_dp.data_plane.adapters._validation import (
+    check_read_args,
+    receipt_lengths,
+    unknown_partition,
+)
 from nemo_dp.data_plane.adapters.ray_store.actor import attach_actor, create_actor, kill_actor
 from nemo_dp.data_plane.adapters.ray_store.checkpoint import RayStoreCheckpointMixin
 from nemo_dp.data_plane.adapters.ray_store.columns import (
@@ -47,13 +52,10 @@ from nemo_dp.data_plane.adapters.ray_store.columns import (
     gather_field,
 )
 from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, InlinePayload, TensorColumnSpec
-from nemo_dp.data_plane.adapters.ray_store.validation import (
-    check_read_args,
-    plan_put,
-    receipt_lengths,
-)
-from nemo_dp.data_plane.interfaces import DataPlaneClient, DataPlaneUnavailableError, KVBatchMeta
+from nemo_dp.data_plane.adapters.ray_store.validation import plan_put
+from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError, KVBatchMeta
 from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
+from nemo_dp.data_plane.schema import INPUT_LENGTHS
 
 __all__ = ["INLINE_MAX_BYTES", "RayStoreClient", "build_ray_store_client", "coerce_config"]
 
@@ -61,7 +63,6 @@ __all__ = ["INLINE_MAX_BYTES", "RayStoreClient", "build_ray_store_client", "coer
 #: actor's call instead of through the object store (see the module docstring).
 INLINE_MAX_BYTES = 64 * 1024
 
-_CLOSED = "ray_store data-plane client is closed."
 _ERRORS: dict[str, type[Exception]] = {
     "KeyError": KeyError,
     "ValueError": ValueError,
@@ -71,29 +72,11 @@ _ERRORS: dict[str, type[Exception]] = {
 
 
 def coerce_config(cfg: Any) -> RayStoreDataPlaneConfig:
-    """``cfg`` as a validated :class:`RayStoreDataPlaneConfig`.
-
-    Raises:
-        TypeError: ``cfg`` is neither the dataclass nor a mapping.
-        ValueError: A key is unknown or out of range (names it).
-    """
-    if isinstance(cfg, RayStoreDataPlaneConfig):
-        return cfg
-    if isinstance(cfg, Mapping):
-        from omegaconf import DictConfig, OmegaConf
-
-        container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-        merged = OmegaConf.merge(OmegaConf.structured(RayStoreDataPlaneConfig), container)
-        out = OmegaConf.to_object(merged)
-        assert isinstance(out, RayStoreDataPlaneConfig)
-        return out
-    raise TypeError(
-        f"RayStoreClient needs a RayStoreDataPlaneConfig (or a mapping of it), got "
-        f"{type(cfg).__name__}"
-    )
+    """``cfg`` as a validated :class:`RayStoreDataPlaneConfig` (see ``coerce_dataclass_config``)."""
+    return coerce_dataclass_config(cfg, RayStoreDataPlaneConfig, "RayStoreClient")
 
 
-class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
+class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     """The data-plane contract over Ray's object store (see the module docstring).
 
     Thread-safe: Ray's calls are, and the client keeps no mutable state besides ``closed``.
@@ -115,9 +98,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
     ) -> None:
         del checkpointing
         self._cfg = coerce_config(cfg)
-        self._bootstrap = bool(bootstrap)
-        self._closed = True  # until the actor answered
-        self._used = False
+        self._init_lifetime(bootstrap, closed=True)  # open once the actor answered
         self._close_lock = threading.Lock()
         t = self._cfg.timeouts
         self._actor_s = float(t.actor_s)
@@ -129,26 +110,9 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
             self._actor = attach_actor(float(t.startup_s))
         self._closed = False
 
-    # --- properties ---------------------------------------------------------------------------
-    @property
-    def is_bootstrap(self) -> bool:
-        """Whether this client created (and on close kills) the metadata actor."""
-        return self._bootstrap
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close()`` has run."""
-        return self._closed
+    BACKEND = "ray_store"
 
     # --- actor calls --------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(_CLOSED)
-
-    def _begin(self) -> None:
-        self._check_open()
-        self._used = True
-
     def _call(self, op: str, partition_id: Any, *args: Any) -> Any:
         """One bounded metadata-actor call; contract errors are re-raised with their type.
 
@@ -179,10 +143,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
 
     def _require_partition(self, partition_id: Any, op: str) -> None:
         if not self._call("exists", partition_id, partition_id):
-            raise KeyError(
-                f"unknown data-plane partition {partition_id!r} (not registered, or already "
-                "dropped with clear_samples(None, ...))"
-            )
+            raise unknown_partition(partition_id)
 
     def _fetch(self, refs: list[Any], partition_id: str, op: str) -> list[Any]:
         import ray
@@ -269,53 +230,21 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
         del dp_rank
         self._begin()
         fields = list(required_fields) if isinstance(required_fields, (list, tuple)) else required_fields
-        deadline = time.monotonic() + (float(timeout_s) if isinstance(timeout_s, (int, float)) else 0.0)
-        while True:
-            ids, tags = self._call(
+        return self._poll_claim(
+            lambda: self._call(
                 "claim", partition_id, partition_id, task_name, fields, batch_size, timeout_s
-            )
-            if ids:
-                break
-            if not blocking:
-                return KVBatchMeta(partition_id, task_name, [], fields=list(fields))
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(
-                    f"claim_meta: fewer than {batch_size} samples of partition {partition_id!r} "
-                    f"became ready for task {task_name!r} within timeout_s={timeout_s:g}"
-                )
-            time.sleep(min(self._poll_s, remaining))
-        lengths = None
-        if tags is not None:
-            values = [t.get("input_lengths") for t in tags]
-            if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-                lengths = [int(v) for v in values]
-        return KVBatchMeta(
-            partition_id, task_name, ids, fields=list(fields), sequence_lengths=lengths, tags=tags
+            ),
+            partition_id,
+            task_name,
+            fields,
+            batch_size,
+            blocking,
+            timeout_s,
+            self._poll_s,
         )
 
-    def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
-        """Fetch ``meta``'s rows (fields from ``select_fields``, else ``meta.fields``).
-
-        Raises:
-            TypeError: ``meta`` is not a ``KVBatchMeta``.
-            ValueError: No field can be resolved (``select_fields``/``fields``).
-            KeyError: As ``get_samples``.
-        """
-        self._begin()
-        if not isinstance(meta, KVBatchMeta):
-            raise TypeError(f"get_data needs a KVBatchMeta, got {type(meta).__name__}")
-        if select_fields is not None and len(list(select_fields)) > 0:
-            fields = list(select_fields)
-        elif meta.fields:
-            fields = list(meta.fields)
-        else:
-            self._require_partition(meta.partition_id, "get_data")
-            raise ValueError(
-                "get_data: neither select_fields nor meta.fields names a field to fetch "
-                "(fetching all fields silently is forbidden)"
-            )
-        return self.get_samples(meta.sample_ids, meta.partition_id, fields)
+    def _require_known(self, partition_id: str) -> None:
+        self._require_partition(partition_id, "get_data")
 
     def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
         """True iff every listed task claimed every sample currently in the partition.
@@ -377,7 +306,7 @@ class RayStoreClient(RayStoreCheckpointMixin, DataPlaneClient):
             task_name=None,
             sample_ids=list(plan.ids),
             fields=list(plan.names) if plan.names else None,
-            sequence_lengths=receipt_lengths(plan.tensors, plan.tags),
+            sequence_lengths=receipt_lengths(plan.tensors.get(INPUT_LENGTHS), plan.tags),
             tags=copy.deepcopy(plan.tags),
         )
 

@@ -5,6 +5,8 @@ single authority on which partitions exist, which rows hold which fields, which 
 consumer task has claimed and which tags a row carries, so that claims never hand a row out
 twice and a put is checked against the same schema everywhere.  :class:`StoreState` is that
 authority as a plain Python object: the actor wraps it, the unit tests drive it without Ray.
+Partitions, claims, consumption and tags are the shared partition book (``adapters._book``);
+this module adds where each row's cells live.
 
 Bulk data is not here.  A put stores each tensor column once in Ray's object store (one object
 per put holding every tensor column of it; one column of it is a *chunk*) and registers
@@ -21,20 +23,18 @@ Every method validates completely before it changes anything, and raises ``KeyEr
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_dp.data_plane.adapters._book import PartitionBook, PartitionRecord
 from nemo_dp.data_plane.adapters._validation import (
-    check_claim_request,
-    check_name,
-    check_names,
-    check_positive_int,
-    duplicates,
-    listed,
+    check_enum_put,
+    check_undeclared,
+    kind_changed,
+    unknown_ids,
+    unproduced_fields,
 )
-from nemo_dp.data_plane.schema import RESERVED_PREFIX
 
 __all__ = ["OBJECT", "Chunk", "InlinePayload", "PartitionState", "StoreState", "TensorColumnSpec"]
 
@@ -89,58 +89,56 @@ class Chunk:
 
 
 @dataclass
-class PartitionState:
-    """One registered partition."""
+class PartitionState(PartitionRecord):
+    """One registered partition: the book's record plus where each row's cells live.
 
-    partition_id: str
-    fields: tuple[str, ...]
-    num_samples: int
-    tasks: tuple[str, ...]
-    group_size: int | None
-    enums: dict[str, tuple[str, ...]]
-    field_kinds: dict[str, str] = field(default_factory=dict)
-    # sid -> field -> chunk id (tensor) or None (object value in ``values``); insertion order is
-    # the stored (claim) order
+    Attributes:
+        rows: sid -> field -> chunk id (tensor) or ``None`` (object value in ``values``);
+            insertion order is the stored (claim) order.
+        cells: sid -> field -> (chunk id, position) of its tensor cells.
+        values: sid -> field -> object value.
+    """
+
     rows: dict[str, dict[str, int | None]] = field(default_factory=dict)
-    # sid -> {field: (chunk id, position)} for tensor cells
     cells: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tags: dict[str, dict[str, Any]] = field(default_factory=dict)
-    claimed: dict[str, set[str]] = field(default_factory=dict)
+
+    def row_ids(self) -> dict[str, dict[str, int | None]]:
+        """The live ids (a dict: insertion order is the stored order)."""
+        return self.rows
+
+    def ready_rows(self, required: Sequence[str]) -> Iterable[str]:
+        """The live ids whose row holds every ``required`` field, in stored order."""
+        return (sid for sid, row in self.rows.items() if all(f in row for f in required))
+
+    def drop_row(self, sample_id: str) -> None:
+        """Forget a row's cells and values (the store releases its chunks first)."""
+        del self.rows[sample_id]
+        self.cells.pop(sample_id, None)
+        self.values.pop(sample_id, None)
 
 
 class StoreState:
     """Cluster-wide metadata of the data plane (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.partitions: dict[str, PartitionState] = {}
+        self.book: PartitionBook[PartitionState] = PartitionBook()
         self.chunks: dict[int, Chunk] = {}
         self._next_chunk = 0
 
+    @property
+    def partitions(self) -> dict[str, PartitionState]:
+        """The live partitions, by id."""
+        return self.book.partitions
+
+    @partitions.setter
+    def partitions(self, value: dict[str, PartitionState]) -> None:
+        self.book.partitions = value
+
     # --- lookups ------------------------------------------------------------------------------
-    def _live(self, partition_id: Any) -> PartitionState:
-        check_name(partition_id, "partition_id")
-        part = self.partitions.get(partition_id)
-        if part is None:
-            raise KeyError(
-                f"unknown data-plane partition {partition_id!r} (not registered, or already "
-                "dropped with clear_samples(None, ...))"
-            )
-        return part
-
-    @staticmethod
-    def _task(part: PartitionState, task_name: Any) -> str:
-        check_name(task_name, "task_name")
-        if task_name not in part.claimed:
-            raise KeyError(
-                f"unknown consumer task {task_name!r} for partition {part.partition_id!r}; "
-                f"registered tasks: {list(part.tasks)}"
-            )
-        return task_name
-
     def exists(self, partition_id: Any) -> bool:
         """Whether ``partition_id`` is registered (``KeyError`` precedence checks)."""
-        return isinstance(partition_id, str) and partition_id in self.partitions
+        return self.book.exists(partition_id)
 
     def is_empty(self) -> bool:
         """Whether no partition is registered."""
@@ -157,48 +155,18 @@ class StoreState:
         enums: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """Declare a partition (see ``DataPlaneClient.register_partition``)."""
-        check_name(partition_id, "partition_id")
-        if partition_id.startswith(RESERVED_PREFIX):
-            raise ValueError(
-                f"partition_id {partition_id!r} is reserved: ids starting with "
-                f"{RESERVED_PREFIX!r} belong to nemo_dp's own bookkeeping"
+        reg = self.book.check_new(
+            partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
+        )
+        self.book.add(
+            PartitionState(
+                partition_id=partition_id,
+                fields=tuple(reg.fields),
+                num_samples=num_samples,
+                consumer_tasks=tuple(reg.tasks),
+                grpo_group_size=grpo_group_size,
+                enums=reg.enums,
             )
-        if partition_id in self.partitions:
-            raise ValueError(
-                f"partition {partition_id!r} is already registered; drop it with "
-                "clear_samples(None, partition_id) before registering it again"
-            )
-        field_list = check_names(fields, "fields")
-        if dups := duplicates(field_list):
-            raise ValueError(f"fields must be unique; duplicated: {dups}")
-        task_list = check_names(consumer_tasks, "consumer_tasks")
-        if dups := duplicates(task_list):
-            raise ValueError(f"consumer_tasks must be unique; duplicated: {dups}")
-        check_positive_int(num_samples, "num_samples")
-        if grpo_group_size is not None:
-            check_positive_int(grpo_group_size, "grpo_group_size")
-            if num_samples % grpo_group_size:
-                raise ValueError(
-                    f"grpo_group_size={grpo_group_size} must divide num_samples={num_samples}"
-                )
-        enum_map: dict[str, tuple[str, ...]] = {}
-        if enums is not None and not isinstance(enums, Mapping):
-            raise TypeError(f"enums must be a mapping, got {type(enums).__name__}")
-        for name, vocab in (enums or {}).items():
-            if name not in field_list:
-                raise ValueError(f"enums key {name!r} is not a declared field of {partition_id!r}")
-            words = check_names(vocab, f"enums[{name!r}]")
-            if dups := duplicates(words):
-                raise ValueError(f"enums[{name!r}] vocabulary must be unique; duplicated: {dups}")
-            enum_map[name] = tuple(words)
-        self.partitions[partition_id] = PartitionState(
-            partition_id=partition_id,
-            fields=tuple(field_list),
-            num_samples=num_samples,
-            tasks=tuple(task_list),
-            group_size=grpo_group_size,
-            enums=enum_map,
-            claimed={t: set() for t in task_list},
         )
 
     # --- puts ---------------------------------------------------------------------------------
@@ -227,34 +195,16 @@ class StoreState:
                 column for an enum field.
             TypeError: A field's kind (dtype, or tensor vs object) differs from the stored one.
         """
-        part = self._live(partition_id)
-        if undeclared := [k for k in columns if k not in part.fields]:
-            raise ValueError(
-                f"fields {undeclared} are not declared for partition {partition_id!r} "
-                f"(declared: {list(part.fields)})"
-            )
+        part = self.book.live(partition_id)
+        check_undeclared(partition_id, list(columns), part.fields)
         kinds: dict[str, str] = {}
         for name, col in columns.items():
             kind = col.dtype if isinstance(col, TensorColumnSpec) else OBJECT
             stored = part.field_kinds.get(name)
             if stored is not None and stored != kind:
-                raise TypeError(
-                    f"field {name!r} of partition {partition_id!r} is stored as {stored}, this "
-                    f"put has {kind}; a field's kind and dtype cannot change"
-                )
+                raise kind_changed(partition_id, name, stored, kind)
             if name in part.enums:
-                vocab = part.enums[name]
-                if kind != OBJECT:
-                    raise ValueError(
-                        f"field {name!r} takes values from its enum vocabulary {list(vocab)}, "
-                        f"got a tensor column ({kind})"
-                    )
-                for value in col:
-                    if not isinstance(value, str) or value not in vocab:
-                        raise ValueError(
-                            f"field {name!r} value {value!r} is not in its declared enum "
-                            f"vocabulary {list(vocab)}"
-                        )
+                check_enum_put(name, part.enums[name], col if kind == OBJECT else None, kind)
             kinds[name] = kind
         n = len(sample_ids)
         if n == 0:
@@ -319,20 +269,13 @@ class StoreState:
             KeyError: Unknown partition, unknown/cleared ids (listed), fields not produced for
                 every requested id (named).
         """
-        part = self._live(partition_id)
+        part = self.book.live(partition_id)
         rows = part.rows
         if missing := [sid for sid in sample_ids if sid not in rows]:
-            raise KeyError(
-                f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
-                f"{listed(missing)}"
-            )
+            raise unknown_ids(partition_id, missing)
         unproduced = [f for f in fields if any(f not in rows[sid] for sid in sample_ids)]
         if unproduced:
-            raise KeyError(
-                f"fields {unproduced} of partition {partition_id!r} are not produced for every "
-                f"requested id (never written, or misspelled; produced kinds: "
-                f"{sorted(part.field_kinds)})"
-            )
+            raise unproduced_fields(partition_id, unproduced, part.field_kinds)
         plan: dict[str, Any] = {}
         used: dict[int, tuple[Any, str, str, str]] = {}
         for f in fields:
@@ -356,9 +299,7 @@ class StoreState:
 
     def list_ids(self, partition_id: Any) -> list[str]:
         """Sorted live ids; ``[]`` for an unknown partition."""
-        check_name(partition_id, "partition_id")
-        part = self.partitions.get(partition_id)
-        return sorted(part.rows) if part is not None else []
+        return self.book.list_ids(partition_id)
 
     # --- claims -------------------------------------------------------------------------------
     def claim(
@@ -383,23 +324,11 @@ class StoreState:
                 ``timeout_s <= 0``.
             TypeError: Non-int ``batch_size``, non-number ``timeout_s``, non-str names.
         """
-        part = self._live(partition_id)
-        self._task(part, task_name)
-        required = check_claim_request(partition_id, part.fields, required_fields, batch_size, timeout_s)
-        claimed = part.claimed[task_name]
-        ready: list[str] = []
-        for sid, row in part.rows.items():
-            if sid not in claimed and all(f in row for f in required):
-                ready.append(sid)
-                if len(ready) == batch_size:
-                    break
-        if len(ready) < batch_size:
-            return [], None
-        claimed.update(ready)
-        tags = None
-        if any(sid in part.tags for sid in ready):
-            tags = [copy.deepcopy(part.tags.get(sid, {})) for sid in ready]
-        return ready, tags
+        part, required = self.book.check_claim(
+            partition_id, task_name, required_fields, batch_size, timeout_s
+        )
+        ready = self.book.take(part, task_name, required, batch_size)
+        return ready, part.tags_of(ready) if ready else None
 
     def consumed(self, partition_id: str, task_names: Sequence[str]) -> bool:
         """True iff every listed task claimed every row currently in the partition.
@@ -408,18 +337,7 @@ class StoreState:
             KeyError: Unknown partition or task.
             ValueError: Empty ``task_names``.
         """
-        part = self._live(partition_id)
-        tasks = check_names(task_names, "task_names")
-        if not tasks:
-            raise ValueError("check_consumption_status: task_names must name at least one task")
-        if unknown := [t for t in tasks if t not in part.claimed]:
-            raise KeyError(
-                f"unknown consumer task(s) {unknown} for partition {partition_id!r}; "
-                f"registered tasks: {list(part.tasks)}"
-            )
-        if not part.rows:
-            return False
-        return all(part.claimed[t].issuperset(part.rows) for t in tasks)
+        return self.book.consumed(partition_id, task_names)
 
     # --- clears -------------------------------------------------------------------------------
     def clear(self, partition_id: str, sample_ids: list[str] | None) -> None:
@@ -431,29 +349,16 @@ class StoreState:
             KeyError: Unknown partition, or ids that are not live (listed; nothing cleared).
             ValueError: Duplicate ids.
         """
-        part = self._live(partition_id)
         if sample_ids is None:
-            for cells in part.cells.values():
+            for cells in self.book.drop(partition_id).cells.values():
                 for cid, _ in cells.values():
                     self._release(cid)
-            del self.partitions[partition_id]
             return
-        ids = check_names(sample_ids, "sample_ids")
-        if dups := duplicates(ids):
-            raise ValueError(f"duplicate sample ids in one clear: {listed(dups)}")
-        if missing := [sid for sid in ids if sid not in part.rows]:
-            raise KeyError(
-                f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
-                f"{listed(missing)}"
-            )
+        part, ids = self.book.check_clear(partition_id, sample_ids)
         for sid in ids:
-            for cid, _ in part.cells.pop(sid).values():
+            for cid, _ in part.cells[sid].values():
                 self._release(cid)
-            del part.rows[sid]
-            part.values.pop(sid, None)
-            part.tags.pop(sid, None)
-            for claimed in part.claimed.values():
-                claimed.discard(sid)
+        self.book.forget_rows(part, ids)
 
     # --- checkpoints --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

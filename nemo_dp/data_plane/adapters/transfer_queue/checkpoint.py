@@ -44,23 +44,15 @@ def _positions(indexes: Any) -> dict[int, int]:
 class TQCheckpointMixin:
     """``save_checkpoint`` / ``load_checkpoint`` of ``TQDataPlaneClient``.
 
-    Host contract (the client): ``_check_open()``, ``_ctl`` / ``_data`` (bounded library calls),
+    Host contract (the client): ``BaseDataPlaneClient``'s lifetime checks, ``_ctl`` / ``_data`` (bounded library calls),
     ``_registry_entries``, ``register_partition``, ``put_samples``, ``get_samples``, ``_lock``,
-    ``_used``, ``_bootstrap``, ``_cfg`` and ``_client`` (the library client).
+    ``_cfg`` and ``_client`` (the library client).
     """
 
-    _bootstrap: bool
     _used: bool
     _cfg: Any
     _client: Any
     _lock: Any
-
-    def _require_checkpoint_owner(self, op: str) -> None:
-        if not self._bootstrap:
-            raise RuntimeError(
-                f"{op} is only available on the bootstrapping TransferQueue client (the driver); "
-                "this client attached with bootstrap=False"
-            )
 
     # --- save -------------------------------------------------------------------------------
 
@@ -135,7 +127,7 @@ class TQCheckpointMixin:
                 value cannot be stored exactly (nothing written).
         """
         self._check_open()  # type: ignore[attr-defined]
-        self._require_checkpoint_owner("save_checkpoint")
+        self._require_owner("save_checkpoint")
         user_meta = validate_json_metadata(metadata)
         with self._lock:
             used = self._used  # reading the store does not make this client unclean
@@ -242,14 +234,9 @@ class TQCheckpointMixin:
                 another backend, or corrupt content (naming the file).
         """
         self._check_open()  # type: ignore[attr-defined]
-        self._require_checkpoint_owner("load_checkpoint")
+        self._require_owner("load_checkpoint")
         with self._lock:
-            if self._used:
-                raise RuntimeError(
-                    "load_checkpoint needs a clean data-plane client: a data operation or a load "
-                    "already ran on this client"
-                )
-            self._used = True
+            self._begin_load()  # type: ignore[attr-defined]
             entries = self._registry_entries("load_checkpoint", "")  # type: ignore[attr-defined]
             if parse_registry(entries):
                 raise RuntimeError(

@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 
 from tensordict import TensorDict
 
-from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
+from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient
+from nemo_dp.data_plane.adapters._validation import (
+    check_clear_ids,
+    check_partition_id,
+    check_read_args,
+    closed_error,
+    receipt_lengths,
+    unknown_ids,
+    unknown_partition,
+    unproduced_fields,
+)
 from nemo_dp.data_plane.adapters.transfer_queue.checkpoint import TQCheckpointMixin
 from nemo_dp.data_plane.adapters.transfer_queue.lifetime import (
     OPEN_LOCK,
@@ -46,28 +56,24 @@ from nemo_dp.data_plane.adapters.transfer_queue.registry import (
 from nemo_dp.data_plane.adapters.transfer_queue.row_wire import decode_column, encode_put
 from nemo_dp.data_plane.adapters.transfer_queue.tasks import TQTaskMixin
 from nemo_dp.data_plane.adapters.transfer_queue.validation import (
-    check_names,
-    check_partition_id,
     coerce_config,
     find_in_chain,
-    listed,
     plan_put,
-    receipt_lengths,
 )
 from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
 from nemo_dp.data_plane.interfaces import (
-    DataPlaneClient,
     DataPlaneConfig,
     DataPlaneUnavailableError,
     KVBatchMeta,
 )
+from nemo_dp.data_plane.schema import INPUT_LENGTHS
 
 __all__ = ["TQDataPlaneClient"]
 
 _T = TypeVar("_T")
 
 
-class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
+class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
     """The data-plane contract over TransferQueue (SimpleStorage) on Ray .
 
     Args:
@@ -85,13 +91,13 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         ValueError: ``checkpointing=True`` on a backend without checkpoint support.
     """
 
+    BACKEND = "TransferQueue"
+
     def __init__(
         self, cfg: DataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False
     ) -> None:
         self._cfg = coerce_config(cfg)
-        self._bootstrap = bool(bootstrap)
-        self._closed = True  # until construction succeeds
-        self._used = False
+        self._init_lifetime(bootstrap, closed=True)  # open once construction succeeds
         self._lock = threading.RLock()
         self._loop: LoopThread | None = None
         self._client: Any = None
@@ -147,21 +153,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         """The library's merged configuration in force (read-only ``DictConfig``)."""
         return self._backend_config
 
-    @property
-    def is_bootstrap(self) -> bool:
-        """Whether this client started (and on close tears down) the library's actors."""
-        return self._bootstrap
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close()`` has run."""
-        return self._closed
-
     # --- bounded calls ----------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("TransferQueue data-plane client is closed.")
 
     def _run(
         self,
@@ -178,7 +170,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
         """
         loop = self._loop
         if loop is None or self._closed:
-            raise RuntimeError("TransferQueue data-plane client is closed.")
+            raise closed_error(self.BACKEND)
         future = loop.submit(make(), bound)
         try:
             # The loop enforces the bound; the margin only guards against a wedged loop thread.
@@ -237,19 +229,12 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
     def _require_record(self, partition_id: str, op: str) -> Record:
         rec = self._records(op, partition_id).get(partition_id)
         if rec is None:
-            raise KeyError(
-                f"unknown data-plane partition {partition_id!r} (not registered, or already "
-                "dropped with clear_samples(None, ...))"
-            )
+            raise unknown_partition(partition_id)
         return rec
 
     def _missing_ids_error(self, partition_id: str, ids: Sequence[str], op: str) -> KeyError:
         live = self._ctl(lambda: live_keys(self._client, partition_id), op, partition_id)
-        missing = [i for i in ids if i not in live]
-        return KeyError(
-            f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
-            f"{listed(missing)}"
-        )
+        return unknown_ids(partition_id, [i for i in ids if i not in live])
 
     # --- direct-by-key half -----------------------------------------------------------------
 
@@ -288,7 +273,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
                 task_name=None,
                 sample_ids=list(ids),
                 fields=list(names) if names else None,
-                sequence_lengths=receipt_lengths(wire, tag_list),
+                sequence_lengths=receipt_lengths(wire.get(INPUT_LENGTHS), tag_list),
                 tags=copy.deepcopy(tag_list) if tag_list is not None else None,
             )
             if n == 0:
@@ -348,16 +333,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
             self._used = True
             check_partition_id(partition_id)
             try:
-                if select_fields is None:
-                    raise ValueError("get_samples needs a non-empty select_fields")
-                fields = check_names(select_fields, "select_fields")
-                if not fields:
-                    raise ValueError("get_samples needs a non-empty select_fields")
-                if dups := _duplicates(fields):
-                    raise ValueError(f"select_fields must be unique; duplicated: {dups}")
-                ids = check_names(sample_ids, "sample_ids")
-                if dups := _duplicates(ids):
-                    raise ValueError(f"duplicate sample ids in one get: {listed(dups)}")
+                ids, fields = check_read_args(sample_ids, select_fields)
             except (TypeError, ValueError):
                 # An unknown partition outranks argument errors (same precedence as the Local adapter).
                 self._require_record(partition_id, "get_samples")
@@ -380,10 +356,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
             unproduced = [f for f in fields if f not in produced]
             if unproduced:
                 self._require_record(partition_id, "get_samples")
-                raise KeyError(
-                    f"fields {unproduced} of partition {partition_id!r} are not produced for every "
-                    "requested id (never written, or misspelled)"
-                )
+                raise unproduced_fields(partition_id, unproduced)
             meta = meta.select_fields(fields)
             raw = self._data(lambda: client.async_get_data(meta), "get_samples", partition_id)
             if raw.batch_size[0] != n or set(raw.keys()) != set(fields):
@@ -417,10 +390,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
             check_partition_id(partition_id)
             entries = self._registry_entries("clear_samples", partition_id)
             if partition_id not in parse_registry(entries):
-                raise KeyError(
-                    f"unknown data-plane partition {partition_id!r} (not registered, or already "
-                    "dropped with clear_samples(None, ...))"
-                )
+                raise unknown_partition(partition_id)
             client = self._client
             if sample_ids is None:
                 stale = stale_registry_keys(entries, partition_id)
@@ -432,9 +402,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, DataPlaneClient):
 
                 self._data(_drop, "clear_samples", partition_id)
                 return
-            ids = check_names(sample_ids, "sample_ids")
-            if dups := _duplicates(ids):
-                raise ValueError(f"duplicate sample ids in one clear: {listed(dups)}")
+            ids = check_clear_ids(sample_ids)
             if not ids:
                 return
             meta = self._ctl(

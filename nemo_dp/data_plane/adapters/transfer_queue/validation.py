@@ -8,53 +8,23 @@ returning dense columns as jagged nested tensors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict import TensorDict
 
-from nemo_dp.data_plane.adapters._validation import duplicates as _duplicates
+from nemo_dp.data_plane.adapters._base import coerce_dataclass_config
+from nemo_dp.data_plane.adapters._validation import (
+    OBJECT_LEAF,
+    check_enum_put,
+    check_put_args,
+    check_undeclared,
+    kind_changed,
+    wire_leaf_kind,
+)
 from nemo_dp.data_plane.interfaces import DataPlaneConfig
-from nemo_dp.data_plane.schema import INPUT_LENGTHS, RESERVED_PREFIX, TAG_INPUT_LENGTHS
-from nemo_dp.utils.checkpoint_io import validate_json_metadata
-
-KIND_TENSOR = "tensor"
-KIND_OBJECT = "object"
-_MAX_LISTED = 20
-
-
-def listed(items: Iterable[str]) -> str:
-    ordered = sorted(items)
-    head = ordered[:_MAX_LISTED]
-    more = len(ordered) - len(head)
-    return f"{head}" + (f" (+{more} more)" if more else "")
-
-
-def check_name(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__} ({value!r})")
-    if not value:
-        raise ValueError(f"{what} must be a non-empty string")
-    return value
-
-
-def check_partition_id(partition_id: Any) -> str:
-    check_name(partition_id, "partition_id")
-    if partition_id.startswith(RESERVED_PREFIX):
-        raise ValueError(
-            f"partition_id {partition_id!r} is reserved: ids starting with {RESERVED_PREFIX!r} "
-            "belong to nemo_dp's own bookkeeping"
-        )
-    return partition_id
-
-
-def check_names(values: Any, what: str) -> list[str]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise TypeError(f"{what} must be a sequence of str, got {type(values).__name__}")
-    out = [check_name(v, f"{what} entry") for v in values]
-    return out
 
 
 def find_in_chain(exc: BaseException, name: str) -> BaseException | None:
@@ -67,19 +37,6 @@ def find_in_chain(exc: BaseException, name: str) -> BaseException | None:
             return cur
         cur = cur.__cause__ or cur.__context__
     return None
-
-
-def leaf_kind(value: Any) -> str | None:
-    """``"tensor"`` / ``"object"`` for a storable leaf; ``None`` for an unsupported one."""
-    if isinstance(value, torch.Tensor):
-        return KIND_TENSOR
-    if isinstance(value, (NonTensorStack, NonTensorData)):
-        return KIND_OBJECT
-    return None
-
-
-def dtype_name(value: Any) -> str | None:
-    return str(value.dtype) if isinstance(value, torch.Tensor) else None
 
 
 def densify(value: Any) -> Any:
@@ -111,38 +68,8 @@ def densify(value: Any) -> Any:
 
 
 def coerce_config(cfg: Any) -> DataPlaneConfig:
-    if isinstance(cfg, DataPlaneConfig):
-        return cfg
-    if isinstance(cfg, Mapping):
-        from omegaconf import DictConfig, OmegaConf
-
-        container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-        merged = OmegaConf.merge(OmegaConf.structured(DataPlaneConfig), container)
-        out = OmegaConf.to_object(merged)
-        assert isinstance(out, DataPlaneConfig)
-        return out
-    raise TypeError(
-        f"TQDataPlaneClient needs a DataPlaneConfig (or a mapping of it), got {type(cfg).__name__}"
-    )
-
-
-
-def receipt_lengths(
-    wire: Mapping[str, Any], tags: list[dict[str, Any]] | None
-) -> list[int] | None:
-    col = wire.get(INPUT_LENGTHS)
-    if (
-        isinstance(col, torch.Tensor)
-        and not col.is_nested
-        and col.dim() == 1
-        and not col.is_floating_point()
-        and not col.is_complex()
-        and col.dtype != torch.bool
-    ):
-        return [int(x) for x in col.tolist()]
-    if tags and all(TAG_INPUT_LENGTHS in t for t in tags):
-        return [int(t[TAG_INPUT_LENGTHS]) for t in tags]
-    return None
+    """``cfg`` as a validated :class:`DataPlaneConfig` (see ``coerce_dataclass_config``)."""
+    return coerce_dataclass_config(cfg, DataPlaneConfig, "TQDataPlaneClient")
 
 
 @dataclass
@@ -189,99 +116,33 @@ def plan_put(
         TypeError: Non-JSON tags, dtype/kind change of a stored field, a ``NonTensorData``
             (``"non-tensor"``) or nested ``TensorDict`` leaf.
     """
-    ids = check_names(sample_ids, "sample_ids")
-    if fields is None and tags is None:
-        raise ValueError("put_samples needs fields or tags (got neither)")
-    if dups := _duplicates(ids):
-        raise ValueError(f"duplicate sample ids in one put to {partition_id!r}: {listed(dups)}")
-    n = len(ids)
-    names: list[str] = []
-    leaves: dict[str, Any] = {}
-    if fields is not None:
-        if not isinstance(fields, TensorDictBase):
-            raise TypeError(f"fields must be a TensorDict, got {type(fields).__name__}")
-        if fields.batch_dims != 1 or fields.batch_size[0] != n:
-            raise ValueError(
-                f"fields batch_size {tuple(fields.batch_size)} does not match "
-                f"{n} sample ids (expected ({n},))"
-            )
-        names = list(fields.keys())
-        leaves = {k: fields.get(k) for k in names}
-    tag_list: list[dict[str, Any]] | None = None
-    if tags is not None:
-        tag_list = list(tags)
-        if len(tag_list) != n:
-            raise ValueError(f"tags has {len(tag_list)} entries for {n} sample ids")
-        checked: list[dict[str, Any]] = []
-        for i, t in enumerate(tag_list):
-            if not isinstance(t, Mapping):
-                raise TypeError(f"tags[{i}] must be a dict, got {type(t).__name__}")
-            try:
-                # A detached JSON-normalised copy; non-str keys and objects are rejected.
-                checked.append(validate_json_metadata(t))
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"tags[{i}] is not JSON-compatible: {exc}") from exc
-        tag_list = checked
-    if fields is not None and not names and tag_list is None:
-        raise ValueError("put_samples needs fields or tags (fields has no columns)")
-    undeclared = [k for k in names if k not in rec.fields]
-    if undeclared:
-        raise ValueError(
-            f"fields {undeclared} are not declared for partition {partition_id!r} "
-            f"(declared: {rec.fields})"
-        )
+    args = check_put_args(partition_id, sample_ids, fields, tags)
+    ids, names, n = args.ids, args.names, len(args.ids)
+    leaves = {k: fields.get(k) for k in names}  # type: ignore[union-attr]
+    check_undeclared(partition_id, names, rec.fields)
     # Leaf types first (all TypeErrors): a whole-column object must be named as such
     # even when the field already holds tensors.
-    for k in names:
-        v = leaves[k]
-        if isinstance(v, NonTensorData):
-            raise TypeError(
-                f"field {k!r} is a NonTensorData (one non-tensor object for the whole "
-                "column); the wire would drop it - use a per-row NonTensorStack "
-                "(pack_jagged_fields builds one)"
-            )
-        if leaf_kind(v) is None:
-            if isinstance(v, TensorDictBase):
-                raise TypeError(
-                    f"field {k!r} is a nested TensorDict; only tensors and per-row "
-                    "NonTensorStack columns are fields"
-                )
-            raise TypeError(f"field {k!r} has unsupported type {type(v).__name__}")
+    kinds = {k: wire_leaf_kind(k, leaves[k], n) for k in names}
     new_types: dict[str, tuple[str, str | None]] = {}
     for k in names:
-        kind = leaf_kind(leaves[k])
-        assert kind is not None
-        dtype = dtype_name(leaves[k])
+        kind = kinds[k]
+        dtype = None if kind == OBJECT_LEAF else str(leaves[k].dtype)
         stored = rec.field_types.get(k)
         if stored is None:
             new_types[k] = (kind, dtype)
         elif stored != (kind, dtype):
-            raise TypeError(
-                f"field {k!r} of partition {partition_id!r} is stored as "
-                f"{stored[0]}/{stored[1]}, this put has {kind}/{dtype}; a field's dtype "
-                "cannot change"
-            )
+            raise kind_changed(partition_id, k, f"{stored[0]}/{stored[1]}", f"{kind}/{dtype}")
     wire: dict[str, Any] = {}
     for k in names:
         v = leaves[k]
-        if isinstance(v, NonTensorStack):
-            if k in rec.enums:
-                vocab = rec.enums[k]
-                for value in v.tolist():
-                    if value not in vocab:
-                        raise ValueError(
-                            f"field {k!r} value {value!r} is not in its declared enum "
-                            f"vocabulary {vocab}"
-                        )
+        if k in rec.enums:
+            values = v.tolist() if kinds[k] == OBJECT_LEAF else None
+            check_enum_put(k, rec.enums[k], values, "" if values is not None else str(v.dtype))
+        if kinds[k] == OBJECT_LEAF:
             wire[k] = v
             continue
-        if k in rec.enums:
-            raise ValueError(
-                f"field {k!r} takes values from its enum vocabulary {rec.enums[k]}, "
-                f"got a tensor column ({v.dtype})"
-            )
         v = v.detach()
         if v.device.type != "cpu":
             v = v.cpu()
         wire[k] = v
-    return PutPlan(list(ids), names, wire, new_types, tag_list)
+    return PutPlan(list(ids), names, wire, new_types, args.tags)

@@ -1,0 +1,226 @@
+"""The partition book: which partitions exist, their rows, per-task claims and tags.
+
+Pure Python, no locking and no storage: the Local client keeps one in its process, the
+ray_store metadata actor one in its state.  Each adapter's partition record subclasses
+:class:`PartitionRecord` and says where a row's bytes live; the book does the rest
+(registration, lookups, claims, consumption, clears) with the shared checks and messages.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from nemo_dp.data_plane.adapters._validation import (
+    Registration,
+    already_registered,
+    check_claim_request,
+    check_clear_ids,
+    check_consumption_tasks,
+    check_name,
+    check_partition_id,
+    check_registration,
+    check_task,
+    unknown_ids,
+    unknown_partition,
+)
+
+__all__ = ["PartitionBook", "PartitionRecord"]
+
+
+@dataclass
+class PartitionRecord:
+    """One registered partition: its schema, per-row tags and per-task claims.
+
+    Subclasses keep the rows and implement :meth:`row_ids`, :meth:`ready_rows` and
+    :meth:`drop_row`.
+
+    Attributes:
+        partition_id: The id.
+        fields: Declared fields.
+        num_samples: Declared row count.
+        consumer_tasks: Registered consumer tasks, in order.
+        grpo_group_size: Declared group size, or ``None``.
+        enums: field -> its vocabulary.
+        field_kinds: field -> kind (dtype name or an object kind) of its stored column.
+        tags: sample id -> its tags (only rows that have tags).
+        claimed: task -> the ids it has claimed.
+    """
+
+    partition_id: str
+    fields: tuple[str, ...]
+    num_samples: int
+    consumer_tasks: tuple[str, ...]
+    grpo_group_size: int | None
+    enums: dict[str, tuple[str, ...]]
+    field_kinds: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, dict[str, Any]] = field(default_factory=dict)
+    claimed: dict[str, set[str]] = field(default_factory=dict)
+
+    def row_ids(self) -> Collection[str]:
+        """The live ids in stored (claim) order; membership tests are O(1)."""
+        raise NotImplementedError
+
+    def ready_rows(self, required: Sequence[str]) -> Iterable[str]:
+        """The live ids holding every ``required`` field, in stored order."""
+        raise NotImplementedError
+
+    def drop_row(self, sample_id: str) -> None:
+        """Forget a live row's data (tags and claims are the book's)."""
+        raise NotImplementedError
+
+    def tags_of(self, ids: Sequence[str]) -> list[dict[str, Any]] | None:
+        """Deep copies of the rows' tags (``{}`` for a row without), or ``None`` if none has any."""
+        if not any(sid in self.tags for sid in ids):
+            return None
+        return [copy.deepcopy(self.tags.get(sid, {})) for sid in ids]
+
+
+R = TypeVar("R", bound=PartitionRecord)
+
+
+class PartitionBook(Generic[R]):
+    """The live partitions of one data plane, keyed by id (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[str, R] = {}
+
+    # --- lookups ------------------------------------------------------------------------------
+    def exists(self, partition_id: Any) -> bool:
+        """Whether ``partition_id`` is registered."""
+        return isinstance(partition_id, str) and partition_id in self.partitions
+
+    def live(self, partition_id: Any) -> R:
+        """The registered partition ``partition_id``.
+
+        Raises:
+            TypeError | ValueError: Not a non-empty str.
+            KeyError: Not registered.
+        """
+        check_name(partition_id, "partition_id")
+        part = self.partitions.get(partition_id)
+        if part is None:
+            raise unknown_partition(partition_id)
+        return part
+
+    def list_ids(self, partition_id: Any) -> list[str]:
+        """Sorted live ids; ``[]`` for an unknown partition."""
+        check_name(partition_id, "partition_id")
+        part = self.partitions.get(partition_id)
+        return sorted(part.row_ids()) if part is not None else []
+
+    # --- partitions ---------------------------------------------------------------------------
+    def check_new(
+        self,
+        partition_id: Any,
+        fields: Any,
+        num_samples: Any,
+        consumer_tasks: Any,
+        grpo_group_size: Any = None,
+        enums: Any = None,
+    ) -> Registration:
+        """Check a registration against the arguments' rules and the live ids.
+
+        Raises:
+            ValueError: Reserved or live id (``"already registered"``), or as
+                :func:`~nemo_dp.data_plane.adapters._validation.check_registration`.
+            TypeError: As ``check_registration``.
+        """
+        check_partition_id(partition_id)
+        if partition_id in self.partitions:
+            raise already_registered(partition_id)
+        return check_registration(
+            partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
+        )
+
+    def add(self, part: R) -> R:
+        """Register a new partition record built from a checked registration; fresh claims."""
+        part.claimed = {t: set() for t in part.consumer_tasks}
+        self.partitions[part.partition_id] = part
+        return part
+
+    def drop(self, partition_id: str) -> R:
+        """Forget a live partition with its registration; returns its record.
+
+        Raises:
+            KeyError: Not registered.
+        """
+        part = self.live(partition_id)
+        del self.partitions[partition_id]
+        return part
+
+    # --- claims and consumption ---------------------------------------------------------------
+    def check_claim(
+        self, partition_id: Any, task_name: Any, required_fields: Any, batch_size: Any, timeout_s: Any
+    ) -> tuple[R, list[str]]:
+        """Check a claim; returns the partition and the required fields.
+
+        Raises:
+            KeyError: Unknown partition or task.
+            ValueError | TypeError: As
+                :func:`~nemo_dp.data_plane.adapters._validation.check_claim_request`.
+        """
+        part = self.live(partition_id)
+        check_task(part.partition_id, part.consumer_tasks, task_name)
+        required = check_claim_request(
+            part.partition_id, part.fields, required_fields, batch_size, timeout_s
+        )
+        return part, required
+
+    @staticmethod
+    def take(part: R, task_name: str, required: Sequence[str], batch_size: int) -> list[str]:
+        """Claim ``batch_size`` ready unclaimed rows for ``task_name``, oldest first.
+
+        Returns:
+            The claimed ids, or ``[]`` (nothing claimed) when fewer are ready.
+        """
+        claimed = part.claimed[task_name]
+        ready: list[str] = []
+        for sid in part.ready_rows(required):
+            if sid not in claimed:
+                ready.append(sid)
+                if len(ready) == batch_size:
+                    claimed.update(ready)
+                    return ready
+        return []
+
+    def consumed(self, partition_id: Any, task_names: Any) -> bool:
+        """True iff every listed task claimed every row currently in the partition.
+
+        Raises:
+            KeyError: Unknown partition or task.
+            ValueError: Empty ``task_names``.
+        """
+        part = self.live(partition_id)
+        tasks = check_consumption_tasks(part.partition_id, part.consumer_tasks, task_names)
+        rows = part.row_ids()
+        if not rows:
+            return False
+        return all(part.claimed[t].issuperset(rows) for t in tasks)
+
+    # --- clears -------------------------------------------------------------------------------
+    def check_clear(self, partition_id: Any, sample_ids: Any) -> tuple[R, list[str]]:
+        """Check an explicit clear; nothing changes.
+
+        Raises:
+            KeyError: Unknown partition, or ids that are not live (listed).
+            ValueError: Duplicate ids.
+        """
+        part = self.live(partition_id)
+        ids = check_clear_ids(sample_ids)
+        rows = part.row_ids()
+        if missing := [sid for sid in ids if sid not in rows]:
+            raise unknown_ids(part.partition_id, missing)
+        return part, ids
+
+    @staticmethod
+    def forget_rows(part: R, ids: Iterable[str]) -> None:
+        """Drop checked live rows with their tags and claims."""
+        for sid in ids:
+            part.drop_row(sid)
+            part.tags.pop(sid, None)
+            for claimed in part.claimed.values():
+                claimed.discard(sid)
+
