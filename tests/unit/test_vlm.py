@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from nemo_dp.data.multimodal_utils import PackedTensor
-from nemo_dp.data.visual_task import VisualTask
+from nemo_dp.data.visual_task import COLOUR_NAMES, VisualTask
 from nemo_dp.models.generation import generate
-from nemo_dp.models.hf.make_tiny_vlm import IMAGE_TOKEN, ensure_tiny_vlm_checkpoint
+from nemo_dp.models.hf.make_tiny_vlm import BUILD_FILE, BUILD_VERSION, IMAGE_TOKEN, ensure_tiny_vlm_checkpoint
 from nemo_dp.models.hf.vlm import load_vlm
 from nemo_dp.models.protocol import CausalLM
 from nemo_dp.models.token_ops import token_logprobs_from_logits
@@ -58,6 +58,31 @@ def test_checkpoint_layout_and_processor(vlm_dir: Path, loaded) -> None:
         assert p.shape[0] == int(g.prod())
     with pytest.raises(ValueError, match="6 image placeholder tokens but its images need 0"):
         model.rope_positions(torch.tensor([ids[0]]), None, None)
+
+
+def test_every_answer_of_every_visual_kind_is_one_token(loaded) -> None:
+    _, proc = loaded
+    hf = proc.tokenizer.hf_tokenizer
+    for answer in [*map(str, range(10)), *COLOUR_NAMES]:
+        assert len(hf.encode(answer, add_special_tokens=False)) == 1, answer
+
+
+def test_a_cached_build_of_another_builder_version_is_rebuilt(vlm_dir: Path, tmp_path: Path, capsys) -> None:
+    import shutil
+
+    stale = tmp_path / "tiny-qwen2-vl"
+    shutil.copytree(vlm_dir, stale)
+    assert ensure_tiny_vlm_checkpoint(tmp_path) == stale
+    assert "rebuilding" not in capsys.readouterr().out  # current: reused as is
+    record = json.loads((stale / BUILD_FILE).read_text())
+    assert record["version"] == BUILD_VERSION
+    (stale / BUILD_FILE).unlink()  # as written before the build file existed
+    (stale / "tokenizer.json").write_text("{}")
+    assert ensure_tiny_vlm_checkpoint(tmp_path) == stale
+    assert f"version None, want {BUILD_VERSION}); rebuilding it" in capsys.readouterr().out
+    assert json.loads((stale / BUILD_FILE).read_text()) == record
+    assert (stale / "tokenizer.json").read_bytes() == (vlm_dir / "tokenizer.json").read_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-qwen2-vl"]
 
 
 def test_bound_model_is_a_causal_lm(loaded) -> None:

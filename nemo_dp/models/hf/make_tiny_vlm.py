@@ -19,9 +19,12 @@ processor and the tokenizer it would bundle are saved and loaded separately inst
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +33,8 @@ from nemo_dp.models.hf.make_tiny import build_once
 from nemo_dp.models.hf.make_tiny import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, START_TOKEN, UNK_TOKEN
 
 __all__ = [
+    "BUILD_FILE",
+    "BUILD_VERSION",
     "IMAGE_TOKEN",
     "VLM_CHAT_TEMPLATE",
     "VisionDims",
@@ -60,7 +65,22 @@ VLM_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-_FILES_DONE = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
+#: Version of what this module writes for given arguments.  Bump it whenever a change here
+#: changes the written directory (tokenizer corpus, vocabulary, model config), so a cached
+#: build from an older version is rebuilt rather than silently reused.
+#: 2: the tokenizer corpus includes the ``colour`` kind and the vocabulary target is 384, so
+#: every answer of every visual kind is one token.
+BUILD_VERSION = 2
+#: The file recording how a directory was built (:data:`BUILD_VERSION`, seed, vocabulary
+#: target, positions, :class:`VisionDims`): the key a cached build must match.
+BUILD_FILE = "nemo_dp_tiny_vlm.json"
+#: Defaults of :func:`make_tiny_vlm_checkpoint` (the cached build uses them).
+DEFAULT_VOCAB_SIZE = 384
+DEFAULT_MAX_POSITIONS = 256
+
+_FILES_DONE = (
+    "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", BUILD_FILE,
+)
 
 
 @dataclass(frozen=True)
@@ -125,9 +145,9 @@ class VisionDims:
 
 
 def _corpus(seed: int) -> Iterator[str]:
-    from nemo_dp.data.visual_task import VisualTask
+    from nemo_dp.data.visual_task import KINDS, VisualTask
 
-    for kind in ("digit", "count"):
+    for kind in KINDS:
         task = VisualTask(kind=kind, seed=seed)
         for p in task.train_problems(200):
             yield f"{START_TOKEN}user\n{VISION_START}{IMAGE_TOKEN}{VISION_END}{p.question}{EOS_TOKEN}\n"
@@ -166,8 +186,8 @@ def make_tiny_vlm_checkpoint(
     out: str | os.PathLike[str],
     *,
     seed: int = 0,
-    vocab_size: int = 320,
-    max_positions: int = 256,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    max_positions: int = DEFAULT_MAX_POSITIONS,
     dims: VisionDims | None = None,
 ) -> Path:
     """Write a tokenizer, an image processor and a random tiny Qwen2-VL model into ``out``.
@@ -175,7 +195,9 @@ def make_tiny_vlm_checkpoint(
     Args:
         out: Target directory (created; existing files are overwritten).
         seed: Seeds the tokenizer corpus and the weight initialisation.
-        vocab_size: Target BPE vocabulary (bytes + merges + specials).
+        vocab_size: Target BPE vocabulary (bytes + merges + specials); the visual task's text
+            has only about 95 merges, so the default 384 takes them all (351 tokens with
+            seed 0) and every answer (digit, count, colour name) is one token.
         max_positions: ``max_position_embeddings`` of the language model.
         dims: The model's shape (default :class:`VisionDims`).
 
@@ -236,13 +258,37 @@ def make_tiny_vlm_checkpoint(
     model.save_pretrained(str(target))
     tok.save_pretrained(str(target))
     image_processor.save_pretrained(str(target))
+    build = _build_record(seed=seed, vocab_size=vocab_size, max_positions=max_positions, dims=d)
+    (target / BUILD_FILE).write_text(json.dumps(build, indent=2, sort_keys=True) + "\n")
     return target
+
+
+def _build_record(*, seed: int, vocab_size: int, max_positions: int, dims: VisionDims) -> dict[str, object]:
+    return {
+        "version": BUILD_VERSION,
+        "seed": seed,
+        "vocab_size": vocab_size,
+        "max_positions": max_positions,
+        "dims": asdict(dims),
+    }
+
+
+def _recorded_build(path: Path) -> object:
+    try:
+        return json.loads((path / BUILD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def ensure_tiny_vlm_checkpoint(
     cache_dir: str | os.PathLike[str], *, seed: int = 0, dims: VisionDims | None = None, name: str = "tiny-qwen2-vl"
 ) -> Path:
     """The tiny VLM checkpoint under ``cache_dir``, built on first use (atomically renamed).
+
+    A directory already there is reused only when its :data:`BUILD_FILE` matches this build
+    (:data:`BUILD_VERSION`, seed, shape).  Otherwise (written by an older version of this module,
+    with other arguments, or incomplete) it is moved aside and removed, with a line saying so,
+    and a fresh one is built in its place.
 
     Args:
         cache_dir: Cache root; the checkpoint is ``cache_dir/name``.
@@ -253,7 +299,25 @@ def ensure_tiny_vlm_checkpoint(
     Returns:
         The checkpoint directory.
     """
-    return build_once(Path(cache_dir) / name, _FILES_DONE, lambda tmp: make_tiny_vlm_checkpoint(tmp, seed=seed, dims=dims))
+    d = dims or VisionDims()
+    final = Path(cache_dir) / name
+    want = _build_record(seed=seed, vocab_size=DEFAULT_VOCAB_SIZE, max_positions=DEFAULT_MAX_POSITIONS, dims=d)
+    if final.exists() and _recorded_build(final) != want:
+        found = _recorded_build(final)
+        version = found.get("version") if isinstance(found, dict) else None
+        print(
+            f"make_tiny_vlm: {final} was built by another version of the builder or with other "
+            f"arguments (found {BUILD_FILE} version {version}, want {BUILD_VERSION}); rebuilding it",
+            flush=True,
+        )
+        aside = final.parent / f"{final.name}.stale-{uuid.uuid4().hex}"
+        if _recorded_build(final) != want:  # not replaced by a concurrent rebuild meanwhile
+            try:
+                os.rename(final, aside)
+            except FileNotFoundError:
+                pass  # another process moved it first
+            shutil.rmtree(aside, ignore_errors=True)
+    return build_once(final, _FILES_DONE, lambda tmp: make_tiny_vlm_checkpoint(tmp, seed=seed, dims=d))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -265,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="target directory")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-positions", type=int, default=256)
+    parser.add_argument("--max-positions", type=int, default=DEFAULT_MAX_POSITIONS)
     args = parser.parse_args(argv)
     path = make_tiny_vlm_checkpoint(args.out, seed=args.seed, max_positions=args.max_positions)
     print(f"wrote tiny Qwen2-VL checkpoint to {path}: {sorted(p.name for p in path.iterdir())}")

@@ -136,20 +136,23 @@ def validate_vlm_policy(policy_cfg: Any) -> None:
 
 def prepare_vlm_policy(policy_cfg: Any) -> None:
     """Build the tiny Qwen2-VL when ``policy.model_name_or_path`` is its documented default cache
-    path (``.cache/nemo_dp/tiny-qwen2-vl``) and missing; any other path is left to validation,
-    as for ``policy=hf`` (no magic paths)."""
+    path (``.cache/nemo_dp/tiny-qwen2-vl``) and missing or built by an older version of
+    ``make_tiny_vlm`` (its ``BUILD_FILE`` differs); any other path is left to validation, as for
+    ``policy=hf`` (no magic paths)."""
     from nemo_dp.models.hf.make_tiny import TINY_CACHE_DIR
     from nemo_dp.models.hf.make_tiny_vlm import ensure_tiny_vlm_checkpoint
 
     given = Path(hf_settings(policy_cfg).model_name_or_path).expanduser()
     default = Path(TINY_CACHE_DIR) / TINY_VLM_NAME
-    if given.absolute() != default.absolute() or (given / "config.json").is_file():
+    if given.absolute() != default.absolute():
         return
-    print(
-        f"policy.model_name_or_path: {given} does not exist yet; building the offline tiny Qwen2-VL "
-        "checkpoint there (random weights, first use of the default cache path)",
-        flush=True,
-    )
+    if not (given / "config.json").is_file():
+        print(
+            f"policy.model_name_or_path: {given} does not exist yet; building the offline tiny Qwen2-VL "
+            "checkpoint there (random weights, first use of the default cache path)",
+            flush=True,
+        )
+    # reuses a current build; rebuilds (saying so) one written by an older builder version
     ensure_tiny_vlm_checkpoint(TINY_CACHE_DIR, name=TINY_VLM_NAME)
 
 
