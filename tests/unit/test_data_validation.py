@@ -54,8 +54,19 @@ def _train_dataset(cfg: object, tokenizer: object) -> object:
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
-def test_every_recipe_and_the_default_pass(recipe: str) -> None:
-    report = validate_datasets(_cfg(f"recipe={recipe}"), TOK)
+def test_every_recipe_and_the_default_pass(recipe: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    cfg = _cfg(f"recipe={recipe}")
+    tok = TOK
+    if cfg.policy.kind == "hf_vlm":
+        # A recipe for the vision-language policy is checked with its own tokenizer (it carries
+        # the image processor), built from a tiny Qwen2-VL like the recipe's default model.
+        from nemo_dp.models.builders import build_tokenizer
+        from nemo_dp.models.hf.make_tiny_vlm import ensure_tiny_vlm_checkpoint
+
+        model_dir = ensure_tiny_vlm_checkpoint(tmp_path_factory.mktemp("vlm"))
+        cfg = _cfg(f"recipe={recipe}", f"policy.model_name_or_path={model_dir}")
+        tok = build_tokenizer(cfg.policy)
+    report = validate_datasets(cfg, tok)
     assert report.checks and all(c.longest <= c.limit for c in report.checks)
     assert {c.role for c in report.checks} == {"train", "val"}
 
