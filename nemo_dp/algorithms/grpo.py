@@ -45,7 +45,6 @@ class LegacyGRPOPath:
 
     def __init__(self, policy: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.tokenizer, self.env = policy, tokenizer, env
-        self._train_batch: BatchedDataDict | None = None
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
         return make_evaluator(
@@ -59,7 +58,7 @@ class LegacyGRPOPath:
         pass
 
     def end_step(self) -> None:
-        self._train_batch = None
+        pass
 
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
         out = rollout(
@@ -89,7 +88,9 @@ class LegacyGRPOPath:
     def response_lengths(self, rows: StepRows) -> torch.Tensor:
         return rows.handle["token_mask"].sum(1).float()
 
-    def logprobs(self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan) -> None:
+    def logprobs(
+        self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan
+    ) -> BatchedDataDict:
         batch = rows.handle
         token_mask = batch["token_mask"]
         train_batch = BatchedDataDict(
@@ -109,11 +110,10 @@ class LegacyGRPOPath:
             train_batch["reference_policy_logprobs"] = self.policy.get_reference_policy_logprobs(train_batch)[
                 "reference_logprobs"
             ]
-        self._train_batch = train_batch
+        return train_batch
 
-    def train(self, rows: StepRows, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
-        train_batch = self._train_batch
-        assert train_batch is not None, "logprobs() prepares the training batch"
+    def train(self, rows: StepRows, train_input: BatchedDataDict, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
+        train_batch = train_input
         keys = [k for k in GRPO_TRAIN_KEYS if k not in plan.skipped_fields]
         keys += [k for k in IMAGE_FIELDS if k in train_batch]
         return self.policy.train(BatchedDataDict({k: train_batch[k] for k in keys}), loss_fn)

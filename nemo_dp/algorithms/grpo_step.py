@@ -84,11 +84,11 @@ class GRPOBatchPath(Protocol):
     def response_lengths(self, rows: StepRows) -> torch.Tensor:
         """float ``[B]`` response lengths."""
 
-    def logprobs(self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan) -> None:
-        """Compute the log-probs ``plan`` asks for, ready for :meth:`train`."""
+    def logprobs(self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan) -> Any:
+        """Compute the log-probs ``plan`` asks for; returns the training input for :meth:`train`."""
 
-    def train(self, rows: StepRows, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
-        """One training call on the rows; returns ``policy.train``'s result."""
+    def train(self, rows: StepRows, train_input: Any, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
+        """One training call on :meth:`logprobs`' training input; returns ``policy.train``'s result."""
 
     def step_metrics(self, step: int, step_s: float) -> dict[str, Any]:
         """Extra per-step metrics of the path (logged with the step's)."""
@@ -215,10 +215,10 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
             if bool(algo.overlong_filtering):
                 sample_mask = sample_mask * (~carry["truncated"].bool()).float()
             t1 = time.perf_counter()
-            path.logprobs(rows, adv, sample_mask, plan)
+            train_input = path.logprobs(rows, adv, sample_mask, plan)
             t_lp = time.perf_counter() - t1
             t2 = time.perf_counter()
-            train_metrics = path.train(rows, loss_fn, plan)
+            train_metrics = path.train(rows, train_input, loss_fn, plan)
             t_train = time.perf_counter() - t2
         finally:
             path.end_step()

@@ -48,8 +48,6 @@ class StoreGRPOPath:
 
     def __init__(self, policy: Any, tokenizer: Any, env: Any, logger: Any = None) -> None:
         self.policy, self.tokenizer, self.env, self.logger = policy, tokenizer, env, logger
-        self._advantages: torch.Tensor | None = None
-        self._sample_mask: torch.Tensor | None = None
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
         return make_store_evaluator(
@@ -64,7 +62,6 @@ class StoreGRPOPath:
         self.policy.prepare_step(num_samples=num_samples, group_size=group_size)
 
     def end_step(self) -> None:
-        self._advantages = self._sample_mask = None
         self.policy.drop_partition()
 
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
@@ -104,7 +101,9 @@ class StoreGRPOPath:
     def response_lengths(self, rows: StepRows) -> torch.Tensor:
         return rows.carry["response_lengths"].float()
 
-    def logprobs(self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan) -> None:
+    def logprobs(
+        self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan
+    ) -> dict[str, torch.Tensor]:
         meta = rows.handle
         if not plan.reuse_train_forward and plan.reference:
             self.policy.get_policy_and_reference_logprobs_from_meta(meta)
@@ -112,15 +111,15 @@ class StoreGRPOPath:
             self.policy.get_logprobs_from_meta(meta)
         elif plan.reference:
             self.policy.get_reference_policy_logprobs_from_meta(meta)
-        self._advantages, self._sample_mask = advantages, sample_mask
+        # The per-row values travel with the training dispatch.
+        return {ADVANTAGES: advantages, SAMPLE_MASK: sample_mask}
 
-    def train(self, rows: StepRows, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
-        assert self._advantages is not None and self._sample_mask is not None, "logprobs() runs first"
+    def train(self, rows: StepRows, train_input: dict[str, torch.Tensor], loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
         metrics = self.policy.train_from_meta(
             rows.handle,
             loss_fn,
             train_fields=tuple(f for f in DP_TRAIN_FIELDS if f not in plan.skipped_fields),
-            row_values={ADVANTAGES: self._advantages, SAMPLE_MASK: self._sample_mask},
+            row_values=train_input,
         )
         self.policy.finish_step(rows.handle)
         return metrics
