@@ -34,7 +34,6 @@ class LegacyPPOPath:
 
     def __init__(self, policy: Any, value: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.value, self.tokenizer, self.env = policy, value, tokenizer, env
-        self._data: BatchedDataDict | None = None
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
         return make_evaluator(
@@ -48,7 +47,7 @@ class LegacyPPOPath:
         pass
 
     def end_step(self) -> None:
-        self._data = None
+        pass
 
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
         batch = rollout(
@@ -56,7 +55,7 @@ class LegacyPPOPath:
         ).batch
         return StepRows(batch, batch)
 
-    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> None:
+    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> BatchedDataDict:
         batch = rows.handle
         data = BatchedDataDict(
             {
@@ -70,25 +69,21 @@ class LegacyPPOPath:
         data["prev_logprobs"] = self.policy.get_logprobs(data)["logprobs"]
         data["reference_policy_logprobs"] = self.policy.get_reference_policy_logprobs(data)["reference_logprobs"]
         data["values"] = self.value.get_values(data)["values"]
-        self._data = data
+        return data
 
-    def _training_data(self) -> BatchedDataDict:
-        assert self._data is not None, "forward() builds the training batch"
-        return self._data
-
-    def target_inputs(self, rows: StepRows) -> Mapping[str, torch.Tensor]:
-        data = self._training_data()
+    def target_inputs(self, rows: StepRows, data: BatchedDataDict) -> Mapping[str, torch.Tensor]:
         return {k: data[k] for k in TARGET_INPUTS}
 
-    def set_targets(self, rows: StepRows, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor) -> None:
-        data = self._training_data()
+    def set_targets(
+        self, rows: StepRows, data: BatchedDataDict, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor
+    ) -> None:
         data["advantages"] = advantages
         data["returns"] = returns
 
     def train_epoch(
-        self, rows: StepRows, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
+        self, rows: StepRows, data: BatchedDataDict, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        shuffled = self._training_data().select_indices(order)
+        shuffled = data.select_indices(order)
         policy_metrics = self.policy.train(BatchedDataDict({k: shuffled[k] for k in PPO_POLICY_TRAIN_KEYS}), policy_loss_fn)
         value_metrics = self.value.train(BatchedDataDict({k: shuffled[k] for k in PPO_VALUE_TRAIN_KEYS}), value_loss_fn)
         return policy_metrics, value_metrics

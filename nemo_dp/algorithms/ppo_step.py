@@ -51,17 +51,17 @@ class PPOBatchPath(Protocol):
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
         """Sample ``group`` responses per problem (one seed per response) and score them."""
 
-    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> None:
-        """Policy, reference and value forwards over the rows."""
+    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> Any:
+        """Policy, reference and value forwards over the rows; returns the training data handle."""
 
-    def target_inputs(self, rows: StepRows) -> Mapping[str, torch.Tensor]:
+    def target_inputs(self, rows: StepRows, data: Any) -> Mapping[str, torch.Tensor]:
         """The :data:`TARGET_INPUTS` columns of the rows."""
 
-    def set_targets(self, rows: StepRows, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor) -> None:
+    def set_targets(self, rows: StepRows, data: Any, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor) -> None:
         """Attach the targets (and the sample mask) to the rows for training."""
 
     def train_epoch(
-        self, rows: StepRows, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
+        self, rows: StepRows, data: Any, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Train the policy, then the critic, on the rows in ``order``; their results."""
 
@@ -112,9 +112,9 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
             if bool(algo.overlong_filtering):
                 sample_mask = sample_mask * (~carry["truncated"].bool()).float()
             t1 = time.perf_counter()
-            path.forward(rows, sample_mask)
+            data = path.forward(rows, sample_mask)
             t_fwd = time.perf_counter() - t1
-            cols = path.target_inputs(rows)
+            cols = path.target_inputs(rows, data)
             targets = compute_ppo_targets(
                 algo,
                 scores=carry["rewards"],
@@ -124,12 +124,12 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
                 reference_logprobs=cols["reference_policy_logprobs"],
                 values=cols["values"],
             )
-            path.set_targets(rows, targets.advantages, targets.returns, sample_mask)
+            path.set_targets(rows, data, targets.advantages, targets.returns, sample_mask)
             t2 = time.perf_counter()
             policy_epochs, value_epochs = [], []
             for epoch in range(int(algo.ppo_epochs)):
                 order = epoch_permutation(int(master_config.seed), step, epoch, rows.size)
-                policy_metrics, value_metrics = path.train_epoch(rows, order, policy_loss_fn, value_loss_fn)
+                policy_metrics, value_metrics = path.train_epoch(rows, data, order, policy_loss_fn, value_loss_fn)
                 policy_epochs.append(policy_metrics)
                 value_epochs.append(value_metrics)
             t_train = time.perf_counter() - t2

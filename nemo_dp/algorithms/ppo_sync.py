@@ -92,7 +92,7 @@ class StorePPOPath:
         self.policy.get_policy_and_reference_logprobs_from_meta(rows.handle)
         self.value.get_values_from_meta(rows.handle)
 
-    def target_inputs(self, rows: StepRows) -> Mapping[str, torch.Tensor]:
+    def target_inputs(self, rows: StepRows, data: None) -> Mapping[str, torch.Tensor]:
         cols = self.policy.read_from_dataplane(rows.handle, select_fields=list(_TARGET_READ_FIELDS))
         return {
             "token_mask": cols[TOKEN_MASK],
@@ -101,13 +101,15 @@ class StorePPOPath:
             "values": cols[VALUES],
         }
 
-    def set_targets(self, rows: StepRows, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor) -> None:
+    def set_targets(
+        self, rows: StepRows, data: None, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor
+    ) -> None:
         # Everything the driver computes goes back in one put; the forward passes never read
         # the mask (the rollout's all-ones column stands until here).
         self.policy.write_to_dataplane(rows.handle, {ADVANTAGES: advantages, RETURNS: returns, SAMPLE_MASK: sample_mask})
 
     def train_epoch(
-        self, rows: StepRows, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
+        self, rows: StepRows, data: None, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         epoch_meta = rows.handle.subset(order)
         policy_metrics = self.policy.train_from_meta(epoch_meta, policy_loss_fn, train_fields=DP_TRAIN_FIELDS)
