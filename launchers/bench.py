@@ -22,7 +22,7 @@ from omegaconf import DictConfig  # noqa: E402
 from nemo_dp.bench import register_bench_configs, run_bench  # noqa: E402
 from nemo_dp.bench.backends import Backend, timed  # noqa: E402
 from nemo_dp.bench.common import TQ_RAW, Payload, verify_roundtrip  # noqa: E402
-from nemo_dp.training.console import silence_known_noise  # noqa: E402
+from nemo_dp.training.hydra_task import silence_known_noise  # noqa: E402
 
 
 class RawTransferQueueBackend(Backend):

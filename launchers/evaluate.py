@@ -18,7 +18,8 @@ import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from nemo_dp.training.console import RunRecord, hydra_task  # noqa: E402
+from nemo_dp.training.hydra_task import hydra_task  # noqa: E402
+from nemo_dp.training.run_record import RunRecord  # noqa: E402
 from nemo_dp.training.evaluate import EvaluateConfig  # noqa: E402
 
 CONF_DIR = _REPO_ROOT / "conf"

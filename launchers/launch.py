@@ -20,7 +20,9 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from nemo_dp.config import preflight, register_configs, validate_config  # noqa: E402
-from nemo_dp.training.console import RunRecord, hydra_task, recipe_hint_on_failure  # noqa: E402
+from nemo_dp.training.hydra_task import hydra_task  # noqa: E402
+from nemo_dp.training.recipe_hints import recipe_hint_on_failure  # noqa: E402
+from nemo_dp.training.run_record import RunRecord  # noqa: E402
 
 CONF_DIR = _REPO_ROOT / "conf"
 RECIPES_DIR = _REPO_ROOT / "recipes"
@@ -72,7 +74,7 @@ def _default_recipe() -> str:
 
 def _refuse_unwritable_output_dir(argv: list[str]) -> None:
     """Exit with one message (Hydra's own style) when the output directory cannot be written."""
-    from nemo_dp.training.console import RunConfigurationError
+    from nemo_dp.training.hydra_task import RunConfigurationError
     from nemo_dp.training.output_dir import output_dir_problem
 
     if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion") for a in argv):

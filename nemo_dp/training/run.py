@@ -258,7 +258,7 @@ def run_phases(
         validated: ``validate_config(cfg)`` (typed view: cluster, logger, checkpointing).
         run_dir: The job's output directory.
         hooks: Injected callbacks for every phase's trainer.
-        record: The launcher's ``nemo_dp.training.console.RunRecord``: marked started once
+        record: The launcher's ``nemo_dp.training.run_record.RunRecord``: marked started once
             Ray is up and the run directory is claimed (a failure before, Ray start-up and the
             cluster join included, is a configuration error that leaves the run directory as
             it was; after, a failed run with a summary and plots), it holds the summary so far
@@ -279,7 +279,7 @@ def run_phases(
     from nemo_dp.data.validation import validate_datasets
     from nemo_dp.environments.weighted import check_rewards
     from nemo_dp.models.builders import prepare_policy, validate_policy
-    from nemo_dp.training.console import sigterm_as_interrupt
+    from nemo_dp.training.sigterm import sigterm_as_interrupt
 
     t_start = time.perf_counter()
     run_dir = Path(run_dir)

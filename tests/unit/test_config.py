@@ -300,7 +300,7 @@ def test_a_key_added_with_plus_is_refused_unless_the_node_is_open() -> None:
 
 def test_composition_hints_name_the_closest_option_and_key_never_plus() -> None:
     from nemo_dp.config.hints import composition_hints
-    from nemo_dp.training.console import recipe_hint
+    from nemo_dp.training.recipe_hints import recipe_hint
 
     hints = composition_hints(["algorithm=gpro"], conf_dir=CONF_DIR)
     assert hints == ["hint: algorithm=gpro is not an option of group 'algorithm'; did you mean algorithm=grpo? "

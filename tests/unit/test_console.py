@@ -20,15 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_dp.training.console import (
-    AnsiStrippingFormatter,
-    RunRecord,
-    _LineSink,
-    remove_unstarted_run_dir,
-    silence_known_noise,
-    strip_ansi,
-    write_failure_summary,
-)
+from nemo_dp.training.hydra_task import silence_known_noise
+from nemo_dp.training.log_capture import AnsiStrippingFormatter, _LineSink, strip_ansi
+from nemo_dp.training.run_record import RunRecord, remove_unstarted_run_dir, write_failure_summary
 
 APP = textwrap.dedent(
     """
@@ -37,7 +31,8 @@ APP = textwrap.dedent(
 
     import hydra
 
-    from nemo_dp.training.console import hydra_task, sigterm_as_interrupt
+    from nemo_dp.training.hydra_task import hydra_task
+    from nemo_dp.training.sigterm import sigterm_as_interrupt
     from nemo_dp.utils.metrics import MetricsLogger
 
 
@@ -278,7 +273,7 @@ def test_failure_summary_without_metrics(tmp_path: Path) -> None:
 _FX = textwrap.dedent(
     """
     import sys, torch
-    from nemo_dp.training.console import silence_known_noise
+    from nemo_dp.training.hydra_task import silence_known_noise
     if sys.argv[1] == "silenced":
         silence_known_noise(local_ray=False)
     torch.nested.nested_tensor_from_jagged(torch.arange(6.0), torch.tensor([0, 2, 6]))
@@ -299,7 +294,7 @@ def test_fx_tracing_notice_is_silenced_at_its_source(tmp_path: Path, mode: str) 
 _RAY_AUTH = textwrap.dedent(
     """
     import logging, os, sys
-    from nemo_dp.training.console import silence_known_noise
+    from nemo_dp.training.hydra_task import silence_known_noise
     done = silence_known_noise(local_ray=sys.argv[1] == "local")
     records = []
     class Keep(logging.Handler):
@@ -345,7 +340,7 @@ def test_algorithm_sft_alone_fails_composing_and_gets_a_recipe_hint() -> None:
     from hydra.errors import ConfigCompositionException
 
     from nemo_dp.config import CONF_DIR, RECIPES_DIR, register_configs
-    from nemo_dp.training.console import recipe_algorithm, recipe_hint
+    from nemo_dp.training.recipe_hints import recipe_algorithm, recipe_hint
 
     register_configs(RECIPES_DIR)
     with initialize_config_dir(version_base=None, config_dir=str(CONF_DIR)):
@@ -363,7 +358,7 @@ def test_algorithm_sft_alone_fails_composing_and_gets_a_recipe_hint() -> None:
 
 def test_recipe_hint_on_failure_prints_only_on_failure(capsys: pytest.CaptureFixture[str]) -> None:
     from nemo_dp.config import RECIPES_DIR
-    from nemo_dp.training.console import recipe_hint_on_failure
+    from nemo_dp.training.recipe_hints import recipe_hint_on_failure
 
     with pytest.raises(SystemExit):
         with recipe_hint_on_failure(["algorithm=sft"], recipes_dir=RECIPES_DIR, default_recipe="arith_main"):
@@ -377,7 +372,7 @@ def test_recipe_hint_on_failure_prints_only_on_failure(capsys: pytest.CaptureFix
 def test_a_deferred_run_log_writes_nothing_until_the_run_is_accepted(tmp_path: Path) -> None:
     import logging
 
-    from nemo_dp.training.console import capture_run_log
+    from nemo_dp.training.log_capture import capture_run_log
 
     log = tmp_path / "run" / "launch.log"
     with capture_run_log(log, deferred=True):

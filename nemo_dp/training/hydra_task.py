@@ -1,0 +1,214 @@
+"""The Hydra task wrapper: before start a configuration error is one message and nothing is
+written; after start a failure writes ``summary.json`` and plots; SIGTERM acts like Ctrl-C."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hydra.errors import CompactHydraException
+
+from nemo_dp.training.log_capture import capture_run_log
+from nemo_dp.training.run_record import RunRecord, remove_unstarted_run_dir, write_failure_summary
+from nemo_dp.training.sigterm import TerminationRequested, sigterm_as_interrupt
+
+__all__ = [
+    "RunConfigurationError",
+    "is_configuration_error",
+    "silence_known_noise",
+    "save_hydra_outputs",
+    "hydra_task",
+]
+
+_LOG = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+_EXIT_SIGINT = 130
+_EXIT_SIGTERM = 143
+
+
+class RunConfigurationError(CompactHydraException):
+    """A configuration or preflight error before the run started (Hydra prints only the message)."""
+
+
+def silence_known_noise(*, local_ray: bool) -> list[str]:
+    """Remove the known start-up notices at their source (idempotent; call before Ray starts).
+
+    * torch's one-time "is_fx_tracing will return true ..." log record: dropped by a logger
+      filter (``nemo_dp.utils.noise``; Ray workers install it through the setup hook).
+    * Ray's "Token authentication is enabled ..." notice: for a local Ray only, set
+      ``RAY_AUTH_MODE=token`` (what Ray would set itself) before Ray is imported.
+
+    Args:
+        local_ray: The run starts a local Ray (``cluster.address`` is null).
+
+    Returns:
+        What was done, one line each (for a debug log).
+    """
+    from nemo_dp.utils.noise import install_known_log_filters
+
+    done = install_known_log_filters()
+    if local_ray and "RAY_AUTH_MODE" not in os.environ and "ray._raylet" not in sys.modules:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        done.append("RAY_AUTH_MODE=token (Ray's default for a local cluster, set explicitly)")
+    return done
+
+
+def is_configuration_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a user-facing configuration/preflight error (not a bug).
+
+    Args:
+        exc: The exception raised before the run started.
+
+    Returns:
+        True for ``ValueError`` (schema rules, resume, run-dir, dataset, checkpoint-integrity
+        errors, the CPU budget), OmegaConf errors, ``PreflightError``, ``FileNotFoundError``
+        and ``ClusterConnectError`` (the cluster to join cannot be reached).
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from nemo_dp.config import PreflightError
+    from nemo_dp.distributed.ray_init import ClusterConnectError
+
+    return isinstance(
+        exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError, ClusterConnectError)
+    )
+
+
+def _full_error_requested() -> bool:
+    return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
+
+
+def _hydra_run_dir_and_log() -> tuple[Path, Path]:
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    return run_dir, run_dir / f"{hc.job.name}.log"
+
+
+def save_hydra_outputs(cfg: Any, run_dir: Path) -> None:
+    """Write Hydra's ``.hydra/`` files (config, hydra, overrides) into ``run_dir``.
+
+    The launcher's config sets ``hydra.output_subdir: null``, so Hydra writes nothing before
+    the task runs; the wrapper calls this once the run is accepted.  Nothing is done when
+    Hydra wrote them itself (``output_subdir`` set) or runs no job.
+
+    Args:
+        cfg: The job's composed config (without the ``hydra`` node).
+        run_dir: The job's output directory.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    if hc.output_subdir is not None:
+        return
+    out = run_dir / ".hydra"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+    (out / "hydra.yaml").write_text(OmegaConf.to_yaml({"hydra": hc}), encoding="utf-8")
+    (out / "overrides.yaml").write_text(OmegaConf.to_yaml(hc.overrides.task), encoding="utf-8")
+
+
+def _local_ray(cfg: Any) -> bool:
+    try:
+        return cfg.cluster.address is None
+    except Exception:  # a config without a cluster node starts no Ray of its own choosing
+        return False
+
+
+def _one_message(exc: BaseException) -> str:
+    """The line a configuration error prints (a cluster join names its error type too)."""
+    from nemo_dp.distributed.ray_init import ClusterConnectError
+
+    text = str(exc)
+    if not text:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if isinstance(exc, ClusterConnectError) else text
+
+
+def _new_for_this_job(run_dir: Path, log_path: Path) -> bool:
+    """Whether ``run_dir`` holds nothing but what Hydra wrote for this job (it is new)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_own = {log_path.name}
+    if HydraConfig.initialized() and HydraConfig.get().output_subdir is not None:
+        hydra_own.add(str(HydraConfig.get().output_subdir))
+    return run_dir.is_dir() and all(child.name in hydra_own for child in run_dir.iterdir())
+
+
+def _stopped(
+    record: RunRecord, run_dir: Path, log_path: Path, exc: BaseException, *, terminated: bool, new: bool
+) -> None:
+    """Finish a run stopped by SIGINT/SIGTERM: summary and plot, or no debris before start."""
+    signame = "SIGTERM" if terminated else "SIGINT"
+    if record.started:
+        where = write_failure_summary(record, exc, status="terminated" if terminated else "interrupted")
+        print(f"stopped by {signame}; teardown done; summary in {where}", file=sys.stderr, flush=True)
+    else:
+        if new:
+            remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
+        print(f"stopped by {signame} before the run started", file=sys.stderr, flush=True)
+
+
+def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
+    """Wrap a Hydra task function ``task(cfg, record)`` with the run's failure handling.
+
+    Use under ``@hydra.main(...)``; the wrapped function takes only ``cfg``.
+
+    Args:
+        task: The task; it calls ``record.mark_started()`` just before Ray starts.
+
+    Returns:
+        The task function for ``hydra.main``.
+    """
+
+    @functools.wraps(task)
+    def wrapper(cfg: Any) -> _T:
+        run_dir, log_path = _hydra_run_dir_and_log()
+        record = RunRecord(run_dir=run_dir, log_path=log_path)
+        # Only a directory made for this job is removed when the run is refused: an existing
+        # one (another run's) stays exactly as it was.
+        new = _new_for_this_job(run_dir, log_path)
+        for line in silence_known_noise(local_ray=_local_ray(cfg)):
+            _LOG.debug(line)
+        with capture_run_log(log_path, deferred=True) as run_log, sigterm_as_interrupt():
+            record.on_start.extend([run_log.open, lambda: save_hydra_outputs(cfg, run_dir)])
+            try:
+                return task(cfg, record)
+            except SystemExit as exc:
+                # ray.init installs ``sys.exit(signum)`` for SIGTERM; until the launcher
+                # re-enters sigterm_as_interrupt after Ray is up, SIGTERM arrives as this.
+                if exc.code != int(signal.SIGTERM):
+                    raise
+                _stopped(record, run_dir, log_path, exc, terminated=True, new=new)
+                raise SystemExit(_EXIT_SIGTERM) from None
+            except KeyboardInterrupt as exc:
+                terminated = isinstance(exc, TerminationRequested)
+                _stopped(record, run_dir, log_path, exc, terminated=terminated, new=new)
+                raise SystemExit(_EXIT_SIGTERM if terminated else _EXIT_SIGINT) from None
+            except Exception as exc:
+                if record.started:
+                    where = write_failure_summary(record, exc, status="failed")
+                    print(
+                        f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True
+                    )
+                    raise
+                removed = new and remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
+                if removed:
+                    _LOG.debug("removed unstarted run directory %s", run_dir)
+                if _full_error_requested() or not is_configuration_error(exc):
+                    raise
+                message = _one_message(exc)
+        raise RunConfigurationError(message) from None
+
+    return wrapper

@@ -1,0 +1,228 @@
+"""The launcher's record of a run, and what a run that stopped leaves: ``summary.json``, plots,
+the last good checkpoint and the resume command, or no run directory if it never started."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RunRecord",
+    "remove_unstarted_run_dir",
+    "last_good_checkpoint",
+    "resume_command",
+    "write_failure_summary",
+]
+
+_LOG = logging.getLogger(__name__)
+
+#: What Hydra and the launcher write into a run directory before the run starts.
+_PRE_START_FILES: frozenset[str] = frozenset({"resolved_config.yaml", "run.json"})
+
+
+@dataclass
+class RunRecord:
+    """What the launcher tells the wrapper while a run goes on.
+
+    Attributes:
+        run_dir: The job's output directory.
+        log_path: The run's log file.
+        started: Set by :meth:`mark_started` just before Ray starts.
+        summary: The launcher's summary so far (phases finished, ...), merged into a failure's
+            ``summary.json``; the launcher may replace it or fill it in place.
+        metrics: ``(metrics.jsonl, plot.png)`` of every phase begun, plotted after a failure.
+        t_start: ``time.perf_counter()`` when the task started.
+        on_start: Called once by :meth:`mark_started` (the wrapper opens the run's log file
+            and writes Hydra's ``.hydra/`` files there: nothing reaches the run directory
+            before the run is accepted).
+        checkpoint_root: The run's checkpoints root (set by the launcher; the last good
+            checkpoint after a failure is looked up there).
+        phase_names: The run's phases in order.
+    """
+
+    run_dir: Path
+    log_path: Path | None = None
+    started: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+    metrics: list[tuple[Path, Path]] = field(default_factory=list)
+    t_start: float = field(default_factory=time.perf_counter)
+    on_start: list[Callable[[], None]] = field(default_factory=list)
+    checkpoint_root: Path | None = None
+    phase_names: list[str] = field(default_factory=list)
+
+    def mark_started(self) -> None:
+        """From now on a failure is a failed run (summary, plot), not a configuration error."""
+        if self.started:
+            return
+        self.started = True
+        for hook in self.on_start:
+            hook()
+
+    def track_metrics(self, metrics_path: str | os.PathLike[str], plot_path: str | os.PathLike[str]) -> None:
+        """Plot ``metrics_path`` to ``plot_path`` if the run fails.
+
+        Args:
+            metrics_path: A phase's metrics file.
+            plot_path: Its plot.
+        """
+        pair = (Path(metrics_path), Path(plot_path))
+        if pair not in self.metrics:
+            self.metrics.append(pair)
+
+
+def _empty_tree(path: Path) -> bool:
+    """A directory holding no files at any depth (what preflight's writability probe leaves)."""
+    return all(child.is_dir() and not child.is_symlink() and _empty_tree(child) for child in path.iterdir())
+
+
+def remove_unstarted_run_dir(run_dir: str | os.PathLike[str], *, log_names: tuple[str, ...] = ()) -> bool:
+    """Remove a run directory that holds only what was written before the run started.
+
+    Allowed: ``.hydra/``, the run's log files, ``resolved_config.yaml``, ``run.json`` and empty
+    directories; anything else keeps the directory untouched.
+
+    Args:
+        run_dir: The job's output directory.
+        log_names: The run's log file names (default: any ``*.log``).
+
+    Returns:
+        Whether the directory was removed.
+    """
+    root = Path(run_dir)
+    if not root.is_dir():
+        return False
+    for child in root.iterdir():
+        if child.is_symlink():
+            return False
+        if child.is_dir() and (child.name == ".hydra" or _empty_tree(child)):
+            continue
+        is_log = child.name in log_names or (not log_names and child.suffix == ".log")
+        if child.is_file() and (child.name in _PRE_START_FILES or is_log):
+            continue
+        return False
+    shutil.rmtree(root, ignore_errors=True)
+    return not root.exists()
+
+
+def _plot_tracked(record: RunRecord) -> list[str]:
+    plots: list[str] = []
+    for metrics_path, plot_path in record.metrics:
+        if not metrics_path.is_file() or metrics_path.stat().st_size == 0:
+            continue
+        try:
+            from nemo_dp.utils.plotting import plot_training_curves
+
+            plots.append(str(plot_training_curves(metrics_path, plot_path)))
+        except Exception as exc:  # the plot must never hide the run's own error
+            _LOG.warning("could not plot %s: %s", metrics_path, exc)
+    return plots
+
+
+def last_good_checkpoint(record: RunRecord) -> Path | None:
+    """The newest committed checkpoint of the latest phase that has one, or ``None``.
+
+    Args:
+        record: The run's record (``checkpoint_root``, ``phase_names``).
+
+    Returns:
+        The step directory.
+    """
+    from nemo_dp.utils.checkpoint import latest_checkpoint
+
+    root = record.checkpoint_root
+    if root is None or not root.is_dir():
+        return None
+    names = list(record.phase_names) or sorted(p.name for p in root.iterdir() if p.is_dir())
+    for name in reversed(names):
+        found = latest_checkpoint(root / name)
+        if found is not None:
+            return found
+    return None
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes this run into its own directory (this job's overrides kept).
+
+    Args:
+        run_dir: The run directory.
+
+    Returns:
+        A shell command line.
+    """
+    import shlex
+
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = [str(o) for o in HydraConfig.get().overrides.task]
+    except ValueError:  # not under Hydra
+        pass
+    replaced = ("hydra.run.dir", "checkpointing.resume_from")
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in replaced]
+    script = sys.argv[0] if sys.argv and sys.argv[0] else "launchers/launch.py"
+    return shlex.join(
+        ["python", script, *kept, f"checkpointing.resume_from={run_dir}", f"hydra.run.dir={run_dir}"]
+    )
+
+
+def _resume_hint(record: RunRecord) -> tuple[dict[str, Any], list[str]]:
+    """What a stopped run tells the user about resuming it: summary fields and lines."""
+    last = last_good_checkpoint(record)
+    if last is None:
+        return {"last_checkpoint": None}, [
+            "no checkpoint was written before the run stopped (see checkpointing.save_period); "
+            "nothing to resume from"
+        ]
+    command = resume_command(record.run_dir)
+    return {"last_checkpoint": str(last), "resume_command": command}, [
+        f"last good checkpoint: {last}",
+        f"resume with: {command}",
+    ]
+
+
+def write_failure_summary(record: RunRecord, exc: BaseException, *, status: str) -> Path:
+    """Write ``summary.json`` for a run that stopped early, and plot what ran.
+
+    Args:
+        record: The run's record (its ``summary`` is merged in).
+        exc: What stopped it.
+        status: ``failed``, ``interrupted`` (SIGINT) or ``terminated`` (SIGTERM).
+
+    Returns:
+        The summary path.
+    """
+    summary = dict(record.summary)
+    summary.setdefault("run_dir", str(record.run_dir))
+    summary["status"] = status
+    summary["error"] = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback_tail": traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:],
+    }
+    summary["plots"] = _plot_tracked(record)
+    summary["wall_time_s"] = time.perf_counter() - record.t_start
+    try:
+        hint, lines = _resume_hint(record)
+    except Exception as hint_exc:  # the hint must never hide the run's own error
+        hint, lines = {}, []
+        _LOG.warning("could not find the last checkpoint: %s", hint_exc)
+    summary.update(hint)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    path = record.run_dir / "summary.json"
+    record.run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".summary.json.tmp-{uuid.uuid4().hex}")
+    tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
