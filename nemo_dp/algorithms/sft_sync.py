@@ -17,12 +17,13 @@ from typing import Any
 
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, TrainContext, TrainHooks
+from nemo_dp.algorithms.sft_loader import ColocatedLoaderGroup, metas_of
 from nemo_dp.algorithms.sft_step import run_sft
 from nemo_dp.algorithms.trainer_common import make_evaluator, trainer_state
 from nemo_dp.config.schema import train_micro_batch_rows
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
-from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, SFTBatchEnvelope, metas_of
+from nemo_dp.models.policy.sft_loader_worker import SFTBatchEnvelope
 from nemo_dp.utils.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_FORMAT_VERSION,

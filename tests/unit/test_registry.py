@@ -82,7 +82,7 @@ def test_reserved_ray_cpus_names_a_bad_key() -> None:
 
 
 def test_capabilities_seen_by_their_readers() -> None:
-    from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup
+    from nemo_dp.algorithms.sft_loader import ColocatedLoaderGroup
 
     class _Group:
         world_size = 2

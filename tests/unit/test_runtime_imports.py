@@ -32,13 +32,14 @@ HELPERS = [
     "nemo_dp.data_plane.driver_mixin",
     "nemo_dp.data_plane.worker_mixin",
     "nemo_dp.data_plane.observability",
-    "nemo_dp.models.policy.colocated_loader",
+    "nemo_dp.models.policy.sft_loader_worker",
     "nemo_dp.config.algorithm_registry",
     "nemo_dp.config.trainer_lookup",
     "nemo_dp.algorithms.selection",
     "nemo_dp.algorithms.grpo_sync",
     "nemo_dp.algorithms.ppo_sync",
     "nemo_dp.algorithms.sft_sync",
+    "nemo_dp.algorithms.sft_loader",
 ]
 LEGACY_TRAINERS = ["nemo_dp.algorithms.grpo", "nemo_dp.algorithms.sft", "nemo_dp.algorithms.ppo"]
 TQ_ENV = "nemo_dp.data_plane.adapters.transfer_queue_env"

@@ -29,7 +29,8 @@ from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
 from nemo_dp.data_plane.interfaces import LocalDataPlaneConfig
 from nemo_dp.data_plane.schema import GLOBAL_FORWARD_PAD_SEQLEN
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
-from nemo_dp.models.policy.colocated_loader import ColocatedLoaderGroup, ColocatedLoaderMixin, sft_partition_id
+from nemo_dp.algorithms.sft_loader import ColocatedLoaderGroup
+from nemo_dp.models.policy.sft_loader_worker import ColocatedLoaderMixin, sft_partition_id
 from nemo_dp.models.policy.tq_policy import TQPolicy
 
 pytestmark = pytest.mark.timeout(60)
@@ -461,7 +462,7 @@ def test_resume_from_position_and_store_checkpoint(tmp_path: Any) -> None:
 
 def test_loader_group_refuses_a_disabled_data_plane_and_bounds_tq() -> None:
     from nemo_dp.data_plane.interfaces import DisabledDataPlaneConfig
-    from nemo_dp.models.policy.colocated_loader import TQ_MAX_LIVE_BATCHES
+    from nemo_dp.data_plane.registry import TQ_MAX_LIVE_BATCHES
 
     group = _InProcessGroup([])
     with pytest.raises(ValueError, match="data_plane=local or data_plane=tq"):

@@ -24,7 +24,7 @@ from nemo_dp.data_plane.schema import (
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
 from nemo_dp.environments.weighted import score_parts
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
-from nemo_dp.models.policy.colocated_loader import ColocatedLoaderMixin
+from nemo_dp.models.policy.sft_loader_worker import ColocatedLoaderMixin
 from nemo_dp.models.policy.worker import PolicyWorker
 
 __all__ = [
