@@ -9,6 +9,12 @@ batch on the legacy path, in the store on the data-plane path, where the workers
 encode, write and read the images themselves.  So the legacy runs receive image bytes at the
 driver, and the data-plane runs receive none (nor any other bulk tensor) and send none.
 
+A user's image jsonl files (``env.sft_data`` / ``env.rl_data`` / ``env.val_data`` naming chat
+files whose image parts name PNGs relative to the file, ``vlm_image_data.py``) train alike too:
+2 VLM SFT and 2 VLM GRPO steps on ``disabled`` and ``tq`` log the same metrics and end with the
+same weights, and a user's reward function receives each row's conversation with its resolved
+image path.
+
 All runs execute in one subprocess with one Ray (``vlm_parity.py``), through the run layer the
 launcher uses; GRPO starts from the legacy SFT run's final policy, so rewards are mixed.
 """
@@ -36,7 +42,7 @@ GRPO_COMPARED = (
 
 
 @pytest.fixture(scope="module")
-def vlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def vlm_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("vlm_parity")
     model_dir = tmp_path_factory.getbasetemp() / "vlm_cache" / "tiny-qwen2-vl"
     env = dict(os.environ)
@@ -45,7 +51,12 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert proc.returncode == 0, (
         f"VLM parity process failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     )
-    return json.loads((out / "vlm.json").read_text())["runs"]
+    return json.loads((out / "vlm.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def vlm(vlm_result: dict[str, Any]) -> dict[str, Any]:
+    return vlm_result["runs"]
 
 
 def _by_step(run: dict[str, Any], keys: tuple[str, ...]) -> dict[int, dict[str, Any]]:
@@ -105,3 +116,28 @@ def test_images_never_reach_the_driver_on_the_data_plane(vlm: dict[str, Any]) ->
     for name in ("grpo_tq", "grpo_ray"):
         traffic = vlm[name]["traffic"]
         assert traffic["ray_received_bulk_bytes"] == traffic["ray_sent_bulk_bytes"] == 0, (name, traffic)
+
+
+IMAGE_SFT_COMPARED = ("loss", "grad_norm", "lr", "num_valid_tokens", "consumed_samples", "val_accuracy")
+IMAGE_GRPO_COMPARED = (
+    "loss", "pg_loss", "grad_norm", "lr", "reward_mean", "train_reward_mean", "advantage_abs_mean",
+    "mean_response_length", "consumed_samples", "val_accuracy",
+)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_image_jsonl_trains_sft_and_grpo_alike_on_every_path(vlm_result: dict[str, Any]) -> None:
+    runs = vlm_result["image_runs"]
+    for phase, keys, steps in (("sft", IMAGE_SFT_COMPARED, [1, 2]), ("grpo", IMAGE_GRPO_COMPARED, [0, 1, 2])):
+        legacy, tq = runs[f"{phase}_disabled"], runs[f"{phase}_tq"]
+        assert legacy["policy_class"] == "Policy" and tq["policy_class"] == "TQPolicy"
+        assert legacy["label"] == tq["label"] == f"VLM {phase.upper()}"
+        a = _by_step(legacy, keys)
+        assert sorted(a) == steps and all("loss" in a[s] for s in steps if s), phase
+        assert _by_step(tq, keys) == a, phase
+        assert tq["checksums"] == legacy["checksums"], phase
+    # The datasets checked before Ray are the files; GRPO's rewards are mixed, so it updates.
+    assert any("sft.jsonl (env.sft_data)" in line for line in runs["sft_tq"]["datasets"])
+    assert any("rl.jsonl (env.rl_data)" in line for line in runs["grpo_tq"]["datasets"])
+    grpo = _by_step(runs["grpo_disabled"], IMAGE_GRPO_COMPARED)
+    assert any(grpo[s]["advantage_abs_mean"] > 0 and grpo[s]["grad_norm"] > 0 for s in (1, 2))

@@ -1,6 +1,7 @@
 """The VLM parity process: SFT and GRPO on the tiny Qwen2-VL over every data plane, one Ray.
 
-Run as a script: ``python vlm_parity.py OUT_DIR MODEL_DIR``; writes ``OUT_DIR/vlm.json``.
+Run as a script: ``python vlm_parity.py OUT_DIR MODEL_DIR``; writes ``OUT_DIR/vlm.json``
+(``runs``: the parity runs; ``image_runs``: the image-data runs).
 Why one process: each run is a few steps, and a Python + Ray + worker-group start costs more
 than the steps, so every run goes through the run layer the launcher uses
 (``nemo_dp.training.run_phase``: trainer from ``select_sync_trainer``, policy from
@@ -11,7 +12,9 @@ its runs (weights, optimizer and RNG reloaded before each).
    digit) on ``disabled``, ``local``, ``tq`` and ``ray``, each from the checkpoint's weights;
 2. VLM GRPO (``GRPO_STEPS`` steps) on ``disabled``, ``tq``, ``ray`` and asynchronous GRPO over
    ``tq`` (``max_staleness=0``), each from the legacy SFT run's final policy state, so the
-   rewards of a group are mixed.
+   rewards of a group are mixed;
+3. the same two phases on a user's image jsonl files and reward function (``vlm_image_data.py``)
+   on ``disabled`` and ``tq``.
 
 Every worker-group dispatch of every run is counted with the bench's ``RayTraffic`` probe
 (tensor and ``PackedTensor`` bytes crossing the driver <-> worker boundary, both ways).
@@ -95,20 +98,22 @@ def _compose(overrides: Sequence[str]) -> Any:
         return compose("config", overrides=list(overrides))
 
 
-def _run(name: str, overrides: Sequence[str], model_dir: Path, out_dir: Path, env: dict[str, str],
-         policies: dict[str, Any], state: Any) -> tuple[dict[str, Any], Any]:
+def _run(name: str, overrides: Sequence[str], out_dir: Path, env: dict[str, str], policies: dict[str, Any],
+         state: Any, *, check_data: bool = False) -> tuple[dict[str, Any], Any]:
     from nemo_dp.bench.probes import RayTraffic
     from nemo_dp.config import validate_config
+    from nemo_dp.data.validation import validate_datasets
     from nemo_dp.data_plane.factory import select_sync_trainer
     from nemo_dp.training import main_phase, make_policy, make_tokenizer
     from tests.e2e.phase_runs import train_phase
 
-    cfg = _compose([*VLM_BASE, f"policy.model_name_or_path={model_dir}", *overrides])
+    cfg = _compose(overrides)
     validated = validate_config(cfg)
     phase = main_phase(cfg)
     trainer = select_sync_trainer(cfg, label=phase.label)
     dp = str(cfg.data_plane.impl) if bool(cfg.data_plane.enabled) else "disabled"
     tok = make_tokenizer(cfg)
+    datasets = validate_datasets(validated, tok).lines() if check_data else []
     if dp not in policies:
         policy = make_policy(cfg, tok, env_vars=env)
         policies[dp] = (policy, RayTraffic(policy.worker_group), policy.state_dict())
@@ -124,33 +129,57 @@ def _run(name: str, overrides: Sequence[str], model_dir: Path, out_dir: Path, en
         "trainer": f"{trainer.__module__}:{trainer.__name__}",
         "label": phase.label,
         "traffic": traffic.take(),
+        "datasets": datasets,
     }, policy.state_dict()
 
 
+def _sft_then_grpo(
+    base: Sequence[str],
+    sft_runs: dict[str, tuple[str, ...]],
+    grpo_runs: dict[str, tuple[str, ...]],
+    out_dir: Path,
+    env: dict[str, str],
+    policies: dict[str, Any],
+    *,
+    check_data: bool = False,
+) -> dict[str, Any]:
+    """The SFT runs from the checkpoint's weights, then the GRPO runs from the legacy SFT's."""
+    runs: dict[str, Any] = {}
+    warm = None
+    for name, overrides in sft_runs.items():
+        runs[name], final = _run(name, [*base, *overrides], out_dir, env, policies, None, check_data=check_data)
+        if name == "sft_disabled":
+            warm = final
+    for name, overrides in grpo_runs.items():
+        runs[name], _ = _run(name, [*base, *overrides], out_dir, env, policies, warm, check_data=check_data)
+    return runs
+
+
 def main(out_dir: Path, model_dir: Path) -> None:
-    """Run every SFT and GRPO run on one Ray; write ``OUT_DIR/vlm.json``."""
+    """Run every SFT and GRPO run on one Ray, the parity runs then the image-data runs (each
+    data plane's policy serves both); write ``OUT_DIR/vlm.json``."""
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.models.hf.make_tiny_vlm import ensure_tiny_vlm_checkpoint
+    from tests.e2e import vlm_image_data as image_data
 
     ensure_tiny_vlm_checkpoint(model_dir.parent, name=model_dir.name)
     env = init_ray(num_cpus=2, **ray_start_args(_compose(["~recipe", "data_plane=tq"]).data_plane))
     policies: dict[str, Any] = {}
-    result: dict[str, Any] = {"runs": {}}
+    result: dict[str, Any] = {}
     try:
-        warm = None
-        for name, overrides in SFT_RUNS.items():
-            result["runs"][name], final = _run(name, overrides, model_dir, out_dir, env, policies, None)
-            if name == "sft_disabled":
-                warm = final
-        for name, overrides in GRPO_RUNS.items():
-            result["runs"][name], _ = _run(name, overrides, model_dir, out_dir, env, policies, warm)
+        base = [*VLM_BASE, f"policy.model_name_or_path={model_dir}"]
+        result["runs"] = _sft_then_grpo(base, SFT_RUNS, GRPO_RUNS, out_dir, env, policies)
+        image_base = image_data.base_overrides(model_dir, image_data.write_dataset(out_dir / "data"))
+        result["image_runs"] = _sft_then_grpo(
+            image_base, image_data.SFT_RUNS, image_data.GRPO_RUNS, out_dir / "image_data", env, policies,
+            check_data=True,
+        )
     finally:
         for policy, _, _ in policies.values():
             policy.shutdown()
         shutdown_ray()
     (out_dir / "vlm.json").write_text(json.dumps(result, indent=1))
-
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO_ROOT))
