@@ -299,8 +299,8 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
 
     Superseded by ``nemo_dp.training.checkpoint_discovery.latest_checkpoint`` (the same rule);
     kept only until ``nemo_dp.training.run_record.last_good_checkpoint`` calls
-    ``newest_checkpoint`` there, then deleted.  Temp (``*.tmp-*``) and displaced (``*.old-*``) siblings and directories without a
-    manifest are ignored.
+    ``newest_checkpoint`` there, then deleted.  Temp (``*.tmp-*``) and displaced (``*.old-*``)
+    siblings and directories without a manifest are ignored.
 
     Args:
         root: Checkpoint root directory (may not exist).
