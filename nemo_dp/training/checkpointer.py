@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nemo_dp.training.checkpoint_discovery import latest_checkpoint, list_step_dirs, temp_step_dirs
 from nemo_dp.utils.checkpoint import (
     checkpoint_dir_for_step,
-    latest_checkpoint,
     load_training_checkpoint,
     save_training_checkpoint,
 )
 
 __all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer", "remove_stale_temp_dirs"]
-
-_STALE_TMP = re.compile(r"^step_\d+\.tmp-[0-9a-f]+$")
 
 
 class Checkpointer:
@@ -81,8 +78,7 @@ class Checkpointer:
 
     def prune(self) -> None:
         """Delete all but the ``keep_last`` newest committed checkpoints under ``root``."""
-        steps = sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step_"))
-        committed = [p for p in steps if (p / "manifest.json").is_file() and "." not in p.name]
+        committed = [p for _, p in list_step_dirs(self.root, committed=True)]
         for old in committed[: max(0, len(committed) - self.keep_last)]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -164,14 +160,9 @@ def remove_stale_temp_dirs(ckpt_root: str | Path) -> list[Path]:
     Returns:
         The directories removed.
     """
-    root = Path(ckpt_root)
     removed: list[Path] = []
-    if not root.is_dir():
-        return removed
-    for phase_root in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        for child in sorted(phase_root.iterdir()):
-            if _STALE_TMP.match(child.name) and child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
-                if not child.exists():
-                    removed.append(child)
+    for child in temp_step_dirs(ckpt_root):
+        shutil.rmtree(child, ignore_errors=True)
+        if not child.exists():
+            removed.append(child)
     return removed

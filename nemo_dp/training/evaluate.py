@@ -32,15 +32,17 @@ from nemo_dp.models.builders import (
 from nemo_dp.models.generation import generate
 from nemo_dp.models.precision import resolve_precision
 from nemo_dp.models.protocol import CausalLM, Tokenizer
+from nemo_dp.training.checkpoint_discovery import (
+    RUN_CONFIG_FILE,
+    classify_checkpoint_dir,
+    find_run_dir,
+    latest_checkpoint,
+    list_step_dirs,
+    step_of,
+)
 from nemo_dp.training.phases import plan_phases
 from nemo_dp.training.resume import check_checkpoint_dir
-from nemo_dp.utils.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_FORMAT_VERSION,
-    STEP_DIR,
-    latest_checkpoint,
-    load_training_checkpoint,
-)
+from nemo_dp.utils.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, load_training_checkpoint
 from nemo_dp.utils.checkpoint_io import read_manifest
 
 __all__ = [
@@ -55,7 +57,6 @@ __all__ = [
     "evaluate_checkpoint",
 ]
 
-RUN_CONFIG_FILE = "resolved_config.yaml"
 #: Top-level checkpoint key (and directory) of the policy's state.
 POLICY_KEY = "policy"
 _KEY = "checkpoint"
@@ -156,26 +157,6 @@ class CheckpointRef:
         return self.run_dir / RUN_CONFIG_FILE
 
 
-def _committed_steps(phase_root: Path) -> dict[int, Path]:
-    steps: dict[int, Path] = {}
-    if phase_root.is_dir():
-        for child in phase_root.iterdir():
-            m = STEP_DIR.match(child.name)
-            if m and (child / "manifest.json").is_file():
-                steps[int(m.group(1))] = child
-    return steps
-
-
-def _find_run_dir(start: Path) -> Path:
-    for candidate in (start, *start.parents):
-        if (candidate / RUN_CONFIG_FILE).is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"checkpoint: no {RUN_CONFIG_FILE} in {start} or its parents; point checkpoint= at a run's "
-        f"checkpoint directory (<run dir>/checkpoints)"
-    )
-
-
 _ABSENT = object()
 
 
@@ -229,7 +210,12 @@ def resolve_checkpoint(
         raise FileNotFoundError(f"checkpoint: {str(checkpoint)!r} does not exist")
     if path.is_file():
         raise FileNotFoundError(f"checkpoint: {str(path)!r} is a file, not a checkpoint directory")
-    run_dir = _find_run_dir(path)
+    run_dir = find_run_dir(path)
+    if run_dir is None:
+        raise FileNotFoundError(
+            f"checkpoint: no {RUN_CONFIG_FILE} in {path} or its parents; point checkpoint= at a run's "
+            f"checkpoint directory (<run dir>/checkpoints)"
+        )
     run_cfg = OmegaConf.load(run_dir / RUN_CONFIG_FILE)
     if not isinstance(run_cfg, DictConfig) or "algorithm" not in run_cfg or "policy" not in run_cfg:
         raise ValueError(f"checkpoint: {run_dir / RUN_CONFIG_FILE} is not a nemo_dp run config")
@@ -243,9 +229,9 @@ def resolve_checkpoint(
                 "checkpointing.enabled was false, or the run stopped before its first save)"
             )
 
-    m = STEP_DIR.match(path.name)
-    if m is not None:  # a step directory
-        found_step, found_phase = int(m.group(1)), path.parent.name
+    located = classify_checkpoint_dir(path, committed=True)
+    if located is not None and located.step_dir is not None:  # a step directory
+        found_step, found_phase = step_of(path), path.parent.name
         if step is not None and step != found_step:
             raise ValueError(f"step={step} contradicts checkpoint={path} (step {found_step})")
         if phase is not None and phase != found_phase:
@@ -255,12 +241,12 @@ def resolve_checkpoint(
         check_checkpoint_dir(path, key=_KEY, required_files=("manifest.json",))
         return CheckpointRef(path, found_phase, found_step, run_dir, run_cfg, tuple(map(str, run_overrides)))
 
-    if _committed_steps(path):  # a phase root
+    if located is not None and located.kind == "phase root":  # a phase root
         phase_root = path
         if phase is not None and phase != path.name:
             raise ValueError(f"phase={phase} contradicts checkpoint={path} (phase {path.name!r})")
     else:  # a checkpoint root holding one directory per phase
-        phases = {child.name: child for child in sorted(path.iterdir()) if _committed_steps(child)}
+        phases = {} if located is None else located.phase_roots
         if not phases:
             raise FileNotFoundError(f"checkpoint: no committed step_<N> checkpoint under {path}")
         if phase is None:
@@ -273,12 +259,12 @@ def resolve_checkpoint(
             )
         phase_root = phases[phase]
 
-    steps = _committed_steps(phase_root)
+    steps = dict(list_step_dirs(phase_root, committed=True))
     if step is None:
         latest = latest_checkpoint(phase_root)
         if latest is None:
             raise FileNotFoundError(f"checkpoint: no committed checkpoint with a state file in {phase_root}")
-        step = int(STEP_DIR.match(latest.name).group(1))  # type: ignore[union-attr]
+        step = step_of(latest)
     if step not in steps:
         raise FileNotFoundError(
             f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}"

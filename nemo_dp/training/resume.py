@@ -1,9 +1,10 @@
 """Resolution of ``checkpointing.resume_from`` and ``policy.init_from``, on the driver.
 
-Every accepted path form (run directory, checkpoints root, phase root, step directory) resolves
-to exactly one checkpoint; anything else raises :class:`ResumeError` before Ray starts.  Each
-checkpoint's ``checkpoint_meta.json`` (:class:`CheckpointMeta`) is compared with this run and a
-mismatch refused (:class:`CheckpointMismatchError`).
+Every accepted path form (run directory, checkpoints root, phase root, step directory; located by
+:mod:`nemo_dp.training.checkpoint_discovery`) resolves to exactly one checkpoint; anything else
+raises :class:`ResumeError` before Ray starts.  Each checkpoint's ``checkpoint_meta.json``
+(:class:`CheckpointMeta`) is compared with this run and a mismatch refused
+(:class:`CheckpointMismatchError`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_dp.utils.checkpoint import REQUIRED_FILES, STEP_DIR
+from nemo_dp.training.checkpoint_discovery import (
+    ResumeError,
+    locate_checkpoint,
+    missing_files,
+    newest_usable_step,
+    step_of,
+)
+from nemo_dp.utils.checkpoint import REQUIRED_FILES
 from nemo_dp.utils.manifest import has_manifest, verify_manifest
 
 __all__ = [
@@ -35,10 +43,8 @@ __all__ = [
     "write_checkpoint_meta",
     "read_checkpoint_meta",
     "check_checkpoint_meta",
-    "list_step_dirs",
     "refuse_pickles",
     "check_checkpoint_dir",
-    "find_phase_roots",
     "resolve_resume",
     "resolve_init_from",
 ]
@@ -53,10 +59,6 @@ WARM_START_PHASE = "warm_start"
 _RESUME_KEY = "checkpointing.resume_from"
 _PICKLE_SUFFIXES = (".pkl", ".pickle")
 _INIT_KEY = "policy.init_from"
-
-
-class ResumeError(ValueError):
-    """``checkpointing.resume_from`` / ``policy.init_from`` holds no usable checkpoint."""
 
 
 class CheckpointMismatchError(ResumeError):
@@ -330,147 +332,7 @@ def check_checkpoint_meta(
         raise _mismatch(Path(where), _RESUME_KEY, differing, hint + ".")
 
 
-# --- locating checkpoints ---
-
-
-def list_step_dirs(phase_root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """Every ``step_<N>`` directory under a phase root, oldest first.
-
-    Temp (``*.tmp-*``) and displaced (``*.old-*``) siblings do not match and are not listed.
-
-    Args:
-        phase_root: ``<checkpoints root>/<phase>`` (may not exist).
-
-    Returns:
-        ``[(N, path), ...]`` sorted by N.
-    """
-    root = Path(phase_root)
-    if not root.is_dir():
-        return []
-    out = []
-    for child in root.iterdir():
-        m = STEP_DIR.match(child.name)
-        if m is not None and child.is_dir():
-            out.append((int(m.group(1)), child))
-    return sorted(out)
-
-
-def find_phase_roots(checkpoints_root: str | os.PathLike[str]) -> dict[str, Path]:
-    """Sub-directories of a checkpoints root that hold at least one step directory.
-
-    Args:
-        checkpoints_root: A run's ``checkpointing.checkpoint_dir`` (may not exist).
-
-    Returns:
-        ``{phase name: phase root}`` sorted by name.
-    """
-    root = Path(checkpoints_root)
-    if not root.is_dir():
-        return {}
-    return {c.name: c for c in sorted(root.iterdir()) if c.is_dir() and list_step_dirs(c)}
-
-
-def _missing_files(step_dir: Path, required: Sequence[str]) -> list[str]:
-    return [name for name in required if not (step_dir / name).is_file()]
-
-
-def _listing(path: Path, limit: int = 6) -> str:
-    names = sorted(c.name + ("/" if c.is_dir() else "") for c in path.iterdir())
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return f"{names[:limit]}{more}"
-
-
-def _run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None:
-    """``<run>`` when ``checkpoints_root`` is ``<run>/<checkpoint_dir_name>``, else ``None``."""
-    parts = Path(checkpoint_dir_name).parts
-    if not parts or Path(checkpoint_dir_name).is_absolute():
-        return None
-    if checkpoints_root.parts[-len(parts) :] != parts:
-        return None
-    return Path(*checkpoints_root.parts[: -len(parts)])
-
-
-@dataclass
-class _Located:
-    """What a user-given path turned out to be."""
-
-    kind: str
-    checkpoints_root: Path
-    run_dir: Path | None
-    phase_roots: dict[str, Path] = field(default_factory=dict)
-    step_dir: Path | None = None
-
-
-def _locate(path_str: str | os.PathLike[str], key: str, checkpoint_dir_name: str) -> _Located:
-    """Classify ``path_str`` as a step directory, phase root, checkpoints root or run directory."""
-    path = Path(os.path.abspath(os.fspath(path_str)))
-    if not path.exists():
-        raise ResumeError(f"{key}: {str(path)!r} does not exist")
-    if path.is_file():
-        parent = (
-            f"; pass its step directory {str(path.parent)!r}" if STEP_DIR.match(path.parent.name) else ""
-        )
-        raise ResumeError(f"{key}: {str(path)!r} is a file, not a checkpoint directory{parent}")
-    if STEP_DIR.match(path.name):
-        root = path.parent.parent
-        run_dir = _run_dir_of(root, checkpoint_dir_name)
-        return _Located("step directory", root, run_dir, {path.parent.name: path.parent}, path)
-    if list_step_dirs(path):
-        root = path.parent
-        run_dir = _run_dir_of(root, checkpoint_dir_name)
-        return _Located("phase root", root, run_dir, {path.name: path})
-    phases = find_phase_roots(path)
-    if phases:
-        run_dir = _run_dir_of(path, checkpoint_dir_name)
-        return _Located("checkpoints root", path, run_dir, phases)
-    nested = path / checkpoint_dir_name
-    looks_like_run = (path / ".hydra").is_dir() or any(
-        (path / n).exists() for n in ("metrics.jsonl", "summary.json", "resolved_config.yaml")
-    )
-    if nested.is_dir():
-        phases = find_phase_roots(nested)
-        if phases:
-            return _Located("run directory", nested, path, phases)
-        what = (
-            "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
-        )
-        raise ResumeError(
-            f"{key}: {str(path)!r} is a run directory whose checkpoints root {str(nested)!r} {what}: "
-            "the run stopped before its first save (see checkpointing.save_period) - nothing to "
-            "resume from"
-        )
-    if looks_like_run:
-        raise ResumeError(
-            f"{key}: {str(path)!r} is a run directory with no checkpoints "
-            f"({checkpoint_dir_name}/ is missing: checkpointing.enabled was false, or the run wrote "
-            "them under another checkpointing.checkpoint_dir) - nothing to resume from"
-        )
-    if not any(path.iterdir()):
-        raise ResumeError(f"{key}: {str(path)!r} is an empty directory - nothing to resume from")
-    raise ResumeError(
-        f"{key}: {str(path)!r} holds no checkpoint (found {_listing(path)}); expected a run "
-        f"directory, its {checkpoint_dir_name}/ root, a phase root <root>/<phase> or a step "
-        "directory <root>/<phase>/step_<N>"
-    )
-
-
-def _usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[int, Path]:
-    """The newest step directory of a phase root; refuse it when incomplete (never fall back)."""
-    steps = list_step_dirs(phase_root)
-    step, newest = steps[-1]
-    missing = _missing_files(newest, required)
-    if missing:
-        older = [p for _, p in steps[:-1] if not _missing_files(p, required)]
-        alt = (
-            f"; to resume from the older complete checkpoint pass {key}={older[-1]}"
-            if older
-            else "; no older complete checkpoint exists"
-        )
-        raise ResumeError(
-            f"{key}: newest checkpoint {newest} is missing {missing} (a damaged or partly copied "
-            f"checkpoint; refusing to fall back silently){alt}"
-        )
-    return step, newest
+# --- checking a step directory ---
 
 
 def _pickle_reason(path: Path) -> str | None:
@@ -544,7 +406,7 @@ def check_checkpoint_dir(
 
 
 def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool) -> None:
-    missing = _missing_files(step_dir, required)
+    missing = missing_files(step_dir, required)
     if missing:
         raise ResumeError(
             f"{key}: step directory {step_dir} is missing {missing}; it is not a complete checkpoint"
@@ -663,14 +525,14 @@ def resolve_resume(
         else _default_phase_algorithms(phase_names, algorithm)
     )
     key = _RESUME_KEY
-    loc = _locate(resume_from, key, checkpoint_dir_name)
+    loc = locate_checkpoint(resume_from, key, checkpoint_dir_name)
     notes: list[str] = []
     if loc.step_dir is not None:
         step_dir = loc.step_dir
         _check_step_dir(step_dir, key, required_files, verify_integrity)
         meta = read_checkpoint_meta(step_dir)
         phase = meta.phase if meta is not None else step_dir.parent.name
-        step = int(STEP_DIR.match(step_dir.name).group(1))  # type: ignore[union-attr]
+        step = step_of(step_dir)
         if phase not in phase_names:
             raise _foreign_phase(key, step_dir, [phase], phase_names, algorithm)
     else:
@@ -681,7 +543,7 @@ def resolve_resume(
         ignored = sorted(set(loc.phase_roots) - set(phase_names))
         if ignored:
             notes.append(f"ignored checkpoints of other phases {ignored}")
-        step, step_dir = _usable_step(loc.phase_roots[phase], key, required_files)
+        step, step_dir = newest_usable_step(loc.phase_roots[phase], key, required_files)
         _check_step_dir(step_dir, key, required_files, verify_integrity)
         meta = read_checkpoint_meta(step_dir)
     if meta is None:
@@ -801,10 +663,10 @@ def resolve_init_from(
         nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
     """
     key = _INIT_KEY
-    loc = _locate(init_from, key, checkpoint_dir_name)
+    loc = locate_checkpoint(init_from, key, checkpoint_dir_name)
     if loc.step_dir is not None:
         step_dir = loc.step_dir
-        step = int(STEP_DIR.match(step_dir.name).group(1))  # type: ignore[union-attr]
+        step = step_of(step_dir)
     else:
         finals = [p for p in loc.phase_roots if p != WARM_START_PHASE]
         if len(finals) > 1:
@@ -813,7 +675,7 @@ def resolve_init_from(
                 f"pass one phase root, e.g. {key}={loc.phase_roots[sorted(finals)[0]]}"
             )
         phase_name = finals[0] if finals else WARM_START_PHASE
-        step, step_dir = _usable_step(loc.phase_roots[phase_name], key, required_files)
+        step, step_dir = newest_usable_step(loc.phase_roots[phase_name], key, required_files)
     _check_step_dir(step_dir, key, required_files, verify_integrity)
     meta = read_checkpoint_meta(step_dir)
     phase = meta.phase if meta is not None else step_dir.parent.name

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_dp.training.resume import ResumePlan, find_phase_roots, list_step_dirs
+from nemo_dp.training.checkpoint_discovery import find_phase_roots, list_step_dirs
+from nemo_dp.training.resume import ResumePlan
 
 __all__ = [
     "RUN_MARKER",
@@ -226,8 +227,8 @@ class RunDirDecision:
                 redo = list(steps)
             else:
                 continue
-            for _, path in list_step_dirs(ckpt_root / phase):
-                if int(path.name.split("_")[1]) in redo:
+            for step, path in list_step_dirs(ckpt_root / phase):
+                if step in redo:
                     moves.append((path, dest_root / phase / path.name))
         for src, dst in moves:
             dst.parent.mkdir(parents=True, exist_ok=True)

@@ -297,8 +297,10 @@ def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     """The committed ``step_<N>`` directory with the largest N under ``root``.
 
-    Temp (``*.tmp-*``) and displaced (``*.old-*``) siblings and directories without a manifest
-    are ignored.
+    Superseded by ``nemo_dp.training.checkpoint_discovery.latest_checkpoint`` (the same rule);
+    kept only until ``nemo_dp.training.run_record.last_good_checkpoint`` calls
+    ``newest_checkpoint`` there, then deleted.  Temp (``*.tmp-*``) and displaced (``*.old-*``)
+    siblings and directories without a manifest are ignored.
 
     Args:
         root: Checkpoint root directory (may not exist).

@@ -90,7 +90,7 @@ def run_architectures(out_dir: Path, model_dirs: dict[str, Path]) -> dict[str, A
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
     from nemo_dp.models.builders import validate_policy
     from nemo_dp.training import main_phase, make_policy, make_tokenizer, phase_checkpointer, phase_logger, run_phase
-    from nemo_dp.utils.checkpoint import latest_checkpoint
+    from nemo_dp.training.checkpoint_discovery import latest_checkpoint
     from nemo_dp.utils.metrics import read_metrics
 
     first = _compose(model_dirs[ARCHS[0]], "sft")

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_dp.utils.checkpoint import latest_checkpoint, load_training_checkpoint
+from nemo_dp.training.checkpoint_discovery import latest_checkpoint
+from nemo_dp.utils.checkpoint import load_training_checkpoint
 from tests.e2e.test_sft_parity import CKPT, COMPARED, SFT_OVERRIDES, read_metrics, run_launcher, straight_run
 
 

@@ -136,7 +136,8 @@ def test_parquet_with_renamed_columns_and_two_rewards_legacy_equals_tq(tmp_path:
 
 
 def test_a_reward_that_raises_at_step_2_fails_the_run_after_recording_it(tmp_path: Path) -> None:
-    from nemo_dp.utils.checkpoint import latest_checkpoint, load_training_checkpoint
+    from nemo_dp.training.checkpoint_discovery import latest_checkpoint
+    from nemo_dp.utils.checkpoint import load_training_checkpoint
 
     train, _, rewards = _data(tmp_path)
     run = tmp_path / "run"

@@ -58,7 +58,7 @@ def run_warm_start(out_dir: Path, env: dict[str, str]) -> Path:
     """
     from nemo_dp.config import validate_config
     from nemo_dp.training import Checkpointer, make_policy, make_tokenizer, phase_logger, run_phase, warm_start_phase
-    from nemo_dp.utils.checkpoint import latest_checkpoint
+    from nemo_dp.training.checkpoint_discovery import latest_checkpoint
     from tests.e2e.conftest import WARM_START_OVERRIDES
 
     cfg = _compose(WARM_START_OVERRIDES)

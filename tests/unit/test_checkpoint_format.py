@@ -21,10 +21,10 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.models.builders import build_tokenizer, load_pretrained_model
 from nemo_dp.models.hf.make_tiny import ensure_tiny_checkpoint
 from nemo_dp.models.policy.worker import PolicyWorker
+from nemo_dp.training.checkpoint_discovery import latest_checkpoint
 from nemo_dp.utils import checkpoint as ckpt
 from nemo_dp.utils.checkpoint import (
     checkpoint_dir_for_step,
-    latest_checkpoint,
     load_training_checkpoint,
     save_training_checkpoint,
 )

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from nemo_dp.models.tiny.model import ModelConfig, TinyCausalLM
+from nemo_dp.training.checkpoint_discovery import latest_checkpoint
 from nemo_dp.utils.checkpoint import (
     checkpoint_dir_for_step,
-    latest_checkpoint,
     load_training_checkpoint,
     save_training_checkpoint,
 )

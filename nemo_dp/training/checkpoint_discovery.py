@@ -1,0 +1,363 @@
+"""Finding checkpoints on disk: ``step_<N>`` directories, phase roots, checkpoints roots, run
+directories, and the one checkpoint a path given by the user names (``checkpointing.resume_from``,
+``policy.init_from``, ``checkpoint=`` of ``launchers/evaluate.py``)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nemo_dp.utils.checkpoint import STATE_FILE, STATE_JSON, STEP_DIR
+from nemo_dp.utils.checkpoint_io import MANIFEST_NAME
+
+__all__ = [
+    "RUN_CONFIG_FILE",
+    "ResumeError",
+    "step_of",
+    "list_step_dirs",
+    "latest_checkpoint",
+    "newest_checkpoint",
+    "find_phase_roots",
+    "temp_step_dirs",
+    "run_dir_of",
+    "find_run_dir",
+    "missing_files",
+    "Located",
+    "classify_checkpoint_dir",
+    "locate_checkpoint",
+    "newest_usable_step",
+]
+
+#: The resolved config that every run writes into its run directory.
+RUN_CONFIG_FILE = "resolved_config.yaml"
+#: What a killed checkpoint write leaves: the temp sibling ``step_<N>.tmp-<hex>``.
+_TEMP_STEP_DIR = re.compile(r"^step_\d+\.tmp-[0-9a-f]+$")
+
+
+class ResumeError(ValueError):
+    """``checkpointing.resume_from`` / ``policy.init_from`` holds no usable checkpoint."""
+
+
+# --- step directories of one phase root ---
+
+
+def step_of(path: str | os.PathLike[str]) -> int | None:
+    """The step ``N`` of a ``step_<N>`` directory, read from its name.
+
+    Args:
+        path: A path; only its last component is read.
+
+    Returns:
+        ``N``, or ``None`` when the name is not ``step_<N>`` (temp ``*.tmp-*`` and displaced
+        ``*.old-*`` siblings are not).
+    """
+    m = STEP_DIR.match(Path(path).name)
+    return None if m is None else int(m.group(1))
+
+
+def list_step_dirs(phase_root: str | os.PathLike[str], *, committed: bool = False) -> list[tuple[int, Path]]:
+    """Every ``step_<N>`` directory under a phase root, oldest first.
+
+    Temp (``*.tmp-*``) and displaced (``*.old-*``) siblings do not match and are not listed.
+
+    Args:
+        phase_root: ``<checkpoints root>/<phase>`` (may not exist).
+        committed: List only those holding ``manifest.json`` (whose atomic write finished).
+
+    Returns:
+        ``[(N, path), ...]`` sorted by N.
+    """
+    root = Path(phase_root)
+    if not root.is_dir():
+        return []
+    out = []
+    for child in root.iterdir():
+        step = step_of(child)
+        if step is None or not child.is_dir():
+            continue
+        if committed and not (child / MANIFEST_NAME).is_file():
+            continue
+        out.append((step, child))
+    return sorted(out)
+
+
+def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The committed ``step_<N>`` directory with the largest N under ``root``.
+
+    Temp (``*.tmp-*``) and displaced (``*.old-*``) siblings and directories without a manifest
+    or a state file are ignored.
+
+    Args:
+        root: Checkpoint root directory of one phase (may not exist).
+
+    Returns:
+        The path, or None when there is no committed checkpoint.
+    """
+    for _, path in reversed(list_step_dirs(root, committed=True)):
+        if (path / STATE_JSON).is_file() or (path / STATE_FILE).is_file():
+            return path
+    return None
+
+
+def newest_checkpoint(
+    checkpoints_root: str | os.PathLike[str] | None, phase_names: Sequence[str] = ()
+) -> Path | None:
+    """The newest committed checkpoint of the latest phase that has one.
+
+    Args:
+        checkpoints_root: A run's checkpoints root (may be ``None`` or not exist).
+        phase_names: The run's phases in execution order; empty: every sub-directory of
+            ``checkpoints_root``, in name order.
+
+    Returns:
+        The step directory (:func:`latest_checkpoint` of that phase), or ``None``.
+    """
+    if checkpoints_root is None or not Path(checkpoints_root).is_dir():
+        return None
+    root = Path(checkpoints_root)
+    names = list(phase_names) or sorted(p.name for p in root.iterdir() if p.is_dir())
+    for name in reversed(names):
+        found = latest_checkpoint(root / name)
+        if found is not None:
+            return found
+    return None
+
+
+# --- phase roots and run directories ---
+
+
+def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: bool = False) -> dict[str, Path]:
+    """Sub-directories of a checkpoints root that hold at least one step directory.
+
+    Args:
+        checkpoints_root: A run's ``checkpointing.checkpoint_dir`` (may not exist).
+        committed: Count only committed step directories (see :func:`list_step_dirs`).
+
+    Returns:
+        ``{phase name: phase root}`` sorted by name.
+    """
+    root = Path(checkpoints_root)
+    if not root.is_dir():
+        return {}
+    return {
+        c.name: c for c in sorted(root.iterdir()) if c.is_dir() and list_step_dirs(c, committed=committed)
+    }
+
+
+def temp_step_dirs(checkpoints_root: str | os.PathLike[str]) -> list[Path]:
+    """The ``step_<N>.tmp-<hex>`` directories that killed checkpoint writes left in the phase roots.
+
+    Symbolic links (a phase root or a temp directory) are not followed or listed.
+
+    Args:
+        checkpoints_root: A run's checkpoints root (may not exist).
+
+    Returns:
+        The directories, by phase root name and then by name.
+    """
+    root = Path(checkpoints_root)
+    if not root.is_dir():
+        return []
+    return [
+        child
+        for phase_root in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+        for child in sorted(phase_root.iterdir())
+        if _TEMP_STEP_DIR.match(child.name) and child.is_dir() and not child.is_symlink()
+    ]
+
+
+def run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None:
+    """The run directory owning a checkpoints root, by the root's name.
+
+    Args:
+        checkpoints_root: A checkpoints root.
+        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (relative to the run directory).
+
+    Returns:
+        ``<run>`` when ``checkpoints_root`` is ``<run>/<checkpoint_dir_name>``, else ``None``.
+    """
+    parts = Path(checkpoint_dir_name).parts
+    if not parts or Path(checkpoint_dir_name).is_absolute():
+        return None
+    if checkpoints_root.parts[-len(parts) :] != parts:
+        return None
+    return Path(*checkpoints_root.parts[: -len(parts)])
+
+
+def find_run_dir(start: Path) -> Path | None:
+    """The run directory holding ``start``: the nearest of it and its parents with a run config.
+
+    Args:
+        start: A path inside a run directory (or the run directory).
+
+    Returns:
+        The directory holding :data:`RUN_CONFIG_FILE`, or ``None``.
+    """
+    for candidate in (start, *start.parents):
+        if (candidate / RUN_CONFIG_FILE).is_file():
+            return candidate
+    return None
+
+
+# --- the checkpoint a given path names ---
+
+
+def missing_files(step_dir: Path, required: Sequence[str]) -> list[str]:
+    """The files of ``required`` that a step directory lacks.
+
+    Args:
+        step_dir: A step directory.
+        required: File names a complete step directory holds.
+
+    Returns:
+        The missing names, in the order of ``required``.
+    """
+    return [name for name in required if not (step_dir / name).is_file()]
+
+
+def _listing(path: Path, limit: int = 6) -> str:
+    names = sorted(c.name + ("/" if c.is_dir() else "") for c in path.iterdir())
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{names[:limit]}{more}"
+
+
+@dataclass
+class Located:
+    """What a path given by the user turned out to be.
+
+    Attributes:
+        kind: ``step directory``, ``phase root``, ``checkpoints root`` or ``run directory``.
+        checkpoints_root: The checkpoints root holding the checkpoint(s).
+        run_dir: The run directory owning that root (``None`` when it is not
+            ``<run>/<checkpoint_dir_name>``).
+        phase_roots: ``{phase name: phase root}`` of the phases found.
+        step_dir: The step directory (kind ``step directory`` only).
+    """
+
+    kind: str
+    checkpoints_root: Path
+    run_dir: Path | None
+    phase_roots: dict[str, Path] = field(default_factory=dict)
+    step_dir: Path | None = None
+
+
+def classify_checkpoint_dir(
+    path: Path, *, checkpoint_dir_name: str = "checkpoints", committed: bool = False
+) -> Located | None:
+    """Whether an existing directory is a step directory, a phase root or a checkpoints root.
+
+    Checked in that order: a ``step_<N>`` name, then step directories inside it, then phase
+    roots inside it.  The run-directory form (``<run>/<checkpoint_dir_name>`` holding phase
+    roots) is left to the caller.
+
+    Args:
+        path: The directory.
+        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (to find :attr:`Located.run_dir`).
+        committed: Count only committed step directories (see :func:`list_step_dirs`).
+
+    Returns:
+        What it is, or ``None`` when it is none of the three.
+    """
+    if step_of(path) is not None:
+        root, phase_root = path.parent.parent, path.parent
+        run_dir = run_dir_of(root, checkpoint_dir_name)
+        return Located("step directory", root, run_dir, {phase_root.name: phase_root}, path)
+    if list_step_dirs(path, committed=committed):
+        root = path.parent
+        return Located("phase root", root, run_dir_of(root, checkpoint_dir_name), {path.name: path})
+    phases = find_phase_roots(path, committed=committed)
+    if phases:
+        return Located("checkpoints root", path, run_dir_of(path, checkpoint_dir_name), phases)
+    return None
+
+
+def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir_name: str) -> Located:
+    """Classify a resume / init path as a step directory, phase root, checkpoints root or run directory.
+
+    Args:
+        path_str: The given path (made absolute; symbolic links are kept).
+        key: The config key that gave it (for the messages).
+        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
+
+    Returns:
+        What it is.
+
+    Raises:
+        ResumeError: It does not exist, is a file, or holds no step directory in any of the
+            four forms (the message says what was found).
+    """
+    path = Path(os.path.abspath(os.fspath(path_str)))
+    if not path.exists():
+        raise ResumeError(f"{key}: {str(path)!r} does not exist")
+    if path.is_file():
+        parent = (
+            f"; pass its step directory {str(path.parent)!r}" if step_of(path.parent) is not None else ""
+        )
+        raise ResumeError(f"{key}: {str(path)!r} is a file, not a checkpoint directory{parent}")
+    located = classify_checkpoint_dir(path, checkpoint_dir_name=checkpoint_dir_name)
+    if located is not None:
+        return located
+    nested = path / checkpoint_dir_name
+    looks_like_run = (path / ".hydra").is_dir() or any(
+        (path / n).exists() for n in ("metrics.jsonl", "summary.json", RUN_CONFIG_FILE)
+    )
+    if nested.is_dir():
+        phases = find_phase_roots(nested)
+        if phases:
+            return Located("run directory", nested, path, phases)
+        what = (
+            "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
+        )
+        raise ResumeError(
+            f"{key}: {str(path)!r} is a run directory whose checkpoints root {str(nested)!r} {what}: "
+            "the run stopped before its first save (see checkpointing.save_period) - nothing to "
+            "resume from"
+        )
+    if looks_like_run:
+        raise ResumeError(
+            f"{key}: {str(path)!r} is a run directory with no checkpoints "
+            f"({checkpoint_dir_name}/ is missing: checkpointing.enabled was false, or the run wrote "
+            "them under another checkpointing.checkpoint_dir) - nothing to resume from"
+        )
+    if not any(path.iterdir()):
+        raise ResumeError(f"{key}: {str(path)!r} is an empty directory - nothing to resume from")
+    raise ResumeError(
+        f"{key}: {str(path)!r} holds no checkpoint (found {_listing(path)}); expected a run "
+        f"directory, its {checkpoint_dir_name}/ root, a phase root <root>/<phase> or a step "
+        "directory <root>/<phase>/step_<N>"
+    )
+
+
+def newest_usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[int, Path]:
+    """The newest step directory of a phase root, refused when incomplete (never a fallback).
+
+    Args:
+        phase_root: A phase root holding at least one step directory.
+        key: The config key that named it (for the message).
+        required: Files a complete step directory holds.
+
+    Returns:
+        ``(N, step directory)``.
+
+    Raises:
+        ResumeError: The newest step directory lacks a required file (the message names the
+            newest older complete one, if any).
+    """
+    steps = list_step_dirs(phase_root)
+    step, newest = steps[-1]
+    missing = missing_files(newest, required)
+    if missing:
+        older = [p for _, p in steps[:-1] if not missing_files(p, required)]
+        alt = (
+            f"; to resume from the older complete checkpoint pass {key}={older[-1]}"
+            if older
+            else "; no older complete checkpoint exists"
+        )
+        raise ResumeError(
+            f"{key}: newest checkpoint {newest} is missing {missing} (a damaged or partly copied "
+            f"checkpoint; refusing to fall back silently){alt}"
+        )
+    return step, newest
