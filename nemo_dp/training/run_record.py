@@ -137,17 +137,9 @@ def last_good_checkpoint(record: RunRecord) -> Path | None:
     Returns:
         The step directory.
     """
-    from nemo_dp.utils.checkpoint import latest_checkpoint
+    from nemo_dp.training.checkpoint_discovery import newest_checkpoint
 
-    root = record.checkpoint_root
-    if root is None or not root.is_dir():
-        return None
-    names = list(record.phase_names) or sorted(p.name for p in root.iterdir() if p.is_dir())
-    for name in reversed(names):
-        found = latest_checkpoint(root / name)
-        if found is not None:
-            return found
-    return None
+    return newest_checkpoint(record.checkpoint_root, record.phase_names)
 
 
 def resume_command(run_dir: Path) -> str:

@@ -37,7 +37,6 @@ __all__ = [
     "write_training_state",
     "save_training_checkpoint",
     "load_training_checkpoint",
-    "latest_checkpoint",
 ]
 
 CHECKPOINT_FORMAT = "nemo_dp.training_checkpoint"
@@ -292,33 +291,3 @@ def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"load_training_checkpoint: {base / STATE_JSON} is corrupt: {exc}") from exc
     return _decode(tree, load_file(str(base / TENSORS_FILE)), base)
-
-
-def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The committed ``step_<N>`` directory with the largest N under ``root``.
-
-    Superseded by ``nemo_dp.training.checkpoint_discovery.latest_checkpoint`` (the same rule);
-    kept only until ``nemo_dp.training.run_record.last_good_checkpoint`` calls
-    ``newest_checkpoint`` there, then deleted.  Temp (``*.tmp-*``) and displaced (``*.old-*``)
-    siblings and directories without a manifest are ignored.
-
-    Args:
-        root: Checkpoint root directory (may not exist).
-
-    Returns:
-        The path, or None when there is no committed checkpoint.
-    """
-    base = Path(root)
-    if not base.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
-    for child in base.iterdir():
-        m = STEP_DIR.match(child.name)
-        if m is None or not (child / "manifest.json").is_file():
-            continue
-        if not ((child / STATE_JSON).is_file() or (child / STATE_FILE).is_file()):
-            continue
-        step = int(m.group(1))
-        if best is None or step > best[0]:
-            best = (step, child)
-    return None if best is None else best[1]
