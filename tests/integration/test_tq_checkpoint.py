@@ -25,6 +25,9 @@ from nemo_dp.data_plane.adapters.transfer_queue import (
     TQDataPlaneClient,
 )
 
+from nemo_dp.data_plane.adapters.transfer_queue.checkpoint_format import OLD_FILES
+from nemo_dp.data_plane.typed_checkpoint import read_checkpoint
+
 from .conftest import TQSession, tq_test_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -203,16 +206,24 @@ def test_load_never_reads_a_pickle_planted_in_the_checkpoint(
     ck = tmp_path / "ck"
     a.save_checkpoint(ck, metadata={})
     marker = tmp_path / "code_ran"
+    planted: dict[str, Path] = {}
     for rel in OLD_TQ_FILES:
         bad = tmp_path / f"bad_{Path(rel).name}"
         shutil.copytree(ck, bad)
-        planted = _plant(bad, rel, marker)
-        b = tq_session.fresh()
+        planted[rel] = _plant(bad, rel, marker)
+        # The reader load_checkpoint runs first, before it touches the store (no system needed).
         with pytest.raises(ValueError, match="not part of its format") as info:
-            b.load_checkpoint(bad)
-        assert str(planted) in str(info.value)
+            read_checkpoint(bad, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, OLD_FILES)
+        assert str(planted[rel]) in str(info.value)
         assert not marker.exists(), rel
-        assert b.list_sample_ids(tq_pid) == []  # refused before anything was restored
+    # The whole load through a clean client: refused the same way, before anything is restored.
+    rel = OLD_TQ_FILES[0]
+    b = tq_session.fresh()
+    with pytest.raises(ValueError, match="not part of its format") as info:
+        b.load_checkpoint(tmp_path / f"bad_{Path(rel).name}")
+    assert str(planted[rel]) in str(info.value)
+    assert not marker.exists()
+    assert b.list_sample_ids(tq_pid) == []
     # The old format (version 1: the library's pickles, with its manifest) is refused unread.
     old = tmp_path / "old"
     old.mkdir()
