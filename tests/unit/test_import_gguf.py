@@ -34,6 +34,30 @@ def test_the_header_architecture_is_read(tmp_path: Path) -> None:
     assert {"llama", "qwen2"} <= set(SUPPORTED_ARCHITECTURES)
 
 
+@pytest.mark.parametrize("endian", ["LITTLE", "BIG"])
+def test_the_architecture_is_found_after_other_entries_and_a_cut_header_is_refused(tmp_path: Path, endian: str) -> None:
+    import gguf
+
+    path = tmp_path / "late.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=getattr(gguf.GGUFEndian, endian))
+    arch = writer.kv_data[0].pop("general.architecture")
+    writer.add_string("general.name", "late")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bc", "def"])
+    writer.add_array("tokenizer.ggml.scores", [0.5, 1.5, 2.5])
+    writer.add_uint32("llama.block_count", 2)
+    writer.kv_data[0]["general.architecture"] = arch  # last, after entries of every kind
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_architecture(path) == "llama"
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:60])
+    with pytest.raises(ValueError, match="not a readable GGUF file: the header ends early"):
+        gguf_architecture(cut)
+
+
 def test_an_unsupported_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path: Path) -> None:
     src = _write_gguf(tmp_path / "mamba.gguf", "mamba")
     out = tmp_path / "out"
