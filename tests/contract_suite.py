@@ -733,10 +733,10 @@ class DataPlaneContract:
 
     # --- checkpoint round trip -----------------------------------------------------------
     def test_checkpoint_round_trip(
-        self, fresh_client: Callable[[], DataPlaneClient], read_table: Callable, tmp_path: Path, pid: str
+        self, client: DataPlaneClient, fresh_client: Callable[[], DataPlaneClient], read_table: Callable, tmp_path: Path, pid: str
     ) -> None:
         ck = tmp_path / "nested" / "ck"
-        a = fresh_client()
+        a = client  # saving needs no clean client; each load below gets a fresh one
         batch = make_batch(4, seed=10)
         self._register(a, pid, n=4)
         a.put_samples(batch.ids, pid, batch.td, tags=batch.tags)
@@ -762,10 +762,10 @@ class DataPlaneContract:
 
     # --- load only into a clean client ---------------------------------------------------
     def test_load_requires_a_clean_client(
-        self, fresh_client: Callable[[], DataPlaneClient], tmp_path: Path, pid: str
+        self, client: DataPlaneClient, fresh_client: Callable[[], DataPlaneClient], tmp_path: Path, pid: str
     ) -> None:
         ck = tmp_path / "ck"
-        a = fresh_client()
+        a = client  # saving needs no clean client; each load below gets a fresh one
         a.register_partition(pid, ["x"], 2, ["t"])
         a.put_samples(["a", "b"], pid, dense_td(2))
         a.save_checkpoint(ck, metadata={"k": "v"})
@@ -781,6 +781,7 @@ class DataPlaneContract:
     # --- atomic saves -------------------------------------------------------------
     def test_failed_saves_keep_previous_checkpoint(
         self,
+        client: DataPlaneClient,
         fresh_client: Callable[[], DataPlaneClient],
         read_table: Callable,
         tmp_path: Path,
@@ -792,7 +793,7 @@ class DataPlaneContract:
         def siblings() -> list[str]:
             return sorted(p.name for p in tmp_path.iterdir() if p.name != "ck")
 
-        a = fresh_client()
+        a = client  # saving needs no clean client; each load below gets a fresh one
         a.register_partition(pid, ["x"], 2, ["t"])
         a.put_samples(["a", "b"], pid, dense_td(2))
 
@@ -843,9 +844,9 @@ class DataPlaneContract:
 
     # --- pickles are never loaded ----------------------------------------------------------
     def test_checkpoint_pickles_are_refused_unread(
-        self, fresh_client: Callable[[], DataPlaneClient], tmp_path: Path, pid: str, monkeypatch: pytest.MonkeyPatch
+        self, client: DataPlaneClient, fresh_client: Callable[[], DataPlaneClient], tmp_path: Path, pid: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        a = fresh_client()
+        a = client  # saving needs no clean client; each load below gets a fresh one
         a.register_partition(pid, ["x"], 2, ["t"])
         a.put_samples(["a", "b"], pid, dense_td(2))
         ck = tmp_path / "ck"
@@ -930,9 +931,9 @@ class DataPlaneContract:
             client.get_samples(dropped[:1], pid, ["img"])
 
     def test_multimodal_checkpoint_round_trip(
-        self, fresh_client: Callable[[], DataPlaneClient], read_table: Callable, tmp_path: Path, pid: str
+        self, client: DataPlaneClient, fresh_client: Callable[[], DataPlaneClient], read_table: Callable, tmp_path: Path, pid: str
     ) -> None:
-        a = fresh_client()
+        a = client  # saving needs no clean client; each load below gets a fresh one
         batch, _ = self._put_multimodal(a, pid)
         a.save_checkpoint(tmp_path / "ck", metadata={"mm": True})
         b = fresh_client()
