@@ -135,9 +135,27 @@ class PartitionBook(Generic[R]):
             partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
         )
 
-    def add(self, part: R) -> R:
-        """Register a new partition record built from a checked registration; fresh claims."""
-        part.claimed = {t: set() for t in part.consumer_tasks}
+    def add(self, record_type: type[R], reg: Registration, **extra: Any) -> R:
+        """Register a new ``record_type`` record for a checked registration, with fresh claims.
+
+        Args:
+            record_type: The adapter's record class.
+            reg: What :meth:`check_new` returned.
+            **extra: The record's own fields (e.g. Local's ``generation``).
+
+        Returns:
+            The new record.
+        """
+        part = record_type(
+            partition_id=reg.partition_id,
+            fields=tuple(reg.fields),
+            num_samples=reg.num_samples,
+            consumer_tasks=tuple(reg.tasks),
+            grpo_group_size=reg.grpo_group_size,
+            enums=reg.enums,
+            claimed={t: set() for t in reg.tasks},
+            **extra,
+        )
         self.partitions[part.partition_id] = part
         return part
 

@@ -204,14 +204,20 @@ class Registration:
     """A checked ``register_partition`` request.
 
     Attributes:
+        partition_id: The partition's id.
         fields: Declared field names, in order.
         tasks: Consumer task names, in order.
         enums: field -> its vocabulary.
+        num_samples: Declared row count.
+        grpo_group_size: Declared group size, or ``None``.
     """
 
+    partition_id: str
     fields: list[str]
     tasks: list[str]
     enums: dict[str, tuple[str, ...]]
+    num_samples: int
+    grpo_group_size: int | None
 
 
 def check_registration(
@@ -254,7 +260,7 @@ def check_registration(
         words = check_names(vocab, f"enums[{name!r}]")
         _check_unique(words, f"enums[{name!r}] vocabulary")
         enum_map[name] = tuple(words)
-    return Registration(field_list, task_list, enum_map)
+    return Registration(partition_id, field_list, task_list, enum_map, num_samples, grpo_group_size)
 
 
 # --- claims and consumption -------------------------------------------------------------------

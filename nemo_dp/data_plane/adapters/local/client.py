@@ -117,15 +117,7 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
                     "or raise data_plane.max_partitions."
                 )
             self._generation += 1
-            self._book.add(Partition(
-                partition_id=partition_id,
-                fields=tuple(reg.fields),
-                num_samples=num_samples,
-                consumer_tasks=tuple(reg.tasks),
-                grpo_group_size=grpo_group_size,
-                enums=reg.enums,
-                generation=self._generation,
-            ))
+            self._book.add(Partition, reg, generation=self._generation)
 
     def claim_meta(
         self,

@@ -158,16 +158,7 @@ class StoreState:
         reg = self.book.check_new(
             partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
         )
-        self.book.add(
-            PartitionState(
-                partition_id=partition_id,
-                fields=tuple(reg.fields),
-                num_samples=num_samples,
-                consumer_tasks=tuple(reg.tasks),
-                grpo_group_size=grpo_group_size,
-                enums=reg.enums,
-            )
-        )
+        self.book.add(PartitionState, reg)
 
     # --- puts ---------------------------------------------------------------------------------
     def put(
