@@ -3,10 +3,11 @@
 ``write_dataset`` writes a few PNGs (the built-in visual task's renderer) and ``sft.jsonl`` /
 ``rl.jsonl`` / ``val.jsonl`` chat files whose image parts name them relative to the file, and
 a user's reward function that checks each row's image path (``REWARD_FILE``).
-``vlm_parity.py`` runs, on ``policy=hf_vlm`` with ``env.sft_data`` / ``env.rl_data`` /
-``env.val_data`` set (``base_overrides``), VLM SFT (``SFT_RUNS``) on ``disabled`` and ``tq``
-from the checkpoint's weights, then VLM GRPO (``GRPO_RUNS``) on both from the legacy SFT's
-final policy state; each config goes through ``validate_datasets`` (the check before Ray) first.
+``vlm_parity.py`` runs them with its own settings, ``env=visual`` replaced by
+``data_overrides`` (``env.sft_data`` / ``env.rl_data`` / ``env.val_data`` and the reward):
+VLM SFT (``SFT_RUNS``) on ``disabled`` and ``tq`` from the checkpoint's weights, then VLM GRPO
+(``GRPO_RUNS``) on both from the legacy SFT's final policy state; each config goes through
+``validate_datasets`` (the check before Ray) first.
 """
 
 from __future__ import annotations
@@ -63,29 +64,14 @@ def write_dataset(data_dir: Path) -> dict[str, Path]:
     return out
 
 
-def base_overrides(model_dir: Path, files: dict[str, Path]) -> tuple[str, ...]:
-    """Settings every run shares (the algorithm and the data plane vary)."""
+def data_overrides(files: dict[str, Path]) -> tuple[str, ...]:
+    """The dataset and reward keys that replace ``env=visual`` in the parity runs' settings."""
     return (
-        "~recipe",
-        "policy=hf_vlm",
-        f"policy.model_name_or_path={model_dir}",
         f"env.sft_data={files['sft']}",
         f"env.rl_data={files['rl']}",
         f"env.val_data={files['val']}",
         f"env.reward={files['reward']}:parity",
-        "seed=3",
-        "policy.dp_size=2",
-        "policy.train_global_batch_size=8",
-        "policy.train_micro_batch_size=4",
-        "policy.logprob_batch_size=8",
-        "policy.generation_batch_size=8",
-        "policy.optimizer.warmup_steps=0",
-        "policy.generation.max_new_tokens=2",
         "algorithm.val_samples=4",
-        "algorithm.val_period=0",
-        "checkpointing.enabled=false",
-        "logger.plot=false",
-        "logger.progress_bar=false",
     )
 
 

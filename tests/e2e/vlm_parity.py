@@ -170,7 +170,8 @@ def main(out_dir: Path, model_dir: Path) -> None:
     try:
         base = [*VLM_BASE, f"policy.model_name_or_path={model_dir}"]
         result["runs"] = _sft_then_grpo(base, SFT_RUNS, GRPO_RUNS, out_dir, env, policies)
-        image_base = image_data.base_overrides(model_dir, image_data.write_dataset(out_dir / "data"))
+        shared = [o for o in base if o != "env=visual" and not o.startswith("algorithm.val_samples=")]
+        image_base = [*shared, *image_data.data_overrides(image_data.write_dataset(out_dir / "data"))]
         result["image_runs"] = _sft_then_grpo(
             image_base, image_data.SFT_RUNS, image_data.GRPO_RUNS, out_dir / "image_data", env, policies,
             check_data=True,
