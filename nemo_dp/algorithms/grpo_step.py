@@ -28,6 +28,7 @@ from nemo_dp.algorithms.trainer_common import (
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import reward_part_means
+from nemo_dp.models.token_ops import rollout_sample_mask
 
 __all__ = ["StepRows", "GRPOBatchPath", "collect_grpo_rows", "run_grpo"]
 
@@ -211,9 +212,7 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
             t_gen = time.perf_counter() - t0
             carry = rows.carry
             adv = grpo_advantages(carry["rewards"], carry["baseline"], carry["std"], bool(algo.normalize_rewards))
-            sample_mask = torch.ones(rows.size, dtype=torch.float32)
-            if bool(algo.overlong_filtering):
-                sample_mask = sample_mask * (~carry["truncated"].bool()).float()
+            sample_mask = rollout_sample_mask(carry["truncated"], overlong_filtering=bool(algo.overlong_filtering))
             t1 = time.perf_counter()
             train_input = path.logprobs(rows, adv, sample_mask, plan)
             t_lp = time.perf_counter() - t1

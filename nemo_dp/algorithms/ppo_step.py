@@ -26,6 +26,7 @@ from nemo_dp.algorithms.ppo_common import (
 )
 from nemo_dp.algorithms.trainer_common import sample_seeds, save_if_due, trainer_state, validate_at_start
 from nemo_dp.environments.weighted import reward_part_means
+from nemo_dp.models.token_ops import rollout_sample_mask
 
 __all__ = ["PPOBatchPath", "TARGET_INPUTS", "run_ppo"]
 
@@ -108,9 +109,7 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
             rows = path.rollout(problems, seeds, group=group, step=step)
             carry = rows.carry
             t_gen = time.perf_counter() - t0
-            sample_mask = torch.ones(rows.size, dtype=torch.float32)
-            if bool(algo.overlong_filtering):
-                sample_mask = sample_mask * (~carry["truncated"].bool()).float()
+            sample_mask = rollout_sample_mask(carry["truncated"], overlong_filtering=bool(algo.overlong_filtering))
             t1 = time.perf_counter()
             data = path.forward(rows, sample_mask)
             t_fwd = time.perf_counter() - t1

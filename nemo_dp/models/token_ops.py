@@ -9,7 +9,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["token_logprobs_from_logits", "align_values", "first_logits_position", "first_masked_columns"]
+__all__ = [
+    "token_logprobs_from_logits",
+    "align_values",
+    "first_logits_position",
+    "first_masked_columns",
+    "rollout_sample_mask",
+]
 
 
 def first_logits_position(token_mask: torch.Tensor) -> int:
@@ -89,3 +95,19 @@ def align_values(head_out: torch.Tensor) -> torch.Tensor:
             f"align_values: expected value-head output [B, S], got shape {tuple(head_out.shape)}"
         )
     return F.pad(head_out[:, :-1].float(), (1, 0), value=0.0)
+
+
+def rollout_sample_mask(truncated: torch.Tensor, *, overlong_filtering: bool) -> torch.Tensor:
+    """The per-sample loss mask of a rollout: all ones, or zero on truncated responses.
+
+    Args:
+        truncated: ``[B]``, nonzero where the response hit ``max_new_tokens``.
+        overlong_filtering: ``algorithm.overlong_filtering``: drop truncated responses.
+
+    Returns:
+        float32 ``[B]``.
+    """
+    mask = torch.ones(truncated.shape[0], dtype=torch.float32)
+    if overlong_filtering:
+        mask = mask * (~truncated.bool()).float()
+    return mask

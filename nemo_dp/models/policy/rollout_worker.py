@@ -36,6 +36,7 @@ from nemo_dp.models.builders import build_model, cfg_get
 from nemo_dp.models.generation import generate as generate_tokens
 from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
 from nemo_dp.models.precision import resolve_precision
+from nemo_dp.models.token_ops import rollout_sample_mask
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
 __all__ = [
@@ -262,9 +263,7 @@ class RolloutWorker:
                 f"{tuple(std.shape)}, {tuple(adv.shape)} for {n} rewards"
             )
         truncated = out["truncated"].to(torch.bool)
-        sample_mask = torch.ones(n, dtype=torch.float32)
-        if self.overlong_filtering:
-            sample_mask = sample_mask * (~truncated).float()
+        sample_mask = rollout_sample_mask(truncated, overlong_filtering=self.overlong_filtering)
         token_mask = out[TOKEN_MASK]
         gen_s = time.perf_counter() - t0
         response_lengths = token_mask.sum(dim=1).to(torch.int32)
