@@ -1,15 +1,19 @@
-"""The open/closed/bootstrap plumbing every data-plane client shares, and config coercion.
+"""The public calls, lifetime plumbing and config coercion every data-plane client shares.
 
-:class:`BaseDataPlaneClient` keeps a client's lifetime flags (closed, used, bootstrapping) and
-the errors that go with them, the polling loop of a claim against shared metadata and the
-``get_data`` that resolves fields and reads by key, so that each adapter's client only moves its
-bytes.
+:class:`BaseDataPlaneClient` states each ``DataPlaneClient`` call once (signature, contract,
+argument handling) and hands the backend's part to a short protected hook (``_register``,
+``_claim``, ``_put``, ...).  It also keeps a client's lifetime flags (closed, used,
+bootstrapping) and the errors that go with them, the polling loop of a claim against shared
+metadata and the ``get_data`` that resolves fields and reads by key, so that each adapter's
+client only moves its bytes.
 """
 
 from __future__ import annotations
 
+import abc
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any, ClassVar, TypeVar
 
 from tensordict import TensorDict
@@ -29,14 +33,18 @@ C = TypeVar("C")
 
 
 class BaseDataPlaneClient(DataPlaneClient):
-    """A data-plane client's lifetime flags.
+    """The data-plane calls over a backend's hooks, and a client's lifetime flags.
 
-    Subclasses set :attr:`BACKEND` and call :meth:`_init_lifetime` first in ``__init__``;
-    ``close`` sets ``_closed``.
+    Subclasses set :attr:`BACKEND`, call :meth:`_init_lifetime` first in ``__init__`` and
+    implement the hooks; ``close`` sets ``_closed``.  A hook starts its data operation with
+    :meth:`_operation` where the backend's work must hold the client's lock throughout.
     """
 
     #: The backend's name in messages.
     BACKEND: ClassVar[str] = "data-plane"
+
+    #: The lock a data operation holds (``None``: the backend needs none).
+    _lock: Any = None
 
     _bootstrap: bool
     _closed: bool
@@ -67,6 +75,158 @@ class BaseDataPlaneClient(DataPlaneClient):
         """Start a data operation: the client must be open, and is no longer clean."""
         self._check_open()
         self._used = True
+
+    @contextmanager
+    def _operation(self) -> Iterator[None]:
+        """Hold the client's lock (if it has one) and :meth:`_begin` a data operation.
+
+        Raises:
+            RuntimeError: Closed.
+        """
+        with self._lock if self._lock is not None else nullcontext():
+            self._begin()
+            yield
+
+    # --- task-mediated half -------------------------------------------------------------------
+    def register_partition(
+        self,
+        partition_id: str,
+        fields: Sequence[str],
+        num_samples: int,
+        consumer_tasks: Sequence[str],
+        grpo_group_size: int | None = None,
+        enums: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Declare a partition (schema, ``num_samples`` rows, consumer tasks) for every process.
+
+        Raises:
+            RuntimeError: Closed; ``PartitionLimitError`` where the backend bounds live
+                partitions.
+            TypeError: A name, ``num_samples`` or ``grpo_group_size`` of the wrong type.
+            ValueError: Empty/reserved id, duplicate fields/tasks ("must be unique"),
+                ``num_samples <= 0``, a group size that does not divide it, bad ``enums``, or
+                the id is live ("already registered").
+        """
+        self._register(partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums)
+
+    def claim_meta(
+        self,
+        partition_id: str,
+        task_name: str,
+        required_fields: Sequence[str],
+        batch_size: int,
+        dp_rank: int | None = None,
+        blocking: bool = True,
+        timeout_s: float = 60.0,
+    ) -> KVBatchMeta:
+        """Claim ``batch_size`` ready rows for ``task_name``, oldest (stored order) first.
+
+        ``dp_rank`` is reserved and ignored.
+
+        Raises:
+            RuntimeError: Closed (also while waiting).
+            KeyError: Unknown partition (also if dropped while waiting) or task.
+            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
+                ``timeout_s <= 0``.
+            TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
+        """
+        del dp_rank
+        return self._claim(partition_id, task_name, required_fields, batch_size, blocking, timeout_s)
+
+    def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
+        """True iff every listed task claimed every row currently in the partition.
+
+        Raises:
+            RuntimeError: Closed.
+            KeyError: Unknown partition or task.
+            ValueError: Empty ``task_names``.
+        """
+        return self._consumed(partition_id, task_names)
+
+    # --- direct-by-key half -------------------------------------------------------------------
+    def put_samples(
+        self,
+        sample_ids: Sequence[str],
+        partition_id: str,
+        fields: TensorDict | None = None,
+        tags: Sequence[dict] | None = None,
+    ) -> KVBatchMeta:
+        """Write rows, validated completely before anything is written; return the receipt.
+
+        Raises:
+            RuntimeError: Closed.
+            KeyError: Unknown partition.
+            TypeError: Bad id types, tags not JSON-compatible, dtype/kind change of a stored
+                field, a nested ``TensorDict`` leaf, or a leaf the backend cannot store.
+            ValueError: Neither fields nor tags, duplicate ids, batch/tags length mismatch,
+                undeclared fields, or a value outside a field's ``enums``.
+        """
+        return self._put(sample_ids, partition_id, fields, tags)
+
+    def get_samples(
+        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
+    ) -> TensorDict:
+        """Read exactly the requested rows and fields, in the requested order (fresh copies).
+
+        Raises:
+            RuntimeError: Closed.
+            KeyError: Unknown partition, unknown/cleared ids (listed), unproduced fields.
+            ValueError: Empty ``select_fields`` or duplicate ids.
+            DataPlaneUnavailableError: The backend is unreachable (a ``TimeoutError``).
+        """
+        return self._get(sample_ids, partition_id, select_fields)
+
+    def list_sample_ids(self, partition_id: str) -> list[str]:
+        """Sorted live ids of a partition; ``[]`` for an unknown or empty one. Moves no cursor.
+
+        Raises:
+            RuntimeError: Closed.
+        """
+        return self._list_ids(partition_id)
+
+    def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
+        """Drop rows (explicit ids; ``[]`` is a no-op) or (``None``) the whole partition.
+
+        Raises:
+            RuntimeError: Closed.
+            KeyError: Unknown partition, or an explicit id that is not live (listed; nothing
+                cleared).
+            ValueError: Duplicate explicit ids.
+        """
+        self._clear(sample_ids, partition_id)
+
+    # --- the backend's hooks (arguments as the public call received them) -------------------
+    @abc.abstractmethod
+    def _register(
+        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
+    ) -> None:
+        """The backend's ``register_partition``."""
+
+    @abc.abstractmethod
+    def _claim(
+        self, partition_id: Any, task: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any
+    ) -> KVBatchMeta:
+        """The backend's ``claim_meta`` (``dp_rank`` dropped)."""
+
+    @abc.abstractmethod
+    def _consumed(self, partition_id: Any, task_names: Any) -> bool:
+        """The backend's ``check_consumption_status``."""
+
+    @abc.abstractmethod
+    def _put(self, sample_ids: Any, partition_id: Any, fields: Any, tags: Any) -> KVBatchMeta:
+        """The backend's ``put_samples``."""
+
+    @abc.abstractmethod
+    def _get(self, sample_ids: Any, partition_id: Any, select_fields: Any) -> TensorDict:
+        """The backend's ``get_samples``."""
+
+    @abc.abstractmethod
+    def _list_ids(self, partition_id: Any) -> list[str]:
+        """The backend's ``list_sample_ids``."""
+
+    @abc.abstractmethod
+    def _clear(self, sample_ids: Any, partition_id: Any) -> None:
+        """The backend's ``clear_samples``."""
 
     def _require_owner(self, op: str) -> None:
         """Refuse ``op`` on a client that attached instead of bootstrapping.

@@ -47,7 +47,7 @@ __all__ = [
     "kind_changed",
     "lengths_from_tags",
     "listed",
-    "receipt_lengths",
+    "put_receipt",
     "unknown_ids",
     "unknown_partition",
     "unproduced_fields",
@@ -349,16 +349,46 @@ def lengths_from_tags(tags: Sequence[Mapping[str, Any]] | None) -> list[int] | N
     return [int(v) for v in values]
 
 
-def receipt_lengths(column: Any, tags: Sequence[Mapping[str, Any]] | None) -> list[int] | None:
-    """A put receipt's ``sequence_lengths``: a 1-D integer ``input_lengths`` column, else the tags'."""
+def put_receipt(
+    partition_id: str,
+    ids: Sequence[str],
+    fields: list[str] | None,
+    column: Any,
+    tags: Sequence[Mapping[str, Any]] | None,
+    extra_info: dict[str, Any] | None = None,
+) -> KVBatchMeta:
+    """The receipt a put returns.
+
+    Args:
+        partition_id: The partition written.
+        ids: The ids written, in order.
+        fields: The fields written, or ``None`` for a tags-only put.
+        column: The ``input_lengths`` column written, if any: a 1-D integer tensor gives the
+            receipt's ``sequence_lengths``, else the tags' ``input_lengths`` do.
+        tags: The tags written (deep-copied into the receipt), or ``None``.
+        extra_info: The receipt's batch-level bag (empty by default).
+
+    Returns:
+        A ``KVBatchMeta`` with no task.
+    """
     if (
         isinstance(column, torch.Tensor)
         and not column.is_nested
         and column.dim() == 1
         and not (column.is_floating_point() or column.is_complex() or column.dtype == torch.bool)
     ):
-        return [int(x) for x in column.tolist()]
-    return lengths_from_tags(tags)
+        lengths: list[int] | None = [int(x) for x in column.tolist()]
+    else:
+        lengths = lengths_from_tags(tags)
+    return KVBatchMeta(
+        partition_id,
+        None,
+        list(ids),
+        fields=fields,
+        sequence_lengths=lengths,
+        extra_info=extra_info or {},
+        tags=copy.deepcopy(tags),
+    )
 
 
 # --- reads and clears -------------------------------------------------------------------------

@@ -7,7 +7,6 @@ for the storage and copy rules this client implements.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -23,7 +22,7 @@ from nemo_dp.data_plane.adapters._validation import (
     claim_timeout,
     get_data_fields,
     lengths_from_tags,
-    receipt_lengths,
+    put_receipt,
 )
 from nemo_dp.data_plane.adapters.local.checkpoint import read_checkpoint, snapshot
 from nemo_dp.data_plane.adapters.local.store import DenseColumn, Partition
@@ -85,30 +84,12 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
         return {LOCAL_PARTITION_GENERATION: part.generation}
 
     # --- task-mediated half -------------------------------------------------------------------
-    def register_partition(
-        self,
-        partition_id: str,
-        fields: Sequence[str],
-        num_samples: int,
-        consumer_tasks: Sequence[str],
-        grpo_group_size: int | None = None,
-        enums: Mapping[str, Sequence[str]] | None = None,
+    def _register(
+        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
     ) -> None:
-        """Declare a partition (schema, exactly ``num_samples`` rows, consumer tasks).
-
-        Raises:
-            RuntimeError: Closed.
-            PartitionLimitError: ``max_partitions`` partitions are live (a ``RuntimeError``).
-            TypeError: A name, ``num_samples`` or ``grpo_group_size`` of the wrong type.
-            ValueError: Empty/reserved id, duplicate fields/tasks ("must be unique"),
-                ``num_samples <= 0``, bad group size, bad ``enums``, or the id is live
-                ("already registered").
-        """
-        with self._lock:
-            self._begin()
-            reg = self._book.check_new(
-                partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
-            )
+        """Register a partition; ``PartitionLimitError`` once ``max_partitions`` are live."""
+        with self._operation():
+            reg = self._book.check_new(partition_id, fields, n, tasks, group_size, enums)
             if len(self._book.partitions) >= self._max_partitions:
                 raise PartitionLimitError(
                     f"Local data plane partition limit reached ({self._max_partitions} live "
@@ -119,35 +100,15 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
             self._generation += 1
             self._book.add(Partition, reg, generation=self._generation)
 
-    def claim_meta(
-        self,
-        partition_id: str,
-        task_name: str,
-        required_fields: Sequence[str],
-        batch_size: int,
-        dp_rank: int | None = None,
-        blocking: bool = True,
-        timeout_s: float = 60.0,
+    def _claim(
+        self, partition_id: Any, task_name: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any
     ) -> KVBatchMeta:
-        """Claim ``batch_size`` ready rows for ``task_name``, oldest (stored order) first.
-
-        ``dp_rank`` is reserved and ignored.
-
-        Raises:
-            RuntimeError: Closed (also while waiting).
-            KeyError: Unknown partition (also if dropped while waiting) or task.
-            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
-                ``timeout_s <= 0``.
-            TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
-        """
-        with self._lock:
-            self._begin()
-            part, required = self._book.check_claim(
-                partition_id, task_name, required_fields, batch_size, timeout_s
-            )
+        """Claim under the lock, waiting on the condition that puts, clears and close notify."""
+        with self._operation():
+            part, required = self._book.check_claim(partition_id, task_name, fields, n, timeout_s)
             deadline = time.monotonic() + float(timeout_s)
             while True:
-                if ids := self._book.take(part, task_name, required, batch_size):
+                if ids := self._book.take(part, task_name, required, n):
                     return self._claim_meta(part, task_name, required, ids)
                 if not blocking:
                     return KVBatchMeta(
@@ -159,7 +120,7 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
                     )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
+                    raise claim_timeout(partition_id, task_name, n, timeout_s)
                 self._changed.wait(remaining)
                 self._check_open()
                 if self._book.partitions.get(partition_id) is not part:
@@ -201,8 +162,7 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
             ValueError: Stale generation ("Stale local metadata"), no resolvable fields, or
                 the ``get_samples`` argument errors.
         """
-        with self._lock:
-            self._begin()
+        with self._operation():
             check_meta(meta)
             part = self._book.live(meta.partition_id)
             got = meta.extra_info.get(LOCAL_PARTITION_GENERATION)
@@ -215,39 +175,21 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
             plan = plan_get(part, meta.sample_ids, fields)
         return build_read(plan)
 
-    def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
-        """True iff every listed task claimed every row currently in the partition.
-
-        Raises:
-            RuntimeError: Closed.
-            KeyError: Unknown partition or task.
-            ValueError: Empty ``task_names``.
-        """
-        with self._lock:
-            self._begin()
+    def _consumed(self, partition_id: Any, task_names: Any) -> bool:
+        """Whether the tasks consumed the partition, from the book."""
+        with self._operation():
             return self._book.consumed(partition_id, task_names)
 
     # --- direct-by-key half -------------------------------------------------------------------
-    def put_samples(
-        self,
-        sample_ids: Sequence[str],
-        partition_id: str,
-        fields: TensorDict | None = None,
-        tags: Sequence[dict] | None = None,
-    ) -> KVBatchMeta:
-        """Write the partition's one complete batch (exactly ``num_samples`` rows).
+    def _put(self, sample_ids: Any, partition_id: Any, fields: Any, tags: Any) -> KVBatchMeta:
+        """Write the partition's one complete batch: exactly ``num_samples`` rows, once.
 
         Raises:
-            RuntimeError: Closed.
-            KeyError: Unknown partition.
-            TypeError: Bad id types, tags not JSON-compatible, dtype/kind change, nested
-                TensorDict leaf, a tensor in an ``enums`` field.
-            ValueError: Neither fields nor tags, duplicate ids, batch/tags length mismatch,
-                undeclared fields, a value outside a field's ``enums``, a second put
-                ("duplicate writes"), or a row count other than ``num_samples``.
+            TypeError: Also a tensor in an ``enums`` field.
+            ValueError: Also a second put ("duplicate writes") or a row count other than
+                ``num_samples``.
         """
-        with self._lock:
-            self._begin()
+        with self._operation():
             part = self._book.live(partition_id)
             pending = validate_put(part, sample_ids, fields, tags)
             return self._commit_put(part, list(pending.row_of), pending, fields is not None)
@@ -263,56 +205,34 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
             part.tags = dict(zip(ids, pending.tags))
         self._changed.notify_all()
         col = pending.columns.get(INPUT_LENGTHS)
-        lengths = receipt_lengths(col.data if isinstance(col, DenseColumn) else None, pending.tags)
-        return KVBatchMeta(
+        return put_receipt(
             part.partition_id,
-            None,
-            list(ids),
-            fields=list(pending.columns) if has_fields else None,
-            sequence_lengths=lengths,
-            extra_info=self._meta_extra(part),
-            tags=copy.deepcopy(pending.tags),
+            ids,
+            list(pending.columns) if has_fields else None,
+            col.data if isinstance(col, DenseColumn) else None,
+            pending.tags,
+            self._meta_extra(part),
         )
 
-    def get_samples(
-        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
-    ) -> TensorDict:
-        """Read exactly the requested rows and fields, in the requested order (fresh copies).
-
-        Raises:
-            RuntimeError: Closed.
-            KeyError: Unknown partition, unknown/cleared ids, unproduced or misspelled fields.
-            ValueError: Empty ``select_fields`` or duplicate ids.
-        """
-        with self._lock:
-            self._begin()
+    def _get(self, sample_ids: Any, partition_id: Any, select_fields: Any) -> TensorDict:
+        """Plan the read under the lock, copy the rows after releasing it."""
+        with self._operation():
             part = self._book.live(partition_id)
             plan = plan_get(part, sample_ids, select_fields)
         return build_read(plan)
 
-    def list_sample_ids(self, partition_id: str) -> list[str]:
-        """Sorted live ids; ``[]`` for an unknown or empty partition. Moves no cursor.
-
-        Raises:
-            RuntimeError: Closed.
-        """
-        with self._lock:
-            self._begin()
+    def _list_ids(self, partition_id: Any) -> list[str]:
+        """The book's sorted live ids."""
+        with self._operation():
             return self._book.list_ids(partition_id)
 
-    def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
-        """Drop rows (explicit ids) or the whole partition (``None``).
+    def _clear(self, sample_ids: Any, partition_id: Any) -> None:
+        """Drop rows or the partition.
 
         Clearing the last live row by explicit ids drops the partition too (its id may be
-        registered again and its ``max_partitions`` slot is freed); ``[]`` is a no-op.
-
-        Raises:
-            RuntimeError: Closed.
-            KeyError: Unknown partition, or an explicit id that is not live (nothing cleared).
-            ValueError: Duplicate explicit ids.
+        registered again and its ``max_partitions`` slot is freed).
         """
-        with self._lock:
-            self._begin()
+        with self._operation():
             if sample_ids is None:
                 self._book.drop(partition_id)
                 self._changed.notify_all()

@@ -30,9 +30,8 @@ put never becomes an implicit object-store argument.
 
 from __future__ import annotations
 
-import copy
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from tensordict import NonTensorStack, TensorDict
@@ -40,7 +39,7 @@ from tensordict import NonTensorStack, TensorDict
 from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient, coerce_dataclass_config
 from nemo_dp.data_plane.adapters._validation import (
     check_read_args,
-    receipt_lengths,
+    put_receipt,
     unknown_partition,
 )
 from nemo_dp.data_plane.adapters.ray_store.actor import attach_actor, create_actor, kill_actor
@@ -69,6 +68,12 @@ _ERRORS: dict[str, type[Exception]] = {
     "TypeError": TypeError,
     "RuntimeError": RuntimeError,
 }
+
+
+def _listed(values: Any) -> Any:
+    """A list or tuple argument as a list for the actor call; anything else as given (the actor
+    rejects it with the contract's error)."""
+    return list(values) if isinstance(values, (list, tuple)) else values
 
 
 def coerce_config(cfg: Any) -> RayStoreDataPlaneConfig:
@@ -178,66 +183,27 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         }
 
     # --- task-mediated half -------------------------------------------------------------------
-    def register_partition(
-        self,
-        partition_id: str,
-        fields: Sequence[str],
-        num_samples: int,
-        consumer_tasks: Sequence[str],
-        grpo_group_size: int | None = None,
-        enums: Mapping[str, Sequence[str]] | None = None,
+    def _register(
+        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
     ) -> None:
-        """Declare a partition cluster-wide.
-
-        Raises:
-            ValueError: Live id (``"already registered"``), reserved id, duplicate fields or
-                tasks (``"must be unique"``), ``num_samples < 1``, a group size that does not
-                divide it, bad enums.
-            TypeError: Non-string names, non-int sizes.
-        """
+        """Register with the metadata actor, which checks the arguments."""
         self._begin()
         enum_map = None if enums is None else {k: list(v) for k, v in dict(enums).items()}
-        self._call(
-            "register",
-            partition_id,
-            partition_id,
-            list(fields) if isinstance(fields, (list, tuple)) else fields,
-            num_samples,
-            list(consumer_tasks) if isinstance(consumer_tasks, (list, tuple)) else consumer_tasks,
-            grpo_group_size,
-            enum_map,
-        )
+        args = (_listed(fields), n, _listed(tasks), group_size, enum_map)
+        self._call("register", partition_id, partition_id, *args)
 
-    def claim_meta(
-        self,
-        partition_id: str,
-        task_name: str,
-        required_fields: Sequence[str],
-        batch_size: int,
-        dp_rank: int | None = None,
-        blocking: bool = True,
-        timeout_s: float = 60.0,
+    def _claim(
+        self, partition_id: Any, task_name: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any
     ) -> KVBatchMeta:
-        """Claim ``batch_size`` ready rows for ``task_name``, oldest first (``dp_rank`` unused).
-
-        Raises:
-            RuntimeError: Closed (also while waiting).
-            KeyError: Unknown partition (also if dropped while waiting) or task.
-            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
-                ``timeout_s <= 0``.
-            TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
-        """
-        del dp_rank
+        """Poll the metadata actor's claim every ``claim_meta_poll_interval_s``."""
         self._begin()
-        fields = list(required_fields) if isinstance(required_fields, (list, tuple)) else required_fields
+        fields = _listed(fields)
         return self._poll_claim(
-            lambda: self._call(
-                "claim", partition_id, partition_id, task_name, fields, batch_size, timeout_s
-            ),
+            lambda: self._call("claim", partition_id, partition_id, task_name, fields, n, timeout_s),
             partition_id,
             task_name,
             fields,
-            batch_size,
+            n,
             blocking,
             timeout_s,
             self._poll_s,
@@ -246,36 +212,17 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     def _require_known(self, partition_id: str) -> None:
         self._require_partition(partition_id, "get_data")
 
-    def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
-        """True iff every listed task claimed every sample currently in the partition.
-
-        Raises:
-            KeyError: Unknown partition or task.
-            ValueError: Empty ``task_names``.
-        """
+    def _consumed(self, partition_id: Any, task_names: Any) -> bool:
+        """The metadata actor's consumption check."""
         self._begin()
-        tasks = list(task_names) if isinstance(task_names, (list, tuple)) else task_names
-        return bool(self._call("consumed", partition_id, partition_id, tasks))
+        return bool(self._call("consumed", partition_id, partition_id, _listed(task_names)))
 
     # --- direct-by-key half -------------------------------------------------------------------
-    def put_samples(
-        self,
-        sample_ids: Sequence[str],
-        partition_id: str,
-        fields: TensorDict | None = None,
-        tags: Sequence[dict] | None = None,
-    ) -> KVBatchMeta:
+    def _put(self, sample_ids: Any, partition_id: Any, fields: Any, tags: Any) -> KVBatchMeta:
         """Write (upsert) rows: new ids are added, given fields and tags of known ids replaced.
 
         Everything is validated before the actor commits; a rejected put leaves no trace (its
         objects are freed when this call drops their refs).
-
-        Raises:
-            KeyError: Unknown partition.
-            ValueError: Neither fields nor tags, duplicate ids, length mismatch, undeclared
-                field, enum value outside its vocabulary.
-            TypeError: Non-JSON tags, dtype/kind change of a stored field, a ``NonTensorData``
-                (``"non-tensor"``) or nested ``TensorDict`` leaf.
         """
         import ray
 
@@ -301,25 +248,12 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
                 carrier = InlinePayload({name: enc.payload}) if inline and plan.ids else ref
                 columns[name] = TensorColumnSpec(enc.dtype, enc.layout, carrier, name)
         self._call("put", partition_id, partition_id, plan.ids, columns, plan.tags)
-        return KVBatchMeta(
-            partition_id=partition_id,
-            task_name=None,
-            sample_ids=list(plan.ids),
-            fields=list(plan.names) if plan.names else None,
-            sequence_lengths=receipt_lengths(plan.tensors.get(INPUT_LENGTHS), plan.tags),
-            tags=copy.deepcopy(plan.tags),
-        )
+        names = list(plan.names) if plan.names else None
+        lengths = plan.tensors.get(INPUT_LENGTHS)
+        return put_receipt(partition_id, plan.ids, names, lengths, plan.tags)
 
-    def get_samples(
-        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
-    ) -> TensorDict:
-        """Read exactly the requested rows and fields, in the requested order (fresh copies).
-
-        Raises:
-            KeyError: Unknown partition, unknown/cleared ids (listed), unproduced fields.
-            ValueError: Empty ``select_fields`` or duplicate ids.
-            DataPlaneUnavailableError: The actor or the column objects are unreachable.
-        """
+    def _get(self, sample_ids: Any, partition_id: Any, select_fields: Any) -> TensorDict:
+        """Locate the cells with the actor, fetch their objects once and gather the rows."""
         self._begin()
         try:
             ids, names = check_read_args(sample_ids, select_fields)
@@ -345,24 +279,18 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
             )
         return TensorDict(out, batch_size=(len(ids),))
 
-    def list_sample_ids(self, partition_id: str) -> list[str]:
-        """Sorted live ids of a partition; ``[]`` for an unknown or empty one."""
+    def _list_ids(self, partition_id: Any) -> list[str]:
+        """The metadata actor's sorted live ids."""
         self._begin()
         return list(self._call("list_ids", partition_id, partition_id))
 
-    def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
-        """Drop rows, or (``None``) the whole partition including its registration.
+    def _clear(self, sample_ids: Any, partition_id: Any) -> None:
+        """Clear with the metadata actor.
 
         A partition emptied by explicit ids stays registered (it can be written again).
-
-        Raises:
-            KeyError: Unknown partition, or ids that are not live (listed; nothing cleared).
-            ValueError: Duplicate ids.
         """
         self._begin()
-        ids = None if sample_ids is None else (
-            list(sample_ids) if isinstance(sample_ids, (list, tuple)) else sample_ids
-        )
+        ids = None if sample_ids is None else _listed(sample_ids)
         self._call("clear", partition_id, partition_id, ids)
 
     # --- lifetime -----------------------------------------------------------------------------

@@ -146,18 +146,10 @@ class StoreState:
 
     # --- partitions ---------------------------------------------------------------------------
     def register(
-        self,
-        partition_id: Any,
-        fields: Sequence[str],
-        num_samples: int,
-        consumer_tasks: Sequence[str],
-        grpo_group_size: int | None = None,
-        enums: Mapping[str, Sequence[str]] | None = None,
+        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group: Any = None, enums: Any = None
     ) -> None:
-        """Declare a partition (see ``DataPlaneClient.register_partition``)."""
-        reg = self.book.check_new(
-            partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
-        )
+        """Declare a partition (arguments and errors as ``DataPlaneClient.register_partition``)."""
+        reg = self.book.check_new(partition_id, fields, n, tasks, group, enums)
         self.book.add(PartitionState, reg)
 
     # --- puts ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from nemo_dp.data_plane.adapters._validation import (
     check_partition_id,
     check_read_args,
     closed_error,
-    receipt_lengths,
+    put_receipt,
     unknown_ids,
     unknown_partition,
     unproduced_fields,
@@ -238,25 +238,9 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
     # --- direct-by-key half -----------------------------------------------------------------
 
-    def put_samples(
-        self,
-        sample_ids: Sequence[str],
-        partition_id: str,
-        fields: TensorDict | None = None,
-        tags: Sequence[dict] | None = None,
-    ) -> KVBatchMeta:
-        """Write (upsert) rows; everything is validated before anything is written.
-
-        Raises:
-            KeyError: Unknown partition.
-            ValueError: Neither fields nor tags, duplicate ids, length mismatch, undeclared
-                field, enum value outside its vocabulary.
-            TypeError: Non-JSON tags, dtype/kind change of a stored field, a ``NonTensorData``
-                (``"non-tensor"``) or nested ``TensorDict`` leaf.
-        """
-        self._check_open()
-        with self._lock:
-            self._used = True
+    def _put(self, sample_ids: Any, partition_id: Any, fields: Any, tags: Any) -> KVBatchMeta:
+        """Write (upsert) rows: record new field types, resolve the keys, then put."""
+        with self._operation():
             check_partition_id(partition_id)
             rec = self._require_record(partition_id, "put_samples")
             plan = plan_put(rec, partition_id, sample_ids, fields, tags)
@@ -268,14 +252,8 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
                 plan.tags,
             )
             n = len(ids)
-            receipt = KVBatchMeta(
-                partition_id=partition_id,
-                task_name=None,
-                sample_ids=list(ids),
-                fields=list(names) if names else None,
-                sequence_lengths=receipt_lengths(wire.get(INPUT_LENGTHS), tag_list),
-                tags=copy.deepcopy(tag_list) if tag_list is not None else None,
-            )
+            fields_written = list(names) if names else None
+            receipt = put_receipt(partition_id, ids, fields_written, wire.get(INPUT_LENGTHS), tag_list)
             if n == 0:
                 return receipt
 
@@ -319,18 +297,9 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
                 self._ctl(lambda: client.async_set_custom_meta(meta), "put_samples", partition_id)
             return receipt
 
-    def get_samples(
-        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
-    ) -> TensorDict:
-        """Read exactly the requested rows and fields, in the requested order.
-
-        Raises:
-            KeyError: Unknown partition, unknown/cleared ids (listed), unproduced fields.
-            ValueError: Empty ``select_fields`` or duplicate ids.
-        """
-        self._check_open()
-        with self._lock:
-            self._used = True
+    def _get(self, sample_ids: Any, partition_id: Any, select_fields: Any) -> TensorDict:
+        """Resolve the keys, check every id and field was produced, then read."""
+        with self._operation():
             check_partition_id(partition_id)
             try:
                 ids, fields = check_read_args(sample_ids, select_fields)
@@ -367,26 +336,17 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
                 )
             return TensorDict({f: decode_column(raw.get(f), f) for f in fields}, batch_size=[n])
 
-    def list_sample_ids(self, partition_id: str) -> list[str]:
-        """Sorted live ids of a partition; ``[]`` for an unknown or empty one."""
-        self._check_open()
-        with self._lock:
-            self._used = True
+    def _list_ids(self, partition_id: Any) -> list[str]:
+        """The library's live keys, sorted."""
+        with self._operation():
             check_partition_id(partition_id)
             return sorted(
                 self._ctl(lambda: live_keys(self._client, partition_id), "list_sample_ids", partition_id)
             )
 
-    def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
-        """Drop rows, or (``None``) the whole partition including its registry record.
-
-        Raises:
-            KeyError: Unknown partition, or unknown ids (listed; nothing cleared).
-            ValueError: Duplicate ids.
-        """
-        self._check_open()
-        with self._lock:
-            self._used = True
+    def _clear(self, sample_ids: Any, partition_id: Any) -> None:
+        """Drop rows, or (``None``) the library partition and its registry record."""
+        with self._operation():
             check_partition_id(partition_id)
             entries = self._registry_entries("clear_samples", partition_id)
             if partition_id not in parse_registry(entries):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import uuid
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nemo_dp.data_plane.adapters._validation import (
@@ -34,53 +33,36 @@ from nemo_dp.data_plane.interfaces import KVBatchMeta
 
 
 class TQTaskMixin:
-    """``register_partition``, ``claim_meta``, ``check_consumption_status``, and the partition
-    check of ``get_data``.
+    """The hooks of ``register_partition``, ``claim_meta`` and ``check_consumption_status``,
+    and the partition check of ``get_data``.
 
-    Host contract (the client): ``BaseDataPlaneClient``'s lifetime checks and ``_poll_claim``,
+    Host contract (the client): ``BaseDataPlaneClient``'s ``_operation`` and ``_poll_claim``,
     ``_ctl`` / ``_data`` (bounded library calls), ``_registry_entries``, ``_require_record``,
     ``_lock``, ``_cfg`` and ``_client`` (the library client).
     """
 
-    _used: bool
     _cfg: Any
     _client: Any
     _lock: Any
 
-    def register_partition(
-        self,
-        partition_id: str,
-        fields: Sequence[str],
-        num_samples: int,
-        consumer_tasks: Sequence[str],
-        grpo_group_size: int | None = None,
-        enums: Mapping[str, Sequence[str]] | None = None,
+    def _register(
+        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
     ) -> None:
-        """Declare a partition cluster-wide.
-
-        Raises:
-            ValueError: Live id (``"already registered"``), duplicate fields/tasks
-                (``"must be unique"``), ``num_samples <= 0``, bad group size or enums.
-            TypeError: Non-string names.
-        """
-        self._check_open()
-        with self._lock:
-            self._used = True
+        """Register in the cluster-wide registry, dropping what a previous incarnation left."""
+        with self._operation():
             check_partition_id(partition_id)
             entries = self._registry_entries("register_partition", partition_id)
             records = parse_registry(entries)
             if partition_id in records:
                 raise already_registered(partition_id)
-            reg = check_registration(
-                partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
-            )
+            reg = check_registration(partition_id, fields, n, tasks, group_size, enums)
             record = Record(
                 partition_id=partition_id,
                 incarnation=uuid.uuid4().hex,
                 fields=reg.fields,
                 tasks=reg.tasks,
-                num_samples=num_samples,
-                group_size=grpo_group_size,
+                num_samples=n,
+                group_size=group_size,
                 enums={k: list(v) for k, v in reg.enums.items()},
             )
             stale = stale_registry_keys(entries, partition_id)
@@ -96,38 +78,22 @@ class TQTaskMixin:
 
             self._data(_register, "register_partition", partition_id)
 
-    def claim_meta(
-        self,
-        partition_id: str,
-        task_name: str,
-        required_fields: Sequence[str],
-        batch_size: int,
-        dp_rank: int | None = None,
-        blocking: bool = True,
-        timeout_s: float = 60.0,
+    def _claim(
+        self, partition_id: Any, task_name: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any
     ) -> KVBatchMeta:
-        """Claim ``batch_size`` ready rows for ``task_name``.
-
-        Raises:
-            KeyError: Unknown partition or task (``"task"``).
-            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
-                ``timeout_s <= 0``.
-            TimeoutError: A blocking claim was not satisfied within ``timeout_s``.
-        """
-        self._check_open()
-        with self._lock:
-            self._used = True
+        """Check the claim under the lock, then poll the controller's task cursor (lock per try)."""
+        with self._operation():
             check_partition_id(partition_id)
             rec = self._require_record(partition_id, "claim_meta")
             check_task(partition_id, rec.tasks, task_name)
-            fields = check_claim_request(partition_id, rec.fields, required_fields, batch_size, timeout_s)
+            fields = check_claim_request(partition_id, rec.fields, fields, n, timeout_s)
 
         client = self._client
 
         async def _claim() -> tuple[list[str], list[dict[str, Any]]] | None:
             meta = await client.async_get_meta(
                 data_fields=list(fields),
-                batch_size=batch_size,
+                batch_size=n,
                 partition_id=partition_id,
                 mode="fetch",
                 task_name=task_name,
@@ -153,7 +119,7 @@ class TQTaskMixin:
             partition_id,
             task_name,
             fields,
-            batch_size,
+            n,
             blocking,
             timeout_s,
             float(self._cfg.claim_meta_poll_interval_s),
@@ -164,16 +130,9 @@ class TQTaskMixin:
             check_partition_id(partition_id)
             self._require_record(partition_id, "get_data")
 
-    def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
-        """True iff every listed task claimed every sample currently in the partition.
-
-        Raises:
-            KeyError: Unknown partition, or unregistered task (``"task"``).
-            ValueError: Empty ``task_names``.
-        """
-        self._check_open()
-        with self._lock:
-            self._used = True
+    def _consumed(self, partition_id: Any, task_names: Any) -> bool:
+        """Whether the controller's consumption status is complete for every task."""
+        with self._operation():
             check_partition_id(partition_id)
             rec = self._require_record(partition_id, "check_consumption_status")
             tasks = check_consumption_tasks(partition_id, rec.tasks, task_names)
