@@ -1,4 +1,4 @@
-"""Loss functions for SFT and GRPO, normalised by global (whole-batch) counts.
+"""Loss functions for SFT and GRPO and their base class, normalised by global (whole-batch) counts.
 
 Every loss divides by the valid-token (or sequence) count of the global batch, so summing
 micro-batch losses over ranks gives exactly the full-batch mean whatever the DP size or
@@ -8,15 +8,27 @@ micro-batching.  Returned metrics are additive: each is this micro-batch's share
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 import torch
 
+from nemo_dp.models.protocol import LossFn
 from nemo_dp.models.token_ops import token_logprobs_from_logits
 
+__all__ = ["ClippedPGLossFn", "GlobalLoss", "LossFn", "NLLLoss", "global_valid_counts"]
 
-class LossFn(Protocol):
-    """Signature shared by all loss functions."""
+
+def _valid_counts(mask: torch.Tensor, sample_mask: torch.Tensor) -> tuple[float, float]:
+    """Valid tokens (``mask``'s sum) and used rows with at least one, as floats."""
+    return float(mask.sum()), float((sample_mask.float() * (mask.sum(1) > 0).float()).sum())
+
+
+class GlobalLoss:
+    """A ``LossFn`` normalised by the global batch's counts.
+
+    ``__call__`` checks the counts and the micro-batch's keys (the messages name the class),
+    hands the valid-token mask (``token_mask * sample_mask``) to :meth:`_compute` and adds the
+    raw ``num_valid_tokens`` and ``num_valid_seqs`` to its metrics.
+    """
 
     def __call__(
         self,
@@ -24,27 +36,48 @@ class LossFn(Protocol):
         mb: Mapping[str, torch.Tensor],
         global_valid_tokens: float,
         global_valid_seqs: float,
-    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Compute this micro-batch's share of the global loss.
+
+        Args:
+            logits: The model's output for the micro-batch (see :meth:`_compute`).
+            mb: The micro-batch; needs :meth:`_keys`.
+            global_valid_tokens: Valid (masked-in) tokens of the global batch (> 0).
+            global_valid_seqs: Valid sequences of the global batch (> 0).
+
+        Returns:
+            The loss and additive metrics (shares of the global mean, see :meth:`_compute`),
+            plus raw ``num_valid_tokens`` and ``num_valid_seqs``.
+
+        Raises:
+            ValueError: Non-positive global counts, or as :meth:`_compute`.
+            KeyError: A required key is missing from ``mb``.
+        """
+        name = type(self).__name__
+        if global_valid_tokens <= 0:
+            raise ValueError(f"{name}: global_valid_tokens must be > 0, got {global_valid_tokens}")
+        if global_valid_seqs <= 0:
+            raise ValueError(f"{name}: global_valid_seqs must be > 0, got {global_valid_seqs}")
+        for key in self._keys():
+            if key not in mb:
+                raise KeyError(f"{name}: micro-batch lacks key {key!r} (has {sorted(mb)})")
+        mask = mb["token_mask"].float() * mb["sample_mask"].float().unsqueeze(1)
+        loss, metrics = self._compute(logits, mb, mask, global_valid_tokens, global_valid_seqs)
+        metrics["num_valid_tokens"], metrics["num_valid_seqs"] = _valid_counts(mask, mb["sample_mask"])
+        return loss, metrics
+
+    def _keys(self) -> tuple[str, ...]:
+        """The micro-batch keys the loss reads."""
+        raise NotImplementedError
+
+    def _compute(
+        self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], mask: torch.Tensor, tokens: float, seqs: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss and its metrics, from checked arguments and the valid-token ``mask``."""
+        raise NotImplementedError
 
 
-def _check_counts(name: str, global_valid_tokens: float, global_valid_seqs: float) -> None:
-    if global_valid_tokens <= 0:
-        raise ValueError(f"{name}: global_valid_tokens must be > 0, got {global_valid_tokens}")
-    if global_valid_seqs <= 0:
-        raise ValueError(f"{name}: global_valid_seqs must be > 0, got {global_valid_seqs}")
-
-
-def _require(name: str, mb: Mapping[str, torch.Tensor], keys: tuple[str, ...]) -> None:
-    for key in keys:
-        if key not in mb:
-            raise KeyError(f"{name}: micro-batch lacks key {key!r} (has {sorted(mb)})")
-
-
-def _valid_mask(mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return mb["token_mask"].float() * mb["sample_mask"].float().unsqueeze(1)
-
-
-class NLLLoss:
+class NLLLoss(GlobalLoss):
     """Next-token negative log-likelihood on response tokens (``token_mask``) of used rows.
 
     loss = -sum(logp * token_mask * sample_mask) / global_valid_tokens.
@@ -56,27 +89,18 @@ class NLLLoss:
 
     reads_masked_logprobs_only: bool = True
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        mb: Mapping[str, torch.Tensor],
-        global_valid_tokens: float,
-        global_valid_seqs: float,
+    def _keys(self) -> tuple[str, ...]:
+        return ("input_ids", "token_mask", "sample_mask")
+
+    def _compute(
+        self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], mask: torch.Tensor, tokens: float, seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        _check_counts("NLLLoss", global_valid_tokens, global_valid_seqs)
-        _require("NLLLoss", mb, ("input_ids", "token_mask", "sample_mask"))
         logp = token_logprobs_from_logits(logits, mb["input_ids"])
-        mask = _valid_mask(mb)
-        loss = -(logp * mask).sum() / global_valid_tokens
-        metrics = {
-            "loss": float(loss.detach()),
-            "num_valid_tokens": float(mask.sum()),
-            "num_valid_seqs": float((mb["sample_mask"].float() * (mask.sum(1) > 0).float()).sum()),
-        }
-        return loss, metrics
+        loss = -(logp * mask).sum() / tokens
+        return loss, {"loss": float(loss.detach())}
 
 
-class ClippedPGLossFn:
+class ClippedPGLossFn(GlobalLoss):
     """PPO-style clipped policy-gradient loss with a k3 KL penalty to the reference policy.
 
     Per token: ``ratio = exp(logp - prev_logprobs)``,
@@ -122,41 +146,28 @@ class ClippedPGLossFn:
         self.token_level_loss = token_level_loss
         self.prev_logprobs_from_forward = prev_logprobs_from_forward
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        mb: Mapping[str, torch.Tensor],
-        global_valid_tokens: float,
-        global_valid_seqs: float,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Compute this micro-batch's share of the global loss.
-
-        Args:
-            logits: ``[b, s, V]`` for the micro-batch.
-            mb: Needs input_ids, token_mask, sample_mask, advantages, prev_logprobs (unless
-                ``prev_logprobs_from_forward``), and reference_policy_logprobs when the KL
-                coefficient is non-zero.
-            global_valid_tokens: Valid (masked-in) tokens of the global batch.
-            global_valid_seqs: Valid sequences of the global batch.
-
-        Returns:
-            The loss and additive metrics: ``loss``, ``pg_loss``, ``kl_penalty`` (KL value
-            before the coefficient), ``clip_fraction`` (share of clipped-and-active tokens),
-            ``probs_ratio`` (mean ratio), all as shares of the global normaliser, plus raw
-            ``num_valid_tokens`` and ``num_valid_seqs``.
-        """
-        name = type(self).__name__
-        _check_counts(name, global_valid_tokens, global_valid_seqs)
+    def _keys(self) -> tuple[str, ...]:
         keys = ("input_ids", "token_mask", "sample_mask", "advantages")
         if not self.prev_logprobs_from_forward:
             keys = keys + ("prev_logprobs",)
         keys = keys + self._extra_keys()
         if self.reference_policy_kl_penalty > 0:
             keys = keys + ("reference_policy_logprobs",)
-        _require(name, mb, keys)
+        return keys
+
+    def _compute(
+        self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], mask: torch.Tensor, tokens: float, seqs: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped loss of ``[b, s, V]`` logits.
+
+        ``mb`` needs input_ids, token_mask, sample_mask, advantages, prev_logprobs (unless
+        ``prev_logprobs_from_forward``), and reference_policy_logprobs when the KL coefficient
+        is non-zero.  Metrics: ``loss``, ``pg_loss``, ``kl_penalty`` (KL value before the
+        coefficient), ``clip_fraction`` (share of clipped-and-active tokens), ``probs_ratio``
+        (mean ratio), all as shares of the global normaliser.
+        """
         weight = self._pg_weight(mb)
         logp = token_logprobs_from_logits(logits, mb["input_ids"])
-        mask = _valid_mask(mb)
         adv = mb["advantages"].float()
         prev = logp.detach() if self.prev_logprobs_from_forward else mb["prev_logprobs"].float()
         # Off the mask the two log-probs may come from passes that kept different columns (0
@@ -180,9 +191,9 @@ class ClippedPGLossFn:
 
         def reduce(x: torch.Tensor) -> torch.Tensor:
             if self.token_level_loss:
-                return (x * mask).sum() / global_valid_tokens
+                return (x * mask).sum() / tokens
             per_seq = (x * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            return per_seq.sum() / global_valid_seqs
+            return per_seq.sum() / seqs
 
         loss = reduce(token_loss)
         with torch.no_grad():
@@ -193,8 +204,6 @@ class ClippedPGLossFn:
                 "clip_fraction": float(reduce(clip_active)),
                 "probs_ratio": float(reduce(ratio)),
                 **({} if weight is None else self._weight_metrics(reduce, weight)),
-                "num_valid_tokens": float(mask.sum()),
-                "num_valid_seqs": float((mb["sample_mask"].float() * (mask.sum(1) > 0).float()).sum()),
             }
         return loss, metrics
 
@@ -224,6 +233,4 @@ def global_valid_counts(token_mask: torch.Tensor, sample_mask: torch.Tensor) -> 
         ``(valid_tokens, valid_seqs)``: tokens with token_mask * sample_mask == 1, and rows
         with sample_mask == 1 that have at least one such token.
     """
-    mask = token_mask.float() * sample_mask.float().unsqueeze(1)
-    seqs = (sample_mask.float() * (mask.sum(1) > 0).float()).sum()
-    return float(mask.sum()), float(seqs)
+    return _valid_counts(token_mask.float() * sample_mask.float().unsqueeze(1), sample_mask)

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 
 import torch
 
+from nemo_dp.algorithms.loss_functions import GlobalLoss
 from nemo_dp.models.token_ops import align_values
 
 __all__ = ["align_values", "ClippedValueLossFn"]
 
 
-class ClippedValueLossFn:
+class ClippedValueLossFn(GlobalLoss):
     """Clipped value loss of PPO, normalised by the global valid-token count.
 
     Per token, with ``v`` the aligned prediction, ``v_old`` the rollout's ``values`` and ``R``
@@ -36,68 +37,43 @@ class ClippedValueLossFn:
             raise ValueError(f"ClippedValueLossFn: value_clip must be > 0, got {value_clip}")
         self.value_clip = float(value_clip)
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        mb: Mapping[str, torch.Tensor],
-        global_valid_tokens: float,
-        global_valid_seqs: float,
+    def _keys(self) -> tuple[str, ...]:
+        return ("token_mask", "sample_mask", "values", "returns")
+
+    def _compute(
+        self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], mask: torch.Tensor, tokens: float, seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Compute this micro-batch's share of the global value loss.
+        """The clipped value loss of the value head's raw ``[b, s]`` output (``logits``).
 
-        Args:
-            logits: The value head's raw output ``[b, s]`` for the micro-batch (the protocol's
-                first argument; not logits for a critic).
-            mb: Needs ``token_mask``, ``sample_mask``, ``values`` (rollout values, aligned) and
-                ``returns``.
-            global_valid_tokens: Valid tokens of the global batch (> 0).
-            global_valid_seqs: Valid sequences of the global batch (> 0).
-
-        Returns:
-            The loss and additive metrics (shares of the global mean): ``loss``,
-            ``value_loss`` (same value), ``value_clip_fraction`` (share of tokens where the
-            clipped term is the larger one), ``value_pred_mean``, ``value_abs_error``, plus raw
-            ``num_valid_tokens`` and ``num_valid_seqs``.
+        ``mb`` needs ``values`` (rollout values, aligned) and ``returns``.  Metrics: ``loss``,
+        ``value_loss`` (same value), ``value_clip_fraction`` (share of tokens where the clipped
+        term is the larger one), ``value_pred_mean`` and ``value_abs_error``.
 
         Raises:
-            ValueError: Non-positive global counts or a width mismatch.
-            KeyError: A required key is missing from ``mb``.
+            ValueError: The head's output does not match ``returns``' width.
         """
-        name = "ClippedValueLossFn"
-        if global_valid_tokens <= 0:
-            raise ValueError(f"{name}: global_valid_tokens must be > 0, got {global_valid_tokens}")
-        if global_valid_seqs <= 0:
-            raise ValueError(f"{name}: global_valid_seqs must be > 0, got {global_valid_seqs}")
-        for key in ("token_mask", "sample_mask", "values", "returns"):
-            if key not in mb:
-                raise KeyError(f"{name}: micro-batch lacks key {key!r} (has {sorted(mb)})")
         pred = align_values(logits)
         if pred.shape != mb["returns"].shape:
             raise ValueError(
-                f"{name}: value-head output {tuple(logits.shape)} does not match returns "
+                f"{type(self).__name__}: value-head output {tuple(logits.shape)} does not match returns "
                 f"{tuple(mb['returns'].shape)}"
             )
-        mask = mb["token_mask"].float() * mb["sample_mask"].float().unsqueeze(1)
         old = mb["values"].float()
         ret = mb["returns"].float()
         clipped = old + (pred - old).clamp(-self.value_clip, self.value_clip)
         err_unclipped = (pred - ret) ** 2
         err_clipped = (clipped - ret) ** 2
         token_loss = 0.5 * torch.maximum(err_unclipped, err_clipped)
-        loss = (token_loss * mask).sum() / global_valid_tokens
+        loss = (token_loss * mask).sum() / tokens
         with torch.no_grad():
             share = float(loss)
             metrics = {
                 "loss": share,
                 "value_loss": share,
                 "value_clip_fraction": float(
-                    ((err_clipped > err_unclipped).float() * mask).sum() / global_valid_tokens
+                    ((err_clipped > err_unclipped).float() * mask).sum() / tokens
                 ),
-                "value_pred_mean": float((pred * mask).sum() / global_valid_tokens),
-                "value_abs_error": float(((pred - ret).abs() * mask).sum() / global_valid_tokens),
-                "num_valid_tokens": float(mask.sum()),
-                "num_valid_seqs": float(
-                    (mb["sample_mask"].float() * (mask.sum(1) > 0).float()).sum()
-                ),
+                "value_pred_mean": float((pred * mask).sum() / tokens),
+                "value_abs_error": float(((pred - ret).abs() * mask).sum() / tokens),
             }
         return loss, metrics
