@@ -16,10 +16,8 @@ import torch
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
 from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
-from nemo_dp.algorithms.store_eval import make_store_evaluator, problem_rows
-from nemo_dp.config.trainer_lookup import validate_trainer_selection
+from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator, problem_rows
 from nemo_dp.data_plane.interfaces import KVBatchMeta
-from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
     DP_TRAIN_FIELDS,
@@ -165,22 +163,6 @@ def collect_grpo_batch_sync(
     return rows.handle, rows.carry, info
 
 
-def _check_entry(policy: Any, master_config: Any) -> None:
-    selection = validate_trainer_selection(master_config)
-    if selection.target != TRAINER_TARGET:
-        raise ValueError(
-            f"grpo_train_sync needs a data plane that carries rows between processes "
-            f"({cross_process_options()}); this config selects {selection.target} - use the legacy trainer "
-            "nemo_dp.algorithms.grpo:grpo_train (select_sync_trainer picks it)"
-        )
-    if not hasattr(policy, "dp_cfg"):
-        raise ValueError(
-            f"grpo_train_sync needs a data-plane policy exposing dp_cfg (TQPolicy), got "
-            f"{type(policy).__name__}; build the policy with "
-            "nemo_dp.data_plane.factory.make_policy_factory(cfg.data_plane)"
-        )
-
-
 def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
     """Run GRPO for ``algorithm.max_steps`` steps over the data plane.
 
@@ -197,5 +179,5 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
         ValueError: The config does not select this trainer, the policy is not a data-plane
             policy, or dynamic sampling exhausted ``max_gen_batches``.
     """
-    _check_entry(ctx.policy, ctx.cfg)
+    check_sync_entry(ctx.policy, ctx.cfg, TRAINER_TARGET, "nemo_dp.algorithms.grpo:grpo_train")
     return run_grpo(ctx, StoreGRPOPath(ctx.policy, ctx.tokenizer, ctx.env, ctx.logger))

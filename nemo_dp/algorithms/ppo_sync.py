@@ -18,9 +18,7 @@ from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_step import StepRows
 from nemo_dp.algorithms.ppo_common import make_value
 from nemo_dp.algorithms.ppo_step import run_ppo
-from nemo_dp.algorithms.store_eval import make_store_evaluator
-from nemo_dp.config.trainer_lookup import validate_trainer_selection
-from nemo_dp.data_plane.registry import cross_process_options
+from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
     DP_TRAIN_FIELDS,
@@ -123,22 +121,6 @@ class StorePPOPath:
         return {**self.policy.data_plane_step_metrics(step_s), **self.value.data_plane_worker_metrics(step_s)}
 
 
-def _check_entry(policy: Any, master_config: Any) -> None:
-    selection = validate_trainer_selection(master_config)
-    if selection.target != TRAINER_TARGET:
-        raise ValueError(
-            f"ppo_train_sync needs a data plane that carries rows between processes "
-            f"({cross_process_options()}); this config selects {selection.target} - use the legacy trainer "
-            "nemo_dp.algorithms.ppo:ppo_train (select_sync_trainer picks it)"
-        )
-    if not hasattr(policy, "dp_cfg"):
-        raise ValueError(
-            f"ppo_train_sync needs a data-plane policy exposing dp_cfg (TQPolicy), got "
-            f"{type(policy).__name__}; build the policy with "
-            "nemo_dp.data_plane.factory.make_policy_factory(cfg.data_plane)"
-        )
-
-
 def ppo_train_sync(ctx: TrainContext) -> dict[str, Any]:
     """Run PPO for ``algorithm.max_steps`` steps over the data plane.
 
@@ -156,7 +138,7 @@ def ppo_train_sync(ctx: TrainContext) -> dict[str, Any]:
         ValueError: The config does not select this trainer or the policy is not a
             data-plane policy.
     """
-    _check_entry(ctx.policy, ctx.cfg)
+    check_sync_entry(ctx.policy, ctx.cfg, TRAINER_TARGET, "nemo_dp.algorithms.ppo:ppo_train")
     value = make_value(ctx.cfg, ctx.tokenizer, value_factory=functools.partial(TQValue.from_policy, ctx.policy))
     try:
         ctx.hooks.model_built("value", value)

@@ -1,4 +1,4 @@
-"""Held-out evaluation through the data plane, shared by ``grpo_sync`` and ``ppo_sync``."""
+"""What ``grpo_sync`` and ``ppo_sync`` share: the entry check and held-out evaluation through the data plane."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_dp.algorithms.context import PhaseLogger
+from nemo_dp.config.trainer_lookup import validate_trainer_selection
+from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.schema import TASK_VAL, VAL_PARTITION
 
-__all__ = ["problem_rows", "make_store_evaluator"]
+__all__ = ["check_sync_entry", "problem_rows", "make_store_evaluator"]
 
 
 def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
@@ -77,3 +79,31 @@ def make_store_evaluator(
         return float(out.carry["rewards"].mean())
 
     return _evaluate
+
+def check_sync_entry(policy: Any, master_config: Any, target: str, legacy: str) -> None:
+    """Refuse to start the synchronous data-plane trainer ``target`` where it does not apply.
+
+    Args:
+        policy: The phase's policy.
+        master_config: The run's config.
+        target: The trainer's ``module:function`` entry in the trainer table.
+        legacy: The ``module:function`` of the legacy trainer to use instead.
+
+    Raises:
+        ValueError: The config selects another trainer (no cross-process data plane), or the
+            policy exposes no ``dp_cfg``.
+    """
+    entry = target.rpartition(":")[2]
+    selection = validate_trainer_selection(master_config)
+    if selection.target != target:
+        raise ValueError(
+            f"{entry} needs a data plane that carries rows between processes "
+            f"({cross_process_options()}); this config selects {selection.target} - use the legacy trainer "
+            f"{legacy} (select_sync_trainer picks it)"
+        )
+    if not hasattr(policy, "dp_cfg"):
+        raise ValueError(
+            f"{entry} needs a data-plane policy exposing dp_cfg (TQPolicy), got "
+            f"{type(policy).__name__}; build the policy with "
+            "nemo_dp.data_plane.factory.make_policy_factory(cfg.data_plane)"
+        )
