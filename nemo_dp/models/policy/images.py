@@ -1,8 +1,9 @@
-"""Images on the policy workers: encoding visual prompts and binding a batch's images.
+"""Images on the policy workers: encoding visual prompts, binding a batch's images, generating.
 
 :func:`encode_visual_prompts` turns ``VisualPrompt`` specs or ``ImagePrompt`` image paths into
 token ids plus ``PackedTensor`` image columns; :func:`bind_images` binds a micro-batch's images to
-the model (text batches use the model as is).
+the model (text batches use the model as is); :func:`generate_rows` is the chunked generation
+over both that the policy and rollout workers share.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from typing import Any
 
 import torch
 
+from nemo_dp.distributed.batched_data_dict import BatchedDataDict
+from nemo_dp.models.builders import cfg_get
+from nemo_dp.models.generation import generate
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS, IMAGE_GRID_THW, PIXEL_VALUES
 
-__all__ = ["bind_images", "encode_visual_prompts", "has_images", "wire_prompt"]
+__all__ = ["bind_images", "encode_visual_prompts", "generate_rows", "has_images", "wire_prompt"]
 
 
 def wire_prompt(prompt: Any) -> Any:
@@ -96,3 +100,43 @@ def encode_visual_prompts(worker: Any, prompts: Sequence[Any]) -> tuple[list[lis
     ]
     ids, pixel_values, grids = processor.pack(encoded)
     return ids, {PIXEL_VALUES: pixel_values, IMAGE_GRID_THW: grids}
+
+
+def generate_rows(
+    worker: Any, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, keep_images: bool = True
+) -> BatchedDataDict:
+    """Generate for ``prompts`` in chunks of ``generation_batch_size``, one seed per row.
+
+    The policy worker's ``generate`` and the rollout worker both call this, so their rows are
+    bit-identical.
+
+    Args:
+        worker: The worker: ``cfg`` (the policy config), ``model``, ``eos_id``, ``pad_id``,
+            ``precision`` and what :func:`encode_visual_prompts` reads.
+        prompts: Token ids per prompt, or image prompts.
+        seeds: One sampling seed per prompt.
+        greedy: Argmax decoding instead of sampling.
+        keep_images: Include visual prompts' image columns in the result.
+
+    Returns:
+        The fields of ``nemo_dp.models.generation.generate`` (``input_ids`` padded with
+        ``pad_id``), plus the image columns when ``keep_images``.
+    """
+    gen_cfg = cfg_get(worker.cfg, "generation")
+    bs = int(cfg_get(worker.cfg, "generation_batch_size"))
+    parts = []
+    for s in range(0, len(prompts), bs):
+        token_ids, images = encode_visual_prompts(worker, prompts[s : s + bs])
+        out = generate(
+            bind_images(worker.model, images) if images else worker.model,
+            token_ids,
+            max_new_tokens=int(cfg_get(gen_cfg, "max_new_tokens")),
+            eos_id=worker.eos_id,
+            pad_id=worker.pad_id,
+            greedy=greedy,
+            temperature=float(cfg_get(gen_cfg, "temperature")),
+            seeds=[int(x) for x in seeds[s : s + bs]],
+            precision=worker.precision,
+        )
+        parts.append(BatchedDataDict({**out, **(images if keep_images else {})}))
+    return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": worker.pad_id})

@@ -32,9 +32,8 @@ from nemo_dp.data_plane.schema import (
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import score_parts
-from nemo_dp.models.builders import build_model, cfg_get
-from nemo_dp.models.generation import generate as generate_tokens
-from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
+from nemo_dp.models.builders import build_model
+from nemo_dp.models.policy.images import generate_rows
 from nemo_dp.models.precision import resolve_precision
 from nemo_dp.models.token_ops import rollout_sample_mask
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
@@ -188,24 +187,7 @@ class RolloutWorker:
 
     def _generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> BatchedDataDict:
         # The same chunking and call as PolicyWorker.generate, so rows are bit-identical.
-        gen_cfg = cfg_get(self.cfg, "generation")
-        bs = int(cfg_get(self.cfg, "generation_batch_size"))
-        parts = []
-        for s in range(0, len(prompts), bs):
-            token_ids, images = encode_visual_prompts(self, prompts[s : s + bs])
-            out = generate_tokens(
-                bind_images(self.model, images) if images else self.model,
-                token_ids,
-                max_new_tokens=int(cfg_get(gen_cfg, "max_new_tokens")),
-                eos_id=self.eos_id,
-                pad_id=self.pad_id,
-                greedy=False,
-                temperature=float(cfg_get(gen_cfg, "temperature")),
-                seeds=[int(x) for x in seeds[s : s + bs]],
-                precision=self.precision,
-            )
-            parts.append(BatchedDataDict({**out, **images}))
-        return BatchedDataDict.from_batches(parts, pad_value_dict={INPUT_IDS: self.pad_id})
+        return generate_rows(self, prompts, seeds, greedy=False)
 
     def generate_into_store(
         self,

@@ -25,8 +25,7 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict, MicrobatchSpe
 from nemo_dp.distributed.worker_group import find_free_port, node_ip_address
 from nemo_dp.models.builders import build_model, cfg_get, save_tokenizer
 from nemo_dp.models.flat_grads import FlatGrads, make_adamw
-from nemo_dp.models.policy.images import bind_images, encode_visual_prompts
-from nemo_dp.models.generation import generate as generate_tokens
+from nemo_dp.models.policy.images import bind_images, generate_rows
 from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
 from nemo_dp.models.protocol import LossFn
 from nemo_dp.models.token_ops import (
@@ -330,25 +329,8 @@ class PolicyWorker:
             raise ValueError(f"PolicyWorker[{self.rank}].generate: {len(seeds)} seeds for {len(prompts)} prompts")
         if len(prompts) == 0:
             return BatchedDataDict()
-        gen_cfg = _cfg_get(self.cfg, "generation")
-        bs = int(_cfg_get(self.cfg, "generation_batch_size"))
         self.model.eval()
-        parts = []
-        for s in range(0, len(prompts), bs):
-            token_ids, images = encode_visual_prompts(self, prompts[s : s + bs])
-            out = generate_tokens(
-                bind_images(self.model, images) if images else self.model,
-                token_ids,
-                max_new_tokens=int(_cfg_get(gen_cfg, "max_new_tokens")),
-                eos_id=self.eos_id,
-                pad_id=self.pad_id,
-                greedy=greedy,
-                temperature=float(_cfg_get(gen_cfg, "temperature")),
-                seeds=[int(x) for x in seeds[s : s + bs]],
-                precision=self.precision,
-            )
-            parts.append(BatchedDataDict({**out, **(images if return_images else {})}))
-        return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
+        return generate_rows(self, prompts, seeds, greedy=greedy, keep_images=return_images)
 
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
