@@ -14,7 +14,7 @@ import hashlib
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,12 +279,26 @@ class PolicyWorker:
             out[k] = (v[:, :width] if v.dim() >= 2 and v.shape[1] > width else v).to(self.device)
         return out
 
-    @staticmethod
-    def _mb_width(mb: BatchedDataDict, spec: MicrobatchSpec, dynamic: bool) -> int:
-        longest = int(mb["input_lengths"].max())
-        if dynamic and spec.padded_length is not None:
-            return max(int(spec.padded_length), longest)
-        return longest
+    def _micro_batches(
+        self, data: BatchedDataDict, mbs: int
+    ) -> Iterator[tuple[MicrobatchSpec, BatchedDataDict, int]]:
+        """``(spec, micro-batch, width)`` per micro-batch of ``data`` (see :meth:`_specs`).
+
+        Args:
+            data: This rank's part (a plan, if attached, is followed).
+            mbs: Rows per micro-batch without a plan.
+
+        Returns:
+            An iterator; ``width`` is the micro-batch's longest row, or its planned padded
+            length when the plan is a dynamic (token-budgeted) one and longer.
+        """
+        dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
+        for spec in self._specs(data, mbs, None):
+            mb = data.slice(spec.start, spec.end)
+            width = int(mb["input_lengths"].max())
+            if dynamic and spec.padded_length is not None:
+                width = max(int(spec.padded_length), width)
+            yield spec, mb, width
 
     def _specs(self, data: BatchedDataDict, mbs: int, chunk_rows: int | None) -> list[MicrobatchSpec]:
         """Microbatches of ``data``: the driver's plan if attached, else fixed-size runs per chunk."""
@@ -336,12 +350,8 @@ class PolicyWorker:
     def _logprobs(self, model: torch.nn.Module, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
         model.eval()
         mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
-        width = data["input_ids"].shape[1]
-        dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
-        out = torch.zeros((data.size, width), dtype=torch.float32)
-        for spec in self._specs(data, mbs, None):
-            mb = data.slice(spec.start, spec.end)
-            w = self._mb_width(mb, spec, dynamic)
+        out = torch.zeros((data.size, data["input_ids"].shape[1]), dtype=torch.float32)
+        for spec, mb, w in self._micro_batches(data, mbs):
             ids = mb["input_ids"][:, :w].to(self.device)
             # Only the masked tokens' log-probs are read downstream (the loss and the metrics
             # mask them), so the LM head skips the prompt; without a mask every column is kept.
@@ -438,13 +448,9 @@ class PolicyWorker:
             state["skipped"] = True
             return
         loss_fn = state["loss_fn"]
-        dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
-        # No micro-batch size (policy.train_micro_batch_size: null): the whole part in one pass.
-        specs = self._specs(data, state["mbs"] or max(data.size, 1), None)
         metrics: dict[str, float] = state["metrics"]
-        for spec in specs:
-            mb = data.slice(spec.start, spec.end)
-            width = self._mb_width(mb, spec, dynamic)
+        # No micro-batch size (policy.train_micro_batch_size: null): the whole part in one pass.
+        for _, mb, width in self._micro_batches(data, state["mbs"] or max(data.size, 1)):
             tensors = self._trim(mb, width)
             if state["eval_mode"]:
                 with torch.no_grad():

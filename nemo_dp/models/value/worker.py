@@ -66,12 +66,8 @@ class ValueWorker(PolicyWorker):
         """
         self.model.eval()
         mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
-        width = data["input_ids"].shape[1]
-        dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
-        out = torch.zeros((data.size, width), dtype=torch.float32)
-        for spec in self._specs(data, mbs, None):
-            mb = data.slice(spec.start, spec.end)
-            w = self._mb_width(mb, spec, dynamic)
+        out = torch.zeros((data.size, data["input_ids"].shape[1]), dtype=torch.float32)
+        for spec, mb, w in self._micro_batches(data, mbs):
             values = align_values(self._forward(self.model, mb["input_ids"][:, :w].to(self.device))).cpu()
             lengths = mb["input_lengths"].to(torch.long)
             valid = torch.arange(w).unsqueeze(0) < lengths.unsqueeze(1)
