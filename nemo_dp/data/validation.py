@@ -230,6 +230,11 @@ def validate_datasets(
     env_cfg, algo = cfg.env, cfg.algorithm
     report = DatasetReport()
 
+    def longest_prompt(src: DataSource) -> int:
+        """``src``'s longest prompt plus ``max_new_tokens``, checked against the limit."""
+        lengths = _lengths(src, tokenizer, sft=False)
+        return _check_lengths(src, lengths, extra=new_tokens, limit=limit, limit_key=max_seq_len_key, what="prompt")
+
     def sft_phase(phase: str, num_key: str, val_key: str) -> None:
         src = sft_source(env_cfg, int(_get(cfg, num_key)), num_samples_key=num_key)
         longest = _check_lengths(
@@ -242,14 +247,7 @@ def validate_datasets(
     def val(phase: str, val_key: str) -> None:
         want = int(_get(cfg, val_key))
         src = val_source(env_cfg, want, val_samples_key=val_key, tokenizer=tokenizer)
-        longest = _check_lengths(
-            src,
-            _lengths(src, tokenizer, sft=False),
-            extra=new_tokens,
-            limit=limit,
-            limit_key=max_seq_len_key,
-            what="prompt",
-        )
+        longest = longest_prompt(src)
         note = ""
         if src.path is not None and len(src.rows) < want:
             note = f"the file holds {len(src.rows)} rows, fewer than {val_key}={want}: all {len(src.rows)} are used"
@@ -267,14 +265,7 @@ def validate_datasets(
     src = rl_source(
         env_cfg, int(algo.num_train_prompts), num_prompts_key="algorithm.num_train_prompts", tokenizer=tokenizer
     )
-    longest = _check_lengths(
-        src,
-        _lengths(src, tokenizer, sft=False),
-        extra=new_tokens,
-        limit=limit,
-        limit_key=max_seq_len_key,
-        what="prompt",
-    )
+    longest = longest_prompt(src)
     _check_size(src, int(algo.num_prompts_per_step), "algorithm.num_prompts_per_step")
     report.checks.append(
         DatasetCheck(name, "train", src.key, src.label, len(src.rows), longest, limit, columns=_reward_columns(src, env_cfg))
