@@ -20,6 +20,7 @@ from nemo_dp.algorithms.async_ledger import AsyncLedger
 from nemo_dp.algorithms.async_losses import TruncatedISClippedPGLoss
 from nemo_dp.algorithms.async_metrics import idle_metrics, staleness_metrics
 from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS
 from nemo_dp.algorithms.store_eval import make_store_evaluator
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
@@ -213,12 +214,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
             counters["step"] = step
             counters["consumed_samples"] += meta.size
             metrics: dict[str, Any] = {
-                "loss": train_metrics["loss"],
-                "pg_loss": train_metrics["pg_loss"],
-                "kl_penalty": train_metrics["kl_penalty"],
-                "clip_fraction": train_metrics["clip_fraction"],
-                "grad_norm": train_metrics["grad_norm"],
-                "lr": train_metrics["lr"],
+                **{k: train_metrics[k] for k in PG_TRAIN_METRICS},
                 "reward_mean": float(rewards.mean()),
                 "train_reward_mean": float(rewards.mean()),
                 **reward_part_means(_tag_parts(tags)),

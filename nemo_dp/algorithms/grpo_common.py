@@ -15,7 +15,17 @@ import torch
 from nemo_dp.algorithms.context import PhaseLogger
 from nemo_dp.algorithms.trainer_common import record_validation, should_validate
 
-__all__ = ["TRAIN_FORWARD", "SEPARATE_FORWARD", "LogprobPlan", "logprob_plan", "finish_grpo_step_metrics"]
+__all__ = [
+    "PG_TRAIN_METRICS",
+    "TRAIN_FORWARD",
+    "SEPARATE_FORWARD",
+    "LogprobPlan",
+    "logprob_plan",
+    "finish_grpo_step_metrics",
+]
+
+#: The policy-training metrics a GRPO step reports as they come from ``train`` / ``train_from_meta``.
+PG_TRAIN_METRICS = ("loss", "pg_loss", "kl_penalty", "clip_fraction", "grad_norm", "lr")
 
 #: ``prev_logprobs_source`` of a step whose ``prev_logprobs`` came from the training forward.
 TRAIN_FORWARD = "train_forward"
@@ -114,12 +124,7 @@ def finish_grpo_step_metrics(
     t_gen, t_lp, t_train = timings
     rewards = info["unfiltered_rewards"]
     metrics: dict[str, Any] = {
-        "loss": train_metrics["loss"],
-        "pg_loss": train_metrics["pg_loss"],
-        "kl_penalty": train_metrics["kl_penalty"],
-        "clip_fraction": train_metrics["clip_fraction"],
-        "grad_norm": train_metrics["grad_norm"],
-        "lr": train_metrics["lr"],
+        **{k: train_metrics[k] for k in PG_TRAIN_METRICS},
         "reward_mean": float(rewards.mean()),
         "train_reward_mean": float(train_rewards.mean()),
         "advantage_abs_mean": float(advantages.abs().mean()),
