@@ -276,18 +276,7 @@ def rl_source(env_cfg: Any, num_prompts: int, *, num_prompts_key: str, tokenizer
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
-    if _visual.is_visual_env(env_cfg):
-        rows = _visual.visual_rl_rows(env_cfg, int(num_prompts), num_prompts_key=num_prompts_key)
-        return DataSource(num_prompts_key, None, list(rows), total=len(rows))
-    table = _table_source(env_cfg, "rl", "rl", tokenizer)
-    if table is not None:
-        return table
-    src = _generated(
-        num_prompts_key, arithmetic_task(env_cfg).train_problems, int(num_prompts), answer_column=columns_of(env_cfg).answer
-    )
-    if _chat_format(env_cfg):
-        return DataSource(src.key, None, _as_chat(src.rows, tokenizer), total=src.total)
-    return src
+    return _problem_source(env_cfg, num_prompts, num_prompts_key, tokenizer, held_out=False)
 
 
 def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenizer: Any | None) -> DataSource:
@@ -309,15 +298,38 @@ def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenize
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
+    return _problem_source(env_cfg, val_samples, val_samples_key, tokenizer, held_out=True)
+
+
+def _problem_source(env_cfg: Any, n: Any, key: str, tokenizer: Any | None, *, held_out: bool) -> DataSource:
+    """Training (``rl_source``) or held-out (``val_source``) problems.
+
+    Args:
+        env_cfg: The ``env`` node.
+        n: How many problems to generate (and, held out, to read at most from a file).
+        key: The key holding ``n``.
+        tokenizer: Renders ``messages`` prompts.
+        held_out: The held-out set (``env.val_data``, the task's eval problems) instead of
+            the training one (``env.rl_data``, its train problems).
+
+    Returns:
+        The source; rows are ``Problem``.
+
+    Raises:
+        DatasetError: Naming the key, file, line and field at fault.
+    """
     if _visual.is_visual_env(env_cfg):
-        rows = _visual.visual_val_rows(env_cfg, int(val_samples), val_samples_key=val_samples_key)
-        return DataSource(val_samples_key, None, list(rows), total=len(rows))
-    table = _table_source(env_cfg, "val", "rl", tokenizer, stop=int(val_samples))
+        if held_out:
+            rows = _visual.visual_val_rows(env_cfg, int(n), val_samples_key=key)
+        else:
+            rows = _visual.visual_rl_rows(env_cfg, int(n), num_prompts_key=key)
+        return DataSource(key, None, list(rows), total=len(rows))
+    table = _table_source(env_cfg, "val" if held_out else "rl", "rl", tokenizer, stop=int(n) if held_out else None)
     if table is not None:
         return table
-    src = _generated(
-        val_samples_key, arithmetic_task(env_cfg).eval_problems, int(val_samples), answer_column=columns_of(env_cfg).answer
-    )
+    task = arithmetic_task(env_cfg)
+    problems = task.eval_problems if held_out else task.train_problems
+    src = _generated(key, problems, int(n), answer_column=columns_of(env_cfg).answer)
     if _chat_format(env_cfg):
         return DataSource(src.key, None, _as_chat(src.rows, tokenizer), total=src.total)
     return src
