@@ -7,7 +7,7 @@ file:line and field.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -19,7 +19,7 @@ from nemo_dp.data.image_sources import image_prompt_lengths, is_image_rows
 from nemo_dp.data.sources import DataSource, rl_source, sft_source, val_source
 from nemo_dp.data.visual_sources import is_visual_env, validate_visual_datasets
 
-__all__ = ["DatasetCheck", "DatasetReport", "validate_datasets"]
+__all__ = ["DatasetCheck", "DatasetReport", "get_dotted", "sft_phases", "validate_datasets"]
 
 _MAX_SEQ_LEN_KEY = "policy.model.max_seq_len"
 _NEW_TOKENS_KEY = "policy.generation.max_new_tokens"
@@ -188,10 +188,31 @@ def _reward_columns(src: DataSource, env_cfg: Any) -> tuple[str, ...]:
     return tuple(c for c in src.table.column_names if c not in (col.prompt, col.messages))
 
 
-def _get(node: Any, dotted: str) -> Any:
+def get_dotted(node: Any, dotted: str) -> Any:
+    """``node.a.b`` for ``dotted`` ``"a.b"`` (attribute access at every level)."""
     for part in dotted.split("."):
         node = getattr(node, part)
     return node
+
+
+def sft_phases(algo: Any, sft_phase: Callable[[str, str, str], None]) -> bool:
+    """Check a run's SFT phases with ``sft_phase(phase, num_samples_key, val_samples_key)``.
+
+    Args:
+        algo: The ``algorithm`` node.
+        sft_phase: Checks one SFT phase's training and held-out sets.
+
+    Returns:
+        Whether the run is all SFT (``algorithm.name=sft``, nothing else to check); else an
+        enabled ``warm_start`` was checked and the RL phase is left to the caller.
+    """
+    if str(algo.name) == "sft":
+        sft_phase("sft", "algorithm.num_train_samples", "algorithm.val_samples")
+        return True
+    warm = getattr(algo, "warm_start", None)
+    if warm is not None and bool(warm.enabled):
+        sft_phase("warm_start", "algorithm.warm_start.num_train_samples", "algorithm.warm_start.val_samples")
+    return False
 
 
 def validate_datasets(
@@ -224,7 +245,7 @@ def validate_datasets(
     """
     if is_visual_env(cfg.env):
         return validate_visual_datasets(cfg, tokenizer)
-    limit = int(max_seq_len if max_seq_len is not None else _get(cfg, max_seq_len_key))
+    limit = int(max_seq_len if max_seq_len is not None else get_dotted(cfg, max_seq_len_key))
     new_tokens = int(cfg.policy.generation.max_new_tokens)
     sft_batch = int(cfg.policy.train_global_batch_size)
     env_cfg, algo = cfg.env, cfg.algorithm
@@ -236,7 +257,7 @@ def validate_datasets(
         return _check_lengths(src, lengths, extra=new_tokens, limit=limit, limit_key=max_seq_len_key, what="prompt")
 
     def sft_phase(phase: str, num_key: str, val_key: str) -> None:
-        src = sft_source(env_cfg, int(_get(cfg, num_key)), num_samples_key=num_key)
+        src = sft_source(env_cfg, int(get_dotted(cfg, num_key)), num_samples_key=num_key)
         longest = _check_lengths(
             src, _lengths(src, tokenizer, sft=True), extra=0, limit=limit, limit_key=max_seq_len_key, what="example"
         )
@@ -245,7 +266,7 @@ def validate_datasets(
         val(phase, val_key)
 
     def val(phase: str, val_key: str) -> None:
-        want = int(_get(cfg, val_key))
+        want = int(get_dotted(cfg, val_key))
         src = val_source(env_cfg, want, val_samples_key=val_key, tokenizer=tokenizer)
         longest = longest_prompt(src)
         note = ""
@@ -256,12 +277,8 @@ def validate_datasets(
         )
 
     name = str(algo.name)
-    if name == "sft":
-        sft_phase("sft", "algorithm.num_train_samples", "algorithm.val_samples")
+    if sft_phases(algo, sft_phase):
         return report
-    warm = getattr(algo, "warm_start", None)
-    if warm is not None and bool(warm.enabled):
-        sft_phase("warm_start", "algorithm.warm_start.num_train_samples", "algorithm.warm_start.val_samples")
     src = rl_source(
         env_cfg, int(algo.num_train_prompts), num_prompts_key="algorithm.num_train_prompts", tokenizer=tokenizer
     )

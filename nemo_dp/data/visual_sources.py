@@ -104,7 +104,7 @@ def validate_visual_datasets(cfg: Any, tokenizer: Any) -> Any:
             images, or a prompt / example does not fit
             ``policy.model.max_seq_len`` (naming the key to change).
     """
-    from nemo_dp.data.validation import DatasetCheck, DatasetReport
+    from nemo_dp.data.validation import DatasetCheck, DatasetReport, get_dotted, sft_phases
 
     for name in ("sft_data", "rl_data", "val_data", "sft_jsonl", "rl_jsonl", "val_jsonl"):
         if getattr(cfg.env, name, None) is not None:
@@ -140,19 +140,15 @@ def validate_visual_datasets(cfg: Any, tokenizer: Any) -> Any:
     task = visual_task(env_cfg)
 
     def sft_phase(phase: str, num_key: str, val_key: str) -> None:
-        problems = _draw(task.train_problems, int(_get(cfg, num_key)), num_key)
+        problems = _draw(task.train_problems, int(get_dotted(cfg, num_key)), num_key)
         # prompt + the answer's tokens + eos
         extra = max(len(tokenizer.encode(p.answer)) for p in problems) + 1
         check(phase, "train", num_key, problems, extra, "example")
-        check(phase, "val", val_key, _draw(task.eval_problems, int(_get(cfg, val_key)), val_key), new_tokens, "prompt")
+        check(phase, "val", val_key, _draw(task.eval_problems, int(get_dotted(cfg, val_key)), val_key), new_tokens, "prompt")
 
     name = str(algo.name)
-    if name == "sft":
-        sft_phase("sft", "algorithm.num_train_samples", "algorithm.val_samples")
+    if sft_phases(algo, sft_phase):
         return report
-    warm = getattr(algo, "warm_start", None)
-    if warm is not None and bool(warm.enabled):
-        sft_phase("warm_start", "algorithm.warm_start.num_train_samples", "algorithm.warm_start.val_samples")
     problems = _draw(task.train_problems, int(algo.num_train_prompts), "algorithm.num_train_prompts")
     if len(problems) < int(algo.num_prompts_per_step):
         raise DatasetError(
@@ -165,9 +161,3 @@ def validate_visual_datasets(cfg: Any, tokenizer: Any) -> Any:
     val_key = "algorithm.val_samples"
     check(name, "val", val_key, _draw(task.eval_problems, int(algo.val_samples), val_key), new_tokens, "prompt")
     return report
-
-
-def _get(node: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node
