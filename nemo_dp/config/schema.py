@@ -65,6 +65,21 @@ def _at_least(key: str, value: float, lower: float) -> None:
         _fail(key, f"must be >= {lower}, got {value!r}")
 
 
+def _at_least_each(prefix: str, node: Any, **lower: float) -> None:
+    """:func:`_at_least` on ``node.<name> >= bound`` for each ``name=bound``, in order.
+
+    Args:
+        prefix: The node's dotted key (``"policy.model"``); errors name ``prefix.name``.
+        node: The config node.
+        **lower: Each field's lower bound.
+
+    Raises:
+        ValueError: The first field below its bound.
+    """
+    for name, bound in lower.items():
+        _at_least(f"{prefix}.{name}", getattr(node, name), bound)
+
+
 def _positive(key: str, value: float) -> None:
     if not value > 0:
         _fail(key, f"must be > 0, got {value!r}")
@@ -89,9 +104,7 @@ class ModelSchema:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        _at_least("policy.model.n_layers", self.n_layers, 1)
-        _at_least("policy.model.d_model", self.d_model, 1)
-        _at_least("policy.model.n_heads", self.n_heads, 1)
+        _at_least_each("policy.model", self, n_layers=1, d_model=1, n_heads=1)
         if self.d_model % self.n_heads != 0:
             _fail(
                 "policy.model.d_model",
@@ -156,9 +169,9 @@ class DynamicBatchingConfig:
     sequence_length_round: int = 4
 
     def __post_init__(self) -> None:
-        _at_least("policy.dynamic_batching.train_mb_tokens", self.train_mb_tokens, 1)
-        _at_least("policy.dynamic_batching.logprob_mb_tokens", self.logprob_mb_tokens, 1)
-        _at_least("policy.dynamic_batching.sequence_length_round", self.sequence_length_round, 1)
+        _at_least_each(
+            "policy.dynamic_batching", self, train_mb_tokens=1, logprob_mb_tokens=1, sequence_length_round=1
+        )
 
 
 @dataclass
@@ -173,8 +186,7 @@ class SequencePackingConfig:
     microbatch_order: str = "packer"
 
     def __post_init__(self) -> None:
-        _at_least("policy.sequence_packing.train_mb_tokens", self.train_mb_tokens, 1)
-        _at_least("policy.sequence_packing.logprob_mb_tokens", self.logprob_mb_tokens, 1)
+        _at_least_each("policy.sequence_packing", self, train_mb_tokens=1, logprob_mb_tokens=1)
         _one_of("policy.sequence_packing.algorithm", self.algorithm, SEQUENCE_PACKING_ALGORITHMS)
         _at_least(
             "policy.sequence_packing.sequence_length_pad_multiple",
@@ -214,13 +226,10 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.init_from is not None and not str(self.init_from).strip():
             _fail("policy.init_from", "must be a checkpoint path or null, got an empty string")
-        _at_least("policy.dp_size", self.dp_size, 1)
-        _at_least("policy.torch_threads", self.torch_threads, 1)
-        _at_least("policy.train_global_batch_size", self.train_global_batch_size, 1)
+        _at_least_each("policy", self, dp_size=1, torch_threads=1, train_global_batch_size=1)
         if self.train_micro_batch_size is not None:
             _at_least("policy.train_micro_batch_size", self.train_micro_batch_size, 1)
-        _at_least("policy.logprob_batch_size", self.logprob_batch_size, 1)
-        _at_least("policy.generation_batch_size", self.generation_batch_size, 1)
+        _at_least_each("policy", self, logprob_batch_size=1, generation_batch_size=1)
         if self.train_global_batch_size % self.dp_size != 0:
             _fail(
                 "policy.train_global_batch_size",
@@ -295,9 +304,9 @@ class GRPOLossConfig:
     token_level_loss: bool = True
 
     def __post_init__(self) -> None:
-        _at_least("algorithm.loss.ratio_clip_min", self.ratio_clip_min, 0.0)
-        _at_least("algorithm.loss.ratio_clip_max", self.ratio_clip_max, 0.0)
-        _at_least("algorithm.loss.reference_policy_kl_penalty", self.reference_policy_kl_penalty, 0.0)
+        _at_least_each(
+            "algorithm.loss", self, ratio_clip_min=0.0, ratio_clip_max=0.0, reference_policy_kl_penalty=0.0
+        )
 
 
 @dataclass
@@ -323,9 +332,7 @@ class WarmStartConfig:
     val_samples: int = 100
 
     def __post_init__(self) -> None:
-        _at_least("algorithm.warm_start.max_steps", self.max_steps, 1)
-        _at_least("algorithm.warm_start.warmup_steps", self.warmup_steps, 0)
-        _at_least("algorithm.warm_start.num_train_samples", self.num_train_samples, 1)
+        _at_least_each("algorithm.warm_start", self, max_steps=1, warmup_steps=0, num_train_samples=1)
         _positive("algorithm.warm_start.lr", self.lr)
         _at_least("algorithm.warm_start.val_samples", self.val_samples, 1)
 
@@ -376,8 +383,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         _check_common_algorithm(self, "grpo")
-        _at_least("algorithm.num_prompts_per_step", self.num_prompts_per_step, 1)
-        _at_least("algorithm.num_generations_per_prompt", self.num_generations_per_prompt, 1)
+        _at_least_each("algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1)
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt < 2:
             _fail(
                 "algorithm.num_generations_per_prompt",
@@ -407,8 +413,7 @@ class PPOValueConfig:
 
     def __post_init__(self) -> None:
         _positive("algorithm.value.lr", self.lr)
-        _at_least("algorithm.value.warmup_steps", self.warmup_steps, 0)
-        _at_least("algorithm.value.value_clip", self.value_clip, 0.0)
+        _at_least_each("algorithm.value", self, warmup_steps=0, value_clip=0.0)
 
 
 @dataclass
@@ -435,10 +440,9 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         _check_common_algorithm(self, "ppo")
-        _at_least("algorithm.num_prompts_per_step", self.num_prompts_per_step, 1)
-        _at_least("algorithm.num_generations_per_prompt", self.num_generations_per_prompt, 1)
-        _at_least("algorithm.num_train_prompts", self.num_train_prompts, self.num_prompts_per_step)
-        _at_least("algorithm.ppo_epochs", self.ppo_epochs, 1)
+        _at_least_each(
+            "algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1, num_train_prompts=self.num_prompts_per_step, ppo_epochs=1
+        )
         for key, value in (("gamma", self.gamma), ("lam", self.lam)):
             if not 0.0 <= value <= 1.0:
                 _fail(f"algorithm.{key}", f"must be in [0, 1], got {value!r}")
@@ -496,8 +500,7 @@ class CheckpointingConfig:
     def __post_init__(self) -> None:
         if not self.checkpoint_dir:
             _fail("checkpointing.checkpoint_dir", "must be a non-empty path")
-        _at_least("checkpointing.save_period", self.save_period, 0)
-        _at_least("checkpointing.keep_last", self.keep_last, 1)
+        _at_least_each("checkpointing", self, save_period=0, keep_last=1)
 
 
 @dataclass
