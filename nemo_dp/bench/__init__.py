@@ -135,12 +135,7 @@ def run_bench(
         return run_peer_trl_bench(cfg, output_dir)
     from nemo_dp.bench import steps
 
-    runners = {
-        "grpo_step": steps.run_grpo_step_bench,
-        "ppo_step": steps.run_ppo_step_bench,
-        "sft_step": steps.run_sft_step_bench,
-    }
-    runner = runners.get(name)
-    if runner is None:
+    spec = steps.STEP_BENCHES.get(name)
+    if spec is None:
         raise ValueError(f"unknown bench.name {name!r}; known benches: {sorted(BENCH_NAMES)}")
-    return runner(cfg, output_dir)
+    return steps.run_step_bench(cfg, output_dir, spec)

@@ -38,9 +38,7 @@ __all__ = [
     "StepBench",
     "run_step_bench",
     "launcher_policy_overrides",
-    "run_grpo_step_bench",
-    "run_ppo_step_bench",
-    "run_sft_step_bench",
+    "STEP_BENCHES",
 ]
 
 RL_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq", "ray")
@@ -537,41 +535,5 @@ SFT_STEP = StepBench(
     run_prefix="sft_",
 )
 
-
-def run_grpo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Legacy vs data-plane GRPO step at each batch size (``bench=grpo_step``).
-
-    Args:
-        cfg: The composed bench root config.
-        output_dir: Where the runs and the JSON go.
-
-    Returns:
-        The report.
-    """
-    return run_step_bench(cfg, output_dir, GRPO_STEP)
-
-
-def run_ppo_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Legacy vs data-plane PPO step at each batch size (``bench=ppo_step``).
-
-    Args:
-        cfg: The composed bench root config.
-        output_dir: Where the runs and the JSON go.
-
-    Returns:
-        The report.
-    """
-    return run_step_bench(cfg, output_dir, PPO_STEP)
-
-
-def run_sft_step_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Legacy vs ``local`` vs ``tq`` SFT step at each batch size (``bench=sft_step``).
-
-    Args:
-        cfg: The composed bench root config.
-        output_dir: Where the runs and the JSON go.
-
-    Returns:
-        The report.
-    """
-    return run_step_bench(cfg, output_dir, SFT_STEP)
+#: ``bench.name`` -> its step benchmark (legacy vs data-plane trainers at each batch size).
+STEP_BENCHES: dict[str, StepBench] = {spec.name: spec for spec in (GRPO_STEP, PPO_STEP, SFT_STEP)}
