@@ -112,16 +112,16 @@ class PartitionBook(Generic[R]):
         return sorted(part.row_ids()) if part is not None else []
 
     # --- partitions ---------------------------------------------------------------------------
-    def check_new(
-        self,
-        partition_id: Any,
-        fields: Any,
-        num_samples: Any,
-        consumer_tasks: Any,
-        grpo_group_size: Any = None,
-        enums: Any = None,
-    ) -> Registration:
+    def check_new(self, partition_id: Any, *registration: Any) -> Registration:
         """Check a registration against the arguments' rules and the live ids.
+
+        Args:
+            partition_id: The new partition's id.
+            *registration: The rest of ``check_registration``'s arguments (fields,
+                num_samples, consumer_tasks, then optionally grpo_group_size and enums).
+
+        Returns:
+            The checked registration.
 
         Raises:
             ValueError: Reserved or live id (``"already registered"``), or as
@@ -131,9 +131,7 @@ class PartitionBook(Generic[R]):
         check_partition_id(partition_id)
         if partition_id in self.partitions:
             raise already_registered(partition_id)
-        return check_registration(
-            partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
-        )
+        return check_registration(partition_id, *registration)
 
     def add(self, record_type: type[R], reg: Registration, **extra: Any) -> R:
         """Register a new ``record_type`` record for a checked registration, with fresh claims.
