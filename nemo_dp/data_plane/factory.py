@@ -69,14 +69,7 @@ def data_plane_kind(cfg: Any) -> str:
         ValueError: Enabled with an unknown or missing ``impl`` (``"unknown data_plane impl"``).
         TypeError: ``cfg`` is of an unsupported type, or ``enabled`` is not a bool.
     """
-    if cfg is None or type(cfg) is DisabledDataPlaneConfig:
-        return DISABLED
-    enabled = _get(cfg, "enabled")
-    if enabled is _ABSENT or enabled is None:
-        return DISABLED
-    if not isinstance(enabled, bool):
-        raise TypeError(f"data_plane.enabled must be a bool, got {enabled!r}")
-    if not enabled:
+    if not data_plane_enabled(cfg):
         return DISABLED
     impl = _get(cfg, "impl")
     if impl is _ABSENT:
