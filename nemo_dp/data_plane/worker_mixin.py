@@ -9,7 +9,7 @@ must define ``_local_coords()``.  Nothing here imports Ray, TransferQueue or an 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -115,37 +115,16 @@ class TQWorkerMixin:
     dp_cfg: Any = None
     _dp_train_step_active: bool = False
 
-    if TYPE_CHECKING:  # the host's hooks; never defined here at runtime
+    if TYPE_CHECKING:  # the host's hooks, with the host's signatures; never defined here at runtime
         cfg: Any
-
-        def train(
-            self,
-            data: BatchedDataDict,
-            loss_fn: Any,
-            eval_mode: bool = False,
-            gbs: int | None = None,
-            mbs: int | None = None,
-        ) -> dict: ...
-
-        def get_logprobs(
-            self, data: BatchedDataDict, micro_batch_size: int | None = None
-        ) -> Mapping[str, Any]: ...
-
-        def get_reference_policy_logprobs(
-            self, data: BatchedDataDict, micro_batch_size: int | None = None
-        ) -> Mapping[str, Any]: ...
-
-        def get_values(
-            self, data: BatchedDataDict, micro_batch_size: int | None = None
-        ) -> Mapping[str, Any]: ...
-
-        def begin_train_step(self, loss_fn: Any, mbs: int | None = None) -> None: ...
-
-        def train_microbatch(self, data: BatchedDataDict) -> None: ...
-
-        def finish_train_step(self) -> dict: ...
-
-        def abort_train_step(self) -> None: ...
+        train: Callable[..., dict]  # (data, loss_fn, eval_mode, gbs, mbs)
+        get_logprobs: Callable[..., Mapping[str, Any]]  # (data, micro_batch_size)
+        get_reference_policy_logprobs: Callable[..., Mapping[str, Any]]  # (data, micro_batch_size)
+        get_values: Callable[..., Mapping[str, Any]]  # (data, micro_batch_size)
+        begin_train_step: Callable[..., None]  # (loss_fn, mbs)
+        train_microbatch: Callable[[BatchedDataDict], None]
+        finish_train_step: Callable[[], dict]
+        abort_train_step: Callable[[], None]
 
     # --- setup --------------------------------------------------------------------------------
     def setup_data_plane(self, cfg: Any) -> None:
