@@ -15,6 +15,7 @@ import torch
 from nemo_dp.models.builders import build_model, build_tokenizer, validate_policy
 from nemo_dp.models.hf import validate_hf_policy
 from nemo_dp.models.hf.make_tiny import ensure_tiny_checkpoint, make_tiny_checkpoint
+from tests.unit.test_precision import _tiny
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,32 +31,10 @@ def llama(cache: Path) -> Path:
 
 
 def _policy(path: Any, **kw: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "kind": "hf",
-        "model_name_or_path": str(path),
-        "tokenizer_name_or_path": None,
-        "dtype": "float32",
-        "attn_implementation": "sdpa",
-        "trust_remote_code": False,
-        "device": "cpu",
-        "dp_size": 1,
-        "torch_threads": 1,
-        "model": {"max_seq_len": 64},
-        "optimizer": {
-            "name": "adamw", "lr": 3e-3, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.99,
-            "eps": 1e-8, "warmup_steps": 0, "schedule": "constant", "min_lr_ratio": 0.1,
-        },
-        "generation": {"max_new_tokens": 4, "temperature": 1.0},
-        "train_global_batch_size": 4,
-        "train_micro_batch_size": 2,
-        "logprob_batch_size": 4,
-        "generation_batch_size": 4,
-        "max_grad_norm": 1.0,
-        "dynamic_batching": {"enabled": False},
-        "sequence_packing": {"enabled": False},
-    }
-    cfg.update(kw)
-    return cfg
+    """The precision tests' one-rank CPU config (``_tiny``) on the HF checkpoint at ``path``."""
+    hf = {"kind": "hf", "model_name_or_path": str(path), "tokenizer_name_or_path": None, "dtype": "float32",
+          "attn_implementation": "sdpa", "trust_remote_code": False, "device": "cpu", "model": {"max_seq_len": 64}}
+    return _tiny(**{**hf, "generation": {"max_new_tokens": 4, "temperature": 1.0}, **kw})
 
 
 # --- the offline checkpoint -----------------------------------------------------------------
