@@ -108,7 +108,7 @@ WARM_START_SCRIPT = REPO_ROOT / "tests" / "e2e" / "warm_start.py"
 
 #: Environment prefixes the launch server's preloaded libraries read at import: a run whose
 #: environment differs from the server's in one of these gets a fresh interpreter instead.
-_IMPORT_TIME_ENV = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA", "HYDRA_", "PYTHON")
+_IMPORT_TIME_ENV = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA", "HYDRA_", "PYTHON", "MPL")
 
 
 class LaunchServer:
