@@ -16,23 +16,40 @@ Modules, one job each: ``client`` (``RayStoreClient``: puts, reads, claims over 
 ``columns`` (column payloads and row gathers), ``validation`` (caller-side checks) and
 ``checkpoint`` (typed, pickle-free checkpoints saved by the bootstrapping client).
 
-Ray is imported inside functions only: importing this package loads torch and tensordict but
-not Ray.  Objects are owned by the process that put them and stay readable while it lives
+Ray is imported inside functions only. The package's names load on first use: the metadata
+actor's process imports ``actor`` and ``state`` only, without torch or tensordict.  Objects are owned by the process that put them and stay readable while it lives
 (inline columns live in the actor; see ``client``).
 """
 
 from __future__ import annotations
 
-from nemo_dp.data_plane.adapters.ray_store.actor import ACTOR_NAME, ACTOR_NAMESPACE, actor_exists
-from nemo_dp.data_plane.adapters.ray_store.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
-from nemo_dp.data_plane.adapters.ray_store.client import RayStoreClient, build_ray_store_client
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "ACTOR_NAME",
-    "ACTOR_NAMESPACE",
-    "CHECKPOINT_FORMAT",
-    "CHECKPOINT_VERSION",
-    "RayStoreClient",
-    "actor_exists",
-    "build_ray_store_client",
-]
+if TYPE_CHECKING:
+    from nemo_dp.data_plane.adapters.ray_store.actor import ACTOR_NAME, ACTOR_NAMESPACE, actor_exists
+    from nemo_dp.data_plane.adapters.ray_store.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
+    from nemo_dp.data_plane.adapters.ray_store.client import RayStoreClient, build_ray_store_client
+
+#: Exported name -> the module of this package that defines it.
+_EXPORTS: dict[str, str] = {
+    "ACTOR_NAME": "actor",
+    "ACTOR_NAMESPACE": "actor",
+    "actor_exists": "actor",
+    "CHECKPOINT_FORMAT": "checkpoint",
+    "CHECKPOINT_VERSION": "checkpoint",
+    "RayStoreClient": "client",
+    "build_ray_store_client": "client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name from its module on first access."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
