@@ -12,7 +12,7 @@ both logical CPUs, so every actor a test starts must request ``num_cpus=0``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,29 +36,30 @@ def tq_test_config(**simple: Any) -> DataPlaneConfig:
     return DataPlaneConfig(simple=SimpleStorageConfig(**params))
 
 
-class TQSession:
-    """Holds the session's bootstrapping client and can replace it with a fresh system.
+class BootstrapSession:
+    """Holds a backend's bootstrapping client and can replace it with a fresh, empty system.
 
     Tests that need a clean system (checkpoint loads, close semantics) call ``fresh()``; the
     next ``client`` access re-bootstraps if the current one was closed, so later tests always
     get a live session client.
+
+    Args:
+        bootstrap: Builds a new bootstrapping client (a new, empty system).
     """
 
-    def __init__(self, cfg: DataPlaneConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, bootstrap: Callable[[], Any]) -> None:
+        self._bootstrap = bootstrap
         self._client: Any = None
 
     @property
     def client(self) -> Any:
-        """The live bootstrapping ``TQDataPlaneClient`` (created on first use or after close)."""
-        from nemo_dp.data_plane.adapters.transfer_queue import TQDataPlaneClient
-
+        """The live bootstrapping client (created on first use or after close)."""
         if self._client is None or self._client.closed:
-            self._client = TQDataPlaneClient(self.cfg, bootstrap=True)
+            self._client = self._bootstrap()
         return self._client
 
     def close(self) -> None:
-        """Close the current client (tears the library's actors down); idempotent."""
+        """Close the current client (tears the backend's actors down); idempotent."""
         if self._client is not None:
             try:
                 self._client.close()
@@ -73,6 +74,15 @@ class TQSession:
         """
         self.close()
         return self.client
+
+
+class TQSession(BootstrapSession):
+    """The session's TransferQueue system (``TQDataPlaneClient`` bootstrapping ``cfg``)."""
+
+    def __init__(self, cfg: DataPlaneConfig) -> None:
+        from nemo_dp.data_plane.adapters.transfer_queue import TQDataPlaneClient
+
+        super().__init__(lambda: TQDataPlaneClient(cfg, bootstrap=True))
 
 
 @pytest.fixture(scope="session")

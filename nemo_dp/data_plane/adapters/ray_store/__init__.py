@@ -23,33 +23,22 @@ actor's process imports ``actor`` and ``state`` only, without torch or tensordic
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nemo_dp.utils.imports import lazy_exports
 
 if TYPE_CHECKING:
     from nemo_dp.data_plane.adapters.ray_store.actor import ACTOR_NAME, ACTOR_NAMESPACE, actor_exists
     from nemo_dp.data_plane.adapters.ray_store.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
     from nemo_dp.data_plane.adapters.ray_store.client import RayStoreClient, build_ray_store_client
 
-#: Exported name -> the module of this package that defines it.
-_EXPORTS: dict[str, str] = {
-    "ACTOR_NAME": "actor",
-    "ACTOR_NAMESPACE": "actor",
-    "actor_exists": "actor",
-    "CHECKPOINT_FORMAT": "checkpoint",
-    "CHECKPOINT_VERSION": "checkpoint",
-    "RayStoreClient": "client",
-    "build_ray_store_client": "client",
+_MODULES: dict[str, tuple[str, ...]] = {
+    "actor": ("ACTOR_NAME", "ACTOR_NAMESPACE", "actor_exists"),
+    "checkpoint": ("CHECKPOINT_FORMAT", "CHECKPOINT_VERSION"),
+    "client": ("RayStoreClient", "build_ray_store_client"),
 }
+_EXPORTS = {name: f"{__name__}.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    """Import an exported name from its module on first access."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
