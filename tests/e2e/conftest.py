@@ -285,6 +285,41 @@ def assert_launch_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"launcher failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
 
 
+#: Tiny GRPO from scratch (no warm start): 4 prompts x 4 samples a step, held-out accuracy only
+#: after the last step. ``launch_tiny_grpo`` adds the data plane, trainer mode and step count.
+TINY_GRPO: tuple[str, ...] = (
+    *TINY,
+    "algorithm.warm_start.enabled=false",
+    "algorithm.num_prompts_per_step=4",
+    "algorithm.num_generations_per_prompt=4",
+    "algorithm.num_train_prompts=64",
+    "algorithm.val_at_start=false",
+)
+
+
+def launch_tiny_grpo(
+    tmp_path: Path, *overrides: str, steps: int
+) -> tuple[subprocess.CompletedProcess, dict[int, dict[str, Any]]]:
+    """Run ``TINY_GRPO`` with ``overrides`` for ``steps`` steps into ``tmp_path / "run"``.
+
+    Args:
+        tmp_path: The working directory; the run directory is its ``run``.
+        *overrides: Further overrides (the data plane, the trainer mode, observability).
+        steps: ``algorithm.max_steps``, also the validation period (accuracy after the last).
+
+    Returns:
+        The completed launcher process (the test fails unless it exited 0) and the run's
+        ``metrics.jsonl`` records by step.
+    """
+    from nemo_dp.utils.metrics import read_metrics
+
+    run = tmp_path / "run"
+    args = [*overrides, *TINY_GRPO, f"algorithm.max_steps={steps}", f"algorithm.val_period={steps}"]
+    proc = run_launch([*args, f"hydra.run.dir={run}"], tmp_path, timeout=280)
+    assert_launch_ok(proc)
+    return proc, {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
+
+
 @pytest.fixture
 def launch(tmp_path: Path) -> LaunchFn:
     """Run the launcher with the given overrides in ``tmp_path``; returns the completed process."""

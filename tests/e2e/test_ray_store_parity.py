@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -159,33 +158,12 @@ if __name__ == "__main__":
 @pytest.mark.timeout(300)
 def test_launcher_trains_grpo_over_the_ray_store(tmp_path: Path) -> None:
     """``launch.py data_plane=ray`` selects the data-plane pair through the registries."""
-    from nemo_dp.utils.metrics import read_metrics
-    from tests.e2e.conftest import LAUNCHER, TINY, run_script
+    from tests.e2e.conftest import launch_tiny_grpo
 
-    run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = run_script(
-        LAUNCHER,
-        [
-            "data_plane=ray", *TINY,
-            "algorithm.warm_start.enabled=false",
-            "algorithm.num_prompts_per_step=4",
-            "algorithm.num_generations_per_prompt=4",
-            "algorithm.num_train_prompts=64",
-            "algorithm.max_steps=2",
-            "algorithm.val_period=2",
-            "algorithm.val_at_start=false",
-            "data_plane.observability.enabled=true",
-            f"hydra.run.dir={run}",
-        ],
-        tmp_path, env=env, timeout=280,
-    )
-    assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    proc, records = launch_tiny_grpo(tmp_path, "data_plane=ray", "data_plane.observability.enabled=true", steps=2)
     assert "Running synchronous GRPO training (data plane: ray_store)" in proc.stdout
     assert "trainer nemo_dp.algorithms.grpo_sync:grpo_train_sync" in proc.stdout
     assert "policy factory nemo_dp.models.policy.tq_policy:TQPolicy" in proc.stdout
-    records = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
     assert sorted(records) == [1, 2]
     for rec in records.values():
         # The driver registers and clears; advantages ride with the training dispatch.
@@ -197,32 +175,11 @@ def test_launcher_trains_grpo_over_the_ray_store(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_launcher_trains_asynchronous_grpo_over_the_ray_store(tmp_path: Path) -> None:
     """Async GRPO's rollout actors stream rows through the ray store into the trainer."""
-    from nemo_dp.utils.metrics import read_metrics
-    from tests.e2e.conftest import LAUNCHER, TINY, run_script
+    from tests.e2e.conftest import launch_tiny_grpo
 
-    run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = run_script(
-        LAUNCHER,
-        [
-            "data_plane=ray", "algorithm.async_rollout.enabled=true",
-            *TINY,
-            "algorithm.warm_start.enabled=false",
-            "algorithm.num_prompts_per_step=4",
-            "algorithm.num_generations_per_prompt=4",
-            "algorithm.num_train_prompts=64",
-            "algorithm.max_steps=3",
-            "algorithm.val_period=3",
-            "algorithm.val_at_start=false",
-            f"hydra.run.dir={run}",
-        ],
-        tmp_path, env=env, timeout=280,
-    )
-    assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    proc, records = launch_tiny_grpo(tmp_path, "data_plane=ray", "algorithm.async_rollout.enabled=true", steps=3)
     assert "Running asynchronous GRPO training (data plane: ray_store)" in proc.stdout
     assert "trainer nemo_dp.algorithms.grpo_async:grpo_train_async" in proc.stdout
-    records = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
     assert sorted(records) == [1, 2, 3]
     # every step trained one full batch (4 prompts x 4) claimed from the store
     assert [records[s]["consumed_samples"] for s in (1, 2, 3)] == [16, 32, 48]
