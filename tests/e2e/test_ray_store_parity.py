@@ -65,12 +65,11 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
         ``{"runs": {name: {"records", "checksums", "policy_class", "trainer"}}}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.factory import select_sync_trainer
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from nemo_dp.training import main_phase, make_policy, make_tokenizer
+    from nemo_dp.training import make_tokenizer
     from nemo_dp.utils.checkpoint import load_training_checkpoint
-    from tests.e2e.phase_runs import train_phase
+    from tests.e2e.phase_runs import train_from_state
 
     runs = _runs()
     base = _compose(runs["grpo_ray"])
@@ -81,23 +80,7 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"runs": {}}
     try:
         for name, overrides in runs.items():
-            cfg = _compose(overrides)
-            validated = validate_config(cfg)
-            phase = main_phase(cfg)
-            trainer = select_sync_trainer(cfg)
-            policy = make_policy(cfg, tok, env_vars=env)
-            try:
-                policy.load_state_dict(state)
-                run_dir = out_dir / name
-                records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
-                result["runs"][name] = {
-                    "records": records,
-                    "checksums": policy.weights_checksums(),
-                    "policy_class": type(policy).__name__,
-                    "trainer": f"{trainer.__module__}.{trainer.__name__}",
-                }
-            finally:
-                policy.shutdown()
+            result["runs"][name] = train_from_state(_compose(overrides), tok, env, state, out_dir / name)
     finally:
         shutdown_ray()
     return result
