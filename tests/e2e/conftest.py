@@ -108,7 +108,8 @@ WARM_START_SCRIPT = REPO_ROOT / "tests" / "e2e" / "warm_start.py"
 
 #: Environment prefixes the launch server's preloaded libraries read at import: a run whose
 #: environment differs from the server's in one of these gets a fresh interpreter instead.
-_IMPORT_TIME_ENV = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA", "HYDRA_", "PYTHON", "MPL")
+#: (Hydra reads its ``HYDRA_*`` variables when called, so a run may set ``HYDRA_FULL_ERROR``.)
+_IMPORT_TIME_ENV = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA", "PYTHON", "MPL")
 
 
 class LaunchServer:
@@ -264,6 +265,27 @@ def run_script(
     return subprocess.run(
         [sys.executable, str(script), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def run_json_script(script: Path, argv: Sequence[str], result: Path, *, timeout: float) -> Any:
+    """Run ``python script argv...`` from the repository root and read the JSON it wrote.
+
+    For the e2e files that run their training in a subprocess of their own (the file itself as
+    a script, one Ray for all its runs).
+
+    Args:
+        script: The script.
+        argv: Its arguments.
+        result: The JSON file the script writes.
+        timeout: Seconds before the run is killed (``subprocess.TimeoutExpired``).
+
+    Returns:
+        The parsed ``result``; the test fails with the script's output tails if it exited non-zero.
+    """
+    env = _launch_env(dict(os.environ))
+    proc = run_script(script, argv, REPO_ROOT, env=env, timeout=timeout)
+    assert proc.returncode == 0, f"{script.name} failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    return json.loads(result.read_text())
 
 
 def run_launch(overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0) -> subprocess.CompletedProcess:

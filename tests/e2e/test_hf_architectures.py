@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -135,14 +133,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cache = session_cache(tmp_path_factory)
     model_dirs = {arch: micro_checkpoint(cache, arch) for arch in ARCHS}
     out = tmp_path_factory.mktemp("hf_archs")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from tests.e2e.conftest import run_script
+    from tests.e2e.conftest import run_json_script
 
     argv = [str(out), json.dumps({a: str(p) for a, p in model_dirs.items()})]
-    proc = run_script(Path(__file__).resolve(), argv, REPO_ROOT, env=env, timeout=600)
-    assert proc.returncode == 0, f"runs failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "runs.json").read_text())
+    return run_json_script(Path(__file__).resolve(), argv, out / "runs.json", timeout=600)
 
 
 def _finite_numbers(record: dict[str, Any]) -> dict[str, float]:

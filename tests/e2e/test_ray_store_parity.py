@@ -16,7 +16,6 @@ layer the launcher uses.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -89,13 +88,10 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("ray_store_parity")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from tests.e2e.conftest import run_script
+    from tests.e2e.conftest import run_json_script
 
-    proc = run_script(Path(__file__).resolve(), [str(out), str(warm_start_checkpoint)], REPO_ROOT, env=env, timeout=600)
-    assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "parity.json").read_text())
+    argv = [str(out), str(warm_start_checkpoint)]
+    return run_json_script(Path(__file__).resolve(), argv, out / "parity.json", timeout=600)
 
 
 def _by_step(records: list[dict[str, Any]], compared: tuple[str, ...]) -> dict[int, dict[str, Any]]:
