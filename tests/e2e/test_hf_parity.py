@@ -40,9 +40,9 @@ MICRO_DIMS: dict[str, int] = {
     "hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
 }
 
-#: Settings of every run (the algorithm, the data plane and the seed vary).
-COMMON: tuple[str, ...] = (
-    "~recipe",
+#: The HF policy of this file's runs and of ``test_hf_architectures.py``: 1-digit addition,
+#: two workers, tiny batches.
+HF_POLICY: tuple[str, ...] = (
     "policy=hf",
     "env.digits=1",
     "policy.dp_size=2",
@@ -52,8 +52,14 @@ COMMON: tuple[str, ...] = (
     "policy.train_micro_batch_size=4",
     "policy.logprob_batch_size=8",
     "policy.generation_batch_size=8",
-    "policy.optimizer.lr=1.0e-3",
     "policy.optimizer.warmup_steps=0",
+)
+
+#: Settings of every run (the algorithm, the data plane and the seed vary).
+COMMON: tuple[str, ...] = (
+    "~recipe",
+    *HF_POLICY,
+    "policy.optimizer.lr=1.0e-3",
     "checkpointing.enabled=false",
     "logger.plot=false",
     "logger.progress_bar=false",
