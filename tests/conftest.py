@@ -13,10 +13,18 @@ many short unit files last, which evens out the end of the run).
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any
 
 import pytest
+
+#: When its first driver connects, a Ray node starts one idle Python worker per CPU. The
+#: project's actors mostly start in workers of their own (each asks for its own runtime
+#: environment), so in the suite's ~60 Ray starts those two workers per start mostly idle through
+#: the run, and their start-up (about 0.35 s of CPU each) takes CPU from the tests on 2 shared
+#: cores. Every process the suite starts inherits this, the launcher runs and their Ray included.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 _TIERS = ("unit", "integration", "e2e")
 

@@ -6,8 +6,7 @@ TransferQueue; adapters are loaded only by the factory.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from nemo_dp.utils.imports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "DataPlaneClient": "nemo_dp.data_plane.interfaces",
@@ -30,13 +29,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nemo_dp.data_plane' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

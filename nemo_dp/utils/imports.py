@@ -1,12 +1,14 @@
-"""Resolve ``"module:attr"`` names: how registries name the code they load only when used."""
+"""Code loaded only when used: ``"module:attr"`` names of registries, and lazy package exports."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["TargetNotFoundError", "resolve_target"]
+__all__ = ["TargetNotFoundError", "lazy_exports", "resolve_target"]
 
 
 class TargetNotFoundError(ImportError):
@@ -42,3 +44,26 @@ def resolve_target(
     if not hasattr(module, attr):
         raise error(f"{what} ({target}) is not available: {module_name!r} has no attribute {attr!r}")
     return getattr(module, attr)
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module-level ``__getattr__`` that imports each exported name on first use.
+
+    Args:
+        package: The package's ``__name__``.
+        exports: Exported name -> the module that defines it.
+
+    Returns:
+        The function to bind as the package's ``__getattr__``; it caches each name it resolves
+        in the package and raises ``AttributeError`` for a name ``exports`` does not hold.
+    """
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 def _to_json_number(key: str, value: Any) -> float | int | str | bool | None:
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if torch is not None and isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"MetricsLogger: metric {key!r} is a tensor of {value.numel()} elements, need 1")
         value = value.item()

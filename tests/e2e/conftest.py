@@ -108,7 +108,8 @@ WARM_START_SCRIPT = REPO_ROOT / "tests" / "e2e" / "warm_start.py"
 
 #: Environment prefixes the launch server's preloaded libraries read at import: a run whose
 #: environment differs from the server's in one of these gets a fresh interpreter instead.
-_IMPORT_TIME_ENV = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA", "HYDRA_", "PYTHON")
+#: (Hydra reads its ``HYDRA_*`` variables when called, so a run may set ``HYDRA_FULL_ERROR``.)
+_IMPORT_TIME_ENV = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA", "PYTHON", "MPL")
 
 
 class LaunchServer:
@@ -266,6 +267,27 @@ def run_script(
     )
 
 
+def run_json_script(script: Path, argv: Sequence[str], result: Path, *, timeout: float) -> Any:
+    """Run ``python script argv...`` from the repository root and read the JSON it wrote.
+
+    For the e2e files that run their training in a subprocess of their own (the file itself as
+    a script, one Ray for all its runs).
+
+    Args:
+        script: The script.
+        argv: Its arguments.
+        result: The JSON file the script writes.
+        timeout: Seconds before the run is killed (``subprocess.TimeoutExpired``).
+
+    Returns:
+        The parsed ``result``; the test fails with the script's output tails if it exited non-zero.
+    """
+    env = _launch_env(dict(os.environ))
+    proc = run_script(script, argv, REPO_ROOT, env=env, timeout=timeout)
+    assert proc.returncode == 0, f"{script.name} failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    return json.loads(result.read_text())
+
+
 def run_launch(overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0) -> subprocess.CompletedProcess:
     """Run ``launchers/launch.py`` with ``overrides`` in ``cwd`` (short Hydra errors).
 
@@ -283,6 +305,41 @@ def run_launch(overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0) -
 def assert_launch_ok(proc: subprocess.CompletedProcess) -> None:
     """Fail with the launcher's output tails unless it exited 0."""
     assert proc.returncode == 0, f"launcher failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+
+
+#: Tiny GRPO from scratch (no warm start): 4 prompts x 4 samples a step, held-out accuracy only
+#: after the last step. ``launch_tiny_grpo`` adds the data plane, trainer mode and step count.
+TINY_GRPO: tuple[str, ...] = (
+    *TINY,
+    "algorithm.warm_start.enabled=false",
+    "algorithm.num_prompts_per_step=4",
+    "algorithm.num_generations_per_prompt=4",
+    "algorithm.num_train_prompts=64",
+    "algorithm.val_at_start=false",
+)
+
+
+def launch_tiny_grpo(
+    tmp_path: Path, *overrides: str, steps: int
+) -> tuple[subprocess.CompletedProcess, dict[int, dict[str, Any]]]:
+    """Run ``TINY_GRPO`` with ``overrides`` for ``steps`` steps into ``tmp_path / "run"``.
+
+    Args:
+        tmp_path: The working directory; the run directory is its ``run``.
+        *overrides: Further overrides (the data plane, the trainer mode, observability).
+        steps: ``algorithm.max_steps``, also the validation period (accuracy after the last).
+
+    Returns:
+        The completed launcher process (the test fails unless it exited 0) and the run's
+        ``metrics.jsonl`` records by step.
+    """
+    from nemo_dp.utils.metrics import read_metrics
+
+    run = tmp_path / "run"
+    args = [*overrides, *TINY_GRPO, f"algorithm.max_steps={steps}", f"algorithm.val_period={steps}"]
+    proc = run_launch([*args, f"hydra.run.dir={run}"], tmp_path, timeout=280)
+    assert_launch_ok(proc)
+    return proc, {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """A pre-imported parent that forks one process per launcher run of the e2e tier.
 
 Why this exists: a launcher run in a fresh interpreter first spends seconds of CPU importing
-torch, transformers, tensordict, Hydra and OmegaConf before it reads its first override, and
-the e2e tier makes dozens of runs on a 2-core machine. This server imports those libraries
+torch, transformers, tensordict, Hydra, OmegaConf and matplotlib before it reads its first
+override, and the e2e tier makes dozens of runs on a 2-core machine. This server imports those libraries
 once (nothing of ``nemo_dp``, Ray or TransferQueue, whose import-time state depends on the
 environment a run sets), then answers each request by forking a child that takes the request's
 working directory, environment, ``argv`` and output files and executes ``launchers/launch.py``
@@ -38,7 +38,7 @@ from typing import Any
 
 #: What the server imports once; chosen because they are slow to import and keep no state that
 #: depends on the environment of a particular run.
-PRELOAD = ("torch", "tensordict", "transformers", "hydra", "omegaconf", "numpy", "safetensors")
+PRELOAD = ("torch", "tensordict", "transformers", "hydra", "omegaconf", "numpy", "safetensors", "matplotlib.pyplot")
 
 
 def _run_child(req: dict[str, Any]) -> None:

@@ -32,3 +32,41 @@ def train_phase(phase: Any, policy: Any, tokenizer: Any, run_dir: Path, logger_c
         trainer=trainer,
     )
     return read_metrics(run_dir / "metrics.jsonl")
+
+
+def train_from_state(cfg: Any, tokenizer: Any, env_vars: dict[str, str], state: Any, run_dir: Path) -> dict[str, Any]:
+    """Train ``cfg``'s main phase from ``state`` on a policy of its own, shut down afterwards.
+
+    Policy and trainer come from the factories the launcher uses (``make_policy``,
+    ``select_sync_trainer``); Ray runs in the caller.
+
+    Args:
+        cfg: The run's composed config.
+        tokenizer: The run's tokenizer.
+        env_vars: The worker environment ``init_ray`` returned.
+        state: The policy state to start from (a warm start's ``policy`` entry).
+        run_dir: Where the phase writes ``metrics.jsonl``.
+
+    Returns:
+        ``{"records", "checksums", "policy_class", "trainer"}``: the phase's metrics records,
+        each rank's weight checksums at the end, the policy's class name and the trainer's
+        ``module.name``.
+    """
+    from nemo_dp.config import validate_config
+    from nemo_dp.data_plane.factory import select_sync_trainer
+    from nemo_dp.training import main_phase, make_policy
+
+    validated = validate_config(cfg)
+    trainer = select_sync_trainer(cfg)
+    policy = make_policy(cfg, tokenizer, env_vars=env_vars)
+    try:
+        policy.load_state_dict(state)
+        records = train_phase(main_phase(cfg), policy, tokenizer, run_dir, validated.logger, trainer)
+        return {
+            "records": records,
+            "checksums": policy.weights_checksums(),
+            "policy_class": type(policy).__name__,
+            "trainer": f"{trainer.__module__}.{trainer.__name__}",
+        }
+    finally:
+        policy.shutdown()

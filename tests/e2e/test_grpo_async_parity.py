@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import PARITY_TIMEOUT_S, ParitySession
+from tests.e2e.test_grpo_parity import COMPARED
 
 #: This file's runs, as overrides of the GRPO parity settings (``PARITY_OVERRIDES`` of
 #: ``test_grpo_parity.py``: seed 11, 4 prompts x 4 generations, 5 steps).
@@ -38,24 +39,6 @@ ASYNC_BASE: tuple[str, ...] = (
     "algorithm.async_rollout.num_rollout_workers=1",
 )
 
-COMPARED: tuple[str, ...] = (
-    "loss",
-    "pg_loss",
-    "kl_penalty",
-    "clip_fraction",
-    "grad_norm",
-    "lr",
-    "reward_mean",
-    "train_reward_mean",
-    "advantage_abs_mean",
-    "mean_response_length",
-    "truncated_fraction",
-    "sample_mask_mean",
-    "dynamic_sampling_num_gen_batches",
-    "dynamic_sampling_num_discarded_valid_samples",
-    "consumed_samples",
-    "val_accuracy",
-)
 
 RUNS: dict[str, tuple[str, ...]] = {
     "sync": (*ASYNC_BASE, "algorithm.async_rollout.enabled=false"),

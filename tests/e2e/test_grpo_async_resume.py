@@ -19,8 +19,6 @@ Runs in a subprocess (this file as a script) with its own Ray.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -161,13 +159,9 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("grpo_async_resume")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from tests.e2e.conftest import run_script
+    from tests.e2e.conftest import run_json_script
 
-    proc = run_script(Path(__file__).resolve(), [str(out)], REPO_ROOT, env=env, timeout=400)
-    assert proc.returncode == 0, f"resume run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "resume.json").read_text())
+    return run_json_script(Path(__file__).resolve(), [str(out)], out / "resume.json", timeout=400)
 
 
 @pytest.mark.timeout(450)

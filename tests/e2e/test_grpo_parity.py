@@ -24,9 +24,6 @@ earlier run's is that run (its synchronous reference is this file's ``tq_ds0``).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -199,35 +196,13 @@ def test_data_plane_run_logs_only_legacy_keys_plus_timings(parity: dict[str, Any
 @pytest.mark.timeout(300)
 def test_launcher_trains_grpo_over_tq_with_store_metrics(tmp_path: Path) -> None:
     """``launch.py data_plane=tq`` selects the pair through the factory, logs store metrics."""
-    from tests.e2e.conftest import LAUNCHER, TINY, run_script
+    from tests.e2e.conftest import launch_tiny_grpo
 
-    run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = run_script(
-        LAUNCHER,
-        [
-            "data_plane=tq", *TINY,
-            "algorithm.warm_start.enabled=false",
-            "algorithm.num_prompts_per_step=4",
-            "algorithm.num_generations_per_prompt=4",
-            "algorithm.num_train_prompts=64",
-            "algorithm.max_steps=2",
-            "algorithm.val_period=2",
-            "algorithm.val_at_start=false",
-            "data_plane.observability.enabled=true",
-            f"hydra.run.dir={run}",
-        ],
-        tmp_path, env=env, timeout=280,
-    )
-    assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    proc, records = launch_tiny_grpo(tmp_path, "data_plane=tq", "data_plane.observability.enabled=true", steps=2)
     assert "Running synchronous GRPO training (data plane: transfer_queue)" in proc.stdout
     assert "trainer nemo_dp.algorithms.grpo_sync:grpo_train_sync" in proc.stdout
     assert "policy factory nemo_dp.models.policy.tq_policy:TQPolicy" in proc.stdout
     assert "[GRPO] step 1: data plane" in proc.stdout  # the per-step store line
-    from nemo_dp.utils.metrics import read_metrics
-
-    records = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
     assert sorted(records) == [1, 2]
     for rec in records.values():
         assert rec["data_plane/step/bytes_read_mb"] == 0.0

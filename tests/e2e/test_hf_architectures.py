@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,20 +27,11 @@ ARCHS: tuple[str, ...] = ("llama", "qwen2", "gpt2")
 #: transformers ``config.model_type`` of each architecture.
 MODEL_TYPES: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "gpt2": "gpt2"}
 
+#: Settings of every run besides ``test_hf_parity.HF_POLICY``.
 COMMON: tuple[str, ...] = (
     "~recipe",
-    "policy=hf",
     "data_plane=disabled",
     "seed=3",
-    "env.digits=1",
-    "policy.dp_size=2",
-    "policy.model.max_seq_len=16",
-    "policy.generation.max_new_tokens=4",
-    "policy.train_global_batch_size=8",
-    "policy.train_micro_batch_size=4",
-    "policy.logprob_batch_size=8",
-    "policy.generation_batch_size=8",
-    "policy.optimizer.warmup_steps=0",
     "algorithm.max_steps=1",
     "algorithm.val_period=0",
     "algorithm.val_samples=8",
@@ -69,10 +58,12 @@ def _compose(model_dir: Path, phase: str) -> Any:
     from hydra import compose, initialize_config_dir
 
     from nemo_dp.config import register_configs
+    from tests.e2e.test_hf_parity import HF_POLICY
 
     register_configs(REPO_ROOT / "recipes")
     with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=[*COMMON, f"policy.model_name_or_path={model_dir}", *PHASES[phase]])
+        overrides = [*COMMON, *HF_POLICY, f"policy.model_name_or_path={model_dir}", *PHASES[phase]]
+        return compose("config", overrides=overrides)
 
 
 def run_architectures(out_dir: Path, model_dirs: dict[str, Path]) -> dict[str, Any]:
@@ -135,14 +126,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cache = session_cache(tmp_path_factory)
     model_dirs = {arch: micro_checkpoint(cache, arch) for arch in ARCHS}
     out = tmp_path_factory.mktemp("hf_archs")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from tests.e2e.conftest import run_script
+    from tests.e2e.conftest import run_json_script
 
     argv = [str(out), json.dumps({a: str(p) for a, p in model_dirs.items()})]
-    proc = run_script(Path(__file__).resolve(), argv, REPO_ROOT, env=env, timeout=600)
-    assert proc.returncode == 0, f"runs failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "runs.json").read_text())
+    return run_json_script(Path(__file__).resolve(), argv, out / "runs.json", timeout=600)
 
 
 def _finite_numbers(record: dict[str, Any]) -> dict[str, float]:

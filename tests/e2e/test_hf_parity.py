@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,9 +40,9 @@ MICRO_DIMS: dict[str, int] = {
     "hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
 }
 
-#: Settings of every run (the algorithm, the data plane and the seed vary).
-COMMON: tuple[str, ...] = (
-    "~recipe",
+#: The HF policy of this file's runs and of ``test_hf_architectures.py``: 1-digit addition,
+#: two workers, tiny batches.
+HF_POLICY: tuple[str, ...] = (
     "policy=hf",
     "env.digits=1",
     "policy.dp_size=2",
@@ -54,8 +52,14 @@ COMMON: tuple[str, ...] = (
     "policy.train_micro_batch_size=4",
     "policy.logprob_batch_size=8",
     "policy.generation_batch_size=8",
-    "policy.optimizer.lr=1.0e-3",
     "policy.optimizer.warmup_steps=0",
+)
+
+#: Settings of every run (the algorithm, the data plane and the seed vary).
+COMMON: tuple[str, ...] = (
+    "~recipe",
+    *HF_POLICY,
+    "policy.optimizer.lr=1.0e-3",
     "checkpointing.enabled=false",
     "logger.plot=false",
     "logger.progress_bar=false",
@@ -274,13 +278,9 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
 def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model_dir = micro_checkpoint(session_cache(tmp_path_factory), "llama")
     out = tmp_path_factory.mktemp("hf_parity")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from tests.e2e.conftest import run_script
+    from tests.e2e.conftest import run_json_script
 
-    proc = run_script(Path(__file__).resolve(), [str(out), str(model_dir)], REPO_ROOT, env=env, timeout=600)
-    assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "parity.json").read_text())
+    return run_json_script(Path(__file__).resolve(), [str(out), str(model_dir)], out / "parity.json", timeout=600)
 
 
 def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:

@@ -83,31 +83,13 @@ def run_ppo(out_dir: Path, state: Any, env: dict[str, str]) -> dict[str, Any]:
     Returns:
         ``{"runs": {"disabled"|"tq": {"records", "checksums", "policy_class", "trainer"}}}``.
     """
-    from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.training import main_phase, make_policy, make_tokenizer
-    from tests.e2e.phase_runs import train_phase
+    from nemo_dp.training import make_tokenizer
+    from tests.e2e.phase_runs import train_from_state
 
     result: dict[str, Any] = {"runs": {}}
     for dp in ("disabled", "tq"):
         cfg = _compose([*PPO_OVERRIDES, f"data_plane={dp}"])
-        validated = validate_config(cfg)
-        tok = make_tokenizer(cfg)
-        phase = main_phase(cfg)
-        trainer = select_sync_trainer(cfg)
-        policy = make_policy(cfg, tok, env_vars=env)
-        try:
-            policy.load_state_dict(state)
-            run_dir = out_dir / dp
-            records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
-            result["runs"][dp] = {
-                "records": records,
-                "checksums": policy.weights_checksums(),
-                "policy_class": type(policy).__name__,
-                "trainer": f"{trainer.__module__}.{trainer.__name__}",
-            }
-        finally:
-            policy.shutdown()
+        result["runs"][dp] = train_from_state(cfg, make_tokenizer(cfg), env, state, out_dir / dp)
     return result
 
 

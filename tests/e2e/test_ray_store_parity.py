@@ -16,8 +16,6 @@ layer the launcher uses.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,12 +64,11 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
         ``{"runs": {name: {"records", "checksums", "policy_class", "trainer"}}}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.factory import select_sync_trainer
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from nemo_dp.training import main_phase, make_policy, make_tokenizer
+    from nemo_dp.training import make_tokenizer
     from nemo_dp.utils.checkpoint import load_training_checkpoint
-    from tests.e2e.phase_runs import train_phase
+    from tests.e2e.phase_runs import train_from_state
 
     runs = _runs()
     base = _compose(runs["grpo_ray"])
@@ -82,23 +79,7 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"runs": {}}
     try:
         for name, overrides in runs.items():
-            cfg = _compose(overrides)
-            validated = validate_config(cfg)
-            phase = main_phase(cfg)
-            trainer = select_sync_trainer(cfg)
-            policy = make_policy(cfg, tok, env_vars=env)
-            try:
-                policy.load_state_dict(state)
-                run_dir = out_dir / name
-                records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
-                result["runs"][name] = {
-                    "records": records,
-                    "checksums": policy.weights_checksums(),
-                    "policy_class": type(policy).__name__,
-                    "trainer": f"{trainer.__module__}.{trainer.__name__}",
-                }
-            finally:
-                policy.shutdown()
+            result["runs"][name] = train_from_state(_compose(overrides), tok, env, state, out_dir / name)
     finally:
         shutdown_ray()
     return result
@@ -107,13 +88,10 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("ray_store_parity")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from tests.e2e.conftest import run_script
+    from tests.e2e.conftest import run_json_script
 
-    proc = run_script(Path(__file__).resolve(), [str(out), str(warm_start_checkpoint)], REPO_ROOT, env=env, timeout=600)
-    assert proc.returncode == 0, f"parity run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "parity.json").read_text())
+    argv = [str(out), str(warm_start_checkpoint)]
+    return run_json_script(Path(__file__).resolve(), argv, out / "parity.json", timeout=600)
 
 
 def _by_step(records: list[dict[str, Any]], compared: tuple[str, ...]) -> dict[int, dict[str, Any]]:
@@ -159,33 +137,12 @@ if __name__ == "__main__":
 @pytest.mark.timeout(300)
 def test_launcher_trains_grpo_over_the_ray_store(tmp_path: Path) -> None:
     """``launch.py data_plane=ray`` selects the data-plane pair through the registries."""
-    from nemo_dp.utils.metrics import read_metrics
-    from tests.e2e.conftest import LAUNCHER, TINY, run_script
+    from tests.e2e.conftest import launch_tiny_grpo
 
-    run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = run_script(
-        LAUNCHER,
-        [
-            "data_plane=ray", *TINY,
-            "algorithm.warm_start.enabled=false",
-            "algorithm.num_prompts_per_step=4",
-            "algorithm.num_generations_per_prompt=4",
-            "algorithm.num_train_prompts=64",
-            "algorithm.max_steps=2",
-            "algorithm.val_period=2",
-            "algorithm.val_at_start=false",
-            "data_plane.observability.enabled=true",
-            f"hydra.run.dir={run}",
-        ],
-        tmp_path, env=env, timeout=280,
-    )
-    assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    proc, records = launch_tiny_grpo(tmp_path, "data_plane=ray", "data_plane.observability.enabled=true", steps=2)
     assert "Running synchronous GRPO training (data plane: ray_store)" in proc.stdout
     assert "trainer nemo_dp.algorithms.grpo_sync:grpo_train_sync" in proc.stdout
     assert "policy factory nemo_dp.models.policy.tq_policy:TQPolicy" in proc.stdout
-    records = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
     assert sorted(records) == [1, 2]
     for rec in records.values():
         # The driver registers and clears; advantages ride with the training dispatch.
@@ -197,32 +154,11 @@ def test_launcher_trains_grpo_over_the_ray_store(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_launcher_trains_asynchronous_grpo_over_the_ray_store(tmp_path: Path) -> None:
     """Async GRPO's rollout actors stream rows through the ray store into the trainer."""
-    from nemo_dp.utils.metrics import read_metrics
-    from tests.e2e.conftest import LAUNCHER, TINY, run_script
+    from tests.e2e.conftest import launch_tiny_grpo
 
-    run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = run_script(
-        LAUNCHER,
-        [
-            "data_plane=ray", "algorithm.async_rollout.enabled=true",
-            *TINY,
-            "algorithm.warm_start.enabled=false",
-            "algorithm.num_prompts_per_step=4",
-            "algorithm.num_generations_per_prompt=4",
-            "algorithm.num_train_prompts=64",
-            "algorithm.max_steps=3",
-            "algorithm.val_period=3",
-            "algorithm.val_at_start=false",
-            f"hydra.run.dir={run}",
-        ],
-        tmp_path, env=env, timeout=280,
-    )
-    assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    proc, records = launch_tiny_grpo(tmp_path, "data_plane=ray", "algorithm.async_rollout.enabled=true", steps=3)
     assert "Running asynchronous GRPO training (data plane: ray_store)" in proc.stdout
     assert "trainer nemo_dp.algorithms.grpo_async:grpo_train_async" in proc.stdout
-    records = {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
     assert sorted(records) == [1, 2, 3]
     # every step trained one full batch (4 prompts x 4) claimed from the store
     assert [records[s]["consumed_samples"] for s in (1, 2, 3)] == [16, 32, 48]

@@ -24,7 +24,6 @@ a minute on 2 cores.  The final weights are compared through each rank's ``weigh
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -119,14 +118,10 @@ def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def smollm2_runs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from tests.e2e.conftest import run_script
+    from tests.e2e.conftest import run_json_script
 
     out = tmp_path_factory.mktemp("smollm2")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = run_script(Path(__file__).resolve(), [str(out), str(smollm2_dir)], REPO_ROOT, env=env, timeout=600)
-    assert proc.returncode == 0, f"SmolLM2 run failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "smollm2.json").read_text())
+    return run_json_script(Path(__file__).resolve(), [str(out), str(smollm2_dir)], out / "smollm2.json", timeout=600)
 
 
 @pytest.mark.timeout(900)

@@ -11,8 +11,10 @@ both logical CPUs, so every actor a test starts must request ``num_cpus=0``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,29 +38,30 @@ def tq_test_config(**simple: Any) -> DataPlaneConfig:
     return DataPlaneConfig(simple=SimpleStorageConfig(**params))
 
 
-class TQSession:
-    """Holds the session's bootstrapping client and can replace it with a fresh system.
+class BootstrapSession:
+    """Holds a backend's bootstrapping client and can replace it with a fresh, empty system.
 
     Tests that need a clean system (checkpoint loads, close semantics) call ``fresh()``; the
     next ``client`` access re-bootstraps if the current one was closed, so later tests always
     get a live session client.
+
+    Args:
+        bootstrap: Builds a new bootstrapping client (a new, empty system).
     """
 
-    def __init__(self, cfg: DataPlaneConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, bootstrap: Callable[[], Any]) -> None:
+        self._bootstrap = bootstrap
         self._client: Any = None
 
     @property
     def client(self) -> Any:
-        """The live bootstrapping ``TQDataPlaneClient`` (created on first use or after close)."""
-        from nemo_dp.data_plane.adapters.transfer_queue import TQDataPlaneClient
-
+        """The live bootstrapping client (created on first use or after close)."""
         if self._client is None or self._client.closed:
-            self._client = TQDataPlaneClient(self.cfg, bootstrap=True)
+            self._client = self._bootstrap()
         return self._client
 
     def close(self) -> None:
-        """Close the current client (tears the library's actors down); idempotent."""
+        """Close the current client (tears the backend's actors down); idempotent."""
         if self._client is not None:
             try:
                 self._client.close()
@@ -73,6 +76,15 @@ class TQSession:
         """
         self.close()
         return self.client
+
+
+class TQSession(BootstrapSession):
+    """The session's TransferQueue system (``TQDataPlaneClient`` bootstrapping ``cfg``)."""
+
+    def __init__(self, cfg: DataPlaneConfig) -> None:
+        from nemo_dp.data_plane.adapters.transfer_queue import TQDataPlaneClient
+
+        super().__init__(lambda: TQDataPlaneClient(cfg, bootstrap=True))
 
 
 @pytest.fixture(scope="session")
@@ -112,3 +124,80 @@ def tq_client(tq_session: TQSession) -> Any:
 def tq_pid() -> str:
     """A partition id unique to the test (partitions are cluster-wide)."""
     return f"it_{uuid.uuid4().hex[:12]}"
+
+
+#: The tiny TransferQueue RL run of the trainer-level tests (2 workers, 1-digit addition, no warm
+#: start, held-out accuracy not at start); each file adds its batch shapes and algorithm keys.
+TINY_TQ_RL: tuple[str, ...] = (
+    "~recipe",
+    "data_plane=tq",
+    "policy.dp_size=2",
+    "policy.model.n_layers=1",
+    "policy.model.d_model=32",
+    "policy.model.n_heads=2",
+    "policy.model.max_seq_len=16",
+    "policy.generation.max_new_tokens=4",
+    "policy.optimizer.warmup_steps=0",
+    "env.digits=1",
+    "algorithm.val_at_start=false",
+    "algorithm.val_samples=4",
+    "algorithm.warm_start.enabled=false",
+)
+
+
+def compose_tiny_tq_rl(*overrides: str) -> Any:
+    """``TINY_TQ_RL`` composed with the project's configs, ``overrides`` last.
+
+    Args:
+        *overrides: Further Hydra overrides.
+
+    Returns:
+        The composed ``DictConfig``.
+    """
+    from hydra import compose, initialize_config_dir
+
+    from nemo_dp.config import register_configs
+
+    repo_root = Path(__file__).resolve().parents[2]
+    register_configs(repo_root / "recipes")
+    with initialize_config_dir(str(repo_root / "conf"), version_base=None):
+        return compose("config", overrides=[*TINY_TQ_RL, *overrides])
+
+
+@contextlib.contextmanager
+def observed_tq_policy(ray_cluster: dict[str, str], tq_session: TQSession, policy_cfg: Any) -> Iterator[Any]:
+    """A ``TQPolicy`` with data-plane observability on, from the factory, on the session cluster.
+
+    The session's TransferQueue client is closed first (one open client per process: the
+    policy bootstraps its own system); the policy is shut down on exit.
+
+    Args:
+        ray_cluster: The session's worker environment.
+        tq_session: The session's TransferQueue holder.
+        policy_cfg: The ``policy`` node of a composed config (the character tokenizer's vocabulary).
+
+    Yields:
+        The policy.
+    """
+    from nemo_dp.data_plane.factory import make_policy_factory
+    from nemo_dp.data_plane.interfaces import ObservabilityConfig
+    from nemo_dp.distributed.worker_group import RayCluster
+    from nemo_dp.models.tiny.tokenizer import CharTokenizer
+
+    tq_session.close()
+    dp_cfg = DataPlaneConfig(simple=SimpleStorageConfig(num_storage_units=1), observability=ObservabilityConfig(enabled=True))
+    factory = make_policy_factory(dp_cfg)
+    assert factory is not None
+    tok = CharTokenizer()
+    policy = factory(
+        cluster=RayCluster(env_vars=dict(ray_cluster)),
+        config=policy_cfg,
+        vocab_size=tok.vocab_size,
+        pad_id=tok.pad_id,
+        eos_id=tok.eos_id,
+        seed=3,
+    )
+    try:
+        yield policy
+    finally:
+        policy.shutdown()

@@ -27,42 +27,17 @@ from nemo_dp.data_plane.codec import materialize
 from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
 from tests.contract_suite import DataPlaneContract
 
+from .conftest import BootstrapSession
+
 pytestmark = pytest.mark.timeout(240)
 
 
-class RayStoreSession:
-    """The module's bootstrapping client, replaceable by a fresh, empty store."""
-
-    def __init__(self) -> None:
-        self.cfg = RayStoreDataPlaneConfig()
-        self._client: Any = None
-
-    @property
-    def client(self) -> Any:
-        """The live bootstrapping client (created on first use or after close)."""
-        from nemo_dp.data_plane.adapters.ray_store import RayStoreClient
-
-        if self._client is None or self._client.closed:
-            self._client = RayStoreClient(self.cfg, bootstrap=True)
-        return self._client
-
-    def close(self) -> None:
-        """Close the current client (kills the metadata actor); idempotent."""
-        if self._client is not None:
-            try:
-                self._client.close()
-            finally:
-                self._client = None
-
-    def fresh(self) -> Any:
-        """Close the current store and bootstrap a new, empty one."""
-        self.close()
-        return self.client
-
-
 @pytest.fixture(scope="module")
-def ray_store_session(ray_cluster: dict[str, str]) -> Iterator[RayStoreSession]:
-    session = RayStoreSession()
+def ray_store_session(ray_cluster: dict[str, str]) -> Iterator[BootstrapSession]:
+    """The module's bootstrapping Ray-store client, replaceable by a fresh, empty store."""
+    from nemo_dp.data_plane.adapters.ray_store import RayStoreClient
+
+    session = BootstrapSession(lambda: RayStoreClient(RayStoreDataPlaneConfig(), bootstrap=True))
     try:
         yield session
     finally:
@@ -76,11 +51,11 @@ class TestRayStoreContract(DataPlaneContract):
     old_checkpoint = (1, "tensors.pt")
 
     @pytest.fixture
-    def client(self, ray_store_session: RayStoreSession) -> Any:
+    def client(self, ray_store_session: BootstrapSession) -> Any:
         return ray_store_session.client
 
     @pytest.fixture
-    def fresh_client(self, ray_store_session: RayStoreSession) -> Callable[[], Any]:
+    def fresh_client(self, ray_store_session: BootstrapSession) -> Callable[[], Any]:
         return ray_store_session.fresh
 
     @pytest.fixture
@@ -144,7 +119,7 @@ def _call_until_it_raises(call: Callable[[], Any], *, pause_s: float, within_s: 
 
 @pytest.mark.timeout(240)
 def test_rows_cross_processes_and_a_dead_writer_is_an_unavailable_error(
-    ray_store_session: RayStoreSession,
+    ray_store_session: BootstrapSession,
 ) -> None:
     import ray
     import torch
@@ -180,7 +155,7 @@ def test_rows_cross_processes_and_a_dead_writer_is_an_unavailable_error(
 
 
 @pytest.mark.timeout(240)
-def test_a_dead_metadata_actor_is_an_unavailable_error(ray_store_session: RayStoreSession) -> None:
+def test_a_dead_metadata_actor_is_an_unavailable_error(ray_store_session: BootstrapSession) -> None:
     import ray
 
     from nemo_dp.data_plane.adapters.ray_store import ACTOR_NAME, ACTOR_NAMESPACE

@@ -39,50 +39,29 @@ from nemo_dp.training import Checkpointer, RunLogger
 from nemo_dp.data.arithmetic import ArithmeticTask, Problem
 from nemo_dp.data.datasets import EpochLoader, RLPromptDataset
 from nemo_dp.models.tiny.tokenizer import CharTokenizer
-from nemo_dp.data_plane.factory import make_policy_factory
-from nemo_dp.data_plane.interfaces import DataPlaneConfig, KVBatchMeta, ObservabilityConfig, SimpleStorageConfig
+from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.environments.arithmetic_env import ArithmeticEnv
 from nemo_dp.utils.metrics import read_metrics
+
+from .conftest import compose_tiny_tq_rl, observed_tq_policy
 
 pytestmark = pytest.mark.timeout(240)
 
 TOK = CharTokenizer()
-REPO_ROOT = Path(__file__).resolve().parents[2]
 G = 2
 
 
 def _master_config(**algo: Any) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    overrides = [
-        "~recipe",
-        "data_plane=tq",
-        "policy.dp_size=2",
-        "policy.model.n_layers=1",
-        "policy.model.d_model=32",
-        "policy.model.n_heads=2",
-        "policy.model.max_seq_len=16",
-        "policy.generation.max_new_tokens=4",
+    return compose_tiny_tq_rl(
         "policy.train_global_batch_size=4",
         "policy.train_micro_batch_size=2",
         "policy.logprob_batch_size=4",
-        "policy.optimizer.warmup_steps=0",
-        "env.digits=1",
         "algorithm.num_prompts_per_step=2",
         f"algorithm.num_generations_per_prompt={G}",
         "algorithm.max_steps=1",
-        "algorithm.val_at_start=false",
-        "algorithm.val_samples=4",
-        "algorithm.warm_start.enabled=false",
         *[f"algorithm.{k}={v}" for k, v in algo.items()],
-    ]
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=overrides)
+    )
 
 
 class ScriptedEnv:
@@ -104,26 +83,8 @@ class ScriptedEnv:
 
 @pytest.fixture(scope="module")
 def policy(ray_cluster: dict[str, str], tq_session: Any) -> Iterator[Any]:
-    tq_session.close()  # one open TransferQueue client per process: TQPolicy bootstraps its own
-    dp_cfg = DataPlaneConfig(
-        simple=SimpleStorageConfig(num_storage_units=1),
-        observability=ObservabilityConfig(enabled=True),
-    )
-    cfg = _master_config()
-    factory = make_policy_factory(dp_cfg)
-    assert factory is not None
-    p = factory(
-        cluster=RayCluster(env_vars=dict(ray_cluster)),
-        config=cfg.policy,
-        vocab_size=TOK.vocab_size,
-        pad_id=TOK.pad_id,
-        eos_id=TOK.eos_id,
-        seed=3,
-    )
-    try:
+    with observed_tq_policy(ray_cluster, tq_session, _master_config().policy) as p:
         yield p
-    finally:
-        p.shutdown()
 
 
 def _problems(n: int, seed: int = 0) -> list[Problem]:

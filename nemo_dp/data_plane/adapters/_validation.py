@@ -2,7 +2,10 @@
 
 Every adapter validates a call completely before it changes anything; the checks that need no
 storage (names, ids, sizes, tags, leaves, registrations, claims, reads, clears) and the
-messages of the partition-level errors live here.  No backend is imported.
+messages of the partition-level errors live here.  No backend is imported, and torch and
+tensordict only inside the checks of tensors: the metadata actor of the Ray object-store backend
+imports this module for its registration and claim checks and never holds a tensor, so its
+process starts without them.
 """
 
 from __future__ import annotations
@@ -11,9 +14,6 @@ import copy
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import RESERVED_PREFIX, TAG_INPUT_LENGTHS
@@ -371,6 +371,8 @@ def put_receipt(
     Returns:
         A ``KVBatchMeta`` with no task.
     """
+    import torch  # here, not above: see the module docstring
+
     if (
         isinstance(column, torch.Tensor)
         and not column.is_nested
@@ -517,6 +519,8 @@ def check_put_args(
         TypeError: Non-str ids, fields not a TensorDict, tags not a sequence of JSON-compatible
             dicts.
     """
+    from tensordict import TensorDictBase  # here, not above: see the module docstring
+
     ids = check_names(sample_ids, "sample_ids")
     if fields is None and tags is None:
         raise ValueError("put_samples needs fields or tags (got neither)")
@@ -563,6 +567,9 @@ def wire_leaf_kind(name: str, leaf: Any, n: int) -> str:
         TypeError: A whole-column ``NonTensorData``, a nested ``TensorDict`` or another type.
         ValueError: A ``NonTensorStack`` whose row count is not ``n``.
     """
+    import torch  # here, not above: see the module docstring
+    from tensordict import NonTensorData, NonTensorStack, TensorDictBase
+
     if isinstance(leaf, NonTensorStack):
         if len(leaf) != n:
             raise ValueError(f"field {name!r}: non-tensor column has {len(leaf)} rows, expected {n}")

@@ -16,23 +16,29 @@ Modules, one job each: ``client`` (``RayStoreClient``: puts, reads, claims over 
 ``columns`` (column payloads and row gathers), ``validation`` (caller-side checks) and
 ``checkpoint`` (typed, pickle-free checkpoints saved by the bootstrapping client).
 
-Ray is imported inside functions only: importing this package loads torch and tensordict but
-not Ray.  Objects are owned by the process that put them and stay readable while it lives
+Ray is imported inside functions only. The package's names load on first use: the metadata
+actor's process imports ``actor`` and ``state`` only, without torch or tensordict.  Objects are owned by the process that put them and stay readable while it lives
 (inline columns live in the actor; see ``client``).
 """
 
 from __future__ import annotations
 
-from nemo_dp.data_plane.adapters.ray_store.actor import ACTOR_NAME, ACTOR_NAMESPACE, actor_exists
-from nemo_dp.data_plane.adapters.ray_store.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
-from nemo_dp.data_plane.adapters.ray_store.client import RayStoreClient, build_ray_store_client
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ACTOR_NAME",
-    "ACTOR_NAMESPACE",
-    "CHECKPOINT_FORMAT",
-    "CHECKPOINT_VERSION",
-    "RayStoreClient",
-    "actor_exists",
-    "build_ray_store_client",
-]
+from nemo_dp.utils.imports import lazy_exports
+
+if TYPE_CHECKING:
+    from nemo_dp.data_plane.adapters.ray_store.actor import ACTOR_NAME, ACTOR_NAMESPACE, actor_exists
+    from nemo_dp.data_plane.adapters.ray_store.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
+    from nemo_dp.data_plane.adapters.ray_store.client import RayStoreClient, build_ray_store_client
+
+_MODULES: dict[str, tuple[str, ...]] = {
+    "actor": ("ACTOR_NAME", "ACTOR_NAMESPACE", "actor_exists"),
+    "checkpoint": ("CHECKPOINT_FORMAT", "CHECKPOINT_VERSION"),
+    "client": ("RayStoreClient", "build_ray_store_client"),
+}
+_EXPORTS = {name: f"{__name__}.{module}" for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)
