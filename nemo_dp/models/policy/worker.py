@@ -288,9 +288,9 @@ class PolicyWorker:
             data: This rank's part (a plan, if attached, is followed).
             mbs: Rows per micro-batch without a plan.
 
-        Returns:
-            An iterator; ``width`` is the micro-batch's longest row, or its planned padded
-            length when the plan is a dynamic (token-budgeted) one and longer.
+        Yields:
+            ``(spec, micro-batch, width)``: ``width`` is the micro-batch's longest row, or its
+            planned padded length when the plan is a dynamic (token-budgeted) one and longer.
         """
         dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
         for spec in self._specs(data, mbs, None):

@@ -61,8 +61,8 @@ class TQTaskMixin:
                 incarnation=uuid.uuid4().hex,
                 fields=reg.fields,
                 tasks=reg.tasks,
-                num_samples=n,
-                group_size=group_size,
+                num_samples=reg.num_samples,
+                group_size=reg.grpo_group_size,
                 enums={k: list(v) for k, v in reg.enums.items()},
             )
             stale = stale_registry_keys(entries, partition_id)
