@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -31,6 +32,7 @@ __all__ = [
     "save_tokenizer",
     "load_saved_tokenizer",
     "policy_takes_images",
+    "policy_for_workers",
 ]
 
 #: Kind used when a ``policy`` node has no ``kind`` key (configs written before it existed).
@@ -230,3 +232,32 @@ def policy_takes_images(policy_cfg: Any) -> bool:
         Its builder's ``takes_images``.
     """
     return get_builder(policy_kind(policy_cfg)).takes_images
+
+
+#: ``policy`` keys naming local directories that the Ray workers open themselves.
+WORKER_PATH_KEYS: tuple[str, ...] = ("model_name_or_path", "tokenizer_name_or_path")
+
+
+def policy_for_workers(policy_cfg: Any) -> dict[str, Any]:
+    """The ``policy`` node as the Ray workers receive it (call on the driver).
+
+    Interpolations are resolved and the local paths of :data:`WORKER_PATH_KEYS` made absolute
+    against the driver's working directory: a worker of a private Ray starts there, but one on
+    a joined cluster starts in its node's directory, where a relative path names something else.
+
+    Args:
+        policy_cfg: The ``policy`` node (``DictConfig`` or mapping).
+
+    Returns:
+        A plain, resolved copy (the input is not modified).
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    out: dict[str, Any] = (
+        OmegaConf.to_container(policy_cfg, resolve=True) if isinstance(policy_cfg, DictConfig) else dict(policy_cfg)
+    )  # type: ignore[assignment]
+    for key in WORKER_PATH_KEYS:
+        value = out.get(key)
+        if isinstance(value, str) and value.strip():
+            out[key] = os.path.abspath(os.path.expanduser(value))
+    return out

@@ -6,6 +6,11 @@
   imported torch, transformers, tensordict and Hydra already (``launch_server.py``), so a run
   does not pay those imports again; the launcher itself starts from its first line in a
   process of its own. ``NEMO_DP_TEST_FORK_LAUNCHES=0`` gives each run a fresh interpreter.
+* ``shared_ray``: one Ray cluster per pytest process (``ray start``, 2 CPUs, token auth) that
+  ``run_launch`` runs join through ``cluster.address`` instead of each starting, and stopping,
+  a private Ray of its own (about 4 s of CPU a run here).  A run that sets any ``cluster``
+  key, or passes ``private_ray=True``, starts its private Ray as from a shell;
+  ``NEMO_DP_TEST_SHARED_RAY=0`` turns the shared cluster off.
 * ``parity_session``: one process per pytest session (``warm_start.py``) that runs the legacy
   SFT warm start (150 steps on 1-digit addition, the parity tests' model shape, saved as a
   training checkpoint) and then every GRPO, asynchronous GRPO and PPO parity run the session
@@ -34,12 +39,17 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.ray_cluster import RayTestCluster, base_env, start_cluster, stop_cluster
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO_ROOT / "launchers" / "launch.py"
 LAUNCH_SERVER = Path(__file__).resolve().with_name("launch_server.py")
 
-#: Overrides that make any recipe tiny: a 1-layer model, small batches, few held-out problems.
+#: Overrides that make any recipe tiny: one policy worker with a 1-layer model, small batches,
+#: few held-out problems. (Runs that exercise the gloo group of several workers say so: the
+#: parity policy, the two-node cluster, the dp_size refusal.)
 TINY: tuple[str, ...] = (
+    "policy.dp_size=1",
     "policy.model.n_layers=1",
     "policy.model.d_model=32",
     "policy.model.n_heads=2",
@@ -228,16 +238,42 @@ def launch_server() -> LaunchServer | None:
     return _SERVER
 
 
+_SHARED_RAY: RayTestCluster | None = None
+
+
+def shared_ray() -> RayTestCluster | None:
+    """The Ray cluster this pytest process's launcher runs join (started on first use).
+
+    A head node with 2 CPUs (TransferQueue's controller and storage unit reserve one each;
+    every other actor of a run is a ``num_cpus=0`` actor), its own ports, temp dir and auth
+    token.  Runs join it one after another, as a user's jobs join a cluster: each run's actors
+    belong to its driver and end with it.  ``None`` when ``NEMO_DP_TEST_SHARED_RAY=0``.
+    """
+    global _SHARED_RAY
+    if os.environ.get("NEMO_DP_TEST_SHARED_RAY", "1") == "0":
+        return None
+    if _SHARED_RAY is None:
+        root = Path(tempfile.mkdtemp(prefix="ndps_", dir="/tmp"))  # Ray's socket paths: < 108 bytes
+        _SHARED_RAY = start_cluster(root, num_cpus=2)
+    return _SHARED_RAY
+
+
 @pytest.fixture(autouse=True, scope="session")
-def _stop_launch_server() -> Iterator[None]:
-    """End the session's launch server, if one was started, when the session ends."""
-    global _SERVER
+def _stop_session_processes() -> Iterator[None]:
+    """End the session's launch server and shared Ray, if started, when the session ends."""
+    global _SERVER, _SHARED_RAY
     try:
         yield
     finally:
-        if _SERVER is not None:
-            _SERVER.close()
-            _SERVER = None
+        try:
+            if _SERVER is not None:
+                _SERVER.close()
+                _SERVER = None
+        finally:
+            if _SHARED_RAY is not None:
+                stop_cluster(_SHARED_RAY)
+                shutil.rmtree(_SHARED_RAY.tmp_root, ignore_errors=True)
+                _SHARED_RAY = None
 
 
 def run_script(
@@ -288,18 +324,31 @@ def run_json_script(script: Path, argv: Sequence[str], result: Path, *, timeout:
     return json.loads(result.read_text())
 
 
-def run_launch(overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0) -> subprocess.CompletedProcess:
+def run_launch(
+    overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0, private_ray: bool = False
+) -> subprocess.CompletedProcess:
     """Run ``launchers/launch.py`` with ``overrides`` in ``cwd`` (short Hydra errors).
+
+    The run joins the session's ``shared_ray`` (``cluster.address`` and its token added)
+    unless ``private_ray`` is set or an override already sets a ``cluster`` key.
 
     Args:
         overrides: Hydra overrides (and flags such as ``--multirun``).
         cwd: Working directory of the launcher process.
         timeout: Seconds before the run is killed (``subprocess.TimeoutExpired``).
+        private_ray: Start a private Ray as a run from a shell does.
 
     Returns:
         The completed process (``stdout`` and ``stderr`` captured as text).
     """
-    return run_script(LAUNCHER, overrides, cwd, timeout=timeout)
+    overrides = list(overrides)
+    env = None
+    if not private_ray and not any(o.lstrip("+~").startswith("cluster") for o in overrides):
+        cluster = shared_ray()
+        if cluster is not None:
+            overrides.append(f"cluster.address={cluster.address}")
+            env = _launch_env(base_env(**cluster.auth_env()))
+    return run_script(LAUNCHER, overrides, cwd, timeout=timeout, env=env)
 
 
 def assert_launch_ok(proc: subprocess.CompletedProcess) -> None:

@@ -8,11 +8,11 @@ TransferQueue on a two-node cluster (head + worker node with a custom resource) 
 workers and storage units land where the config asks, whose actors are gone afterwards, and
 which leaves the cluster up.
 
-The tests that need a running cluster share one per module (``two_node_cluster``), with its own
-free ports, its own ``--temp-dir`` under a short temporary directory and a small ``--num-cpus``;
-it is started with ``ray start --block`` and stopped by signalling the processes this module
-started (never ``ray stop``, which stops every Ray of the user). The launcher sees the test cluster as "the machine's cluster" through ``RAY_TMPDIR``,
-which moves Ray's default temp dir (and so its address file) under the test's directory.
+The tests that need a running cluster share one per module (``two_node_cluster``, started and
+stopped by ``tests/e2e/ray_cluster.py``). These tests start their own launcher processes with
+a private Ray or a cluster of their own, never the tier's shared one. The launcher sees the
+test cluster as "the machine's cluster" through ``RAY_TMPDIR``, which moves Ray's default temp
+dir (and so its address file) under the test's directory.
 """
 
 from __future__ import annotations
@@ -20,25 +20,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.e2e.conftest import LAUNCHER, REPO_ROOT, TINY
+from tests.e2e.ray_cluster import RayTestCluster, base_env, free_port, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.timeout(300)
-
-RAY_BIN = str(Path(sys.executable).with_name("ray"))
 
 SFT_TINY: tuple[str, ...] = (
     "recipe=sft_arith",
@@ -52,147 +46,6 @@ SFT_TINY: tuple[str, ...] = (
 )
 
 
-_HANDED_OUT: set[int] = set()
-
-
-def _free_port() -> int:
-    """A port free now and never handed out before in this session.
-
-    The kernel may give a just-released ephemeral port again on the next ``bind(0)``, so two
-    calls for one ``ray start`` line could otherwise name the same port for two components
-    (Ray refuses that line). Ports already handed out are skipped.
-    """
-    for _ in range(1000):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise RuntimeError("no free port that was not handed out already")
-
-
-def _base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    env["HYDRA_FULL_ERROR"] = "0"
-    env.update(extra)
-    return env
-
-
-@dataclass
-class RayNode:
-    """One ``ray start --block`` process and everything it spawned."""
-
-    proc: subprocess.Popen
-    temp_dir: Path
-    log: Path
-    pids: set[int] = field(default_factory=set)
-
-    def remember_children(self) -> None:
-        try:
-            self.pids |= {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            pass
-
-    def stop(self) -> None:
-        """SIGTERM the ``ray start`` process (it stops its children), then any leftover child."""
-        self.remember_children()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        leftovers = []
-        for pid in self.pids:
-            try:
-                p = psutil.Process(pid)
-                p.terminate()
-                leftovers.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(leftovers, timeout=10)
-        for p in alive:
-            p.kill()
-
-
-@dataclass
-class RayTestCluster:
-    """A cluster of :class:`RayNode` s; ``address`` is the head's GCS ``host:port``."""
-
-    address: str
-    token: str
-    tmp_root: Path
-    nodes: list[RayNode] = field(default_factory=list)
-
-    @property
-    def head_temp_dir(self) -> Path:
-        return self.nodes[0].temp_dir
-
-    def auth_env(self) -> dict[str, str]:
-        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
-
-    def query(self, code: str, *, timeout: float = 90.0) -> dict:
-        """Run ``code`` in a fresh driver joined to this cluster; it must set ``out`` (a dict)."""
-        script = (
-            "import json, ray, ray._private.state as state\n"
-            f"ray.init(address={self.address!r}, include_dashboard=False, logging_level='ERROR')\n"
-            "out = {}\n" + code + "\nray.shutdown()\nprint('QUERY=' + json.dumps(out))\n"
-        )
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            env=_base_env(**self.auth_env()),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        assert proc.returncode == 0, f"query failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("QUERY=")][-1]
-        return json.loads(line[len("QUERY="):])
-
-    def alive_nodes(self) -> list[dict]:
-        out = self.query(
-            "out['nodes'] = [{'id': n['NodeID'], 'resources': n['Resources']} "
-            "for n in ray.nodes() if n['Alive']]"
-        )
-        return out["nodes"]
-
-
-def _start_node(cluster: RayTestCluster, name: str, args: list[str], ready: Path) -> RayNode:
-    temp_dir = cluster.tmp_root / name / "ray"
-    temp_dir.mkdir(parents=True)
-    log = cluster.tmp_root / f"{name}.log"
-    ports = [
-        f"--node-manager-port={_free_port()}",
-        f"--object-manager-port={_free_port()}",
-        f"--metrics-export-port={_free_port()}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--dashboard-agent-grpc-port={_free_port()}",
-        f"--runtime-env-agent-port={_free_port()}",
-    ]
-    cmd = [
-        RAY_BIN, "start", "--block", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
-        "--num-gpus=0", "--disable-usage-stats", *ports, *args,
-    ]  # fmt: skip
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            cmd, stdout=fh, stderr=subprocess.STDOUT, env=_base_env(**cluster.auth_env()),
-            start_new_session=True,
-        )  # fmt: skip
-    node = RayNode(proc=proc, temp_dir=temp_dir, log=log)
-    cluster.nodes.append(node)
-    deadline = time.monotonic() + 90
-    target = temp_dir / ready
-    while not (target.is_file() and target.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"`ray start` for {name} did not come up:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
-    node.remember_children()
-    return node
-
-
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A short directory under /tmp (Ray's socket paths must stay under 108 bytes)."""
@@ -201,46 +54,6 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _start_cluster(tmp_root: Path, *, num_cpus: int, worker_resources: dict[str, float] | None = None,
-                   worker_cpus: int = 1) -> RayTestCluster:  # fmt: skip
-    """Start a token-protected head (and a worker node with ``worker_resources``) under ``tmp_root``.
-
-    The nodes started are in the returned cluster's ``nodes`` even when this raises, so that the
-    caller's ``finally`` stops them.
-    """
-    port = _free_port()
-    cluster = RayTestCluster(address=f"127.0.0.1:{port}", token=uuid.uuid4().hex, tmp_root=tmp_root)
-    try:
-        _start_node(
-            cluster,
-            "head",
-            ["--head", f"--port={port}", f"--num-cpus={num_cpus}", "--include-dashboard=false",
-             f"--ray-client-server-port={_free_port()}"],  # fmt: skip
-            Path("ray_current_cluster"),
-        )
-        if worker_resources is not None:
-            _start_node(
-                cluster,
-                "worker",
-                [f"--address={cluster.address}", f"--num-cpus={worker_cpus}",
-                 f"--resources={json.dumps(worker_resources)}"],  # fmt: skip
-                Path("ray_current_cluster"),
-            )
-            deadline = time.monotonic() + 60
-            while len(cluster.alive_nodes()) < 2:
-                assert time.monotonic() < deadline, "the worker node never joined the head"
-                time.sleep(1)
-    except BaseException:
-        _stop_cluster(cluster)
-        raise
-    return cluster
-
-
-def _stop_cluster(cluster: RayTestCluster) -> None:
-    for node in reversed(cluster.nodes):
-        node.stop()
 
 
 @pytest.fixture(scope="module")
@@ -255,11 +68,11 @@ def two_node_cluster() -> Iterator[RayTestCluster]:
     root = Path(tempfile.mkdtemp(prefix="ndpc_", dir="/tmp"))  # Ray's socket paths: < 108 bytes
     cluster: RayTestCluster | None = None
     try:
-        cluster = _start_cluster(root / "c", num_cpus=2, worker_resources={"node_b": 1.0}, worker_cpus=2)
+        cluster = start_cluster(root / "c", num_cpus=2, worker_resources={"node_b": 1.0}, worker_cpus=2)
         yield cluster
     finally:
         if cluster is not None:
-            _stop_cluster(cluster)
+            stop_cluster(cluster)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -295,7 +108,7 @@ def test_local_run_starts_a_private_ray_next_to_a_running_cluster(
     actors_before = other.query("out['actors'] = len(state.actors())")["actors"]
     # The other cluster is "the machine's cluster": its address file is where Ray looks by
     # default, RAY_ADDRESS names it and this process holds its token.
-    env = _base_env(RAY_TMPDIR=str(other.head_temp_dir.parent), RAY_ADDRESS=other.address, **other.auth_env())
+    env = base_env(RAY_TMPDIR=str(other.head_temp_dir.parent), RAY_ADDRESS=other.address, **other.auth_env())
     private = short_tmp / "private"
     run = tmp_path / "run"
     proc = _launch(
@@ -319,10 +132,10 @@ def test_local_run_ignores_a_stale_address_file(short_tmp: Path, tmp_path: Path)
     ray_tmp = short_tmp
     (ray_tmp / "ray").mkdir(parents=True)
     stale = ray_tmp / "ray" / "ray_current_cluster"
-    stale.write_text(f"127.0.0.1:{_free_port()}")
+    stale.write_text(f"127.0.0.1:{free_port()}")
     run = tmp_path / "run"
     proc = _launch(
-        [*SFT_TINY, "cluster=local", f"hydra.run.dir={run}"], tmp_path, _base_env(RAY_TMPDIR=str(ray_tmp))
+        [*SFT_TINY, "cluster=local", f"hydra.run.dir={run}"], tmp_path, base_env(RAY_TMPDIR=str(ray_tmp))
     )
     _ok(proc)
     assert stale.read_text().startswith("127.0.0.1:"), "the stale address file was modified"
@@ -345,17 +158,17 @@ def _assert_fails_fast(proc: subprocess.CompletedProcess, *fragments: str) -> st
 def test_auto_with_a_stale_address_file_explains(short_tmp: Path, tmp_path: Path) -> None:
     ray_tmp = short_tmp
     (ray_tmp / "ray").mkdir(parents=True)
-    port = _free_port()
+    port = free_port()
     stale = ray_tmp / "ray" / "ray_current_cluster"
     stale.write_text(f"127.0.0.1:{port}")
-    proc = _launch([*SFT_TINY, "cluster=auto"], tmp_path, _base_env(RAY_TMPDIR=str(ray_tmp)), timeout=120)
+    proc = _launch([*SFT_TINY, "cluster=auto"], tmp_path, base_env(RAY_TMPDIR=str(ray_tmp)), timeout=120)
     _assert_fails_fast(proc, f"127.0.0.1:{port}", str(stale), "stale", f"rm {stale}", "cluster=local")
 
 
 def test_address_pointing_at_nothing_fails_fast(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     proc = _launch(
-        [*SFT_TINY, f"cluster.address=127.0.0.1:{port}"], tmp_path, _base_env(RAY_TMPDIR=str(tmp_path)), timeout=120
+        [*SFT_TINY, f"cluster.address=127.0.0.1:{port}"], tmp_path, base_env(RAY_TMPDIR=str(tmp_path)), timeout=120
     )
     _assert_fails_fast(
         proc, f"cluster.address=127.0.0.1:{port}", "no Ray head is running there", f"ray start --head --port={port}"
@@ -363,7 +176,7 @@ def test_address_pointing_at_nothing_fails_fast(tmp_path: Path) -> None:
 
 
 def test_auto_with_no_cluster_at_all_says_where_it_looked(tmp_path: Path) -> None:
-    proc = _launch([*SFT_TINY, "cluster=auto"], tmp_path, _base_env(RAY_TMPDIR=str(tmp_path)), timeout=120)
+    proc = _launch([*SFT_TINY, "cluster=auto"], tmp_path, base_env(RAY_TMPDIR=str(tmp_path)), timeout=120)
     _assert_fails_fast(proc, str(tmp_path / "ray" / "ray_current_cluster"), "does not exist", "ray start --head")
 
 
@@ -397,7 +210,7 @@ shutdown_ray()
 def _join(cluster: RayTestCluster, working_dir: str = "", **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", _JOIN, cluster.address, working_dir],
-        env=_base_env(**env), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+        env=base_env(**env), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
     )  # fmt: skip
 
 
@@ -459,7 +272,7 @@ def test_grpo_over_tq_on_a_two_node_cluster(two_node_cluster: RayTestCluster, tm
             f"hydra.run.dir={run}",
         ],
         tmp_path,
-        _base_env(**cluster.auth_env()),
+        base_env(**cluster.auth_env()),
         timeout=280,
     )
     _ok(proc)

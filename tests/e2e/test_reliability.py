@@ -188,10 +188,10 @@ def test_other_model_size_and_data_plane_are_refused_naming_the_keys(sft_run: Pa
 def test_other_dp_size_is_refused_before_ray_naming_the_key(sft_run: Path, tmp_path: Path) -> None:
     new = tmp_path / "new"
     proc = _launch(
-        [*SFT, "algorithm.max_steps=3", "policy.dp_size=1", f"checkpointing.resume_from={sft_run}", f"hydra.run.dir={new}"],
+        [*SFT, "algorithm.max_steps=3", "policy.dp_size=2", f"checkpointing.resume_from={sft_run}", f"hydra.run.dir={new}"],
         tmp_path,
     )
-    _refused(proc, new, "differing keys: ['policy.dp_size']", "policy.dp_size: checkpoint 2, this run 1")
+    _refused(proc, new, "differing keys: ['policy.dp_size']", "policy.dp_size: checkpoint 1, this run 2")
     assert "Ray" not in proc.stdout  # refused before Ray started
 
 
@@ -364,7 +364,7 @@ def test_a_launch_right_after_a_sigkilled_driver_is_unaffected(tmp_path: Path) -
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         new = tmp_path / "next"
-        _ok(_launch([*SFT, "algorithm.max_steps=2", f"hydra.run.dir={new}"], tmp_path))
+        _ok(run_launch([*SFT, "algorithm.max_steps=2", f"hydra.run.dir={new}"], tmp_path, timeout=300, private_ray=True))
         assert json.loads((new / "summary.json").read_text())["status"] == "completed"
     finally:
         if proc.poll() is None:

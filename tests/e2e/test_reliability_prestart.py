@@ -81,7 +81,8 @@ def test_pre_ray_checks_are_one_message_and_leave_no_run_directory(
             pytest.skip("this machine has a CUDA device")
     new = tmp_path / "new"
     extra = _blocked_dir(tmp_path) if overrides is None else [*overrides, f"hydra.run.dir={new}"]
-    proc = run_launch([*SFT, "algorithm.max_steps=1", *extra], tmp_path)
+    # A private Ray: the GPU check is the local cluster's (a joined one is checked by Ray).
+    proc = run_launch([*SFT, "algorithm.max_steps=1", *extra], tmp_path, private_ray=True)
     _one_message(proc, needle)
     assert not new.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == (["a_file"] if overrides is None else [])

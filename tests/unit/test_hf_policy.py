@@ -316,3 +316,21 @@ def test_prepare_builds_only_the_default_cache_path_on_first_use_and_says_so(
     prepare_policy(other)  # not a tiny-<arch> name: left for validation to report
     assert not (tmp_path / "my-model").exists()
     prepare_policy({"kind": "tiny"})  # the tiny family has nothing to prepare
+
+
+def test_workers_get_absolute_model_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative ``policy.model_name_or_path`` means the driver's directory: a worker on a
+    joined cluster starts in its node's directory, so the workers get it made absolute."""
+    from omegaconf import OmegaConf
+
+    from nemo_dp.models.builders import policy_for_workers
+
+    monkeypatch.chdir(tmp_path)
+    cfg = OmegaConf.create({"kind": "hf", "model_name_or_path": ".cache/m", "tokenizer_name_or_path": None,
+                            "n": 2, "dp_size": "${n}"})  # fmt: skip
+    out = policy_for_workers(cfg)
+    assert out == {"kind": "hf", "model_name_or_path": str(tmp_path / ".cache" / "m"),
+                   "tokenizer_name_or_path": None, "n": 2, "dp_size": 2}  # fmt: skip
+    assert cfg.model_name_or_path == ".cache/m"  # the run's own config keeps what the user wrote
+    home = policy_for_workers({"model_name_or_path": "/abs/m", "tokenizer_name_or_path": "~/tok"})
+    assert home == {"model_name_or_path": "/abs/m", "tokenizer_name_or_path": str(Path.home() / "tok")}

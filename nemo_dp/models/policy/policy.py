@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.distributed.worker_group import RayCluster, RayWorkerGroup
+from nemo_dp.models.builders import policy_for_workers
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 from nemo_dp.models.policy.images import wire_prompt
 from nemo_dp.models.policy.worker import COUNT_METRICS, PolicyWorker
@@ -65,7 +66,7 @@ class Policy:
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.name_prefix = name_prefix
-        worker_cfg = OmegaConf.to_container(self.cfg, resolve=True)
+        worker_cfg = policy_for_workers(self.cfg)
         self.worker_group = RayWorkerGroup(
             self.worker_class,
             world_size=self.dp_size,

@@ -15,6 +15,7 @@ from typing import Any
 from nemo_dp.data_plane.factory import maybe_configure_data_plane_env
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import TASK_PREV_LP, TASK_REF_LP, TASK_TRAIN
+from nemo_dp.models.builders import policy_for_workers
 from nemo_dp.models.policy.rollout_worker import (
     POLICY_VERSION,
     ROLLOUT_PARTITION_PREFIX,
@@ -106,7 +107,6 @@ class RolloutGroup:
         torch_threads: int,
     ) -> None:
         import ray
-        from omegaconf import OmegaConf
 
         from nemo_dp.data_plane.factory import coerce_data_plane_config
 
@@ -122,7 +122,7 @@ class RolloutGroup:
         self.stats = RolloutStats()
         self._pending: list[RolloutShard] = []
         self._live: set[str] = set()
-        policy_cfg = OmegaConf.to_container(master_config.policy, resolve=True)
+        policy_cfg = policy_for_workers(master_config.policy)
         dp_cfg = coerce_data_plane_config(master_config.data_plane)
         env_vars = maybe_configure_data_plane_env(dp_cfg)
         options: dict[str, Any] = {"num_cpus": 0}
