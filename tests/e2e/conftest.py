@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.ray_cluster import RayTestCluster, base_env, start_cluster, stop_cluster
+from tests.e2e.ray_cluster import SHARED_RAY_ADDRESS_ENV, RayTestCluster, start_cluster, stop_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO_ROOT / "launchers" / "launch.py"
@@ -258,6 +258,22 @@ def shared_ray() -> RayTestCluster | None:
     return _SHARED_RAY
 
 
+def shared_ray_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a process that joins ``shared_ray``: its address and auth token added.
+
+    Args:
+        env: The process's environment otherwise.
+
+    Returns:
+        A new dict; ``env`` unchanged (a copy) when the shared cluster is off.
+    """
+    cluster = shared_ray()
+    if cluster is None:
+        return dict(env)
+    out = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    return {**out, **cluster.auth_env(), SHARED_RAY_ADDRESS_ENV: cluster.address}
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _stop_session_processes() -> Iterator[None]:
     """End the session's launch server and shared Ray, if started, when the session ends."""
@@ -307,7 +323,7 @@ def run_json_script(script: Path, argv: Sequence[str], result: Path, *, timeout:
     """Run ``python script argv...`` from the repository root and read the JSON it wrote.
 
     For the e2e files that run their training in a subprocess of their own (the file itself as
-    a script, one Ray for all its runs).
+    a script, one Ray for all its runs: it joins ``shared_ray`` through ``SHARED_RAY_ADDRESS_ENV``).
 
     Args:
         script: The script.
@@ -318,14 +334,19 @@ def run_json_script(script: Path, argv: Sequence[str], result: Path, *, timeout:
     Returns:
         The parsed ``result``; the test fails with the script's output tails if it exited non-zero.
     """
-    env = _launch_env(dict(os.environ))
+    env = shared_ray_env(_launch_env(dict(os.environ)))
     proc = run_script(script, argv, REPO_ROOT, env=env, timeout=timeout)
     assert proc.returncode == 0, f"{script.name} failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return json.loads(result.read_text())
 
 
 def run_launch(
-    overrides: Sequence[str], cwd: Path, *, timeout: float = 240.0, private_ray: bool = False
+    overrides: Sequence[str],
+    cwd: Path,
+    *,
+    timeout: float = 240.0,
+    private_ray: bool = False,
+    full_error: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run ``launchers/launch.py`` with ``overrides`` in ``cwd`` (short Hydra errors).
 
@@ -337,17 +358,20 @@ def run_launch(
         cwd: Working directory of the launcher process.
         timeout: Seconds before the run is killed (``subprocess.TimeoutExpired``).
         private_ray: Start a private Ray as a run from a shell does.
+        full_error: Run with ``HYDRA_FULL_ERROR=1`` (a failure's whole traceback).
 
     Returns:
         The completed process (``stdout`` and ``stderr`` captured as text).
     """
     overrides = list(overrides)
-    env = None
+    env = _launch_env(dict(os.environ))
     if not private_ray and not any(o.lstrip("+~").startswith("cluster") for o in overrides):
         cluster = shared_ray()
         if cluster is not None:
             overrides.append(f"cluster.address={cluster.address}")
-            env = _launch_env(base_env(**cluster.auth_env()))
+            env = shared_ray_env(env)
+    if full_error:
+        env["HYDRA_FULL_ERROR"] = "1"
     return run_script(LAUNCHER, overrides, cwd, timeout=timeout, env=env)
 
 
@@ -501,6 +525,7 @@ def parity_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     out = tmp_path_factory.mktemp("parity")
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env = shared_ray_env(env)
     proc = run_script(WARM_START_SCRIPT, [str(out), *groups], REPO_ROOT, env=env, timeout=PARITY_TIMEOUT_S - 60)
     assert proc.returncode == 0, f"parity process failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     latest = Path(json.loads((out / "warm_start.json").read_text())["checkpoint"])

@@ -24,6 +24,15 @@ import psutil
 
 RAY_BIN = str(Path(sys.executable).with_name("ray"))
 
+#: The variable by which a test script that starts Ray itself (``init_ray``) learns the address
+#: of the e2e tier's shared cluster (``conftest.shared_ray_env`` sets it with the token).
+SHARED_RAY_ADDRESS_ENV = "NEMO_DP_TEST_RAY_ADDRESS"
+
+
+def shared_ray_address() -> str | None:
+    """The shared cluster a test script should join (``init_ray(address=...)``); ``None``: start a private Ray."""
+    return os.environ.get(SHARED_RAY_ADDRESS_ENV) or None
+
 _HANDED_OUT: set[int] = set()
 
 

@@ -81,6 +81,7 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
     from nemo_dp.data_plane.factory import select_sync_trainer
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
+    from tests.e2e.ray_cluster import shared_ray_address
     from nemo_dp.training import (
         Checkpointer,
         RunLogger,
@@ -108,7 +109,7 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
     trainer = select_sync_trainer(cfg)
     phase = main_phase(cfg)
     ckpt_root = out_dir / "ckpt"
-    env = init_ray(num_cpus=2, **ray_start_args(cfg.data_plane))
+    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(cfg.data_plane))
     report: dict[str, Any] = {"trainer": f"{trainer.__module__}:{trainer.__name__}"}
     try:
 

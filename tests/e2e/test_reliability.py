@@ -364,7 +364,9 @@ def test_a_launch_right_after_a_sigkilled_driver_is_unaffected(tmp_path: Path) -
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         new = tmp_path / "next"
-        _ok(run_launch([*SFT, "algorithm.max_steps=2", f"hydra.run.dir={new}"], tmp_path, timeout=300, private_ray=True))
+        # A private Ray, as the killed run had: the next one starts beside its leftovers.
+        next_run = [*SFT, "algorithm.max_steps=2", f"hydra.run.dir={new}"]
+        _ok(run_launch(next_run, tmp_path, timeout=300, private_ray=True))
         assert json.loads((new / "summary.json").read_text())["status"] == "completed"
     finally:
         if proc.poll() is None:

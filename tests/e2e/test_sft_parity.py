@@ -23,15 +23,13 @@ working directory, so trainer and policy come from ``select_sync_trainer`` /
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import run_launch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO_ROOT / "launchers" / "launch.py"
@@ -63,10 +61,7 @@ COMPARED: tuple[str, ...] = ("loss", "grad_norm", "lr", "num_valid_tokens", "con
 
 def run_launcher(overrides: list[str], cwd: Path, *, timeout: float = 240.0) -> subprocess.CompletedProcess:
     """Run the launcher with ``overrides`` in ``cwd``; fail the test with its output on error."""
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env["HYDRA_FULL_ERROR"] = "1"
-    proc = run_script(LAUNCHER, overrides, cwd, env=env, timeout=timeout)
+    proc = run_launch(overrides, cwd, timeout=timeout, full_error=True)
     if proc.returncode != 0:
         pytest.fail(f"launcher failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import REPO_ROOT, run_script
+from tests.e2e.conftest import REPO_ROOT, run_script, shared_ray_env
 
 SCRIPT = REPO_ROOT / "tests" / "e2e" / "vlm_parity.py"
 TIMEOUT_S = 1500  # a bound for a loaded shared machine; the runs take a few minutes on an idle one
@@ -47,6 +46,7 @@ def vlm_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model_dir = tmp_path_factory.getbasetemp() / "vlm_cache" / "tiny-qwen2-vl"
     env = dict(os.environ)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env = shared_ray_env(env)
     proc = run_script(SCRIPT, [str(out), str(model_dir)], REPO_ROOT, env=env, timeout=TIMEOUT_S - 60)
     assert proc.returncode == 0, (
         f"VLM parity process failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"

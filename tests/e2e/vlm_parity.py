@@ -160,11 +160,13 @@ def main(out_dir: Path, model_dir: Path) -> None:
     data plane's policy serves both); write ``OUT_DIR/vlm.json``."""
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
+    from tests.e2e.ray_cluster import shared_ray_address
     from nemo_dp.models.hf.make_tiny_vlm import ensure_tiny_vlm_checkpoint
     from tests.e2e import vlm_image_data as image_data
 
     ensure_tiny_vlm_checkpoint(model_dir.parent, name=model_dir.name)
-    env = init_ray(num_cpus=2, **ray_start_args(_compose(["~recipe", "data_plane=tq"]).data_plane))
+    dp_cfg = _compose(["~recipe", "data_plane=tq"]).data_plane
+    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(dp_cfg))
     policies: dict[str, Any] = {}
     result: dict[str, Any] = {}
     try:
