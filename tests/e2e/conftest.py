@@ -274,10 +274,30 @@ def shared_ray_env(env: dict[str, str]) -> dict[str, str]:
     return {**out, **cluster.auth_env(), SHARED_RAY_ADDRESS_ENV: cluster.address}
 
 
+def _stop_shared_ray() -> None:
+    global _SHARED_RAY
+    if _SHARED_RAY is not None:
+        try:
+            stop_cluster(_SHARED_RAY)
+        finally:
+            shutil.rmtree(_SHARED_RAY.tmp_root, ignore_errors=True)
+            _SHARED_RAY = None
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared Ray when this process runs no e2e test next (an idle head costs CPU).
+
+    Under xdist the next item is unknown at the end of a batch; a later e2e test starts the
+    cluster again.
+    """
+    if nextitem is None or not nextitem.path.is_relative_to(Path(__file__).parent):
+        _stop_shared_ray()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _stop_session_processes() -> Iterator[None]:
     """End the session's launch server and shared Ray, if started, when the session ends."""
-    global _SERVER, _SHARED_RAY
+    global _SERVER
     try:
         yield
     finally:
@@ -286,10 +306,7 @@ def _stop_session_processes() -> Iterator[None]:
                 _SERVER.close()
                 _SERVER = None
         finally:
-            if _SHARED_RAY is not None:
-                stop_cluster(_SHARED_RAY)
-                shutil.rmtree(_SHARED_RAY.tmp_root, ignore_errors=True)
-                _SHARED_RAY = None
+            _stop_shared_ray()
 
 
 def run_script(

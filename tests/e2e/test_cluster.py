@@ -9,8 +9,9 @@ workers and storage units land where the config asks, whose actors are gone afte
 which leaves the cluster up.
 
 The tests that need a running cluster share one per module (``two_node_cluster``, started and
-stopped by ``tests/e2e/ray_cluster.py``). These tests start their own launcher processes with
-a private Ray or a cluster of their own, never the tier's shared one. The launcher sees the
+stopped by ``tests/e2e/ray_cluster.py``). Their launcher runs (forked from the launch server,
+like the tier's other runs) use a private Ray or a cluster of their own, never the tier's
+shared one. The launcher sees the
 test cluster as "the machine's cluster" through ``RAY_TMPDIR``, which moves Ray's default temp
 dir (and so its address file) under the test's directory.
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LAUNCHER, REPO_ROOT, TINY
+from tests.e2e.conftest import LAUNCHER, REPO_ROOT, TINY, run_script
 from tests.e2e.ray_cluster import RayTestCluster, base_env, free_port, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -77,10 +78,7 @@ def two_node_cluster() -> Iterator[RayTestCluster]:
 
 
 def _launch(overrides: list[str], cwd: Path, env: dict[str, str], timeout: float = 240.0) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(LAUNCHER), *overrides],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return run_script(LAUNCHER, overrides, cwd, env=env, timeout=timeout)
 
 
 def _ok(proc: subprocess.CompletedProcess) -> None:
