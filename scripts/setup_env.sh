@@ -42,9 +42,6 @@ fi
 # which every process imports, is compiled on all cores while pip installs the rest, and the
 # rest is compiled by Python when first imported (`make run` and `make test` let Python write
 # that bytecode even where PYTHONDONTWRITEBYTECODE is set).
-compile_site() {  # like pip, ignore files that do not compile (e.g. tests written for newer Pythons)
-    "$VENV/bin/python" -m compileall -q -j 0 "$@" >/dev/null 2>&1 || true
-}
 
 echo "[setup] creating $VENV with $($PY --version)"
 "$PY" -m venv "$VENV"
@@ -52,7 +49,8 @@ SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pu
 "$VENV/bin/python" -m pip install --quiet --no-compile --upgrade pip
 echo "[setup] installing torch ($TORCH_VARIANT, pinned) first"
 "$VENV/bin/pip" install --quiet --no-compile -c constraints.txt "${TORCH_INDEX[@]}" "torch==2.13.0"
-compile_site "$SITE/torch" &
+# Like pip, ignore files that do not compile (torch ships tests written for newer Pythons).
+("$VENV/bin/python" -m compileall -q -j 0 "$SITE/torch" >/dev/null 2>&1 || true) &
 TORCH_COMPILE=$!
 echo "[setup] installing nemo_dp with its test extra"
 "$VENV/bin/pip" install --quiet --no-compile -c constraints.txt -e ".[test,bench]"

@@ -1,4 +1,4 @@
-"""What ``grpo_sync`` and ``ppo_sync`` share: the entry check and held-out evaluation through the data plane."""
+"""What ``grpo_sync`` and ``ppo_sync`` share: the entry check and held-out evaluation over the data plane."""
 
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ def make_store_evaluator(
         return float(out.carry["rewards"].mean())
 
     return _evaluate
+
 
 def check_sync_entry(policy: Any, master_config: Any, target: str, legacy: str) -> None:
     """Refuse to start the synchronous data-plane trainer ``target`` where it does not apply.

@@ -441,7 +441,12 @@ class PPOConfig:
     def __post_init__(self) -> None:
         _check_common_algorithm(self, "ppo")
         _at_least_each(
-            "algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1, num_train_prompts=self.num_prompts_per_step, ppo_epochs=1
+            "algorithm",
+            self,
+            num_prompts_per_step=1,
+            num_generations_per_prompt=1,
+            num_train_prompts=self.num_prompts_per_step,
+            ppo_epochs=1,
         )
         for key, value in (("gamma", self.gamma), ("lam", self.lam)):
             if not 0.0 <= value <= 1.0:

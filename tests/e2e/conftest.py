@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.ray_cluster import SHARED_RAY_ADDRESS_ENV, RayTestCluster, start_cluster, stop_cluster
+from tests.e2e.ray_cluster import SHARED_RAY_ADDRESS_ENV, RayTestCluster, start_cluster, stop_cluster, without_join_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO_ROOT / "launchers" / "launch.py"
@@ -270,8 +270,12 @@ def shared_ray_env(env: dict[str, str]) -> dict[str, str]:
     cluster = shared_ray()
     if cluster is None:
         return dict(env)
-    out = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
-    return {**out, **cluster.auth_env(), SHARED_RAY_ADDRESS_ENV: cluster.address}
+    return {**without_join_env(env), **cluster.auth_env(), SHARED_RAY_ADDRESS_ENV: cluster.address}
+
+
+def script_env() -> dict[str, str]:
+    """The environment of a test script that runs its training on one Ray (``init_script_ray``)."""
+    return shared_ray_env(_launch_env(dict(os.environ)))
 
 
 def _stop_shared_ray() -> None:
@@ -287,8 +291,8 @@ def _stop_shared_ray() -> None:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the shared Ray when this process runs no e2e test next (an idle head costs CPU).
 
-    Under xdist the next item is unknown at the end of a batch; a later e2e test starts the
-    cluster again.
+    xdist holds a worker's last item until it knows the next, so ``nextitem`` is ``None`` only
+    when the process has nothing left to run; an e2e test after a stop starts the cluster again.
     """
     if nextitem is None or not nextitem.path.is_relative_to(Path(__file__).parent):
         _stop_shared_ray()
@@ -351,8 +355,7 @@ def run_json_script(script: Path, argv: Sequence[str], result: Path, *, timeout:
     Returns:
         The parsed ``result``; the test fails with the script's output tails if it exited non-zero.
     """
-    env = shared_ray_env(_launch_env(dict(os.environ)))
-    proc = run_script(script, argv, REPO_ROOT, env=env, timeout=timeout)
+    proc = run_script(script, argv, REPO_ROOT, env=script_env(), timeout=timeout)
     assert proc.returncode == 0, f"{script.name} failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     return json.loads(result.read_text())
 
@@ -540,10 +543,9 @@ def parity_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         }
     )
     out = tmp_path_factory.mktemp("parity")
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env = shared_ray_env(env)
-    proc = run_script(WARM_START_SCRIPT, [str(out), *groups], REPO_ROOT, env=env, timeout=PARITY_TIMEOUT_S - 60)
+    proc = run_script(
+        WARM_START_SCRIPT, [str(out), *groups], REPO_ROOT, env=script_env(), timeout=PARITY_TIMEOUT_S - 60
+    )
     assert proc.returncode == 0, f"parity process failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     latest = Path(json.loads((out / "warm_start.json").read_text())["checkpoint"])
     assert latest.name == "step_00000150", latest

@@ -2,8 +2,8 @@
 
 Why this exists: a launcher run in a fresh interpreter first spends seconds of CPU importing
 torch, transformers, tensordict, Hydra, OmegaConf and matplotlib before it reads its first
-override, and the e2e tier makes dozens of runs on a 2-core machine. This server imports those libraries
-once (nothing of ``nemo_dp``, Ray or TransferQueue, whose import-time state depends on the
+override, and the e2e tier makes dozens of runs on a 2-core machine. This server imports those
+libraries once (nothing of ``nemo_dp``, Ray or TransferQueue, whose import-time state depends on the
 environment a run sets), then answers each request by forking a child that takes the request's
 working directory, environment, ``argv`` and output files and executes ``launchers/launch.py``
 as ``__main__``: the launcher's own code runs from its first line in a process of its own, as

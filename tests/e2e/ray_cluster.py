@@ -29,9 +29,29 @@ RAY_BIN = str(Path(sys.executable).with_name("ray"))
 SHARED_RAY_ADDRESS_ENV = "NEMO_DP_TEST_RAY_ADDRESS"
 
 
-def shared_ray_address() -> str | None:
-    """The shared cluster a test script should join (``init_ray(address=...)``); ``None``: start a private Ray."""
-    return os.environ.get(SHARED_RAY_ADDRESS_ENV) or None
+def init_script_ray(data_plane_cfg: object) -> dict[str, str]:
+    """``init_ray`` for a test script that runs its training on one Ray (2 CPUs).
+
+    It joins the tier's shared cluster when ``SHARED_RAY_ADDRESS_ENV`` names one, else starts
+    a private Ray; either way with ``data_plane_cfg``'s worker environment.
+
+    Args:
+        data_plane_cfg: The ``data_plane`` node whose TransferQueue knobs the workers need.
+
+    Returns:
+        What ``init_ray`` returns (the workers' environment).
+    """
+    from nemo_dp.data_plane.registry import ray_start_args
+    from nemo_dp.distributed.ray_init import init_ray
+
+    address = os.environ.get(SHARED_RAY_ADDRESS_ENV) or None
+    return init_ray(address=address, num_cpus=2, **ray_start_args(data_plane_cfg))
+
+
+def without_join_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without the variables that pick a cluster to join and its token."""
+    return {k: v for k, v in env.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+
 
 _HANDED_OUT: set[int] = set()
 
@@ -54,7 +74,7 @@ def free_port() -> int:
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    env = without_join_env(dict(os.environ))
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["HYDRA_FULL_ERROR"] = "0"
     env.update(extra)

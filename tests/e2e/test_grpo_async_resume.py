@@ -79,9 +79,8 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
     from nemo_dp.algorithms.async_ledger import read_ledger
     from nemo_dp.config import register_configs, validate_config
     from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from tests.e2e.ray_cluster import shared_ray_address
+    from nemo_dp.distributed.ray_init import shutdown_ray
+    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.training import (
         Checkpointer,
         RunLogger,
@@ -109,7 +108,7 @@ def run_crash_and_resume(out_dir: Path) -> dict[str, Any]:
     trainer = select_sync_trainer(cfg)
     phase = main_phase(cfg)
     ckpt_root = out_dir / "ckpt"
-    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(cfg.data_plane))
+    env = init_script_ray(cfg.data_plane)
     report: dict[str, Any] = {"trainer": f"{trainer.__module__}:{trainer.__name__}"}
     try:
 

@@ -77,16 +77,15 @@ def run_architectures(out_dir: Path, model_dirs: dict[str, Path]) -> dict[str, A
         ``{"<arch>_<phase>": {"records": [...], "checkpoint": "<step dir>"}}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from tests.e2e.ray_cluster import shared_ray_address
+    from nemo_dp.distributed.ray_init import shutdown_ray
+    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.models.builders import validate_policy
     from nemo_dp.training import main_phase, make_policy, make_tokenizer, phase_checkpointer, phase_logger, run_phase
     from nemo_dp.training.checkpoint_discovery import latest_checkpoint
     from nemo_dp.utils.metrics import read_metrics
 
     first = _compose(model_dirs[ARCHS[0]], "sft")
-    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(first.data_plane))
+    env = init_script_ray(first.data_plane)
     result: dict[str, Any] = {}
     try:
         for arch in ARCHS:

@@ -202,9 +202,8 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
     """
     from nemo_dp.config import validate_config
     from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from tests.e2e.ray_cluster import shared_ray_address
+    from nemo_dp.distributed.ray_init import shutdown_ray
+    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.training import (
         Checkpointer,
         main_phase,
@@ -220,7 +219,7 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
     base = _compose(model_dir, GRPO, "tq")
     validate_config(base)
     tok = make_tokenizer(base)
-    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(base.data_plane))
+    env = init_script_ray(base.data_plane)
     result: dict[str, Any] = {"runs": {}}
     # One policy per data plane serves all of its runs (a policy's workers depend only on the
     # policy, data-plane and seed keys, and every run first reloads its start state).

@@ -64,9 +64,8 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
         ``{"runs": {name: {"records", "checksums", "policy_class", "trainer"}}}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from tests.e2e.ray_cluster import shared_ray_address
+    from nemo_dp.distributed.ray_init import shutdown_ray
+    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.training import make_tokenizer
     from nemo_dp.utils.checkpoint import load_training_checkpoint
     from tests.e2e.phase_runs import train_from_state
@@ -76,7 +75,7 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
     validate_config(base)
     tok = make_tokenizer(base)
     state = load_training_checkpoint(warm_ckpt)["policy"]
-    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(base.data_plane))
+    env = init_script_ray(base.data_plane)
     result: dict[str, Any] = {"runs": {}}
     try:
         for name, overrides in runs.items():

@@ -82,9 +82,8 @@ def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
     """
     from nemo_dp.config import validate_config
     from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from tests.e2e.ray_cluster import shared_ray_address
+    from nemo_dp.distributed.ray_init import shutdown_ray
+    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.models.builders import prepare_policy, validate_policy
     from nemo_dp.training import main_phase, make_policy, make_tokenizer
     from tests.e2e.phase_runs import train_phase
@@ -93,7 +92,7 @@ def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
     prepare_policy(base.policy)  # the cached import: found, not redone
     validate_policy(base.policy)
     tok = make_tokenizer(base)
-    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(base.data_plane))
+    env = init_script_ray(base.data_plane)
     result: dict[str, Any] = {"runs": {}}
     try:
         for data_plane in ("disabled", "tq"):

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import REPO_ROOT, run_script, shared_ray_env
+from tests.e2e.conftest import REPO_ROOT, run_script, script_env
 
 SCRIPT = REPO_ROOT / "tests" / "e2e" / "vlm_parity.py"
 TIMEOUT_S = 1500  # a bound for a loaded shared machine; the runs take a few minutes on an idle one
@@ -44,10 +44,7 @@ GRPO_COMPARED = (
 def vlm_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("vlm_parity")
     model_dir = tmp_path_factory.getbasetemp() / "vlm_cache" / "tiny-qwen2-vl"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env = shared_ray_env(env)
-    proc = run_script(SCRIPT, [str(out), str(model_dir)], REPO_ROOT, env=env, timeout=TIMEOUT_S - 60)
+    proc = run_script(SCRIPT, [str(out), str(model_dir)], REPO_ROOT, env=script_env(), timeout=TIMEOUT_S - 60)
     assert proc.returncode == 0, (
         f"VLM parity process failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     )

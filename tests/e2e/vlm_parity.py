@@ -158,15 +158,13 @@ def _sft_then_grpo(
 def main(out_dir: Path, model_dir: Path) -> None:
     """Run every SFT and GRPO run on one Ray, the parity runs then the image-data runs (each
     data plane's policy serves both); write ``OUT_DIR/vlm.json``."""
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from tests.e2e.ray_cluster import shared_ray_address
+    from nemo_dp.distributed.ray_init import shutdown_ray
+    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.models.hf.make_tiny_vlm import ensure_tiny_vlm_checkpoint
     from tests.e2e import vlm_image_data as image_data
 
     ensure_tiny_vlm_checkpoint(model_dir.parent, name=model_dir.name)
-    dp_cfg = _compose(["~recipe", "data_plane=tq"]).data_plane
-    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(dp_cfg))
+    env = init_script_ray(_compose(["~recipe", "data_plane=tq"]).data_plane)
     policies: dict[str, Any] = {}
     result: dict[str, Any] = {}
     try:

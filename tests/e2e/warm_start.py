@@ -107,13 +107,11 @@ def main(out_dir: Path, groups: Sequence[str]) -> None:
     unknown = sorted(set(groups) - set(PARITY_GROUPS))
     if unknown:
         raise ValueError(f"unknown parity group(s) {unknown}; known: {list(PARITY_GROUPS)}")
-    from nemo_dp.data_plane.registry import ray_start_args
-    from nemo_dp.distributed.ray_init import init_ray, shutdown_ray
-    from tests.e2e.ray_cluster import shared_ray_address
+    from nemo_dp.distributed.ray_init import shutdown_ray
+    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.utils.checkpoint import load_training_checkpoint
 
-    dp_cfg = _compose(["~recipe", "data_plane=tq"]).data_plane
-    env = init_ray(address=shared_ray_address(), num_cpus=2, **ray_start_args(dp_cfg))
+    env = init_script_ray(_compose(["~recipe", "data_plane=tq"]).data_plane)
     try:
         ckpt = run_warm_start(out_dir, env)
         (out_dir / "warm_start.json").write_text(json.dumps({"checkpoint": str(ckpt)}))

@@ -17,8 +17,9 @@ Modules, one job each: ``client`` (``RayStoreClient``: puts, reads, claims over 
 ``checkpoint`` (typed, pickle-free checkpoints saved by the bootstrapping client).
 
 Ray is imported inside functions only. The package's names load on first use: the metadata
-actor's process imports ``actor`` and ``state`` only, without torch or tensordict.  Objects are owned by the process that put them and stay readable while it lives
-(inline columns live in the actor; see ``client``).
+actor's process imports ``actor`` and ``state`` only, without torch or tensordict.  Objects are
+owned by the process that put them and stay readable while it lives (inline columns live in the
+actor; see ``client``).
 """
 
 from __future__ import annotations
