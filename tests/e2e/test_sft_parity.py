@@ -22,7 +22,6 @@ working directory, so trainer and policy come from ``select_sync_trainer`` /
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,6 @@ import pytest
 
 from tests.e2e.conftest import run_launch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER = REPO_ROOT / "launchers" / "launch.py"
 
 #: Tiny SFT settings shared by every run (only the data plane varies).
 SFT_OVERRIDES: tuple[str, ...] = (
@@ -69,11 +66,9 @@ def run_launcher(overrides: list[str], cwd: Path, *, timeout: float = 240.0) -> 
 
 def read_metrics(run_dir: Path) -> dict[int, dict[str, Any]]:
     """``metrics.jsonl`` of a run as ``{step: record}``."""
-    out: dict[int, dict[str, Any]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        out[int(record["step"])] = record
-    return out
+    from nemo_dp.utils.metrics import read_metrics as read_records
+
+    return {int(r["step"]): r for r in read_records(run_dir / "metrics.jsonl")}
 
 
 #: Checkpoint every 3 steps (the straight runs double as the reference of the resume tests).

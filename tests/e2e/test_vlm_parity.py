@@ -22,7 +22,6 @@ launcher uses; GRPO starts from the legacy SFT run's final policy, so rewards ar
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
