@@ -343,29 +343,16 @@ class MetricsDataPlaneClient(DataPlaneClient):
 
     # --- forwarded API ------------------------------------------------------------------------
     def register_partition(
-        self,
-        partition_id: str,
-        fields: Sequence[str],
-        num_samples: int,
-        consumer_tasks: Sequence[str],
-        grpo_group_size: int | None = None,
-        enums: Mapping[str, Sequence[str]] | None = None,
+        self, partition_id: str, fields: Sequence[str], num_samples: int, consumer_tasks: Sequence[str],
+        grpo_group_size: int | None = None, enums: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         with self._record("register", partition_id) as call:
             call.n_keys = int(num_samples) if isinstance(num_samples, int) else 0
-            self._inner.register_partition(
-                partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums
-            )
+            self._inner.register_partition(partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums)
 
     def claim_meta(
-        self,
-        partition_id: str,
-        task_name: str,
-        required_fields: Sequence[str],
-        batch_size: int,
-        dp_rank: int | None = None,
-        blocking: bool = True,
-        timeout_s: float = 60.0,
+        self, partition_id: str, task_name: str, required_fields: Sequence[str], batch_size: int,
+        dp_rank: int | None = None, blocking: bool = True, timeout_s: float = 60.0,
     ) -> KVBatchMeta:
         with self._record("claim_meta", partition_id) as call:
             meta = self._inner.claim_meta(
@@ -386,10 +373,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
             return self._inner.check_consumption_status(partition_id, task_names)
 
     def put_samples(
-        self,
-        sample_ids: Sequence[str],
-        partition_id: str,
-        fields: TensorDict | None = None,
+        self, sample_ids: Sequence[str], partition_id: str, fields: TensorDict | None = None,
         tags: Sequence[dict] | None = None,
     ) -> KVBatchMeta:
         with self._record("put", partition_id) as call:
@@ -400,9 +384,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
             self._attribute_put(partition_id, ids, call.n_bytes)
             return receipt
 
-    def get_samples(
-        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
-    ) -> TensorDict:
+    def get_samples(self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]) -> TensorDict:
         with self._record("get", partition_id) as call:
             call.n_keys = len(sample_ids)
             td = self._inner.get_samples(sample_ids, partition_id, select_fields)
@@ -422,9 +404,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
             self._inner.clear_samples(sample_ids, partition_id)
             self._release(partition_id, ids)
 
-    def save_checkpoint(
-        self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None) -> None:
         with self._record("save_checkpoint", ""):
             self._inner.save_checkpoint(checkpoint_dir, metadata=metadata)
 

@@ -419,12 +419,7 @@ class TQWorkerMixin:
         return self._attach_pack_metadata(data, meta)
 
     def train_presharded(
-        self,
-        meta: KVBatchMeta,
-        loss_fn: Any,
-        eval_mode: bool = False,
-        gbs: int | None = None,
-        mbs: int | None = None,
+        self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None, mbs: int | None = None
     ) -> dict:
         """Fetch this rank's shard and train on it (``self.train``); writes nothing.
 

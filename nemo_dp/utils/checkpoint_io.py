@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "MANIFEST_NAME",
+    "check_json_value",
     "validate_json_metadata",
     "write_checkpoint_atomically",
     "write_manifest",
@@ -38,22 +39,33 @@ _OLD_INFIX = ".old-"
 # --- metadata ---
 
 
-def _check_json_value(value: Any, where: str) -> None:
+def check_json_value(value: Any, where: str, *, finite: bool = True) -> None:
+    """Check that ``value`` is JSON-like: str-keyed mappings, lists, tuples and scalars.
+
+    Args:
+        value: The value to check.
+        where: Its position, for the message.
+        finite: Refuse non-finite floats.
+
+    Raises:
+        TypeError: A non-str key or a value of another type (named by ``where``).
+        ValueError: ``finite`` and a non-finite float.
+    """
     if value is None or isinstance(value, (str, bool, int)):
         return
     if isinstance(value, float):
-        if not math.isfinite(value):
+        if finite and not math.isfinite(value):
             raise ValueError(f"{where}: non-finite float {value!r} is not valid JSON")
         return
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check_json_value(item, f"{where}[{i}]")
+            check_json_value(item, f"{where}[{i}]", finite=finite)
         return
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(f"{where}: key {key!r} is a {type(key).__name__}, JSON needs str")
-            _check_json_value(item, f"{where}[{key!r}]")
+            check_json_value(item, f"{where}[{key!r}]", finite=finite)
         return
     raise TypeError(f"{where}: value of type {type(value).__name__} is not JSON-serialisable")
 
@@ -77,7 +89,7 @@ def validate_json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]
         raise TypeError(
             f"checkpoint metadata must be a mapping of JSON values, got {type(metadata).__name__}"
         )
-    _check_json_value(metadata, "checkpoint metadata")
+    check_json_value(metadata, "checkpoint metadata")
     return json.loads(json.dumps(metadata))
 
 

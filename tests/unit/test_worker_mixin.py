@@ -96,11 +96,7 @@ class _Host(TQWorkerMixin):
 
     # in-memory compute ---------------------------------------------------------------------
     def train(
-        self,
-        data: BatchedDataDict,
-        loss_fn: Any,
-        eval_mode: bool = False,
-        gbs: int | None = None,
+        self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
         mbs: int | None = None,
     ) -> dict:
         self.received.append(("train", data))
@@ -153,10 +149,7 @@ class _SplitStore(DataPlaneClient):
         return self.seed.get_samples(sample_ids, partition_id, select_fields)
 
     def put_samples(
-        self,
-        sample_ids: Sequence[str],
-        partition_id: str,
-        fields: TensorDict | None = None,
+        self, sample_ids: Sequence[str], partition_id: str, fields: TensorDict | None = None,
         tags: Sequence[dict] | None = None,
     ) -> KVBatchMeta:
         return self.results.put_samples(sample_ids, partition_id, fields, tags)

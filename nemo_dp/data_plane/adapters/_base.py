@@ -87,112 +87,36 @@ class BaseDataPlaneClient(DataPlaneClient):
             self._begin()
             yield
 
-    # --- task-mediated half -------------------------------------------------------------------
+    # --- the public calls (contracts on ``DataPlaneClient``) -----------------------------------
     def register_partition(
-        self,
-        partition_id: str,
-        fields: Sequence[str],
-        num_samples: int,
-        consumer_tasks: Sequence[str],
-        grpo_group_size: int | None = None,
-        enums: Mapping[str, Sequence[str]] | None = None,
+        self, partition_id: str, fields: Sequence[str], num_samples: int, consumer_tasks: Sequence[str],
+        grpo_group_size: int | None = None, enums: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Declare a partition (schema, ``num_samples`` rows, consumer tasks) for every process.
-
-        Raises:
-            RuntimeError: Closed; ``PartitionLimitError`` where the backend bounds live
-                partitions.
-            TypeError: A name, ``num_samples`` or ``grpo_group_size`` of the wrong type.
-            ValueError: Empty/reserved id, duplicate fields/tasks ("must be unique"),
-                ``num_samples <= 0``, a group size that does not divide it, bad ``enums``, or
-                the id is live ("already registered").
-        """
         self._register(partition_id, fields, num_samples, consumer_tasks, grpo_group_size, enums)
 
     def claim_meta(
-        self,
-        partition_id: str,
-        task_name: str,
-        required_fields: Sequence[str],
-        batch_size: int,
-        dp_rank: int | None = None,
-        blocking: bool = True,
-        timeout_s: float = 60.0,
+        self, partition_id: str, task_name: str, required_fields: Sequence[str], batch_size: int,
+        dp_rank: int | None = None, blocking: bool = True, timeout_s: float = 60.0,
     ) -> KVBatchMeta:
-        """Claim ``batch_size`` ready rows for ``task_name``, oldest (stored order) first.
-
-        ``dp_rank`` is reserved and ignored.
-
-        Raises:
-            RuntimeError: Closed (also while waiting).
-            KeyError: Unknown partition (also if dropped while waiting) or task.
-            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
-                ``timeout_s <= 0``.
-            TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
-        """
         del dp_rank
         return self._claim(partition_id, task_name, required_fields, batch_size, blocking, timeout_s)
 
     def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
-        """True iff every listed task claimed every row currently in the partition.
-
-        Raises:
-            RuntimeError: Closed.
-            KeyError: Unknown partition or task.
-            ValueError: Empty ``task_names``.
-        """
         return self._consumed(partition_id, task_names)
 
-    # --- direct-by-key half -------------------------------------------------------------------
     def put_samples(
-        self,
-        sample_ids: Sequence[str],
-        partition_id: str,
-        fields: TensorDict | None = None,
+        self, sample_ids: Sequence[str], partition_id: str, fields: TensorDict | None = None,
         tags: Sequence[dict] | None = None,
     ) -> KVBatchMeta:
-        """Write rows, validated completely before anything is written; return the receipt.
-
-        Raises:
-            RuntimeError: Closed.
-            KeyError: Unknown partition.
-            TypeError: Bad id types, tags not JSON-compatible, dtype/kind change of a stored
-                field, a nested ``TensorDict`` leaf, or a leaf the backend cannot store.
-            ValueError: Neither fields nor tags, duplicate ids, batch/tags length mismatch,
-                undeclared fields, or a value outside a field's ``enums``.
-        """
         return self._put(sample_ids, partition_id, fields, tags)
 
-    def get_samples(
-        self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]
-    ) -> TensorDict:
-        """Read exactly the requested rows and fields, in the requested order (fresh copies).
-
-        Raises:
-            RuntimeError: Closed.
-            KeyError: Unknown partition, unknown/cleared ids (listed), unproduced fields.
-            ValueError: Empty ``select_fields`` or duplicate ids.
-            DataPlaneUnavailableError: The backend is unreachable (a ``TimeoutError``).
-        """
+    def get_samples(self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str]) -> TensorDict:
         return self._get(sample_ids, partition_id, select_fields)
 
     def list_sample_ids(self, partition_id: str) -> list[str]:
-        """Sorted live ids of a partition; ``[]`` for an unknown or empty one. Moves no cursor.
-
-        Raises:
-            RuntimeError: Closed.
-        """
         return self._list_ids(partition_id)
 
     def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
-        """Drop rows (explicit ids; ``[]`` is a no-op) or (``None``) the whole partition.
-
-        Raises:
-            RuntimeError: Closed.
-            KeyError: Unknown partition, or an explicit id that is not live (listed; nothing
-                cleared).
-            ValueError: Duplicate explicit ids.
-        """
         self._clear(sample_ids, partition_id)
 
     # --- the backend's hooks (arguments as the public call received them) -------------------
@@ -245,14 +169,6 @@ class BaseDataPlaneClient(DataPlaneClient):
         raise NotImplementedError
 
     def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
-        """Fetch ``meta``'s rows (fields from ``select_fields``, else ``meta.fields``).
-
-        Raises:
-            RuntimeError: Closed.
-            TypeError: ``meta`` is not a ``KVBatchMeta``.
-            KeyError: Unknown partition; otherwise as ``get_samples``.
-            ValueError: No field can be resolved (``select_fields``/``fields``).
-        """
         self._begin()
         check_meta(meta)
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import RESERVED_PREFIX, TAG_INPUT_LENGTHS
-from nemo_dp.utils.checkpoint_io import validate_json_metadata
+from nemo_dp.utils.checkpoint_io import check_json_value, validate_json_metadata
 
 __all__ = [
     "OBJECT_LEAF",
@@ -37,7 +37,6 @@ __all__ = [
     "check_put_args",
     "check_read_args",
     "check_registration",
-    "check_tag_value",
     "check_task",
     "check_undeclared",
     "claim_timeout",
@@ -221,11 +220,7 @@ class Registration:
 
 
 def check_registration(
-    partition_id: str,
-    fields: Any,
-    num_samples: Any,
-    consumer_tasks: Any,
-    grpo_group_size: Any = None,
+    partition_id: str, fields: Any, num_samples: Any, consumer_tasks: Any, grpo_group_size: Any = None,
     enums: Any = None,
 ) -> Registration:
     """Check a registration's arguments (the id itself is checked by :func:`check_partition_id`).
@@ -300,11 +295,7 @@ def check_consumption_tasks(partition_id: str, registered: Collection[str], task
 
 
 def check_claim_request(
-    partition_id: str,
-    declared: Collection[str],
-    required_fields: Any,
-    batch_size: Any,
-    timeout_s: Any,
+    partition_id: str, declared: Collection[str], required_fields: Any, batch_size: Any, timeout_s: Any
 ) -> list[str]:
     """The arguments of ``claim_meta`` that every adapter checks the same way.
 
@@ -350,12 +341,8 @@ def lengths_from_tags(tags: Sequence[Mapping[str, Any]] | None) -> list[int] | N
 
 
 def put_receipt(
-    partition_id: str,
-    ids: Sequence[str],
-    fields: list[str] | None,
-    column: Any,
-    tags: Sequence[Mapping[str, Any]] | None,
-    extra_info: dict[str, Any] | None = None,
+    partition_id: str, ids: Sequence[str], fields: list[str] | None, column: Any,
+    tags: Sequence[Mapping[str, Any]] | None, extra_info: dict[str, Any] | None = None,
 ) -> KVBatchMeta:
     """The receipt a put returns.
 
@@ -457,27 +444,6 @@ def check_clear_ids(sample_ids: Any) -> list[str]:
 
 
 # --- puts -------------------------------------------------------------------------------------
-def check_tag_value(value: Any, where: str) -> None:
-    """Check that a tag value is JSON-like (str-keyed mappings, lists, tuples, scalars).
-
-    Raises:
-        TypeError: A non-str key or a value of another type (named by ``where``).
-    """
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            check_tag_value(item, f"{where}[{i}]")
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{where}: tag key {key!r} is not a str")
-            check_tag_value(item, f"{where}[{key!r}]")
-        return
-    raise TypeError(f"{where}: {type(value).__name__} value {value!r} is not JSON-compatible")
-
-
 @dataclass
 class PutArgs:
     """A put's arguments checked without the partition.
@@ -494,12 +460,7 @@ class PutArgs:
 
 
 def check_put_args(
-    partition_id: str,
-    sample_ids: Any,
-    fields: Any,
-    tags: Any,
-    *,
-    exact_tags: bool = False,
+    partition_id: str, sample_ids: Any, fields: Any, tags: Any, *, exact_tags: bool = False,
     allow_no_columns: bool = False,
 ) -> PutArgs:
     """Validate a put's ids, fields container and tags.
@@ -548,7 +509,7 @@ def check_put_args(
             if not isinstance(t, Mapping):
                 raise TypeError(f"put_samples: tags[{i}] must be a dict, got {type(t).__name__}")
             if exact_tags:
-                check_tag_value(t, f"put_samples: tags[{i}]")
+                check_json_value(t, f"put_samples: tags[{i}]", finite=False)
                 tag_list.append(copy.deepcopy(dict(t)))
                 continue
             try:
@@ -612,11 +573,7 @@ def kind_changed(partition_id: str, name: str, stored: str, got: str) -> TypeErr
 
 
 def check_enum_put(
-    name: str,
-    vocab: Sequence[str],
-    values: Sequence[Any] | None,
-    kind: str,
-    tensor_error: type[Exception] = ValueError,
+    name: str, vocab: Sequence[str], values: Sequence[Any] | None, kind: str, tensor_error: type[Exception] = ValueError
 ) -> None:
     """Check one put column of a field that has an enum vocabulary.
 
