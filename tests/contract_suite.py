@@ -15,6 +15,8 @@ Fixtures a subclass must provide:
 * ``read_table`` -- ``(TensorDict) -> BatchedDataDict``: the materialiser matching the adapter
   (``materialize_local`` for Local, ``materialize`` for TransferQueue).
 
+``SessionContract`` provides all three from one ``session`` fixture for the cluster backends.
+
 Class attribute a subclass must set:
 
 * ``supports_write_back: bool`` -- ``True`` if a second put to the same ids adds/overwrites
@@ -47,8 +49,9 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from nemo_dp.utils import checkpoint_io
+from nemo_dp.data_plane.codec import materialize
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
+from nemo_dp.utils import checkpoint_io
 
 # ---------------------------------------------------------------------------------------------
 # test data
@@ -217,6 +220,25 @@ def assert_multimodal_rows(table: Any, batch: MultimodalBatch, ids: Sequence[str
             same(got, batch.entries[p], f"pix row {p}")
 
 
+def run_in_threads(target: Callable[[int], None], n: int, *, join_s: float = 60.0) -> None:
+    """Run ``target(i)`` for ``i < n`` in ``n`` threads; assert none hangs past ``join_s`` or raises."""
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:  # surfaced in the calling thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+
+
 def message(exc_info: pytest.ExceptionInfo[BaseException]) -> str:
     """The exception's message (``KeyError`` str() adds quotes, args[0] does not)."""
     args = exc_info.value.args
@@ -304,23 +326,13 @@ class DataPlaneContract:
     def test_concurrent_reads_from_threads(self, client: DataPlaneClient, pid: str, read_table: Callable) -> None:
         batch, _ = self._put_batch(client, pid, n=8, seed=4)
         want = batch.expected(batch.ids, ["x", "r"])
-        errors: list[BaseException] = []
 
-        def reader() -> None:
-            try:
-                for _ in range(5):
-                    assert_table(read_table(client.get_samples(batch.ids, pid, ["x", "r"])), want)
-                    assert client.list_sample_ids(pid) == sorted(batch.ids)
-            except BaseException as exc:  # surfaced in the main thread below
-                errors.append(exc)
+        def reader(_: int) -> None:
+            for _ in range(5):
+                assert_table(read_table(client.get_samples(batch.ids, pid, ["x", "r"])), want)
+                assert client.list_sample_ids(pid) == sorted(batch.ids)
 
-        threads = [threading.Thread(target=reader) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not any(t.is_alive() for t in threads)
-        assert errors == []
+        run_in_threads(reader, 4)
 
     # --- list_sample_ids -----------------------------------------------------------------
     def test_list_sample_ids(self, client: DataPlaneClient, pid: str) -> None:
@@ -939,3 +951,26 @@ class DataPlaneContract:
         b = fresh_client()
         assert b.load_checkpoint(tmp_path / "ck") == {"mm": True}
         assert_multimodal_rows(read_table(b.get_samples(batch.ids, pid, MM_FIELDS)), batch, batch.ids)
+
+
+class SessionContract(DataPlaneContract):
+    """The contract over a cluster backend (write-back supported) whose tests share one session.
+
+    A subclass provides the ``session`` fixture: the backend's ``BootstrapSession`` of
+    ``tests/integration/conftest.py``; ``client``, ``fresh_client`` and ``read_table``
+    (``materialize``) come from it.
+    """
+
+    supports_write_back = True
+
+    @pytest.fixture
+    def client(self, session: Any) -> Any:
+        return session.client
+
+    @pytest.fixture
+    def fresh_client(self, session: Any) -> Callable[[], Any]:
+        return session.fresh
+
+    @pytest.fixture
+    def read_table(self) -> Callable[[Any], Any]:
+        return materialize

@@ -396,10 +396,7 @@ class SimpleStorageConfig:
         if self.storage_capacity < 1:
             _fail("data_plane.simple.storage_capacity", f"must be >= 1, got {self.storage_capacity}")
         if isinstance(self.num_storage_units, int) and self.num_storage_units < 1:
-            _fail(
-                "data_plane.simple.num_storage_units",
-                f"must be >= 1, got {self.num_storage_units}",
-            )
+            _fail("data_plane.simple.num_storage_units", f"must be >= 1, got {self.num_storage_units}")
 
 
 @dataclass
@@ -418,10 +415,7 @@ class TimeoutsConfig:
             if not value > 0:
                 _fail(f"data_plane.timeouts.{name}", f"must be > 0, got {value}")
         if self.storage_max_attempts < 1:
-            _fail(
-                "data_plane.timeouts.storage_max_attempts",
-                f"must be >= 1, got {self.storage_max_attempts}",
-            )
+            _fail("data_plane.timeouts.storage_max_attempts", f"must be >= 1, got {self.storage_max_attempts}")
 
 
 @dataclass
@@ -441,21 +435,12 @@ class DataPlaneConfig:
         if self.impl != "transfer_queue":
             _fail("data_plane.impl", f"must be 'transfer_queue' for this schema, got {self.impl!r}")
         if self.backend != "simple":
-            _fail(
-                "data_plane.backend",
-                f"unsupported backend {self.backend!r}; legal values: ['simple']",
-            )
+            _fail("data_plane.backend", f"unsupported backend {self.backend!r}; legal values: ['simple']")
         if not self.claim_meta_poll_interval_s > 0:
-            _fail(
-                "data_plane.claim_meta_poll_interval_s",
-                f"must be > 0, got {self.claim_meta_poll_interval_s}",
-            )
+            _fail("data_plane.claim_meta_poll_interval_s", f"must be > 0, got {self.claim_meta_poll_interval_s}")
         cores = _physical_cores()
         if not 1 <= self.num_threads <= max(cores, 1):
-            _fail(
-                "data_plane.num_threads",
-                f"must be in [1, {cores}] (physical cores), got {self.num_threads}",
-            )
+            _fail("data_plane.num_threads", f"must be in [1, {cores}] (physical cores), got {self.num_threads}")
         # Nested nodes may arrive as plain mappings when built by hand.
         if isinstance(self.simple, Mapping):
             self.simple = SimpleStorageConfig(**self.simple)

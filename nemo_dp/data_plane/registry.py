@@ -173,35 +173,24 @@ def register_backend(spec: BackendSpec) -> BackendSpec:
 
 register_backend(
     BackendSpec(
-        kind=DISABLED,
-        option="disabled",
-        schema=DisabledDataPlaneConfig,
-        client_target=None,
+        kind=DISABLED, option="disabled", schema=DisabledDataPlaneConfig, client_target=None,
         describe=lambda cfg: "none (data plane disabled)",
     )
 )
 register_backend(
     BackendSpec(
-        kind="local",
-        option="local",
-        schema=LocalDataPlaneConfig,
+        kind="local", option="local", schema=LocalDataPlaneConfig,
         client_target="nemo_dp.data_plane.adapters.local:build_local_client",
-        checkpoint_scope="process",
-        cross_process=False,
-        supports_checkpointing=_always,
+        checkpoint_scope="process", cross_process=False, supports_checkpointing=_always,
         max_live_batches=lambda cfg: int(cfg.max_partitions),
         describe=lambda cfg: "local (process-local store)",
     )
 )
 register_backend(
     BackendSpec(
-        kind="transfer_queue",
-        option="tq",
-        schema=DataPlaneConfig,
+        kind="transfer_queue", option="tq", schema=DataPlaneConfig,
         client_target="nemo_dp.data_plane.adapters.transfer_queue:TQDataPlaneClient",
-        checkpoint_scope="cluster",
-        checkpoint_subdir="tq",
-        cross_process=True,
+        checkpoint_scope="cluster", checkpoint_subdir="tq", cross_process=True,
         supports_checkpointing=lambda cfg: cfg.backend == "simple",
         reserved_cpus=_tq_reserved_cpus,
         reserved_by=lambda cfg: (
@@ -215,14 +204,9 @@ register_backend(
 )
 register_backend(
     BackendSpec(
-        kind=RAY_STORE_KIND,
-        option="ray",
-        schema=RayStoreDataPlaneConfig,
+        kind=RAY_STORE_KIND, option="ray", schema=RayStoreDataPlaneConfig,
         client_target="nemo_dp.data_plane.adapters.ray_store:build_ray_store_client",
-        checkpoint_scope="cluster",
-        checkpoint_subdir="ray_store",
-        cross_process=True,
-        supports_checkpointing=_always,
+        checkpoint_scope="cluster", checkpoint_subdir="ray_store", cross_process=True, supports_checkpointing=_always,
         # The metadata actor asks for num_cpus=0; the columns live in Ray's object store.
         reserved_cpus=_zero,
         reserved_by=lambda cfg: "the ray_store metadata actor reserves 0 logical CPUs",

@@ -25,7 +25,7 @@ import pytest
 
 from nemo_dp.data_plane.codec import materialize
 from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
-from tests.contract_suite import DataPlaneContract
+from tests.contract_suite import SessionContract
 
 from .conftest import BootstrapSession
 
@@ -44,23 +44,14 @@ def ray_store_session(ray_cluster: dict[str, str]) -> Iterator[BootstrapSession]
         session.close()
 
 
-class TestRayStoreContract(DataPlaneContract):
-    """The contract over the Ray object-store adapter (write-back supported)."""
+class TestRayStoreContract(SessionContract):
+    """The contract over the Ray object-store adapter."""
 
-    supports_write_back = True
     old_checkpoint = (1, "tensors.pt")
 
     @pytest.fixture
-    def client(self, ray_store_session: BootstrapSession) -> Any:
-        return ray_store_session.client
-
-    @pytest.fixture
-    def fresh_client(self, ray_store_session: BootstrapSession) -> Callable[[], Any]:
-        return ray_store_session.fresh
-
-    @pytest.fixture
-    def read_table(self) -> Callable[[Any], Any]:
-        return materialize
+    def session(self, ray_store_session: BootstrapSession) -> BootstrapSession:
+        return ray_store_session
 
 
 # ---------------------------------------------------------------------------------------------

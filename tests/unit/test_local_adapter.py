@@ -25,6 +25,7 @@ from nemo_dp.data_plane.codec import materialize, materialize_local
 from nemo_dp.data_plane.factory import build_data_plane_client
 from nemo_dp.data_plane.interfaces import KVBatchMeta, LocalDataPlaneConfig
 from nemo_dp.data_plane.schema import LOCAL_PARTITION_GENERATION
+from tests.contract_suite import run_in_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -330,35 +331,25 @@ def test_waiting_claim_fails_when_partition_dropped_or_client_closed(client: Loc
 
 def test_many_threads_register_put_read_drop() -> None:
     c = make_client(4)
-    errors: list[BaseException] = []
 
     def worker(w: int) -> None:
-        try:
-            for k in range(15):
-                pid = f"w{w}_b{k}"
-                n = 3 + (k % 3)
-                c.register_partition(pid, ["x", "s"], n, ["train"])
-                x = torch.full((n, 4), float(w * 100 + k))
-                ids = [f"{pid}_row{i}" for i in range(n)]
-                td = TensorDict({"x": x, "s": NonTensorStack.from_list(ids)}, batch_size=(n,))
-                receipt = c.put_samples(ids, pid, td)
-                meta = c.claim_meta(pid, "train", ["x", "s"], n, timeout_s=5.0)
-                table = materialize_local(c.get_data(meta))
-                assert torch.equal(table["x"], x)
-                assert table["s"] == ids
-                assert c.get_data(receipt, ["s"]).get("s").data == ids
-                assert c.check_consumption_status(pid, ["train"]) is True
-                c.clear_samples(None, pid)
-        except BaseException as exc:
-            errors.append(exc)
+        for k in range(15):
+            pid = f"w{w}_b{k}"
+            n = 3 + (k % 3)
+            c.register_partition(pid, ["x", "s"], n, ["train"])
+            x = torch.full((n, 4), float(w * 100 + k))
+            ids = [f"{pid}_row{i}" for i in range(n)]
+            td = TensorDict({"x": x, "s": NonTensorStack.from_list(ids)}, batch_size=(n,))
+            receipt = c.put_samples(ids, pid, td)
+            meta = c.claim_meta(pid, "train", ["x", "s"], n, timeout_s=5.0)
+            table = materialize_local(c.get_data(meta))
+            assert torch.equal(table["x"], x)
+            assert table["s"] == ids
+            assert c.get_data(receipt, ["s"]).get("s").data == ids
+            assert c.check_consumption_status(pid, ["train"]) is True
+            c.clear_samples(None, pid)
 
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
-    assert errors == []
+    run_in_threads(worker, 4)
     c.close()
 
 
@@ -376,11 +367,7 @@ def test_concurrent_first_puts_accept_exactly_one(client: LocalDataPlaneClient) 
             assert "duplicate writes" in str(exc)
             outcomes.append("dup")
 
-    threads = [threading.Thread(target=putter, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_in_threads(putter, 4, join_s=30)
     winners = [o for o in outcomes if o.startswith("ok")]
     assert len(winners) == 1 and outcomes.count("dup") == 3
     offset = float(winners[0][2:])

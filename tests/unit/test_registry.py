@@ -126,6 +126,14 @@ def test_partition_limit_error_is_typed_and_a_runtime_error() -> None:
         client.close()
 
 
+def _test_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> str:
+    """Write module ``name`` under ``tmp_path``, importable (freshly) for this test only; return its name."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return name
+
+
 @dataclass
 class MemoConfig:
     """Schema of the test-only backend below."""
@@ -139,25 +147,20 @@ class MemoConfig:
 @pytest.fixture
 def extra_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A third backend: a schema and a client module written for this test only."""
-    name = "fake_memo_backend"
-    (tmp_path / f"{name}.py").write_text(
+    name = _test_module(
+        tmp_path,
+        monkeypatch,
+        "fake_memo_backend",
         "from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient\n"
         "from nemo_dp.data_plane.interfaces import LocalDataPlaneConfig\n"
         "def build(cfg, *, bootstrap, checkpointing):\n"
         "    client = LocalDataPlaneClient(LocalDataPlaneConfig(max_partitions=cfg.slots))\n"
         "    client.built_with = (bootstrap, checkpointing)\n"
-        "    return client\n"
+        "    return client\n",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, name, raising=False)
     spec = registry.BackendSpec(
-        kind="memo",
-        option="memo",
-        schema=MemoConfig,
-        client_target=f"{name}:build",
-        checkpoint_scope="process",
-        supports_checkpointing=lambda cfg: False,
-        reserved_cpus=lambda cfg: cfg.slots,
+        kind="memo", option="memo", schema=MemoConfig, client_target=f"{name}:build", checkpoint_scope="process",
+        supports_checkpointing=lambda cfg: False, reserved_cpus=lambda cfg: cfg.slots,
         describe=lambda cfg: f"memo ({cfg.slots} slots)",
     )
     monkeypatch.setitem(registry.BACKENDS, "memo", spec)
@@ -223,8 +226,10 @@ def test_bad_specs_are_refused() -> None:
 @pytest.fixture
 def dpo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new algorithm in one module (schema + trainer), registered as a user would."""
-    name = "fake_dpo_algorithm"
-    (tmp_path / f"{name}.py").write_text(
+    name = _test_module(
+        tmp_path,
+        monkeypatch,
+        "fake_dpo_algorithm",
         "from dataclasses import dataclass\n"
         "@dataclass\n"
         "class DPOConfig:\n"
@@ -235,16 +240,11 @@ def dpo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         "        if self.beta <= 0:\n"
         "            raise ValueError(f'algorithm.beta: must be > 0, got {self.beta!r}')\n"
         "def dpo_train(*args, **kwargs):\n"
-        "    return 'dpo'\n"
+        "    return 'dpo'\n",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, name, raising=False)
     spec = algos.AlgorithmSpec(
-        name="dpo",
-        schema=f"{name}:DPOConfig",
-        input_builder=f"{name}:dpo_train",
-        trainers={"disabled": f"{name}:dpo_train", "transfer_queue": f"{name}:dpo_train"},
-        requires_cross_process=True,
+        name="dpo", schema=f"{name}:DPOConfig", input_builder=f"{name}:dpo_train",
+        trainers={"disabled": f"{name}:dpo_train", "transfer_queue": f"{name}:dpo_train"}, requires_cross_process=True,
     )
     monkeypatch.setitem(algos.ALGORITHMS, "dpo", spec)
     return name

@@ -39,17 +39,8 @@ from nemo_dp.data_plane.adapters.local.store import (
     Selection,
 )
 from nemo_dp.data_plane.typed_checkpoint import (
-    TENSORS_FILE,
-    PartitionHeader,
-    column_entry,
-    column_from_entry,
-    decode_values,
-    encode_values,
-    expect,
-    field_kinds,
-    is_int,
-    jagged_entry,
-    new_manifest,
+    TENSORS_FILE, PartitionHeader, column_entry, column_from_entry, decode_values, encode_values, expect, field_kinds,
+    is_int, jagged_entry, new_manifest,
 )
 from nemo_dp.data_plane.typed_checkpoint import read_checkpoint as read_typed_checkpoint
 

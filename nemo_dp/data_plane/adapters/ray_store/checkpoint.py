@@ -25,17 +25,8 @@ import torch
 from nemo_dp.data_plane.adapters.ray_store.columns import Segment, dtype_from_name, encode_column, gather_field
 from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, TensorColumnSpec
 from nemo_dp.data_plane.typed_checkpoint import (
-    PartitionHeader,
-    column_entry,
-    column_from_entry,
-    decode_values,
-    encode_values,
-    expect,
-    field_kinds,
-    new_manifest,
-    read_checkpoint,
-    str_list,
-    write_checkpoint,
+    PartitionHeader, column_entry, column_from_entry, decode_values, encode_values, expect, field_kinds, new_manifest,
+    read_checkpoint, str_list, write_checkpoint,
 )
 from nemo_dp.utils.checkpoint_io import validate_json_metadata
 

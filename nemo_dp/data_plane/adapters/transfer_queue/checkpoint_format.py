@@ -19,13 +19,7 @@ from typing import Any
 import torch
 
 from nemo_dp.data_plane.typed_checkpoint import (
-    PartitionHeader,
-    column_entry,
-    column_from_entry,
-    decode_values,
-    encode_values,
-    expect,
-    str_list,
+    PartitionHeader, column_entry, column_from_entry, decode_values, encode_values, expect, str_list,
 )
 
 __all__ = [
