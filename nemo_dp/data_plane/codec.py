@@ -426,11 +426,7 @@ def _object_array(values: list[Any]) -> np.ndarray:
 
 
 def _materialize_impl(
-    td: TensorDictBase,
-    *,
-    layout: Layout,
-    pad_value_dict: Mapping[str, float | int] | None,
-    pad_to_seqlen: int,
+    td: TensorDictBase, *, layout: Layout, pad_value_dict: Mapping[str, float | int] | None, pad_to_seqlen: int,
     local: bool,
 ) -> BatchedDataDict:
     from nemo_dp.distributed.batched_data_dict import BatchedDataDict
@@ -494,9 +490,7 @@ def _materialize_impl(
 
 
 def materialize(
-    td: TensorDictBase,
-    layout: Layout = "padded",
-    pad_value_dict: Mapping[str, float | int] | None = None,
+    td: TensorDictBase, layout: Layout = "padded", pad_value_dict: Mapping[str, float | int] | None = None,
     pad_to_seqlen: int = 0,
 ) -> BatchedDataDict:
     """Turn a wire read (TransferQueue or per-row layout) into trainer columns.
@@ -521,15 +515,11 @@ def materialize(
             ``materialize_local`` and ``non-tensor``), or any other unsupported leaf.
         ValueError: Bad ``layout`` or negative ``pad_to_seqlen``.
     """
-    return _materialize_impl(
-        td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen, local=False
-    )
+    return _materialize_impl(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen, local=False)
 
 
 def materialize_local(
-    td: TensorDictBase,
-    layout: Layout = "padded",
-    pad_value_dict: Mapping[str, float | int] | None = None,
+    td: TensorDictBase, layout: Layout = "padded", pad_value_dict: Mapping[str, float | int] | None = None,
     pad_to_seqlen: int = 0,
 ) -> BatchedDataDict:
     """Turn a Local-adapter read into trainer columns (not interchangeable with ``materialize``).
@@ -550,7 +540,5 @@ def materialize_local(
         ValueError: A ``NonTensorData`` column does not hold N values; bad ``layout``.
         TypeError: An unsupported leaf type.
     """
-    return _materialize_impl(
-        td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen, local=True
-    )
+    return _materialize_impl(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen, local=True)
 

@@ -253,11 +253,16 @@ def _row(m: KVBatchMeta, i: int) -> tuple:
     )
 
 
+def _draw_meta_and_indices(data: st.DataObject) -> tuple[KVBatchMeta, list[int]]:
+    """A meta and up to 10 in-range indices, repeats allowed (none for an empty meta)."""
+    m = data.draw(metas())
+    return m, data.draw(st.lists(st.integers(0, max(m.size - 1, 0)), max_size=10)) if m.size else []
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_property_subset(data: st.DataObject) -> None:
-    m = data.draw(metas())
-    idx = data.draw(st.lists(st.integers(0, max(m.size - 1, 0)), max_size=10)) if m.size else []
+    m, idx = _draw_meta_and_indices(data)
     s = m.subset(idx)
     assert s.size == len(idx)
     assert [_row(s, j) for j in range(s.size)] == [_row(m, i) for i in idx]
@@ -280,8 +285,7 @@ def test_property_slice_equals_subset_range(data: st.DataObject) -> None:
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_property_drop_is_complement(data: st.DataObject) -> None:
-    m = data.draw(metas())
-    idx = data.draw(st.lists(st.integers(0, max(m.size - 1, 0)), max_size=10)) if m.size else []
+    m, idx = _draw_meta_and_indices(data)
     d = m.drop(idx)
     keep = [i for i in range(m.size) if i not in set(idx)]
     if not keep and m.size > 0:

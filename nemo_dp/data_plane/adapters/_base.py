@@ -20,6 +20,7 @@ from tensordict import TensorDict
 
 from nemo_dp.data_plane.adapters._validation import (
     check_meta,
+    check_read_args,
     claim_timeout,
     closed_error,
     get_data_fields,
@@ -167,6 +168,23 @@ class BaseDataPlaneClient(DataPlaneClient):
     def _require_known(self, partition_id: str) -> None:
         """Raise ``KeyError`` unless ``partition_id`` is registered (argument-error precedence)."""
         raise NotImplementedError
+
+    @staticmethod
+    def _read_args(
+        sample_ids: Any, select_fields: Any, require_partition: Callable[[], object]
+    ) -> tuple[list[str], list[str]]:
+        """``check_read_args``; ``require_partition`` (raising for an unknown partition) runs first.
+
+        An unknown partition outranks argument errors, and a read of no ids checks it too.
+        """
+        try:
+            ids, names = check_read_args(sample_ids, select_fields)
+        except (TypeError, ValueError):
+            require_partition()
+            raise
+        if not ids:
+            require_partition()
+        return ids, names
 
     def get_data(self, meta: KVBatchMeta, select_fields: Sequence[str] | None = None) -> TensorDict:
         self._begin()

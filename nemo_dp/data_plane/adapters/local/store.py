@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import torch
 
@@ -168,10 +168,7 @@ class ObjectColumn:
     """A non-tensor column: one Python object per row (deep-copied on the way in and out)."""
 
     values: list[Any]
-
-    @property
-    def kind(self) -> str:
-        return OBJECT_KIND
+    kind: ClassVar[str] = OBJECT_KIND
 
     @property
     def num_rows(self) -> int:
@@ -191,14 +188,11 @@ class PackedColumn:
 
     entries: list[torch.Tensor | None]
     dim_to_pack: int
+    kind: ClassVar[str] = PACKED_KIND
 
     @classmethod
     def of(cls, packed: PackedTensor) -> PackedColumn:
         return cls([None if t is None else _own_copy(t) for t in packed.tensors], packed.dim_to_pack)
-
-    @property
-    def kind(self) -> str:
-        return PACKED_KIND
 
     @property
     def num_rows(self) -> int:
@@ -214,10 +208,7 @@ class DictColumn:
     """A dict column: key -> sub-column, every sub-column with the same rows; never mutated."""
 
     columns: dict[str, Column]
-
-    @property
-    def kind(self) -> str:
-        return DICT_KIND
+    kind: ClassVar[str] = DICT_KIND
 
     @property
     def num_rows(self) -> int:

@@ -38,7 +38,6 @@ from tensordict import NonTensorStack, TensorDict
 
 from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient, coerce_dataclass_config
 from nemo_dp.data_plane.adapters._validation import (
-    check_read_args,
     put_receipt,
     unknown_partition,
 )
@@ -255,13 +254,10 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     def _get(self, sample_ids: Any, partition_id: Any, select_fields: Any) -> TensorDict:
         """Locate the cells with the actor, fetch their objects once and gather the rows."""
         self._begin()
-        try:
-            ids, names = check_read_args(sample_ids, select_fields)
-        except (TypeError, ValueError):
-            self._require_partition(partition_id, "get_samples")
-            raise
+        ids, names = self._read_args(
+            sample_ids, select_fields, lambda: self._require_partition(partition_id, "get_samples")
+        )
         if not ids:
-            self._require_partition(partition_id, "get_samples")
             return TensorDict({}, batch_size=(0,))
         plan, chunks = self._call("locate", partition_id, partition_id, ids, names)
         payloads = self._chunk_payloads(chunks, partition_id, "get_samples")

@@ -16,14 +16,9 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from nemo_dp.data_plane.adapters._validation import (
-    TENSOR_LEAF,
-    check_put_args,
-    check_read_args,
-    wire_leaf_kind,
-)
+from nemo_dp.data_plane.adapters._validation import TENSOR_LEAF, check_put_args, wire_leaf_kind
 
-__all__ = ["PutPlan", "check_read_args", "plan_put"]
+__all__ = ["PutPlan", "plan_put"]
 
 
 @dataclass

@@ -23,7 +23,6 @@ from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient
 from nemo_dp.data_plane.adapters._validation import (
     check_clear_ids,
     check_partition_id,
-    check_read_args,
     closed_error,
     put_receipt,
     unknown_ids,
@@ -301,14 +300,10 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
         """Resolve the keys, check every id and field was produced, then read."""
         with self._operation():
             check_partition_id(partition_id)
-            try:
-                ids, fields = check_read_args(sample_ids, select_fields)
-            except (TypeError, ValueError):
-                # An unknown partition outranks argument errors (same precedence as the Local adapter).
-                self._require_record(partition_id, "get_samples")
-                raise
+            ids, fields = self._read_args(
+                sample_ids, select_fields, lambda: self._require_record(partition_id, "get_samples")
+            )
             if not ids:
-                self._require_record(partition_id, "get_samples")
                 return TensorDict({}, batch_size=(0,))
 
             client = self._client
