@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from nemo_dp.data_plane.interfaces import ObservabilityConfig
+from nemo_dp.data_plane.interfaces import ObservabilityConfig, _fail
 
 __all__ = ["RAY_STORE_KIND", "RayStoreTimeoutsConfig", "RayStoreDataPlaneConfig"]
 
@@ -16,8 +17,9 @@ __all__ = ["RAY_STORE_KIND", "RayStoreTimeoutsConfig", "RayStoreDataPlaneConfig"
 RAY_STORE_KIND = "ray_store"
 
 
-def _fail(key: str, message: str) -> None:
-    raise ValueError(f"{key}: {message}")
+def _require_positive(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        _fail(key, f"must be a number > 0, got {value!r}")
 
 
 @dataclass
@@ -36,9 +38,7 @@ class RayStoreTimeoutsConfig:
 
     def __post_init__(self) -> None:
         for name in ("actor_s", "data_s", "startup_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                _fail(f"data_plane.timeouts.{name}", f"must be a number > 0, got {value!r}")
+            _require_positive(f"data_plane.timeouts.{name}", getattr(self, name))
 
 
 @dataclass
@@ -64,9 +64,7 @@ class RayStoreDataPlaneConfig:
             _fail("data_plane.enabled", f"must be true for data_plane=ray, got {self.enabled!r}")
         if self.impl != RAY_STORE_KIND:
             _fail("data_plane.impl", f"must be {RAY_STORE_KIND!r} for this schema, got {self.impl!r}")
-        poll = self.claim_meta_poll_interval_s
-        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
-            _fail("data_plane.claim_meta_poll_interval_s", f"must be a number > 0, got {poll!r}")
+        _require_positive("data_plane.claim_meta_poll_interval_s", self.claim_meta_poll_interval_s)
         # Nested nodes may arrive as plain mappings when built by hand.
         if isinstance(self.timeouts, Mapping):
             self.timeouts = RayStoreTimeoutsConfig(**self.timeouts)
