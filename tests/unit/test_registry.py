@@ -144,20 +144,20 @@ class MemoConfig:
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
 
+_MEMO_CLIENT_MODULE = """\
+from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
+from nemo_dp.data_plane.interfaces import LocalDataPlaneConfig
+def build(cfg, *, bootstrap, checkpointing):
+    client = LocalDataPlaneClient(LocalDataPlaneConfig(max_partitions=cfg.slots))
+    client.built_with = (bootstrap, checkpointing)
+    return client
+"""
+
+
 @pytest.fixture
 def extra_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A third backend: a schema and a client module written for this test only."""
-    name = _test_module(
-        tmp_path,
-        monkeypatch,
-        "fake_memo_backend",
-        "from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient\n"
-        "from nemo_dp.data_plane.interfaces import LocalDataPlaneConfig\n"
-        "def build(cfg, *, bootstrap, checkpointing):\n"
-        "    client = LocalDataPlaneClient(LocalDataPlaneConfig(max_partitions=cfg.slots))\n"
-        "    client.built_with = (bootstrap, checkpointing)\n"
-        "    return client\n",
-    )
+    name = _test_module(tmp_path, monkeypatch, "fake_memo_backend", _MEMO_CLIENT_MODULE)
     spec = registry.BackendSpec(
         kind="memo", option="memo", schema=MemoConfig, client_target=f"{name}:build", checkpoint_scope="process",
         supports_checkpointing=lambda cfg: False, reserved_cpus=lambda cfg: cfg.slots,
@@ -223,25 +223,25 @@ def test_bad_specs_are_refused() -> None:
         algos.algorithm("nope")
 
 
+_DPO_MODULE = """\
+from dataclasses import dataclass
+@dataclass
+class DPOConfig:
+    name: str = 'dpo'
+    max_steps: int = 3
+    beta: float = 0.1
+    def __post_init__(self):
+        if self.beta <= 0:
+            raise ValueError(f'algorithm.beta: must be > 0, got {self.beta!r}')
+def dpo_train(*args, **kwargs):
+    return 'dpo'
+"""
+
+
 @pytest.fixture
 def dpo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new algorithm in one module (schema + trainer), registered as a user would."""
-    name = _test_module(
-        tmp_path,
-        monkeypatch,
-        "fake_dpo_algorithm",
-        "from dataclasses import dataclass\n"
-        "@dataclass\n"
-        "class DPOConfig:\n"
-        "    name: str = 'dpo'\n"
-        "    max_steps: int = 3\n"
-        "    beta: float = 0.1\n"
-        "    def __post_init__(self):\n"
-        "        if self.beta <= 0:\n"
-        "            raise ValueError(f'algorithm.beta: must be > 0, got {self.beta!r}')\n"
-        "def dpo_train(*args, **kwargs):\n"
-        "    return 'dpo'\n",
-    )
+    name = _test_module(tmp_path, monkeypatch, "fake_dpo_algorithm", _DPO_MODULE)
     spec = algos.AlgorithmSpec(
         name="dpo", schema=f"{name}:DPOConfig", input_builder=f"{name}:dpo_train",
         trainers={"disabled": f"{name}:dpo_train", "transfer_queue": f"{name}:dpo_train"}, requires_cross_process=True,
