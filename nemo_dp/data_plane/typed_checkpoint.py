@@ -1,14 +1,10 @@
 """Typed, pickle-free data-plane checkpoints: one JSON manifest plus one safetensors tensor table.
 
-Every data-plane adapter checkpoints into a directory holding exactly ``manifest.json`` and
-``tensors.safetensors``, and this module is all they share of it: the tensor table (safetensors
-is a JSON header plus raw bytes, so reading it never executes code; dtypes safetensors has no
-code for, such as ``complex128``, are stored as raw bytes and viewed back), the manifest entries
-of tensor columns and of object values (``nemo_dp.data_plane.value_codec`` nodes whose tensors
-go into the table), the fields every partition record holds, the atomic write, and the read that
-refuses an older format or any file the format does not hold (a pickle) without reading it.
-Every field read back is validated; anything malformed raises :class:`CorruptCheckpointError`
-worded ``"<file and position>: <what>"``.  An adapter keeps only what moving its bytes needs.
+All that the adapters share of a checkpoint directory (exactly ``manifest.json`` and
+``tensors.safetensors``): the tensor table, the manifest entries of tensor columns and object
+values (``value_codec`` nodes), the partition header, the atomic write, and the read that refuses
+an older format or any foreign file (a pickle) unread.  Anything malformed read back raises
+:class:`CorruptCheckpointError` worded ``"<file and position>: <what>"``.
 """
 
 from __future__ import annotations
@@ -101,6 +97,9 @@ def str_list(v: Any, where: str, what: str) -> list[str]:
 
 def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
     """Write ``tensors`` to ``path`` with safetensors (each saved as a compact copy).
+
+    Safetensors is a JSON header plus raw bytes, so reading it never executes code; dtypes it has
+    no code for (e.g. ``complex128``) are stored as raw bytes and viewed back on load.
 
     Args:
         path: The file to write (inside the checkpoint's temp directory).

@@ -1,45 +1,9 @@
 """Typed, code-free encoding of Python values for data-plane checkpoints.
 
-Why it exists: a checkpoint of the Local store must give back every stored object value
-exactly (same value, same Python type) without pickle, because loading a checkpoint must never
-execute code.  Plain JSON is not enough: it turns tuples into lists, non-string dict keys into
-strings, and cannot hold bytes, numpy values or tensors.  This module maps a value to a JSON
-tree of tagged nodes plus a flat table of tensors (saved by the caller as safetensors) and
-back.
-
-Encoding (a node is what ``ValueEncoder.encode`` returns):
-
-* ``None``, ``bool``, ``int``, ``str`` and finite ``float`` are bare JSON scalars (JSON keeps
-  these four types apart; ints keep every digit).
-* Every other value is a JSON object whose ``"t"`` names its type:
-
-  ===================  ==============================================================
-  ``"int"``            ``{"hex": str}`` (ints too long for decimal JSON text, > 4096 bits)
-  ``"float"``          ``{"v": "nan" | "inf" | "-inf"}`` (non-finite floats)
-  ``"complex"``        ``{"re": node, "im": node}``
-  ``"bytes"``          ``{"b64": str}``; ``"bytearray"`` likewise
-  ``"list"``           ``{"v": [node, ...]}``; ``"tuple"``, ``"set"``, ``"frozenset"`` likewise
-  ``"dict"``           ``{"k": [node, ...], "v": [node, ...]}`` (any encodable keys, in order)
-  ``"tensor"``         ``{"key": str, "requires_grad": bool}`` -> a dense CPU tensor in the table
-  ``"ndarray"``        ``{"dtype": str, "shape": [int], "key": str}`` -> raw bytes (uint8) in
-                       the table; object arrays: ``{"dtype": "|O", "shape": [...], "v": [...]}``
-  ``"npscalar"``       ``{"dtype": str, "b64": str}`` (raw bytes of one numpy scalar)
-  ``"packed"``         ``{"dim": int, "v": [tensor node | null, ...]}`` (a ``PackedTensor``:
-                       its packing dim and one entry per sample, ``null`` for ``None``)
-  ===================  ==============================================================
-
-Variable-shape tensors need nothing extra: each tensor node keeps its own shape and dtype
-(any dtype, e.g. ``uint8`` images or ``bfloat16`` features), so a column of per-sample tensors
-of different shapes is a list of tensor nodes.
-
-Types are matched exactly (``type(v) is list``, not ``isinstance``): a subclass (a namedtuple,
-an ``OrderedDict``, an ``IntEnum``, ``np.matrix``...) is refused rather than silently turned
-into its base type.  A value that cannot be represented raises :class:`UnencodableValueError`
-(a ``TypeError``) naming the path inside the value; self-referencing containers, tensors that
-are nested, not on the CPU or a ``torch.Tensor`` subclass, and structured numpy dtypes are
-refused.  Decoding validates every node and raises :class:`CorruptValueError` (a
-``ValueError``) for anything malformed; numpy dtypes are parsed from their string form, which
-never runs code.
+A checkpoint must give back every stored object value exactly (same value, same Python type)
+without pickle, so that loading never executes code; plain JSON loses tuples, non-str dict keys,
+bytes, numpy values and tensors.  A value maps to a JSON tree of tagged nodes plus a flat table
+of tensors (saved by the caller as safetensors) and back.
 """
 
 from __future__ import annotations
@@ -78,6 +42,27 @@ def _b64(data: bytes) -> str:
 class ValueEncoder:
     """Encodes values into JSON nodes, collecting tensors into a shared flat table.
 
+    ``None``, ``bool``, ``int``, ``str`` and finite ``float`` are bare JSON scalars; every other
+    value is a JSON object whose ``"t"`` names its type:
+
+    ===================  ==============================================================
+    ``"int"``            ``{"hex": str}`` (ints too long for decimal JSON text, > 4096 bits)
+    ``"float"``          ``{"v": "nan" | "inf" | "-inf"}`` (non-finite floats)
+    ``"complex"``        ``{"re": node, "im": node}``
+    ``"bytes"``          ``{"b64": str}``; ``"bytearray"`` likewise
+    ``"list"``           ``{"v": [node, ...]}``; ``"tuple"``, ``"set"``, ``"frozenset"`` likewise
+    ``"dict"``           ``{"k": [node, ...], "v": [node, ...]}`` (any encodable keys, in order)
+    ``"tensor"``         ``{"key": str, "requires_grad": bool}`` -> a dense CPU tensor in the table
+    ``"ndarray"``        ``{"dtype": str, "shape": [int], "key": str}`` -> raw bytes (uint8) in
+                         the table; object arrays: ``{"dtype": "|O", "shape": [...], "v": [...]}``
+    ``"npscalar"``       ``{"dtype": str, "b64": str}`` (raw bytes of one numpy scalar)
+    ``"packed"``         ``{"dim": int, "v": [tensor node | null, ...]}`` (a ``PackedTensor``:
+                         its packing dim and one entry per sample, ``null`` for ``None``)
+    ===================  ==============================================================
+
+    Each tensor node keeps its own shape and dtype, so a column of per-sample tensors of
+    different shapes is a list of tensor nodes.
+
     Args:
         tensors: The table tensors are added to (``key -> tensor``); shared across encoders
             of one checkpoint.
@@ -98,9 +83,14 @@ class ValueEncoder:
         Returns:
             A JSON-serialisable node.
 
+        Types are matched exactly (``type(v) is list``): a subclass (a namedtuple, an
+        ``OrderedDict``, an ``IntEnum``, ``np.matrix``...) is refused rather than silently turned
+        into its base type.
+
         Raises:
             UnencodableValueError: The value (or a part of it, named by its path such as
-                ``value[0]['k']``) cannot be represented exactly.
+                ``value[0]['k']``) cannot be represented exactly: also self-referencing
+                containers, nested, non-CPU or subclassed tensors, structured numpy dtypes.
         """
         return self._node(value, "value", set(), 0)
 
@@ -275,6 +265,9 @@ def decode_value(node: Any, tensors: dict[str, torch.Tensor], where: str) -> Any
 
     Returns:
         A fresh value equal to, and of the same types as, the encoded one.
+
+    Every node is validated; numpy dtypes are parsed from their string form, which never runs
+    code.
 
     Raises:
         CorruptValueError: Malformed node, unknown tag, missing or inconsistent tensor.

@@ -1,11 +1,8 @@
 """The public calls, lifetime plumbing and config coercion every data-plane client shares.
 
-:class:`BaseDataPlaneClient` states each ``DataPlaneClient`` call once (signature, contract,
-argument handling) and hands the backend's part to a short protected hook (``_register``,
-``_claim``, ``_put``, ...).  It also keeps a client's lifetime flags (closed, used,
-bootstrapping) and the errors that go with them, the polling loop of a claim against shared
-metadata and the ``get_data`` that resolves fields and reads by key, so that each adapter's
-client only moves its bytes.
+:class:`BaseDataPlaneClient` states each ``DataPlaneClient`` call once and hands the backend's
+part to a protected hook (``_register``, ``_claim``, ``_put``, ...); it also keeps the lifetime
+flags, the polling loop of a claim and ``get_data``, so each adapter's client only moves bytes.
 """
 
 from __future__ import annotations

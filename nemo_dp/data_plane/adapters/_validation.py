@@ -1,11 +1,8 @@
 """Request checks shared by the data-plane adapters: one check and one wording per error.
 
-Every adapter validates a call completely before it changes anything; the checks that need no
-storage (names, ids, sizes, tags, leaves, registrations, claims, reads, clears) and the
-messages of the partition-level errors live here.  No backend is imported, and torch and
-tensordict only inside the checks of tensors: the metadata actor of the Ray object-store backend
-imports this module for its registration and claim checks and never holds a tensor, so its
-process starts without them.
+The checks that need no storage and the messages of the partition-level errors live here.  No
+backend is imported, and torch and tensordict only inside the checks of tensors: the Ray-store
+metadata actor imports this module and starts without them.
 """
 
 from __future__ import annotations

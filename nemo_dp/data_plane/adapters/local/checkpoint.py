@@ -1,21 +1,9 @@
 """Checkpoints of the process-local data plane: typed, pickle-free, exact (format version 3).
 
-A Local checkpoint gives back every value the store accepts exactly (same value, same Python
-type) and loading one never executes code.  This module turns the client's partitions into the
-manifest and tensor table of ``nemo_dp.data_plane.typed_checkpoint`` (``manifest.json`` +
-``tensors.safetensors``) and rebuilds partitions from them; the client only takes the lock and
-calls it.
-
-A partition record is the shared header (schema, ordered sample ids, typed tags, claimed ids
-per task) plus ``generation``, the ``written`` flag, ``field_kinds`` and ``columns``: a tensor
-column is a ``"kind": "tensor"`` column entry of the table; an object column (``"object"``)
-holds one typed value node per row; a ``PackedTensor`` column (``"packed"``) its
-``dim_to_pack`` and one tensor node (or ``null``) per row; a dict column (``"dict"``) one such
-record per key, each with its ``field_kind``.  The manifest also holds ``next_generation``.
-Versions 1 and 2 kept their tensors in ``tensors.pt`` (a pickle) and are refused unread.
-
-A value the encoding cannot represent makes :func:`snapshot` raise ``TypeError`` naming the
-partition, field (or tags) and sample id before anything is written.
+Turns the client's partitions into the manifest and tensor table of ``typed_checkpoint`` and
+rebuilds partitions from them (the client only takes the lock and calls it): every value the
+store accepts comes back exactly, and loading never executes code.  Versions 1 and 2 kept their
+tensors in ``tensors.pt`` (a pickle) and are refused unread.
 """
 
 from __future__ import annotations
@@ -85,6 +73,13 @@ def snapshot(
     partitions: Iterable[Partition], next_generation: int, user_metadata: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The manifest and tensor table of a checkpoint of ``partitions`` (nothing written).
+
+    A partition record is the shared header plus ``generation``, the ``written`` flag,
+    ``field_kinds`` and ``columns``: a tensor column is a ``"kind": "tensor"`` column entry of
+    the table; an object column (``"object"``) one typed value node per row; a ``PackedTensor``
+    column (``"packed"``) its ``dim_to_pack`` and one tensor node (or ``null``) per row; a dict
+    column (``"dict"``) one such record per key, each with its ``field_kind``.  The manifest
+    also holds ``next_generation``.
 
     Args:
         partitions: The live partitions, in registration order.

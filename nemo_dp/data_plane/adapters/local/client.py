@@ -1,8 +1,7 @@
 """The Local adapter's client: locking, blocking claims, puts and reads over a partition book.
 
 Partitions, claims, consumption and tags are the shared partition book (``adapters._book``);
-this module adds the lock, the one-put rule and the stored columns.  See the package docstring
-for the storage and copy rules this client implements.
+this module adds the lock, the one-put rule and the stored columns (``store``).
 """
 
 from __future__ import annotations
@@ -55,7 +54,12 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
     """In-process data plane holding at most ``max_partitions`` complete batches.
 
     Thread-safe: every state change happens under one lock; blocking claims wait on a
-    condition variable notified by puts, clears and ``close``.
+    condition variable notified by puts, clears and ``close``.  Reads return fresh tensors, never
+    views of the store (a whole column or a contiguous run of rows is one ``clone`` of a slice,
+    any other selection one ``index_select``); a non-tensor column comes back as one
+    ``NonTensorData`` holding a deep copy of the selected rows (read it with
+    ``materialize_local``).  A partition emptied by an explicit ``clear_samples(ids, pid)`` is
+    dropped as by ``clear_samples(None, pid)``: it could never take another put.
 
     Args:
         cfg: The Local data-plane config (``max_partitions`` bounds live partitions).

@@ -1,15 +1,9 @@
-"""Storage structures of the process-local data plane (columns, row selections, partitions).
+"""Storage structures of the process-local data plane, shared by its client and its checkpoints.
 
-Why it exists: the Local adapter's client (``local.py``) and its checkpoint reader/writer
-(``local_checkpoint.py``) share these structures; keeping them in their own module lets both
-import them without an import cycle and keeps each module to one job.
-
-Columns own their bytes and are never mutated after a put, so reads can gather from them
-without holding the client's lock: dense tensors are one contiguous CPU clone, jagged tensors a
-compact ``values``/``offsets`` pair, object columns a deep-copied Python list.  Multimodal
-columns keep their structure instead of being flattened: a ``PackedTensor`` column is one CPU
-clone per sample's entry (``PackedColumn``), a dict column one sub-column per key
-(``DictColumn``); both are read back per sample, as the same type.
+Columns own their bytes and are never mutated after a put, so reads gather from them without the
+client's lock: dense tensors one contiguous CPU clone, jagged tensors a compact ``values`` /
+``offsets`` pair, object columns a deep-copied list, ``PackedTensor`` columns one CPU clone per
+sample's entry and dict columns one sub-column per key (both read back per sample, as put).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The metadata actor of the Ray object-store data plane, and its lifetime.
 
-Why this module exists: :class:`~nemo_dp.data_plane.adapters.ray_store.state.StoreState` must
-live in exactly one process of the cluster so that every client (driver, policy workers,
-rollout actors) sees the same partitions, rows and claims.  That process is one small named Ray
-actor (``num_cpus=0``: it reserves no CPU of the run's budget), created by the driver's
-bootstrapping client and owned by it (not detached: it dies with the driver at the latest).
-Everything that creates, finds, calls or kills it lives here; ``ray`` is imported inside
-functions only.
-
-Calls are one generic method, :meth:`RayStoreActor.call`, that runs one state operation and
-returns either ``(True, result)`` or ``(False, error type name, message)``: the contract's
-``KeyError`` / ``ValueError`` / ``TypeError`` cross the process boundary as replies rather than as
-Ray task errors, so the client re-raises them with their exact type and message.  The actor runs
-one call at a time, which makes every operation atomic (a claim never hands a row out twice).
+``StoreState`` lives in exactly one process, so every client sees the same partitions, rows and
+claims: one small named actor (``num_cpus=0``) created and owned by the driver's bootstrapping
+client (not detached: it dies with the driver at the latest).  Everything that creates, finds,
+calls or kills it lives here; ``ray`` is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -73,6 +64,11 @@ class RayStoreActor:
         Args:
             op: One of the state's public operations.
             *args: Its arguments.
+
+        The contract's ``KeyError`` / ``ValueError`` / ``TypeError`` cross the process boundary
+        as replies rather than as Ray task errors, so the client re-raises them with their exact
+        type and message.  The actor runs one call at a time: every operation is atomic (a claim
+        never hands a row out twice).
 
         Returns:
             ``(True, result)``, or ``(False, type name, message)`` for a contract error.

@@ -1,17 +1,9 @@
 """Checkpoints of the Ray object-store data plane: typed, pickle-free, exact, written by the driver.
 
 The store is cluster-wide (checkpoint scope ``"cluster"``), so the bootstrapping client saves it
-once: it asks the metadata actor for a snapshot (schemas, rows, claims, tags, object values and
-the chunk refs), fetches the chunks, and writes the manifest and tensor table of
-``nemo_dp.data_plane.typed_checkpoint`` (format ``nemo_dp.ray_store_data_plane`` version 2:
-``manifest.json`` + ``tensors.safetensors``).  Loading never executes code and every stored
-value comes back exactly or the save is refused before anything is written.  Version 1 kept its
-tensors in ``tensors.pt`` (a pickle) and is refused unread.
-
-A partition record is the shared header (schema, ordered sample ids, typed tags, claimed ids
-per task) plus ``field_kinds`` and ``columns``: field -> ``{"kind": "tensor", "ids", ...}`` (a
-column entry of the table, one row per id in that order) or ``{"kind": "object", "ids",
-"values"}`` (one typed value node per id).
+once from the metadata actor's snapshot and the fetched chunks, in the ``typed_checkpoint`` format
+``nemo_dp.ray_store_data_plane`` version 2.  Version 1 kept its tensors in ``tensors.pt`` (a
+pickle) and is refused unread.
 """
 
 from __future__ import annotations
@@ -42,6 +34,10 @@ def build_snapshot(
     snap: Mapping[str, Any], payloads: Mapping[int, Any], user_metadata: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The manifest and tensor table of a checkpoint (nothing written).
+
+    A partition record is the shared header plus ``field_kinds`` and ``columns``: field ->
+    ``{"kind": "tensor", "ids", ...}`` (a column entry of the table, one row per id in that
+    order) or ``{"kind": "object", "ids", "values"}`` (one typed value node per id).
 
     Args:
         snap: ``StoreState.snapshot()``.

@@ -1,31 +1,9 @@
 """``RayStoreClient``: the data-plane contract over Ray's object store plus one metadata actor.
 
-Why this module exists: it is the one place that moves bytes for this backend.  A put validates
-its arguments here, ``ray.put``s one object holding each of its tensor columns once
-(``columns``) and registers it with the metadata actor in one call, which checks the partition's schema before it commits; a
-read asks the actor where its cells live (one call, which also returns object columns), fetches
-the chunks with one ``ray.get`` and gathers its rows locally.  So a put or a read costs one
-actor round trip plus object-store traffic proportional to the columns touched, whatever the
-number of rows.
-
-Object lifetime: an object ``ray.put`` by a process is owned by that process (Ray 2.56+ has no
-ownership transfer), so rows stay readable while the process that wrote them lives.  Policy
-workers, rollout actors and the driver live for the whole run; a read of rows whose writer has
-exited raises ``DataPlaneUnavailableError`` naming the partition (columns of a small put,
-carried inline by the metadata actor, outlive their writer).  The metadata actor holds a
-reference to every live chunk (one column of one put) and drops it when the chunk's last row is
-cleared or overwritten; once every column of a put is dropped, Ray frees the object.  One object
-per put (rather than per column) keeps a put to one object-store write; the price is that a
-read on another node of some of a put's columns transfers all of them.
-
-Small puts (tensor columns of at most :data:`INLINE_MAX_BYTES` in all) skip the object store:
-their columns travel inside the metadata actor's ``put`` call, live in the actor's memory as
-:class:`~nemo_dp.data_plane.adapters.ray_store.state.InlinePayload` and come back in the reply of
-the read's ``locate`` call.  Such a put or read is exactly one actor round trip (no ``ray.put``,
-no ``ray.get`` of column objects, no borrowed refs to track), which is most of the fixed cost of
-a call at the row counts of a training step; the bytes are the same, so reads are bit-identical.
-The threshold stays below Ray's own inlining limit for task arguments (100 KiB), so an inline
-put never becomes an implicit object-store argument.
+The one place that moves this backend's bytes: a put validates its arguments, ``ray.put``s one
+object holding each of its tensor columns once (``columns``) and registers it with the metadata
+actor in one call, which checks the schema before it commits; a read asks the actor where its
+cells live, fetches the chunks with one ``ray.get`` and gathers its rows locally.
 """
 
 from __future__ import annotations
@@ -57,8 +35,11 @@ from nemo_dp.data_plane.schema import INPUT_LENGTHS
 
 __all__ = ["INLINE_MAX_BYTES", "RayStoreClient", "build_ray_store_client", "coerce_config"]
 
-#: A put whose tensor columns hold at most this many bytes in all travels inline in the metadata
-#: actor's call instead of through the object store (see the module docstring).
+#: A put whose tensor columns hold at most this many bytes in all skips the object store: its
+#: columns travel in the metadata actor's ``put`` call, live in the actor as ``InlinePayload``
+#: (outliving their writer) and come back in the reply of a read's ``locate``, so such a put or
+#: read is one actor round trip with the same bytes.  Below Ray's own inlining limit for task
+#: arguments (100 KiB), so an inline put never becomes an implicit object-store argument.
 INLINE_MAX_BYTES = 64 * 1024
 
 _ERRORS: dict[str, type[Exception]] = {
@@ -84,6 +65,16 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     """The data-plane contract over Ray's object store (see the module docstring).
 
     Thread-safe: Ray's calls are, and the client keeps no mutable state besides ``closed``.
+    A put or a read costs one actor round trip plus object-store traffic for the columns it
+    touches, whatever the number of rows.
+
+    An object ``ray.put`` by a process is owned by that process (Ray has no ownership
+    transfer), so rows stay readable while their writer lives; a read of rows whose writer has
+    exited raises ``DataPlaneUnavailableError`` naming the partition.  The metadata actor holds
+    a reference to every live chunk (one column of one put) and drops it when the chunk's last
+    row is cleared or overwritten; Ray frees a put's object once all its columns are dropped.
+    One object per put keeps a put to one object-store write; the price is that a read on
+    another node of some of a put's columns transfers all of them.
 
     Args:
         cfg: The ``data_plane`` config (dataclass, mapping or ``DictConfig``).
@@ -234,7 +225,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         encoded = {name: encode_column(name, t) for name, t in plan.tensors.items()}
         inline = sum(e.nbytes for e in encoded.values()) <= INLINE_MAX_BYTES
         # One object per put: each column once, and one object-store write whatever the width;
-        # a small put carries its columns in the actor call instead (module docstring).
+        # a small put carries its columns in the actor call instead (INLINE_MAX_BYTES).
         ref = None
         if encoded and plan.ids and not inline:
             ref = ray.put({k: e.payload for k, e in encoded.items()})

@@ -1,17 +1,9 @@
 """How one tensor column of a put lives in Ray's object store, and how reads gather rows from it.
 
-Why this module exists: the object store is the bulk tier of this backend, and what makes it
-cheap is that a put stores each column once, as one buffer, and a read maps that buffer without
-copying (numpy arrays deserialise zero-copy from Ray's shared memory) and copies only the rows
-it needs.  This module holds the two halves of that: :func:`encode_column` turns a put's tensor
-leaf into the payload given to ``ray.put`` (a dense ``ndarray`` of shape ``(rows, ...)``, or a
-jagged ``(values, offsets)`` pair of ndarrays, never one object per row), and
-:func:`gather_field` assembles a read's rows of one field from the payloads of the chunks that
-hold them (one slice copy per contiguous run, otherwise one ``take``).
-
-Tensors travel as numpy arrays because numpy's buffers are what Ray deserialises without a copy;
-dtypes numpy lacks (``bfloat16``, ``float8`` ...) travel as a same-width integer view and are
-viewed back on the way out, so every value comes back bit for bit.  Nothing here imports Ray.
+A put stores each column once, as numpy arrays (a dense ``ndarray`` or a jagged ``(values,
+offsets)`` pair), which Ray deserialises zero-copy from shared memory, so a read copies only its
+rows.  Dtypes numpy lacks (``bfloat16``, ``float8`` ...) travel as a same-width integer view and
+come back bit for bit.  Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -219,6 +211,7 @@ def gather_field(field: str, dtype: torch.dtype, segments: list[Segment]) -> tor
 
     All-dense segments of one row shape give a dense tensor; anything else (a jagged chunk, or
     dense chunks of different widths written by different puts) gives a jagged nested tensor.
+    Each segment costs one slice copy per contiguous run of rows, otherwise one ``take``.
 
     Args:
         field: The field (for messages).

@@ -1,23 +1,8 @@
 """The metadata of the Ray object-store data plane: partitions, rows, claims, tags, chunk refs.
 
-Why this module exists: one process of the cluster (the metadata actor, ``actor``) must be the
-single authority on which partitions exist, which rows hold which fields, which rows each
-consumer task has claimed and which tags a row carries, so that claims never hand a row out
-twice and a put is checked against the same schema everywhere.  :class:`StoreState` is that
-authority as a plain Python object: the actor wraps it, the unit tests drive it without Ray.
-Partitions, claims, consumption and tags are the shared partition book (``adapters._book``);
-this module adds where each row's cells live.
-
-Bulk data is not here.  A put stores each tensor column once in Ray's object store (one object
-per put holding every tensor column of it; one column of it is a *chunk*) and registers
-``(chunk, row position)`` per row and field;
-this state keeps the refs (so the objects stay alive) and drops a chunk's ref when no live row
-uses it any more.  A small put's columns skip the object store: they arrive inline
-(:class:`InlinePayload`) in place of the ref and are kept and released the same way.  Object (non-tensor) columns are small per-row values (prompts, statuses,
-dicts) and are kept here directly, which lets a read return them in the same reply as the
-chunk locations.
-
-Every method validates completely before it changes anything, and raises ``KeyError``,
+:class:`StoreState` is the single authority the metadata actor wraps (unit tests drive it
+without Ray): the shared partition book (``adapters._book``) plus where each row's cells live.
+Every method validates completely before it changes anything and raises ``KeyError``,
 ``ValueError`` or ``TypeError`` with the contract's messages; the actor turns them into replies.
 """
 
@@ -119,7 +104,15 @@ class PartitionState(PartitionRecord):
 
 
 class StoreState:
-    """Cluster-wide metadata of the data plane (see the module docstring)."""
+    """Cluster-wide metadata of the data plane (see the module docstring).
+
+    Bulk data is not here: a put stores its tensor columns in one object-store object (one
+    column of it is a *chunk*) and registers ``(chunk, row position)`` per row and field; the
+    state keeps the refs (so the objects stay alive) and drops a chunk's ref when no live row
+    uses it.  :class:`InlinePayload` columns are kept and released the same way.  Object
+    (non-tensor) columns are small per-row values kept here directly, so a read gets them in
+    the same reply as the chunk locations.
+    """
 
     def __init__(self) -> None:
         self.book: PartitionBook[PartitionState] = PartitionBook()

@@ -1,9 +1,7 @@
 """Checks a client runs before anything of a call leaves its process, and the put's plan.
 
-Why this module exists: bad input must fail before anything is written, and every check that
-needs no partition state (id and name types, duplicates, batch sizes, tags that are not JSON,
-unsupported leaves) can run in the calling process before a byte goes to the object store.  The
-checks that need the partition (declared fields, a field's dtype, enum vocabularies) run in the
+Every check that needs no partition state runs in the calling process before a byte goes to the
+object store; those that need the partition (declared fields, dtypes, enums) run in the
 metadata actor (``state``) before it commits.
 """
 

@@ -1,11 +1,8 @@
 """Checkpoints of the TransferQueue data plane: read through the adapter, written code-free.
 
-The bootstrapping client (the driver) reads every partition through its own calls (registry
-records, live ids in the controller's order, tags, which fields each row holds, the rows
-themselves and each task's claims) and writes one atomic directory in the format of
-``checkpoint_format`` (JSON + safetensors).  A load checks the directory holds nothing else,
-then re-creates the partitions, re-puts the rows and re-claims what was claimed.  The library's
-own checkpoint files (pickles) are never written nor read.
+The driver reads every partition through its own calls and writes one atomic directory in the
+``checkpoint_format`` format; a load checks the directory holds nothing else, re-creates the
+partitions, re-puts the rows and re-claims what was claimed.
 """
 
 from __future__ import annotations

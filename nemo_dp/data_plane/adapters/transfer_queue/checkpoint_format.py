@@ -1,14 +1,8 @@
 """The on-disk format of TransferQueue data-plane checkpoints (version 2): JSON + safetensors.
 
-The manifest and tensor table are those of ``nemo_dp.data_plane.typed_checkpoint``
-(``manifest.json`` + ``tensors.safetensors``), the manifest also naming the ``backend``.  A
-partition record is the shared header (ids in the controller's order, tags as plain JSON objects,
-``claimed`` naming the tasks that claimed rows) plus ``field_types`` (field -> ``[kind, dtype]``
-of every field written) and ``groups``: rows that hold the same fields, each ``{"ids",
-"columns"}`` with a column entry per field (``dense`` / ``jagged`` into the tensor table,
-``rows``: one table key per row, or ``object``: one value node per row).  Version 1 held
-TransferQueue's own pickles and is refused unread.  This module builds and validates the records
-and touches neither the library nor a client.
+The manifest and tensor table are those of ``typed_checkpoint``, the manifest also naming the
+``backend``.  This module builds and validates the partition records and touches neither the
+library nor a client.  Version 1 held TransferQueue's own pickles and is refused unread.
 """
 
 from __future__ import annotations
@@ -57,6 +51,12 @@ class PartitionState:
 
 def encode_partition(state: PartitionState, index: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     """The manifest record of one partition; its tensors go into ``tensors``.
+
+    The record is the shared header (ids in the controller's order, tags as plain JSON objects,
+    ``claimed`` naming the tasks that claimed rows) plus ``field_types`` (field -> ``[kind,
+    dtype]``) and ``groups``: rows that hold the same fields, each ``{"ids", "columns"}`` with a
+    column entry per field (``dense`` / ``jagged`` into the tensor table, ``rows``: one table
+    key per row, or ``object``: one value node per row).
 
     Args:
         state: The partition.

@@ -1,11 +1,9 @@
 """``TQDataPlaneClient``: the data-plane calls over TransferQueue 0.1.11 (SimpleStorage) on Ray.
 
-Why this module exists: TransferQueue is silent where the data-plane contract demands loud
-errors (a get with unknown keys returns fewer rows, a misspelled field returns no column, a
-dtype change is only logged, a dead controller hangs every call).  This client checks every
-call against the cluster-wide registry (``registry``) and the controller's metadata before and
-after the wire call, validates arguments first (``validation``), bounds every library coroutine
-on the loop thread ``lifetime`` owns, and leaves checkpoints to ``checkpoint``.
+TransferQueue is silent where the contract demands loud errors (unknown keys return fewer rows,
+a misspelled field no column, a dtype change is only logged, a dead controller hangs), so this
+client checks every call against the partition ``registry`` and the controller's metadata before
+and after the wire call, and bounds every library coroutine on the loop thread of ``lifetime``.
 """
 
 from __future__ import annotations
@@ -73,7 +71,11 @@ _T = TypeVar("_T")
 
 
 class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
-    """The data-plane contract over TransferQueue (SimpleStorage) on Ray .
+    """The data-plane contract over TransferQueue (SimpleStorage) on Ray.
+
+    The library's async API runs on one event-loop thread the client owns (``lifetime``), so
+    every call is bounded and the caller's ``torch.set_num_threads`` survives; dense puts come
+    back dense.
 
     Args:
         cfg: The TransferQueue ``data_plane`` config (dataclass, mapping or ``DictConfig``).

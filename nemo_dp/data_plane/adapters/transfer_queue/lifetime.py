@@ -1,11 +1,8 @@
 """Lifetime of the TransferQueue system: bootstrap, attach, the event-loop thread, teardown.
 
-Why this module exists: the library keeps one client per process in module globals, starts
-its controller and storage units as Ray actors, can hang forever at start-up when the cluster
-lacks CPUs, and its own ``close`` kills the shared controller even from an attached process.
-Everything that creates, joins, bounds or tears down that system lives here, so the client
-module holds only the data-plane calls.  ``transfer_queue`` and ``ray`` are imported inside
-functions only, never at module import.
+The library keeps one client per process in module globals, can hang at start-up when the cluster
+lacks CPUs, and its own ``close`` kills the shared controller even from an attached process; all
+that is bounded and handled here.  ``transfer_queue`` and ``ray`` are imported inside functions.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Per-sample multimodal values as self-describing row bytes on the TransferQueue wire.
 
-Why this module exists: a multimodal column holds one tensor per sample whose shape differs in
-any dimension (an image ``(3, H_i, W_i)``) or one ``PackedTensor`` entry per sample, so it is a
-per-row object column (``NonTensorStack``), which the library would pickle row by row.  Instead
-such a column crosses the wire in the adapter's row-bytes layout (``row_wire``): one ``uint8``
-matrix, one sample per matrix row (a length header, the row's payload, zero padding to the
-longest row), which the storage unit splits into one ``bytes`` value per row
-(``row_split.split_rows``).  Every stored row carries its own dtype and shape, so any dtype
-(``uint8``, ``bfloat16`` ...) comes back bit for bit, and no row is ever unpickled.
-
-A stored row is :data:`MAGIC` followed by its payload (little-endian):
-
-* one kind byte: ``0`` ``None``; ``1`` a tensor; ``2`` a one-entry ``PackedTensor`` holding a
-  tensor; ``3`` a one-entry ``PackedTensor`` holding ``None``;
-* kinds 2 and 3: the ``dim_to_pack`` (int64);
-* kinds 1 and 2: the dtype code (``wire_dtypes``), the rank, one int64 per dim, the raw bytes.
-
-A column qualifies only when every row is one of those and at least one row holds a tensor;
-tensors must be dense CPU tensors without autograd history, of a dtype with a code.  Any other
-object column keeps the library's own layout.
+A multimodal column (one tensor per sample of any shape, or one ``PackedTensor`` entry per
+sample) is a per-row object column the library would pickle row by row; instead it crosses the
+wire in the padded row-bytes layout of ``row_wire`` as ``uint8``, each stored row carrying its own
+dtype and shape, so any dtype comes back bit for bit and no row is ever unpickled.
 """
 
 from __future__ import annotations
@@ -82,6 +67,13 @@ def _payload(value: Any) -> bytes | None:
 
 def encode_rows(rows: Sequence[Any]) -> torch.Tensor | None:
     """The ``uint8`` padded-row matrix of an object column, or ``None`` if it does not qualify.
+
+    A column qualifies when every row is ``None``, a tensor or a one-entry ``PackedTensor``
+    (of a tensor or ``None``) and at least one row holds a tensor; tensors must be dense CPU
+    tensors without autograd history, of a dtype with a code.  A stored row is :data:`MAGIC`,
+    then (little-endian) one kind byte (``0`` ``None``, ``1`` tensor, ``2`` packed tensor, ``3``
+    packed ``None``), for kinds 2 and 3 the ``dim_to_pack`` (int64), and for kinds 1 and 2 the
+    dtype code (``wire_dtypes``), the rank, one int64 per dim and the raw bytes.
 
     Args:
         rows: One value per sample (``NonTensorStack.tolist()``).

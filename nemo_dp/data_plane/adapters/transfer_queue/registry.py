@@ -1,10 +1,8 @@
 """The adapter's cluster-wide partition registry, kept inside the library's own controller.
 
-Why this module exists: TransferQueue has no notion of a declared partition (fields, consumer
-tasks, size, enums) nor of a field's type, so every process would see a different picture.  One
-reserved library partition (:data:`REGISTRY_PARTITION`) holds one tagged entry per live
-partition (its :class:`Record`) plus one per typed field of that partition's incarnation; every
-client of the cluster reads the same entries.  Only the adapter's client uses this module.
+TransferQueue knows no declared partition (fields, tasks, size, enums) nor a field's type, so one
+reserved library partition (:data:`REGISTRY_PARTITION`) holds a tagged entry per live partition
+(its :class:`Record`) and per typed field of it, read alike by every client of the cluster.
 """
 
 from __future__ import annotations

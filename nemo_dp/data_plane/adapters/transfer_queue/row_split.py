@@ -1,16 +1,8 @@
-"""The storage-side half of the TransferQueue adapter's row-bytes wire layout.
+"""The storage-side half of the TransferQueue adapter's row-bytes wire layout (``row_wire``).
 
-Why this module exists: TransferQueue's storage units keep one value per (sample, field) and
-send a tensor value back as its own message frame with a pickled descriptor, which costs tens
-of microseconds per row and field on every get; a put of a ragged (nested) column pays the same
-per row.  The adapter therefore ships each tensor column as ONE 2-D matrix of the field's dtype
-(one frame) and has the storage unit turn it into one ``bytes`` value per row, which the library's wire encodes
-inline (no frame, no pickle) when the rows are read back.  :func:`split_rows` is that storage
-step; the library runs it on the unit as the put's ``data_parser``.
-
-It is shipped to the unit by value (``cloudpickle``), so this module imports nothing but the
-standard library at module level (and torch, which every unit has, inside the function): a
-storage unit never needs nemo_dp installed.  The client half (encoding, decoding) is ``row_wire``.
+:func:`split_rows` runs on the storage unit as a put's ``data_parser``.  It is shipped there by
+value (``cloudpickle``), so this module imports only the standard library at module level (torch,
+which every unit has, inside the function): a storage unit never needs nemo_dp installed.
 """
 
 from __future__ import annotations
@@ -24,6 +16,8 @@ LENGTH_BYTES = 8
 
 def split_rows(fields: dict[str, Any], *, columns: Mapping[str, tuple[bytes, int]]) -> dict[str, Any]:
     """Turn each encoded column of a put into one ``bytes`` value per row.
+
+    The library's wire sends such values back inline (no message frame, no pickle) on reads.
 
     Args:
         fields: The put's columns as the library hands them to a parser (field -> batched

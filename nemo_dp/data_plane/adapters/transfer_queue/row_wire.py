@@ -1,34 +1,10 @@
 """The client half of the TransferQueue adapter's row-bytes wire layout: encode puts, decode gets.
 
-Why this module exists: left to itself, TransferQueue sends a ragged (nested) column as one
-message frame per row on put, and every non-scalar or scalar tensor value as one frame with a
-pickled descriptor per row on get (about 30-80 us per row and field), so a store call's cost
-grew with the number of rows.  Here a tensor column crosses the wire as one 2-D tensor of its
-own dtype (one frame, one sample per matrix row) and is stored as one self-describing ``bytes``
-value per row, which the library sends back inline.  The layout is chosen per column and put
-by one rule (:func:`plan_column`):
-
-* **exact rows** - every row has the same number of bytes, fewer than :data:`LARGE_ROW_BYTES`
-  (scalar columns, dense columns, a jagged column whose rows happen to be equal): the matrix is
-  the column itself, reshaped to ``(n, -1)`` without a copy;
-* **padded rows** - rows differ in length (jagged columns): each matrix row is a header holding
-  the row's byte count, the row's data and zero padding up to the longest row.  The padding
-  crosses the wire once, on put; the storage unit keeps only each row's own bytes
-  (``row_split``), so reads move exactly the data;
-* **object rows** - a per-row object column whose rows are per-sample tensors of any shape or
-  one-entry ``PackedTensor``s (multimodal columns): padded rows of ``uint8``, each row carrying
-  its own dtype and shape (``object_rows``);
-* **the library's layout** - equal rows of at least :data:`LARGE_ROW_BYTES` (sent dense, one
-  frame; on read, per-row frames cost little next to copying such rows), and columns the row
-  layout cannot describe (a strided nested tensor, a dtype outside :data:`DTYPE_CODES`, a jagged
-  tensor ragged in another dim, zero-size trailing dims).
-
-One sample per matrix row keeps the library's routing of samples to storage units intact,
-whatever the number of units, and sending the field's own dtype keeps the controller's per-field
-dtype the same whichever layout a put chose.  Every stored row starts with a descriptor
-(magic, dtype code, row rank, the row's trailing dims), so a read needs no registry lookup; a
-column whose rows do not share one descriptor, or mix row bytes with tensors stored in the
-library's layout, is decoded row by row and stacked or nested the way the library would.
+Left to itself, TransferQueue sends a ragged column as one frame per row on put and each tensor
+value as one frame with a pickled descriptor per row on get, so a call's cost grows with its rows.
+Here a tensor column crosses the wire as one 2-D tensor of its own dtype (one sample per matrix
+row, which keeps the library's routing of samples to storage units) and is stored as one
+self-describing ``bytes`` value per row, sent back inline; :func:`plan_column` picks the layout.
 """
 
 from __future__ import annotations
@@ -74,7 +50,7 @@ def _ship_splitter_by_value() -> None:
 
 
 def descriptor(dtype: torch.dtype, rank: int, inner: Sequence[int]) -> bytes:
-    """The bytes every stored row of a column starts with.
+    """The bytes every stored row of a column starts with, so a read needs no registry lookup.
 
     Args:
         dtype: The column's dtype (a key of :data:`DTYPE_CODES`).
@@ -137,10 +113,15 @@ def _padded_rows(
 def plan_column(value: torch.Tensor) -> ColumnPlan:
     """Decide how one CPU tensor column of ``n >= 1`` rows crosses the wire.
 
-    The rule: rows of equal size below :data:`LARGE_ROW_BYTES` go as exact row bytes; equal
-    rows of at least that size go in the library's own layout (one frame on put, and per-row
-    frames on get cost little next to copying such rows); ragged rows go padded.  Columns the
-    row layout cannot describe keep the library's layout.
+    The rule: rows of equal size below :data:`LARGE_ROW_BYTES` go as exact row bytes (the
+    column reshaped to ``(n, -1)``, no copy); equal rows of at least that size go in the
+    library's own layout (one frame on put, and per-row frames on get cost little next to
+    copying such rows); ragged rows go padded: a length header, the row's bytes and zero
+    padding to the longest row (the padding crosses the wire once; the storage unit keeps only
+    each row's bytes, ``row_split``).  Columns the row layout cannot describe (a strided nested
+    tensor, a dtype outside :data:`DTYPE_CODES`, a jagged tensor ragged in another dim,
+    zero-size trailing dims) keep the library's layout.  Every layout sends the field's own
+    dtype, so the controller's per-field dtype does not depend on the layout a put chose.
 
     Args:
         value: A dense tensor ``(n, ...)`` or a nested tensor.
@@ -264,7 +245,9 @@ def decode_column(value: Any, field: str) -> Any:
         A dense tensor when all rows share one shape (``(n,)`` for scalar rows), else a jagged
         nested tensor ragged in dim 1; a column of object rows a per-row ``NonTensorStack`` of
         the tensors / one-entry PackedTensors / ``None`` that were put; a column in the
-        library's layout goes through ``densify`` (object columns unchanged).
+        library's layout goes through ``densify`` (object columns unchanged).  Rows that do
+        not share one descriptor, or mix row bytes with library tensors, are decoded row by row
+        and stacked or nested the way the library would.
 
     Raises:
         RuntimeError: A stored row is malformed (wrong descriptor, or a byte count that is not a
