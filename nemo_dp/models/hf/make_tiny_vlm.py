@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from nemo_dp.models.hf.make_tiny import build_once
-from nemo_dp.models.hf.make_tiny import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, START_TOKEN, UNK_TOKEN
+from nemo_dp.models.hf.make_tiny import EOS_TOKEN, START_TOKEN, build_once, seeded_model, special_token_ids
+from nemo_dp.models.hf.make_tiny import train_bpe_tokenizer
 
 __all__ = [
     "BUILD_FILE",
@@ -79,7 +79,8 @@ DEFAULT_VOCAB_SIZE = 384
 DEFAULT_MAX_POSITIONS = 256
 
 _FILES_DONE = (
-    "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", BUILD_FILE,
+    "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
+    BUILD_FILE,
 )
 
 
@@ -154,34 +155,6 @@ def _corpus(seed: int) -> Iterator[str]:
             yield f"{START_TOKEN}assistant\n{p.answer}{EOS_TOKEN}\n"
 
 
-def _train_tokenizer(vocab_size: int, seed: int) -> object:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[*SPECIAL_TOKENS, *VISION_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(_corpus(seed), trainer=trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        pad_token=PAD_TOKEN,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        additional_special_tokens=[START_TOKEN, *VISION_TOKENS],
-    )
-    tok.chat_template = VLM_CHAT_TEMPLATE
-    return tok
-
-
 def make_tiny_vlm_checkpoint(
     out: str | os.PathLike[str],
     *,
@@ -209,8 +182,8 @@ def make_tiny_vlm_checkpoint(
     d = dims or VisionDims()
     target = Path(out)
     target.mkdir(parents=True, exist_ok=True)
-    tok = _train_tokenizer(vocab_size, seed)
-    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    tok = train_bpe_tokenizer(_corpus(seed), vocab_size, extra_specials=VISION_TOKENS, chat_template=VLM_CHAT_TEMPLATE)
+    ids = special_token_ids(tok)
     token_id = tok.convert_tokens_to_ids
     config = Qwen2VLConfig(
         text_config={
@@ -241,13 +214,7 @@ def make_tiny_vlm_checkpoint(
         vision_end_token_id=token_id(VISION_END),
         tie_word_embeddings=False,
     )
-    # from_config draws from the global RNG: fork it so the caller's stream is untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
-    model.generation_config.pad_token_id = ids["pad_token_id"]
-    model.generation_config.eos_token_id = ids["eos_token_id"]
-    model.generation_config.bos_token_id = ids["bos_token_id"]
+    model = seeded_model(seed, lambda: Qwen2VLForConditionalGeneration(config).to(torch.float32), ids)
     image_processor = Qwen2VLImageProcessorPil(
         patch_size=d.patch_size,
         merge_size=d.merge_size,

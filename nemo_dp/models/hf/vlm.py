@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nemo_dp.models.hf.model import HFWrapper
 from nemo_dp.utils.packed_tensor import PackedTensor
 
 __all__ = ["HFVisionLM", "ImageBoundLM", "load_vlm"]
@@ -40,7 +41,7 @@ def _packed(value: PackedTensor | torch.Tensor | None, name: str) -> torch.Tenso
     raise TypeError(f"{name} must be a PackedTensor, a tensor or None, got {type(value).__name__}")
 
 
-class HFVisionLM(nn.Module):
+class HFVisionLM(HFWrapper):
     """A loaded ``Qwen2VLForConditionalGeneration`` with M-RoPE position handling.
 
     Args:
@@ -48,8 +49,7 @@ class HFVisionLM(nn.Module):
     """
 
     def __init__(self, hf_model: Any) -> None:
-        super().__init__()
-        self.hf = hf_model
+        super().__init__(hf_model)
         self.image_token_id = int(hf_model.config.image_token_id)
 
     @property
@@ -61,11 +61,6 @@ class HFVisionLM(nn.Module):
     def hidden_size(self) -> int:
         """Width of the language model."""
         return int(self.hf.config.text_config.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        """Rows of the LM head."""
-        return int(self.hf.get_output_embeddings().weight.shape[0])
 
     def rope_positions(
         self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None, attention_mask: torch.Tensor | None
@@ -137,16 +132,6 @@ class HFVisionLM(nn.Module):
             raise ValueError("with_images: give both pixel_values and image_grid_thw, or neither")
         return ImageBoundLM(self, pv, grid)
 
-    def lm_head_only_parameters(self) -> list[nn.Parameter]:
-        """The LM head's parameters unless tied to the input embedding."""
-        head = self.hf.get_output_embeddings()
-        shared = {id(p) for p in self.hf.get_input_embeddings().parameters()}
-        return [p for p in head.parameters() if id(p) not in shared]
-
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """``save_pretrained`` of the wrapped model (config + safetensors)."""
-        self.hf.save_pretrained(os.fspath(directory))
-
 
 @dataclass
 class _Cache:
@@ -175,17 +160,9 @@ class ImageBoundLM(nn.Module):
         self.pixel_values = pixel_values
         self.image_grid_thw = image_grid_thw
 
-    @property
-    def max_positions(self) -> int:
-        return self.vlm.max_positions
-
-    @property
-    def hidden_size(self) -> int:
-        return self.vlm.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vlm.vocab_size
+    max_positions = property(lambda self: self.vlm.max_positions, doc="The bound model's ``max_positions``.")
+    hidden_size = property(lambda self: self.vlm.hidden_size, doc="The bound model's ``hidden_size``.")
+    vocab_size = property(lambda self: self.vlm.vocab_size, doc="The bound model's ``vocab_size``.")
 
     def _no_placeholder(self, logits: torch.Tensor) -> torch.Tensor:
         index = torch.tensor([self.vlm.image_token_id], device=logits.device)

@@ -157,13 +157,7 @@ def prepare_vlm_policy(policy_cfg: Any) -> None:
 
 
 BUILDER = ModelBuilder(
-    kind="hf_vlm",
-    build_model=_build_model,
-    build_tokenizer=_build_tokenizer,
-    validate=validate_vlm_policy,
-    load_pretrained=_load_pretrained,
-    prepare=prepare_vlm_policy,
-    save_tokenizer=_save_tokenizer,
-    load_saved_tokenizer=_load_saved_tokenizer,
-    takes_images=True,
+    kind="hf_vlm", build_model=_build_model, build_tokenizer=_build_tokenizer, validate=validate_vlm_policy,
+    load_pretrained=_load_pretrained, prepare=prepare_vlm_policy, save_tokenizer=_save_tokenizer,
+    load_saved_tokenizer=_load_saved_tokenizer, takes_images=True,
 )

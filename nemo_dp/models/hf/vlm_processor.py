@@ -86,7 +86,9 @@ class VLMProcessor:
         out = self.image_processor(images=list(images), return_tensors="pt")
         return out["pixel_values"], out["image_grid_thw"].to(torch.int64)
 
-    def encode_messages(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> EncodedPrompt:
+    def encode_messages(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> EncodedPrompt:
         """Render chat turns (content: a string or a list of text / image parts) for the model.
 
         Args:

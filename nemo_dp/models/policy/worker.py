@@ -509,14 +509,8 @@ class PolicyWorker:
         self.optimizer.zero_grad(set_to_none=False)
         self._step_state = None
 
-    def train(
-        self,
-        data: BatchedDataDict,
-        loss_fn: LossFn,
-        eval_mode: bool = False,
-        gbs: int | None = None,
-        mbs: int | None = None,
-    ) -> dict[str, Any]:
+    def train(self, data: BatchedDataDict, loss_fn: LossFn, eval_mode: bool = False, gbs: int | None = None,
+              mbs: int | None = None) -> dict[str, Any]:
         """Train on this rank's shard: one optimizer step per global batch.
 
         Args:
