@@ -22,12 +22,7 @@ from nemo_dp.algorithms.gae import (
 )
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
-from nemo_dp.algorithms.trainer_common import (
-    clipped_pg_loss_fn,
-    record_validation,
-    should_validate,
-    start_counters,
-)
+from nemo_dp.algorithms.trainer_common import clipped_pg_loss_fn, start_counters, step_time_metrics, validate_if_due
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
 
@@ -290,22 +285,11 @@ def finish_ppo_step_metrics(
         evaluate: Held-out evaluation returning accuracy.
         logger: The phase's run logger.
     """
-    t_gen, t_fwd, t_train = timings
-    metrics.update(
-        {
-            "consumed_samples": counters["consumed_samples"],
-            "time/generation_s": t_gen,
-            "time/logprobs_s": t_fwd,
-            "time/train_s": t_train,
-        }
+    metrics.update(step_time_metrics(counters, timings))
+    detail = f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
+    validate_if_due(
+        step, metrics, counters, evaluate, val_period=val_period, max_steps=max_steps, logger=logger, detail=detail
     )
-    if should_validate(step, val_period=val_period, max_steps=max_steps):
-        acc = record_validation(counters, metrics, evaluate)
-        logger.info(
-            f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
-            f"value loss {metrics['value_loss']:.4f}, explained variance "
-            f"{metrics['explained_variance']:.3f}, held-out accuracy {acc:.3f}"
-        )
 
 
 def start_ppo_phase(

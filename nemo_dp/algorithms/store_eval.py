@@ -8,9 +8,9 @@ from typing import Any
 from nemo_dp.algorithms.context import PhaseLogger
 from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.registry import cross_process_options
-from nemo_dp.data_plane.schema import TASK_VAL, VAL_PARTITION
+from nemo_dp.data_plane.schema import TASK_TRAIN, TASK_VAL, VAL_PARTITION
 
-__all__ = ["check_sync_entry", "problem_rows", "make_store_evaluator"]
+__all__ = ["check_sync_entry", "problem_rows", "rollout_to_store", "make_store_evaluator"]
 
 
 def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
@@ -27,6 +27,21 @@ def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[
     prompts = [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group)]
     answers = [p.answer for p in problems for _ in range(group)]
     return prompts, answers
+
+
+def rollout_to_store(
+    policy: Any, problems: list[Any], seeds: list[int], *, group: int, sample_ids: list[str], tokenizer: Any, env: Any
+) -> Any:
+    """Sample ``group`` responses per problem into the training partition (task ``"train"``).
+
+    Returns:
+        ``policy.generate_to_dataplane``'s result (meta, carry) for the rows, in problem order.
+    """
+    prompts, answers = problem_rows(problems, group, tokenizer)
+    return policy.generate_to_dataplane(
+        prompts, seeds, sample_ids=sample_ids, answers=answers, greedy=False, tokenizer=tokenizer, env=env,
+        task_name=TASK_TRAIN,
+    )
 
 
 def make_store_evaluator(

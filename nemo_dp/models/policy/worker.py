@@ -108,15 +108,7 @@ class PolicyWorker:
     """
 
     def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        policy_cfg: Any,
-        vocab_size: int,
-        pad_id: int,
-        eos_id: int,
-        seed: int,
+        self, *, rank: int, world_size: int, policy_cfg: Any, vocab_size: int, pad_id: int, eos_id: int, seed: int
     ) -> None:
         self.rank = rank
         self.world_size = world_size
