@@ -121,13 +121,7 @@ class LegacyGRPOPath:
 
 
 def collect_grpo_batch(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    tokenizer: Any,
-    env: Any,
-    step: int,
+    policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """Roll out until one step's batch is complete (``grpo_step.collect_grpo_rows`` in memory).
 

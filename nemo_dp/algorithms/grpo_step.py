@@ -22,6 +22,7 @@ from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
     log_and_save,
     open_step_loop,
+    rollout_shape,
     sample_seeds,
     start_counters,
     trainer_state,
@@ -185,9 +186,7 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
     """
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
-    max_steps = int(algo.max_steps)
-    group = int(algo.num_generations_per_prompt)
-    per_step = int(algo.num_prompts_per_step) * group
+    max_steps, group, per_step = rollout_shape(algo)
     counters = start_counters(
         ctx.start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger
     )

@@ -119,13 +119,7 @@ class StoreGRPOPath:
 
 
 def collect_grpo_batch_sync(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    tokenizer: Any,
-    env: Any,
-    step: int,
+    policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
 ) -> tuple[KVBatchMeta, BatchedDataDict, dict[str, Any]]:
     """Roll out into the live ``"train"`` partition until the step's batch is complete.
 

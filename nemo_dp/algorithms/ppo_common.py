@@ -22,7 +22,13 @@ from nemo_dp.algorithms.gae import (
 )
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
-from nemo_dp.algorithms.trainer_common import clipped_pg_loss_fn, start_counters, step_time_metrics, validate_if_due
+from nemo_dp.algorithms.trainer_common import (
+    clipped_pg_loss_fn,
+    rollout_shape,
+    start_counters,
+    step_time_metrics,
+    validate_if_due,
+)
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
 
@@ -83,9 +89,8 @@ def optimizer_steps_per_phase(master_config: Any) -> int:
         ``max_steps x ppo_epochs x (rows per step / train_global_batch_size)``.
     """
     algo = master_config.algorithm
-    rows = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
-    per_epoch = rows // int(master_config.policy.train_global_batch_size)
-    return int(algo.max_steps) * int(algo.ppo_epochs) * per_epoch
+    max_steps, _, rows = rollout_shape(algo)
+    return max_steps * int(algo.ppo_epochs) * (rows // int(master_config.policy.train_global_batch_size))
 
 
 def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:

@@ -24,7 +24,7 @@ from nemo_dp.algorithms.ppo_common import (
     ppo_step_metrics,
     start_ppo_phase,
 )
-from nemo_dp.algorithms.trainer_common import log_and_save, open_step_loop, sample_seeds, trainer_state
+from nemo_dp.algorithms.trainer_common import log_and_save, open_step_loop, rollout_shape, sample_seeds, trainer_state
 from nemo_dp.environments.weighted import reward_part_means
 from nemo_dp.models.token_ops import rollout_sample_mask
 
@@ -88,9 +88,7 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
     """
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
-    max_steps = int(algo.max_steps)
-    group = int(algo.num_generations_per_prompt)
-    per_step = int(algo.num_prompts_per_step) * group
+    max_steps, group, per_step = rollout_shape(algo)
     counters = start_ppo_phase(
         policy, value, master_config, start_state=ctx.start_state, train_loader=train_loader, logger=logger
     )

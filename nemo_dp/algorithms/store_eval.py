@@ -50,15 +50,8 @@ def make_store_evaluator(
     """Held-out greedy exact-match evaluation through the store.
 
     The held-out prompts are generated and scored in a throw-away validation partition, dropped
-    afterwards even on failure; only responses to print come back to the driver.
-
-    Args:
-        policy: The data-plane policy.
-        val_problems: Held-out problems.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        master_config: Root config (``logger.num_val_examples_to_print``).
-        logger: Prints the example lines.
+    afterwards even on failure; only responses to print come back to the driver.  Arguments are
+    ``trainer_common.make_evaluator``'s (``policy`` a data-plane policy).
 
     Returns:
         A function returning the held-out accuracy (it raises ``ValueError`` when there are no

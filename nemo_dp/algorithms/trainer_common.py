@@ -30,6 +30,7 @@ __all__ = [
     "trainer_state",
     "save_if_due",
     "sample_seeds",
+    "rollout_shape",
     "should_validate",
 ]
 
@@ -56,6 +57,12 @@ def sample_seeds(base_seed: int, step: int, iteration: int, n: int) -> list[int]
         raise ValueError(f"sample_seeds: n={n} / iteration={iteration} exceed the seed layout")
     base = ((base_seed * 1_000_003 + step) * 1_000 + iteration) * 1_000_000
     return [(base + i) % (2**63) for i in range(n)]
+
+
+def rollout_shape(algo: Any) -> tuple[int, int, int]:
+    """``(max_steps, responses per prompt, rows per step)`` of a GRPO / PPO ``algorithm`` node."""
+    group = int(algo.num_generations_per_prompt)
+    return int(algo.max_steps), group, int(algo.num_prompts_per_step) * group
 
 
 def should_validate(step: int, *, val_period: int, max_steps: int) -> bool:

@@ -191,9 +191,5 @@ class LossFn(Protocol):
     """
 
     def __call__(
-        self,
-        logits: torch.Tensor,
-        mb: Mapping[str, torch.Tensor],
-        global_valid_tokens: float,
-        global_valid_seqs: float,
+        self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], global_valid_tokens: float, global_valid_seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]: ...

@@ -7,6 +7,7 @@ Llama, Qwen2 or GPT-2 laid out like a hub checkpoint.  :func:`ensure_tiny_checkp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import uuid
@@ -132,17 +133,22 @@ class TinyDims:
     num_kv_heads: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"make_tiny: {name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"make_tiny: num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
-            )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"make_tiny: num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
-            )
+        check_at_least_one("make_tiny", self)
+        check_divides("make_tiny", self, ("num_heads", "hidden_size"), ("num_kv_heads", "num_heads"))
+
+
+def check_at_least_one(where: str, dims: Any) -> None:
+    """Raise ``ValueError`` (prefixed ``where``) unless every field of the dataclass ``dims`` is >= 1."""
+    for f in dataclasses.fields(dims):
+        if getattr(dims, f.name) < 1:
+            raise ValueError(f"{where}: {f.name} must be >= 1, got {getattr(dims, f.name)}")
+
+
+def check_divides(where: str, dims: Any, *pairs: tuple[str, str]) -> None:
+    """Raise ``ValueError`` (prefixed ``where``) unless, for each ``(a, b)``, field ``a`` divides field ``b``."""
+    for a, b in pairs:
+        if getattr(dims, b) % getattr(dims, a):
+            raise ValueError(f"{where}: {a} ({getattr(dims, a)}) must divide {b} ({getattr(dims, b)})")
 
 
 def _model_config(arch: str, vocab: int, ids: dict[str, int], max_positions: int, dims: TinyDims) -> object:

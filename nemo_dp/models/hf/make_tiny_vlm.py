@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from nemo_dp.models.hf.make_tiny import EOS_TOKEN, START_TOKEN, build_once, seeded_model, special_token_ids
-from nemo_dp.models.hf.make_tiny import train_bpe_tokenizer
+from nemo_dp.models.hf.make_tiny import EOS_TOKEN, START_TOKEN, build_once, check_at_least_one, check_divides
+from nemo_dp.models.hf.make_tiny import seeded_model, special_token_ids, train_bpe_tokenizer
 
 __all__ = [
     "BUILD_FILE",
@@ -118,23 +118,13 @@ class VisionDims:
     max_pixels: int = 32 * 32
 
     def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if value < 1:
-                raise ValueError(f"make_tiny_vlm: {name} must be >= 1, got {value}")
+        check_at_least_one("make_tiny_vlm", self)
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
             raise ValueError(
                 f"make_tiny_vlm: hidden_size ({self.hidden_size}) / num_heads ({self.num_heads}) "
                 "must be an even integer"
             )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"make_tiny_vlm: num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
-            )
-        if self.vision_embed_dim % self.vision_heads:
-            raise ValueError(
-                f"make_tiny_vlm: vision_heads ({self.vision_heads}) must divide vision_embed_dim "
-                f"({self.vision_embed_dim})"
-            )
+        check_divides("make_tiny_vlm", self, ("num_kv_heads", "num_heads"), ("vision_heads", "vision_embed_dim"))
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"make_tiny_vlm: min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
 
