@@ -1,19 +1,9 @@
 """Offline tiny vision-language checkpoints: ``python -m nemo_dp.models.hf.make_tiny_vlm --out DIR``.
 
-Why this module exists: the vision-language path must run and be tested with no network, like
-the text path (``make_tiny``).  This command trains a byte-level BPE tokenizer (``tokenizers``)
-on the built-in visual task's text, with the chat specials of the text checkpoints plus
-Qwen2-VL's vision specials and a chat template that renders an image part of a message as
-``<|vision_start|><|image_pad|><|vision_end|>``; it writes that tokenizer, a Qwen2-VL image
-processor (patch size, merge size and pixel bounds sized for tiny images) and a randomly
-initialised tiny ``Qwen2VLForConditionalGeneration`` with ``save_pretrained``: a directory laid
-out like a downloaded Qwen2-VL checkpoint, loaded later with ``from_pretrained``
-(``nemo_dp.models.hf.vlm.load_vlm``).  Images of different sizes give different numbers of
-patches (``pixel_values`` rows) and different ``image_grid_thw``, as with the real model.
-
-The ``Qwen2VLProcessor`` class itself is not written: in transformers 5.23 it needs
-torchvision (for its video processor), which this environment does not have; the image
-processor and the tokenizer it would bundle are saved and loaded separately instead.
+Writes a BPE tokenizer trained on the built-in visual task (chat and Qwen2-VL vision specials; an
+image part renders as ``<|vision_start|><|image_pad|><|vision_end|>``), a Qwen2-VL image processor
+sized for tiny images and a random tiny ``Qwen2VLForConditionalGeneration``, laid out like a hub
+checkpoint that ``load_vlm`` reads.  No ``Qwen2VLProcessor`` is saved: it needs torchvision.
 """
 
 from __future__ import annotations
@@ -68,8 +58,6 @@ VLM_CHAT_TEMPLATE = (
 #: Version of what this module writes for given arguments.  Bump it whenever a change here
 #: changes the written directory (tokenizer corpus, vocabulary, model config), so a cached
 #: build from an older version is rebuilt rather than silently reused.
-#: 2: the tokenizer corpus includes the ``colour`` kind and the vocabulary target is 384, so
-#: every answer of every visual kind is one token.
 BUILD_VERSION = 2
 #: The file recording how a directory was built (:data:`BUILD_VERSION`, seed, vocabulary
 #: target, positions, :class:`VisionDims`): the key a cached build must match.

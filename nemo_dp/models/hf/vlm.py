@@ -1,21 +1,9 @@
 """``HFVisionLM``: a Qwen2-VL model, and its view as a ``CausalLM`` for one batch of images.
 
-Why this module exists: generation, log-probs and training drive a model through the
-``CausalLM`` protocol (token ids in, logits out, prefill / decode through an opaque KV cache).
-A vision-language model also needs the batch's images, and Qwen2-VL places tokens with 3-D
-rotary positions (M-RoPE: an image's tokens get (temporal, row, column) positions; text after
-it continues from the image's largest position).  :class:`HFVisionLM` owns the model and
-computes those positions; :meth:`HFVisionLM.with_images` binds one batch's images and returns
-an :class:`ImageBoundLM`, which *is* a ``CausalLM``: its prefill turns the protocol's per-row
-1-D positions into M-RoPE positions and keeps each row's offset in the cache, and its decode
-shifts the new token's 1-D position by that offset.  So the ordinary KV-cached sampler
-(``nemo_dp.models.generation.generate``) and ``token_logprobs_from_logits`` work unchanged,
-and a cached decode gives the same log-probs as a full forward over prompt + response.
-
-Images travel per sample as two ``PackedTensor`` columns (one entry per sample, ``None`` for a
-sample without images): ``pixel_values`` (the sample's patches, concatenated over its images)
-and ``image_grid_thw`` (one ``(t, h, w)`` row per image); rows of a batch are packed in order,
-which is the order of the image placeholder tokens in the flattened batch.
+:meth:`HFVisionLM.with_images` returns an :class:`ImageBoundLM`, a ``CausalLM`` that maps the
+protocol's per-row 1-D positions to Qwen2-VL's M-RoPE positions, so the KV-cached sampler and the
+log-prob code work unchanged.  Images travel per sample as ``PackedTensor`` columns
+``pixel_values`` and ``image_grid_thw`` (``None`` without images), in placeholder-token order.
 """
 
 from __future__ import annotations
@@ -146,12 +134,15 @@ PLACEHOLDER_LOGIT = -1.0e4
 
 
 class ImageBoundLM(nn.Module):
-    """``CausalLM`` view of an :class:`HFVisionLM` for one batch of images (see the module doc).
+    """``CausalLM`` view of an :class:`HFVisionLM` for one batch of images.
 
-    Every call covers the whole batch the images were bound for, rows in the same order.  The
-    image placeholder is not a token the model may emit: all outputs (forward, prefill,
-    decode) give it ``PLACEHOLDER_LOGIT``, so a response never holds one (the model would
-    then need an image for it) and sampled log-probs still equal the full forward's.
+    Prefill keeps each row's M-RoPE offset (an image's tokens take 3-D positions; text after it
+    continues from the image's largest one) in the cache and decode shifts the new token's 1-D
+    position by it, so a cached decode gives the log-probs of a full forward.  Every call covers
+    the whole batch the images were bound for, rows in the same order.  The image placeholder
+    is not a token the model may emit: all outputs (forward, prefill, decode) give it
+    ``PLACEHOLDER_LOGIT``, so a response never holds one (the model would then need an image for
+    it) and sampled log-probs still equal the full forward's.
     """
 
     def __init__(self, vlm: HFVisionLM, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None) -> None:
