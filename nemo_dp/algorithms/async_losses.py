@@ -64,14 +64,8 @@ class TruncatedISClippedPGLoss(ClippedPGLossFn):
     """
 
     def __init__(
-        self,
-        ratio_clip_min: float,
-        ratio_clip_max: float,
-        reference_policy_kl_penalty: float,
-        token_level_loss: bool,
-        *,
-        importance_ratio_cap: float,
-        trainer_version: int,
+        self, ratio_clip_min: float, ratio_clip_max: float, reference_policy_kl_penalty: float, token_level_loss: bool,
+        *, importance_ratio_cap: float, trainer_version: int,
     ) -> None:
         super().__init__(ratio_clip_min, ratio_clip_max, reference_policy_kl_penalty, token_level_loss)
         if importance_ratio_cap < 1.0:

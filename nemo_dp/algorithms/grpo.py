@@ -15,7 +15,7 @@ from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
 from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
 from nemo_dp.algorithms.rollout import rollout
-from nemo_dp.algorithms.trainer_common import make_evaluator
+from nemo_dp.algorithms.trainer_common import context_evaluator
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
@@ -47,9 +47,7 @@ class LegacyGRPOPath:
         self.policy, self.tokenizer, self.env = policy, tokenizer, env
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return make_evaluator(
-            ctx.policy, ctx.val_problems, tokenizer=ctx.tokenizer, env=ctx.env, master_config=ctx.cfg, logger=ctx.logger
-        )
+        return context_evaluator(ctx)
 
     def start_run(self) -> None:
         pass
@@ -123,13 +121,7 @@ class LegacyGRPOPath:
 
 
 def collect_grpo_batch(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    tokenizer: Any,
-    env: Any,
-    step: int,
+    policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """Roll out until one step's batch is complete (``grpo_step.collect_grpo_rows`` in memory).
 

@@ -25,6 +25,7 @@ from nemo_dp.algorithms.store_eval import make_store_evaluator
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
     record_validation,
+    rollout_shape,
     sample_seeds,
     should_validate,
     start_counters,
@@ -111,9 +112,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     algo = master_config.algorithm
     acfg = coerce_async_rollout_config(algo.async_rollout)
     max_staleness = int(acfg.max_staleness)
-    max_steps = int(algo.max_steps)
-    group = int(algo.num_generations_per_prompt)
-    per_step = int(algo.num_prompts_per_step) * group
+    max_steps, group, per_step = rollout_shape(algo)
     seed = int(master_config.seed)
     restored: dict[str, Any] = {}
     counters = start_counters(

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from nemo_dp.algorithms.context import PhaseLogger
-from nemo_dp.algorithms.trainer_common import record_validation, should_validate
+from nemo_dp.algorithms.trainer_common import step_time_metrics, validate_if_due
 
 __all__ = [
     "PG_TRAIN_METRICS",
@@ -121,7 +121,6 @@ def finish_grpo_step_metrics(
         reward_parts: Each reward's mean over the rows trained on (``reward/<fn>``), when
             ``env.rewards`` lists several.
     """
-    t_gen, t_lp, t_train = timings
     rewards = info["unfiltered_rewards"]
     metrics: dict[str, Any] = {
         **{k: train_metrics[k] for k in PG_TRAIN_METRICS},
@@ -133,17 +132,9 @@ def finish_grpo_step_metrics(
         "sample_mask_mean": float(sample_mask.mean()),
         "dynamic_sampling_num_gen_batches": info["num_gen_batches"],
         "dynamic_sampling_num_discarded_valid_samples": info["num_discarded_valid_samples"],
-        "consumed_samples": counters["consumed_samples"],
-        "time/generation_s": t_gen,
-        "time/logprobs_s": t_lp,
-        "time/train_s": t_train,
+        **step_time_metrics(counters, timings),
         **(reward_parts or {}),
         "prev_logprobs_source": prev_logprobs_source,
     }
-    if should_validate(step, val_period=val_period, max_steps=max_steps):
-        acc = record_validation(counters, metrics, evaluate)
-        logger.info(
-            f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
-            f"held-out accuracy {acc:.3f}"
-        )
+    validate_if_due(step, metrics, counters, evaluate, val_period=val_period, max_steps=max_steps, logger=logger)
     return metrics

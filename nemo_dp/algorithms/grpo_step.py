@@ -20,11 +20,12 @@ from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan, finish_grpo_step_metrics, logprob_plan
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
+    log_and_save,
+    open_step_loop,
+    rollout_shape,
     sample_seeds,
-    save_if_due,
     start_counters,
     trainer_state,
-    validate_at_start,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import reward_part_means
@@ -185,9 +186,7 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
     """
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
-    max_steps = int(algo.max_steps)
-    group = int(algo.num_generations_per_prompt)
-    per_step = int(algo.num_prompts_per_step) * group
+    max_steps, group, per_step = rollout_shape(algo)
     counters = start_counters(
         ctx.start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger
     )
@@ -197,11 +196,7 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
         policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
     plan = logprob_plan(master_config)
     loss_fn = clipped_pg_loss_fn(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
-    logger.start(max_steps, int(counters["step"]))
-    evaluate = path.make_evaluator(ctx)
-    validate_at_start(counters, evaluate, algo=algo, num_problems=len(ctx.val_problems), logger=logger)
-
-    path.start_run()
+    evaluate = open_step_loop(ctx, path, counters, max_steps)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
         t_step = time.perf_counter()
@@ -242,11 +237,8 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
             logger=logger,
         )
         metrics.update(path.step_metrics(step, time.perf_counter() - t_step))
-        logger.log_step(step, metrics)
-        save_if_due(
-            ctx.checkpointer,
-            step,
-            max_steps,
+        log_and_save(
+            ctx, step, max_steps, metrics,
             lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
         )
     logger.close()

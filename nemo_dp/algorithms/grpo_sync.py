@@ -16,16 +16,10 @@ import torch
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
 from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
-from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator, problem_rows
+from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator, rollout_to_store
+from nemo_dp.algorithms.trainer_common import context_evaluator
 from nemo_dp.data_plane.interfaces import KVBatchMeta
-from nemo_dp.data_plane.schema import (
-    ADVANTAGES,
-    DP_TRAIN_FIELDS,
-    SAMPLE_MASK,
-    TAG_BASELINE,
-    TAG_STD,
-    TASK_TRAIN,
-)
+from nemo_dp.data_plane.schema import ADVANTAGES, DP_TRAIN_FIELDS, SAMPLE_MASK, TAG_BASELINE, TAG_STD
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
 __all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "StoreGRPOPath", "TRAINER_TARGET"]
@@ -48,9 +42,7 @@ class StoreGRPOPath:
         self.policy, self.tokenizer, self.env, self.logger = policy, tokenizer, env, logger
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return make_store_evaluator(
-            ctx.policy, ctx.val_problems, tokenizer=ctx.tokenizer, env=ctx.env, master_config=ctx.cfg, logger=ctx.logger
-        )
+        return context_evaluator(ctx, make_store_evaluator)
 
     def start_run(self) -> None:
         # Start the per-step store-metrics window here (drops pre-run traffic; no-op when off).
@@ -64,18 +56,10 @@ class StoreGRPOPath:
 
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
         problems = list(problems)
-        prompts, answers = problem_rows(problems, group, self.tokenizer)
         # One uid per prompt of this generation batch; ids are minted here, once per sample.
         ids = [f"s{step}_b{iteration}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
-        out = self.policy.generate_to_dataplane(
-            prompts,
-            seeds,
-            sample_ids=ids,
-            answers=answers,
-            greedy=False,
-            tokenizer=self.tokenizer,
-            env=self.env,
-            task_name=TASK_TRAIN,
+        out = rollout_to_store(
+            self.policy, problems, seeds, group=group, sample_ids=ids, tokenizer=self.tokenizer, env=self.env
         )
         assert out.meta is not None and out.carry is not None
         return StepRows(out.meta, out.carry)
@@ -112,13 +96,11 @@ class StoreGRPOPath:
         # The per-row values travel with the training dispatch.
         return {ADVANTAGES: advantages, SAMPLE_MASK: sample_mask}
 
-    def train(self, rows: StepRows, train_input: dict[str, torch.Tensor], loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
-        metrics = self.policy.train_from_meta(
-            rows.handle,
-            loss_fn,
-            train_fields=tuple(f for f in DP_TRAIN_FIELDS if f not in plan.skipped_fields),
-            row_values=train_input,
-        )
+    def train(
+        self, rows: StepRows, train_input: dict[str, torch.Tensor], loss_fn: Any, plan: LogprobPlan
+    ) -> dict[str, Any]:
+        fields = tuple(f for f in DP_TRAIN_FIELDS if f not in plan.skipped_fields)
+        metrics = self.policy.train_from_meta(rows.handle, loss_fn, train_fields=fields, row_values=train_input)
         self.policy.finish_step(rows.handle)
         return metrics
 
@@ -137,13 +119,7 @@ class StoreGRPOPath:
 
 
 def collect_grpo_batch_sync(
-    policy: Any,
-    master_config: Any,
-    *,
-    train_loader: Any,
-    tokenizer: Any,
-    env: Any,
-    step: int,
+    policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
 ) -> tuple[KVBatchMeta, BatchedDataDict, dict[str, Any]]:
     """Roll out into the live ``"train"`` partition until the step's batch is complete.
 

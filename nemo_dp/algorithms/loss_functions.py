@@ -31,11 +31,7 @@ class GlobalLoss:
     """
 
     def __call__(
-        self,
-        logits: torch.Tensor,
-        mb: Mapping[str, torch.Tensor],
-        global_valid_tokens: float,
-        global_valid_seqs: float,
+        self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], global_valid_tokens: float, global_valid_seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Compute this micro-batch's share of the global loss.
 
@@ -125,13 +121,8 @@ class ClippedPGLossFn(GlobalLoss):
     reads_masked_logprobs_only: bool = True
 
     def __init__(
-        self,
-        ratio_clip_min: float,
-        ratio_clip_max: float,
-        reference_policy_kl_penalty: float,
-        token_level_loss: bool,
-        *,
-        prev_logprobs_from_forward: bool = False,
+        self, ratio_clip_min: float, ratio_clip_max: float, reference_policy_kl_penalty: float, token_level_loss: bool,
+        *, prev_logprobs_from_forward: bool = False,
     ) -> None:
         for name, value in (
             ("ratio_clip_min", ratio_clip_min),

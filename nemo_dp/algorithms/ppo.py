@@ -16,7 +16,7 @@ from nemo_dp.algorithms.grpo_step import StepRows
 from nemo_dp.algorithms.ppo_common import PPO_POLICY_TRAIN_KEYS, PPO_VALUE_TRAIN_KEYS, make_value
 from nemo_dp.algorithms.ppo_step import TARGET_INPUTS, run_ppo
 from nemo_dp.algorithms.rollout import rollout
-from nemo_dp.algorithms.trainer_common import make_evaluator
+from nemo_dp.algorithms.trainer_common import context_evaluator
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
 __all__ = ["ppo_train", "LegacyPPOPath"]
@@ -36,9 +36,7 @@ class LegacyPPOPath:
         self.policy, self.value, self.tokenizer, self.env = policy, value, tokenizer, env
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return make_evaluator(
-            ctx.policy, ctx.val_problems, tokenizer=ctx.tokenizer, env=ctx.env, master_config=ctx.cfg, logger=ctx.logger
-        )
+        return context_evaluator(ctx)
 
     def start_run(self) -> None:
         pass
@@ -75,7 +73,8 @@ class LegacyPPOPath:
         return {k: data[k] for k in TARGET_INPUTS}
 
     def set_targets(
-        self, rows: StepRows, data: BatchedDataDict, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor
+        self, rows: StepRows, data: BatchedDataDict, advantages: torch.Tensor, returns: torch.Tensor,
+        sample_mask: torch.Tensor,
     ) -> None:
         data["advantages"] = advantages
         data["returns"] = returns
@@ -84,9 +83,9 @@ class LegacyPPOPath:
         self, rows: StepRows, data: BatchedDataDict, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         shuffled = data.select_indices(order)
-        policy_metrics = self.policy.train(BatchedDataDict({k: shuffled[k] for k in PPO_POLICY_TRAIN_KEYS}), policy_loss_fn)
-        value_metrics = self.value.train(BatchedDataDict({k: shuffled[k] for k in PPO_VALUE_TRAIN_KEYS}), value_loss_fn)
-        return policy_metrics, value_metrics
+        policy_batch = BatchedDataDict({k: shuffled[k] for k in PPO_POLICY_TRAIN_KEYS})
+        value_batch = BatchedDataDict({k: shuffled[k] for k in PPO_VALUE_TRAIN_KEYS})
+        return self.policy.train(policy_batch, policy_loss_fn), self.value.train(value_batch, value_loss_fn)
 
     def finish(self, rows: StepRows) -> None:
         pass

@@ -24,9 +24,10 @@ from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
-    record_validation,
-    should_validate,
+    rollout_shape,
     start_counters,
+    step_time_metrics,
+    validate_if_due,
 )
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
@@ -88,9 +89,8 @@ def optimizer_steps_per_phase(master_config: Any) -> int:
         ``max_steps x ppo_epochs x (rows per step / train_global_batch_size)``.
     """
     algo = master_config.algorithm
-    rows = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
-    per_epoch = rows // int(master_config.policy.train_global_batch_size)
-    return int(algo.max_steps) * int(algo.ppo_epochs) * per_epoch
+    max_steps, _, rows = rollout_shape(algo)
+    return max_steps * int(algo.ppo_epochs) * (rows // int(master_config.policy.train_global_batch_size))
 
 
 def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
@@ -290,22 +290,11 @@ def finish_ppo_step_metrics(
         evaluate: Held-out evaluation returning accuracy.
         logger: The phase's run logger.
     """
-    t_gen, t_fwd, t_train = timings
-    metrics.update(
-        {
-            "consumed_samples": counters["consumed_samples"],
-            "time/generation_s": t_gen,
-            "time/logprobs_s": t_fwd,
-            "time/train_s": t_train,
-        }
+    metrics.update(step_time_metrics(counters, timings))
+    detail = f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
+    validate_if_due(
+        step, metrics, counters, evaluate, val_period=val_period, max_steps=max_steps, logger=logger, detail=detail
     )
-    if should_validate(step, val_period=val_period, max_steps=max_steps):
-        acc = record_validation(counters, metrics, evaluate)
-        logger.info(
-            f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
-            f"value loss {metrics['value_loss']:.4f}, explained variance "
-            f"{metrics['explained_variance']:.3f}, held-out accuracy {acc:.3f}"
-        )
 
 
 def start_ppo_phase(

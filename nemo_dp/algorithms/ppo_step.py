@@ -24,7 +24,7 @@ from nemo_dp.algorithms.ppo_common import (
     ppo_step_metrics,
     start_ppo_phase,
 )
-from nemo_dp.algorithms.trainer_common import sample_seeds, save_if_due, trainer_state, validate_at_start
+from nemo_dp.algorithms.trainer_common import log_and_save, open_step_loop, rollout_shape, sample_seeds, trainer_state
 from nemo_dp.environments.weighted import reward_part_means
 from nemo_dp.models.token_ops import rollout_sample_mask
 
@@ -58,7 +58,9 @@ class PPOBatchPath(Protocol):
     def target_inputs(self, rows: StepRows, data: Any) -> Mapping[str, torch.Tensor]:
         """The :data:`TARGET_INPUTS` columns of the rows."""
 
-    def set_targets(self, rows: StepRows, data: Any, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor) -> None:
+    def set_targets(
+        self, rows: StepRows, data: Any, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor
+    ) -> None:
         """Attach the targets (and the sample mask) to the rows for training."""
 
     def train_epoch(
@@ -86,18 +88,12 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
     """
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
-    max_steps = int(algo.max_steps)
-    group = int(algo.num_generations_per_prompt)
-    per_step = int(algo.num_prompts_per_step) * group
+    max_steps, group, per_step = rollout_shape(algo)
     counters = start_ppo_phase(
         policy, value, master_config, start_state=ctx.start_state, train_loader=train_loader, logger=logger
     )
     policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
-    logger.start(max_steps, int(counters["step"]))
-    evaluate = path.make_evaluator(ctx)
-    validate_at_start(counters, evaluate, algo=algo, num_problems=len(ctx.val_problems), logger=logger)
-
-    path.start_run()
+    evaluate = open_step_loop(ctx, path, counters, max_steps)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
         t_step = time.perf_counter()
@@ -159,16 +155,10 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
             logger=logger,
         )
         metrics.update(path.step_metrics(time.perf_counter() - t_step))
-        logger.log_step(step, metrics)
-        save_if_due(
-            ctx.checkpointer,
-            step,
-            max_steps,
+        log_and_save(
+            ctx, step, max_steps, metrics,
             lambda: trainer_state(
-                "ppo",
-                counters,
-                policy_state=policy.state_dict(),
-                value_state=value.state_dict(),
+                "ppo", counters, policy_state=policy.state_dict(), value_state=value.state_dict(),
                 loader_state=train_loader.state_dict(),
             ),
         )

@@ -18,7 +18,8 @@ from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_step import StepRows
 from nemo_dp.algorithms.ppo_common import make_value
 from nemo_dp.algorithms.ppo_step import run_ppo
-from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator
+from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator, rollout_to_store
+from nemo_dp.algorithms.trainer_common import context_evaluator
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
     DP_TRAIN_FIELDS,
@@ -28,7 +29,6 @@ from nemo_dp.data_plane.schema import (
     REFERENCE_POLICY_LOGPROBS,
     RETURNS,
     SAMPLE_MASK,
-    TASK_TRAIN,
     TOKEN_MASK,
     VALUES,
 )
@@ -57,9 +57,7 @@ class StorePPOPath:
         self.policy, self.value, self.tokenizer, self.env = policy, value, tokenizer, env
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return make_store_evaluator(
-            ctx.policy, ctx.val_problems, tokenizer=ctx.tokenizer, env=ctx.env, master_config=ctx.cfg, logger=ctx.logger
-        )
+        return context_evaluator(ctx, make_store_evaluator)
 
     def start_run(self) -> None:
         # Start the per-step store-metrics windows here (drops pre-run traffic; no-op when off).
@@ -74,15 +72,9 @@ class StorePPOPath:
 
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
         problems = list(problems)
-        out = self.policy.generate_to_dataplane(
-            [self.tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group)],
-            seeds,
-            sample_ids=[f"s{step}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)],
-            answers=[p.answer for p in problems for _ in range(group)],
-            greedy=False,
-            tokenizer=self.tokenizer,
-            env=self.env,
-            task_name=TASK_TRAIN,
+        ids = [f"s{step}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
+        out = rollout_to_store(
+            self.policy, problems, seeds, group=group, sample_ids=ids, tokenizer=self.tokenizer, env=self.env
         )
         return StepRows(out.meta, out.carry)
 
@@ -104,7 +96,8 @@ class StorePPOPath:
     ) -> None:
         # Everything the driver computes goes back in one put; the forward passes never read
         # the mask (the rollout's all-ones column stands until here).
-        self.policy.write_to_dataplane(rows.handle, {ADVANTAGES: advantages, RETURNS: returns, SAMPLE_MASK: sample_mask})
+        targets = {ADVANTAGES: advantages, RETURNS: returns, SAMPLE_MASK: sample_mask}
+        self.policy.write_to_dataplane(rows.handle, targets)
 
     def train_epoch(
         self, rows: StepRows, data: None, order: list[int], policy_loss_fn: Any, value_loss_fn: Any

@@ -11,7 +11,7 @@ from typing import Any
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.sft_step import run_sft
-from nemo_dp.algorithms.trainer_common import make_evaluator, restore_trainer_state, save_if_due, trainer_state
+from nemo_dp.algorithms.trainer_common import context_evaluator, restore_trainer_state, save_if_due, trainer_state
 from nemo_dp.data.datasets import collate_sft
 
 __all__ = ["sft_train", "LegacySFTPath", "restore_trainer_state"]
@@ -35,9 +35,7 @@ class LegacySFTPath:
         pass
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return make_evaluator(
-            ctx.policy, ctx.val_problems, tokenizer=ctx.tokenizer, env=ctx.env, master_config=ctx.cfg, logger=ctx.logger
-        )
+        return context_evaluator(ctx)
 
     def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
         examples = self.train_loader.next_batch()

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, TrainContext, TrainHooks
 from nemo_dp.algorithms.sft_loader import ColocatedLoaderGroup, metas_of
 from nemo_dp.algorithms.sft_step import run_sft
-from nemo_dp.algorithms.trainer_common import make_evaluator, trainer_state
+from nemo_dp.algorithms.trainer_common import context_evaluator, trainer_state
 from nemo_dp.config.schema import train_micro_batch_rows
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
@@ -44,6 +44,7 @@ __all__ = [
 DATA_PLANE_CKPT_DIR = "data_plane"
 
 
+@dataclass(slots=True)
 class SFTStepResult:
     """What one committed step produced.
 
@@ -60,23 +61,12 @@ class SFTStepResult:
             batch had to be loaded first).
     """
 
-    __slots__ = ("metrics", "consumed", "envelopes", "driver_held_bytes", "load_wait_s", "worker_calls")
-
-    def __init__(
-        self,
-        metrics: dict[str, Any],
-        consumed: int,
-        envelopes: list[SFTBatchEnvelope],
-        driver_held_bytes: int,
-        load_wait_s: float,
-        worker_calls: int,
-    ) -> None:
-        self.metrics = metrics
-        self.consumed = consumed
-        self.envelopes = envelopes
-        self.driver_held_bytes = driver_held_bytes
-        self.load_wait_s = load_wait_s
-        self.worker_calls = worker_calls
+    metrics: dict[str, Any]
+    consumed: int
+    envelopes: list[SFTBatchEnvelope]
+    driver_held_bytes: int
+    load_wait_s: float
+    worker_calls: int
 
 
 def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, loss_fn: Any) -> SFTStepResult:
@@ -218,9 +208,7 @@ class ColocatedSFTPath:
         self.loaders.set_position(next_batch)
 
     def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return make_evaluator(
-            ctx.policy, ctx.val_problems, tokenizer=ctx.tokenizer, env=ctx.env, master_config=ctx.cfg, logger=ctx.logger
-        )
+        return context_evaluator(ctx)
 
     def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
         result = sft_sync_step(self.policy, self.loaders, batch_index, loss_fn)

@@ -8,9 +8,9 @@ from typing import Any
 from nemo_dp.algorithms.context import PhaseLogger
 from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.registry import cross_process_options
-from nemo_dp.data_plane.schema import TASK_VAL, VAL_PARTITION
+from nemo_dp.data_plane.schema import TASK_TRAIN, TASK_VAL, VAL_PARTITION
 
-__all__ = ["check_sync_entry", "problem_rows", "make_store_evaluator"]
+__all__ = ["check_sync_entry", "problem_rows", "rollout_to_store", "make_store_evaluator"]
 
 
 def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
@@ -29,21 +29,29 @@ def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[
     return prompts, answers
 
 
+def rollout_to_store(
+    policy: Any, problems: list[Any], seeds: list[int], *, group: int, sample_ids: list[str], tokenizer: Any, env: Any
+) -> Any:
+    """Sample ``group`` responses per problem into the training partition (task ``"train"``).
+
+    Returns:
+        ``policy.generate_to_dataplane``'s result (meta, carry) for the rows, in problem order.
+    """
+    prompts, answers = problem_rows(problems, group, tokenizer)
+    return policy.generate_to_dataplane(
+        prompts, seeds, sample_ids=sample_ids, answers=answers, greedy=False, tokenizer=tokenizer, env=env,
+        task_name=TASK_TRAIN,
+    )
+
+
 def make_store_evaluator(
     policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: PhaseLogger
 ) -> Callable[[], float]:
     """Held-out greedy exact-match evaluation through the store.
 
     The held-out prompts are generated and scored in a throw-away validation partition, dropped
-    afterwards even on failure; only responses to print come back to the driver.
-
-    Args:
-        policy: The data-plane policy.
-        val_problems: Held-out problems.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        master_config: Root config (``logger.num_val_examples_to_print``).
-        logger: Prints the example lines.
+    afterwards even on failure; only responses to print come back to the driver.  Arguments are
+    ``trainer_common.make_evaluator``'s (``policy`` a data-plane policy).
 
     Returns:
         A function returning the held-out accuracy (it raises ``ValueError`` when there are no

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger
+from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainContext
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.utils.seeding import capture_rng_state, restore_rng_state
 
@@ -19,12 +19,18 @@ __all__ = [
     "restore_trainer_state",
     "start_counters",
     "make_evaluator",
+    "context_evaluator",
     "clipped_pg_loss_fn",
     "validate_at_start",
+    "open_step_loop",
     "record_validation",
+    "step_time_metrics",
+    "validate_if_due",
+    "log_and_save",
     "trainer_state",
     "save_if_due",
     "sample_seeds",
+    "rollout_shape",
     "should_validate",
 ]
 
@@ -51,6 +57,12 @@ def sample_seeds(base_seed: int, step: int, iteration: int, n: int) -> list[int]
         raise ValueError(f"sample_seeds: n={n} / iteration={iteration} exceed the seed layout")
     base = ((base_seed * 1_000_003 + step) * 1_000 + iteration) * 1_000_000
     return [(base + i) % (2**63) for i in range(n)]
+
+
+def rollout_shape(algo: Any) -> tuple[int, int, int]:
+    """``(max_steps, responses per prompt, rows per step)`` of a GRPO / PPO ``algorithm`` node."""
+    group = int(algo.num_generations_per_prompt)
+    return int(algo.max_steps), group, int(algo.num_prompts_per_step) * group
 
 
 def should_validate(step: int, *, val_period: int, max_steps: int) -> bool:
@@ -172,6 +184,15 @@ def make_evaluator(
     return _evaluate
 
 
+def context_evaluator(
+    ctx: TrainContext, factory: Callable[..., Callable[[], float]] = make_evaluator
+) -> Callable[[], float]:
+    """``factory`` (:func:`make_evaluator` or the store's) over ``ctx``'s policy, held-out problems and logger."""
+    return factory(
+        ctx.policy, ctx.val_problems, tokenizer=ctx.tokenizer, env=ctx.env, master_config=ctx.cfg, logger=ctx.logger
+    )
+
+
 def validate_at_start(
     counters: dict[str, Any],
     evaluate_fn: Callable[[], float],
@@ -194,6 +215,77 @@ def validate_at_start(
         counters["initial_val_accuracy"] = acc
         logger.info(f"step 0: held-out accuracy {acc:.3f} ({num_problems} problems)")
         logger.log_step(0, {"val_accuracy": acc})
+
+
+def open_step_loop(ctx: TrainContext, path: Any, counters: dict[str, Any], max_steps: int) -> Callable[[], float]:
+    """Start the phase's logger, run the step-0 evaluation when asked and start ``path``'s run.
+
+    Args:
+        ctx: The phase's context.
+        path: The trainer's batch path (``make_evaluator`` and ``start_run``).
+        counters: The trainer counters.
+        max_steps: The phase's last step.
+
+    Returns:
+        The held-out evaluation.
+    """
+    ctx.logger.start(max_steps, int(counters["step"]))
+    evaluate = path.make_evaluator(ctx)
+    validate_at_start(
+        counters, evaluate, algo=ctx.cfg.algorithm, num_problems=len(ctx.val_problems), logger=ctx.logger
+    )
+    path.start_run()
+    return evaluate
+
+
+def log_and_save(
+    ctx: TrainContext, step: int, max_steps: int, metrics: dict[str, Any], state_fn: Callable[[], dict[str, Any]]
+) -> None:
+    """Log the step's metrics, then save its checkpoint when due (``save_if_due``)."""
+    ctx.logger.log_step(step, metrics)
+    save_if_due(ctx.checkpointer, step, max_steps, state_fn)
+
+
+def step_time_metrics(counters: Mapping[str, Any], timings: tuple[float, float, float]) -> dict[str, Any]:
+    """``consumed_samples`` and the seconds spent in generation, log-probs (forwards) and training."""
+    t_gen, t_lp, t_train = timings
+    return {
+        "consumed_samples": counters["consumed_samples"],
+        "time/generation_s": t_gen,
+        "time/logprobs_s": t_lp,
+        "time/train_s": t_train,
+    }
+
+
+def validate_if_due(
+    step: int,
+    metrics: dict[str, Any],
+    counters: dict[str, Any],
+    evaluate: Callable[[], float],
+    *,
+    val_period: int,
+    max_steps: int,
+    logger: PhaseLogger,
+    detail: str = "",
+) -> None:
+    """Evaluate after ``step`` when the schedule asks (``record_validation``) and log the step line.
+
+    Args:
+        step: The step just trained.
+        metrics: The step's metrics (``reward_mean`` and ``loss`` are logged).
+        counters: The trainer counters.
+        evaluate: Held-out evaluation returning accuracy.
+        val_period: ``algorithm.val_period``.
+        max_steps: The phase's last step.
+        logger: For the step line.
+        detail: Logged between the loss and the accuracy (ending with ``", "``).
+    """
+    if should_validate(step, val_period=val_period, max_steps=max_steps):
+        acc = record_validation(counters, metrics, evaluate)
+        logger.info(
+            f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
+            f"{detail}held-out accuracy {acc:.3f}"
+        )
 
 
 def record_validation(

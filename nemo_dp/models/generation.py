@@ -19,12 +19,7 @@ __all__ = ["generate"]
 
 
 def _validate(
-    model: CausalLM,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    greedy: bool,
-    temperature: float,
-    seeds: list[int],
+    model: CausalLM, prompts: list[list[int]], max_new_tokens: int, greedy: bool, temperature: float, seeds: list[int]
 ) -> None:
     if not prompts:
         raise ValueError("generate: prompts must not be empty")
@@ -47,16 +42,8 @@ def _validate(
 
 @torch.no_grad()
 def generate(
-    model: CausalLM,
-    prompts: list[list[int]],
-    *,
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    greedy: bool,
-    temperature: float,
-    seeds: list[int],
-    precision: Precision = FULL_PRECISION,
+    model: CausalLM, prompts: list[list[int]], *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool,
+    temperature: float, seeds: list[int], precision: Precision = FULL_PRECISION,
 ) -> dict[str, Any]:
     """Generate a response for each prompt.
 
@@ -102,15 +89,8 @@ def generate(
 
 
 def _generate(
-    model: CausalLM,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    greedy: bool,
-    temperature: float,
-    seeds: list[int],
-    precision: Precision,
+    model: CausalLM, prompts: list[list[int]], max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool,
+    temperature: float, seeds: list[int], precision: Precision,
 ) -> dict[str, Any]:
     device = next(iter(model.parameters())).device
     bsz = len(prompts)

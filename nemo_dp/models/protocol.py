@@ -69,11 +69,7 @@ class CausalLM(Protocol):
         ...
 
     def prefill(
-        self,
-        input_ids: torch.Tensor,
-        key_valid: torch.Tensor,
-        positions: torch.Tensor,
-        max_len: int,
+        self, input_ids: torch.Tensor, key_valid: torch.Tensor, positions: torch.Tensor, max_len: int
     ) -> tuple[torch.Tensor, Any]:
         """Run left-padded prompts and open a KV cache.
 
@@ -89,11 +85,7 @@ class CausalLM(Protocol):
         ...
 
     def decode(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        key_valid: torch.Tensor,
-        cache: Any,
+        self, tokens: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, cache: Any
     ) -> tuple[torch.Tensor, Any]:
         """Feed one new token per row through the cache.
 
@@ -199,9 +191,5 @@ class LossFn(Protocol):
     """
 
     def __call__(
-        self,
-        logits: torch.Tensor,
-        mb: Mapping[str, torch.Tensor],
-        global_valid_tokens: float,
-        global_valid_seqs: float,
+        self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], global_valid_tokens: float, global_valid_seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]: ...

@@ -40,6 +40,7 @@ from nemo_dp.data_plane.schema import (
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.models.policy.tq_policy import TQPolicy
 from nemo_dp.models.value.tq_value import TASK_VALUE_TRAIN, TASK_VALUES, TQValue, TQValueWorker
+from tests.unit.test_value_worker import tiny_worker_cfg
 
 LENGTHS = [9, 5, 7, 3, 8, 6, 9, 4]
 POLICY_ROUND, CRITIC_ROUND = 4, 8
@@ -50,28 +51,18 @@ VOCAB = 24
 
 def _cfg(seq_round: int) -> Any:
     return OmegaConf.create(
-        {
-            "dp_size": 2,
-            "torch_threads": 1,
-            "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "max_seq_len": 16, "dropout": 0.0},
-            "optimizer": {
-                "name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.99,
-                "eps": 1e-8, "warmup_steps": 0, "schedule": "constant", "min_lr_ratio": 0.1,
-            },
-            "train_global_batch_size": 4,
-            "train_micro_batch_size": 2,
-            "logprob_batch_size": 4,
-            "max_grad_norm": 1.0,
-            "dynamic_batching": {
+        tiny_worker_cfg(
+            dp_size=2, max_seq_len=16, lr=1e-3, logprob_batch_size=4,
+            dynamic_batching={
                 "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 32,
                 "sequence_length_round": seq_round,
             },
-            "sequence_packing": {
+            sequence_packing={
                 "enabled": False, "train_mb_tokens": 32, "logprob_mb_tokens": 32,
                 "algorithm": "modified_first_fit_decreasing", "sequence_length_pad_multiple": 1,
                 "microbatch_order": "packer",
             },
-        }
+        )
     )
 
 

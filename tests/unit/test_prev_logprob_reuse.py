@@ -47,7 +47,9 @@ def _rollout(w: PolicyWorker, prompts: list[list[int]]) -> BatchedDataDict:
     return data
 
 
-def _one_pass(w: PolicyWorker, data: BatchedDataDict, loss_fn: ClippedPGLossFn) -> tuple[dict[str, float], list[torch.Tensor]]:
+def _one_pass(
+    w: PolicyWorker, data: BatchedDataDict, loss_fn: ClippedPGLossFn
+) -> tuple[dict[str, float], list[torch.Tensor]]:
     w.begin_train_step(loss_fn)
     w.train_microbatch(data)
     metrics = dict(w._step_state["metrics"])  # type: ignore[index]
@@ -79,30 +81,48 @@ def _compare(w: PolicyWorker, data: BatchedDataDict) -> None:
     assert max(float((a - b).abs().max()) for a, b in zip(g_off, g_re)) > 100 * TOL
 
 
-def test_reuse_equals_the_separate_forward_on_the_tiny_model() -> None:
+#: Arithmetic prompts the tiny model (all six) and the HF Llama (the first four) roll out.
+PROMPTS = ("1+2=", "30+4=", "7+7=", "12+9=", "5+0=", "44+1=")
+
+
+def tiny_rollout() -> tuple[PolicyWorker, BatchedDataDict]:
+    """A float32 tiny-model worker (char tokenizer) and its rollout of :data:`PROMPTS`."""
     from nemo_dp.models.tiny.tokenizer import CharTokenizer
 
     tok = CharTokenizer()
     cfg = _tiny(model={"n_layers": 2, "d_model": 32, "n_heads": 2, "max_seq_len": 20, "dropout": 0.0},
                 train_micro_batch_size=3, logprob_batch_size=8, generation={"max_new_tokens": 6, "temperature": 1.0})
     w = _worker(cfg, tok.vocab_size, tok.pad_id, tok.eos_id)
-    prompts = [tok.encode_prompt(p) for p in ("1+2=", "30+4=", "7+7=", "12+9=", "5+0=", "44+1=")]
-    _compare(w, _rollout(w, prompts))
+    return w, _rollout(w, [tok.encode_prompt(p) for p in PROMPTS])
 
 
-def test_reuse_equals_the_separate_forward_on_an_hf_llama(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
+def hf_worker(tmp_path: Path, **extra: Any) -> tuple[PolicyWorker, Any]:
+    """A float32 worker on the offline tiny HF Llama built in ``tmp_path`` (policy keys ``extra``); its tokenizer."""
     from nemo_dp.models.builders import build_tokenizer
     from nemo_dp.models.hf.make_tiny import ensure_tiny_checkpoint
 
     llama = ensure_tiny_checkpoint("llama", tmp_path)
     cfg = _tiny(kind="hf", model_name_or_path=str(llama), tokenizer_name_or_path=None, precision="32-true",
                 dtype=None, attn_implementation="sdpa", trust_remote_code=False, device="cpu",
-                model={"max_seq_len": 64}, train_micro_batch_size=2, generation={"max_new_tokens": 5, "temperature": 1.0})
+                model={"max_seq_len": 64}, train_micro_batch_size=2,
+                generation={"max_new_tokens": 5, "temperature": 1.0}, **extra)
     tok = build_tokenizer(cfg)
-    w = _worker(cfg, tok.vocab_size, tok.pad_id, tok.eos_id)
-    prompts = [tok.encode_prompt(p) for p in ("1+2=", "30+4=", "7+7=", "12+9=")]
-    _compare(w, _rollout(w, prompts))
+    return _worker(cfg, tok.vocab_size, tok.pad_id, tok.eos_id), tok
+
+
+def hf_rollout(w: PolicyWorker, tok: Any) -> BatchedDataDict:
+    """``w``'s rollout of the first four :data:`PROMPTS`."""
+    return _rollout(w, [tok.encode_prompt(p) for p in PROMPTS[:4]])
+
+
+def test_reuse_equals_the_separate_forward_on_the_tiny_model() -> None:
+    _compare(*tiny_rollout())
+
+
+def test_reuse_equals_the_separate_forward_on_an_hf_llama(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    w, tok = hf_worker(tmp_path)
+    _compare(w, hf_rollout(w, tok))
 
 
 def _cfg(prompts: int, gens: int, gbs: int, reuse: bool = True, kl: float = 0.01) -> Any:

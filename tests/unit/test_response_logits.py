@@ -21,8 +21,7 @@ from nemo_dp.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.models.policy.worker import PolicyWorker
 from nemo_dp.models.token_ops import first_logits_position, first_masked_columns, token_logprobs_from_logits
-from tests.unit.test_precision import _tiny
-from tests.unit.test_prev_logprob_reuse import _one_pass, _rollout, _worker
+from tests.unit.test_prev_logprob_reuse import _one_pass, hf_rollout, hf_worker, tiny_rollout
 
 TOL = 1e-6
 
@@ -84,45 +83,25 @@ def _compare_logprobs(w: PolicyWorker, data: BatchedDataDict) -> None:
 
 
 def test_tiny_model_trains_the_same_on_response_logits() -> None:
-    from nemo_dp.models.tiny.tokenizer import CharTokenizer
-
-    tok = CharTokenizer()
-    cfg = _tiny(model={"n_layers": 2, "d_model": 32, "n_heads": 2, "max_seq_len": 20, "dropout": 0.0},
-                train_micro_batch_size=3, logprob_batch_size=8, generation={"max_new_tokens": 6, "temperature": 1.0})
-    w = _worker(cfg, tok.vocab_size, tok.pad_id, tok.eos_id)
-    prompts = [tok.encode_prompt(p) for p in ("1+2=", "30+4=", "7+7=", "12+9=", "5+0=", "44+1=")]
-    data = _rollout(w, prompts)
+    w, data = tiny_rollout()
     _compare_passes(w, data)
     _compare_logprobs(w, data)
 
 
-def _hf_worker(tmp_path: Path, **extra: Any) -> tuple[PolicyWorker, Any]:
-    from nemo_dp.models.builders import build_tokenizer
-    from nemo_dp.models.hf.make_tiny import ensure_tiny_checkpoint
-
-    llama = ensure_tiny_checkpoint("llama", tmp_path)
-    cfg = _tiny(kind="hf", model_name_or_path=str(llama), tokenizer_name_or_path=None, precision="32-true",
-                dtype=None, attn_implementation="sdpa", trust_remote_code=False, device="cpu",
-                model={"max_seq_len": 64}, train_micro_batch_size=2,
-                generation={"max_new_tokens": 5, "temperature": 1.0}, **extra)
-    tok = build_tokenizer(cfg)
-    return _worker(cfg, tok.vocab_size, tok.pad_id, tok.eos_id), tok
-
-
 def test_hf_llama_trains_the_same_on_response_logits(tmp_path: Path) -> None:
-    w, tok = _hf_worker(tmp_path)
-    data = _rollout(w, [tok.encode_prompt(p) for p in ("1+2=", "30+4=", "7+7=", "12+9=")])
+    w, tok = hf_worker(tmp_path)
+    data = hf_rollout(w, tok)
     _compare_passes(w, data)
     _compare_logprobs(w, data)
 
 
 def test_train_attn_implementation_switches_the_training_pass_only(tmp_path: Path) -> None:
-    w_sdpa, tok = _hf_worker(tmp_path)
-    w_eager, _ = _hf_worker(tmp_path, train_attn_implementation="eager")
+    w_sdpa, tok = hf_worker(tmp_path)
+    w_eager, _ = hf_worker(tmp_path, train_attn_implementation="eager")
     hf = w_eager.model.hf
     seen: list[str] = []
     hf.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: seen.append(hf.config._attn_implementation))
-    data = _rollout(w_eager, [tok.encode_prompt(p) for p in ("1+2=", "30+4=", "7+7=", "12+9=")])
+    data = hf_rollout(w_eager, tok)
     w_sdpa.reference_model.load_state_dict(w_eager.reference_model.state_dict())
     seen.clear()
     data = BatchedDataDict({**data, "prev_logprobs": w_eager.get_logprobs(data)["logprobs"]})

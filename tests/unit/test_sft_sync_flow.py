@@ -15,7 +15,6 @@ math is covered by tests/e2e/test_sft_parity.py).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -137,7 +136,10 @@ def _dataset() -> SFTDataset:
     return SFTDataset([(f"{i}+{i}=", str(2 * i) + "0" * (i % 5)) for i in range(40)])
 
 
-def _setup(max_partitions: int = 2, dynamic: bool = False, seed: int = 3) -> tuple[TQPolicy, ColocatedLoaderGroup, list[_Worker], list[tuple[str, int]]]:
+_Setup = tuple[TQPolicy, ColocatedLoaderGroup, list[_Worker], list[tuple[str, int]]]
+
+
+def _setup(max_partitions: int = 2, dynamic: bool = False, seed: int = 3) -> _Setup:
     events: list[tuple[str, int]] = []
     workers = [_Worker(r, DP, events, max_partitions) for r in range(DP)]
     group = _InProcessGroup(workers)
@@ -219,13 +221,27 @@ def test_one_live_batch_loads_the_next_inside_the_fused_call() -> None:
     assert [w.colocated_loader_stats()["live"] for w in workers] == [[2]] * DP
 
 
-def test_training_failure_aborts_drops_and_leaves_position_unchanged() -> None:
+def _fail_batch_one(rank: int, match: str) -> _Setup:
+    """Train batch 0, then batch 1 with rank ``rank`` failing (``match``: the error); ``_setup``'s four."""
     policy, loaders, workers, events = _setup()
     sft_sync_step(policy, loaders, 0, loss_fn=object())
-    workers[1].fail_on_train = True
+    workers[rank].fail_on_train = True
     events.clear()
-    with pytest.raises(RuntimeError, match="injected training failure"):
+    with pytest.raises(RuntimeError, match=match):
         sft_sync_step(policy, loaders, 1, loss_fn=object())
+    return policy, loaders, workers, events
+
+
+def _retry_batch_one(policy: TQPolicy, loaders: ColocatedLoaderGroup, workers: list[_Worker], rank: int) -> Any:
+    """Batch 1 again with rank ``rank`` healthy: it sees exactly the same rows; the step."""
+    workers[rank].fail_on_train = False
+    retry = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    assert [e.source_ids for e in retry.envelopes] == _expected_blocks(1)
+    return retry
+
+
+def test_training_failure_aborts_drops_and_leaves_position_unchanged() -> None:
+    policy, loaders, workers, events = _fail_batch_one(1, "injected training failure")
     # Rank 1's step was aborted (gradients dropped) where it failed.  The in-process group ran
     # rank 0's whole fused call first, commit included: the driver's abort rolled that back.
     assert ("abort", 1) in events
@@ -239,28 +255,18 @@ def test_training_failure_aborts_drops_and_leaves_position_unchanged() -> None:
             with pytest.raises(KeyError):
                 w.dp_client.get_samples([f"{pid}_row0"], pid, ["input_ids"])
         assert w.quiesce_colocated_loader()["next_batch"] == 1
-    # Retrying batch 1 sees exactly the same rows.
-    workers[1].fail_on_train = False
-    retry = sft_sync_step(policy, loaders, 1, loss_fn=object())
+    retry = _retry_batch_one(policy, loaders, workers, 1)
     assert retry.worker_calls == 2  # the abort dropped the readied envelopes: load again
-    assert [e.source_ids for e in retry.envelopes] == _expected_blocks(1)
     with pytest.raises(ValueError, match="next batch is 2"):
         loaders.load(1)
 
 
 def test_failure_on_the_first_rank_aborts_every_rank() -> None:
-    policy, loaders, workers, events = _setup()
-    sft_sync_step(policy, loaders, 0, loss_fn=object())
-    workers[0].fail_on_train = True
-    events.clear()
-    with pytest.raises(RuntimeError, match="injected training failure on rank 0"):
-        sft_sync_step(policy, loaders, 1, loss_fn=object())
+    policy, loaders, workers, events = _fail_batch_one(0, "injected training failure on rank 0")
     assert ("abort", 0) in events and not any(e[0] == "commit" for e in events)
     assert policy.worker_group.calls[-2:] == ["abort_train_step_presharded", "abort_sft_batch"]
     assert [w.quiesce_colocated_loader()["next_batch"] for w in workers] == [1] * DP
-    workers[0].fail_on_train = False
-    retry = sft_sync_step(policy, loaders, 1, loss_fn=object())
-    assert [e.source_ids for e in retry.envelopes] == _expected_blocks(1)
+    _retry_batch_one(policy, loaders, workers, 0)
 
 
 def test_an_unavailable_store_fails_the_step_at_once_without_an_abort() -> None:

@@ -16,22 +16,30 @@ from nemo_dp.models.value.worker import VALUE_HEAD_PARAMS, ValueWorker
 VOCAB = 20
 
 
-def _cfg() -> dict[str, Any]:
+def tiny_worker_cfg(
+    *, max_seq_len: int = 12, lr: float = 3e-3, logprob_batch_size: int = 3, dp_size: int = 1, **extra: Any
+) -> dict[str, Any]:
+    """A one-layer tiny-model ``policy`` node (gbs 4, mbs 2, AdamW) with ``extra`` keys set over it."""
     return {
-        "dp_size": 1,
+        "dp_size": dp_size,
         "torch_threads": 1,
-        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "max_seq_len": 12, "dropout": 0.0},
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "max_seq_len": max_seq_len, "dropout": 0.0},
         "optimizer": {
-            "name": "adamw", "lr": 3e-3, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.99,
+            "name": "adamw", "lr": lr, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.99,
             "eps": 1e-8, "warmup_steps": 0, "schedule": "constant", "min_lr_ratio": 0.1,
         },
         "train_global_batch_size": 4,
         "train_micro_batch_size": 2,
-        "logprob_batch_size": 3,
+        "logprob_batch_size": logprob_batch_size,
         "max_grad_norm": 1.0,
         "dynamic_batching": {"enabled": False},
         "sequence_packing": {"enabled": False},
+        **extra,
     }
+
+
+def _cfg() -> dict[str, Any]:
+    return tiny_worker_cfg()
 
 
 def _worker() -> ValueWorker:

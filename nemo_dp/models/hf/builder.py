@@ -21,44 +21,23 @@ __all__ = ["BUILDER", "load_hf_model", "load_hf_tokenizer", "save_hf_tokenizer",
 
 
 def load_hf_model(settings: HFSettings) -> HFCausalLM:
-    """Load the checkpoint ``settings`` name (CPU, ``settings.dtype``).
-
-    Args:
-        settings: The ``policy=hf`` keys.
-
-    Returns:
-        The protocol adapter.
-    """
+    """Load the checkpoint ``settings`` (the ``policy=hf`` keys) names (CPU, ``settings.dtype``) as an adapter."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        settings.model_name_or_path,
-        dtype=settings.torch_dtype,
-        attn_implementation=settings.attn_implementation,
-        use_safetensors=True,
-        local_files_only=True,
-        trust_remote_code=settings.trust_remote_code,
+        settings.model_name_or_path, dtype=settings.torch_dtype, attn_implementation=settings.attn_implementation,
+        use_safetensors=True, local_files_only=True, trust_remote_code=settings.trust_remote_code,
     )
     return HFCausalLM(model)
 
 
 def load_hf_tokenizer(settings: HFSettings) -> HFTokenizer:
-    """Load the tokenizer ``settings`` name.
-
-    Args:
-        settings: The ``policy=hf`` keys.
-
-    Returns:
-        The protocol adapter.
-    """
+    """Load the tokenizer ``settings`` (the ``policy=hf`` keys) names as a protocol adapter."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(
-        settings.tokenizer_name_or_path,
-        local_files_only=True,
-        trust_remote_code=settings.trust_remote_code,
-    )
-    return HFTokenizer(tok, source=settings.tokenizer_name_or_path)
+    source = settings.tokenizer_name_or_path
+    tok = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=settings.trust_remote_code)
+    return HFTokenizer(tok, source=source)
 
 
 def _build_model(policy_cfg: Any, vocab_size: int, seed: int) -> HFCausalLM:
@@ -197,12 +176,7 @@ def prepare_hf_policy(policy_cfg: Any) -> None:
 
 
 BUILDER = ModelBuilder(
-    kind="hf",
-    build_model=_build_model,
-    build_tokenizer=_build_tokenizer,
-    validate=validate_hf_policy,
-    load_pretrained=_load_pretrained,
-    prepare=prepare_hf_policy,
-    save_tokenizer=save_hf_tokenizer,
+    kind="hf", build_model=_build_model, build_tokenizer=_build_tokenizer, validate=validate_hf_policy,
+    load_pretrained=_load_pretrained, prepare=prepare_hf_policy, save_tokenizer=save_hf_tokenizer,
     load_saved_tokenizer=load_saved_hf_tokenizer,
 )

@@ -7,10 +7,11 @@ Llama, Qwen2 or GPT-2 laid out like a hub checkpoint.  :func:`ensure_tiny_checkp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,10 @@ import torch
 
 from nemo_dp.data.arithmetic import SUPPORTED_OPERATORS, ArithmeticTask
 
-__all__ = ["ARCHS", "TINY_CACHE_DIR", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinyDims", "make_tiny_checkpoint", "ensure_tiny_checkpoint", "main"]
+__all__ = [
+    "ARCHS", "TINY_CACHE_DIR", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinyDims", "make_tiny_checkpoint",
+    "ensure_tiny_checkpoint", "main",
+]
 
 #: Architectures this command can write.
 ARCHS: tuple[str, ...] = ("llama", "qwen2", "gpt2")
@@ -55,7 +59,20 @@ def _corpus(digits: int, n: int, seed: int) -> Iterator[str]:
         yield f"{p.prompt}{p.answer}"
 
 
-def _train_tokenizer(vocab_size: int, digits: int, seed: int) -> object:
+def train_bpe_tokenizer(
+    corpus: Iterable[str], vocab_size: int, *, extra_specials: Sequence[str] = (), chat_template: str = CHAT_TEMPLATE
+) -> Any:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` (one token per digit).
+
+    Args:
+        corpus: The training text.
+        vocab_size: Target vocabulary (bytes + merges + specials).
+        extra_specials: Special tokens after :data:`SPECIAL_TOKENS` (also additional specials).
+        chat_template: The tokenizer's chat template.
+
+    Returns:
+        The tokenizer.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -67,22 +84,34 @@ def _train_tokenizer(vocab_size: int, digits: int, seed: int) -> object:
     )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        vocab_size=vocab_size, special_tokens=[*SPECIAL_TOKENS, *extra_specials],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(digits, 2000, seed), trainer=trainer)
+    bpe.train_from_iterator(corpus, trainer=trainer)
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        pad_token=PAD_TOKEN,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        additional_special_tokens=[START_TOKEN],
+        tokenizer_object=bpe, pad_token=PAD_TOKEN, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, unk_token=UNK_TOKEN,
+        additional_special_tokens=[START_TOKEN, *extra_specials],
     )
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = chat_template
     return tok
+
+
+def special_token_ids(tok: Any) -> dict[str, int]:
+    """``pad_token_id``, ``bos_token_id`` and ``eos_token_id`` of ``tok`` (model config keys)."""
+    return {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+
+
+def seeded_model(seed: int, build: Callable[[], Any], ids: dict[str, int]) -> Any:
+    """``build()`` with the torch RNG seeded by ``seed``, its generation config given ``ids``.
+
+    Model constructors draw from the global RNG: it is forked so the caller's stream is untouched.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build()
+    for key, value in ids.items():
+        setattr(model.generation_config, key, value)
+    return model
 
 
 @dataclass(frozen=True)
@@ -104,17 +133,22 @@ class TinyDims:
     num_kv_heads: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"make_tiny: {name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"make_tiny: num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
-            )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"make_tiny: num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
-            )
+        check_at_least_one("make_tiny", self)
+        check_divides("make_tiny", self, ("num_heads", "hidden_size"), ("num_kv_heads", "num_heads"))
+
+
+def check_at_least_one(where: str, dims: Any) -> None:
+    """Raise ``ValueError`` (prefixed ``where``) unless every field of the dataclass ``dims`` is >= 1."""
+    for f in dataclasses.fields(dims):
+        if getattr(dims, f.name) < 1:
+            raise ValueError(f"{where}: {f.name} must be >= 1, got {getattr(dims, f.name)}")
+
+
+def check_divides(where: str, dims: Any, *pairs: tuple[str, str]) -> None:
+    """Raise ``ValueError`` (prefixed ``where``) unless, for each ``(a, b)``, field ``a`` divides field ``b``."""
+    for a, b in pairs:
+        if getattr(dims, b) % getattr(dims, a):
+            raise ValueError(f"{where}: {a} ({getattr(dims, a)}) must divide {b} ({getattr(dims, b)})")
 
 
 def _model_config(arch: str, vocab: int, ids: dict[str, int], max_positions: int, dims: TinyDims) -> object:
@@ -168,20 +202,10 @@ def make_tiny_checkpoint(
         raise ValueError(f"make_tiny: --arch got {arch!r}; legal values: {list(ARCHS)}")
     target = Path(out)
     target.mkdir(parents=True, exist_ok=True)
-    tok = _train_tokenizer(vocab_size, digits, seed)
-    ids = {
-        "pad_token_id": tok.pad_token_id,
-        "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.eos_token_id,
-    }
+    tok = train_bpe_tokenizer(_corpus(digits, 2000, seed), vocab_size)
+    ids = special_token_ids(tok)
     config = _model_config(arch, len(tok), ids, max_positions, dims or TinyDims())
-    # from_config draws from the global RNG: fork it so the caller's stream is untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.pad_token_id = ids["pad_token_id"]
-    model.generation_config.eos_token_id = ids["eos_token_id"]
-    model.generation_config.bos_token_id = ids["bos_token_id"]
+    model = seeded_model(seed, lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32), ids)
     model.save_pretrained(str(target))
     tok.save_pretrained(str(target))
     return target

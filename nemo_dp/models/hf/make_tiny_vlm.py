@@ -1,19 +1,9 @@
 """Offline tiny vision-language checkpoints: ``python -m nemo_dp.models.hf.make_tiny_vlm --out DIR``.
 
-Why this module exists: the vision-language path must run and be tested with no network, like
-the text path (``make_tiny``).  This command trains a byte-level BPE tokenizer (``tokenizers``)
-on the built-in visual task's text, with the chat specials of the text checkpoints plus
-Qwen2-VL's vision specials and a chat template that renders an image part of a message as
-``<|vision_start|><|image_pad|><|vision_end|>``; it writes that tokenizer, a Qwen2-VL image
-processor (patch size, merge size and pixel bounds sized for tiny images) and a randomly
-initialised tiny ``Qwen2VLForConditionalGeneration`` with ``save_pretrained``: a directory laid
-out like a downloaded Qwen2-VL checkpoint, loaded later with ``from_pretrained``
-(``nemo_dp.models.hf.vlm.load_vlm``).  Images of different sizes give different numbers of
-patches (``pixel_values`` rows) and different ``image_grid_thw``, as with the real model.
-
-The ``Qwen2VLProcessor`` class itself is not written: in transformers 5.23 it needs
-torchvision (for its video processor), which this environment does not have; the image
-processor and the tokenizer it would bundle are saved and loaded separately instead.
+Writes a BPE tokenizer trained on the built-in visual task (chat and Qwen2-VL vision specials; an
+image part renders as ``<|vision_start|><|image_pad|><|vision_end|>``), a Qwen2-VL image processor
+sized for tiny images and a random tiny ``Qwen2VLForConditionalGeneration``, laid out like a hub
+checkpoint that ``load_vlm`` reads.  No ``Qwen2VLProcessor`` is saved: it needs torchvision.
 """
 
 from __future__ import annotations
@@ -29,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from nemo_dp.models.hf.make_tiny import build_once
-from nemo_dp.models.hf.make_tiny import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, START_TOKEN, UNK_TOKEN
+from nemo_dp.models.hf.make_tiny import EOS_TOKEN, START_TOKEN, build_once, check_at_least_one, check_divides
+from nemo_dp.models.hf.make_tiny import seeded_model, special_token_ids, train_bpe_tokenizer
 
 __all__ = [
     "BUILD_FILE",
@@ -68,8 +58,6 @@ VLM_CHAT_TEMPLATE = (
 #: Version of what this module writes for given arguments.  Bump it whenever a change here
 #: changes the written directory (tokenizer corpus, vocabulary, model config), so a cached
 #: build from an older version is rebuilt rather than silently reused.
-#: 2: the tokenizer corpus includes the ``colour`` kind and the vocabulary target is 384, so
-#: every answer of every visual kind is one token.
 BUILD_VERSION = 2
 #: The file recording how a directory was built (:data:`BUILD_VERSION`, seed, vocabulary
 #: target, positions, :class:`VisionDims`): the key a cached build must match.
@@ -79,7 +67,8 @@ DEFAULT_VOCAB_SIZE = 384
 DEFAULT_MAX_POSITIONS = 256
 
 _FILES_DONE = (
-    "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", BUILD_FILE,
+    "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
+    BUILD_FILE,
 )
 
 
@@ -117,23 +106,13 @@ class VisionDims:
     max_pixels: int = 32 * 32
 
     def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if value < 1:
-                raise ValueError(f"make_tiny_vlm: {name} must be >= 1, got {value}")
+        check_at_least_one("make_tiny_vlm", self)
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
             raise ValueError(
                 f"make_tiny_vlm: hidden_size ({self.hidden_size}) / num_heads ({self.num_heads}) "
                 "must be an even integer"
             )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"make_tiny_vlm: num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
-            )
-        if self.vision_embed_dim % self.vision_heads:
-            raise ValueError(
-                f"make_tiny_vlm: vision_heads ({self.vision_heads}) must divide vision_embed_dim "
-                f"({self.vision_embed_dim})"
-            )
+        check_divides("make_tiny_vlm", self, ("num_kv_heads", "num_heads"), ("vision_heads", "vision_embed_dim"))
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"make_tiny_vlm: min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
 
@@ -152,34 +131,6 @@ def _corpus(seed: int) -> Iterator[str]:
         for p in task.train_problems(200):
             yield f"{START_TOKEN}user\n{VISION_START}{IMAGE_TOKEN}{VISION_END}{p.question}{EOS_TOKEN}\n"
             yield f"{START_TOKEN}assistant\n{p.answer}{EOS_TOKEN}\n"
-
-
-def _train_tokenizer(vocab_size: int, seed: int) -> object:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[*SPECIAL_TOKENS, *VISION_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(_corpus(seed), trainer=trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        pad_token=PAD_TOKEN,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        additional_special_tokens=[START_TOKEN, *VISION_TOKENS],
-    )
-    tok.chat_template = VLM_CHAT_TEMPLATE
-    return tok
 
 
 def make_tiny_vlm_checkpoint(
@@ -209,8 +160,8 @@ def make_tiny_vlm_checkpoint(
     d = dims or VisionDims()
     target = Path(out)
     target.mkdir(parents=True, exist_ok=True)
-    tok = _train_tokenizer(vocab_size, seed)
-    ids = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    tok = train_bpe_tokenizer(_corpus(seed), vocab_size, extra_specials=VISION_TOKENS, chat_template=VLM_CHAT_TEMPLATE)
+    ids = special_token_ids(tok)
     token_id = tok.convert_tokens_to_ids
     config = Qwen2VLConfig(
         text_config={
@@ -241,13 +192,7 @@ def make_tiny_vlm_checkpoint(
         vision_end_token_id=token_id(VISION_END),
         tie_word_embeddings=False,
     )
-    # from_config draws from the global RNG: fork it so the caller's stream is untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
-    model.generation_config.pad_token_id = ids["pad_token_id"]
-    model.generation_config.eos_token_id = ids["eos_token_id"]
-    model.generation_config.bos_token_id = ids["bos_token_id"]
+    model = seeded_model(seed, lambda: Qwen2VLForConditionalGeneration(config).to(torch.float32), ids)
     image_processor = Qwen2VLImageProcessorPil(
         patch_size=d.patch_size,
         merge_size=d.merge_size,

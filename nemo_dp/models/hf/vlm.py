@@ -1,21 +1,9 @@
 """``HFVisionLM``: a Qwen2-VL model, and its view as a ``CausalLM`` for one batch of images.
 
-Why this module exists: generation, log-probs and training drive a model through the
-``CausalLM`` protocol (token ids in, logits out, prefill / decode through an opaque KV cache).
-A vision-language model also needs the batch's images, and Qwen2-VL places tokens with 3-D
-rotary positions (M-RoPE: an image's tokens get (temporal, row, column) positions; text after
-it continues from the image's largest position).  :class:`HFVisionLM` owns the model and
-computes those positions; :meth:`HFVisionLM.with_images` binds one batch's images and returns
-an :class:`ImageBoundLM`, which *is* a ``CausalLM``: its prefill turns the protocol's per-row
-1-D positions into M-RoPE positions and keeps each row's offset in the cache, and its decode
-shifts the new token's 1-D position by that offset.  So the ordinary KV-cached sampler
-(``nemo_dp.models.generation.generate``) and ``token_logprobs_from_logits`` work unchanged,
-and a cached decode gives the same log-probs as a full forward over prompt + response.
-
-Images travel per sample as two ``PackedTensor`` columns (one entry per sample, ``None`` for a
-sample without images): ``pixel_values`` (the sample's patches, concatenated over its images)
-and ``image_grid_thw`` (one ``(t, h, w)`` row per image); rows of a batch are packed in order,
-which is the order of the image placeholder tokens in the flattened batch.
+:meth:`HFVisionLM.with_images` returns an :class:`ImageBoundLM`, a ``CausalLM`` that maps the
+protocol's per-row 1-D positions to Qwen2-VL's M-RoPE positions, so the KV-cached sampler and the
+log-prob code work unchanged.  Images travel per sample as ``PackedTensor`` columns
+``pixel_values`` and ``image_grid_thw`` (``None`` without images), in placeholder-token order.
 """
 
 from __future__ import annotations
@@ -27,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nemo_dp.models.hf.model import HFWrapper
 from nemo_dp.utils.packed_tensor import PackedTensor
 
 __all__ = ["HFVisionLM", "ImageBoundLM", "load_vlm"]
@@ -40,7 +29,7 @@ def _packed(value: PackedTensor | torch.Tensor | None, name: str) -> torch.Tenso
     raise TypeError(f"{name} must be a PackedTensor, a tensor or None, got {type(value).__name__}")
 
 
-class HFVisionLM(nn.Module):
+class HFVisionLM(HFWrapper):
     """A loaded ``Qwen2VLForConditionalGeneration`` with M-RoPE position handling.
 
     Args:
@@ -48,8 +37,7 @@ class HFVisionLM(nn.Module):
     """
 
     def __init__(self, hf_model: Any) -> None:
-        super().__init__()
-        self.hf = hf_model
+        super().__init__(hf_model)
         self.image_token_id = int(hf_model.config.image_token_id)
 
     @property
@@ -61,11 +49,6 @@ class HFVisionLM(nn.Module):
     def hidden_size(self) -> int:
         """Width of the language model."""
         return int(self.hf.config.text_config.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        """Rows of the LM head."""
-        return int(self.hf.get_output_embeddings().weight.shape[0])
 
     def rope_positions(
         self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None, attention_mask: torch.Tensor | None
@@ -137,16 +120,6 @@ class HFVisionLM(nn.Module):
             raise ValueError("with_images: give both pixel_values and image_grid_thw, or neither")
         return ImageBoundLM(self, pv, grid)
 
-    def lm_head_only_parameters(self) -> list[nn.Parameter]:
-        """The LM head's parameters unless tied to the input embedding."""
-        head = self.hf.get_output_embeddings()
-        shared = {id(p) for p in self.hf.get_input_embeddings().parameters()}
-        return [p for p in head.parameters() if id(p) not in shared]
-
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """``save_pretrained`` of the wrapped model (config + safetensors)."""
-        self.hf.save_pretrained(os.fspath(directory))
-
 
 @dataclass
 class _Cache:
@@ -161,12 +134,15 @@ PLACEHOLDER_LOGIT = -1.0e4
 
 
 class ImageBoundLM(nn.Module):
-    """``CausalLM`` view of an :class:`HFVisionLM` for one batch of images (see the module doc).
+    """``CausalLM`` view of an :class:`HFVisionLM` for one batch of images.
 
-    Every call covers the whole batch the images were bound for, rows in the same order.  The
-    image placeholder is not a token the model may emit: all outputs (forward, prefill,
-    decode) give it ``PLACEHOLDER_LOGIT``, so a response never holds one (the model would
-    then need an image for it) and sampled log-probs still equal the full forward's.
+    Prefill keeps each row's M-RoPE offset (an image's tokens take 3-D positions; text after it
+    continues from the image's largest one) in the cache and decode shifts the new token's 1-D
+    position by it, so a cached decode gives the log-probs of a full forward.  Every call covers
+    the whole batch the images were bound for, rows in the same order.  The image placeholder
+    is not a token the model may emit: all outputs (forward, prefill, decode) give it
+    ``PLACEHOLDER_LOGIT``, so a response never holds one (the model would then need an image for
+    it) and sampled log-probs still equal the full forward's.
     """
 
     def __init__(self, vlm: HFVisionLM, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None) -> None:
@@ -175,17 +151,9 @@ class ImageBoundLM(nn.Module):
         self.pixel_values = pixel_values
         self.image_grid_thw = image_grid_thw
 
-    @property
-    def max_positions(self) -> int:
-        return self.vlm.max_positions
-
-    @property
-    def hidden_size(self) -> int:
-        return self.vlm.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vlm.vocab_size
+    max_positions = property(lambda self: self.vlm.max_positions, doc="The bound model's ``max_positions``.")
+    hidden_size = property(lambda self: self.vlm.hidden_size, doc="The bound model's ``hidden_size``.")
+    vocab_size = property(lambda self: self.vlm.vocab_size, doc="The bound model's ``vocab_size``.")
 
     def _no_placeholder(self, logits: torch.Tensor) -> torch.Tensor:
         index = torch.tensor([self.vlm.image_token_id], device=logits.device)

@@ -1,14 +1,9 @@
 """``policy=hf_vlm`` builder: a Qwen2-VL checkpoint directory as the policy.
 
-Why this module exists: it maps the ``hf_vlm`` policy option onto ``load_vlm`` (model and
-processor through ``from_pretrained``, local files only) and gives the run a tokenizer that
-also carries the image processor (:class:`VLMTokenizer`).  The default path, the offline tiny
-Qwen2-VL under ``.cache/nemo_dp/tiny-qwen2-vl``, is built on first use.
-
-An image prompt (``nemo_dp.data.visual_task.VisualPrompt``, or a user's
-``nemo_dp.data.image_rows.ImagePrompt``) is not tokenised on the driver:
-``VLMTokenizer.encode_prompt`` returns it unchanged and the policy's workers encode it with
-their own processor (rendering or loading the images), so the pixels exist only in the workers.
+Loads model and processor with ``load_vlm`` (local files only) and gives the run a
+:class:`VLMTokenizer` that also carries the image processor; the default path, the offline tiny
+Qwen2-VL under ``.cache/nemo_dp/tiny-qwen2-vl``, is built on first use.  Image prompts are not
+tokenised on the driver: the policy's workers encode them, so the pixels exist only there.
 """
 
 from __future__ import annotations
@@ -157,13 +152,7 @@ def prepare_vlm_policy(policy_cfg: Any) -> None:
 
 
 BUILDER = ModelBuilder(
-    kind="hf_vlm",
-    build_model=_build_model,
-    build_tokenizer=_build_tokenizer,
-    validate=validate_vlm_policy,
-    load_pretrained=_load_pretrained,
-    prepare=prepare_vlm_policy,
-    save_tokenizer=_save_tokenizer,
-    load_saved_tokenizer=_load_saved_tokenizer,
-    takes_images=True,
+    kind="hf_vlm", build_model=_build_model, build_tokenizer=_build_tokenizer, validate=validate_vlm_policy,
+    load_pretrained=_load_pretrained, prepare=prepare_vlm_policy, save_tokenizer=_save_tokenizer,
+    load_saved_tokenizer=_load_saved_tokenizer, takes_images=True,
 )

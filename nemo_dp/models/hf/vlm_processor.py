@@ -1,12 +1,9 @@
 """``VLMProcessor``: chat turns with image parts -> token ids plus per-sample image tensors.
 
-Why this module exists: a vision-language prompt is text with one placeholder per image, and
-the model needs each placeholder expanded to that image's number of merged patches, which
-depends on the image's size after the image processor resizes it.  This class does what a
-transformers ``Qwen2VLProcessor`` does for images (it cannot be built without torchvision in
-this environment): render the turns with the tokenizer's chat template, run the image
-processor, and expand each ``<|image_pad|>`` to ``t * h * w / merge**2`` tokens.  It also packs
-a batch's images as ``PackedTensor`` columns, one entry per sample.
+Does for images what transformers' ``Qwen2VLProcessor`` does (which needs torchvision): renders
+the turns with the tokenizer's chat template, runs the image processor and expands each
+``<|image_pad|>`` to the image's ``t * h * w / merge**2`` merged patches.  It also packs a
+batch's images as ``PackedTensor`` columns, one entry per sample.
 """
 
 from __future__ import annotations
@@ -86,7 +83,9 @@ class VLMProcessor:
         out = self.image_processor(images=list(images), return_tensors="pt")
         return out["pixel_values"], out["image_grid_thw"].to(torch.int64)
 
-    def encode_messages(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> EncodedPrompt:
+    def encode_messages(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> EncodedPrompt:
         """Render chat turns (content: a string or a list of text / image parts) for the model.
 
         Args:

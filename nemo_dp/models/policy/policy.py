@@ -299,14 +299,8 @@ class Policy:
             value = torch.nn.functional.pad(value, (0, width - value.shape[1]))
         return BatchedDataDict({key: value[:, :width].contiguous()})
 
-    def train(
-        self,
-        data: BatchedDataDict,
-        loss_fn: Any,
-        eval_mode: bool = False,
-        gbs: int | None = None,
-        mbs: int | None = None,
-    ) -> dict[str, Any]:
+    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
+              mbs: int | None = None) -> dict[str, Any]:
         """Train on ``data``: one optimizer step per ``gbs`` rows.
 
         Args:

@@ -150,12 +150,13 @@ class ColocatedLoaderMixin:
             raise ValueError(
                 f"colocated loader: global batch size {gbs} is not divisible by dp_size {world}"
             )
-        if int(max_live_batches) < 1:
-            raise ValueError(f"colocated loader: max_live_batches must be >= 1, got {max_live_batches}")
-        if int(micro_batch_size) < 1:
-            raise ValueError(f"colocated loader: micro_batch_size must be >= 1, got {micro_batch_size}")
-        if int(pad_to_multiple) < 1:
-            raise ValueError(f"colocated loader: pad_to_multiple must be >= 1, got {pad_to_multiple}")
+        sizes = (
+            ("max_live_batches", max_live_batches), ("micro_batch_size", micro_batch_size),
+            ("pad_to_multiple", pad_to_multiple),
+        )
+        for name, value in sizes:
+            if int(value) < 1:
+                raise ValueError(f"colocated loader: {name} must be >= 1, got {value}")
         # A private replica even in-process: ranks must never advance each other's cursor.
         self._cl_loader = copy.deepcopy(loader)
         self._cl_tokenizer = tokenizer

@@ -265,17 +265,20 @@ class TQPolicy(TQDriverMixin, Policy):
         return RolloutResult(meta, carry, responses)
 
     # --- model calls on metas ---
+    def _dispatch_logprobs(self, meta: KVBatchMeta, task_name: str, method: str) -> None:
+        """Send each DP rank its shard of ``meta``'s log-prob seed columns for worker ``method``."""
+        isolated = self._isolated_meta(
+            meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=task_name, keep_tags=False
+        )
+        shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
+        self._dispatch_sharded(method, shards)
+
     def get_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
         """Policy log-probs of ``meta``'s rows; the workers write them to the store as ``prev_logprobs``.
 
         ``meta`` carries ``sequence_lengths`` and its rows already hold ``LP_SEED_FIELDS``.
         """
-        isolated = self._isolated_meta(
-            meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_PREV_LP, keep_tags=False
-        )
-        shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        self._dispatch_sharded("get_logprobs_presharded", shards)
-        return None
+        self._dispatch_logprobs(meta, TASK_PREV_LP, "get_logprobs_presharded")
 
     def get_policy_and_reference_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
         """Policy and reference log-probs of ``meta``'s rows in one dispatch per rank.
@@ -284,35 +287,18 @@ class TQPolicy(TQDriverMixin, Policy):
         ``reference_policy_logprobs`` in one put; shards, pad target and plan are those of
         :meth:`get_logprobs_from_meta`, so the columns equal the two separate calls' bit for bit.
         """
-        isolated = self._isolated_meta(
-            meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_PREV_LP, keep_tags=False
-        )
-        shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        self._dispatch_sharded("get_logprobs_and_reference_presharded", shards)
-        return None
+        self._dispatch_logprobs(meta, TASK_PREV_LP, "get_logprobs_and_reference_presharded")
 
     def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
         """Reference log-probs of ``meta``'s rows, written as ``reference_policy_logprobs``.
 
         ``meta`` as for :meth:`get_logprobs_from_meta`.
         """
-        isolated = self._isolated_meta(
-            meta, fields=(*LP_SEED_FIELDS, *self.image_fields), task_name=TASK_REF_LP, keep_tags=False
-        )
-        shards = self._shard_meta(isolated, batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        self._dispatch_sharded("get_reference_policy_logprobs_presharded", shards)
-        return None
+        self._dispatch_logprobs(meta, TASK_REF_LP, "get_reference_policy_logprobs_presharded")
 
-    def train_from_meta(
-        self,
-        meta: KVBatchMeta,
-        loss_fn: Any,
-        eval_mode: bool = False,
-        gbs: int | None = None,
-        mbs: int | None = None,
-        train_fields: Sequence[str] = DP_TRAIN_FIELDS,
-        row_values: Mapping[str, torch.Tensor] | None = None,
-    ) -> dict[str, Any]:
+    def train_from_meta(self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
+                        mbs: int | None = None, train_fields: Sequence[str] = DP_TRAIN_FIELDS,
+                        row_values: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
         """Train on ``meta``'s rows: the workers fetch their shards from the store.
 
         Sharding and aggregation are ``Policy.train``'s.  ``row_values`` carries per-row

@@ -108,15 +108,7 @@ class PolicyWorker:
     """
 
     def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        policy_cfg: Any,
-        vocab_size: int,
-        pad_id: int,
-        eos_id: int,
-        seed: int,
+        self, *, rank: int, world_size: int, policy_cfg: Any, vocab_size: int, pad_id: int, eos_id: int, seed: int
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -509,14 +501,8 @@ class PolicyWorker:
         self.optimizer.zero_grad(set_to_none=False)
         self._step_state = None
 
-    def train(
-        self,
-        data: BatchedDataDict,
-        loss_fn: LossFn,
-        eval_mode: bool = False,
-        gbs: int | None = None,
-        mbs: int | None = None,
-    ) -> dict[str, Any]:
+    def train(self, data: BatchedDataDict, loss_fn: LossFn, eval_mode: bool = False, gbs: int | None = None,
+              mbs: int | None = None) -> dict[str, Any]:
         """Train on this rank's shard: one optimizer step per global batch.
 
         Args:

@@ -55,9 +55,6 @@ def _load_pretrained(policy_cfg: Any, directory: str) -> TinyCausalLM:
 
 
 BUILDER = ModelBuilder(
-    kind="tiny",
-    build_model=_build_model,
-    build_tokenizer=_build_tokenizer,
-    validate=_validate,
+    kind="tiny", build_model=_build_model, build_tokenizer=_build_tokenizer, validate=_validate,
     load_pretrained=_load_pretrained,
 )

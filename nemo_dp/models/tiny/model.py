@@ -94,11 +94,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        attn_mask: torch.Tensor | None = None,
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         bsz, seq, width = x.shape
         qkv = self.qkv(x).view(bsz, seq, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -132,11 +128,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        attn_mask: torch.Tensor | None = None,
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln1(x), cache=cache, layer=layer, attn_mask=attn_mask))
         return x + self.drop(self.mlp(self.ln2(x)))
@@ -225,11 +217,7 @@ class TinyCausalLM(nn.Module):
         return [self.head.weight]
 
     def prefill(
-        self,
-        input_ids: torch.Tensor,
-        key_valid: torch.Tensor,
-        positions: torch.Tensor,
-        max_len: int,
+        self, input_ids: torch.Tensor, key_valid: torch.Tensor, positions: torch.Tensor, max_len: int
     ) -> tuple[torch.Tensor, KVCache]:
         """Left-padded prompts through a fresh cache of ``max_len`` positions."""
         bsz, width = input_ids.shape
@@ -243,11 +231,7 @@ class TinyCausalLM(nn.Module):
         return logits[:, -1], cache
 
     def decode(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        key_valid: torch.Tensor,
-        cache: KVCache,
+        self, tokens: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, cache: KVCache
     ) -> tuple[torch.Tensor, KVCache]:
         """One token per row through the cache."""
         logits = self.forward_cached(tokens, positions, cache, key_valid[:, None, None, :])

@@ -98,15 +98,8 @@ class TQValue(TQDriverMixin, Value):
         self._dispatch_sharded("get_values_presharded", shards)
         return None
 
-    def train_from_meta(
-        self,
-        meta: KVBatchMeta,
-        loss_fn: Any,
-        eval_mode: bool = False,
-        gbs: int | None = None,
-        mbs: int | None = None,
-        train_fields: Sequence[str] = DP_VALUE_TRAIN_FIELDS,
-    ) -> dict[str, Any]:
+    def train_from_meta(self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
+                        mbs: int | None = None, train_fields: Sequence[str] = DP_VALUE_TRAIN_FIELDS) -> dict[str, Any]:
         """Train the critic on ``meta``'s rows (workers fetch ``train_fields`` from the store).
 
         Args:
