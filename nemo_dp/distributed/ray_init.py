@@ -172,11 +172,7 @@ class ClusterConnectError(ConnectionError):
     AUTH_TOKEN_REJECTED = "auth_token_rejected"
     JOIN_FAILED = "join_failed"
     REASONS: tuple[str, ...] = (
-        NOTHING_RUNNING,
-        STALE_ADDRESS_FILE,
-        AUTH_TOKEN_MISSING,
-        AUTH_TOKEN_REJECTED,
-        JOIN_FAILED,
+        NOTHING_RUNNING, STALE_ADDRESS_FILE, AUTH_TOKEN_MISSING, AUTH_TOKEN_REJECTED, JOIN_FAILED
     )
 
     def __init__(self, message: str, *, address: str | None, source: str, reason: str) -> None:
@@ -574,37 +570,19 @@ def shutdown_ray() -> None:
 
 
 @contextlib.contextmanager
-def ray_session(
-    *,
-    address: str | None = None,
-    num_cpus: int | None = None,
-    reserved_cpus: int = 0,
-    reserved_by: str = "",
-    worker_env: Mapping[str, str] | None = None,
-    temp_dir: str | os.PathLike[str] | None = None,
-    connect_timeout_s: float = 15.0,
-    working_dir: str | os.PathLike[str] | None = None,
-    worker_setup_hook: str | None = WORKER_SETUP_HOOK,
-) -> Iterator[dict[str, str]]:
+def ray_session(**init_kwargs: Any) -> Iterator[dict[str, str]]:
     """:func:`init_ray` for the duration of a ``with`` block; Ray is shut down in ``finally``.
 
     Leaving the block disconnects from a joined cluster (which keeps running) or stops the
-    private Ray this block started.  Arguments are :func:`init_ray`'s.
+    private Ray this block started.
+
+    Args:
+        **init_kwargs: :func:`init_ray`'s keyword arguments.
 
     Yields:
         The environment dict returned by :func:`init_ray`.
     """
-    env = init_ray(
-        address=address,
-        num_cpus=num_cpus,
-        reserved_cpus=reserved_cpus,
-        reserved_by=reserved_by,
-        worker_env=worker_env,
-        temp_dir=temp_dir,
-        connect_timeout_s=connect_timeout_s,
-        working_dir=working_dir,
-        worker_setup_hook=worker_setup_hook,
-    )
+    env = init_ray(**init_kwargs)
     try:
         yield env
     finally:
