@@ -26,6 +26,7 @@ from nemo_dp.data.columns import Columns
 from nemo_dp.data.errors import DatasetError
 from nemo_dp.data.image_rows import ImagePrompt, ImageSFTExample
 from nemo_dp.data.images import has_image_parts, parse_image_messages
+from nemo_dp.utils.json_files import json_lines
 
 __all__ = ["ImageRows", "image_prompt_lengths", "is_image_jsonl", "is_image_rows", "read_image_rows"]
 
@@ -107,13 +108,9 @@ def _read(path: str, version: tuple[int, int], kind: Kind, col: Columns, key: Op
     rows: list[Any] = []
     lines: list[int] = []
     with file.open(encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"is not valid JSON: {exc.msg}", key=key, path=path, line=lineno) from exc
+        for lineno, obj in json_lines(
+            fh, lambda n, exc: DatasetError(f"is not valid JSON: {exc.msg}", key=key, path=path, line=n)
+        ):
             rows.append(_row(obj, kind, col, file, lineno, key))
             lines.append(lineno)
     if not rows:
