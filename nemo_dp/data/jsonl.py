@@ -270,27 +270,14 @@ def read_sft_jsonl(
 
 
 def read_rl_jsonl(
-    path: str | os.PathLike[str],
-    *,
-    tokenizer: Any | None = None,
-    key: str | None = None,
+    path: str | os.PathLike[str], *, tokenizer: Any | None = None, key: str | None = None,
     columns: Columns | None = None,
 ) -> list[RLRecord]:
-    """Parse an RL jsonl file, keeping each problem's line number.
+    """Parse an RL jsonl file like :func:`read_sft_jsonl`, keeping each problem's line number.
 
-    Args:
-        path: The file.
-        tokenizer: Renders ``messages`` prompts with its chat template when it has one (plain
-            concatenation of the contents otherwise, or when None).
-        key: The config key that named the file (put in error messages).
-        columns: The fields' names in the file (default: ``prompt``, ``answer``, ``messages``).
-
-    Returns:
-        The records in file order.
-
-    Raises:
-        DatasetError: On a missing file, a malformed line (file, line and field named), a
-            prompt conversation ending with the assistant, or a file without records.
+    ``tokenizer`` renders ``messages`` prompts with its chat template when it has one (plain
+    concatenation of the contents otherwise, or when None); ``columns`` defaults to ``prompt``,
+    ``answer``, ``messages``.  A prompt conversation ending with the assistant is refused.
     """
 
     def record(line: RowFields, col: Columns) -> RLRecord:
