@@ -296,6 +296,11 @@ class _RLAlgorithm:
         """Rules that need the whole config (called by ``MasterConfig``)."""
         _check_rl_root(self, root)
 
+    def _check_rl(self, expected_name: str) -> None:
+        """The rules every RL algorithm starts with: the common ones, then prompts and generations."""
+        _check_common_algorithm(self, expected_name)
+        at_least_each("algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1)
+
 
 def _check_rl_root(algo: _RLAlgorithm, root: Any) -> None:
     """Cross-group rules of an RL algorithm (batch divisibility, sequence room)."""
@@ -342,8 +347,7 @@ class GRPOConfig(_RLAlgorithm):
     async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
 
     def __post_init__(self) -> None:
-        _check_common_algorithm(self, "grpo")
-        at_least_each("algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1)
+        self._check_rl("grpo")
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt < 2:
             fail(
                 "algorithm.num_generations_per_prompt",
@@ -386,15 +390,8 @@ class PPOConfig(_RLAlgorithm):
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     def __post_init__(self) -> None:
-        _check_common_algorithm(self, "ppo")
-        at_least_each(
-            "algorithm",
-            self,
-            num_prompts_per_step=1,
-            num_generations_per_prompt=1,
-            num_train_prompts=self.num_prompts_per_step,
-            ppo_epochs=1,
-        )
+        self._check_rl("ppo")
+        at_least_each("algorithm", self, num_train_prompts=self.num_prompts_per_step, ppo_epochs=1)
         for key, value in (("gamma", self.gamma), ("lam", self.lam)):
             if not 0.0 <= value <= 1.0:
                 fail(f"algorithm.{key}", f"must be in [0, 1], got {value!r}")
