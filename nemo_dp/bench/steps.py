@@ -1,12 +1,8 @@
-"""Step benchmarks: legacy vs data-plane trainers, side by side, through one shared runner.
+"""Step benchmarks (``bench=grpo_step`` / ``ppo_step`` / ``sft_step``): legacy vs data-plane trainers.
 
-``bench=grpo_step``, ``bench=ppo_step`` and ``bench=sft_step`` differ only in the training
-config they compose and in what they read from each logged step.  Everything else is one
-runner (:func:`run_step_bench`): one Ray for the whole bench, every trainer run through the
-launcher's run layer (``nemo_dp.training.run_phase``, trainer and policy from the factory) from
-a fresh start, every logged step timestamped with the Ray traffic since the previous one, the
-driver's RSS sampled throughout; warm-up steps and the final (validating) step are not
-measured.
+One runner (:func:`run_step_bench`) runs every trainer from a fresh start through the launcher's run
+layer on one Ray, timestamps each logged step with the Ray traffic since the previous one and samples
+the driver's RSS; warm-up steps and the final (validating) step are not measured.
 """
 
 from __future__ import annotations

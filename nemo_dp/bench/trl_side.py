@@ -1,13 +1,9 @@
 """TRL's ``GRPOTrainer`` on the peer bench's settings, timed per step and per phase.
 
-Only the ``peer_trl`` bench calls this module, and ``trl`` / ``datasets`` (the ``bench``
-extra) are imported inside :func:`run_trl_grpo`, so importing ``nemo_dp`` never needs them.
-
-The trainer is a subclass that records where its wall time goes, with the same phase split as
-nemo_dp's step metrics: ``generation`` (the ``generate`` call), ``logprobs`` (no-grad log-prob
-forwards: the reference model's, and the old policy's when TRL computes them) and ``train``
-(the training forward and backward, gradient clipping and the optimizer step).  Step
-boundaries come from a callback.  Rewards are the same math reward nemo_dp uses.
+``trl`` / ``datasets`` (the ``bench`` extra) are imported inside :func:`run_trl_grpo` only.  A
+subclass records the phases of nemo_dp's step metrics: ``generation``, ``logprobs`` (no-grad
+log-prob forwards) and ``train`` (training forward and backward, clipping, optimizer step); a
+callback marks the steps.  Rewards are nemo_dp's math reward.
 """
 
 from __future__ import annotations
