@@ -19,7 +19,7 @@ from typing import Any
 
 from nemo_dp.training.checkpoint_discovery import find_phase_roots, list_step_dirs
 from nemo_dp.training.resume import ResumePlan
-from nemo_dp.utils.json_files import json_lines, load_json
+from nemo_dp.utils.json_files import json_lines, load_json, write_json_lines
 from nemo_dp.utils.metrics import bad_metrics_json
 
 __all__ = [
@@ -408,15 +408,6 @@ def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
     return records, torn
 
 
-def _write_records(path: Path, records: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
-
-
 def continue_history(
     *,
     source_run_dir: str | os.PathLike[str],
@@ -471,6 +462,6 @@ def continue_history(
         if in_place and not kept:
             src.unlink()
         else:
-            _write_records(dst, kept)
+            write_json_lines(dst, kept)
         reports.append(HistoryReport(path=dst, kept=len(kept), dropped=dropped, source=src))
     return reports

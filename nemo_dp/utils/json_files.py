@@ -1,13 +1,15 @@
-"""Reading JSON files and JSON lines, with a caller-chosen error for text that is not JSON."""
+"""JSON files and JSON lines: reading with a caller-chosen error for text that is not JSON, atomic writing."""
 
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_json", "json_lines"]
+__all__ = ["load_json", "json_lines", "write_json_lines"]
 
 
 def load_json(path: Path, bad_json: Callable[[Exception], Exception]) -> Any:
@@ -50,3 +52,18 @@ def json_lines(
         except json.JSONDecodeError as exc:
             raise bad_json(lineno, exc) from exc
         yield lineno, value
+
+
+def write_json_lines(path: Path, records: Iterable[Any]) -> None:
+    """Replace ``path`` atomically by one JSON line per record (parent directories are created).
+
+    Args:
+        path: The file.
+        records: JSON-serialisable values.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec) + "\n")
+    os.replace(tmp, path)

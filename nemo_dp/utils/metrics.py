@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_dp.utils.json_files import json_lines
+from nemo_dp.utils.json_files import json_lines, write_json_lines
 
 
 def _to_json_number(key: str, value: Any) -> float | int | str | bool | None:
@@ -74,12 +74,7 @@ class MetricsLogger:
         """
         if not self.path.exists():
             return
-        kept = [r for r in read_metrics(self.path) if r["step"] <= step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for r in kept:
-                fh.write(json.dumps(r) + "\n")
-        os.replace(tmp, self.path)
+        write_json_lines(self.path, [r for r in read_metrics(self.path) if r["step"] <= step])
 
 
 def bad_metrics_json(path: str | os.PathLike[str], lineno: int, exc: Exception) -> ValueError:
