@@ -20,7 +20,7 @@ from nemo_dp.config.precision import (
     PRECISION_NAMES,
     resolve_precision_name,
 )
-from nemo_dp.config.checks import at_least, one_of
+from nemo_dp.config.checks import Checked, at_least_field, one_of
 from nemo_dp.config.schema import PolicyConfig
 
 __all__ = [
@@ -57,13 +57,10 @@ class TinyPolicyConfig(PolicyConfig):
 
 
 @dataclass
-class HFModelSchema:
+class HFModelSchema(Checked, key="policy.model"):
     """``policy.model`` of ``policy=hf``: only the sequence bound (the shape is the checkpoint's)."""
 
-    max_seq_len: int = 128
-
-    def __post_init__(self) -> None:
-        at_least("policy.model.max_seq_len", self.max_seq_len, 2)
+    max_seq_len: int = at_least_field(128, 2)
 
 
 @dataclass
