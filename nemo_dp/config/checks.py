@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import field, fields
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "fail",
@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-def fail(key: str, message: str) -> None:
+def fail(key: str, message: str) -> NoReturn:
     """Raise ``ValueError("<key>: <message>")``."""
     raise ValueError(f"{key}: {message}")
 
