@@ -1,26 +1,9 @@
-"""Benchmarks of nemo_dp, run by ``launchers/bench.py`` (Hydra: ``bench=<name>``).
+"""Benchmarks of nemo_dp, run by ``launchers/bench.py`` (Hydra: ``bench=<name>``, configs in ``conf_bench/``).
 
-* ``data_plane`` - put/get throughput of every data-plane backend against one memory copy and
-  Ray's object store (``nemo_dp.bench.data_plane``);
-* ``grpo_step`` / ``ppo_step`` / ``sft_step`` - legacy vs data-plane trainers side by side:
-  step time, bytes crossing the driver, driver peak RSS (``nemo_dp.bench.steps``, one shared
-  runner over the launcher's run layer);
-* ``peer_trl`` - nemo_dp's GRPO against TRL's ``GRPOTrainer`` on the same model, prompts and
-  settings, per precision, with each phase's achieved GFLOP/s against the host's matmul peak
-  (``nemo_dp.bench.peer_trl``; needs the ``bench`` extra, imported only by that bench).
-
-Numbers are ratios from one run on this machine, reported (``nemo_dp.bench.report``), never
-asserted.
-
-The bench's configs live in their own directory, ``conf_bench/`` (root ``benchmark.yaml``,
-group ``bench``), apart from the training configs in ``conf/``: the training launcher composes
-``conf/``, so a ``bench`` group there showed up in its ``--help`` and tab completion although
-only the bench can use it.  The bench reaches the shared groups of ``conf/`` (``data_plane``,
-and ``config`` with every group for the step benches' training runs) through a Hydra search
-path plugin that :func:`register_bench_configs` registers (:class:`TrainingConfSearchPath`).
-It is a plugin rather than ``hydra.searchpath`` in ``benchmark.yaml`` because the step benches
-compose the training ``config`` inside the running bench app (``hydra.compose``), and a primary
-config's ``hydra.searchpath`` applies only to that primary config's own composition.
+``data_plane``: put/get throughput of every backend; ``grpo_step`` / ``ppo_step`` / ``sft_step``:
+legacy vs data-plane trainers (step time, driver bytes, peak RSS); ``peer_trl``: nemo_dp's GRPO
+against TRL's (needs the ``bench`` extra).  Numbers are reported, never asserted.  The step benches
+reach ``conf/``'s groups through the search-path plugin :class:`TrainingConfSearchPath`.
 """
 
 from __future__ import annotations
@@ -64,7 +47,9 @@ class TrainingConfSearchPath(SearchPathPlugin):
 
     Registered in-process by :func:`register_bench_configs`; a search path without
     ``conf_bench/`` (the training launcher's, a test's ``initialize_config_dir``) is left as
-    it is, so registering it never changes what another Hydra app composes.
+    it is, so registering it never changes what another Hydra app composes.  A plugin, not
+    ``hydra.searchpath`` in ``benchmark.yaml``: the step benches compose the training ``config``
+    inside the running app (``hydra.compose``), which a primary config's search path misses.
     """
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:

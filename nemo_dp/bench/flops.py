@@ -1,19 +1,9 @@
 """Model FLOPs of a GRPO step's phases, and the host's matmul peak to hold them against.
 
-The FLOPs are the *useful* ones of a decoder-only transformer: the weight matmuls of every
-token that is processed, causal attention (scores and the weighted sum), and the vocabulary
-projection only where a token's distribution is needed (the response positions).  Work a
-trainer does beyond that (logits of prompt positions, padding, recomputation) is not counted,
-so it shows as a lower achieved rate, which is what the rate is for.
-
-A phase's FLOPs per sample, for a prompt of ``P`` tokens and a response of ``R`` tokens (eos
-included):
-
-* generation: one prefill of ``P`` tokens and ``R - 1`` cached decode steps, i.e. the weights
-  applied to ``P + R - 1`` tokens, attention over the growing prefix, and ``R`` vocabulary
-  projections;
-* one log-prob forward: ``P + R`` tokens, causal attention, ``R`` vocabulary projections;
-* training: three log-prob forwards (forward, and a backward twice its cost).
+Only *useful* FLOPs count (weight matmuls of processed tokens, causal attention, vocabulary
+projections of response positions), so extra work a trainer does shows as a lower achieved rate.
+Per sample (prompt ``P``, response ``R`` tokens): generation applies the weights to ``P + R - 1``
+tokens with ``R`` projections; a log-prob forward to ``P + R``; training costs three forwards.
 """
 
 from __future__ import annotations

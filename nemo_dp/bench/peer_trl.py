@@ -1,16 +1,9 @@
 """``bench=peer_trl``: nemo_dp's GRPO and TRL's ``GRPOTrainer`` side by side, in one run.
 
-Both sides train the same model directory on the same prompts (the built-in addition task as
-one-turn chat messages, scored by the same math reward on the final number), with the same
-group size, KL coefficient, clip, learning rate (constant), AdamW settings, gradient clipping,
-max new tokens, precision and core budget.  Per precision the bench reports the steady-state
-seconds per step (the first ``warmup_steps`` and model loading excluded), samples per second,
-the reward of every step, and each phase's achieved GFLOP/s (``nemo_dp.bench.flops``) against
-the host's matmul peak measured here first, together with the host's CPU flags.
-
-nemo_dp runs through the launcher's run layer on a private Ray (``policy.dp_size`` workers with
-``policy.torch_threads`` each, so the budget is their product); TRL runs in this process with
-the budget as torch threads, after nemo_dp's workers have exited.
+Both train the same model on the same prompts, reward and settings within one core budget
+(nemo_dp: ``policy.dp_size`` workers x ``policy.torch_threads`` on a private Ray; TRL: in this
+process, afterwards).  Per precision it reports steady-state seconds per step, samples per second,
+rewards, and each phase's GFLOP/s (``nemo_dp.bench.flops``) against the host's matmul peak.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Step benchmarks: legacy vs data-plane trainers, side by side, through one shared runner.
+"""Step benchmarks (``bench=grpo_step`` / ``ppo_step`` / ``sft_step``): legacy vs data-plane trainers.
 
-``bench=grpo_step``, ``bench=ppo_step`` and ``bench=sft_step`` differ only in the training
-config they compose and in what they read from each logged step.  Everything else is one
-runner (:func:`run_step_bench`): one Ray for the whole bench, every trainer run through the
-launcher's run layer (``nemo_dp.training.run_phase``, trainer and policy from the factory) from
-a fresh start, every logged step timestamped with the Ray traffic since the previous one, the
-driver's RSS sampled throughout; warm-up steps and the final (validating) step are not
-measured.
+One runner (:func:`run_step_bench`) runs every trainer from a fresh start through the launcher's run
+layer on one Ray, timestamps each logged step with the Ray traffic since the previous one and samples
+the driver's RSS; warm-up steps and the final (validating) step are not measured.
 """
 
 from __future__ import annotations
@@ -61,7 +57,7 @@ def _fail(key: str, message: str) -> None:
     raise ValueError(f"bench.{key}: {message}")
 
 
-def _check_common(cfg: Any, legal_backends: tuple[str, ...]) -> None:
+def _check_common(cfg: Any, legal_backends: tuple[str, ...], *, overrides_required: bool = False) -> None:
     unknown = [d for d in cfg.backends if d not in legal_backends]
     if unknown or not cfg.backends or len(set(cfg.backends)) != len(cfg.backends):
         _fail("backends", f"need distinct options of {list(legal_backends)}, got {cfg.backends}")
@@ -72,6 +68,17 @@ def _check_common(cfg: Any, legal_backends: tuple[str, ...]) -> None:
         _fail("warmup_steps", f"must be >= 0, got {cfg.warmup_steps}")
     if not cfg.output_file or "/" in cfg.output_file:
         _fail("output_file", f"must be a plain file name, got {cfg.output_file!r}")
+    missing = [d for d in cfg.backends if d not in cfg.backend_overrides]
+    if missing and overrides_required:
+        _fail("backend_overrides", f"no entry for {missing}")
+    if not cfg.rss_sample_interval_s > 0:
+        _fail("rss_sample_interval_s", f"must be > 0, got {cfg.rss_sample_interval_s}")
+
+
+def _observed_overrides(*backends: str) -> Any:
+    """``backend_overrides`` field: data-plane observability on for each backend but ``disabled``."""
+    on = ["data_plane.observability.enabled=true"]
+    return field(default_factory=lambda: {b: [] if b == "disabled" else list(on) for b in backends})
 
 
 @dataclass
@@ -85,14 +92,7 @@ class GrpoStepBenchConfig:
     measured_steps: int = 3
     backends: list[str] = field(default_factory=lambda: list(RL_STEP_TRAINERS))
     train_overrides: list[str] = field(default_factory=list)
-    backend_overrides: dict[str, list[str]] = field(
-        default_factory=lambda: {
-            "disabled": [],
-            "tq": ["data_plane.observability.enabled=true"],
-            "tq_async": ["data_plane.observability.enabled=true"],
-            "ray": ["data_plane.observability.enabled=true"],
-        }
-    )
+    backend_overrides: dict[str, list[str]] = _observed_overrides("disabled", "tq", "tq_async", "ray")
     rss_sample_interval_s: float = 0.005
     target_bulk_ratio: float = 0.05
     num_cpus: int = 2
@@ -107,12 +107,7 @@ class GrpoStepBenchConfig:
             _fail("samples_per_step", f"need positive sizes, got {self.samples_per_step}")
         if self.group_size < 1 or any(s % self.group_size for s in self.samples_per_step):
             _fail("group_size", f"must be >= 1 and divide every samples_per_step {self.samples_per_step}")
-        _check_common(self, self.legal_backends())
-        missing = [d for d in self.backends if d not in self.backend_overrides]
-        if missing:
-            _fail("backend_overrides", f"no entry for {missing}")
-        if not self.rss_sample_interval_s > 0:
-            _fail("rss_sample_interval_s", f"must be > 0, got {self.rss_sample_interval_s}")
+        _check_common(self, self.legal_backends(), overrides_required=True)
 
 
 @dataclass
@@ -144,13 +139,7 @@ class SftStepBenchConfig:
     measured_steps: int = 5
     backends: list[str] = field(default_factory=lambda: list(SFT_STEP_TRAINERS))
     train_overrides: list[str] = field(default_factory=list)
-    backend_overrides: dict[str, list[str]] = field(
-        default_factory=lambda: {
-            "local": ["data_plane.observability.enabled=true"],
-            "tq": ["data_plane.observability.enabled=true"],
-            "ray": ["data_plane.observability.enabled=true"],
-        }
-    )
+    backend_overrides: dict[str, list[str]] = _observed_overrides("local", "tq", "ray")
     rss_sample_interval_s: float = 0.005
     num_cpus: int = 2
     output_file: str = "bench_sft_step.json"
@@ -161,8 +150,6 @@ class SftStepBenchConfig:
         if self.micro_batch_size < 1:
             _fail("micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
         _check_common(self, SFT_STEP_TRAINERS)
-        if not self.rss_sample_interval_s > 0:
-            _fail("rss_sample_interval_s", f"must be > 0, got {self.rss_sample_interval_s}")
 
 
 StoreProbe = Callable[[float], dict[str, float]]

@@ -1,19 +1,15 @@
 """TRL's ``GRPOTrainer`` on the peer bench's settings, timed per step and per phase.
 
-Only the ``peer_trl`` bench calls this module, and ``trl`` / ``datasets`` (the ``bench``
-extra) are imported inside :func:`run_trl_grpo`, so importing ``nemo_dp`` never needs them.
-
-The trainer is a subclass that records where its wall time goes, with the same phase split as
-nemo_dp's step metrics: ``generation`` (the ``generate`` call), ``logprobs`` (no-grad log-prob
-forwards: the reference model's, and the old policy's when TRL computes them) and ``train``
-(the training forward and backward, gradient clipping and the optimizer step).  Step
-boundaries come from a callback.  Rewards are the same math reward nemo_dp uses.
+``trl`` / ``datasets`` (the ``bench`` extra) are imported inside :func:`run_trl_grpo` only.  A
+subclass records the phases of nemo_dp's step metrics: ``generation``, ``logprobs`` (no-grad
+log-prob forwards) and ``train`` (training forward and backward, clipping, optimizer step); a
+callback marks the steps.  Rewards are nemo_dp's math reward.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,34 +127,29 @@ def run_trl_grpo(settings: TrlRunSettings) -> dict[str, Any]:
 
         phase_s: dict[str, float]
 
-        def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+        def _add_time(self, phase: str | None, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            """``call(*args, **kwargs)``, its wall time added to ``phase_s[phase]`` (``None``: not timed)."""
             t0 = time.perf_counter()
             try:
-                return super()._generate_single_turn(*args, **kwargs)
+                return call(*args, **kwargs)
             finally:
-                self.phase_s["generation"] += time.perf_counter() - t0
+                if phase is not None:
+                    self.phase_s[phase] += time.perf_counter() - t0
+
+        def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+            return self._add_time("generation", super()._generate_single_turn, *args, **kwargs)
 
         def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-            finally:
-                if not torch.is_grad_enabled():  # the training forward is part of "train"
-                    self.phase_s["logprobs"] += time.perf_counter() - t0
+            phase = None if torch.is_grad_enabled() else "logprobs"  # the training forward is part of "train"
+            return self._add_time(phase, super()._get_per_token_logps_and_entropies, *args, **kwargs)
 
         def _prepare_inputs(self, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return super()._prepare_inputs(*args, **kwargs)
-            finally:
-                self.phase_s["prepare"] += time.perf_counter() - t0
+            return self._add_time("prepare", super()._prepare_inputs, *args, **kwargs)
 
         def training_step(self, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
             try:
-                return super().training_step(*args, **kwargs)
+                return self._add_time("training_step", super().training_step, *args, **kwargs)
             finally:
-                self.phase_s["training_step"] += time.perf_counter() - t0
                 self.phase_s["training_step_end"] = time.perf_counter()
 
     class _StepClock(TrainerCallback):

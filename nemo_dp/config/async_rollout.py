@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_dp.config.checks import Checked, at_least_field, positive_field
 from nemo_dp.utils.config_access import cfg_get
 
 __all__ = [
@@ -22,12 +23,8 @@ __all__ = [
 _KEY = "algorithm.async_rollout"
 
 
-def _fail(key: str, message: str) -> None:
-    raise ValueError(f"{key}: {message}")
-
-
 @dataclass
-class AsyncRolloutConfig:
+class AsyncRolloutConfig(Checked, key=_KEY):
     """``algorithm.async_rollout`` of GRPO.
 
     Attributes:
@@ -41,26 +38,12 @@ class AsyncRolloutConfig:
     """
 
     enabled: bool = False
-    max_staleness: int = 1
-    num_rollout_workers: int = 1
-    importance_ratio_cap: float = 2.0
-    claim_poll_interval_s: float = 0.02
-    claim_timeout_s: float = 600.0
-    torch_threads: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.max_staleness >= 0:
-            _fail(f"{_KEY}.max_staleness", f"must be >= 0, got {self.max_staleness!r}")
-        if not self.num_rollout_workers >= 1:
-            _fail(f"{_KEY}.num_rollout_workers", f"must be >= 1, got {self.num_rollout_workers!r}")
-        if not self.importance_ratio_cap >= 1.0:
-            _fail(f"{_KEY}.importance_ratio_cap", f"must be >= 1.0, got {self.importance_ratio_cap!r}")
-        if not self.claim_poll_interval_s > 0:
-            _fail(f"{_KEY}.claim_poll_interval_s", f"must be > 0, got {self.claim_poll_interval_s!r}")
-        if not self.claim_timeout_s > 0:
-            _fail(f"{_KEY}.claim_timeout_s", f"must be > 0, got {self.claim_timeout_s!r}")
-        if not self.torch_threads >= 0:
-            _fail(f"{_KEY}.torch_threads", f"must be >= 0, got {self.torch_threads!r}")
+    max_staleness: int = at_least_field(1, 0)
+    num_rollout_workers: int = at_least_field(1, 1)
+    importance_ratio_cap: float = at_least_field(2.0, 1.0)
+    claim_poll_interval_s: float = positive_field(0.02)
+    claim_timeout_s: float = positive_field(600.0)
+    torch_threads: int = at_least_field(0, 0)
 
 
 def async_rollout_enabled(master_config: Any) -> bool:

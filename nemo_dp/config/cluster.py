@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from nemo_dp.config.checks import fail
 from nemo_dp.distributed.ray_init import parse_cluster_address
 
 __all__ = ["ClusterConfig", "RESERVED_RESOURCE_NAMES"]
@@ -16,10 +17,6 @@ __all__ = ["ClusterConfig", "RESERVED_RESOURCE_NAMES"]
 #: Resource names Ray handles through dedicated actor options; a worker may not request them
 #: through ``cluster.policy_resources`` (nemo_dp's workers are ``num_cpus=0`` actors on purpose).
 RESERVED_RESOURCE_NAMES: tuple[str, ...] = ("CPU", "GPU", "memory", "object_store_memory")
-
-
-def _fail(key: str, message: str) -> None:
-    raise ValueError(f"{key}: {message}")
 
 
 @dataclass
@@ -54,24 +51,24 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         if self.num_cpus < 1:
-            _fail("cluster.num_cpus", f"must be >= 1, got {self.num_cpus!r}")
+            fail("cluster.num_cpus", f"must be >= 1, got {self.num_cpus!r}")
         if not self.connect_timeout_s > 0:
-            _fail("cluster.connect_timeout_s", f"must be > 0, got {self.connect_timeout_s!r}")
+            fail("cluster.connect_timeout_s", f"must be > 0, got {self.connect_timeout_s!r}")
         if self.address is not None:
             try:
                 parse_cluster_address(self.address)
             except ValueError as exc:
-                _fail("cluster.address", str(exc))
+                fail("cluster.address", str(exc))
         if self.temp_dir is not None and not str(self.temp_dir).strip():
-            _fail("cluster.temp_dir", "must be a non-empty path or null")
+            fail("cluster.temp_dir", "must be a non-empty path or null")
         if self.working_dir is not None and not str(self.working_dir).strip():
-            _fail("cluster.working_dir", "must be a non-empty path or null")
+            fail("cluster.working_dir", "must be a non-empty path or null")
         for name, amount in dict(self.policy_resources).items():
             key = f"cluster.policy_resources.{name}"
             if not str(name).strip():
-                _fail("cluster.policy_resources", "resource names must be non-empty")
+                fail("cluster.policy_resources", "resource names must be non-empty")
             if name in RESERVED_RESOURCE_NAMES:
-                _fail(
+                fail(
                     key,
                     f"{name!r} is not a custom resource; policy workers request num_cpus=0 on "
                     "purpose (the CPU budget belongs to the data plane's actors). Start the "
@@ -79,7 +76,7 @@ class ClusterConfig:
                     "and request that instead",
                 )
             if not float(amount) > 0:
-                _fail(key, f"must be > 0, got {amount!r}")
+                fail(key, f"must be > 0, got {amount!r}")
 
     @property
     def is_local(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from nemo_dp.config.checks import one_of
 from nemo_dp.environments.registry import check_reward_entry, is_function_path, reward_entries, single_reward_names
 
 __all__ = ["ENV_NAMES", "ENV_FORMATS", "EnvConfig", "ColumnsConfig", "RewardItem"]
@@ -18,11 +19,6 @@ ENV_NAMES: tuple[str, ...] = ("arithmetic", "visual")
 ENV_FORMATS: tuple[str, ...] = ("plain", "chat")
 _OPERATORS: tuple[str, ...] = ("+", "-", "*")
 _DATA_KEYS: tuple[tuple[str, str], ...] = (("sft_data", "sft_jsonl"), ("rl_data", "rl_jsonl"), ("val_data", "val_jsonl"))
-
-
-def _one_of(key: str, value: object, legal: tuple[str, ...]) -> None:
-    if value not in legal:
-        raise ValueError(f"{key}: got {value!r}; legal values: {list(legal)}")
 
 
 @dataclass
@@ -82,13 +78,13 @@ class EnvConfig:
     visual_kind: str = "digit"  # env=visual: "digit" | "count" | "colour" (nemo_dp.data.visual_task)
 
     def __post_init__(self) -> None:
-        _one_of("env.name", self.name, ENV_NAMES)
+        one_of("env.name", self.name, ENV_NAMES)
         if not self.digits >= 1:
             raise ValueError(f"env.digits: must be >= 1, got {self.digits!r}")
         if not self.operators:
             raise ValueError(f"env.operators: must not be empty; legal values: {list(_OPERATORS)}")
         for op in self.operators:
-            _one_of("env.operators", op, _OPERATORS)
+            one_of("env.operators", op, _OPERATORS)
         if not is_function_path(str(self.reward)) and self.reward not in single_reward_names():
             raise ValueError(
                 f"env.reward: got {self.reward!r}; legal values: {list(single_reward_names())} or a function "
@@ -96,7 +92,7 @@ class EnvConfig:
             )
         for entry in reward_entries(self):
             check_reward_entry(entry)
-        _one_of("env.format", self.format, ENV_FORMATS)
+        one_of("env.format", self.format, ENV_FORMATS)
         for new, old in _DATA_KEYS:
             for key in (new, old):
                 value = getattr(self, key)

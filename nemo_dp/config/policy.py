@@ -20,7 +20,8 @@ from nemo_dp.config.precision import (
     PRECISION_NAMES,
     resolve_precision_name,
 )
-from nemo_dp.config.schema import PolicyConfig, _at_least, _one_of
+from nemo_dp.config.checks import Checked, at_least_field, one_of
+from nemo_dp.config.schema import PolicyConfig
 
 __all__ = [
     "POLICY_DEVICES",
@@ -50,19 +51,16 @@ class TinyPolicyConfig(PolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _one_of("policy.kind", self.kind, ("tiny",))
-        _one_of("policy.device", self.device, POLICY_DEVICES)
+        one_of("policy.kind", self.kind, ("tiny",))
+        one_of("policy.device", self.device, POLICY_DEVICES)
         resolve_precision_name(self.precision, None)
 
 
 @dataclass
-class HFModelSchema:
+class HFModelSchema(Checked, key="policy.model"):
     """``policy.model`` of ``policy=hf``: only the sequence bound (the shape is the checkpoint's)."""
 
-    max_seq_len: int = 128
-
-    def __post_init__(self) -> None:
-        _at_least("policy.model.max_seq_len", self.max_seq_len, 2)
+    max_seq_len: int = at_least_field(128, 2)
 
 
 @dataclass
@@ -94,12 +92,12 @@ class HFPolicyConfig(PolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _one_of("policy.kind", self.kind, ("hf", "hf_vlm"))
-        _one_of("policy.device", self.device, POLICY_DEVICES)
+        one_of("policy.kind", self.kind, ("hf", "hf_vlm"))
+        one_of("policy.device", self.device, POLICY_DEVICES)
         resolve_precision_name(self.precision, self.dtype)
-        _one_of("policy.attn_implementation", self.attn_implementation, HF_ATTN_NAMES)
+        one_of("policy.attn_implementation", self.attn_implementation, HF_ATTN_NAMES)
         if self.train_attn_implementation is not None:
-            _one_of("policy.train_attn_implementation", self.train_attn_implementation, HF_ATTN_NAMES)
+            one_of("policy.train_attn_implementation", self.train_attn_implementation, HF_ATTN_NAMES)
         if not str(self.model_name_or_path).strip():
             raise ValueError("policy.model_name_or_path: must be a local checkpoint directory")
 

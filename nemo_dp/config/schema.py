@@ -7,7 +7,6 @@ converts the node.  The ``data_plane`` schemas live in ``nemo_dp.data_plane.inte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -15,6 +14,17 @@ from omegaconf import MISSING
 
 from nemo_dp.config.algorithm_registry import ALGORITHMS, algorithm_names
 from nemo_dp.config.async_rollout import AsyncRolloutConfig
+from nemo_dp.config.checks import (
+    Checked,
+    at_least,
+    at_least_each,
+    at_least_field,
+    fail,
+    one_of,
+    one_of_field,
+    positive,
+    positive_field,
+)
 from nemo_dp.config.cluster import ClusterConfig
 from nemo_dp.config.env import EnvConfig
 from nemo_dp.config.logging import MlflowConfig, TensorBoardConfig, WandbConfig
@@ -56,74 +66,39 @@ LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 MICROBATCH_ORDERS: tuple[str, ...] = ("packer", "largest_first")
 
 
-def _fail(key: str, message: str) -> None:
-    raise ValueError(f"{key}: {message}")
-
-
-def _at_least(key: str, value: float, lower: float) -> None:
-    if not value >= lower:
-        _fail(key, f"must be >= {lower}, got {value!r}")
-
-
-def _at_least_each(prefix: str, node: Any, **lower: float) -> None:
-    """:func:`_at_least` on ``node.<name> >= bound`` for each ``name=bound``, in order.
-
-    Args:
-        prefix: The node's dotted key (``"policy.model"``); errors name ``prefix.name``.
-        node: The config node.
-        **lower: Each field's lower bound.
-
-    Raises:
-        ValueError: The first field below its bound.
-    """
-    for name, bound in lower.items():
-        _at_least(f"{prefix}.{name}", getattr(node, name), bound)
-
-
-def _positive(key: str, value: float) -> None:
-    if not value > 0:
-        _fail(key, f"must be > 0, got {value!r}")
-
-
-def _one_of(key: str, value: Any, legal: Sequence[Any]) -> None:
-    if value not in legal:
-        _fail(key, f"got {value!r}; legal values: {list(legal)}")
-
-
 # --- policy ---
 
 
 @dataclass
-class ModelSchema:
+class ModelSchema(Checked, key="policy.model"):
     """``policy.model``: the tiny causal transformer (vocabulary size comes from the tokenizer)."""
 
-    n_layers: int = 2
-    d_model: int = 128
-    n_heads: int = 4
+    n_layers: int = at_least_field(2, 1)
+    d_model: int = at_least_field(128, 1)
+    n_heads: int = at_least_field(4, 1)
     max_seq_len: int = 32
     dropout: float = 0.0
 
-    def __post_init__(self) -> None:
-        _at_least_each("policy.model", self, n_layers=1, d_model=1, n_heads=1)
+    def check(self) -> None:
         if self.d_model % self.n_heads != 0:
-            _fail(
+            fail(
                 "policy.model.d_model",
                 f"must be divisible by policy.model.n_heads={self.n_heads}, got {self.d_model}",
             )
-        _at_least("policy.model.max_seq_len", self.max_seq_len, 2)
+        at_least("policy.model.max_seq_len", self.max_seq_len, 2)
         if not 0.0 <= self.dropout < 1.0:
-            _fail("policy.model.dropout", f"must be in [0, 1), got {self.dropout!r}")
+            fail("policy.model.dropout", f"must be in [0, 1), got {self.dropout!r}")
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(Checked, key="policy.optimizer"):
     """``policy.optimizer``: AdamW with linear warm-up and a constant or cosine schedule.
 
     The cosine schedule decays to ``min_lr_ratio x lr`` over the optimizer steps of the phase
     (the trainer tells the workers how many there are).
     """
 
-    name: str = "adamw"
+    name: str = one_of_field("adamw", OPTIMIZER_NAMES)
     lr: float = 1e-3
     weight_decay: float = 0.0
     beta1: float = 0.9
@@ -133,67 +108,47 @@ class OptimizerConfig:
     schedule: str = "constant"
     min_lr_ratio: float = 0.1
 
-    def __post_init__(self) -> None:
-        _one_of("policy.optimizer.name", self.name, OPTIMIZER_NAMES)
-        _one_of("policy.optimizer.schedule", self.schedule, LR_SCHEDULES)
+    def check(self) -> None:
+        one_of("policy.optimizer.schedule", self.schedule, LR_SCHEDULES)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            _fail("policy.optimizer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio!r}")
-        _positive("policy.optimizer.lr", self.lr)
-        _at_least("policy.optimizer.weight_decay", self.weight_decay, 0.0)
+            fail("policy.optimizer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio!r}")
+        positive("policy.optimizer.lr", self.lr)
+        at_least("policy.optimizer.weight_decay", self.weight_decay, 0.0)
         for key, value in (("beta1", self.beta1), ("beta2", self.beta2)):
             if not 0.0 <= value < 1.0:
-                _fail(f"policy.optimizer.{key}", f"must be in [0, 1), got {value!r}")
-        _positive("policy.optimizer.eps", self.eps)
-        _at_least("policy.optimizer.warmup_steps", self.warmup_steps, 0)
+                fail(f"policy.optimizer.{key}", f"must be in [0, 1), got {value!r}")
+        positive("policy.optimizer.eps", self.eps)
+        at_least("policy.optimizer.warmup_steps", self.warmup_steps, 0)
 
 
 @dataclass
-class GenerationConfig:
+class GenerationConfig(Checked, key="policy.generation"):
     """``policy.generation``: sampling settings for rollouts (evaluation is always greedy)."""
 
-    max_new_tokens: int = 6
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        _at_least("policy.generation.max_new_tokens", self.max_new_tokens, 1)
-        _positive("policy.generation.temperature", self.temperature)
+    max_new_tokens: int = at_least_field(6, 1)
+    temperature: float = positive_field(1.0)
 
 
 @dataclass
-class DynamicBatchingConfig:
+class DynamicBatchingConfig(Checked, key="policy.dynamic_batching"):
     """``policy.dynamic_batching``: token-budgeted microbatches planned by the shared planner."""
 
     enabled: bool = False
-    train_mb_tokens: int = 256
-    logprob_mb_tokens: int = 512
-    sequence_length_round: int = 4
-
-    def __post_init__(self) -> None:
-        _at_least_each(
-            "policy.dynamic_batching", self, train_mb_tokens=1, logprob_mb_tokens=1, sequence_length_round=1
-        )
+    train_mb_tokens: int = at_least_field(256, 1)
+    logprob_mb_tokens: int = at_least_field(512, 1)
+    sequence_length_round: int = at_least_field(4, 1)
 
 
 @dataclass
-class SequencePackingConfig:
+class SequencePackingConfig(Checked, key="policy.sequence_packing"):
     """``policy.sequence_packing``: bin-packed microbatches (every rank gets the same count)."""
 
     enabled: bool = False
-    train_mb_tokens: int = 256
-    logprob_mb_tokens: int = 512
-    algorithm: str = "modified_first_fit_decreasing"
-    sequence_length_pad_multiple: int = 1
-    microbatch_order: str = "packer"
-
-    def __post_init__(self) -> None:
-        _at_least_each("policy.sequence_packing", self, train_mb_tokens=1, logprob_mb_tokens=1)
-        _one_of("policy.sequence_packing.algorithm", self.algorithm, SEQUENCE_PACKING_ALGORITHMS)
-        _at_least(
-            "policy.sequence_packing.sequence_length_pad_multiple",
-            self.sequence_length_pad_multiple,
-            1,
-        )
-        _one_of("policy.sequence_packing.microbatch_order", self.microbatch_order, MICROBATCH_ORDERS)
+    train_mb_tokens: int = at_least_field(256, 1)
+    logprob_mb_tokens: int = at_least_field(512, 1)
+    algorithm: str = one_of_field("modified_first_fit_decreasing", SEQUENCE_PACKING_ALGORITHMS)
+    sequence_length_pad_multiple: int = at_least_field(1, 1)
+    microbatch_order: str = one_of_field("packer", MICROBATCH_ORDERS)
 
 
 @dataclass
@@ -225,26 +180,26 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         if self.init_from is not None and not str(self.init_from).strip():
-            _fail("policy.init_from", "must be a checkpoint path or null, got an empty string")
-        _at_least_each("policy", self, dp_size=1, torch_threads=1, train_global_batch_size=1)
+            fail("policy.init_from", "must be a checkpoint path or null, got an empty string")
+        at_least_each("policy", self, dp_size=1, torch_threads=1, train_global_batch_size=1)
         if self.train_micro_batch_size is not None:
-            _at_least("policy.train_micro_batch_size", self.train_micro_batch_size, 1)
-        _at_least_each("policy", self, logprob_batch_size=1, generation_batch_size=1)
+            at_least("policy.train_micro_batch_size", self.train_micro_batch_size, 1)
+        at_least_each("policy", self, logprob_batch_size=1, generation_batch_size=1)
         if self.train_global_batch_size % self.dp_size != 0:
-            _fail(
+            fail(
                 "policy.train_global_batch_size",
                 f"must be a multiple of policy.dp_size={self.dp_size}, "
                 f"got {self.train_global_batch_size}",
             )
         per_worker = self.train_global_batch_size // self.dp_size
         if self.train_micro_batch_size is not None and self.train_micro_batch_size > per_worker:
-            _fail(
+            fail(
                 "policy.train_micro_batch_size",
                 f"must be <= the per-worker batch policy.train_global_batch_size / policy.dp_size "
                 f"= {self.train_global_batch_size} / {self.dp_size} = {per_worker}, "
                 f"got {self.train_micro_batch_size}",
             )
-        _positive("policy.max_grad_norm", self.max_grad_norm)
+        positive("policy.max_grad_norm", self.max_grad_norm)
 
 
 def train_micro_batch_rows(policy_cfg: Any) -> int:
@@ -267,10 +222,10 @@ def train_micro_batch_rows(policy_cfg: Any) -> int:
 
 
 def _check_common_algorithm(cfg: Any, expected_name: str) -> None:
-    _one_of("algorithm.name", cfg.name, (expected_name,))
-    _at_least("algorithm.max_steps", cfg.max_steps, 1)
-    _at_least("algorithm.val_period", cfg.val_period, 0)
-    _at_least("algorithm.val_samples", cfg.val_samples, 1)
+    one_of("algorithm.name", cfg.name, (expected_name,))
+    at_least("algorithm.max_steps", cfg.max_steps, 1)
+    at_least("algorithm.val_period", cfg.val_period, 0)
+    at_least("algorithm.val_samples", cfg.val_samples, 1)
 
 
 @dataclass
@@ -291,33 +246,25 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         _check_common_algorithm(self, "sft")
-        _at_least("algorithm.num_train_samples", self.num_train_samples, 1)
+        at_least("algorithm.num_train_samples", self.num_train_samples, 1)
 
 
 @dataclass
-class GRPOLossConfig:
+class GRPOLossConfig(Checked, key="algorithm.loss"):
     """``algorithm.loss``: clipped policy gradient with a k3 KL penalty to the reference."""
 
-    ratio_clip_min: float = 0.2
-    ratio_clip_max: float = 0.2
-    reference_policy_kl_penalty: float = 0.01
+    ratio_clip_min: float = at_least_field(0.2, 0.0)
+    ratio_clip_max: float = at_least_field(0.2, 0.0)
+    reference_policy_kl_penalty: float = at_least_field(0.01, 0.0)
     token_level_loss: bool = True
-
-    def __post_init__(self) -> None:
-        _at_least_each(
-            "algorithm.loss", self, ratio_clip_min=0.0, ratio_clip_max=0.0, reference_policy_kl_penalty=0.0
-        )
 
 
 @dataclass
-class DynamicSamplingConfig:
+class DynamicSamplingConfig(Checked, key="algorithm.dynamic_sampling"):
     """``algorithm.dynamic_sampling``: drop zero-std groups, keep generating to fill the batch."""
 
     enabled: bool = False
-    max_gen_batches: int = 4
-
-    def __post_init__(self) -> None:
-        _at_least("algorithm.dynamic_sampling.max_gen_batches", self.max_gen_batches, 1)
+    max_gen_batches: int = at_least_field(4, 1)
 
 
 @dataclass
@@ -332,15 +279,33 @@ class WarmStartConfig:
     val_samples: int = 100
 
     def __post_init__(self) -> None:
-        _at_least_each("algorithm.warm_start", self, max_steps=1, warmup_steps=0, num_train_samples=1)
-        _positive("algorithm.warm_start.lr", self.lr)
-        _at_least("algorithm.warm_start.val_samples", self.val_samples, 1)
+        at_least_each("algorithm.warm_start", self, max_steps=1, warmup_steps=0, num_train_samples=1)
+        positive("algorithm.warm_start.lr", self.lr)
+        at_least("algorithm.warm_start.val_samples", self.val_samples, 1)
 
 
-def _check_rl_root(algo: Any, root: Any) -> None:
+class _RLAlgorithm:
+    """What the RL algorithms' schemas share: rows per step and the cross-group rules."""
+
+    @property
+    def samples_per_step(self) -> int:
+        """Rows trained per step: prompts x generations."""
+        return self.num_prompts_per_step * self.num_generations_per_prompt  # type: ignore[attr-defined]
+
+    def check_root(self, root: Any) -> None:
+        """Rules that need the whole config (called by ``MasterConfig``)."""
+        _check_rl_root(self, root)
+
+    def _check_rl(self, expected_name: str) -> None:
+        """The rules every RL algorithm starts with: the common ones, then prompts and generations."""
+        _check_common_algorithm(self, expected_name)
+        at_least_each("algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1)
+
+
+def _check_rl_root(algo: _RLAlgorithm, root: Any) -> None:
     """Cross-group rules of an RL algorithm (batch divisibility, sequence room)."""
     if algo.samples_per_step % root.policy.train_global_batch_size != 0:
-        _fail(
+        fail(
             "policy.train_global_batch_size",
             f"must divide algorithm.num_prompts_per_step x "
             f"algorithm.num_generations_per_prompt = {algo.samples_per_step}, "
@@ -348,7 +313,7 @@ def _check_rl_root(algo: Any, root: Any) -> None:
         )
     longest = root.env.digits * 2 + 3 + root.policy.generation.max_new_tokens
     if longest > root.policy.model.max_seq_len and root.env.rl_jsonl is None and root.env.rl_data is None and root.env.name == "arithmetic":
-        _fail(
+        fail(
             "policy.model.max_seq_len",
             f"must be >= {longest} (bos + prompt + policy.generation.max_new_tokens) "
             f"for env.digits={root.env.digits}, got {root.policy.model.max_seq_len}",
@@ -356,7 +321,7 @@ def _check_rl_root(algo: Any, root: Any) -> None:
 
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(_RLAlgorithm):
     """``algorithm`` for GRPO: group-relative advantages, clipped PG loss, KL to the reference.
 
     ``reuse_train_forward_logprobs``: when a rollout is one optimizer step (samples per step =
@@ -382,42 +347,28 @@ class GRPOConfig:
     async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
 
     def __post_init__(self) -> None:
-        _check_common_algorithm(self, "grpo")
-        _at_least_each("algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1)
+        self._check_rl("grpo")
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt < 2:
-            _fail(
+            fail(
                 "algorithm.num_generations_per_prompt",
                 "must be >= 2 with algorithm.use_leave_one_out_baseline=true, "
                 f"got {self.num_generations_per_prompt}",
             )
-        _at_least("algorithm.num_train_prompts", self.num_train_prompts, self.num_prompts_per_step)
-
-    @property
-    def samples_per_step(self) -> int:
-        """Rows trained per step: prompts x generations."""
-        return self.num_prompts_per_step * self.num_generations_per_prompt
-
-    def check_root(self, root: Any) -> None:
-        """Rules that need the whole config (called by ``MasterConfig``)."""
-        _check_rl_root(self, root)
+        at_least("algorithm.num_train_prompts", self.num_train_prompts, self.num_prompts_per_step)
 
 
 @dataclass
-class PPOValueConfig:
+class PPOValueConfig(Checked, key="algorithm.value"):
     """``algorithm.value``: the critic's optimizer and value-loss clipping."""
 
-    lr: float = 1e-3
-    warmup_steps: int = 0
-    value_clip: float = 0.2
+    lr: float = positive_field(1e-3)
+    warmup_steps: int = at_least_field(0, 0)
+    value_clip: float = at_least_field(0.2, 0.0)
     init_from_policy: bool = True
-
-    def __post_init__(self) -> None:
-        _positive("algorithm.value.lr", self.lr)
-        _at_least_each("algorithm.value", self, warmup_steps=0, value_clip=0.0)
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(_RLAlgorithm):
     """``algorithm`` for PPO: a critic with GAE, clipped policy and value losses, ppo_epochs."""
 
     name: str = "ppo"
@@ -439,28 +390,12 @@ class PPOConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     def __post_init__(self) -> None:
-        _check_common_algorithm(self, "ppo")
-        _at_least_each(
-            "algorithm",
-            self,
-            num_prompts_per_step=1,
-            num_generations_per_prompt=1,
-            num_train_prompts=self.num_prompts_per_step,
-            ppo_epochs=1,
-        )
+        self._check_rl("ppo")
+        at_least_each("algorithm", self, num_train_prompts=self.num_prompts_per_step, ppo_epochs=1)
         for key, value in (("gamma", self.gamma), ("lam", self.lam)):
             if not 0.0 <= value <= 1.0:
-                _fail(f"algorithm.{key}", f"must be in [0, 1], got {value!r}")
-        _at_least("algorithm.kl_coef", self.kl_coef, 0.0)
-
-    @property
-    def samples_per_step(self) -> int:
-        """Rows trained per step: prompts x generations."""
-        return self.num_prompts_per_step * self.num_generations_per_prompt
-
-    def check_root(self, root: Any) -> None:
-        """Rules that need the whole config (called by ``MasterConfig``)."""
-        _check_rl_root(self, root)
+                fail(f"algorithm.{key}", f"must be in [0, 1], got {value!r}")
+        at_least("algorithm.kl_coef", self.kl_coef, 0.0)
 
 
 # --- env, cluster, logger, checkpointing ---
@@ -481,10 +416,10 @@ class LoggerConfig:
 
     def __post_init__(self) -> None:
         if not self.metrics_file:
-            _fail("logger.metrics_file", "must be a non-empty file name")
+            fail("logger.metrics_file", "must be a non-empty file name")
         if not self.plot_file.endswith(".png"):
-            _fail("logger.plot_file", f"must end with '.png', got {self.plot_file!r}")
-        _at_least("logger.num_val_examples_to_print", self.num_val_examples_to_print, 0)
+            fail("logger.plot_file", f"must end with '.png', got {self.plot_file!r}")
+        at_least("logger.num_val_examples_to_print", self.num_val_examples_to_print, 0)
 
 
 @dataclass
@@ -504,8 +439,8 @@ class CheckpointingConfig:
 
     def __post_init__(self) -> None:
         if not self.checkpoint_dir:
-            _fail("checkpointing.checkpoint_dir", "must be a non-empty path")
-        _at_least_each("checkpointing", self, save_period=0, keep_last=1)
+            fail("checkpointing.checkpoint_dir", "must be a non-empty path")
+        at_least_each("checkpointing", self, save_period=0, keep_last=1)
 
 
 @dataclass
@@ -526,10 +461,10 @@ class MasterConfig:
     seed: int = 42
 
     def __post_init__(self) -> None:
-        _at_least("seed", self.seed, 0)
+        at_least("seed", self.seed, 0)
         algo = self.algorithm
         if type(algo) not in algorithm_schemas():
-            _fail(
+            fail(
                 "algorithm",
                 f"unknown algorithm schema {type(algo).__name__}; legal values: "
                 f"{list(algorithm_names())}",

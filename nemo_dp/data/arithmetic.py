@@ -165,15 +165,5 @@ class ArithmeticTask:
         return self._draw(n, eval_part=False)
 
     def eval_problems(self, n: int) -> list[Problem]:
-        """Draw ``n`` distinct held-out problems (disjoint from any train set).
-
-        Args:
-            n: Number of problems.
-
-        Returns:
-            The problems, in a seed-determined order.
-
-        Raises:
-            ValueError: If the eval partition holds fewer than ``n`` problems.
-        """
+        """:meth:`train_problems` from the held-out partition (disjoint from any train set)."""
         return self._draw(n, eval_part=True)

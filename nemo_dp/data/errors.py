@@ -29,23 +29,11 @@ class DatasetError(ValueError):
     """
 
     def __init__(
-        self,
-        problem: str,
-        *,
-        key: str | None = None,
-        path: str | None = None,
-        line: int | None = None,
-        field: str | None = None,
-        fix: str | None = None,
-        row: int | None = None,
+        self, problem: str, *, key: str | None = None, path: str | None = None, line: int | None = None,
+        field: str | None = None, fix: str | None = None, row: int | None = None,
     ) -> None:
-        self.problem = problem
-        self.key = key
-        self.path = path
-        self.line = line
-        self.field = field
-        self.fix = fix
-        self.row = row
+        self.problem, self.key, self.path, self.line = problem, key, path, line
+        self.field, self.fix, self.row = field, fix, row
         super().__init__(self._render())
 
     def _render(self) -> str:

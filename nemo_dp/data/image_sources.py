@@ -1,15 +1,9 @@
 """A user's image dataset (``env.sft_data`` / ``env.rl_data`` / ``env.val_data``) as trainer rows.
 
-A jsonl file whose ``messages`` hold image parts (``{"type": "image", "image": "<path relative
-to the jsonl>"}``, see :mod:`nemo_dp.data.images`) is read here instead of through the text
-tables: :func:`is_image_jsonl` recognises one, :func:`read_image_rows` parses and checks every
-row (every image is decoded, so a missing or unreadable one fails with key, ``file:line``,
-field and path) into :class:`~nemo_dp.data.image_rows.ImageSFTExample` rows (SFT: the
-conversation before its last assistant turn, and that turn's text) or ``Problem`` rows whose
-prompt is an :class:`~nemo_dp.data.image_rows.ImagePrompt` (RL and held-out, with ``answer``).
-
-:func:`image_prompt_lengths` is the check before Ray: it refuses a policy without an image
-processor and gives each row's token count as the worker will encode it.
+A jsonl file whose ``messages`` hold image parts (see :mod:`nemo_dp.data.images`) is recognised by
+:func:`is_image_jsonl` and parsed by :func:`read_image_rows` (every image decoded, faults naming key,
+``file:line``, field and path) into ``ImageSFTExample`` or ``Problem`` rows with an ``ImagePrompt``.
+:func:`image_prompt_lengths` checks the policy's image processor and row lengths before Ray.
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from nemo_dp.data.columns import Columns
 from nemo_dp.data.errors import DatasetError
 from nemo_dp.data.image_rows import ImagePrompt, ImageSFTExample
 from nemo_dp.data.images import has_image_parts, parse_image_messages
+from nemo_dp.utils.json_files import json_lines
 
 __all__ = ["ImageRows", "image_prompt_lengths", "is_image_jsonl", "is_image_rows", "read_image_rows"]
 
@@ -107,13 +102,9 @@ def _read(path: str, version: tuple[int, int], kind: Kind, col: Columns, key: Op
     rows: list[Any] = []
     lines: list[int] = []
     with file.open(encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"is not valid JSON: {exc.msg}", key=key, path=path, line=lineno) from exc
+        for lineno, obj in json_lines(
+            fh, lambda n, exc: DatasetError(f"is not valid JSON: {exc.msg}", key=key, path=path, line=n)
+        ):
             rows.append(_row(obj, kind, col, file, lineno, key))
             lines.append(lineno)
     if not rows:

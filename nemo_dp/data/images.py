@@ -7,7 +7,6 @@ anything starts with a ``DatasetError`` naming key, ``file:line``, field and pat
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Literal
 
 from nemo_dp.data.chat import ROLES
 from nemo_dp.data.errors import DatasetError
+from nemo_dp.utils.json_files import json_lines
 
 __all__ = [
     "ImageChatRow",
@@ -227,14 +227,8 @@ def load_image_jsonl(path: str | Path, *, kind: Kind, key: str | None = None) ->
         raise DatasetError("does not exist or is not a file", key=key, path=str(file))
     rows: list[ImageChatRow] = []
     with file.open(encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
+        for lineno, obj in json_lines(fh, lambda n, e: _Where(key, str(file), n).fail(f"is not valid JSON: {e.msg}")):
             where = _Where(key, str(file), lineno)
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise where.fail(f"is not valid JSON: {exc.msg}") from exc
             if not isinstance(obj, dict):
                 raise where.fail(f"must be a JSON object, got {_type(obj)}")
             messages = parse_image_messages(obj.get("messages"), jsonl_path=file, line=lineno, key=key)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -169,9 +169,15 @@ def _type(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _finish(rows: list[Any], path: str, key: str | None) -> list[Any]:
+def _read_records(
+    path: str | os.PathLike[str], key: str | None, columns: Columns | None, record: Callable[[RowFields, Columns], Any]
+) -> list[Any]:
+    """``record(line, columns)`` of each record of a jsonl file, in file order; a file without any is refused."""
+    spath = os.fspath(path)
+    col = columns or Columns()
+    rows = [record(RowFields(obj, spath, lineno, key), col) for lineno, obj in _objects(spath, key)]
     if not rows:
-        raise DatasetError("no records", key=key, path=path, fix="the file holds no non-blank line")
+        raise DatasetError("no records", key=key, path=spath, fix="the file holds no non-blank line")
     return rows
 
 
@@ -260,47 +266,27 @@ def read_sft_jsonl(
         DatasetError: On a missing file, a malformed line (file, line and field named), a
             conversation not ending with the assistant, or a file without records.
     """
-    spath = os.fspath(path)
-    col = columns or Columns()
-    rows: list[SFTRecord] = []
-    for lineno, obj in _objects(spath, key):
-        rows.append(SFTRecord(sft_example(RowFields(obj, spath, lineno, key), col), lineno))
-    return _finish(rows, spath, key)
+    return _read_records(path, key, columns, lambda line, col: SFTRecord(sft_example(line, col), line.line))
 
 
 def read_rl_jsonl(
-    path: str | os.PathLike[str],
-    *,
-    tokenizer: Any | None = None,
-    key: str | None = None,
+    path: str | os.PathLike[str], *, tokenizer: Any | None = None, key: str | None = None,
     columns: Columns | None = None,
 ) -> list[RLRecord]:
-    """Parse an RL jsonl file, keeping each problem's line number.
+    """Parse an RL jsonl file like :func:`read_sft_jsonl`, keeping each problem's line number.
 
-    Args:
-        path: The file.
-        tokenizer: Renders ``messages`` prompts with its chat template when it has one (plain
-            concatenation of the contents otherwise, or when None).
-        key: The config key that named the file (put in error messages).
-        columns: The fields' names in the file (default: ``prompt``, ``answer``, ``messages``).
-
-    Returns:
-        The records in file order.
-
-    Raises:
-        DatasetError: On a missing file, a malformed line (file, line and field named), a
-            prompt conversation ending with the assistant, or a file without records.
+    ``tokenizer`` renders ``messages`` prompts with its chat template when it has one (plain
+    concatenation of the contents otherwise, or when None); ``columns`` defaults to ``prompt``,
+    ``answer``, ``messages``.  A prompt conversation ending with the assistant is refused.
     """
-    spath = os.fspath(path)
-    col = columns or Columns()
-    rows: list[RLRecord] = []
-    for lineno, obj in _objects(spath, key):
-        line = RowFields(obj, spath, lineno, key)
+
+    def record(line: RowFields, col: Columns) -> RLRecord:
         prompt, messages, answer = rl_fields(line, col)
         if messages is not None:
             prompt = render_rl_prompt(line, col, messages, tokenizer)
-        rows.append(RLRecord(Problem(prompt=prompt, answer=answer), lineno, messages))
-    return _finish(rows, spath, key)
+        return RLRecord(Problem(prompt=prompt, answer=answer), line.line, messages)
+
+    return _read_records(path, key, columns, record)
 
 
 def load_sft_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> list[SFTExample]:
@@ -369,6 +355,4 @@ def scan_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> int:
         DatasetError: A missing or unreadable file, a line that is not UTF-8 or not a JSON
             object (file:line named), or a file without records.
     """
-    spath = os.fspath(path)
-    rows = [lineno for lineno, _ in _objects(spath, key)]
-    return len(_finish(rows, spath, key))
+    return len(_read_records(path, key, None, lambda line, col: line.line))

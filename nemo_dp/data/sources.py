@@ -285,18 +285,8 @@ def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenize
 
     Every row of a file is checked (a malformed line fails even past ``val_samples``); a file
     with fewer rows gives all of them (``DataSource.total`` says how many there are).
-
-    Args:
-        env_cfg: The ``env`` node.
-        val_samples: How many problems validation uses.
-        val_samples_key: The key holding ``val_samples``, e.g. ``algorithm.val_samples``.
-        tokenizer: Renders ``messages`` prompts (chat template when it has one).
-
-    Returns:
-        The source; rows are ``Problem``.
-
-    Raises:
-        DatasetError: Naming the key, file, line and field at fault.
+    ``val_samples_key`` holds ``val_samples`` (e.g. ``algorithm.val_samples``); otherwise as
+    :func:`rl_source`.
     """
     return _problem_source(env_cfg, val_samples, val_samples_key, tokenizer, held_out=True)
 

@@ -1,14 +1,9 @@
 """The built-in visual task (``env=visual``) as the trainers' datasets, and its check before Ray.
 
-``nemo_dp.data.sources`` hands an ``env.name == "visual"`` node to these functions: SFT
-examples are :class:`~nemo_dp.data.visual_task.VisualSFTExample`, RL and held-out rows are
-:class:`~nemo_dp.data.visual_task.VisualProblem`, drawn from
-``VisualTask(env.visual_kind, env.seed)``.  A row carries its rendering spec, not its pixels:
-the policy's workers render and encode the images, so a row costs the driver a few integers.
-
-:func:`validate_visual_datasets` checks on the driver, before Ray starts, that the policy can
-read images and that the longest prompt (the largest image's placeholder tokens plus the
-question) and the longest SFT example fit ``policy.model.max_seq_len``.
+Rows are ``VisualSFTExample`` / ``VisualProblem`` drawn from ``VisualTask(env.visual_kind,
+env.seed)``; a row carries its rendering spec, and the workers render and encode the images.
+:func:`validate_visual_datasets` checks on the driver that the policy reads images and that the
+longest prompt and SFT example fit ``policy.model.max_seq_len``.
 """
 
 from __future__ import annotations

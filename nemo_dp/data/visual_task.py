@@ -1,19 +1,9 @@
 """Built-in visual task: small images rendered with Pillow, a question, an exact answer.
 
-Three kinds, all verifiable by exact match:
-
-* ``"digit"``: one seven-segment digit drawn at a random place, size and colour; "Which digit
-  is shown?" -> ``"7"``;
-* ``"count"``: 1 to ``max_count`` non-overlapping filled squares; "How many squares are
-  there?" -> ``"3"``;
-* ``"colour"``: the same digit images; "What colour is the digit?" -> ``"red"`` (one of
-  :data:`COLOUR_NAMES`).
-
-Images have different sizes (so a vision model gets different numbers of patches per image).
-Everything is deterministic from the seed: a problem is a rendering spec (a tuple of ints)
-drawn from a seeded generator and rendered by integer drawing only.  As in the arithmetic task,
-the spec space is split into train and held-out partitions by a stable hash of the spec, so the
-held-out set is disjoint from every train set whatever the seeds or sizes.
+Kinds: ``"digit"`` (which seven-segment digit is shown), ``"count"`` (how many squares, 1 to
+``max_count``), ``"colour"`` (the digit's colour, one of :data:`COLOUR_NAMES`).  Images vary in
+size.  A problem is a rendering spec drawn from a seeded generator; a stable hash of the spec
+splits train and held-out partitions, so the held-out set is disjoint from every train set.
 """
 
 from __future__ import annotations

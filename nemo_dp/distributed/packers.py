@@ -33,12 +33,10 @@ class SequencePacker(abc.ABC):
     """
 
     def __init__(self, bin_capacity: int, min_bin_count: int = 0, bin_count_multiple: int = 1):
-        if int(bin_capacity) < 1:
-            raise ValueError(f"bin_capacity must be >= 1, got {bin_capacity}")
-        if int(min_bin_count) < 0:
-            raise ValueError(f"min_bin_count must be >= 0, got {min_bin_count}")
-        if int(bin_count_multiple) < 1:
-            raise ValueError(f"bin_count_multiple must be >= 1, got {bin_count_multiple}")
+        bounds = (("bin_capacity", bin_capacity, 1), ("min_bin_count", min_bin_count, 0))
+        for name, value, lower in (*bounds, ("bin_count_multiple", bin_count_multiple, 1)):
+            if int(value) < lower:
+                raise ValueError(f"{name} must be >= {lower}, got {value}")
         self.bin_capacity = int(bin_capacity)
         self.min_bin_count = int(min_bin_count)
         self.bin_count_multiple = int(bin_count_multiple)

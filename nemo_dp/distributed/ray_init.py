@@ -166,18 +166,10 @@ class ClusterConnectError(ConnectionError):
         reason: One of :attr:`REASONS`.
     """
 
-    NOTHING_RUNNING = "nothing_running"
-    STALE_ADDRESS_FILE = "stale_address_file"
-    AUTH_TOKEN_MISSING = "auth_token_missing"
-    AUTH_TOKEN_REJECTED = "auth_token_rejected"
-    JOIN_FAILED = "join_failed"
     REASONS: tuple[str, ...] = (
-        NOTHING_RUNNING,
-        STALE_ADDRESS_FILE,
-        AUTH_TOKEN_MISSING,
-        AUTH_TOKEN_REJECTED,
-        JOIN_FAILED,
+        "nothing_running", "stale_address_file", "auth_token_missing", "auth_token_rejected", "join_failed"
     )
+    NOTHING_RUNNING, STALE_ADDRESS_FILE, AUTH_TOKEN_MISSING, AUTH_TOKEN_REJECTED, JOIN_FAILED = REASONS
 
     def __init__(self, message: str, *, address: str | None, source: str, reason: str) -> None:
         if reason not in self.REASONS:
@@ -215,6 +207,11 @@ class JoinTarget:
         if self.source == "RAY_ADDRESS":
             return f"{self.address} (from RAY_ADDRESS, used by cluster.address=auto)"
         return f"{self.address} (from the address file {self.source}, used by cluster.address=auto)"
+
+    def error(self, why: str, reason: str) -> ClusterConnectError:
+        """A :class:`ClusterConnectError` naming this target, its message ``"Could not join ...: <why>"``."""
+        message = f"Could not join the Ray cluster at {self.describe()}: {why}"
+        return ClusterConnectError(message, address=self.address, source=self.source, reason=reason)
 
 
 def resolve_join_target(
@@ -309,23 +306,18 @@ def _probe(target: JoinTarget, timeout_s: float) -> None:
     except OSError as exc:
         why = f"nothing answers there ({exc.strerror or exc})"
     if target.from_file:
-        raise ClusterConnectError(
-            f"Could not join the Ray cluster at {target.describe()}: {why}. The address file is "
-            "stale: it is left over from a cluster that stopped without `ray stop`. Fix: start "
-            f"the cluster again (`ray start --head`), or delete the stale file "
+        raise target.error(
+            f"{why}. The address file is stale: it is left over from a cluster that stopped without "
+            f"`ray stop`. Fix: start the cluster again (`ray start --head`), or delete the stale file "
             f"(`rm {target.source}`) and set cluster.address=<head-host>:<port>, {_FIX_LOCAL}.",
-            address=target.address,
-            source=target.source,
-            reason=ClusterConnectError.STALE_ADDRESS_FILE,
+            ClusterConnectError.STALE_ADDRESS_FILE,
         )
     where = "RAY_ADDRESS" if target.source == "RAY_ADDRESS" else "cluster.address"
-    raise ClusterConnectError(
-        f"Could not join the Ray cluster at {target.describe()}: {why}; no Ray head is running "
-        f"there. Fix: start it with `ray start --head --port={port}` on {host}, or correct "
-        f"{where} (the head's GCS '<host>:<port>' printed by `ray start --head`), {_FIX_LOCAL}.",
-        address=target.address,
-        source=target.source,
-        reason=ClusterConnectError.NOTHING_RUNNING,
+    raise target.error(
+        f"{why}; no Ray head is running there. Fix: start it with `ray start --head --port={port}` "
+        f"on {host}, or correct {where} (the head's GCS '<host>:<port>' printed by `ray start --head`), "
+        f"{_FIX_LOCAL}.",
+        ClusterConnectError.NOTHING_RUNNING,
     )
 
 
@@ -366,13 +358,7 @@ def _auth_error(target: JoinTarget, environ: Mapping[str, str], detail: str) -> 
             + ("" if source is None else f"; a token exists in {source} but is not used without it")
             + ")"
         )
-    return ClusterConnectError(
-        f"Could not join the Ray cluster at {target.describe()}: {why}. {how}, {_FIX_LOCAL}. "
-        f"(Ray: {detail})",
-        address=target.address,
-        source=target.source,
-        reason=reason,
-    )
+    return target.error(f"{why}. {how}, {_FIX_LOCAL}. (Ray: {detail})", reason)
 
 
 def _enable_token_auth_like_ray_auto() -> None:
@@ -410,14 +396,11 @@ def _check_auth(target: JoinTarget) -> None:
 def _join_failed(target: JoinTarget, exc: BaseException) -> ClusterConnectError:
     import ray
 
-    return ClusterConnectError(
-        f"Could not join the Ray cluster at {target.describe()}: something answers there but "
-        f"Ray could not join it ({type(exc).__name__}: {exc}). Fix: check that the address is "
-        f"the head's GCS port printed by `ray start --head` and that this Ray "
+    return target.error(
+        f"something answers there but Ray could not join it ({type(exc).__name__}: {exc}). Fix: check "
+        f"that the address is the head's GCS port printed by `ray start --head` and that this Ray "
         f"({ray.__version__}) matches the cluster's version, {_FIX_LOCAL}.",
-        address=target.address,
-        source=target.source,
-        reason=ClusterConnectError.JOIN_FAILED,
+        ClusterConnectError.JOIN_FAILED,
     )
 
 
@@ -574,37 +557,19 @@ def shutdown_ray() -> None:
 
 
 @contextlib.contextmanager
-def ray_session(
-    *,
-    address: str | None = None,
-    num_cpus: int | None = None,
-    reserved_cpus: int = 0,
-    reserved_by: str = "",
-    worker_env: Mapping[str, str] | None = None,
-    temp_dir: str | os.PathLike[str] | None = None,
-    connect_timeout_s: float = 15.0,
-    working_dir: str | os.PathLike[str] | None = None,
-    worker_setup_hook: str | None = WORKER_SETUP_HOOK,
-) -> Iterator[dict[str, str]]:
+def ray_session(**init_kwargs: Any) -> Iterator[dict[str, str]]:
     """:func:`init_ray` for the duration of a ``with`` block; Ray is shut down in ``finally``.
 
     Leaving the block disconnects from a joined cluster (which keeps running) or stops the
-    private Ray this block started.  Arguments are :func:`init_ray`'s.
+    private Ray this block started.
+
+    Args:
+        **init_kwargs: :func:`init_ray`'s keyword arguments.
 
     Yields:
         The environment dict returned by :func:`init_ray`.
     """
-    env = init_ray(
-        address=address,
-        num_cpus=num_cpus,
-        reserved_cpus=reserved_cpus,
-        reserved_by=reserved_by,
-        worker_env=worker_env,
-        temp_dir=temp_dir,
-        connect_timeout_s=connect_timeout_s,
-        working_dir=working_dir,
-        worker_setup_hook=worker_setup_hook,
-    )
+    env = init_ray(**init_kwargs)
     try:
         yield env
     finally:

@@ -110,20 +110,11 @@ def checkpoint_finalizer(
     from nemo_dp.training.resume import CheckpointMeta, write_checkpoint_meta
     from nemo_dp.utils.manifest import write_manifest
 
-    shape = dict(model_shape)
+    owner = {"algorithm": algorithm, "phase": phase, "model_shape": dict(model_shape), "data_plane": data_plane}
     kept = dict(settings or {})
 
     def finalize(tmp: Path, step: int) -> None:
-        meta = CheckpointMeta(
-            algorithm=algorithm,
-            phase=phase,
-            model_shape=shape,
-            data_plane=data_plane,
-            run_id=run_id,
-            step=step,
-            settings=kept,
-        )
-        write_checkpoint_meta(tmp, meta)
+        write_checkpoint_meta(tmp, CheckpointMeta(**owner, run_id=run_id, step=step, settings=kept))
         write_manifest(tmp)
 
     return finalize

@@ -25,6 +25,7 @@ from nemo_dp.training.checkpoint_discovery import (
     step_of,
 )
 from nemo_dp.utils.checkpoint import REQUIRED_FILES
+from nemo_dp.utils.json_files import load_json
 from nemo_dp.utils.manifest import has_manifest, verify_manifest
 
 __all__ = [
@@ -219,10 +220,7 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
     path = Path(checkpoint_dir) / CHECKPOINT_META_NAME
     if not path.is_file():
         return None
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResumeError(f"{path}: checkpoint metadata is not valid JSON ({exc})") from exc
+    raw = load_json(path, lambda exc: ResumeError(f"{path}: checkpoint metadata is not valid JSON ({exc})"))
     if not isinstance(raw, dict) or raw.get("format") != CHECKPOINT_META_FORMAT:
         raise ResumeError(f"{path}: not a checkpoint metadata file (format {CHECKPOINT_META_FORMAT!r})")
     if raw.get("format_version") != CHECKPOINT_META_VERSION:

@@ -19,6 +19,8 @@ from typing import Any
 
 from nemo_dp.training.checkpoint_discovery import find_phase_roots, list_step_dirs
 from nemo_dp.training.resume import ResumePlan
+from nemo_dp.utils.json_files import json_lines, load_json, write_json_lines
+from nemo_dp.utils.metrics import bad_metrics_json
 
 __all__ = [
     "RUN_MARKER",
@@ -70,10 +72,7 @@ def read_run_marker(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = Path(run_dir) / RUN_MARKER
     if not path.is_file():
         return None
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunDirError(f"{path}: run marker is not valid JSON ({exc})") from exc
+    raw = load_json(path, lambda exc: RunDirError(f"{path}: run marker is not valid JSON ({exc})"))
     if (
         not isinstance(raw, dict)
         or raw.get("format") != RUN_MARKER_FORMAT
@@ -398,13 +397,7 @@ def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
             lines.pop()
             torn = 1
     records = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: invalid JSON in metrics file: {exc}") from exc
+    for lineno, rec in json_lines(lines, lambda n, exc: bad_metrics_json(path, n, exc)):
         if (
             not isinstance(rec, dict)
             or not isinstance(rec.get("step"), int)
@@ -413,15 +406,6 @@ def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
             raise ValueError(f"{path}:{lineno}: metrics record needs an int 'step'")
         records.append(rec)
     return records, torn
-
-
-def _write_records(path: Path, records: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
 
 
 def continue_history(
@@ -478,6 +462,6 @@ def continue_history(
         if in_place and not kept:
             src.unlink()
         else:
-            _write_records(dst, kept)
+            write_json_lines(dst, kept)
         reports.append(HistoryReport(path=dst, kept=len(kept), dropped=dropped, source=src))
     return reports

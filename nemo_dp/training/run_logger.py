@@ -41,29 +41,17 @@ class RunLogger:
     """
 
     def __init__(
-        self,
-        out_dir: str | Path,
-        *,
-        metrics_file: str,
-        plot_file: str,
-        plot: bool,
-        progress_bar: bool,
-        label: str,
-        tracker: Any = None,
-        health: Any = None,
+        self, out_dir: str | Path, *, metrics_file: str, plot_file: str, plot: bool, progress_bar: bool, label: str,
+        tracker: Any = None, health: Any = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.out_dir / metrics_file
         self.plot_path = self.out_dir / plot_file
         self.metrics = MetricsLogger(self.metrics_path)
-        self.plot = plot
-        self.progress_bar = progress_bar
-        self.label = label
+        self.plot, self.progress_bar, self.label, self.tracker, self.health = plot, progress_bar, label, tracker, health
         self._bar: Any = None
         self._last: dict[str, float] = {}
-        self.tracker = tracker
-        self.health = health
         #: The last step logged (or resumed from); the step under way is the next one.
         self.last_step = 0
 

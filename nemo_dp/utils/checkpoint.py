@@ -35,6 +35,7 @@ __all__ = [
     "checkpoint_dir_for_step",
     "encode_state",
     "write_training_state",
+    "checkpoint_manifest",
     "save_training_checkpoint",
     "load_training_checkpoint",
 ]
@@ -205,6 +206,21 @@ def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, 
     return sorted([STATE_JSON, TENSORS_FILE, *trees])
 
 
+def checkpoint_manifest(state: Mapping[str, Any], files: list[str], **extra: Any) -> dict[str, Any]:
+    """The file-manifest fields of a training checkpoint.
+
+    Args:
+        state: The training state it holds.
+        files: The top-level names :func:`write_training_state` wrote.
+        **extra: More fields (e.g. a data-plane directory).
+
+    Returns:
+        ``format``, ``format_version``, the state's ``keys``, ``files`` and ``extra``.
+    """
+    head = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION}
+    return {**head, "keys": sorted(str(k) for k in state), "files": files, **extra}
+
+
 def save_training_checkpoint(
     checkpoint_dir: str | os.PathLike[str],
     state: dict[str, Any],
@@ -233,16 +249,7 @@ def save_training_checkpoint(
     encode_state(state)  # refuse before touching the disk
 
     def write(tmp: Path) -> None:
-        files = write_training_state(tmp, state)
-        write_manifest(
-            tmp,
-            {
-                "format": CHECKPOINT_FORMAT,
-                "format_version": CHECKPOINT_FORMAT_VERSION,
-                "keys": sorted(str(k) for k in state),
-                "files": files,
-            },
-        )
+        write_manifest(tmp, checkpoint_manifest(state, write_training_state(tmp, state)))
         if finalize is not None:
             finalize(tmp)
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_dp.utils.json_files import load_json
+
 __all__ = [
     "FILE_MANIFEST_NAME",
     "FILE_MANIFEST_FORMAT",
@@ -201,10 +203,7 @@ def read_file_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"checkpoint {Path(directory)} has no {FILE_MANIFEST_NAME}: it was written without a "
             "file manifest or the copy is incomplete",
         )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(path, f"not valid JSON ({exc}); the file is truncated or overwritten") from exc
+    manifest = load_json(path, lambda exc: _bad(path, f"not valid JSON ({exc}); the file is truncated or overwritten"))
     if not isinstance(manifest, dict):
         raise _bad(path, f"expected a JSON object, got {type(manifest).__name__}")
     if manifest.get("format") != FILE_MANIFEST_FORMAT:

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nemo_dp.utils.json_files import json_lines, write_json_lines
+
 
 def _to_json_number(key: str, value: Any) -> float | int | str | bool | None:
     torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
@@ -72,12 +74,12 @@ class MetricsLogger:
         """
         if not self.path.exists():
             return
-        kept = [r for r in read_metrics(self.path) if r["step"] <= step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for r in kept:
-                fh.write(json.dumps(r) + "\n")
-        os.replace(tmp, self.path)
+        write_json_lines(self.path, [r for r in read_metrics(self.path) if r["step"] <= step])
+
+
+def bad_metrics_json(path: str | os.PathLike[str], lineno: int, exc: Exception) -> ValueError:
+    """The error for line ``lineno`` of a metrics file that is not JSON."""
+    return ValueError(f"{path}:{lineno}: invalid JSON in metrics file: {exc}")
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -94,13 +96,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """
     records: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: invalid JSON in metrics file: {exc}") from exc
+        for lineno, rec in json_lines(fh, lambda n, exc: bad_metrics_json(path, n, exc)):
             if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
                 raise ValueError(f"{path}:{lineno}: metrics record needs an int 'step'")
             records.append(rec)

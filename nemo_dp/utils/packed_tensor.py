@@ -167,12 +167,7 @@ class PackedTensor:
 
     @classmethod
     def flattened_concat(cls, from_packed_tensors: Sequence[PackedTensor]) -> PackedTensor:
-        """One entry per input: that input's :meth:`as_tensor` (``None`` if it has none).
-
-        Raises:
-            TypeError: Not a list of PackedTensors.
-            ValueError: Empty list, or the inputs have different ``dim_to_pack``.
-        """
+        """One entry per input: that input's :meth:`as_tensor` (``None`` if it has none); raises as :meth:`concat`."""
         dim = cls._common_dim(from_packed_tensors, "flattened_concat")
         return cls([p.as_tensor() for p in from_packed_tensors], dim)
 

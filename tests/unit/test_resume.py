@@ -1,10 +1,7 @@
-"""Resume resolution never starts over silently (issue 14 problems 1, 4 and 7).
+"""Resume resolution never starts over silently: every path it cannot resume from is refused.
 
-Each case below used to resume nothing and train from step 0 with exit status 0: an empty
-directory, a run directory, a step directory, a checkpoint missing its state file, an SFT run's
-checkpoint given to a GRPO run.  Checkpoints are written through the real atomic commit
-(``write_checkpoint_atomically``) with the real format manifest, exactly as the wiring in the
-launcher writes them (state file, format manifest, ``checkpoint_meta.json``, file manifest last).
+Checkpoints are written through the real atomic commit with the real manifests, as the launcher
+writes them (state file, format manifest, ``checkpoint_meta.json``, file manifest last).
 """
 
 from __future__ import annotations
@@ -54,17 +51,8 @@ def _save(
         write_training_state(tmp, {"policy": {"w": torch.zeros(3)}, "counters": {"step": step}})
         write_format_manifest(tmp, {"format": "nemo_dp.training_checkpoint", "format_version": 2})
         if meta:
-            write_checkpoint_meta(
-                tmp,
-                CheckpointMeta(
-                    algorithm=algo,
-                    phase=phase,
-                    model_shape=dict(shape or SHAPE),
-                    data_plane=data_plane,
-                    run_id=run_id,
-                    step=step,
-                ),
-            )
+            owner = {"algorithm": algo, "phase": phase, "data_plane": data_plane, "run_id": run_id}
+            write_checkpoint_meta(tmp, CheckpointMeta(**owner, model_shape=dict(shape or SHAPE), step=step))
         write_manifest(tmp)
 
     return write_checkpoint_atomically(run_dir / "checkpoints" / phase / f"step_{step:08d}", write)
@@ -79,6 +67,13 @@ def _grpo(path: Path | str, **kw: object):
     }
     args.update(kw)
     return resolve_resume(path, **args)  # type: ignore[arg-type]
+
+
+def _refused(path: Path, match: str, **kw: object) -> str:
+    """The message of the ``ResumeError`` (matching ``match``) that :func:`_grpo` raises on ``path``."""
+    with pytest.raises(ResumeError, match=match) as info:
+        _grpo(path, **kw)
+    return str(info.value)
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -135,48 +130,35 @@ def test_warm_start_run_resumes_its_latest_phase(tmp_path: Path) -> None:
     assert "skipping finished phase(s) ['warm_start']" in plan.describe()
 
 
-# --- what used to start over silently now refuses, saying what it found ----------------------
+# --- a path with nothing to resume from is refused, saying what it found ---------------------
 
 
 def test_missing_path_file_and_empty_dir(tmp_path: Path) -> None:
-    with pytest.raises(ResumeError, match="does not exist"):
-        _grpo(tmp_path / "nope")
+    _refused(tmp_path / "nope", "does not exist")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ResumeError, match="is an empty directory - nothing to resume from"):
-        _grpo(tmp_path / "empty")
-    run = _run_dir(tmp_path)
-    state = _save(run, "grpo", 1) / "state.json"
-    with pytest.raises(ResumeError, match="is a file, not a checkpoint directory; pass its step directory"):
-        _grpo(state)
+    _refused(tmp_path / "empty", "is an empty directory - nothing to resume from")
+    state = _save(_run_dir(tmp_path), "grpo", 1) / "state.json"
+    _refused(state, "is a file, not a checkpoint directory; pass its step directory")
 
 
 def test_run_dir_without_checkpoints(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
-    with pytest.raises(ResumeError, match="is a run directory with no checkpoints") as info:
-        _grpo(run)
-    assert "checkpointing.resume_from" in str(info.value)
+    assert "checkpointing.resume_from" in _refused(run, "is a run directory with no checkpoints")
     (run / "checkpoints").mkdir()
-    with pytest.raises(
-        ResumeError, match="checkpoints root .* is empty: the run stopped before its first save"
-    ):
-        _grpo(run)
+    _refused(run, "checkpoints root .* is empty: the run stopped before its first save")
 
 
 def test_unrelated_dir_lists_what_it_found(tmp_path: Path) -> None:
     d = tmp_path / "misc"
-    d.mkdir()
+    (d / "sub").mkdir(parents=True)
     (d / "notes.txt").write_text("x")
-    (d / "sub").mkdir()
-    with pytest.raises(ResumeError, match=r"holds no checkpoint \(found \['notes.txt', 'sub/'\]\)"):
-        _grpo(d)
+    _refused(d, r"holds no checkpoint \(found \['notes.txt', 'sub/'\]\)")
 
 
 def test_step_dir_missing_its_state_file(tmp_path: Path) -> None:
-    run = _run_dir(tmp_path)
-    ckpt = _save(run, "grpo", 4)
+    ckpt = _save(_run_dir(tmp_path), "grpo", 4)
     (ckpt / "state.json").unlink()
-    with pytest.raises(ResumeError, match=r"is missing \['state.json'\]; it is not a complete checkpoint"):
-        _grpo(ckpt)
+    _refused(ckpt, r"is missing \['state.json'\]; it is not a complete checkpoint")
 
 
 def test_newest_incomplete_checkpoint_is_refused_not_skipped(tmp_path: Path) -> None:
@@ -184,10 +166,9 @@ def test_newest_incomplete_checkpoint_is_refused_not_skipped(tmp_path: Path) -> 
     older = _save(run, "grpo", 4)
     newest = _save(run, "grpo", 8)
     (newest / "state.json").unlink()
-    with pytest.raises(ResumeError, match="refusing to fall back silently") as info:
-        _grpo(run)
-    assert str(newest) in str(info.value)
-    assert f"checkpointing.resume_from={older}" in str(info.value)
+    message = _refused(run, "refusing to fall back silently")
+    assert str(newest) in message
+    assert f"checkpointing.resume_from={older}" in message
     assert _grpo(older).checkpoint == older
 
 
@@ -195,10 +176,9 @@ def test_sft_checkpoint_given_to_grpo_points_at_init_from(tmp_path: Path) -> Non
     run = _run_dir(tmp_path)
     sft = _save(run, "sft", 50)
     for given in (run, run / "checkpoints", run / "checkpoints" / "sft", sft):
-        with pytest.raises(ResumeError, match=r"holds checkpoints of phase\(s\) \['sft'\] only") as info:
-            _grpo(given, phase_names=["warm_start", "grpo"])
-        assert "policy.init_from=" in str(info.value)
-        assert "checkpointing.resume_from unset" in str(info.value)
+        message = _refused(given, r"holds checkpoints of phase\(s\) \['sft'\] only", phase_names=["warm_start", "grpo"])
+        assert "policy.init_from=" in message
+        assert "checkpointing.resume_from unset" in message
 
 
 # --- metadata: refused on the driver, naming the differing keys ------------------------------
@@ -308,9 +288,7 @@ def test_a_planted_pickle_is_refused_by_path_without_loading_it(tmp_path: Path) 
         (ckpt / rel).parent.mkdir(parents=True, exist_ok=True)
         plant(ckpt / rel)
         write_manifest(ckpt)  # whoever can write the checkpoint can rewrite its file manifest
-        with pytest.raises(ResumeError, match="is a pickle") as info:
-            _grpo(run)
-        assert f"{ckpt / rel} is a pickle" in str(info.value)
+        assert f"{ckpt / rel} is a pickle" in _refused(run, "is a pickle")
     assert not marker.exists()
 
 

@@ -1,0 +1,69 @@
+"""JSON files and JSON lines: reading with a caller-chosen error for text that is not JSON, atomic writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["load_json", "json_lines", "write_json_lines"]
+
+
+def load_json(path: Path, bad_json: Callable[[Exception], Exception]) -> Any:
+    """The JSON document a UTF-8 file holds.
+
+    Args:
+        path: The file.
+        bad_json: Makes the error raised when the file is not UTF-8 JSON, from the decoder's.
+
+    Returns:
+        The parsed document.
+
+    Raises:
+        Exception: ``bad_json(exc)``, chained to ``exc``; ``OSError`` when the file cannot be read.
+    """
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_json(exc) from exc
+
+
+def json_lines(
+    lines: Iterable[str], bad_json: Callable[[int, json.JSONDecodeError], Exception]
+) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line, numbered from 1.
+
+    Args:
+        lines: The text lines (an open text file, or a list).
+        bad_json: Makes the error raised for a line that is not JSON, from its number and the
+            decoder's error.
+
+    Raises:
+        Exception: ``bad_json(lineno, exc)``, chained to ``exc``.
+    """
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise bad_json(lineno, exc) from exc
+        yield lineno, value
+
+
+def write_json_lines(path: Path, records: Iterable[Any]) -> None:
+    """Replace ``path`` atomically by one JSON line per record (parent directories are created).
+
+    Args:
+        path: The file.
+        records: JSON-serialisable values.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec) + "\n")
+    os.replace(tmp, path)
