@@ -436,15 +436,49 @@ def assert_launch_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"launcher failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
 
 
-#: Tiny GRPO from scratch (no warm start): 4 prompts x 4 samples a step, held-out accuracy only
-#: after the last step. ``launch_tiny_grpo`` adds the data plane, trainer mode and step count.
-TINY_GRPO: tuple[str, ...] = (
+def popen_launch(overrides: Sequence[str], cwd: Path, **popen: Any) -> subprocess.Popen:
+    """Start ``launchers/launch.py`` with ``overrides`` in ``cwd`` in a fresh interpreter and session.
+
+    For the tests that signal or kill a run while it trains: the run is its own process group
+    (``os.killpg`` ends what is left of it) and starts its own private Ray.
+
+    Args:
+        overrides: Hydra overrides.
+        cwd: Working directory of the launcher process.
+        **popen: Further ``subprocess.Popen`` arguments (the output streams, ``text``).
+
+    Returns:
+        The started process.
+    """
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return subprocess.Popen(
+        [sys.executable, str(LAUNCHER), *overrides], cwd=cwd, env=env, start_new_session=True, **popen
+    )
+
+
+#: Tiny GRPO from scratch (no warm start): 4 prompts x 4 samples a step, from 64 prompts.
+GRPO_SCRATCH: tuple[str, ...] = (
     *TINY,
     "algorithm.warm_start.enabled=false",
     "algorithm.num_prompts_per_step=4",
     "algorithm.num_generations_per_prompt=4",
     "algorithm.num_train_prompts=64",
-    "algorithm.val_at_start=false",
+)
+
+#: ``GRPO_SCRATCH`` with held-out accuracy only after the last step. ``launch_tiny_grpo`` adds
+#: the data plane, trainer mode and step count.
+TINY_GRPO: tuple[str, ...] = (*GRPO_SCRATCH, "algorithm.val_at_start=false")
+
+#: One step of ``GRPO_SCRATCH`` on the default data plane, replacing the default recipe (held-out
+#: accuracy at the start only): the runs refused, or trained, by the reliability tests.
+GRPO_ONE_STEP: tuple[str, ...] = (
+    "~recipe",
+    "algorithm=grpo",
+    *GRPO_SCRATCH,
+    "algorithm.max_steps=1",
+    "algorithm.val_period=0",
+    "logger.progress_bar=false",
 )
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,6 +69,25 @@ def script_ray(data_plane_cfg: object) -> Iterator[dict[str, str]]:
         yield env
     finally:
         shutdown_ray()
+
+
+@contextmanager
+def short_tmp_dir(prefix: str) -> Iterator[Path]:
+    """A new directory under /tmp for the ``with`` block, removed after it.
+
+    Short, because Ray's socket paths under a temp dir must stay under 108 bytes.
+
+    Args:
+        prefix: The directory name's prefix.
+
+    Yields:
+        The directory.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def without_join_env(env: dict[str, str]) -> dict[str, str]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LAUNCHER, TINY
+from tests.e2e.conftest import TINY, popen_launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -48,21 +47,14 @@ def test_killed_storage_unit_ends_the_run_within_the_documented_bound(tmp_path: 
     import psutil
 
     run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.Popen(
+    proc = popen_launch(
         [
-            sys.executable, str(LAUNCHER), "recipe=sft_arith", *TINY, "data_plane=tq",
+            "recipe=sft_arith", *TINY, "data_plane=tq",
             "algorithm.max_steps=100000", "algorithm.num_train_samples=64", "algorithm.val_period=0",
             "checkpointing.enabled=false", "logger.progress_bar=false", f"hydra.run.dir={run}",
         ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+        tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     lines: list[tuple[float, str]] = []
 
     def read_stderr() -> None:
