@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -455,6 +456,24 @@ def popen_launch(overrides: Sequence[str], cwd: Path, **popen: Any) -> subproces
     return subprocess.Popen(
         [sys.executable, str(LAUNCHER), *overrides], cwd=cwd, env=env, start_new_session=True, **popen
     )
+
+
+@contextmanager
+def group_killed_on_exit(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``proc`` for a ``with`` block; if it still runs after the block, its process group is SIGKILLed.
+
+    Args:
+        proc: A process started in a session of its own (``popen_launch``).
+
+    Yields:
+        ``proc``.
+    """
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 #: Tiny GRPO from scratch (no warm start): 4 prompts x 4 samples a step, from 64 prompts.

@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 
 from nemo_dp.utils.metrics import read_metrics
-from tests.e2e.conftest import GRPO_ONE_STEP, SFT_CHECKPOINTED, assert_launch_ok, popen_launch, run_launch
+from tests.e2e.conftest import (
+    GRPO_ONE_STEP,
+    SFT_CHECKPOINTED,
+    assert_launch_ok,
+    group_killed_on_exit,
+    popen_launch,
+    run_launch,
+)
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -228,7 +235,7 @@ def test_sigterm_stops_like_ctrl_c_with_a_summary_and_a_clean_log(tmp_path: Path
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     proc = popen_launch([*endless, f"hydra.run.dir={run}"], tmp_path, **pipes)
     descendants: list[psutil.Process] = []
-    try:
+    with group_killed_on_exit(proc):
         deadline = time.monotonic() + 240
         assert proc.stdout is not None
         seen: list[str] = []
@@ -243,10 +250,6 @@ def test_sigterm_stops_like_ctrl_c_with_a_summary_and_a_clean_log(tmp_path: Path
         descendants = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     assert proc.returncode == 143, err[-4000:]
     assert "stopped by SIGTERM" in err
     assert "Traceback" not in err and "SIGTERM received" not in err and "*** " not in err, err[-4000:]
@@ -272,7 +275,7 @@ def test_sigterm_during_final_teardown_keeps_summary_plot_and_says_how_to_resume
     run = tmp_path / "run"
     two_steps = [*SFT, "algorithm.max_steps=2", f"hydra.run.dir={run}"]
     proc = popen_launch(two_steps, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with group_killed_on_exit(proc):
         assert proc.stdout is not None
         seen: list[str] = []
         for line in proc.stdout:
@@ -283,10 +286,6 @@ def test_sigterm_during_final_teardown_keeps_summary_plot_and_says_how_to_resume
         time.sleep(1.0)  # into the teardown of the workers and Ray (several seconds here)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["phases"]["sft"]["step"] == 2, summary
     assert (run / "training_curves.png").is_file()

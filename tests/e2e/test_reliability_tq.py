@@ -11,7 +11,6 @@ bound, the error naming the call, the exit bound, and that no process of the run
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import TINY, popen_launch
+from tests.e2e.conftest import TINY, group_killed_on_exit, popen_launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -65,7 +64,7 @@ def test_killed_storage_unit_ends_the_run_within_the_documented_bound(tmp_path: 
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
     t_kill = float("nan")
-    try:
+    with group_killed_on_exit(proc):
         deadline = time.monotonic() + 300
         metrics = run / "metrics.jsonl"
         while time.monotonic() < deadline and proc.poll() is None:
@@ -81,10 +80,6 @@ def test_killed_storage_unit_ends_the_run_within_the_documented_bound(tmp_path: 
         proc.wait(timeout=EXIT_BOUND_S + 120)
         elapsed = time.monotonic() - t_kill
         reader.join(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     err = "".join(line for _, line in lines)
     after = [f"{t - t_kill:+7.1f}s {line[:160]}" for t, line in lines if t >= t_kill]
     timeline = "".join(after[:25]) + "...\n" + "".join(after[-8:])
