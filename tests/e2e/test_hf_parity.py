@@ -184,6 +184,22 @@ def _rank_digests(policy: Any) -> list[str]:
     return [_weights_digest(s["model"]) for s in states]
 
 
+def train_main(cfg: Any, policy: Any, tokenizer: Any, run_dir: Path) -> dict[str, Any]:
+    """Train ``cfg``'s main phase on ``policy`` into ``run_dir``, with the trainer the factory picks.
+
+    Returns:
+        ``{"records", "trainer"}``: the phase's metrics records and the trainer's ``module.name``.
+    """
+    from nemo_dp.config import validate_config
+    from nemo_dp.data_plane.factory import select_sync_trainer
+    from nemo_dp.training import main_phase
+    from tests.e2e.phase_runs import train_phase
+
+    trainer = select_sync_trainer(cfg)
+    records = train_phase(main_phase(cfg), policy, tokenizer, run_dir, validate_config(cfg).logger, trainer)
+    return {"records": records, "trainer": f"{trainer.__module__}.{trainer.__name__}"}
+
+
 def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
     """Run every entry of :data:`RUNS` in one Ray session.
 
@@ -195,18 +211,8 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
         ``{"runs": {name: {"records", "digests", "policy_class", "trainer"}}, "warm_start": ...}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.training import (
-        Checkpointer,
-        main_phase,
-        make_policy,
-        make_tokenizer,
-        phase_logger,
-        run_phase,
-        warm_start_phase,
-    )
+    from nemo_dp.training import Checkpointer, make_policy, make_tokenizer, phase_logger, run_phase, warm_start_phase
     from nemo_dp.utils.metrics import read_metrics
-    from tests.e2e.phase_runs import train_phase
     from tests.e2e.ray_cluster import script_ray
 
     base = _compose(model_dir, GRPO, "tq")
@@ -223,18 +229,6 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
         if data_plane not in policies:
             policies[data_plane] = make_policy(cfg, tok, env_vars=env)
         return policies[data_plane]
-
-    def train(name: str, cfg: Any, phase: Any, policy: Any) -> None:
-        validated = validate_config(cfg)
-        trainer = select_sync_trainer(phase.cfg)
-        run_dir = out_dir / name
-        records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
-        result["runs"][name] = {
-            "records": records,
-            "digests": _rank_digests(policy),
-            "policy_class": type(policy).__name__,
-            "trainer": f"{trainer.__module__}.{trainer.__name__}",
-        }
 
     with script_ray(base.data_plane) as env:
         try:
@@ -257,7 +251,8 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
                     warm = legacy.state_dict()
                     result["warm_start"] = read_metrics(out_dir / "warm_start" / "warm_start" / "metrics.jsonl")
                 policy.load_state_dict(warm if from_warm else initial)
-                train(name, cfg, main_phase(cfg), policy)
+                run = train_main(cfg, policy, tok, out_dir / name)
+                result["runs"][name] = {**run, "digests": _rank_digests(policy), "policy_class": type(policy).__name__}
         finally:
             for policy in policies.values():
                 policy.shutdown()

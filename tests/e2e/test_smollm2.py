@@ -75,11 +75,10 @@ def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
         ``{"runs": {name: {"records", "digests", "trainer"}}}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.factory import select_sync_trainer
     from nemo_dp.models.builders import prepare_policy, validate_policy
-    from nemo_dp.training import main_phase, make_policy, make_tokenizer
-    from tests.e2e.phase_runs import train_phase
+    from nemo_dp.training import make_policy, make_tokenizer
     from tests.e2e.ray_cluster import script_ray
+    from tests.e2e.test_hf_parity import train_main
 
     base = _compose(model_dir, "tq")
     prepare_policy(base.policy)  # the cached import: found, not redone
@@ -89,18 +88,11 @@ def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
     with script_ray(base.data_plane) as env:
         for data_plane in ("disabled", "tq"):
             cfg = _compose(model_dir, data_plane)
-            validated = validate_config(cfg)
+            validate_config(cfg)
             policy = make_policy(cfg, tok, env_vars=env)
             try:
-                phase = main_phase(cfg)
-                trainer = select_sync_trainer(phase.cfg)
-                run_dir = out_dir / data_plane
-                records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
-                result["runs"][data_plane] = {
-                    "records": records,
-                    "digests": policy.worker_group.run_all("weights_digest"),
-                    "trainer": f"{trainer.__module__}.{trainer.__name__}",
-                }
+                run = train_main(cfg, policy, tok, out_dir / data_plane)
+                result["runs"][data_plane] = {**run, "digests": policy.worker_group.run_all("weights_digest")}
             finally:
                 policy.shutdown()
     return result
