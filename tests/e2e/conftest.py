@@ -489,8 +489,8 @@ GRPO_SCRATCH: tuple[str, ...] = (
 #: the data plane, trainer mode and step count.
 TINY_GRPO: tuple[str, ...] = (*GRPO_SCRATCH, "algorithm.val_at_start=false")
 
-#: One step of ``GRPO_SCRATCH`` on the default data plane, replacing the default recipe (held-out
-#: accuracy at the start only): the runs refused, or trained, by the reliability tests.
+#: One step of ``GRPO_SCRATCH`` on the default data plane in place of the default recipe, no
+#: periodic held-out evaluation: the runs the reliability tests refuse, or train.
 GRPO_ONE_STEP: tuple[str, ...] = (
     "~recipe",
     "algorithm=grpo",
