@@ -22,6 +22,7 @@ import copy
 import json
 import math
 import time
+from typing import Any
 
 import torch
 
@@ -79,21 +80,33 @@ def lr_at(step: int, base: float, warmup: int, total: int, cosine: bool, min_rat
     return lr
 
 
+def optimizer_step(model: TinyCausalLM, opt: torch.optim.Optimizer, lr: float, loss_fn: Any, batch: dict[str, Any],
+                   grad_clip: float) -> dict[str, Any]:
+    """One step of ``opt`` at ``lr`` on ``loss_fn`` over ``batch``, gradients clipped to ``grad_clip``.
+
+    Returns:
+        The loss function's metrics.
+    """
+    for group in opt.param_groups:
+        group["lr"] = lr
+    tokens, seqs = global_valid_counts(batch["token_mask"], batch["sample_mask"])
+    loss, metrics = loss_fn(model(batch["input_ids"]), batch, tokens, seqs)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return metrics
+
+
 def run_sft(model: TinyCausalLM, args: argparse.Namespace, task: ArithmeticTask, evals: list[Problem],
             steps: int, cosine: bool, weight_decay: float) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=weight_decay)
     loader = EpochLoader(SFTDataset.from_arithmetic(task, args.n_train), args.batch_size, seed=args.seed)
     loss_fn, clock = NLLLoss(), Clock()
     for step in range(1, steps + 1):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.lr, args.warmup, steps, cosine, 0.1)
         batch = collate_sft(loader.next_batch(), TOK)
-        tokens, seqs = global_valid_counts(batch["token_mask"], batch["sample_mask"])
-        loss, metrics = loss_fn(model(batch["input_ids"]), batch, tokens, seqs)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        opt.step()
+        lr = lr_at(step, args.lr, args.warmup, steps, cosine, 0.1)
+        metrics = optimizer_step(model, opt, lr, loss_fn, batch, args.grad_clip)
         if step % args.eval_every == 0 or step == steps:
             rec = {"phase": "sft", "step": step, "loss": round(metrics["loss"], 4),
                    "acc": evaluate(model, evals, args.max_new_tokens), **clock.stamp()}
@@ -107,8 +120,6 @@ def run_grpo(model: TinyCausalLM, args: argparse.Namespace, task: ArithmeticTask
     loader = EpochLoader(RLPromptDataset.from_arithmetic(task, args.n_train), args.prompts_per_step, seed=args.seed)
     g, clock = args.group_size, Clock()
     for step in range(1, args.grpo_steps + 1):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.grpo_lr, args.grpo_warmup, args.grpo_steps, False, 1.0)
         problems = [p for p in loader.next_batch() for _ in range(g)]
         seeds = [args.seed * 10**9 + step * 10**5 + j for j in range(len(problems))]
         out = generate(model, [TOK.encode_prompt(p.prompt) for p in problems], max_new_tokens=args.max_new_tokens,
@@ -122,12 +133,8 @@ def run_grpo(model: TinyCausalLM, args: argparse.Namespace, task: ArithmeticTask
         with torch.no_grad():
             batch["prev_logprobs"] = token_logprobs_from_logits(model(batch["input_ids"]), batch["input_ids"])
             batch["reference_policy_logprobs"] = token_logprobs_from_logits(ref(batch["input_ids"]), batch["input_ids"])
-        tokens, seqs = global_valid_counts(batch["token_mask"], batch["sample_mask"])
-        loss, metrics = loss_fn(model(batch["input_ids"]), batch, tokens, seqs)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        opt.step()
+        lr = lr_at(step, args.grpo_lr, args.grpo_warmup, args.grpo_steps, False, 1.0)
+        metrics = optimizer_step(model, opt, lr, loss_fn, batch, args.grad_clip)
         if step % args.grpo_eval_every == 0 or step == args.grpo_steps:
             rec = {"phase": "grpo", "step": step, "reward": round(float(rewards.mean()), 3),
                    "acc": evaluate(model, evals, args.max_new_tokens),

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -360,6 +361,42 @@ def run_json_script(script: Path, argv: Sequence[str], result: Path, *, timeout:
     return json.loads(result.read_text())
 
 
+#: The file ``json_script_main`` writes its result to, in the script's output directory.
+RESULT_JSON = "result.json"
+
+
+def script_result(script: Path, out: Path, *argv: str, timeout: float = 600) -> Any:
+    """``run_json_script`` of a test file whose ``__main__`` is ``json_script_main``.
+
+    Args:
+        script: The test file.
+        out: Its output directory (the script's first argument).
+        *argv: Its further arguments.
+        timeout: Seconds before the run is killed.
+
+    Returns:
+        What the script's run function returned.
+    """
+    return run_json_script(script, [str(out), *argv], out / RESULT_JSON, timeout=timeout)
+
+
+def json_script_main(run: Callable[[Path, list[str]], dict[str, Any]], metric: str) -> None:
+    """The ``__main__`` of a test file that ``script_result`` runs: ``python FILE OUT ARGV...``.
+
+    Args:
+        run: Called with ``OUT`` (created) and ``ARGV``; what it returns is written to
+            ``OUT / RESULT_JSON``.
+        metric: The metric printed per run (``{"runs": {name: {"records": [...]}}}``, or that
+            dict of runs itself), for the output tails of a failure.
+    """
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    res = run(out, sys.argv[2:])
+    (out / RESULT_JSON).write_text(json.dumps(res, indent=1))
+    runs = res.get("runs", res)
+    print(json.dumps({k: [r.get(metric) for r in v["records"]] for k, v in runs.items()}))
+
+
 def run_launch(
     overrides: Sequence[str],
     cwd: Path,
@@ -400,15 +437,67 @@ def assert_launch_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"launcher failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
 
 
-#: Tiny GRPO from scratch (no warm start): 4 prompts x 4 samples a step, held-out accuracy only
-#: after the last step. ``launch_tiny_grpo`` adds the data plane, trainer mode and step count.
-TINY_GRPO: tuple[str, ...] = (
+def popen_launch(overrides: Sequence[str], cwd: Path, **popen: Any) -> subprocess.Popen:
+    """Start ``launchers/launch.py`` with ``overrides`` in ``cwd`` in a fresh interpreter and session.
+
+    For the tests that signal or kill a run while it trains: the run is its own process group
+    (``os.killpg`` ends what is left of it) and starts its own private Ray.
+
+    Args:
+        overrides: Hydra overrides.
+        cwd: Working directory of the launcher process.
+        **popen: Further ``subprocess.Popen`` arguments (the output streams, ``text``).
+
+    Returns:
+        The started process.
+    """
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return subprocess.Popen(
+        [sys.executable, str(LAUNCHER), *overrides], cwd=cwd, env=env, start_new_session=True, **popen
+    )
+
+
+@contextmanager
+def group_killed_on_exit(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """``proc`` for a ``with`` block; if it still runs after the block, its process group is SIGKILLed.
+
+    Args:
+        proc: A process started in a session of its own (``popen_launch``).
+
+    Yields:
+        ``proc``.
+    """
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+#: Tiny GRPO from scratch (no warm start): 4 prompts x 4 samples a step, from 64 prompts.
+GRPO_SCRATCH: tuple[str, ...] = (
     *TINY,
     "algorithm.warm_start.enabled=false",
     "algorithm.num_prompts_per_step=4",
     "algorithm.num_generations_per_prompt=4",
     "algorithm.num_train_prompts=64",
-    "algorithm.val_at_start=false",
+)
+
+#: ``GRPO_SCRATCH`` with held-out accuracy only after the last step. ``launch_tiny_grpo`` adds
+#: the data plane, trainer mode and step count.
+TINY_GRPO: tuple[str, ...] = (*GRPO_SCRATCH, "algorithm.val_at_start=false")
+
+#: One step of ``GRPO_SCRATCH`` on the default data plane in place of the default recipe, no
+#: periodic held-out evaluation: the runs the reliability tests refuse, or train.
+GRPO_ONE_STEP: tuple[str, ...] = (
+    "~recipe",
+    "algorithm=grpo",
+    *GRPO_SCRATCH,
+    "algorithm.max_steps=1",
+    "algorithm.val_period=0",
+    "logger.progress_bar=false",
 )
 
 
@@ -433,6 +522,38 @@ def launch_tiny_grpo(
     proc = run_launch([*args, f"hydra.run.dir={run}"], tmp_path, timeout=280)
     assert_launch_ok(proc)
     return proc, {int(r["step"]): r for r in read_metrics(run / "metrics.jsonl")}
+
+
+def launch_data_plane_grpo(
+    tmp_path: Path, data_plane: str, backend: str
+) -> tuple[subprocess.CompletedProcess, dict[int, dict[str, Any]]]:
+    """Two ``launch_tiny_grpo`` steps over ``data_plane=<data_plane>`` with store metrics on.
+
+    Checks that the launcher ran the synchronous data-plane trainer on a ``TQPolicy`` over
+    ``backend``, that both steps were logged with no bytes written by the driver, and that
+    held-out accuracy was logged after the last.
+
+    Args:
+        tmp_path: The working directory (``launch_tiny_grpo``).
+        data_plane: The ``data_plane`` config (``tq``, ``ray``).
+        backend: The backend name the launcher prints for it.
+
+    Returns:
+        What ``launch_tiny_grpo`` returns.
+    """
+    proc, records = launch_tiny_grpo(
+        tmp_path, f"data_plane={data_plane}", "data_plane.observability.enabled=true", steps=2
+    )
+    assert f"Running synchronous GRPO training (data plane: {backend})" in proc.stdout
+    assert "trainer nemo_dp.algorithms.grpo_sync:grpo_train_sync" in proc.stdout
+    assert "policy factory nemo_dp.models.policy.tq_policy:TQPolicy" in proc.stdout
+    assert sorted(records) == [1, 2]
+    for rec in records.values():
+        # The driver registers and clears; advantages and the sample mask ride with the
+        # training dispatch: no driver put.
+        assert rec["data_plane/step/bytes_written_mb"] == 0.0
+    assert "val_accuracy" in records[2]
+    return proc, records
 
 
 @pytest.fixture
@@ -556,6 +677,21 @@ def parity_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 def warm_start_checkpoint(parity_session: ParitySession) -> Path:
     """The committed checkpoint directory of the session's shared SFT warm start."""
     return parity_session.warm_start_checkpoint
+
+
+def parity_result(job: str) -> Any:
+    """A module fixture ``parity``: the result of the parity process's ``job`` (``grpo``, ``ppo``)."""
+
+    @pytest.fixture(scope="module")
+    def parity(parity_session: ParitySession) -> dict[str, Any]:
+        return parity_session.result(job)
+
+    return parity
+
+
+def by_step(records: list[dict[str, Any]], compared: Sequence[str]) -> dict[int, dict[str, Any]]:
+    """Metrics records by step, each cut to the keys of ``compared`` it has."""
+    return {int(r["step"]): {k: r[k] for k in compared if k in r} for r in records}
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,23 @@
-"""One training phase run in-process by the parity scripts: no checkpoints, metrics read back."""
+"""Configs composed, and training phases run, in-process by the e2e scripts: no checkpoints, metrics read back."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose_run(overrides: Sequence[str]) -> Any:
+    """The run config the launcher composes from ``overrides`` (recipes registered)."""
+    from hydra import compose, initialize_config_dir
+
+    from nemo_dp.config import register_configs
+
+    register_configs(REPO_ROOT / "recipes")
+    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
+        return compose("config", overrides=list(overrides))
 
 
 def train_phase(phase: Any, policy: Any, tokenizer: Any, run_dir: Path, logger_cfg: Any, trainer: Any) -> list[dict[str, Any]]:

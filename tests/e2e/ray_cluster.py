@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +50,44 @@ def init_script_ray(data_plane_cfg: object) -> dict[str, str]:
 
     address = os.environ.get(SHARED_RAY_ADDRESS_ENV) or None
     return init_ray(address=address, num_cpus=2, **ray_start_args(data_plane_cfg))
+
+
+@contextmanager
+def script_ray(data_plane_cfg: object) -> Iterator[dict[str, str]]:
+    """``init_script_ray`` for a ``with`` block; Ray is shut down when the block ends, however.
+
+    Args:
+        data_plane_cfg: The ``data_plane`` node whose TransferQueue knobs the workers need.
+
+    Yields:
+        The workers' environment.
+    """
+    from nemo_dp.distributed.ray_init import shutdown_ray
+
+    env = init_script_ray(data_plane_cfg)
+    try:
+        yield env
+    finally:
+        shutdown_ray()
+
+
+@contextmanager
+def short_tmp_dir(prefix: str) -> Iterator[Path]:
+    """A new directory under /tmp for the ``with`` block, removed after it.
+
+    Short, because Ray's socket paths under a temp dir must stay under 108 bytes.
+
+    Args:
+        prefix: The directory name's prefix.
+
+    Yields:
+        The directory.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def without_join_env(env: dict[str, str]) -> dict[str, str]:

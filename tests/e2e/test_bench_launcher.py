@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,17 +28,17 @@ def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     return run_script(LAUNCHER, ["bench=data_plane", f"hydra.run.dir={run_dir}", *overrides], tmp_path, timeout=240)
 
 
+def _report(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """A ``bench=data_plane`` run that must succeed, and its JSON report."""
+    proc = _run(tmp_path, *overrides)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((tmp_path / "run" / "bench_data_plane.json").read_text())
+
+
 @pytest.mark.timeout(300)
 def test_bench_local_and_memcpy_report(tmp_path: Path) -> None:
-    proc = _run(
-        tmp_path,
-        "bench.backends=[local,memcpy]",
-        "bench.sizes_mib=[0.25,0.5]",
-        "bench.reps=3",
-        "bench.warmup=1",
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "run" / "bench_data_plane.json").read_text())
+    proc, report = _report(tmp_path, "bench.backends=[local,memcpy]", "bench.sizes_mib=[0.25,0.5]", "bench.reps=3",
+                           "bench.warmup=1")  # fmt: skip
     assert report["bench"] == "data_plane"
     assert report["errors"] == {}
     assert report["config"]["bench"]["backends"] == ["local", "memcpy"]
@@ -76,16 +77,8 @@ def test_bench_local_and_memcpy_report(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_bench_reports_local_target_at_64_mib(tmp_path: Path) -> None:
-    proc = _run(
-        tmp_path,
-        "bench.backends=[memcpy,local]",
-        "bench.payloads=[dense]",
-        "bench.sizes_mib=[64]",
-        "bench.reps=1",
-        "bench.warmup=0",
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "run" / "bench_data_plane.json").read_text())
+    _, report = _report(tmp_path, "bench.backends=[memcpy,local]", "bench.payloads=[dense]", "bench.sizes_mib=[64]",
+                        "bench.reps=1", "bench.warmup=0")  # fmt: skip
     local_targets = [t for t in report["targets"] if t["target"].startswith("local")]
     assert len(local_targets) == 2
     for t in local_targets:

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import LAUNCHER, REPO_ROOT, TINY, run_script
-from tests.e2e.ray_cluster import RayTestCluster, base_env, free_port, start_cluster, stop_cluster
+from tests.e2e.ray_cluster import RayTestCluster, base_env, free_port, short_tmp_dir, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,11 +50,8 @@ SFT_TINY: tuple[str, ...] = (
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A short directory under /tmp (Ray's socket paths must stay under 108 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="ndpc_", dir="/tmp"))
-    try:
+    with short_tmp_dir("ndpc_") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

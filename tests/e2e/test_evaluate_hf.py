@@ -35,24 +35,12 @@ def _trainer_examples(stdout: str) -> list[tuple[str, str, str]]:
 def test_evaluate_hf_sft_checkpoint(launch: LaunchFn, tmp_path: Path) -> None:
     run = tmp_path / "hf_run"
     proc = launch(
-        [
-            "recipe=sft_arith",
-            "policy=hf",
-            "data_plane=disabled",
-            "algorithm.max_steps=2",
-            "algorithm.val_period=0",
-            "algorithm.num_train_samples=32",
-            f"algorithm.val_samples={VAL_SAMPLES}",
-            "policy.train_global_batch_size=8",
-            "policy.train_micro_batch_size=4",
-            "policy.logprob_batch_size=8",
-            "policy.optimizer.warmup_steps=0",
-            f"logger.num_val_examples_to_print={VAL_SAMPLES}",
-            "logger.progress_bar=false",
-            "logger.plot=false",
-            f"hydra.run.dir={run}",
-        ]
-    )
+        ["recipe=sft_arith", "policy=hf", "data_plane=disabled", "algorithm.max_steps=2", "algorithm.val_period=0",
+         "algorithm.num_train_samples=32", f"algorithm.val_samples={VAL_SAMPLES}", "policy.train_global_batch_size=8",
+         "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8", "policy.optimizer.warmup_steps=0",
+         f"logger.num_val_examples_to_print={VAL_SAMPLES}", "logger.progress_bar=false", "logger.plot=false",
+         f"hydra.run.dir={run}"]
+    )  # fmt: skip
     _ok(proc)
     trained = _trainer_examples(proc.stdout)
     assert len(trained) == VAL_SAMPLES, proc.stdout  # one validation, at the last step

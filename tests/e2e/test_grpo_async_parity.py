@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import PARITY_TIMEOUT_S, ParitySession
+from tests.e2e.conftest import PARITY_TIMEOUT_S, by_step, parity_result
 from tests.e2e.test_grpo_parity import COMPARED
 
 #: This file's runs, as overrides of the GRPO parity settings (``PARITY_OVERRIDES`` of
@@ -47,13 +47,7 @@ RUNS: dict[str, tuple[str, ...]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def parity(parity_session: ParitySession) -> dict[str, Any]:
-    return parity_session.result("grpo")
-
-
-def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
+parity = parity_result("grpo")
 
 
 @pytest.mark.timeout(PARITY_TIMEOUT_S)
@@ -62,7 +56,7 @@ def test_async_at_staleness_zero_equals_the_synchronous_trainer(parity: dict[str
     assert asy["same_as"] is None and parity["runs"]["async1"]["same_as"] is None  # both really ran
     assert sync["trainer"] == "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
     assert asy["trainer"] == "nemo_dp.algorithms.grpo_async:grpo_train_async"
-    a, b = _by_step(sync["records"]), _by_step(asy["records"])
+    a, b = by_step(sync["records"], COMPARED), by_step(asy["records"], COMPARED)
     assert sorted(a) == sorted(b) == [0, 1, 2, 3, 4, 5]
     for step in range(0, 6):
         assert a[step] == b[step], f"step {step} differs:\nsync  {a[step]}\nasync {b[step]}"

@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import PARITY_RUN, PARITY_TIMEOUT_S, REPO_ROOT, ParitySession
+from tests.e2e.conftest import PARITY_RUN, PARITY_TIMEOUT_S, by_step, parity_result
+from tests.e2e.phase_runs import compose_run
 
 #: Tiny settings shared by every run (the data-plane choice and dynamic sampling vary).
 PARITY_OVERRIDES: tuple[str, ...] = (
@@ -70,13 +71,7 @@ RUNS: dict[str, tuple[str, ...]] = {
 
 def compose_grpo(extra: tuple[str, ...]) -> Any:
     """The Hydra-composed config of ``PARITY_OVERRIDES`` plus ``extra``."""
-    from hydra import compose, initialize_config_dir
-
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=[*PARITY_OVERRIDES, *extra])
+    return compose_run([*PARITY_OVERRIDES, *extra])
 
 
 def run_grpo(out_dir: Path, state: Any, env: dict[str, str], runs: dict[str, tuple[str, ...]]) -> dict[str, Any]:
@@ -145,13 +140,7 @@ def run_grpo(out_dir: Path, state: Any, env: dict[str, str], runs: dict[str, tup
     return result
 
 
-@pytest.fixture(scope="module")
-def parity(parity_session: ParitySession) -> dict[str, Any]:
-    return parity_session.result("grpo")
-
-
-def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
+parity = parity_result("grpo")
 
 
 @pytest.mark.timeout(PARITY_TIMEOUT_S)
@@ -161,7 +150,7 @@ def test_legacy_and_data_plane_trainers_agree_exactly(parity: dict[str, Any], dy
     tq = parity["runs"][f"tq_ds{int(dynamic)}"]
     assert legacy["policy_class"] == "Policy" and tq["policy_class"] == "TQPolicy"
     assert legacy["same_as"] is None and tq["same_as"] is None  # two runs, not one run twice
-    a, b = _by_step(legacy["records"]), _by_step(tq["records"])
+    a, b = by_step(legacy["records"], COMPARED), by_step(tq["records"], COMPARED)
     assert sorted(a) == sorted(b) == [0, 1, 2, 3, 4, 5]
     for step in range(1, 6):
         for key in ("loss", "kl_penalty", "grad_norm", "reward_mean"):
@@ -196,17 +185,10 @@ def test_data_plane_run_logs_only_legacy_keys_plus_timings(parity: dict[str, Any
 @pytest.mark.timeout(300)
 def test_launcher_trains_grpo_over_tq_with_store_metrics(tmp_path: Path) -> None:
     """``launch.py data_plane=tq`` selects the pair through the factory, logs store metrics."""
-    from tests.e2e.conftest import launch_tiny_grpo
+    from tests.e2e.conftest import launch_data_plane_grpo
 
-    proc, records = launch_tiny_grpo(tmp_path, "data_plane=tq", "data_plane.observability.enabled=true", steps=2)
-    assert "Running synchronous GRPO training (data plane: transfer_queue)" in proc.stdout
-    assert "trainer nemo_dp.algorithms.grpo_sync:grpo_train_sync" in proc.stdout
-    assert "policy factory nemo_dp.models.policy.tq_policy:TQPolicy" in proc.stdout
+    proc, records = launch_data_plane_grpo(tmp_path, "tq", "transfer_queue")
     assert "[GRPO] step 1: data plane" in proc.stdout  # the per-step store line
-    assert sorted(records) == [1, 2]
     for rec in records.values():
         assert rec["data_plane/step/bytes_read_mb"] == 0.0
-        # Advantages and the sample mask travel with the training dispatch: no driver put.
-        assert rec["data_plane/step/bytes_written_mb"] == 0.0
         assert "data_plane/step/frac_of_step" in rec and "data_plane/now/bytes_outstanding_mb" in rec
-    assert "val_accuracy" in records[2]

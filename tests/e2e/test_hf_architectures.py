@@ -55,15 +55,10 @@ PHASES: dict[str, tuple[str, ...]] = {
 
 
 def _compose(model_dir: Path, phase: str) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    from nemo_dp.config import register_configs
+    from tests.e2e.phase_runs import compose_run
     from tests.e2e.test_hf_parity import HF_POLICY
 
-    register_configs(REPO_ROOT / "recipes")
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        overrides = [*COMMON, *HF_POLICY, f"policy.model_name_or_path={model_dir}", *PHASES[phase]]
-        return compose("config", overrides=overrides)
+    return compose_run([*COMMON, *HF_POLICY, f"policy.model_name_or_path={model_dir}", *PHASES[phase]])
 
 
 def run_architectures(out_dir: Path, model_dirs: dict[str, Path]) -> dict[str, Any]:
@@ -77,17 +72,15 @@ def run_architectures(out_dir: Path, model_dirs: dict[str, Path]) -> dict[str, A
         ``{"<arch>_<phase>": {"records": [...], "checkpoint": "<step dir>"}}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.distributed.ray_init import shutdown_ray
-    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.models.builders import validate_policy
     from nemo_dp.training import main_phase, make_policy, make_tokenizer, phase_checkpointer, phase_logger, run_phase
     from nemo_dp.training.checkpoint_discovery import latest_checkpoint
     from nemo_dp.utils.metrics import read_metrics
+    from tests.e2e.ray_cluster import script_ray
 
     first = _compose(model_dirs[ARCHS[0]], "sft")
-    env = init_script_ray(first.data_plane)
     result: dict[str, Any] = {}
-    try:
+    with script_ray(first.data_plane) as env:
         for arch in ARCHS:
             cfgs = {phase: _compose(model_dirs[arch], phase) for phase in PHASES}
             validate_policy(cfgs["sft"].policy)
@@ -114,22 +107,17 @@ def run_architectures(out_dir: Path, model_dirs: dict[str, Path]) -> dict[str, A
                     }
             finally:
                 policy.shutdown()
-    finally:
-        shutdown_ray()
     return result
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from tests.e2e.conftest import script_result
     from tests.e2e.test_hf_parity import micro_checkpoint, session_cache
 
     cache = session_cache(tmp_path_factory)
-    model_dirs = {arch: micro_checkpoint(cache, arch) for arch in ARCHS}
-    out = tmp_path_factory.mktemp("hf_archs")
-    from tests.e2e.conftest import run_json_script
-
-    argv = [str(out), json.dumps({a: str(p) for a, p in model_dirs.items()})]
-    return run_json_script(Path(__file__).resolve(), argv, out / "runs.json", timeout=600)
+    dirs = json.dumps({arch: str(micro_checkpoint(cache, arch)) for arch in ARCHS})
+    return script_result(Path(__file__).resolve(), tmp_path_factory.mktemp("hf_archs"), dirs)
 
 
 def _finite_numbers(record: dict[str, Any]) -> dict[str, float]:
@@ -167,10 +155,10 @@ def test_one_step_from_a_save_pretrained_directory(runs: dict[str, Any], arch: s
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1])
-    target.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
-    dirs = {arch: Path(p) for arch, p in json.loads(sys.argv[2]).items()}
-    res = run_architectures(target, dirs)
-    (target / "runs.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: [r.get("loss") for r in v["records"]] for k, v in res.items()}))
+    from tests.e2e.conftest import json_script_main
+
+    def _run(out: Path, argv: list[str]) -> dict[str, Any]:
+        return run_architectures(out, {arch: Path(p) for arch, p in json.loads(argv[0]).items()})
+
+    json_script_main(_run, "loss")

@@ -26,7 +26,6 @@ really drops groups.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -160,14 +159,9 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _compose(model_dir: Path, algorithm: tuple[str, ...], data_plane: str) -> Any:
-    from hydra import compose, initialize_config_dir
+    from tests.e2e.phase_runs import compose_run
 
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    overrides = [*COMMON, f"policy.model_name_or_path={model_dir}", *algorithm, f"data_plane={data_plane}"]
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=overrides)
+    return compose_run([*COMMON, f"policy.model_name_or_path={model_dir}", *algorithm, f"data_plane={data_plane}"])
 
 
 def _weights_digest(state: dict[str, Any]) -> str:
@@ -190,6 +184,22 @@ def _rank_digests(policy: Any) -> list[str]:
     return [_weights_digest(s["model"]) for s in states]
 
 
+def train_main(cfg: Any, policy: Any, tokenizer: Any, run_dir: Path) -> dict[str, Any]:
+    """Train ``cfg``'s main phase on ``policy`` into ``run_dir``, with the trainer the factory picks.
+
+    Returns:
+        ``{"records", "trainer"}``: the phase's metrics records and the trainer's ``module.name``.
+    """
+    from nemo_dp.config import validate_config
+    from nemo_dp.data_plane.factory import select_sync_trainer
+    from nemo_dp.training import main_phase
+    from tests.e2e.phase_runs import train_phase
+
+    trainer = select_sync_trainer(cfg)
+    records = train_phase(main_phase(cfg), policy, tokenizer, run_dir, validate_config(cfg).logger, trainer)
+    return {"records": records, "trainer": f"{trainer.__module__}.{trainer.__name__}"}
+
+
 def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
     """Run every entry of :data:`RUNS` in one Ray session.
 
@@ -201,25 +211,13 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
         ``{"runs": {name: {"records", "digests", "policy_class", "trainer"}}, "warm_start": ...}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.distributed.ray_init import shutdown_ray
-    from tests.e2e.ray_cluster import init_script_ray
-    from nemo_dp.training import (
-        Checkpointer,
-        main_phase,
-        make_policy,
-        make_tokenizer,
-        phase_logger,
-        run_phase,
-        warm_start_phase,
-    )
+    from nemo_dp.training import Checkpointer, make_policy, make_tokenizer, phase_logger, run_phase, warm_start_phase
     from nemo_dp.utils.metrics import read_metrics
-    from tests.e2e.phase_runs import train_phase
+    from tests.e2e.ray_cluster import script_ray
 
     base = _compose(model_dir, GRPO, "tq")
     validate_config(base)
     tok = make_tokenizer(base)
-    env = init_script_ray(base.data_plane)
     result: dict[str, Any] = {"runs": {}}
     # One policy per data plane serves all of its runs (a policy's workers depend only on the
     # policy, data-plane and seed keys, and every run first reloads its start state).
@@ -232,55 +230,41 @@ def run_parity(out_dir: Path, model_dir: Path) -> dict[str, Any]:
             policies[data_plane] = make_policy(cfg, tok, env_vars=env)
         return policies[data_plane]
 
-    def train(name: str, cfg: Any, phase: Any, policy: Any) -> None:
-        validated = validate_config(cfg)
-        trainer = select_sync_trainer(phase.cfg)
-        run_dir = out_dir / name
-        records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
-        result["runs"][name] = {
-            "records": records,
-            "digests": _rank_digests(policy),
-            "policy_class": type(policy).__name__,
-            "trainer": f"{trainer.__module__}.{trainer.__name__}",
-        }
-
-    try:
-        for name, algorithm, data_plane, from_warm in RUNS:
-            cfg = _compose(model_dir, algorithm, data_plane)
-            policy = policy_for(cfg, data_plane)
-            if initial is None:
-                initial = policy.state_dict()  # the checkpoint's weights, fresh optimizer
-            if from_warm and warm is None:
-                legacy = policy_for(_compose(model_dir, GRPO, "disabled"), "disabled")
-                legacy.load_state_dict(initial)
-                phase = warm_start_phase(_compose(model_dir, GRPO, "disabled"))
-                run_phase(
-                    phase,
-                    legacy,
-                    tokenizer=tok,
-                    logger=phase_logger(phase, out_dir / "warm_start", validate_config(cfg).logger),
-                    checkpointer=Checkpointer(out_dir / "warm_ckpt", enabled=False, save_period=0, keep_last=1),
-                )
-                warm = legacy.state_dict()
-                result["warm_start"] = read_metrics(out_dir / "warm_start" / "warm_start" / "metrics.jsonl")
-            policy.load_state_dict(warm if from_warm else initial)
-            train(name, cfg, main_phase(cfg), policy)
-    finally:
+    with script_ray(base.data_plane) as env:
         try:
+            for name, algorithm, data_plane, from_warm in RUNS:
+                cfg = _compose(model_dir, algorithm, data_plane)
+                policy = policy_for(cfg, data_plane)
+                if initial is None:
+                    initial = policy.state_dict()  # the checkpoint's weights, fresh optimizer
+                if from_warm and warm is None:
+                    legacy = policy_for(_compose(model_dir, GRPO, "disabled"), "disabled")
+                    legacy.load_state_dict(initial)
+                    phase = warm_start_phase(_compose(model_dir, GRPO, "disabled"))
+                    run_phase(
+                        phase,
+                        legacy,
+                        tokenizer=tok,
+                        logger=phase_logger(phase, out_dir / "warm_start", validate_config(cfg).logger),
+                        checkpointer=Checkpointer(out_dir / "warm_ckpt", enabled=False, save_period=0, keep_last=1),
+                    )
+                    warm = legacy.state_dict()
+                    result["warm_start"] = read_metrics(out_dir / "warm_start" / "warm_start" / "metrics.jsonl")
+                policy.load_state_dict(warm if from_warm else initial)
+                run = train_main(cfg, policy, tok, out_dir / name)
+                result["runs"][name] = {**run, "digests": _rank_digests(policy), "policy_class": type(policy).__name__}
+        finally:
             for policy in policies.values():
                 policy.shutdown()
-        finally:
-            shutdown_ray()
     return result
 
 
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    model_dir = micro_checkpoint(session_cache(tmp_path_factory), "llama")
-    out = tmp_path_factory.mktemp("hf_parity")
-    from tests.e2e.conftest import run_json_script
+    from tests.e2e.conftest import script_result
 
-    return run_json_script(Path(__file__).resolve(), [str(out), str(model_dir)], out / "parity.json", timeout=600)
+    model_dir = micro_checkpoint(session_cache(tmp_path_factory), "llama")
+    return script_result(Path(__file__).resolve(), tmp_path_factory.mktemp("hf_parity"), str(model_dir))
 
 
 def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -305,6 +289,18 @@ def assert_same_run(parity: dict[str, Any], legacy_name: str, other_name: str, s
     assert len(set(other["digests"])) == 1  # the replicas agree
 
 
+def assert_same_rl_run(
+    parity: dict[str, Any], legacy_name: str, other_name: str, algorithm: str
+) -> dict[int, dict[str, Any]]:
+    """``assert_same_run`` over steps 1 and 2 of ``algorithm``'s legacy trainer (``legacy_name``)
+    and its data-plane trainer (``other_name``); returns the legacy run's records by step."""
+    runs = parity["runs"]
+    assert runs[legacy_name]["trainer"] == f"nemo_dp.algorithms.{algorithm}.{algorithm}_train"
+    assert runs[other_name]["trainer"] == f"nemo_dp.algorithms.{algorithm}_sync.{algorithm}_train_sync"
+    assert_same_run(parity, legacy_name, other_name, [1, 2])
+    return _by_step(runs[legacy_name]["records"])
+
+
 @pytest.mark.timeout(900)
 def test_hf_sft_disabled_local_and_tq_agree_exactly(parity: dict[str, Any]) -> None:
     runs = parity["runs"]
@@ -320,11 +316,7 @@ def test_hf_sft_disabled_local_and_tq_agree_exactly(parity: dict[str, Any]) -> N
 
 @pytest.mark.timeout(900)
 def test_hf_grpo_legacy_and_tq_with_dynamic_sampling_agree_exactly(parity: dict[str, Any]) -> None:
-    runs = parity["runs"]
-    assert runs["grpo_disabled"]["trainer"] == "nemo_dp.algorithms.grpo.grpo_train"
-    assert runs["grpo_tq"]["trainer"] == "nemo_dp.algorithms.grpo_sync.grpo_train_sync"
-    assert_same_run(parity, "grpo_disabled", "grpo_tq", [1, 2])
-    a = _by_step(runs["grpo_disabled"]["records"])
+    a = assert_same_rl_run(parity, "grpo_disabled", "grpo_tq", "grpo")
     # Not a trivial run: mixed rewards give non-zero advantages, dynamic sampling dropped
     # groups and generated again, and the policy moved away from its reference.
     assert all(a[s]["advantage_abs_mean"] > 0 for s in (1, 2))
@@ -334,20 +326,14 @@ def test_hf_grpo_legacy_and_tq_with_dynamic_sampling_agree_exactly(parity: dict[
 
 @pytest.mark.timeout(900)
 def test_hf_ppo_legacy_and_tq_agree_exactly(parity: dict[str, Any]) -> None:
-    runs = parity["runs"]
-    assert runs["ppo_disabled"]["trainer"] == "nemo_dp.algorithms.ppo.ppo_train"
-    assert runs["ppo_tq"]["trainer"] == "nemo_dp.algorithms.ppo_sync.ppo_train_sync"
-    assert_same_run(parity, "ppo_disabled", "ppo_tq", [1, 2])
-    a = _by_step(runs["ppo_disabled"]["records"])
+    a = assert_same_rl_run(parity, "ppo_disabled", "ppo_tq", "ppo")
     for step in (1, 2):
         assert a[step]["value_loss_epoch0"] != a[step]["value_loss_epoch1"]  # the HF critic learns
     assert any(0.0 < a[s]["reward_mean"] < 1.0 for s in (1, 2)), a
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1])
-    target.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
-    res = run_parity(target, Path(sys.argv[2]))
-    (target / "parity.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: [r.get("loss") for r in v["records"]] for k, v in res["runs"].items()}))
+    from tests.e2e.conftest import json_script_main
+
+    json_script_main(lambda out, argv: run_parity(out, Path(argv[0])), "loss")

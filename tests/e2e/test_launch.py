@@ -35,16 +35,9 @@ def _training_metrics(path: Path) -> dict[int, dict[str, object]]:
 def test_sft_few_steps(launch: LaunchFn, tmp_path: Path) -> None:
     run = tmp_path / "sft_run"
     proc = launch(
-        [
-            "recipe=sft_arith",
-            *TINY,
-            "data_plane=disabled",
-            "algorithm.max_steps=4",
-            "algorithm.val_period=2",
-            "algorithm.num_train_samples=64",
-            f"hydra.run.dir={run}",
-        ]
-    )
+        ["recipe=sft_arith", *TINY, "data_plane=disabled", "algorithm.max_steps=4", "algorithm.val_period=2",
+         "algorithm.num_train_samples=64", f"hydra.run.dir={run}"]
+    )  # fmt: skip
     _ok(proc)
     assert "Running synchronous SFT training (legacy)" in proc.stdout
     assert "trainer nemo_dp.algorithms.sft:sft_train" in proc.stdout
@@ -123,20 +116,11 @@ def test_grpo_with_warm_start_and_exact_resume(
 
 def test_multirun_sweep_isolates_jobs(launch: LaunchFn, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
+    # data_plane=local: each job starts and ends its own Ray and its workers' private stores.
     proc = launch(
-        [
-            "--multirun",
-            "recipe=sft_arith",
-            *TINY,
-            # Each job starts and ends its own Ray and its workers' private stores.
-            "data_plane=local",
-            "algorithm.max_steps=2",
-            "algorithm.num_train_samples=64",
-            "logger.plot=false",
-            "seed=1,2",
-            f"hydra.sweep.dir={sweep}",
-        ]
-    )
+        ["--multirun", "recipe=sft_arith", *TINY, "data_plane=local", "algorithm.max_steps=2",
+         "algorithm.num_train_samples=64", "logger.plot=false", "seed=1,2", f"hydra.sweep.dir={sweep}"]
+    )  # fmt: skip
     _ok(proc)
     assert proc.stdout.count("Running synchronous SFT training (data plane: local)") == 2
     losses = []

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import PARITY_RUN, PARITY_TIMEOUT_S, REPO_ROOT, ParitySession
+from tests.e2e.conftest import PARITY_RUN, PARITY_TIMEOUT_S, by_step, parity_result
+from tests.e2e.phase_runs import compose_run
 
 PARITY_OVERRIDES: tuple[str, ...] = (
     *PARITY_RUN,
@@ -62,16 +63,6 @@ COMPARED: tuple[str, ...] = (
 )
 
 
-def _compose(overrides: list[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=[*PARITY_OVERRIDES, *overrides])
-
-
 def run_ppo(out_dir: Path, state: Any, env: dict[str, str]) -> dict[str, Any]:
     """Run PPO with ``data_plane=disabled`` and ``data_plane=tq`` from the warm start's ``state``.
 
@@ -88,18 +79,12 @@ def run_ppo(out_dir: Path, state: Any, env: dict[str, str]) -> dict[str, Any]:
 
     result: dict[str, Any] = {"runs": {}}
     for dp in ("disabled", "tq"):
-        cfg = _compose([*PPO_OVERRIDES, f"data_plane={dp}"])
+        cfg = compose_run([*PARITY_OVERRIDES, *PPO_OVERRIDES, f"data_plane={dp}"])
         result["runs"][dp] = train_from_state(cfg, make_tokenizer(cfg), env, state, out_dir / dp)
     return result
 
 
-@pytest.fixture(scope="module")
-def parity(parity_session: ParitySession) -> dict[str, Any]:
-    return parity_session.result("ppo")
-
-
-def _by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {int(r["step"]): {k: r[k] for k in COMPARED if k in r} for r in records}
+parity = parity_result("ppo")
 
 
 @pytest.mark.timeout(PARITY_TIMEOUT_S)
@@ -108,7 +93,7 @@ def test_legacy_and_data_plane_ppo_agree_exactly(parity: dict[str, Any]) -> None
     assert legacy["policy_class"] == "Policy" and tq["policy_class"] == "TQPolicy"
     assert legacy["trainer"] == "nemo_dp.algorithms.ppo.ppo_train"
     assert tq["trainer"] == "nemo_dp.algorithms.ppo_sync.ppo_train_sync"
-    a, b = _by_step(legacy["records"]), _by_step(tq["records"])
+    a, b = by_step(legacy["records"], COMPARED), by_step(tq["records"], COMPARED)
     assert sorted(a) == sorted(b) == [0, 1, 2, 3, 4, 5]
     assert a[0] == b[0]  # held-out accuracy before training
     for step in range(1, 6):

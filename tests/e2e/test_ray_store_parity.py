@@ -15,7 +15,6 @@ layer the launcher uses.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,16 +46,6 @@ def _runs() -> dict[str, list[str]]:
     }
 
 
-def _compose(overrides: list[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=overrides)
-
-
 def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
     """Run the four (algorithm, data plane) combinations from the shared warm start.
 
@@ -64,43 +53,32 @@ def run_parity(out_dir: Path, warm_ckpt: Path) -> dict[str, Any]:
         ``{"runs": {name: {"records", "checksums", "policy_class", "trainer"}}}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.distributed.ray_init import shutdown_ray
-    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.training import make_tokenizer
     from nemo_dp.utils.checkpoint import load_training_checkpoint
-    from tests.e2e.phase_runs import train_from_state
+    from tests.e2e.phase_runs import compose_run, train_from_state
+    from tests.e2e.ray_cluster import script_ray
 
     runs = _runs()
-    base = _compose(runs["grpo_ray"])
+    base = compose_run(runs["grpo_ray"])
     validate_config(base)
     tok = make_tokenizer(base)
     state = load_training_checkpoint(warm_ckpt)["policy"]
-    env = init_script_ray(base.data_plane)
-    result: dict[str, Any] = {"runs": {}}
-    try:
-        for name, overrides in runs.items():
-            result["runs"][name] = train_from_state(_compose(overrides), tok, env, state, out_dir / name)
-    finally:
-        shutdown_ray()
-    return result
+    with script_ray(base.data_plane) as env:
+        return {"runs": {n: train_from_state(compose_run(o), tok, env, state, out_dir / n) for n, o in runs.items()}}
 
 
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory: pytest.TempPathFactory, warm_start_checkpoint: Path) -> dict[str, Any]:
+    from tests.e2e.conftest import script_result
+
     out = tmp_path_factory.mktemp("ray_store_parity")
-    from tests.e2e.conftest import run_json_script
-
-    argv = [str(out), str(warm_start_checkpoint)]
-    return run_json_script(Path(__file__).resolve(), argv, out / "parity.json", timeout=600)
-
-
-def _by_step(records: list[dict[str, Any]], compared: tuple[str, ...]) -> dict[int, dict[str, Any]]:
-    return {int(r["step"]): {k: r[k] for k in compared if k in r} for r in records}
+    return script_result(Path(__file__).resolve(), out, str(warm_start_checkpoint))
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_ray_store_trainers_agree_exactly_with_legacy(parity: dict[str, Any], algorithm: str) -> None:
+    from tests.e2e.conftest import by_step
     from tests.e2e.test_grpo_parity import COMPARED as GRPO_COMPARED
     from tests.e2e.test_ppo_parity import COMPARED as PPO_COMPARED
 
@@ -110,7 +88,7 @@ def test_ray_store_trainers_agree_exactly_with_legacy(parity: dict[str, Any], al
     assert legacy["policy_class"] == "Policy" and ray["policy_class"] == "TQPolicy"
     assert legacy["trainer"] == f"nemo_dp.algorithms.{algorithm}.{algorithm}_train"
     assert ray["trainer"] == f"nemo_dp.algorithms.{algorithm}_sync.{algorithm}_train_sync"
-    a, b = _by_step(legacy["records"], compared), _by_step(ray["records"], compared)
+    a, b = by_step(legacy["records"], compared), by_step(ray["records"], compared)
     assert sorted(a) == sorted(b) == list(range(STEPS + 1))
     assert a[0] == b[0]  # held-out accuracy before training
     for step in range(1, STEPS + 1):
@@ -126,29 +104,20 @@ def test_ray_store_trainers_agree_exactly_with_legacy(parity: dict[str, Any], al
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1])
-    target.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
-    res = run_parity(target, Path(sys.argv[2]))
-    (target / "parity.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: [r.get("reward_mean") for r in v["records"]] for k, v in res["runs"].items()}))
+    from tests.e2e.conftest import json_script_main
+
+    json_script_main(lambda out, argv: run_parity(out, Path(argv[0])), "reward_mean")
 
 
 @pytest.mark.timeout(300)
 def test_launcher_trains_grpo_over_the_ray_store(tmp_path: Path) -> None:
     """``launch.py data_plane=ray`` selects the data-plane pair through the registries."""
-    from tests.e2e.conftest import launch_tiny_grpo
+    from tests.e2e.conftest import launch_data_plane_grpo
 
-    proc, records = launch_tiny_grpo(tmp_path, "data_plane=ray", "data_plane.observability.enabled=true", steps=2)
-    assert "Running synchronous GRPO training (data plane: ray_store)" in proc.stdout
-    assert "trainer nemo_dp.algorithms.grpo_sync:grpo_train_sync" in proc.stdout
-    assert "policy factory nemo_dp.models.policy.tq_policy:TQPolicy" in proc.stdout
-    assert sorted(records) == [1, 2]
+    _, records = launch_data_plane_grpo(tmp_path, "ray", "ray_store")
     for rec in records.values():
-        # The driver registers and clears; advantages ride with the training dispatch.
-        assert rec["data_plane/step/bytes_written_mb"] == 0.0
         assert rec["data_plane/workers/step/bytes_written_mb"] > 0.0
-    assert "val_accuracy" in records[2]
 
 
 @pytest.mark.timeout(300)

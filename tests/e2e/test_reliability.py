@@ -14,30 +14,24 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from nemo_dp.utils.metrics import read_metrics
-from tests.e2e.conftest import LAUNCHER, SFT_CHECKPOINTED, TINY, assert_launch_ok, run_launch
+from tests.e2e.conftest import (
+    GRPO_ONE_STEP,
+    SFT_CHECKPOINTED,
+    assert_launch_ok,
+    group_killed_on_exit,
+    popen_launch,
+    run_launch,
+)
 
 pytestmark = pytest.mark.timeout(420)
 
 SFT = SFT_CHECKPOINTED
-GRPO: tuple[str, ...] = (
-    "~recipe",
-    "algorithm=grpo",
-    *TINY,
-    "data_plane=disabled",
-    "algorithm.warm_start.enabled=false",
-    "algorithm.num_prompts_per_step=4",
-    "algorithm.num_generations_per_prompt=4",
-    "algorithm.num_train_prompts=64",
-    "algorithm.max_steps=1",
-    "algorithm.val_period=0",
-    "logger.progress_bar=false",
-)
+GRPO: tuple[str, ...] = (*GRPO_ONE_STEP, "data_plane=disabled")
 
 
 def _launch(overrides: list[str] | tuple[str, ...], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -45,6 +39,13 @@ def _launch(overrides: list[str] | tuple[str, ...], cwd: Path, timeout: float = 
 
 
 _ok = assert_launch_ok
+
+
+def _resume(src: Path, new: Path, *overrides: str, steps: int = 3) -> subprocess.CompletedProcess:
+    """``SFT`` for ``steps`` steps with ``overrides``, resumed from ``src`` into the run directory
+    ``new`` (launched from ``new``'s parent)."""
+    resume = [f"checkpointing.resume_from={src}", f"hydra.run.dir={new}"]
+    return _launch([*SFT, f"algorithm.max_steps={steps}", *overrides, *resume], new.parent)
 
 
 def _refused(proc: subprocess.CompletedProcess, run_dir: Path, *needles: str) -> None:
@@ -77,13 +78,13 @@ def test_resume_from_empty_directory_is_refused(sft_run: Path, tmp_path: Path) -
     empty = tmp_path / "empty"
     empty.mkdir()
     new = tmp_path / "new"
-    proc = _launch([*SFT, "algorithm.max_steps=3", f"checkpointing.resume_from={empty}", f"hydra.run.dir={new}"], tmp_path)
+    proc = _resume(empty, new)
     _refused(proc, new, "checkpointing.resume_from", "is an empty directory - nothing to resume from")
 
 
 def test_resume_from_a_run_directory_continues_its_history(sft_run: Path, tmp_path: Path) -> None:
     new = tmp_path / "resumed"
-    proc = _launch([*SFT, "algorithm.max_steps=3", f"checkpointing.resume_from={sft_run}", f"hydra.run.dir={new}"], tmp_path)
+    proc = _resume(sft_run, new)
     _ok(proc)
     assert "(run directory) -> phase 'sft' step 2" in proc.stdout
     assert "at step 2" in proc.stdout  # the trainer's own "resumed from ... at step 2"
@@ -107,7 +108,7 @@ def test_resume_from_a_run_directory_continues_its_history(sft_run: Path, tmp_pa
 def test_resume_from_a_step_directory_uses_that_step(sft_run: Path, tmp_path: Path) -> None:
     step1 = sft_run / "checkpoints" / "sft" / "step_00000001"
     new = tmp_path / "resumed"
-    proc = _launch([*SFT, "algorithm.max_steps=2", f"checkpointing.resume_from={step1}", f"hydra.run.dir={new}"], tmp_path)
+    proc = _resume(step1, new, steps=2)
     _ok(proc)
     assert "(step directory) -> phase 'sft' step 1" in proc.stdout
     assert [r["step"] for r in read_metrics(new / "metrics.jsonl")] == [1, 2]
@@ -117,7 +118,7 @@ def test_resume_from_a_checkpoint_missing_its_state_file_is_refused(sft_run: Pat
     copy = _copy_run(sft_run, tmp_path / "copy")
     (copy / "checkpoints" / "sft" / "step_00000002" / "state.json").unlink()
     new = tmp_path / "new"
-    proc = _launch([*SFT, "algorithm.max_steps=3", f"checkpointing.resume_from={copy}", f"hydra.run.dir={new}"], tmp_path)
+    proc = _resume(copy, new)
     _refused(proc, new, "step_00000002 is missing ['state.json']", "refusing to fall back silently")
 
 
@@ -164,33 +165,24 @@ def test_truncated_and_zeroed_state_files_are_named(sft_run: Path, tmp_path: Pat
     data = tensors.read_bytes()
     tensors.write_bytes(data[: len(data) // 2])
     new = tmp_path / "new"
-    proc = _launch([*SFT, "algorithm.max_steps=3", f"checkpointing.resume_from={copy}", f"hydra.run.dir={new}"], tmp_path)
+    proc = _resume(copy, new)
     _refused(proc, new, f"checkpoint file {tensors} is truncated")
     tensors.write_bytes(bytes(len(data)))
-    proc = _launch([*SFT, "algorithm.max_steps=3", f"checkpointing.resume_from={copy}", f"hydra.run.dir={new}"], tmp_path)
+    proc = _resume(copy, new)
     _refused(proc, new, f"checkpoint file {tensors} is altered")
 
 
 def test_other_model_size_and_data_plane_are_refused_naming_the_keys(sft_run: Path, tmp_path: Path) -> None:
     new = tmp_path / "new"
-    proc = _launch(
-        [*SFT, "algorithm.max_steps=3", "policy.model.d_model=64", f"checkpointing.resume_from={sft_run}", f"hydra.run.dir={new}"],
-        tmp_path,
-    )
+    proc = _resume(sft_run, new, "policy.model.d_model=64")
     _refused(proc, new, "differing keys: ['model_shape.d_model']", "policy.model.d_model")
-    proc = _launch(
-        [*SFT, "algorithm.max_steps=3", "data_plane=local", f"checkpointing.resume_from={sft_run}", f"hydra.run.dir={new}"],
-        tmp_path,
-    )
+    proc = _resume(sft_run, new, "data_plane=local")
     _refused(proc, new, "differing keys: ['data_plane']", "checkpoint 'disabled', this run 'local'")
 
 
 def test_other_dp_size_is_refused_before_ray_naming_the_key(sft_run: Path, tmp_path: Path) -> None:
     new = tmp_path / "new"
-    proc = _launch(
-        [*SFT, "algorithm.max_steps=3", "policy.dp_size=2", f"checkpointing.resume_from={sft_run}", f"hydra.run.dir={new}"],
-        tmp_path,
-    )
+    proc = _resume(sft_run, new, "policy.dp_size=2")
     _refused(proc, new, "differing keys: ['policy.dp_size']", "policy.dp_size: checkpoint 1, this run 2")
     assert "Ray" not in proc.stdout  # refused before Ray started
 
@@ -239,20 +231,11 @@ def test_sigterm_stops_like_ctrl_c_with_a_summary_and_a_clean_log(tmp_path: Path
     import psutil
 
     run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.Popen(
-        [sys.executable, str(LAUNCHER), *SFT, "algorithm.max_steps=100000", "algorithm.val_period=1",
-         "checkpointing.save_period=0", f"hydra.run.dir={run}"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    endless = [*SFT, "algorithm.max_steps=100000", "algorithm.val_period=1", "checkpointing.save_period=0"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = popen_launch([*endless, f"hydra.run.dir={run}"], tmp_path, **pipes)
     descendants: list[psutil.Process] = []
-    try:
+    with group_killed_on_exit(proc):
         deadline = time.monotonic() + 240
         assert proc.stdout is not None
         seen: list[str] = []
@@ -267,10 +250,6 @@ def test_sigterm_stops_like_ctrl_c_with_a_summary_and_a_clean_log(tmp_path: Path
         descendants = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     assert proc.returncode == 143, err[-4000:]
     assert "stopped by SIGTERM" in err
     assert "Traceback" not in err and "SIGTERM received" not in err and "*** " not in err, err[-4000:]
@@ -294,13 +273,9 @@ def test_sigterm_during_final_teardown_keeps_summary_plot_and_says_how_to_resume
     import time
 
     run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.Popen(
-        [sys.executable, str(LAUNCHER), *SFT, "algorithm.max_steps=2", f"hydra.run.dir={run}"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
+    two_steps = [*SFT, "algorithm.max_steps=2", f"hydra.run.dir={run}"]
+    proc = popen_launch(two_steps, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with group_killed_on_exit(proc):
         assert proc.stdout is not None
         seen: list[str] = []
         for line in proc.stdout:
@@ -311,10 +286,6 @@ def test_sigterm_during_final_teardown_keeps_summary_plot_and_says_how_to_resume
         time.sleep(1.0)  # into the teardown of the workers and Ray (several seconds here)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["phases"]["sft"]["step"] == 2, summary
     assert (run / "training_curves.png").is_file()
@@ -346,13 +317,9 @@ def test_a_launch_right_after_a_sigkilled_driver_is_unaffected(tmp_path: Path) -
     import psutil
 
     killed = tmp_path / "killed"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.Popen(
-        [sys.executable, str(LAUNCHER), *SFT, "algorithm.max_steps=100000", "algorithm.val_period=1",
-         "checkpointing.save_period=0", f"hydra.run.dir={killed}"],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    endless = [*SFT, "algorithm.max_steps=100000", "algorithm.val_period=1", "checkpointing.save_period=0"]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    proc = popen_launch([*endless, f"hydra.run.dir={killed}"], tmp_path, **quiet)
     orphans: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 240

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LAUNCHER, REPO_ROOT, TINY, run_script
+from tests.e2e.conftest import GRPO_ONE_STEP, LAUNCHER, REPO_ROOT, TINY, run_script
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,18 +37,7 @@ SFT: tuple[str, ...] = (
     "logger.progress_bar=false",
 )
 #: The default data plane (TransferQueue): the dataset check must still run before Ray and TQ.
-GRPO: tuple[str, ...] = (
-    "~recipe",
-    "algorithm=grpo",
-    *TINY,
-    "algorithm.warm_start.enabled=false",
-    "algorithm.num_prompts_per_step=4",
-    "algorithm.num_generations_per_prompt=4",
-    "algorithm.num_train_prompts=64",
-    "algorithm.max_steps=1",
-    "algorithm.val_period=0",
-    "logger.progress_bar=false",
-)
+GRPO = GRPO_ONE_STEP
 
 
 def _env() -> dict[str, str]:

@@ -11,17 +11,15 @@ bound, the error naming the call, the exit bound, and that no process of the run
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import LAUNCHER, TINY
+from tests.e2e.conftest import TINY, group_killed_on_exit, popen_launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -48,21 +46,14 @@ def test_killed_storage_unit_ends_the_run_within_the_documented_bound(tmp_path: 
     import psutil
 
     run = tmp_path / "run"
-    env = dict(os.environ)
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    proc = subprocess.Popen(
+    proc = popen_launch(
         [
-            sys.executable, str(LAUNCHER), "recipe=sft_arith", *TINY, "data_plane=tq",
+            "recipe=sft_arith", *TINY, "data_plane=tq",
             "algorithm.max_steps=100000", "algorithm.num_train_samples=64", "algorithm.val_period=0",
             "checkpointing.enabled=false", "logger.progress_bar=false", f"hydra.run.dir={run}",
         ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+        tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     lines: list[tuple[float, str]] = []
 
     def read_stderr() -> None:
@@ -73,7 +64,7 @@ def test_killed_storage_unit_ends_the_run_within_the_documented_bound(tmp_path: 
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
     t_kill = float("nan")
-    try:
+    with group_killed_on_exit(proc):
         deadline = time.monotonic() + 300
         metrics = run / "metrics.jsonl"
         while time.monotonic() < deadline and proc.poll() is None:
@@ -89,10 +80,6 @@ def test_killed_storage_unit_ends_the_run_within_the_documented_bound(tmp_path: 
         proc.wait(timeout=EXIT_BOUND_S + 120)
         elapsed = time.monotonic() - t_kill
         reader.join(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     err = "".join(line for _, line in lines)
     after = [f"{t - t_kill:+7.1f}s {line[:160]}" for t, line in lines if t >= t_kill]
     timeline = "".join(after[:25]) + "...\n" + "".join(after[-8:])

@@ -147,16 +147,6 @@ def test_local_sigkill_during_checkpoint_then_resume_is_exact(
     )
 
 
-class _Payload:
-    """A pickle whose loading creates ``marker`` (what a malicious checkpoint file would run)."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str, str]]:
-        return (open, (str(self.marker), "w"))
-
-
 #: Every file name the TransferQueue data plane's old checkpoint format (the library's own
 #: files under ``data_plane/tq/tq/``) wrote into a training checkpoint.
 OLD_TQ_FILES = (
@@ -170,10 +160,9 @@ OLD_TQ_FILES = (
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_tq_resume_never_loads_a_planted_pickle(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    import pickle
-
     from nemo_dp.utils.manifest import verify_manifest, write_manifest
     from tests.e2e.conftest import run_launch
+    from tests.e2e.planted_pickle import plant_pickle
 
     straight, _ = straight_run("tq", tmp_path_factory)
     step3 = straight / "checkpoints" / "sft" / "step_00000003"
@@ -183,8 +172,7 @@ def test_tq_resume_never_loads_a_planted_pickle(tmp_path: Path, tmp_path_factory
         root = tmp_path / f"root_{i}"
         ckpt = root / "sft" / step3.name
         shutil.copytree(step3, ckpt)
-        (ckpt / rel).parent.mkdir(parents=True, exist_ok=True)
-        (ckpt / rel).write_bytes(pickle.dumps(_Payload(marker)))
+        plant_pickle(ckpt, rel, marker)
         write_manifest(ckpt)  # whoever can write the checkpoint can rewrite its manifest
         verify_manifest(ckpt)
         run_dir = tmp_path / f"run_{i}"

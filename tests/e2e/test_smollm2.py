@@ -23,7 +23,6 @@ a minute on 2 cores.  The final weights are compared through each rank's ``weigh
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,14 +63,9 @@ OVERRIDES: tuple[str, ...] = (
 
 
 def _compose(model_dir: Path, data_plane: str) -> Any:
-    from hydra import compose, initialize_config_dir
+    from tests.e2e.phase_runs import compose_run
 
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    overrides = [*OVERRIDES, f"policy.model_name_or_path={model_dir}", f"data_plane={data_plane}"]
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=overrides)
+    return compose_run([*OVERRIDES, f"policy.model_name_or_path={model_dir}", f"data_plane={data_plane}"])
 
 
 def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
@@ -81,58 +75,41 @@ def run_smollm2(out_dir: Path, model_dir: Path) -> dict[str, Any]:
         ``{"runs": {name: {"records", "digests", "trainer"}}}``.
     """
     from nemo_dp.config import validate_config
-    from nemo_dp.data_plane.factory import select_sync_trainer
-    from nemo_dp.distributed.ray_init import shutdown_ray
-    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.models.builders import prepare_policy, validate_policy
-    from nemo_dp.training import main_phase, make_policy, make_tokenizer
-    from tests.e2e.phase_runs import train_phase
+    from nemo_dp.training import make_policy, make_tokenizer
+    from tests.e2e.ray_cluster import script_ray
+    from tests.e2e.test_hf_parity import train_main
 
     base = _compose(model_dir, "tq")
     prepare_policy(base.policy)  # the cached import: found, not redone
     validate_policy(base.policy)
     tok = make_tokenizer(base)
-    env = init_script_ray(base.data_plane)
     result: dict[str, Any] = {"runs": {}}
-    try:
+    with script_ray(base.data_plane) as env:
         for data_plane in ("disabled", "tq"):
             cfg = _compose(model_dir, data_plane)
-            validated = validate_config(cfg)
+            validate_config(cfg)
             policy = make_policy(cfg, tok, env_vars=env)
             try:
-                phase = main_phase(cfg)
-                trainer = select_sync_trainer(phase.cfg)
-                run_dir = out_dir / data_plane
-                records = train_phase(phase, policy, tok, run_dir, validated.logger, trainer)
-                result["runs"][data_plane] = {
-                    "records": records,
-                    "digests": policy.worker_group.run_all("weights_digest"),
-                    "trainer": f"{trainer.__module__}.{trainer.__name__}",
-                }
+                run = train_main(cfg, policy, tok, out_dir / data_plane)
+                result["runs"][data_plane] = {**run, "digests": policy.worker_group.run_all("weights_digest")}
             finally:
                 policy.shutdown()
-    finally:
-        shutdown_ray()
     return result
 
 
 @pytest.fixture(scope="module")
 def smollm2_runs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from tests.e2e.conftest import run_json_script
+    from tests.e2e.conftest import script_result
 
-    out = tmp_path_factory.mktemp("smollm2")
-    return run_json_script(Path(__file__).resolve(), [str(out), str(smollm2_dir)], out / "smollm2.json", timeout=600)
+    return script_result(Path(__file__).resolve(), tmp_path_factory.mktemp("smollm2"), str(smollm2_dir))
 
 
 @pytest.mark.timeout(900)
 def test_smollm2_grpo_legacy_and_tq_agree_exactly(smollm2_runs: dict[str, Any]) -> None:
-    from tests.e2e.test_hf_parity import _by_step, assert_same_run
+    from tests.e2e.test_hf_parity import assert_same_rl_run
 
-    runs = smollm2_runs["runs"]
-    assert runs["disabled"]["trainer"] == "nemo_dp.algorithms.grpo.grpo_train"
-    assert runs["tq"]["trainer"] == "nemo_dp.algorithms.grpo_sync.grpo_train_sync"
-    assert_same_run(smollm2_runs, "disabled", "tq", [1, 2])
-    a = _by_step(runs["disabled"]["records"])
+    a = assert_same_rl_run(smollm2_runs, "disabled", "tq", "grpo")
     for step in (1, 2):
         assert a[step]["prev_logprobs_source"] == "train_forward"
         assert a[step]["grad_norm"] > 0
@@ -144,9 +121,7 @@ def test_smollm2_grpo_legacy_and_tq_agree_exactly(smollm2_runs: dict[str, Any]) 
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1])
-    target.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO_ROOT))
-    res = run_smollm2(target, Path(sys.argv[2]))
-    (target / "smollm2.json").write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: [r.get("loss") for r in v["records"]] for k, v in res["runs"].items()}))
+    from tests.e2e.conftest import json_script_main
+
+    json_script_main(lambda out, argv: run_smollm2(out, Path(argv[0])), "loss")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.e2e.conftest import TINY, LaunchFn
+from tests.e2e.conftest import TINY_GRPO, LaunchFn
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -22,24 +22,10 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 def test_optuna_sweep_maximises_held_out_accuracy(launch: LaunchFn, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     proc = launch(
-        [
-            "--multirun",
-            "hydra/sweeper=grpo_lr_kl",
-            "hydra.sweeper.n_trials=2",
-            *TINY,
-            "data_plane=tq",
-            "algorithm.warm_start.enabled=false",
-            "algorithm.num_prompts_per_step=4",
-            "algorithm.num_generations_per_prompt=4",
-            "algorithm.num_train_prompts=64",
-            "algorithm.max_steps=1",
-            "algorithm.val_at_start=false",
-            "logger.plot=false",
-            "checkpointing.enabled=false",
-            f"hydra.sweep.dir={sweep}",
-        ],
+        ["--multirun", "hydra/sweeper=grpo_lr_kl", "hydra.sweeper.n_trials=2", *TINY_GRPO, "data_plane=tq",
+         "algorithm.max_steps=1", "logger.plot=false", "checkpointing.enabled=false", f"hydra.sweep.dir={sweep}"],
         timeout=560,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, f"sweep failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
     assert proc.stdout.count("Running synchronous GRPO training (data plane: transfer_queue)") == 2
 

@@ -1,10 +1,10 @@
 """The e2e tier's parity process: the shared SFT warm start, then the parity runs that start from it.
 
 Run as a script: ``python warm_start.py OUT_DIR [GROUP ...]``, groups from ``PARITY_GROUPS``
-(``conftest.py`` passes the groups of the parity tests the session collected).  Why one
-process: each parity file used to start its own Python, Ray, worker groups and TransferQueue
-system, which on a 2-core machine costs more than the runs themselves.  Here one Ray (started
-with the TransferQueue knobs exported, as for any ``data_plane=tq`` run) serves everything:
+(``conftest.py`` passes the groups of the parity tests the session collected).  One process,
+because a Python, Ray, worker groups and TransferQueue system per parity file would cost more on
+a 2-core machine than the runs themselves: one Ray (started with the TransferQueue knobs
+exported, as for any ``data_plane=tq`` run) serves everything:
 
 1. the warm start: ``WARM_START_OVERRIDES`` composed, its warm-start phase run through
    ``nemo_dp.training.run_phase`` on a plain policy, the final training checkpoint saved under
@@ -33,16 +33,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PARITY_GROUPS: tuple[str, ...] = ("grpo", "async", "ppo")
 
 
-def _compose(overrides: Sequence[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=list(overrides))
-
-
 def run_warm_start(out_dir: Path, env: dict[str, str]) -> Path:
     """Run the shared warm start into ``out_dir`` on the caller's Ray.
 
@@ -60,8 +50,9 @@ def run_warm_start(out_dir: Path, env: dict[str, str]) -> Path:
     from nemo_dp.training import Checkpointer, make_policy, make_tokenizer, phase_logger, run_phase, warm_start_phase
     from nemo_dp.training.checkpoint_discovery import latest_checkpoint
     from tests.e2e.conftest import WARM_START_OVERRIDES
+    from tests.e2e.phase_runs import compose_run
 
-    cfg = _compose(WARM_START_OVERRIDES)
+    cfg = compose_run(WARM_START_OVERRIDES)
     validated = validate_config(cfg)
     phase = warm_start_phase(cfg)
     tok = make_tokenizer(cfg)
@@ -107,12 +98,11 @@ def main(out_dir: Path, groups: Sequence[str]) -> None:
     unknown = sorted(set(groups) - set(PARITY_GROUPS))
     if unknown:
         raise ValueError(f"unknown parity group(s) {unknown}; known: {list(PARITY_GROUPS)}")
-    from nemo_dp.distributed.ray_init import shutdown_ray
-    from tests.e2e.ray_cluster import init_script_ray
     from nemo_dp.utils.checkpoint import load_training_checkpoint
+    from tests.e2e.phase_runs import compose_run
+    from tests.e2e.ray_cluster import script_ray
 
-    env = init_script_ray(_compose(["~recipe", "data_plane=tq"]).data_plane)
-    try:
+    with script_ray(compose_run(["~recipe", "data_plane=tq"]).data_plane) as env:
         ckpt = run_warm_start(out_dir, env)
         (out_dir / "warm_start.json").write_text(json.dumps({"checkpoint": str(ckpt)}))
         state = load_training_checkpoint(ckpt)["policy"]
@@ -128,8 +118,6 @@ def main(out_dir: Path, groups: Sequence[str]) -> None:
             from tests.e2e import test_ppo_parity
 
             _job(out_dir, "ppo", lambda: test_ppo_parity.run_ppo(out_dir / "ppo", state, env))
-    finally:
-        shutdown_ray()
 
 
 if __name__ == "__main__":

@@ -70,20 +70,19 @@ def test_train_keeps_replicas_identical_and_counts_optimizer_steps(policy2: Poli
     assert sums[0] == sums[1]
 
 
+def _train_fresh(env: dict[str, str], dp_size: int, batch: Any, mbs: int) -> tuple[float, float]:
+    """One ``gbs=16`` step of a new ``dp_size`` policy on ``batch``: its loss and rank 0's weight checksum."""
+    p = _policy(env, dp_size)
+    try:
+        return p.train(batch, NLLLoss(), gbs=16, mbs=mbs)["loss"], p.weights_checksums()[0]
+    finally:
+        p.shutdown()
+
+
 def test_update_is_independent_of_dp_size_and_microbatching(ray_cluster: dict[str, str]) -> None:
     batch = _sft_batch(16, seed=3)
-    p1 = _policy(ray_cluster, 1)
-    try:
-        loss1 = p1.train(batch, NLLLoss(), gbs=16, mbs=16)["loss"]
-        sum1 = p1.weights_checksums()[0]
-    finally:
-        p1.shutdown()
-    p2 = _policy(ray_cluster, 2)
-    try:
-        loss2 = p2.train(batch, NLLLoss(), gbs=16, mbs=2)["loss"]
-        sum2 = p2.weights_checksums()[0]
-    finally:
-        p2.shutdown()
+    loss1, sum1 = _train_fresh(ray_cluster, 1, batch, mbs=16)
+    loss2, sum2 = _train_fresh(ray_cluster, 2, batch, mbs=2)
     assert loss1 == pytest.approx(loss2, rel=1e-5)
     assert sum1 == pytest.approx(sum2, rel=1e-5, abs=1e-4)
 

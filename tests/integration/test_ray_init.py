@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.ray_cluster import short_tmp_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,11 +42,8 @@ print("OUT=" + json.dumps(out))
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A short directory under /tmp (Ray's socket paths must stay under 108 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="ndpi_", dir="/tmp"))
-    try:
+    with short_tmp_dir("ndpi_") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _dead_port() -> int:

@@ -28,6 +28,8 @@ from nemo_dp.data_plane.adapters.transfer_queue import (
 from nemo_dp.data_plane.adapters.transfer_queue.checkpoint_format import OLD_FILES
 from nemo_dp.data_plane.typed_checkpoint import read_checkpoint
 
+from tests.e2e.planted_pickle import plant_pickle
+
 from .conftest import TQSession, tq_test_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -168,16 +170,6 @@ def test_checkpoint_owner_registry_and_version_rules(tq_session: TQSession, tmp_
     assert "manifest.json" in str(info.value)
 
 
-class _Payload:
-    """A pickle whose loading creates ``marker`` (what a malicious checkpoint file would run)."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return (open, (str(self.marker), "w"))
-
-
 #: Every file name TransferQueue's own checkpoint (the adapter's format version 1) wrote.
 OLD_TQ_FILES = (
     "tq/controller_state.pkl",
@@ -186,15 +178,6 @@ OLD_TQ_FILES = (
     "tq/simple_storage/storage_unit_info.json",
     "tq/storage_units/su_0_0.pkl",
 )
-
-
-def _plant(ck: Path, rel: str, marker: Path) -> Path:
-    import pickle
-
-    path = ck / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(_Payload(marker)))
-    return path
 
 
 def test_load_never_reads_a_pickle_planted_in_the_checkpoint(
@@ -210,7 +193,7 @@ def test_load_never_reads_a_pickle_planted_in_the_checkpoint(
     for rel in OLD_TQ_FILES:
         bad = tmp_path / f"bad_{Path(rel).name}"
         shutil.copytree(ck, bad)
-        planted[rel] = _plant(bad, rel, marker)
+        planted[rel] = plant_pickle(bad, rel, marker)
         # The reader load_checkpoint runs first, before it touches the store (no system needed).
         with pytest.raises(ValueError, match="not part of its format") as info:
             read_checkpoint(bad, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, OLD_FILES)
@@ -228,7 +211,7 @@ def test_load_never_reads_a_pickle_planted_in_the_checkpoint(
     old = tmp_path / "old"
     old.mkdir()
     for rel in OLD_TQ_FILES:
-        _plant(old, rel, marker)
+        plant_pickle(old, rel, marker)
     (old / "manifest.json").write_text(
         json.dumps({"format": CHECKPOINT_FORMAT, "format_version": 1, "backend": "simple", "metadata": {}})
     )

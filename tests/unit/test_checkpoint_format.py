@@ -31,16 +31,39 @@ from nemo_dp.utils.checkpoint import (
 from nemo_dp.utils.checkpoint_io import write_manifest
 from nemo_dp.utils.seeding import capture_rng_state, restore_rng_state
 
-BASE = {
-    "dp_size": 1, "torch_threads": 1,
-    "optimizer": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.01, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8,
-                  "warmup_steps": 1, "schedule": "cosine", "min_lr_ratio": 0.1},
-    "generation": {"max_new_tokens": 4, "temperature": 1.0},
-    "train_global_batch_size": 4, "train_micro_batch_size": 2, "logprob_batch_size": 4,
-    "generation_batch_size": 4, "max_grad_norm": 1.0,
-    "dynamic_batching": {"enabled": False}, "sequence_packing": {"enabled": False},
-}
-TINY = {**BASE, "kind": "tiny", "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "max_seq_len": 24, "dropout": 0.0}}
+def policy_base(**optimizer: Any) -> dict[str, Any]:
+    """A new one-rank policy config without its model keys (the in-process worker tests' base).
+
+    Args:
+        **optimizer: ``optimizer`` entries that replace the defaults.
+    """
+    return {
+        "dp_size": 1, "torch_threads": 1,
+        "optimizer": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.01, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8,
+                      "warmup_steps": 1, "schedule": "cosine", "min_lr_ratio": 0.1, **optimizer},
+        "generation": {"max_new_tokens": 4, "temperature": 1.0},
+        "train_global_batch_size": 4, "train_micro_batch_size": 2, "logprob_batch_size": 4,
+        "generation_batch_size": 4, "max_grad_norm": 1.0,
+        "dynamic_batching": {"enabled": False}, "sequence_packing": {"enabled": False},
+    }
+
+
+def tiny_policy(**optimizer: Any) -> dict[str, Any]:
+    """``policy_base(**optimizer)`` with a 1-layer tiny model."""
+    model = {"n_layers": 1, "d_model": 16, "n_heads": 2, "max_seq_len": 24, "dropout": 0.0}
+    return {**policy_base(**optimizer), "kind": "tiny", "model": model}
+
+
+def policy_worker(cfg: dict[str, Any]) -> tuple[PolicyWorker, Any]:
+    """A rank-0 ``PolicyWorker`` of ``cfg`` (seed 1) and its tokenizer."""
+    tok = build_tokenizer(cfg)
+    w = PolicyWorker(rank=0, world_size=1, policy_cfg=cfg, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
+                     eos_id=tok.eos_id, seed=1)
+    return w, tok
+
+
+BASE = policy_base()
+TINY = tiny_policy()
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +74,7 @@ def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _worker(cfg: dict[str, Any]) -> tuple[PolicyWorker, Any]:
-    tok = build_tokenizer(cfg)
-    w = PolicyWorker(rank=0, world_size=1, policy_cfg=cfg, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
-                     eos_id=tok.eos_id, seed=1)
+    w, tok = policy_worker(cfg)
     w.reset_optimizer(3e-3, decay_steps=6)
     return w, tok
 

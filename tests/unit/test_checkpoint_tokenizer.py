@@ -21,23 +21,14 @@ from omegaconf import OmegaConf
 
 from nemo_dp.models.builders import build_tokenizer, load_saved_tokenizer
 from nemo_dp.models.hf.make_tiny import TinyDims, ensure_tiny_checkpoint
-from nemo_dp.models.policy.worker import PolicyWorker
 from nemo_dp.training.evaluate import CheckpointRef, load_tokenizer
 from nemo_dp.utils.checkpoint import save_training_checkpoint
 from nemo_dp.utils.seeding import capture_rng_state
+from tests.unit.test_checkpoint_format import policy_base, policy_worker, tiny_policy
 
-BASE: dict[str, Any] = {
-    "dp_size": 1, "torch_threads": 1,
-    "optimizer": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8,
-                  "warmup_steps": 0, "schedule": "constant", "min_lr_ratio": 0.1},
-    "generation": {"max_new_tokens": 4, "temperature": 1.0},
-    "train_global_batch_size": 4, "train_micro_batch_size": 2, "logprob_batch_size": 4,
-    "generation_batch_size": 4, "max_grad_norm": 1.0,
-    "dynamic_batching": {"enabled": False}, "sequence_packing": {"enabled": False},
-}
-TINY: dict[str, Any] = {
-    **BASE, "kind": "tiny", "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "max_seq_len": 24, "dropout": 0.0},
-}
+_CONSTANT_LR: dict[str, Any] = {"weight_decay": 0.0, "warmup_steps": 0, "schedule": "constant"}
+BASE = policy_base(**_CONSTANT_LR)
+TINY = tiny_policy(**_CONSTANT_LR)
 TEXTS = ("12+7=", "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n7<|im_end|>\n")
 
 
@@ -52,9 +43,7 @@ def hf_cfg(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _checkpoint(cfg: dict[str, Any], target: Path) -> Path:
     """A training checkpoint holding a fresh worker's state (as the trainers save one)."""
-    tok = build_tokenizer(cfg)
-    w = PolicyWorker(rank=0, world_size=1, policy_cfg=cfg, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
-                     eos_id=tok.eos_id, seed=1)
+    w, _ = policy_worker(cfg)
     w.reset_optimizer(3e-3, decay_steps=2)
     weights = {k: v for k, v in w.get_state(include_weights=True).items() if k not in ("rng", "rank")}
     state = {"algorithm": "sft", "counters": {"step": 1, "best": -math.inf},

@@ -48,24 +48,35 @@ def siblings(ck: Path) -> list[str]:
     return sorted(p.name for p in ck.parent.iterdir() if p.name != ck.name)
 
 
-def saved_checkpoint(tmp_path: Path, metadata: dict[str, Any] | None = None) -> Path:
+def client_with_checkpoint(
+    tmp_path: Path, metadata: dict[str, Any] | None = None
+) -> tuple[LocalDataPlaneClient, Path]:
+    """A filled client and the checkpoint it saved to ``tmp_path / "ck"`` (metadata ``{"step": 1}``
+    unless given)."""
     c = make_client()
     fill(c)
     ck = tmp_path / "ck"
     c.save_checkpoint(ck, metadata=metadata if metadata is not None else {"step": 1})
+    return c, ck
+
+
+def saved_checkpoint(tmp_path: Path, metadata: dict[str, Any] | None = None) -> Path:
+    c, ck = client_with_checkpoint(tmp_path, metadata)
     c.close()
     return ck
+
+
+def files(ck: Path) -> dict[str, bytes]:
+    """Every file of the checkpoint ``ck`` by name, with its bytes."""
+    return {p.name: p.read_bytes() for p in ck.iterdir()}
 
 
 # --- failures during a save -------------------------------------------------------------
 
 
 def test_exception_inside_the_writer_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    c = make_client()
-    fill(c)
-    ck = tmp_path / "ck"
-    c.save_checkpoint(ck, metadata={"step": 1})
-    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    c, ck = client_with_checkpoint(tmp_path)
+    before = files(ck)
 
     import safetensors.torch
 
@@ -86,16 +97,13 @@ def test_exception_inside_the_writer_keeps_previous_checkpoint(tmp_path: Path, m
     monkeypatch.undo()
     assert partial and ".tmp-" in partial[0].parent.name  # the writer really ran in a temp dir
     assert siblings(ck) == []  # temp dir removed
-    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+    assert files(ck) == before
     assert make_client().load_checkpoint(ck) == {"step": 1}
 
 
 def test_failing_final_rename_restores_the_old_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    c = make_client()
-    fill(c)
-    ck = tmp_path / "ck"
-    c.save_checkpoint(ck, metadata={"step": 1})
-    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    c, ck = client_with_checkpoint(tmp_path)
+    before = files(ck)
     real_replace = os.replace
     moved_away: list[str] = []
 
@@ -111,7 +119,7 @@ def test_failing_final_rename_restores_the_old_directory(tmp_path: Path, monkeyp
         c.save_checkpoint(ck, metadata={"step": 2})
     monkeypatch.undo()
     assert any(name.startswith("ck.old-") for name in moved_away)
-    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+    assert files(ck) == before
     assert siblings(ck) == []
     # a later save replaces it normally and removes the old dir
     c.save_checkpoint(ck, metadata={"step": 3})
@@ -510,11 +518,8 @@ def test_issue_examples_come_back_exactly(tmp_path: Path) -> None:
 def test_unencodable_value_fails_naming_field_and_sample_before_writing(tmp_path: Path) -> None:
     from collections import OrderedDict
 
-    ck = tmp_path / "ck"
-    c = make_client()
-    fill(c)
-    c.save_checkpoint(ck, metadata={"step": 1})
-    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    c, ck = client_with_checkpoint(tmp_path)
+    before = files(ck)
     c.register_partition("objs", ["o"], 3, ["t"])
     cyclic: list[Any] = [1]
     cyclic.append(cyclic)
@@ -528,7 +533,7 @@ def test_unencodable_value_fails_naming_field_and_sample_before_writing(tmp_path
         assert "'objs'" in text and "'o'" in text and "'b'" in text, text
         c2.close()
     assert siblings(ck) == []  # no temp dir left behind
-    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before  # previous checkpoint intact
+    assert files(ck) == before  # previous checkpoint intact
     assert make_client().load_checkpoint(ck) == {"step": 1}
 
 

@@ -19,29 +19,17 @@ from hydra import compose, initialize_config_dir
 from nemo_dp.algorithms.loss_functions import NLLLoss
 from nemo_dp.config import register_configs
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.models.builders import build_tokenizer
 from nemo_dp.models.policy.worker import PolicyWorker
 from nemo_dp.training.phases import plan_phases
+from tests.unit.test_checkpoint_format import policy_worker, tiny_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
-CFG = {
-    "kind": "tiny", "dp_size": 1, "torch_threads": 1,
-    "optimizer": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.98, "eps": 1e-8,
-                  "warmup_steps": 20, "schedule": "constant", "min_lr_ratio": 0.1},
-    "generation": {"max_new_tokens": 4, "temperature": 1.0},
-    "train_global_batch_size": 4, "train_micro_batch_size": 2, "logprob_batch_size": 4,
-    "generation_batch_size": 4, "max_grad_norm": 1.0,
-    "dynamic_batching": {"enabled": False}, "sequence_packing": {"enabled": False},
-    "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "max_seq_len": 24, "dropout": 0.0},
-}
+CFG = tiny_policy(lr=1e-4, weight_decay=0.0, beta2=0.98, warmup_steps=20, schedule="constant")
 
 
 def _worker() -> tuple[PolicyWorker, Any]:
-    tok = build_tokenizer(CFG)
-    w = PolicyWorker(rank=0, world_size=1, policy_cfg=CFG, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
-                     eos_id=tok.eos_id, seed=1)
-    return w, tok
+    return policy_worker(CFG)
 
 
 def _lrs(w: PolicyWorker, tok: Any, steps: int) -> list[float]:
