@@ -96,14 +96,10 @@ def str_list(v: Any, where: str, what: str) -> list[str]:
 
 
 def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write ``tensors`` to ``path`` with safetensors (each saved as a compact copy).
+    """Write dense CPU ``tensors`` to ``path`` with safetensors (each saved as a compact copy).
 
     Safetensors is a JSON header plus raw bytes, so reading it never executes code; dtypes it has
     no code for (e.g. ``complex128``) are stored as raw bytes and viewed back on load.
-
-    Args:
-        path: The file to write (inside the checkpoint's temp directory).
-        tensors: Dense CPU tensors by key.
 
     Raises:
         TypeError: A value is not a dense CPU tensor (names the key).
@@ -125,12 +121,6 @@ def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> Non
 
 def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a table written by :func:`save_tensor_table`.
-
-    Args:
-        path: The safetensors file.
-
-    Returns:
-        The tensors by key.
 
     Raises:
         CorruptCheckpointError: The file is missing or is not a valid table (names the file).
@@ -180,8 +170,7 @@ def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
 def jagged_entry(tensors: dict[str, torch.Tensor], key: str, values: torch.Tensor, offsets: torch.Tensor) -> dict[str, Any]:
     """Add a jagged column given as ``values`` and int64 ``offsets`` (from 0 to ``values.size(0)``).
 
-    Returns:
-        Its manifest entry ``{"layout": "jagged", "key", "offsets_key", "dtype"}``.
+    Returns its manifest entry ``{"layout": "jagged", "key", "offsets_key", "dtype"}``.
     """
     tensors[key] = values
     tensors[f"{key}.offsets"] = offsets
@@ -189,16 +178,11 @@ def jagged_entry(tensors: dict[str, torch.Tensor], key: str, values: torch.Tenso
 
 
 def column_entry(tensors: dict[str, torch.Tensor], key: str, data: torch.Tensor) -> dict[str, Any] | None:
-    """Add a column to the table and return its manifest entry.
+    """Add column ``data`` under ``key`` (unique) to the table being built; return its manifest entry.
 
-    Args:
-        tensors: The table being built.
-        key: The column's key (unique in the table).
-        data: A dense tensor (one row per sample) or a jagged nested tensor ragged in dim 1.
-
-    Returns:
-        ``{"layout": "dense", "key", "dtype"}`` or the :func:`jagged_entry`; ``None`` for any
-        other layout (the caller stores rows).
+    ``data`` is dense (one row per sample) or a jagged nested tensor ragged in dim 1, giving
+    ``{"layout": "dense", "key", "dtype"}`` or the :func:`jagged_entry`; ``None`` for any other
+    layout (the caller stores rows).
     """
     if not data.is_nested:
         tensors[key] = data
@@ -213,17 +197,11 @@ def column_entry(tensors: dict[str, torch.Tensor], key: str, data: torch.Tensor)
 def column_from_entry(
     entry: Any, tensors: dict[str, torch.Tensor], rows: int, where: str, dtype: str | None = None
 ) -> torch.Tensor:
-    """Rebuild a column from :func:`column_entry`'s manifest entry, checking it fully.
+    """Rebuild a dense or jagged column of ``rows`` rows from :func:`column_entry`'s entry, checking it.
 
     Args:
-        entry: The manifest entry.
-        tensors: The loaded table.
-        rows: The number of rows the column must have.
         where: Location for error messages (file and position).
-        dtype: The dtype the field is stored as (``None``: not checked against the schema).
-
-    Returns:
-        The dense tensor or jagged nested tensor.
+        dtype: The field's stored dtype (``None``: not checked against the schema).
 
     Raises:
         CorruptCheckpointError: A missing tensor, a wrong dtype, row count or inconsistent offsets.
@@ -259,18 +237,12 @@ def column_from_entry(
 def encode_values(
     tensors: dict[str, torch.Tensor], key: str, values: Sequence[Any], ids: Sequence[str], pid: str, what: str
 ) -> list[Any]:
-    """One typed value node per row (``None`` stays ``null``); tensors inside go into ``tensors``.
+    """One typed JSON value node per row (``None`` stays ``null``); tensors inside go into ``tensors``.
 
     Args:
-        tensors: The table being built.
         key: Prefix of the table keys of these values (unique in the table).
-        values: One value per row.
-        ids: The rows' sample ids (for messages).
-        pid: The partition (for messages).
-        what: What the values are, e.g. ``"field 'x'"`` or ``"tags"`` (for messages).
-
-    Returns:
-        The JSON nodes.
+        ids, pid, what: Sample ids, partition and a description such as ``"field 'x'"`` or
+            ``"tags"``, for messages only.
 
     Raises:
         UnencodableValueError: A value cannot be stored exactly (names partition, ``what`` and
@@ -311,11 +283,6 @@ class PartitionHeader:
     """The part of a partition record every adapter writes: schema, rows, tags and claims.
 
     Attributes:
-        partition_id: The partition.
-        fields: Declared fields.
-        consumer_tasks: Consumer tasks.
-        num_samples: Declared row count.
-        grpo_group_size: Group size, or ``None``.
         enums: Field -> allowed words.
         sample_ids: Live ids, in the order the adapter keeps them.
         tags: Id -> tag dict, for tagged ids only.
@@ -333,13 +300,7 @@ class PartitionHeader:
     claimed: dict[str, list[str]]
 
     def to_record(self, tensors: dict[str, torch.Tensor] | None, key: str) -> dict[str, Any]:
-        """The JSON record.
-
-        Args:
-            tensors: The table the tags' tensors go into (tags as typed value nodes); ``None``
-                stores tags as plain JSON objects.
-            key: Prefix of the tags' table keys.
-        """
+        """The JSON record; tags' tensors go into ``tensors`` under prefix ``key`` (``None``: plain JSON tags)."""
         tags = [self.tags.get(sid) for sid in self.sample_ids]
         return {
             "partition_id": self.partition_id,
@@ -360,7 +321,6 @@ class PartitionHeader:
         """Validate the common fields of a record written by :meth:`to_record`.
 
         Args:
-            rec: The record read from the manifest.
             where: Location for error messages (the manifest and the record's index).
             tensors: The loaded table for typed tags; ``None`` when tags are plain JSON.
             every_task: ``claimed`` must name every consumer task (else a subset of them).
@@ -415,12 +375,7 @@ def new_manifest(
 ) -> dict[str, Any]:
     """The manifest of a checkpoint, checked to serialise (so a bad value fails before any write).
 
-    Args:
-        fmt: The format name.
-        version: The format version.
-        metadata: The validated user metadata.
-        partitions: The partition records.
-        **extra: Adapter-specific top-level keys.
+    ``extra`` holds adapter-specific top-level keys.
 
     Raises:
         TypeError | ValueError: Something in it is not strict JSON.
@@ -449,11 +404,9 @@ class CheckpointContents:
     """A checkpoint read by :func:`read_checkpoint`.
 
     Attributes:
-        manifest: The whole manifest.
         where: ``"checkpoint manifest '<path>'"``, for error messages.
         metadata: A copy of the user metadata.
         partitions: The partition records (not yet validated; partition ids are distinct).
-        tensors: The tensor table.
     """
 
     manifest: dict[str, Any]
@@ -469,14 +422,9 @@ def read_checkpoint(
     """Read a checkpoint's manifest and tensor table, refusing unread what it must not load.
 
     Args:
-        checkpoint_dir: The checkpoint directory.
-        fmt: The format name.
         version: The format version this code writes (the only one it reads).
         old_files: Older format versions -> files they held that can run code when loaded
             (relative paths, for the refusal).
-
-    Returns:
-        The contents.
 
     Raises:
         FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.
