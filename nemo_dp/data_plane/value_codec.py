@@ -75,13 +75,7 @@ class ValueEncoder:
         self._count = 0
 
     def encode(self, value: Any) -> Any:
-        """Encode one value.
-
-        Args:
-            value: Any Python value.
-
-        Returns:
-            A JSON-serialisable node.
+        """Encode one value into a JSON-serialisable node.
 
         Types are matched exactly (``type(v) is list``): a subclass (a namedtuple, an
         ``OrderedDict``, an ``IntEnum``, ``np.matrix``...) is refused rather than silently turned
@@ -256,18 +250,10 @@ def _table_tensor(
 
 
 def decode_value(node: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
-    """Rebuild the value a :class:`ValueEncoder` node stands for.
-
-    Args:
-        node: A node read back from JSON.
-        tensors: The tensor table loaded from the checkpoint.
-        where: Location for error messages (file and position).
-
-    Returns:
-        A fresh value equal to, and of the same types as, the encoded one.
+    """Rebuild, as a fresh value of the same types, what a :class:`ValueEncoder` node stands for.
 
     Every node is validated; numpy dtypes are parsed from their string form, which never runs
-    code.
+    code.  ``where`` locates errors (file and position).
 
     Raises:
         CorruptValueError: Malformed node, unknown tag, missing or inconsistent tensor.
