@@ -51,7 +51,7 @@ __all__ = ["LocalDataPlaneClient", "build_local_client"]
 
 
 class LocalDataPlaneClient(BaseDataPlaneClient):
-    """In-process data plane holding at most ``max_partitions`` complete batches.
+    """In-process data plane holding at most ``cfg.max_partitions`` complete batches.
 
     Thread-safe: every state change happens under one lock; blocking claims wait on a
     condition variable notified by puts, clears and ``close``.  Reads return fresh tensors, never
@@ -60,9 +60,6 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
     ``NonTensorData`` holding a deep copy of the selected rows (read it with
     ``materialize_local``).  A partition emptied by an explicit ``clear_samples(ids, pid)`` is
     dropped as by ``clear_samples(None, pid)``: it could never take another put.
-
-    Args:
-        cfg: The Local data-plane config (``max_partitions`` bounds live partitions).
 
     Raises:
         TypeError: ``cfg`` is not a ``LocalDataPlaneConfig``.
@@ -305,15 +302,9 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
 def build_local_client(
     cfg: LocalDataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False
 ) -> LocalDataPlaneClient:
-    """The backend registry's constructor for the Local backend.
+    """The backend registry's constructor for the Local backend; ``bootstrap`` and ``checkpointing`` are ignored.
 
-    Args:
-        cfg: The validated Local config.
-        bootstrap: Ignored: every Local client owns its own store.
-        checkpointing: Ignored: every Local client can checkpoint.
-
-    Returns:
-        A new ``LocalDataPlaneClient``.
+    Every Local client owns its own store and can checkpoint.
     """
     del bootstrap, checkpointing
     return LocalDataPlaneClient(cfg)

@@ -259,7 +259,6 @@ class Partition(PartitionRecord):
         generation: Registration counter value, checked by ``get_data`` against stale metadata.
         written: Whether the partition's one put happened.
         row_of: live id -> row of the stored columns; insertion order is the stored order.
-        columns: field -> its stored column.
     """
 
     generation: int = 0

@@ -97,10 +97,8 @@ def _classify_dict(where: str, data: Mapping[Any, Any], n: int) -> tuple[str, An
 
 
 def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
-    """Return ``(kind, payload)`` for a put leaf.
-
-    The payload is the tensor, the list of objects, the ``PackedTensor``, or (for a dict column)
-    the sub-column name -> ``(kind, payload)`` mapping.
+    """``(kind, payload)`` for a put leaf: the tensor, the list of objects, the ``PackedTensor``, or
+    (for a dict column) the sub-column name -> ``(kind, payload)`` mapping.
     """
     if isinstance(leaf, NonTensorStack):
         values = leaf.tolist()

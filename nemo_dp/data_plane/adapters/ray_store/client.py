@@ -77,7 +77,6 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     another node of some of a put's columns transfers all of them.
 
     Args:
-        cfg: The ``data_plane`` config (dataclass, mapping or ``DictConfig``).
         bootstrap: ``True`` (the driver) creates the metadata actor and kills it on close;
             ``False`` (workers, rollout actors) finds the running one.
         checkpointing: Accepted for the registry's constructor signature; every bootstrapping
@@ -272,10 +271,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         return list(self._call("list_ids", partition_id, partition_id))
 
     def _clear(self, sample_ids: Any, partition_id: Any) -> None:
-        """Clear with the metadata actor.
-
-        A partition emptied by explicit ids stays registered (it can be written again).
-        """
+        """Clear with the metadata actor; a partition emptied by explicit ids stays registered."""
         self._begin()
         ids = None if sample_ids is None else _listed(sample_ids)
         self._call("clear", partition_id, partition_id, ids)
@@ -298,14 +294,5 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
 def build_ray_store_client(
     cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
 ) -> RayStoreClient:
-    """The backend registry's constructor for the ray_store backend.
-
-    Args:
-        cfg: The validated config.
-        bootstrap: Create the metadata actor (driver) or attach to it (workers).
-        checkpointing: Accepted for the registry's signature (always supported).
-
-    Returns:
-        A new :class:`RayStoreClient`.
-    """
+    """The backend registry's constructor for the ray_store backend (checkpointing always supported)."""
     return RayStoreClient(cfg, bootstrap=bootstrap, checkpointing=checkpointing)

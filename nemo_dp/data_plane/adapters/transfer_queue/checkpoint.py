@@ -41,9 +41,9 @@ def _positions(indexes: Any) -> dict[int, int]:
 class TQCheckpointMixin:
     """``save_checkpoint`` / ``load_checkpoint`` of ``TQDataPlaneClient``.
 
-    Host contract (the client): ``BaseDataPlaneClient``'s lifetime checks, ``_ctl`` / ``_data`` (bounded library calls),
-    ``_registry_entries``, ``register_partition``, ``put_samples``, ``get_samples``, ``_lock``,
-    ``_cfg`` and ``_client`` (the library client).
+    Host contract (the client): ``BaseDataPlaneClient``'s lifetime checks, ``_ctl`` / ``_data``
+    (bounded library calls), ``_registry_entries``, ``register_partition``, ``put_samples``,
+    ``get_samples``, ``_lock``, ``_cfg`` and ``_client`` (the library client).
     """
 
     _used: bool

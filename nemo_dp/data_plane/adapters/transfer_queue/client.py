@@ -78,7 +78,6 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
     back dense.
 
     Args:
-        cfg: The TransferQueue ``data_plane`` config (dataclass, mapping or ``DictConfig``).
         bootstrap: ``True`` (the driver) starts the library's controller and storage units;
             ``False`` (workers, rollout actors) attaches to the running ones and never creates.
         checkpointing: Assert that the backend supports checkpoints (always true for

@@ -33,8 +33,7 @@ from nemo_dp.data_plane.interfaces import KVBatchMeta
 
 
 class TQTaskMixin:
-    """The hooks of ``register_partition``, ``claim_meta`` and ``check_consumption_status``,
-    and the partition check of ``get_data``.
+    """Hooks of ``register_partition``, ``claim_meta``, ``check_consumption_status``; ``get_data``'s partition check.
 
     Host contract (the client): ``BaseDataPlaneClient``'s ``_operation`` and ``_poll_claim``,
     ``_ctl`` / ``_data`` (bounded library calls), ``_registry_entries``, ``_require_record``,
