@@ -108,9 +108,7 @@ def _jagged_from_rows_of(padded: torch.Tensor, lens: torch.Tensor) -> torch.Tens
     )
 
 
-def to_nested_by_length(
-    padded: torch.Tensor, lengths: torch.Tensor | Sequence[int]
-) -> torch.Tensor:
+def to_nested_by_length(padded: torch.Tensor, lengths: torch.Tensor | Sequence[int]) -> torch.Tensor:
     """Strip right padding: row ``i`` of the result is ``padded[i, :lengths[i]]``.
 
     Args:

@@ -72,11 +72,7 @@ def _pad_to_multiple(meta: KVBatchMeta) -> int:
 
 
 def isolated_copy(
-    meta: KVBatchMeta,
-    *,
-    fields: Sequence[str] | None,
-    task_name: str | None,
-    keep_tags: bool = True,
+    meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None, keep_tags: bool = True
 ) -> KVBatchMeta:
     """A copy of ``meta`` (never mutated) with narrowed ``fields``/``task_name`` and no pad target.
 
@@ -139,9 +135,7 @@ def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> in
     return round_up(longest, math.lcm(multiple, int(seq_round)))
 
 
-def stamp_placed_metas(
-    metas: Sequence[KVBatchMeta], *, seq_round: int = 1
-) -> list[KVBatchMeta]:
+def stamp_placed_metas(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> list[KVBatchMeta]:
     """Like :func:`placed_pad_target`, but returns ``isolated_copy`` metas stamped with the target.
 
     One output per input, in input order; other ``extra_info`` entries travel unchanged.
@@ -185,9 +179,7 @@ class TQDriverMixin:
         return bool(cfg_value(node, "enabled", f"cfg.{section}"))
 
     # --- planner arguments --------------------------------------------------------------------
-    def _packing_args(
-        self, mb_tokens_key: str
-    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Planner arguments for ``mb_tokens_key`` (``"logprob_mb_tokens"`` or ``"train_mb_tokens"``).
 
         Returns:
@@ -259,21 +251,14 @@ class TQDriverMixin:
         meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = round_up(longest, multiple)
 
     def _isolated_meta(
-        self,
-        meta: KVBatchMeta,
-        *,
-        fields: Sequence[str] | None,
-        task_name: str | None,
-        keep_tags: bool = True,
+        self, meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None, keep_tags: bool = True
     ) -> KVBatchMeta:
         """Like :func:`isolated_copy` (caller's meta untouched), plus a fresh pad target for this host."""
         out = isolated_copy(meta, fields=fields, task_name=task_name, keep_tags=keep_tags)
         self._stamp_pad_seqlen(out)
         return out
 
-    def _shard_meta(
-        self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str
-    ) -> list[KVBatchMeta]:
+    def _shard_meta(self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str) -> list[KVBatchMeta]:
         """Split ``meta`` into ``self.dp_size`` shards (``shard_meta_for_dp``) with the host's planner args.
 
         Args:
@@ -361,9 +346,7 @@ class TQDriverMixin:
             self.dp_client, isolated, list(select_fields), pad_value_dict=pad_value_dict
         )
 
-    def write_to_dataplane(
-        self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]
-    ) -> None:
+    def write_to_dataplane(self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Write columns (rows in ``meta.sample_ids`` order) under ``meta``'s ids (``write_columns``).
 
         Raises:

@@ -109,9 +109,7 @@ def _convert_mapping(cfg: Mapping, schema: type) -> Any:
         raise ValueError(f"invalid {where}: {message}") from exc
 
 
-def coerce_data_plane_config(
-    cfg: Any,
-) -> DataPlaneConfig | LocalDataPlaneConfig | DisabledDataPlaneConfig:
+def coerce_data_plane_config(cfg: Any) -> DataPlaneConfig | LocalDataPlaneConfig | DisabledDataPlaneConfig:
     """Turn any accepted ``data_plane`` form into its config dataclass (a dataclass is returned as is).
 
     Returns ``DisabledDataPlaneConfig()`` for a disabled ``None`` or mapping; otherwise the
@@ -169,9 +167,7 @@ def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
     return {} if configure is None else dict(configure(dp_cfg))
 
 
-def build_data_plane_client(
-    cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
-) -> DataPlaneClient:
+def build_data_plane_client(cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> DataPlaneClient:
     """Build the data-plane client a config asks for.
 
     Args:

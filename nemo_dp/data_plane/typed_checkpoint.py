@@ -63,9 +63,7 @@ _NATIVE = {
 }  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------
-# validation of what is read
-# ---------------------------------------------------------------------------------------------
+# --- validation of what is read ---
 
 
 class CorruptCheckpointError(ValueError):
@@ -90,9 +88,7 @@ def str_list(v: Any, where: str, what: str) -> list[str]:
     return list(v)
 
 
-# ---------------------------------------------------------------------------------------------
-# the tensor table
-# ---------------------------------------------------------------------------------------------
+# --- the tensor table ---
 
 
 def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -162,9 +158,7 @@ def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-# ---------------------------------------------------------------------------------------------
-# tensor columns and object values in the manifest
-# ---------------------------------------------------------------------------------------------
+# --- tensor columns and object values in the manifest ---
 
 
 def jagged_entry(tensors: dict[str, torch.Tensor], key: str, values: torch.Tensor, offsets: torch.Tensor) -> dict[str, Any]:
@@ -273,9 +267,7 @@ def decode_values(nodes: Any, ids: Sequence[str], tensors: dict[str, torch.Tenso
         raise CorruptCheckpointError(str(exc)) from None
 
 
-# ---------------------------------------------------------------------------------------------
-# partition records
-# ---------------------------------------------------------------------------------------------
+# --- partition records ---
 
 
 @dataclass
@@ -365,9 +357,7 @@ def field_kinds(rec: dict[str, Any], fields: Sequence[str], where: str) -> dict[
     return dict(kinds)
 
 
-# ---------------------------------------------------------------------------------------------
-# write and read
-# ---------------------------------------------------------------------------------------------
+# --- write and read ---
 
 
 def new_manifest(

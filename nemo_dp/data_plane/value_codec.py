@@ -199,9 +199,7 @@ class ValueEncoder:
         return {"t": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape), "key": key}
 
 
-# ---------------------------------------------------------------------------------------------
-# decoding
-# ---------------------------------------------------------------------------------------------
+# --- decoding ---
 
 
 def _fail(where: str, what: str) -> CorruptValueError:
@@ -240,9 +238,7 @@ def _shape(node: dict[str, Any], where: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _table_tensor(
-    node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
-) -> torch.Tensor:
+def _table_tensor(node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> torch.Tensor:
     key = _field(node, "key", str, where)
     if key not in tensors:
         raise _fail(where, f"tensor {key!r} is missing from the tensor file")
@@ -343,9 +339,7 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor], where: str, depth: int)
     raise _fail(where, f"unknown value node type {tag!r}")
 
 
-def _decode_ndarray(
-    node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str, depth: int
-) -> np.ndarray:
+def _decode_ndarray(node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str, depth: int) -> np.ndarray:
     dtype = _dtype(node, where)
     shape = _shape(node, where)
     count = math.prod(shape)

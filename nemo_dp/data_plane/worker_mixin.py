@@ -287,9 +287,7 @@ class TQWorkerMixin:
         return data
 
     # --- write-back ---------------------------------------------------------------------------
-    def _write_back(
-        self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]
-    ) -> None:
+    def _write_back(self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """``write_columns`` on the replica leader only (no-op elsewhere or for no fields).
 
         Raises:
@@ -336,13 +334,7 @@ class TQWorkerMixin:
         return value.detach().cpu()
 
     def _write_back_result_field(
-        self,
-        meta: KVBatchMeta,
-        result: Any,
-        *,
-        result_key: str,
-        tq_field: str | None = None,
-        field: str | None = None,
+        self, meta: KVBatchMeta, result: Any, *, result_key: str, tq_field: str | None = None, field: str | None = None
     ) -> None:
         """Like :meth:`_result_column`, but writes the column as ``tq_field`` (replica leader only).
 
@@ -382,17 +374,13 @@ class TQWorkerMixin:
             apply_row_values(data, row_values)
         return self.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)
 
-    def get_logprobs_presharded(
-        self, meta: KVBatchMeta, micro_batch_size: int | None = None
-    ) -> None:
+    def get_logprobs_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         """Log-probs of this rank's shard, written back as ``prev_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="logprobs", tq_field=PREV_LOGPROBS)
 
-    def get_reference_policy_logprobs_presharded(
-        self, meta: KVBatchMeta, micro_batch_size: int | None = None
-    ) -> None:
+    def get_reference_policy_logprobs_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         """Reference-policy log-probs of this rank's shard, written back as ``reference_policy_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
@@ -400,9 +388,7 @@ class TQWorkerMixin:
             meta, result, result_key="reference_logprobs", tq_field=REFERENCE_POLICY_LOGPROBS
         )
 
-    def get_logprobs_and_reference_presharded(
-        self, meta: KVBatchMeta, micro_batch_size: int | None = None
-    ) -> None:
+    def get_logprobs_and_reference_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         """Policy and reference log-probs of this rank's shard from one read and one write.
 
         Both hooks run on the same batch; both columns go back in one put (replica leader only),
@@ -433,9 +419,7 @@ class TQWorkerMixin:
         self._write_back_result_field(meta, result, result_key="values", tq_field=VALUES)
 
     # --- split training API -------------------------------------------------------------------
-    def begin_train_step_presharded(
-        self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None
-    ) -> None:
+    def begin_train_step_presharded(self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None) -> None:
         """Start one optimizer step made of placed microbatches.
 
         ``gbs`` is accepted for parity with ``train_presharded`` and unused (the driver places exactly

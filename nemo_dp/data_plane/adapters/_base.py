@@ -119,15 +119,11 @@ class BaseDataPlaneClient(DataPlaneClient):
 
     # --- the backend's hooks (arguments as the public call received them) -------------------
     @abc.abstractmethod
-    def _register(
-        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
-    ) -> None:
+    def _register(self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any) -> None:
         """The backend's ``register_partition``."""
 
     @abc.abstractmethod
-    def _claim(
-        self, partition_id: Any, task: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any
-    ) -> KVBatchMeta:
+    def _claim(self, partition_id: Any, task: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any) -> KVBatchMeta:
         """The backend's ``claim_meta`` (``dp_rank`` dropped)."""
 
     @abc.abstractmethod

@@ -42,9 +42,7 @@ PACKED_KIND = "packed"
 DICT_KIND = "dict"
 """The kind of a dict column (a mapping of batch-major sub-columns)."""
 
-# ---------------------------------------------------------------------------------------------
-# stored columns
-# ---------------------------------------------------------------------------------------------
+# --- stored columns ---
 
 
 def _owns_storage(t: torch.Tensor) -> bool:
@@ -246,9 +244,7 @@ def store_tensor(name: str, t: torch.Tensor) -> DenseColumn | JaggedColumn:
     return JaggedColumn(values.contiguous(), offsets)
 
 
-# ---------------------------------------------------------------------------------------------
-# partitions
-# ---------------------------------------------------------------------------------------------
+# --- partitions ---
 
 
 @dataclass

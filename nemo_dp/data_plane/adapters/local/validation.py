@@ -144,10 +144,7 @@ def store_leaf(name: str, kind: str, payload: Any) -> Column:
 
 
 def validate_put(
-    part: Partition,
-    sample_ids: Sequence[str],
-    fields: TensorDict | None,
-    tags: Sequence[dict] | None,
+    part: Partition, sample_ids: Sequence[str], fields: TensorDict | None, tags: Sequence[dict] | None
 ) -> PendingPut:
     """Check a put completely and take the one copy per column; nothing is stored yet."""
     args = check_put_args(

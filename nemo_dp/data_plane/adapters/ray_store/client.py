@@ -87,9 +87,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
             (attach), or did not answer within ``timeouts.startup_s``.
     """
 
-    def __init__(
-        self, cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
-    ) -> None:
+    def __init__(self, cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> None:
         del checkpointing
         self._cfg = coerce_config(cfg)
         self._init_lifetime(bootstrap, closed=True)  # open once the actor answered
@@ -172,9 +170,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         }
 
     # --- task-mediated half -------------------------------------------------------------------
-    def _register(
-        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
-    ) -> None:
+    def _register(self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any) -> None:
         """Register with the metadata actor, which checks the arguments."""
         self._begin()
         enum_map = None if enums is None else {k: list(v) for k, v in dict(enums).items()}
@@ -291,8 +287,6 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
                 kill_actor(actor, self._actor_s)
 
 
-def build_ray_store_client(
-    cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
-) -> RayStoreClient:
+def build_ray_store_client(cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> RayStoreClient:
     """The backend registry's constructor for the ray_store backend (checkpointing always supported)."""
     return RayStoreClient(cfg, bootstrap=bootstrap, checkpointing=checkpointing)

@@ -133,9 +133,7 @@ def encode_column(name: str, t: torch.Tensor) -> EncodedColumn:
     return EncodedColumn(str(t.dtype), JAGGED, (to_numpy(col.values), col.offsets.numpy()))
 
 
-# ---------------------------------------------------------------------------------------------
-# reads
-# ---------------------------------------------------------------------------------------------
+# --- reads ---
 
 
 @dataclass
@@ -168,9 +166,7 @@ def _take_dense(a: np.ndarray, positions: list[int]) -> np.ndarray:
     return a.take(np.asarray(positions, dtype=np.int64), axis=0)
 
 
-def _take_jagged(
-    values: np.ndarray, offsets: np.ndarray, positions: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
+def _take_jagged(values: np.ndarray, offsets: np.ndarray, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
     run = _run(positions)
     if run is not None:
         lo, hi = int(offsets[run[0]]), int(offsets[run[1]])

@@ -145,11 +145,7 @@ class StoreState:
 
     # --- puts ---------------------------------------------------------------------------------
     def put(
-        self,
-        partition_id: str,
-        sample_ids: list[str],
-        columns: Mapping[str, Any],
-        tags: list[dict[str, Any]] | None,
+        self, partition_id: str, sample_ids: list[str], columns: Mapping[str, Any], tags: list[dict[str, Any]] | None
     ) -> None:
         """Upsert rows: register the put's chunks and object values, replace tags if given (else keep).
 
@@ -267,12 +263,7 @@ class StoreState:
 
     # --- claims -------------------------------------------------------------------------------
     def claim(
-        self,
-        partition_id: str,
-        task_name: str,
-        required_fields: Sequence[str],
-        batch_size: int,
-        timeout_s: Any = 1.0,
+        self, partition_id: str, task_name: str, required_fields: Sequence[str], batch_size: int, timeout_s: Any = 1.0
     ) -> tuple[list[str], list[dict[str, Any]] | None]:
         """Claim ``batch_size`` ready rows (oldest first), or nothing when fewer are ready.
 

@@ -38,10 +38,7 @@ class PutPlan:
 
 
 def plan_put(
-    partition_id: str,
-    sample_ids: Sequence[str],
-    fields: TensorDictBase | None,
-    tags: Sequence[dict] | None,
+    partition_id: str, sample_ids: Sequence[str], fields: TensorDictBase | None, tags: Sequence[dict] | None
 ) -> PutPlan:
     """Validate a put's arguments.
 

@@ -113,9 +113,7 @@ class TQCheckpointMixin:
         )
         return PartitionState(header, {k: tuple(v) for k, v in rec.field_types.items()}, groups)
 
-    def save_checkpoint(
-        self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None) -> None:
         """Atomically save every partition (rows, tags, claims, schema) plus user ``metadata``.
 
         Raises:

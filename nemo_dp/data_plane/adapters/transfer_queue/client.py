@@ -93,9 +93,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
     BACKEND = "TransferQueue"
 
-    def __init__(
-        self, cfg: DataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False
-    ) -> None:
+    def __init__(self, cfg: DataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False) -> None:
         self._cfg = coerce_config(cfg)
         self._init_lifetime(bootstrap, closed=True)  # open once construction succeeds
         self._lock = threading.RLock()
@@ -155,14 +153,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
     # --- bounded calls ----------------------------------------------------------------------
 
-    def _run(
-        self,
-        make: Callable[[], Awaitable[_T]],
-        *,
-        op: str,
-        partition_id: str,
-        bound: float,
-    ) -> _T:
+    def _run(self, make: Callable[[], Awaitable[_T]], *, op: str, partition_id: str, bound: float) -> _T:
         """Run one library coroutine on the adapter's loop, bounded by ``bound`` seconds.
 
         Raises:

@@ -44,9 +44,7 @@ class TQTaskMixin:
     _client: Any
     _lock: Any
 
-    def _register(
-        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
-    ) -> None:
+    def _register(self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any) -> None:
         """Register in the cluster-wide registry, dropping what a previous incarnation left."""
         with self._operation():
             check_partition_id(partition_id)

@@ -90,11 +90,7 @@ class PutPlan:
 
 
 def plan_put(
-    rec: Any,
-    partition_id: str,
-    sample_ids: Sequence[str],
-    fields: TensorDict | None,
-    tags: Sequence[dict] | None,
+    rec: Any, partition_id: str, sample_ids: Sequence[str], fields: TensorDict | None, tags: Sequence[dict] | None
 ) -> PutPlan:
     """Validate a put against ``rec``, the partition's registry record (fields, enums, stored types).
 
