@@ -1,10 +1,9 @@
 """Typed, pickle-free data-plane checkpoints: one JSON manifest plus one safetensors tensor table.
 
-All that the adapters share of a checkpoint directory (exactly ``manifest.json`` and
-``tensors.safetensors``): the tensor table, the manifest entries of tensor columns and object
-values (``value_codec`` nodes), the partition header, the atomic write, and the read that refuses
-an older format or any foreign file (a pickle) unread.  Anything malformed read back raises
-:class:`CorruptCheckpointError` worded ``"<file and position>: <what>"``.
+What the adapters share of a checkpoint directory (exactly ``manifest.json`` and
+``tensors.safetensors``): tensor table, manifest entries of columns and object values, partition
+header, atomic write, and a read that refuses an older format or any foreign file (a pickle)
+unread.  Malformed content raises :class:`CorruptCheckpointError` ``"<file and position>: <what>"``.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 Each ``*_presharded`` entrypoint fetches the rank's ``KVBatchMeta`` shard, pads it to the
 driver's target, attaches the driver's micro-batch plan (never re-planned per rank), runs the
-host's in-memory method (``train``, ``get_logprobs``, ``get_reference_policy_logprobs``,
-``get_values``, split-training API) and writes results back on the replica leader only.  The host
-must define ``_local_coords()``.  Nothing here imports Ray, TransferQueue or an adapter.
+host's in-memory method and writes results back on the replica leader only.  Nothing here imports
+Ray, TransferQueue or an adapter.
 """
 
 from __future__ import annotations
