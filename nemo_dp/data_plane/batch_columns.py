@@ -29,13 +29,7 @@ def _check_field_name(value: Any) -> None:
 
 
 def is_local_batch_meta(meta: KVBatchMeta) -> bool:
-    """Whether ``meta`` was minted by a ``LocalDataPlaneClient`` (carries a generation).
-
-    Args:
-        meta: Any ``KVBatchMeta``.
-
-    Returns:
-        ``True`` iff ``"local_partition_generation"`` is in ``meta.extra_info``.
+    """Whether ``meta`` was minted by a ``LocalDataPlaneClient`` (``"local_partition_generation"`` in ``extra_info``).
 
     Raises:
         TypeError: ``meta`` is not a ``KVBatchMeta``.
@@ -64,19 +58,13 @@ def _column_rows(name: str, value: Any) -> int:
 
 
 def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> TensorDict:
-    """Wrap a loader batch as the TensorDict the Local adapter's ``put_samples`` takes.
+    """Wrap a loader batch (name -> batch-major value) as the TensorDict Local's ``put_samples`` takes.
 
     Nothing is flattened: tensors become tensor leaves (not copied here; the put copies); every
     other value becomes one ``NonTensorData`` holding the whole column - a list, tuple or object
     array (one value per row, e.g. per-sample tensors of different shapes), a ``PackedTensor``
-    (one entry per row) or a dict whose values are such columns (nested dicts allowed).
-
-    Args:
-        fields: Field name -> batch-major value.
-        batch_size: The number of rows every value must have.
-
-    Returns:
-        A ``TensorDict`` with ``batch_size == (batch_size,)``.
+    (one entry per row) or a dict whose values are such columns (nested dicts allowed).  Every
+    value must have ``batch_size`` rows.
 
     Raises:
         TypeError: ``batch_size`` is not an int, or a field name is not a str.
@@ -115,16 +103,6 @@ def materialize_for_meta(
     A meta stamped with a Local partition generation holds whole-column non-tensor leaves
     (``materialize_local``); any other meta holds per-row values (``materialize``), and a
     whole-column ``NonTensorData`` leaf there is refused rather than collapsed into one row.
-
-    Args:
-        meta: The ``KVBatchMeta`` that was read.
-        td: What ``get_data`` returned.
-        layout: ``"padded"`` or ``"jagged"``.
-        pad_value_dict: Per-field pad values.
-        pad_to_seqlen: Minimum width of dim 1 (0 disables).
-
-    Returns:
-        The materialised batch.
 
     Raises:
         TypeError: A non-local read holds a whole-column ``NonTensorData`` leaf.

@@ -46,28 +46,15 @@ _SLICE_PATH_MIN_ROW_ELEMS = 1024
 
 
 def make_pad_value_dict(pad_token_id: int) -> dict[str, int]:
-    """Pad values for ``materialize``: token-id fields pad with ``pad_token_id``, others 0.
+    """Pad values for ``materialize``: ``input_ids`` and ``prompt_ids_for_adv`` pad with ``pad_token_id``.
 
-    Args:
-        pad_token_id: The tokenizer's pad id.
-
-    Returns:
-        ``{"input_ids": pad_token_id, "prompt_ids_for_adv": pad_token_id}``; fields absent from
-        the mapping pad with 0.
+    Fields absent from the mapping pad with 0.
     """
     return {name: int(pad_token_id) for name in PAD_ID_FIELDS}
 
 
 def pad_value_for(field_name: str, pad_value_dict: Mapping[str, float | int] | None) -> float | int:
-    """The pad value of one field: its entry in ``pad_value_dict``, else 0.
-
-    Args:
-        field_name: Field (column) name.
-        pad_value_dict: Per-field pad values, or ``None``.
-
-    Returns:
-        The pad value to use for ``field_name``.
-    """
+    """The pad value of one field: its entry in ``pad_value_dict`` (may be ``None``), else 0."""
     if pad_value_dict is not None and field_name in pad_value_dict:
         return pad_value_dict[field_name]
     return 0
@@ -121,9 +108,7 @@ def _jagged_from_rows_of(padded: torch.Tensor, lens: torch.Tensor) -> torch.Tens
     )
 
 
-def to_nested_by_length(
-    padded: torch.Tensor, lengths: torch.Tensor | Sequence[int]
-) -> torch.Tensor:
+def to_nested_by_length(padded: torch.Tensor, lengths: torch.Tensor | Sequence[int]) -> torch.Tensor:
     """Strip right padding: row ``i`` of the result is ``padded[i, :lengths[i]]``.
 
     Args:
@@ -163,12 +148,7 @@ def to_nested_by_length(
 def stack_or_nest(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     """Combine per-row tensors: stack when all shapes agree, else a jagged nested tensor.
 
-    Args:
-        rows: Per-row tensors; rows of differing shape may differ only in their first dim.
-
-    Returns:
-        ``torch.empty(0)`` for no rows, ``torch.stack(rows)`` for equal shapes, else a jagged
-        nested tensor whose row ``i`` is ``rows[i]``.
+    Returns ``torch.empty(0)`` for no rows.
 
     Raises:
         ValueError: Rows differ in a dim other than the first (a jagged tensor has one ragged
@@ -201,14 +181,9 @@ def _packed_rows(packed: PackedTensor) -> NonTensorStack:
 
 
 def packed_column(values: Sequence[Any]) -> PackedTensor | None:
-    """One ``PackedTensor`` column from per-row single-entry PackedTensors, else ``None``.
+    """One ``PackedTensor`` column from per-row values as read from the store, else ``None``.
 
-    Args:
-        values: One value per row, as read from the store.
-
-    Returns:
-        The rows' entries as one PackedTensor when every row is a one-entry PackedTensor with
-        the same ``dim_to_pack``; ``None`` for any other column.
+    Only when every row is a one-entry PackedTensor with the same ``dim_to_pack``.
     """
     if not values or not all(type(v) is PackedTensor and len(v) == 1 for v in values):
         return None
@@ -246,7 +221,7 @@ def pack_jagged_fields(
         fields: Field name -> tensor (batch-major), ``PackedTensor`` or 1-D object ``np.ndarray``.
         lengths: ``(N,)`` per-row valid lengths, or ``None`` (then nothing becomes jagged and
             ``N`` is the common batch size of the values).
-        token_aligned_fields: Names of per-token fields that become jagged by row length.
+        token_aligned_fields: Per-token fields that become jagged by row length.
 
     Returns:
         A ``TensorDict`` with ``batch_size == (N,)`` and the keys of ``fields`` in order:
@@ -388,13 +363,6 @@ def unwrap_wire_stripped_payload(item: Any) -> Any:
     TransferQueue serialises a ``TensorDictBase`` by its tensor items only, so a per-row
     ``NonTensorData`` can arrive as an empty ``TensorDict({}, batch_size=[])``: exactly that
     becomes ``None``; a ``NonTensorData`` is unwrapped; anything else is returned unchanged.
-
-    Args:
-        item: One row of a ``NonTensorStack`` (``tolist()`` element) or a ``NonTensorData``
-            payload.
-
-    Returns:
-        ``None`` for a stripped row, the payload for a wrapped one, else ``item``.
     """
     payload = getattr(item, "_non_tensordict", None)
     if isinstance(payload, dict) and "data" in payload:
@@ -493,22 +461,13 @@ def materialize(
     td: TensorDictBase, layout: Layout = "padded", pad_value_dict: Mapping[str, float | int] | None = None,
     pad_to_seqlen: int = 0,
 ) -> BatchedDataDict:
-    """Turn a wire read (TransferQueue or per-row layout) into trainer columns.
+    """Turn a wire read (``get_data``/``get_samples``, TransferQueue or per-row) into trainer columns.
 
     ``NonTensorStack`` -> 1-D object array (stripped rows ``None``), or one ``PackedTensor``
     column when every row is a one-entry ``PackedTensor``; ``NonTensorData`` -> one-row object
     array; nested tensors -> padded rectangles (or unchanged for ``layout="jagged"``).  With
-    ``pad_to_seqlen > 0`` tensors of dim >= 2 are right-padded along dim 1 to the target (never
-    truncated).  Dtypes are preserved.
-
-    Args:
-        td: The TensorDict returned by ``get_data``/``get_samples``.
-        layout: ``"padded"`` or ``"jagged"``.
-        pad_value_dict: Per-field pad values (see ``make_pad_value_dict``).
-        pad_to_seqlen: Minimum width of dim 1 for padded tensors; 0 disables.
-
-    Returns:
-        A ``BatchedDataDict`` with the same keys, in order.
+    ``pad_to_seqlen > 0`` tensors of dim >= 2 are right-padded along dim 1 to at least that width
+    (never truncated).  Dtypes and key order are preserved.
 
     Raises:
         TypeError: A ``NonTensorData`` column in a batch of more than one row (message names
@@ -522,19 +481,10 @@ def materialize_local(
     td: TensorDictBase, layout: Layout = "padded", pad_value_dict: Mapping[str, float | int] | None = None,
     pad_to_seqlen: int = 0,
 ) -> BatchedDataDict:
-    """Turn a Local-adapter read into trainer columns (not interchangeable with ``materialize``).
+    """Like :func:`materialize`, but for a ``LocalDataPlaneClient`` read (not interchangeable).
 
-    As ``materialize``, except that each ``NonTensorData`` leaf is a whole column, unwrapped to
-    its Python value, which must hold exactly N rows.
-
-    Args:
-        td: The TensorDict returned by ``LocalDataPlaneClient.get_data``/``get_samples``.
-        layout: ``"padded"`` or ``"jagged"``.
-        pad_value_dict: Per-field pad values.
-        pad_to_seqlen: Minimum width of dim 1 for padded tensors; 0 disables.
-
-    Returns:
-        A ``BatchedDataDict`` with the same keys, in order.
+    Each ``NonTensorData`` leaf is a whole column, unwrapped to its Python value, which must hold
+    exactly N rows.
 
     Raises:
         ValueError: A ``NonTensorData`` column does not hold N values; bad ``layout``.

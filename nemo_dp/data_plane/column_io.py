@@ -31,12 +31,7 @@ __all__ = ["round_up", "first_write", "read_columns", "write_columns"]
 
 
 def round_up(value: int, multiple: int) -> int:
-    """Smallest multiple of ``multiple`` that is >= ``value``; identity when ``multiple <= 1``.
-
-    Args:
-        value: The value to round.
-        multiple: The granularity.
-    """
+    """Smallest multiple of ``multiple`` that is >= ``value``; identity when ``multiple <= 1``."""
     value = int(value)
     multiple = int(multiple)
     if multiple <= 1:
@@ -91,9 +86,7 @@ def first_write(
     Args:
         batch: Columns; must hold ``sample_mask`` (batch-size oracle) and ``input_lengths``.
         sample_ids: One new id per row.
-        dp_client: The data-plane client.
-        partition_id: Target partition (registered by the caller).
-        task_name: ``task_name`` of the returned meta.
+        partition_id: Registered by the caller.
         extra_info: Extra batch-level entries for the returned meta.
         pad_to_multiple: Recorded as ``extra_info["pad_to_multiple"]`` when > 1.
         tags: Optional per-row tags, stored with the rows.
@@ -162,19 +155,11 @@ def read_columns(
     layout: Layout = "padded",
     pad_value_dict: Mapping[str, float | int] | None = None,
 ) -> BatchedDataDict:
-    """Fetch columns of ``meta`` as trainer rectangles at the meta's pad target.
+    """Fetch non-empty ``select_fields`` of ``meta`` as trainer rectangles at the meta's pad target.
 
-    Args:
-        dp_client: The data-plane client.
-        meta: Rows to read (Local metas are recognised by their generation key).
-        select_fields: Non-empty list of fields to fetch.
-        layout: ``"padded"`` or ``"jagged"``.
-        pad_value_dict: Per-field pad values.
-
-    Returns:
-        A ``BatchedDataDict`` holding exactly ``select_fields``, in that order, rows in
-        ``meta.sample_ids`` order; padded tensors are at least
-        ``extra_info["global_forward_pad_seqlen"]`` wide when that is set.
+    Local metas are recognised by their generation key.  Returns exactly ``select_fields``, in
+    that order, rows in ``meta.sample_ids`` order; padded tensors are at least
+    ``extra_info["global_forward_pad_seqlen"]`` wide when that is set.
 
     Raises:
         ValueError: ``select_fields`` is empty.
@@ -196,17 +181,12 @@ def read_columns(
 def write_columns(
     dp_client: DataPlaneClient, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]
 ) -> None:
-    """Write new columns under ``meta``'s ids (one put, no tags).
+    """Write new columns under ``meta``'s ids (one put, no tags; no put at all for no fields).
 
-    Per-token columns land jagged with the first write's row lengths
-    (``meta.sequence_lengths``) even when the given tensor is wider (e.g. padded to the
-    global pad target).
-
-    Args:
-        dp_client: The data-plane client.
-        meta: Rows to write; ``sequence_lengths`` drive the jagged layout when present.
-        fields: Column name -> tensor or 1-D object ndarray; any ``Mapping`` (including a
-            ``BatchedDataDict``).  Empty -> no put at all.
+    ``fields`` maps name -> tensor or 1-D object ndarray (any ``Mapping``, ``BatchedDataDict``
+    included).  Per-token columns land jagged with the first write's row lengths
+    (``meta.sequence_lengths``, when present) even when the given tensor is wider (e.g. padded to
+    the global pad target).
 
     Raises:
         ValueError: A value's batch dim differs from ``meta.size``.

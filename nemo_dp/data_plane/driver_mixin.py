@@ -43,15 +43,10 @@ _BREAKDOWN_STATS: frozenset[str] = frozenset({"calls", "rows", "mb", "wall_ms"})
 
 
 def cfg_value(node: Any, key: str, path: str) -> Any:
-    """Read ``key`` from a mapping or an attribute-style config node.
+    """Read ``key`` from a ``Mapping`` or an attribute-style config node.
 
     Args:
-        node: A ``Mapping`` (dict, ``DictConfig``, ...) or an object with attributes.
-        key: The key / attribute name.
-        path: Dotted path of ``key`` used in the error message (e.g. ``"cfg.dynamic_batching"``).
-
-    Returns:
-        The value.
+        path: Dotted path of ``node`` for the error message (e.g. ``"cfg.dynamic_batching"``).
 
     Raises:
         KeyError: The key is absent (message names ``path.key``).
@@ -77,23 +72,17 @@ def _pad_to_multiple(meta: KVBatchMeta) -> int:
 
 
 def isolated_copy(
-    meta: KVBatchMeta,
-    *,
-    fields: Sequence[str] | None,
-    task_name: str | None,
-    keep_tags: bool = True,
+    meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None, keep_tags: bool = True
 ) -> KVBatchMeta:
-    """A copy of ``meta`` with narrowed ``fields``/``task_name`` and no inherited pad target.
+    """A copy of ``meta`` (never mutated) with narrowed ``fields``/``task_name`` and no pad target.
 
     Containers and tag dicts are fresh; other ``extra_info`` values are shared, except
     ``global_forward_pad_seqlen``, which is dropped.
 
     Args:
-        meta: The source meta (never mutated).
         fields: The fields of the copy (``None`` keeps none).
-        task_name: The task name of the copy.
-        keep_tags: ``False`` leaves the per-row tags out (``tags=None``): a dispatch to the
-            workers, which never read tags, then neither deep-copies nor ships them.
+        keep_tags: ``False`` leaves tags out (``tags=None``), so a dispatch to the workers, which
+            never read tags, neither deep-copies nor ships them.
     """
     extra = {k: v for k, v in meta.extra_info.items() if k != GLOBAL_FORWARD_PAD_SEQLEN}
     return KVBatchMeta(
@@ -114,15 +103,11 @@ def isolated_copy(
 
 
 def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> int:
-    """One global pad target over several DP ranks' metas.
+    """One global pad target over several DP ranks' metas (each needs ``sequence_lengths``).
 
     ``round_up(max of all lengths, lcm(max pad_to_multiple over metas, seq_round))``; any
-    ``global_forward_pad_seqlen`` the metas already carry is ignored (it would ratchet the
-    target up to a historical maximum).
-
-    Args:
-        metas: One meta per DP rank; each needs ``sequence_lengths``.
-        seq_round: The dynamic-batching sequence-length rounding (1 = none).
+    ``global_forward_pad_seqlen`` the metas carry is ignored (it would ratchet the target up to a
+    historical maximum).  ``seq_round`` is the dynamic-batching length rounding (1 = none).
 
     Raises:
         ValueError: No metas, a meta without ``sequence_lengths``, no rows at all, or
@@ -150,20 +135,10 @@ def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> in
     return round_up(longest, math.lcm(multiple, int(seq_round)))
 
 
-def stamp_placed_metas(
-    metas: Sequence[KVBatchMeta], *, seq_round: int = 1
-) -> list[KVBatchMeta]:
-    """New metas, one per input, all carrying one fresh pad target (``placed_pad_target``).
+def stamp_placed_metas(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> list[KVBatchMeta]:
+    """Like :func:`placed_pad_target`, but returns ``isolated_copy`` metas stamped with the target.
 
-    Each output is an ``isolated_copy`` stamped with the shared target; other ``extra_info``
-    entries travel unchanged.
-
-    Args:
-        metas: One meta per DP rank, in rank order.
-        seq_round: The dynamic-batching sequence-length rounding (1 = none).
-
-    Returns:
-        The stamped copies, in input order.
+    One output per input, in input order; other ``extra_info`` entries travel unchanged.
 
     Raises:
         ValueError: As ``placed_pad_target``.
@@ -204,19 +179,14 @@ class TQDriverMixin:
         return bool(cfg_value(node, "enabled", f"cfg.{section}"))
 
     # --- planner arguments --------------------------------------------------------------------
-    def _packing_args(
-        self, mb_tokens_key: str
-    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Planner arguments for one dispatch kind.
-
-        Args:
-            mb_tokens_key: ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
+    def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Planner arguments for ``mb_tokens_key`` (``"logprob_mb_tokens"`` or ``"train_mb_tokens"``).
 
         Returns:
             ``(sequence_packing_args, dynamic_batching_args)``: ``(None, dba)`` when dynamic
-            batching is enabled (it wins if both are on), ``(spa, None)`` when only sequence
-            packing is, else ``(None, None)``.  Each dict is freshly built; its
-            ``max_tokens_per_microbatch`` is the section's ``mb_tokens_key`` value.
+            batching is on (it wins if both are), ``(spa, None)`` when only sequence packing is,
+            else ``(None, None)``.  Each dict is fresh, its ``max_tokens_per_microbatch`` being the
+            section's ``mb_tokens_key`` value.
 
         Raises:
             ValueError: ``mb_tokens_key`` is not one of the two budgets.
@@ -269,9 +239,6 @@ class TQDriverMixin:
         The target is ``round_up(max(lengths), lcm(pad_to_multiple, seq_round))``; no-op without
         lengths, without rows, or when a target is already present.
 
-        Args:
-            meta: The meta to stamp.
-
         Raises:
             ValueError: ``pad_to_multiple`` < 1.
         """
@@ -284,41 +251,18 @@ class TQDriverMixin:
         meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = round_up(longest, multiple)
 
     def _isolated_meta(
-        self,
-        meta: KVBatchMeta,
-        *,
-        fields: Sequence[str] | None,
-        task_name: str | None,
-        keep_tags: bool = True,
+        self, meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None, keep_tags: bool = True
     ) -> KVBatchMeta:
-        """A dispatch copy of ``meta`` with a freshly minted pad target.
-
-        Fresh containers, narrowed ``fields`` and ``task_name``, any inherited
-        ``global_forward_pad_seqlen`` dropped and a new one stamped for this host's rounding.
-        The caller's meta is never touched.
-
-        Args:
-            meta: The caller's meta.
-            fields: Fields the dispatch fetches.
-            task_name: Task name of the dispatch.
-            keep_tags: ``False`` drops the per-row tags (see ``isolated_copy``).
-        """
+        """Like :func:`isolated_copy` (caller's meta untouched), plus a fresh pad target for this host."""
         out = isolated_copy(meta, fields=fields, task_name=task_name, keep_tags=keep_tags)
         self._stamp_pad_seqlen(out)
         return out
 
-    def _shard_meta(
-        self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str
-    ) -> list[KVBatchMeta]:
-        """Split ``meta`` into one shard per DP rank with the host's planner arguments.
+    def _shard_meta(self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str) -> list[KVBatchMeta]:
+        """Split ``meta`` into ``self.dp_size`` shards (``shard_meta_for_dp``) with the host's planner args.
 
         Args:
-            meta: The dispatch meta (usually from :meth:`_isolated_meta`).
             batch_size: Global batch size the shards must divide into, or ``None``.
-            mb_tokens_key: ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
-
-        Returns:
-            ``self.dp_size`` shards (``shard_meta_for_dp``).
         """
         spa, dba = self._packing_args(mb_tokens_key)
         shards, _ = shard_meta_for_dp(
@@ -331,13 +275,7 @@ class TQDriverMixin:
         return shards
 
     def _placed_metas(self, metas: Sequence[KVBatchMeta]) -> list[KVBatchMeta]:
-        """``stamp_placed_metas`` with this host's rounding (one target over all ranks).
-
-        Args:
-            metas: One meta per DP rank, in rank order.
-
-        Returns:
-            New metas carrying the shared target.
+        """``stamp_placed_metas`` with this host's rounding: one target over all ranks' metas.
 
         Raises:
             ValueError: As ``placed_pad_target``.
@@ -383,19 +321,11 @@ class TQDriverMixin:
         select_fields: Sequence[str],
         pad_value_dict: Mapping[str, float | int] | None = None,
     ) -> BatchedDataDict:
-        """Read columns of ``meta``'s rows at the meta's pad target (caller's meta untouched).
+        """Read non-empty ``select_fields`` of ``meta``'s rows as rectangles, in ``meta.sample_ids`` order.
 
-        A ``global_forward_pad_seqlen`` already stamped on ``meta`` (the
-        width the workers padded to) is honoured, so driver reads line up with worker columns;
-        without one a fresh target is minted for this read (``_isolated_meta``).
-
-        Args:
-            meta: Rows to read.
-            select_fields: Fields to fetch (non-empty).
-            pad_value_dict: Per-field pad values.
-
-        Returns:
-            Exactly ``select_fields`` as rectangles, rows in ``meta.sample_ids`` order.
+        Pads to the ``global_forward_pad_seqlen`` stamped on ``meta`` (the workers' width) so driver
+        reads line up with worker columns; without one a fresh target is minted for this read on an
+        isolated copy.  The caller's meta is untouched.
 
         Raises:
             ValueError: ``select_fields`` is empty, or the stamped target is not an int >= 0.
@@ -416,14 +346,8 @@ class TQDriverMixin:
             self.dp_client, isolated, list(select_fields), pad_value_dict=pad_value_dict
         )
 
-    def write_to_dataplane(
-        self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]
-    ) -> None:
-        """Write columns under ``meta``'s ids (``write_columns``).
-
-        Args:
-            meta: Rows to write.
-            fields: Column name -> tensor / object array, rows in ``meta.sample_ids`` order.
+    def write_to_dataplane(self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        """Write columns (rows in ``meta.sample_ids`` order) under ``meta``'s ids (``write_columns``).
 
         Raises:
             ValueError: A batch dim differs from ``meta.size``.

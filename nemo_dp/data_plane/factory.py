@@ -83,13 +83,9 @@ def data_plane_kind(cfg: Any) -> str:
 
 
 def data_plane_enabled(cfg: Any) -> bool:
-    """Whether a ``data_plane`` config asks for a data plane.
+    """Whether a ``data_plane`` config (in any form of :func:`data_plane_kind`) asks for a data plane.
 
-    Args:
-        cfg: ``None``, a config dataclass, a ``DictConfig`` or a plain mapping.
-
-    Returns:
-        ``False`` for ``None`` or ``enabled`` false/absent; ``True`` otherwise.
+    ``False`` for ``None`` or ``enabled`` false/absent.
     """
     if cfg is None or type(cfg) is DisabledDataPlaneConfig:
         return False
@@ -113,17 +109,11 @@ def _convert_mapping(cfg: Mapping, schema: type) -> Any:
         raise ValueError(f"invalid {where}: {message}") from exc
 
 
-def coerce_data_plane_config(
-    cfg: Any,
-) -> DataPlaneConfig | LocalDataPlaneConfig | DisabledDataPlaneConfig:
-    """Turn any accepted ``data_plane`` form into its config dataclass.
+def coerce_data_plane_config(cfg: Any) -> DataPlaneConfig | LocalDataPlaneConfig | DisabledDataPlaneConfig:
+    """Turn any accepted ``data_plane`` form into its config dataclass (a dataclass is returned as is).
 
-    Args:
-        cfg: ``None``, a config dataclass (returned as is), a ``DictConfig`` or a mapping.
-
-    Returns:
-        ``DisabledDataPlaneConfig()`` for a disabled config given as ``None`` or a mapping;
-        otherwise the dataclass selected by ``impl``, validated by its schema.
+    Returns ``DisabledDataPlaneConfig()`` for a disabled ``None`` or mapping; otherwise the
+    dataclass selected by ``impl``, validated by its schema.
 
     Raises:
         ValueError: Unknown ``impl`` (``"unknown data_plane impl: ..."``), or a key is unknown,
@@ -150,12 +140,8 @@ def coerce_data_plane_config(
 def data_plane_supports_checkpointing(cfg: Any) -> bool:
     """Whether the configured backend can save and load data-plane checkpoints.
 
-    Args:
-        cfg: Any accepted ``data_plane`` form.
-
-    Returns:
-        ``True`` for ``impl: local`` and for ``impl: transfer_queue`` with ``backend: simple``;
-        ``False`` when disabled.
+    ``True`` for ``impl: local`` and for ``impl: transfer_queue`` with ``backend: simple``;
+    ``False`` when disabled.
     """
     dp_cfg = coerce_data_plane_config(cfg)
     if not dp_cfg.enabled:
@@ -167,14 +153,8 @@ def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
     """Export the backend's environment knobs before Ray and the backend start.
 
     Call on the driver before ``ray.init`` and pass the result to
-    ``ray.init(runtime_env={"env_vars": ...})``.
-
-    Args:
-        cfg: Any accepted ``data_plane`` form.
-
-    Returns:
-        ``{}`` for a disabled or local data plane (environment untouched); for TransferQueue the
-        effective values of all ``TQ_*`` knobs.
+    ``ray.init(runtime_env={"env_vars": ...})``.  Returns ``{}`` for a disabled or local data plane
+    (environment untouched); for TransferQueue the effective values of all ``TQ_*`` knobs.
 
     Raises:
         ValueError: Unknown ``impl`` or invalid config.
@@ -187,13 +167,10 @@ def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
     return {} if configure is None else dict(configure(dp_cfg))
 
 
-def build_data_plane_client(
-    cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
-) -> DataPlaneClient:
+def build_data_plane_client(cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> DataPlaneClient:
     """Build the data-plane client a config asks for.
 
     Args:
-        cfg: Any accepted ``data_plane`` form.
         bootstrap: TransferQueue only: create the backend (driver) or attach to it (workers).
         checkpointing: TransferQueue only: require checkpoint support.
 

@@ -483,12 +483,11 @@ DataPlaneRuntimeConfig = Union[DataPlaneConfig, LocalDataPlaneConfig]
 
 
 def register_data_plane_configs() -> None:
-    """Store the data-plane schemas in Hydra's ConfigStore (root level, not group ``data_plane``).
+    """Store the data-plane schemas in Hydra's ConfigStore at root level (not group ``data_plane``).
 
-    One ``data_plane_<option>_schema`` per backend of the backend registry
-    (``data_plane_tq_schema``, ...); each YAML group file lists
-    ``- /data_plane_<option>_schema@_here_`` first in its defaults list.  Root level keeps the
-    schemas out of ``--help`` and tab completion, where they would be offered as options.
+    One ``data_plane_<option>_schema`` per registered backend; each YAML group file lists
+    ``- /data_plane_<option>_schema@_here_`` first in its defaults.  Root level keeps the schemas
+    out of ``--help`` and tab completion.
     """
     from hydra.core.config_store import ConfigStore
 

@@ -50,11 +50,7 @@ EventSink = Callable[[dict[str, Any]], None]
 
 
 def log_event(event: dict[str, Any]) -> None:
-    """Event sink that logs ``"data_plane_event: %s"`` at INFO.
-
-    Args:
-        event: One event dict as emitted by :class:`MetricsDataPlaneClient`.
-    """
+    """Event sink that logs an event of :class:`MetricsDataPlaneClient` as ``"data_plane_event: %s"`` at INFO."""
     _LOG.info("data_plane_event: %s", event)
 
 
@@ -70,14 +66,8 @@ def _tensor_nbytes(t: torch.Tensor) -> int:
 def payload_nbytes(td: Any) -> int:
     """Bytes of a payload: ``numel * element_size`` summed over top-level tensor leaves.
 
-    Nested tensors count their values; non-tensor leaves (and anything that is not a
-    ``TensorDict``-like mapping) count 0.
-
-    Args:
-        td: A ``TensorDict`` (or ``None``).
-
-    Returns:
-        The byte count.
+    Nested tensors count their values; non-tensor leaves, ``None`` and anything that is not a
+    ``TensorDict``-like mapping count 0.
     """
     if td is None or not hasattr(td, "keys") or not hasattr(td, "get"):
         return 0
@@ -155,10 +145,6 @@ class MetricsDataPlaneClient(DataPlaneClient):
     which includes ``DataPlaneUnavailableError``).  The inner exception is always re-raised
     unchanged; exceptions raised by ``on_event`` are logged and suppressed.  Failed calls count
     in the window's calls, errors and latencies, but not in bytes or in :class:`DataPlaneStats`.
-
-    Args:
-        inner: The adapter to wrap.
-        on_event: Optional event sink (e.g. :func:`log_event`).
     """
 
     def __init__(self, inner: DataPlaneClient, on_event: EventSink | None = None) -> None:
@@ -277,22 +263,14 @@ class MetricsDataPlaneClient(DataPlaneClient):
             return DataPlaneStats(**asdict(self._stats))
 
     def snapshot(self) -> dict[str, int]:
-        """The stats as a dict plus ``n_keys_outstanding``.
-
-        Returns:
-            ``asdict(stats)`` with ``n_keys_outstanding`` (keys put and not yet cleared).
-        """
+        """``asdict(stats)`` plus ``n_keys_outstanding`` (keys put and not yet cleared)."""
         with self._lock:
             out = asdict(self._stats)
             out["n_keys_outstanding"] = sum(len(keys) for keys in self._outstanding.values())
             return out
 
     def bytes_outstanding_by_partition(self) -> dict[str, int]:
-        """Outstanding bytes per partition (partitions this wrapper has put into).
-
-        Returns:
-            ``{partition_id: bytes}``.
-        """
+        """``{partition_id: bytes}`` outstanding, for partitions this wrapper has put into."""
         with self._lock:
             return {pid: sum(keys.values()) for pid, keys in self._outstanding.items()}
 
@@ -418,12 +396,5 @@ class MetricsDataPlaneClient(DataPlaneClient):
 
 
 def is_metrics_client(client: object) -> bool:
-    """Whether ``client`` is a :class:`MetricsDataPlaneClient` wrapper.
-
-    Args:
-        client: Any object.
-
-    Returns:
-        True for the wrapper.
-    """
+    """Whether ``client`` is a :class:`MetricsDataPlaneClient` wrapper."""
     return isinstance(client, MetricsDataPlaneClient)

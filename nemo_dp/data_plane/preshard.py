@@ -39,11 +39,9 @@ def shard_meta_for_dp(
     sequence_packing_args: Mapping[str, Any] | None = None,
     dynamic_batching_args: Mapping[str, Any] | None = None,
 ) -> tuple[list[KVBatchMeta], list[int] | None]:
-    """Split ``meta`` into one meta per DP rank, with that rank's microbatch plan.
+    """Split ``meta`` (needs ``sequence_lengths``) into one meta per DP rank, with its microbatch plan.
 
     Args:
-        meta: The batch to shard; needs ``sequence_lengths``.
-        dp_world: Number of DP ranks.
         batch_size: Global batch size (defaults to ``meta.size``).
         sequence_packing_args: Planner settings for sequence packing (passed on unchanged;
             the skeleton's columns are ``input_ids`` / ``input_lengths``, so the planner's

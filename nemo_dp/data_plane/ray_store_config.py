@@ -46,10 +46,7 @@ class RayStoreDataPlaneConfig:
     """``data_plane`` for the Ray object-store backend (``impl: ray_store``).
 
     Attributes:
-        enabled: Always true for this schema.
-        impl: ``"ray_store"``.
         claim_meta_poll_interval_s: Sleep between two polls of a blocking ``claim_meta``.
-        timeouts: See :class:`RayStoreTimeoutsConfig`.
         observability: Wrap the client in ``MetricsDataPlaneClient``.
     """
 

@@ -67,7 +67,6 @@ class BackendSpec:
     Attributes:
         kind: Internal kind, equal to the config's ``impl`` value (``"disabled"`` for none).
         option: The Hydra option of group ``data_plane`` that selects it (``data_plane=tq``).
-        schema: The config dataclass of this backend.
         client_target: ``"module:attr"`` of a callable
             ``(cfg, *, bootstrap: bool, checkpointing: bool) -> DataPlaneClient``; ``None`` for
             a backend without a client (disabled).
@@ -108,10 +107,7 @@ class BackendSpec:
         return self.client_target is not None
 
     def client(self) -> Callable[..., Any]:
-        """Import and return the client constructor.
-
-        Returns:
-            The callable named by :attr:`client_target`.
+        """Import and return the client constructor named by :attr:`client_target`.
 
         Raises:
             ValueError: The backend has no client (disabled).
@@ -149,13 +145,7 @@ BACKENDS: dict[str, BackendSpec] = {}
 
 
 def register_backend(spec: BackendSpec) -> BackendSpec:
-    """Add a backend to :data:`BACKENDS`.
-
-    Args:
-        spec: The backend; its ``kind``, ``option`` and ``schema`` must be new.
-
-    Returns:
-        ``spec``.
+    """Add ``spec`` to :data:`BACKENDS` and return it.
 
     Raises:
         ValueError: The kind, the option or the schema is already registered.
@@ -249,9 +239,6 @@ def backend_for_option(option: str) -> BackendSpec:
 def backend_for_config(cfg: Any) -> BackendSpec:
     """The backend whose schema ``cfg`` (a config dataclass instance) is.
 
-    Args:
-        cfg: An instance of a registered schema.
-
     Raises:
         TypeError: ``cfg`` is not an instance of a registered schema.
     """
@@ -277,8 +264,7 @@ def enabled_kinds() -> tuple[str, ...]:
 def cross_process_options() -> str:
     """The ``data_plane=<option>`` choices whose store carries rows between processes.
 
-    Returns:
-        E.g. ``"data_plane=tq or data_plane=ray"``, for messages of trainers that need one.
+    E.g. ``"data_plane=tq or data_plane=ray"``, for messages of trainers that need one.
     """
     return " or ".join(f"data_plane={s.option}" for s in BACKENDS.values() if s.cross_process)
 
@@ -286,15 +272,10 @@ def cross_process_options() -> str:
 def reserved_ray_cpus(data_plane_cfg: Any) -> int:
     """Logical Ray CPUs the backend's own actors reserve for this config.
 
-    Ray start-up adds this to its budget check; the caller passes the number down so that the
-    distributed layer never imports the data plane.
-
-    Args:
-        data_plane_cfg: Any accepted ``data_plane`` form (``None``, dataclass, mapping,
-            ``DictConfig``).
-
-    Returns:
-        ``1 + num_storage_units`` for an enabled TransferQueue data plane, ``0`` otherwise.
+    ``1 + num_storage_units`` for an enabled TransferQueue data plane, else 0.  Ray start-up adds
+    this to its budget check; the caller passes it down so the distributed layer never imports
+    the data plane.  ``data_plane_cfg`` is any accepted form (``None``, dataclass, mapping,
+    ``DictConfig``).
 
     Raises:
         ValueError: The config is invalid (names the key).
@@ -308,14 +289,9 @@ def reserved_ray_cpus(data_plane_cfg: Any) -> int:
 
 
 def ray_cpu_reservation(data_plane_cfg: Any) -> tuple[int, str]:
-    """The logical Ray CPUs the backend's own actors reserve, and what reserves them.
+    """Like :func:`reserved_ray_cpus`, but returns ``(reserved_cpus, reserved_by)``.
 
-    Args:
-        data_plane_cfg: Any accepted ``data_plane`` form.
-
-    Returns:
-        ``(reserved_cpus, reserved_by)`` as Ray start-up's budget check takes them; nothing is
-        exported (unlike :func:`ray_start_args`), so preflight can call it.
+    Nothing is exported (unlike :func:`ray_start_args`), so preflight can call it.
 
     Raises:
         ValueError: The config is invalid (names the key).
@@ -333,15 +309,9 @@ def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:
     """What Ray start-up needs to know about the data plane, computed in this layer.
 
     Exports the backend's environment knobs (they must be set before Ray and the backend
-    library start) and returns them with the CPU reservation, so that the distributed layer
-    receives plain values and never imports the data plane.
-
-    Args:
-        data_plane_cfg: Any accepted ``data_plane`` form.
-
-    Returns:
-        ``{"reserved_cpus": int, "reserved_by": str, "worker_env": dict[str, str]}``: the
-        keyword arguments of Ray start-up (``init_ray`` / ``ray_session``).
+    library start) and returns them with the CPU reservation as ``init_ray`` / ``ray_session``
+    keyword arguments ``{"reserved_cpus": int, "reserved_by": str, "worker_env": dict[str, str]}``,
+    so the distributed layer receives plain values and never imports the data plane.
 
     Raises:
         ValueError: The config is invalid (names the key).

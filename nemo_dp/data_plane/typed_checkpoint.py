@@ -1,10 +1,9 @@
 """Typed, pickle-free data-plane checkpoints: one JSON manifest plus one safetensors tensor table.
 
-All that the adapters share of a checkpoint directory (exactly ``manifest.json`` and
-``tensors.safetensors``): the tensor table, the manifest entries of tensor columns and object
-values (``value_codec`` nodes), the partition header, the atomic write, and the read that refuses
-an older format or any foreign file (a pickle) unread.  Anything malformed read back raises
-:class:`CorruptCheckpointError` worded ``"<file and position>: <what>"``.
+What the adapters share of a checkpoint directory (exactly ``manifest.json`` and
+``tensors.safetensors``): tensor table, manifest entries of columns and object values, partition
+header, atomic write, and a read that refuses an older format or any foreign file (a pickle)
+unread.  Malformed content raises :class:`CorruptCheckpointError` ``"<file and position>: <what>"``.
 """
 
 from __future__ import annotations
@@ -63,9 +62,7 @@ _NATIVE = {
 }  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------
-# validation of what is read
-# ---------------------------------------------------------------------------------------------
+# --- validation of what is read ---
 
 
 class CorruptCheckpointError(ValueError):
@@ -90,20 +87,14 @@ def str_list(v: Any, where: str, what: str) -> list[str]:
     return list(v)
 
 
-# ---------------------------------------------------------------------------------------------
-# the tensor table
-# ---------------------------------------------------------------------------------------------
+# --- the tensor table ---
 
 
 def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write ``tensors`` to ``path`` with safetensors (each saved as a compact copy).
+    """Write dense CPU ``tensors`` to ``path`` with safetensors (each saved as a compact copy).
 
     Safetensors is a JSON header plus raw bytes, so reading it never executes code; dtypes it has
     no code for (e.g. ``complex128``) are stored as raw bytes and viewed back on load.
-
-    Args:
-        path: The file to write (inside the checkpoint's temp directory).
-        tensors: Dense CPU tensors by key.
 
     Raises:
         TypeError: A value is not a dense CPU tensor (names the key).
@@ -125,12 +116,6 @@ def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> Non
 
 def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a table written by :func:`save_tensor_table`.
-
-    Args:
-        path: The safetensors file.
-
-    Returns:
-        The tensors by key.
 
     Raises:
         CorruptCheckpointError: The file is missing or is not a valid table (names the file).
@@ -172,16 +157,13 @@ def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-# ---------------------------------------------------------------------------------------------
-# tensor columns and object values in the manifest
-# ---------------------------------------------------------------------------------------------
+# --- tensor columns and object values in the manifest ---
 
 
 def jagged_entry(tensors: dict[str, torch.Tensor], key: str, values: torch.Tensor, offsets: torch.Tensor) -> dict[str, Any]:
     """Add a jagged column given as ``values`` and int64 ``offsets`` (from 0 to ``values.size(0)``).
 
-    Returns:
-        Its manifest entry ``{"layout": "jagged", "key", "offsets_key", "dtype"}``.
+    Returns its manifest entry ``{"layout": "jagged", "key", "offsets_key", "dtype"}``.
     """
     tensors[key] = values
     tensors[f"{key}.offsets"] = offsets
@@ -189,16 +171,11 @@ def jagged_entry(tensors: dict[str, torch.Tensor], key: str, values: torch.Tenso
 
 
 def column_entry(tensors: dict[str, torch.Tensor], key: str, data: torch.Tensor) -> dict[str, Any] | None:
-    """Add a column to the table and return its manifest entry.
+    """Add column ``data`` under ``key`` (unique) to the table being built; return its manifest entry.
 
-    Args:
-        tensors: The table being built.
-        key: The column's key (unique in the table).
-        data: A dense tensor (one row per sample) or a jagged nested tensor ragged in dim 1.
-
-    Returns:
-        ``{"layout": "dense", "key", "dtype"}`` or the :func:`jagged_entry`; ``None`` for any
-        other layout (the caller stores rows).
+    ``data`` is dense (one row per sample) or a jagged nested tensor ragged in dim 1, giving
+    ``{"layout": "dense", "key", "dtype"}`` or the :func:`jagged_entry`; ``None`` for any other
+    layout (the caller stores rows).
     """
     if not data.is_nested:
         tensors[key] = data
@@ -213,17 +190,11 @@ def column_entry(tensors: dict[str, torch.Tensor], key: str, data: torch.Tensor)
 def column_from_entry(
     entry: Any, tensors: dict[str, torch.Tensor], rows: int, where: str, dtype: str | None = None
 ) -> torch.Tensor:
-    """Rebuild a column from :func:`column_entry`'s manifest entry, checking it fully.
+    """Rebuild a dense or jagged column of ``rows`` rows from :func:`column_entry`'s entry, checking it.
 
     Args:
-        entry: The manifest entry.
-        tensors: The loaded table.
-        rows: The number of rows the column must have.
         where: Location for error messages (file and position).
-        dtype: The dtype the field is stored as (``None``: not checked against the schema).
-
-    Returns:
-        The dense tensor or jagged nested tensor.
+        dtype: The field's stored dtype (``None``: not checked against the schema).
 
     Raises:
         CorruptCheckpointError: A missing tensor, a wrong dtype, row count or inconsistent offsets.
@@ -259,18 +230,12 @@ def column_from_entry(
 def encode_values(
     tensors: dict[str, torch.Tensor], key: str, values: Sequence[Any], ids: Sequence[str], pid: str, what: str
 ) -> list[Any]:
-    """One typed value node per row (``None`` stays ``null``); tensors inside go into ``tensors``.
+    """One typed JSON value node per row (``None`` stays ``null``); tensors inside go into ``tensors``.
 
     Args:
-        tensors: The table being built.
         key: Prefix of the table keys of these values (unique in the table).
-        values: One value per row.
-        ids: The rows' sample ids (for messages).
-        pid: The partition (for messages).
-        what: What the values are, e.g. ``"field 'x'"`` or ``"tags"`` (for messages).
-
-    Returns:
-        The JSON nodes.
+        ids, pid, what: Sample ids, partition and a description such as ``"field 'x'"`` or
+            ``"tags"``, for messages only.
 
     Raises:
         UnencodableValueError: A value cannot be stored exactly (names partition, ``what`` and
@@ -301,9 +266,7 @@ def decode_values(nodes: Any, ids: Sequence[str], tensors: dict[str, torch.Tenso
         raise CorruptCheckpointError(str(exc)) from None
 
 
-# ---------------------------------------------------------------------------------------------
-# partition records
-# ---------------------------------------------------------------------------------------------
+# --- partition records ---
 
 
 @dataclass
@@ -311,11 +274,6 @@ class PartitionHeader:
     """The part of a partition record every adapter writes: schema, rows, tags and claims.
 
     Attributes:
-        partition_id: The partition.
-        fields: Declared fields.
-        consumer_tasks: Consumer tasks.
-        num_samples: Declared row count.
-        grpo_group_size: Group size, or ``None``.
         enums: Field -> allowed words.
         sample_ids: Live ids, in the order the adapter keeps them.
         tags: Id -> tag dict, for tagged ids only.
@@ -333,13 +291,7 @@ class PartitionHeader:
     claimed: dict[str, list[str]]
 
     def to_record(self, tensors: dict[str, torch.Tensor] | None, key: str) -> dict[str, Any]:
-        """The JSON record.
-
-        Args:
-            tensors: The table the tags' tensors go into (tags as typed value nodes); ``None``
-                stores tags as plain JSON objects.
-            key: Prefix of the tags' table keys.
-        """
+        """The JSON record; tags' tensors go into ``tensors`` under prefix ``key`` (``None``: plain JSON tags)."""
         tags = [self.tags.get(sid) for sid in self.sample_ids]
         return {
             "partition_id": self.partition_id,
@@ -360,7 +312,6 @@ class PartitionHeader:
         """Validate the common fields of a record written by :meth:`to_record`.
 
         Args:
-            rec: The record read from the manifest.
             where: Location for error messages (the manifest and the record's index).
             tensors: The loaded table for typed tags; ``None`` when tags are plain JSON.
             every_task: ``claimed`` must name every consumer task (else a subset of them).
@@ -405,9 +356,7 @@ def field_kinds(rec: dict[str, Any], fields: Sequence[str], where: str) -> dict[
     return dict(kinds)
 
 
-# ---------------------------------------------------------------------------------------------
-# write and read
-# ---------------------------------------------------------------------------------------------
+# --- write and read ---
 
 
 def new_manifest(
@@ -415,12 +364,7 @@ def new_manifest(
 ) -> dict[str, Any]:
     """The manifest of a checkpoint, checked to serialise (so a bad value fails before any write).
 
-    Args:
-        fmt: The format name.
-        version: The format version.
-        metadata: The validated user metadata.
-        partitions: The partition records.
-        **extra: Adapter-specific top-level keys.
+    ``extra`` holds adapter-specific top-level keys.
 
     Raises:
         TypeError | ValueError: Something in it is not strict JSON.
@@ -449,11 +393,9 @@ class CheckpointContents:
     """A checkpoint read by :func:`read_checkpoint`.
 
     Attributes:
-        manifest: The whole manifest.
         where: ``"checkpoint manifest '<path>'"``, for error messages.
         metadata: A copy of the user metadata.
         partitions: The partition records (not yet validated; partition ids are distinct).
-        tensors: The tensor table.
     """
 
     manifest: dict[str, Any]
@@ -469,14 +411,9 @@ def read_checkpoint(
     """Read a checkpoint's manifest and tensor table, refusing unread what it must not load.
 
     Args:
-        checkpoint_dir: The checkpoint directory.
-        fmt: The format name.
         version: The format version this code writes (the only one it reads).
         old_files: Older format versions -> files they held that can run code when loaded
             (relative paths, for the refusal).
-
-    Returns:
-        The contents.
 
     Raises:
         FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.

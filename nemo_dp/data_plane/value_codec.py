@@ -75,13 +75,7 @@ class ValueEncoder:
         self._count = 0
 
     def encode(self, value: Any) -> Any:
-        """Encode one value.
-
-        Args:
-            value: Any Python value.
-
-        Returns:
-            A JSON-serialisable node.
+        """Encode one value into a JSON-serialisable node.
 
         Types are matched exactly (``type(v) is list``): a subclass (a namedtuple, an
         ``OrderedDict``, an ``IntEnum``, ``np.matrix``...) is refused rather than silently turned
@@ -205,9 +199,7 @@ class ValueEncoder:
         return {"t": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape), "key": key}
 
 
-# ---------------------------------------------------------------------------------------------
-# decoding
-# ---------------------------------------------------------------------------------------------
+# --- decoding ---
 
 
 def _fail(where: str, what: str) -> CorruptValueError:
@@ -246,9 +238,7 @@ def _shape(node: dict[str, Any], where: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _table_tensor(
-    node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
-) -> torch.Tensor:
+def _table_tensor(node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> torch.Tensor:
     key = _field(node, "key", str, where)
     if key not in tensors:
         raise _fail(where, f"tensor {key!r} is missing from the tensor file")
@@ -256,18 +246,10 @@ def _table_tensor(
 
 
 def decode_value(node: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
-    """Rebuild the value a :class:`ValueEncoder` node stands for.
-
-    Args:
-        node: A node read back from JSON.
-        tensors: The tensor table loaded from the checkpoint.
-        where: Location for error messages (file and position).
-
-    Returns:
-        A fresh value equal to, and of the same types as, the encoded one.
+    """Rebuild, as a fresh value of the same types, what a :class:`ValueEncoder` node stands for.
 
     Every node is validated; numpy dtypes are parsed from their string form, which never runs
-    code.
+    code.  ``where`` locates errors (file and position).
 
     Raises:
         CorruptValueError: Malformed node, unknown tag, missing or inconsistent tensor.
@@ -357,9 +339,7 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor], where: str, depth: int)
     raise _fail(where, f"unknown value node type {tag!r}")
 
 
-def _decode_ndarray(
-    node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str, depth: int
-) -> np.ndarray:
+def _decode_ndarray(node: dict[str, Any], tensors: dict[str, torch.Tensor], where: str, depth: int) -> np.ndarray:
     dtype = _dtype(node, where)
     shape = _shape(node, where)
     count = math.prod(shape)

@@ -2,9 +2,8 @@
 
 Each ``*_presharded`` entrypoint fetches the rank's ``KVBatchMeta`` shard, pads it to the
 driver's target, attaches the driver's micro-batch plan (never re-planned per rank), runs the
-host's in-memory method (``train``, ``get_logprobs``, ``get_reference_policy_logprobs``,
-``get_values``, split-training API) and writes results back on the replica leader only.  The host
-must define ``_local_coords()``.  Nothing here imports Ray, TransferQueue or an adapter.
+host's in-memory method and writes results back on the replica leader only.  Nothing here imports
+Ray, TransferQueue or an adapter.
 """
 
 from __future__ import annotations
@@ -49,19 +48,12 @@ ROW_VALUES_KEY = "row_values"
 
 
 def apply_row_values(data: BatchedDataDict, row_values: Mapping[str, torch.Tensor]) -> BatchedDataDict:
-    """Set the per-row training inputs a dispatch carried on a fetched batch (in place).
+    """Set the per-row training inputs a dispatch carried on a fetched batch, in place; return it.
 
-    ``sample_mask`` is set as given; ``advantages`` (one value per row) becomes the per-token
-    column ``adv[:, None] * token_mask.float()`` over the batch's ``token_mask`` - the very
-    expression the legacy GRPO trainer evaluates on the driver, so the values are identical
-    on every token of every row.
-
-    Args:
-        data: The fetched batch (holds ``token_mask`` when ``advantages`` is given).
-        row_values: Keys from ``ROW_VALUE_FIELDS``; 1-D tensors, rows in ``data``'s order.
-
-    Returns:
-        ``data``.
+    ``row_values`` keys come from ``ROW_VALUE_FIELDS`` (1-D tensors in ``data``'s row order).
+    ``sample_mask`` is set as given; ``advantages`` becomes the per-token column
+    ``adv[:, None] * token_mask.float()`` - the expression the legacy GRPO trainer evaluates on the
+    driver, so values are identical on every token.
 
     Raises:
         ValueError: An unknown key, a value whose length differs from ``data.size``, or
@@ -128,13 +120,10 @@ class TQWorkerMixin:
 
     # --- setup --------------------------------------------------------------------------------
     def setup_data_plane(self, cfg: Any) -> None:
-        """Build this worker's data-plane client (idempotent).
+        """Build this worker's data-plane client from any accepted config form (idempotent).
 
-        TransferQueue configs attach to the driver's backend (``bootstrap=False``); a Local
-        config gives the worker its own private store.  A second call keeps the first client.
-
-        Args:
-            cfg: Any accepted ``data_plane`` config form.
+        TransferQueue configs attach to the driver's backend (``bootstrap=False``); a Local config
+        gives the worker its own private store.  A second call keeps the first client.
 
         Raises:
             ValueError: The config is disabled or invalid (from ``build_data_plane_client``).
@@ -154,10 +143,7 @@ class TQWorkerMixin:
         self.dp_client = client
 
     def _require_dp_client(self) -> DataPlaneClient:
-        """The worker's client.
-
-        Returns:
-            ``self.dp_client``.
+        """``self.dp_client``.
 
         Raises:
             RuntimeError: ``setup_data_plane`` has not run on this worker.
@@ -187,19 +173,12 @@ class TQWorkerMixin:
         return parent()
 
     def _is_replica_leader(self) -> bool:
-        """True iff this rank's coordinate is 0 on every axis of ``PARALLEL_AXES``.
-
-        Missing axes count as 0, so ``{}`` is a leader.
-        """
+        """True iff this rank's coordinate is 0 on every ``PARALLEL_AXES`` axis (missing = 0)."""
         coords = self._local_coords()
         return all(int(coords.get(axis, 0)) == 0 for axis in PARALLEL_AXES)
 
     def _packing_enabled(self) -> bool:
-        """Whether dynamic batching or sequence packing is on for this worker.
-
-        Returns:
-            A host base class's answer if it defines ``_packing_enabled``, else
-            ``cfg["dynamic_batching"]["enabled"] or cfg["sequence_packing"]["enabled"]``.
+        """A host base class's answer, else whether dynamic batching or sequence packing is enabled.
 
         Raises:
             KeyError: A config key is missing.
@@ -220,10 +199,8 @@ class TQWorkerMixin:
         )
 
     def _data_plane_pad_values(self) -> Mapping[str, float | int] | None:
-        """Per-field pad values for materialisation.
-
-        A host base class's, else ``make_pad_value_dict(self.pad_id)`` for an int ``pad_id``, else
-        ``None`` (every field pads with 0).
+        """Per-field pad values: a host base class's, else ``make_pad_value_dict(self.pad_id)`` for an int
+        ``pad_id``, else ``None`` (every field pads with 0).
         """
         parent = getattr(super(), "_data_plane_pad_values", None)
         if parent is not None:
@@ -241,19 +218,15 @@ class TQWorkerMixin:
         layout: Layout = "padded",
         dp_aligned_seq_len: bool = True,
     ) -> BatchedDataDict:
-        """Fetch and materialise ``meta``'s rows (``meta.fields``) for this rank.
+        """Fetch and materialise this rank's shard (``meta.fields``), rows in ``meta.sample_ids`` order.
 
-        Every DP rank reads its own shard from its own client; the reader (whole-column Local
-        batch or per-row wire batch) follows from the meta.
+        The reader (whole-column Local batch or per-row wire batch) follows from the meta; no plan is
+        attached.
 
         Args:
-            meta: This DP rank's shard.
             layout: ``"padded"`` or ``"jagged"``.
             dp_aligned_seq_len: Pad to the meta's ``global_forward_pad_seqlen`` (else to the
                 slice maximum).
-
-        Returns:
-            The batch, rows in ``meta.sample_ids`` order (no plan attached).
 
         Raises:
             RuntimeError: No client.
@@ -276,23 +249,15 @@ class TQWorkerMixin:
 
     # --- plan ---------------------------------------------------------------------------------
     def _attach_pack_metadata(self, data: BatchedDataDict, meta: KVBatchMeta) -> BatchedDataDict:
-        """Attach the driver's (or producer's) microbatch plan from ``meta`` to ``data``.
+        """Attach the driver's (or producer's) microbatch plan from ``meta`` to ``data`` in place.
 
-        The plan is trusted and never recomputed: copies of ``micro_batch_indices``,
-        ``micro_batch_lengths`` and (when present) ``elem_counts_per_gb`` are set as
-        attributes of ``data``.
-
-        Args:
-            data: The fetched batch (modified in place).
-            meta: The shard it was fetched for.
-
-        Returns:
-            ``data``.
+        The plan is trusted, never recomputed: copies of ``micro_batch_indices``,
+        ``micro_batch_lengths`` and (when present) ``elem_counts_per_gb`` become attributes of ``data``.
 
         Raises:
-            ValueError: Only one of the two plan keys is present, or dynamic batching /
-                sequence packing is enabled and the meta carries no plan (the driver must
-                shard with ``shard_meta_for_dp`` or ship a producer plan).
+            ValueError: Only one of the two plan keys is present, or dynamic batching / sequence
+                packing is on and the meta has no plan (the driver must shard with
+                ``shard_meta_for_dp`` or ship a producer plan).
         """
         info = meta.extra_info
         has_indices = MICRO_BATCH_INDICES in info
@@ -321,14 +286,8 @@ class TQWorkerMixin:
         return data
 
     # --- write-back ---------------------------------------------------------------------------
-    def _write_back(
-        self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]
-    ) -> None:
+    def _write_back(self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """``write_columns`` on the replica leader only (no-op elsewhere or for no fields).
-
-        Args:
-            meta: Rows to write.
-            fields: Column name -> value, rows in ``meta.sample_ids`` order.
 
         Raises:
             RuntimeError: No client.
@@ -340,16 +299,9 @@ class TQWorkerMixin:
         write_columns(client, meta, fields)
 
     def _result_column(self, meta: KVBatchMeta, result: Any, *, result_key: str, field: str) -> torch.Tensor:
-        """``result[result_key]`` checked as column ``field`` of ``meta``'s rows (CPU, detached).
+        """``result[result_key]`` checked as column ``field`` of ``meta``'s rows; detached, on the CPU.
 
-        Args:
-            meta: The shard the result was computed for.
-            result: The host method's result; any ``Mapping`` (``BatchedDataDict`` included).
-            result_key: Key of the tensor in ``result``.
-            field: Data-plane field it will be written as (named in errors).
-
-        Returns:
-            The tensor, detached and on the CPU.
+        ``result`` may be any ``Mapping`` (``BatchedDataDict`` included); ``field`` is named in errors.
 
         Raises:
             RuntimeError: ``result`` is not a Mapping holding ``result_key``.
@@ -381,25 +333,13 @@ class TQWorkerMixin:
         return value.detach().cpu()
 
     def _write_back_result_field(
-        self,
-        meta: KVBatchMeta,
-        result: Any,
-        *,
-        result_key: str,
-        tq_field: str | None = None,
-        field: str | None = None,
+        self, meta: KVBatchMeta, result: Any, *, result_key: str, tq_field: str | None = None, field: str | None = None
     ) -> None:
-        """Write ``result[result_key]`` as column ``tq_field`` (replica leader only).
+        """Like :meth:`_result_column`, but writes the column as ``tq_field`` (replica leader only).
 
-        Non-leaders return without looking at ``result``.  The entrypoints call it with
-        ``tq_field=``, so a host may override it with that signature.
-
-        Args:
-            meta: The shard the result was computed for.
-            result: The host method's result; any ``Mapping`` (``BatchedDataDict`` included).
-            result_key: Key of the tensor in ``result``.
-            tq_field: Data-plane field to write.
-            field: The same, under its other accepted name (give one of the two).
+        Non-leaders return without looking at ``result``.  ``field`` is the other accepted name of
+        ``tq_field`` (give one).  The entrypoints pass ``tq_field=``, so a host may override it with
+        that signature.
 
         Raises:
             RuntimeError: ``result`` is not a Mapping holding ``result_key``; no client.
@@ -421,21 +361,11 @@ class TQWorkerMixin:
     def train_presharded(
         self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None, mbs: int | None = None
     ) -> dict:
-        """Fetch this rank's shard and train on it (``self.train``); writes nothing.
+        """Fetch this rank's shard and train on it (``self.train``); writes nothing; returns its metrics.
 
-        When the driver put per-row training inputs on the shard
-        (``extra_info["row_values"]``, see ``apply_row_values``), they are set on the fetched
-        batch first.
-
-        Args:
-            meta: This DP rank's shard (fields = what training reads from the store).
-            loss_fn: The loss function.
-            eval_mode: Loss only, no update.
-            gbs: Global batch size.
-            mbs: Microbatch size (without a plan).
-
-        Returns:
-            The host's training metrics.
+        Per-row training inputs the driver put on the shard (``extra_info["row_values"]``, see
+        ``apply_row_values``) are set on the fetched batch first.  ``eval_mode`` computes the loss
+        only; ``mbs`` applies without a plan.
         """
         data = self._fetch_planned(meta)
         row_values = meta.extra_info.get(ROW_VALUES_KEY)
@@ -443,17 +373,13 @@ class TQWorkerMixin:
             apply_row_values(data, row_values)
         return self.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)
 
-    def get_logprobs_presharded(
-        self, meta: KVBatchMeta, micro_batch_size: int | None = None
-    ) -> None:
+    def get_logprobs_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         """Log-probs of this rank's shard, written back as ``prev_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_logprobs(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="logprobs", tq_field=PREV_LOGPROBS)
 
-    def get_reference_policy_logprobs_presharded(
-        self, meta: KVBatchMeta, micro_batch_size: int | None = None
-    ) -> None:
+    def get_reference_policy_logprobs_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         """Reference-policy log-probs of this rank's shard, written back as ``reference_policy_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
@@ -461,13 +387,11 @@ class TQWorkerMixin:
             meta, result, result_key="reference_logprobs", tq_field=REFERENCE_POLICY_LOGPROBS
         )
 
-    def get_logprobs_and_reference_presharded(
-        self, meta: KVBatchMeta, micro_batch_size: int | None = None
-    ) -> None:
+    def get_logprobs_and_reference_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         """Policy and reference log-probs of this rank's shard from one read and one write.
 
-        Both hooks run on the same fetched batch and both columns go back in a single put
-        (replica leader only); values equal the two separate entrypoints' bit for bit.
+        Both hooks run on the same batch; both columns go back in one put (replica leader only),
+        bit-identical to the two separate entrypoints.
 
         Raises:
             RuntimeError / TypeError / ValueError: As ``_result_column`` for either result.
@@ -494,16 +418,11 @@ class TQWorkerMixin:
         self._write_back_result_field(meta, result, result_key="values", tq_field=VALUES)
 
     # --- split training API -------------------------------------------------------------------
-    def begin_train_step_presharded(
-        self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None
-    ) -> None:
+    def begin_train_step_presharded(self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None) -> None:
         """Start one optimizer step made of placed microbatches.
 
-        Args:
-            loss_fn: The loss function.
-            gbs: Accepted for signature parity with ``train_presharded``; in the split API
-                the driver places exactly one global batch per step, so it is not used.
-            mbs: Microbatch size (without a plan), passed to ``begin_train_step``.
+        ``gbs`` is accepted for parity with ``train_presharded`` and unused (the driver places exactly
+        one global batch per step); ``mbs`` (without a plan) goes to ``begin_train_step``.
 
         Raises:
             RuntimeError: No client, or a step is already active (``"already active"``).
@@ -520,9 +439,6 @@ class TQWorkerMixin:
     def train_microbatch_presharded(self, meta: KVBatchMeta) -> None:
         """Fetch one placed microbatch and run forward/backward (gradients accumulate).
 
-        Args:
-            meta: This DP rank's placed meta.
-
         Raises:
             RuntimeError: No active step (``begin_train_step_presharded`` not called).
         """
@@ -535,13 +451,9 @@ class TQWorkerMixin:
         self.train_microbatch(data)
 
     def finish_train_step_presharded(self) -> dict:
-        """Reduce gradients and step the optimizer (``finish_train_step``).
+        """Reduce gradients and step; return metrics plus ``is_replica_leader`` (driver de-duplicates).
 
-        The step stays active if the host raises, so the driver's abort still drops the
-        accumulated gradients.
-
-        Returns:
-            The host's metrics plus ``is_replica_leader`` (for driver-side de-duplication).
+        The step stays active if the host raises, so the driver's abort still drops the gradients.
 
         Raises:
             RuntimeError: No active step.
@@ -567,11 +479,8 @@ class TQWorkerMixin:
     def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
         """This worker's per-step store metrics (``get_step_metrics``; resets its window).
 
-        Args:
-            step_time_s: Wall time of the step (for ``step/frac_of_step``).
-
-        Returns:
-            The metrics, or ``{}`` when the client is not a ``MetricsDataPlaneClient``.
+        Returns ``{}`` when the client is not a ``MetricsDataPlaneClient``.  ``step_time_s`` is the step's
+        wall time (for ``step/frac_of_step``).
         """
         client = self.dp_client
         if client is None or not is_metrics_client(client):

@@ -119,15 +119,11 @@ class BaseDataPlaneClient(DataPlaneClient):
 
     # --- the backend's hooks (arguments as the public call received them) -------------------
     @abc.abstractmethod
-    def _register(
-        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
-    ) -> None:
+    def _register(self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any) -> None:
         """The backend's ``register_partition``."""
 
     @abc.abstractmethod
-    def _claim(
-        self, partition_id: Any, task: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any
-    ) -> KVBatchMeta:
+    def _claim(self, partition_id: Any, task: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any) -> KVBatchMeta:
         """The backend's ``claim_meta`` (``dp_rank`` dropped)."""
 
     @abc.abstractmethod
@@ -209,13 +205,7 @@ class BaseDataPlaneClient(DataPlaneClient):
         Args:
             attempt: One claim against the shared metadata (validating the arguments): the
                 claimed ids (empty when fewer than ``batch_size`` are ready) and their tags.
-            partition_id: The partition.
-            task_name: The consumer task.
-            fields: The required fields.
-            batch_size: Rows to claim.
             blocking: Wait (``True``) or return an empty claim at once.
-            timeout_s: How long a blocking claim may wait.
-            poll_s: Seconds between attempts.
 
         Raises:
             TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
@@ -255,12 +245,9 @@ class BaseDataPlaneClient(DataPlaneClient):
 
 
 def coerce_dataclass_config(cfg: Any, cls: type[C], client: str) -> C:
-    """``cfg`` as a validated ``cls`` instance (a dataclass config).
+    """``cfg`` (a ``cls`` instance, or a mapping / ``DictConfig`` of its keys) as a validated ``cls``.
 
-    Args:
-        cfg: A ``cls`` instance, or a mapping / ``DictConfig`` of its keys.
-        cls: The config dataclass.
-        client: The client's name, for the message.
+    ``client`` names the client in messages.
 
     Raises:
         TypeError: ``cfg`` is neither a ``cls`` nor a mapping.

@@ -38,11 +38,7 @@ class PartitionRecord:
     :meth:`drop_row`.
 
     Attributes:
-        partition_id: The id.
-        fields: Declared fields.
-        num_samples: Declared row count.
         consumer_tasks: Registered consumer tasks, in order.
-        grpo_group_size: Declared group size, or ``None``.
         enums: field -> its vocabulary.
         field_kinds: field -> kind (dtype name or an object kind) of its stored column.
         tags: sample id -> its tags (only rows that have tags).
@@ -115,13 +111,8 @@ class PartitionBook(Generic[R]):
     def check_new(self, partition_id: Any, *registration: Any) -> Registration:
         """Check a registration against the arguments' rules and the live ids.
 
-        Args:
-            partition_id: The new partition's id.
-            *registration: The rest of ``check_registration``'s arguments (fields,
-                num_samples, consumer_tasks, then optionally grpo_group_size and enums).
-
-        Returns:
-            The checked registration.
+        ``registration`` is the rest of ``check_registration``'s arguments (fields, num_samples,
+        consumer_tasks, then optionally grpo_group_size and enums).
 
         Raises:
             ValueError: Reserved or live id (``"already registered"``), or as
@@ -134,15 +125,9 @@ class PartitionBook(Generic[R]):
         return check_registration(partition_id, *registration)
 
     def add(self, record_type: type[R], reg: Registration, **extra: Any) -> R:
-        """Register a new ``record_type`` record for a checked registration, with fresh claims.
+        """Register and return a new ``record_type`` record for ``reg`` (from :meth:`check_new`), with fresh claims.
 
-        Args:
-            record_type: The adapter's record class.
-            reg: What :meth:`check_new` returned.
-            **extra: The record's own fields (e.g. Local's ``generation``).
-
-        Returns:
-            The new record.
+        ``extra`` holds the record's own fields (e.g. Local's ``generation``).
         """
         part = record_type(
             partition_id=reg.partition_id,
@@ -187,11 +172,7 @@ class PartitionBook(Generic[R]):
 
     @staticmethod
     def take(part: R, task_name: str, required: Sequence[str], batch_size: int) -> list[str]:
-        """Claim ``batch_size`` ready unclaimed rows for ``task_name``, oldest first.
-
-        Returns:
-            The claimed ids, or ``[]`` (nothing claimed) when fewer are ready.
-        """
+        """Claim ``batch_size`` ready unclaimed rows for ``task_name``, oldest first; ``[]`` when fewer are ready."""
         claimed = part.claimed[task_name]
         ready: list[str] = []
         for sid in part.ready_rows(required):

@@ -67,7 +67,7 @@ def listed(ids: Collection[str]) -> str:
 
 
 def check_name(value: Any, what: str) -> str:
-    """``value`` if it is a non-empty str.
+    """``value`` if it is a non-empty str; ``what`` names it in messages.
 
     Raises:
         TypeError: Not a str (names ``what`` and the value).
@@ -81,7 +81,7 @@ def check_name(value: Any, what: str) -> str:
 
 
 def check_names(values: Any, what: str) -> list[str]:
-    """A sequence of names (not a bare str); each a non-empty str.
+    """Like :func:`check_name`, for a sequence of names (not a bare str).
 
     Raises:
         TypeError: Not a sequence, a bare str, or an entry that is not a str.
@@ -197,16 +197,7 @@ def claim_timeout(partition_id: str, task_name: str, batch_size: int, timeout_s:
 # --- registrations ----------------------------------------------------------------------------
 @dataclass
 class Registration:
-    """A checked ``register_partition`` request.
-
-    Attributes:
-        partition_id: The partition's id.
-        fields: Declared field names, in order.
-        tasks: Consumer task names, in order.
-        enums: field -> its vocabulary.
-        num_samples: Declared row count.
-        grpo_group_size: Declared group size, or ``None``.
-    """
+    """A checked ``register_partition`` request (fields and tasks in order; ``enums``: field -> vocabulary)."""
 
     partition_id: str
     fields: list[str]
@@ -273,7 +264,7 @@ def check_task(partition_id: str, registered: Collection[str], task_name: Any) -
 
 
 def check_consumption_tasks(partition_id: str, registered: Collection[str], task_names: Any) -> list[str]:
-    """The tasks of a ``check_consumption_status`` call.
+    """The tasks of a ``check_consumption_status`` call, checked.
 
     Raises:
         TypeError: Not a sequence of str.
@@ -294,17 +285,9 @@ def check_consumption_tasks(partition_id: str, registered: Collection[str], task
 def check_claim_request(
     partition_id: str, declared: Collection[str], required_fields: Any, batch_size: Any, timeout_s: Any
 ) -> list[str]:
-    """The arguments of ``claim_meta`` that every adapter checks the same way.
+    """Check the ``claim_meta`` arguments every adapter checks alike; return ``required_fields`` as a list.
 
-    Args:
-        partition_id: The partition (for messages).
-        declared: The partition's declared fields.
-        required_fields: The fields a claimed row must have.
-        batch_size: Rows to claim.
-        timeout_s: How long a blocking claim may wait.
-
-    Returns:
-        ``required_fields`` as a list.
+    ``partition_id`` is for messages; ``declared`` are the partition's declared fields.
 
     Raises:
         TypeError: Non-str names, non-int ``batch_size``, non-number ``timeout_s``.
@@ -341,19 +324,14 @@ def put_receipt(
     partition_id: str, ids: Sequence[str], fields: list[str] | None, column: Any,
     tags: Sequence[Mapping[str, Any]] | None, extra_info: dict[str, Any] | None = None,
 ) -> KVBatchMeta:
-    """The receipt a put returns.
+    """The receipt a put returns: a ``KVBatchMeta`` with no task.
 
     Args:
-        partition_id: The partition written.
-        ids: The ids written, in order.
         fields: The fields written, or ``None`` for a tags-only put.
         column: The ``input_lengths`` column written, if any: a 1-D integer tensor gives the
             receipt's ``sequence_lengths``, else the tags' ``input_lengths`` do.
         tags: The tags written (deep-copied into the receipt), or ``None``.
         extra_info: The receipt's batch-level bag (empty by default).
-
-    Returns:
-        A ``KVBatchMeta`` with no task.
     """
     import torch  # here, not above: see the module docstring
 
@@ -379,11 +357,7 @@ def put_receipt(
 
 # --- reads and clears -------------------------------------------------------------------------
 def check_meta(meta: Any) -> KVBatchMeta:
-    """``meta`` if it is a ``KVBatchMeta``.
-
-    Raises:
-        TypeError: It is not.
-    """
+    """``meta`` if it is a ``KVBatchMeta``, else ``TypeError``."""
     if not isinstance(meta, KVBatchMeta):
         raise TypeError(f"get_data needs a KVBatchMeta, got {type(meta).__name__}")
     return meta
@@ -406,10 +380,7 @@ def get_data_fields(meta: KVBatchMeta, select_fields: Sequence[str] | None) -> l
 
 
 def check_read_args(sample_ids: Any, select_fields: Any) -> tuple[list[str], list[str]]:
-    """Validate a read's ids and fields.
-
-    Returns:
-        ``(ids, fields)``.
+    """Validate a read's ids and fields; return ``(ids, fields)``.
 
     Raises:
         ValueError: ``select_fields`` missing or empty; duplicate fields or ids.
@@ -446,7 +417,6 @@ class PutArgs:
     """A put's arguments checked without the partition.
 
     Attributes:
-        ids: Sample ids, in put order.
         names: The put's field names, in the TensorDict's order.
         tags: Detached per-row tags (exact deep copies or JSON-normalised), or ``None``.
     """
@@ -460,13 +430,10 @@ def check_put_args(
     partition_id: str, sample_ids: Any, fields: Any, tags: Any, *, exact_tags: bool = False,
     allow_no_columns: bool = False,
 ) -> PutArgs:
-    """Validate a put's ids, fields container and tags.
+    """Validate a put's ids, fields container (a ``TensorDict`` or ``None``) and tags (one dict per id).
 
     Args:
-        partition_id: The partition (for messages).
-        sample_ids: The ids to write.
-        fields: A ``TensorDict`` of columns, or ``None``.
-        tags: One dict per id, or ``None``.
+        partition_id: For messages.
         exact_tags: Keep tags as given (deep copies of JSON-like values, non-finite floats
             allowed) instead of JSON-normalising them.
         allow_no_columns: Accept a ``fields`` without columns and no tags.
@@ -572,17 +539,14 @@ def kind_changed(partition_id: str, name: str, stored: str, got: str) -> TypeErr
 def check_enum_put(
     name: str, vocab: Sequence[str], values: Sequence[Any] | None, kind: str, tensor_error: type[Exception] = ValueError
 ) -> None:
-    """Check one put column of a field that has an enum vocabulary.
+    """Check one put column of field ``name``, which has the enum vocabulary ``vocab``.
 
     Args:
-        name: The field.
-        vocab: Its vocabulary.
         values: The column's per-row values, or ``None`` for a tensor column.
         kind: The column's kind (for the message when it is a tensor).
-        tensor_error: The exception type raised for a tensor column.
 
     Raises:
-        tensor_error: A tensor column.
+        tensor_error: A tensor column (``ValueError`` by default).
         ValueError: A value outside the vocabulary (named with the field).
     """
     if values is None:

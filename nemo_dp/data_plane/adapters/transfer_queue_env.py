@@ -36,7 +36,6 @@ class EngineKnob:
     """One environment variable read by TransferQueue at import, and where its value comes from.
 
     Attributes:
-        env_var: The environment variable name.
         config_path: Dotted path of the source key below ``data_plane``.
         integer: Whether the config value must be a whole number (counts).
     """
@@ -58,11 +57,7 @@ ENGINE_KNOBS: tuple[EngineKnob, ...] = (
 
 
 def engine_already_imported() -> bool:
-    """Whether ``transfer_queue`` has been imported in this process (its knobs are then fixed).
-
-    Returns:
-        True if the library module is in ``sys.modules``.
-    """
+    """Whether ``transfer_queue`` is in ``sys.modules`` (its knobs are then fixed)."""
     return ENGINE_MODULE in sys.modules
 
 
@@ -116,13 +111,9 @@ def _format_knob(knob: EngineKnob, value: Any) -> str:
 
 
 def wanted_engine_env(cfg: Any) -> dict[str, str]:
-    """Compute the ``TQ_*`` knobs a TransferQueue ``data_plane`` config asks for.
+    """``{env_var: decimal string}`` for every ``ENGINE_KNOBS`` knob (table order) a TransferQueue config asks for.
 
-    Args:
-        cfg: A ``DataPlaneConfig``, or a ``DictConfig`` / plain mapping with its keys.
-
-    Returns:
-        ``{env_var: decimal string}`` for every knob of ``ENGINE_KNOBS``, in table order.
+    ``cfg`` is a ``DataPlaneConfig``, or a ``DictConfig`` / plain mapping with its keys.
 
     Raises:
         ValueError: A source key is missing or its value cannot be exported (the message names
@@ -143,18 +134,13 @@ def configure_engine_env(cfg: Any) -> dict[str, str]:
     A value already present in ``os.environ`` wins (a launcher may export it on purpose); a
     warning is logged when it differs from the config.  Call this before ``ray.init`` and pass
     the returned dict to ``runtime_env={"env_vars": ...}`` so the library's actors agree.
-
-    Args:
-        cfg: A TransferQueue ``data_plane`` config (dataclass, ``DictConfig`` or mapping).
-
-    Returns:
-        The effective value of every knob (exported or newly set), as decimal strings.
+    Returns the effective value of every knob (exported or newly set), as decimal strings.
 
     Raises:
         ValueError: The config cannot be turned into knob values, or an exported knob is not an
-            integer (the library would fail to import).  Nothing is set in that case.
+            integer (the library would fail to import).  Nothing is set.
         RuntimeError: A wanted knob is absent and ``transfer_queue`` is already imported, so
-            setting it now would have no effect in this process.  Nothing is set in that case.
+            setting it now would have no effect in this process.  Nothing is set.
     """
     wanted = wanted_engine_env(cfg)
     for name in wanted:

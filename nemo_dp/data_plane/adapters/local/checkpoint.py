@@ -72,22 +72,15 @@ def _column_record(
 def snapshot(
     partitions: Iterable[Partition], next_generation: int, user_metadata: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The manifest and tensor table of a checkpoint of ``partitions`` (nothing written).
+    """The ``(manifest, tensors)`` of a checkpoint of ``partitions``, for ``write_checkpoint`` (nothing written).
 
     A partition record is the shared header plus ``generation``, the ``written`` flag,
     ``field_kinds`` and ``columns``: a tensor column is a ``"kind": "tensor"`` column entry of
     the table; an object column (``"object"``) one typed value node per row; a ``PackedTensor``
     column (``"packed"``) its ``dim_to_pack`` and one tensor node (or ``null``) per row; a dict
     column (``"dict"``) one such record per key, each with its ``field_kind``.  The manifest
-    also holds ``next_generation``.
-
-    Args:
-        partitions: The live partitions, in registration order.
-        next_generation: The generation the next registration would get.
-        user_metadata: The validated user metadata.
-
-    Returns:
-        ``(manifest, tensors)``, for ``typed_checkpoint.write_checkpoint``.
+    also holds ``next_generation``, the generation the next registration would get.  Partitions
+    come in registration order.
 
     Raises:
         TypeError: A stored object value or tag cannot be encoded exactly (message names the
@@ -132,12 +125,8 @@ def snapshot(
 def read_checkpoint(checkpoint_dir: Any, max_partitions: int) -> tuple[dict[str, Partition], int, dict[str, Any]]:
     """Read and validate a Local checkpoint without touching any client.
 
-    Args:
-        checkpoint_dir: The checkpoint directory.
-        max_partitions: The loading client's partition limit.
-
-    Returns:
-        ``(partitions by id, next_generation, a copy of the user metadata)``.
+    Returns ``(partitions by id, next_generation, a copy of the user metadata)``; ``max_partitions``
+    is the loading client's limit.
 
     Raises:
         FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.

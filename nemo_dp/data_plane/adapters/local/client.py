@@ -45,13 +45,11 @@ from nemo_dp.utils.checkpoint_io import validate_json_metadata
 __all__ = ["LocalDataPlaneClient", "build_local_client"]
 
 
-# ---------------------------------------------------------------------------------------------
-# the client
-# ---------------------------------------------------------------------------------------------
+# --- the client ---
 
 
 class LocalDataPlaneClient(BaseDataPlaneClient):
-    """In-process data plane holding at most ``max_partitions`` complete batches.
+    """In-process data plane holding at most ``cfg.max_partitions`` complete batches.
 
     Thread-safe: every state change happens under one lock; blocking claims wait on a
     condition variable notified by puts, clears and ``close``.  Reads return fresh tensors, never
@@ -60,9 +58,6 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
     ``NonTensorData`` holding a deep copy of the selected rows (read it with
     ``materialize_local``).  A partition emptied by an explicit ``clear_samples(ids, pid)`` is
     dropped as by ``clear_samples(None, pid)``: it could never take another put.
-
-    Args:
-        cfg: The Local data-plane config (``max_partitions`` bounds live partitions).
 
     Raises:
         TypeError: ``cfg`` is not a ``LocalDataPlaneConfig``.
@@ -88,9 +83,7 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
         return {LOCAL_PARTITION_GENERATION: part.generation}
 
     # --- task-mediated half -------------------------------------------------------------------
-    def _register(
-        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
-    ) -> None:
+    def _register(self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any) -> None:
         """Register a partition; ``PartitionLimitError`` once ``max_partitions`` are live."""
         with self._operation():
             reg = self._book.check_new(partition_id, fields, n, tasks, group_size, enums)
@@ -132,9 +125,7 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
                         f"partition {partition_id!r} was dropped while claim_meta was waiting"
                     )
 
-    def _claim_meta(
-        self, part: Partition, task_name: str, required: Sequence[str], ids: list[str]
-    ) -> KVBatchMeta:
+    def _claim_meta(self, part: Partition, task_name: str, required: Sequence[str], ids: list[str]) -> KVBatchMeta:
         tags = part.tags_of(ids)
         lengths = lengths_from_tags(tags)
         if lengths is None:
@@ -198,9 +189,7 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
             pending = validate_put(part, sample_ids, fields, tags)
             return self._commit_put(part, list(pending.row_of), pending, fields is not None)
 
-    def _commit_put(
-        self, part: Partition, ids: list[str], pending: PendingPut, has_fields: bool
-    ) -> KVBatchMeta:
+    def _commit_put(self, part: Partition, ids: list[str], pending: PendingPut, has_fields: bool) -> KVBatchMeta:
         part.written = True
         part.row_of = pending.row_of
         part.columns = pending.columns
@@ -250,9 +239,7 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
             self._changed.notify_all()
 
     # --- checkpoints --------------------------------------------------------------------------
-    def save_checkpoint(
-        self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None) -> None:
         """Atomically write every live partition plus ``metadata`` (``local_checkpoint``).
 
         Every stored value comes back exactly on load (typed encoding, no pickle).
@@ -305,15 +292,9 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
 def build_local_client(
     cfg: LocalDataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False
 ) -> LocalDataPlaneClient:
-    """The backend registry's constructor for the Local backend.
+    """The backend registry's constructor for the Local backend; ``bootstrap`` and ``checkpointing`` are ignored.
 
-    Args:
-        cfg: The validated Local config.
-        bootstrap: Ignored: every Local client owns its own store.
-        checkpointing: Ignored: every Local client can checkpoint.
-
-    Returns:
-        A new ``LocalDataPlaneClient``.
+    Every Local client owns its own store and can checkpoint.
     """
     del bootstrap, checkpointing
     return LocalDataPlaneClient(cfg)

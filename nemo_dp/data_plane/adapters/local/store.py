@@ -42,9 +42,7 @@ PACKED_KIND = "packed"
 DICT_KIND = "dict"
 """The kind of a dict column (a mapping of batch-major sub-columns)."""
 
-# ---------------------------------------------------------------------------------------------
-# stored columns
-# ---------------------------------------------------------------------------------------------
+# --- stored columns ---
 
 
 def _owns_storage(t: torch.Tensor) -> bool:
@@ -246,9 +244,7 @@ def store_tensor(name: str, t: torch.Tensor) -> DenseColumn | JaggedColumn:
     return JaggedColumn(values.contiguous(), offsets)
 
 
-# ---------------------------------------------------------------------------------------------
-# partitions
-# ---------------------------------------------------------------------------------------------
+# --- partitions ---
 
 
 @dataclass
@@ -259,7 +255,6 @@ class Partition(PartitionRecord):
         generation: Registration counter value, checked by ``get_data`` against stale metadata.
         written: Whether the partition's one put happened.
         row_of: live id -> row of the stored columns; insertion order is the stored order.
-        columns: field -> its stored column.
     """
 
     generation: int = 0

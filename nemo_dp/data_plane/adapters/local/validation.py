@@ -97,10 +97,8 @@ def _classify_dict(where: str, data: Mapping[Any, Any], n: int) -> tuple[str, An
 
 
 def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
-    """Return ``(kind, payload)`` for a put leaf.
-
-    The payload is the tensor, the list of objects, the ``PackedTensor``, or (for a dict column)
-    the sub-column name -> ``(kind, payload)`` mapping.
+    """``(kind, payload)`` for a put leaf: the tensor, the list of objects, the ``PackedTensor``, or
+    (for a dict column) the sub-column name -> ``(kind, payload)`` mapping.
     """
     if isinstance(leaf, NonTensorStack):
         values = leaf.tolist()
@@ -146,10 +144,7 @@ def store_leaf(name: str, kind: str, payload: Any) -> Column:
 
 
 def validate_put(
-    part: Partition,
-    sample_ids: Sequence[str],
-    fields: TensorDict | None,
-    tags: Sequence[dict] | None,
+    part: Partition, sample_ids: Sequence[str], fields: TensorDict | None, tags: Sequence[dict] | None
 ) -> PendingPut:
     """Check a put completely and take the one copy per column; nothing is stored yet."""
     args = check_put_args(

@@ -59,11 +59,7 @@ class RayStoreActor:
         return True
 
     def call(self, op: str, *args: Any) -> tuple[Any, ...]:
-        """Run ``StoreState.<op>(*args)``.
-
-        Args:
-            op: One of the state's public operations.
-            *args: Its arguments.
+        """Run ``StoreState.<op>(*args)`` for one of the state's public operations.
 
         The contract's ``KeyError`` / ``ValueError`` / ``TypeError`` cross the process boundary
         as replies rather than as Ray task errors, so the client re-raises them with their exact
@@ -106,10 +102,7 @@ def _wait_ready(handle: Any, timeout_s: float, what: str) -> None:
 
 
 def create_actor(startup_s: float) -> Any:
-    """Create the metadata actor (the bootstrapping client's job).
-
-    Returns:
-        The actor handle.
+    """Create the metadata actor (the bootstrapping client's job) and return its handle.
 
     Raises:
         RuntimeError: Ray is not running, the actor already exists (a previous run or multirun
@@ -145,10 +138,7 @@ def create_actor(startup_s: float) -> Any:
 
 
 def attach_actor(startup_s: float) -> Any:
-    """Find the running metadata actor (never creates one).
-
-    Returns:
-        The actor handle.
+    """Find the running metadata actor (never creates one) and return its handle.
 
     Raises:
         RuntimeError: Ray is not running, no actor exists within ``startup_s``, or it does not

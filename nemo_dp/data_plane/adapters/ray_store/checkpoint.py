@@ -33,7 +33,7 @@ _OLD_FILES = {1: ("tensors.pt",)}
 def build_snapshot(
     snap: Mapping[str, Any], payloads: Mapping[int, Any], user_metadata: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The manifest and tensor table of a checkpoint (nothing written).
+    """The ``(manifest, tensors)`` of a checkpoint (nothing written).
 
     A partition record is the shared header plus ``field_kinds`` and ``columns``: field ->
     ``{"kind": "tensor", "ids", ...}`` (a column entry of the table, one row per id in that
@@ -42,10 +42,6 @@ def build_snapshot(
     Args:
         snap: ``StoreState.snapshot()``.
         payloads: chunk id -> fetched payload.
-        user_metadata: Validated user metadata.
-
-    Returns:
-        ``(manifest, tensors)``.
 
     Raises:
         TypeError: An object value or tag the typed codec cannot represent (names partition,

@@ -77,7 +77,6 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     another node of some of a put's columns transfers all of them.
 
     Args:
-        cfg: The ``data_plane`` config (dataclass, mapping or ``DictConfig``).
         bootstrap: ``True`` (the driver) creates the metadata actor and kills it on close;
             ``False`` (workers, rollout actors) finds the running one.
         checkpointing: Accepted for the registry's constructor signature; every bootstrapping
@@ -88,9 +87,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
             (attach), or did not answer within ``timeouts.startup_s``.
     """
 
-    def __init__(
-        self, cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
-    ) -> None:
+    def __init__(self, cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> None:
         del checkpointing
         self._cfg = coerce_config(cfg)
         self._init_lifetime(bootstrap, closed=True)  # open once the actor answered
@@ -173,9 +170,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         }
 
     # --- task-mediated half -------------------------------------------------------------------
-    def _register(
-        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
-    ) -> None:
+    def _register(self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any) -> None:
         """Register with the metadata actor, which checks the arguments."""
         self._begin()
         enum_map = None if enums is None else {k: list(v) for k, v in dict(enums).items()}
@@ -272,10 +267,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         return list(self._call("list_ids", partition_id, partition_id))
 
     def _clear(self, sample_ids: Any, partition_id: Any) -> None:
-        """Clear with the metadata actor.
-
-        A partition emptied by explicit ids stays registered (it can be written again).
-        """
+        """Clear with the metadata actor; a partition emptied by explicit ids stays registered."""
         self._begin()
         ids = None if sample_ids is None else _listed(sample_ids)
         self._call("clear", partition_id, partition_id, ids)
@@ -295,17 +287,6 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
                 kill_actor(actor, self._actor_s)
 
 
-def build_ray_store_client(
-    cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False
-) -> RayStoreClient:
-    """The backend registry's constructor for the ray_store backend.
-
-    Args:
-        cfg: The validated config.
-        bootstrap: Create the metadata actor (driver) or attach to it (workers).
-        checkpointing: Accepted for the registry's signature (always supported).
-
-    Returns:
-        A new :class:`RayStoreClient`.
-    """
+def build_ray_store_client(cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> RayStoreClient:
+    """The backend registry's constructor for the ray_store backend (checkpointing always supported)."""
     return RayStoreClient(cfg, bootstrap=bootstrap, checkpointing=checkpointing)

@@ -109,13 +109,7 @@ def encode_column(name: str, t: torch.Tensor) -> EncodedColumn:
 
     Dense CPU tensors that are already contiguous are not copied here (``ray.put`` makes the one
     copy into the object store); jagged tensors with holes or an offset start are compacted.
-
-    Args:
-        name: The field (for messages).
-        t: The leaf.
-
-    Returns:
-        The encoded column.
+    ``name`` is for messages.
 
     Raises:
         TypeError: A strided nested tensor whose rows differ beyond their first dimension, or
@@ -139,9 +133,7 @@ def encode_column(name: str, t: torch.Tensor) -> EncodedColumn:
     return EncodedColumn(str(t.dtype), JAGGED, (to_numpy(col.values), col.offsets.numpy()))
 
 
-# ---------------------------------------------------------------------------------------------
-# reads
-# ---------------------------------------------------------------------------------------------
+# --- reads ---
 
 
 @dataclass
@@ -174,9 +166,7 @@ def _take_dense(a: np.ndarray, positions: list[int]) -> np.ndarray:
     return a.take(np.asarray(positions, dtype=np.int64), axis=0)
 
 
-def _take_jagged(
-    values: np.ndarray, offsets: np.ndarray, positions: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
+def _take_jagged(values: np.ndarray, offsets: np.ndarray, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
     run = _run(positions)
     if run is not None:
         lo, hi = int(offsets[run[0]]), int(offsets[run[1]])
@@ -207,19 +197,12 @@ def _as_jagged(seg: Segment, field: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gather_field(field: str, dtype: torch.dtype, segments: list[Segment]) -> torch.Tensor:
-    """The rows of one field, in output order, as a fresh tensor.
+    """The rows of one field from its segments (in output order, at least one), as a fresh tensor.
 
-    All-dense segments of one row shape give a dense tensor; anything else (a jagged chunk, or
-    dense chunks of different widths written by different puts) gives a jagged nested tensor.
-    Each segment costs one slice copy per contiguous run of rows, otherwise one ``take``.
-
-    Args:
-        field: The field (for messages).
-        dtype: The field's torch dtype.
-        segments: The field's segments, in output order (at least one).
-
-    Returns:
-        A dense tensor ``(rows, ...)`` or a jagged nested tensor (ragged in dim 1).
+    All-dense segments of one row shape give a dense tensor ``(rows, ...)``; anything else (a
+    jagged chunk, or dense chunks of different widths written by different puts) gives a jagged
+    nested tensor ragged in dim 1.  Each segment costs one slice copy per contiguous run of rows,
+    otherwise one ``take``.  ``field`` is for messages.
 
     Raises:
         TypeError: Segments whose rows cannot form one column.

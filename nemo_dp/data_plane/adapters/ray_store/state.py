@@ -31,13 +31,11 @@ OBJECT = "object"
 class InlinePayload:
     """A small put's column payload carried by the metadata call itself.
 
-    Puts below the client's inline threshold skip the object store: the payload travels in the
-    ``put`` call, stays in this state (in place of an object ref) and goes back in the reply of
-    ``locate``, so a small put or read costs one actor round trip and no ``ray.put`` /
-    ``ray.get``.  The state treats it exactly as a ref (it is opaque here).
-
-    Attributes:
-        payload: ``{key: column payload}``, as the object of a ``ray.put`` would hold it.
+    Puts below the client's inline threshold skip the object store: ``payload`` (``{key: column
+    payload}``, as a ``ray.put`` object would hold it) travels in the ``put`` call, stays in this
+    state in place of an object ref and goes back in the ``locate`` reply, so a small put or read
+    costs one actor round trip and no ``ray.put`` / ``ray.get``.  The state treats it exactly as a
+    ref (it is opaque here).
     """
 
     payload: Any
@@ -147,23 +145,14 @@ class StoreState:
 
     # --- puts ---------------------------------------------------------------------------------
     def put(
-        self,
-        partition_id: str,
-        sample_ids: list[str],
-        columns: Mapping[str, Any],
-        tags: list[dict[str, Any]] | None,
+        self, partition_id: str, sample_ids: list[str], columns: Mapping[str, Any], tags: list[dict[str, Any]] | None
     ) -> None:
-        """Upsert rows: register the put's chunks and object values, replace tags if given.
+        """Upsert rows: register the put's chunks and object values, replace tags if given (else keep).
 
-        ``sample_ids`` and ``tags`` were checked by the client (types, duplicates, lengths,
-        JSON); this checks everything that needs the partition: declared fields, a field's kind
-        and enum vocabulary.
-
-        Args:
-            partition_id: A live partition.
-            sample_ids: The ids, in put order.
-            columns: field -> :class:`TensorColumnSpec` or a list of per-row objects.
-            tags: Per-row tags replacing the stored ones, or ``None`` (keep them).
+        ``sample_ids`` (in put order) and ``tags`` were checked by the client (types, duplicates,
+        lengths, JSON); this checks what needs the partition: declared fields, a field's kind and
+        enum vocabulary.  ``columns`` maps field -> :class:`TensorColumnSpec` or a list of per-row
+        objects.
 
         Raises:
             KeyError: Unknown partition.
@@ -229,12 +218,7 @@ class StoreState:
     def locate(
         self, partition_id: str, sample_ids: list[str], fields: list[str]
     ) -> tuple[dict[str, Any], dict[int, tuple[Any, str, str, str]]]:
-        """Where a read's cells live.
-
-        Args:
-            partition_id: A live partition.
-            sample_ids: Distinct live ids, in output order.
-            fields: Distinct fields produced for every id.
+        """Where a read's cells live, for distinct live ``sample_ids`` (output order) and distinct ``fields``.
 
         Returns:
             ``(plan, chunks)``: ``plan[field]`` is ``("object", values)`` or
@@ -279,20 +263,12 @@ class StoreState:
 
     # --- claims -------------------------------------------------------------------------------
     def claim(
-        self,
-        partition_id: str,
-        task_name: str,
-        required_fields: Sequence[str],
-        batch_size: int,
-        timeout_s: Any = 1.0,
+        self, partition_id: str, task_name: str, required_fields: Sequence[str], batch_size: int, timeout_s: Any = 1.0
     ) -> tuple[list[str], list[dict[str, Any]] | None]:
         """Claim ``batch_size`` ready rows (oldest first), or nothing when fewer are ready.
 
-        ``timeout_s`` is only validated here (the client polls).
-
-        Returns:
-            ``(ids, tags)``: the claimed ids (empty when fewer than ``batch_size`` are ready)
-            and their tags (``None`` when none of them has tags).
+        ``timeout_s`` is only validated here (the client polls).  Returns ``(ids, tags)``; ``tags`` is
+        ``None`` when none of the claimed rows has tags.
 
         Raises:
             KeyError: Unknown partition or task.

@@ -24,7 +24,6 @@ class PutPlan:
     """A put checked as far as possible without the partition; nothing sent yet.
 
     Attributes:
-        ids: Sample ids, in put order.
         tensors: field -> tensor leaf (encoded and ``ray.put`` by the client).
         objects: field -> per-row Python values.
         names: Every field of the put, in the TensorDict's order.
@@ -39,10 +38,7 @@ class PutPlan:
 
 
 def plan_put(
-    partition_id: str,
-    sample_ids: Sequence[str],
-    fields: TensorDictBase | None,
-    tags: Sequence[dict] | None,
+    partition_id: str, sample_ids: Sequence[str], fields: TensorDictBase | None, tags: Sequence[dict] | None
 ) -> PutPlan:
     """Validate a put's arguments.
 

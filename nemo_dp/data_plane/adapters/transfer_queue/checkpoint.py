@@ -41,9 +41,9 @@ def _positions(indexes: Any) -> dict[int, int]:
 class TQCheckpointMixin:
     """``save_checkpoint`` / ``load_checkpoint`` of ``TQDataPlaneClient``.
 
-    Host contract (the client): ``BaseDataPlaneClient``'s lifetime checks, ``_ctl`` / ``_data`` (bounded library calls),
-    ``_registry_entries``, ``register_partition``, ``put_samples``, ``get_samples``, ``_lock``,
-    ``_cfg`` and ``_client`` (the library client).
+    Host contract (the client): ``BaseDataPlaneClient``'s lifetime checks, ``_ctl`` / ``_data``
+    (bounded library calls), ``_registry_entries``, ``register_partition``, ``put_samples``,
+    ``get_samples``, ``_lock``, ``_cfg`` and ``_client`` (the library client).
     """
 
     _used: bool
@@ -113,9 +113,7 @@ class TQCheckpointMixin:
         )
         return PartitionState(header, {k: tuple(v) for k, v in rec.field_types.items()}, groups)
 
-    def save_checkpoint(
-        self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None) -> None:
         """Atomically save every partition (rows, tags, claims, schema) plus user ``metadata``.
 
         Raises:

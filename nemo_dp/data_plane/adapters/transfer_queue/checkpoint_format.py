@@ -50,21 +50,14 @@ class PartitionState:
 
 
 def encode_partition(state: PartitionState, index: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The manifest record of one partition; its tensors go into ``tensors``.
+    """The manifest record of one partition; its tensors go into ``tensors`` (filled here).
 
     The record is the shared header (ids in the controller's order, tags as plain JSON objects,
     ``claimed`` naming the tasks that claimed rows) plus ``field_types`` (field -> ``[kind,
     dtype]``) and ``groups``: rows that hold the same fields, each ``{"ids", "columns"}`` with a
     column entry per field (``dense`` / ``jagged`` into the tensor table, ``rows``: one table
-    key per row, or ``object``: one value node per row).
-
-    Args:
-        state: The partition.
-        index: Its position in the checkpoint (keys of its tensors).
-        tensors: The checkpoint's tensor table (filled here).
-
-    Returns:
-        The JSON record.
+    key per row, or ``object``: one value node per row).  ``index`` (the partition's position in
+    the checkpoint) keys its tensors.
 
     Raises:
         UnencodableValueError: An object value cannot be stored exactly (names partition,
@@ -119,13 +112,7 @@ def _column(entry: Any, tensors: dict[str, torch.Tensor], ids: list[str], kind: 
 def decode_partition(rec: Any, tensors: dict[str, torch.Tensor], where: str) -> PartitionState:
     """Validate one manifest record and rebuild its partition.
 
-    Args:
-        rec: The record read from the manifest.
-        tensors: The loaded tensor table.
-        where: Location for error messages (the manifest and the record's index).
-
-    Returns:
-        The partition state.
+    ``where`` locates errors (the manifest and the record's index).
 
     Raises:
         ValueError: Anything malformed or inconsistent (names the file and what).

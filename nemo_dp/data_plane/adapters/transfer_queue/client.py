@@ -78,7 +78,6 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
     back dense.
 
     Args:
-        cfg: The TransferQueue ``data_plane`` config (dataclass, mapping or ``DictConfig``).
         bootstrap: ``True`` (the driver) starts the library's controller and storage units;
             ``False`` (workers, rollout actors) attaches to the running ones and never creates.
         checkpointing: Assert that the backend supports checkpoints (always true for
@@ -94,9 +93,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
     BACKEND = "TransferQueue"
 
-    def __init__(
-        self, cfg: DataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False
-    ) -> None:
+    def __init__(self, cfg: DataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False) -> None:
         self._cfg = coerce_config(cfg)
         self._init_lifetime(bootstrap, closed=True)  # open once construction succeeds
         self._lock = threading.RLock()
@@ -156,14 +153,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
     # --- bounded calls ----------------------------------------------------------------------
 
-    def _run(
-        self,
-        make: Callable[[], Awaitable[_T]],
-        *,
-        op: str,
-        partition_id: str,
-        bound: float,
-    ) -> _T:
+    def _run(self, make: Callable[[], Awaitable[_T]], *, op: str, partition_id: str, bound: float) -> _T:
         """Run one library coroutine on the adapter's loop, bounded by ``bound`` seconds.
 
         Raises:

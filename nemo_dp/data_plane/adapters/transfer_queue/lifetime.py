@@ -62,11 +62,7 @@ def library_interface() -> ModuleType:
 
 
 def tq_controller_exists() -> bool:
-    """Whether the named TransferQueue controller actor exists in the connected Ray cluster.
-
-    Returns:
-        True if ``ray.get_actor("TransferQueueController", namespace="transfer_queue")`` resolves.
-    """
+    """Whether ``ray.get_actor("TransferQueueController", namespace="transfer_queue")`` resolves."""
     import ray
 
     try:
@@ -106,10 +102,7 @@ class LoopThread:
 
 
 def start_system(cfg: DataPlaneConfig, *, startup_s: float, controller_s: float) -> Any:
-    """Create the library's controller and storage units (the bootstrapping client's job).
-
-    Returns:
-        The library's merged configuration (read-only ``DictConfig``).
+    """Create the library's controller and storage units; return the merged read-only ``DictConfig``.
 
     Raises:
         RuntimeError: A controller already exists; too few Ray CPUs; start-up failed or
@@ -177,10 +170,7 @@ def start_system(cfg: DataPlaneConfig, *, startup_s: float, controller_s: float)
 
 
 def attach(*, startup_s: float) -> Any:
-    """Attach this process to the running controller (never creates one).
-
-    Returns:
-        The library's configuration in force (read-only ``DictConfig``).
+    """Attach to the running controller (never creates one); return the read-only ``DictConfig`` in force.
 
     Raises:
         RuntimeError: No controller runs, or attaching failed or exceeded ``startup_s``.

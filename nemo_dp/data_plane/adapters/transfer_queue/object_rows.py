@@ -73,10 +73,8 @@ def encode_rows(rows: Sequence[Any]) -> torch.Tensor | None:
     tensors without autograd history, of a dtype with a code.  A stored row is :data:`MAGIC`,
     then (little-endian) one kind byte (``0`` ``None``, ``1`` tensor, ``2`` packed tensor, ``3``
     packed ``None``), for kinds 2 and 3 the ``dim_to_pack`` (int64), and for kinds 1 and 2 the
-    dtype code (``wire_dtypes``), the rank, one int64 per dim and the raw bytes.
-
-    Args:
-        rows: One value per sample (``NonTensorStack.tolist()``).
+    dtype code (``wire_dtypes``), the rank, one int64 per dim and the raw bytes.  ``rows`` holds
+    one value per sample (``NonTensorStack.tolist()``).
 
     Returns:
         An ``(n, LENGTH_BYTES + longest payload)`` ``uint8`` matrix: each row starts with its

@@ -15,22 +15,18 @@ LENGTH_BYTES = 8
 
 
 def split_rows(fields: dict[str, Any], *, columns: Mapping[str, tuple[bytes, int]]) -> dict[str, Any]:
-    """Turn each encoded column of a put into one ``bytes`` value per row.
+    """Turn each encoded column of a put into one ``bytes`` value per row (the rest pass through).
 
     The library's wire sends such values back inline (no message frame, no pickle) on reads.
 
     Args:
-        fields: The put's columns as the library hands them to a parser (field -> batched
-            value); columns not named in ``columns`` pass through unchanged.
+        fields: The put's columns as the library hands them to a parser (field -> batched value).
         columns: Field -> ``(descriptor, header)``.  The column is a 2-D tensor of the field's
             own dtype, one sample per matrix row.  ``descriptor`` is prefixed to every stored
             row (it says the dtype and row shape, so rows describe themselves on read).
             ``header == 0``: every matrix row is exactly one sample's data.  ``header > 0``: each
             matrix row starts with ``header`` bytes whose first :data:`LENGTH_BYTES` give the
             number of data bytes that follow; the rest of the row is padding.
-
-    Returns:
-        The same keys, the encoded columns replaced by lists of ``bytes`` (one per row).
 
     Raises:
         ValueError: An encoded column is not a 2-D tensor, or a row's length exceeds its row.

@@ -53,7 +53,7 @@ def descriptor(dtype: torch.dtype, rank: int, inner: Sequence[int]) -> bytes:
     """The bytes every stored row of a column starts with, so a read needs no registry lookup.
 
     Args:
-        dtype: The column's dtype (a key of :data:`DTYPE_CODES`).
+        dtype: A key of :data:`DTYPE_CODES`.
         rank: Dims of one row: 0 for a scalar per row, otherwise the first (possibly ragged)
             dim plus ``inner``.
         inner: The row's trailing dims after its first (``rank - 1`` of them).
@@ -111,7 +111,7 @@ def _padded_rows(
 
 
 def plan_column(value: torch.Tensor) -> ColumnPlan:
-    """Decide how one CPU tensor column of ``n >= 1`` rows crosses the wire.
+    """Decide how one CPU tensor column (dense ``(n, ...)`` or nested, ``n >= 1``) crosses the wire.
 
     The rule: rows of equal size below :data:`LARGE_ROW_BYTES` go as exact row bytes (the
     column reshaped to ``(n, -1)``, no copy); equal rows of at least that size go in the
@@ -120,14 +120,9 @@ def plan_column(value: torch.Tensor) -> ColumnPlan:
     padding to the longest row (the padding crosses the wire once; the storage unit keeps only
     each row's bytes, ``row_split``).  Columns the row layout cannot describe (a strided nested
     tensor, a dtype outside :data:`DTYPE_CODES`, a jagged tensor ragged in another dim,
-    zero-size trailing dims) keep the library's layout.  Every layout sends the field's own
-    dtype, so the controller's per-field dtype does not depend on the layout a put chose.
-
-    Args:
-        value: A dense tensor ``(n, ...)`` or a nested tensor.
-
-    Returns:
-        The plan (``descriptor is None``: the library's layout).
+    zero-size trailing dims) keep the library's layout (``descriptor is None``).  Every layout
+    sends the field's own dtype, so the controller's per-field dtype does not depend on the
+    layout a put chose.
     """
     if value.dtype not in DTYPE_CODES or sys.byteorder != "little" or value.dim() > _MAX_DIMS:
         return ColumnPlan(value)
@@ -171,18 +166,12 @@ class EncodedPut:
 
 
 def encode_put(columns: Mapping[str, Any], n: int) -> EncodedPut:
-    """Encode every tensor column of a put that the row layout describes.
+    """Encode every tensor column of a put that the row layout describes; return wire columns and parser.
 
-    A per-row ``NonTensorStack`` whose rows are per-sample tensors or one-entry
-    ``PackedTensor``s (a multimodal column) goes as object rows (``object_rows``); other
-    object columns keep the library's layout.
-
-    Args:
-        columns: Field -> CPU tensor (``n`` rows) or per-row ``NonTensorStack``.
-        n: Rows of the put (``>= 1``).
-
-    Returns:
-        The wire columns and the storage-side parser.
+    ``columns`` maps field -> CPU tensor (``n >= 1`` rows) or per-row ``NonTensorStack``.  A
+    ``NonTensorStack`` whose rows are per-sample tensors or one-entry ``PackedTensor``s (a
+    multimodal column) goes as object rows (``object_rows``); other object columns keep the
+    library's layout.
     """
     wire: dict[str, Any] = {}
     plans: dict[str, tuple[bytes, int]] = {}
@@ -236,10 +225,8 @@ def _row_tensor(row: Any, field: str) -> torch.Tensor:
 def decode_column(value: Any, field: str) -> Any:
     """Turn a column read back from the library into the tensor that was put.
 
-    Args:
-        value: The library's column: a per-row ``NonTensorStack`` of row-layout ``bytes`` (or a
-            list of them), or a column in the library's own layout.
-        field: The field name (for messages).
+    ``value`` is a per-row ``NonTensorStack`` of row-layout ``bytes`` (or a list of them), or a
+    column in the library's own layout; ``field`` is for messages.
 
     Returns:
         A dense tensor when all rows share one shape (``(n,)`` for scalar rows), else a jagged

@@ -33,8 +33,7 @@ from nemo_dp.data_plane.interfaces import KVBatchMeta
 
 
 class TQTaskMixin:
-    """The hooks of ``register_partition``, ``claim_meta`` and ``check_consumption_status``,
-    and the partition check of ``get_data``.
+    """Hooks of ``register_partition``, ``claim_meta``, ``check_consumption_status``; ``get_data``'s partition check.
 
     Host contract (the client): ``BaseDataPlaneClient``'s ``_operation`` and ``_poll_claim``,
     ``_ctl`` / ``_data`` (bounded library calls), ``_registry_entries``, ``_require_record``,
@@ -45,9 +44,7 @@ class TQTaskMixin:
     _client: Any
     _lock: Any
 
-    def _register(
-        self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any
-    ) -> None:
+    def _register(self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any) -> None:
         """Register in the cluster-wide registry, dropping what a previous incarnation left."""
         with self._operation():
             check_partition_id(partition_id)

@@ -77,8 +77,6 @@ class PutPlan:
     """A put checked completely against the partition's record; nothing written yet.
 
     Attributes:
-        ids: The sample ids, in put order.
-        names: Field names of the put.
         wire: Field -> CPU tensor or per-row ``NonTensorStack`` to send.
         new_types: Fields typed for the first time -> (kind, dtype name).
         tags: JSON-normalised per-row tags, or ``None``.
@@ -92,23 +90,9 @@ class PutPlan:
 
 
 def plan_put(
-    rec: Any,
-    partition_id: str,
-    sample_ids: Sequence[str],
-    fields: TensorDict | None,
-    tags: Sequence[dict] | None,
+    rec: Any, partition_id: str, sample_ids: Sequence[str], fields: TensorDict | None, tags: Sequence[dict] | None
 ) -> PutPlan:
-    """Validate a put against the partition's registry record.
-
-    Args:
-        rec: The partition's registry record (declared fields, enums, stored field types).
-        partition_id: The partition (for messages).
-        sample_ids: The ids to write.
-        fields: The columns, or ``None``.
-        tags: Per-row tags, or ``None``.
-
-    Returns:
-        The plan.
+    """Validate a put against ``rec``, the partition's registry record (fields, enums, stored types).
 
     Raises:
         ValueError: Neither fields nor tags, duplicate ids, length mismatch, undeclared
