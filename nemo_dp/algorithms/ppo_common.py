@@ -68,25 +68,14 @@ PPO_VALUE_TRAIN_KEYS: tuple[str, ...] = (
 
 
 def build_ppo_loss_fns(algo: Any) -> tuple[ClippedPGLossFn, ClippedValueLossFn]:
-    """The policy and critic losses of a PPO ``algorithm`` node.
-
-    Args:
-        algo: ``algorithm`` (PPO): ``loss.*`` and ``value.value_clip``.
-
-    Returns:
-        ``(policy_loss_fn, value_loss_fn)``.
-    """
+    """``(policy_loss_fn, value_loss_fn)`` from a PPO ``algorithm`` node (``loss.*``, ``value.value_clip``)."""
     return clipped_pg_loss_fn(algo), ClippedValueLossFn(value_clip=float(algo.value.value_clip))
 
 
 def optimizer_steps_per_phase(master_config: Any) -> int:
     """Optimizer steps each model takes over the PPO phase (horizon of a cosine schedule).
 
-    Args:
-        master_config: Root config (PPO).
-
-    Returns:
-        ``max_steps x ppo_epochs x (rows per step / train_global_batch_size)``.
+    ``max_steps x ppo_epochs x (rows per step / train_global_batch_size)``.
     """
     algo = master_config.algorithm
     max_steps, _, rows = rollout_shape(algo)
@@ -94,19 +83,10 @@ def optimizer_steps_per_phase(master_config: Any) -> int:
 
 
 def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
-    """The row order of one PPO epoch: a fresh shuffle per (run seed, step, epoch).
+    """The row order of one PPO epoch: a permutation of ``range(n)`` per (run seed, step, epoch).
 
     A pure function of its arguments (private generator), so both trainers, a resumed run and
-    any DP size use the same order.
-
-    Args:
-        seed: Run seed.
-        step: Training step (1-based).
-        epoch: Epoch within the step (0-based).
-        n: Rows.
-
-    Returns:
-        A permutation of ``range(n)``.
+    any DP size use the same order. ``step`` is 1-based, ``epoch`` 0-based.
     """
     gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) * 1_009 + int(epoch))
     return [int(i) for i in torch.randperm(n, generator=gen).tolist()]
@@ -114,8 +94,7 @@ def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
 
 @dataclass
 class PPOTargets:
-    """Advantages, returns and diagnostics of one PPO batch (all ``[B, S]`` float32 unless
-    noted).
+    """Advantages, returns and diagnostics of one PPO batch (all ``[B, S]`` float32 unless noted).
 
     Attributes:
         advantages: GAE advantages (whitened when configured), 0 off the mask.
@@ -149,14 +128,9 @@ def compute_ppo_targets(
     Args:
         algo: ``algorithm`` (PPO): ``kl_coef``, ``gamma``, ``lam``, ``whiten_advantages``.
         scores: float ``[B]`` environment rewards.
-        token_mask: ``[B, S]`` response tokens.
         sample_mask: float ``[B]`` rows that are trained.
-        prev_logprobs: ``[B, S]`` log-probs of the sampling policy.
-        reference_logprobs: ``[B, S]`` reference log-probs.
-        values: ``[B, S]`` critic values.
-
-    Returns:
-        The targets.
+        token_mask, prev_logprobs, reference_logprobs, values: ``[B, S]``; ``prev_logprobs`` are
+            the sampling policy's, ``values`` the critic's.
 
     Raises:
         ValueError: No trained token in the whole batch, or mismatched shapes.
@@ -219,17 +193,12 @@ def ppo_step_metrics(
 
     Args:
         scores: float ``[B]`` environment rewards.
-        targets: The step's targets.
         values: ``[B, S]`` the critic's values at rollout time.
         token_mask: ``[B, S]``.
         truncated: bool ``[B]`` rows without eos.
         sample_mask: float ``[B]``.
-        policy_epochs: ``policy.train`` results, one per epoch.
-        value_epochs: ``value.train`` results, one per epoch.
+        policy_epochs, value_epochs: ``policy.train`` / ``value.train`` results, one per epoch.
         reward_parts: Each reward's mean (``reward/<fn>``), when ``env.rewards`` lists several.
-
-    Returns:
-        Scalar metrics.
     """
     w = targets.width
     mask = targets.mask[:, :w]
@@ -279,16 +248,10 @@ def finish_ppo_step_metrics(
     Shared by both PPO trainers so their records and log lines stay identical.
 
     Args:
-        step: The step just trained.
         metrics: ``ppo_step_metrics`` output; updated in place.
-        counters: The trainer's counters (``consumed_samples`` is recorded; validation updates
-            them through ``record_validation``).
+        counters: ``consumed_samples`` is recorded; validation updates them (``record_validation``).
         timings: Seconds spent in generation, forward passes (policy + reference log-probs and
             critic values) and training.
-        val_period: ``algorithm.val_period``.
-        max_steps: The phase's last step.
-        evaluate: Held-out evaluation returning accuracy.
-        logger: The phase's run logger.
     """
     metrics.update(step_time_metrics(counters, timings))
     detail = f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
@@ -311,17 +274,7 @@ def start_ppo_phase(
     A fresh run freezes the policy's current weights as the reference, starts fresh optimizers
     and (``algorithm.value.init_from_policy``) copies the policy's trunk into the critic.  A
     resume restores policy, loader, driver RNG and the critic from the checkpoint.
-
-    Args:
-        policy: The policy facade.
-        value: The critic facade.
-        master_config: Root config (PPO).
-        start_state: A loaded checkpoint or ``None``.
-        train_loader: The problem loader.
-        logger: For the resume line.
-
-    Returns:
-        The trainer counters.
+    Returns the trainer counters.
     """
     algo = master_config.algorithm
     counters = start_counters(
@@ -346,16 +299,11 @@ def start_ppo_phase(
 def make_value(
     master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value
 ) -> Any:
-    """Build the critic's worker group for a PPO run.
+    """Build the critic facade (worker group) for a PPO run from ``policy`` and ``algorithm.value``.
 
     Args:
-        master_config: Root config (PPO): ``policy`` and ``algorithm.value``.
-        tokenizer: The tokenizer (vocabulary and special ids).
         value_factory: ``Value`` or any callable taking ``Value``'s keyword arguments (a
             data-plane critic bound to the policy's store, for example).
-
-    Returns:
-        The critic facade.
     """
     return value_factory(
         cluster=RayCluster(),

@@ -39,16 +39,11 @@ TRAINER_STATE_VERSION = 1
 
 
 def sample_seeds(base_seed: int, step: int, iteration: int, n: int) -> list[int]:
-    """Per-sample sampling seeds, a pure function of (run seed, step, rollout iteration, row).
+    """``n`` distinct seeds in ``[0, 2**63)``, a pure function of (run seed, step, rollout iteration, row).
 
     Args:
-        base_seed: The run seed.
         step: Training step (1-based).
         iteration: Rollout iteration within the step (dynamic sampling).
-        n: Number of rows.
-
-    Returns:
-        ``n`` distinct non-negative seeds below 2**63.
 
     Raises:
         ValueError: If ``n`` or ``iteration`` is too large for the seed layout.
@@ -66,16 +61,7 @@ def rollout_shape(algo: Any) -> tuple[int, int, int]:
 
 
 def should_validate(step: int, *, val_period: int, max_steps: int) -> bool:
-    """Validation schedule: every ``val_period`` steps and at the last step.
-
-    Args:
-        step: The step just finished.
-        val_period: Period (0 = only at the end).
-        max_steps: Last step.
-
-    Returns:
-        Whether to evaluate after ``step``.
-    """
+    """Whether to evaluate after ``step``: every ``val_period`` steps (0 = never) and at ``max_steps``."""
     return step == max_steps or (val_period > 0 and step % val_period == 0)
 
 
@@ -85,13 +71,7 @@ def restore_trainer_state(
     """Load a checkpoint's policy, loader and driver RNG state; return its counters.
 
     Args:
-        start_state: A loaded training checkpoint written by a trainer of ``algorithm``.
         algorithm: Expected ``algorithm.name``.
-        policy: The policy to restore into.
-        train_loader: The loader to restore into.
-
-    Returns:
-        The checkpoint's ``counters`` dict (``step`` etc.).
 
     Raises:
         ValueError: If the checkpoint is from another algorithm or trainer-state version.
@@ -122,22 +102,11 @@ def start_counters(
     logger: PhaseLogger,
     restore_extra: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """The trainer counters of a fresh run, or those restored from ``start_state``.
+    """The counters ``{step, consumed_samples, val_accuracy, initial_val_accuracy}`` of a fresh run or a resume.
 
-    On resume this restores policy, loader and driver RNG (``restore_trainer_state``), then
-    calls ``restore_extra(start_state)`` (anything else the trainer checkpoints) and logs the
-    resume line.  A fresh run's model/optimizer setup is left to the caller.
-
-    Args:
-        start_state: A loaded checkpoint, or ``None`` for a fresh run.
-        algorithm: Expected ``algorithm.name`` of the checkpoint.
-        policy: The policy to restore into.
-        train_loader: The loader to restore into.
-        logger: For the resume line.
-        restore_extra: Optional extra restore step, run before the resume line.
-
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
+    With ``start_state`` (``None`` = fresh run) this restores policy, loader and driver RNG
+    (``restore_trainer_state``), then runs ``restore_extra(start_state)`` and logs the resume line.
+    A fresh run's model/optimizer setup is left to the caller.
     """
     counters: dict[str, Any] = {
         "step": 0,
@@ -158,18 +127,9 @@ def start_counters(
 def make_evaluator(
     policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: PhaseLogger
 ) -> Callable[[], float]:
-    """Held-out greedy exact-match evaluation on the driver (``rollout.evaluate``).
+    """A function returning held-out greedy exact-match accuracy (``rollout.evaluate`` on the driver).
 
-    Args:
-        policy: The policy facade.
-        val_problems: Held-out problems.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        master_config: Root config (``logger.num_val_examples_to_print``).
-        logger: Prints the example lines.
-
-    Returns:
-        A function returning the held-out accuracy.
+    It logs ``master_config.logger.num_val_examples_to_print`` example lines per call.
     """
     from nemo_dp.algorithms.rollout import evaluate
 
@@ -201,14 +161,9 @@ def validate_at_start(
     num_problems: int,
     logger: PhaseLogger,
 ) -> None:
-    """Step-0 evaluation of a fresh run when ``algorithm.val_at_start`` (logged as step 0).
+    """Evaluate a fresh run at step 0 when ``algo.val_at_start``; sets ``counters["initial_val_accuracy"]``.
 
-    Args:
-        counters: The trainer counters (``initial_val_accuracy`` is set).
-        evaluate_fn: Returns the held-out accuracy.
-        algo: ``master_config.algorithm``.
-        num_problems: Number of held-out problems (for the log line).
-        logger: The phase's logger.
+    ``num_problems`` is only for the log line.
     """
     if counters["step"] == 0 and bool(algo.val_at_start):
         acc = evaluate_fn()
@@ -218,16 +173,9 @@ def validate_at_start(
 
 
 def open_step_loop(ctx: TrainContext, path: Any, counters: dict[str, Any], max_steps: int) -> Callable[[], float]:
-    """Start the phase's logger, run the step-0 evaluation when asked and start ``path``'s run.
+    """Start the logger, run the step-0 evaluation when asked, start ``path``'s run; return the evaluator.
 
-    Args:
-        ctx: The phase's context.
-        path: The trainer's batch path (``make_evaluator`` and ``start_run``).
-        counters: The trainer counters.
-        max_steps: The phase's last step.
-
-    Returns:
-        The held-out evaluation.
+    ``path`` is the trainer's batch path (needs ``make_evaluator`` and ``start_run``).
     """
     ctx.logger.start(max_steps, int(counters["step"]))
     evaluate = path.make_evaluator(ctx)
@@ -268,16 +216,10 @@ def validate_if_due(
     logger: PhaseLogger,
     detail: str = "",
 ) -> None:
-    """Evaluate after ``step`` when the schedule asks (``record_validation``) and log the step line.
+    """Evaluate after ``step`` when :func:`should_validate` says so and log the step line.
 
     Args:
-        step: The step just trained.
         metrics: The step's metrics (``reward_mean`` and ``loss`` are logged).
-        counters: The trainer counters.
-        evaluate: Held-out evaluation returning accuracy.
-        val_period: ``algorithm.val_period``.
-        max_steps: The phase's last step.
-        logger: For the step line.
         detail: Logged between the loss and the accuracy (ending with ``", "``).
     """
     if should_validate(step, val_period=val_period, max_steps=max_steps):
@@ -291,15 +233,9 @@ def validate_if_due(
 def record_validation(
     counters: dict[str, Any], metrics: dict[str, Any], evaluate_fn: Callable[[], float]
 ) -> float:
-    """Evaluate after a step and record the accuracy and its wall time.
+    """Evaluate and return the accuracy.
 
-    Args:
-        counters: The trainer counters (``val_accuracy`` is set).
-        metrics: The step's metrics (``val_accuracy`` and ``time/val_s`` are added).
-        evaluate_fn: Returns the held-out accuracy.
-
-    Returns:
-        The accuracy.
+    Sets ``counters["val_accuracy"]``; adds ``val_accuracy`` and ``time/val_s`` to ``metrics``.
     """
     t0 = time.perf_counter()
     acc = evaluate_fn()
@@ -317,17 +253,10 @@ def trainer_state(
     *,
     value_state: Any = None,
 ) -> dict[str, Any]:
-    """The checkpointed trainer state (captures the driver RNG now).
+    """The checkpointed trainer state, keys in the order every trainer writes them.
 
-    Args:
-        algorithm: ``algorithm.name``.
-        counters: The trainer counters (copied).
-        policy_state: ``policy.state_dict()``.
-        loader_state: The loader's state dict.
-        value_state: The critic's state dict (PPO), or ``None`` when there is no critic.
-
-    Returns:
-        The state dict, keys in the order every trainer writes them.
+    Captures the driver RNG now. ``counters`` is copied; ``value_state`` is the critic's state dict
+    (PPO), ``None`` without a critic.
     """
     state: dict[str, Any] = {
         "trainer_state_version": TRAINER_STATE_VERSION,
@@ -343,16 +272,11 @@ def trainer_state(
 
 
 def clipped_pg_loss_fn(algo: Any, *, prev_logprobs_from_forward: bool = False) -> ClippedPGLossFn:
-    """The clipped policy-gradient loss of a GRPO / PPO ``algorithm`` node.
+    """The clipped policy-gradient loss configured by a GRPO / PPO ``algorithm`` node's ``loss`` section.
 
     Args:
-        algo: ``master_config.algorithm`` (``loss.ratio_clip_min``/``ratio_clip_max``/
-            ``reference_policy_kl_penalty``/``token_level_loss``).
-        prev_logprobs_from_forward: The loss takes ``prev_logprobs`` from the training
-            forward (GRPO with one optimizer step per rollout).
-
-    Returns:
-        The loss function.
+        prev_logprobs_from_forward: Take ``prev_logprobs`` from the training forward (GRPO with one
+            optimizer step per rollout).
     """
     loss_cfg = algo.loss
     return ClippedPGLossFn(
@@ -367,13 +291,9 @@ def clipped_pg_loss_fn(algo: Any, *, prev_logprobs_from_forward: bool = False) -
 def save_if_due(
     checkpointer: PhaseCheckpointer, step: int, max_steps: int, state_fn: Callable[[], dict[str, Any]]
 ) -> None:
-    """Save the checkpoint of ``step`` when the phase's schedule asks for one.
+    """Save ``step``'s checkpoint when the schedule asks (always at ``max_steps`` when checkpointing is on).
 
-    Args:
-        checkpointer: The phase's checkpointer.
-        step: The step just finished.
-        max_steps: The phase's last step (always saved when checkpointing is on).
-        state_fn: Builds the state to save (called only when saving).
+    ``state_fn`` builds the state and is called only when saving.
     """
     if checkpointer.should_save(step, final=step == max_steps):
         checkpointer.save(step, state_fn)

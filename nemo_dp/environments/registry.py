@@ -59,13 +59,7 @@ REWARDS: dict[str, RewardSpec] = {}
 
 
 def register_reward(spec: RewardSpec) -> RewardSpec:
-    """Add a reward to the registry.
-
-    Args:
-        spec: The reward.
-
-    Returns:
-        ``spec``.
+    """Add ``spec`` to the registry and return it (re-registering an equal spec is a no-op).
 
     Raises:
         ValueError: The name is taken, is ``auto`` or holds a ``:`` (the mark of a function path).
@@ -79,14 +73,7 @@ def register_reward(spec: RewardSpec) -> RewardSpec:
 
 
 def reward_spec(name: str, *, key: str = "env.reward") -> RewardSpec:
-    """The registered reward ``name``.
-
-    Args:
-        name: A registered name.
-        key: The config key that named it (for the error).
-
-    Returns:
-        The spec.
+    """The registered reward ``name``; ``key`` is the config key that named it (for the error).
 
     Raises:
         ValueError: Unknown name (naming the legal ones).
@@ -111,10 +98,7 @@ def is_function_path(value: str) -> bool:
 
 
 class FormatReward:
-    """1.0 when the whole response matches ``pattern`` (``re.fullmatch``, ``.`` matching newlines).
-
-    Args:
-        pattern: A Python regular expression.
+    """1.0 when the whole response matches the regex ``pattern`` (``re.fullmatch``, ``.`` matching newlines).
 
     Raises:
         ValueError: The pattern does not compile.
@@ -160,13 +144,8 @@ def reward_entries(env_cfg: Any) -> list[dict[str, Any]]:
     """The rewards ``env_cfg`` selects, as ``{"key", "fn", "weight", "params"}`` entries.
 
     ``env.rewards`` gives one entry per item (``key`` = ``env.rewards[i]``); otherwise
-    ``env.reward`` gives one entry of weight 1 (``auto`` resolved).
-
-    Args:
-        env_cfg: The ``env`` node (dataclass, DictConfig or namespace).
-
-    Returns:
-        The entries; ``params`` holds the entry's other keys that are set (e.g. ``pattern``).
+    ``env.reward`` gives one entry of weight 1 (``auto`` resolved). ``params`` holds the entry's
+    other keys that are set (e.g. ``pattern``). ``env_cfg`` may be a dataclass, DictConfig or namespace.
 
     Raises:
         ValueError: ``env.reward`` and ``env.rewards`` both set, an empty list, or an entry
@@ -203,9 +182,6 @@ def check_reward_entry(entry: Mapping[str, Any]) -> None:
     User functions are only checked for form here; importing them is
     ``nemo_dp.environments.user_reward``'s job (before Ray starts, in the launcher).
 
-    Args:
-        entry: One of ``reward_entries``.
-
     Raises:
         ValueError: Naming the entry's key.
     """
@@ -227,14 +203,11 @@ def check_reward_entry(entry: Mapping[str, Any]) -> None:
 
 
 def resolve_reward(env_cfg: Any) -> str:
-    """The single reward ``env_cfg`` selects, with ``auto`` resolved.
-
-    Args:
-        env_cfg: The ``env`` node; a node without ``reward`` counts as ``auto``.
+    """The single reward ``env_cfg`` selects, with ``auto`` resolved (a node without ``reward`` is ``auto``).
 
     Returns:
         A registered name (``"exact"``, ``"math"``, ...), a function path, or ``"rewards"`` when
-        ``env.rewards`` lists several.
+        ``env.rewards`` is set.
 
     Raises:
         ValueError: On an unknown ``env.reward`` (naming the legal values).
@@ -249,17 +222,11 @@ def resolve_reward(env_cfg: Any) -> str:
 
 
 def answer_extractor(env_cfg: Any) -> Callable[[str], Optional[str]]:
-    """What evaluation reports as a response's answer under ``env_cfg``'s rewards.
+    """``extract(response) -> answer or None``: what evaluation reports as a response's answer.
 
     The extraction of the first reward that compares an answer (the single ``env.reward``, or
     the first such entry of ``env.rewards``); the response up to ``eos`` when none does (a
     user's function, ``format``).
-
-    Args:
-        env_cfg: The ``env`` node.
-
-    Returns:
-        ``extract(response) -> answer or None``.
 
     Raises:
         ValueError: On an unknown reward setting.
@@ -278,9 +245,6 @@ def make_environment(env_cfg: Any) -> Any:
 
     One built-in reward is its own scorer (``ArithmeticEnv``, ``MathEnv``, ...); a user's
     function or an ``env.rewards`` list is a ``WeightedRewards``.
-
-    Args:
-        env_cfg: The ``env`` node.
 
     Raises:
         ValueError: On an unknown or malformed reward setting (naming the key).
