@@ -1,6 +1,6 @@
 """Token-level PPO advantage estimation: rewards, GAE, returns, whitening, explained variance.
 
-Shared by ``ppo.py`` and ``ppo_sync.py``.  Per-token tensors are ``[B, S]`` aligned with
+Per-token tensors are ``[B, S]`` aligned with
 ``input_ids``; ``values[:, t]`` estimates the state before token ``t`` is emitted.  ``mask`` is
 ``token_mask * sample_mask``; response tokens are contiguous and the step after the last one is
 terminal (value 0).
@@ -41,14 +41,12 @@ def token_level_rewards(
 
     Args:
         scores: float ``[B]`` sequence rewards from the environment.
-        mask: ``[B, S]`` 1 on trained tokens (``token_mask * sample_mask``).
-        logprobs: float ``[B, S]`` log-probs of the policy that sampled (``prev_logprobs``).
-        reference_logprobs: float ``[B, S]`` log-probs of the reference policy.
-        kl_coef: KL penalty coefficient (>= 0).
+        logprobs: float ``[B, S]`` of the policy that sampled (``prev_logprobs``).
+        kl_coef: >= 0.
 
     Returns:
-        ``(rewards [B, S] float32, kl [B, S] float32)`` where ``kl`` is the per-token
-        ``logprobs - reference_logprobs`` on masked-in tokens (0 elsewhere).
+        ``(rewards, kl)``, float32 ``[B, S]``; ``kl`` is ``logprobs - reference_logprobs`` on
+        masked-in tokens (0 elsewhere).
 
     Raises:
         ValueError: On mismatched shapes or a negative ``kl_coef``.
@@ -89,14 +87,12 @@ def compute_gae(
     break the recursion) and get advantage and return 0.
 
     Args:
-        rewards: float ``[B, S]`` per-token rewards (``token_level_rewards``).
+        rewards: float ``[B, S]`` (``token_level_rewards``).
         values: float ``[B, S]`` critic values (aligned as described in the module docstring).
-        mask: ``[B, S]`` 1 on trained tokens.
-        gamma: Discount in ``[0, 1]``.
-        lam: GAE lambda in ``[0, 1]``.
+        gamma, lam: In ``[0, 1]``.
 
     Returns:
-        ``(advantages [B, S], returns [B, S])``, float32, 0 where ``mask`` is 0.
+        ``(advantages, returns)``, float32 ``[B, S]``, 0 where ``mask`` is 0.
 
     Raises:
         ValueError: On mismatched shapes or ``gamma`` / ``lam`` outside ``[0, 1]``.
@@ -127,14 +123,7 @@ def compute_gae(
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over ``mask == 1`` entries.
-
-    Args:
-        x: Any shape.
-        mask: Same shape, 0/1.
-
-    Returns:
-        A float32 scalar tensor.
+    """Mean of ``x`` (any shape) over entries where the 0/1 ``mask`` (same shape) is 1, as a float32 scalar tensor.
 
     Raises:
         ValueError: If the mask selects nothing.
@@ -147,15 +136,9 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Whiten ``x`` over ``mask == 1`` entries: zero mean, unit (population) variance.
+    """Whiten ``x`` over ``mask == 1`` entries: zero mean, unit (population) variance (+ ``eps``).
 
-    Args:
-        x: float ``[B, S]``.
-        mask: 0/1 ``[B, S]``.
-        eps: Added to the variance.
-
-    Returns:
-        float32 ``[B, S]``, 0 where ``mask`` is 0.
+    Returns float32 ``[B, S]``, 0 where ``mask`` is 0.
 
     Raises:
         ValueError: If the mask selects nothing.
@@ -171,14 +154,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
     1 means the critic predicts the returns perfectly, 0 means no better than their mean,
     negative means worse.  When the returns have no variance the result is defined as 0.
-
-    Args:
-        values: float ``[B, S]`` critic values.
-        returns: float ``[B, S]`` GAE returns.
-        mask: 0/1 ``[B, S]``.
-
-    Returns:
-        The explained variance.
+    All tensors are ``[B, S]``.
 
     Raises:
         ValueError: If the mask selects nothing.

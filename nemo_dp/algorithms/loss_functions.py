@@ -33,17 +33,12 @@ class GlobalLoss:
     def __call__(
         self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], global_valid_tokens: float, global_valid_seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Compute this micro-batch's share of the global loss.
+        """This micro-batch's share of the global loss, and its metrics.
 
         Args:
-            logits: The model's output for the micro-batch (see :meth:`_compute`).
             mb: The micro-batch; needs :meth:`_keys`.
-            global_valid_tokens: Valid (masked-in) tokens of the global batch (> 0).
-            global_valid_seqs: Valid sequences of the global batch (> 0).
-
-        Returns:
-            The loss and additive metrics (shares of the global mean, see :meth:`_compute`),
-            plus raw ``num_valid_tokens`` and ``num_valid_seqs``.
+            global_valid_tokens, global_valid_seqs: Valid (masked-in) tokens / sequences of the
+                global batch (> 0).
 
         Raises:
             ValueError: Non-positive global counts, or as :meth:`_compute`.
@@ -107,13 +102,6 @@ class ClippedPGLossFn(GlobalLoss):
     serve as ``prev_logprobs`` (exact when the rollout is one optimizer step).  Reads log-probs
     only on ``token_mask`` (``reads_masked_logprobs_only``).
 
-    Args:
-        ratio_clip_min: Lower clip epsilon (ratio clipped at ``1 - ratio_clip_min``).
-        ratio_clip_max: Upper clip epsilon (ratio clipped at ``1 + ratio_clip_max``).
-        reference_policy_kl_penalty: KL coefficient (>= 0).
-        token_level_loss: Token-level (True) or sequence-level (False) normalisation.
-        prev_logprobs_from_forward: Take ``prev_logprobs`` from the forward (see above).
-
     Raises:
         ValueError: On negative clip epsilons or KL coefficient.
     """
@@ -151,9 +139,7 @@ class ClippedPGLossFn(GlobalLoss):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped loss of ``[b, s, V]`` logits.
 
-        ``mb`` needs input_ids, token_mask, sample_mask, advantages, prev_logprobs (unless
-        ``prev_logprobs_from_forward``), and reference_policy_logprobs when the KL coefficient
-        is non-zero.  Metrics: ``loss``, ``pg_loss``, ``kl_penalty`` (KL value before the
+        Metrics: ``loss``, ``pg_loss``, ``kl_penalty`` (KL value before the
         coefficient), ``clip_fraction`` (share of clipped-and-active tokens), ``probs_ratio``
         (mean ratio), all as shares of the global normaliser.
         """
@@ -214,11 +200,7 @@ class ClippedPGLossFn(GlobalLoss):
 
 
 def global_valid_counts(token_mask: torch.Tensor, sample_mask: torch.Tensor) -> tuple[float, float]:
-    """The normalisers the loss functions expect, computed over a (global) batch.
-
-    Args:
-        token_mask: int ``[B, S]``.
-        sample_mask: float ``[B]``.
+    """The normalisers the loss functions expect, over a (global) batch (int ``[B, S]``, float ``[B]``).
 
     Returns:
         ``(valid_tokens, valid_seqs)``: tokens with token_mask * sample_mask == 1, and rows

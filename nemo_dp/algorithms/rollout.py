@@ -38,15 +38,7 @@ class Rollout:
 
 
 def decode_responses(batch: BatchedDataDict, tokenizer: Any) -> list[str]:
-    """Decode each row's response tokens (between the prompt and the end of the row).
-
-    Args:
-        batch: Generation output with ``input_ids``, ``prompt_lengths``, ``input_lengths``.
-        tokenizer: The tokenizer (``decode`` stops at eos).
-
-    Returns:
-        One string per row.
-    """
+    """Decode each row's response tokens (between ``prompt_lengths`` and ``input_lengths``; stops at eos)."""
     ids = batch["input_ids"]
     starts = batch["prompt_lengths"].tolist()
     ends = batch["input_lengths"].tolist()
@@ -69,18 +61,12 @@ def rollout(
     Rows are grouped: rows ``i * group_size ... (i + 1) * group_size - 1`` answer problem ``i``.
 
     Args:
-        policy: A ``Policy`` (anything with ``generate(prompts, seeds, greedy=...)``).
-        problems: The problems.
-        tokenizer: The tokenizer.
-        env: The environment (``score(responses, answers)``).
-        group_size: Responses per problem.
-        seeds: One seed per row (``len(problems) * group_size``).
+        policy: Anything with ``generate(prompts, seeds, greedy=...)``.
+        env: Anything with ``score(responses, answers)``.
+        seeds: One per row (``len(problems) * group_size``).
         greedy: Argmax decoding.
         return_images: Keep visual prompts' image columns in the batch (needed to train on
             it; evaluation passes False).
-
-    Returns:
-        The rollout.
 
     Raises:
         ValueError: If the number of seeds does not match the rows.
@@ -102,15 +88,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Greedy exact-match accuracy on held-out problems.
 
-    Args:
-        policy: The policy.
-        problems: Held-out problems.
-        tokenizer: The tokenizer.
-        env: The environment.
-        num_examples_to_print: Include this many ``prompt -> response`` examples.
-
-    Returns:
-        ``{"val_accuracy": float, "val_samples": int, "examples": [str, ...]}``.
+    Returns ``{"val_accuracy": float, "val_samples": int, "examples": [str, ...]}`` with
+    ``num_examples_to_print`` ``prompt -> response`` examples.
 
     Raises:
         ValueError: If ``problems`` is empty.
@@ -134,9 +113,6 @@ def mean_reward(rewards: Sequence[float]) -> float:
 
     Summed with ``math.fsum``, so the result depends neither on the rewards' dtype nor on their
     order: training and ``launchers/evaluate.py`` report the same number.
-
-    Args:
-        rewards: One reward per problem.
 
     Raises:
         ValueError: ``rewards`` is empty.

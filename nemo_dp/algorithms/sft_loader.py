@@ -25,7 +25,6 @@ class ColocatedLoaderGroup:
     Args:
         policy: The data-plane policy (``worker_group`` with ``run_all`` / ``run_sharded`` /
             ``world_size``; ``dp_client`` for the TransferQueue checkpoint).
-        data_plane_cfg: The run's ``data_plane`` config (any enabled backend).
 
     Raises:
         ValueError: The data plane is disabled or invalid (lists the legal options).
@@ -66,23 +65,14 @@ class ColocatedLoaderGroup:
         return int(bound)
 
     def save_data_plane(self, directory: str | os.PathLike[str], metadata: Mapping[str, Any]) -> None:
-        """Write the data plane's own checkpoint under ``directory`` (see the class docstring).
-
-        Args:
-            directory: Target directory (inside the training checkpoint's temp directory).
-            metadata: JSON metadata stored with it.
-        """
+        """Write the data plane's checkpoint, with JSON ``metadata``, under ``directory`` (see the class docstring)."""
         if self.backend.checkpoint_scope == "process":
             self.save_worker_stores(directory, metadata)
         else:
             self.policy.dp_client.save_checkpoint(self._shared_dir(directory), metadata=dict(metadata))
 
     def load_data_plane(self, directory: str | os.PathLike[str]) -> None:
-        """Restore :meth:`save_data_plane`'s checkpoint into the (clean) clients.
-
-        Args:
-            directory: The directory given to :meth:`save_data_plane`.
-        """
+        """Restore :meth:`save_data_plane`'s checkpoint from ``directory`` into the (clean) clients."""
         if self.backend.checkpoint_scope == "process":
             self.load_worker_stores(directory)
         else:
@@ -158,14 +148,12 @@ class ColocatedLoaderGroup:
         One driver -> worker round trip trains, commits and readies the next batch; when every
         rank readied batch ``k + 1`` its envelopes are kept for :meth:`take_ready`.
 
+        Returns each rank's ``run_sft_step`` result, in rank order.
+
         Args:
             batch_index: The batch to train (each rank's active or readied batch).
             placed_metas: One stamped meta per DP rank, in rank order.
-            loss_fn: The loss function.
             mbs: Rows per micro-batch (``None``: the policy config's).
-
-        Returns:
-            Each rank's ``run_sft_step`` result, in rank order.
         """
         self._forget_readied()
         k = int(batch_index)

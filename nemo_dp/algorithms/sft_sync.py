@@ -52,7 +52,7 @@ class SFTStepResult:
         metrics: The step's metrics (``Policy._aggregate_train_results`` over the ranks'
             ``finish_train_step_presharded`` metrics, exactly as ``TQPolicy.finish_train_step``).
         consumed: Rows consumed over all ranks.
-        envelopes: The step's envelopes (rank order).
+        envelopes: Rank order.
         driver_held_bytes: Pickled size of everything the driver held for the step's data.
         load_wait_s: Seconds the step waited for the loaders: the explicit load call (when no
             earlier step readied the batch) plus the slowest rank's readying/prefetching of
@@ -80,10 +80,6 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
         policy: A ``TQPolicy`` (its placed-meta stamping and train-metric aggregation are used).
         loaders: The colocated loaders of its workers.
         batch_index: The batch to train on (= steps done so far).
-        loss_fn: The loss function.
-
-    Returns:
-        The step's result.
 
     Raises:
         ValueError: Envelopes not one per DP rank / unequal micro-batch counts, or the
@@ -145,15 +141,11 @@ def save_sft_checkpoint(
     written after the state, then the checkpointer's ``finalize`` runs, and the directory
     appears under its final name only after everything is on disk.
 
-    Args:
-        checkpointer: The phase's checkpointer (root and ``keep_last``).
-        step: The step just finished.
-        state: The trainer state.
-        save_data_plane: Writes the data plane's checkpoint into the given directory.
-        hooks: Injected callbacks (``checkpoint_staged`` runs before the manifest is written).
+    Returns the committed directory.
 
-    Returns:
-        The committed directory.
+    Args:
+        save_data_plane: Writes the data plane's checkpoint into the given directory.
+        hooks: ``checkpoint_staged`` runs before the manifest is written.
     """
 
     encode_state(state)  # refuse a state that cannot be stored before touching the disk
@@ -185,8 +177,7 @@ def save_sft_checkpoint(
 class ColocatedSFTPath:
     """SFT batches loaded by the workers' colocated loaders into the data plane.
 
-    Args:
-        ctx: The phase's context (``ctx.policy`` a ``TQPolicy`` with colocated-loader workers).
+    ``ctx.policy`` must be a ``TQPolicy`` with colocated-loader workers.
     """
 
     def __init__(self, ctx: TrainContext) -> None:
@@ -253,8 +244,8 @@ def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
-        ValueError: Sequence packing is enabled (placed SFT batches carry no producer plan
-            yet), or the data plane is not local/tq.
+        ValueError: Sequence packing is enabled (placed SFT batches carry no producer plan), or
+            the data plane is not local/tq.
     """
     if bool(ctx.cfg.policy.sequence_packing.enabled):
         raise ValueError(

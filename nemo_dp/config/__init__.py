@@ -56,10 +56,9 @@ class PreflightError(RuntimeError):
 def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
     """Register the schemas and the recipes in Hydra's ConfigStore (idempotent).
 
-    Args:
-        recipes_dir: Directory holding ``*.yaml`` recipes; defaults to the repository's
-            ``recipes/``.  Each file becomes option ``<stem>`` of group ``recipe`` with package
-            ``_global_`` (its ``override /group: choice`` defaults work as in any group file).
+    Each ``*.yaml`` in ``recipes_dir`` (default: the repository's ``recipes/``) becomes option
+    ``<stem>`` of group ``recipe`` with package ``_global_`` (its ``override /group: choice``
+    defaults work as in any group file).
     """
     from hydra.core.config_store import ConfigStore
 
@@ -90,18 +89,16 @@ def _trainer_lookup(cfg: DictConfig) -> Any:
 def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig:
     """Validate a composed configuration completely, before any process starts.
 
+    Returns the configuration as dataclasses (every ``__post_init__`` rule has run).
+
     Args:
         cfg: The composed root node (with or without the ``hydra`` node).
-        check_pair: Also check that the (algorithm, data_plane) pair is served by a trainer,
-            via the trainer lookup (``validate_trainer_selection``).
-
-    Returns:
-        The configuration converted to dataclasses (every ``__post_init__`` rule has run).
+        check_pair: Also check that a trainer serves the (algorithm, data_plane) pair
+            (``validate_trainer_selection``).
 
     Raises:
-        ValueError: A range/legal-value rule failed; the message names the full key and the
-            legal values.  An illegal (algorithm, data_plane) pair raises the lookup's
-            ``ValueError`` naming both keys.
+        ValueError: A range/legal-value rule failed (naming the full key and the legal values),
+            or the (algorithm, data_plane) pair is illegal (naming both keys).
         omegaconf.errors.MissingMandatoryValue: A required key (``???``) is unset.
     """
     # A key added with a leading '+' passes Hydra's struct check; check_known_keys refuses it
@@ -152,13 +149,8 @@ def warm_start_config(cfg: DictConfig) -> DictConfig:
 
     The result is the same root config with ``algorithm`` replaced by an SFT node built from
     the warm-start keys and ``policy.optimizer.lr`` / ``warmup_steps`` set to the warm-start values, so the
-    launcher can select the warm-start trainer through the same factory lookup.
-
-    Args:
-        cfg: A root config whose algorithm has a warm start (GRPO, PPO).
-
-    Returns:
-        A new root ``DictConfig`` (struct mode, ``hydra`` node dropped).
+    launcher can select the warm-start trainer through the same factory lookup.  Returns a new
+    root ``DictConfig`` (struct mode, ``hydra`` node dropped).
 
     Raises:
         ValueError: If ``cfg.algorithm`` has no warm start.
@@ -192,11 +184,8 @@ def check_writable(key: str, path: str | os.PathLike[str]) -> None:
     """``path`` can be created and written, checked without creating anything that stays.
 
     The probe is a temporary file in ``path`` or, when it does not exist yet, in its nearest
-    existing ancestor (removed at once), so a refused run leaves no directory behind.
-
-    Args:
-        key: The config key holding the path (named in the error).
-        path: The directory.
+    existing ancestor (removed at once), so a refused run leaves no directory behind.  ``key`` is
+    the config key holding the path (named in the error).
 
     Raises:
         PreflightError: A file is in the way, or the directory cannot be written (read-only,
@@ -248,10 +237,6 @@ def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
     * Device: ``policy.device=cuda`` with a local Ray needs a CUDA device visible here.
     * Output paths: the run directory and the checkpoint directory can be written (probed
       without creating them); a ``checkpointing.resume_from`` directory exists.
-
-    Args:
-        cfg: The validated configuration.
-        run_dir: The run's output directory.
 
     Raises:
         PreflightError: Naming the key at fault.
