@@ -49,7 +49,6 @@ class StepRows:
 
     @property
     def size(self) -> int:
-        """Number of rows."""
         return int(self.handle.size)
 
 
@@ -102,10 +101,8 @@ def collect_grpo_rows(
     """Roll out until one step's batch is complete (with dynamic sampling when enabled).
 
     Args:
-        path: Where the rows live.
-        master_config: Root config (GRPO algorithm).
-        train_loader: Loader of problems (``num_prompts_per_step`` per batch).
-        step: The step being collected (1-based; seeds depend on it).
+        train_loader: Yields ``num_prompts_per_step`` problems per batch.
+        step: 1-based; seeds depend on it.
 
     Returns:
         ``(rows, info)``: exactly ``num_prompts_per_step x num_generations_per_prompt`` rows
@@ -173,10 +170,6 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
     A fresh run (no ``ctx.start_state``) freezes the current weights as the reference policy
     and starts a fresh optimizer at ``policy.optimizer.lr`` (after an SFT warm start this makes
     the warm-started model the reference).
-
-    Args:
-        ctx: The phase's context.
-        path: Where the rows live.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.

@@ -203,14 +203,10 @@ class PolicyConfig:
 
 
 def train_micro_batch_rows(policy_cfg: Any) -> int:
-    """Rows of one training micro-batch on one worker (``policy.train_micro_batch_size``).
+    """Rows of one training micro-batch on one worker, from a ``policy`` dataclass or ``DictConfig``.
 
-    Args:
-        policy_cfg: The ``policy`` node (dataclass or ``DictConfig``).
-
-    Returns:
-        ``train_micro_batch_size``, or each worker's whole share
-        ``train_global_batch_size // dp_size`` when it is ``None``.
+    ``train_micro_batch_size``, or each worker's whole share ``train_global_batch_size // dp_size``
+    when it is ``None``.
     """
     mbs = policy_cfg.train_micro_batch_size
     if mbs is not None:

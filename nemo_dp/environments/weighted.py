@@ -29,11 +29,7 @@ PART_PREFIX = "reward/"
 
 
 class WeightedRewards:
-    """A weighted sum of built-in and user rewards.
-
-    Args:
-        entries: ``nemo_dp.environments.registry.reward_entries`` output (already checked).
-    """
+    """A weighted sum of built-in and user rewards, from checked ``registry.reward_entries`` output."""
 
     def __init__(self, entries: Sequence[Mapping[str, Any]]) -> None:
         self.parts: list[tuple[str, float, Any]] = []
@@ -49,10 +45,7 @@ class WeightedRewards:
             self.parts.append((label, float(entry["weight"]), scorer))
 
     def check(self, columns: Sequence[str]) -> None:
-        """Import every user function and check it can be called with ``columns`` (before Ray).
-
-        Args:
-            columns: The dataset columns the functions receive.
+        """Import every user function and check it can be called with the dataset ``columns`` (before Ray).
 
         Raises:
             ValueError: Naming the entry's key.
@@ -62,11 +55,7 @@ class WeightedRewards:
                 scorer.check(columns)
 
     def score_parts(self, responses: list[str], answers: Sequence[Any]) -> dict[str, torch.Tensor]:
-        """The total and each reward's values.
-
-        Args:
-            responses: Decoded responses.
-            answers: Reference answers (``Answer`` with its row for user functions).
+        """The total and each reward's values; ``answers`` are ``Answer`` (with its row) for user functions.
 
         Returns:
             ``{"rewards": total float32 [N], "reward/<label>": float32 [N] (NaN = not applicable)}``.
@@ -97,30 +86,14 @@ class WeightedRewards:
 
 
 def score_parts(env: Any, responses: list[str], answers: Sequence[Any]) -> dict[str, torch.Tensor]:
-    """``{"rewards": ...}`` plus each reward's values when ``env`` combines several.
-
-    Args:
-        env: A reward environment.
-        responses: Decoded responses.
-        answers: Reference answers.
-
-    Returns:
-        The float32 tensors by key.
-    """
+    """``{"rewards": ...}`` plus each reward's values when ``env`` combines several (float32 tensors)."""
     if isinstance(env, WeightedRewards):
         return env.score_parts(responses, answers)
     return {"rewards": env.score(responses, answers).to(torch.float32)}
 
 
 def reward_part_means(batch: Mapping[str, Any]) -> dict[str, float]:
-    """Each reward's mean over the samples it applies to, from a batch's ``reward/*`` columns.
-
-    Args:
-        batch: A rollout batch or carry (``reward/<label>`` float tensors).
-
-    Returns:
-        ``{"reward/<label>": mean}`` (NaN when it applied to none).
-    """
+    """``{"reward/<label>": mean}`` over the samples each reward applies to (NaN: none), from a batch or carry."""
     out: dict[str, float] = {}
     for key in batch:
         if str(key).startswith(PART_PREFIX):
@@ -137,7 +110,6 @@ def check_rewards(env_cfg: Any, rewarded: Sequence[tuple[str, Sequence[str]]]) -
     a dataset's columns, fails as a configuration error.
 
     Args:
-        env_cfg: The ``env`` node.
         rewarded: ``(dataset key, columns)`` of each set whose rows are scored
             (``DatasetReport.reward_columns``).
 
