@@ -65,22 +65,12 @@ class TrainHooks:
     on_model_built: Callable[[str, Any], None] | None = None
 
     def checkpoint_staged(self, step: int, tmp_dir: Path) -> None:
-        """Run ``on_checkpoint_staged`` when set.
-
-        Args:
-            step: The step being checkpointed.
-            tmp_dir: The checkpoint's temporary directory.
-        """
+        """Run ``on_checkpoint_staged`` when set."""
         if self.on_checkpoint_staged is not None:
             self.on_checkpoint_staged(step, tmp_dir)
 
     def model_built(self, role: str, model: Any) -> None:
-        """Run ``on_model_built`` when set.
-
-        Args:
-            role: What the model is for (``"value"``).
-            model: The model facade the trainer built.
-        """
+        """Run ``on_model_built`` when set."""
         if self.on_model_built is not None:
             self.on_model_built(role, model)
 
@@ -90,16 +80,11 @@ class TrainContext:
     """Everything one training phase runs on.
 
     Attributes:
-        policy: The policy facade (``Policy`` or the data-plane ``TQPolicy``).
-        cfg: The validated root config the phase trains with.
+        policy: ``Policy`` or the data-plane ``TQPolicy``.
+        cfg: The validated root config.
         train_loader: Resumable loader of SFT pairs (SFT) or problems (GRPO / PPO).
         val_problems: Held-out problems for greedy exact-match evaluation.
-        tokenizer: The tokenizer.
-        env: The reward environment.
-        logger: The phase's logger.
-        checkpointer: The phase's checkpointer.
         start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
-        hooks: Injected callbacks (none by default).
     """
 
     policy: Any

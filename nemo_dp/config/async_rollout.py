@@ -47,13 +47,7 @@ class AsyncRolloutConfig(Checked, key=_KEY):
 
 
 def async_rollout_enabled(master_config: Any) -> bool:
-    """Whether a root config asks for asynchronous GRPO.
-
-    Args:
-        master_config: Root config (``DictConfig``, dataclass or mapping).
-
-    Returns:
-        ``True`` iff ``algorithm.name == "grpo"`` and ``algorithm.async_rollout.enabled``.
+    """``algorithm.name == "grpo"`` and ``algorithm.async_rollout.enabled``, on a ``DictConfig``, dataclass or mapping.
 
     Raises:
         TypeError: ``algorithm.async_rollout.enabled`` is not a bool.
@@ -73,13 +67,7 @@ def async_rollout_enabled(master_config: Any) -> bool:
 
 
 def validate_async_rollout_selection(master_config: Any) -> bool:
-    """Check that an asynchronous GRPO config can run; call at compose/validate time.
-
-    Args:
-        master_config: Root config.
-
-    Returns:
-        Whether asynchronous GRPO is selected (``False``: nothing to check).
+    """Check that an asynchronous GRPO config can run (at compose/validate time); return whether it is selected.
 
     Raises:
         ValueError: Async is enabled but the data plane carries no rows between processes (names both
@@ -118,11 +106,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
 def coerce_async_rollout_config(node: Any) -> AsyncRolloutConfig:
     """``algorithm.async_rollout`` as a validated dataclass.
 
-    Args:
-        node: ``None`` (defaults), an ``AsyncRolloutConfig``, a ``DictConfig`` or a mapping.
-
-    Returns:
-        The config (range rules have run).
+    ``node`` may be ``None`` (defaults), an ``AsyncRolloutConfig``, a ``DictConfig`` or a mapping.
 
     Raises:
         ValueError: A key is unknown or a value out of range (naming the full key).

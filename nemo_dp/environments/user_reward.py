@@ -86,11 +86,9 @@ def _module(target: str, key: str) -> Any:
 
 
 def load_function(spec: str, *, key: str) -> Callable[..., Any]:
-    """Import the function ``spec`` names.
+    """Import the function ``spec`` (``package.module:function`` or ``path/to/file.py:function``) names.
 
-    Args:
-        spec: ``package.module:function`` or ``path/to/file.py:function``.
-        key: The config key that names it (in errors).
+    ``key`` is the config key that names it (in errors).
 
     Raises:
         ValueError: The module does not import, has no such attribute, or it is not callable.
@@ -124,9 +122,7 @@ class UserReward:
     """A user's reward function, loaded on first use (also after being sent to a worker).
 
     Args:
-        spec: ``package.module:function`` or ``path/to/file.py:function`` (a relative file path
-            is made absolute here, on the driver).
-        key: The config key that names it.
+        spec: As :func:`load_function`; a relative file path is made absolute here, on the driver.
 
     Raises:
         ValueError: A malformed ``spec``.
@@ -146,16 +142,13 @@ class UserReward:
 
     @property
     def fn(self) -> Callable[..., Any]:
-        """The function (imported now if not yet)."""
+        """The function (imported on first access)."""
         if self._fn is None:
             self._fn = load_function(self.spec, key=self.key)
         return self._fn
 
     def check(self, columns: Sequence[str]) -> None:
-        """Refuse, before any rollout, a function that cannot be called with these columns.
-
-        Args:
-            columns: The dataset columns passed besides ``completions`` and ``prompts``.
+        """Refuse, before any rollout, a function that cannot be called with the dataset ``columns``.
 
         Raises:
             ValueError: It does not import, takes no ``completions``, or needs an argument that
@@ -180,14 +173,9 @@ class UserReward:
             )
 
     def __call__(self, responses: list[str], answers: Sequence[Any]) -> list[float]:
-        """Call the function on one batch; ``None`` results become NaN.
+        """One float per response; ``None`` results (the reward does not apply) become NaN.
 
-        Args:
-            responses: Decoded responses.
-            answers: Reference answers aligned with ``responses`` (``Answer`` carries the row).
-
-        Returns:
-            One float per response (NaN where the reward does not apply).
+        ``answers`` are aligned with ``responses``; an ``Answer`` carries its dataset row.
 
         Raises:
             RewardError: It raised, or returned the wrong count or a non-number (naming the
