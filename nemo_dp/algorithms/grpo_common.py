@@ -66,9 +66,6 @@ def logprob_plan(master_config: Any) -> LogprobPlan:
     When the rollout is exactly one optimizer step and
     ``algorithm.reuse_train_forward_logprobs`` is set, the training forward's own log-probs
     replace the separate no-grad forward (same weights, same numbers).
-
-    Args:
-        master_config: Root config (GRPO algorithm).
     """
     algo = master_config.algorithm
     per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
@@ -101,23 +98,16 @@ def finish_grpo_step_metrics(
     """The step's metrics, with the held-out evaluation when it is due.
 
     Args:
-        step: The step just trained.
         train_metrics: ``policy.train`` / ``train_from_meta`` result.
         info: The collector's info (``unfiltered_rewards``, ``num_gen_batches``,
             ``num_discarded_valid_samples``).
-        train_rewards: float ``[B]`` rewards of the rows trained on.
-        advantages: float ``[B]`` per-row advantages.
-        response_lengths: float ``[B]`` response lengths (tokens, eos included).
+        train_rewards, advantages: float ``[B]``, of the rows trained on.
+        response_lengths: float ``[B]`` in tokens, eos included.
         truncated: ``[B]`` rows without eos.
         sample_mask: float ``[B]``.
-        counters: The trainer counters (``consumed_samples`` is recorded; validation sets
-            ``val_accuracy``).
+        counters: ``consumed_samples`` is recorded; validation sets ``val_accuracy``.
         timings: Seconds spent in generation, log-probs and training.
         prev_logprobs_source: :data:`TRAIN_FORWARD` or :data:`SEPARATE_FORWARD`.
-        val_period: ``algorithm.val_period``.
-        max_steps: The phase's last step.
-        evaluate: Held-out evaluation returning accuracy.
-        logger: For the validation line.
         reward_parts: Each reward's mean over the rows trained on (``reward/<fn>``), when
             ``env.rewards`` lists several.
     """

@@ -61,8 +61,7 @@ class AlgorithmSpec:
             ``<name>_schema``).
         input_builder: ``"module:function"`` building its ``TrainerInputs`` from the config.
         trainers: Data-plane backend kind (``disabled``, ``local``, ``transfer_queue``,
-            ``ray_store``) ->
-            ``"module:function"`` of the trainer; a kind absent here is an illegal pair.
+            ``ray_store``) -> ``"module:function"`` of the trainer; a kind absent here is an illegal pair.
         requires_cross_process: The trainer moves rows between processes (rollout workers,
             driver, trainers), so a backend without ``cross_process`` cannot serve it.
         warm_start: The config has an ``algorithm.warm_start`` SFT phase.
@@ -100,7 +99,6 @@ class AlgorithmSpec:
 
     @property
     def display_label(self) -> str:
-        """The progress-line label."""
         return self.label if self.label is not None else self.name.upper()
 
     def schema_class(self) -> type:
