@@ -33,8 +33,7 @@ class StoreGRPOPath:
 
     Args:
         policy: A ``TQPolicy`` (its training partition is registered per step).
-        tokenizer: The tokenizer.
-        env: The environment that scores responses (in the rollout workers).
+        env: Scores responses (in the rollout workers).
         logger: Where the per-step store line goes (``None``: not logged).
     """
 
@@ -145,8 +144,7 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
     Same context, checkpoints and metrics as ``grpo_train`` (plus ``data_plane/*`` metrics
     when ``data_plane.observability.enabled``).
 
-    Args:
-        ctx: The phase's context (``ctx.policy`` a ``TQPolicy`` from ``make_policy_factory``).
+    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.

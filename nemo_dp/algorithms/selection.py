@@ -23,14 +23,9 @@ __all__ = ["describe_selection", "make_policy_factory", "select_sync_trainer"]
 
 
 def select_sync_trainer(master_config: Any, *, label: str | None = None) -> Callable[..., Any]:
-    """Pick and import the trainer for (algorithm, data plane); print exactly one line.
+    """Pick and import the trainer for (algorithm, data plane); print exactly one progress line.
 
-    Args:
-        master_config: Root config with ``algorithm`` and an optional ``data_plane``.
-        label: Label for the progress line; defaults to the algorithm's label.
-
-    Returns:
-        The trainer function.
+    ``label`` defaults to the algorithm's label; ``data_plane`` in ``master_config`` is optional.
 
     Raises:
         ValueError: As :func:`~nemo_dp.config.trainer_lookup.validate_trainer_selection`.
@@ -47,13 +42,7 @@ def select_sync_trainer(master_config: Any, *, label: str | None = None) -> Call
 
 
 def describe_selection(master_config: Any) -> dict[str, str]:
-    """Strings naming the backend, trainer and policy factory a config selects (for logs).
-
-    Args:
-        master_config: Root config with ``algorithm`` and an optional ``data_plane``.
-
-    Returns:
-        ``{"backend": ..., "trainer": ..., "policy_factory": ...}``.
+    """``{"backend", "trainer", "policy_factory"}``: strings naming what a config selects (for logs).
 
     Raises:
         ValueError: As :func:`~nemo_dp.config.trainer_lookup.validate_trainer_selection`.
@@ -69,10 +58,7 @@ def describe_selection(master_config: Any) -> dict[str, str]:
 
 
 def make_policy_factory(cfg: Any) -> Callable[..., Any] | None:
-    """The policy constructor that matches a ``data_plane`` config.
-
-    Args:
-        cfg: Any accepted ``data_plane`` form.
+    """The policy constructor that matches a ``data_plane`` config (any accepted form).
 
     Returns:
         ``None`` when disabled (build the plain policy); otherwise ``_make_policy(**kwargs)``

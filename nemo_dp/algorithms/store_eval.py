@@ -14,16 +14,7 @@ __all__ = ["check_sync_entry", "problem_rows", "rollout_to_store", "make_store_e
 
 
 def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
-    """Prompt token ids and answers, each problem repeated ``group`` times.
-
-    Args:
-        problems: Problems with ``prompt`` and ``answer``.
-        group: Responses per problem.
-        tokenizer: Encodes the prompts.
-
-    Returns:
-        ``(prompts, answers)``, ``len(problems) * group`` rows each.
-    """
+    """``(prompt token ids, answers)``, each problem repeated ``group`` times."""
     prompts = [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group)]
     answers = [p.answer for p in problems for _ in range(group)]
     return prompts, answers
@@ -34,8 +25,7 @@ def rollout_to_store(
 ) -> Any:
     """Sample ``group`` responses per problem into the training partition (task ``"train"``).
 
-    Returns:
-        ``policy.generate_to_dataplane``'s result (meta, carry) for the rows, in problem order.
+    Returns ``policy.generate_to_dataplane``'s result (meta, carry) for the rows, in problem order.
     """
     prompts, answers = problem_rows(problems, group, tokenizer)
     return policy.generate_to_dataplane(
@@ -53,9 +43,7 @@ def make_store_evaluator(
     afterwards even on failure; only responses to print come back to the driver.  Arguments are
     ``trainer_common.make_evaluator``'s (``policy`` a data-plane policy).
 
-    Returns:
-        A function returning the held-out accuracy (it raises ``ValueError`` when there are no
-        held-out problems).
+    The returned function raises ``ValueError`` when there are no held-out problems.
     """
     num_print = int(master_config.logger.num_val_examples_to_print)
 
@@ -93,8 +81,6 @@ def check_sync_entry(policy: Any, master_config: Any, target: str, legacy: str) 
     """Refuse to start the synchronous data-plane trainer ``target`` where it does not apply.
 
     Args:
-        policy: The phase's policy.
-        master_config: The run's config.
         target: The trainer's ``module:function`` entry in the trainer table.
         legacy: The ``module:function`` of the legacy trainer to use instead.
 
