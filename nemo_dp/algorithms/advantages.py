@@ -16,7 +16,6 @@ def grpo_baseline_and_std(
 
     Args:
         rewards: float ``[N]``, groups contiguous, ``N`` a multiple of ``group_size``.
-        group_size: Samples per prompt.
         leave_one_out: Baseline = mean of the OTHER samples of the group (needs
             ``group_size >= 2``) instead of the group mean.
 
@@ -65,15 +64,7 @@ def grpo_advantages(
     Groups with zero std (all rewards equal) get zero advantage with the group-mean baseline
     and with the leave-one-out baseline alike, so they contribute no policy gradient.
 
-    Args:
-        rewards: float ``[N]``.
-        baseline: float ``[N]``.
-        std: float ``[N]``.
-        normalize_std: Divide by ``std + eps``.
-        eps: Keeps the division finite.
-
-    Returns:
-        float32 ``[N]``.
+    All tensors are float ``[N]``; the result is float32.
 
     Raises:
         ValueError: If the shapes differ.

@@ -26,14 +26,13 @@ def truncated_importance_weights(
 ) -> torch.Tensor:
     """Per-token ``min(exp(prev - gen), cap)`` for stale rows, exactly 1 for fresh ones.
 
+    Returns float32 ``[b, s]`` weights (no gradient).
+
     Args:
-        prev_logprobs: float ``[b, s]`` log-probs under the trainer's policy before the step.
+        prev_logprobs: float ``[b, s]`` under the trainer's policy before the step.
         generation_logprobs: float ``[b, s]`` behaviour log-probs recorded at generation.
         lag: int ``[b]`` policy versions the row lags behind the trainer (>= 0).
-        cap: Truncation cap (>= 1).
-
-    Returns:
-        float32 ``[b, s]`` weights (no gradient).
+        cap: >= 1.
 
     Raises:
         ValueError: On a negative lag or a cap below 1.
@@ -52,10 +51,6 @@ class TruncatedISClippedPGLoss(ClippedPGLossFn):
     """``ClippedPGLossFn`` with the policy-gradient term re-weighted on stale samples.
 
     Args:
-        ratio_clip_min: As ``ClippedPGLossFn``.
-        ratio_clip_max: As ``ClippedPGLossFn``.
-        reference_policy_kl_penalty: As ``ClippedPGLossFn``.
-        token_level_loss: As ``ClippedPGLossFn``.
         importance_ratio_cap: Cap of the truncated importance weight (>= 1).
         trainer_version: The trainer's policy version for this step (``pi_old``).
 

@@ -18,13 +18,7 @@ __all__ = ["TrainerInputs", "build_sft_inputs", "build_rl_inputs"]
 
 @dataclass
 class TrainerInputs:
-    """What a trainer consumes besides the policy and the config.
-
-    Attributes:
-        train_loader: Resumable loader of SFT pairs (SFT) or problems (GRPO / PPO).
-        val_problems: Held-out problems for greedy exact-match evaluation.
-        env: The reward environment.
-    """
+    """What a trainer consumes besides the policy and the config (fields as in ``TrainContext``)."""
 
     train_loader: EpochLoader[Any]
     val_problems: list[Problem]
@@ -38,9 +32,7 @@ def build_sft_inputs(master_config: Any, tokenizer: Any | None = None) -> Traine
     else from the arithmetic generator (``algorithm.num_train_samples``); ``algorithm.shuffle``
     decides the epoch order.
 
-    Args:
-        master_config: Validated root config whose ``algorithm`` is an SFT node.
-        tokenizer: The run's tokenizer (renders chat prompts of the held-out set).
+    ``tokenizer`` renders chat prompts of the held-out set.
 
     Raises:
         DatasetError: A dataset problem, naming the key, file:line and field.
@@ -69,9 +61,7 @@ def build_rl_inputs(master_config: Any, tokenizer: Any | None = None) -> Trainer
     else from the arithmetic generator (``algorithm.num_train_prompts``); the epoch order is
     always shuffled.
 
-    Args:
-        master_config: Validated root config whose ``algorithm`` is an RL node.
-        tokenizer: The run's tokenizer (renders chat prompts).
+    ``tokenizer`` renders chat prompts.
 
     Raises:
         DatasetError: A dataset problem, naming the key, file:line and field.

@@ -22,12 +22,8 @@ _BOXED = "\\boxed{"
 def normalize_answer(text: str) -> str:
     """Minimal normalisation applied to both the extracted and the reference answer.
 
-    Args:
-        text: An answer string.
-
-    Returns:
-        ``text`` stripped of surrounding whitespace, ``$`` signs at either end and one trailing
-        period; a number with thousands separators loses them (``"1,234"`` -> ``"1234"``).
+    Strips surrounding whitespace, ``$`` signs at either end and one trailing period; a number
+    with thousands separators loses them (``"1,234"`` -> ``"1234"``).
     """
     out = text.strip().strip("$").strip()
     if out.endswith(".") and not out.endswith(".."):
@@ -61,14 +57,7 @@ def _last_boxed(text: str) -> Optional[str]:
 
 
 def extract_final_answer(text: str) -> Optional[str]:
-    """The final answer a response gives (see the module docstring for the rules).
-
-    Args:
-        text: The decoded response.
-
-    Returns:
-        The normalised answer, or None when the response holds none.
-    """
+    """The normalised final answer a response gives, or None (rules in the module docstring)."""
     for found in (_after_hashes(text), _last_boxed(text)):
         if found is not None:
             answer = normalize_answer(found)
@@ -78,14 +67,7 @@ def extract_final_answer(text: str) -> Optional[str]:
 
 
 def reference_answer(answer: str) -> str:
-    """The normalised reference: after ``####`` / inside ``\\boxed{}`` when present, else as is.
-
-    Args:
-        answer: The dataset's ``answer`` field.
-
-    Returns:
-        The string a response's final answer must equal.
-    """
+    """The normalised reference: after ``####`` / inside ``\\boxed{}`` when present, else as is."""
     for found in (_after_hashes(answer), _last_boxed(answer)):
         if found is not None:
             return normalize_answer(found)
