@@ -17,13 +17,7 @@ LEDGER_FILE = "async_ledger.jsonl"
 
 
 def read_ledger(path: str | Path) -> list[dict[str, Any]]:
-    """The ledger's records in file order.
-
-    Args:
-        path: A ledger file.
-
-    Returns:
-        The records (``[]`` when the file does not exist).
+    """The ledger's records in file order (``[]`` when the file does not exist).
 
     Raises:
         ValueError: A line is not a JSON object (names the file and line number).
@@ -46,21 +40,13 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
 
 
 class AsyncLedger:
-    """Appends trained-step records to ``<out_dir>/async_ledger.jsonl``.
-
-    Args:
-        out_dir: The phase's output directory.
-    """
+    """Appends trained-step records to ``<out_dir>/async_ledger.jsonl`` (``out_dir``: the phase's)."""
 
     def __init__(self, out_dir: str | Path) -> None:
         self.path = Path(out_dir) / LEDGER_FILE
 
     def truncate_after(self, step: int) -> None:
-        """Drop records of steps after ``step`` (a resumed run redoes them).
-
-        Args:
-            step: The resumed step (0 = fresh run: the file is emptied).
-        """
+        """Drop records of steps after the resumed ``step`` (a resumed run redoes them; 0 empties the file)."""
         kept = [r for r in read_ledger(self.path) if int(r["step"]) <= step]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
@@ -71,10 +57,8 @@ class AsyncLedger:
         """Record one trained step.
 
         Args:
-            step: The trainer step.
             epoch: Loader epoch of the step's prompts.
             indices: Dataset indices of the step's prompts.
-            sample_ids: The trained rows' ids.
             version: Policy version that generated the rows.
         """
         rec = {

@@ -16,15 +16,7 @@ __all__ = ["unknown_keys", "check_known_keys", "closest"]
 
 
 def closest(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:
-    """The candidate nearest to ``word`` (a likely typo), or ``None`` when none is close.
-
-    Args:
-        word: What the user wrote.
-        candidates: The legal names.
-
-    Returns:
-        The closest legal name, or ``None``.
-    """
+    """The legal name nearest to ``word`` (a likely typo), or ``None`` when none is close."""
     match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return match[0] if match else None
 
@@ -32,9 +24,7 @@ def closest(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:
 def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, list[str]]]:
     """Every key of ``node`` (recursively) that its schema does not declare.
 
-    Args:
-        node: A composed config node.
-        prefix: The node's full key (``""`` for the root).
+    ``prefix`` is the node's full key (``""`` for the root).
 
     Yields:
         ``(full key, the keys its parent's schema declares)``.
@@ -58,8 +48,7 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, list
 def check_known_keys(node: DictConfig) -> None:
     """Refuse a key the schema does not declare (one added with a leading ``+``).
 
-    Args:
-        node: The composed root node (without the ``hydra`` node).
+    ``node`` is the composed root without the ``hydra`` node.
 
     Raises:
         ValueError: Naming the first unknown key, the closest declared key and why ``+`` does

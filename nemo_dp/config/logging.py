@@ -28,9 +28,7 @@ def _relative_dir(key: str, value: str) -> None:
 class TensorBoardConfig:
     """``logger.tensorboard``: an event file per phase under ``<run_dir>/<log_dir>``.
 
-    Attributes:
-        enabled: Write TensorBoard events.
-        log_dir: Directory relative to the run directory.
+    ``log_dir`` is relative to the run directory.
     """
 
     enabled: bool = False
@@ -45,12 +43,9 @@ class WandbConfig:
     """``logger.wandb``: a Weights & Biases run, offline unless ``mode`` says otherwise.
 
     Attributes:
-        enabled: Log to W&B.
-        project: W&B project name.
         entity: W&B entity (team or user); ``None`` uses wandb's default.
         name: Run name; ``None`` uses the run directory's name.
         group: Run group (for example one sweep); ``None`` for none.
-        tags: Run tags.
         mode: One of :data:`WANDB_MODES`; ``offline`` (default) needs no network and leaves
             ``run-*.wandb`` files that ``wandb sync`` can upload later.
         dir: Directory relative to the run directory that receives wandb's files.
@@ -79,10 +74,9 @@ class MlflowConfig:
     """``logger.mlflow``: an MLflow run, in a local file store inside the run directory by default.
 
     Attributes:
-        enabled: Log to MLflow.
-        tracking_uri: Tracking URI; ``None`` means ``file:<run_dir>/mlruns``.
-        experiment: Experiment name (created when missing).
-        run_name: Run name; ``None`` uses the run directory's name.
+        tracking_uri: ``None`` means ``file:<run_dir>/mlruns``.
+        experiment: Created when missing.
+        run_name: ``None`` uses the run directory's name.
     """
 
     enabled: bool = False

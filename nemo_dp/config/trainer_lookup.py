@@ -68,10 +68,8 @@ class TrainerSelection:
     """The resolved trainer choice for one config (nothing imported yet).
 
     Attributes:
-        algorithm: ``algorithm`` name (``sft``, ``grpo``, ``ppo``).
         data_plane: Data-plane kind (``disabled``, ``local``, ``transfer_queue``, ``ray_store``).
         target: ``"module:function"`` of the trainer.
-        label: Label for the progress line.
         mode: ``"synchronous"`` or the name of the mode switched on (``"asynchronous"``).
     """
 
@@ -134,11 +132,9 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
 
     Args:
         master_config: Root config (``DictConfig``, dataclass or mapping) with an optional
-            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``) and an optional ``data_plane`` entry.
+            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``) and an optional
+            ``data_plane``.
         label: Progress-line label; defaults to the algorithm's label.
-
-    Returns:
-        The selection.
 
     Raises:
         ValueError: Unknown algorithm, unknown ``data_plane.impl``, or an illegal pair (naming
