@@ -12,7 +12,7 @@ def staleness_metrics(lags: Sequence[int], max_staleness: int) -> dict[str, floa
 
     Args:
         lags: Per-row ``trainer_version - policy_version`` (each in ``[0, max_staleness]``).
-        max_staleness: The configured bound (histogram bins ``0..max_staleness``).
+        max_staleness: Histogram bins are ``0..max_staleness``.
 
     Returns:
         ``async/staleness_mean``, ``async/staleness_max`` and one
@@ -50,10 +50,8 @@ def idle_metrics(
     """Idle fractions of the trainer and of the rollout actors over one step window.
 
     Args:
-        wall_s: Wall time of the window (> 0).
         claim_wait_s: Seconds the trainer spent waiting for samples.
         rollout_busy_s: Generation + put seconds of rollout shards that finished in the window.
-        num_rollout_workers: Rollout actors.
         window: Optional extra seconds to report as ``time/<key>``.
 
     Returns:

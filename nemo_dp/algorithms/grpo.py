@@ -37,10 +37,7 @@ GRPO_TRAIN_KEYS: tuple[str, ...] = (
 class LegacyGRPOPath:
     """GRPO's rows in driver memory: one ``BatchedDataDict`` per step (``carry is handle``).
 
-    Args:
-        policy: A plain ``Policy``.
-        tokenizer: The tokenizer (its pad id pads concatenated batches).
-        env: The environment that scores responses.
+    ``policy`` is a plain ``Policy``; ``tokenizer``'s pad id pads concatenated batches.
     """
 
     def __init__(self, policy: Any, tokenizer: Any, env: Any) -> None:
@@ -141,8 +138,7 @@ def collect_grpo_batch(
 def grpo_train(ctx: TrainContext) -> dict[str, Any]:
     """Run GRPO for ``algorithm.max_steps`` steps with the batch in driver memory.
 
-    Args:
-        ctx: The phase's context (``ctx.policy`` a plain ``Policy``, ``ctx.cfg.algorithm`` GRPO).
+    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` GRPO.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.

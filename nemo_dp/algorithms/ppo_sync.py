@@ -49,8 +49,7 @@ class StorePPOPath:
     Args:
         policy: A ``TQPolicy`` (its training partition is registered per step).
         value: The ``TQValue`` critic sharing the policy's data plane.
-        tokenizer: The tokenizer.
-        env: The environment that scores responses (in the rollout workers).
+        env: Scores responses (in the rollout workers).
     """
 
     def __init__(self, policy: Any, value: Any, tokenizer: Any, env: Any) -> None:
@@ -120,9 +119,8 @@ def ppo_train_sync(ctx: TrainContext) -> dict[str, Any]:
     Same context, checkpoints and metrics as ``ppo_train``.  The critic is a ``TQValue``
     sharing the policy's data plane, created here and shut down at the end.
 
-    Args:
-        ctx: The phase's context (``ctx.policy`` a ``TQPolicy`` from ``make_policy_factory``,
-            ``ctx.cfg`` PPO with ``data_plane=tq``).
+    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``, ``ctx.cfg`` PPO with
+    ``data_plane=tq``.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.

@@ -38,10 +38,7 @@ def at_least(key: str, value: float, lower: float) -> None:
 def at_least_each(prefix: str, node: Any, **lower: float) -> None:
     """:func:`at_least` on ``node.<name> >= bound`` for each ``name=bound``, in order.
 
-    Args:
-        prefix: The node's dotted key (``"policy.model"``); errors name ``prefix.name``.
-        node: The config node.
-        **lower: Each field's lower bound.
+    ``prefix`` is the node's dotted key (``"policy.model"``); errors name ``prefix.name``.
 
     Raises:
         ValueError: The first field below its bound.
