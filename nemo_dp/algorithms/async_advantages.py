@@ -21,7 +21,6 @@ class GroupAdvantages:
     """Group-relative baselines, stds and advantages of contiguous whole groups.
 
     Attributes:
-        group_size: Generations per prompt.
         leave_one_out: Leave-one-out baseline instead of the group mean.
         normalize_rewards: Divide advantages by the group's reward std (+ eps).
     """
@@ -32,11 +31,7 @@ class GroupAdvantages:
 
     @classmethod
     def from_algorithm(cls, algo: Any) -> GroupAdvantages:
-        """The estimator an ``algorithm`` (GRPO) node asks for.
-
-        Args:
-            algo: The ``algorithm`` config node.
-        """
+        """The estimator an ``algorithm`` (GRPO) node asks for."""
         return cls(
             group_size=int(algo.num_generations_per_prompt),
             leave_one_out=bool(algo.use_leave_one_out_baseline),
@@ -44,13 +39,7 @@ class GroupAdvantages:
         )
 
     def __call__(self, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Baselines, stds and advantages of ``rewards``.
-
-        Args:
-            rewards: float ``[N]``, groups contiguous, ``N`` a multiple of ``group_size``.
-
-        Returns:
-            ``(baseline [N], std [N], advantages [N])``.
+        """``(baseline, std, advantages)``, each ``[N]``, of float ``[N]`` contiguous-group ``rewards``.
 
         Raises:
             ValueError: ``N`` is not a multiple of ``group_size`` (from the estimator).

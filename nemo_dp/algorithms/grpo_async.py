@@ -86,9 +86,8 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     Same call signature, checkpoints and step metrics as ``grpo_train_sync``, plus ``async/*``
     metrics (throughput, staleness histogram, idle fractions, store occupancy).
 
-    Args:
-        ctx: The phase's context (``ctx.policy`` a ``TQPolicy`` from ``make_policy_factory``,
-            ``ctx.cfg`` GRPO with ``async_rollout.enabled`` and ``data_plane=tq``).
+    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``, ``ctx.cfg`` GRPO with
+    ``async_rollout.enabled`` and ``data_plane=tq``.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.

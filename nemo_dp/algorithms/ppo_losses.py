@@ -25,9 +25,6 @@ class ClippedValueLossFn(GlobalLoss):
     ``loss_t = 0.5 * max((v - R)^2, (v_clip - R)^2)``.  The token losses of valid tokens
     (``token_mask * sample_mask``) are summed and divided by ``global_valid_tokens``.
 
-    Args:
-        value_clip: Clip range of the value update (> 0).
-
     Raises:
         ValueError: If ``value_clip <= 0``.
     """

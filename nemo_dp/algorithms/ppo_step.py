@@ -78,10 +78,7 @@ class PPOBatchPath(Protocol):
 def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]:
     """Run PPO for ``algorithm.max_steps`` steps with the rows on ``path``.
 
-    Args:
-        ctx: The phase's context (``ctx.cfg.algorithm`` PPO).
-        value: The critic (built by the caller, which also shuts it down).
-        path: Where the rows live.
+    ``value`` is the critic, built and shut down by the caller.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
