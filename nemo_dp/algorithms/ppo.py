@@ -25,11 +25,7 @@ __all__ = ["ppo_train", "LegacyPPOPath"]
 class LegacyPPOPath:
     """PPO's rows in driver memory: the rollout batch plus a training ``BatchedDataDict``.
 
-    Args:
-        policy: A plain ``Policy``.
-        value: The critic.
-        tokenizer: The tokenizer.
-        env: The environment that scores responses.
+    ``policy`` is a plain ``Policy``.
     """
 
     def __init__(self, policy: Any, value: Any, tokenizer: Any, env: Any) -> None:
@@ -97,9 +93,8 @@ class LegacyPPOPath:
 def ppo_train(ctx: TrainContext) -> dict[str, Any]:
     """Run PPO for ``algorithm.max_steps`` steps (in-memory batches).
 
-    Args:
-        ctx: The phase's context (``ctx.policy`` a plain ``Policy``, ``ctx.cfg.algorithm`` PPO,
-            ``ctx.train_loader`` batch size ``num_prompts_per_step``).
+    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` PPO, ``ctx.train_loader``
+    batch size ``num_prompts_per_step``.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.

@@ -18,11 +18,7 @@ __all__ = ["sft_train", "LegacySFTPath", "restore_trainer_state"]
 
 
 class LegacySFTPath:
-    """SFT batches collated on the driver and sent with the train call.
-
-    Args:
-        ctx: The phase's context (``ctx.train_loader`` yields a global batch of examples).
-    """
+    """SFT batches collated on the driver and sent with the train call (``ctx.train_loader`` yields global batches)."""
 
     def __init__(self, ctx: TrainContext) -> None:
         self.policy, self.train_loader, self.tokenizer = ctx.policy, ctx.train_loader, ctx.tokenizer
@@ -57,10 +53,8 @@ class LegacySFTPath:
 def sft_train(ctx: TrainContext) -> dict[str, Any]:
     """Run SFT for ``algorithm.max_steps`` steps.
 
-    Args:
-        ctx: The phase's context (``ctx.policy`` a plain ``Policy``, ``ctx.cfg.algorithm`` SFT,
-            ``ctx.train_loader`` of (prompt, response) pairs with batch size
-            ``policy.train_global_batch_size``).
+    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` SFT, ``ctx.train_loader``
+    of (prompt, response) pairs with batch size ``policy.train_global_batch_size``.
 
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}`` (accuracies

@@ -44,10 +44,6 @@ class SFTBatchPath(Protocol):
 def run_sft(ctx: TrainContext, path: SFTBatchPath) -> dict[str, Any]:
     """Run SFT for ``algorithm.max_steps`` steps with batches delivered by ``path``.
 
-    Args:
-        ctx: The phase's context (``ctx.cfg.algorithm`` SFT).
-        path: How batches reach the workers.
-
     Returns:
         ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}`` (accuracies
         ``None`` when never evaluated).

@@ -38,7 +38,6 @@ class RewardItem:
     Attributes:
         fn: A registered reward (``exact``, ``math``, ``format``, ``auto``) or a function
             ``package.module:function`` / ``path/to/file.py:function``.
-        weight: Its weight in the total.
         pattern: The regular expression of the ``format`` reward.
     """
 

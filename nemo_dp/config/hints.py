@@ -18,15 +18,7 @@ __all__ = ["group_options", "composition_hints"]
 
 
 def group_options(conf_dir: str | os.PathLike[str], group: str) -> list[str] | None:
-    """The options of config group ``group`` (its ``*.yaml`` stems), or ``None`` if no group.
-
-    Args:
-        conf_dir: The config directory (``conf/``).
-        group: A group name (``algorithm``, ``policy``, ...).
-
-    Returns:
-        The sorted option names, or ``None`` when ``conf_dir/group`` is not a directory.
-    """
+    """The sorted options of ``group`` (``*.yaml`` stems in ``conf_dir/group``), or ``None`` if no such directory."""
     root = Path(conf_dir) / group
     if not group or not root.is_dir():
         return None
@@ -99,15 +91,7 @@ def _key_hints(overrides: Sequence[str], conf_dir: Path) -> list[str]:
 
 
 def composition_hints(overrides: Sequence[str], *, conf_dir: str | os.PathLike[str]) -> list[str]:
-    """One hint per mistyped group option or key of a command line that failed to compose.
-
-    Args:
-        overrides: The command-line overrides (``sys.argv[1:]``).
-        conf_dir: The config directory the launcher composes from.
-
-    Returns:
-        The hint lines (none when nothing is recognisably mistyped).
-    """
+    """One hint line per mistyped group option or key of a command line (``sys.argv[1:]``) that failed to compose."""
     conf = Path(conf_dir)
     args = [o for o in overrides if not o.startswith("-")]
     return _group_hints(args, conf) + _key_hints(args, conf)

@@ -39,8 +39,8 @@ __all__ = [
 
 POLICY_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 HF_ATTN_NAMES: tuple[str, ...] = ("sdpa", "eager")
-#: ``policy.precision`` values (Lightning's names): float32 throughout; float32 master weights
-#: and optimizer state with the forward and backward under bfloat16 autocast; bfloat16 weights.
+
+
 @dataclass
 class TinyPolicyConfig(PolicyConfig):
     """``policy=tiny``: the built-in transformer shaped by ``policy.model``."""

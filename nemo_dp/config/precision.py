@@ -15,6 +15,8 @@ def _one_of(key: str, value: object, legal: tuple[str, ...]) -> None:
         raise ValueError(f"{key}: got {value!r}; legal values: {list(legal)}")
 
 
+#: ``policy.precision`` values (Lightning's names): float32 throughout; float32 master weights
+#: and optimizer state with the forward and backward under bfloat16 autocast; bfloat16 weights.
 PRECISION_NAMES: tuple[str, ...] = ("32-true", "bf16-mixed", "bf16-true")
 #: The precision of a node that sets neither ``policy.precision`` nor ``policy.dtype``.
 DEFAULT_PRECISION = "32-true"
@@ -25,15 +27,9 @@ HF_DTYPE_NAMES: tuple[str, ...] = tuple(DTYPE_PRECISIONS)
 
 
 def resolve_precision_name(precision: Optional[str], dtype: Optional[str]) -> str:
-    """The precision ``policy.precision`` / ``policy.dtype`` select.
+    """The one of :data:`PRECISION_NAMES` that ``policy.precision`` / ``policy.dtype`` select.
 
-    Args:
-        precision: ``policy.precision`` (``None``: not set).
-        dtype: ``policy.dtype`` (``None``: not set), an alias of ``float32`` -> ``32-true``
-            and ``bfloat16`` -> ``bf16-true``.
-
-    Returns:
-        One of :data:`PRECISION_NAMES` (:data:`DEFAULT_PRECISION` when neither is set).
+    Either may be ``None`` (not set); :data:`DEFAULT_PRECISION` when neither is set.
 
     Raises:
         ValueError: An illegal value (naming the key and the legal values), or both keys set

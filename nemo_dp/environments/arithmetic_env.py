@@ -14,15 +14,10 @@ class ArithmeticEnv:
     """Exact-match reward: 1.0 when the response text before eos equals the answer."""
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """Score responses.
+        """float32 ``[N]`` rewards in {0.0, 1.0}.
 
-        Args:
-            responses: Decoded responses (``CharTokenizer.decode`` already stops at eos; a
-                literal ``"<eos>"`` marker is also cut, for text decoded with the specials).
-            answers: Reference answers, aligned with ``responses``.
-
-        Returns:
-            float32 ``[N]`` rewards in {0.0, 1.0}.
+        ``CharTokenizer.decode`` already stops at eos; a literal ``"<eos>"`` marker in a response
+        is also cut, for text decoded with the specials.
 
         Raises:
             ValueError: If the lists differ in length.
