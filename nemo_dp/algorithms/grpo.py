@@ -140,8 +140,6 @@ def grpo_train(ctx: TrainContext) -> dict[str, Any]:
 
     ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` GRPO.
 
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.

@@ -89,8 +89,6 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``, ``ctx.cfg`` GRPO with
     ``async_rollout.enabled`` and ``data_plane=tq``.
 
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
         ValueError: The config does not select this trainer, the policy is not a data-plane

@@ -171,8 +171,6 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
     and starts a fresh optimizer at ``policy.optimizer.lr`` (after an SFT warm start this makes
     the warm-started model the reference).
 
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.

@@ -146,8 +146,6 @@ def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
 
     ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``.
 
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
         ValueError: The config does not select this trainer, the policy is not a data-plane

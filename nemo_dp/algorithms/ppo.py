@@ -95,9 +95,6 @@ def ppo_train(ctx: TrainContext) -> dict[str, Any]:
 
     ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` PPO, ``ctx.train_loader``
     batch size ``num_prompts_per_step``.
-
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
     """
     value = make_value(ctx.cfg, ctx.tokenizer)
     try:

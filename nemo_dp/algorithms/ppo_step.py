@@ -79,9 +79,6 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
     """Run PPO for ``algorithm.max_steps`` steps with the rows on ``path``.
 
     ``value`` is the critic, built and shut down by the caller.
-
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
     """
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm

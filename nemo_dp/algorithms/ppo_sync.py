@@ -122,8 +122,6 @@ def ppo_train_sync(ctx: TrainContext) -> dict[str, Any]:
     ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``, ``ctx.cfg`` PPO with
     ``data_plane=tq``.
 
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
         ValueError: The config does not select this trainer or the policy is not a

@@ -55,9 +55,5 @@ def sft_train(ctx: TrainContext) -> dict[str, Any]:
 
     ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` SFT, ``ctx.train_loader``
     of (prompt, response) pairs with batch size ``policy.train_global_batch_size``.
-
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}`` (accuracies
-        ``None`` when never evaluated).
     """
     return run_sft(ctx, LegacySFTPath(ctx))

@@ -42,12 +42,7 @@ class SFTBatchPath(Protocol):
 
 
 def run_sft(ctx: TrainContext, path: SFTBatchPath) -> dict[str, Any]:
-    """Run SFT for ``algorithm.max_steps`` steps with batches delivered by ``path``.
-
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}`` (accuracies
-        ``None`` when never evaluated).
-    """
+    """Run SFT for ``algorithm.max_steps`` steps with batches delivered by ``path``."""
     policy, master_config, logger = ctx.policy, ctx.cfg, ctx.logger
     algo = master_config.algorithm
     max_steps = int(algo.max_steps)

@@ -240,8 +240,6 @@ def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
             the template whose replicas are shipped to the workers (it receives the resumed
             position); ``ctx.hooks.on_checkpoint_staged`` runs inside each checkpoint write.
 
-    Returns:
-        ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``.
 
     Raises:
         ValueError: Sequence packing is enabled (placed SFT batches carry no producer plan), or
