@@ -92,7 +92,6 @@ class StoreGRPOPath:
             self.policy.get_logprobs_from_meta(meta)
         elif plan.reference:
             self.policy.get_reference_policy_logprobs_from_meta(meta)
-        # The per-row values travel with the training dispatch.
         return {ADVANTAGES: advantages, SAMPLE_MASK: sample_mask}
 
     def train(
