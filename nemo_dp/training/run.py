@@ -221,9 +221,7 @@ def run_phases(
     checkpoints and ``summary.json``.
 
     Args:
-        cfg: The composed root config.
         validated: ``validate_config(cfg)`` (typed view: cluster, logger, checkpointing).
-        run_dir: The job's output directory.
         hooks: Injected callbacks for every phase's trainer.
         record: The launcher's ``nemo_dp.training.run_record.RunRecord``: marked started once
             Ray is up and the run directory is claimed (a failure before, Ray start-up and the
