@@ -1,9 +1,8 @@
 """Resolution of ``checkpointing.resume_from`` and ``policy.init_from``, on the driver.
 
-Every accepted path form (run directory, checkpoints root, phase root, step directory; located by
-:mod:`nemo_dp.training.checkpoint_discovery`) resolves to exactly one checkpoint; anything else
-raises :class:`ResumeError` before Ray starts.  Each checkpoint's ``checkpoint_meta.json``
-(:class:`CheckpointMeta`) is compared with this run and a mismatch refused
+Every accepted path form (run directory, checkpoints root, phase root, step directory) resolves to
+exactly one checkpoint, else :class:`ResumeError` is raised before Ray starts.  A checkpoint whose
+``checkpoint_meta.json`` (:class:`CheckpointMeta`) differs from this run is refused
 (:class:`CheckpointMismatchError`).
 """
 
