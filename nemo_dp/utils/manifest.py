@@ -137,7 +137,8 @@ def write_manifest(directory: str | os.PathLike[str]) -> Path:
     Returns its path.
 
     Raises:
-        Like :func:`build_manifest` (nothing is written then).
+        NotADirectoryError: ``directory`` is not a directory.
+        ValueError: It holds a symbolic link or a special file (nothing is written).
     """
     root = Path(directory)
     manifest = build_manifest(root)
