@@ -28,8 +28,7 @@ from nemo_dp.training.hydra_task import silence_known_noise  # noqa: E402
 class RawTransferQueueBackend(Backend):
     """The library's own ``kv_batch_put``/``kv_batch_get`` on the adapter's running system.
 
-    Lives in the launcher, not in ``nemo_dp``: inside the package only the TransferQueue adapter
-    may import the library.  Requires the adapter client to have bootstrapped the system.
+    Requires the adapter client to have bootstrapped the system.
     """
 
     name = TQ_RAW

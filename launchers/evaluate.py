@@ -28,14 +28,9 @@ ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """Validate the config, locate the checkpoint, evaluate, print the accuracy.
+    """Validate the config, locate the checkpoint, evaluate into ``out_dir``, print the accuracy.
 
-    Args:
-        cfg: The composed ``evaluate`` config.
-        out_dir: Where predictions and the summary are written.
-
-    Returns:
-        The evaluation result (``evaluate_checkpoint``'s dict).
+    Returns ``evaluate_checkpoint``'s dict.
     """
     import torch
 

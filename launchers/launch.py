@@ -33,14 +33,8 @@ register_configs(RECIPES_DIR)
 def run(cfg: DictConfig, run_dir: Path, record: RunRecord | None = None) -> float:
     """Validate, preflight and run every phase of ``cfg`` into ``run_dir``.
 
-    Args:
-        cfg: The composed root config.
-        run_dir: The job's output directory.
-        record: The failure handling's record (marked started just before Ray starts).
-
-    Returns:
-        The held-out accuracy after the last phase (the run summary is in
-        ``run_dir/summary.json``).
+    ``record`` is marked started just before Ray starts. Returns the held-out accuracy after the
+    last phase (the run summary is in ``run_dir/summary.json``).
     """
     from nemo_dp.training import final_accuracy, run_phases
 
@@ -52,15 +46,7 @@ def run(cfg: DictConfig, run_dir: Path, record: RunRecord | None = None) -> floa
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 @hydra_task
 def main(cfg: DictConfig, record: RunRecord) -> float:
-    """Hydra entry point (one call per job, also under ``--multirun``).
-
-    Args:
-        cfg: The composed root config.
-        record: The job's run record (run directory, log file, summary so far).
-
-    Returns:
-        The final held-out accuracy (what a sweeper maximises).
-    """
+    """Hydra entry point (one call per job, also under ``--multirun``); returns the final held-out accuracy."""
     return run(cfg, record.run_dir, record)
 
 

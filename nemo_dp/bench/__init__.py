@@ -53,11 +53,7 @@ class TrainingConfSearchPath(SearchPathPlugin):
     """
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        """Append ``conf/`` after the bench's own directory.
-
-        Args:
-            search_path: The search path Hydra is building for an app.
-        """
+        """Append ``conf/`` after the bench's own directory in the search path Hydra is building."""
         dirs = [_local_dir(element.path) for element in search_path.get_path() if element.path]
         bench, conf = BENCH_CONF_DIR.resolve(), CONF_DIR.resolve()
         if bench in dirs and conf not in dirs:
@@ -96,15 +92,10 @@ def register_bench_configs() -> None:
 def run_bench(
     cfg: DictConfig, output_dir: Path, *, raw_backends: Mapping[str, Callable[[], Any]] | None = None
 ) -> dict[str, Any]:
-    """Run the benchmark ``bench.name`` names.
+    """Run the benchmark ``bench.name`` names; return the report that was written.
 
     Args:
-        cfg: The composed bench root config.
-        output_dir: Where the report goes.
         raw_backends: Extra data-plane backends defined outside the package (``tq_raw``).
-
-    Returns:
-        The report that was written.
 
     Raises:
         ValueError: Unknown bench name (lists the known ones).

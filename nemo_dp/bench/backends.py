@@ -1,9 +1,7 @@
 """The measured backends of the data-plane benchmark: one ``once`` = one timed repetition.
 
 ``memcpy`` (the physical floor), any ``DataPlaneClient`` (Local, TransferQueue adapter) and
-Ray's object store.  The raw TransferQueue library baseline is not here: inside the package
-only the TransferQueue adapter may import the library, so ``launchers/bench.py`` defines that
-backend and hands it to :func:`nemo_dp.bench.data_plane.run_data_plane_bench`.
+Ray's object store.  The raw TransferQueue baseline is in ``launchers/bench.py`` (see there).
 """
 
 from __future__ import annotations

@@ -128,15 +128,9 @@ class Payload:
 
 
 def make_payload(kind: str, size_mib: float, bench: DataPlaneBenchConfig) -> Payload:
-    """Build a ``dense`` or ``jagged`` payload of about ``size_mib`` MiB of tensor bytes.
+    """Build a ``dense`` or ``jagged`` payload of about ``size_mib`` MiB of tensor bytes (ids ``row{i}``).
 
-    Args:
-        kind: ``"dense"`` or ``"jagged"``.
-        size_mib: Target size.
-        bench: Shapes and seed.
-
-    Returns:
-        The payload (sample ids ``row{i}``).
+    ``bench`` gives the shapes and the seed.
     """
     gen = torch.Generator().manual_seed(bench.seed)
     target = int(size_mib * MIB)

@@ -1,11 +1,9 @@
 """``bench=data_plane``: put/get throughput of every data-plane backend on the same bytes.
 
-Why it exists: the data plane is only worth its complexity if moving a step's tensors through
-it costs about what copying them costs.  Side by side in one run: ``memcpy`` (one
-``torch.clone``, the floor), ``local`` and ``transfer_queue`` (the adapters through
-``build_data_plane_client``), ``tq_raw`` (the library's own calls, to isolate the adapter's
-overhead; provided by the launcher), and Ray's object store (``ray_tensordict``, ``ray_numpy``,
-read in the driver and in a ``num_cpus=0`` actor), on ``dense`` and ``jagged`` payloads.
+Side by side: ``memcpy`` (one ``torch.clone``, the floor), ``local`` and ``transfer_queue``
+(through ``build_data_plane_client``), ``tq_raw`` (the library's own calls, from the launcher),
+and Ray's object store (``ray_tensordict``, ``ray_numpy``, read in the driver and in a
+``num_cpus=0`` actor), on ``dense`` and ``jagged`` payloads.
 """
 
 from __future__ import annotations
@@ -108,15 +106,10 @@ def _setup_backends(
 def run_data_plane_bench(
     cfg: DictConfig, output_dir: Path, *, raw_backends: Mapping[str, Callable[[], Backend]] | None = None
 ) -> dict[str, Any]:
-    """Measure every selected backend on every payload and size; write the JSON report.
+    """Measure every selected backend on every payload and size; write and return the JSON report.
 
     Args:
-        cfg: The composed root config (``bench``, ``data_plane``, ``local_data_plane``).
-        output_dir: Where the JSON goes (Hydra's run directory).
         raw_backends: Constructors of backends defined outside the package (``tq_raw``).
-
-    Returns:
-        The report that was written.
 
     Raises:
         RuntimeError: Any backend failed (after the report with the errors was written).

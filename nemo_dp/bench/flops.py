@@ -41,13 +41,8 @@ class ModelShape:
     """The sizes of a Llama-style decoder that its FLOPs depend on.
 
     Attributes:
-        layers: Decoder layers.
-        hidden: Hidden size.
         intermediate: MLP intermediate size (gated MLP: three projections).
-        heads: Attention heads.
         kv_heads: Key/value heads (grouped-query attention).
-        head_dim: Size of one head.
-        vocab: Vocabulary size (the output projection).
     """
 
     layers: int
@@ -65,13 +60,7 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelShape:
-        """Read the shape from a HuggingFace ``config.json`` (Llama / Qwen2 / Mistral keys).
-
-        Args:
-            config: The parsed ``config.json``.
-
-        Returns:
-            The shape.
+        """Read the shape from a parsed HuggingFace ``config.json`` (Llama / Qwen2 / Mistral keys).
 
         Raises:
             KeyError: A key the shape needs is missing (named).
@@ -94,14 +83,7 @@ class ModelShape:
 
     @classmethod
     def from_model_dir(cls, directory: str | Path) -> ModelShape:
-        """Read the shape from ``<directory>/config.json``.
-
-        Args:
-            directory: A ``save_pretrained`` model directory.
-
-        Returns:
-            The shape.
-        """
+        """Like :meth:`from_hf_config`, reading a ``save_pretrained`` directory's ``config.json``."""
         import json
 
         return cls.from_hf_config(json.loads((Path(directory) / "config.json").read_text()))
@@ -121,16 +103,8 @@ class ModelShape:
         return self.hidden * self.vocab
 
     def forward_flops(self, tokens: float, scored: float) -> float:
-        """FLOPs of one causal forward over ``tokens`` positions, ``scored`` of them projected
-        to the vocabulary.
-
-        Args:
-            tokens: Positions processed.
-            scored: Positions whose next-token distribution is needed.
-
-        Returns:
-            The FLOPs (a multiply-add counts 2).
-        """
+        """FLOPs (a multiply-add counts 2) of one causal forward over ``tokens`` positions,
+        ``scored`` of them projected to the vocabulary."""
         attention = 4.0 * self.layers * self.heads * self.head_dim * tokens * (tokens + 1) / 2.0
         return 2.0 * self.body_params * tokens + attention + 2.0 * self.head_params * scored
 
@@ -154,15 +128,11 @@ def phase_flops(
     """The useful FLOPs of one GRPO step's phases.
 
     Args:
-        shape: The model.
         samples: Rows in the step (prompts x group size).
         prompt_len: Mean prompt length in tokens.
         response_len: Mean response length in tokens (eos included); at least 1.
         logprob_forwards: Forwards of the log-prob phase per row (previous-policy and/or
             reference log-probs: 0, 1 or 2).
-
-    Returns:
-        The step's FLOPs per phase.
 
     Raises:
         ValueError: On a non-positive size or a negative forward count.
@@ -190,16 +160,8 @@ def matmul_gflops(m: int, k: int, n: int, dtype: str, threads: int, *, min_secon
     The best of repeated timed batches (after a warm-up), so a momentarily busy core costs
     less; the previous torch thread count is restored.
 
-    Args:
-        m: Rows of the left operand.
-        k: Inner size.
-        n: Columns of the right operand.
-        dtype: ``float32`` or ``bfloat16``.
-        threads: Torch intra-op threads.
-        min_seconds: Wall time to spend measuring.
-
-    Returns:
-        GFLOP/s (``2 m k n`` FLOPs per matmul).
+    Counts ``2 m k n`` FLOPs per matmul; ``dtype`` is ``float32`` or ``bfloat16``; ``min_seconds``
+    is the wall time spent measuring.
 
     Raises:
         ValueError: On an unknown dtype or a non-positive size.
@@ -235,12 +197,8 @@ def matmul_gflops(m: int, k: int, n: int, dtype: str, threads: int, *, min_secon
 def cpu_info(cpuinfo: str | None = None) -> dict[str, Any]:
     """The CPU's model name and which of :data:`CPU_FLAGS_OF_INTEREST` it has.
 
-    Args:
-        cpuinfo: Text of ``/proc/cpuinfo`` (read from the host when ``None``; empty where the
-            file does not exist).
-
-    Returns:
-        ``{"model": str, "flags": {flag: bool}, "logical_cpus": int}``.
+    ``cpuinfo`` is ``/proc/cpuinfo``'s text (read from the host when ``None``; empty where the file
+    does not exist). Returns ``{"model": str, "flags": {flag: bool}, "logical_cpus": int}``.
     """
     import os
 

@@ -1,8 +1,4 @@
-"""Tables and targets of ``bench=peer_trl`` (nemo_dp vs TRL), built from summarised sides.
-
-Kept apart from the measuring code so the table and the target checks can be tested on
-constructed numbers.  Targets are reported, never asserted.
-"""
+"""Tables and targets (reported, never asserted) of ``bench=peer_trl``, built from summarised sides."""
 
 from __future__ import annotations
 
@@ -89,14 +85,12 @@ def _check(target: str, value: float | None, threshold: float, op: str, note: st
 def target_checks(sides: dict[str, dict[str, Any]], host: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's four performance targets against what this run measured.
 
-    A target whose inputs were not measured in this run has ``met: None``.
+    Returns ``{"target", "value", "op", "threshold", "met", "note"}`` per target; one whose
+    inputs were not measured in this run has ``met: None``.
 
     Args:
         sides: As for :func:`peer_table`.
         host: ``{"cpu": {"flags": ...}, "matmul_gflops": ...}``.
-
-    Returns:
-        ``{"target", "value", "op", "threshold", "met", "note"}`` per target.
     """
     out = []
     for precision in ("32-true", "bf16-mixed"):

@@ -103,15 +103,8 @@ def nemo_train_overrides(bench: PeerTrlBenchConfig, precision: str, data_plane: 
 
     The run is one GRPO phase without warm start, validating only after its extra last step
     (which is not measured), one optimizer step per rollout, and advantages normalised like
-    TRL's (group mean baseline, group std), so both sides optimise the same objective.
-
-    Args:
-        bench: The bench config.
-        precision: ``policy.precision``.
-        data_plane: The ``data_plane`` option.
-
-    Returns:
-        The overrides (the bench's ``train_overrides`` last, so they win).
+    TRL's (group mean baseline, group std), so both sides optimise the same objective. The
+    bench's ``train_overrides`` come last, so they win.
     """
     return [
         "~recipe",
@@ -176,8 +169,6 @@ def summarize_side(
     Args:
         rows: ``{"step", "step_time_s", "time/<phase>_s", "reward_mean",
             "mean_response_length"}`` per optimizer step.
-        bench: The bench config (warm-up and measured steps, samples per step).
-        shape: The model (FLOPs).
         prompt_len: Mean prompt length in tokens.
         logprob_forwards: Forwards per row in this side's log-prob phase.
 
@@ -278,14 +269,10 @@ def host_peaks(bench: PeerTrlBenchConfig) -> dict[str, float]:
 
 
 def run_peer_trl_bench(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Run nemo_dp and TRL per precision on one model; print the tables; write the JSON.
+    """Run nemo_dp and TRL per precision on one model; print the tables; write and return the JSON.
 
-    Args:
-        cfg: The composed bench root config (``bench`` of :class:`PeerTrlBenchConfig`).
-        output_dir: Hydra's output directory (runs, TRL's output dirs and the JSON go there).
-
-    Returns:
-        The report that was written.
+    ``cfg.bench`` is a :class:`PeerTrlBenchConfig`; runs, TRL's output dirs and the JSON go to
+    ``output_dir``.
     """
     from hydra import compose
 

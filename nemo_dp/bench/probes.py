@@ -75,11 +75,7 @@ class RayTraffic:
         self.attach(group)
 
     def attach(self, group: Any) -> None:
-        """Count this worker group's calls too (a PPO critic's, next to the policy's).
-
-        Args:
-            group: A worker group (``run_sharded`` / ``run_all`` / ``run_rank``).
-        """
+        """Count this worker group's calls too (a PPO critic's, next to the policy's)."""
         for method in ("run_sharded", "run_all", "run_rank"):
             setattr(group, method, self._wrap(getattr(group, method)))
         self.groups.append(group)

@@ -1,8 +1,4 @@
-"""Tables, ratios, targets and JSON reports of the benchmarks.
-
-Reporting is kept apart from measuring so the tables and the targets (reported, never
-asserted) can be checked on constructed rows without running a benchmark.
-"""
+"""Tables, ratios, targets (reported, never asserted) and JSON reports of the benchmarks."""
 
 from __future__ import annotations
 
@@ -174,15 +170,10 @@ def rl_comparisons(results: list[dict[str, Any]], sizes: list[int], target_bulk_
     Every synchronous data-plane backend that ran (``tq``, ``ray``, ...) gets its own comparison
     against ``disabled`` at the same size; keys carry the backend's name
     (``step_time_ratio_<dp>_over_legacy``, ``<dp>_step_time_s``, ...) beside ``data_plane``.
+    Comparisons come in the order the backends ran.
 
     Args:
         results: The runs (``samples_per_step``, ``data_plane``, ``mean``, RSS keys).
-        sizes: The sizes, in order.
-        target_bulk_ratio: ``bench.target_bulk_ratio``.
-
-    Returns:
-        One comparison per (size, data-plane backend) that ran beside ``disabled``, in the order
-        the backends ran.
     """
     comparisons = []
     for samples in sizes:
@@ -253,13 +244,7 @@ def _async_columns(by_dp: dict[str, dict[str, Any]], samples: int) -> dict[str, 
 
 
 def print_rl_comparisons(name: str, comparisons: list[dict[str, Any]], target_bulk_ratio: float) -> None:
-    """Print one line per comparison.
-
-    Args:
-        name: The bench name (line prefix).
-        comparisons: ``rl_comparisons`` output.
-        target_bulk_ratio: ``bench.target_bulk_ratio``.
-    """
+    """Print one line per :func:`rl_comparisons` entry, prefixed with the bench name."""
     for c in comparisons:
         dp = c["data_plane"]
         print(
@@ -294,14 +279,10 @@ def print_rl_comparisons(name: str, comparisons: list[dict[str, Any]], target_bu
 
 
 def sft_table(results: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
-    """SFT step costs per (size, data plane), relative to ``disabled`` where it ran.
+    """SFT step cost rows per (size, data plane), relative to ``disabled`` where it ran.
 
     Args:
         results: The runs (``global_batch_size``, ``data_plane``, ``mean``, RSS keys).
-        sizes: The sizes, in order.
-
-    Returns:
-        The table rows.
     """
     table = []
     for gbs in sizes:
@@ -329,11 +310,7 @@ def sft_table(results: list[dict[str, Any]], sizes: list[int]) -> list[dict[str,
 
 
 def print_sft_table(table: list[dict[str, Any]]) -> None:
-    """Print the SFT step table.
-
-    Args:
-        table: ``sft_table`` output.
-    """
+    """Print the :func:`sft_table` rows."""
     print(f"{'rows':>6} {'data_plane':>10} {'step ms':>9} {'x legacy':>9} {'driver bytes':>13} {'x legacy':>9} {'peak RSS MB':>12}")
     for row in table:
         st = row["step_time_vs_disabled"]

@@ -194,12 +194,6 @@ def timed_phase_run(
 ) -> tuple[list[Mark], dict[str, float]]:
     """Run the phase ``train_cfg`` describes from a fresh start, timing every logged step.
 
-    Args:
-        train_cfg: The composed training config.
-        ray_env: Environment for the Ray workers.
-        run_dir: Metrics directory of the run.
-        rss_interval_s: Driver RSS sampling interval.
-
     Returns:
         ``(marks, memory)``: one ``(step, perf_counter, Ray traffic since the previous mark,
         logged record)`` per logged step (step 0 = the trainer's start; traffic of the policy's
@@ -287,15 +281,11 @@ class StepBench:
     """What distinguishes one step benchmark from another.
 
     Attributes:
-        name: ``bench.name``.
         schema: The ``bench`` config dataclass.
         size_key: Name of the batch-size axis in the report (``samples_per_step`` ...).
-        sizes: Reads the sizes from the bench config.
         train_overrides: ``(bench, data_plane, size) -> overrides`` of ``conf/config.yaml``.
         step_row: Builds one measured step's row from a mark.
         summarize: ``(bench, results) -> {key: value}`` added to the report (comparisons/table).
-        columns: Column descriptions for the report.
-        print_summary: Prints the summary.
         run_prefix: Prefix of each run's directory name.
     """
 
@@ -339,10 +329,8 @@ def launcher_policy_overrides() -> list[str]:
 
     ``python launchers/bench.py bench=grpo_step policy=hf`` benchmarks the trainers on that
     policy, ``policy=hf_vlm env=visual`` on the vision-language model and its visual task:
-    every training config the bench composes gets these overrides first.
-
-    Returns:
-        The overrides in command-line order (empty outside a Hydra run).
+    every training config the bench composes gets these overrides first. In command-line order;
+    empty outside a Hydra run.
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -359,15 +347,9 @@ def launcher_policy_overrides() -> list[str]:
 
 
 def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[str, Any]:
-    """Run every (size, data plane) of a step benchmark on one Ray; write the JSON report.
+    """Run every (size, data plane) of a step benchmark on one Ray; write and return the JSON report.
 
-    Args:
-        cfg: The composed bench root config (``bench`` matches ``spec.schema``).
-        output_dir: Where the runs' metrics and the JSON go.
-        spec: The benchmark.
-
-    Returns:
-        The report that was written.
+    ``cfg.bench`` matches ``spec.schema``; the runs' metrics and the JSON go to ``output_dir``.
     """
     import json
 

@@ -1,11 +1,8 @@
 """Store calls per training step, by site and op kind: the step benchmarks' breakdown.
 
-The observability layer counts every store call per op kind on each client; the trainers log
-the driver's window and the slowest worker's (``data_plane/step/...``,
-``data_plane/workers/max_rank/...``, ``data_plane/critic_workers/max_rank/...``).  This module
-turns those logged keys into flat step-row columns (``store/<site>/<op>/<stat>``), groups the
-measured means back into a per-run breakdown for the JSON report, and prints it - so the bench
-shows where the data plane's store time goes (count, rows, bytes, ms) next to the step time.
+Turns the trainers' logged store counters (``data_plane/step/...``, ``data_plane/workers/max_rank/...``,
+``data_plane/critic_workers/max_rank/...``) into step-row columns ``store/<site>/<op>/<stat>``,
+groups their measured means into a per-run breakdown for the JSON report, and prints it.
 """
 
 from __future__ import annotations
@@ -45,10 +42,7 @@ STORE_COLUMNS: dict[str, str] = {
 
 
 def store_op_columns(record: dict[str, Any]) -> dict[str, float]:
-    """The per-op store breakdown of one logged step, flattened for the step row.
-
-    Args:
-        record: The step's logged metrics (``data_plane/...`` keys of the observability layer).
+    """The per-op store breakdown of one logged step's metrics, flattened for the step row.
 
     Returns:
         ``{f"store/{site}/{op}/{stat}": value}`` for every ``STORE_SITES`` site and op kind the
@@ -77,7 +71,7 @@ def store_breakdown(results: list[dict[str, Any]], size_key: str) -> list[dict[s
     Args:
         results: The runs (``size_key``, ``data_plane``, ``mean`` with the step rows'
             ``store/<site>/<op>/<stat>`` columns).
-        size_key: Name of the batch-size axis (``samples_per_step`` / ``global_batch_size``).
+        size_key: ``samples_per_step`` / ``global_batch_size``.
 
     Returns:
         One entry per run with store counters: ``{size_key, "data_plane", "sites": {site:
@@ -104,13 +98,7 @@ def store_breakdown(results: list[dict[str, Any]], size_key: str) -> list[dict[s
 
 
 def print_store_breakdown(name: str, size_key: str, breakdown: list[dict[str, Any]]) -> None:
-    """Print the store-call breakdown, one line per (run, site, op kind).
-
-    Args:
-        name: The bench name (title prefix).
-        size_key: Name of the batch-size axis.
-        breakdown: ``store_breakdown`` output.
-    """
+    """Print :func:`store_breakdown` output, one line per (run, site, op kind), titled with ``name``."""
     if not breakdown:
         print(f"[{name}] no store counters recorded (observability off or legacy only)", flush=True)
         return

@@ -35,21 +35,12 @@ class TrlRunSettings:
         prompts: User messages, one per problem (each becomes a one-turn conversation).
         answers: Reference answers, aligned with ``prompts``.
         group_size: Samples per prompt (``num_generations``).
-        prompts_per_step: Prompts per optimizer step.
         max_new_tokens: ``max_completion_length``.
         kl_coef: ``beta``.
         clip_eps: ``epsilon`` (symmetric ratio clip).
-        lr: Learning rate (constant, no warm-up).
-        adam_beta1: AdamW beta1.
-        adam_beta2: AdamW beta2.
-        adam_eps: AdamW epsilon.
-        weight_decay: AdamW weight decay.
-        max_grad_norm: Gradient clipping norm.
-        temperature: Sampling temperature.
+        lr: Learning rate (constant, no warm-up); ``adam_*`` and ``weight_decay`` are AdamW's.
         precision: ``32-true`` | ``bf16-mixed`` | ``bf16-true``.
-        steps: Optimizer steps to run.
         threads: Torch intra-op threads (the core budget).
-        seed: Trainer seed.
         output_dir: TRL's output directory (nothing is saved there).
     """
 
@@ -91,21 +82,13 @@ def _completion_text(completion: Any) -> str:
 def math_reward(completions: Sequence[Any], answer: Sequence[str], **_: Any) -> list[float]:
     """nemo_dp's math reward (final answer, last number) in TRL's reward-function signature.
 
-    Args:
-        completions: TRL's completions of the batch.
-        answer: The dataset's ``answer`` column for the same rows.
-
-    Returns:
-        One reward in {0.0, 1.0} per completion.
+    ``answer`` is the dataset's column for the same rows; one reward in {0.0, 1.0} per completion.
     """
     return MathEnv().score([_completion_text(c) for c in completions], list(answer)).tolist()
 
 
 def run_trl_grpo(settings: TrlRunSettings) -> dict[str, Any]:
     """Train with TRL's ``GRPOTrainer`` and time every optimizer step.
-
-    Args:
-        settings: The shared settings.
 
     Returns:
         ``{"steps": [{"step", "step_time_s", "time/generation_s", "time/logprobs_s",

@@ -32,8 +32,7 @@ class MicrobatchSpec:
 
     Attributes:
         chunk: Index of the global batch (chunk) it belongs to.
-        start: First row (absolute, within the shard).
-        end: One past the last row (absolute, within the shard).
+        start: First row, absolute within the shard (``end`` is one past the last).
         padded_length: Planned length: for dynamic batching the padded sequence length of
             every row; for sequence packing the bin's total padded tokens; ``None`` without a
             plan.
@@ -237,18 +236,11 @@ class BatchedDataDict(UserDict):
         batches: Sequence[Mapping[str, Any]],
         pad_value_dict: Mapping[str, float | int] | None = None,
     ) -> BatchedDataDict:
-        """Concatenate batches row-wise.
+        """Concatenate batches with identical key sets row-wise (no plan attached).
 
         Tensors of dim >= 2 with different widths are right-padded on dim 1 to the widest
         (pad value from ``pad_value_dict``, default 0); jagged tensors stay jagged; lists and
         arrays are concatenated.
-
-        Args:
-            batches: Batches with identical key sets.
-            pad_value_dict: Per-field pad values.
-
-        Returns:
-            The concatenated batch (no plan attached).
 
         Raises:
             ValueError: No batches or differing key sets.
@@ -372,8 +364,6 @@ class BatchedDataDict(UserDict):
         Args:
             shards: Number of DP ranks (>= 1).
             batch_size: Global batch size (defaults to ``T``).
-            dynamic_batching_args: Dynamic batching settings.
-            sequence_packing_args: Sequence packing settings.
 
         Returns:
             No packing: the list of shards.  Dynamic batching / sequence packing:
@@ -523,9 +513,6 @@ class BatchedDataDict(UserDict):
         Args:
             micro_batch_size: Rows per microbatch; required (>= 1) only without a plan.
 
-        Returns:
-            The microbatch specs in execution order.
-
         Raises:
             ValueError: Inconsistent or incomplete plan, or a missing/invalid
                 ``micro_batch_size`` without a plan.
@@ -596,14 +583,8 @@ class BatchedDataDict(UserDict):
         * ``"packing"``: one microbatch per bin, holding that bin's rows unchanged; the
           bin's padded token total is ``microbatch_plan()[i].padded_length``.
 
-        Each yielded batch is a new ``BatchedDataDict`` without a plan.
-
-        Args:
-            micro_batch_size: Rows per microbatch for ``"fixed"``.
-            mode: ``"fixed"``, ``"dynamic"``, ``"packing"`` or ``None`` (infer).
-
-        Yields:
-            The microbatches in execution order.
+        Each yielded batch is a new ``BatchedDataDict`` without a plan, in execution order.
+        ``micro_batch_size`` is used by ``"fixed"`` only.
 
         Raises:
             ValueError: Unknown mode, a planned mode without a plan, or an invalid plan.

@@ -23,13 +23,8 @@ __all__ = [
 class SequencePacker(abc.ABC):
     """Packs sequence lengths into bins of bounded capacity, then adjusts the bin count.
 
-    Args:
-        bin_capacity: Maximum total length per bin (>= 1).
-        min_bin_count: Minimum number of bins (>= 0).
-        bin_count_multiple: The bin count must be a multiple of this (>= 1).
-
     Raises:
-        ValueError: A parameter is out of range.
+        ValueError: ``bin_capacity`` < 1, ``min_bin_count`` < 0 or ``bin_count_multiple`` < 1.
     """
 
     def __init__(self, bin_capacity: int, min_bin_count: int = 0, bin_count_multiple: int = 1):
@@ -42,10 +37,7 @@ class SequencePacker(abc.ABC):
         self.bin_count_multiple = int(bin_count_multiple)
 
     def pack(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Pack ``lengths`` into bins.
-
-        Args:
-            lengths: Non-negative sequence lengths (already padded as the caller needs).
+        """Pack non-negative ``lengths`` (already padded as the caller needs) into bins.
 
         Returns:
             Bins as lists of indices into ``lengths``; every index appears exactly once, each
@@ -224,17 +216,11 @@ PACKER_NAMES: tuple[str, ...] = tuple(_PACKERS)
 def get_packer(
     algorithm: str, bin_capacity: int, min_bin_count: int = 0, bin_count_multiple: int = 1
 ) -> SequencePacker:
-    """Build a packer by name.
+    """Build a :class:`SequencePacker` by name; call ``.pack(lengths)``.
 
     Args:
         algorithm: ``"concatenative"``, ``"first_fit_decreasing"`` or
             ``"modified_first_fit_decreasing"``.
-        bin_capacity: Maximum total length per bin.
-        min_bin_count: Minimum number of bins.
-        bin_count_multiple: The bin count must be a multiple of this.
-
-    Returns:
-        The packer; call ``.pack(lengths)``.
 
     Raises:
         ValueError: Unknown algorithm name or out-of-range parameter.

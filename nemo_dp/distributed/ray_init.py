@@ -37,12 +37,9 @@ __all__ = [
 
 _LOG = logging.getLogger(__name__)
 
-#: Environment knobs set (only when absent) before Ray starts.
-#: * ``RAY_USAGE_STATS_ENABLED=0``: Ray otherwise tries to report usage statistics over the
-#:   network at start-up; the training hosts are often offline and the attempt only adds noise.
-#: Ray's token authentication (on by default for a Ray that ``ray.init`` starts; it writes
-#: ``~/.ray/auth_token`` if missing) is deliberately left enabled: it is the only authentication
-#: this stack has on Ray's own ports.
+#: Environment knobs set (only when absent) before Ray starts. ``RAY_USAGE_STATS_ENABLED=0``: the
+#: hosts are often offline and Ray's usage report only adds noise. Ray's token authentication is
+#: deliberately left on: it is the only authentication this stack has on Ray's own ports.
 QUIET_RAY_ENV: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0"}
 
 #: Ray's environment variables for token authentication (Ray 2.60): the mode, then the token
@@ -78,12 +75,6 @@ class ClusterAddress:
 
 def parse_cluster_address(address: str | None) -> ClusterAddress:
     """Parse ``cluster.address``: ``None``/``"local"``, ``"auto"`` or ``"<host>:<port>"``.
-
-    Args:
-        address: The configured value.
-
-    Returns:
-        The parsed address.
 
     Raises:
         ValueError: The value is none of the three forms (a Ray Client ``ray://`` address
@@ -124,11 +115,8 @@ def _system_temp_dir(environ: Mapping[str, str]) -> str:
 def ray_address_file(environ: Mapping[str, str] | None = None) -> Path:
     """The address file ``ray start --head`` writes and ``ray.init(address="auto")`` reads.
 
-    Args:
-        environ: Environment to read ``RAY_TMPDIR``/``TMPDIR`` from (default ``os.environ``).
-
-    Returns:
-        ``<RAY_TMPDIR or TMPDIR or /tmp>/ray/ray_current_cluster``.
+    ``<RAY_TMPDIR or TMPDIR or /tmp>/ray/ray_current_cluster``, read from ``environ`` (default
+    ``os.environ``).
     """
     env = os.environ if environ is None else environ
     return Path(_system_temp_dir(env)) / "ray" / "ray_current_cluster"
@@ -137,14 +125,9 @@ def ray_address_file(environ: Mapping[str, str] | None = None) -> Path:
 def default_private_temp_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where a private Ray keeps its sessions unless ``cluster.temp_dir`` says otherwise.
 
-    A directory of nemo_dp's own (per user), next to Ray's default one, so that starting a
-    private Ray never moves the ``session_latest`` link of a cluster using Ray's default.
-
-    Args:
-        environ: Environment to read ``RAY_TMPDIR``/``TMPDIR`` from (default ``os.environ``).
-
-    Returns:
-        ``<RAY_TMPDIR or TMPDIR or /tmp>/nemo_dp_ray_<uid>``.
+    ``<RAY_TMPDIR or TMPDIR or /tmp>/nemo_dp_ray_<uid>`` (``environ`` defaults to ``os.environ``):
+    next to Ray's default, so a private Ray never moves the ``session_latest`` link of a cluster
+    using Ray's default.
     """
     env = os.environ if environ is None else environ
     return Path(_system_temp_dir(env)) / f"nemo_dp_ray_{os.getuid()}"
@@ -154,10 +137,7 @@ def default_private_temp_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 class ClusterConnectError(ConnectionError):
-    """A Ray cluster named by ``cluster.address`` could not be joined.
-
-    The message names the address tried and where it came from, why joining failed and how to
-    fix it; the attributes carry the same facts for code.
+    """A Ray cluster named by ``cluster.address`` could not be joined; the message says why and the fix.
 
     Attributes:
         address: The ``<host>:<port>`` tried (``None`` when none could be found).
@@ -220,14 +200,8 @@ def resolve_join_target(
     """Find the head a join should try, in Ray's order: ``RAY_ADDRESS``, then the address file.
 
     Unlike Ray's ``"auto"``, a Ray found only by scanning this machine's processes is never
-    joined: on a shared machine that is usually somebody else's private Ray.
-
-    Args:
-        address: A parsed, non-local ``cluster.address``.
-        environ: Environment to read (default ``os.environ``).
-
-    Returns:
-        The join target.
+    joined: on a shared machine that is usually somebody else's private Ray. ``environ`` defaults
+    to ``os.environ``.
 
     Raises:
         ClusterConnectError: ``auto`` finds no address (``reason="nothing_running"``), or
@@ -426,9 +400,7 @@ def check_cpu_budget(num_cpus: int | None, reserved_cpus: int, reserved_by: str 
     """Refuse a private Ray whose CPUs cannot host the data plane's own actors (before Ray starts).
 
     Args:
-        num_cpus: ``cluster.num_cpus`` of a private Ray (``None``: Ray counts the cores; not
-            checked here).
-        reserved_cpus: Logical CPUs the data plane's own actors reserve.
+        num_cpus: ``cluster.num_cpus`` of a private Ray; ``None`` (Ray counts the cores) passes.
         reserved_by: Which actors and config keys make up ``reserved_cpus``.
 
     Raises:
@@ -461,22 +433,19 @@ def init_ray(
             ``"<host>:<port>"``: that head.
         num_cpus: Logical CPUs of a private Ray (ignored when joining); ``None`` lets Ray count
             the machine's cores.
-        reserved_cpus: Logical CPUs the data plane's own actors reserve (0 for none).
+        reserved_cpus: Logical CPUs the data plane's own actors reserve (checked after start too).
         reserved_by: Which actors and config keys make up ``reserved_cpus`` (for the error).
-        worker_env: Environment variables every Ray worker of the job must see.
-        temp_dir: Temporary directory of a private Ray (default
-            :func:`default_private_temp_dir`); ignored when joining.
+        temp_dir: Temp directory of a private Ray (default :func:`default_private_temp_dir`);
+            ignored when joining.
         connect_timeout_s: Bound on reaching a cluster's head.
-        working_dir: Directory shipped to every worker through Ray's ``runtime_env``
-            (``working_dir``), for clusters whose nodes lack the code.
+        working_dir: Shipped to every worker through ``runtime_env``, for nodes that lack the code.
         worker_setup_hook: Import path of a no-argument function every Ray worker process of
             the job runs before its first task (Ray's ``worker_process_setup_hook``); the
             default installs ``nemo_dp.utils.noise``'s log filters; ``None`` sets no hook.
 
     Returns:
-        The environment passed to every worker via ``runtime_env`` (``worker_env``; the hook
-        travels in the job's ``runtime_env`` and reaches actors started with their own
-        ``env_vars`` too).
+        ``worker_env``, as passed to every worker via ``runtime_env`` (the hook travels in the
+        job's ``runtime_env`` and reaches actors started with their own ``env_vars`` too).
 
     Raises:
         ValueError: ``address`` is malformed, or the CPU budget cannot host the data plane's
@@ -558,16 +527,10 @@ def shutdown_ray() -> None:
 
 @contextlib.contextmanager
 def ray_session(**init_kwargs: Any) -> Iterator[dict[str, str]]:
-    """:func:`init_ray` for the duration of a ``with`` block; Ray is shut down in ``finally``.
+    """:func:`init_ray` for a ``with`` block, yielding its result; Ray is shut down in ``finally``.
 
     Leaving the block disconnects from a joined cluster (which keeps running) or stops the
     private Ray this block started.
-
-    Args:
-        **init_kwargs: :func:`init_ray`'s keyword arguments.
-
-    Yields:
-        The environment dict returned by :func:`init_ray`.
     """
     env = init_ray(**init_kwargs)
     try:

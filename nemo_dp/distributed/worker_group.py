@@ -34,16 +34,10 @@ class RayCluster:
 
 
 def worker_actor_options(cluster: RayCluster) -> dict[str, Any]:
-    """The Ray actor options every worker of a group is started with.
+    """The ``ActorClass.options`` keyword arguments every worker of a group is started with.
 
     Workers always request ``num_cpus=0`` (the CPU budget belongs to the data plane's actors);
     placement comes only from ``cluster.worker_resources``.
-
-    Args:
-        cluster: Cluster facts.
-
-    Returns:
-        Keyword arguments for ``ActorClass.options``.
 
     Raises:
         ValueError: A resource is not a positive custom resource.
@@ -65,22 +59,14 @@ def worker_actor_options(cluster: RayCluster) -> dict[str, Any]:
 
 
 def find_free_port() -> int:
-    """A TCP port that was free a moment ago on this host (for the gloo rendezvous).
-
-    Returns:
-        The port number.
-    """
+    """A TCP port that was free a moment ago on this host (for the gloo rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
 
 
 def node_ip_address() -> str:
-    """The address other Ray nodes reach this process at (``127.0.0.1`` outside Ray).
-
-    Returns:
-        An IP address string.
-    """
+    """The IP address other Ray nodes reach this process at (``127.0.0.1`` outside Ray)."""
     try:
         import ray
 
@@ -126,15 +112,13 @@ class RayWorkerGroup:
     plus ``shutdown() -> None``.
 
     Args:
-        worker_cls: The (plain, undecorated) worker class.
-        world_size: Number of actors / DP ranks.
-        init_kwargs: Keyword arguments passed to every actor's constructor.
-        cluster: Cluster facts (worker environment, collective timeout).
+        worker_cls: The plain, undecorated worker class.
         name_prefix: Prefix for the actors' names in Ray's dashboard and error messages.
 
     Raises:
-        RuntimeError: If Ray is not initialised.
-        ValueError: If ``world_size`` < 1.
+        RuntimeError: Ray is not initialised.
+        ValueError: ``world_size`` < 1, or ``cluster.worker_resources`` is invalid or no alive
+            nodes offer it.
     """
 
     def __init__(
@@ -175,34 +159,16 @@ class RayWorkerGroup:
             raise
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every rank with the same arguments and wait for all.
-
-        Args:
-            method: Worker method name.
-            *args: Positional arguments.
-            **kwargs: Keyword arguments.
-
-        Returns:
-            One result per rank, in rank order.
-        """
+        """Call ``method`` on every rank with the same arguments; return the results in rank order."""
         import ray
 
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
     def run_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method(shards[r], *args, **kwargs)`` on rank ``r`` and wait for all.
-
-        Args:
-            method: Worker method name.
-            shards: Exactly one first argument per rank.
-            *args: Further positional arguments (same for all ranks).
-            **kwargs: Keyword arguments (same for all ranks).
-
-        Returns:
-            One result per rank, in rank order.
+        """Like :meth:`run_all`, but rank ``r`` gets ``shards[r]`` as first argument.
 
         Raises:
-            ValueError: If ``len(shards) != world_size``.
+            ValueError: ``len(shards) != world_size``.
         """
         import ray
 
@@ -215,17 +181,7 @@ class RayWorkerGroup:
         )
 
     def run_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``method`` on one rank only (no collective may be involved).
-
-        Args:
-            rank: The DP rank.
-            method: Worker method name.
-            *args: Positional arguments.
-            **kwargs: Keyword arguments.
-
-        Returns:
-            That rank's result.
-        """
+        """Call ``method`` on one rank only (no collective may be involved) and return its result."""
         import ray
 
         return ray.get(getattr(self.workers[rank], method).remote(*args, **kwargs))

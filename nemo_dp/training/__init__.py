@@ -1,8 +1,7 @@
 """The run layer: trainer context, phase planning, ``run_phase``, logging, checkpoints, trackers.
 
-Sits between the launchers and ``nemo_dp.algorithms``; ``TrainContext`` is re-exported here.
-The re-exports load on first use, so that a light module of the package (``hydra_task``,
-``run_record``, ``sigterm``) does not import torch with the package.
+Sits between the launchers and ``nemo_dp.algorithms``; ``TrainContext`` is re-exported, loaded
+on first use so light modules (``hydra_task``, ``run_record``, ``sigterm``) do not import torch.
 """
 
 from __future__ import annotations

@@ -45,15 +45,7 @@ class ResumeError(ValueError):
 
 
 def step_of(path: str | os.PathLike[str]) -> int | None:
-    """The step ``N`` of a ``step_<N>`` directory, read from its name.
-
-    Args:
-        path: A path; only its last component is read.
-
-    Returns:
-        ``N``, or ``None`` when the name is not ``step_<N>`` (temp ``*.tmp-*`` and displaced
-        ``*.old-*`` siblings are not).
-    """
+    """``N`` of a path whose last component is ``step_<N>``, else ``None`` (also for ``*.tmp-*``/``*.old-*``)."""
     m = STEP_DIR.match(Path(path).name)
     return None if m is None else int(m.group(1))
 
@@ -61,14 +53,9 @@ def step_of(path: str | os.PathLike[str]) -> int | None:
 def list_step_dirs(phase_root: str | os.PathLike[str], *, committed: bool = False) -> list[tuple[int, Path]]:
     """Every ``step_<N>`` directory under a phase root, oldest first.
 
-    Temp (``*.tmp-*``) and displaced (``*.old-*``) siblings do not match and are not listed.
-
-    Args:
-        phase_root: ``<checkpoints root>/<phase>`` (may not exist).
-        committed: List only those holding ``manifest.json`` (whose atomic write finished).
-
-    Returns:
-        ``[(N, path), ...]`` sorted by N.
+    Returns ``[(N, path), ...]``; temp (``*.tmp-*``) and displaced (``*.old-*``) siblings are not
+    listed, nor with ``committed`` those without ``manifest.json`` (atomic write unfinished).
+    ``phase_root`` (``<checkpoints root>/<phase>``) may not exist.
     """
     root = Path(phase_root)
     if not root.is_dir():
@@ -85,16 +72,9 @@ def list_step_dirs(phase_root: str | os.PathLike[str], *, committed: bool = Fals
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The committed ``step_<N>`` directory with the largest N under ``root``.
+    """The committed ``step_<N>`` directory with the largest N under a phase root, or ``None``.
 
-    Temp (``*.tmp-*``) and displaced (``*.old-*``) siblings and directories without a manifest
-    or a state file are ignored.
-
-    Args:
-        root: Checkpoint root directory of one phase (may not exist).
-
-    Returns:
-        The path, or None when there is no committed checkpoint.
+    Directories without a manifest or a state file are ignored; ``root`` may not exist.
     """
     for _, path in reversed(list_step_dirs(root, committed=True)):
         if (path / STATE_JSON).is_file() or (path / STATE_FILE).is_file():
@@ -105,15 +85,12 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
 def newest_checkpoint(
     checkpoints_root: str | os.PathLike[str] | None, phase_names: Sequence[str] = ()
 ) -> Path | None:
-    """The newest committed checkpoint of the latest phase that has one.
+    """:func:`latest_checkpoint` of the latest phase that has one, or ``None``.
 
     Args:
-        checkpoints_root: A run's checkpoints root (may be ``None`` or not exist).
+        checkpoints_root: May be ``None`` or not exist.
         phase_names: The run's phases in execution order; empty: every sub-directory of
             ``checkpoints_root``, in name order.
-
-    Returns:
-        The step directory (:func:`latest_checkpoint` of that phase), or ``None``.
     """
     if checkpoints_root is None or not Path(checkpoints_root).is_dir():
         return None
@@ -130,14 +107,9 @@ def newest_checkpoint(
 
 
 def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: bool = False) -> dict[str, Path]:
-    """Sub-directories of a checkpoints root that hold at least one step directory.
+    """``{phase name: phase root}``, by name, of the sub-directories holding a step directory.
 
-    Args:
-        checkpoints_root: A run's ``checkpointing.checkpoint_dir`` (may not exist).
-        committed: Count only committed step directories (see :func:`list_step_dirs`).
-
-    Returns:
-        ``{phase name: phase root}`` sorted by name.
+    ``committed`` is as in :func:`list_step_dirs`; ``checkpoints_root`` may not exist.
     """
     root = Path(checkpoints_root)
     if not root.is_dir():
@@ -150,13 +122,7 @@ def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: boo
 def temp_step_dirs(checkpoints_root: str | os.PathLike[str]) -> list[Path]:
     """The ``step_<N>.tmp-<hex>`` directories that killed checkpoint writes left in the phase roots.
 
-    Symbolic links (a phase root or a temp directory) are not followed or listed.
-
-    Args:
-        checkpoints_root: A run's checkpoints root (may not exist).
-
-    Returns:
-        The directories, by phase root name and then by name.
+    Sorted by phase root and name; symbolic links are not followed or listed; the root may not exist.
     """
     root = Path(checkpoints_root)
     if not root.is_dir():
@@ -170,15 +136,7 @@ def temp_step_dirs(checkpoints_root: str | os.PathLike[str]) -> list[Path]:
 
 
 def run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None:
-    """The run directory owning a checkpoints root, by the root's name.
-
-    Args:
-        checkpoints_root: A checkpoints root.
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (relative to the run directory).
-
-    Returns:
-        ``<run>`` when ``checkpoints_root`` is ``<run>/<checkpoint_dir_name>``, else ``None``.
-    """
+    """``<run>`` when ``checkpoints_root`` is ``<run>/<checkpoint_dir_name>``, else ``None``."""
     parts = Path(checkpoint_dir_name).parts
     if not parts or Path(checkpoint_dir_name).is_absolute():
         return None
@@ -188,14 +146,7 @@ def run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None:
 
 
 def find_run_dir(start: Path) -> Path | None:
-    """The run directory holding ``start``: the nearest of it and its parents with a run config.
-
-    Args:
-        start: A path inside a run directory (or the run directory).
-
-    Returns:
-        The directory holding :data:`RUN_CONFIG_FILE`, or ``None``.
-    """
+    """The nearest of ``start`` and its parents holding :data:`RUN_CONFIG_FILE`, or ``None``."""
     for candidate in (start, *start.parents):
         if (candidate / RUN_CONFIG_FILE).is_file():
             return candidate
@@ -206,15 +157,7 @@ def find_run_dir(start: Path) -> Path | None:
 
 
 def missing_files(step_dir: Path, required: Sequence[str]) -> list[str]:
-    """The files of ``required`` that a step directory lacks.
-
-    Args:
-        step_dir: A step directory.
-        required: File names a complete step directory holds.
-
-    Returns:
-        The missing names, in the order of ``required``.
-    """
+    """The files of ``required`` that a step directory lacks, in the order of ``required``."""
     return [name for name in required if not (step_dir / name).is_file()]
 
 
@@ -230,11 +173,10 @@ class Located:
 
     Attributes:
         kind: ``step directory``, ``phase root``, ``checkpoints root`` or ``run directory``.
-        checkpoints_root: The checkpoints root holding the checkpoint(s).
-        run_dir: The run directory owning that root (``None`` when it is not
+        run_dir: The run directory owning the checkpoints root (``None`` when it is not
             ``<run>/<checkpoint_dir_name>``).
         phase_roots: ``{phase name: phase root}`` of the phases found.
-        step_dir: The step directory (kind ``step directory`` only).
+        step_dir: Set for kind ``step directory`` only.
     """
 
     kind: str
@@ -251,15 +193,11 @@ def classify_checkpoint_dir(
 
     Checked in that order: a ``step_<N>`` name, then step directories inside it, then phase
     roots inside it.  The run-directory form (``<run>/<checkpoint_dir_name>`` holding phase
-    roots) is left to the caller.
+    roots) is left to the caller. ``None`` when it is none of the three.
 
     Args:
-        path: The directory.
         checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (to find :attr:`Located.run_dir`).
-        committed: Count only committed step directories (see :func:`list_step_dirs`).
-
-    Returns:
-        What it is, or ``None`` when it is none of the three.
+        committed: As in :func:`list_step_dirs`.
     """
     if step_of(path) is not None:
         root, phase_root = path.parent.parent, path.parent
@@ -278,12 +216,9 @@ def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir
     """Classify a resume / init path as a step directory, phase root, checkpoints root or run directory.
 
     Args:
-        path_str: The given path (made absolute; symbolic links are kept).
+        path_str: Made absolute; symbolic links are kept.
         key: The config key that gave it (for the messages).
         checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
-
-    Returns:
-        What it is.
 
     Raises:
         ResumeError: It does not exist, is a file, or holds no step directory in any of the
@@ -332,15 +267,9 @@ def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir
 
 
 def newest_usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[int, Path]:
-    """The newest step directory of a phase root, refused when incomplete (never a fallback).
+    """``(N, step dir)`` of a phase root's newest step, refused when incomplete (never a fallback).
 
-    Args:
-        phase_root: A phase root holding at least one step directory.
-        key: The config key that named it (for the message).
-        required: Files a complete step directory holds.
-
-    Returns:
-        ``(N, step directory)``.
+    ``phase_root`` must hold a step directory; ``key`` is the config key that named it.
 
     Raises:
         ResumeError: The newest step directory lacks a required file (the message names the

@@ -21,8 +21,6 @@ class Checkpointer:
     """Atomic checkpoints of one training phase under ``root`` (``step_<N>`` directories).
 
     Args:
-        root: Checkpoint root of the phase.
-        enabled: Save at all.
         save_period: Save every this many steps (0 = only at the end).
         keep_last: Keep this many newest checkpoints.
         finalize: Called as ``finalize(tmp_dir, step)`` inside every checkpoint write, after the
@@ -47,29 +45,13 @@ class Checkpointer:
         self.keep_last = keep_last
 
     def should_save(self, step: int, *, final: bool) -> bool:
-        """Whether to save after ``step``.
-
-        Args:
-            step: The step just finished.
-            final: It is the phase's last step.
-
-        Returns:
-            True when enabled and ``final`` or on a ``save_period`` boundary.
-        """
+        """Whether to save after ``step``: when enabled and ``final`` or on a ``save_period`` boundary."""
         if not self.enabled:
             return False
         return final or (self.save_period > 0 and step % self.save_period == 0)
 
     def save(self, step: int, state_fn: Callable[[], dict[str, Any]]) -> Path:
-        """Write the checkpoint for ``step`` and prune old ones.
-
-        Args:
-            step: The step just finished.
-            state_fn: Builds the state dict (only called when saving).
-
-        Returns:
-            The checkpoint directory.
-        """
+        """Write the checkpoint for ``step`` (``state_fn`` builds the state), prune old ones; return its path."""
         finalize = self.finalize
         fin = None if finalize is None else (lambda tmp: finalize(tmp, step))
         path = save_training_checkpoint(checkpoint_dir_for_step(self.root, step), state_fn(), finalize=fin)
@@ -94,18 +76,8 @@ def checkpoint_finalizer(
 ) -> Callable[[Path, int], None]:
     """The ``finalize`` of a run's checkpointer: ``checkpoint_meta.json``, then the file manifest.
 
-    The manifest is written last, so it covers every file the checkpoint holds.
-
-    Args:
-        algorithm: The phase's ``algorithm.name``.
-        phase: The phase name.
-        model_shape: The run's model shape.
-        data_plane: The backend kind.
-        run_id: The run's id.
-        settings: The phase's settings (``nemo_dp.training.resume.run_settings``).
-
-    Returns:
-        ``finalize(tmp_dir, step)``.
+    The manifest is written last, so it covers every file the checkpoint holds. The arguments
+    are :class:`nemo_dp.training.resume.CheckpointMeta`'s fields.
     """
     from nemo_dp.training.resume import CheckpointMeta, write_checkpoint_meta
     from nemo_dp.utils.manifest import write_manifest
@@ -121,14 +93,7 @@ def checkpoint_finalizer(
 
 
 def load_start_state(root: str | Path | None) -> dict[str, Any] | None:
-    """The latest checkpoint's state under ``root``, or ``None``.
-
-    Args:
-        root: A checkpoint root (may be ``None`` or not exist).
-
-    Returns:
-        The loaded state dict, or ``None`` when there is nothing to resume.
-    """
+    """The latest checkpoint's state (plus ``checkpoint_path``) under ``root`` (may be absent), or ``None``."""
     if root is None:
         return None
     latest = latest_checkpoint(root)
@@ -144,12 +109,7 @@ def remove_stale_temp_dirs(ckpt_root: str | Path) -> list[Path]:
 
     A temp directory is never a checkpoint (nothing reads it; it becomes one only by its
     commit rename), so one that exists when a run starts is debris of an earlier process.
-
-    Args:
-        ckpt_root: The run's checkpoints root (its phase roots are searched; may not exist).
-
-    Returns:
-        The directories removed.
+    Searches the phase roots of ``ckpt_root`` (which may not exist); returns what was removed.
     """
     removed: list[Path] = []
     for child in temp_step_dirs(ckpt_root):

@@ -71,13 +71,10 @@ class EvalOptions:
             phase's own held-out problems.
         num_samples: Evaluate only the first this many problems; ``None`` takes the phase's
             ``val_samples`` (held-out set) or the whole file (``jsonl``).
-        batch_size: Prompts decoded together; ``None`` batches as the trainer's validation
-            does (the problems split over ``policy.dp_size`` ranks, each rank's share decoded
-            ``policy.generation_batch_size`` at a time), so greedy decoding sees the very same
-            batches.
-        max_new_tokens: Most tokens per response; ``None`` takes the run's
-            ``policy.generation.max_new_tokens``.
-        output_file: Predictions jsonl, relative to the output directory.
+        batch_size: Prompts decoded together; ``None`` batches exactly as the trainer's
+            validation does, so greedy decoding sees the very same batches.
+        max_new_tokens: ``None`` takes the run's ``policy.generation.max_new_tokens``.
+        output_file: Predictions jsonl (a plain name), in the output directory.
     """
 
     jsonl: Optional[str] = None
@@ -108,11 +105,8 @@ class EvaluateConfig:
         phase: Evaluate this phase (``sft``, ``grpo``, ``ppo``, ``warm_start``); ``None`` takes
             the run's last phase that has a checkpoint.
         run_overrides: ``key=value`` changes to the run's config before anything is built, for
-            keys whose value does not hold where the evaluation runs (a relative
-            ``policy.tokenizer_name_or_path`` resolved from another directory); each key must
-            exist in the run config.
-        eval: What to evaluate on.
-        progress_bar: Show a tqdm bar over problems.
+            values that do not hold where the evaluation runs (a relative tokenizer path); each
+            key must exist in the run config.
         torch_threads: Compute threads of this process.
     """
 
@@ -137,11 +131,9 @@ class CheckpointRef:
 
     Attributes:
         path: The ``step_<N>`` directory.
-        phase: The phase it belongs to (the name of its parent directory).
-        step: Its step.
+        phase: The name of its parent directory.
         run_dir: The run directory holding ``resolved_config.yaml``.
-        run_cfg: The run's resolved config (with ``run_overrides`` applied).
-        run_overrides: The ``run_overrides`` applied to ``run_cfg``.
+        run_cfg: The run's resolved config, ``run_overrides`` applied.
     """
 
     path: Path
@@ -187,19 +179,14 @@ def resolve_checkpoint(
     (sizes and SHA-256) and no pickle anywhere.
 
     Args:
-        checkpoint: A run directory, its checkpoints root, a phase root or a ``step_<N>``
-            directory (the forms ``checkpointing.resume_from`` accepts).
-        step: A given step (``None``: the latest of the phase).
-        phase: A given phase (``None``: the run's last phase with a checkpoint).
-        run_overrides: ``key=value`` changes to the run config (each key must exist).
-
-    Returns:
-        The located checkpoint with its run config.
+        checkpoint: Any form ``checkpointing.resume_from`` accepts.
+        step: ``None``: the latest of the phase.
+        phase: ``None``: the run's last phase with a checkpoint.
 
     Raises:
-        FileNotFoundError: If the path, the run config, the phase or the step does not exist;
+        FileNotFoundError: The path, the run config, the phase or the step does not exist;
             the message lists what does.
-        ValueError: If ``step``/``phase`` contradict a ``step_<N>`` path, the run config is not
+        ValueError: ``step``/``phase`` contradict a ``step_<N>`` path, the run config is not
             a nemo_dp one, or an override names an unknown key.
         nemo_dp.training.resume.ResumeError: The checkpoint holds a pickle.
         nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is missing, truncated
@@ -276,9 +263,6 @@ def resolve_checkpoint(
 def phase_config(ref: CheckpointRef) -> Any:
     """The root config the checkpoint's phase trained with (a warm start is its own SFT config).
 
-    Args:
-        ref: The located checkpoint.
-
     Raises:
         ValueError: The run config plans no phase of that name (the message lists its phases).
     """
@@ -309,9 +293,6 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
 
     ``run_overrides`` naming the tokenizer wins; a checkpoint without tokenizer files (the tiny
     model, or an older checkpoint) builds it from the run's ``policy`` node.
-
-    Args:
-        ref: The located checkpoint.
 
     Raises:
         ValueError: The run allowed remote code, the checkpoint's tokenizer files do not load,
@@ -346,17 +327,10 @@ def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
     version 1 loads ``policy.weights.model`` from the training state into a model built from
     the run's ``policy`` node.  Neither runs code from the checkpoint.
 
-    Args:
-        ref: The located checkpoint.
-        tokenizer: The run's tokenizer (the model must cover its vocabulary).
-
-    Returns:
-        The model with the checkpoint's weights.
-
     Raises:
         ValueError: The manifest names another format, the run allowed remote code, the state
-            lacks policy weights or the weights do not fit the run's ``policy`` (the message
-            names the file).
+            lacks policy weights, the weights do not fit the run's ``policy``, or the model does
+            not cover ``tokenizer``'s vocabulary (the message names the file).
     """
     manifest = read_manifest(
         ref.path, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
@@ -396,7 +370,6 @@ class EvalSet:
     """The problems of one evaluation and how they are scored.
 
     Attributes:
-        problems: The problems, in order.
         origins: Where each problem comes from (``file:line`` or its held-out index), for
             error messages.
         env: The reward environment (``score(responses, answers)``).
@@ -418,14 +391,6 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer
     (``build_val_problems`` of the phase config: ``env.val_data`` / ``env.val_jsonl`` or the task's
     held-out partition, ``val_samples`` of them), scored by the run's reward. A user jsonl is
     scored as the run would score a held-out file of its own (``env.val_jsonl``).
-
-    Args:
-        ref: The located checkpoint (its run config).
-        options: The ``eval`` options.
-        tokenizer: Renders chat prompts.
-
-    Returns:
-        The evaluation set.
 
     Raises:
         DatasetError: On a malformed jsonl (key, file, line and field named).
@@ -475,7 +440,7 @@ def _batches(n: int, options: EvalOptions, policy_cfg: Any) -> list[tuple[int, i
     """``[start, end)`` ranges of the prompts decoded together."""
     if options.batch_size is not None:
         return [(s, min(s + options.batch_size, n)) for s in range(0, n, options.batch_size)]
-    # The trainer's validation: Policy.generate splits the prompts into dp_size contiguous
+    # As the trainer's validation: Policy.generate splits the prompts into dp_size contiguous
     # shares and each worker decodes its share generation_batch_size prompts at a time.
     dp = int(cfg_get(policy_cfg, "dp_size"))
     per_worker = int(cfg_get(policy_cfg, "generation_batch_size"))
@@ -500,8 +465,6 @@ def evaluate_checkpoint(
     model, weights loaded) before anything is written.
 
     Args:
-        ref: The located checkpoint.
-        options: The ``eval`` options.
         out_dir: Output directory (created) for ``options.output_file`` and ``eval_summary.json``.
         progress_bar: Show a tqdm bar over problems (stderr).
 

@@ -27,7 +27,6 @@ class ZeroAdvantageDetector:
     """Warns once per streak of ``patience`` steps whose advantages are all zero.
 
     Args:
-        patience: Consecutive zero-advantage steps before warning (>= 1).
         warm_start_enabled: ``algorithm.warm_start.enabled`` of the run (tailors the hint).
         dynamic_sampling_enabled: ``algorithm.dynamic_sampling.enabled`` (tailors the hint).
         tolerance: ``advantage_abs_mean`` at or below this counts as zero.
@@ -64,14 +63,8 @@ class ZeroAdvantageDetector:
         """Feed one step's logged record.
 
         A record without a finite ``advantage_key`` (step 0's validation record, an SFT record)
-        leaves the state unchanged; a non-zero advantage ends the streak.
-
-        Args:
-            step: The step number.
-            record: The step's metrics.
-
-        Returns:
-            The warning, on the step the streak reaches ``patience``; otherwise ``None``.
+        leaves the state unchanged; a non-zero advantage ends the streak. Returns the warning
+        on the step the streak reaches ``patience``, otherwise ``None``.
         """
         adv = _number(record, self.advantage_key)
         if adv is None:

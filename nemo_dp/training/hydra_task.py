@@ -45,11 +45,8 @@ def silence_known_noise(*, local_ray: bool) -> list[str]:
     * Ray's "Token authentication is enabled ..." notice: for a local Ray only, set
       ``RAY_AUTH_MODE=token`` (what Ray would set itself) before Ray is imported.
 
-    Args:
-        local_ray: The run starts a local Ray (``cluster.address`` is null).
-
-    Returns:
-        What was done, one line each (for a debug log).
+    ``local_ray``: the run starts a local Ray (``cluster.address`` is null). Returns what was
+    done, one line each (for a debug log).
     """
     from nemo_dp.utils.noise import install_known_log_filters
 
@@ -61,15 +58,11 @@ def silence_known_noise(*, local_ray: bool) -> list[str]:
 
 
 def is_configuration_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a user-facing configuration/preflight error (not a bug).
+    """Whether ``exc``, raised before the run started, is a user-facing configuration error (not a bug).
 
-    Args:
-        exc: The exception raised before the run started.
-
-    Returns:
-        True for ``ValueError`` (schema rules, resume, run-dir, dataset, checkpoint-integrity
-        errors, the CPU budget), OmegaConf errors, ``PreflightError``, ``FileNotFoundError``
-        and ``ClusterConnectError`` (the cluster to join cannot be reached).
+    True for ``ValueError`` (schema rules, resume, run-dir, dataset, checkpoint-integrity
+    errors, the CPU budget), OmegaConf errors, ``PreflightError``, ``FileNotFoundError``
+    and ``ClusterConnectError`` (the cluster to join cannot be reached).
     """
     from omegaconf.errors import OmegaConfBaseException
 
@@ -98,11 +91,8 @@ def save_hydra_outputs(cfg: Any, run_dir: Path) -> None:
 
     The launcher's config sets ``hydra.output_subdir: null``, so Hydra writes nothing before
     the task runs; the wrapper calls this once the run is accepted.  Nothing is done when
-    Hydra wrote them itself (``output_subdir`` set) or runs no job.
-
-    Args:
-        cfg: The job's composed config (without the ``hydra`` node).
-        run_dir: The job's output directory.
+    Hydra wrote them itself (``output_subdir`` set) or runs no job. ``cfg`` is the job's
+    composed config (without the ``hydra`` node).
     """
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -163,13 +153,8 @@ def _stopped(
 def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
     """Wrap a Hydra task function ``task(cfg, record)`` with the run's failure handling.
 
-    Use under ``@hydra.main(...)``; the wrapped function takes only ``cfg``.
-
-    Args:
-        task: The task; it calls ``record.mark_started()`` just before Ray starts.
-
-    Returns:
-        The task function for ``hydra.main``.
+    Use under ``@hydra.main(...)``; the wrapped function takes only ``cfg``. ``task`` calls
+    ``record.mark_started()`` just before Ray starts.
     """
 
     @functools.wraps(task)

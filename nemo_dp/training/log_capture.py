@@ -28,37 +28,19 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1
 
 
 def strip_ansi(text: str) -> str:
-    """Remove ANSI escape sequences.
-
-    Args:
-        text: Any text.
-
-    Returns:
-        ``text`` without colour codes, cursor moves or terminal titles.
-    """
+    """``text`` without ANSI escape sequences (colour codes, cursor moves, terminal titles)."""
     return ANSI_ESCAPE.sub("", text)
 
 
 class AnsiStrippingFormatter(logging.Formatter):
-    """Delegates to another formatter and strips ANSI codes from its output.
-
-    Args:
-        inner: The formatter whose layout is kept (``None``: the default layout).
-    """
+    """Delegates to ``inner`` (``None``: the default layout) and strips ANSI codes from its output."""
 
     def __init__(self, inner: logging.Formatter | None = None) -> None:
         super().__init__()
         self.inner = inner or logging.Formatter()
 
     def format(self, record: logging.LogRecord) -> str:
-        """Format with the inner formatter, then strip.
-
-        Args:
-            record: The log record.
-
-        Returns:
-            The formatted line without escape sequences.
-        """
+        """Format with the inner formatter, then strip escape sequences."""
         return strip_ansi(self.inner.format(record))
 
 
@@ -178,7 +160,6 @@ class RunLog:
     """The run's log file while :func:`capture_run_log` copies into it.
 
     Attributes:
-        path: The log file.
         opened: Whether the file is being written (a deferred log opens on :meth:`open`).
     """
 
@@ -212,14 +193,7 @@ def capture_run_log(log_path: str | os.PathLike[str], *, deferred: bool = False)
 
     Hydra's file handler gets an ANSI-stripping formatter meanwhile (or a handler is added).
     A ``deferred`` log holds everything in memory until :meth:`RunLog.open`; if the block ends
-    first, nothing is written.
-
-    Args:
-        log_path: The run's log file (Hydra's ``<run_dir>/<job name>.log``).
-        deferred: Hold the output until :meth:`RunLog.open` (the run was accepted).
-
-    Yields:
-        The :class:`RunLog`.
+    first, nothing is written. ``log_path`` is Hydra's ``<run_dir>/<job name>.log``.
     """
     path = Path(log_path)
     root = logging.getLogger()

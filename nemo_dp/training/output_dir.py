@@ -20,14 +20,9 @@ _MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def output_dir_key_and_path(overrides: Sequence[str], conf_dir: str | os.PathLike[str]) -> tuple[str, str]:
-    """The output-directory key of this command line and its value (unresolved).
+    """``("hydra.run.dir" | "hydra.sweep.dir", unresolved value)`` of this command line.
 
-    Args:
-        overrides: The command line (``sys.argv[1:]``).
-        conf_dir: The config directory whose ``config.yaml`` holds the default.
-
-    Returns:
-        ``("hydra.run.dir" | "hydra.sweep.dir", value)``.
+    ``overrides`` is ``sys.argv[1:]``; ``conf_dir/config.yaml`` holds the default.
     """
     key = "hydra.sweep.dir" if any(a in _MULTIRUN_FLAGS for a in overrides) else "hydra.run.dir"
     for item in overrides:
@@ -50,15 +45,8 @@ def _static_prefix(value: str) -> Path:
 
 
 def output_dir_problem(overrides: Sequence[str], conf_dir: str | os.PathLike[str]) -> str | None:
-    """Why the output directory of this command line cannot be created or written, if it cannot.
-
-    Args:
-        overrides: The command line (``sys.argv[1:]``).
-        conf_dir: The config directory (for the default ``hydra.run.dir``).
-
-    Returns:
-        One message naming the key, or ``None`` when the directory is usable.
-    """
+    """Why this command line's output directory cannot be created or written (one message naming
+    the key), or ``None`` when it is usable; arguments as for :func:`output_dir_key_and_path`."""
     key, value = output_dir_key_and_path(overrides, conf_dir)
     try:
         check_writable(key, _static_prefix(value))

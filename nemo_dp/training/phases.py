@@ -57,26 +57,13 @@ class Phase:
 
 
 def main_phase(cfg: Any) -> Phase:
-    """The phase of the config's own algorithm.
-
-    Args:
-        cfg: The composed root config.
-
-    Returns:
-        The phase, writing into the run directory itself.
-    """
+    """The phase of the root config's own algorithm, writing into the run directory itself."""
     name = str(cfg.algorithm.name)
     return Phase(name, _label(cfg, name.upper()), cfg, "")
 
 
 def warm_start_phase(cfg: Any) -> Phase:
-    """The SFT warm-start phase of an RL config (whether or not it is enabled).
-
-    Args:
-        cfg: A composed root config whose algorithm has a ``warm_start`` node.
-
-    Returns:
-        The phase (config from ``warm_start_config``), writing into ``warm_start/``.
+    """The SFT warm-start phase of an RL config (enabled or not), writing into ``warm_start/``.
 
     Raises:
         ValueError: The algorithm has no warm start.
@@ -94,9 +81,6 @@ def _label(cfg: Any, base: str) -> str:
 def check_policy_supports_algorithm(cfg: Any) -> None:
     """Refuse an algorithm the policy cannot run, before Ray starts.
 
-    Args:
-        cfg: The composed root config.
-
     Raises:
         ValueError: ``algorithm=ppo`` with a vision-language policy (PPO's critic is a text
             value model; there is no critic for a VLM).
@@ -111,13 +95,7 @@ def check_policy_supports_algorithm(cfg: Any) -> None:
 
 
 def plan_phases(cfg: Any) -> list[Phase]:
-    """The phases a config asks for: an optional SFT warm start, then the main algorithm.
-
-    Args:
-        cfg: The composed root config.
-
-    Returns:
-        The phases in execution order.
+    """The phases a config asks for, in order: an optional SFT warm start, then the main algorithm.
 
     Raises:
         ValueError: The policy cannot run the algorithm (``check_policy_supports_algorithm``).
@@ -131,15 +109,7 @@ def plan_phases(cfg: Any) -> list[Phase]:
 
 
 def load_start_states(phases: list[Phase], resume_from: str | Path | None) -> list[dict[str, Any] | None]:
-    """Each phase's start state under ``resume_from/<phase name>`` (``None`` = fresh start).
-
-    Args:
-        phases: The planned phases.
-        resume_from: ``checkpointing.resume_from`` (``None`` = no resume).
-
-    Returns:
-        One loaded checkpoint state (or ``None``) per phase.
-    """
+    """Each phase's loaded start state under ``resume_from/<phase name>`` (``None`` = fresh start)."""
     root = None if resume_from is None else Path(resume_from)
     return [load_start_state(None if root is None else root / p.name) for p in phases]
 
@@ -148,9 +118,6 @@ def first_phase_to_run(start_states: list[dict[str, Any] | None]) -> int:
     """Index of the first phase to run: the last one with a checkpoint, else the first.
 
     A later phase's checkpoint already contains everything the earlier phases produced.
-
-    Args:
-        start_states: ``load_start_states`` output.
     """
     return max((i for i, s in enumerate(start_states) if s is not None), default=0)
 
@@ -161,13 +128,6 @@ def run_model_shape(cfg: Any, tokenizer: Any) -> dict[str, int]:
     The integer keys of ``policy.model`` plus the tokenizer's ``vocab_size``; for a
     HuggingFace policy also the integer entries of the model directory's ``config.json``
     (hidden size, layer and head counts), prefixed ``hf.``.
-
-    Args:
-        cfg: The composed root config.
-        tokenizer: The run's tokenizer.
-
-    Returns:
-        ``{key: int}``.
     """
     import json
 
@@ -185,14 +145,7 @@ def run_model_shape(cfg: Any, tokenizer: Any) -> dict[str, int]:
 
 
 def data_plane_kind(data_plane_cfg: Any) -> str:
-    """The backend kind of a validated ``data_plane`` node (what a checkpoint records).
-
-    Args:
-        data_plane_cfg: ``validate_config(cfg).data_plane`` (a registered schema instance).
-
-    Returns:
-        ``disabled``, ``local`` or ``tq``.
-    """
+    """``disabled``, ``local`` or ``tq``: the kind of ``validate_config(cfg).data_plane`` (checkpoints record it)."""
     from nemo_dp.data_plane.registry import backend_for_config
 
     return backend_for_config(data_plane_cfg).kind
@@ -203,9 +156,7 @@ class RunStart:
     """Where a run starts, decided on the driver before anything is written.
 
     Attributes:
-        phases: The planned phases.
-        model_shape: This run's model shape (``run_model_shape``).
-        data_plane: The backend kind.
+        model_shape: :func:`run_model_shape`.
         resume: The resolved ``checkpointing.resume_from`` (``None`` = fresh start).
         init_from: The resolved ``policy.init_from`` of a fresh run (``None`` when unset or
             when the run resumes).
@@ -233,12 +184,7 @@ class RunStart:
     def commit(self, run_dir: Path, metrics_file: str) -> list[str]:
         """Perform the run-directory decision and continue a resumed run's metrics history.
 
-        Args:
-            run_dir: The run directory.
-            metrics_file: ``logger.metrics_file``.
-
-        Returns:
-            Log lines of what was written, moved or removed.
+        Returns log lines of what was written, moved or removed.
         """
         lines = list(self.decision.commit())
         lines.append(self.decision.message)
@@ -263,13 +209,8 @@ def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> R
     """Resolve resume / init_from and claim the run directory (writes nothing).
 
     Args:
-        cfg: The composed root config.
         validated: ``validate_config(cfg)``.
-        run_dir: The run's output directory.
-        tokenizer: The run's tokenizer (its vocabulary is part of the model shape).
-
-    Returns:
-        The start decisions.
+        tokenizer: Its vocabulary is part of the model shape.
 
     Raises:
         nemo_dp.training.resume.ResumeError: ``resume_from`` / ``init_from`` holds no usable

@@ -15,14 +15,7 @@ __all__ = ["recipe_algorithm", "recipe_hint", "recipe_hint_on_failure"]
 
 
 def recipe_algorithm(recipe_path: str | os.PathLike[str]) -> str | None:
-    """The ``algorithm`` a recipe selects (its ``override /algorithm: <name>`` default).
-
-    Args:
-        recipe_path: A ``recipes/*.yaml`` file.
-
-    Returns:
-        The algorithm name, or ``None`` when the recipe does not select one.
-    """
+    """The ``algorithm`` a ``recipes/*.yaml`` file selects (``override /algorithm: <name>``), or ``None``."""
     from omegaconf import OmegaConf
 
     node = OmegaConf.load(recipe_path)
@@ -49,7 +42,6 @@ def recipe_hint(
 
     Args:
         overrides: The command-line overrides (``sys.argv[1:]``).
-        recipes_dir: The ``recipes/`` directory.
         default_recipe: The root config's default ``recipe`` choice.
 
     Returns:
@@ -80,16 +72,7 @@ def recipe_hint(
 def recipe_hint_on_failure(
     overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str
 ) -> Iterator[None]:
-    """Print :func:`recipe_hint` when the block exits with an error (Hydra's exit status 1).
-
-    Args:
-        overrides: The command-line overrides (``sys.argv[1:]``).
-        recipes_dir: The ``recipes/`` directory.
-        default_recipe: The root config's default ``recipe`` choice.
-
-    Yields:
-        Nothing.
-    """
+    """Print :func:`recipe_hint` (same arguments) when the block exits with an error (Hydra's exit status 1)."""
     try:
         yield
     except SystemExit as exc:

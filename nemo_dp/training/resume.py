@@ -1,9 +1,8 @@
 """Resolution of ``checkpointing.resume_from`` and ``policy.init_from``, on the driver.
 
-Every accepted path form (run directory, checkpoints root, phase root, step directory; located by
-:mod:`nemo_dp.training.checkpoint_discovery`) resolves to exactly one checkpoint; anything else
-raises :class:`ResumeError` before Ray starts.  Each checkpoint's ``checkpoint_meta.json``
-(:class:`CheckpointMeta`) is compared with this run and a mismatch refused
+Every accepted path form (run directory, checkpoints root, phase root, step directory) resolves to
+exactly one checkpoint, else :class:`ResumeError` is raised before Ray starts.  A checkpoint whose
+``checkpoint_meta.json`` (:class:`CheckpointMeta`) differs from this run is refused
 (:class:`CheckpointMismatchError`).
 """
 
@@ -104,11 +103,7 @@ class CheckpointMeta:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object written to disk.
-
-        Returns:
-            ``{"format": ..., **fields}``.
-        """
+        """The JSON object written to disk: ``{"format": ..., **fields}``."""
         return {"format": CHECKPOINT_META_FORMAT, **asdict(self)}
 
 
@@ -116,7 +111,7 @@ def model_shape_of(model_cfg: Mapping[str, Any] | Any, **extra: int) -> dict[str
     """The integer shape keys of a ``policy.model`` node (what a state dict's sizes follow).
 
     Args:
-        model_cfg: ``cfg.policy.model`` (a DictConfig, dataclass or mapping).
+        model_cfg: A DictConfig, dataclass or mapping.
         **extra: Further shape keys not in the node (``vocab_size=tokenizer.vocab_size``).
 
     Returns:
@@ -166,18 +161,13 @@ def _select(node: Any, dotted: str) -> Any:
 
 
 def run_settings(phase_cfg: Any) -> dict[str, Any]:
-    """The settings of a phase that its checkpoints record and a resume must keep.
+    """The settings of a phase (root config) that its checkpoints record and a resume must keep.
 
     ``policy.dp_size`` (one RNG stream and optimizer shard per worker),
     ``algorithm.async_rollout.enabled`` (the asynchronous and synchronous GRPO trainers keep
     different state) when the algorithm has it, and ``architecture`` (the model directory's
-    ``config.json`` architectures, or the policy kind for the tiny model).
-
-    Args:
-        phase_cfg: The phase's root config.
-
-    Returns:
-        ``{key: JSON scalar}`` of the keys the config has.
+    ``config.json`` architectures, or the policy kind for the tiny model). Returns
+    ``{key: JSON scalar}`` of the keys the config has.
     """
     out: dict[str, Any] = {}
     for key in _KEPT_KEYS:
@@ -191,28 +181,14 @@ def run_settings(phase_cfg: Any) -> dict[str, Any]:
 
 
 def write_checkpoint_meta(checkpoint_dir: str | os.PathLike[str], meta: CheckpointMeta) -> Path:
-    """Write ``checkpoint_meta.json`` into a (temp) checkpoint directory.
-
-    Args:
-        checkpoint_dir: The directory being written (before the atomic commit).
-        meta: The metadata.
-
-    Returns:
-        The file path.
-    """
+    """Write ``checkpoint_meta.json`` into a checkpoint directory before its atomic commit; return its path."""
     path = Path(checkpoint_dir) / CHECKPOINT_META_NAME
     path.write_text(json.dumps(meta.to_json(), indent=1, sort_keys=True), encoding="utf-8")
     return path
 
 
 def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMeta | None:
-    """Read a checkpoint's metadata.
-
-    Args:
-        checkpoint_dir: A step directory.
-
-    Returns:
-        The metadata, or ``None`` when the checkpoint predates metadata (no file).
+    """Read a step directory's metadata; ``None`` when it has no metadata file.
 
     Raises:
         ResumeError: The file exists but is not valid metadata (names the file and field).
@@ -302,18 +278,13 @@ def check_checkpoint_meta(
     """Refuse a checkpoint written for another algorithm, phase, backend, model or settings.
 
     Args:
-        meta: The checkpoint's metadata.
         where: The checkpoint directory (for the message).
-        algorithm: This phase's ``algorithm.name``.
-        phase: This phase's name.
-        data_plane: This run's data-plane backend choice.
         model_shape: This run's model shape (:func:`model_shape_of`).
-        settings: This run's settings of the phase (:func:`run_settings`); a key is compared
-            when both the checkpoint and the run record it.
+        settings: This phase's :func:`run_settings`; a key is compared only when both the
+            checkpoint and the run record it.
 
     Raises:
-        CheckpointMismatchError: Naming every differing key with both values and the config
-            key to change.
+        CheckpointMismatchError: Naming every differing key, both values and the config key to change.
     """
     differing: dict[str, tuple[Any, Any]] = {}
     for key, run_value in (("algorithm", algorithm), ("phase", phase), ("data_plane", data_plane)):
@@ -359,13 +330,8 @@ def _pickle_reason(path: Path) -> str | None:
 def refuse_pickles(step_dir: str | os.PathLike[str], key: str) -> None:
     """Refuse a checkpoint that holds a pickle anywhere, without loading any of its files.
 
-    No nemo_dp checkpoint writes one (older data-plane checkpoints did: TransferQueue's held the
-    library's own, local and ray ones a ``torch.save`` archive ``tensors.pt``), and unpickling one
-    can run code.
-
-    Args:
-        step_dir: The step directory.
-        key: The config key that named it (for the message).
+    No nemo_dp checkpoint writes one, and unpickling one can run code. ``key`` is the config key
+    that named ``step_dir`` (for the message).
 
     Raises:
         ResumeError: Naming the first such file.
@@ -391,9 +357,7 @@ def check_checkpoint_dir(
     """The checks every loader of a step directory runs before reading it (resume, init, eval).
 
     Args:
-        step_dir: The step directory.
         key: The config key that named it (for the messages).
-        required_files: Files a complete step directory holds.
         verify_integrity: Verify its file manifest (sizes and SHA-256) when it has one.
 
     Raises:
@@ -447,11 +411,7 @@ class ResumePlan:
     notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """The one log line saying what was resolved.
-
-        Returns:
-            ``"resume: checkpointing.resume_from=<src> (<kind>) -> phase ... step ... at <ckpt>..."``.
-        """
+        """The log line: ``"resume: checkpointing.resume_from=<src> (<kind>) -> phase ... step ... at ..."``."""
         who = f", written by run {self.meta.run_id}" if self.meta is not None else ""
         notes = "".join(f"; {n}" for n in self.notes)
         return (
@@ -460,14 +420,7 @@ class ResumePlan:
         )
 
     def start_checkpoint(self, phase_name: str) -> Path | None:
-        """The checkpoint a phase starts from.
-
-        Args:
-            phase_name: A phase of the run.
-
-        Returns:
-            :attr:`checkpoint` for the resumed phase, ``None`` for every other phase.
-        """
+        """The checkpoint a phase starts from: :attr:`checkpoint` for the resumed phase, else ``None``."""
         return self.checkpoint if phase_name == self.phase else None
 
 
@@ -496,21 +449,16 @@ def resolve_resume(
     Args:
         resume_from: A run directory, its checkpoints root, a phase root or a step directory.
         phase_names: This run's phases in execution order (``["warm_start", "grpo"]``).
-        algorithm: ``algorithm.name`` of the run.
-        data_plane: The data-plane backend choice (``disabled``, ``local``, ``tq``).
-        model_shape: This run's model shape (:func:`model_shape_of`).
-        phase_algorithms: Algorithm of each phase; default: ``sft`` for ``warm_start``,
-            ``algorithm`` for the others.
+        data_plane: ``disabled``, ``local`` or ``tq``.
+        phase_algorithms: Default: ``sft`` for ``warm_start``, ``algorithm`` for the others.
         checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
-        required_files: Files a complete step directory holds.
-        verify_integrity: Verify the checkpoint's file manifest when it has one.
-        phase_settings: This run's settings per phase (:func:`run_settings`), compared with
-            the checkpoint's.
+        phase_settings: :func:`run_settings` per phase, compared with the checkpoint's.
 
     Returns:
         The plan; log :meth:`ResumePlan.describe`.
 
     Raises:
+        ValueError: ``phase_names`` is empty.
         ResumeError: Nothing usable for this run's phases was found (the message says what was).
         CheckpointMismatchError: The checkpoint's metadata differs from this run.
         nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
@@ -616,11 +564,7 @@ class InitFromPlan:
     meta: CheckpointMeta | None
 
     def describe(self) -> str:
-        """The one log line saying what was resolved.
-
-        Returns:
-            ``"init_from: policy.init_from=<src> -> policy weights of phase ... step ... at ..."``.
-        """
+        """The log line: ``"init_from: policy.init_from=<src> -> policy weights of phase ... step ... at ..."``."""
         algo = f" ({self.meta.algorithm}, run {self.meta.run_id})" if self.meta is not None else ""
         return (
             f"init_from: {_INIT_KEY}={self.source} -> policy weights of phase {self.phase!r}"
@@ -647,10 +591,8 @@ def resolve_init_from(
         init_from: A run directory, its checkpoints root, a phase root or a step directory.
         model_shape: This run's model shape; the checkpoint's must be equal.
         checkpoint_dir_name: ``checkpointing.checkpoint_dir`` of the source run.
-        required_files: Files a complete step directory holds.
         weights_subdir: Sub-directory of the step directory holding the policy weights
             (HF-style formats); ``None`` when they live in the state file.
-        verify_integrity: Verify the checkpoint's file manifest when it has one.
 
     Returns:
         The plan; log :meth:`InitFromPlan.describe`.

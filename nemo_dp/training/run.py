@@ -37,30 +37,16 @@ __all__ = [
 ]
 
 def make_tokenizer(cfg: Any) -> Any:
-    """The tokenizer a run uses (the one place that decides it): the ``policy`` group's builder.
-
-    Args:
-        cfg: The composed root config.
-
-    Returns:
-        The tokenizer (``nemo_dp.models.protocol.Tokenizer``).
-    """
+    """The run's tokenizer (the one place that decides it), from the ``policy`` group's builder."""
     from nemo_dp.models.builders import build_tokenizer
 
     return build_tokenizer(cfg.policy)
 
 
 def build_inputs(cfg: Any, tokenizer: Any | None = None) -> TrainerInputs:
-    """The loader, held-out problems and environment of a phase's config.
+    """The loader, held-out problems and environment of a phase's root config.
 
-    The builder is the one the algorithm's registry entry names (``AlgorithmSpec.input_builder``).
-
-    Args:
-        cfg: The phase's root config.
-        tokenizer: The run's tokenizer (renders chat prompts).
-
-    Returns:
-        The inputs.
+    Built by the algorithm registry entry's ``AlgorithmSpec.input_builder``.
 
     Raises:
         ValueError: ``algorithm.name`` is not a registered algorithm (naming the legal names).
@@ -73,8 +59,6 @@ def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = N
     """The policy worker group the config's data plane asks for (through the factory).
 
     Args:
-        cfg: The composed root config (``policy``, ``data_plane``, ``seed``).
-        tokenizer: Vocabulary size and special ids.
         env_vars: Environment for the workers (``ray_session`` / ``init_ray`` output).
 
     Returns:
@@ -102,9 +86,6 @@ def phase_logger(
     """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group).
 
     Args:
-        phase: The phase.
-        run_dir: The run's output directory.
-        logger_cfg: ``cfg.logger``.
         tracker: Experiment trackers that also receive every step's record (or ``None``).
         health: A training-health detector (``nemo_dp.training.health``) fed every record.
     """
@@ -121,14 +102,7 @@ def phase_logger(
 
 
 def phase_health(phase: Phase) -> Any:
-    """The training-health detector of a phase: zero advantages for GRPO, none otherwise.
-
-    Args:
-        phase: The phase.
-
-    Returns:
-        A ``ZeroAdvantageDetector`` for a GRPO phase, else ``None``.
-    """
+    """The training-health detector of a phase: a ``ZeroAdvantageDetector`` for GRPO, else ``None``."""
     from nemo_dp.training.health import ZeroAdvantageDetector
 
     algo = phase.cfg.algorithm
@@ -148,9 +122,6 @@ def phase_checkpointer(
     """The ``Checkpointer`` of a phase under ``ckpt_root/<phase name>``.
 
     Args:
-        phase: The phase.
-        ckpt_root: The run's checkpoint root.
-        ckpt_cfg: ``cfg.checkpointing``.
         start: The run's start decisions; when given, every checkpoint records what it belongs
             to (``checkpoint_meta.json``) and carries a file manifest.
     """
@@ -187,13 +158,9 @@ def run_phase(
     """Train one phase on ``policy``.
 
     Args:
-        phase: The phase (its ``cfg`` selects the trainer and the inputs).
-        policy: The policy (built by ``make_policy`` for the run's data plane).
-        tokenizer: The tokenizer (``make_tokenizer``).
-        logger: The phase's logger.
-        checkpointer: The phase's checkpointer.
+        phase: Its ``cfg`` selects the trainer and the inputs.
+        policy: Built by ``make_policy`` for the run's data plane.
         start_state: A loaded checkpoint to resume from, or ``None``.
-        hooks: Injected callbacks for the trainer (none by default).
         trainer: The trainer, when the caller already selected it with ``select_sync_trainer``
             (selected now otherwise).
 
@@ -254,9 +221,7 @@ def run_phases(
     checkpoints and ``summary.json``.
 
     Args:
-        cfg: The composed root config.
         validated: ``validate_config(cfg)`` (typed view: cluster, logger, checkpointing).
-        run_dir: The job's output directory.
         hooks: Injected callbacks for every phase's trainer.
         record: The launcher's ``nemo_dp.training.run_record.RunRecord``: marked started once
             Ray is up and the run directory is claimed (a failure before, Ray start-up and the
@@ -450,10 +415,7 @@ def _train_phases(
 
 
 def final_accuracy(summary: dict[str, Any]) -> float:
-    """The held-out accuracy after the run's last phase (what a sweep maximises).
-
-    Args:
-        summary: ``run_phases`` output.
+    """The held-out accuracy after the ``run_phases`` summary's last phase (what a sweep maximises).
 
     Raises:
         ValueError: The last phase recorded no held-out accuracy.

@@ -49,22 +49,12 @@ class RunDirError(ValueError):
 
 
 def new_run_id() -> str:
-    """A fresh run id: UTC time plus 8 random hex digits.
-
-    Returns:
-        E.g. ``"20261201-195612-3f9a1c2e"``.
-    """
+    """A fresh run id: UTC time plus 8 random hex digits (``"20261201-195612-3f9a1c2e"``)."""
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
 
 def read_run_marker(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Read a run directory's ``run.json``.
-
-    Args:
-        run_dir: The run directory.
-
-    Returns:
-        The marker, or ``None`` when there is none.
+    """A run directory's ``run.json`` marker, or ``None`` when there is none.
 
     Raises:
         RunDirError: The marker exists but is not a valid run marker (names the file).
@@ -87,7 +77,6 @@ class RunDirContents:
     """The artefacts of earlier runs found in a run directory.
 
     Attributes:
-        run_dir: The directory.
         checkpoints: ``{phase: [step, ...]}`` of step directories under the checkpoints root.
         metrics: Non-empty metrics files (the run's and its phases' sub-directories').
         summary: ``summary.json`` when present.
@@ -106,11 +95,7 @@ class RunDirContents:
         return not (self.checkpoints or self.metrics or self.summary or self.marker)
 
     def describe(self) -> str:
-        """What was found, for a message.
-
-        Returns:
-            E.g. ``"run 2026...-ab12 with checkpoints grpo: steps [10, 20]; metrics.jsonl"``.
-        """
+        """What was found, e.g. ``"run 2026...-ab12 with checkpoints grpo: steps [10, 20]; metrics.jsonl"``."""
         parts = []
         if self.checkpoints:
             parts.append(
@@ -129,16 +114,7 @@ def scan_run_dir(
     checkpoint_dir: str = "checkpoints",
     metrics_file: str = "metrics.jsonl",
 ) -> RunDirContents:
-    """What earlier runs left in ``run_dir`` (Hydra's own ``.hydra/`` and log are not counted).
-
-    Args:
-        run_dir: The run directory.
-        checkpoint_dir: ``checkpointing.checkpoint_dir``.
-        metrics_file: ``logger.metrics_file``.
-
-    Returns:
-        The contents.
-    """
+    """What earlier runs left in ``run_dir`` (Hydra's own ``.hydra/`` and log are not counted)."""
     root = Path(run_dir)
     contents = RunDirContents(run_dir=root)
     if not root.is_dir():
@@ -163,15 +139,12 @@ class RunDirDecision:
     """What :func:`claim_run_dir` decided; :meth:`commit` performs its writes.
 
     Attributes:
-        run_dir: The run directory.
         mode: ``fresh``, ``resume_in_place`` or ``overwrite``.
         run_id: The id this run records (a resumed run in place keeps its id).
         contents: What was found before the run.
         message: One log line saying what was decided.
-        resume_step: The resumed step (``resume_in_place``).
-        resume_phase: The resumed phase (``resume_in_place``).
+        resume_step: The resumed step (``resume_in_place`` only; so is ``resume_phase``).
         resumed_from: The resumed checkpoint, when resuming (in place or not).
-        checkpoint_dir: ``checkpointing.checkpoint_dir``.
         later_phases: Phases after the resumed one, whose checkpoints are superseded too.
     """
 
@@ -187,11 +160,7 @@ class RunDirDecision:
     later_phases: tuple[str, ...] = ()
 
     def commit(self) -> list[str]:
-        """Do the decided writes and write the ``run.json`` marker.
-
-        Returns:
-            Log lines describing what was removed or moved (empty for a fresh run).
-        """
+        """Do the decided writes and write ``run.json``; return log lines of what was removed or moved."""
         lines: list[str] = []
         if self.mode == "overwrite":
             lines.extend(self._remove_previous())
@@ -282,12 +251,9 @@ def claim_run_dir(
     """Decide whether this run may use ``run_dir`` (writes nothing).
 
     Args:
-        run_dir: The run's output directory (``hydra.run.dir`` or a multirun job's).
-        checkpoint_dir: ``checkpointing.checkpoint_dir``.
-        metrics_file: ``logger.metrics_file``.
+        run_dir: ``hydra.run.dir`` or a multirun job's.
         resume: The resolved resume plan, when ``checkpointing.resume_from`` is set.
         phase_names: The run's phases in order (to supersede later phases on resume in place).
-        overwrite: ``checkpointing.overwrite``.
 
     Returns:
         The decision; call :meth:`RunDirDecision.commit` just before the run starts.
@@ -359,10 +325,9 @@ class HistoryReport:
     """What :func:`continue_history` did to one phase's metrics file.
 
     Attributes:
-        path: The run's metrics file for the phase.
+        path: The run's metrics file for the phase (``source``: where the records came from).
         kept: Records kept (steps <= the resumed step).
         dropped: Records dropped (steps after it, or a torn last line).
-        source: The file the records came from.
     """
 
     path: Path
@@ -371,11 +336,7 @@ class HistoryReport:
     source: Path
 
     def describe(self) -> str:
-        """One log line.
-
-        Returns:
-            E.g. ``"metrics: kept 40 records from <src>, dropped 3 of steps > 40 (redone)"``.
-        """
+        """One log line."""
         origin = "" if self.source == self.path else f" copied from {self.source}"
         return (
             f"metrics {self.path}: kept {self.kept} records{origin}, dropped {self.dropped} "
@@ -426,11 +387,7 @@ def continue_history(
 
     Args:
         source_run_dir: The interrupted run's directory (``ResumePlan.run_dir``).
-        run_dir: This run's directory.
         phase_subdirs: Output sub-directory of each phase (``""`` = the run directory).
-        resume_phase_index: Index of the resumed phase.
-        resume_step: The resumed checkpoint's step.
-        metrics_file: ``logger.metrics_file``.
 
     Returns:
         One report per metrics file touched.

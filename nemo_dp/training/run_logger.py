@@ -30,9 +30,7 @@ class RunLogger:
 
     Args:
         out_dir: Directory for ``metrics_file`` and ``plot_file``.
-        metrics_file: Metrics jsonl file name.
         plot_file: PNG file name (written by :meth:`close` when ``plot``).
-        plot: Write the plot at the end.
         progress_bar: Show a tqdm bar over steps (on stderr).
         label: Phase label for log lines (``"SFT"``, ``"GRPO"``, ``"SFT warm start"``).
         tracker: Experiment trackers (``nemo_dp.training.trackers``) that receive every record.
@@ -58,9 +56,7 @@ class RunLogger:
     def start(self, total_steps: int, start_step: int) -> None:
         """Open the progress bar (and drop metrics of steps a resumed run will redo).
 
-        Args:
-            total_steps: Last step of the phase.
-            start_step: Steps already done (0 for a fresh run).
+        ``total_steps`` is the phase's last step, ``start_step`` the steps already done.
         """
         self.metrics.truncate_after(start_step)
         self.last_step = int(start_step)
@@ -78,11 +74,7 @@ class RunLogger:
             )
 
     def info(self, message: str) -> None:
-        """Print one log line (above the progress bar).
-
-        Args:
-            message: The line.
-        """
+        """Print one log line (above the progress bar)."""
         line = f"[{self.label}] {message}"
         if self._bar is not None:
             self._bar.write(line, file=sys.stdout)
@@ -90,15 +82,7 @@ class RunLogger:
             print(line, flush=True)
 
     def log_step(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Append the step's record to metrics.jsonl and update the bar.
-
-        Args:
-            step: The step number (0 = before training).
-            metrics: Scalar metrics.
-
-        Returns:
-            The record written.
-        """
+        """Append the step's record (step 0 = before training) to metrics.jsonl, update the bar; return it."""
         record = self.metrics.log(step, metrics)
         self.last_step = max(self.last_step, int(step))
         if self.tracker is not None:
@@ -117,11 +101,7 @@ class RunLogger:
         return record
 
     def close(self) -> Path | None:
-        """Close the bar and write the plot.
-
-        Returns:
-            The plot path, or ``None`` when plotting is off or nothing was logged.
-        """
+        """Close the bar and write the plot; its path, or ``None`` when plotting is off or nothing was logged."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None

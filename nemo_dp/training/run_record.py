@@ -35,8 +35,6 @@ class RunRecord:
     """What the launcher tells the wrapper while a run goes on.
 
     Attributes:
-        run_dir: The job's output directory.
-        log_path: The run's log file.
         started: Set by :meth:`mark_started` just before Ray starts.
         summary: The launcher's summary so far (phases finished, ...), merged into a failure's
             ``summary.json``; the launcher may replace it or fill it in place.
@@ -45,8 +43,8 @@ class RunRecord:
         on_start: Called once by :meth:`mark_started` (the wrapper opens the run's log file
             and writes Hydra's ``.hydra/`` files there: nothing reaches the run directory
             before the run is accepted).
-        checkpoint_root: The run's checkpoints root (set by the launcher; the last good
-            checkpoint after a failure is looked up there).
+        checkpoint_root: Set by the launcher; the last good checkpoint after a failure is
+            looked up there.
         phase_names: The run's phases in order.
     """
 
@@ -69,12 +67,7 @@ class RunRecord:
             hook()
 
     def track_metrics(self, metrics_path: str | os.PathLike[str], plot_path: str | os.PathLike[str]) -> None:
-        """Plot ``metrics_path`` to ``plot_path`` if the run fails.
-
-        Args:
-            metrics_path: A phase's metrics file.
-            plot_path: Its plot.
-        """
+        """Plot a phase's ``metrics_path`` to ``plot_path`` if the run fails."""
         pair = (Path(metrics_path), Path(plot_path))
         if pair not in self.metrics:
             self.metrics.append(pair)
@@ -89,14 +82,8 @@ def remove_unstarted_run_dir(run_dir: str | os.PathLike[str], *, log_names: tupl
     """Remove a run directory that holds only what was written before the run started.
 
     Allowed: ``.hydra/``, the run's log files, ``resolved_config.yaml``, ``run.json`` and empty
-    directories; anything else keeps the directory untouched.
-
-    Args:
-        run_dir: The job's output directory.
-        log_names: The run's log file names (default: any ``*.log``).
-
-    Returns:
-        Whether the directory was removed.
+    directories (``log_names``; default: any ``*.log``); anything else keeps the directory
+    untouched. Returns whether it was removed.
     """
     root = Path(run_dir)
     if not root.is_dir():
@@ -129,28 +116,14 @@ def _plot_tracked(record: RunRecord) -> list[str]:
 
 
 def last_good_checkpoint(record: RunRecord) -> Path | None:
-    """The newest committed checkpoint of the latest phase that has one, or ``None``.
-
-    Args:
-        record: The run's record (``checkpoint_root``, ``phase_names``).
-
-    Returns:
-        The step directory.
-    """
+    """The newest committed step directory of the record's latest phase that has one, or ``None``."""
     from nemo_dp.training.checkpoint_discovery import newest_checkpoint
 
     return newest_checkpoint(record.checkpoint_root, record.phase_names)
 
 
 def resume_command(run_dir: Path) -> str:
-    """The command that resumes this run into its own directory (this job's overrides kept).
-
-    Args:
-        run_dir: The run directory.
-
-    Returns:
-        A shell command line.
-    """
+    """The shell command that resumes this run into its own directory (this job's overrides kept)."""
     import shlex
 
     overrides: list[str] = []
@@ -184,15 +157,9 @@ def _resume_hint(record: RunRecord) -> tuple[dict[str, Any], list[str]]:
 
 
 def write_failure_summary(record: RunRecord, exc: BaseException, *, status: str) -> Path:
-    """Write ``summary.json`` for a run that stopped early, and plot what ran.
+    """Write ``summary.json`` for a run that stopped early (``record.summary`` merged in), and plot what ran.
 
-    Args:
-        record: The run's record (its ``summary`` is merged in).
-        exc: What stopped it.
-        status: ``failed``, ``interrupted`` (SIGINT) or ``terminated`` (SIGTERM).
-
-    Returns:
-        The summary path.
+    ``status`` is ``failed``, ``interrupted`` (SIGINT) or ``terminated`` (SIGTERM). Returns the path.
     """
     summary = dict(record.summary)
     summary.setdefault("run_dir", str(record.run_dir))

@@ -54,10 +54,7 @@ def sigterm_as_interrupt() -> Iterator[_SigtermState]:
 
     ``ray.init`` installs its own SIGTERM handlers, so enter this again after Ray has started.
     A second SIGTERM during teardown is ignored; inside ``state.deferred()`` one is held until
-    the block is done.
-
-    Yields:
-        A state whose ``received`` says whether SIGTERM arrived.
+    the block is done. The yielded state's ``received`` says whether SIGTERM arrived.
     """
     state = _SigtermState()
     if threading.current_thread() is not threading.main_thread():

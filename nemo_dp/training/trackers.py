@@ -92,15 +92,10 @@ def _as_number(value: Any) -> float | None:
 
 
 def numeric_metrics(record: Mapping[str, Any], *, skip: tuple[str, ...] = ("step",)) -> dict[str, float]:
-    """The numeric entries of a metrics record as floats (``step`` and non-numbers dropped).
+    """The numeric entries of a metrics record as ``key -> float``, in the record's order.
 
-    Args:
-        record: A step's record (``MetricsLogger`` output or raw metrics).
-        skip: Keys left out (the step travels as the step argument, not as a metric).
-
-    Returns:
-        ``key -> float`` in the record's order; booleans, strings (other than the
-        ``nan``/``inf`` spellings) and ``None`` are left out.
+    Keys in ``skip``, booleans, strings (other than the ``nan``/``inf`` spellings) and ``None``
+    are left out.
     """
     out: dict[str, float] = {}
     for key, value in record.items():
@@ -113,15 +108,7 @@ def numeric_metrics(record: Mapping[str, Any], *, skip: tuple[str, ...] = ("step
 
 
 def flatten_config(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten a nested config into dotted keys (``policy.optimizer.lr``).
-
-    Args:
-        node: A nested plain dict (lists are kept as values).
-        prefix: Key prefix (used by the recursion).
-
-    Returns:
-        ``dotted key -> leaf value``.
-    """
+    """Flatten a nested plain dict into ``dotted key -> leaf`` (``policy.optimizer.lr``); lists are leaves."""
     flat: dict[str, Any] = {}
     for key, value in node.items():
         name = f"{prefix}{key}"
@@ -145,7 +132,7 @@ def flatten_run_summary(summary: Mapping[str, Any], main_phase: str) -> dict[str
         A flat ``name -> number`` dict, ``val_accuracy`` being the final held-out accuracy.
 
     Raises:
-        KeyError: If ``main_phase`` is not among the summary's phases.
+        KeyError: ``main_phase`` is not among the summary's phases.
     """
     phases = summary.get("phases", {})
     if main_phase not in phases:
@@ -173,12 +160,7 @@ def _check_status(status: str) -> None:
 class TensorBoardTracker:
     """TensorBoard event files through ``torch.utils.tensorboard.SummaryWriter``.
 
-    The config is a ``config`` text summary (the YAML as a code block), step metrics are scalars
-    under their own names, final values are scalars under ``final/<name>`` at step 0 plus a
-    ``summary`` text.
-
-    Args:
-        log_dir: Directory for the event files (created).
+    Writes into ``log_dir`` (created); what is written where is on each method.
     """
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
@@ -227,14 +209,12 @@ class TensorBoardTracker:
 class WandbTracker:
     """A Weights & Biases run (offline by default: files under ``<dir>/wandb``, no network).
 
-    Phases restart their step counters, while a W&B run's internal step only grows, so every
-    history row carries its phase step as the ``step`` metric, declared as the x-axis of all
-    metrics.
+    Phases restart their step counters while a W&B run's step only grows, so every history row
+    carries its phase step as the ``step`` metric, the x-axis of all metrics.
 
     Args:
-        run_dir: The run directory (default run name).
-        cfg: The ``logger.wandb`` node (``project``, ``entity``, ``name``, ``group``, ``tags``,
-            ``mode``, ``dir``).
+        run_dir: The run directory (its name is the default run name).
+        cfg: The ``logger.wandb`` node.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], cfg: Any) -> None:
@@ -310,16 +290,9 @@ def _mlflow_key(key: str) -> str:
 
 
 def default_mlflow_uri(run_dir: str | os.PathLike[str]) -> str:
-    """The default tracking store: a SQLite file inside the run directory.
+    """The default tracking store, ``sqlite:///<abs run_dir>/mlflow.db``.
 
-    MLflow 3 refuses its plain-file backend unless ``MLFLOW_ALLOW_FILE_STORE`` is set, so the
-    default is its maintained local backend, a single SQLite file.
-
-    Args:
-        run_dir: The run directory.
-
-    Returns:
-        ``sqlite:///<abs run_dir>/mlflow.db``.
+    MLflow 3 refuses its plain-file backend unless ``MLFLOW_ALLOW_FILE_STORE`` is set.
     """
     return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
@@ -327,17 +300,13 @@ def default_mlflow_uri(run_dir: str | os.PathLike[str]) -> str:
 class MlflowTracker:
     """An MLflow run through ``MlflowClient`` (no global active run, so jobs never leak).
 
-    The config is logged as flattened params and as a ``resolved_config.yaml`` artifact, step
-    metrics as metrics at their step, final values as ``final/<name>`` metrics.
-
     Args:
         run_dir: The run directory (default store and run name).
-        cfg: The ``logger.mlflow`` node (``tracking_uri``, ``experiment``, ``run_name``).
+        cfg: The ``logger.mlflow`` node.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], cfg: Any) -> None:
-        # Store creation logs schema-migration INFO lines on every new store; keep them out of
-        # the run's output.
+        # Store creation logs schema-migration INFO lines on every new store.
         for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "alembic"):
             logging.getLogger(name).setLevel(logging.WARNING)
         from mlflow.tracking import MlflowClient
@@ -410,13 +379,7 @@ class MlflowTracker:
 
 
 class TrackerGroup:
-    """Several trackers behind the one protocol (an empty group is a valid no-op).
-
-    ``close`` closes every member even when one raises, then re-raises the first error.
-
-    Args:
-        trackers: The members, called in order.
-    """
+    """Several trackers, called in order, behind the one protocol (an empty group is a no-op)."""
 
     def __init__(self, trackers: list[Tracker] | None = None) -> None:
         self.trackers: list[Tracker] = list(trackers or [])
@@ -428,17 +391,14 @@ class TrackerGroup:
         return len(self.trackers)
 
     def log_config(self, resolved: Mapping[str, Any]) -> None:
-        """Forward to every member."""
         for tracker in self.trackers:
             tracker.log_config(resolved)
 
     def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
-        """Forward to every member."""
         for tracker in self.trackers:
             tracker.log_metrics(step, record)
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
-        """Forward to every member."""
         for tracker in self.trackers:
             tracker.log_summary(summary)
 
@@ -456,23 +416,14 @@ class TrackerGroup:
             raise first
 
     def with_prefix(self, prefix: str) -> PrefixedTracker:
-        """A view whose step metrics are logged as ``<prefix>/<key>`` (one per phase).
-
-        Args:
-            prefix: Phase name; ``""`` logs keys unchanged.
-
-        Returns:
-            The view (its ``close`` is a no-op: the group owns the trackers).
-        """
+        """A :class:`PrefixedTracker` view logging step metrics as ``<prefix>/<key>`` (one per phase)."""
         return PrefixedTracker(self, prefix)
 
 
 class PrefixedTracker:
     """Step metrics of one phase, keys prefixed, forwarded to a tracker it does not own.
 
-    Args:
-        inner: The tracker (usually the run's :class:`TrackerGroup`).
-        prefix: Key prefix without the trailing ``/``; ``""`` forwards keys unchanged.
+    ``prefix`` has no trailing ``/``; ``""`` forwards keys unchanged. ``close`` is a no-op.
     """
 
     def __init__(self, inner: Tracker, prefix: str) -> None:
@@ -484,11 +435,9 @@ class PrefixedTracker:
         self.inner.log_config(resolved)
 
     def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
-        """Forward with prefixed keys."""
         self.inner.log_metrics(step, {f"{self.prefix}{k}": v for k, v in record.items() if k != "step"})
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
-        """Forward with prefixed keys."""
         self.inner.log_summary({f"{self.prefix}{k}": v for k, v in summary.items()})
 
     def close(self, status: str = "success") -> None:
@@ -500,15 +449,7 @@ class PrefixedTracker:
 
 
 def enabled_trackers(logger_cfg: Any) -> list[str]:
-    """Names of the trackers ``logger_cfg`` enables, in the order they are built.
-
-    Args:
-        logger_cfg: The ``logger`` node (DictConfig, mapping or dataclass); a tracker whose
-            block is absent counts as disabled.
-
-    Returns:
-        A sublist of ``["tensorboard", "wandb", "mlflow"]``.
-    """
+    """The sublist of ``["tensorboard", "wandb", "mlflow"]`` that the ``logger`` node enables (absent: disabled)."""
     return [name for name in _PACKAGES if bool(cfg_get(cfg_get(logger_cfg, name, None), "enabled", False))]
 
 
@@ -516,9 +457,6 @@ def check_trackers_available(logger_cfg: Any) -> None:
     """Fail when an enabled tracker's package is not installed (call before Ray starts).
 
     Only looks the packages up (``importlib.util.find_spec``); nothing is imported.
-
-    Args:
-        logger_cfg: The ``logger`` node.
 
     Raises:
         TrackerUnavailableError: Naming every enabled tracker whose package is missing, the
@@ -541,17 +479,10 @@ def check_trackers_available(logger_cfg: Any) -> None:
 
 
 def build_trackers(logger_cfg: Any, run_dir: str | os.PathLike[str]) -> TrackerGroup:
-    """Build the enabled trackers of ``logger_cfg`` for a run writing to ``run_dir``.
-
-    Args:
-        logger_cfg: The ``logger`` node (``tensorboard``/``wandb``/``mlflow`` blocks).
-        run_dir: The run directory; every default location is inside it.
-
-    Returns:
-        The group (empty when no tracker is enabled).
+    """Build the enabled trackers of the ``logger`` node; every default location is inside ``run_dir``.
 
     Raises:
-        TrackerUnavailableError: If an enabled tracker's package is missing.
+        TrackerUnavailableError: An enabled tracker's package is missing.
     """
     check_trackers_available(logger_cfg)
     run_dir = Path(run_dir)

@@ -57,17 +57,10 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def checkpoint_dir_for_step(root: str | os.PathLike[str], step: int) -> Path:
-    """The directory name used for ``step`` under ``root``.
-
-    Args:
-        root: Checkpoint root directory.
-        step: Training step (>= 0).
-
-    Returns:
-        ``root / f"step_{step:08d}"``.
+    """``root / f"step_{step:08d}"``.
 
     Raises:
-        ValueError: If ``step`` is negative.
+        ValueError: ``step`` is negative.
     """
     if step < 0:
         raise ValueError(f"checkpoint_dir_for_step: step must be >= 0, got {step}")
@@ -165,13 +158,7 @@ def _decode(value: Any, tensors: Mapping[str, torch.Tensor], base: Path) -> Any:
 
 
 def encode_state(state: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor], dict[str, dict[str, bytes]]]:
-    """Split ``state`` into typed JSON, a tensor table and pretrained file trees (no I/O).
-
-    Args:
-        state: The training state.
-
-    Returns:
-        ``(json_tree, tensors, file_trees)``.
+    """Split ``state`` into ``(json_tree, tensors, file_trees)`` (no I/O).
 
     Raises:
         TypeError: A value that cannot be stored without code (the message names its path).
@@ -183,15 +170,10 @@ def encode_state(state: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor]
 
 
 def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> list[str]:
-    """Write ``state``'s files (not the manifest) into ``directory``; encoding happens first,
-    so a state that cannot be stored raises before any file is written.
+    """Write ``state``'s files (not the manifest) into a (temp) checkpoint directory.
 
-    Args:
-        directory: The (temp) checkpoint directory.
-        state: The training state.
-
-    Returns:
-        The top-level names written (for the manifest).
+    Encoding happens first, so a state that cannot be stored raises before any file is written.
+    Returns the top-level names written (for the manifest).
     """
     from safetensors.torch import save_file
 
@@ -207,15 +189,10 @@ def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, 
 
 
 def checkpoint_manifest(state: Mapping[str, Any], files: list[str], **extra: Any) -> dict[str, Any]:
-    """The file-manifest fields of a training checkpoint.
+    """The manifest fields: ``format``, ``format_version``, ``state``'s ``keys``, ``files`` and ``extra``.
 
-    Args:
-        state: The training state it holds.
-        files: The top-level names :func:`write_training_state` wrote.
-        **extra: More fields (e.g. a data-plane directory).
-
-    Returns:
-        ``format``, ``format_version``, the state's ``keys``, ``files`` and ``extra``.
+    ``files`` are the top-level names :func:`write_training_state` wrote; ``extra`` e.g. a
+    data-plane directory.
     """
     head = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION}
     return {**head, "keys": sorted(str(k) for k in state), "files": files, **extra}
@@ -230,7 +207,7 @@ def save_training_checkpoint(
     """Atomically write ``state`` to ``checkpoint_dir``.
 
     Args:
-        checkpoint_dir: Final directory (usually from :func:`checkpoint_dir_for_step`).
+        checkpoint_dir: Usually from :func:`checkpoint_dir_for_step`.
         state: Tensors, model/optimizer state dicts, RNG snapshots, loader state, counters,
             pretrained file trees (see the module docstring).
         finalize: Called as ``finalize(tmp_dir)`` after every file is written and before the
@@ -240,7 +217,7 @@ def save_training_checkpoint(
         The absolute checkpoint path.
 
     Raises:
-        TypeError: If ``state`` is not a dict or holds a value that cannot be stored (nothing
+        TypeError: ``state`` is not a dict or holds a value that cannot be stored (nothing
             written).
         Exception: Whatever the file system raised; the previous checkpoint is then intact.
     """
@@ -257,17 +234,11 @@ def save_training_checkpoint(
 
 
 def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_training_checkpoint`.
-
-    Args:
-        checkpoint_dir: The checkpoint directory.
-
-    Returns:
-        The saved state dict (tensors on CPU).
+    """Load a checkpoint written by :func:`save_training_checkpoint` (tensors on CPU).
 
     Raises:
-        FileNotFoundError: If the directory, its manifest or its state files are missing.
-        ValueError: If the manifest names another format or version (a version-1 checkpoint,
+        FileNotFoundError: The directory, its manifest or its state files are missing.
+        ValueError: The manifest names another format or version (a version-1 checkpoint,
             whose ``state.pt`` is a pickle, is refused without reading it), or a file is corrupt.
         nemo_dp.utils.manifest.CheckpointCorruptError: A file listed in the checkpoint's file
             manifest is missing, truncated or altered (names the file; checked before reading).

@@ -1,8 +1,7 @@
 """Atomic checkpoint directories and versioned manifests, shared by every checkpoint writer.
 
 ``write_checkpoint_atomically`` fills a temp sibling, then renames it into place, so a crash
-mid-save leaves the previous checkpoint loadable and ``*.tmp-*`` leftovers are never read.  It
-lives in ``utils`` so the legacy trainers can checkpoint without importing the data plane.
+mid-save leaves the previous checkpoint loadable and ``*.tmp-*`` leftovers are never read.
 Contract tests patch ``_verify_written`` and ``os.replace`` (looked up at call time).
 """
 
@@ -42,10 +41,7 @@ _OLD_INFIX = ".old-"
 def check_json_value(value: Any, where: str, *, finite: bool = True) -> None:
     """Check that ``value`` is JSON-like: str-keyed mappings, lists, tuples and scalars.
 
-    Args:
-        value: The value to check.
-        where: Its position, for the message.
-        finite: Refuse non-finite floats.
+    ``where`` names its position in the message; ``finite`` refuses non-finite floats.
 
     Raises:
         TypeError: A non-str key or a value of another type (named by ``where``).
@@ -71,13 +67,7 @@ def check_json_value(value: Any, where: str, *, finite: bool = True) -> None:
 
 
 def validate_json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Check user checkpoint metadata and return a detached JSON-normalised copy.
-
-    Args:
-        metadata: A mapping with str keys and JSON values, or ``None`` (treated as ``{}``).
-
-    Returns:
-        A new dict equal to ``json.loads(json.dumps(metadata))``.
+    """Check user checkpoint metadata (``None`` = ``{}``); return ``json.loads(json.dumps(metadata))``.
 
     Raises:
         TypeError: ``metadata`` is not a mapping, or holds a non-str key or a non-JSON value.
@@ -157,6 +147,7 @@ def write_checkpoint_atomically(
 
     Raises:
         NotADirectoryError: ``checkpoint_dir`` exists and is not a directory (nothing written).
+        RuntimeError: ``write_fn`` wrote no ``manifest.json`` (nothing committed).
         Exception: Whatever ``write_fn`` or the file system raised; the temp dir has then been
             removed and a previous ``checkpoint_dir`` is intact.
     """
@@ -197,15 +188,9 @@ def write_checkpoint_atomically(
 
 
 def write_manifest(directory: str | PathLike[str], manifest: Mapping[str, Any]) -> Path:
-    """Write ``manifest.json`` into ``directory``.
+    """Write ``manifest.json`` into the (temp) checkpoint directory being written; return its path.
 
-    Args:
-        directory: The (temp) checkpoint directory being written.
-        manifest: JSON-serialisable mapping holding at least ``"format"`` (str) and
-            ``"format_version"`` (int).
-
-    Returns:
-        The manifest path.
+    ``manifest`` holds at least ``"format"`` (str) and ``"format_version"`` (int).
 
     Raises:
         ValueError: ``format``/``format_version`` missing or of the wrong type.
@@ -225,13 +210,7 @@ def write_manifest(directory: str | PathLike[str], manifest: Mapping[str, Any]) 
 
 
 def resolve_checkpoint_dir(checkpoint_dir: str | PathLike[str]) -> Path:
-    """Return the absolute checkpoint directory, or explain why it is not there.
-
-    Args:
-        checkpoint_dir: The directory passed to ``load_checkpoint``.
-
-    Returns:
-        The absolute path of an existing directory.
+    """The absolute path of an existing checkpoint directory, or explain why it is not there.
 
     Raises:
         FileNotFoundError: The directory is missing (naming any surviving ``<dir>.old-*``, which
@@ -267,15 +246,7 @@ def read_manifest(
     expected_format: str,
     supported_versions: Collection[int],
 ) -> dict[str, Any]:
-    """Read and check ``<checkpoint_dir>/manifest.json``.
-
-    Args:
-        checkpoint_dir: The checkpoint directory.
-        expected_format: Required value of the manifest's ``"format"``.
-        supported_versions: Accepted values of ``"format_version"``.
-
-    Returns:
-        The parsed manifest (a dict).
+    """Read ``<checkpoint_dir>/manifest.json``, checking ``"format"`` and ``"format_version"``.
 
     Raises:
         FileNotFoundError: Directory or manifest missing (see ``resolve_checkpoint_dir``).

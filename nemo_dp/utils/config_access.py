@@ -20,15 +20,11 @@ def cfg_get(
     """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for dataclasses and objects.
 
     Args:
-        node: The config node; ``None`` has no keys.
-        key: The key.
+        node: ``None`` has no keys.
         default: Returned when the key is absent; without it an absent key raises.
         where: The node's dotted name in messages (``"data_plane"``; ``""`` for the root).
         strict: Accept only ``None``, mappings (``DictConfig`` included) and dataclass
             instances as nodes.
-
-    Returns:
-        The value, or ``default``.
 
     Raises:
         ValueError: The key of a ``DictConfig`` is the unset mandatory value ``???``.

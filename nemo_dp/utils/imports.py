@@ -18,10 +18,9 @@ class TargetNotFoundError(ImportError):
 def resolve_target(
     target: str, what: str = "target", *, error: type[TargetNotFoundError] = TargetNotFoundError
 ) -> Any:
-    """Import ``"module:attr"`` and return the attribute.
+    """Import ``"package.module:attribute"`` and return the attribute.
 
     Args:
-        target: ``"package.module:attribute"``.
         what: What the target is, for error messages (``"the trainer for ..."``).
         error: The exception class raised for a missing module or attribute.
 
@@ -49,13 +48,8 @@ def resolve_target(
 def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
     """A package's module-level ``__getattr__`` that imports each exported name on first use.
 
-    Args:
-        package: The package's ``__name__``.
-        exports: Exported name -> the module that defines it.
-
-    Returns:
-        The function to bind as the package's ``__getattr__``; it caches each name it resolves
-        in the package and raises ``AttributeError`` for a name ``exports`` does not hold.
+    ``exports`` maps each name to its defining module. The returned function caches each name it
+    resolves in the package and raises ``AttributeError`` for a name ``exports`` does not hold.
     """
 
     def __getattr__(name: str) -> Any:

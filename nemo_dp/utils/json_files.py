@@ -16,11 +16,7 @@ def load_json(path: Path, bad_json: Callable[[Exception], Exception]) -> Any:
     """The JSON document a UTF-8 file holds.
 
     Args:
-        path: The file.
         bad_json: Makes the error raised when the file is not UTF-8 JSON, from the decoder's.
-
-    Returns:
-        The parsed document.
 
     Raises:
         Exception: ``bad_json(exc)``, chained to ``exc``; ``OSError`` when the file cannot be read.
@@ -37,7 +33,7 @@ def json_lines(
     """``(line number, value)`` of each non-blank line, numbered from 1.
 
     Args:
-        lines: The text lines (an open text file, or a list).
+        lines: An open text file, or a list.
         bad_json: Makes the error raised for a line that is not JSON, from its number and the
             decoder's error.
 
@@ -55,12 +51,7 @@ def json_lines(
 
 
 def write_json_lines(path: Path, records: Iterable[Any]) -> None:
-    """Replace ``path`` atomically by one JSON line per record (parent directories are created).
-
-    Args:
-        path: The file.
-        records: JSON-serialisable values.
-    """
+    """Replace ``path`` atomically by one JSON line per record (parent directories are created)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     with open(tmp, "w", encoding="utf-8") as fh:

@@ -58,9 +58,7 @@ class ManifestReport:
     """What :func:`verify_manifest` checked.
 
     Attributes:
-        directory: The checkpoint directory.
-        files: Number of files verified.
-        total_bytes: Their total size.
+        files: Number of files verified (``total_bytes``: their total size).
         extra_files: Files present but not listed (only reported unless ``strict``).
     """
 
@@ -107,10 +105,7 @@ def _payload_files(directory: Path) -> list[str]:
 
 
 def build_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of every regular file under ``directory`` (recursively).
-
-    Args:
-        directory: A checkpoint directory (or its temp sibling while it is being written).
+    """The manifest of every regular file under a (temp) checkpoint directory, recursively.
 
     Returns:
         ``{"format", "format_version", "hash": "sha256", "files": {relpath: {"size", "sha256"}}}``.
@@ -139,12 +134,7 @@ def write_manifest(directory: str | os.PathLike[str]) -> Path:
 
     Call it after the last payload file is written; the manifest goes through a temp file,
     ``fsync`` and ``os.replace``, so a crash leaves either no manifest or a complete one.
-
-    Args:
-        directory: The checkpoint directory being written.
-
-    Returns:
-        The manifest path.
+    Returns its path.
 
     Raises:
         NotADirectoryError: ``directory`` is not a directory.
@@ -167,14 +157,7 @@ def write_manifest(directory: str | os.PathLike[str]) -> Path:
 
 
 def has_manifest(directory: str | os.PathLike[str]) -> bool:
-    """Whether ``directory`` carries a file manifest.
-
-    Args:
-        directory: A checkpoint directory.
-
-    Returns:
-        True when ``file_manifest.json`` exists there.
-    """
+    """Whether ``file_manifest.json`` exists in ``directory``."""
     return (Path(directory) / FILE_MANIFEST_NAME).is_file()
 
 
@@ -184,12 +167,6 @@ def _bad(path: Path, message: str) -> CheckpointCorruptError:
 
 def read_file_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and structurally check ``directory``'s file manifest.
-
-    Args:
-        directory: A checkpoint directory.
-
-    Returns:
-        The parsed manifest.
 
     Raises:
         CheckpointCorruptError: The manifest is missing (``no_manifest``) or is not a valid
@@ -240,12 +217,8 @@ def verify_manifest(
     """Check every file listed in ``directory``'s manifest against its size and checksum.
 
     Args:
-        directory: A checkpoint directory.
         check_hashes: Also compare SHA-256 checksums (False: sizes only, for a quick scan).
         strict: Also refuse files present in the directory but absent from the manifest.
-
-    Returns:
-        What was verified.
 
     Raises:
         CheckpointCorruptError: Naming the first file (in sorted order) that is missing

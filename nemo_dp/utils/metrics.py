@@ -42,18 +42,13 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Append the record ``{"step": step, **metrics}`` and flush it to disk.
+        """Append the record ``{"step": step, **metrics}``, flush it to disk and return it.
 
-        Args:
-            step: The training step.
-            metrics: Scalars (Python numbers, 1-element tensors, numpy scalars, str, bool).
-
-        Returns:
-            The record written.
+        ``metrics`` values are scalars: Python numbers, 1-element tensors, numpy scalars, str, bool.
 
         Raises:
-            ValueError: If ``metrics`` contains ``"step"`` or a multi-element tensor.
-            TypeError: If a value is not a scalar.
+            ValueError: ``metrics`` contains ``"step"`` or a multi-element tensor.
+            TypeError: A value is not a scalar.
         """
         if "step" in metrics:
             raise ValueError("MetricsLogger.log: metrics must not contain the reserved key 'step'")
@@ -67,11 +62,7 @@ class MetricsLogger:
         return record
 
     def truncate_after(self, step: int) -> None:
-        """Drop records whose step is greater than ``step`` (resume from a checkpoint).
-
-        Args:
-            step: Last step to keep.
-        """
+        """Drop records whose step is greater than ``step`` (resume from a checkpoint)."""
         if not self.path.exists():
             return
         write_json_lines(self.path, [r for r in read_metrics(self.path) if r["step"] <= step])
@@ -83,16 +74,10 @@ def bad_metrics_json(path: str | os.PathLike[str], lineno: int, exc: Exception) 
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a metrics jsonl file.
-
-    Args:
-        path: The file.
-
-    Returns:
-        The records in file order.
+    """The records of a metrics jsonl file, in file order.
 
     Raises:
-        ValueError: If a line is not a JSON object with an int ``step`` (names file and line).
+        ValueError: A line is not a JSON object with an int ``step`` (names file and line).
     """
     records: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as fh:

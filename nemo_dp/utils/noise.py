@@ -27,14 +27,7 @@ class DropFxTracingNotice(logging.Filter):
     """Drops exactly torch's ``is_fx_tracing`` notice; every other record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Decide whether ``record`` is logged.
-
-        Args:
-            record: A record of logger ``torch.fx._symbolic_trace``.
-
-        Returns:
-            False for the notice, True for anything else.
-        """
+        """False for the notice, True for any other record of logger ``torch.fx._symbolic_trace``."""
         return not str(record.msg).startswith(FX_TRACING_NOTICE)
 
 
@@ -42,10 +35,8 @@ def install_known_log_filters() -> list[str]:
     """Install the known-notice filters in this process (idempotent).
 
     The filter sits on the emitting logger, so the record is dropped before any handler sees
-    it.  Runs on the driver before Ray starts and in every Ray worker (setup hook).
-
-    Returns:
-        What was installed now, one line each (empty when everything was already in place).
+    it.  Runs on the driver before Ray starts and in every Ray worker (setup hook). Returns what
+    was installed now, one line each.
     """
     done: list[str] = []
     fx_logger = logging.getLogger(FX_TRACING_LOGGER)

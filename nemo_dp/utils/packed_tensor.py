@@ -47,7 +47,6 @@ class PackedTensor:
     Args:
         tensors: One tensor (a column of one entry) or a non-empty list whose entries are
             tensors or ``None``.  The list is copied; the tensors are not.
-        dim_to_pack: The dimension along which :meth:`as_tensor` concatenates the entries.
 
     Raises:
         TypeError: ``tensors`` is neither a tensor nor a list, an entry is neither a tensor nor
@@ -74,13 +73,9 @@ class PackedTensor:
             )
 
     def as_tensor(self, device: Union[str, torch.device, None] = None) -> Optional[torch.Tensor]:
-        """The non-``None`` entries concatenated along ``dim_to_pack``.
+        """The non-``None`` entries concatenated along ``dim_to_pack``; ``None`` when all are ``None``.
 
-        Args:
-            device: If given, the entries are first moved there (in place, as :meth:`to`).
-
-        Returns:
-            The concatenation, or ``None`` when every entry is ``None``.
+        With ``device``, the entries are first moved there (in place, as :meth:`to`).
         """
         if device is not None:
             self.to(device)
@@ -98,13 +93,9 @@ class PackedTensor:
         return self
 
     def slice(self, indices: Union[Sequence[int], torch.Tensor]) -> PackedTensor:
-        """The entries at ``indices`` (in that order, duplicates allowed) as a new PackedTensor.
+        """The entries at ``indices`` (in order, duplicates allowed) as a new PackedTensor sharing them.
 
-        Args:
-            indices: A list of ints or an integer tensor of any shape (flattened).
-
-        Returns:
-            A PackedTensor sharing the selected entries (not copied).
+        ``indices`` may be an integer tensor of any shape (flattened).
 
         Raises:
             TypeError: An index is not an integer.

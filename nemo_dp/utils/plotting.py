@@ -24,17 +24,11 @@ def plot_training_curves(metrics_jsonl: str | os.PathLike[str], out_png: str | o
     """Plot loss, reward and held-out accuracy curves against step.
 
     Every numeric key containing ``loss`` / ``reward`` / ``acc`` goes on its panel (each key
-    with the steps where it was logged); panels with no such key say so.
-
-    Args:
-        metrics_jsonl: The metrics file written by :class:`MetricsLogger`.
-        out_png: Output image (parents are created).
-
-    Returns:
-        The written path.
+    with the steps where it was logged); panels with no such key say so. ``out_png``'s parents
+    are created; returns its path.
 
     Raises:
-        ValueError: If the metrics file holds no records.
+        ValueError: The metrics file holds no records.
     """
     records = read_metrics(metrics_jsonl)
     if not records:

@@ -27,11 +27,8 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Restore a snapshot taken by :func:`capture_rng_state`.
 
-    Args:
-        state: The snapshot.
-
     Raises:
-        KeyError: If one of ``python``, ``numpy``, ``torch`` is missing (nothing restored).
+        KeyError: One of ``python``, ``numpy``, ``torch`` is missing (nothing restored).
     """
     for key in _KEYS:
         if key not in state:
