@@ -65,7 +65,7 @@ class HFTokenizer:
         return template if isinstance(template, str) and template else None
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """The wrapped tokenizer's ``save_pretrained`` (``tokenizer.json``, config, specials; dir created if missing)."""
+        """The wrapped tokenizer's ``save_pretrained`` (``tokenizer.json``, its config, specials)."""
         self._tok.save_pretrained(os.fspath(directory))
 
     def encode(self, text: str) -> list[int]:
