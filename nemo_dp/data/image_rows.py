@@ -21,17 +21,11 @@ __all__ = ["ImagePrompt", "ImageSFTExample", "is_image_example", "is_image_promp
 
 @dataclass(frozen=True)
 class ImagePrompt:
-    """A prompt of a user's image dataset.
-
-    Attributes:
-        turns: The prompt's turns (``{"role", "content"}``; a list content holds ``text`` parts
-            and ``image`` parts whose ``"image"`` is an absolute path).
-    """
+    """A prompt of a user's image dataset: ``{"role", "content"}`` turns, image parts naming absolute paths."""
 
     turns: tuple[dict[str, Any], ...]
 
     def image_paths(self) -> list[str]:
-        """The image paths, in order."""
         return image_paths(self.turns)
 
     def messages(self) -> list[dict[str, Any]]:
@@ -52,12 +46,7 @@ class ImagePrompt:
 
 @dataclass(frozen=True)
 class ImageSFTExample:
-    """A supervised example of a user's image dataset.
-
-    Attributes:
-        prompt: The conversation before its last (assistant) turn.
-        response: The last assistant turn's text: the tokens learned.
-    """
+    """A supervised example of a user's image dataset: the turns before the last, and that assistant turn's text."""
 
     prompt: ImagePrompt
     response: str
