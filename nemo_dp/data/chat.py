@@ -1,10 +1,8 @@
 """Rendering examples to token ids with an exact loss mask.
 
-Pairs ``(p, r)`` and ``ChatExample`` conversations become token ids plus a mask that is 1 exactly
-on assistant content and its end-of-turn token.  Without a chat template this is plain
-concatenation (``[bos] + p + r + [eos]``); with one, the rendered text is split at turn boundaries
-and each piece tokenized on its own, so no token straddles a boundary.  RL prompts given as
-conversations render the same way (``render_prompt``).
+Pairs ``(p, r)`` and ``ChatExample`` conversations get a mask that is 1 exactly on assistant content
+and its end-of-turn token.  Without a chat template: ``[bos] + p + r + [eos]``; with one, the
+rendered text is split at turn boundaries and each piece tokenized alone (no token straddles one).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Rows of a user's image dataset as the trainers pass them around: image paths, not pixels.
 
-An :class:`ImagePrompt` holds a prompt's chat turns with each image part naming its resolved
-(absolute) path, as :mod:`nemo_dp.data.images` parses them.  Like the built-in task's
-``VisualPrompt`` it is what the driver moves; the policy's workers load and encode the images
-(:meth:`ImagePrompt.messages`), so pixels exist only where the model reads them.
-:func:`is_image_prompt` and :func:`is_image_example` recognise both kinds.
+An :class:`ImagePrompt` holds a prompt's chat turns with image parts naming resolved paths.  Like
+the built-in task's ``VisualPrompt`` it is what the driver moves; the policy's workers load and
+encode the images, so pixels exist only where the model reads them.
 """
 
 from __future__ import annotations

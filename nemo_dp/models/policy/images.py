@@ -1,9 +1,7 @@
 """Images on the policy workers: encoding visual prompts, binding a batch's images, generating.
 
-:func:`encode_visual_prompts` turns ``VisualPrompt`` specs or ``ImagePrompt`` image paths into
-token ids plus ``PackedTensor`` image columns; :func:`bind_images` binds a micro-batch's images to
-the model (text batches use the model as is); :func:`generate_rows` is the chunked generation
-over both that the policy and rollout workers share.
+:func:`generate_rows` is the chunked generation over text and image prompts that the policy and
+rollout workers share.
 """
 
 from __future__ import annotations
