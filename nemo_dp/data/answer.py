@@ -42,12 +42,5 @@ def _rebuild(text: str, prompt: Any, chat: bool, columns: dict[str, Any]) -> Ans
 
 
 def with_row(answer: str, prompt: Any, *, chat: bool = False, columns: Mapping[str, Any] | None = None) -> Answer:
-    """``answer`` carrying its row (``columns`` defaults to ``{"answer": answer}``).
-
-    Args:
-        answer: The reference answer.
-        prompt: The row's prompt (text, or turns for chat data).
-        chat: Whether the row is chat data.
-        columns: The row's other columns.
-    """
+    """``answer`` carrying its row, fields as :class:`Answer` (``columns`` defaults to ``{"answer": answer}``)."""
     return Answer(answer, prompt=prompt, chat=chat, columns=columns if columns is not None else {"answer": answer})

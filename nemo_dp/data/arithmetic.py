@@ -21,12 +21,7 @@ _ENUMERATION_LIMIT: int = 400_000
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt with its reference answer.
-
-    Attributes:
-        prompt: The prompt text, e.g. ``"37+5="``.
-        answer: The exact expected response, e.g. ``"42"``.
-    """
+    """One prompt (e.g. ``"37+5="``) with its exact expected answer (e.g. ``"42"``)."""
 
     prompt: str
     answer: str
@@ -41,16 +36,7 @@ def _solve(a: int, op: str, b: int) -> int:
 
 
 def is_eval_problem(a: int, op: str, b: int) -> bool:
-    """Whether ``(a, op, b)`` belongs to the held-out partition.
-
-    Args:
-        a: Left operand.
-        op: Operator.
-        b: Right operand.
-
-    Returns:
-        True for the eval partition (about 1 in ``EVAL_BUCKETS`` problems).
-    """
+    """Whether ``(a, op, b)`` belongs to the held-out partition (about 1 in ``EVAL_BUCKETS`` problems)."""
     digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % EVAL_BUCKETS == 0
 
@@ -58,13 +44,8 @@ def is_eval_problem(a: int, op: str, b: int) -> bool:
 def make_problem(a: int, op: str, b: int) -> Problem:
     """Build the problem ``f"{a}{op}{b}="`` with its answer.
 
-    Args:
-        a: Left operand (non-negative).
-        op: One of ``SUPPORTED_OPERATORS``.
-        b: Right operand (non-negative).
-
     Raises:
-        ValueError: If the operator is unsupported or an operand is negative.
+        ValueError: ``op`` is not in ``SUPPORTED_OPERATORS`` or an operand is negative.
     """
     if op not in SUPPORTED_OPERATORS:
         raise ValueError(f"make_problem: operator {op!r} not in {SUPPORTED_OPERATORS}")
@@ -82,11 +63,10 @@ class ArithmeticTask:
 
     Args:
         digits: Maximum number of digits of an operand (>= 1).
-        operators: Operators to use, a non-empty subset of ``("+", "-", "*")``.
-        seed: Seed of the generator.
+        operators: Operators to use, a non-empty subset of ``("+", "-", "*")`` without duplicates.
 
     Raises:
-        ValueError: On invalid digits or operators.
+        ValueError: Invalid digits or operators.
     """
 
     def __init__(self, digits: int, operators: tuple[str, ...], seed: int) -> None:
@@ -151,16 +131,10 @@ class ArithmeticTask:
         return out
 
     def train_problems(self, n: int) -> list[Problem]:
-        """Draw ``n`` distinct training problems.
-
-        Args:
-            n: Number of problems.
-
-        Returns:
-            The problems, in a seed-determined order.
+        """Draw ``n`` distinct training problems, in a seed-determined order.
 
         Raises:
-            ValueError: If the train partition holds fewer than ``n`` problems.
+            ValueError: The train partition holds fewer than ``n`` problems (or too many to sample).
         """
         return self._draw(n, eval_part=False)
 

@@ -1,10 +1,8 @@
 """Rendering examples to token ids with an exact loss mask.
 
-Pairs ``(p, r)`` and ``ChatExample`` conversations become token ids plus a mask that is 1 exactly
-on assistant content and its end-of-turn token.  Without a chat template this is plain
-concatenation (``[bos] + p + r + [eos]``); with one, the rendered text is split at turn boundaries
-and each piece tokenized on its own, so no token straddles a boundary.  RL prompts given as
-conversations render the same way (``render_prompt``).
+Pairs ``(p, r)`` and ``ChatExample`` conversations get a mask that is 1 exactly on assistant content
+and its end-of-turn token.  Without a chat template: ``[bos] + p + r + [eos]``; with one, the
+rendered text is split at turn boundaries and each piece tokenized alone (no token straddles one).
 """
 
 from __future__ import annotations
@@ -16,15 +14,8 @@ from typing import Any, Union
 from nemo_dp.data.protocol import has_chat_template
 
 __all__ = [
-    "ROLES",
-    "Message",
-    "ChatExample",
-    "SFTExample",
-    "TokenizedExample",
-    "ChatTemplateError",
-    "tokenize_sft_example",
-    "render_prompt",
-    "encode_prompt_text",
+    "ROLES", "Message", "ChatExample", "SFTExample", "TokenizedExample", "ChatTemplateError", "tokenize_sft_example",
+    "render_prompt", "encode_prompt_text",
 ]
 
 #: Roles a conversation turn may have.
@@ -33,12 +24,7 @@ ROLES: tuple[str, ...] = ("system", "user", "assistant")
 
 @dataclass(frozen=True)
 class Message:
-    """One conversation turn.
-
-    Attributes:
-        role: One of ``ROLES``.
-        content: The turn's text.
-    """
+    """One conversation turn (``role`` one of ``ROLES``)."""
 
     role: str
     content: str
@@ -46,11 +32,7 @@ class Message:
 
 @dataclass(frozen=True)
 class ChatExample:
-    """A conversation for SFT: loss on the assistant turns only.
-
-    Attributes:
-        messages: The turns, in order (non-empty, the last from the assistant).
-    """
+    """A conversation for SFT (non-empty, the last turn the assistant's): loss on the assistant turns only."""
 
     messages: tuple[Message, ...]
 
@@ -65,12 +47,7 @@ SFTExample = Union[tuple[str, str], ChatExample]
 
 @dataclass(frozen=True)
 class TokenizedExample:
-    """Token ids with their loss mask (1 = learned).
-
-    Attributes:
-        ids: Token ids.
-        loss_mask: 0/1 per token, same length as ``ids``.
-    """
+    """Token ids with their loss mask (0/1 per token, 1 = learned)."""
 
     ids: list[int]
     loss_mask: list[int]
@@ -139,10 +116,6 @@ def encode_prompt_text(text: str, tokenizer: Any) -> list[int]:
     only when they have one and the text does not already start with it), else
     ``[bos]? + encode(text)``. RL prompts are encoded this way too, so an SFT conversation and
     the RL prompt of the same turns start with the same ids.
-
-    Args:
-        text: The text.
-        tokenizer: The tokenizer.
     """
     encode_prompt = getattr(tokenizer, "encode_prompt", None)
     if callable(encode_prompt):
@@ -177,13 +150,12 @@ def _templated(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
 def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExample:
     """Token ids and loss mask of one SFT example.
 
-    Args:
-        example: A ``(prompt, response)`` pair or a ``ChatExample``.
-        tokenizer: A ``TextTokenizer`` (with a chat template, conversations use it).
+    ``example`` is a ``(prompt, response)`` pair or a ``ChatExample`` (rendered with the
+    tokenizer's chat template when it has one).
 
     Raises:
-        TypeError: If ``example`` is neither shape.
-        ChatTemplateError: If the template cannot be split exactly at turn boundaries.
+        TypeError: ``example`` is neither shape.
+        ChatTemplateError: The template cannot be split exactly at turn boundaries.
         ValueError: What the tokenizer raises for text it cannot encode.
     """
     if isinstance(example, ChatExample):
@@ -199,14 +171,11 @@ def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExampl
 def render_prompt(messages: Sequence[Message], tokenizer: Any | None) -> str:
     """Render an RL prompt conversation to the text the policy continues.
 
-    Args:
-        messages: The turns (the last one not from the assistant).
-        tokenizer: A tokenizer; with a chat template the text is the template's rendering with
-            ``add_generation_prompt=True``, otherwise (or when None) the turns' contents
-            concatenated.
+    With a chat template the text is its rendering with ``add_generation_prompt=True``; otherwise
+    (or without a tokenizer) the turns' contents concatenated.
 
     Raises:
-        ChatTemplateError: If the template does not return text.
+        ChatTemplateError: The template does not return text.
     """
     if tokenizer is not None and has_chat_template(tokenizer):
         return _render(tokenizer, messages, add_generation_prompt=True)

@@ -30,11 +30,7 @@ class Columns:
 
 
 def columns_of(env_cfg: Any) -> Columns:
-    """The ``env.columns`` mapping of an ``env`` node (defaults for a node without one).
-
-    Args:
-        env_cfg: The ``env`` node (dataclass or DictConfig).
-    """
+    """The ``env.columns`` mapping of an ``env`` node, dataclass or DictConfig (defaults without one)."""
     node = getattr(env_cfg, "columns", None)
     if node is None:
         return Columns()

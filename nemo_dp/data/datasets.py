@@ -30,11 +30,10 @@ class _Sized(Protocol[T_co]):
 class SFTDataset:
     """SFT examples: (prompt, response) pairs and/or ``ChatExample`` conversations.
 
-    Args:
-        pairs: The examples (non-empty): a list, or a sequence read on access.
+    ``pairs`` is a list, or a sequence read on access.
 
     Raises:
-        ValueError: If ``pairs`` is empty.
+        ValueError: ``pairs`` is empty.
     """
 
     def __init__(self, pairs: Sequence[SFTExample]) -> None:
@@ -54,17 +53,10 @@ class SFTDataset:
 
     @classmethod
     def from_jsonl(cls, path: str, *, key: str | None = None) -> SFTDataset:
-        """Examples from a ``{"prompt", "response"}`` / ``{"messages"}`` jsonl file.
-
-        Args:
-            path: The file.
-            key: The config key that named it (put in error messages).
-
-        Returns:
-            The dataset.
+        """Examples from a ``{"prompt", "response"}`` / ``{"messages"}`` jsonl file (see ``load_sft_jsonl``).
 
         Raises:
-            DatasetError: On a malformed line (file, line and field named).
+            DatasetError: A malformed line (file, line and field named).
         """
         return cls(load_sft_jsonl(path, key=key))
 
@@ -78,11 +70,8 @@ class SFTDataset:
 class RLPromptDataset:
     """Problems (prompt + reference answer) for RL.
 
-    Args:
-        problems: The problems (non-empty).
-
     Raises:
-        ValueError: If ``problems`` is empty.
+        ValueError: ``problems`` is empty.
     """
 
     def __init__(self, problems: Sequence[Problem]) -> None:
@@ -98,19 +87,10 @@ class RLPromptDataset:
 
     @classmethod
     def from_jsonl(cls, path: str, *, tokenizer: Any | None = None, key: str | None = None) -> RLPromptDataset:
-        """Problems from a ``{"prompt" | "messages", "answer"}`` jsonl file.
-
-        Args:
-            path: The file.
-            tokenizer: Renders ``messages`` prompts (chat template when it has one, plain
-                concatenation otherwise or when None).
-            key: The config key that named it (put in error messages).
-
-        Returns:
-            The dataset.
+        """Problems from a ``{"prompt" | "messages", "answer"}`` jsonl file (see ``load_rl_jsonl``).
 
         Raises:
-            DatasetError: On a malformed line (file, line and field named).
+            DatasetError: A malformed line (file, line and field named).
         """
         return cls(load_rl_jsonl(path, tokenizer=tokenizer, key=key))
 
@@ -128,14 +108,8 @@ class EpochLoader(Generic[T]):
     number only, or the identity when ``shuffle`` is False) in full batches; the last partial
     batch of an epoch is dropped, so every batch has exactly ``batch_size`` examples.
 
-    Args:
-        dataset: Indexable, sized dataset.
-        batch_size: Examples per batch (1 <= batch_size <= len(dataset)).
-        seed: Shuffle seed.
-        shuffle: Shuffle each epoch.
-
     Raises:
-        ValueError: On a bad batch size.
+        ValueError: ``batch_size`` is not in ``1 .. len(dataset)``.
     """
 
     def __init__(self, dataset: _Sized[T], batch_size: int, seed: int, shuffle: bool = True) -> None:
@@ -161,11 +135,7 @@ class EpochLoader(Generic[T]):
         return self._order
 
     def next_batch(self) -> list[T]:
-        """The next batch; also sets ``last_batch_indices`` (dataset indices of the batch).
-
-        Returns:
-            ``batch_size`` examples.
-        """
+        """The next ``batch_size`` examples; also sets ``last_batch_indices`` (their dataset indices)."""
         if self.cursor + self.batch_size > len(self.dataset):
             self.epoch += 1
             self.cursor = 0
@@ -179,23 +149,16 @@ class EpochLoader(Generic[T]):
     def state_dict(self) -> dict[str, Any]:
         """Position of the loader (plus the settings that must match on resume)."""
         return {
-            "epoch": self.epoch,
-            "cursor": self.cursor,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "dataset_len": len(self.dataset),
+            "epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "batch_size": self.batch_size,
+            "shuffle": self.shuffle, "dataset_len": len(self.dataset),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`.
-
-        Args:
-            state: A state dict from a loader with the same settings and dataset size.
+        """Resume from :meth:`state_dict` of a loader with the same settings and dataset size.
 
         Raises:
-            KeyError: If a field is missing.
-            ValueError: If a setting differs (naming it) or the cursor is out of range.
+            KeyError: A field is missing.
+            ValueError: A setting differs (naming it) or the position is out of range.
         """
         for key in ("epoch", "cursor", "seed", "batch_size", "shuffle", "dataset_len"):
             if key not in state:
@@ -223,8 +186,7 @@ def collate_sft(examples: Sequence[SFTExample], tokenizer: Any, max_seq_len: int
     ``nemo_dp.data.chat.tokenize_sft_example`` renders it.
 
     Args:
-        examples: (prompt, response) pairs and/or ``ChatExample`` conversations.
-        tokenizer: The tokenizer (``TextTokenizer``; a chat template is used for conversations).
+        tokenizer: A ``TextTokenizer`` (its chat template renders conversations).
         max_seq_len: If given, a longer example raises.
 
     Returns:
@@ -233,7 +195,7 @@ def collate_sft(examples: Sequence[SFTExample], tokenizer: Any, max_seq_len: int
         response / assistant content and its eos) and ``sample_mask`` float32 [B] (ones).
 
     Raises:
-        ValueError: On an empty batch, an unknown character, or an example longer than
+        ValueError: An empty batch, an unknown character, or an example longer than
             ``max_seq_len`` (naming its index).
     """
     from nemo_dp.distributed.batched_data_dict import BatchedDataDict

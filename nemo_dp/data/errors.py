@@ -21,7 +21,6 @@ class DatasetError(ValueError):
         problem: What is wrong; with ``field`` it continues the phrase "field 'x' ...", e.g.
             ``"must be a string, got int"`` or ``"is missing"``.
         key: The config key that names the dataset, e.g. ``"env.sft_jsonl"``.
-        path: The file at fault.
         line: The 1-based line number in ``path``.
         field: The JSON field at fault, e.g. ``"messages[1].role"``.
         row: The 0-based row index in a table that has no lines (parquet, csv, a saved dataset).
@@ -51,27 +50,14 @@ class DatasetError(ValueError):
         return text
 
     def with_key(self, key: str) -> DatasetError:
-        """The same error, naming the config key that pointed at the dataset.
-
-        Args:
-            key: The config key, e.g. ``"env.rl_jsonl"``.
-
-        Returns:
-            A new error (the original is kept as its cause by ``raise ... from``).
-        """
+        """A new error like this one, naming the config ``key`` (e.g. ``"env.rl_jsonl"``) of the dataset."""
         return DatasetError(
             self.problem, key=key, path=self.path, line=self.line, field=self.field, fix=self.fix, row=self.row
         )
 
 
 class UnknownCharacterError(ValueError):
-    """Text holds a character outside a fixed vocabulary.
-
-    Args:
-        char: The character.
-        position: Its index in the text being encoded.
-        text: The text being encoded.
-    """
+    """Text holds a character outside a fixed vocabulary (``position``: its index in ``text``)."""
 
     def __init__(self, char: str, position: int, text: str) -> None:
         self.char = char

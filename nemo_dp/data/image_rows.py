@@ -1,10 +1,8 @@
 """Rows of a user's image dataset as the trainers pass them around: image paths, not pixels.
 
-An :class:`ImagePrompt` holds a prompt's chat turns with each image part naming its resolved
-(absolute) path, as :mod:`nemo_dp.data.images` parses them.  Like the built-in task's
-``VisualPrompt`` it is what the driver moves; the policy's workers load and encode the images
-(:meth:`ImagePrompt.messages`), so pixels exist only where the model reads them.
-:func:`is_image_prompt` and :func:`is_image_example` recognise both kinds.
+An :class:`ImagePrompt` holds a prompt's chat turns with image parts naming resolved paths.  Like
+the built-in task's ``VisualPrompt`` it is what the driver moves; the policy's workers load and
+encode the images, so pixels exist only where the model reads them.
 """
 
 from __future__ import annotations
@@ -21,17 +19,11 @@ __all__ = ["ImagePrompt", "ImageSFTExample", "is_image_example", "is_image_promp
 
 @dataclass(frozen=True)
 class ImagePrompt:
-    """A prompt of a user's image dataset.
-
-    Attributes:
-        turns: The prompt's turns (``{"role", "content"}``; a list content holds ``text`` parts
-            and ``image`` parts whose ``"image"`` is an absolute path).
-    """
+    """A prompt of a user's image dataset: ``{"role", "content"}`` turns, image parts naming absolute paths."""
 
     turns: tuple[dict[str, Any], ...]
 
     def image_paths(self) -> list[str]:
-        """The image paths, in order."""
         return image_paths(self.turns)
 
     def messages(self) -> list[dict[str, Any]]:
@@ -52,12 +44,7 @@ class ImagePrompt:
 
 @dataclass(frozen=True)
 class ImageSFTExample:
-    """A supervised example of a user's image dataset.
-
-    Attributes:
-        prompt: The conversation before its last (assistant) turn.
-        response: The last assistant turn's text: the tokens learned.
-    """
+    """A supervised example of a user's image dataset: the turns before the last, and that assistant turn's text."""
 
     prompt: ImagePrompt
     response: str

@@ -32,11 +32,8 @@ ImageRows = tuple[list[Any], tuple[int, ...]]
 def is_image_jsonl(spec: str, columns: Columns) -> bool:
     """Whether ``spec`` is a jsonl file with at least one row whose messages hold an image part.
 
-    Lines that are not JSON objects are skipped (the reader that takes the file reports them).
-
-    Args:
-        spec: What the data key holds.
-        columns: The ``env.columns`` mapping (``messages`` names the turns' column).
+    ``columns.messages`` names the turns' column.  Lines that are not JSON objects are skipped
+    (the reader that takes the file reports them).
     """
     path = Path(spec)
     if path.suffix != ".jsonl" or not path.is_file():
@@ -115,12 +112,9 @@ def _read(path: str, version: tuple[int, int], kind: Kind, col: Columns, key: Op
 def read_image_rows(spec: str, *, kind: Kind, columns: Columns, key: Optional[str]) -> ImageRows:
     """Parse and check every row of an image jsonl file (cached per file version and setting).
 
-    Args:
-        spec: The file (image paths are relative to its directory).
-        kind: ``"sft"`` (conversations ending with the assistant's turn) or ``"rl"`` (prompt
-            turns plus the ``columns.answer`` column; held-out sets too).
-        columns: The ``env.columns`` mapping.
-        key: The config key that named the file (for messages).
+    ``kind`` is ``"sft"`` (conversations ending with the assistant's turn) or ``"rl"`` (prompt
+    turns plus the ``columns.answer`` column; held-out sets too).  Image paths are relative to
+    the file.
 
     Returns:
         ``(rows, lines)``: ``ImageSFTExample`` or ``Problem`` rows in file order (a fresh
@@ -147,19 +141,10 @@ def is_image_rows(rows: Sequence[Any]) -> bool:
 def image_prompt_lengths(
     rows: Sequence[Any], lines: Sequence[int], tokenizer: Any, *, key: str, path: str, sft: bool
 ) -> list[int]:
-    """Each row's tokens as the policy's workers encode it.
+    """Token count of each :func:`read_image_rows` row as the policy's workers encode it.
 
-    Args:
-        rows: Rows of :func:`read_image_rows`.
-        lines: Their line numbers.
-        tokenizer: The run's tokenizer; a vision-language one (``policy=hf_vlm``) carries its
-            image processor as ``processor``.
-        key: The config key that named the file.
-        path: The file.
-        sft: SFT examples (prompt plus response and eos) rather than prompts.
-
-    Returns:
-        The token counts, in row order.
+    A vision-language tokenizer (``policy=hf_vlm``) carries its image processor as ``processor``.
+    With ``sft`` the rows are SFT examples (prompt plus response and eos) rather than prompts.
 
     Raises:
         DatasetError: The policy reads no images (use ``policy=hf_vlm``), or a row cannot be

@@ -17,12 +17,7 @@ from nemo_dp.data.errors import DatasetError
 from nemo_dp.utils.json_files import json_lines
 
 __all__ = [
-    "ImageChatRow",
-    "has_image_parts",
-    "image_paths",
-    "load_image",
-    "load_image_jsonl",
-    "parse_image_messages",
+    "ImageChatRow", "has_image_parts", "image_paths", "load_image", "load_image_jsonl", "parse_image_messages",
     "with_loaded_images",
 ]
 
@@ -55,13 +50,7 @@ def has_image_parts(messages: Any) -> bool:
 
 
 def load_image(path: str | Path) -> Any:
-    """Open and fully decode an image as RGB.
-
-    Args:
-        path: The image file.
-
-    Returns:
-        A ``PIL.Image.Image`` in RGB mode.
+    """Open and fully decode an image file as an RGB ``PIL.Image.Image``.
 
     Raises:
         FileNotFoundError: The file does not exist.
@@ -114,16 +103,10 @@ def _parse_content(content: Any, base_dir: Path, where: _Where, field: str) -> s
 def parse_image_messages(
     messages: Any, *, jsonl_path: str | Path, line: int, key: str | None = None
 ) -> list[dict[str, Any]]:
-    """Check one row's ``messages`` and resolve its image paths (every image is decoded).
+    """Check one row's ``messages`` and return its turns as plain dicts, image paths resolved.
 
-    Args:
-        messages: The row's ``messages`` value.
-        jsonl_path: The jsonl file (image paths are relative to its directory).
-        line: The row's 1-based line number.
-        key: The config key that named the file (for messages).
-
-    Returns:
-        The turns as plain dicts; image parts carry absolute (resolved) paths.
+    Image paths are relative to ``jsonl_path``'s directory and come back absolute; every image is
+    decoded.  ``line`` is 1-based; ``key`` names the file's config key in errors.
 
     Raises:
         DatasetError: A malformed turn or part, a missing image or one Pillow cannot read
@@ -148,11 +131,7 @@ def parse_image_messages(
 def image_paths(turns: Sequence[Mapping[str, Any]]) -> list[str]:
     """The ``"image"`` paths of the image parts of ``turns``, in order."""
     return [
-        p["image"]
-        for turn in turns
-        if isinstance(turn["content"], list)
-        for p in turn["content"]
-        if p["type"] == "image"
+        p["image"] for turn in turns if isinstance(turn["content"], list) for p in turn["content"] if p["type"] == "image"
     ]
 
 
@@ -172,13 +151,11 @@ def with_loaded_images(turns: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
 
 @dataclass(frozen=True)
 class ImageChatRow:
-    """One parsed row.
+    """One parsed row and its line number.
 
     Attributes:
-        messages: The turns (image parts hold resolved paths); for SFT the last is the
-            assistant's.
+        messages: The turns (image parts hold resolved paths); for SFT the last is the assistant's.
         answer: The RL reference answer (``None`` for SFT).
-        line: The row's line number in its file.
     """
 
     messages: tuple[dict[str, Any], ...]
@@ -186,11 +163,11 @@ class ImageChatRow:
     line: int
 
     def image_paths(self) -> list[str]:
-        """The resolved paths of the row's images, in order."""
+        """Like :func:`image_paths`."""
         return image_paths(self.messages)
 
     def messages_with_images(self) -> list[dict[str, Any]]:
-        """The turns with each image part's path replaced by the loaded RGB ``PIL`` image."""
+        """Like :func:`with_loaded_images`."""
         return with_loaded_images(self.messages)
 
 
@@ -204,16 +181,10 @@ def _answer(obj: Mapping[str, Any], where: _Where) -> str:
 
 
 def load_image_jsonl(path: str | Path, *, kind: Kind, key: str | None = None) -> list[ImageChatRow]:
-    """Read an RL or SFT jsonl file whose messages may hold image parts.
+    """Read an RL or SFT jsonl file whose messages may hold image parts: one row per non-blank line.
 
-    Args:
-        path: The file (image paths are relative to its directory).
-        kind: ``"rl"`` (prompt turns ending with a non-assistant turn, plus ``answer``) or
-            ``"sft"`` (a conversation ending with the assistant's turn).
-        key: The config key that named the file (for messages).
-
-    Returns:
-        One row per non-blank line, in file order.
+    ``kind`` is ``"rl"`` (prompt turns ending with a non-assistant turn, plus ``answer``) or
+    ``"sft"`` (a conversation ending with the assistant's turn).  Image paths are relative to the file.
 
     Raises:
         DatasetError: A missing file, bad JSON, a malformed row, a missing or unreadable image

@@ -19,29 +19,14 @@ from nemo_dp.data.columns import Columns
 from nemo_dp.data.errors import DatasetError
 
 __all__ = [
-    "SFTRecord",
-    "RLRecord",
-    "read_sft_jsonl",
-    "read_rl_jsonl",
-    "load_sft_jsonl",
-    "load_rl_jsonl",
-    "nonblank_lines",
-    "scan_jsonl",
-    "RowFields",
-    "sft_example",
-    "rl_fields",
-    "render_rl_prompt",
+    "SFTRecord", "RLRecord", "read_sft_jsonl", "read_rl_jsonl", "load_sft_jsonl", "load_rl_jsonl", "nonblank_lines",
+    "scan_jsonl", "RowFields", "sft_example", "rl_fields", "render_rl_prompt",
 ]
 
 
 @dataclass(frozen=True)
 class SFTRecord:
-    """One SFT example with the line it came from.
-
-    Attributes:
-        example: A ``(prompt, response)`` pair or a ``ChatExample``.
-        line: 1-based line number in the file.
-    """
+    """One SFT example (a ``(prompt, response)`` pair or a ``ChatExample``) with its 1-based line."""
 
     example: SFTExample
     line: int
@@ -49,11 +34,10 @@ class SFTRecord:
 
 @dataclass(frozen=True)
 class RLRecord:
-    """One RL problem with the line it came from.
+    """One RL problem with its 1-based line.
 
     Attributes:
         problem: The prompt text (a conversation already rendered) and the reference answer.
-        line: 1-based line number in the file.
         messages: The prompt conversation when the line gave ``messages``, else None.
     """
 
@@ -101,7 +85,6 @@ class RowFields:
 
     Args:
         obj: The record's fields (an absent field is not a key).
-        path: The file.
         line: The record's 1-based line (jsonl), or None.
         key: The config key that named the file.
         row: The record's 0-based row index, for tables without lines.
@@ -184,13 +167,8 @@ def _read_records(
 def sft_example(line: RowFields, col: Columns) -> SFTExample:
     """The SFT example one record gives: a ``(prompt, response)`` pair or a conversation.
 
-    Args:
-        line: The record.
-        col: The fields' names.
-
     Raises:
-        DatasetError: On a missing, mistyped or empty field, or a conversation not ending with
-            the assistant.
+        DatasetError: A missing, mistyped or empty field, or a conversation not ending with the assistant.
     """
     if line.exclusive(col.messages, col.prompt) == col.prompt:
         return (line.string(col.prompt), line.string(col.response))
@@ -205,19 +183,13 @@ def sft_example(line: RowFields, col: Columns) -> SFTExample:
 
 
 def rl_fields(line: RowFields, col: Columns) -> tuple[str, Optional[tuple[Message, ...]], str]:
-    """The prompt text (or conversation) and the answer one RL record gives.
+    """``(prompt, messages, answer)`` of one RL record.
 
-    Args:
-        line: The record.
-        col: The fields' names.
-
-    Returns:
-        ``(prompt, messages, answer)``: ``messages`` is None for a text prompt; for a
-        conversation ``prompt`` is ``""`` until rendered (``render_rl_prompt``).
+    ``messages`` is None for a text prompt; for a conversation ``prompt`` is ``""`` until rendered
+    (``render_rl_prompt``).
 
     Raises:
-        DatasetError: On a missing, mistyped or empty field, or a conversation ending with the
-            assistant.
+        DatasetError: A missing, mistyped or empty field, or a conversation ending with the assistant.
     """
     if line.exclusive(col.messages, col.prompt) == col.prompt:
         return line.string(col.prompt), None, line.answer(col.answer)
@@ -232,13 +204,7 @@ def rl_fields(line: RowFields, col: Columns) -> tuple[str, Optional[tuple[Messag
 
 
 def render_rl_prompt(line: RowFields, col: Columns, messages: tuple[Message, ...], tokenizer: Any | None) -> str:
-    """An RL prompt conversation rendered to text, failing at the record.
-
-    Args:
-        line: The record (named in errors).
-        col: The fields' names.
-        messages: Its prompt conversation.
-        tokenizer: Renders with its chat template when it has one.
+    """An RL prompt conversation rendered to text (``tokenizer``'s chat template if any), failing at ``line``.
 
     Raises:
         DatasetError: The chat template cannot render it.
@@ -252,18 +218,14 @@ def render_rl_prompt(line: RowFields, col: Columns, messages: tuple[Message, ...
 def read_sft_jsonl(
     path: str | os.PathLike[str], *, key: str | None = None, columns: Columns | None = None
 ) -> list[SFTRecord]:
-    """Parse an SFT jsonl file, keeping each example's line number.
+    """Parse an SFT jsonl file into records in file order, keeping each example's line number.
 
     Args:
-        path: The file.
-        key: The config key that named it (put in error messages).
+        key: The config key that named the file (put in error messages).
         columns: The fields' names in the file (default: ``prompt``, ``response``, ``messages``).
 
-    Returns:
-        The records in file order.
-
     Raises:
-        DatasetError: On a missing file, a malformed line (file, line and field named), a
+        DatasetError: A missing file, a malformed line (file, line and field named), a
             conversation not ending with the assistant, or a file without records.
     """
     return _read_records(path, key, columns, lambda line, col: SFTRecord(sft_example(line, col), line.line))
@@ -290,49 +252,19 @@ def read_rl_jsonl(
 
 
 def load_sft_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> list[SFTExample]:
-    """Load SFT examples: ``(prompt, response)`` pairs and ``ChatExample`` conversations.
-
-    Args:
-        path: The jsonl file.
-        key: The config key that named it (put in error messages).
-
-    Returns:
-        The examples in file order.
-
-    Raises:
-        DatasetError: See ``read_sft_jsonl``.
-    """
+    """Like :func:`read_sft_jsonl`, but the examples only (pairs and ``ChatExample`` conversations)."""
     return [r.example for r in read_sft_jsonl(path, key=key)]
 
 
 def load_rl_jsonl(
     path: str | os.PathLike[str], *, tokenizer: Any | None = None, key: str | None = None
 ) -> list[Problem]:
-    """Load RL prompts with reference answers.
-
-    Args:
-        path: The jsonl file.
-        tokenizer: Renders ``messages`` prompts (see ``read_rl_jsonl``).
-        key: The config key that named it (put in error messages).
-
-    Returns:
-        Problems in file order.
-
-    Raises:
-        DatasetError: See ``read_rl_jsonl``.
-    """
+    """Like :func:`read_rl_jsonl`, but the problems (prompts with reference answers) only."""
     return [r.problem for r in read_rl_jsonl(path, tokenizer=tokenizer, key=key)]
 
 
 def nonblank_lines(path: str | os.PathLike[str]) -> list[int]:
-    """The 1-based line number of each record of a jsonl file (its non-blank lines).
-
-    Args:
-        path: The file (already known to be readable UTF-8).
-
-    Returns:
-        One line number per record, in file order.
-    """
+    """The 1-based line number of each record (non-blank line) of a jsonl file known to be readable UTF-8."""
     out: list[int] = []
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
@@ -342,14 +274,7 @@ def nonblank_lines(path: str | os.PathLike[str]) -> list[int]:
 
 
 def scan_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> int:
-    """Read every line of a jsonl file as a JSON object, failing at the first that is not.
-
-    Args:
-        path: The file.
-        key: The config key that named it (put in error messages).
-
-    Returns:
-        The number of records.
+    """Read every line of a jsonl file as a JSON object, failing at the first that is not; return the count.
 
     Raises:
         DatasetError: A missing or unreadable file, a line that is not UTF-8 or not a JSON

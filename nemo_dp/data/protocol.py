@@ -45,13 +45,6 @@ class ChatTemplateTokenizer(TextTokenizer, Protocol):
 
 
 def has_chat_template(tokenizer: Any) -> bool:
-    """Whether ``tokenizer`` renders conversations with its own chat template.
-
-    Args:
-        tokenizer: Any tokenizer.
-
-    Returns:
-        True when it has a non-empty ``chat_template`` and a callable ``apply_chat_template``.
-    """
+    """Whether ``tokenizer`` has a non-empty ``chat_template`` and a callable ``apply_chat_template``."""
     template = getattr(tokenizer, "chat_template", None)
     return bool(template) and callable(getattr(tokenizer, "apply_chat_template", None))

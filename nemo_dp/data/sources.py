@@ -1,10 +1,9 @@
 """The datasets a configuration names, built in one place for training and for the pre-Ray check.
 
-A ``DataSource`` is a user's data (``env.sft_data`` / ``rl_data`` / ``val_data``, or the older
-``*_jsonl`` names, opened through ``nemo_dp.data.tables``) or the built-in arithmetic generator,
-names the config key to change, and reads rows lazily.  Tables are cached per process, so the
-check and the trainer inputs share one parse.  A jsonl file whose ``messages`` hold image parts
-is read by ``nemo_dp.data.image_sources`` instead (rows carry image paths, for ``policy=hf_vlm``).
+A ``DataSource`` is a user's data (``env.sft_data`` / ``rl_data`` / ``val_data`` or the older
+``*_jsonl`` names, via ``nemo_dp.data.tables``; a jsonl file with image parts via
+``nemo_dp.data.image_sources``) or the built-in arithmetic generator.  It names the config key to
+change and reads rows lazily; tables are cached per process, so check and trainer share one parse.
 """
 
 from __future__ import annotations
@@ -25,22 +24,14 @@ from nemo_dp.data.jsonl import read_rl_jsonl, read_sft_jsonl, render_rl_prompt, 
 from nemo_dp.data.tables import Table, check_rows, open_table
 
 __all__ = [
-    "DataSource",
-    "data_setting",
-    "arithmetic_task",
-    "sft_source",
-    "rl_source",
-    "val_source",
-    "build_val_problems",
+    "DataSource", "data_setting", "arithmetic_task", "sft_source", "rl_source", "val_source", "build_val_problems",
 ]
 
 Row = Union[SFTExample, Problem]
 
 #: Each dataset's key and the older name it still answers to.
 DATA_KEYS: dict[str, tuple[str, str]] = {
-    "sft": ("sft_data", "sft_jsonl"),
-    "rl": ("rl_data", "rl_jsonl"),
-    "val": ("val_data", "val_jsonl"),
+    "sft": ("sft_data", "sft_jsonl"), "rl": ("rl_data", "rl_jsonl"), "val": ("val_data", "val_jsonl"),
 }
 
 
@@ -49,16 +40,15 @@ class DataSource:
     """One configured dataset and its rows.
 
     Attributes:
-        key: The config key to change for this dataset: the data key (``env.rl_data``, or the
-            older ``env.rl_jsonl`` when that is what the config sets) or the generator's size
-            key (``algorithm.num_train_samples``).
-        path: What the data key holds (a file, glob or directory), or None for the generator.
+        key: The config key to change for this dataset: the data key the config sets
+            (``env.rl_data`` or ``env.rl_jsonl``) or the generator's size key
+            (``algorithm.num_train_samples``).
+        path: What the data key holds (a file, glob or directory); None for the generator.
         rows: SFT examples or RL problems, in dataset order (read lazily from a table).
-        table: The opened table, or None for the generator.
+        table: The opened table; None for the generator.
         total: Rows in the whole table (``rows`` may be its first ``val_samples``).
         memo: Results computed from the rows once per process (token lengths per tokenizer).
-        lines: Each row's line in ``path`` when the rows were read without a table (an image
-            jsonl file, ``nemo_dp.data.image_sources``), else None.
+        lines: Each row's line in ``path`` when read without a table (an image jsonl file), else None.
     """
 
     key: str
@@ -71,7 +61,7 @@ class DataSource:
 
     @property
     def label(self) -> str:
-        """Where the rows come from, for messages: the file path or the generator."""
+        """The file path or the generator, for messages."""
         return self.path if self.path is not None else "the built-in arithmetic generator"
 
     def locate(self, i: int) -> dict[str, Optional[int]]:
@@ -136,15 +126,10 @@ class _TableRows(Sequence[Any]):
 
 
 def data_setting(env_cfg: Any, role: str) -> tuple[Optional[str], Optional[str]]:
-    """The key and value that set dataset ``role`` (``"sft"``, ``"rl"`` or ``"val"``).
+    """The key and value that set dataset ``role`` (``"sft"``, ``"rl"`` or ``"val"``) in the ``env`` node.
 
-    Args:
-        env_cfg: The ``env`` node.
-        role: Which dataset.
-
-    Returns:
-        ``("env.rl_data", path)``, ``("env.rl_jsonl", path)`` when only the older name is set,
-        or ``(None, None)`` when neither is (the generator).
+    Returns e.g. ``("env.rl_data", path)``, ``("env.rl_jsonl", path)`` when only the older name is
+    set, or ``(None, None)`` when neither is (the generator).
 
     Raises:
         DatasetError: Both names are set.
@@ -219,8 +204,10 @@ def _as_chat(problems: list[Problem], tokenizer: Any | None) -> list[Problem]:
 
 
 def _generated(key: str, draw: Any, n: int, *, answer_column: Optional[str] = None) -> DataSource:
-    """Generated problems; for RL (``answer_column`` given) each answer carries its row, the
-    answer under the column name ``env.columns.answer`` gives (what reward functions take)."""
+    """Generated problems; with ``answer_column`` (RL) each answer carries its row for reward functions.
+
+    The row holds the answer under ``answer_column`` (``env.columns.answer``).
+    """
     try:
         problems = draw(n)
     except ValueError as exc:
@@ -236,13 +223,8 @@ def _generated(key: str, draw: Any, n: int, *, answer_column: Optional[str] = No
 def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataSource:
     """SFT examples: ``env.sft_data`` (or ``env.sft_jsonl``) when set, else ``num_samples`` generated pairs.
 
-    Args:
-        env_cfg: The ``env`` node.
-        num_samples: Generated examples (ignored for a file).
-        num_samples_key: The key holding ``num_samples``, e.g. ``algorithm.num_train_samples``.
-
-    Returns:
-        The source; rows are ``(prompt, response)`` pairs and/or ``ChatExample``.
+    Rows are ``(prompt, response)`` pairs and/or ``ChatExample``.  ``num_samples_key`` holds
+    ``num_samples`` (e.g. ``algorithm.num_train_samples``), which a file ignores.
 
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
@@ -262,51 +244,26 @@ def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataS
 
 
 def rl_source(env_cfg: Any, num_prompts: int, *, num_prompts_key: str, tokenizer: Any | None) -> DataSource:
-    """RL problems: ``env.rl_data`` (or ``env.rl_jsonl``) when set, else ``num_prompts`` generated problems.
+    """RL ``Problem`` rows: ``env.rl_data`` (or ``env.rl_jsonl``) when set, else ``num_prompts`` generated.
 
-    Args:
-        env_cfg: The ``env`` node.
-        num_prompts: Generated problems (ignored for a file).
-        num_prompts_key: The key holding ``num_prompts``, e.g. ``algorithm.num_train_prompts``.
-        tokenizer: Renders ``messages`` prompts (chat template when it has one).
-
-    Returns:
-        The source; rows are ``Problem``.
-
-    Raises:
-        DatasetError: Naming the key, file, line and field at fault.
+    Like :func:`sft_source`; ``tokenizer`` renders ``messages`` prompts (its chat template when it has one).
     """
     return _problem_source(env_cfg, num_prompts, num_prompts_key, tokenizer, held_out=False)
 
 
 def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenizer: Any | None) -> DataSource:
-    """Held-out problems: the first ``val_samples`` of ``env.val_data`` (or ``env.val_jsonl``),
-    else generated ones.
+    """Like :func:`rl_source`, but the first ``val_samples`` of ``env.val_data`` (or ``env.val_jsonl``).
 
     Every row of a file is checked (a malformed line fails even past ``val_samples``); a file
     with fewer rows gives all of them (``DataSource.total`` says how many there are).
-    ``val_samples_key`` holds ``val_samples`` (e.g. ``algorithm.val_samples``); otherwise as
-    :func:`rl_source`.
     """
     return _problem_source(env_cfg, val_samples, val_samples_key, tokenizer, held_out=True)
 
 
 def _problem_source(env_cfg: Any, n: Any, key: str, tokenizer: Any | None, *, held_out: bool) -> DataSource:
-    """Training (``rl_source``) or held-out (``val_source``) problems.
+    """Training (``rl_source``) or, ``held_out``, held-out (``val_source``) problems.
 
-    Args:
-        env_cfg: The ``env`` node.
-        n: How many problems to generate (and, held out, to read at most from a file).
-        key: The key holding ``n``.
-        tokenizer: Renders ``messages`` prompts.
-        held_out: The held-out set (``env.val_data``, the task's eval problems) instead of
-            the training one (``env.rl_data``, its train problems).
-
-    Returns:
-        The source; rows are ``Problem``.
-
-    Raises:
-        DatasetError: Naming the key, file, line and field at fault.
+    ``n`` (held by config ``key``) is how many to generate, and held out, the most read from a file.
     """
     if _visual.is_visual_env(env_cfg):
         if held_out:
@@ -326,22 +283,13 @@ def _problem_source(env_cfg: Any, n: Any, key: str, tokenizer: Any | None, *, he
 
 
 def build_val_problems(master_config: Any, tokenizer: Any | None = None) -> list[Problem]:
-    """The held-out problems of a phase config.
-
-    Args:
-        master_config: The phase's root config.
-        tokenizer: Renders ``messages`` prompts.
-
-    Returns:
-        ``algorithm.val_samples`` problems (fewer when ``env.val_data`` holds fewer).
+    """The ``algorithm.val_samples`` held-out problems of a phase config (fewer if ``env.val_data`` holds fewer).
 
     Raises:
         DatasetError: Naming the key, file, line and field at fault.
     """
     src = val_source(
-        master_config.env,
-        int(master_config.algorithm.val_samples),
-        val_samples_key="algorithm.val_samples",
+        master_config.env, int(master_config.algorithm.val_samples), val_samples_key="algorithm.val_samples",
         tokenizer=tokenizer,
     )
     return list(src.rows)

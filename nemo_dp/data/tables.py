@@ -17,13 +17,7 @@ from typing import Any, Optional
 from nemo_dp.data.columns import Columns
 from nemo_dp.data.errors import DatasetError
 from nemo_dp.data.jsonl import (
-    RowFields,
-    nonblank_lines,
-    read_rl_jsonl,
-    read_sft_jsonl,
-    rl_fields,
-    scan_jsonl,
-    sft_example,
+    RowFields, nonblank_lines, read_rl_jsonl, read_sft_jsonl, rl_fields, scan_jsonl, sft_example,
 )
 
 __all__ = ["Table", "open_table", "check_rows", "row_fields", "FORMATS"]
@@ -46,10 +40,9 @@ class Table:
         path: What the key holds (a file, a glob or a directory), for messages.
         dataset: The ``datasets.Dataset`` (memory-mapped Arrow).
         lines: For a single jsonl file, the 1-based line of each row; None otherwise.
-        checked: The ``(kind, columns)`` pairs whose rows passed ``check_rows`` (shared by
-            every key naming the same files).
-        memo: Per-tokenizer results computed from the rows (token lengths), so they are
-            computed once per process (shared likewise).
+        checked: The ``(kind, columns)`` pairs whose rows passed ``check_rows``.
+        memo: Per-tokenizer results computed from the rows (token lengths), computed once per
+            process.  ``checked`` and ``memo`` are shared by every key naming the same files.
     """
 
     key: str
@@ -61,7 +54,6 @@ class Table:
 
     @property
     def column_names(self) -> list[str]:
-        """The dataset's columns."""
         return list(self.dataset.column_names)
 
     def __len__(self) -> int:
@@ -87,15 +79,7 @@ class Table:
             yield from arrow[start : min(start + _BATCH, n)].column(name).to_pylist()
 
     def iter_rows(self, stop: Optional[int] = None, columns: Optional[list[str]] = None) -> Iterator[dict[str, Any]]:
-        """Rows ``0 .. stop-1`` in order, read in batches.
-
-        Args:
-            stop: Rows to read (all by default).
-            columns: Only these columns (all by default).
-
-        Yields:
-            One ``{column: value}`` per row.
-        """
+        """``{column: value}`` for rows ``0 .. stop-1`` in order, read in batches (default: all rows, all columns)."""
         ds = self.dataset if columns is None else self.dataset.select_columns(columns)
         n = len(self) if stop is None else min(stop, len(self))
         for start in range(0, n, _BATCH):
@@ -182,8 +166,10 @@ def _no_rows(files: list[str], builder: str) -> bool:
 
 
 def _csv_as_text(path: str, datasets: Any) -> dict[str, Any]:
-    """Read every csv column as text (no number guessing, an empty cell stays ``""``): a prompt
-    "12" stays a prompt, and answers are compared as the text the file holds."""
+    """Read every csv column as text (no number guessing, an empty cell stays ``""``).
+
+    A prompt "12" stays a prompt, and answers are compared as the text the file holds.
+    """
     import csv
 
     with open(path, newline="", encoding="utf-8-sig") as fh:
@@ -238,9 +224,6 @@ def open_table(
         strict: Reads a jsonl file that the library cannot, raising its fault by file:line
             (the jsonl reader for the dataset's kind and columns).
 
-    Returns:
-        The table.
-
     Raises:
         DatasetError: A missing file, an unknown format, an unreadable file (a jsonl file's
             fault named by file:line), a directory that is no saved dataset, a missing split, or
@@ -293,9 +276,9 @@ def _need(table: Table, names: Sequence[str], setting: Sequence[str]) -> None:
 def _typed_and_full(table: Table, kind: str, col: Columns) -> bool:
     """Whether the column types alone prove every row good (text columns without conversations).
 
-    A string column without nulls or blank values, and an answer column of strings or
-    integers without nulls, pass the row rules by type; Arrow checks that without a Python
-    loop over the rows. Anything else goes row by row (and names the row at fault).
+    A string column without nulls or blank values, and an answer column of strings or integers
+    without nulls, pass the row rules by type, checked in Arrow without a Python loop.  Anything
+    else goes row by row (and names the row at fault).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -321,16 +304,12 @@ def _typed_and_full(table: Table, kind: str, col: Columns) -> bool:
 def check_rows(table: Table, kind: str, col: Columns) -> None:
     """Check every row of ``table`` for ``kind`` (``"sft"`` or ``"rl"``), once per table.
 
-    Args:
-        table: The table.
-        kind: ``"sft"``: ``prompt`` + ``response`` or ``messages`` ending with the assistant;
-            ``"rl"``: ``prompt`` or ``messages`` (not ending with the assistant) + ``answer``.
-        col: The column mapping.
+    ``"sft"`` needs ``prompt`` + ``response`` or ``messages`` ending with the assistant; ``"rl"``
+    needs ``prompt`` or ``messages`` (not ending with the assistant) + ``answer``.
 
     Raises:
         DatasetError: A missing column (naming the columns found and the ``env.columns`` key to
-            set) or a bad row (naming its file:line for jsonl, its row index otherwise, and the
-            column).
+            set) or a bad row (naming its file:line for jsonl, else its row index, and the column).
     """
     if (kind, col) in table.checked:
         return
@@ -365,14 +344,6 @@ def check_rows(table: Table, kind: str, col: Columns) -> None:
 
 
 def row_fields(table: Table, i: int) -> tuple[RowFields, dict[str, Any]]:
-    """Row ``i`` of ``table``: its field access and all its values.
-
-    Args:
-        table: The table.
-        i: The row index.
-
-    Returns:
-        ``(fields, row)``.
-    """
+    """Row ``i`` of ``table`` as ``(field access, all its values)``."""
     row = table.dataset[int(i)]
     return table.fields(int(i), row), row

@@ -1,8 +1,7 @@
 """Check every configured dataset on the driver before Ray starts.
 
-``validate_datasets`` opens, tokenizes and length-checks every dataset the run uses through
-``nemo_dp.data.sources`` (the trainers' own code), raising ``DatasetError`` naming the key,
-file:line and field.
+``validate_datasets`` opens, tokenizes and length-checks them through ``nemo_dp.data.sources`` (the
+trainers' own code), raising ``DatasetError`` naming the key, file:line and field.
 """
 
 from __future__ import annotations
@@ -34,10 +33,8 @@ class DatasetCheck:
         role: ``"train"`` or ``"val"``.
         key: The config key naming the dataset (or the generator's size key).
         source: The file path or ``"the built-in arithmetic generator"``.
-        rows: Rows checked.
         longest: Most tokens of any row (SFT: the whole example; RL: prompt plus
             ``policy.generation.max_new_tokens``).
-        limit: The sequence limit it was checked against.
         note: A notice for the run log (e.g. a held-out file shorter than ``val_samples``).
         columns: For a set whose rows are rewarded (RL training, held-out), the dataset columns a
             reward function receives besides ``completions`` and ``prompts``.
@@ -54,7 +51,6 @@ class DatasetCheck:
     columns: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """One line for the run log."""
         line = (
             f"{self.phase} {self.role}: {self.rows} rows from {self.source} ({self.key}), "
             f"longest {self.longest} / {self.limit} tokens"
@@ -69,7 +65,6 @@ class DatasetReport:
     checks: list[DatasetCheck] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        """One log line per dataset."""
         return [c.describe() for c in self.checks]
 
     def reward_columns(self) -> list[tuple[str, tuple[str, ...]]]:
@@ -198,13 +193,9 @@ def get_dotted(node: Any, dotted: str) -> Any:
 def sft_phases(algo: Any, sft_phase: Callable[[str, str, str], None]) -> bool:
     """Check a run's SFT phases with ``sft_phase(phase, num_samples_key, val_samples_key)``.
 
-    Args:
-        algo: The ``algorithm`` node.
-        sft_phase: Checks one SFT phase's training and held-out sets.
-
-    Returns:
-        Whether the run is all SFT (``algorithm.name=sft``, nothing else to check); else an
-        enabled ``warm_start`` was checked and the RL phase is left to the caller.
+    ``sft_phase`` checks one SFT phase's training and held-out sets.  Returns whether the run is
+    all SFT (``algorithm.name=sft``, nothing else to check); else an enabled ``warm_start`` was
+    checked and the RL phase is left to the caller.
     """
     if str(algo.name) == "sft":
         sft_phase("sft", "algorithm.num_train_samples", "algorithm.val_samples")
@@ -216,11 +207,7 @@ def sft_phases(algo: Any, sft_phase: Callable[[str, str, str], None]) -> bool:
 
 
 def validate_datasets(
-    cfg: Any,
-    tokenizer: Any,
-    *,
-    max_seq_len: Optional[int] = None,
-    max_seq_len_key: str = _MAX_SEQ_LEN_KEY,
+    cfg: Any, tokenizer: Any, *, max_seq_len: Optional[int] = None, max_seq_len_key: str = _MAX_SEQ_LEN_KEY
 ) -> DatasetReport:
     """Open, parse, tokenize and length-check every dataset ``cfg`` will use.
 
@@ -232,12 +219,9 @@ def validate_datasets(
 
     Args:
         cfg: The validated root config (``MasterConfig``) or the composed ``DictConfig``.
-        tokenizer: The run's tokenizer (``nemo_dp.data.protocol.TextTokenizer``).
+        tokenizer: A ``nemo_dp.data.protocol.TextTokenizer``.
         max_seq_len: The model's sequence limit; defaults to ``policy.model.max_seq_len``.
         max_seq_len_key: The key that sets the limit, named in errors.
-
-    Returns:
-        What was checked, one entry per dataset.
 
     Raises:
         DatasetError: The first problem found, naming the config key, file:line, field and

@@ -25,11 +25,8 @@ def collate_visual_sft(
 ) -> BatchedDataDict:
     """Tokenise, right-pad and attach the images of visual SFT examples.
 
-    Args:
-        examples: The examples.
-        tokenizer: A vision-language tokenizer (``policy=hf_vlm``; its ``processor`` renders
-            the image placeholders).
-        max_seq_len: If given, a longer example raises.
+    ``tokenizer`` is a vision-language one (``policy=hf_vlm``; its ``processor`` renders the
+    image placeholders).
 
     Returns:
         ``input_ids``, ``input_lengths``, ``token_mask`` (1 on the response and its eos),

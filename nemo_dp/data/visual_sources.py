@@ -84,15 +84,9 @@ def _longest_prompt(problems: list[VisualProblem], processor: Any) -> int:
 
 
 def validate_visual_datasets(cfg: Any, tokenizer: Any) -> Any:
-    """Check the visual task's datasets of every phase ``cfg`` runs.
+    """Check the visual task's datasets of every phase ``cfg`` (``env.name == "visual"``) runs; a ``DatasetReport``.
 
-    Args:
-        cfg: The validated root config (``env.name == "visual"``).
-        tokenizer: The run's tokenizer; a vision-language one (``policy=hf_vlm``) carries the
-            image processor as ``.processor``.
-
-    Returns:
-        A ``DatasetReport``.
+    A vision-language tokenizer (``policy=hf_vlm``) carries the image processor as ``.processor``.
 
     Raises:
         DatasetError: A data key is set (the task reads no file), the policy cannot read

@@ -14,15 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "IMAGE_SIZES",
-    "COLOUR_NAMES",
-    "KINDS",
-    "VisualProblem",
-    "VisualPrompt",
-    "VisualSFTExample",
-    "VisualTask",
-    "exact_match_reward",
-    "render",
+    "IMAGE_SIZES", "COLOUR_NAMES", "KINDS", "VisualProblem", "VisualPrompt", "VisualSFTExample", "VisualTask",
+    "exact_match_reward", "render",
 ]
 
 KINDS: tuple[str, ...] = ("digit", "count", "colour")
@@ -30,9 +23,7 @@ KINDS: tuple[str, ...] = ("digit", "count", "colour")
 IMAGE_SIZES: tuple[int, ...] = (16, 24, 32)
 EVAL_BUCKETS = 10
 QUESTIONS = {
-    "digit": "Which digit is shown?",
-    "count": "How many squares are there?",
-    "colour": "What colour is the digit?",
+    "digit": "Which digit is shown?", "count": "How many squares are there?", "colour": "What colour is the digit?",
 }
 
 # Segments a..g of a seven-segment digit, as (x0, y0, x1, y1) on a 2 x 4 grid of cells.
@@ -55,11 +46,7 @@ class VisualPrompt:
 
     The policy's workers render and encode it (image processor, placeholder expansion), so a
     trainer moves a few integers per prompt and the image tensors exist only in the workers.
-
-    Attributes:
-        kind: ``"digit"``, ``"count"`` or ``"colour"``.
-        spec: The rendering parameters (see :func:`render`).
-        question: The question text.
+    ``spec`` holds the rendering parameters (see :func:`render`).
     """
 
     kind: str
@@ -73,10 +60,7 @@ class VisualPrompt:
     def messages(self) -> list[dict[str, Any]]:
         """The prompt as chat turns with an image part (``{"type": "image", "image": PIL}``)."""
         return [
-            {
-                "role": "user",
-                "content": [{"type": "image", "image": self.image()}, {"type": "text", "text": self.question}],
-            }
+            {"role": "user", "content": [{"type": "image", "image": self.image()}, {"type": "text", "text": self.question}]}
         ]
 
     def __str__(self) -> str:
@@ -85,14 +69,7 @@ class VisualPrompt:
 
 @dataclass(frozen=True)
 class VisualProblem:
-    """One image question with its exact answer.
-
-    Attributes:
-        kind: ``"digit"``, ``"count"`` or ``"colour"``.
-        spec: The rendering parameters (see :func:`render`).
-        question: The question text.
-        answer: The exact expected response.
-    """
+    """One image question (fields as :class:`VisualPrompt`) with its exact expected ``answer``."""
 
     kind: str
     spec: tuple[int, ...]
@@ -105,22 +82,17 @@ class VisualProblem:
         return VisualPrompt(self.kind, self.spec, self.question)
 
     def image(self) -> Any:
-        """The rendered ``PIL.Image.Image`` (RGB)."""
+        """Like :meth:`VisualPrompt.image`."""
         return render(self.kind, self.spec)
 
     def messages(self) -> list[dict[str, Any]]:
-        """The prompt as chat turns with an image part (``{"type": "image", "image": PIL}``)."""
+        """Like :meth:`VisualPrompt.messages`."""
         return self.prompt.messages()
 
 
 @dataclass(frozen=True)
 class VisualSFTExample:
-    """A supervised example of the visual task: the prompt and the response to learn.
-
-    Attributes:
-        prompt: The visual question.
-        response: The target response (the exact answer).
-    """
+    """A supervised example of the visual task: the prompt and the response to learn (the exact answer)."""
 
     prompt: VisualPrompt
     response: str
@@ -147,16 +119,10 @@ def _draw_squares(draw: Any, spec: tuple[int, ...]) -> None:
 
 
 def render(kind: str, spec: tuple[int, ...]) -> Any:
-    """Render a problem's image.
+    """Render a problem's image: an RGB ``PIL.Image.Image`` of size ``(width, height)``.
 
-    Args:
-        kind: ``"digit"`` and ``"colour"``: spec = (digit, width, height, fg, bg, x0, y0, cell,
-            thickness);
-            ``"count"``: spec = (count, width, height, fg, bg, side, x1, y1, x2, y2, ...).
-        spec: The rendering parameters.
-
-    Returns:
-        An RGB ``PIL.Image.Image`` of size ``(width, height)``.
+    ``spec`` is ``(digit, width, height, fg, bg, x0, y0, cell, thickness)`` for ``"digit"`` and
+    ``"colour"``, ``(count, width, height, fg, bg, side, x1, y1, x2, y2, ...)`` for ``"count"``.
 
     Raises:
         ValueError: Unknown kind.
@@ -209,10 +175,7 @@ def _count_spec(rng: random.Random, max_count: int) -> tuple[int, ...]:
 class VisualTask:
     """Deterministic generator of visual problems of one kind.
 
-    Args:
-        kind: ``"digit"``, ``"count"`` or ``"colour"``.
-        seed: Seed of the generator.
-        max_count: Most squares of a ``"count"`` problem (2 to 6).
+    ``max_count`` is the most squares of a ``"count"`` problem (2 to 6).
 
     Raises:
         ValueError: Unknown kind or ``max_count`` out of range.
@@ -257,13 +220,5 @@ class VisualTask:
 
 
 def exact_match_reward(response: str, answer: str) -> float:
-    """1.0 when the response, stripped of surrounding whitespace, equals the answer, else 0.0.
-
-    Args:
-        response: The generated text.
-        answer: The reference answer.
-
-    Returns:
-        The reward.
-    """
+    """1.0 when the response, stripped of surrounding whitespace, equals the answer, else 0.0."""
     return 1.0 if response.strip() == str(answer).strip() else 0.0

@@ -17,25 +17,12 @@ from nemo_dp.utils import config_access
 from nemo_dp.utils.config_access import REQUIRED
 
 __all__ = [
-    "ModelBuilder",
-    "DEFAULT_POLICY_KIND",
-    "cfg_get",
-    "policy_kind",
-    "register_builder",
-    "get_builder",
-    "builder_kinds",
-    "build_model",
-    "build_tokenizer",
-    "validate_policy",
-    "load_pretrained_model",
-    "prepare_policy",
-    "save_tokenizer",
-    "load_saved_tokenizer",
-    "policy_takes_images",
-    "policy_for_workers",
+    "ModelBuilder", "DEFAULT_POLICY_KIND", "cfg_get", "policy_kind", "register_builder", "get_builder",
+    "builder_kinds", "build_model", "build_tokenizer", "validate_policy", "load_pretrained_model", "prepare_policy",
+    "save_tokenizer", "load_saved_tokenizer", "policy_takes_images", "policy_for_workers",
 ]
 
-#: Kind used when a ``policy`` node has no ``kind`` key (configs written before it existed).
+#: Kind used when a ``policy`` node has no ``kind`` key.
 DEFAULT_POLICY_KIND = "tiny"
 
 
@@ -64,12 +51,11 @@ class ModelBuilder:
         prepare: ``(policy_cfg) -> None``: create what the node refers to and may be built
             locally (``hf``: an offline tiny checkpoint on first use); runs on the driver
             before validation.
-        save_tokenizer: ``(policy_cfg, directory) -> None``: write the tokenizer's files in
-            its own save format next to a model's ``save_pretrained`` output (``hf``: the
-            transformers tokenizer's ``save_pretrained``); a kind whose vocabulary is fixed in
-            code (``tiny``) writes nothing.
-        load_saved_tokenizer: ``(policy_cfg, directory) -> Tokenizer | None``: the tokenizer
-            ``save_tokenizer`` wrote into ``directory``, or ``None`` when it holds none.
+        save_tokenizer: ``(policy_cfg, directory) -> None``: write the tokenizer's files in its
+            own format next to a model's ``save_pretrained`` output; a kind whose vocabulary is
+            fixed in code (``tiny``) writes nothing.
+        load_saved_tokenizer: ``(policy_cfg, directory) -> Tokenizer | None``: what
+            ``save_tokenizer`` wrote there, or ``None`` when it holds none.
         takes_images: The model reads per-sample images (``pixel_values`` /
             ``image_grid_thw`` columns) and has ``with_images`` (``hf_vlm``).
     """
@@ -86,19 +72,13 @@ class ModelBuilder:
 
 
 _BUILTIN_MODULES: dict[str, str] = {
-    "tiny": "nemo_dp.models.tiny.builder",
-    "hf": "nemo_dp.models.hf.builder",
-    "hf_vlm": "nemo_dp.models.hf.vlm_builder",
+    "tiny": "nemo_dp.models.tiny.builder", "hf": "nemo_dp.models.hf.builder", "hf_vlm": "nemo_dp.models.hf.vlm_builder",
 }
 _REGISTRY: dict[str, ModelBuilder] = {}
 
 
 def register_builder(builder: ModelBuilder) -> None:
-    """Register (or replace) the builder of ``builder.kind``.
-
-    Args:
-        builder: The builder.
-    """
+    """Register (or replace) the builder of ``builder.kind``."""
     _REGISTRY[builder.kind] = builder
 
 
@@ -108,10 +88,7 @@ def builder_kinds() -> list[str]:
 
 
 def get_builder(kind: str) -> ModelBuilder:
-    """The builder of ``kind``.
-
-    Args:
-        kind: A policy kind.
+    """The builder of policy kind ``kind``.
 
     Raises:
         ValueError: Unknown kind (naming ``policy.kind`` and the legal values).
@@ -125,45 +102,25 @@ def get_builder(kind: str) -> ModelBuilder:
 
 
 def policy_kind(policy_cfg: Any) -> str:
-    """The policy kind of a ``policy`` node (``DEFAULT_POLICY_KIND`` without a ``kind`` key).
-
-    Args:
-        policy_cfg: The ``policy`` node.
-    """
+    """The ``kind`` of a ``policy`` node (``DEFAULT_POLICY_KIND`` without a ``kind`` key)."""
     return str(cfg_get(policy_cfg, "kind", DEFAULT_POLICY_KIND))
 
 
 def build_model(policy_cfg: Any, *, vocab_size: int, seed: int) -> CausalLM:
-    """Build the model a ``policy`` node describes (on CPU, in training dtype).
+    """Build the ``CausalLM`` a ``policy`` node describes (on CPU, in training dtype).
 
-    Args:
-        policy_cfg: The ``policy`` node.
-        vocab_size: The tokenizer's vocabulary size.
-        seed: Run seed (identical weights on every rank).
-
-    Returns:
-        A ``CausalLM``.
+    ``seed`` is the run seed: every rank builds identical weights from it.
     """
     return get_builder(policy_kind(policy_cfg)).build_model(policy_cfg, int(vocab_size), int(seed))
 
 
 def build_tokenizer(policy_cfg: Any) -> Tokenizer:
-    """Build the tokenizer a ``policy`` node describes.
-
-    Args:
-        policy_cfg: The ``policy`` node.
-
-    Returns:
-        A ``Tokenizer``.
-    """
+    """Build the ``Tokenizer`` a ``policy`` node describes."""
     return get_builder(policy_kind(policy_cfg)).build_tokenizer(policy_cfg)
 
 
 def validate_policy(policy_cfg: Any) -> None:
     """Check a ``policy`` node's model and tokenizer settings before any process starts.
-
-    Args:
-        policy_cfg: The ``policy`` node.
 
     A precision that uses bfloat16 on a CPU host without bfloat16 support gets a warning
     here (a CUDA worker checks its own device).
@@ -180,57 +137,33 @@ def validate_policy(policy_cfg: Any) -> None:
 
 
 def load_pretrained_model(policy_cfg: Any, directory: str) -> CausalLM:
-    """Load a model that ``save_pretrained`` wrote, with the settings of ``policy_cfg``.
-
-    Args:
-        policy_cfg: The ``policy`` node (its kind picks the loader).
-        directory: The saved model's directory.
-    """
+    """Load a model that ``save_pretrained`` wrote to ``directory``, with ``policy_cfg``'s kind and settings."""
     return get_builder(policy_kind(policy_cfg)).load_pretrained(policy_cfg, str(directory))
 
 
 def prepare_policy(policy_cfg: Any) -> None:
-    """Build what a ``policy`` node refers to when it can be built locally (call before
-    :func:`validate_policy`, on the driver).
+    """Build what a ``policy`` node refers to when it can be built locally.
 
-    Args:
-        policy_cfg: The ``policy`` node.
+    Call on the driver, before :func:`validate_policy`.
     """
     get_builder(policy_kind(policy_cfg)).prepare(policy_cfg)
 
 
 def save_tokenizer(policy_cfg: Any, directory: str) -> None:
-    """Write the tokenizer of a ``policy`` node into ``directory`` (its own save format).
-
-    Args:
-        policy_cfg: The ``policy`` node (its kind picks the writer).
-        directory: Target directory (typically a model's ``save_pretrained`` output).
-    """
+    """Write a ``policy`` node's tokenizer in its own format into ``directory`` (typically a model's dir)."""
     get_builder(policy_kind(policy_cfg)).save_tokenizer(policy_cfg, str(directory))
 
 
 def load_saved_tokenizer(policy_cfg: Any, directory: str) -> Optional[Tokenizer]:
-    """The tokenizer :func:`save_tokenizer` wrote into ``directory``.
+    """The tokenizer :func:`save_tokenizer` wrote into ``directory``; ``None`` if it holds none of that kind.
 
-    Args:
-        policy_cfg: The ``policy`` node (its kind picks the reader and its settings).
-        directory: A directory written by :func:`save_tokenizer`.
-
-    Returns:
-        The tokenizer, or ``None`` when ``directory`` holds no tokenizer files of that kind.
+    ``policy_cfg``'s kind picks the reader and its settings.
     """
     return get_builder(policy_kind(policy_cfg)).load_saved_tokenizer(policy_cfg, str(directory))
 
 
 def policy_takes_images(policy_cfg: Any) -> bool:
-    """Whether the ``policy`` node's model reads per-sample images (a vision-language model).
-
-    Args:
-        policy_cfg: The ``policy`` node.
-
-    Returns:
-        Its builder's ``takes_images``.
-    """
+    """Whether the ``policy`` node's model reads per-sample images (its builder's ``takes_images``)."""
     return get_builder(policy_kind(policy_cfg)).takes_images
 
 
@@ -245,11 +178,7 @@ def policy_for_workers(policy_cfg: Any) -> dict[str, Any]:
     against the driver's working directory: a worker of a private Ray starts there, but one on
     a joined cluster starts in its node's directory, where a relative path names something else.
 
-    Args:
-        policy_cfg: The ``policy`` node (``DictConfig`` or mapping).
-
-    Returns:
-        A plain, resolved copy (the input is not modified).
+    Returns a plain, resolved copy (the input is not modified).
     """
     from omegaconf import DictConfig, OmegaConf
 

@@ -13,9 +13,7 @@ CHAT_ROLES: tuple[str, ...] = ("system", "user", "assistant")
 def check_messages(messages: Sequence[Mapping[str, str]], where: str = "messages") -> None:
     """Check that ``messages`` is a non-empty list of ``{role, content}`` turns.
 
-    Args:
-        messages: The turns.
-        where: Prefix of error messages (e.g. ``"data.jsonl:3: messages"``).
+    ``where`` prefixes error messages (e.g. ``"data.jsonl:3: messages"``).
 
     Raises:
         ValueError: Naming the turn index and the field at fault.
@@ -33,16 +31,10 @@ def check_messages(messages: Sequence[Mapping[str, str]], where: str = "messages
 
 
 def concat_messages(messages: Sequence[Mapping[str, str]]) -> str:
-    """The turns' contents concatenated in order (no role markers).
-
-    Args:
-        messages: ``{role, content}`` turns.
-
-    Returns:
-        The text.
+    """The ``{role, content}`` turns' contents concatenated in order (no role markers).
 
     Raises:
-        ValueError: If a turn is malformed.
+        ValueError: A turn is malformed.
     """
     check_messages(messages)
     return "".join(str(turn["content"]) for turn in messages)

@@ -17,11 +17,7 @@ class FlatGrads:
     """Keeps ``p.grad`` of each parameter a view of its (dtype, device) group's flat buffer."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Allocate zeroed buffers and point every parameter's ``.grad`` into them.
-
-        Args:
-            params: Trainable parameters (``requires_grad``); existing gradients are kept.
-        """
+        """Allocate zeroed buffers and point every ``requires_grad`` parameter's ``.grad`` (value kept) into them."""
         self.params: list[torch.nn.Parameter] = [p for p in params if p.requires_grad]
         groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
         for p in self.params:
@@ -54,38 +50,19 @@ class FlatGrads:
             p.grad = view
 
     def all_reduce(self, reduce_sum: Callable[[torch.Tensor], object]) -> None:
-        """Sum the gradients over ranks in place, one ``reduce_sum`` call per buffer.
-
-        Args:
-            reduce_sum: An in-place all-reduce (sum) of one tensor.
-        """
+        """Sum the gradients over ranks in place, one ``reduce_sum`` (in-place all-reduce) call per buffer."""
         self.attach()
         for flat in self.buffers:
             reduce_sum(flat)
 
 
 def make_adamw(
-    params: Sequence[torch.nn.Parameter],
-    *,
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
+    params: Sequence[torch.nn.Parameter], *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float
 ) -> torch.optim.AdamW:
     """AdamW, fused into one kernel per step where torch has one (CPU and CUDA floats).
 
     The fused step is about 4x faster than the per-parameter loop on CPU (135M parameters:
     0.15 s instead of 0.6 s); it computes the same update up to float rounding.
-
-    Args:
-        params: The parameters to optimise.
-        lr: Learning rate.
-        betas: ``(beta1, beta2)``.
-        eps: Denominator epsilon.
-        weight_decay: Decoupled weight decay.
-
-    Returns:
-        The optimizer.
     """
     params = list(params)
     fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)

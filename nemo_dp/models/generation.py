@@ -51,10 +51,8 @@ def generate(
     masked out), decoded one token per step with a KV cache, and returned right-padded.
 
     Args:
-        model: The policy.
         prompts: Token ids per prompt (bos included by the caller).
         max_new_tokens: Most tokens to generate per row (eos included).
-        eos_id: Stops a row.
         pad_id: Fills the padding of the returned ``input_ids``.
         greedy: Argmax decoding (seeds are then unused).
         temperature: Sampling temperature (> 0 when not greedy).
@@ -70,8 +68,8 @@ def generate(
         (1 on response tokens, eos included), ``truncated`` bool [B] (no eos generated).
 
     Raises:
-        ValueError: On empty prompts, mismatched seeds, bad temperature or a sequence that
-            would exceed the model's ``max_positions``.
+        ValueError: Empty prompts, mismatched seeds, bad ``max_new_tokens`` or temperature, or a
+            sequence that would exceed the model's ``max_positions``.
     """
     _validate(model, prompts, max_new_tokens, greedy, temperature, seeds)
     was_training = model.training

@@ -22,11 +22,7 @@ __all__ = ["Precision", "FULL_PRECISION", "resolve_precision", "bf16_support_pro
 
 @dataclass(frozen=True)
 class Precision:
-    """One ``policy.precision`` value.
-
-    Attributes:
-        name: ``32-true``, ``bf16-mixed`` or ``bf16-true``.
-    """
+    """One ``policy.precision`` value: ``name`` is ``32-true``, ``bf16-mixed`` or ``bf16-true``."""
 
     name: str
 
@@ -46,14 +42,7 @@ class Precision:
         return self.name != "32-true"
 
     def autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
-        """The context a forward pass runs in: bfloat16 autocast for ``bf16-mixed``, else none.
-
-        Args:
-            device: The model's device (its type picks the autocast backend).
-
-        Returns:
-            A fresh context manager.
-        """
+        """A fresh context for a forward pass on ``device``: bfloat16 autocast for ``bf16-mixed``, else none."""
         if not self.mixed:
             return contextlib.nullcontext()
         return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
@@ -66,18 +55,13 @@ FULL_PRECISION = Precision("32-true")
 def resolve_precision(policy_cfg: Any) -> Precision:
     """The precision of a ``policy`` node (``policy.precision``, or ``policy.dtype``'s alias).
 
-    Args:
-        policy_cfg: The ``policy`` node.
-
     Raises:
         ValueError: An illegal value, or both keys set and disagreeing (naming both).
     """
     precision = cfg_get(policy_cfg, "precision", None)
     dtype = cfg_get(policy_cfg, "dtype", None)
     return Precision(
-        resolve_precision_name(
-            None if precision is None else str(precision), None if dtype is None else str(dtype)
-        )
+        resolve_precision_name(None if precision is None else str(precision), None if dtype is None else str(dtype))
     )
 
 
@@ -94,14 +78,7 @@ def _cpu_flags() -> frozenset[str]:
 
 
 def bf16_support_problem(device_type: str) -> str | None:
-    """Why this host cannot run bfloat16 fast on ``device_type``, or ``None`` when it can.
-
-    Args:
-        device_type: ``cpu`` or ``cuda``.
-
-    Returns:
-        A sentence naming what is missing, or ``None``.
-    """
+    """A sentence on why this host cannot run bfloat16 fast on ``device_type`` (``cpu``/``cuda``), or ``None``."""
     if device_type == "cuda":
         if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
             return f"the CUDA device {torch.cuda.get_device_name()} has no bfloat16 support"
@@ -115,20 +92,15 @@ def bf16_support_problem(device_type: str) -> str | None:
 
 
 def warn_if_no_bf16(precision: Precision, device_type: str) -> None:
-    """Warn (naming the precision and what the host lacks) when ``precision`` uses bfloat16
-    on a host without bfloat16 support.
+    """Warn (naming the precision and what the host lacks) when ``precision`` uses bfloat16 without support.
 
-    Args:
-        precision: The precision.
-        device_type: ``cpu`` or ``cuda``.
+    ``device_type`` is ``cpu`` or ``cuda``.
     """
     if not precision.uses_bf16:
         return
     problem = bf16_support_problem(device_type)
     if problem is not None:
         warnings.warn(
-            f"policy.precision={precision.name}: {problem}; it runs, but expect it to be slower "
-            "than 32-true",
-            RuntimeWarning,
-            stacklevel=2,
+            f"policy.precision={precision.name}: {problem}; it runs, but expect it to be slower than 32-true",
+            RuntimeWarning, stacklevel=2,
         )

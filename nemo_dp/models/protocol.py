@@ -21,11 +21,7 @@ ChatMessage = Mapping[str, str]
 
 @runtime_checkable
 class CausalLM(Protocol):
-    """What the workers need from a causal language model.
-
-    Implementations are ``torch.nn.Module`` subclasses; calling the module runs
-    :meth:`forward`.
-    """
+    """What the workers need from a causal language model (a ``torch.nn.Module``; calling it runs :meth:`forward`)."""
 
     @property
     def max_positions(self) -> int:
@@ -43,29 +39,17 @@ class CausalLM(Protocol):
         ...
 
     def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
-        """Full causal forward.
+        """Full causal forward: logits ``[B, S - logits_from, V]``; position ``t`` predicts token ``t + 1``.
 
         Args:
             input_ids: int64 ``[B, S]`` (right padding does not affect valid positions).
-            logits_from: The first position whose logits are returned (``0 <= logits_from <
-                S``): a loss that reads only the response's log-probs skips the LM head, and
-                its log-softmax, on the prompt.
-
-        Returns:
-            Logits ``[B, S - logits_from, V]`` of positions ``logits_from .. S - 1``; position
-            ``t`` predicts token ``t + 1``.
+            logits_from: First position whose logits are returned (``0 <= logits_from < S``), so
+                a loss reading only the response skips the LM head and log-softmax on the prompt.
         """
         ...
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Last-layer hidden states after the final norm (what the LM head reads).
-
-        Args:
-            input_ids: int64 ``[B, S]``.
-
-        Returns:
-            float ``[B, S, hidden_size]``.
-        """
+        """Last-layer hidden states after the final norm (what the LM head reads), float ``[B, S, hidden_size]``."""
         ...
 
     def prefill(
@@ -87,16 +71,10 @@ class CausalLM(Protocol):
     def decode(
         self, tokens: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, cache: Any
     ) -> tuple[torch.Tensor, Any]:
-        """Feed one new token per row through the cache.
+        """Feed one new token per row (``tokens``, ``positions``: int64 ``[B, 1]``) through the cache.
 
-        Args:
-            tokens: int64 ``[B, 1]``.
-            positions: int64 ``[B, 1]`` position ids of the new tokens.
-            key_valid: bool ``[B, L]`` over every cached key plus the new one.
-            cache: The cache from :meth:`prefill` or the previous :meth:`decode`.
-
-        Returns:
-            ``(logits [B, V], cache)``.
+        ``key_valid`` is bool ``[B, L]`` over every cached key plus the new one; ``cache`` comes
+        from :meth:`prefill` or the previous :meth:`decode`.  Returns ``(logits [B, V], cache)``.
         """
         ...
 
@@ -109,11 +87,7 @@ class CausalLM(Protocol):
         ...
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """Write the model (config + safetensors weights) so that its family's loader reads it.
-
-        Args:
-            directory: Target directory (created if missing).
-        """
+        """Write config + safetensors weights to ``directory`` (created if missing) for its family's loader."""
         ...
 
 
@@ -169,12 +143,8 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
         """Render chat turns to text (the chat template, or plain concatenation without one).
 
-        Args:
-            messages: The turns.
-            add_generation_prompt: Append the prefix of an assistant turn.
-
-        Returns:
-            The rendered text (special tokens appear as text; ``encode`` maps them).
+        ``add_generation_prompt`` appends the prefix of an assistant turn.  Special tokens appear
+        as text (``encode`` maps them).
         """
         ...
 

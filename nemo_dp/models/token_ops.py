@@ -10,37 +10,24 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "token_logprobs_from_logits",
-    "align_values",
-    "first_logits_position",
-    "first_masked_columns",
+    "token_logprobs_from_logits", "align_values", "first_logits_position", "first_masked_columns",
     "rollout_sample_mask",
 ]
 
 
 def first_logits_position(token_mask: torch.Tensor) -> int:
-    """The first position whose logits a masked log-prob needs: one before the first masked token.
+    """``logits_from`` for a masked log-prob: one before the first masked token of any row.
 
-    Args:
-        token_mask: ``[B, S]``, nonzero on the tokens whose log-probs count.
-
-    Returns:
-        ``logits_from`` for ``model(input_ids, logits_from=...)``: the earliest column with a
-        nonzero mask in any row, minus 1 (0 when no column is masked in, or column 0 is).
+    ``token_mask`` is ``[B, S]``, nonzero on the tokens whose log-probs count.  Returns the
+    earliest column with a nonzero mask in any row, minus 1 (0 when no column is masked in, or
+    column 0 is).
     """
     cols = torch.nonzero(token_mask.reshape(token_mask.shape[0], -1).ne(0).any(0))
     return max(int(cols[0]) - 1, 0) if cols.numel() else 0
 
 
 def first_masked_columns(token_mask: torch.Tensor) -> torch.Tensor:
-    """Each row's first masked column.
-
-    Args:
-        token_mask: ``[B, S]``, nonzero on the tokens whose log-probs count.
-
-    Returns:
-        int64 ``[B]``: the first column with a nonzero mask, ``S`` for a row with none.
-    """
+    """Each row's first column with a nonzero ``token_mask`` ``[B, S]``, as int64 ``[B]`` (``S`` for none)."""
     on = token_mask.ne(0)
     first = on.to(torch.int8).argmax(dim=1)
     return torch.where(on.any(dim=1), first, torch.full_like(first, on.shape[1]))
@@ -53,14 +40,13 @@ def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) ->
         logits: float ``[B, K, V]``, the logits of the last ``K <= S`` positions (``K = S``:
             all of them; fewer come from ``model(input_ids, logits_from=S - K)``); position t
             predicts token t + 1.
-        input_ids: int64 ``[B, S]``.
 
     Returns:
         float32 ``[B, S]`` where column t is log p(token t | tokens < t); columns
         ``0 .. S - K`` (column 0 alone for full logits) are 0.
 
     Raises:
-        ValueError: If the shapes do not line up.
+        ValueError: The shapes do not line up.
     """
     if (
         logits.dim() != 3
@@ -79,33 +65,24 @@ def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) ->
 
 
 def align_values(head_out: torch.Tensor) -> torch.Tensor:
-    """Shift value-head outputs so that column ``t`` is the value of the prefix ``tokens < t``.
+    """Shift value-head outputs ``[B, S]`` so that column ``t`` is the value of the prefix ``tokens < t``.
 
-    Args:
-        head_out: float ``[B, S]`` value-head output (position ``t`` has seen tokens ``<= t``).
-
-    Returns:
-        float32 ``[B, S]`` with column 0 = 0 and column ``t`` = ``head_out[:, t - 1]``.
+    Position ``t`` of ``head_out`` has seen tokens ``<= t``; the float32 result has column 0 = 0
+    and column ``t`` = ``head_out[:, t - 1]``.
 
     Raises:
-        ValueError: If ``head_out`` is not 2-D.
+        ValueError: ``head_out`` is not 2-D.
     """
     if head_out.dim() != 2:
-        raise ValueError(
-            f"align_values: expected value-head output [B, S], got shape {tuple(head_out.shape)}"
-        )
+        raise ValueError(f"align_values: expected value-head output [B, S], got shape {tuple(head_out.shape)}")
     return F.pad(head_out[:, :-1].float(), (1, 0), value=0.0)
 
 
 def rollout_sample_mask(truncated: torch.Tensor, *, overlong_filtering: bool) -> torch.Tensor:
-    """The per-sample loss mask of a rollout: all ones, or zero on truncated responses.
+    """The float32 ``[B]`` per-sample loss mask of a rollout: ones, zero on truncated responses if filtering.
 
-    Args:
-        truncated: ``[B]``, nonzero where the response hit ``max_new_tokens``.
-        overlong_filtering: ``algorithm.overlong_filtering``: drop truncated responses.
-
-    Returns:
-        float32 ``[B]``.
+    ``truncated`` is nonzero where the response hit ``max_new_tokens``; ``overlong_filtering`` is
+    ``algorithm.overlong_filtering``.
     """
     mask = torch.ones(truncated.shape[0], dtype=torch.float32)
     if overlong_filtering:

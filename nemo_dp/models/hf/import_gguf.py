@@ -22,14 +22,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "IMPORT_COMMAND",
-    "IMPORT_RECORD",
-    "SUPPORTED_ARCHITECTURES",
-    "IMPORT_DTYPES",
-    "gguf_architecture",
-    "check_gguf_architecture",
-    "import_gguf",
-    "main",
+    "IMPORT_COMMAND", "IMPORT_RECORD", "SUPPORTED_ARCHITECTURES", "IMPORT_DTYPES", "gguf_architecture",
+    "check_gguf_architecture", "import_gguf", "main",
 ]
 
 #: The command line of this module (named in errors about GGUF-only directories).
@@ -42,17 +36,7 @@ IMPORT_RECORD = "gguf_import.json"
 #: transformers' GGUF loader reads and the policy's KV-cached generation drives (attention
 #: masks and position ids).  State-space (``mamba``) and encoder-decoder (``t5``) files are not.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
-    "gemma2",
-    "gemma3",
-    "gpt2",
-    "llama",
-    "mistral",
-    "nemotron",
-    "phi3",
-    "qwen2",
-    "qwen3",
-    "stablelm",
-    "starcoder2",
+    "gemma2", "gemma3", "gpt2", "llama", "mistral", "nemotron", "phi3", "qwen2", "qwen3", "stablelm", "starcoder2",
 )
 
 #: ``--dtype`` values.
@@ -71,16 +55,10 @@ _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
 def gguf_architecture(path: str | os.PathLike[str]) -> str:
-    """The ``general.architecture`` string of a GGUF file's header.
+    """The ``general.architecture`` string (e.g. ``llama``) of a GGUF file's header.
 
     Reads the metadata entries only up to that key (usually the first), so it costs
     microseconds where a full parse of a 49k-token vocabulary takes seconds.
-
-    Args:
-        path: The GGUF file.
-
-    Returns:
-        The architecture name (e.g. ``llama``).
 
     Raises:
         ValueError: The file is not a readable GGUF file or has no ``general.architecture``.
@@ -139,13 +117,7 @@ def _header_architecture(fh: Any, path: str) -> str:
 
 
 def check_gguf_architecture(path: str | os.PathLike[str]) -> str:
-    """Read the header and refuse an architecture this importer does not support.
-
-    Args:
-        path: The GGUF file.
-
-    Returns:
-        The architecture.
+    """Like :func:`gguf_architecture`, but refuse an architecture this importer does not support.
 
     Raises:
         ValueError: Naming the architecture found and the supported ones.
@@ -167,8 +139,7 @@ def _check_out(out: Path) -> None:
 
 
 def _fresh_copy(model: object, dtype: str) -> object:
-    """A normally constructed model with ``model``'s config (minus its GGUF quantisation
-    entry) and weights, in ``dtype``."""
+    """A normally constructed model with ``model``'s config (minus GGUF quantisation) and weights, in ``dtype``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -197,8 +168,10 @@ def _fresh_copy(model: object, dtype: str) -> object:
 
 
 def _chmod_like_new_files(directory: Path) -> None:
-    """Give ``directory`` and its files the modes a plain ``mkdir`` / ``open`` would (the
-    temporary directory and some writers use owner-only modes)."""
+    """Give ``directory`` and its files the modes a plain ``mkdir`` / ``open`` would.
+
+    The temporary directory and some writers use owner-only modes.
+    """
     umask = os.umask(0)
     os.umask(umask)
     directory.chmod(0o777 & ~umask)
@@ -209,16 +182,12 @@ def _chmod_like_new_files(directory: Path) -> None:
 def import_gguf(
     gguf: str | os.PathLike[str], out: str | os.PathLike[str], *, dtype: str = "float32", log: Log = _print
 ) -> Path:
-    """Write ``gguf`` as a ``save_pretrained`` directory at ``out`` (atomically).
+    """Write ``gguf`` as a ``save_pretrained`` directory at ``out`` (atomically); return ``out`` as a path.
 
     Args:
-        gguf: A GGUF file of a supported architecture.
         out: The directory to create (must not exist; its parent must).
         dtype: Weight dtype of the written safetensors (``float32`` or ``bfloat16``).
-        log: Progress lines.
-
-    Returns:
-        ``out`` as a path.
+        log: Receives progress lines.
 
     Raises:
         ValueError: A missing or unsupported GGUF file, an existing ``out``, an unknown
@@ -261,14 +230,7 @@ def import_gguf(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``--gguf FILE --out DIR [--dtype float32|bfloat16]``.
-
-    Args:
-        argv: Arguments (default ``sys.argv[1:]``).
-
-    Returns:
-        0 on success, 2 on a refused input (the reason on stderr).
-    """
+    """Command line (``argv`` default ``sys.argv[1:]``); returns 0, or 2 on a refused input (reason on stderr)."""
     parser = argparse.ArgumentParser(description="Import a GGUF checkpoint as a transformers model directory.")
     parser.add_argument("--gguf", required=True, help="the GGUF file")
     parser.add_argument("--out", required=True, help="the directory to create")

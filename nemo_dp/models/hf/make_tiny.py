@@ -65,13 +65,8 @@ def train_bpe_tokenizer(
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` (one token per digit).
 
     Args:
-        corpus: The training text.
         vocab_size: Target vocabulary (bytes + merges + specials).
         extra_specials: Special tokens after :data:`SPECIAL_TOKENS` (also additional specials).
-        chat_template: The tokenizer's chat template.
-
-    Returns:
-        The tokenizer.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -119,9 +114,7 @@ class TinyDims:
     """Shape of a tiny checkpoint (the defaults are the ``policy=hf`` default model's).
 
     Attributes:
-        hidden_size: Width of the residual stream.
         intermediate_size: Width of the MLP (Llama / Qwen2; GPT-2 uses ``4 * hidden_size``).
-        num_layers: Decoder layers.
         num_heads: Attention heads (must divide ``hidden_size``).
         num_kv_heads: Key / value heads (Llama / Qwen2; must divide ``num_heads``).
     """
@@ -170,16 +163,10 @@ def _model_config(arch: str, vocab: int, ids: dict[str, int], max_positions: int
 
 
 def make_tiny_checkpoint(
-    arch: str,
-    out: str | os.PathLike[str],
-    *,
-    seed: int = 0,
-    digits: int = 3,
-    vocab_size: int = 384,
-    max_positions: int = 128,
-    dims: TinyDims | None = None,
+    arch: str, out: str | os.PathLike[str], *, seed: int = 0, digits: int = 3, vocab_size: int = 384,
+    max_positions: int = 128, dims: TinyDims | None = None,
 ) -> Path:
-    """Write a tokenizer and a randomly initialised ``arch`` model into ``out``.
+    """Write a tokenizer and a randomly initialised ``arch`` model into ``out``; return the directory.
 
     Args:
         arch: One of :data:`ARCHS`.
@@ -188,10 +175,6 @@ def make_tiny_checkpoint(
         digits: Operand digits of the arithmetic corpus.
         vocab_size: Target BPE vocabulary (bytes + merges + specials).
         max_positions: ``max_position_embeddings`` of the model.
-        dims: The model's shape (default :class:`TinyDims`).
-
-    Returns:
-        The directory.
 
     Raises:
         ValueError: An unknown architecture.
@@ -212,33 +195,19 @@ def make_tiny_checkpoint(
 
 
 def ensure_tiny_checkpoint(
-    arch: str,
-    cache_dir: str | os.PathLike[str],
-    *,
-    seed: int = 0,
-    dims: TinyDims | None = None,
+    arch: str, cache_dir: str | os.PathLike[str], *, seed: int = 0, dims: TinyDims | None = None,
     name: str | None = None,
 ) -> Path:
-    """The tiny ``arch`` checkpoint under ``cache_dir``, built on first use.
-
-    The build goes into a private sibling directory that is renamed into place, so concurrent
-    callers never see a half-written checkpoint (the first rename wins; the others discard
-    their copy).
+    """The tiny ``arch`` checkpoint directory ``cache_dir/<name>``, built on first use by :func:`build_once`.
 
     Args:
-        arch: One of :data:`ARCHS`.
-        cache_dir: Cache root; the checkpoint is ``cache_dir/tiny-<arch>``.
         seed: Seed of a fresh build.
         dims: Shape of a fresh build (default :class:`TinyDims`); give a non-default shape its
             own ``name`` so it does not meet a default-shaped cache entry.
         name: Directory name under ``cache_dir`` (default ``tiny-<arch>``).
-
-    Returns:
-        The checkpoint directory.
     """
     return build_once(
-        Path(cache_dir) / (name or f"tiny-{arch}"),
-        _FILES_DONE,
+        Path(cache_dir) / (name or f"tiny-{arch}"), _FILES_DONE,
         lambda tmp: make_tiny_checkpoint(arch, tmp, seed=seed, dims=dims),
     )
 
@@ -246,16 +215,8 @@ def ensure_tiny_checkpoint(
 def build_once(final: Path, done_files: Sequence[str], build: Callable[[Path], Any]) -> Path:
     """``final``, built by ``build(<private sibling>)`` and renamed into place unless complete.
 
-    Concurrent callers never see a half-written directory: the first rename wins and the others
-    discard their copy.
-
-    Args:
-        final: The directory to provide.
-        done_files: Files whose presence in ``final`` means it is complete.
-        build: Writes a complete directory at the path it is given.
-
-    Returns:
-        ``final``.
+    ``final`` is complete when all ``done_files`` are in it.  Concurrent callers never see a
+    half-written directory: the first rename wins and the others discard their copy.
     """
     if all((final / f).is_file() for f in done_files):
         return final
@@ -274,11 +235,7 @@ def build_once(final: Path, done_files: Sequence[str], build: Callable[[Path], A
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point.
-
-    Args:
-        argv: Arguments (default ``sys.argv[1:]``).
-    """
+    """Command-line entry point (``argv`` default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=ARCHS, required=True)
     parser.add_argument("--out", required=True, help="target directory")

@@ -23,14 +23,8 @@ from nemo_dp.models.hf.make_tiny import EOS_TOKEN, START_TOKEN, build_once, chec
 from nemo_dp.models.hf.make_tiny import seeded_model, special_token_ids, train_bpe_tokenizer
 
 __all__ = [
-    "BUILD_FILE",
-    "BUILD_VERSION",
-    "IMAGE_TOKEN",
-    "VLM_CHAT_TEMPLATE",
-    "VisionDims",
-    "ensure_tiny_vlm_checkpoint",
-    "make_tiny_vlm_checkpoint",
-    "main",
+    "BUILD_FILE", "BUILD_VERSION", "IMAGE_TOKEN", "VLM_CHAT_TEMPLATE", "VisionDims", "ensure_tiny_vlm_checkpoint",
+    "make_tiny_vlm_checkpoint", "main",
 ]
 
 VISION_START = "<|vision_start|>"
@@ -78,18 +72,12 @@ class VisionDims:
 
     Attributes:
         hidden_size: Width of the language model (also the vision tower's output width).
-        intermediate_size: MLP width of the language model.
-        num_layers: Decoder layers.
         num_heads: Attention heads of the language model (``hidden_size / num_heads`` must be
             even: the rotary halves are split into Qwen2-VL's three M-RoPE sections).
-        num_kv_heads: Key / value heads.
         vision_depth: Vision transformer blocks.
-        vision_embed_dim: Width of the vision transformer.
-        vision_heads: Its attention heads.
         patch_size: Pixels per patch side.
         merge_size: Patches merged per side into one language token.
-        min_pixels: Smallest image area after resizing.
-        max_pixels: Largest image area after resizing.
+        min_pixels: Smallest image area after resizing (``max_pixels``: largest).
     """
 
     hidden_size: int = 64
@@ -134,26 +122,14 @@ def _corpus(seed: int) -> Iterator[str]:
 
 
 def make_tiny_vlm_checkpoint(
-    out: str | os.PathLike[str],
-    *,
-    seed: int = 0,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
-    max_positions: int = DEFAULT_MAX_POSITIONS,
-    dims: VisionDims | None = None,
+    out: str | os.PathLike[str], *, seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE,
+    max_positions: int = DEFAULT_MAX_POSITIONS, dims: VisionDims | None = None,
 ) -> Path:
-    """Write a tokenizer, an image processor and a random tiny Qwen2-VL model into ``out``.
+    """Write a tokenizer, an image processor and a random tiny Qwen2-VL model into ``out``; return it.
 
-    Args:
-        out: Target directory (created; existing files are overwritten).
-        seed: Seeds the tokenizer corpus and the weight initialisation.
-        vocab_size: Target BPE vocabulary (bytes + merges + specials); the visual task's text
-            has only about 95 merges, so the default 384 takes them all (351 tokens with
-            seed 0) and every answer (digit, count, colour name) is one token.
-        max_positions: ``max_position_embeddings`` of the language model.
-        dims: The model's shape (default :class:`VisionDims`).
-
-    Returns:
-        The directory.
+    Like :func:`~nemo_dp.models.hf.make_tiny.make_tiny_checkpoint`, but ``vocab_size``: the visual
+    task's text has only about 95 merges, so the default 384 takes them all (351 tokens with seed 0)
+    and every answer (digit, count, colour name) is one token.
     """
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
 
@@ -228,21 +204,12 @@ def _recorded_build(path: Path) -> object:
 def ensure_tiny_vlm_checkpoint(
     cache_dir: str | os.PathLike[str], *, seed: int = 0, dims: VisionDims | None = None, name: str = "tiny-qwen2-vl"
 ) -> Path:
-    """The tiny VLM checkpoint under ``cache_dir``, built on first use (atomically renamed).
+    """The tiny VLM checkpoint directory ``cache_dir/name``, built on first use (atomically renamed).
 
     A directory already there is reused only when its :data:`BUILD_FILE` matches this build
-    (:data:`BUILD_VERSION`, seed, shape).  Otherwise (written by an older version of this module,
-    with other arguments, or incomplete) it is moved aside and removed, with a line saying so,
-    and a fresh one is built in its place.
-
-    Args:
-        cache_dir: Cache root; the checkpoint is ``cache_dir/name``.
-        seed: Seed of a fresh build.
-        dims: Shape of a fresh build; give a non-default shape its own ``name``.
-        name: Directory name under ``cache_dir``.
-
-    Returns:
-        The checkpoint directory.
+    (:data:`BUILD_VERSION`, seed, shape).  Otherwise (another builder version, other arguments,
+    or incomplete) it is moved aside and removed, with a line saying so, and rebuilt.  Give a
+    non-default ``dims`` its own ``name``.
     """
     d = dims or VisionDims()
     final = Path(cache_dir) / name
@@ -266,11 +233,7 @@ def ensure_tiny_vlm_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point.
-
-    Args:
-        argv: Arguments (default ``sys.argv[1:]``).
-    """
+    """Command-line entry point (``argv`` default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="target directory")
     parser.add_argument("--seed", type=int, default=0)

@@ -18,11 +18,7 @@ __all__ = ["HFCausalLM", "HFWrapper"]
 
 
 class HFWrapper(nn.Module):
-    """A loaded transformers model with an LM head, held as ``self.hf``: what its adapters share.
-
-    Args:
-        hf_model: A ``PreTrainedModel`` with an LM head.
-    """
+    """A loaded transformers model with an LM head, held as ``self.hf``: what its adapters share."""
 
     def __init__(self, hf_model: Any) -> None:
         super().__init__()
@@ -45,20 +41,14 @@ class HFWrapper(nn.Module):
 
 
 class HFCausalLM(HFWrapper):
-    """Protocol adapter around a loaded transformers causal LM.
-
-    Args:
-        hf_model: A ``PreTrainedModel`` with an LM head (``AutoModelForCausalLM``).
-    """
+    """Protocol adapter around a loaded transformers causal LM (``AutoModelForCausalLM``)."""
 
     @property
     def max_positions(self) -> int:
-        """``config.max_position_embeddings``."""
         return int(self.hf.config.max_position_embeddings)
 
     @property
     def hidden_size(self) -> int:
-        """``config.hidden_size``."""
         return int(self.hf.config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
@@ -70,14 +60,7 @@ class HFCausalLM(HFWrapper):
 
     @contextlib.contextmanager
     def attention_implementation(self, name: str) -> Iterator[None]:
-        """Run the block with the model's attention set to ``name`` (``sdpa`` | ``eager``).
-
-        Args:
-            name: A transformers attention implementation.
-
-        Yields:
-            Nothing; the previous implementation is restored on exit.
-        """
+        """Run the block with the model's attention set to ``name`` (``sdpa`` | ``eager``), restored on exit."""
         before = str(self.hf.config._attn_implementation)
         if name == before:
             yield

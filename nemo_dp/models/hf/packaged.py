@@ -18,12 +18,7 @@ from pathlib import Path
 from nemo_dp.models.hf.import_gguf import IMPORT_RECORD, import_gguf
 
 __all__ = [
-    "CACHE_ENV",
-    "PackagedGGUF",
-    "PACKAGED_MODELS",
-    "default_cache_dir",
-    "packaged_gguf_path",
-    "ensure_packaged_model",
+    "CACHE_ENV", "PackagedGGUF", "PACKAGED_MODELS", "default_cache_dir", "packaged_gguf_path", "ensure_packaged_model",
 ]
 
 #: Environment variable naming the cache root (default ``~/.cache/nemo_dp``).
@@ -69,13 +64,7 @@ def default_cache_dir() -> Path:
 
 
 def packaged_gguf_path(model: PackagedGGUF) -> Path:
-    """Where the installed distribution keeps the model's GGUF file.
-
-    The distribution's file list is read from its metadata; its Python package is not
-    imported.
-
-    Args:
-        model: The packaged model.
+    """Where the installed distribution keeps the model's GGUF file (read from its metadata, not imported).
 
     Raises:
         ValueError: The distribution is not installed, or lacks the file (naming the
@@ -115,17 +104,10 @@ def ensure_packaged_model(
 ) -> Path:
     """Import ``model``'s packaged GGUF into ``directory`` unless an import is already there.
 
-    Concurrent callers serialise on ``<directory>.lock``: one imports, the others wait and
-    reuse its directory.  A directory that exists but was not imported from this GGUF file
-    is refused rather than overwritten.
-
-    Args:
-        model: The packaged model.
-        directory: The target checkpoint directory (created with its parents).
-        log: Progress lines (default: printed).
-
-    Returns:
-        The directory.
+    Returns the directory (created with its parents); ``log`` receives progress lines (default:
+    printed).  Concurrent callers serialise on ``<directory>.lock``: one imports, the others
+    wait and reuse its directory.  A directory that exists but was not imported from this GGUF
+    file is refused rather than overwritten.
 
     Raises:
         ValueError: The wheel is missing, or ``directory`` holds something else.

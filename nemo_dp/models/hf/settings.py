@@ -41,18 +41,11 @@ class HFSettings:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        """The torch dtype of :attr:`dtype`."""
         return HF_DTYPES[self.dtype]
 
 
 def hf_settings(policy_cfg: Any) -> HFSettings:
     """Read and check the ``policy=hf`` keys (no file-system access).
-
-    Args:
-        policy_cfg: The ``policy`` node.
-
-    Returns:
-        The settings.
 
     Raises:
         ValueError: A key is missing or has an illegal value (naming it and the legal values).
@@ -68,9 +61,7 @@ def hf_settings(policy_cfg: Any) -> HFSettings:
     dtype = "bfloat16" if resolve_precision(policy_cfg).param_dtype == torch.bfloat16 else "float32"
     attn = str(cfg_get(policy_cfg, "attn_implementation", "sdpa"))
     if attn not in HF_ATTN_IMPLEMENTATIONS:
-        raise ValueError(
-            f"policy.attn_implementation: got {attn!r}; legal values: {list(HF_ATTN_IMPLEMENTATIONS)}"
-        )
+        raise ValueError(f"policy.attn_implementation: got {attn!r}; legal values: {list(HF_ATTN_IMPLEMENTATIONS)}")
     remote = cfg_get(policy_cfg, "trust_remote_code", False)
     if not isinstance(remote, bool):
         raise ValueError(f"policy.trust_remote_code: must be true or false, got {remote!r}")

@@ -16,11 +16,7 @@ __all__ = ["HFTokenizer"]
 
 
 class HFTokenizer:
-    """Protocol adapter around a loaded ``PreTrainedTokenizerBase``.
-
-    Args:
-        tokenizer: The transformers tokenizer.
-        source: Where it was loaded from (for error messages).
+    """Protocol adapter around a loaded ``PreTrainedTokenizerBase`` (``source``: where from, for errors).
 
     Raises:
         ValueError: The tokenizer has no eos token (naming ``policy.tokenizer_name_or_path``).
@@ -43,7 +39,6 @@ class HFTokenizer:
 
     @property
     def hf_tokenizer(self) -> Any:
-        """The wrapped transformers tokenizer."""
         return self._tok
 
     @property
@@ -53,12 +48,10 @@ class HFTokenizer:
 
     @property
     def eos_id(self) -> int:
-        """Eos id."""
         return self._eos
 
     @property
     def bos_id(self) -> int | None:
-        """Bos id, or ``None``."""
         return self._bos
 
     @property
@@ -68,16 +61,11 @@ class HFTokenizer:
 
     @property
     def chat_template(self) -> str | None:
-        """The tokenizer's chat template, or ``None``."""
         template = getattr(self._tok, "chat_template", None)
         return template if isinstance(template, str) and template else None
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """The wrapped tokenizer's ``save_pretrained`` (``tokenizer.json``, its config, specials).
-
-        Args:
-            directory: Target directory (created if missing).
-        """
+        """The wrapped tokenizer's ``save_pretrained`` (``tokenizer.json``, its config, specials)."""
         self._tok.save_pretrained(os.fspath(directory))
 
     def encode(self, text: str) -> list[int]:
@@ -88,11 +76,7 @@ class HFTokenizer:
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """``[bos] + encode(prompt)``.
-
-        No bos when the tokenizer has none or the text already starts with it (as rendered chat
-        templates often do).
-        """
+        """``[bos] + encode(prompt)``; no bos when the tokenizer has none or the text already starts with it."""
         ids = self.encode(prompt)
         if self._bos is None or (self._bos_text and prompt.startswith(self._bos_text)):
             return ids
@@ -103,12 +87,7 @@ class HFTokenizer:
         return self.encode(response) + [self._eos]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
-        """Text of ``ids``.
-
-        Args:
-            ids: Token ids (ints or 0-d tensors).
-            stop_at_eos: Stop at the first eos (the default).
-            skip_special: Drop special tokens instead of rendering their text.
+        """Text of ``ids`` (ints or 0-d tensors); ``skip_special`` drops special tokens' text.
 
         Raises:
             ValueError: An id outside the vocabulary.
@@ -124,14 +103,9 @@ class HFTokenizer:
         return str(self._tok.decode(out, skip_special_tokens=skip_special))
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
-        """Render turns with the chat template, or concatenate them without one.
+        """Render ``{role, content}`` turns with the chat template, or concatenate them without one.
 
-        Args:
-            messages: ``{role, content}`` turns.
-            add_generation_prompt: Append the assistant prefix (template only).
-
-        Returns:
-            The text.
+        ``add_generation_prompt`` appends the assistant prefix (template only).
 
         Raises:
             ValueError: A malformed turn.

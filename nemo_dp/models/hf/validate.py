@@ -21,11 +21,7 @@ _MAKE_TINY = "python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR"
 
 
 def check_local_dir(key: str, path: str) -> Path:
-    """Resolve ``path`` as an existing local directory.
-
-    Args:
-        key: The config key holding it (named in errors).
-        path: The configured value.
+    """Resolve ``path``, the value of config ``key``, as an existing local directory.
 
     Raises:
         ValueError: Missing (a hub-style name gets its own explanation) or not a directory.
@@ -157,9 +153,6 @@ def _check_special_ids(hf_tok: Any, tok_key: str, tok_path: Path, model_dir: Pat
 
 def validate_hf_policy(policy_cfg: Any) -> None:
     """Check the ``policy=hf`` keys, the checkpoint and the tokenizer (local files only).
-
-    Args:
-        policy_cfg: The ``policy`` node.
 
     Raises:
         ValueError: Naming the key at fault (``policy.model_name_or_path``,

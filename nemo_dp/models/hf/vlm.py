@@ -30,11 +30,7 @@ def _packed(value: PackedTensor | torch.Tensor | None, name: str) -> torch.Tenso
 
 
 class HFVisionLM(HFWrapper):
-    """A loaded ``Qwen2VLForConditionalGeneration`` with M-RoPE position handling.
-
-    Args:
-        hf_model: The transformers model.
-    """
+    """A loaded ``Qwen2VLForConditionalGeneration`` with M-RoPE position handling."""
 
     def __init__(self, hf_model: Any) -> None:
         super().__init__(hf_model)
@@ -42,12 +38,10 @@ class HFVisionLM(HFWrapper):
 
     @property
     def max_positions(self) -> int:
-        """``text_config.max_position_embeddings``."""
         return int(self.hf.config.text_config.max_position_embeddings)
 
     @property
     def hidden_size(self) -> int:
-        """Width of the language model."""
         return int(self.hf.config.text_config.hidden_size)
 
     def rope_positions(
@@ -74,42 +68,29 @@ class HFVisionLM(HFWrapper):
         )
 
     def run(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        pixel_values: torch.Tensor | None,
-        image_grid_thw: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Any = None,
-        use_cache: bool = False,
-        logits_to_keep: int = 0,
+        self, input_ids: torch.Tensor, *, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None,
+        position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
+        use_cache: bool = False, logits_to_keep: int = 0,
     ) -> Any:
-        """One call of the model with explicit M-RoPE positions (the model's output object;
-        ``logits_to_keep`` > 0: the logits of the last that many positions only)."""
+        """The model's output for one call with explicit M-RoPE positions.
+
+        ``logits_to_keep`` > 0 keeps the logits of the last that many positions only.
+        """
         return self.hf(
-            input_ids=input_ids,
-            pixel_values=pixel_values,
-            image_grid_thw=image_grid_thw,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
+            input_ids=input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw, position_ids=position_ids,
+            attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache,
             logits_to_keep=logits_to_keep,
         )
 
     def with_images(
         self, pixel_values: PackedTensor | torch.Tensor | None, image_grid_thw: PackedTensor | torch.Tensor | None
     ) -> ImageBoundLM:
-        """This model as a ``CausalLM`` over one batch whose rows hold these images.
+        """This model as a ``CausalLM`` (sharing its parameters) over one batch whose rows hold these images.
 
         Args:
             pixel_values: Per-sample patches (a PackedTensor with one entry per row, or the
                 already concatenated tensor), or ``None`` for a text-only batch.
             image_grid_thw: Per-sample grids, packed the same way.
-
-        Returns:
-            The bound model (shares this model's parameters).
 
         Raises:
             ValueError: Only one of the two is given.
@@ -207,13 +188,8 @@ class ImageBoundLM(nn.Module):
         """One text token per row through the cache (its M-RoPE position = 1-D + row offset)."""
         rope = (positions + cache.offsets).unsqueeze(0).expand(3, -1, -1)
         out = self.vlm.run(
-            tokens,
-            pixel_values=None,
-            image_grid_thw=None,
-            position_ids=rope,
-            attention_mask=key_valid.long(),
-            past_key_values=cache.past,
-            use_cache=True,
+            tokens, pixel_values=None, image_grid_thw=None, position_ids=rope, attention_mask=key_valid.long(),
+            past_key_values=cache.past, use_cache=True,
         )
         return self._no_placeholder(out.logits[:, -1]), _Cache(out.past_key_values, cache.offsets)
 
@@ -225,16 +201,10 @@ class ImageBoundLM(nn.Module):
 
 
 def load_vlm(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32) -> tuple[HFVisionLM, Any]:
-    """Load a Qwen2-VL checkpoint directory with ``from_pretrained``: model and processor.
+    """Load ``(model, VLMProcessor)`` from a Qwen2-VL ``save_pretrained`` directory.
 
-    Args:
-        path: A ``save_pretrained`` directory holding the model, its tokenizer and its image
-            processor (e.g. one written by ``nemo_dp.models.hf.make_tiny_vlm``).
-        dtype: The model's parameter dtype.
-
-    Returns:
-        ``(model, processor)``; the processor is a
-        :class:`~nemo_dp.models.hf.vlm_processor.VLMProcessor`.
+    ``path`` holds the model, its tokenizer and its image processor (e.g. one written by
+    ``nemo_dp.models.hf.make_tiny_vlm``).
 
     Raises:
         FileNotFoundError: ``path`` is not a directory.

@@ -26,20 +26,17 @@ TINY_VLM_NAME = "tiny-qwen2-vl"
 
 
 class VLMTokenizer(HFTokenizer):
-    """The checkpoint's tokenizer plus its image processor (``processor``).
-
-    Args:
-        processor: A :class:`~nemo_dp.models.hf.vlm_processor.VLMProcessor`.
-        source: Where it was loaded from (for messages).
-    """
+    """The checkpoint's tokenizer plus its image processor (``processor``, a ``VLMProcessor``)."""
 
     def __init__(self, processor: Any, source: str = "<in-memory>") -> None:
         super().__init__(processor.tokenizer.hf_tokenizer, source)
         self.processor = processor
 
     def encode_prompt(self, prompt: Any) -> Any:  # type: ignore[override]
-        """Token ids of a text prompt; an image prompt (``VisualPrompt``, ``ImagePrompt``) is
-        returned as it is (the workers render or load and encode its images)."""
+        """Token ids of a text prompt; an image prompt (``VisualPrompt``, ``ImagePrompt``) is returned as it is.
+
+        The workers render or load and encode its images.
+        """
         from nemo_dp.data.image_rows import is_image_prompt
 
         if is_image_prompt(prompt):
@@ -130,10 +127,11 @@ def validate_vlm_policy(policy_cfg: Any) -> None:
 
 
 def prepare_vlm_policy(policy_cfg: Any) -> None:
-    """Build the tiny Qwen2-VL when ``policy.model_name_or_path`` is its documented default cache
-    path (``.cache/nemo_dp/tiny-qwen2-vl``) and missing or built by an older version of
-    ``make_tiny_vlm`` (its ``BUILD_FILE`` differs); any other path is left to validation, as for
-    ``policy=hf`` (no magic paths)."""
+    """Build the tiny Qwen2-VL at the default cache path ``.cache/nemo_dp/tiny-qwen2-vl`` when needed.
+
+    Needed when it is missing or its ``BUILD_FILE`` differs; any other path is left to validation,
+    as for ``policy=hf``.
+    """
     from nemo_dp.models.hf.make_tiny import TINY_CACHE_DIR
     from nemo_dp.models.hf.make_tiny_vlm import ensure_tiny_vlm_checkpoint
 

@@ -52,7 +52,6 @@ class VLMProcessor:
     Args:
         tokenizer: The transformers tokenizer (its chat template renders image parts as one
             ``<|image_pad|>`` each).
-        image_processor: A Qwen2-VL image processor.
         image_token_id: The placeholder's id (the model config's ``image_token_id``).
         source: Where they were loaded from (for messages).
     """
@@ -86,15 +85,10 @@ class VLMProcessor:
     def encode_messages(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
     ) -> EncodedPrompt:
-        """Render chat turns (content: a string or a list of text / image parts) for the model.
+        """Render chat turns for the model: expanded ids (``[bos]?`` + rendered text) and the images' tensors.
 
-        Args:
-            messages: ``[{"role": ..., "content": str | [{"type": "text", "text": ...},
-                {"type": "image", "image": PIL.Image}, ...]}, ...]``.
-            add_generation_prompt: Append the prefix of an assistant turn.
-
-        Returns:
-            The expanded ids (``[bos]?`` + rendered text) and the images' tensors.
+        ``messages`` is ``[{"role": ..., "content": str | [{"type": "text", "text": ...},
+        {"type": "image", "image": PIL.Image}, ...]}, ...]``.
 
         Raises:
             ValueError: The rendered text does not hold one placeholder per image part.

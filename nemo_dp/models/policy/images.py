@@ -1,9 +1,7 @@
 """Images on the policy workers: encoding visual prompts, binding a batch's images, generating.
 
-:func:`encode_visual_prompts` turns ``VisualPrompt`` specs or ``ImagePrompt`` image paths into
-token ids plus ``PackedTensor`` image columns; :func:`bind_images` binds a micro-batch's images to
-the model (text batches use the model as is); :func:`generate_rows` is the chunked generation
-over both that the policy and rollout workers share.
+:func:`generate_rows` is the chunked generation over text and image prompts that the policy and
+rollout workers share.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ __all__ = ["bind_images", "encode_visual_prompts", "generate_rows", "has_images"
 
 
 def wire_prompt(prompt: Any) -> Any:
-    """A prompt as a worker call carries it: a list of token ids, or the image prompt itself
-    (``VisualPrompt`` or ``ImagePrompt``)."""
+    """A prompt as a worker call carries it: a list of token ids, or the ``VisualPrompt`` / ``ImagePrompt``."""
     from nemo_dp.data.image_rows import is_image_prompt
 
     return prompt if is_image_prompt(prompt) else list(prompt)
@@ -37,13 +34,8 @@ def has_images(batch: Mapping[str, Any]) -> bool:
 def bind_images(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.nn.Module:
     """``model`` for the rows of ``batch``: bound to their images when the batch has any.
 
-    Args:
-        model: The policy's model (a vision-language one has ``with_images``).
-        batch: The rows (``pixel_values`` / ``image_grid_thw`` ``PackedTensor`` columns, one
-            entry per row, if any).
-
-    Returns:
-        ``model.with_images(...)`` or ``model`` itself.
+    Returns ``model.with_images(...)`` for a batch with ``pixel_values`` / ``image_grid_thw``
+    ``PackedTensor`` columns (one entry per row), else ``model`` itself.
 
     Raises:
         ValueError: Only one of the two image columns is present, or the batch has images and
@@ -77,10 +69,8 @@ def _processor(worker: Any) -> Any:
 def encode_visual_prompts(worker: Any, prompts: Sequence[Any]) -> tuple[list[list[int]], dict[str, Any]]:
     """Token ids per prompt, and the image columns when any prompt is an image prompt.
 
-    Args:
-        worker: The policy worker (its ``policy`` config builds the processor, once).
-        prompts: Token-id lists and / or image prompts (``VisualPrompt``: rendered here;
-            ``ImagePrompt``: its image files are loaded here).
+    ``VisualPrompt`` images are rendered and ``ImagePrompt`` files loaded here; the worker's
+    ``policy`` config builds the processor, once.
 
     Returns:
         ``(token_ids, images)``: ``images`` is ``{}`` for a text-only batch, else
@@ -114,9 +104,7 @@ def generate_rows(
         worker: The worker: ``cfg`` (the policy config), ``model``, ``eos_id``, ``pad_id``,
             ``precision`` and what :func:`encode_visual_prompts` reads.
         prompts: Token ids per prompt, or image prompts.
-        seeds: One sampling seed per prompt.
         greedy: Argmax decoding instead of sampling.
-        keep_images: Include visual prompts' image columns in the result.
 
     Returns:
         The fields of ``nemo_dp.models.generation.generate`` (``input_ids`` padded with

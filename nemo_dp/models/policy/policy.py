@@ -37,12 +37,8 @@ class Policy:
     """The policy: ``dp_size`` workers, each a model replica with its optimizer.
 
     Args:
-        cluster: Facts about the running Ray cluster (``RayCluster``).
         config: The ``policy`` config (``DictConfig``, ``PolicyConfig`` or mapping); kept as
-            ``self.cfg`` (a ``DictConfig``: attribute and item access both work).
-        vocab_size: Tokenizer vocabulary size.
-        pad_id: Padding token id.
-        eos_id: End-of-sequence token id.
+            ``self.cfg``, a ``DictConfig`` (attribute and item access both work).
         seed: Run seed (identical initial weights on every rank; per-rank RNG streams).
         name_prefix: Name used in error messages.
     """
@@ -51,14 +47,7 @@ class Policy:
     worker_class: ClassVar[type] = PolicyWorker
 
     def __init__(
-        self,
-        *,
-        cluster: RayCluster,
-        config: Any,
-        vocab_size: int,
-        pad_id: int,
-        eos_id: int,
-        seed: int,
+        self, *, cluster: RayCluster, config: Any, vocab_size: int, pad_id: int, eos_id: int, seed: int,
         name_prefix: str = "policy",
     ) -> None:
         self.cfg = _as_dictconfig(config)
@@ -71,11 +60,7 @@ class Policy:
             self.worker_class,
             world_size=self.dp_size,
             init_kwargs={
-                "policy_cfg": worker_cfg,
-                "vocab_size": vocab_size,
-                "pad_id": pad_id,
-                "eos_id": eos_id,
-                "seed": seed,
+                "policy_cfg": worker_cfg, "vocab_size": vocab_size, "pad_id": pad_id, "eos_id": eos_id, "seed": seed,
             },
             cluster=cluster,
             name_prefix=name_prefix,
@@ -83,18 +68,12 @@ class Policy:
 
     # --- dispatch helpers (shared with the data-plane subclass) ---
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Planner arguments for a dispatch: ``(sequence_packing_args, dynamic_batching_args)``.
+        """Planner arguments ``(sequence_packing_args, dynamic_batching_args)``, at most one not ``None``.
 
         Dynamic batching wins if both are enabled.
 
-        Args:
-            mb_tokens_key: ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
-
-        Returns:
-            At most one non-``None`` argument dict.
-
         Raises:
-            ValueError: On another ``mb_tokens_key``.
+            ValueError: ``mb_tokens_key`` is not ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
         """
         if mb_tokens_key not in _MB_TOKENS_KEYS:
             raise ValueError(f"mb_tokens_key must be one of {list(_MB_TOKENS_KEYS)}, got {mb_tokens_key!r}")
@@ -124,7 +103,6 @@ class Policy:
         """Shard ``data`` over the DP ranks with the shared planner.
 
         Args:
-            data: The whole batch.
             batch_size: Global batch size (``None`` = the whole batch is one chunk).
             mb_tokens_key: Which token budget a dynamic/packed plan uses.
 
@@ -133,7 +111,7 @@ class Policy:
             rank-concatenated shards (for ``reorder_data``).
 
         Raises:
-            ValueError: If the batch does not divide over the ranks / global batches.
+            ValueError: The batch is empty or does not divide over the ranks / global batches.
         """
         n = data.size
         if n == 0:
@@ -148,9 +126,7 @@ class Policy:
         spa, dba = self._packing_args(mb_tokens_key)
         tagged = BatchedDataDict(dict(data))
         tagged[_ROW_IDX] = torch.arange(n, dtype=torch.long)
-        result = tagged.shard_by_batch_size(
-            self.dp_size, bs, dynamic_batching_args=dba, sequence_packing_args=spa
-        )
+        result = tagged.shard_by_batch_size(self.dp_size, bs, dynamic_batching_args=dba, sequence_packing_args=spa)
         shards = result[0] if isinstance(result, tuple) else result
         order: list[int] = []
         for shard in shards:
@@ -173,17 +149,11 @@ class Policy:
 
     @staticmethod
     def _aggregate_train_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Combine per-rank ``train`` results into one metrics dict.
+        """Combine per-rank ``{"per_step": [...]}`` into metrics, ``num_optimizer_steps``, ``per_step_loss``.
 
         Additive metric shares are summed over ranks (giving the global-batch value), then
-        averaged over the global batches of the call (counts are summed instead);
-        ``grad_norm`` and ``lr`` are identical on all ranks and averaged over global batches.
-
-        Args:
-            results: One ``{"per_step": [...]}`` per rank.
-
-        Returns:
-            Metrics plus ``num_optimizer_steps`` and ``per_step_loss``.
+        averaged over the global batches of the call (counts are summed instead); ``grad_norm``
+        and ``lr`` are identical on all ranks and averaged over global batches.
         """
         per_rank = [r["per_step"] for r in results]
         n_steps = len(per_rank[0])
@@ -209,7 +179,7 @@ class Policy:
         out["per_step_loss"] = step_values.get("loss", [])
         return out
 
-    # --- the public API the legacy trainers use ---
+    # --- the public API of the in-memory trainers ---
     def generate(
         self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
     ) -> BatchedDataDict:
@@ -221,17 +191,16 @@ class Policy:
         Args:
             prompts: Token ids per prompt (bos included), or ``VisualPrompt`` specs (the
                 workers render and encode them).
-            seeds: One seed per prompt.
             greedy: Argmax decoding (evaluation).
-            return_images: Return visual prompts' image columns with the rows (False: the
-                caller only decodes responses, so no image crosses to the driver).
+            return_images: Return visual prompts' image columns with the rows (False: no image
+                crosses to the driver).
 
         Returns:
             ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
             ``token_mask``, ``truncated``, rows in prompt order.
 
         Raises:
-            ValueError: If ``prompts`` is empty or ``seeds`` does not match it.
+            ValueError: ``prompts`` is empty or ``seeds`` does not match it.
         """
         n = len(prompts)
         if n == 0:
@@ -265,24 +234,13 @@ class Policy:
             and metrics read masked tokens only, and the LM head skips the prompt. Without one
             every column is filled.
         """
-        shards, order = self._shard_for_dp(
-            self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens"
-        )
+        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
         outs = self._dispatch_sharded("get_logprobs", shards)
         return self._fit_width(self._gather_in_input_order(outs, order), data, "logprobs")
 
     def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Per-token log-probs under the frozen reference policy.
-
-        Args:
-            data: As :meth:`get_logprobs`.
-
-        Returns:
-            ``{"reference_logprobs": float32 [B, S]}`` in input order.
-        """
-        shards, order = self._shard_for_dp(
-            self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens"
-        )
+        """Like :meth:`get_logprobs` under the frozen reference policy, as ``{"reference_logprobs": ...}``."""
+        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
         outs = self._dispatch_sharded("get_reference_policy_logprobs", shards)
         return self._fit_width(self._gather_in_input_order(outs, order), data, "reference_logprobs")
 
@@ -310,8 +268,7 @@ class Policy:
             gbs: Global batch size (default ``policy.train_global_batch_size``).
             mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
 
-        Returns:
-            Aggregated metrics (see ``_aggregate_train_results``).
+        Returns aggregated metrics (see ``_aggregate_train_results``).
         """
         gbs = int(gbs or self.cfg.train_global_batch_size)
         shards, _ = self._shard_for_dp(data, batch_size=gbs, mb_tokens_key="train_mb_tokens")
@@ -326,7 +283,6 @@ class Policy:
         """Fresh optimizer state at learning rate ``lr`` on every rank (a new phase).
 
         Args:
-            lr: Base learning rate.
             decay_steps: Optimizer steps of the phase (horizon of a cosine schedule).
             warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's
                 ``optimizer.warmup_steps``; an SFT warm start passes its own).
@@ -339,25 +295,16 @@ class Policy:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Checkpointable state: rank 0's weights/optimizer and every rank's RNG streams.
-
-        Returns:
-            ``{"weights": ..., "worker_rng": [per rank]}``.
-        """
-        states = [
-            self.worker_group.run_rank(r, "get_state", include_weights=(r == 0)) for r in range(self.dp_size)
-        ]
+        """Checkpointable state ``{"weights": rank 0's weights/optimizer, "worker_rng": [per rank]}``."""
+        states = [self.worker_group.run_rank(r, "get_state", include_weights=(r == 0)) for r in range(self.dp_size)]
         weights = {k: v for k, v in states[0].items() if k not in ("rng", "rank")}
         return {"weights": weights, "worker_rng": [s["rng"] for s in states]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` output on every rank.
 
-        Args:
-            state: A policy state; its ``worker_rng`` list must match ``dp_size``.
-
         Raises:
-            ValueError: If the saved ``dp_size`` differs.
+            ValueError: The ``worker_rng`` list does not match ``dp_size``.
         """
         rngs = list(state["worker_rng"])
         if len(rngs) != self.dp_size:
@@ -368,19 +315,13 @@ class Policy:
         weights = copy.copy(state["weights"])
         import ray
 
-        ray.get(
-            [w.load_state.remote(weights, rngs[r]) for r, w in enumerate(self.worker_group.workers)]
-        )
+        ray.get([w.load_state.remote(weights, rngs[r]) for r, w in enumerate(self.worker_group.workers)])
 
     def load_initial_weights(self, model_state: Mapping[str, Any]) -> None:
         """Start from another run's model weights (``policy.init_from``) on every rank.
 
-        The weights become both the trained and the reference model; the optimizer stays
-        fresh (its state is that of the just-built policy) and the RNG streams are kept, so the
-        run is a fresh run that merely starts from those weights.
-
-        Args:
-            model_state: A model ``state_dict`` (a checkpoint's ``policy.weights.model``).
+        ``model_state`` (e.g. a checkpoint's ``policy.weights.model``) becomes both the trained and
+        the reference model; the optimizer stays fresh and the RNG streams are kept.
 
         Raises:
             RuntimeError: The state dict does not fit the model (torch names the keys).

@@ -32,14 +32,7 @@ __all__ = ["RolloutShard", "RolloutStats", "RolloutGroup"]
 
 @dataclass
 class RolloutShard:
-    """One dispatched shard of a rollout batch.
-
-    Attributes:
-        batch: Rollout batch index.
-        worker: Index of the actor generating it.
-        ref: The pending Ray result.
-        rows: Rows in the shard.
-    """
+    """One dispatched shard of rollout batch ``batch`` on actor ``worker``; ``ref`` is the pending Ray result."""
 
     batch: int
     worker: int
@@ -53,9 +46,8 @@ class RolloutStats:
 
     Attributes:
         generated: Rows written into the store since the start of the run.
-        busy_s: Summed generation + put seconds of finished shards in the current window.
-        gen_s: Summed generation seconds in the window.
-        put_s: Summed store-put seconds in the window.
+        busy_s: Summed generation + put seconds of finished shards in the current window
+            (``gen_s`` and ``put_s`` separately).
         claim_wait_s: Seconds the trainer waited in claims in the window.
     """
 
@@ -67,11 +59,7 @@ class RolloutStats:
     finished: list[dict[str, Any]] = field(default_factory=list)
 
     def window(self) -> dict[str, float]:
-        """The window's counters, then reset them (``generated`` keeps counting).
-
-        Returns:
-            ``{"busy_s", "gen_s", "put_s", "claim_wait_s"}``.
-        """
+        """The window's ``{"busy_s", "gen_s", "put_s", "claim_wait_s"}``, then reset them (not ``generated``)."""
         out = {"busy_s": self.busy_s, "gen_s": self.gen_s, "put_s": self.put_s, "claim_wait_s": self.claim_wait_s}
         self.busy_s = self.gen_s = self.put_s = self.claim_wait_s = 0.0
         return out
@@ -84,11 +72,10 @@ class RolloutGroup:
         policy: The ``TQPolicy`` (its store client registers, claims and clears partitions; its
             rank-0 worker is the source of new weights).
         master_config: Root config (``policy``, ``algorithm``, ``seed``, ``data_plane``).
-        tokenizer: The tokenizer (shipped to the actors for decoding).
-        env: The reward environment (shipped to the actors for scoring).
+        tokenizer: Shipped to the actors for decoding.
+        env: The reward environment, shipped to the actors for scoring.
         advantage_fn: Turns a shard's rewards into baselines, stds and advantages (picklable;
             shipped to the actors).
-        num_workers: Rollout actors to start.
         torch_threads: Compute threads per actor.
 
     Raises:
@@ -96,15 +83,8 @@ class RolloutGroup:
     """
 
     def __init__(
-        self,
-        policy: Any,
-        master_config: Any,
-        *,
-        tokenizer: Any,
-        env: Any,
-        advantage_fn: AdvantageFn,
-        num_workers: int,
-        torch_threads: int,
+        self, policy: Any, master_config: Any, *, tokenizer: Any, env: Any, advantage_fn: AdvantageFn,
+        num_workers: int, torch_threads: int,
     ) -> None:
         import ray
 
@@ -155,12 +135,9 @@ class RolloutGroup:
     def sync_weights(self, version: int) -> None:
         """Queue training rank 0's current weights on every actor, stamped ``version``.
 
-        The weights move rank 0 -> object store -> actors; the driver holds only the reference.
-        Ray runs an actor's calls in submission order, so every shard dispatched after this
-        call generates with these weights and every shard dispatched before it with older ones.
-
-        Args:
-            version: The policy version (trainer steps completed).
+        ``version`` is the trainer steps completed.  The weights move rank 0 -> object store ->
+        actors; the driver holds only the reference.  Ray runs an actor's calls in submission
+        order, so shards dispatched after this call use these weights and earlier ones older ones.
         """
         ref = self._policy.worker_group.workers[0].get_state.remote(include_weights=True)
         self._weight_acks = [w.load_weights.remote(ref, int(version)) for w in self.workers]
@@ -169,13 +146,12 @@ class RolloutGroup:
     def dispatch(self, batch: int, problems: Sequence[Any], seeds: Sequence[int]) -> str:
         """Register batch ``batch``'s partition and queue its shards on the actors (no wait).
 
+        Returns the partition id.
+
         Args:
             batch: Rollout batch index (the step that will train it).
             problems: The batch's problems (``prompt``, ``answer``).
             seeds: One sampling seed per row (prompt-major, ``len(problems) * group_size``).
-
-        Returns:
-            The partition id.
 
         Raises:
             ValueError: ``seeds`` does not match the row count, or the partition is live.
@@ -238,16 +214,9 @@ class RolloutGroup:
         self._pending = still
 
     def claim_batch(self, batch: int, num_rows: int, *, poll_s: float, timeout_s: float) -> KVBatchMeta:
-        """Claim batch ``batch``'s rows as they become ready; rows in the synchronous order.
+        """Claim batch ``batch``'s rows as they become ready; return one meta sorted by ``ordinal`` tag.
 
-        Args:
-            batch: Rollout batch index.
-            num_rows: Rows of the batch.
-            poll_s: Sleep between non-blocking claims.
-            timeout_s: Bound on the whole wait.
-
-        Returns:
-            One meta over all ``num_rows`` rows, sorted by their ``ordinal`` tag.
+        ``poll_s`` is the sleep between non-blocking claims, ``timeout_s`` the bound on the whole wait.
 
         Raises:
             TimeoutError: The rows did not all arrive within ``timeout_s``.
@@ -293,30 +262,18 @@ class RolloutGroup:
         return meta.subset(order)
 
     def finish_batch(self, batch: int) -> None:
-        """Drop batch ``batch``'s partition (its rows were trained).
-
-        Args:
-            batch: Rollout batch index.
-        """
+        """Drop batch ``batch``'s partition (its rows were trained)."""
         pid = partition_for_batch(batch)
         if pid in self._live:
             self._live.discard(pid)
             self._client.clear_samples(None, pid)
 
     def occupancy(self) -> int:
-        """Rows currently held in the store by live rollout partitions (claimed or not).
-
-        Returns:
-            The row count.
-        """
+        """Rows currently held in the store by live rollout partitions (claimed or not)."""
         return sum(len(self._client.list_sample_ids(pid)) for pid in sorted(self._live))
 
     def in_flight_batches(self) -> list[int]:
-        """Batches dispatched but not yet finished (generated-but-untrained or generating).
-
-        Returns:
-            Sorted batch indices.
-        """
+        """Sorted indices of batches dispatched but not yet finished (generating or untrained)."""
         return sorted(int(pid[len(ROLLOUT_PARTITION_PREFIX):]) for pid in self._live)
 
     def _kill(self) -> None:

@@ -19,16 +19,8 @@ from tensordict import TensorDict
 from nemo_dp.data_plane.column_io import first_write
 from nemo_dp.data_plane.factory import build_data_plane_client
 from nemo_dp.data_plane.schema import (
-    ADVANTAGES,
-    DP_TRAIN_FIELDS,
-    GENERATION_LOGPROBS,
-    INPUT_IDS,
-    INPUT_LENGTHS,
-    SAMPLE_MASK,
-    TAG_BASELINE,
-    TAG_INPUT_LENGTHS,
-    TAG_STD,
-    TOKEN_MASK,
+    ADVANTAGES, DP_TRAIN_FIELDS, GENERATION_LOGPROBS, INPUT_IDS, INPUT_LENGTHS, SAMPLE_MASK, TAG_BASELINE,
+    TAG_INPUT_LENGTHS, TAG_STD, TOKEN_MASK,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import score_parts
@@ -39,15 +31,8 @@ from nemo_dp.models.token_ops import rollout_sample_mask
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
 __all__ = [
-    "POLICY_VERSION",
-    "TAG_ORDINAL",
-    "PROMPT_LENGTHS",
-    "ROLLOUT_PARTITION_PREFIX",
-    "STREAM_FIELDS",
-    "AdvantageFn",
-    "RolloutWorker",
-    "partition_for_batch",
-    "shard_bounds",
+    "POLICY_VERSION", "TAG_ORDINAL", "PROMPT_LENGTHS", "ROLLOUT_PARTITION_PREFIX", "STREAM_FIELDS", "AdvantageFn",
+    "RolloutWorker", "partition_for_batch", "shard_bounds",
 ]
 
 #: Per-row column and tag: the policy version whose weights generated the row.
@@ -63,14 +48,7 @@ STREAM_FIELDS: tuple[str, ...] = tuple(dict.fromkeys((*DP_TRAIN_FIELDS, PROMPT_L
 
 
 def partition_for_batch(batch: int) -> str:
-    """The store partition of rollout batch ``batch`` (one partition per batch).
-
-    Args:
-        batch: 1-based rollout batch index (= the trainer step that trains it).
-
-    Returns:
-        The partition id.
-    """
+    """The store partition id of 1-based rollout batch ``batch`` (= the trainer step that trains it)."""
     return f"{ROLLOUT_PARTITION_PREFIX}{int(batch)}"
 
 
@@ -86,13 +64,7 @@ def shard_bounds(num_prompts: int, group_size: int, dp_size: int) -> list[tuple[
     synchronous path's), or, when such a run would cut a GRPO group, runs of
     ``ceil(num_prompts / dp_size)`` whole groups.
 
-    Args:
-        num_prompts: Prompts in the batch.
-        group_size: Generations per prompt.
-        dp_size: Training ranks the synchronous path splits over.
-
-    Returns:
-        ``dp_size`` half-open ``(start, end)`` row ranges (possibly empty), covering every row.
+    Returns ``dp_size`` half-open ``(start, end)`` row ranges (possibly empty) covering every row.
 
     Raises:
         ValueError: A non-positive argument.
@@ -118,32 +90,15 @@ class RolloutWorker:
 
     Args:
         index: This actor's index in its group (for messages).
-        policy_cfg: The ``policy`` config as a plain mapping (model family and shape,
-            generation knobs).
-        group_size: Generations per prompt (rows of one group).
+        policy_cfg: The ``policy`` config as a plain mapping.
         overlong_filtering: Zero the sample mask of truncated responses.
-        advantage_fn: Computes baselines, stds and advantages of a shard's rewards.
-        vocab_size: Tokenizer vocabulary size.
-        pad_id: Padding token id.
-        eos_id: End-of-sequence token id.
         seed: Run seed (initial weights; replaced by :meth:`load_weights` before any rollout).
         dp_cfg: The validated ``data_plane`` config (the actor attaches to the driver's system).
-        torch_threads: Compute threads of this actor.
     """
 
     def __init__(
-        self,
-        *,
-        index: int,
-        policy_cfg: Mapping[str, Any],
-        group_size: int,
-        overlong_filtering: bool,
-        advantage_fn: AdvantageFn,
-        vocab_size: int,
-        pad_id: int,
-        eos_id: int,
-        seed: int,
-        dp_cfg: Any,
+        self, *, index: int, policy_cfg: Mapping[str, Any], group_size: int, overlong_filtering: bool,
+        advantage_fn: AdvantageFn, vocab_size: int, pad_id: int, eos_id: int, seed: int, dp_cfg: Any,
         torch_threads: int,
     ) -> None:
         if int(group_size) < 1:
@@ -163,23 +118,11 @@ class RolloutWorker:
         self.dp_client = build_data_plane_client(dp_cfg, bootstrap=False)
 
     def ready(self) -> int:
-        """Round trip used to wait for construction.
-
-        Returns:
-            The actor's index.
-        """
+        """Round trip used to wait for construction; returns the actor's index."""
         return self.index
 
     def load_weights(self, state: Mapping[str, Any], version: int) -> int:
-        """Replace the model weights (``PolicyWorker.get_state`` output of training rank 0).
-
-        Args:
-            state: A worker state holding ``"model"``.
-            version: The policy version of these weights.
-
-        Returns:
-            ``version``.
-        """
+        """Load ``state["model"]`` (training rank 0's ``PolicyWorker.get_state``) as policy ``version``; return it."""
         self.model.load_state_dict(state["model"])
         self.model.eval()
         self.version = int(version)
@@ -190,24 +133,13 @@ class RolloutWorker:
         return generate_rows(self, prompts, seeds, greedy=False)
 
     def generate_into_store(
-        self,
-        shard: Mapping[str, Sequence[Any]],
-        *,
-        partition_id: str,
-        tokenizer: Any,
-        env: Any,
+        self, shard: Mapping[str, Sequence[Any]], *, partition_id: str, tokenizer: Any, env: Any
     ) -> dict[str, Any]:
-        """Generate whole groups, score them, compute advantages and write the rows.
+        """Generate whole groups, score them (``env``), compute advantages and write the rows.
 
-        Args:
-            shard: ``{"prompts", "seeds", "sample_ids", "answers", "ordinals"}``, one entry per
-                row, groups contiguous and whole.
-            partition_id: The batch's registered partition.
-            tokenizer: Decodes responses.
-            env: Scores responses.
-
-        The rows are written in one put of every training column with the rows' tags, then one
-        put of ``policy_version``, the column claims wait for.
+        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers", "ordinals"}``, one entry per
+        row, groups contiguous and whole.  The rows are written in one put of every training
+        column with the rows' tags, then one put of ``policy_version``, the column claims wait for.
 
         Returns:
             ``{"rows", "version", "gen_s", "put_s", "start", "end"}`` (``time.time`` stamps).

@@ -14,12 +14,7 @@ from nemo_dp.data_plane.batch_columns import local_batch_to_tensordict
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError, KVBatchMeta, PartitionLimitError
 from nemo_dp.data_plane.schema import TASK_TRAIN
 
-__all__ = [
-    "SFT_PARTITION_TEMPLATE",
-    "SFTBatchEnvelope",
-    "ColocatedLoaderMixin",
-    "sft_partition_id",
-]
+__all__ = ["SFT_PARTITION_TEMPLATE", "SFTBatchEnvelope", "ColocatedLoaderMixin", "sft_partition_id"]
 
 #: Partition of DP rank ``rank``'s part of batch ``k``.
 SFT_PARTITION_TEMPLATE = "sft_dp{rank}_batch{k}"
@@ -28,9 +23,9 @@ SFT_PARTITION_TEMPLATE = "sft_dp{rank}_batch{k}"
 def _batch_to_tensordict(batch: Mapping[str, Any], n: int) -> Any:
     """A collated batch as the TensorDict a put takes, on every backend.
 
-    ``PackedTensor`` columns (a vision-language batch's images) are written in the per-row
-    form (one one-entry PackedTensor per row), which every backend stores per sample and both
-    readers turn back into one PackedTensor; the other columns are wrapped as they are.
+    ``PackedTensor`` columns (a VLM batch's images) are written per row (one one-entry
+    PackedTensor each), which every backend stores per sample and both readers turn back into one
+    PackedTensor; the other columns are wrapped as they are.
     """
     from nemo_dp.data_plane.codec import pack_jagged_fields
     from nemo_dp.utils.packed_tensor import PackedTensor
@@ -45,15 +40,7 @@ def _batch_to_tensordict(batch: Mapping[str, Any], n: int) -> Any:
 
 
 def sft_partition_id(rank: int, k: int) -> str:
-    """The partition id of rank ``rank``'s part of batch ``k``.
-
-    Args:
-        rank: DP rank.
-        k: Batch index (0-based; batch ``k`` is trained in step ``k + 1``).
-
-    Returns:
-        ``f"sft_dp{rank}_batch{k}"``.
-    """
+    """``f"sft_dp{rank}_batch{k}"``: DP rank ``rank``'s part of batch ``k`` (0-based, trained in step ``k + 1``)."""
     return SFT_PARTITION_TEMPLATE.format(rank=int(rank), k=int(k))
 
 
@@ -64,8 +51,6 @@ class SFTBatchEnvelope:
     Attributes:
         meta: The put receipt with ``task_name="train"``, ``sequence_lengths`` and
             ``pad_to_multiple`` in ``extra_info`` (Local: also the partition generation).
-        dp_rank: The loading worker's DP rank.
-        batch_index: The batch index ``k``.
         source_ids: Dataset indices of the rows, in row order.
         valid_tokens: Trained tokens in the rows (``token_mask`` sum).
         num_microbatches: Micro-batches the rank will run (``ceil(rows / micro_batch_size)``).
@@ -96,13 +81,12 @@ class ColocatedLoaderMixin:
 
     Keeps a lockstep replica of the run's ``EpochLoader``, puts rank ``r``'s block of each global
     batch into partition ``sft_dp{r}_batch{k}``, prefetches within ``max_live_batches``, commits
-    or aborts (rewinding the loader) and runs a fused ``run_sft_step``.  The driver side,
-    ``nemo_dp.algorithms.sft_loader.ColocatedLoaderGroup``, fans the calls out and checks the
-    envelopes.  A commit stays provisional until the driver asks for the next batch, so a failed
-    step is retried on every rank.
+    or aborts (rewinding the loader) and runs a fused ``run_sft_step``.  The driver side is
+    ``nemo_dp.algorithms.sft_loader.ColocatedLoaderGroup``.  A commit stays provisional until the
+    driver asks for the next batch, so a failed step is retried on every rank.
 
     The host has ``self.dp_client``, ``self.rank`` and ``self.world_size``.  Pure data
-    parallelism only: a host ``_is_replica_leader()`` must be true (setup refuses otherwise).
+    parallelism only: setup refuses a host whose ``_is_replica_leader()`` is false.
     """
 
     _cl_loader: Any = None
@@ -122,9 +106,8 @@ class ColocatedLoaderMixin:
 
         Args:
             loader: The run's ``EpochLoader`` (global batch size; a copy arrives over Ray).
-            tokenizer: The tokenizer for ``collate_sft``.
             max_seq_len: Longest allowed example (``policy.model.max_seq_len``).
-            micro_batch_size: Rows per micro-batch (``policy.train_micro_batch_size``).
+            micro_batch_size: ``policy.train_micro_batch_size``.
             max_live_batches: Batches this loader may hold in the store at once (active +
                 prefetched); Local: ``data_plane.max_partitions``.
             pad_to_multiple: Recorded in each meta's ``extra_info`` (TP x CP alignment).
@@ -147,9 +130,7 @@ class ColocatedLoaderMixin:
         world = int(self.world_size)
         gbs = int(loader.batch_size)
         if gbs % world != 0:
-            raise ValueError(
-                f"colocated loader: global batch size {gbs} is not divisible by dp_size {world}"
-            )
+            raise ValueError(f"colocated loader: global batch size {gbs} is not divisible by dp_size {world}")
         sizes = (
             ("max_live_batches", max_live_batches), ("micro_batch_size", micro_batch_size),
             ("pad_to_multiple", pad_to_multiple),
@@ -176,10 +157,9 @@ class ColocatedLoaderMixin:
         self._cl_stats = {"loads": 0, "prefetched_hits": 0, "store_full": 0}
 
     def set_colocated_position(self, next_batch_index: int) -> None:
-        """Set the index of the next batch (after a resume; the loader is already positioned).
+        """Set the batch index the next step trains on (= steps done), after a resume.
 
-        Args:
-            next_batch_index: Batch index the next step trains on (= steps done).
+        The loader itself is already positioned.
 
         Raises:
             RuntimeError: Batches are live (the position would no longer match them).
@@ -282,13 +262,8 @@ class ColocatedLoaderMixin:
         self._cl_stats["loads"] += 1
         return loaded
 
-    def _cl_register(
-        self, client: Any, pid: str, *, fields: list[str], num_samples: int, wait: bool
-    ) -> bool:
-        """Register ``pid`` if the loader's bound and the store leave a slot.
-
-        Returns:
-            Whether ``pid`` was registered; ``False`` only without ``wait``.
+    def _cl_register(self, client: Any, pid: str, *, fields: list[str], num_samples: int, wait: bool) -> bool:
+        """Register ``pid`` if the loader's bound and the store leave a slot; False (only without ``wait``) if not.
 
         Raises:
             RuntimeError: With ``wait``, the loader already holds ``max_live_batches`` batches.
@@ -304,9 +279,7 @@ class ColocatedLoaderMixin:
                 f"{self._cl_max_live}); commit or abort them first"
             )
         try:
-            client.register_partition(
-                pid, fields=fields, num_samples=num_samples, consumer_tasks=[TASK_TRAIN]
-            )
+            client.register_partition(pid, fields=fields, num_samples=num_samples, consumer_tasks=[TASK_TRAIN])
         except PartitionLimitError:
             self._cl_stats["store_full"] += 1
             if not wait:
@@ -321,12 +294,8 @@ class ColocatedLoaderMixin:
         :meth:`abort_sft_batch`.  With ``prefetch`` the following batches are then loaded while
         fewer than ``max_live_batches`` are live.
 
-        Args:
-            batch_index: Must be the next batch of the run (steps done so far).
-            prefetch: Load ahead afterwards.
-
-        Returns:
-            The envelope (the meta carries the Local generation when the store is Local).
+        ``batch_index`` must be the next batch of the run (steps done so far).  With a Local store
+        the envelope's meta carries the partition generation.
 
         Raises:
             RuntimeError: Not set up, or another batch is active.
@@ -355,8 +324,10 @@ class ColocatedLoaderMixin:
         return envelope
 
     def _cl_envelope(self, k: int, *, wait: bool) -> SFTBatchEnvelope | None:
-        """The envelope of the next batch ``k``: prefetched (``prefetched=True``, no load time)
-        or loaded now (``_cl_produce``; without ``wait`` ``None`` when the store is full)."""
+        """Batch ``k``'s envelope: prefetched (``prefetched=True``, no load time) or loaded now.
+
+        Without ``wait``, ``None`` when the store is full.
+        """
         loaded = self._cl_ready.get(k)
         if loaded is not None:
             self._cl_stats["prefetched_hits"] += 1
@@ -376,9 +347,7 @@ class ColocatedLoaderMixin:
         and ``"next_error"`` says why.
 
         Args:
-            placed_meta: This rank's placed meta of batch ``batch_index`` (pad target stamped).
             batch_index: The batch to train (= steps done so far).
-            loss_fn: The loss function.
             mbs: Rows per micro-batch (passed to ``begin_train_step_presharded``).
 
         Returns:
@@ -474,11 +443,8 @@ class ColocatedLoaderMixin:
     def prefetch_sft_batches(self) -> int:
         """Load ahead while fewer than ``max_live_batches`` batches are live.
 
-        Opportunistic: it stops (loader rewound, nothing dropped) when the store has no free
-        slot instead of waiting.
-
-        Returns:
-            Number of batches loaded by this call.
+        Returns the number loaded.  Opportunistic: it stops (loader rewound, nothing dropped)
+        when the store has no free slot instead of waiting.
         """
         self._cl_require()
         loaded = 0
@@ -489,13 +455,7 @@ class ColocatedLoaderMixin:
         return loaded
 
     def commit_sft_batch(self, batch_index: int) -> int:
-        """Batch ``batch_index`` was trained: clear its partition and advance the position.
-
-        Args:
-            batch_index: The active batch.
-
-        Returns:
-            Rows consumed by this rank.
+        """Mark the active batch trained: clear its partition, advance the position, return rows consumed.
 
         Raises:
             RuntimeError: ``batch_index`` is not the active batch.
@@ -522,9 +482,8 @@ class ColocatedLoaderMixin:
         The next :meth:`load_sft_batch` reloads the same batch.  Idempotent.
 
         Args:
-            batch_index: The batch of the step the driver aborts.  If this rank already committed
-                it in the failed step, the commit is rolled back first.  ``None``: abort at this
-                rank's own position.
+            batch_index: The batch of the step the driver aborts; a commit of it by this rank in the
+                failed step is rolled back first.  ``None``: abort at this rank's own position.
 
         Returns:
             The partitions dropped.
@@ -585,8 +544,7 @@ class ColocatedLoaderMixin:
         """Drop prefetched batches (rewinding the loader) and return the committed position.
 
         Returns:
-            ``{"loader": EpochLoader state after the last committed batch, "next_batch": k,
-            "dp_rank": r}``.
+            ``{"loader": EpochLoader state after the last committed batch, "next_batch": k, "dp_rank": r}``.
 
         Raises:
             RuntimeError: A batch is active (its step has not committed or aborted).
@@ -600,20 +558,11 @@ class ColocatedLoaderMixin:
         self._cl_drop_all()
         self._cl_uncommit = None  # the driver checkpoints this position: the last commit stands
         return {
-            "loader": dict(self._cl_committed_state),
-            "next_batch": int(self._cl_next_step),
-            "dp_rank": int(self.rank),
+            "loader": dict(self._cl_committed_state), "next_batch": int(self._cl_next_step), "dp_rank": int(self.rank)
         }
 
     def save_colocated_data_plane(self, checkpoint_dir: str, metadata: Mapping[str, Any]) -> str:
-        """Save this worker's store (the adapter's own checkpoint) under ``checkpoint_dir``.
-
-        Args:
-            checkpoint_dir: Target directory (created atomically by the adapter).
-            metadata: JSON metadata stored with it.
-
-        Returns:
-            The directory written.
+        """Save this worker's store (the adapter's checkpoint, atomic) with JSON ``metadata``; return the dir.
 
         Raises:
             RuntimeError: A batch is active.
@@ -628,14 +577,7 @@ class ColocatedLoaderMixin:
         return str(checkpoint_dir)
 
     def load_colocated_data_plane(self, checkpoint_dir: str) -> dict[str, Any]:
-        """Restore this worker's store from its checkpoint (only into a clean client).
-
-        Args:
-            checkpoint_dir: A directory written by :meth:`save_colocated_data_plane`.
-
-        Returns:
-            The checkpoint's metadata.
-        """
+        """Restore :meth:`save_colocated_data_plane` output (into a clean client only); return its metadata."""
         return dict(self._cl_client().load_checkpoint(checkpoint_dir))
 
     def colocated_loader_stats(self) -> dict[str, Any]:

@@ -1,9 +1,8 @@
 """``TQPolicy``: the driver-side policy façade whose bulk tensors live in the data plane.
 
-Trainers reach the store only through its methods; model calls become metadata work on the
-driver (isolated meta, fresh pad target, ``shard_meta_for_dp``) and one meta shard per DP rank to
-the workers' ``*_presharded`` entrypoints.  Built by ``make_policy_factory``; every ``Policy``
-method keeps working.
+Trainers reach the store only through its methods; a model call is metadata work on the driver
+(isolated meta, fresh pad target, ``shard_meta_for_dp``) plus one meta shard per DP rank to the
+workers' ``*_presharded`` entrypoints.  Built by ``make_policy_factory``; every ``Policy`` method works.
 """
 
 from __future__ import annotations
@@ -64,14 +63,10 @@ class RolloutResult:
 class TQPolicy(TQDriverMixin, Policy):
     """The policy façade of the data-plane trainers.
 
-    Args:
-        *args: Passed to ``Policy``.
-        dp_cfg: The ``data_plane`` config, passed unchanged from ``make_policy_factory``.
-        partition_id: The training partition (default ``"train"``).
-        **kwargs: Passed to ``Policy`` (``cluster``, ``config``, ``vocab_size``, ...).
+    Other arguments go to ``Policy``; ``dp_cfg`` is the ``data_plane`` config.
 
     Raises:
-        ValueError: ``dp_cfg`` is disabled or invalid (from ``build_data_plane_client``).
+        ValueError: ``dp_cfg`` is disabled or invalid.
         RuntimeError: The backend cannot be bootstrapped (e.g. Ray is not running).
     """
 
@@ -102,17 +97,15 @@ class TQPolicy(TQDriverMixin, Policy):
             raise
 
     # --- partitions ---
-    def prepare_step(
-        self, num_samples: int, group_size: int | None = None, extra_fields: Sequence[str] = ()
-    ) -> None:
+    def prepare_step(self, num_samples: int, group_size: int | None = None, extra_fields: Sequence[str] = ()) -> None:
         """Register the training partition for one step.
 
         Args:
             num_samples: Samples the step trains on (a sizing hint for TransferQueue: dynamic
                 sampling writes several generation batches into the live partition).
             group_size: GRPO group size (must divide ``num_samples``).
-            extra_fields: Columns beyond ``DP_TRAIN_FIELDS`` and the rollout's own
-                (``ROLLOUT_STORE_FIELDS``) that a producer will write.
+            extra_fields: Columns a producer will write beyond ``DP_TRAIN_FIELDS`` and
+                ``ROLLOUT_STORE_FIELDS``.
 
         Raises:
             ValueError: The partition is already registered (``"already registered"``).
@@ -133,10 +126,6 @@ class TQPolicy(TQDriverMixin, Policy):
     def prepare_val_partition(self, num_samples: int, partition_id: str = VAL_PARTITION) -> None:
         """Register a validation partition (rollout columns, task ``"val"``).
 
-        Args:
-            num_samples: Validation samples.
-            partition_id: The partition id.
-
         Raises:
             ValueError: The partition is already registered.
         """
@@ -147,11 +136,9 @@ class TQPolicy(TQDriverMixin, Policy):
         self._live_partitions.add(partition_id)
 
     def discard_samples(self, ids: Sequence[str], partition_id: str | None = None) -> None:
-        """Clear exactly ``ids`` from a partition (dynamic-sampling drops).
+        """Clear exactly ``ids`` (``[]``: no-op) from a partition, default the training one.
 
-        Args:
-            ids: Live sample ids; ``[]`` is a no-op.
-            partition_id: Partition (default: the training partition).
+        Used for dynamic-sampling drops.
 
         Raises:
             KeyError: An id is not live (nothing is cleared).
@@ -163,9 +150,6 @@ class TQPolicy(TQDriverMixin, Policy):
     def finish_step(self, meta: KVBatchMeta) -> None:
         """Drop ``meta``'s whole partition (step end): later reads of its ids raise ``KeyError``.
 
-        Args:
-            meta: Any meta of the partition.
-
         Raises:
             KeyError: The partition is not live.
         """
@@ -173,14 +157,7 @@ class TQPolicy(TQDriverMixin, Policy):
         self._live_partitions.discard(meta.partition_id)
 
     def drop_partition(self, partition_id: str | None = None) -> bool:
-        """Drop a partition this policy registered if it is still live (failure cleanup).
-
-        Args:
-            partition_id: Partition (default: the training partition).
-
-        Returns:
-            Whether a live partition was dropped.
-        """
+        """Drop a partition (default: the training one) this policy registered if still live; True if dropped."""
         pid = partition_id or self.partition_id
         if pid not in self._live_partitions:
             return False
@@ -206,22 +183,15 @@ class TQPolicy(TQDriverMixin, Policy):
         """Generate, score and write a batch into the store from the workers.
 
         Prompts are split over the ranks as ``Policy.generate`` splits them, so every row is
-        generated by the same code in the same sub-batch as on the legacy path.
+        generated by the same code in the same sub-batch as there.  One entry per row in each list.
 
         Args:
             prompts: Token ids per row (bos included).
-            seeds: One sampling seed per row.
             sample_ids: One new id per row (``f"{uid}_g{i}"``).
-            answers: Reference answer per row.
-            greedy: Argmax decoding.
-            tokenizer: The tokenizer (shipped to the workers for decoding).
-            env: The reward environment (shipped to the workers for scoring).
+            tokenizer: Shipped to the workers for decoding.
+            env: The reward environment, shipped to the workers for scoring.
             partition_id: Registered partition (default: the training partition).
             task_name: ``task_name`` of the returned meta.
-            return_responses: Also return the decoded responses.
-
-        Returns:
-            The rollout's meta, ``driver_carry`` and optional responses.
 
         Raises:
             ValueError: Empty input or misaligned lists.
@@ -258,9 +228,7 @@ class TQPolicy(TQDriverMixin, Policy):
         )
         metas = [o["meta"] for o in outs if o["meta"] is not None]
         meta = metas[0].concat(*metas[1:])
-        carry = BatchedDataDict.from_batches(
-            [BatchedDataDict(o["carry"]) for o in outs if o["meta"] is not None]
-        )
+        carry = BatchedDataDict.from_batches([BatchedDataDict(o["carry"]) for o in outs if o["meta"] is not None])
         responses = [r for o in outs for r in (o["responses"] or [])] if return_responses else None
         return RolloutResult(meta, carry, responses)
 
@@ -281,19 +249,15 @@ class TQPolicy(TQDriverMixin, Policy):
         self._dispatch_logprobs(meta, TASK_PREV_LP, "get_logprobs_presharded")
 
     def get_policy_and_reference_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
-        """Policy and reference log-probs of ``meta``'s rows in one dispatch per rank.
+        """Policy and reference log-probs of ``meta``'s rows in one dispatch (one read, one put) per rank.
 
-        Each worker reads its shard once and writes ``prev_logprobs`` and
-        ``reference_policy_logprobs`` in one put; shards, pad target and plan are those of
-        :meth:`get_logprobs_from_meta`, so the columns equal the two separate calls' bit for bit.
+        Shards, pad target and plan are those of :meth:`get_logprobs_from_meta`, so the columns
+        equal the two separate calls' bit for bit.
         """
         self._dispatch_logprobs(meta, TASK_PREV_LP, "get_logprobs_and_reference_presharded")
 
     def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
-        """Reference log-probs of ``meta``'s rows, written as ``reference_policy_logprobs``.
-
-        ``meta`` as for :meth:`get_logprobs_from_meta`.
-        """
+        """Like :meth:`get_logprobs_from_meta`, but reference log-probs, written as ``reference_policy_logprobs``."""
         self._dispatch_logprobs(meta, TASK_REF_LP, "get_reference_policy_logprobs_presharded")
 
     def train_from_meta(self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
@@ -306,13 +270,11 @@ class TQPolicy(TQDriverMixin, Policy):
         store; each rank sets ``advantages = adv[:, None] * token_mask`` on its fetched rows.
 
         Args:
-            meta: The step's rows.
             loss_fn: A ``LossFn`` (pickled to the workers).
             eval_mode: Loss only, no update.
             gbs: Global batch size (default ``policy.train_global_batch_size``).
             mbs: Rows per microbatch without a plan.
             train_fields: Fields the workers need; those given in ``row_values`` are not fetched.
-            row_values: Optional per-row ``advantages`` / ``sample_mask``.
 
         Returns:
             Aggregated metrics (``Policy._aggregate_train_results``).
@@ -339,10 +301,7 @@ class TQPolicy(TQDriverMixin, Policy):
         return self._aggregate_train_results(results)
 
     def _check_row_values(
-        self,
-        meta: KVBatchMeta,
-        row_values: Mapping[str, torch.Tensor] | None,
-        train_fields: Sequence[str],
+        self, meta: KVBatchMeta, row_values: Mapping[str, torch.Tensor] | None, train_fields: Sequence[str]
     ) -> dict[str, torch.Tensor]:
         """``row_values`` checked for :meth:`train_from_meta` (CPU, detached; ``{}`` for none)."""
         if not row_values:
@@ -373,7 +332,6 @@ class TQPolicy(TQDriverMixin, Policy):
         """Start one optimizer step on every rank.
 
         Args:
-            loss_fn: The loss function.
             gbs: Accepted for signature parity (one placed global batch per step).
             mbs: Rows per microbatch without a plan.
 
@@ -381,21 +339,15 @@ class TQPolicy(TQDriverMixin, Policy):
             RuntimeError: A step is already active (``"already active"``).
         """
         if self._train_step_active:
-            raise RuntimeError(
-                f"{self.name_prefix}: a train step is already active; finish or abort it first"
-            )
+            raise RuntimeError(f"{self.name_prefix}: a train step is already active; finish or abort it first")
         self._dispatch_all("begin_train_step_presharded", loss_fn, gbs=gbs, mbs=mbs)
         self._train_step_active = True
 
     def train_placed_microbatches(self, dp_metas: Sequence[KVBatchMeta]) -> None:
-        """Run rank ``r``'s placed meta on DP rank ``r`` (forward/backward, gradients accumulate).
-
-        Args:
-            dp_metas: Exactly one meta per DP rank, in rank order.
+        """Run placed meta ``r`` on DP rank ``r`` (forward/backward, gradients accumulate).
 
         Raises:
-            ValueError: Not one meta per rank, dynamic batching enabled, or sequence packing
-                without the producer's microbatch plan.
+            ValueError: As :meth:`checked_placed_metas`.
             RuntimeError: No active step.
         """
         placed = self.checked_placed_metas(dp_metas)
@@ -404,13 +356,9 @@ class TQPolicy(TQDriverMixin, Policy):
         self._dispatch_sharded("train_microbatch_presharded", placed)
 
     def checked_placed_metas(self, dp_metas: Sequence[KVBatchMeta]) -> list[KVBatchMeta]:
-        """Check one placed meta per DP rank and stamp copies with one global pad target.
+        """Check one placed meta per DP rank (rank order); return copies stamped with one global pad target.
 
-        Args:
-            dp_metas: Exactly one meta per DP rank, in rank order.
-
-        Returns:
-            The stamped copies (the given metas are never touched).
+        The given metas are never touched.
 
         Raises:
             ValueError: Not one meta per rank, dynamic batching enabled, or sequence packing
@@ -432,8 +380,7 @@ class TQPolicy(TQDriverMixin, Policy):
     def finish_train_step(self) -> dict[str, Any]:
         """Reduce gradients, step the optimizer on every rank and end the step.
 
-        Returns:
-            The metrics of the step (additive shares summed over replica leaders).
+        Returns the step's metrics (additive shares summed over replica leaders).
 
         Raises:
             RuntimeError: No active step.
@@ -453,13 +400,10 @@ class TQPolicy(TQDriverMixin, Policy):
     def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
         """The driver client's per-step data-plane metrics (observability on), else ``{}``.
 
-        Args:
-            step_time_s: Wall time of the step (for ``step/frac_of_step``).
-
-        Returns:
-            The driver's ``get_step_metrics`` prefixed ``data_plane/``, plus the workers' store
-            time and bytes of the same window (``data_plane/workers/...``: summed over ranks, and
-            the slowest rank's per-op breakdown).
+        ``step_time_s`` (wall time of the step) feeds ``step/frac_of_step``.  Returns the driver's
+        ``get_step_metrics`` prefixed ``data_plane/``, plus the workers' store time and bytes of the
+        same window (``data_plane/workers/...``: summed over ranks, and the slowest rank's per-op
+        breakdown).
         """
         if not is_metrics_client(self.dp_client):
             return {}
@@ -469,34 +413,21 @@ class TQPolicy(TQDriverMixin, Policy):
         return out
 
     def data_plane_snapshots(self) -> dict[str, Any]:
-        """Cumulative data-plane stats of the driver and every worker (observability on).
-
-        Returns:
-            ``{"driver": snapshot | None, "workers": [snapshot | None per rank]}``.
-        """
+        """Cumulative data-plane stats: ``{"driver": snapshot | None, "workers": [snapshot | None per rank]}``."""
         driver = self.dp_client.snapshot() if is_metrics_client(self.dp_client) else None
         return {"driver": driver, "workers": self._dispatch_all("get_data_plane_snapshot")}
 
     def save_data_plane_checkpoint(
         self, checkpoint_dir: str | PathLike[str], *, metadata: Mapping[str, Any] | None = None
     ) -> None:
-        """Checkpoint the driver's store (TransferQueue: the whole system) for the trainers.
+        """Checkpoint the driver's store (TransferQueue: the whole system) with user ``metadata``.
 
-        Args:
-            checkpoint_dir: Target directory (written atomically by the adapter).
-            metadata: User metadata stored with it.
+        The adapter writes ``checkpoint_dir`` atomically.
         """
         self.dp_client.save_checkpoint(checkpoint_dir, metadata=metadata)
 
     def load_data_plane_checkpoint(self, checkpoint_dir: str | PathLike[str]) -> dict[str, Any]:
-        """Restore :meth:`save_data_plane_checkpoint` output into the driver's (clean) store.
-
-        Args:
-            checkpoint_dir: A directory written by :meth:`save_data_plane_checkpoint`.
-
-        Returns:
-            The user metadata.
-        """
+        """Restore :meth:`save_data_plane_checkpoint` output into the driver's (clean) store; return its metadata."""
         return self.dp_client.load_checkpoint(checkpoint_dir)
 
     def live_partitions(self) -> Iterable[str]:
@@ -504,8 +435,7 @@ class TQPolicy(TQDriverMixin, Policy):
         return sorted(self._live_partitions)
 
     def shutdown(self) -> None:
-        """Shut the workers down (their attached clients close with them), then close the
-        bootstrapping client (idempotent)."""
+        """Shut the workers (and their clients) down, then close the bootstrapping client (idempotent)."""
         try:
             super().shutdown()
         finally:

@@ -14,47 +14,25 @@ import torch
 
 from nemo_dp.data_plane.column_io import first_write
 from nemo_dp.data_plane.interfaces import KVBatchMeta
-from nemo_dp.data_plane.schema import (
-    GENERATION_LOGPROBS,
-    INPUT_IDS,
-    INPUT_LENGTHS,
-    SAMPLE_MASK,
-    TOKEN_MASK,
-)
+from nemo_dp.data_plane.schema import GENERATION_LOGPROBS, INPUT_IDS, INPUT_LENGTHS, SAMPLE_MASK, TOKEN_MASK
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
 from nemo_dp.environments.weighted import score_parts
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 from nemo_dp.models.policy.sft_loader_worker import ColocatedLoaderMixin
 from nemo_dp.models.policy.worker import PolicyWorker
 
-__all__ = [
-    "TQPolicyWorker",
-    "PROMPT_LENGTHS",
-    "ROLLOUT_STORE_FIELDS",
-    "CARRY_KEYS",
-]
+__all__ = ["TQPolicyWorker", "PROMPT_LENGTHS", "ROLLOUT_STORE_FIELDS", "CARRY_KEYS"]
 
 #: Per-row prompt length column the rollout writes besides the training fields.
 PROMPT_LENGTHS = "prompt_lengths"
 
 #: Columns a rollout writes into the store (bulk per-token columns plus two per-row ones).
 ROLLOUT_STORE_FIELDS: tuple[str, ...] = (
-    INPUT_IDS,
-    INPUT_LENGTHS,
-    PROMPT_LENGTHS,
-    GENERATION_LOGPROBS,
-    TOKEN_MASK,
-    SAMPLE_MASK,
+    INPUT_IDS, INPUT_LENGTHS, PROMPT_LENGTHS, GENERATION_LOGPROBS, TOKEN_MASK, SAMPLE_MASK,
 )
 
 #: Keys of the per-row ``driver_carry`` (all 1-D, one value per sample).
-CARRY_KEYS: tuple[str, ...] = (
-    "rewards",
-    "input_lengths",
-    "prompt_lengths",
-    "response_lengths",
-    "truncated",
-)
+CARRY_KEYS: tuple[str, ...] = ("rewards", "input_lengths", "prompt_lengths", "response_lengths", "truncated")
 
 
 class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
@@ -67,22 +45,14 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
     """
 
     def generate_into_store(
-        self,
-        shard: Mapping[str, Sequence[Any]],
-        greedy: bool,
-        *,
-        partition_id: str,
-        task_name: str | None,
-        tokenizer: Any,
-        env: Any,
-        return_responses: bool = False,
+        self, shard: Mapping[str, Sequence[Any]], greedy: bool, *, partition_id: str, task_name: str | None,
+        tokenizer: Any, env: Any, return_responses: bool = False,
     ) -> dict[str, Any]:
         """Generate this rank's prompts, score them and write the bulk columns to the store.
 
         Args:
             shard: ``{"prompts": token ids per prompt, "seeds": one seed per prompt,
                 "sample_ids": one new store id per prompt, "answers": reference answers}``.
-            greedy: Argmax decoding (evaluation) instead of sampling.
             partition_id: Registered partition to write into.
             task_name: ``task_name`` of the returned meta.
             tokenizer: Decodes the response tokens (``decode(ids)`` stops at eos).
@@ -133,11 +103,7 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
         meta: KVBatchMeta | None = None
         if self._is_replica_leader():
             meta = first_write(
-                columns,
-                sample_ids=sample_ids,
-                dp_client=client,
-                partition_id=partition_id,
-                task_name=task_name,
+                columns, sample_ids=sample_ids, dp_client=client, partition_id=partition_id, task_name=task_name
             )
         carry = {
             "rewards": rewards,
@@ -150,8 +116,7 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
         return {"meta": meta, "carry": carry, "responses": responses if return_responses else None}
 
     def shutdown(self) -> None:
-        """Forget the colocated loader, close this worker's attached data-plane client, then
-        leave the process group."""
+        """Forget the colocated loader, close this worker's data-plane client, then leave the process group."""
         self.close_colocated_loader()
         client, self.dp_client = self.dp_client, None
         try:

@@ -56,9 +56,8 @@ def _cfg_get(cfg: Any, key: str) -> Any:
 def _to_cpu(obj: Any) -> Any:
     """Every tensor of a nested state (dicts, lists, tuples) detached and on the CPU.
 
-    A tensor already on the CPU is returned as a detached view, not copied: the state leaves
-    the actor serialized (Ray copies it on return), and a copy here would hold a second full
-    set of weights and optimizer moments in the worker for the length of the call.
+    CPU tensors are returned as detached views, not copies: Ray copies the state on return, and
+    a copy here would hold a second set of weights and optimizer moments for the call.
     """
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu")
@@ -71,9 +70,6 @@ def _to_cpu(obj: Any) -> Any:
 
 def resolve_device(policy_cfg: Any) -> torch.device:
     """The device ``policy.device`` names (default ``cpu``).
-
-    Args:
-        policy_cfg: The ``policy`` node.
 
     Raises:
         ValueError: An unknown device name.
@@ -94,15 +90,9 @@ class PolicyWorker:
     """One DP rank: model replica, optimizer, reference copy and the gloo group membership.
 
     Args:
-        rank: This worker's DP rank.
-        world_size: Number of DP ranks.
-        policy_cfg: The ``policy`` config node (mapping or dataclass): ``model``,
-            ``optimizer``, ``torch_threads``, ``train_micro_batch_size``,
-            ``logprob_batch_size``, ``generation_batch_size``, ``max_grad_norm``,
-            ``generation``.
-        vocab_size: Tokenizer vocabulary size.
-        pad_id: Padding token id.
-        eos_id: End-of-sequence token id.
+        policy_cfg: The ``policy`` config node (mapping or dataclass): ``model``, ``optimizer``,
+            ``torch_threads``, ``train_micro_batch_size``, ``logprob_batch_size``,
+            ``generation_batch_size``, ``max_grad_norm``, ``generation``.
         seed: Run seed: every rank initialises identical weights from it; the rank's own RNG
             streams are seeded with ``seed + rank``.
     """
@@ -142,20 +132,13 @@ class PolicyWorker:
 
     # --- process group ---
     def collective_address(self) -> tuple[str, int]:
-        """Rendezvous address for the gloo group (asked of rank 0 only).
-
-        Returns:
-            ``(host, port)`` reachable by the other ranks.
-        """
+        """Rendezvous ``(host, port)`` reachable by the other ranks (asked of rank 0 only)."""
         return node_ip_address(), find_free_port()
 
     def init_collective(self, host: str, port: int, timeout_s: float) -> None:
         """Join the process group (gloo on CPU, NCCL on CUDA; all ranks call this concurrently).
 
-        Args:
-            host: Rendezvous host (rank 0's node).
-            port: Rendezvous port.
-            timeout_s: Bound on the rendezvous and every collective.
+        ``host``/``port`` are rank 0's rendezvous; ``timeout_s`` bounds it and every collective.
         """
         dist.init_process_group(
             backend="nccl" if self.device.type == "cuda" else "gloo",
@@ -226,17 +209,12 @@ class PolicyWorker:
         return self.lr
 
     def _forward(
-        self,
-        model: torch.nn.Module,
-        input_ids: torch.Tensor,
-        mb: BatchedDataDict | None = None,
-        logits_from: int = 0,
+        self, model: torch.nn.Module, input_ids: torch.Tensor, mb: BatchedDataDict | None = None, logits_from: int = 0
     ) -> torch.Tensor:
-        """``model(input_ids, logits_from)`` in ``policy.precision``'s autocast.
+        """``model(input_ids, logits_from)`` under ``policy.precision``'s autocast (forward only).
 
-        Only the forward runs under autocast; the caller's log-softmax and loss run in float32.
-        A micro-batch carrying images binds them to the model first (``bind_images``).
-        ``logits_from`` > 0 asks for the logits of positions ``logits_from ..`` only.
+        The caller's log-softmax and loss run in float32.  A micro-batch's images are bound to the
+        model first; ``logits_from`` > 0 asks for the logits of positions ``logits_from ..`` only.
         """
         if mb is not None:
             model = bind_images(model, mb)
@@ -271,18 +249,11 @@ class PolicyWorker:
             out[k] = (v[:, :width] if v.dim() >= 2 and v.shape[1] > width else v).to(self.device)
         return out
 
-    def _micro_batches(
-        self, data: BatchedDataDict, mbs: int
-    ) -> Iterator[tuple[MicrobatchSpec, BatchedDataDict, int]]:
+    def _micro_batches(self, data: BatchedDataDict, mbs: int) -> Iterator[tuple[MicrobatchSpec, BatchedDataDict, int]]:
         """``(spec, micro-batch, width)`` per micro-batch of ``data`` (see :meth:`_specs`).
 
-        Args:
-            data: This rank's part (a plan, if attached, is followed).
-            mbs: Rows per micro-batch without a plan.
-
-        Yields:
-            ``(spec, micro-batch, width)``: ``width`` is the micro-batch's longest row, or its
-            planned padded length when the plan is a dynamic (token-budgeted) one and longer.
+        ``width`` is the micro-batch's longest row, or its planned padded length when the plan is
+        a dynamic (token-budgeted) one and that is longer.
         """
         dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
         for spec in self._specs(data, mbs, None):
@@ -312,18 +283,14 @@ class PolicyWorker:
         return specs
 
     # --- generation and log-probs ---
-    def generate(
-        self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True
-    ) -> BatchedDataDict:
+    def generate(self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True) -> BatchedDataDict:
         """Generate responses for this rank's prompts (one private RNG per row).
 
         Args:
-            shard: ``{"prompts": token ids per prompt (bos included) or ``VisualPrompt``
-                specs (encoded here, images rendered here), "seeds": one sampling seed per
-                prompt}``.
+            shard: ``{"prompts": token ids per prompt (bos included) or ``VisualPrompt`` specs
+                (encoded and rendered here), "seeds": one sampling seed per prompt}``.
             greedy: Argmax decoding (evaluation) instead of sampling.
-            return_images: Include visual prompts' image columns in the result (a caller
-                that only decodes the responses, e.g. evaluation, passes False).
+            return_images: Include visual prompts' image columns in the result.
 
         Returns:
             The fields of ``nemo_dp.models.generation.generate`` as a ``BatchedDataDict``,
@@ -377,26 +344,19 @@ class PolicyWorker:
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
-        """Like :meth:`get_logprobs` under the frozen reference policy.
-
-        Returns:
-            ``{"reference_logprobs": float32 [b, S]}``.
-        """
-        return BatchedDataDict(
-            {"reference_logprobs": self._logprobs(self.reference_model, data, micro_batch_size)}
-        )
+        """Like :meth:`get_logprobs` under the frozen reference policy, as ``{"reference_logprobs": ...}``."""
+        return BatchedDataDict({"reference_logprobs": self._logprobs(self.reference_model, data, micro_batch_size)})
 
     # --- training: split API (begin / microbatches / finish) and the one-call ``train`` ---
     def begin_train_step(self, loss_fn: LossFn, eval_mode: bool = False, mbs: int | None = None) -> None:
         """Start one optimizer step: zero gradients and remember the loss function.
 
         Args:
-            loss_fn: A ``LossFn``.
             eval_mode: Compute the loss without gradients or an optimizer step.
             mbs: Rows per microbatch when the data carries no plan.
 
         Raises:
-            RuntimeError: If a step is already active (contains ``"already active"``).
+            RuntimeError: A step is already active (message contains ``"already active"``).
         """
         if self._step_state is not None:
             raise RuntimeError(
@@ -415,21 +375,16 @@ class PolicyWorker:
     def train_microbatch(self, data: BatchedDataDict) -> None:
         """Forward/backward this rank's whole part of the current global batch.
 
-        All ranks must call this exactly once per step, in lockstep: the valid token/sequence
-        counts are all-reduced first so every microbatch loss is normalised by the global
-        counts.  Gradients accumulate until :meth:`finish_train_step`.
-
-        Args:
-            data: This rank's rows of the global batch (with the driver's plan if any).
+        All ranks call this exactly once per step, in lockstep: the valid token/sequence counts
+        are all-reduced first so every microbatch loss is normalised by the global counts.
+        Gradients accumulate until :meth:`finish_train_step`.  ``data`` may carry the driver's plan.
 
         Raises:
             RuntimeError: Without :meth:`begin_train_step`.
         """
         state = self._step_state
         if state is None:
-            raise RuntimeError(
-                f"PolicyWorker[{self.rank}]: train_microbatch called without begin_train_step"
-            )
+            raise RuntimeError(f"PolicyWorker[{self.rank}]: train_microbatch called without begin_train_step")
         tm = data["token_mask"].float() * data["sample_mask"].float().unsqueeze(1)
         counts = torch.tensor([float(tm.sum()), float((tm.sum(1) > 0).float().sum())], dtype=torch.float64)
         self._all_reduce_sum(counts)
@@ -506,10 +461,8 @@ class PolicyWorker:
         """Train on this rank's shard: one optimizer step per global batch.
 
         Args:
-            data: This rank's rows of ``T / gbs`` consecutive global batches (each rank's
-                part of chunk k precedes its part of chunk k+1, as the planner lays them out),
-                optionally with the driver's microbatch plan.
-            loss_fn: A ``LossFn``.
+            data: This rank's rows of ``T / gbs`` consecutive global batches (its part of chunk k
+                precedes its part of chunk k+1), optionally with the driver's microbatch plan.
             eval_mode: Loss only, no update.
             gbs: Global batch size (default ``policy.train_global_batch_size``).
             mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
@@ -518,7 +471,7 @@ class PolicyWorker:
             ``{"per_step": [metrics of each global batch, as :meth:`finish_train_step`]}``.
 
         Raises:
-            ValueError: If the shard is not a whole number of global-batch parts.
+            ValueError: The shard is not a whole number of global-batch parts.
         """
         gbs = int(gbs or _cfg_get(self.cfg, "train_global_batch_size"))
         if gbs % self.world_size != 0:
@@ -574,13 +527,12 @@ class PolicyWorker:
 
         Args:
             include_weights: Include model, reference and optimizer state (rank 0 only: the
-                replicas are identical, so one copy suffices).
+                replicas are identical).
 
         Returns:
-            ``{"rng": ..., "rank": r}`` plus ``model``, ``reference_model``, ``optimizer``,
-            ``optimizer_steps``, ``lr`` and ``pretrained`` (the model's ``save_pretrained``
-            files as ``{name: bytes}``, which a training checkpoint writes as a model
-            directory users can load) when ``include_weights``.
+            ``{"rng": ..., "rank": r}``, plus with ``include_weights`` ``model``, ``reference_model``,
+            ``optimizer``, ``optimizer_steps``, ``lr`` and ``pretrained`` (the ``save_pretrained``
+            files as ``{name: bytes}``, written by a checkpoint as a loadable model directory).
         """
         from nemo_dp.utils.checkpoint import PRETRAINED_KEY
         from nemo_dp.utils.seeding import capture_rng_state
@@ -602,10 +554,9 @@ class PolicyWorker:
         return state
 
     def _pretrained_files(self) -> dict[str, bytes]:
-        """The model's ``save_pretrained`` output plus its tokenizer's files, name -> bytes.
+        """The model's ``save_pretrained`` output plus its tokenizer's files (read once), name -> bytes.
 
-        With the tokenizer beside the weights a checkpoint's ``policy/`` directory loads on its
-        own.  The tokenizer files are read once (they never change during a run).
+        With the tokenizer beside the weights a checkpoint's ``policy/`` directory loads on its own.
         """
         if self._tokenizer_files is None:
             with tempfile.TemporaryDirectory(prefix="nemo_dp_tokenizer_") as tmp:
@@ -618,12 +569,7 @@ class PolicyWorker:
         return {**self._tokenizer_files, **model_files}
 
     def load_state(self, weights: Mapping[str, Any], rng: Mapping[str, Any] | None) -> None:
-        """Restore a checkpoint's weights/optimizer (from rank 0) and this rank's RNG.
-
-        Args:
-            weights: ``get_state(include_weights=True)`` of rank 0.
-            rng: This rank's ``rng`` entry, or ``None`` to keep the current streams.
-        """
+        """Restore rank 0's ``get_state(include_weights=True)`` and this rank's ``rng`` (None keeps the streams)."""
         from nemo_dp.utils.seeding import restore_rng_state
 
         self.model.load_state_dict(weights["model"])
@@ -639,12 +585,9 @@ class PolicyWorker:
             restore_rng_state(dict(rng))
 
     def weights_digest(self) -> str:
-        """sha256 over the model state dict's names, dtypes, shapes and bytes, computed here.
+        """Hex sha256 over the state dict's names, dtypes, shapes and bytes, computed on the worker.
 
         Replicas and runs compare bit for bit through it without shipping the weights.
-
-        Returns:
-            The hex digest.
         """
         h = hashlib.sha256()
         state = self.model.state_dict()
@@ -655,9 +598,5 @@ class PolicyWorker:
         return h.hexdigest()
 
     def weights_checksum(self) -> float:
-        """Sum of all parameters in float64 (to check that replicas agree).
-
-        Returns:
-            The checksum.
-        """
+        """Sum of all parameters in float64 (to check that replicas agree)."""
         return float(sum(p.detach().double().sum() for p in self.model.parameters()))

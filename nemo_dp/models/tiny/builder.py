@@ -13,15 +13,7 @@ __all__ = ["BUILDER", "tiny_model_config"]
 
 
 def tiny_model_config(policy_cfg: Any, vocab_size: int) -> ModelConfig:
-    """The :class:`ModelConfig` of ``policy.model``.
-
-    Args:
-        policy_cfg: The ``policy`` node.
-        vocab_size: Tokenizer vocabulary size.
-
-    Returns:
-        The shape (validated by ``ModelConfig``).
-    """
+    """The :class:`ModelConfig` (validated) of ``policy.model``."""
     m = cfg_get(policy_cfg, "model")
     return ModelConfig(
         vocab_size=int(vocab_size),

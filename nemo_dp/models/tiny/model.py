@@ -23,10 +23,7 @@ class ModelConfig:
     """Shape of a :class:`TinyCausalLM`.
 
     Attributes:
-        vocab_size: Number of token ids.
-        n_layers: Number of transformer blocks.
         d_model: Residual stream width (divisible by ``n_heads``).
-        n_heads: Attention heads per block.
         max_seq_len: Longest sequence (number of learned positions).
         dropout: Dropout probability (0.0 keeps training deterministic and cheap).
     """
@@ -44,9 +41,7 @@ class ModelConfig:
             if value < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {value}")
         if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
+            raise ValueError(f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
 
@@ -56,23 +51,10 @@ TINY_MODEL_TYPE = "nemo_dp_tiny"
 
 
 class KVCache:
-    """Preallocated key/value buffers for incremental decoding.
-
-    Args:
-        cfg: The model config.
-        batch_size: Rows decoded together.
-        max_len: Positions to allocate (prompt + new tokens).
-        dtype: Buffer dtype.
-        device: Buffer device (default CPU).
-    """
+    """Preallocated key/value buffers of ``max_len`` positions (prompt + new tokens) for incremental decoding."""
 
     def __init__(
-        self,
-        cfg: ModelConfig,
-        batch_size: int,
-        max_len: int,
-        dtype: torch.dtype,
-        device: torch.device | None = None,
+        self, cfg: ModelConfig, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device | None = None
     ) -> None:
         head_dim = cfg.d_model // cfg.n_heads
         shape = (batch_size, cfg.n_heads, max_len, head_dim)
@@ -121,9 +103,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, 4 * cfg.d_model),
-            nn.GELU(),
-            nn.Linear(4 * cfg.d_model, cfg.d_model),
+            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model)
         )
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -137,10 +117,8 @@ class Block(nn.Module):
 class TinyCausalLM(nn.Module):
     """Small decoder-only transformer.
 
-    Args:
-        cfg: Model shape.
-        seed: If given, parameters are initialised from a private generator seeded with it
-            (the global RNG is untouched); otherwise from the global torch RNG.
+    With ``seed``, parameters are initialised from a private generator seeded with it (the global
+    RNG is untouched); otherwise from the global torch RNG.
     """
 
     def __init__(self, cfg: ModelConfig, seed: int | None = None) -> None:
@@ -183,17 +161,14 @@ class TinyCausalLM(nn.Module):
     # --- CausalLM protocol ---------------------------------------------------------------------
     @property
     def max_positions(self) -> int:
-        """Number of learned positions."""
         return self.cfg.max_seq_len
 
     @property
     def hidden_size(self) -> int:
-        """Residual stream width."""
         return self.cfg.d_model
 
     @property
     def vocab_size(self) -> int:
-        """Number of logits per position."""
         return self.cfg.vocab_size
 
     def _trunk(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -250,13 +225,7 @@ class TinyCausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike[str]) -> TinyCausalLM:
-        """Load a model written by :meth:`save_pretrained`.
-
-        Args:
-            directory: The directory.
-
-        Returns:
-            The model (weights exactly as saved).
+        """Load a model written by :meth:`save_pretrained` (weights exactly as saved).
 
         Raises:
             FileNotFoundError: A file is missing.
@@ -280,36 +249,22 @@ class TinyCausalLM(nn.Module):
         return model
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """Allocate a KV cache for :meth:`forward_cached`.
-
-        Args:
-            batch_size: Rows decoded together.
-            max_len: Positions to allocate.
-        """
+        """Allocate a KV cache of ``max_len`` positions for :meth:`forward_cached`."""
         weight = self.tok_emb.weight
         return KVCache(self.cfg, batch_size, max_len, weight.dtype, weight.device)
 
     def forward_cached(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KVCache,
-        attn_mask: torch.Tensor,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, attn_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Forward ``T`` new tokens per row, attending to the cache, and extend the cache.
+        """Logits of ``T`` new tokens per row, attending to the cache, which grows by ``T``.
 
         Args:
             input_ids: int64 ``[B, T]`` new tokens.
-            positions: int64 ``[B, T]`` position ids of the new tokens (per row, so that
-                left-padded rows start at 0).
-            cache: The cache; its ``length`` advances by ``T``.
+            positions: int64 ``[B, T]`` position ids (per row, so that left-padded rows start at 0).
             attn_mask: bool ``[B, 1, T, cache.length + T]``, True where a query may attend.
 
-        Returns:
-            Logits for the new tokens.
-
         Raises:
-            ValueError: If the cache is too short.
+            ValueError: The cache is too short.
         """
         seq = input_ids.shape[1]
         if cache.length + seq > cache.max_len:

@@ -40,17 +40,14 @@ class CharTokenizer:
 
     @property
     def pad_id(self) -> int:
-        """Id of the padding token."""
         return 0
 
     @property
     def bos_id(self) -> int:
-        """Id of the beginning-of-sequence token."""
         return 1
 
     @property
     def eos_id(self) -> int:
-        """Id of the end-of-sequence token."""
         return 2
 
     @property
@@ -68,24 +65,16 @@ class CharTokenizer:
         return concat_messages(messages)
 
     def encode(self, text: str) -> list[int]:
-        """Encode characters to ids, without special tokens.
-
-        Args:
-            text: The string to encode.
-
-        Returns:
-            One id per character.
+        """One id per character of ``text``, without special tokens.
 
         Raises:
-            ValueError: If a character is not in the vocabulary (the message names it).
+            ValueError: A character is not in the vocabulary (the message names it).
         """
         ids: list[int] = []
         for pos, ch in enumerate(text):
             tid = self._char_to_id.get(ch)
             if tid is None:
-                raise ValueError(
-                    f"CharTokenizer: unknown character {ch!r} at position {pos} in {text!r}"
-                )
+                raise ValueError(f"CharTokenizer: unknown character {ch!r} at position {pos} in {text!r}")
             ids.append(tid)
         return ids
 
@@ -106,12 +95,12 @@ class CharTokenizer:
 
         Args:
             ids: Token ids (ints or 0-d tensors).
-            stop_at_eos: Stop at the first eos (the default) instead of rendering it.
+            stop_at_eos: Stop at the first eos instead of rendering it.
             skip_special: Drop pad and bos (and eos when not stopping), e.g. for display of a
                 whole ``[bos] + prompt + ...`` row.
 
         Raises:
-            ValueError: If an id is outside the vocabulary.
+            ValueError: An id is outside the vocabulary.
         """
         out: list[str] = []
         for raw in ids:

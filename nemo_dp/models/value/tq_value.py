@@ -25,8 +25,7 @@ TASK_VALUE_TRAIN = "value_train"
 
 
 class TQValueWorker(TQWorkerMixin, ValueWorker):
-    """A ``ValueWorker`` with the ``*_presharded`` entrypoints (``get_values_presharded`` writes
-    ``result["values"]`` back as ``values``; ``train_presharded`` fetches and trains).
+    """A ``ValueWorker`` with the ``*_presharded`` entrypoints (``get_values_presharded`` writes ``values``).
 
     The mixin is listed first so its topology hooks defer to ``PolicyWorker``'s (pure data
     parallelism: every rank is a replica leader).
@@ -36,11 +35,8 @@ class TQValueWorker(TQWorkerMixin, ValueWorker):
 class TQValue(TQDriverMixin, Value):
     """The critic facade of the data-plane PPO trainer.
 
-    Args:
-        *args: Passed to ``Value``.
-        dp_cfg: The ``data_plane`` config (the policy's ``dp_cfg``).
-        dp_client: The driver's open client (the policy's); borrowed, never closed here.
-        **kwargs: Passed to ``Value`` (``cluster``, ``config``, ``vocab_size``, ...).
+    Other arguments go to ``Value``; ``dp_cfg`` and ``dp_client`` are the policy's (the client is
+    borrowed, never closed here).
 
     Raises:
         ValueError: ``dp_cfg`` is disabled or invalid.
@@ -61,14 +57,10 @@ class TQValue(TQDriverMixin, Value):
 
     @classmethod
     def from_policy(cls, policy: Any, **kwargs: Any) -> TQValue:
-        """A critic sharing ``policy``'s data plane (its config and its driver client).
-
-        Args:
-            policy: A data-plane policy exposing ``dp_cfg`` and ``dp_client`` (``TQPolicy``).
-            **kwargs: ``Value`` constructor arguments.
+        """A critic (``kwargs`` for ``Value``) sharing ``policy``'s data plane: its config and driver client.
 
         Raises:
-            ValueError: ``policy`` is not a data-plane policy.
+            ValueError: ``policy`` does not expose ``dp_cfg`` and ``dp_client`` (not a ``TQPolicy``).
         """
         if not hasattr(policy, "dp_cfg") or not hasattr(policy, "dp_client"):
             raise ValueError(
@@ -100,18 +92,10 @@ class TQValue(TQDriverMixin, Value):
 
     def train_from_meta(self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
                         mbs: int | None = None, train_fields: Sequence[str] = DP_VALUE_TRAIN_FIELDS) -> dict[str, Any]:
-        """Train the critic on ``meta``'s rows (workers fetch ``train_fields`` from the store).
+        """Like ``Value.train`` on ``meta``'s rows (in epoch order); workers fetch ``train_fields`` from the store.
 
-        Args:
-            meta: The rows, in the order of this epoch.
-            loss_fn: The critic's loss (``ClippedValueLossFn``).
-            eval_mode: Loss only, no update.
-            gbs: Global batch size (default: the critic config's ``train_global_batch_size``).
-            mbs: Rows per microbatch without a plan.
-            train_fields: Fields the workers fetch.
-
-        Returns:
-            Aggregated metrics (as ``Value.train``).
+        ``loss_fn`` is the critic's loss (``ClippedValueLossFn``); ``gbs`` defaults to the critic
+        config's ``train_global_batch_size``.
         """
         gbs = int(gbs or self.cfg.train_global_batch_size)
         shards = self._shard_isolated(
@@ -124,19 +108,13 @@ class TQValue(TQDriverMixin, Value):
         return self._aggregate_train_results(results)
 
     def data_plane_worker_metrics(self, step_time_s: float) -> dict[str, float]:
-        """The critic workers' per-step store metrics (their windows reset); the driver's
-        client is the policy's, whose metrics ``TQPolicy.data_plane_step_metrics`` reports.
+        """The critic workers' per-step store metrics (their windows reset), or ``{}`` without observability.
 
-        Args:
-            step_time_s: Wall time of the step (for ``step/frac_of_step``).
-
-        Returns:
-            ``data_plane/critic_workers/...`` keys as ``TQDriverMixin._worker_store_metrics``,
-            or ``{}`` when observability is off.
+        Keys ``data_plane/critic_workers/...`` as ``TQDriverMixin._worker_store_metrics``; the driver
+        client is the policy's, reported by ``TQPolicy.data_plane_step_metrics``.
         """
         return self._worker_store_metrics(step_time_s, "data_plane/critic_workers")
 
     def shutdown(self) -> None:
-        """Shut the critic's workers down (their attached clients close with them); the
-        borrowed driver client stays open for its owner (idempotent)."""
+        """Shut the critic's workers (and their clients) down; the borrowed driver client stays open (idempotent)."""
         super().shutdown()

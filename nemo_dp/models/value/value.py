@@ -20,14 +20,9 @@ __all__ = ["Value", "critic_config"]
 
 
 def critic_config(policy_cfg: Any, value_cfg: Any) -> DictConfig:
-    """The critic's config node: the policy config with the critic's optimizer settings.
+    """A new ``DictConfig``: the policy config with ``algorithm.value``'s ``lr`` and ``warmup_steps``.
 
-    Args:
-        policy_cfg: The ``policy`` node (model shape, ``dp_size``, batching, optimizer).
-        value_cfg: ``algorithm.value`` (``lr``, ``warmup_steps``).
-
-    Returns:
-        A new ``DictConfig`` (the inputs are not modified).
+    The inputs are not modified.
     """
     base = policy_cfg if isinstance(policy_cfg, DictConfig) else OmegaConf.structured(policy_cfg)
     out = OmegaConf.create(OmegaConf.to_container(base, resolve=True))
@@ -50,27 +45,18 @@ class Value(Policy):
 
     # --- the critic's API -------------------------------------------------------------------
     def get_values(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Per-token values (``values[:, t]`` = value of the prefix ``tokens < t``).
+        """Per-token values ``{"values": float32 [B, S]}`` in input order (value of the prefix ``tokens < t``).
 
-        Args:
-            data: ``input_ids`` [B, S], ``input_lengths`` [B] (other fields are ignored).
-
-        Returns:
-            ``{"values": float32 [B, S]}`` in input order (0 at column 0 and beyond a row's
-            length).
+        Reads ``input_ids`` and ``input_lengths``; 0 at column 0 and beyond a row's length.
         """
-        shards, order = self._shard_for_dp(
-            self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens"
-        )
+        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
         outs = self._dispatch_sharded("get_values", shards)
         return self._fit_width(self._gather_in_input_order(outs, order), data, "values")
 
     def init_trunk_from(self, policy_model_state: Mapping[str, Any]) -> None:
-        """Start every critic replica from a policy's trunk (all but the LM head).
+        """Start every critic replica from a policy model's trunk (all but the LM head).
 
-        Args:
-            policy_model_state: The policy model's state dict (e.g.
-                ``policy.state_dict()["weights"]["model"]``).
+        ``policy_model_state`` is e.g. ``policy.state_dict()["weights"]["model"]``.
         """
         self._dispatch_all("init_trunk_from", dict(policy_model_state))
 
@@ -78,9 +64,7 @@ class Value(Policy):
     # and shutdown are inherited unchanged.
 
     # --- what a critic does not do ----------------------------------------------------------
-    def generate(
-        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool
-    ) -> BatchedDataDict:
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool) -> BatchedDataDict:
         """Not available: a critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model cannot generate")
 

@@ -53,16 +53,9 @@ class ValueWorker(PolicyWorker):
     # --- values --------------------------------------------------------------------------------
     @torch.no_grad()
     def get_values(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Per-token values of this rank's shard (``values[:, t]`` = value of ``tokens < t``).
+        """Like ``PolicyWorker.get_logprobs``, but ``{"values": float32 [b, S]}`` (value of ``tokens < t``).
 
-        Args:
-            data: Shard with ``input_ids`` [b, S] and ``input_lengths`` [b] (a plan, if
-                attached, is followed).
-            micro_batch_size: Rows per forward pass (default ``logprob_batch_size``).
-
-        Returns:
-            ``{"values": float32 [b, S]}`` (column 0 and columns at or beyond each row's length
-            are 0), rows in input order.
+        Column 0 and columns at or beyond each row's length are 0; no ``token_mask`` is applied.
         """
         self.model.eval()
         mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
@@ -77,14 +70,9 @@ class ValueWorker(PolicyWorker):
     def init_trunk_from(self, policy_model_state: Mapping[str, torch.Tensor]) -> int:
         """Copy the whole backbone (every tensor but the value head) from a policy state dict.
 
-        Used to start the critic from the warm-started policy's representation; the optimizer
-        is rebuilt (its state referred to the old tensors' values).
-
-        Args:
-            policy_model_state: ``state_dict()`` of the policy model (same family and shape).
-
-        Returns:
-            The number of tensors copied.
+        Returns the number of tensors copied.  Starts the critic from the warm-started policy's
+        representation (same family and shape); the optimizer is rebuilt (its state referred to
+        the old tensors' values).
 
         Raises:
             KeyError: A backbone tensor is missing from ``policy_model_state``.
