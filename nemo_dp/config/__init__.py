@@ -97,9 +97,9 @@ def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig
             (``validate_trainer_selection``).
 
     Raises:
-        ValueError: A range/legal-value rule failed (naming the full key and the legal values),
-            or the (algorithm, data_plane) pair is illegal (naming both keys).
-        omegaconf.errors.MissingMandatoryValue: A required key (``???``) is unset.
+        ValueError: A required key (``???``) is unset (naming the first and listing all), a
+            range/legal-value rule failed (naming the full key and the legal values), or the
+            (algorithm, data_plane) pair is illegal (naming both keys).
     """
     # A key added with a leading '+' passes Hydra's struct check; check_known_keys refuses it
     # (to_object would drop it silently).
