@@ -10,18 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig
 
 from nemo_dp.config import CONF_DIR, REPO_ROOT
+from nemo_dp.utils.config_checks import fail
 
 __all__ = [
     "BENCH_CONF_DIR",
     "BENCH_NAMES",
     "TrainingConfSearchPath",
+    "bench_fail",
     "register_bench_configs",
     "run_bench",
 ]
@@ -32,6 +34,11 @@ BENCH_CONF_DIR: Path = REPO_ROOT / "conf_bench"
 BENCH_NAMES: tuple[str, ...] = ("data_plane", "grpo_step", "peer_trl", "ppo_step", "sft_step")
 
 _SEARCH_PATH_PROVIDER = "nemo_dp-bench"
+
+
+def bench_fail(key: str, message: str) -> NoReturn:
+    """Raise ``ValueError("bench.<key>: <message>")``."""
+    fail(f"bench.{key}", message)
 
 
 def _local_dir(search_path_entry: str) -> Path | None:

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from nemo_dp.bench import bench_fail
+
 __all__ = [
     "MEMCPY",
     "LOCAL",
@@ -65,34 +67,31 @@ class DataPlaneBenchConfig:
     output_file: str = "bench_data_plane.json"
 
     def __post_init__(self) -> None:
-        def fail(key: str, message: str) -> None:
-            raise ValueError(f"bench.{key}: {message}")
-
         unknown = [b for b in self.backends if b not in ALL_BACKENDS]
         if unknown or not self.backends:
-            fail(
+            bench_fail(
                 "backends",
                 f"unknown or empty {unknown or self.backends}; legal: {list(ALL_BACKENDS)}",
             )
         if len(set(self.backends)) != len(self.backends):
-            fail("backends", f"duplicates in {self.backends}")
+            bench_fail("backends", f"duplicates in {self.backends}")
         unknown = [p for p in self.payloads if p not in ALL_PAYLOADS]
         if unknown or not self.payloads:
-            fail(
+            bench_fail(
                 "payloads",
                 f"unknown or empty {unknown or self.payloads}; legal: {list(ALL_PAYLOADS)}",
             )
         if not self.sizes_mib or any(not (s > 0 and math.isfinite(s)) for s in self.sizes_mib):
-            fail("sizes_mib", f"need positive sizes, got {self.sizes_mib}")
+            bench_fail("sizes_mib", f"need positive sizes, got {self.sizes_mib}")
         for key in ("reps", "large_reps", "dense_rows", "jagged_min_len", "num_cpus"):
             if getattr(self, key) < 1:
-                fail(key, f"must be >= 1, got {getattr(self, key)}")
+                bench_fail(key, f"must be >= 1, got {getattr(self, key)}")
         if self.warmup < 0:
-            fail("warmup", f"must be >= 0, got {self.warmup}")
+            bench_fail("warmup", f"must be >= 0, got {self.warmup}")
         if self.jagged_max_len < self.jagged_min_len:
-            fail("jagged_max_len", f"must be >= jagged_min_len={self.jagged_min_len}")
+            bench_fail("jagged_max_len", f"must be >= jagged_min_len={self.jagged_min_len}")
         if not self.output_file or "/" in self.output_file:
-            fail("output_file", f"must be a plain file name, got {self.output_file!r}")
+            bench_fail("output_file", f"must be a plain file name, got {self.output_file!r}")
 
 
 @dataclass

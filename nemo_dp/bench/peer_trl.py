@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_dp.bench import bench_fail
 from nemo_dp.bench.flops import ModelShape, cpu_info, matmul_gflops, phase_flops
 from nemo_dp.bench.peer_report import PHASES, peer_table, print_peer_report, target_checks
 
@@ -27,10 +28,6 @@ PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed", "bf16-true")
 #: The two trainers; a ``data_planes`` entry other than ``disabled`` adds a nemo_dp column.
 SIDES: tuple[str, ...] = ("nemo_dp", "trl")
 _DATA_PLANES: tuple[str, ...] = ("disabled", "tq", "ray")
-
-
-def _fail(key: str, message: str) -> None:
-    raise ValueError(f"bench.{key}: {message}")
 
 
 @dataclass
@@ -67,30 +64,30 @@ class PeerTrlBenchConfig:
         for key, legal in (("precisions", PRECISIONS), ("sides", SIDES), ("data_planes", _DATA_PLANES)):
             values = list(getattr(self, key))
             if not values or len(set(values)) != len(values) or any(v not in legal for v in values):
-                _fail(key, f"need distinct values of {list(legal)}, got {values}")
+                bench_fail(key, f"need distinct values of {list(legal)}, got {values}")
         for key in ("digits", "num_train_prompts", "prompts_per_step", "max_new_tokens", "max_seq_len",
                     "measured_steps", "cores", "nemo_dp_size", "num_cpus"):
             if int(getattr(self, key)) < 1:
-                _fail(key, f"must be >= 1, got {getattr(self, key)}")
+                bench_fail(key, f"must be >= 1, got {getattr(self, key)}")
         if self.group_size < 2:
-            _fail("group_size", f"must be >= 2 (group-relative advantages), got {self.group_size}")
+            bench_fail("group_size", f"must be >= 2 (group-relative advantages), got {self.group_size}")
         if self.warmup_steps < 1:
-            _fail("warmup_steps", f"must be >= 1 (the first step is never steady state), got {self.warmup_steps}")
+            bench_fail("warmup_steps", f"must be >= 1 (the first step is never steady state), got {self.warmup_steps}")
         if self.cores % self.nemo_dp_size:
-            _fail("nemo_dp_size", f"must divide bench.cores={self.cores}, got {self.nemo_dp_size}")
+            bench_fail("nemo_dp_size", f"must divide bench.cores={self.cores}, got {self.nemo_dp_size}")
         if self.num_train_prompts < self.prompts_per_step:
-            _fail("num_train_prompts", f"must be >= bench.prompts_per_step={self.prompts_per_step}")
+            bench_fail("num_train_prompts", f"must be >= bench.prompts_per_step={self.prompts_per_step}")
         if self.kl_coef < 0 or self.clip_eps < 0 or self.lr <= 0 or self.temperature <= 0:
-            _fail("kl_coef", f"need kl_coef >= 0, clip_eps >= 0, lr > 0, temperature > 0; got "
+            bench_fail("kl_coef", f"need kl_coef >= 0, clip_eps >= 0, lr > 0, temperature > 0; got "
                   f"{self.kl_coef}, {self.clip_eps}, {self.lr}, {self.temperature}")
         if len(self.matmul_shape) != 3 or min(self.matmul_shape) < 1:
-            _fail("matmul_shape", f"need [m, k, n] >= 1, got {self.matmul_shape}")
+            bench_fail("matmul_shape", f"need [m, k, n] >= 1, got {self.matmul_shape}")
         if not self.matmul_seconds > 0:
-            _fail("matmul_seconds", f"must be > 0, got {self.matmul_seconds}")
+            bench_fail("matmul_seconds", f"must be > 0, got {self.matmul_seconds}")
         if not 0 <= self.trl_niceness <= 19:
-            _fail("trl_niceness", f"must be in [0, 19], got {self.trl_niceness}")
+            bench_fail("trl_niceness", f"must be in [0, 19], got {self.trl_niceness}")
         if not self.output_file or "/" in self.output_file:
-            _fail("output_file", f"must be a plain file name, got {self.output_file!r}")
+            bench_fail("output_file", f"must be a plain file name, got {self.output_file!r}")
 
     @property
     def samples_per_step(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_dp.bench import bench_fail
 from nemo_dp.bench.common import MB
 from nemo_dp.bench.probes import RayTraffic, RssSampler
 from nemo_dp.bench.report import print_rl_comparisons, print_sft_table, rl_comparisons, sft_table
@@ -53,26 +54,22 @@ Mark = tuple[int, float, dict[str, int], dict[str, Any]]
 _DRIVER_STORE_WALL = "data_plane/step/wall_ms"
 
 
-def _fail(key: str, message: str) -> None:
-    raise ValueError(f"bench.{key}: {message}")
-
-
 def _check_common(cfg: Any, legal_backends: tuple[str, ...], *, overrides_required: bool = False) -> None:
     unknown = [d for d in cfg.backends if d not in legal_backends]
     if unknown or not cfg.backends or len(set(cfg.backends)) != len(cfg.backends):
-        _fail("backends", f"need distinct options of {list(legal_backends)}, got {cfg.backends}")
+        bench_fail("backends", f"need distinct options of {list(legal_backends)}, got {cfg.backends}")
     for key in ("measured_steps", "num_cpus"):
         if getattr(cfg, key) < 1:
-            _fail(key, f"must be >= 1, got {getattr(cfg, key)}")
+            bench_fail(key, f"must be >= 1, got {getattr(cfg, key)}")
     if cfg.warmup_steps < 0:
-        _fail("warmup_steps", f"must be >= 0, got {cfg.warmup_steps}")
+        bench_fail("warmup_steps", f"must be >= 0, got {cfg.warmup_steps}")
     if not cfg.output_file or "/" in cfg.output_file:
-        _fail("output_file", f"must be a plain file name, got {cfg.output_file!r}")
+        bench_fail("output_file", f"must be a plain file name, got {cfg.output_file!r}")
     missing = [d for d in cfg.backends if d not in cfg.backend_overrides]
     if missing and overrides_required:
-        _fail("backend_overrides", f"no entry for {missing}")
+        bench_fail("backend_overrides", f"no entry for {missing}")
     if not cfg.rss_sample_interval_s > 0:
-        _fail("rss_sample_interval_s", f"must be > 0, got {cfg.rss_sample_interval_s}")
+        bench_fail("rss_sample_interval_s", f"must be > 0, got {cfg.rss_sample_interval_s}")
 
 
 def _observed_overrides(*backends: str) -> Any:
@@ -104,9 +101,9 @@ class GrpoStepBenchConfig:
 
     def __post_init__(self) -> None:
         if not self.samples_per_step or any(s < 1 for s in self.samples_per_step):
-            _fail("samples_per_step", f"need positive sizes, got {self.samples_per_step}")
+            bench_fail("samples_per_step", f"need positive sizes, got {self.samples_per_step}")
         if self.group_size < 1 or any(s % self.group_size for s in self.samples_per_step):
-            _fail("group_size", f"must be >= 1 and divide every samples_per_step {self.samples_per_step}")
+            bench_fail("group_size", f"must be >= 1 and divide every samples_per_step {self.samples_per_step}")
         _check_common(self, self.legal_backends(), overrides_required=True)
 
 
@@ -125,7 +122,7 @@ class PpoStepBenchConfig(GrpoStepBenchConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.ppo_epochs < 1:
-            _fail("ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
+            bench_fail("ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
 
 
 @dataclass
@@ -146,9 +143,9 @@ class SftStepBenchConfig:
 
     def __post_init__(self) -> None:
         if not self.global_batch_sizes or any(b < 1 for b in self.global_batch_sizes):
-            _fail("global_batch_sizes", f"need positive sizes, got {self.global_batch_sizes}")
+            bench_fail("global_batch_sizes", f"need positive sizes, got {self.global_batch_sizes}")
         if self.micro_batch_size < 1:
-            _fail("micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
+            bench_fail("micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
         _check_common(self, SFT_STEP_TRAINERS)
 
 

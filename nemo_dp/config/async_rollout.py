@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_dp.config.checks import Checked, at_least_field, positive_field
+from nemo_dp.utils.config_checks import Checked, at_least_field, positive_field
 from nemo_dp.utils.config_access import cfg_get
 
 __all__ = [

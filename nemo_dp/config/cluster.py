@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from nemo_dp.config.checks import fail
+from nemo_dp.utils.config_checks import fail
 from nemo_dp.distributed.ray_init import parse_cluster_address
 
 __all__ = ["ClusterConfig", "RESERVED_RESOURCE_NAMES"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from nemo_dp.config.checks import one_of
+from nemo_dp.utils.config_checks import one_of
 from nemo_dp.environments.registry import check_reward_entry, is_function_path, reward_entries, single_reward_names
 
 __all__ = ["ENV_NAMES", "ENV_FORMATS", "EnvConfig", "ColumnsConfig", "RewardItem"]

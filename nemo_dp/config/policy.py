@@ -20,7 +20,7 @@ from nemo_dp.config.precision import (
     PRECISION_NAMES,
     resolve_precision_name,
 )
-from nemo_dp.config.checks import Checked, at_least_field, one_of
+from nemo_dp.utils.config_checks import Checked, at_least_field, one_of
 from nemo_dp.config.schema import PolicyConfig
 
 __all__ = [

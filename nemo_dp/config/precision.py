@@ -1,18 +1,15 @@
 """The ``policy.precision`` names and their ``policy.dtype`` aliases.
 
-No other imports, so the model layer can resolve a precision without loading the schemas.
+It imports no schema, so the model layer can resolve a precision without loading them.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from nemo_dp.utils.config_checks import one_of
+
 __all__ = ["PRECISION_NAMES", "DEFAULT_PRECISION", "DTYPE_PRECISIONS", "HF_DTYPE_NAMES", "resolve_precision_name"]
-
-
-def _one_of(key: str, value: object, legal: tuple[str, ...]) -> None:
-    if value not in legal:
-        raise ValueError(f"{key}: got {value!r}; legal values: {list(legal)}")
 
 
 #: ``policy.precision`` values (Lightning's names): float32 throughout; float32 master weights
@@ -36,9 +33,9 @@ def resolve_precision_name(precision: Optional[str], dtype: Optional[str]) -> st
             to different precisions (naming both).
     """
     if dtype is not None:
-        _one_of("policy.dtype", dtype, tuple(DTYPE_PRECISIONS))
+        one_of("policy.dtype", dtype, tuple(DTYPE_PRECISIONS))
     if precision is not None:
-        _one_of("policy.precision", precision, PRECISION_NAMES)
+        one_of("policy.precision", precision, PRECISION_NAMES)
     if precision is not None and dtype is not None and DTYPE_PRECISIONS[dtype] != precision:
         raise ValueError(
             f"policy.precision={precision} and policy.dtype={dtype} (an alias of "

@@ -14,7 +14,7 @@ from omegaconf import MISSING
 
 from nemo_dp.config.algorithm_registry import ALGORITHMS, algorithm_names
 from nemo_dp.config.async_rollout import AsyncRolloutConfig
-from nemo_dp.config.checks import (
+from nemo_dp.utils.config_checks import (
     Checked,
     at_least,
     at_least_each,

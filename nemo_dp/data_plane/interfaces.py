@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 from omegaconf import MISSING
 
+from nemo_dp.utils.config_checks import fail
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from tensordict import TensorDict
 
@@ -361,10 +363,6 @@ class DataPlaneClient(abc.ABC):
 # --- Configuration schemas (Hydra structured configs) ---
 
 
-def _fail(key: str, message: str) -> None:
-    raise ValueError(f"{key}: {message}")
-
-
 def _physical_cores() -> int:
     try:
         import psutil
@@ -394,9 +392,9 @@ class SimpleStorageConfig:
 
     def __post_init__(self) -> None:
         if self.storage_capacity < 1:
-            _fail("data_plane.simple.storage_capacity", f"must be >= 1, got {self.storage_capacity}")
+            fail("data_plane.simple.storage_capacity", f"must be >= 1, got {self.storage_capacity}")
         if isinstance(self.num_storage_units, int) and self.num_storage_units < 1:
-            _fail("data_plane.simple.num_storage_units", f"must be >= 1, got {self.num_storage_units}")
+            fail("data_plane.simple.num_storage_units", f"must be >= 1, got {self.num_storage_units}")
 
 
 @dataclass
@@ -413,9 +411,9 @@ class TimeoutsConfig:
         for name in ("controller_s", "storage_s", "storage_probe_s", "startup_s"):
             value = getattr(self, name)
             if not value > 0:
-                _fail(f"data_plane.timeouts.{name}", f"must be > 0, got {value}")
+                fail(f"data_plane.timeouts.{name}", f"must be > 0, got {value}")
         if self.storage_max_attempts < 1:
-            _fail("data_plane.timeouts.storage_max_attempts", f"must be >= 1, got {self.storage_max_attempts}")
+            fail("data_plane.timeouts.storage_max_attempts", f"must be >= 1, got {self.storage_max_attempts}")
 
 
 @dataclass
@@ -433,14 +431,14 @@ class DataPlaneConfig:
 
     def __post_init__(self) -> None:
         if self.impl != "transfer_queue":
-            _fail("data_plane.impl", f"must be 'transfer_queue' for this schema, got {self.impl!r}")
+            fail("data_plane.impl", f"must be 'transfer_queue' for this schema, got {self.impl!r}")
         if self.backend != "simple":
-            _fail("data_plane.backend", f"unsupported backend {self.backend!r}; legal values: ['simple']")
+            fail("data_plane.backend", f"unsupported backend {self.backend!r}; legal values: ['simple']")
         if not self.claim_meta_poll_interval_s > 0:
-            _fail("data_plane.claim_meta_poll_interval_s", f"must be > 0, got {self.claim_meta_poll_interval_s}")
+            fail("data_plane.claim_meta_poll_interval_s", f"must be > 0, got {self.claim_meta_poll_interval_s}")
         cores = _physical_cores()
         if not 1 <= self.num_threads <= max(cores, 1):
-            _fail("data_plane.num_threads", f"must be in [1, {cores}] (physical cores), got {self.num_threads}")
+            fail("data_plane.num_threads", f"must be in [1, {cores}] (physical cores), got {self.num_threads}")
         # Nested nodes may arrive as plain mappings when built by hand.
         if isinstance(self.simple, Mapping):
             self.simple = SimpleStorageConfig(**self.simple)
@@ -461,9 +459,9 @@ class LocalDataPlaneConfig:
 
     def __post_init__(self) -> None:
         if self.impl != "local":
-            _fail("data_plane.impl", f"must be 'local' for this schema, got {self.impl!r}")
+            fail("data_plane.impl", f"must be 'local' for this schema, got {self.impl!r}")
         if self.max_partitions < 1:
-            _fail("data_plane.max_partitions", f"must be >= 1, got {self.max_partitions}")
+            fail("data_plane.max_partitions", f"must be >= 1, got {self.max_partitions}")
         if isinstance(self.observability, Mapping):
             self.observability = ObservabilityConfig(**self.observability)
 
@@ -476,7 +474,7 @@ class DisabledDataPlaneConfig:
 
     def __post_init__(self) -> None:
         if self.enabled:
-            _fail("data_plane.enabled", "must be false for data_plane=disabled")
+            fail("data_plane.enabled", "must be false for data_plane=disabled")
 
 
 DataPlaneRuntimeConfig = Union[DataPlaneConfig, LocalDataPlaneConfig]

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_dp.data_plane.interfaces import ObservabilityConfig, _fail
+from nemo_dp.data_plane.interfaces import ObservabilityConfig
+from nemo_dp.utils.config_checks import fail
 
 __all__ = ["RAY_STORE_KIND", "RayStoreTimeoutsConfig", "RayStoreDataPlaneConfig"]
 
@@ -19,7 +20,7 @@ RAY_STORE_KIND = "ray_store"
 
 def _require_positive(key: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        _fail(key, f"must be a number > 0, got {value!r}")
+        fail(key, f"must be a number > 0, got {value!r}")
 
 
 @dataclass
@@ -58,9 +59,9 @@ class RayStoreDataPlaneConfig:
 
     def __post_init__(self) -> None:
         if self.enabled is not True:
-            _fail("data_plane.enabled", f"must be true for data_plane=ray, got {self.enabled!r}")
+            fail("data_plane.enabled", f"must be true for data_plane=ray, got {self.enabled!r}")
         if self.impl != RAY_STORE_KIND:
-            _fail("data_plane.impl", f"must be {RAY_STORE_KIND!r} for this schema, got {self.impl!r}")
+            fail("data_plane.impl", f"must be {RAY_STORE_KIND!r} for this schema, got {self.impl!r}")
         _require_positive("data_plane.claim_meta_poll_interval_s", self.claim_meta_poll_interval_s)
         # Nested nodes may arrive as plain mappings when built by hand.
         if isinstance(self.timeouts, Mapping):

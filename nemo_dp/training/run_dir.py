@@ -19,7 +19,7 @@ from typing import Any
 
 from nemo_dp.training.checkpoint_discovery import find_phase_roots, list_step_dirs
 from nemo_dp.training.resume import ResumePlan
-from nemo_dp.utils.json_files import json_lines, load_json, write_json_lines
+from nemo_dp.utils.json_files import json_lines, load_json, write_json, write_json_lines
 from nemo_dp.utils.metrics import bad_metrics_json
 
 __all__ = [
@@ -228,11 +228,7 @@ class RunDirDecision:
                     "in_place": self.mode == "resume_in_place",
                 }
             )
-        path = self.run_dir / RUN_MARKER
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{RUN_MARKER}.tmp-{uuid.uuid4().hex}")
-        tmp.write_text(json.dumps(marker, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        write_json(self.run_dir / RUN_MARKER, marker, indent=1)
 
 
 def _same(a: Path | None, b: Path) -> bool:

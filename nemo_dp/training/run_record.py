@@ -3,18 +3,18 @@ the last good checkpoint and the resume command, or no run directory if it never
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import sys
 import time
 import traceback
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from nemo_dp.utils.json_files import write_json
 
 __all__ = [
     "RunRecord",
@@ -180,8 +180,5 @@ def write_failure_summary(record: RunRecord, exc: BaseException, *, status: str)
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     path = record.run_dir / "summary.json"
-    record.run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".summary.json.tmp-{uuid.uuid4().hex}")
-    tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, summary, indent=2, default=str)
     return path

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_json", "json_lines", "write_json_lines"]
+__all__ = ["load_json", "json_lines", "write_json", "write_json_lines"]
 
 
 def load_json(path: Path, bad_json: Callable[[Exception], Exception]) -> Any:
@@ -50,11 +50,19 @@ def json_lines(
         yield lineno, value
 
 
+def write_json(path: Path, value: Any, **dumps_kwargs: Any) -> None:
+    """Replace ``path`` atomically by ``json.dumps(value, **dumps_kwargs)`` (parent directories are created)."""
+    _replace_text(path, json.dumps(value, **dumps_kwargs))
+
+
 def write_json_lines(path: Path, records: Iterable[Any]) -> None:
     """Replace ``path`` atomically by one JSON line per record (parent directories are created)."""
+    _replace_text(path, "".join(json.dumps(rec) + "\n" for rec in records))
+
+
+def _replace_text(path: Path, text: str) -> None:
+    # A reader sees the old file or the new one, never a partial write.
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
