@@ -166,9 +166,8 @@ class BaseDataPlaneClient(DataPlaneClient):
     def _read_args(
         sample_ids: Any, select_fields: Any, require_partition: Callable[[], object]
     ) -> tuple[list[str], list[str]]:
-        """``check_read_args``; ``require_partition`` (raising for an unknown partition) runs first.
-
-        An unknown partition outranks argument errors, and a read of no ids checks it too.
+        """``check_read_args``, calling ``require_partition`` (raises for an unknown partition) when
+        the arguments are refused or name no ids, so an unknown partition outranks argument errors.
         """
         try:
             ids, names = check_read_args(sample_ids, select_fields)

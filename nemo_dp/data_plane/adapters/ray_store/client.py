@@ -133,7 +133,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
             return reply[1]
         raise _ERRORS.get(reply[1], RuntimeError)(reply[2])
 
-    def _require_partition(self, partition_id: Any, op: str) -> None:
+    def _require_partition(self, partition_id: Any) -> None:
         if not self._call("exists", partition_id, partition_id):
             raise unknown_partition(partition_id)
 
@@ -195,7 +195,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         )
 
     def _require_known(self, partition_id: str) -> None:
-        self._require_partition(partition_id, "get_data")
+        self._require_partition(partition_id)
 
     def _consumed(self, partition_id: Any, task_names: Any) -> bool:
         """The metadata actor's consumption check."""
@@ -215,7 +215,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         try:
             plan = plan_put(partition_id, sample_ids, fields, tags)
         except (TypeError, ValueError):
-            self._require_partition(partition_id, "put_samples")  # unknown partition outranks
+            self._require_partition(partition_id)  # unknown partition outranks
             raise
         encoded = {name: encode_column(name, t) for name, t in plan.tensors.items()}
         inline = sum(e.nbytes for e in encoded.values()) <= INLINE_MAX_BYTES
@@ -241,7 +241,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         """Locate the cells with the actor, fetch their objects once and gather the rows."""
         self._begin()
         ids, names = self._read_args(
-            sample_ids, select_fields, lambda: self._require_partition(partition_id, "get_samples")
+            sample_ids, select_fields, lambda: self._require_partition(partition_id)
         )
         if not ids:
             return TensorDict({}, batch_size=(0,))
