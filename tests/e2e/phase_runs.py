@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.compose import compose_run
 
-
-def compose_run(overrides: Sequence[str]) -> Any:
-    """The run config the launcher composes from ``overrides`` (recipes registered)."""
-    from hydra import compose, initialize_config_dir
-
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=list(overrides))
+__all__ = ["compose_run", "train_phase", "train_from_state"]
 
 
 def train_phase(phase: Any, policy: Any, tokenizer: Any, run_dir: Path, logger_cfg: Any, trainer: Any) -> list[dict[str, Any]]:

@@ -89,13 +89,9 @@ GRPO_RUNS: dict[str, tuple[str, ...]] = {
 
 
 def _compose(overrides: Sequence[str]) -> Any:
-    from hydra import compose, initialize_config_dir
+    from tests.compose import compose_run
 
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=list(overrides))
+    return compose_run(overrides)
 
 
 def _run(name: str, overrides: Sequence[str], out_dir: Path, env: dict[str, str], policies: dict[str, Any],

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -154,14 +153,9 @@ def compose_tiny_tq_rl(*overrides: str) -> Any:
     Returns:
         The composed ``DictConfig``.
     """
-    from hydra import compose, initialize_config_dir
+    from tests.compose import compose_run
 
-    from nemo_dp.config import register_configs
-
-    repo_root = Path(__file__).resolve().parents[2]
-    register_configs(repo_root / "recipes")
-    with initialize_config_dir(str(repo_root / "conf"), version_base=None):
-        return compose("config", overrides=[*TINY_TQ_RL, *overrides])
+    return compose_run([*TINY_TQ_RL, *overrides])
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ process).  A ``RolloutGroup`` of two actors generates into the store; the tests 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,17 +33,13 @@ from nemo_dp.models.builders import build_tokenizer
 from nemo_dp.models.policy.rollout_group import RolloutGroup
 from nemo_dp.models.policy.rollout_worker import POLICY_VERSION, TAG_ORDINAL, partition_for_batch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 G = 4
 PROMPTS = 4
 
 
 def _config() -> Any:
-    from hydra import compose, initialize_config_dir
+    from tests.compose import compose_run
 
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
     overrides = [
         "~recipe", "seed=3", "data_plane=tq", "env.digits=1", "policy.dp_size=1",
         "policy.model.n_layers=1", "policy.model.d_model=32", "policy.model.n_heads=2",
@@ -52,8 +47,7 @@ def _config() -> Any:
         f"algorithm.num_generations_per_prompt={G}", f"algorithm.num_prompts_per_step={PROMPTS}",
         "algorithm.async_rollout.enabled=true",
     ]
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=overrides)
+    return compose_run(overrides)
 
 
 TOK = build_tokenizer(_config().policy)

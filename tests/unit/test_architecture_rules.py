@@ -217,13 +217,9 @@ DATA_PLANES = sorted(p.stem for p in (REPO / "conf" / "data_plane").glob("*.yaml
 
 
 def _compose(algorithm: str, data_plane: str) -> object:
-    from hydra import compose, initialize_config_dir
+    from tests.compose import compose_run
 
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO / "recipes")
-    with initialize_config_dir(str(REPO / "conf"), version_base=None):
-        return compose("config", overrides=["~recipe", f"algorithm={algorithm}", f"data_plane={data_plane}"])
+    return compose_run(["~recipe", f"algorithm={algorithm}", f"data_plane={data_plane}"])
 
 
 @pytest.mark.parametrize("data_plane", DATA_PLANES)

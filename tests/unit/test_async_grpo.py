@@ -85,14 +85,10 @@ def test_selection_rule() -> None:
 
 
 def _compose(*overrides: str, recipe: str | None = None):
-    from hydra import compose, initialize_config_dir
+    from tests.compose import compose_run
 
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO_ROOT / "recipes")
     head = ["~recipe", "algorithm=grpo"] if recipe is None else [f"recipe={recipe}"]
-    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base=None):
-        return compose("config", overrides=[*head, *overrides])
+    return compose_run([*head, *overrides])
 
 
 def test_factory_selects_the_async_trainer_only_with_tq() -> None:

@@ -3,22 +3,16 @@ bad values fail before any process starts, naming the key; the factory pairs are
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
-
-from nemo_dp.config import register_configs, validate_config, warm_start_config
+from nemo_dp.config import validate_config, warm_start_config
 from nemo_dp.config.schema import PPOConfig
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.compose import compose_run
 
 
 def _compose(*overrides: str) -> Any:
-    register_configs(REPO / "recipes")
-    with initialize_config_dir(str(REPO / "conf"), version_base=None):
-        return compose("config", overrides=list(overrides))
+    return compose_run(overrides)
 
 
 def test_ppo_group_and_recipe_validate() -> None:

@@ -128,13 +128,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _compose(*overrides: str):  # type: ignore[no-untyped-def]
-    from hydra import compose, initialize_config_dir
+    from tests.compose import compose_run
 
-    from nemo_dp.config import register_configs
-
-    register_configs(REPO / "recipes")
-    with initialize_config_dir(str(REPO / "conf"), version_base=None):
-        return compose("config", overrides=["~recipe", *overrides])
+    return compose_run(["~recipe", *overrides])
 
 
 def test_plan_phases_adds_the_warm_start_only_when_enabled() -> None:
