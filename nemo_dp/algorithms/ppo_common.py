@@ -254,9 +254,11 @@ def finish_ppo_step_metrics(
             critic values) and training.
     """
     metrics.update(step_time_metrics(counters, timings))
-    detail = f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
     validate_if_due(
-        step, metrics, counters, evaluate, val_period=val_period, max_steps=max_steps, logger=logger, detail=detail
+        step, metrics, counters, evaluate, val_period=val_period, max_steps=max_steps, logger=logger,
+        detail=lambda: (
+            f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
+        ),
     )
 
 

@@ -214,19 +214,20 @@ def validate_if_due(
     val_period: int,
     max_steps: int,
     logger: PhaseLogger,
-    detail: str = "",
+    detail: Callable[[], str] | None = None,
 ) -> None:
     """Evaluate after ``step`` when :func:`should_validate` says so and log the step line.
 
     Args:
         metrics: The step's metrics (``reward_mean`` and ``loss`` are logged).
-        detail: Logged between the loss and the accuracy (ending with ``", "``).
+        detail: Makes the text logged between the loss and the accuracy (ending with ``", "``);
+            called only when the step validates.
     """
     if should_validate(step, val_period=val_period, max_steps=max_steps):
         acc = record_validation(counters, metrics, evaluate)
         logger.info(
             f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
-            f"{detail}held-out accuracy {acc:.3f}"
+            f"{detail() if detail else ''}held-out accuracy {acc:.3f}"
         )
 
 
