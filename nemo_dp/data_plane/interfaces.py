@@ -1,7 +1,6 @@
 """The data-plane contract: ``KVBatchMeta``, the ``DataPlaneClient`` ABC and the config schemas.
 
-Must stay importable without Ray, TransferQueue, torch or tensordict: config code and the Hydra
-schemas import it in processes that never touch a tensor.
+Importable without Ray, TransferQueue, torch or tensordict (config-only processes import it).
 """
 
 from __future__ import annotations
@@ -38,19 +37,14 @@ __all__ = [
 
 
 class DataPlaneUnavailableError(TimeoutError):
-    """The backend did not answer within its configured bound (dead controller or storage).
+    """The backend did not answer within its bound; the message names operation, partition and bound.
 
-    Raised instead of hanging; the message names the operation, the partition and the bound.
     Rows touched by the failed call are undefined: treat the step as failed.
     """
 
 
 class PartitionLimitError(RuntimeError):
-    """``register_partition`` found the store at its bound of live partitions; nothing was registered.
-
-    A ``RuntimeError`` subclass, so ``except RuntimeError`` handlers still catch it; callers that
-    want to wait for a slot catch this type instead of matching the message.
-    """
+    """``register_partition`` found the store at its bound of live partitions; nothing was registered."""
 
 
 # --- KVBatchMeta ---
@@ -73,15 +67,10 @@ def _check_index(index: int, size: int, what: str) -> int:
 
 @dataclass
 class KVBatchMeta:
-    """A small picklable handle to rows in the data plane.
-
-    It travels between processes instead of tensors: the partition, the ordered sample ids,
-    the fields written (or to fetch), per-row lengths and tags, and a batch-level bag.
+    """A small picklable handle to rows in the data plane, sent between processes instead of tensors.
 
     Attributes:
-        partition_id: Partition the ids live in.
         task_name: Consumer/stage tag; ``None`` on raw put receipts.
-        sample_ids: Ordered row ids.
         fields: Fields written by the put that minted the meta, or the fields to fetch.
         sequence_lengths: Per-row valid lengths (drive sharding and pad targets).
         extra_info: Batch-level bag; never per-row data.
@@ -108,17 +97,13 @@ class KVBatchMeta:
                 f"with sample_ids ({n})"
             )
 
-    # The class deliberately defines neither __len__ nor __bool__: an empty meta is truthy.
+    # No __len__/__bool__ on purpose: an empty meta is truthy.
     @property
     def size(self) -> int:
-        """Number of rows (``len(sample_ids)``)."""
         return len(self.sample_ids)
 
     def stamp_tags(self, scalars: Mapping[str, Any]) -> None:
-        """Write per-row values into ``tags`` in place (creating empty tags when absent).
-
-        Args:
-            scalars: name -> sequence/tensor/ndarray with exactly ``size`` values.
+        """Write per-row values (name -> ``size`` values) into ``tags`` in place, creating tags when absent.
 
         Raises:
             ValueError: A value sequence does not have ``size`` entries.
@@ -152,20 +137,12 @@ class KVBatchMeta:
         )
 
     def subset(self, indices: Sequence[int]) -> KVBatchMeta:
-        """Rows at ``indices`` in the given order (duplicates allowed).
-
-        Raises:
-            IndexError: An index is outside ``[0, size)``.
-        """
+        """Rows at ``indices`` in the given order (duplicates allowed); ``IndexError`` outside ``[0, size)``."""
         idx = [_check_index(i, self.size, "subset") for i in indices]
         return self._project(idx)
 
     def slice(self, start: int, stop: int) -> KVBatchMeta:
-        """Rows ``start:stop``; requires ``0 <= start <= stop <= size``.
-
-        Raises:
-            IndexError: The bounds are out of range.
-        """
+        """Rows ``start:stop``; ``IndexError`` unless ``0 <= start <= stop <= size``."""
         if not (0 <= start <= stop <= self.size):
             raise IndexError(
                 f"KVBatchMeta.slice: need 0 <= start <= stop <= size, got start={start}, "
@@ -177,7 +154,7 @@ class KVBatchMeta:
         """Concatenate rows (``self`` first); ``task_name`` and ``extra_info`` from ``self``.
 
         Raises:
-            ValueError: A partition id differs from ``self.partition_id``.
+            ValueError: A partition id differs.
         """
         metas = (self, *others)
         for m in others:
@@ -197,11 +174,7 @@ class KVBatchMeta:
             if all(m.tags is not None for m in metas)
             else None
         )
-        union: list[str] = []
-        for m in metas:
-            for f in m.fields or []:
-                if f not in union:
-                    union.append(f)
+        union = list(dict.fromkeys(f for m in metas for f in m.fields or []))
         return KVBatchMeta(
             partition_id=self.partition_id,
             task_name=self.task_name,
@@ -213,11 +186,7 @@ class KVBatchMeta:
         )
 
     def drop(self, indices: Sequence[int]) -> KVBatchMeta | None:
-        """The complement of ``subset`` (set semantics); ``None`` when every row is dropped.
-
-        Raises:
-            IndexError: An index is outside ``[0, size)``.
-        """
+        """Complement of ``subset`` (set semantics); ``None`` if every row is dropped; ``IndexError`` as ``subset``."""
         dropped = {_check_index(i, self.size, "drop") for i in indices}
         keep = [i for i in range(self.size) if i not in dropped]
         if not keep and self.size > 0:
@@ -226,12 +195,8 @@ class KVBatchMeta:
 
     def with_fields(self, field_names: Sequence[str]) -> KVBatchMeta:
         """Copy whose ``fields`` is the order-preserving dedup of current + ``field_names``."""
-        merged: list[str] = []
-        for f in list(self.fields or []) + list(field_names):
-            if f not in merged:
-                merged.append(f)
         out = self._project(list(range(self.size)))
-        out.fields = merged
+        out.fields = list(dict.fromkeys([*(self.fields or []), *field_names]))
         return out
 
 
@@ -241,9 +206,8 @@ class KVBatchMeta:
 class DataPlaneClient(abc.ABC):
     """Synchronous per-sample key/value store shared by producers and consumers.
 
-    Every method is a plain ``def``; after ``close()`` every method except ``close`` raises
-    ``RuntimeError`` mentioning "closed".  Calls that raise ``ValueError``, ``KeyError`` or
-    ``TypeError`` change nothing.
+    After ``close()`` every method but ``close`` raises ``RuntimeError`` mentioning "closed" (not
+    repeated below).  Calls that raise ``ValueError``, ``KeyError`` or ``TypeError`` change nothing.
     """
 
     # --- task-mediated half -------------------------------------------------------------------
@@ -255,8 +219,7 @@ class DataPlaneClient(abc.ABC):
         """Declare a partition (schema, ``num_samples`` rows, consumer tasks) for every process.
 
         Raises:
-            RuntimeError: Closed; ``PartitionLimitError`` where the backend bounds live
-                partitions.
+            PartitionLimitError: The backend bounds live partitions and is full.
             TypeError: A name, ``num_samples`` or ``grpo_group_size`` of the wrong type.
             ValueError: Empty/reserved id, duplicate fields/tasks ("must be unique"),
                 ``num_samples <= 0``, a group size that does not divide it, bad ``enums``, or
@@ -268,9 +231,9 @@ class DataPlaneClient(abc.ABC):
         self, partition_id: str, task_name: str, required_fields: Sequence[str], batch_size: int,
         dp_rank: int | None = None, blocking: bool = True, timeout_s: float = 60.0,
     ) -> KVBatchMeta:
-        """Claim ``batch_size`` ready rows for ``task_name``, oldest (stored order) first.
+        """Claim ``batch_size`` ready rows for ``task_name``, oldest first; never a row twice per task.
 
-        A row is never claimed twice for one task.  ``dp_rank`` is reserved and ignored.
+        ``dp_rank`` is reserved and ignored.
 
         Raises:
             RuntimeError: Closed (also while waiting).
@@ -285,7 +248,6 @@ class DataPlaneClient(abc.ABC):
         """Fetch ``meta``'s rows (fields from ``select_fields``, else ``meta.fields``).
 
         Raises:
-            RuntimeError: Closed.
             TypeError: ``meta`` is not a ``KVBatchMeta``.
             KeyError: Unknown partition; otherwise as ``get_samples``.
             ValueError: No field can be resolved (``select_fields``/``fields``).
@@ -296,7 +258,6 @@ class DataPlaneClient(abc.ABC):
         """True iff every listed task claimed every row currently in the partition.
 
         Raises:
-            RuntimeError: Closed.
             KeyError: Unknown partition or task.
             ValueError: Empty ``task_names``.
         """
@@ -310,7 +271,6 @@ class DataPlaneClient(abc.ABC):
         """Write rows, validated completely before anything is written; return the receipt.
 
         Raises:
-            RuntimeError: Closed.
             KeyError: Unknown partition.
             TypeError: Bad id types, tags not JSON-compatible, dtype/kind change of a stored
                 field, a nested ``TensorDict`` leaf, or a leaf the backend cannot store.
@@ -323,7 +283,6 @@ class DataPlaneClient(abc.ABC):
         """Read exactly the requested rows and fields, in the requested order (fresh copies).
 
         Raises:
-            RuntimeError: Closed.
             KeyError: Unknown partition, unknown/cleared ids (listed), unproduced fields.
             ValueError: Empty ``select_fields`` or duplicate ids.
             DataPlaneUnavailableError: The backend is unreachable (a ``TimeoutError``).
@@ -335,12 +294,9 @@ class DataPlaneClient(abc.ABC):
 
     @abc.abstractmethod
     def clear_samples(self, sample_ids: Sequence[str] | None, partition_id: str) -> None:
-        """Drop rows (explicit ids; ``[]`` is a no-op) or (``None``) the whole partition.
-
-        Dropping the whole partition also drops its registration.
+        """Drop rows (explicit ids; ``[]`` is a no-op) or (``None``) the whole partition and its registration.
 
         Raises:
-            RuntimeError: Closed.
             KeyError: Unknown partition, or an explicit id that is not live (listed; nothing
                 cleared).
             ValueError: Duplicate explicit ids.
@@ -367,12 +323,17 @@ def _physical_cores() -> int:
     try:
         import psutil
 
-        n = psutil.cpu_count(logical=False)
-        if n:
-            return int(n)
+        return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
     except Exception:  # pragma: no cover - psutil is a hard dependency; stay defensive
-        pass
-    return os.cpu_count() or 1
+        return os.cpu_count() or 1
+
+
+def coerce_nodes(cfg: Any, **schemas: type) -> None:
+    """Turn nested config nodes that arrive as plain mappings (configs built by hand) into ``schemas``."""
+    for name, schema in schemas.items():
+        value = getattr(cfg, name)
+        if isinstance(value, Mapping):
+            setattr(cfg, name, schema(**value))
 
 
 @dataclass
@@ -439,13 +400,7 @@ class DataPlaneConfig:
         cores = _physical_cores()
         if not 1 <= self.num_threads <= max(cores, 1):
             fail("data_plane.num_threads", f"must be in [1, {cores}] (physical cores), got {self.num_threads}")
-        # Nested nodes may arrive as plain mappings when built by hand.
-        if isinstance(self.simple, Mapping):
-            self.simple = SimpleStorageConfig(**self.simple)
-        if isinstance(self.timeouts, Mapping):
-            self.timeouts = TimeoutsConfig(**self.timeouts)
-        if isinstance(self.observability, Mapping):
-            self.observability = ObservabilityConfig(**self.observability)
+        coerce_nodes(self, simple=SimpleStorageConfig, timeouts=TimeoutsConfig, observability=ObservabilityConfig)
 
 
 @dataclass
@@ -462,8 +417,7 @@ class LocalDataPlaneConfig:
             fail("data_plane.impl", f"must be 'local' for this schema, got {self.impl!r}")
         if self.max_partitions < 1:
             fail("data_plane.max_partitions", f"must be >= 1, got {self.max_partitions}")
-        if isinstance(self.observability, Mapping):
-            self.observability = ObservabilityConfig(**self.observability)
+        coerce_nodes(self, observability=ObservabilityConfig)
 
 
 @dataclass
@@ -481,11 +435,10 @@ DataPlaneRuntimeConfig = Union[DataPlaneConfig, LocalDataPlaneConfig]
 
 
 def register_data_plane_configs() -> None:
-    """Store the data-plane schemas in Hydra's ConfigStore at root level (not group ``data_plane``).
+    """Store one ``data_plane_<option>_schema`` per backend in Hydra's ConfigStore at root level.
 
-    One ``data_plane_<option>_schema`` per registered backend; each YAML group file lists
-    ``- /data_plane_<option>_schema@_here_`` first in its defaults.  Root level keeps the schemas
-    out of ``--help`` and tab completion.
+    Each YAML group file lists ``- /data_plane_<option>_schema@_here_`` first in its defaults; root
+    level (not group ``data_plane``) keeps the schemas out of ``--help`` and tab completion.
     """
     from hydra.core.config_store import ConfigStore
 

@@ -1,20 +1,16 @@
-"""Config schema of the Ray object-store data plane (``data_plane=ray``, ``impl: ray_store``).
-
-Kept apart from the adapter so the registry and ConfigStore load it without Ray or torch.
-"""
+"""Config schema of the Ray object-store data plane (``data_plane=ray``), loadable without Ray or torch."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_dp.data_plane.interfaces import ObservabilityConfig
+from nemo_dp.data_plane.interfaces import ObservabilityConfig, coerce_nodes
 from nemo_dp.utils.config_checks import fail
 
 __all__ = ["RAY_STORE_KIND", "RayStoreTimeoutsConfig", "RayStoreDataPlaneConfig"]
 
-#: ``data_plane.impl`` of this backend (its kind in the backend registry).
+#: ``data_plane.impl`` of this backend (its registry kind).
 RAY_STORE_KIND = "ray_store"
 
 
@@ -63,8 +59,4 @@ class RayStoreDataPlaneConfig:
         if self.impl != RAY_STORE_KIND:
             fail("data_plane.impl", f"must be {RAY_STORE_KIND!r} for this schema, got {self.impl!r}")
         _require_positive("data_plane.claim_meta_poll_interval_s", self.claim_meta_poll_interval_s)
-        # Nested nodes may arrive as plain mappings when built by hand.
-        if isinstance(self.timeouts, Mapping):
-            self.timeouts = RayStoreTimeoutsConfig(**self.timeouts)
-        if isinstance(self.observability, Mapping):
-            self.observability = ObservabilityConfig(**self.observability)
+        coerce_nodes(self, timeouts=RayStoreTimeoutsConfig, observability=ObservabilityConfig)

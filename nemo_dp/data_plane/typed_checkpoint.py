@@ -1,15 +1,14 @@
-"""Typed, pickle-free data-plane checkpoints: one JSON manifest plus one safetensors tensor table.
+"""Pickle-free data-plane checkpoints shared by the adapters: ``manifest.json`` plus ``tensors.safetensors``.
 
-What the adapters share of a checkpoint directory (exactly ``manifest.json`` and
-``tensors.safetensors``): tensor table, manifest entries of columns and object values, partition
-header, atomic write, and a read that refuses an older format or any foreign file (a pickle)
-unread.  Malformed content raises :class:`CorruptCheckpointError` ``"<file and position>: <what>"``.
+A read refuses an older format or any foreign file (a pickle) unread; malformed content raises
+:class:`CorruptCheckpointError` ``"<file and position>: <what>"``.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ def expect(cond: bool, where: str, what: str) -> None:
 
 
 def is_int(v: Any) -> bool:
-    """``v`` is an ``int`` and not a ``bool`` (JSON integers as a checkpoint reader takes them)."""
+    """``v`` is an ``int`` and not a ``bool``."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -91,10 +90,7 @@ def str_list(v: Any, where: str, what: str) -> list[str]:
 
 
 def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write dense CPU ``tensors`` to ``path`` with safetensors (each saved as a compact copy).
-
-    Safetensors is a JSON header plus raw bytes, so reading it never executes code; dtypes it has
-    no code for (e.g. ``complex128``) are stored as raw bytes and viewed back on load.
+    """Write dense CPU ``tensors`` to ``path`` with safetensors; unsupported dtypes (``complex128``) as raw bytes.
 
     Raises:
         TypeError: A value is not a dense CPU tensor (names the key).
@@ -148,9 +144,7 @@ def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
         dtype = getattr(torch, name[len("torch.") :], None) if isinstance(name, str) and name.startswith("torch.") else None
         expect(isinstance(dtype, torch.dtype), where, f"unknown dtype {name!r}")
         data = tensors[key]
-        count = 1
-        for d in spec[1]:
-            count *= d
+        count = math.prod(spec[1])
         ok = data.dtype == torch.uint8 and data.dim() == 1 and data.numel() == count * dtype.itemsize
         expect(ok, where, f"raw bytes of {key!r} do not match {name} {spec[1]}")
         tensors[key] = data.view(dtype).reshape(spec[1])
@@ -161,21 +155,16 @@ def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def jagged_entry(tensors: dict[str, torch.Tensor], key: str, values: torch.Tensor, offsets: torch.Tensor) -> dict[str, Any]:
-    """Add a jagged column given as ``values`` and int64 ``offsets`` (from 0 to ``values.size(0)``).
-
-    Returns its manifest entry ``{"layout": "jagged", "key", "offsets_key", "dtype"}``.
-    """
+    """Add a jagged column (``values``, int64 ``offsets`` from 0 to ``values.size(0)``); return its manifest entry."""
     tensors[key] = values
     tensors[f"{key}.offsets"] = offsets
     return {"layout": "jagged", "key": key, "offsets_key": f"{key}.offsets", "dtype": str(values.dtype)}
 
 
 def column_entry(tensors: dict[str, torch.Tensor], key: str, data: torch.Tensor) -> dict[str, Any] | None:
-    """Add column ``data`` under ``key`` (unique) to the table being built; return its manifest entry.
+    """Add a dense column or a jagged one ragged in dim 1 under unique ``key``; return its manifest entry.
 
-    ``data`` is dense (one row per sample) or a jagged nested tensor ragged in dim 1, giving
-    ``{"layout": "dense", "key", "dtype"}`` or the :func:`jagged_entry`; ``None`` for any other
-    layout (the caller stores rows).
+    ``None`` for any other layout (the caller stores rows).
     """
     if not data.is_nested:
         tensors[key] = data
@@ -190,10 +179,9 @@ def column_entry(tensors: dict[str, torch.Tensor], key: str, data: torch.Tensor)
 def column_from_entry(
     entry: Any, tensors: dict[str, torch.Tensor], rows: int, where: str, dtype: str | None = None
 ) -> torch.Tensor:
-    """Rebuild a dense or jagged column of ``rows`` rows from :func:`column_entry`'s entry, checking it.
+    """Rebuild and check a column of ``rows`` rows from :func:`column_entry`'s entry.
 
     Args:
-        where: Location for error messages (file and position).
         dtype: The field's stored dtype (``None``: not checked against the schema).
 
     Raises:
@@ -230,16 +218,12 @@ def column_from_entry(
 def encode_values(
     tensors: dict[str, torch.Tensor], key: str, values: Sequence[Any], ids: Sequence[str], pid: str, what: str
 ) -> list[Any]:
-    """One typed JSON value node per row (``None`` stays ``null``); tensors inside go into ``tensors``.
+    """One typed JSON node per row (tensors go into ``tensors`` under prefix ``key``).
 
-    Args:
-        key: Prefix of the table keys of these values (unique in the table).
-        ids, pid, what: Sample ids, partition and a description such as ``"field 'x'"`` or
-            ``"tags"``, for messages only.
+    ``ids``, ``pid`` and ``what`` (e.g. ``"field 'x'"``) are for messages only.
 
     Raises:
-        UnencodableValueError: A value cannot be stored exactly (names partition, ``what`` and
-            the sample id).
+        UnencodableValueError: A value cannot be stored exactly (names partition, ``what`` and sample id).
     """
     encoder = ValueEncoder(tensors, key)
     nodes = []
@@ -274,7 +258,6 @@ class PartitionHeader:
     """The part of a partition record every adapter writes: schema, rows, tags and claims.
 
     Attributes:
-        enums: Field -> allowed words.
         sample_ids: Live ids, in the order the adapter keeps them.
         tags: Id -> tag dict, for tagged ids only.
         claimed: Task -> ids it claimed (in ``sample_ids`` order).
@@ -312,7 +295,6 @@ class PartitionHeader:
         """Validate the common fields of a record written by :meth:`to_record`.
 
         Args:
-            where: Location for error messages (the manifest and the record's index).
             tensors: The loaded table for typed tags; ``None`` when tags are plain JSON.
             every_task: ``claimed`` must name every consumer task (else a subset of them).
 
@@ -362,9 +344,7 @@ def field_kinds(rec: dict[str, Any], fields: Sequence[str], where: str) -> dict[
 def new_manifest(
     fmt: str, version: int, metadata: dict[str, Any], partitions: list[dict[str, Any]], **extra: Any
 ) -> dict[str, Any]:
-    """The manifest of a checkpoint, checked to serialise (so a bad value fails before any write).
-
-    ``extra`` holds adapter-specific top-level keys.
+    """A checkpoint manifest (``extra``: adapter-specific keys), checked to serialise before any write.
 
     Raises:
         TypeError | ValueError: Something in it is not strict JSON.
@@ -394,7 +374,6 @@ class CheckpointContents:
 
     Attributes:
         where: ``"checkpoint manifest '<path>'"``, for error messages.
-        metadata: A copy of the user metadata.
         partitions: The partition records (not yet validated; partition ids are distinct).
     """
 
@@ -412,8 +391,7 @@ def read_checkpoint(
 
     Args:
         version: The format version this code writes (the only one it reads).
-        old_files: Older format versions -> files they held that can run code when loaded
-            (relative paths, for the refusal).
+        old_files: Older format versions -> relative paths of files they held that can run code.
 
     Raises:
         FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.

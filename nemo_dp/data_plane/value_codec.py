@@ -1,9 +1,6 @@
-"""Typed, code-free encoding of Python values for data-plane checkpoints.
+"""Exact, pickle-free encoding of Python values as tagged JSON nodes plus a flat tensor table.
 
-A checkpoint must give back every stored object value exactly (same value, same Python type)
-without pickle, so that loading never executes code; plain JSON loses tuples, non-str dict keys,
-bytes, numpy values and tensors.  A value maps to a JSON tree of tagged nodes plus a flat table
-of tensors (saved by the caller as safetensors) and back.
+Loading never runs code; plain JSON would lose tuples, non-str dict keys, bytes, numpy values and tensors.
 """
 
 from __future__ import annotations
@@ -40,10 +37,10 @@ def _b64(data: bytes) -> str:
 
 
 class ValueEncoder:
-    """Encodes values into JSON nodes, collecting tensors into a shared flat table.
+    """Encodes values into JSON nodes, collecting tensors into a shared table.
 
-    ``None``, ``bool``, ``int``, ``str`` and finite ``float`` are bare JSON scalars; every other
-    value is a JSON object whose ``"t"`` names its type:
+    ``None``, ``bool``, ``int``, ``str`` and finite ``float`` are bare JSON; any other value is an
+    object whose ``"t"`` names its type:
 
     ===================  ==============================================================
     ``"int"``            ``{"hex": str}`` (ints too long for decimal JSON text, > 4096 bits)
@@ -60,13 +57,9 @@ class ValueEncoder:
                          its packing dim and one entry per sample, ``null`` for ``None``)
     ===================  ==============================================================
 
-    Each tensor node keeps its own shape and dtype, so a column of per-sample tensors of
-    different shapes is a list of tensor nodes.
-
     Args:
-        tensors: The table tensors are added to (``key -> tensor``); shared across encoders
-            of one checkpoint.
-        key_prefix: Prefix of the keys this encoder allocates (must be unique per encoder).
+        tensors: The ``key -> tensor`` table, shared across encoders of one checkpoint.
+        key_prefix: Prefix of the keys this encoder allocates (unique per encoder).
     """
 
     def __init__(self, tensors: dict[str, torch.Tensor], key_prefix: str) -> None:
@@ -75,16 +68,11 @@ class ValueEncoder:
         self._count = 0
 
     def encode(self, value: Any) -> Any:
-        """Encode one value into a JSON-serialisable node.
-
-        Types are matched exactly (``type(v) is list``): a subclass (a namedtuple, an
-        ``OrderedDict``, an ``IntEnum``, ``np.matrix``...) is refused rather than silently turned
-        into its base type.
+        """Encode one value into a JSON node; types match exactly (a namedtuple or ``IntEnum`` is refused).
 
         Raises:
-            UnencodableValueError: The value (or a part of it, named by its path such as
-                ``value[0]['k']``) cannot be represented exactly: also self-referencing
-                containers, nested, non-CPU or subclassed tensors, structured numpy dtypes.
+            UnencodableValueError: The value or a part (named by path, e.g. ``value[0]['k']``) has no
+                exact form: also reference cycles, nested/non-CPU/subclassed tensors, structured dtypes.
         """
         return self._node(value, "value", set(), 0)
 
@@ -246,10 +234,7 @@ def _table_tensor(node: dict[str, Any], tensors: dict[str, torch.Tensor], where:
 
 
 def decode_value(node: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
-    """Rebuild, as a fresh value of the same types, what a :class:`ValueEncoder` node stands for.
-
-    Every node is validated; numpy dtypes are parsed from their string form, which never runs
-    code.  ``where`` locates errors (file and position).
+    """Rebuild a fresh value of the same types from a validated :class:`ValueEncoder` node (``where`` locates errors).
 
     Raises:
         CorruptValueError: Malformed node, unknown tag, missing or inconsistent tensor.
