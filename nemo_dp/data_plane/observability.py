@@ -1,8 +1,4 @@
-"""Timing, byte accounting and per-step metrics for any ``DataPlaneClient``.
-
-:class:`MetricsDataPlaneClient` wraps a client (when ``observability.enabled``), times every call,
-keeps cumulative :class:`DataPlaneStats` and a per-step window reported by ``get_step_metrics``.
-"""
+"""Timing, byte accounting and per-step metrics for any ``DataPlaneClient`` (``observability.enabled``)."""
 
 from __future__ import annotations
 
@@ -50,7 +46,7 @@ EventSink = Callable[[dict[str, Any]], None]
 
 
 def log_event(event: dict[str, Any]) -> None:
-    """Event sink that logs an event of :class:`MetricsDataPlaneClient` as ``"data_plane_event: %s"`` at INFO."""
+    """Event sink that logs ``"data_plane_event: %s"`` at INFO."""
     _LOG.info("data_plane_event: %s", event)
 
 
@@ -64,17 +60,15 @@ def _tensor_nbytes(t: torch.Tensor) -> int:
 
 
 def payload_nbytes(td: Any) -> int:
-    """Bytes of a payload: ``numel * element_size`` summed over top-level tensor leaves.
+    """``numel * element_size`` summed over a payload's top-level tensor leaves (nested: their values).
 
-    Nested tensors count their values; non-tensor leaves, ``None`` and anything that is not a
-    ``TensorDict``-like mapping count 0.
+    Non-tensor leaves, ``None`` and anything that is not ``TensorDict``-like count 0.
     """
     if td is None or not hasattr(td, "keys") or not hasattr(td, "get"):
         return 0
     total = 0
     for key in td.keys():
         leaf = td.get(key)
-        # NonTensorData/NonTensorStack and nested TensorDicts are not torch.Tensor: 0 bytes.
         if isinstance(leaf, torch.Tensor):
             total += _tensor_nbytes(leaf)
     return total
@@ -86,10 +80,8 @@ class DataPlaneStats:
 
     Attributes:
         total_bytes: Bytes moved by successful puts and reads.
-        total_keys: Keys touched by successful operations (the events' ``n_keys``).
-        total_ops: Successful operations.
+        total_keys: Keys touched (the events' ``n_keys``).
         bytes_outstanding: Bytes put through this wrapper and not yet cleared.
-        peak_bytes_outstanding: Maximum of ``bytes_outstanding`` so far.
         max_bytes_per_key_seen: Largest ``n_bytes // n_keys`` of a successful put or read.
         last_put_bytes_per_key: ``n_bytes // n_keys`` of the last successful put with keys.
     """
@@ -105,8 +97,6 @@ class DataPlaneStats:
 
 @dataclass
 class _OpWindow:
-    """Per-op accumulators for the current step window."""
-
     calls: int = 0
     errors: int = 0
     wall_ms: float = 0.0
@@ -129,8 +119,6 @@ class _OpWindow:
 
 @dataclass
 class _Call:
-    """Mutable record of one call, filled in while it runs."""
-
     op: str
     partition_id: str
     n_keys: int = 0
@@ -140,11 +128,10 @@ class _Call:
 class MetricsDataPlaneClient(DataPlaneClient):
     """A ``DataPlaneClient`` that forwards to ``inner`` and records every call.
 
-    Each call emits ``{"op", "partition_id", "n_keys", "n_bytes", "wall_ms", "status"}`` to
-    ``on_event`` (``status`` is ``"ok"``, ``"error"`` or ``"timeout"`` for ``TimeoutError``,
-    which includes ``DataPlaneUnavailableError``).  The inner exception is always re-raised
-    unchanged; exceptions raised by ``on_event`` are logged and suppressed.  Failed calls count
-    in the window's calls, errors and latencies, but not in bytes or in :class:`DataPlaneStats`.
+    Each call emits ``{"op", "partition_id", "n_keys", "n_bytes", "wall_ms", "status"}`` to ``on_event``
+    (``status``: ``"ok"``, ``"error"``, or ``"timeout"`` for any ``TimeoutError``).  Inner exceptions
+    are re-raised unchanged; ``on_event``'s are logged and suppressed.  Failed calls count in the
+    window's calls, errors and latencies, not in bytes or :class:`DataPlaneStats`.
     """
 
     def __init__(self, inner: DataPlaneClient, on_event: EventSink | None = None) -> None:
@@ -164,7 +151,6 @@ class MetricsDataPlaneClient(DataPlaneClient):
 
     @property
     def inner(self) -> DataPlaneClient:
-        """The wrapped client."""
         return self._inner
 
     # --- recording ----------------------------------------------------------------------------
@@ -216,14 +202,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
     def _emit(self, call: _Call, wall_ms: float, status: str) -> None:
         if self._on_event is None:
             return
-        event = {
-            "op": call.op,
-            "partition_id": call.partition_id,
-            "n_keys": call.n_keys,
-            "n_bytes": call.n_bytes,
-            "wall_ms": wall_ms,
-            "status": status,
-        }
+        event = {**asdict(call), "wall_ms": wall_ms, "status": status}
         try:
             self._on_event(event)
         except Exception:  # a broken sink must never fail a data-plane call
@@ -258,7 +237,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
     # --- views --------------------------------------------------------------------------------
     @property
     def stats(self) -> DataPlaneStats:
-        """A copy of the cumulative stats."""
+        """A copy."""
         with self._lock:
             return DataPlaneStats(**asdict(self._stats))
 
@@ -270,21 +249,15 @@ class MetricsDataPlaneClient(DataPlaneClient):
             return out
 
     def bytes_outstanding_by_partition(self) -> dict[str, int]:
-        """``{partition_id: bytes}`` outstanding, for partitions this wrapper has put into."""
+        """``{partition_id: bytes}`` outstanding, for partitions this wrapper put into."""
         with self._lock:
             return {pid: sum(keys.values()) for pid, keys in self._outstanding.items()}
 
     def get_step_metrics(self, step_time_s: float) -> dict[str, float]:
-        """Metrics for the window since the previous call, then reset the window.
+        """Metrics of the window since the previous call (then reset); ``step_time_s`` gives ``step/frac_of_step``.
 
-        Args:
-            step_time_s: Wall time of the training step, for ``step/frac_of_step``.
-
-        Returns:
-            The fixed step keys; per-op keys for every op called in the window (``calls``,
-            ``errors``, ``wall_ms``, ``mean_ms``, ``max_ms``, ``mb`` and ``rows``: the keys its
-            successful calls touched); ``p50_ms`` only with at least 20 calls and ``p90_ms`` only
-            with at least 40.
+        Per-op keys for every op called in the window (``rows``: keys its successful calls touched);
+        ``p50_ms`` only with at least 20 calls and ``p90_ms`` with at least 40.
 
         Raises:
             ValueError: ``step_time_s`` is not positive.
@@ -396,5 +369,4 @@ class MetricsDataPlaneClient(DataPlaneClient):
 
 
 def is_metrics_client(client: object) -> bool:
-    """Whether ``client`` is a :class:`MetricsDataPlaneClient` wrapper."""
     return isinstance(client, MetricsDataPlaneClient)

@@ -1,9 +1,4 @@
-"""The one table of data-plane backends: each backend is registered here exactly once.
-
-A :class:`BackendSpec` holds a backend's Hydra option, schema, client constructor (a
-``"module:attr"`` name resolved only when used), checkpoint support, reserved Ray CPUs, live-batch
-limit and whether it carries data between processes.
-"""
+"""The one table of data-plane backends (:class:`BackendSpec`), each registered here exactly once."""
 
 from __future__ import annotations
 
@@ -44,47 +39,23 @@ CheckpointScope = Literal["none", "process", "cluster"]
 DISABLED = "disabled"
 
 
-def _zero(cfg: Any) -> int:
-    return 0
-
-
-def _never(cfg: Any) -> bool:
-    return False
-
-
-def _always(cfg: Any) -> bool:
-    return True
-
-
-def _unbounded(cfg: Any) -> int | None:
-    return None
-
-
 @dataclass(frozen=True)
 class BackendSpec:
-    """Everything the rest of the tree may know about one backend.
+    """Everything the rest of the tree may know about one backend; the callables take the validated config.
 
     Attributes:
         kind: Internal kind, equal to the config's ``impl`` value (``"disabled"`` for none).
         option: The Hydra option of group ``data_plane`` that selects it (``data_plane=tq``).
-        client_target: ``"module:attr"`` of a callable
-            ``(cfg, *, bootstrap: bool, checkpointing: bool) -> DataPlaneClient``; ``None`` for
-            a backend without a client (disabled).
-        description: One-line description for logs; ``{cfg}`` fields may be formatted in by
-            :attr:`describe`.
-        checkpoint_scope: Where its data-plane checkpoint lives (see :data:`CheckpointScope`).
+        client_target: ``"module:attr"`` of ``(cfg, *, bootstrap, checkpointing) -> DataPlaneClient``,
+            resolved only when used; ``None`` for the disabled backend.
         checkpoint_subdir: Subdirectory of the training checkpoint a cluster-wide store is saved
             under (``None`` for per-process stores, which save under ``dp{rank}``).
         cross_process: Whether rows put in one process can be read in another.
-        supports_checkpointing: ``cfg -> bool`` for the validated config.
-        reserved_cpus: ``cfg -> int``: logical Ray CPUs the backend's own actors reserve.
-        reserved_by: ``cfg -> str`` naming the actors and config keys behind
-            ``reserved_cpus`` (for Ray start-up's budget error).
-        max_live_batches: ``cfg -> int | None``: live partitions a colocated loader may hold
-            (``None``: no bound of the store's own).
-        configure_env: ``cfg -> dict[str, str]`` exporting environment knobs before Ray and the
-            backend start; ``None`` when the backend has none.
-        describe: ``cfg -> str`` naming the backend in the first log lines.
+        reserved_cpus: Logical Ray CPUs the backend's own actors reserve; ``reserved_by`` names
+            those actors and config keys (for Ray start-up's budget error).
+        max_live_batches: Live partitions a colocated loader may hold (``None``: no bound of the store's own).
+        configure_env: Exports environment knobs before Ray and the backend start (``None``: none).
+        describe: Names the backend in the first log lines.
     """
 
     kind: str
@@ -94,20 +65,20 @@ class BackendSpec:
     checkpoint_scope: CheckpointScope = "none"
     checkpoint_subdir: str | None = None
     cross_process: bool = False
-    supports_checkpointing: Callable[[Any], bool] = _never
-    reserved_cpus: Callable[[Any], int] = _zero
+    supports_checkpointing: Callable[[Any], bool] = field(default=lambda cfg: False)
+    reserved_cpus: Callable[[Any], int] = field(default=lambda cfg: 0)
     reserved_by: Callable[[Any], str] = field(default=lambda cfg: "no data-plane actors")
-    max_live_batches: Callable[[Any], int | None] = _unbounded
+    max_live_batches: Callable[[Any], int | None] = field(default=lambda cfg: None)
     configure_env: Callable[[Any], dict[str, str]] | None = None
     describe: Callable[[Any], str] = field(default=lambda cfg: "")
 
     @property
     def enabled(self) -> bool:
-        """Whether this backend has a store (every backend but ``disabled``)."""
+        """Whether this backend has a store (all but ``disabled``)."""
         return self.client_target is not None
 
     def client(self) -> Callable[..., Any]:
-        """Import and return the client constructor named by :attr:`client_target`.
+        """Import the client constructor named by :attr:`client_target`.
 
         Raises:
             ValueError: The backend has no client (disabled).
@@ -127,18 +98,9 @@ def _tq_configure_env(cfg: DataPlaneConfig) -> dict[str, str]:
     return configure_engine_env(cfg)
 
 
-def _tq_reserved_cpus(cfg: DataPlaneConfig) -> int:
-    # The controller and every storage unit are Ray actors reserving one logical CPU each.
-    return 1 + int(cfg.simple.num_storage_units)
-
-
-#: Live batches a colocated loader keeps in TransferQueue (active + one prefetched); the store
-#: itself has no partition bound.
+#: Live batches a colocated loader keeps in TransferQueue or the Ray object-store backend (active +
+#: one prefetched); those stores have no partition bound of their own.
 TQ_MAX_LIVE_BATCHES = 2
-
-#: Live batches a colocated loader keeps in the Ray object-store backend (active + one
-#: prefetched), like TransferQueue: the store itself has no partition bound.
-RAY_STORE_MAX_LIVE_BATCHES = 2
 
 
 BACKENDS: dict[str, BackendSpec] = {}
@@ -171,7 +133,7 @@ register_backend(
     BackendSpec(
         kind="local", option="local", schema=LocalDataPlaneConfig,
         client_target="nemo_dp.data_plane.adapters.local:build_local_client",
-        checkpoint_scope="process", cross_process=False, supports_checkpointing=_always,
+        checkpoint_scope="process", cross_process=False, supports_checkpointing=lambda cfg: True,
         max_live_batches=lambda cfg: int(cfg.max_partitions),
         describe=lambda cfg: "local (process-local store)",
     )
@@ -182,7 +144,8 @@ register_backend(
         client_target="nemo_dp.data_plane.adapters.transfer_queue:TQDataPlaneClient",
         checkpoint_scope="cluster", checkpoint_subdir="tq", cross_process=True,
         supports_checkpointing=lambda cfg: cfg.backend == "simple",
-        reserved_cpus=_tq_reserved_cpus,
+        # The controller and every storage unit are Ray actors reserving one logical CPU each.
+        reserved_cpus=lambda cfg: 1 + int(cfg.simple.num_storage_units),
         reserved_by=lambda cfg: (
             "the TransferQueue controller and each of data_plane.simple.num_storage_units="
             f"{int(cfg.simple.num_storage_units)} storage units reserve 1 logical CPU"
@@ -196,11 +159,11 @@ register_backend(
     BackendSpec(
         kind=RAY_STORE_KIND, option="ray", schema=RayStoreDataPlaneConfig,
         client_target="nemo_dp.data_plane.adapters.ray_store:build_ray_store_client",
-        checkpoint_scope="cluster", checkpoint_subdir="ray_store", cross_process=True, supports_checkpointing=_always,
+        checkpoint_scope="cluster", checkpoint_subdir="ray_store", cross_process=True,
+        supports_checkpointing=lambda cfg: True,
         # The metadata actor asks for num_cpus=0; the columns live in Ray's object store.
-        reserved_cpus=_zero,
         reserved_by=lambda cfg: "the ray_store metadata actor reserves 0 logical CPUs",
-        max_live_batches=lambda cfg: RAY_STORE_MAX_LIVE_BATCHES,
+        max_live_batches=lambda cfg: TQ_MAX_LIVE_BATCHES,
         describe=lambda cfg: "ray_store (Ray object store + metadata actor)",
     )
 )
@@ -210,11 +173,7 @@ register_backend(
 
 
 def backend(kind: str) -> BackendSpec:
-    """The backend registered under ``kind``.
-
-    Raises:
-        ValueError: ``kind`` is not registered (lists the registered kinds).
-    """
+    """The backend registered under ``kind``; ``ValueError`` (listing the kinds) if none."""
     spec = BACKENDS.get(kind)
     if spec is None:
         raise ValueError(
@@ -224,11 +183,7 @@ def backend(kind: str) -> BackendSpec:
 
 
 def backend_for_option(option: str) -> BackendSpec:
-    """The backend selected by Hydra option ``data_plane=<option>``.
-
-    Raises:
-        ValueError: No backend has that option (lists the options).
-    """
+    """The backend selected by ``data_plane=<option>``; ``ValueError`` (listing the options) if none."""
     for spec in BACKENDS.values():
         if spec.option == option:
             return spec
@@ -237,11 +192,7 @@ def backend_for_option(option: str) -> BackendSpec:
 
 
 def backend_for_config(cfg: Any) -> BackendSpec:
-    """The backend whose schema ``cfg`` (a config dataclass instance) is.
-
-    Raises:
-        TypeError: ``cfg`` is not an instance of a registered schema.
-    """
+    """The backend whose schema ``cfg`` (a config dataclass) is; ``TypeError`` if none."""
     for spec in BACKENDS.values():
         if type(cfg) is spec.schema:
             return spec
@@ -252,7 +203,6 @@ def backend_for_config(cfg: Any) -> BackendSpec:
 
 
 def schema_types() -> tuple[type, ...]:
-    """Every registered config schema."""
     return tuple(spec.schema for spec in BACKENDS.values())
 
 
@@ -262,36 +212,14 @@ def enabled_kinds() -> tuple[str, ...]:
 
 
 def cross_process_options() -> str:
-    """The ``data_plane=<option>`` choices whose store carries rows between processes.
-
-    E.g. ``"data_plane=tq or data_plane=ray"``, for messages of trainers that need one.
-    """
+    """E.g. ``"data_plane=tq or data_plane=ray"``: the options whose store carries rows between processes."""
     return " or ".join(f"data_plane={s.option}" for s in BACKENDS.values() if s.cross_process)
 
 
-def reserved_ray_cpus(data_plane_cfg: Any) -> int:
-    """Logical Ray CPUs the backend's own actors reserve for this config.
-
-    ``1 + num_storage_units`` for an enabled TransferQueue data plane, else 0.  Ray start-up adds
-    this to its budget check; the caller passes it down so the distributed layer never imports
-    the data plane.  ``data_plane_cfg`` is any accepted form (``None``, dataclass, mapping,
-    ``DictConfig``).
-
-    Raises:
-        ValueError: The config is invalid (names the key).
-    """
-    from nemo_dp.data_plane.factory import coerce_data_plane_config
-
-    dp_cfg = coerce_data_plane_config(data_plane_cfg)
-    if not getattr(dp_cfg, "enabled", False):
-        return 0
-    return int(backend_for_config(dp_cfg).reserved_cpus(dp_cfg))
-
-
 def ray_cpu_reservation(data_plane_cfg: Any) -> tuple[int, str]:
-    """Like :func:`reserved_ray_cpus`, but returns ``(reserved_cpus, reserved_by)``.
+    """``(reserved_cpus, reserved_by)`` of the backend's own actors for a config in any accepted form.
 
-    Nothing is exported (unlike :func:`ray_start_args`), so preflight can call it.
+    Exports nothing (unlike :func:`ray_start_args`), so preflight can call it.
 
     Raises:
         ValueError: The config is invalid (names the key).
@@ -305,13 +233,16 @@ def ray_cpu_reservation(data_plane_cfg: Any) -> tuple[int, str]:
     return int(spec.reserved_cpus(dp_cfg)), spec.reserved_by(dp_cfg)
 
 
-def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:
-    """What Ray start-up needs to know about the data plane, computed in this layer.
+def reserved_ray_cpus(data_plane_cfg: Any) -> int:
+    """Like :func:`ray_cpu_reservation`, but only the CPU count (0 when disabled)."""
+    return ray_cpu_reservation(data_plane_cfg)[0]
 
-    Exports the backend's environment knobs (they must be set before Ray and the backend
-    library start) and returns them with the CPU reservation as ``init_ray`` / ``ray_session``
-    keyword arguments ``{"reserved_cpus": int, "reserved_by": str, "worker_env": dict[str, str]}``,
-    so the distributed layer receives plain values and never imports the data plane.
+
+def ray_start_args(data_plane_cfg: Any) -> dict[str, Any]:
+    """Export the backend's environment knobs; return ``init_ray`` / ``ray_session`` keyword arguments.
+
+    ``{"reserved_cpus": int, "reserved_by": str, "worker_env": dict[str, str]}``: plain values, so
+    the distributed layer never imports the data plane.
 
     Raises:
         ValueError: The config is invalid (names the key).
