@@ -1,10 +1,4 @@
-"""Worker-side data-plane entrypoints for policy / value workers (``TQWorkerMixin``).
-
-Each ``*_presharded`` entrypoint fetches the rank's ``KVBatchMeta`` shard, pads it to the
-driver's target, attaches the driver's micro-batch plan (never re-planned per rank), runs the
-host's in-memory method and writes results back on the replica leader only.  Nothing here imports
-Ray, TransferQueue or an adapter.
-"""
+"""Worker-side ``*_presharded`` data-plane entrypoints of policy / value workers (``TQWorkerMixin``)."""
 
 from __future__ import annotations
 
@@ -42,18 +36,15 @@ PARALLEL_AXES: tuple[str, ...] = ("tensor_parallel", "context_parallel", "pipeli
 
 #: Training inputs a dispatch may carry per row instead of the store (``train_presharded``).
 ROW_VALUE_FIELDS: tuple[str, ...] = (ADVANTAGES, SAMPLE_MASK)
-#: ``extra_info`` key of a training shard holding those values (``{field: 1-D tensor}``, rows
-#: aligned with the shard's ``sample_ids``); set by the driver on the shards it dispatches.
+#: ``extra_info`` key of a training shard holding those values (``{field: 1-D tensor}`` in row order).
 ROW_VALUES_KEY = "row_values"
 
 
 def apply_row_values(data: BatchedDataDict, row_values: Mapping[str, torch.Tensor]) -> BatchedDataDict:
-    """Set the per-row training inputs a dispatch carried on a fetched batch, in place; return it.
+    """Set the per-row training inputs (``ROW_VALUE_FIELDS``) a dispatch carried on a fetched batch, in place.
 
-    ``row_values`` keys come from ``ROW_VALUE_FIELDS`` (1-D tensors in ``data``'s row order).
-    ``sample_mask`` is set as given; ``advantages`` becomes the per-token column
-    ``adv[:, None] * token_mask.float()`` - the expression the legacy GRPO trainer evaluates on the
-    driver, so values are identical on every token.
+    ``advantages`` becomes ``adv[:, None] * token_mask.float()``, the legacy GRPO trainer's expression
+    (bit-identical values); ``sample_mask`` is set as given.
 
     Raises:
         ValueError: An unknown key, a value whose length differs from ``data.size``, or
@@ -79,9 +70,7 @@ def apply_row_values(data: BatchedDataDict, row_values: Mapping[str, torch.Tenso
     return data
 
 
-
 def _one_field_name(tq_field: str | None, field: str | None) -> str:
-    """The write-back's field name given as ``tq_field=`` or ``field=`` (one of them)."""
     if tq_field is None and field is None:
         raise TypeError("_write_back_result_field: pass the data-plane field as tq_field=")
     if tq_field is not None and field is not None and tq_field != field:
@@ -93,14 +82,11 @@ def _one_field_name(tq_field: str | None, field: str | None) -> str:
 
 
 class TQWorkerMixin:
-    """``*_presharded`` entrypoints that fetch a ``KVBatchMeta`` shard from the data plane.
+    """``*_presharded`` entrypoints: fetch this DP rank's ``KVBatchMeta`` shard, run the host's method, write back.
 
-    Each entrypoint takes ``meta``, this DP rank's shard; the forward entrypoints also take
-    ``micro_batch_size`` (rows per forward pass without a plan).  The host provides the
-    in-memory methods declared under ``TYPE_CHECKING`` below and ``_local_coords()``;
-    ``_packing_enabled()`` and ``_data_plane_pad_values()`` have defaults that defer to a host
-    base class defining them.  ``self.dp_client`` is set by ``setup_data_plane`` (or assigned
-    directly, also as ``self._dp_client``).
+    The driver's micro-batch plan on the meta is followed, never re-planned; results are written by
+    the replica leader only.  The host provides the methods under ``TYPE_CHECKING`` below and
+    ``_local_coords()``; ``self.dp_client`` (alias ``_dp_client``) is set by ``setup_data_plane``.
     """
 
     dp_client: DataPlaneClient | None = None
@@ -120,10 +106,7 @@ class TQWorkerMixin:
 
     # --- setup --------------------------------------------------------------------------------
     def setup_data_plane(self, cfg: Any) -> None:
-        """Build this worker's data-plane client from any accepted config form (idempotent).
-
-        TransferQueue configs attach to the driver's backend (``bootstrap=False``); a Local config
-        gives the worker its own private store.  A second call keeps the first client.
+        """Build this worker's client (idempotent): TransferQueue attaches to the driver's, Local is private.
 
         Raises:
             ValueError: The config is disabled or invalid (from ``build_data_plane_client``).
@@ -135,7 +118,6 @@ class TQWorkerMixin:
 
     @property
     def _dp_client(self) -> DataPlaneClient | None:
-        """``dp_client`` under its other accepted name (a host may set either)."""
         return self.dp_client
 
     @_dp_client.setter
@@ -143,11 +125,7 @@ class TQWorkerMixin:
         self.dp_client = client
 
     def _require_dp_client(self) -> DataPlaneClient:
-        """``self.dp_client``.
-
-        Raises:
-            RuntimeError: ``setup_data_plane`` has not run on this worker.
-        """
+        """``self.dp_client``; ``RuntimeError`` before ``setup_data_plane``."""
         if self.dp_client is None:
             raise RuntimeError(
                 f"Data-plane client not initialised on worker {type(self).__name__}: call "
@@ -157,12 +135,7 @@ class TQWorkerMixin:
 
     # --- topology -----------------------------------------------------------------------------
     def _local_coords(self) -> dict[str, int]:
-        """This rank's model-parallel coordinates; the host must define it.
-
-        Raises:
-            NotImplementedError: No host class defines ``_local_coords`` (a default would make
-                every sibling a leader and every sibling would write the same rows).
-        """
+        """This rank's model-parallel coordinates; ``NotImplementedError`` unless a host class defines it."""
         parent = getattr(super(), "_local_coords", None)
         if parent is None:
             raise NotImplementedError(
@@ -178,11 +151,7 @@ class TQWorkerMixin:
         return all(int(coords.get(axis, 0)) == 0 for axis in PARALLEL_AXES)
 
     def _packing_enabled(self) -> bool:
-        """A host base class's answer, else whether dynamic batching or sequence packing is enabled.
-
-        Raises:
-            KeyError: A config key is missing.
-        """
+        """A host base class's answer, else whether dynamic batching or sequence packing is on (``KeyError``)."""
         parent = getattr(super(), "_packing_enabled", None)
         if parent is not None:
             return bool(parent())
@@ -199,9 +168,7 @@ class TQWorkerMixin:
         )
 
     def _data_plane_pad_values(self) -> Mapping[str, float | int] | None:
-        """Per-field pad values: a host base class's, else ``make_pad_value_dict(self.pad_id)`` for an int
-        ``pad_id``, else ``None`` (every field pads with 0).
-        """
+        """A host base class's pad values, else ``make_pad_value_dict(self.pad_id)`` for an int ``pad_id``."""
         parent = getattr(super(), "_data_plane_pad_values", None)
         if parent is not None:
             return parent()
@@ -212,47 +179,28 @@ class TQWorkerMixin:
 
     # --- fetch --------------------------------------------------------------------------------
     def _fetch(
-        self,
-        meta: KVBatchMeta,
-        *,
-        layout: Layout = "padded",
-        dp_aligned_seq_len: bool = True,
+        self, meta: KVBatchMeta, *, layout: Layout = "padded", dp_aligned_seq_len: bool = True
     ) -> BatchedDataDict:
-        """Fetch and materialise this rank's shard (``meta.fields``), rows in ``meta.sample_ids`` order.
-
-        The reader (whole-column Local batch or per-row wire batch) follows from the meta; no plan is
-        attached.
+        """Fetch and materialise this rank's shard (``meta.fields``, ``meta.sample_ids`` order); no plan attached.
 
         Args:
-            layout: ``"padded"`` or ``"jagged"``.
-            dp_aligned_seq_len: Pad to the meta's ``global_forward_pad_seqlen`` (else to the
-                slice maximum).
+            dp_aligned_seq_len: Pad to the meta's ``global_forward_pad_seqlen`` (else to the slice maximum).
 
         Raises:
             RuntimeError: No client.
             TypeError: A wire read holds whole-column non-tensor leaves.
-            KeyError / ValueError: Unknown partition / ids / fields, or errors of the store.
+            KeyError / ValueError: From the store.
         """
         client = self._require_dp_client()
-        pad_to_seqlen = (
-            int(meta.extra_info.get(GLOBAL_FORWARD_PAD_SEQLEN, 0)) if dp_aligned_seq_len else 0
-        )
-        fields = list(meta.fields) if meta.fields else None
-        td = client.get_data(meta, select_fields=fields)
+        pad_to_seqlen = int(meta.extra_info.get(GLOBAL_FORWARD_PAD_SEQLEN, 0)) if dp_aligned_seq_len else 0
+        td = client.get_data(meta, select_fields=list(meta.fields) if meta.fields else None)
         return materialize_for_meta(
-            meta,
-            td,
-            layout=layout,
-            pad_value_dict=self._data_plane_pad_values(),
-            pad_to_seqlen=pad_to_seqlen,
+            meta, td, layout=layout, pad_value_dict=self._data_plane_pad_values(), pad_to_seqlen=pad_to_seqlen
         )
 
     # --- plan ---------------------------------------------------------------------------------
     def _attach_pack_metadata(self, data: BatchedDataDict, meta: KVBatchMeta) -> BatchedDataDict:
-        """Attach the driver's (or producer's) microbatch plan from ``meta`` to ``data`` in place.
-
-        The plan is trusted, never recomputed: copies of ``micro_batch_indices``,
-        ``micro_batch_lengths`` and (when present) ``elem_counts_per_gb`` become attributes of ``data``.
+        """Set copies of ``meta``'s microbatch plan (trusted, never recomputed) as attributes of ``data``.
 
         Raises:
             ValueError: Only one of the two plan keys is present, or dynamic batching / sequence
@@ -287,21 +235,14 @@ class TQWorkerMixin:
 
     # --- write-back ---------------------------------------------------------------------------
     def _write_back(self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-        """``write_columns`` on the replica leader only (no-op elsewhere or for no fields).
-
-        Raises:
-            RuntimeError: No client.
-            ValueError / TypeError: From ``write_columns`` (on the leader).
-        """
+        """``write_columns`` on the replica leader only (no-op elsewhere or for no fields); needs a client."""
         client = self._require_dp_client()
         if len(fields) == 0 or not self._is_replica_leader():
             return
         write_columns(client, meta, fields)
 
     def _result_column(self, meta: KVBatchMeta, result: Any, *, result_key: str, field: str) -> torch.Tensor:
-        """``result[result_key]`` checked as column ``field`` of ``meta``'s rows; detached, on the CPU.
-
-        ``result`` may be any ``Mapping`` (``BatchedDataDict`` included); ``field`` is named in errors.
+        """``result[result_key]`` checked as column ``field`` (named in errors) of ``meta``'s rows; detached, on CPU.
 
         Raises:
             RuntimeError: ``result`` is not a Mapping holding ``result_key``.
@@ -309,11 +250,7 @@ class TQWorkerMixin:
             ValueError: Its batch dim differs from ``meta.size``.
         """
         if not isinstance(result, Mapping) or result_key not in result:
-            got = (
-                sorted(map(str, result.keys()))
-                if isinstance(result, Mapping)
-                else type(result).__name__
-            )
+            got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
             raise RuntimeError(
                 f"write-back of {field!r}: expected a Mapping holding {result_key!r} from the "
                 f"worker's compute method, got {got}"
@@ -335,16 +272,13 @@ class TQWorkerMixin:
     def _write_back_result_field(
         self, meta: KVBatchMeta, result: Any, *, result_key: str, tq_field: str | None = None, field: str | None = None
     ) -> None:
-        """Like :meth:`_result_column`, but writes the column as ``tq_field`` (replica leader only).
+        """Like :meth:`_result_column`, but writes the column as ``tq_field`` (alias ``field``; give one).
 
-        Non-leaders return without looking at ``result``.  ``field`` is the other accepted name of
-        ``tq_field`` (give one).  The entrypoints pass ``tq_field=``, so a host may override it with
-        that signature.
+        Non-leaders return without looking at ``result``.
 
         Raises:
-            RuntimeError: ``result`` is not a Mapping holding ``result_key``; no client.
-            TypeError: The value is not a tensor; neither or two different field names given.
-            ValueError: Its batch dim differs from ``meta.size``.
+            RuntimeError: No client, or as ``_result_column``.
+            TypeError: Neither or two different field names given, or as ``_result_column``.
         """
         field = _one_field_name(tq_field, field)
         self._require_dp_client()
@@ -361,12 +295,7 @@ class TQWorkerMixin:
     def train_presharded(
         self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None, mbs: int | None = None
     ) -> dict:
-        """Fetch this rank's shard and train on it (``self.train``); writes nothing; returns its metrics.
-
-        Per-row training inputs the driver put on the shard (``extra_info["row_values"]``, see
-        ``apply_row_values``) are set on the fetched batch first.  ``eval_mode`` computes the loss
-        only; ``mbs`` applies without a plan.
-        """
+        """Train on this rank's shard (``self.train``, after ``apply_row_values``); return its metrics."""
         data = self._fetch_planned(meta)
         row_values = meta.extra_info.get(ROW_VALUES_KEY)
         if row_values is not None:
@@ -388,23 +317,14 @@ class TQWorkerMixin:
         )
 
     def get_logprobs_and_reference_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
-        """Policy and reference log-probs of this rank's shard from one read and one write.
-
-        Both hooks run on the same batch; both columns go back in one put (replica leader only),
-        bit-identical to the two separate entrypoints.
-
-        Raises:
-            RuntimeError / TypeError / ValueError: As ``_result_column`` for either result.
-        """
+        """Both log-prob entrypoints from one read and one put (bit-identical to the two separate ones)."""
         data = self._fetch_planned(meta)
         policy = self.get_logprobs(data, micro_batch_size=micro_batch_size)
         reference = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
         if not self._is_replica_leader():
             return
         columns = {
-            PREV_LOGPROBS: self._result_column(
-                meta, policy, result_key="logprobs", field=PREV_LOGPROBS
-            ),
+            PREV_LOGPROBS: self._result_column(meta, policy, result_key="logprobs", field=PREV_LOGPROBS),
             REFERENCE_POLICY_LOGPROBS: self._result_column(
                 meta, reference, result_key="reference_logprobs", field=REFERENCE_POLICY_LOGPROBS
             ),
@@ -419,10 +339,7 @@ class TQWorkerMixin:
 
     # --- split training API -------------------------------------------------------------------
     def begin_train_step_presharded(self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None) -> None:
-        """Start one optimizer step made of placed microbatches.
-
-        ``gbs`` is accepted for parity with ``train_presharded`` and unused (the driver places exactly
-        one global batch per step); ``mbs`` (without a plan) goes to ``begin_train_step``.
+        """Start one optimizer step made of placed microbatches (``gbs`` is unused, kept for parity).
 
         Raises:
             RuntimeError: No client, or a step is already active (``"already active"``).
@@ -437,36 +354,28 @@ class TQWorkerMixin:
         self._dp_train_step_active = True
 
     def train_microbatch_presharded(self, meta: KVBatchMeta) -> None:
-        """Fetch one placed microbatch and run forward/backward (gradients accumulate).
-
-        Raises:
-            RuntimeError: No active step (``begin_train_step_presharded`` not called).
-        """
-        if not self._dp_train_step_active:
-            raise RuntimeError(
-                f"{type(self).__name__}: train_microbatch_presharded called without an active "
-                "step; call begin_train_step_presharded() first"
-            )
+        """Fetch one placed microbatch and run forward/backward (gradients accumulate); ``RuntimeError``: no step."""
+        self._require_active_step("train_microbatch_presharded")
         data = self._fetch_planned(meta)
         self.train_microbatch(data)
 
     def finish_train_step_presharded(self) -> dict:
-        """Reduce gradients and step; return metrics plus ``is_replica_leader`` (driver de-duplicates).
+        """Reduce gradients and step; return metrics plus ``is_replica_leader``; ``RuntimeError``: no step.
 
         The step stays active if the host raises, so the driver's abort still drops the gradients.
-
-        Raises:
-            RuntimeError: No active step.
         """
-        if not self._dp_train_step_active:
-            raise RuntimeError(
-                f"{type(self).__name__}: finish_train_step_presharded called without an active "
-                "step; call begin_train_step_presharded() first"
-            )
+        self._require_active_step("finish_train_step_presharded")
         metrics = dict(self.finish_train_step())
         self._dp_train_step_active = False
         metrics["is_replica_leader"] = self._is_replica_leader()
         return metrics
+
+    def _require_active_step(self, entrypoint: str) -> None:
+        if not self._dp_train_step_active:
+            raise RuntimeError(
+                f"{type(self).__name__}: {entrypoint} called without an active "
+                "step; call begin_train_step_presharded() first"
+            )
 
     def abort_train_step_presharded(self) -> None:
         """Drop accumulated gradients and end the step (idempotent; no-op without a step)."""
@@ -477,19 +386,11 @@ class TQWorkerMixin:
 
     # --- observability ------------------------------------------------------------------------
     def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
-        """This worker's per-step store metrics (``get_step_metrics``; resets its window).
-
-        Returns ``{}`` when the client is not a ``MetricsDataPlaneClient``.  ``step_time_s`` is the step's
-        wall time (for ``step/frac_of_step``).
-        """
+        """This worker's ``get_step_metrics`` (resets its window); ``{}`` without a ``MetricsDataPlaneClient``."""
         client = self.dp_client
-        if client is None or not is_metrics_client(client):
-            return {}
-        return dict(client.get_step_metrics(step_time_s))
+        return dict(client.get_step_metrics(step_time_s)) if is_metrics_client(client) else {}
 
     def get_data_plane_snapshot(self) -> dict | None:
         """The metrics wrapper's snapshot, or ``None`` without a ``MetricsDataPlaneClient``."""
         client = self.dp_client
-        if client is None or not is_metrics_client(client):
-            return None
-        return client.snapshot()
+        return client.snapshot() if is_metrics_client(client) else None
