@@ -1,8 +1,7 @@
 """Driver-side data-plane methods of the policy / value façades (``TQDriverMixin``).
 
-Each model dispatch gets a fresh global pad target on an isolated copy of the meta (a target
-stamped on a shared meta would leak between policy and critic and across PPO epochs).  Nothing
-here imports Ray or TransferQueue.
+Each dispatch stamps a fresh pad target on an isolated copy of the meta (a target on a shared
+meta would leak between policy and critic and across PPO epochs).
 """
 
 from __future__ import annotations
@@ -35,29 +34,18 @@ __all__ = [
     "stamp_placed_metas",
 ]
 
+#: The two microbatch token budgets a dispatch may ask for.
 MB_TOKENS_KEYS: tuple[str, ...] = ("logprob_mb_tokens", "train_mb_tokens")
-"""The two microbatch token budgets a dispatch may ask for."""
 
 #: Per-op statistics of a worker's store window kept in the slowest-rank breakdown.
 _BREAKDOWN_STATS: frozenset[str] = frozenset({"calls", "rows", "mb", "wall_ms"})
 
 
 def cfg_value(node: Any, key: str, path: str) -> Any:
-    """Read ``key`` from a ``Mapping`` or an attribute-style config node.
-
-    Args:
-        path: Dotted path of ``node`` for the error message (e.g. ``"cfg.dynamic_batching"``).
-
-    Raises:
-        KeyError: The key is absent (message names ``path.key``).
-    """
-    if isinstance(node, Mapping):
-        if key not in node:
-            raise KeyError(f"config key {path}.{key} is missing")
-        return node[key]
-    if not hasattr(node, key):
+    """``key`` of a ``Mapping`` or attribute-style config node; ``KeyError`` naming ``path.key`` if absent."""
+    if not (key in node if isinstance(node, Mapping) else hasattr(node, key)):
         raise KeyError(f"config key {path}.{key} is missing")
-    return getattr(node, key)
+    return node[key] if isinstance(node, Mapping) else getattr(node, key)
 
 
 def _pad_to_multiple(meta: KVBatchMeta) -> int:
@@ -74,15 +62,10 @@ def _pad_to_multiple(meta: KVBatchMeta) -> int:
 def isolated_copy(
     meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None, keep_tags: bool = True
 ) -> KVBatchMeta:
-    """A copy of ``meta`` (never mutated) with narrowed ``fields``/``task_name`` and no pad target.
+    """A copy of ``meta`` with ``fields``/``task_name`` replaced and ``global_forward_pad_seqlen`` dropped.
 
-    Containers and tag dicts are fresh; other ``extra_info`` values are shared, except
-    ``global_forward_pad_seqlen``, which is dropped.
-
-    Args:
-        fields: The fields of the copy (``None`` keeps none).
-        keep_tags: ``False`` leaves tags out (``tags=None``), so a dispatch to the workers, which
-            never read tags, neither deep-copies nor ships them.
+    Containers and tag dicts are fresh; other ``extra_info`` values are shared.  ``keep_tags=False``
+    leaves tags out (workers never read them).
     """
     extra = {k: v for k, v in meta.extra_info.items() if k != GLOBAL_FORWARD_PAD_SEQLEN}
     return KVBatchMeta(
@@ -90,24 +73,17 @@ def isolated_copy(
         task_name=task_name,
         sample_ids=list(meta.sample_ids),
         fields=list(fields) if fields is not None else None,
-        sequence_lengths=(
-            [int(x) for x in meta.sequence_lengths] if meta.sequence_lengths is not None else None
-        ),
+        sequence_lengths=[int(x) for x in meta.sequence_lengths] if meta.sequence_lengths is not None else None,
         extra_info=extra,
-        tags=(
-            [copy.deepcopy(t) for t in meta.tags]
-            if keep_tags and meta.tags is not None
-            else None
-        ),
+        tags=[copy.deepcopy(t) for t in meta.tags] if keep_tags and meta.tags is not None else None,
     )
 
 
 def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> int:
-    """One global pad target over several DP ranks' metas (each needs ``sequence_lengths``).
+    """``round_up(longest row, lcm(max pad_to_multiple, seq_round))`` over DP ranks' metas.
 
-    ``round_up(max of all lengths, lcm(max pad_to_multiple over metas, seq_round))``; any
-    ``global_forward_pad_seqlen`` the metas carry is ignored (it would ratchet the target up to a
-    historical maximum).  ``seq_round`` is the dynamic-batching length rounding (1 = none).
+    A ``global_forward_pad_seqlen`` the metas carry is ignored (it would ratchet up to a historical
+    maximum).  ``seq_round`` is the dynamic-batching length rounding (1 = none).
 
     Raises:
         ValueError: No metas, a meta without ``sequence_lengths``, no rows at all, or
@@ -136,13 +112,7 @@ def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> in
 
 
 def stamp_placed_metas(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> list[KVBatchMeta]:
-    """Like :func:`placed_pad_target`, but returns ``isolated_copy`` metas stamped with the target.
-
-    One output per input, in input order; other ``extra_info`` entries travel unchanged.
-
-    Raises:
-        ValueError: As ``placed_pad_target``.
-    """
+    """Like :func:`placed_pad_target`, but returns ``isolated_copy`` metas (input order) stamped with it."""
     target = placed_pad_target(metas, seq_round=seq_round)
     out = []
     for meta in metas:
@@ -155,10 +125,8 @@ def stamp_placed_metas(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> l
 class TQDriverMixin:
     """Driver-side metadata helpers for façades that dispatch ``KVBatchMeta`` shards.
 
-    The host provides ``cfg`` (the policy config; the ``dynamic_batching`` /
-    ``sequence_packing`` keys a mode needs are read without defaults, a missing one raising
-    ``KeyError`` naming it), ``dp_client``, ``dp_size`` and optionally the bools
-    ``use_dynamic_batches`` / ``use_sequence_packing`` overriding ``cfg``.
+    The host provides ``cfg`` (keys a micro-batching mode needs have no defaults: ``KeyError``),
+    ``dp_client``, ``dp_size`` and optionally bools ``use_dynamic_batches`` / ``use_sequence_packing``.
     """
 
     cfg: Any
@@ -166,7 +134,7 @@ class TQDriverMixin:
     dp_size: int
 
     def _mode_on(self, attribute: str, section: str) -> bool:
-        """Whether a micro-batching mode is on: the host attribute, else the config section."""
+        """Whether a micro-batching mode is on: the host attribute, else the config section's ``enabled``."""
         flag = getattr(self, attribute, None)
         if flag is not None:
             return bool(flag)
@@ -180,13 +148,9 @@ class TQDriverMixin:
 
     # --- planner arguments --------------------------------------------------------------------
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Planner arguments for ``mb_tokens_key`` (``"logprob_mb_tokens"`` or ``"train_mb_tokens"``).
+        """Fresh ``(sequence_packing_args, dynamic_batching_args)`` for budget ``mb_tokens_key``.
 
-        Returns:
-            ``(sequence_packing_args, dynamic_batching_args)``: ``(None, dba)`` when dynamic
-            batching is on (it wins if both are), ``(spa, None)`` when only sequence packing is,
-            else ``(None, None)``.  Each dict is fresh, its ``max_tokens_per_microbatch`` being the
-            section's ``mb_tokens_key`` value.
+        At most one is set; dynamic batching wins when both modes are on.
 
         Raises:
             ValueError: ``mb_tokens_key`` is not one of the two budgets.
@@ -200,12 +164,8 @@ class TQDriverMixin:
         if self._mode_on("use_dynamic_batches", "dynamic_batching"):
             db = cfg_value(self.cfg, "dynamic_batching", "cfg")
             dba = {
-                "max_tokens_per_microbatch": int(
-                    cfg_value(db, mb_tokens_key, "cfg.dynamic_batching")
-                ),
-                "sequence_length_round": int(
-                    cfg_value(db, "sequence_length_round", "cfg.dynamic_batching")
-                ),
+                "max_tokens_per_microbatch": int(cfg_value(db, mb_tokens_key, "cfg.dynamic_batching")),
+                "sequence_length_round": int(cfg_value(db, "sequence_length_round", "cfg.dynamic_batching")),
                 "input_key": INPUT_IDS,
                 "input_lengths_key": INPUT_LENGTHS,
             }
@@ -213,9 +173,7 @@ class TQDriverMixin:
         if self._mode_on("use_sequence_packing", "sequence_packing"):
             sp = cfg_value(self.cfg, "sequence_packing", "cfg")
             spa = {
-                "max_tokens_per_microbatch": int(
-                    cfg_value(sp, mb_tokens_key, "cfg.sequence_packing")
-                ),
+                "max_tokens_per_microbatch": int(cfg_value(sp, mb_tokens_key, "cfg.sequence_packing")),
                 "algorithm": str(cfg_value(sp, "algorithm", "cfg.sequence_packing")),
                 "sequence_length_pad_multiple": int(
                     cfg_value(sp, "sequence_length_pad_multiple", "cfg.sequence_packing")
@@ -234,17 +192,11 @@ class TQDriverMixin:
 
     # --- pad targets --------------------------------------------------------------------------
     def _stamp_pad_seqlen(self, meta: KVBatchMeta) -> None:
-        """Stamp ``extra_info["global_forward_pad_seqlen"]`` in place (idempotent).
+        """Stamp ``global_forward_pad_seqlen`` in place as :func:`placed_pad_target` of ``meta`` alone.
 
-        The target is ``round_up(max(lengths), lcm(pad_to_multiple, seq_round))``; no-op without
-        lengths, without rows, or when a target is already present.
-
-        Raises:
-            ValueError: ``pad_to_multiple`` < 1.
+        No-op without lengths or rows, or when a target is present.  ``ValueError``: ``pad_to_multiple`` < 1.
         """
-        if meta.sequence_lengths is None or GLOBAL_FORWARD_PAD_SEQLEN in meta.extra_info:
-            return
-        if not meta.sequence_lengths:
+        if not meta.sequence_lengths or GLOBAL_FORWARD_PAD_SEQLEN in meta.extra_info:
             return
         multiple = math.lcm(_pad_to_multiple(meta), self._seq_round())
         longest = max(int(x) for x in meta.sequence_lengths)
@@ -253,50 +205,31 @@ class TQDriverMixin:
     def _isolated_meta(
         self, meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None, keep_tags: bool = True
     ) -> KVBatchMeta:
-        """Like :func:`isolated_copy` (caller's meta untouched), plus a fresh pad target for this host."""
+        """Like :func:`isolated_copy`, plus a fresh pad target for this host."""
         out = isolated_copy(meta, fields=fields, task_name=task_name, keep_tags=keep_tags)
         self._stamp_pad_seqlen(out)
         return out
 
     def _shard_meta(self, meta: KVBatchMeta, *, batch_size: int | None, mb_tokens_key: str) -> list[KVBatchMeta]:
-        """Split ``meta`` into ``self.dp_size`` shards (``shard_meta_for_dp``) with the host's planner args.
-
-        Args:
-            batch_size: Global batch size the shards must divide into, or ``None``.
-        """
+        """``shard_meta_for_dp`` into ``self.dp_size`` shards with the host's planner arguments."""
         spa, dba = self._packing_args(mb_tokens_key)
         shards, _ = shard_meta_for_dp(
-            meta,
-            dp_world=self.dp_size,
-            batch_size=batch_size,
-            sequence_packing_args=spa,
-            dynamic_batching_args=dba,
+            meta, dp_world=self.dp_size, batch_size=batch_size, sequence_packing_args=spa, dynamic_batching_args=dba
         )
         return shards
 
     def _placed_metas(self, metas: Sequence[KVBatchMeta]) -> list[KVBatchMeta]:
-        """``stamp_placed_metas`` with this host's rounding: one target over all ranks' metas.
-
-        Raises:
-            ValueError: As ``placed_pad_target``.
-        """
+        """``stamp_placed_metas`` with this host's rounding: one target over all ranks' metas."""
         return stamp_placed_metas(metas, seq_round=self._seq_round())
 
     # --- observability ------------------------------------------------------------------------
     def _worker_store_metrics(self, step_time_s: float, prefix: str) -> dict[str, float]:
-        """Every rank's per-step store metrics, summed, plus the slowest rank's breakdown.
-
-        Each rank's window is read and reset (``data_plane_step_metrics`` on the workers).
-
-        Args:
-            step_time_s: Wall time of the step (for ``step/frac_of_step``).
-            prefix: Key prefix, e.g. ``"data_plane/workers"``.
+        """Every rank's per-step store metrics (windows reset), summed, plus the slowest rank's breakdown.
 
         Returns:
             ``{prefix}/step/{wall_ms, bytes_written_mb, bytes_read_mb}`` summed over ranks,
-            ``{prefix}/step/max_rank_wall_ms`` and, for the rank with the most store time,
-            ``{prefix}/max_rank/{op}/{calls, rows, mb, wall_ms}`` per op kind it called plus
-            ``{prefix}/max_rank/rank``; ``{}`` when the workers' clients record nothing.
+            ``{prefix}/step/max_rank_wall_ms``, ``{prefix}/max_rank/rank`` and the slowest rank's
+            ``{prefix}/max_rank/{op}/{calls, rows, mb, wall_ms}``; ``{}`` when the workers record nothing.
         """
         ranks = self._dispatch_all("data_plane_step_metrics", float(step_time_s))  # type: ignore[attr-defined]
         if not ranks or any(not r for r in ranks):
@@ -321,11 +254,9 @@ class TQDriverMixin:
         select_fields: Sequence[str],
         pad_value_dict: Mapping[str, float | int] | None = None,
     ) -> BatchedDataDict:
-        """Read non-empty ``select_fields`` of ``meta``'s rows as rectangles, in ``meta.sample_ids`` order.
+        """``read_columns`` of ``meta`` (untouched) padded to its stamped pad target (the workers' width).
 
-        Pads to the ``global_forward_pad_seqlen`` stamped on ``meta`` (the workers' width) so driver
-        reads line up with worker columns; without one a fresh target is minted for this read on an
-        isolated copy.  The caller's meta is untouched.
+        Without a stamped target a fresh one is minted for this read on an isolated copy.
 
         Raises:
             ValueError: ``select_fields`` is empty, or the stamped target is not an int >= 0.
@@ -342,15 +273,8 @@ class TQDriverMixin:
             isolated.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = target
         else:
             isolated = self._isolated_meta(meta, fields=select_fields, task_name=meta.task_name)
-        return read_columns(
-            self.dp_client, isolated, list(select_fields), pad_value_dict=pad_value_dict
-        )
+        return read_columns(self.dp_client, isolated, list(select_fields), pad_value_dict=pad_value_dict)
 
     def write_to_dataplane(self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-        """Write columns (rows in ``meta.sample_ids`` order) under ``meta``'s ids (``write_columns``).
-
-        Raises:
-            ValueError: A batch dim differs from ``meta.size``.
-            TypeError: An unsupported value type.
-        """
+        """``write_columns`` under ``meta``'s ids (rows in ``meta.sample_ids`` order)."""
         write_columns(self.dp_client, meta, fields)
