@@ -1,8 +1,4 @@
-"""Whole-column batches: the form a loader puts and the Local adapter hands back.
-
-Local stores a non-tensor column as one ``NonTensorData`` leaf, wire backends one value per row;
-these helpers build and read either form without importing an adapter.
-"""
+"""Whole-column batches (one ``NonTensorData`` leaf per non-tensor column): what a loader puts and Local returns."""
 
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ def _check_field_name(value: Any) -> None:
 
 
 def is_local_batch_meta(meta: KVBatchMeta) -> bool:
-    """Whether ``meta`` was minted by a ``LocalDataPlaneClient`` (``"local_partition_generation"`` in ``extra_info``).
+    """Whether a ``LocalDataPlaneClient`` minted ``meta`` (its generation key is in ``extra_info``).
 
     Raises:
         TypeError: ``meta`` is not a ``KVBatchMeta``.
@@ -58,19 +54,15 @@ def _column_rows(name: str, value: Any) -> int:
 
 
 def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> TensorDict:
-    """Wrap a loader batch (name -> batch-major value) as the TensorDict Local's ``put_samples`` takes.
+    """Wrap a loader batch (name -> value of ``batch_size`` rows) as the TensorDict Local's ``put_samples`` takes.
 
-    Nothing is flattened: tensors become tensor leaves (not copied here; the put copies); every
-    other value becomes one ``NonTensorData`` holding the whole column - a list, tuple or object
-    array (one value per row, e.g. per-sample tensors of different shapes), a ``PackedTensor``
-    (one entry per row) or a dict whose values are such columns (nested dicts allowed).  Every
-    value must have ``batch_size`` rows.
+    Tensors become tensor leaves (not copied here); any other column (list, tuple, object array,
+    ``PackedTensor``, or a dict of such columns) becomes one ``NonTensorData``.
 
     Raises:
         TypeError: ``batch_size`` is not an int, or a field name is not a str.
         ValueError: ``batch_size < 0``, an empty field name, a 0-d value, an empty dict, a dict
-            whose values disagree, or a value whose batch size differs (``"Local field 'x' has
-            batch size A, expected B."``).
+            whose values disagree, or a value with another batch size.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
         raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
@@ -87,8 +79,6 @@ def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> 
     return TensorDict(leaves, batch_size=(batch_size,))
 
 
-# --- validation helpers ---
-
 
 def materialize_for_meta(
     meta: Any,
@@ -98,19 +88,13 @@ def materialize_for_meta(
     pad_value_dict: Mapping[str, float | int] | None = None,
     pad_to_seqlen: int = 0,
 ) -> BatchedDataDict:
-    """Materialise what ``get_data(meta)`` returned with the reader that matches the meta.
-
-    A meta stamped with a Local partition generation holds whole-column non-tensor leaves
-    (``materialize_local``); any other meta holds per-row values (``materialize``), and a
-    whole-column ``NonTensorData`` leaf there is refused rather than collapsed into one row.
+    """Materialise ``get_data(meta)``'s result with ``materialize_local`` for a Local meta, else ``materialize``.
 
     Raises:
         TypeError: A non-local read holds a whole-column ``NonTensorData`` leaf.
     """
     if is_local_batch_meta(meta):
-        return materialize_local(
-            td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen
-        )
+        return materialize_local(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen)
     bad = [k for k in td.keys() if isinstance(td.get(k), NonTensorData)]
     if bad:
         raise TypeError(
@@ -118,6 +102,4 @@ def materialize_for_meta(
             "leaves (whole columns); reading them with materialize would collapse N rows "
             "into one. A Local-adapter batch must be read with materialize_local."
         )
-    return materialize(
-        td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen
-    )
+    return materialize(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen)

@@ -1,7 +1,6 @@
-"""Column reads and writes between trainer batches and a ``DataPlaneClient``.
+"""Column reads and writes between trainer batches and any ``DataPlaneClient``.
 
-``first_write`` mints a batch, ``write_columns`` adds columns under the same ids,
-``read_columns`` fetches rectangles; the layout rules are applied here once, for any adapter.
+``first_write`` mints a batch, ``write_columns`` adds columns under the same ids, ``read_columns`` fetches rectangles.
 """
 
 from __future__ import annotations
@@ -32,11 +31,8 @@ __all__ = ["round_up", "first_write", "read_columns", "write_columns"]
 
 def round_up(value: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is >= ``value``; identity when ``multiple <= 1``."""
-    value = int(value)
-    multiple = int(multiple)
-    if multiple <= 1:
-        return value
-    return -(-value // multiple) * multiple
+    value, multiple = int(value), int(multiple)
+    return value if multiple <= 1 else -(-value // multiple) * multiple
 
 
 def _check_column(name: str, value: Any, where: str) -> None:
@@ -81,28 +77,23 @@ def first_write(
     tags: Sequence[dict] | None = None,
     token_aligned_fields: Collection[str] = TOKEN_ALIGNED_FIELDS,
 ) -> KVBatchMeta:
-    """The producer's first put of a batch: pack every column and write it in one put.
+    """The producer's first put of a batch (columns packed, one put); return its meta.
 
     Args:
         batch: Columns; must hold ``sample_mask`` (batch-size oracle) and ``input_lengths``.
-        sample_ids: One new id per row.
         partition_id: Registered by the caller.
-        extra_info: Extra batch-level entries for the returned meta.
         pad_to_multiple: Recorded as ``extra_info["pad_to_multiple"]`` when > 1.
-        tags: Optional per-row tags, stored with the rows.
         token_aligned_fields: Fields stored jagged by row length.
 
     Returns:
-        ``KVBatchMeta(partition_id, task_name, sample_ids, fields=<written keys>,
-        sequence_lengths=input_lengths, extra_info=<receipt's> | extra_info |
-        {"pad_to_multiple": p if p > 1}, tags=deepcopy(tags))``.
+        A meta with the written fields, ``sequence_lengths=input_lengths``, ``extra_info`` = the
+        receipt's | ``extra_info`` | the pad multiple, and a deep copy of ``tags``.
 
     Raises:
         KeyError: ``sample_mask`` or ``input_lengths`` is missing.
-        ValueError: Id count differs from the batch size (``"must match batch size"``), an
-            empty batch, duplicate ids, misaligned tags, ``pad_to_multiple < 1``.
-        TypeError: A value is neither a tensor, a PackedTensor nor a 1-D object ndarray (names
-            the key).
+        ValueError: Id count differs from the batch size, an empty batch, duplicate ids, misaligned
+            tags, ``pad_to_multiple < 1``.
+        TypeError: A value is neither a tensor, a PackedTensor nor a 1-D object ndarray.
     """
     where = "first_write"
     if SAMPLE_MASK not in batch:
@@ -131,9 +122,7 @@ def first_write(
     td = pack_jagged_fields(columns, lengths=lengths, token_aligned_fields=token_aligned_fields)
     receipt = dp_client.put_samples(ids, partition_id, td, list(tags) if tags is not None else None)
 
-    extra: dict[str, Any] = dict(receipt.extra_info)
-    if extra_info:
-        extra.update(extra_info)
+    extra: dict[str, Any] = {**receipt.extra_info, **(extra_info or {})}
     if int(pad_to_multiple) > 1:
         extra[PAD_TO_MULTIPLE] = int(pad_to_multiple)
     return KVBatchMeta(
@@ -155,11 +144,9 @@ def read_columns(
     layout: Layout = "padded",
     pad_value_dict: Mapping[str, float | int] | None = None,
 ) -> BatchedDataDict:
-    """Fetch non-empty ``select_fields`` of ``meta`` as trainer rectangles at the meta's pad target.
+    """Exactly the non-empty ``select_fields`` of ``meta``'s rows, in order, as trainer rectangles.
 
-    Local metas are recognised by their generation key.  Returns exactly ``select_fields``, in
-    that order, rows in ``meta.sample_ids`` order; padded tensors are at least
-    ``extra_info["global_forward_pad_seqlen"]`` wide when that is set.
+    Padded tensors are at least ``extra_info["global_forward_pad_seqlen"]`` wide when that is set.
 
     Raises:
         ValueError: ``select_fields`` is empty.
@@ -183,10 +170,7 @@ def write_columns(
 ) -> None:
     """Write new columns under ``meta``'s ids (one put, no tags; no put at all for no fields).
 
-    ``fields`` maps name -> tensor or 1-D object ndarray (any ``Mapping``, ``BatchedDataDict``
-    included).  Per-token columns land jagged with the first write's row lengths
-    (``meta.sequence_lengths``, when present) even when the given tensor is wider (e.g. padded to
-    the global pad target).
+    Per-token columns land jagged at ``meta.sequence_lengths`` (when present) even when wider.
 
     Raises:
         ValueError: A value's batch dim differs from ``meta.size``.

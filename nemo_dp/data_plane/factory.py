@@ -1,8 +1,6 @@
-"""Turn a ``data_plane`` config into its dataclass, its environment knobs and its client.
+"""Turn a ``data_plane`` config into its dataclass, its environment knobs and its client (no fallback).
 
-Backend decisions come from the registry (``nemo_dp.data_plane.registry``); there is no no-op
-client and no fallback.  ``select_sync_trainer`` and ``make_policy_factory`` are re-exported
-from :mod:`nemo_dp.algorithms.selection` (imported on first use).
+``select_sync_trainer`` and ``make_policy_factory`` are lazily re-exported from :mod:`nemo_dp.algorithms.selection`.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ __all__ = [
 
 DISABLED = registry.DISABLED
 
-#: Names of the data-plane API that nemo_dp.algorithms.selection defines.
 _SELECTION_NAMES = ("select_sync_trainer", "make_policy_factory")
 
 
@@ -51,19 +48,12 @@ _ABSENT = object()
 
 
 def _get(node: Any, key: str) -> Any:
-    """``node.key`` of a ``data_plane`` node or ``_ABSENT``; a ``???`` value raises instead."""
+    """``node.key`` or ``_ABSENT``; a ``???`` value raises."""
     return cfg_get(node, key, _ABSENT, where="data_plane", strict=True)
 
 
 def data_plane_kind(cfg: Any) -> str:
-    """Classify a ``data_plane`` config without fully validating it.
-
-    Args:
-        cfg: ``None``, a config dataclass, a ``DictConfig`` or a plain mapping.
-
-    Returns:
-        ``"disabled"`` (``None``, ``enabled`` false or absent), ``"local"`` or
-        ``"transfer_queue"``.
+    """The backend kind of a ``data_plane`` config (``None``, dataclass, ``DictConfig``, mapping), not fully validated.
 
     Raises:
         ValueError: Enabled with an unknown or missing ``impl`` (``"unknown data_plane impl"``).
@@ -72,8 +62,7 @@ def data_plane_kind(cfg: Any) -> str:
     if not data_plane_enabled(cfg):
         return DISABLED
     impl = _get(cfg, "impl")
-    if impl is _ABSENT:
-        impl = None
+    impl = None if impl is _ABSENT else impl
     if impl not in registry.enabled_kinds():
         raise ValueError(
             f"unknown data_plane impl: {impl!r} (data_plane.impl; legal: "
@@ -83,10 +72,7 @@ def data_plane_kind(cfg: Any) -> str:
 
 
 def data_plane_enabled(cfg: Any) -> bool:
-    """Whether a ``data_plane`` config (in any form of :func:`data_plane_kind`) asks for a data plane.
-
-    ``False`` for ``None`` or ``enabled`` false/absent.
-    """
+    """Whether a ``data_plane`` config (any form) has ``enabled`` true; ``TypeError`` if it is not a bool."""
     if cfg is None or type(cfg) is DisabledDataPlaneConfig:
         return False
     enabled = _get(cfg, "enabled")
@@ -110,14 +96,10 @@ def _convert_mapping(cfg: Mapping, schema: type) -> Any:
 
 
 def coerce_data_plane_config(cfg: Any) -> DataPlaneConfig | LocalDataPlaneConfig | DisabledDataPlaneConfig:
-    """Turn any accepted ``data_plane`` form into its config dataclass (a dataclass is returned as is).
-
-    Returns ``DisabledDataPlaneConfig()`` for a disabled ``None`` or mapping; otherwise the
-    dataclass selected by ``impl``, validated by its schema.
+    """The validated config dataclass of any accepted ``data_plane`` form (a dataclass is returned as is).
 
     Raises:
-        ValueError: Unknown ``impl`` (``"unknown data_plane impl: ..."``), or a key is unknown,
-            missing or invalid (the message names ``data_plane.<key>``).
+        ValueError: Unknown ``impl``, or a key is unknown, missing or invalid (names ``data_plane.<key>``).
         TypeError: ``cfg`` is of an unsupported type.
     """
     if type(cfg) in registry.schema_types():
@@ -138,11 +120,7 @@ def coerce_data_plane_config(cfg: Any) -> DataPlaneConfig | LocalDataPlaneConfig
 
 
 def data_plane_supports_checkpointing(cfg: Any) -> bool:
-    """Whether the configured backend can save and load data-plane checkpoints.
-
-    ``True`` for ``impl: local`` and for ``impl: transfer_queue`` with ``backend: simple``;
-    ``False`` when disabled.
-    """
+    """Whether the configured backend can save and load data-plane checkpoints (``False`` when disabled)."""
     dp_cfg = coerce_data_plane_config(cfg)
     if not dp_cfg.enabled:
         return False
@@ -150,11 +128,9 @@ def data_plane_supports_checkpointing(cfg: Any) -> bool:
 
 
 def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
-    """Export the backend's environment knobs before Ray and the backend start.
+    """Export the backend's environment knobs (driver, before ``ray.init``); return them for ``runtime_env``.
 
-    Call on the driver before ``ray.init`` and pass the result to
-    ``ray.init(runtime_env={"env_vars": ...})``.  Returns ``{}`` for a disabled or local data plane
-    (environment untouched); for TransferQueue the effective values of all ``TQ_*`` knobs.
+    ``{}`` (environment untouched) for a backend without knobs or a disabled data plane.
 
     Raises:
         ValueError: Unknown ``impl`` or invalid config.
@@ -168,19 +144,15 @@ def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
 
 
 def build_data_plane_client(cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> DataPlaneClient:
-    """Build the data-plane client a config asks for.
+    """Build the client a config asks for, wrapped in ``MetricsDataPlaneClient`` when ``observability.enabled``.
 
     Args:
-        bootstrap: TransferQueue only: create the backend (driver) or attach to it (workers).
-        checkpointing: TransferQueue only: require checkpoint support.
-
-    Returns:
-        A ``LocalDataPlaneClient`` or ``TQDataPlaneClient``, wrapped in
-        ``MetricsDataPlaneClient`` when ``observability.enabled``.
+        bootstrap: Create a cluster-wide backend (driver) or attach to it (workers).
+        checkpointing: Require checkpoint support.
 
     Raises:
-        ValueError: The data plane is disabled (use the legacy trainer), ``impl`` is unknown,
-            the config is invalid, or ``checkpointing`` is asked of a backend without it.
+        ValueError: The data plane is disabled, ``impl`` is unknown, the config is invalid, or
+            ``checkpointing`` is asked of a backend without it.
     """
     if not data_plane_enabled(cfg):
         raise ValueError(
@@ -197,9 +169,7 @@ def build_data_plane_client(cfg: Any, *, bootstrap: bool = True, checkpointing: 
         )
     if spec.configure_env is not None:
         spec.configure_env(dp_cfg)  # knobs before the backend library is imported
-    client: DataPlaneClient = spec.client()(
-        dp_cfg, bootstrap=bootstrap, checkpointing=checkpointing
-    )
+    client: DataPlaneClient = spec.client()(dp_cfg, bootstrap=bootstrap, checkpointing=checkpointing)
     if dp_cfg.observability.enabled:
         from nemo_dp.data_plane.observability import MetricsDataPlaneClient, log_event
 

@@ -1,9 +1,4 @@
-"""Driver-side DP sharding of a ``KVBatchMeta``.
-
-Runs the ordinary planner (``BatchedDataDict.shard_by_batch_size``) on a skeleton built from
-``meta.sequence_lengths`` and projects the meta per shard: pure metadata, no I/O, and the
-micro-batch plan every rank must follow.
-"""
+"""Driver-side DP sharding of a ``KVBatchMeta``: the ordinary planner run on a skeleton of its lengths (no I/O)."""
 
 from __future__ import annotations
 
@@ -43,18 +38,13 @@ def shard_meta_for_dp(
 
     Args:
         batch_size: Global batch size (defaults to ``meta.size``).
-        sequence_packing_args: Planner settings for sequence packing (passed on unchanged;
-            the skeleton's columns are ``input_ids`` / ``input_lengths``, so the planner's
-            ``input_key`` / ``input_lengths_key`` must name those).
-        dynamic_batching_args: Planner settings for dynamic batching (likewise).
+        sequence_packing_args, dynamic_batching_args: Planner settings, passed on unchanged; their
+            ``input_key`` / ``input_lengths_key`` must be ``input_ids`` / ``input_lengths``.
 
     Returns:
-        ``(metas, order)``: ``metas[r]`` = ``meta.subset(rows of rank r)`` with
-        ``partition_id``/``task_name``/``fields`` preserved and ``extra_info`` = a copy of the
-        input's (minus any inherited plan keys) plus that shard's own copies of
-        ``micro_batch_indices``, ``micro_batch_lengths`` and ``elem_counts_per_gb`` when the
-        planner produced them.  ``order[p]`` is the original index of row ``p`` of the
-        rank-concatenated output, or ``None`` when that is the identity.
+        ``(metas, order)``: ``metas[r]`` = ``meta.subset(rows of rank r)`` whose ``extra_info`` is
+        the input's, its plan keys replaced by the shard's own plan copies.  ``order[p]`` is the
+        original index of row ``p`` of the concatenated output, or ``None`` for the identity.
 
     Raises:
         ValueError: Empty meta, missing/misaligned ``sequence_lengths``, both packing
@@ -115,12 +105,9 @@ def shard_meta_for_dp(
         order.extend(rows)
         sub = meta.subset(rows)
         extra = {k: v for k, v in meta.extra_info.items() if k not in _PLAN_KEYS}
-        if shard.micro_batch_indices is not None:
-            extra[MICRO_BATCH_INDICES] = copy.deepcopy(shard.micro_batch_indices)
-        if shard.micro_batch_lengths is not None:
-            extra[MICRO_BATCH_LENGTHS] = copy.deepcopy(shard.micro_batch_lengths)
-        if shard.elem_counts_per_gb is not None:
-            extra[ELEM_COUNTS_PER_GB] = copy.deepcopy(shard.elem_counts_per_gb)
+        # The plan keys are also the planner's attribute names.
+        plan = {k: getattr(shard, k) for k in _PLAN_KEYS}
+        extra.update({k: copy.deepcopy(v) for k, v in plan.items() if v is not None})
         sub.extra_info = extra
         metas.append(sub)
     return metas, (None if order == list(range(n)) else order)

@@ -1,6 +1,4 @@
-"""Names shared by every producer and consumer of the data plane (fields, ``extra_info`` keys, tags,
-partitions, tasks).  Standard library only.
-"""
+"""Names shared by every producer and consumer of the data plane: fields, ``extra_info`` keys, tags, tasks."""
 
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ REFERENCE_POLICY_LOGPROBS = "reference_policy_logprobs"
 ADVANTAGES = "advantages"
 VALUES = "values"
 RETURNS = "returns"
-CONTENT = "content"
 META_IDX = "meta_idx"
 
 # --- extra_info keys ----------------------------------------------------------------------
@@ -26,7 +23,6 @@ GLOBAL_FORWARD_PAD_SEQLEN = "global_forward_pad_seqlen"
 MICRO_BATCH_INDICES = "micro_batch_indices"
 MICRO_BATCH_LENGTHS = "micro_batch_lengths"
 ELEM_COUNTS_PER_GB = "elem_counts_per_gb"
-ROLLOUT_METRICS = "rollout_metrics"
 LOCAL_PARTITION_GENERATION = "local_partition_generation"
 
 # --- tag names ----------------------------------------------------------------------------
