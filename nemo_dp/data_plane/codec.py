@@ -96,9 +96,7 @@ def _jagged_from_rows_of(padded: torch.Tensor, lens: torch.Tensor) -> torch.Tens
         mask = torch.arange(max_len, device=device).unsqueeze(0) < lens.unsqueeze(1)
         values = narrowed[mask]
     values = values.contiguous()
-    return torch.nested.nested_tensor_from_jagged(
-        values, offsets, min_seqlen=min_len, max_seqlen=max_len
-    )
+    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min_len, max_seqlen=max_len)
 
 
 def to_nested_by_length(padded: torch.Tensor, lengths: torch.Tensor | Sequence[int]) -> torch.Tensor:
@@ -109,13 +107,9 @@ def to_nested_by_length(padded: torch.Tensor, lengths: torch.Tensor | Sequence[i
         ValueError: ``padded`` has fewer than 2 dims, ``lengths`` is not ``(N,)`` integers in ``[0, S]``.
     """
     if not isinstance(padded, torch.Tensor) or padded.is_nested:
-        raise TypeError(
-            f"to_nested_by_length: padded must be a dense tensor, got {type(padded).__name__}"
-        )
+        raise TypeError(f"to_nested_by_length: padded must be a dense tensor, got {type(padded).__name__}")
     if padded.dim() < 2:
-        raise ValueError(
-            f"to_nested_by_length: padded must have shape (N, S, ...), got {tuple(padded.shape)}"
-        )
+        raise ValueError(f"to_nested_by_length: padded must have shape (N, S, ...), got {tuple(padded.shape)}")
     n, s = int(padded.shape[0]), int(padded.shape[1])
     lens = _as_length_tensor(lengths, n)
     if n > 0:
@@ -143,9 +137,7 @@ def stack_or_nest(rows: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(rows)
     if any(r.dim() == 0 or r.dim() != len(first) or r.shape[1:] != first[1:] for r in rows):
         shapes = sorted({tuple(r.shape) for r in rows})
-        raise ValueError(
-            f"stack_or_nest: rows may differ only in their first dim, got shapes {shapes}"
-        )
+        raise ValueError(f"stack_or_nest: rows may differ only in their first dim, got shapes {shapes}")
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
@@ -187,17 +179,14 @@ def pack_jagged_fields(
     lengths: torch.Tensor | None,
     token_aligned_fields: Collection[str] | None = None,
 ) -> TensorDict:
-    """Turn trainer columns (batch-major tensors, PackedTensors, 1-D object arrays) into the data-plane layout.
+    """Turn trainer columns (batch-major tensors, PackedTensors, 1-D object arrays) into a ``(N,)`` TensorDict.
 
     Args:
-        lengths: ``(N,)`` per-row valid lengths, or ``None`` (nothing becomes jagged; ``N`` is the
-            common batch size).
+        lengths: ``(N,)`` per-row valid lengths, or ``None`` (nothing becomes jagged).
         token_aligned_fields: Per-token fields cut to jagged rows by length, unless ``N == 0``,
             not at least 2-D or narrower than ``max(lengths)`` (then kept rectangular).
 
-    Returns:
-        A ``TensorDict`` of batch ``(N,)``, keys in order: other tensors ``detach().contiguous()``,
-        object arrays and PackedTensors as per-row ``NonTensorStack`` columns.
+    Object arrays and PackedTensors become per-row ``NonTensorStack`` columns.
 
     Raises:
         TypeError: An unsupported value (message names it).
@@ -219,9 +208,7 @@ def pack_jagged_fields(
         if not isinstance(lengths, torch.Tensor):
             lengths = _as_length_tensor(lengths, len(lengths))
         if lengths.dim() != 1:
-            raise ValueError(
-                f"pack_jagged_fields: lengths shape {tuple(lengths.shape)} is not (N,)"
-            )
+            raise ValueError(f"pack_jagged_fields: lengths shape {tuple(lengths.shape)} is not (N,)")
         n = int(lengths.shape[0])
         lens = _as_length_tensor(lengths.detach().cpu(), n)
         if n > 0 and int(lens.min()) < 0:
@@ -233,28 +220,17 @@ def pack_jagged_fields(
         n = distinct[0] if distinct else 0
     mismatched = {k: v for k, v in sizes.items() if v != n}
     if mismatched:
-        raise ValueError(
-            f"pack_jagged_fields: batch size must be {n} for every field; got {mismatched}"
-        )
+        raise ValueError(f"pack_jagged_fields: batch size must be {n} for every field; got {mismatched}")
 
     max_len = int(lens.max()) if lens is not None and n > 0 else 0
     out = TensorDict({}, batch_size=[n])
     for name, value in fields.items():
-        if isinstance(value, np.ndarray):
-            out.set(name, _object_column(value))
-            continue
-        if isinstance(value, PackedTensor):
-            out.set(name, _packed_rows(value))
+        if isinstance(value, (np.ndarray, PackedTensor)):
+            out.set(name, _object_column(value) if isinstance(value, np.ndarray) else _packed_rows(value))
             continue
         t = value.detach()
-        if (
-            name in aligned
-            and lens is not None
-            and not t.is_nested
-            and n > 0
-            and t.dim() >= 2
-            and int(t.shape[1]) >= max_len
-        ):
+        cut = name in aligned and lens is not None and not t.is_nested and n > 0 and t.dim() >= 2
+        if cut and int(t.shape[1]) >= max_len:
             out.set(name, _jagged_from_rows_of(t, lens))
         elif t.is_nested:
             out.set(name, t)

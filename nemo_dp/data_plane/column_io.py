@@ -184,9 +184,7 @@ def write_columns(
         _check_column(name, value, where)
         rows = _column_rows(name, value, where)
         if rows != meta.size:
-            raise ValueError(
-                f"{where}: field {name!r} has batch size {rows}, expected meta.size {meta.size}"
-            )
+            raise ValueError(f"{where}: field {name!r} has batch size {rows}, expected meta.size {meta.size}")
         columns[name] = _to_cpu(value)
     lengths = (
         torch.tensor([int(x) for x in meta.sequence_lengths], dtype=torch.int64)

@@ -25,14 +25,7 @@ from nemo_dp.data_plane.schema import (
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
-__all__ = [
-    "MB_TOKENS_KEYS",
-    "TQDriverMixin",
-    "cfg_value",
-    "isolated_copy",
-    "placed_pad_target",
-    "stamp_placed_metas",
-]
+__all__ = ["MB_TOKENS_KEYS", "TQDriverMixin", "cfg_value", "isolated_copy", "placed_pad_target", "stamp_placed_metas"]
 
 #: The two microbatch token budgets a dispatch may ask for.
 MB_TOKENS_KEYS: tuple[str, ...] = ("logprob_mb_tokens", "train_mb_tokens")

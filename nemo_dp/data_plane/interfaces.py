@@ -88,9 +88,7 @@ class KVBatchMeta:
     def __post_init__(self) -> None:
         n = len(self.sample_ids)
         if self.tags is not None and len(self.tags) != n:
-            raise ValueError(
-                f"KVBatchMeta: tags ({len(self.tags)}) must align 1:1 with sample_ids ({n})"
-            )
+            raise ValueError(f"KVBatchMeta: tags ({len(self.tags)}) must align 1:1 with sample_ids ({n})")
         if self.sequence_lengths is not None and len(self.sequence_lengths) != n:
             raise ValueError(
                 f"KVBatchMeta: sequence_lengths ({len(self.sequence_lengths)}) must align 1:1 "

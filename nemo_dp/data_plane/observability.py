@@ -136,9 +136,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
 
     def __init__(self, inner: DataPlaneClient, on_event: EventSink | None = None) -> None:
         if not isinstance(inner, DataPlaneClient):
-            raise TypeError(
-                f"MetricsDataPlaneClient wraps a DataPlaneClient, got {type(inner).__name__}"
-            )
+            raise TypeError(f"MetricsDataPlaneClient wraps a DataPlaneClient, got {type(inner).__name__}")
         self._inner = inner
         self._on_event = on_event
         self._lock = threading.Lock()

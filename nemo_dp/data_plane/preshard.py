@@ -68,9 +68,7 @@ def shard_meta_for_dp(
     if bs < 1 or n % bs != 0:
         raise ValueError(f"shard_meta_for_dp: meta size {n} is not a multiple of batch_size {bs}")
     if bs % dp_world != 0:
-        raise ValueError(
-            f"shard_meta_for_dp: batch_size {bs} is not divisible by dp_world {dp_world}"
-        )
+        raise ValueError(f"shard_meta_for_dp: batch_size {bs} is not divisible by dp_world {dp_world}")
 
     int_lengths = [int(x) for x in lengths]
     if dynamic_batching_args is not None:

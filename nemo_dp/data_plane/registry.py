@@ -176,9 +176,7 @@ def backend(kind: str) -> BackendSpec:
     """The backend registered under ``kind``; ``ValueError`` (listing the kinds) if none."""
     spec = BACKENDS.get(kind)
     if spec is None:
-        raise ValueError(
-            f"unknown data-plane backend kind {kind!r}; registered: {sorted(BACKENDS)}"
-        )
+        raise ValueError(f"unknown data-plane backend kind {kind!r}; registered: {sorted(BACKENDS)}")
     return spec
 
 

@@ -90,11 +90,7 @@ def str_list(v: Any, where: str, what: str) -> list[str]:
 
 
 def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write dense CPU ``tensors`` to ``path`` with safetensors; unsupported dtypes (``complex128``) as raw bytes.
-
-    Raises:
-        TypeError: A value is not a dense CPU tensor (names the key).
-    """
+    """Write dense CPU ``tensors`` with safetensors (other dtypes as raw bytes); ``TypeError`` names a bad entry."""
     from safetensors.torch import save_file
 
     out: dict[str, torch.Tensor] = {}
@@ -111,11 +107,7 @@ def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> Non
 
 
 def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a table written by :func:`save_tensor_table`.
-
-    Raises:
-        CorruptCheckpointError: The file is missing or is not a valid table (names the file).
-    """
+    """Read a :func:`save_tensor_table` file; ``CorruptCheckpointError`` (naming it) if missing or invalid."""
     from safetensors import safe_open
 
     where = f"checkpoint tensor file {str(path)!r}"
@@ -179,10 +171,7 @@ def column_entry(tensors: dict[str, torch.Tensor], key: str, data: torch.Tensor)
 def column_from_entry(
     entry: Any, tensors: dict[str, torch.Tensor], rows: int, where: str, dtype: str | None = None
 ) -> torch.Tensor:
-    """Rebuild and check a column of ``rows`` rows from :func:`column_entry`'s entry.
-
-    Args:
-        dtype: The field's stored dtype (``None``: not checked against the schema).
+    """Rebuild and check a column of ``rows`` rows (of stored ``dtype``, unless ``None``) from its entry.
 
     Raises:
         CorruptCheckpointError: A missing tensor, a wrong dtype, row count or inconsistent offsets.
@@ -238,11 +227,7 @@ def encode_values(
 
 
 def decode_values(nodes: Any, ids: Sequence[str], tensors: dict[str, torch.Tensor], where: str, what: str) -> list[Any]:
-    """Rebuild the values :func:`encode_values` stored for ``ids``, checking every node.
-
-    Raises:
-        CorruptCheckpointError: Not one node per id, or a malformed node (names the sample id).
-    """
+    """Rebuild and check :func:`encode_values`' nodes; ``CorruptCheckpointError`` names a bad sample id."""
     expect(isinstance(nodes, list) and len(nodes) == len(ids), where, f"{what} must hold {len(ids)} values")
     try:
         return [decode_value(node, tensors, f"{where} {what} of sample {sid!r}") for sid, node in zip(ids, nodes)]
@@ -344,22 +329,14 @@ def field_kinds(rec: dict[str, Any], fields: Sequence[str], where: str) -> dict[
 def new_manifest(
     fmt: str, version: int, metadata: dict[str, Any], partitions: list[dict[str, Any]], **extra: Any
 ) -> dict[str, Any]:
-    """A checkpoint manifest (``extra``: adapter-specific keys), checked to serialise before any write.
-
-    Raises:
-        TypeError | ValueError: Something in it is not strict JSON.
-    """
+    """A checkpoint manifest (``extra``: adapter keys); ``TypeError``/``ValueError`` before any write if not JSON."""
     manifest = {"format": fmt, "format_version": version, **extra, "metadata": metadata, "partitions": partitions}
     json.dumps(manifest, allow_nan=False)
     return manifest
 
 
 def write_checkpoint(checkpoint_dir: str | PathLike, manifest: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-    """Atomically write ``manifest.json`` and ``tensors.safetensors`` into ``checkpoint_dir``.
-
-    Raises:
-        Exception: Whatever the file system raised; a previous checkpoint is then intact.
-    """
+    """Atomically write ``manifest.json`` and ``tensors.safetensors``; on error a previous checkpoint is intact."""
 
     def write(tmp: Path) -> None:
         save_tensor_table(tmp / TENSORS_FILE, tensors)
@@ -370,12 +347,7 @@ def write_checkpoint(checkpoint_dir: str | PathLike, manifest: dict[str, Any], t
 
 @dataclass(frozen=True)
 class CheckpointContents:
-    """A checkpoint read by :func:`read_checkpoint`.
-
-    Attributes:
-        where: ``"checkpoint manifest '<path>'"``, for error messages.
-        partitions: The partition records (not yet validated; partition ids are distinct).
-    """
+    """A checkpoint read by :func:`read_checkpoint`; ``partitions`` are not yet validated (ids are distinct)."""
 
     manifest: dict[str, Any]
     where: str

@@ -108,9 +108,7 @@ class ValueEncoder:
             return self._ndarray(value, path)
         if isinstance(value, np.generic) and kind.__module__ == "numpy":
             if value.dtype.fields is not None or value.dtype.hasobject:
-                raise UnencodableValueError(
-                    f"{path}: numpy scalar of dtype {value.dtype} is not supported"
-                )
+                raise UnencodableValueError(f"{path}: numpy scalar of dtype {value.dtype} is not supported")
             return {"t": "npscalar", "dtype": value.dtype.str, "b64": _b64(value.tobytes())}
         if kind in _SEQUENCES or kind is dict:
             return self._container(value, path, active, depth)
@@ -134,10 +132,7 @@ class ValueEncoder:
         try:
             if type(value) is np.ndarray:
                 flat = value.reshape(-1)
-                items = [
-                    self._node(flat[i], f"{path}.flat[{i}]", active, depth + 1)
-                    for i in range(flat.size)
-                ]
+                items = [self._node(flat[i], f"{path}.flat[{i}]", active, depth + 1) for i in range(flat.size)]
                 shape = list(value.shape)
                 return {"t": "ndarray", "dtype": value.dtype.str, "shape": shape, "v": items}
             if type(value) is dict:
@@ -153,13 +148,9 @@ class ValueEncoder:
 
     def _tensor(self, value: torch.Tensor, path: str) -> dict[str, Any]:
         if value.is_nested or value.layout != torch.strided:
-            raise UnencodableValueError(
-                f"{path}: a {value.layout} / nested tensor cannot be checkpointed"
-            )
+            raise UnencodableValueError(f"{path}: a {value.layout} / nested tensor cannot be checkpointed")
         if value.device.type != "cpu":
-            raise UnencodableValueError(
-                f"{path}: a tensor on {value.device} cannot be checkpointed exactly"
-            )
+            raise UnencodableValueError(f"{path}: a tensor on {value.device} cannot be checkpointed exactly")
         key = self._key()
         self._tensors[key] = value.detach().clone(memory_format=torch.contiguous_format)
         return {"t": "tensor", "key": key, "requires_grad": bool(value.requires_grad)}
@@ -178,9 +169,7 @@ class ValueEncoder:
 
     def _ndarray(self, value: np.ndarray, path: str) -> dict[str, Any]:
         if value.dtype.fields is not None:
-            raise UnencodableValueError(
-                f"{path}: a structured numpy dtype {value.dtype} is not supported"
-            )
+            raise UnencodableValueError(f"{path}: a structured numpy dtype {value.dtype} is not supported")
         key = self._key()
         raw = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
         self._tensors[key] = torch.from_numpy(raw.copy())

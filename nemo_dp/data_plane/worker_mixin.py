@@ -55,9 +55,7 @@ def apply_row_values(data: BatchedDataDict, row_values: Mapping[str, torch.Tenso
             raise ValueError(f"row_values key {key!r} is not one of {list(ROW_VALUE_FIELDS)}")
         if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.shape[0] != data.size:
             got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ValueError(
-                f"row_values[{key!r}] must be a 1-D tensor of {data.size} rows, got {got}"
-            )
+            raise ValueError(f"row_values[{key!r}] must be a 1-D tensor of {data.size} rows, got {got}")
     if ADVANTAGES in row_values:
         if TOKEN_MASK not in data:
             raise ValueError(
@@ -217,9 +215,7 @@ class TQWorkerMixin:
                 f"incomplete microbatch plan: extra_info[{missing!r}] is missing"
             )
         if has_indices:
-            data.micro_batch_indices = [
-                [list(pair) for pair in chunk] for chunk in info[MICRO_BATCH_INDICES]
-            ]
+            data.micro_batch_indices = [[list(pair) for pair in chunk] for chunk in info[MICRO_BATCH_INDICES]]
             data.micro_batch_lengths = [list(chunk) for chunk in info[MICRO_BATCH_LENGTHS]]
             if ELEM_COUNTS_PER_GB in info:
                 data.elem_counts_per_gb = list(info[ELEM_COUNTS_PER_GB])
@@ -312,9 +308,7 @@ class TQWorkerMixin:
         """Reference-policy log-probs of this rank's shard, written back as ``reference_policy_logprobs``."""
         data = self._fetch_planned(meta)
         result = self.get_reference_policy_logprobs(data, micro_batch_size=micro_batch_size)
-        self._write_back_result_field(
-            meta, result, result_key="reference_logprobs", tq_field=REFERENCE_POLICY_LOGPROBS
-        )
+        self._write_back_result_field(meta, result, result_key="reference_logprobs", tq_field=REFERENCE_POLICY_LOGPROBS)
 
     def get_logprobs_and_reference_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         """Both log-prob entrypoints from one read and one put (bit-identical to the two separate ones)."""
