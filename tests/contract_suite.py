@@ -920,7 +920,7 @@ class DataPlaneContract:
     def test_multimodal_columns_survive_write_back_preshard_and_clear(
         self, client: DataPlaneClient, pid: str, read_table: Callable
     ) -> None:
-        from nemo_dp.data_plane.preshard import shard_meta_for_dp
+        from nemo_dp.data_plane.driver_mixin import shard_meta_for_dp
 
         batch, receipt = self._put_multimodal(client, pid)
         if self.supports_write_back:

@@ -29,8 +29,8 @@ from omegaconf import OmegaConf
 from nemo_dp.algorithms.ppo_common import epoch_permutation
 from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
 from nemo_dp.data_plane.column_io import first_write, round_up
+from nemo_dp.data_plane.driver_mixin import shard_meta_for_dp
 from nemo_dp.data_plane.interfaces import KVBatchMeta, LocalDataPlaneConfig
-from nemo_dp.data_plane.preshard import shard_meta_for_dp
 from nemo_dp.data_plane.schema import (
     DP_TRAIN_FIELDS,
     DP_VALUE_TRAIN_FIELDS,

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nemo_dp.data_plane.driver_mixin import shard_meta_for_dp
 from nemo_dp.data_plane.interfaces import KVBatchMeta
-from nemo_dp.data_plane.preshard import shard_meta_for_dp
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.distributed.packers import PACKER_NAMES
 

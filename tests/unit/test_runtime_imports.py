@@ -28,7 +28,6 @@ HELPERS = [
     "nemo_dp.data_plane.codec",
     "nemo_dp.data_plane.batch_columns",
     "nemo_dp.data_plane.column_io",
-    "nemo_dp.data_plane.preshard",
     "nemo_dp.data_plane.driver_mixin",
     "nemo_dp.data_plane.worker_mixin",
     "nemo_dp.data_plane.observability",

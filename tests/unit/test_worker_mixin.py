@@ -29,10 +29,9 @@ from nemo_dp.data_plane.adapters.local import LocalDataPlaneClient
 from nemo_dp.data_plane.batch_columns import materialize_for_meta
 from nemo_dp.data_plane.codec import materialize
 from nemo_dp.data_plane.column_io import first_write
-from nemo_dp.data_plane.driver_mixin import isolated_copy
+from nemo_dp.data_plane.driver_mixin import isolated_copy, shard_meta_for_dp
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta, LocalDataPlaneConfig
 from nemo_dp.data_plane.observability import MetricsDataPlaneClient
-from nemo_dp.data_plane.preshard import shard_meta_for_dp
 from nemo_dp.data_plane.schema import (
     ELEM_COUNTS_PER_GB,
     GLOBAL_FORWARD_PAD_SEQLEN,
