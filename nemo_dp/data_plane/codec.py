@@ -55,9 +55,6 @@ def pad_value_for(field_name: str, pad_value_dict: Mapping[str, float | int] | N
     return 0
 
 
-# --- Jagged construction ---
-
-
 def _as_length_tensor(lengths: torch.Tensor | Sequence[int], n: int) -> torch.Tensor:
     if isinstance(lengths, torch.Tensor):
         t = lengths
@@ -237,9 +234,6 @@ def pack_jagged_fields(
         else:
             out.set(name, t.contiguous())
     return out
-
-
-# --- Materialisation ---
 
 
 def jagged_rows(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -239,7 +239,6 @@ class TQDriverMixin:
             return False
         return bool(cfg_value(node, "enabled", f"cfg.{section}"))
 
-    # --- planner arguments --------------------------------------------------------------------
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Fresh ``(sequence_packing_args, dynamic_batching_args)`` for budget ``mb_tokens_key``.
 
@@ -283,7 +282,6 @@ class TQDriverMixin:
         _, dba = self._packing_args("train_mb_tokens")
         return int(dba["sequence_length_round"]) if dba is not None else 1
 
-    # --- pad targets --------------------------------------------------------------------------
     def _stamp_pad_seqlen(self, meta: KVBatchMeta) -> None:
         """Stamp ``global_forward_pad_seqlen`` in place as :func:`placed_pad_target` of ``meta`` alone.
 
@@ -315,7 +313,6 @@ class TQDriverMixin:
         """``stamp_placed_metas`` with this host's rounding: one target over all ranks' metas."""
         return stamp_placed_metas(metas, seq_round=self._seq_round())
 
-    # --- observability ------------------------------------------------------------------------
     def _worker_store_metrics(self, step_time_s: float, prefix: str) -> dict[str, float]:
         """Every rank's per-step store metrics (windows reset), summed, plus the slowest rank's breakdown.
 
@@ -339,7 +336,6 @@ class TQDriverMixin:
                 out[f"{prefix}/max_rank/{parts[1]}/{parts[2]}"] = float(value)
         return out
 
-    # --- bulk columns -------------------------------------------------------------------------
     def read_from_dataplane(
         self,
         meta: KVBatchMeta,

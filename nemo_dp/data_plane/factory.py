@@ -116,9 +116,6 @@ def coerce_data_plane_config(cfg: Any) -> DataPlaneConfig | LocalDataPlaneConfig
     return _convert_mapping(cfg, registry.backend(kind).schema)
 
 
-# --- clients and environment ---
-
-
 def data_plane_supports_checkpointing(cfg: Any) -> bool:
     """Whether the configured backend can save and load data-plane checkpoints (``False`` when disabled)."""
     dp_cfg = coerce_data_plane_config(cfg)

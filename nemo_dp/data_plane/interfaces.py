@@ -47,9 +47,6 @@ class PartitionLimitError(RuntimeError):
     """``register_partition`` found the store at its bound of live partitions; nothing was registered."""
 
 
-# --- KVBatchMeta ---
-
-
 def _to_python_scalar(value: Any) -> Any:
     """Turn a tensor/ndarray element into a plain Python scalar; leave other values alone."""
     item = getattr(value, "item", None)
@@ -198,9 +195,6 @@ class KVBatchMeta:
         return out
 
 
-# --- DataPlaneClient ---
-
-
 class DataPlaneClient(abc.ABC):
     """Synchronous per-sample key/value store shared by producers and consumers.
 
@@ -312,9 +306,6 @@ class DataPlaneClient(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release resources; idempotent."""
-
-
-# --- Configuration schemas (Hydra structured configs) ---
 
 
 def _physical_cores() -> int:

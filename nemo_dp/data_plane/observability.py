@@ -151,7 +151,6 @@ class MetricsDataPlaneClient(DataPlaneClient):
     def inner(self) -> DataPlaneClient:
         return self._inner
 
-    # --- recording ----------------------------------------------------------------------------
     @contextmanager
     def _record(self, op: str, partition_id: str) -> Iterator[_Call]:
         call = _Call(op=op, partition_id=partition_id)
@@ -232,7 +231,6 @@ class MetricsDataPlaneClient(DataPlaneClient):
                         keys.pop(sid, None)
             self._refresh_outstanding_locked()
 
-    # --- views --------------------------------------------------------------------------------
     @property
     def stats(self) -> DataPlaneStats:
         """A copy."""
@@ -290,7 +288,6 @@ class MetricsDataPlaneClient(DataPlaneClient):
                 metrics[f"{prefix}/p90_ms"] = win.percentile(0.9)
         return metrics
 
-    # --- forwarded API ------------------------------------------------------------------------
     def register_partition(
         self, partition_id: str, fields: Sequence[str], num_samples: int, consumer_tasks: Sequence[str],
         grpo_group_size: int | None = None, enums: Mapping[str, Sequence[str]] | None = None,

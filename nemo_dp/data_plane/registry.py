@@ -89,9 +89,6 @@ class BackendSpec:
         return resolve_target(self.client_target, f"the client constructor of backend {self.kind!r}")
 
 
-# --- the two real backends' capabilities ---------------------------------------------------
-
-
 def _tq_configure_env(cfg: DataPlaneConfig) -> dict[str, str]:
     from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
 
@@ -167,9 +164,6 @@ register_backend(
         describe=lambda cfg: "ray_store (Ray object store + metadata actor)",
     )
 )
-
-
-# --- lookups ----------------------------------------------------------------------------------
 
 
 def backend(kind: str) -> BackendSpec:

@@ -61,9 +61,6 @@ _NATIVE = {
 }  # fmt: skip
 
 
-# --- validation of what is read ---
-
-
 class CorruptCheckpointError(ValueError):
     """A data-plane checkpoint's manifest or tensor table is malformed or inconsistent."""
 
@@ -84,9 +81,6 @@ def str_list(v: Any, where: str, what: str) -> list[str]:
     expect(isinstance(v, list) and all(isinstance(x, str) and x for x in v), where, f"{what} must be a list of non-empty str")
     expect(len(set(v)) == len(v), where, f"{what} has duplicates")
     return list(v)
-
-
-# --- the tensor table ---
 
 
 def save_tensor_table(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -141,9 +135,6 @@ def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
         expect(ok, where, f"raw bytes of {key!r} do not match {name} {spec[1]}")
         tensors[key] = data.view(dtype).reshape(spec[1])
     return tensors
-
-
-# --- tensor columns and object values in the manifest ---
 
 
 def jagged_entry(tensors: dict[str, torch.Tensor], key: str, values: torch.Tensor, offsets: torch.Tensor) -> dict[str, Any]:
@@ -235,9 +226,6 @@ def decode_values(nodes: Any, ids: Sequence[str], tensors: dict[str, torch.Tenso
         raise CorruptCheckpointError(str(exc)) from None
 
 
-# --- partition records ---
-
-
 @dataclass
 class PartitionHeader:
     """The part of a partition record every adapter writes: schema, rows, tags and claims.
@@ -321,9 +309,6 @@ def field_kinds(rec: dict[str, Any], fields: Sequence[str], where: str) -> dict[
     ok = isinstance(kinds, dict) and set(kinds) <= set(fields) and all(isinstance(v, str) for v in kinds.values())
     expect(ok, where, "bad field_kinds")
     return dict(kinds)
-
-
-# --- write and read ---
 
 
 def new_manifest(

@@ -176,9 +176,6 @@ class ValueEncoder:
         return {"t": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape), "key": key}
 
 
-# --- decoding ---
-
-
 def _fail(where: str, what: str) -> CorruptValueError:
     return CorruptValueError(f"{where}: {what}")
 

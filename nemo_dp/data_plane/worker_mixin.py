@@ -102,7 +102,6 @@ class TQWorkerMixin:
         finish_train_step: Callable[[], dict]
         abort_train_step: Callable[[], None]
 
-    # --- setup --------------------------------------------------------------------------------
     def setup_data_plane(self, cfg: Any) -> None:
         """Build this worker's client (idempotent): TransferQueue attaches to the driver's, Local is private.
 
@@ -131,7 +130,6 @@ class TQWorkerMixin:
             )
         return self.dp_client
 
-    # --- topology -----------------------------------------------------------------------------
     def _local_coords(self) -> dict[str, int]:
         """This rank's model-parallel coordinates; ``NotImplementedError`` unless a host class defines it."""
         parent = getattr(super(), "_local_coords", None)
@@ -175,7 +173,6 @@ class TQWorkerMixin:
             return make_pad_value_dict(pad_id)
         return None
 
-    # --- fetch --------------------------------------------------------------------------------
     def _fetch(
         self, meta: KVBatchMeta, *, layout: Layout = "padded", dp_aligned_seq_len: bool = True
     ) -> BatchedDataDict:
@@ -196,7 +193,6 @@ class TQWorkerMixin:
             meta, td, layout=layout, pad_value_dict=self._data_plane_pad_values(), pad_to_seqlen=pad_to_seqlen
         )
 
-    # --- plan ---------------------------------------------------------------------------------
     def _attach_pack_metadata(self, data: BatchedDataDict, meta: KVBatchMeta) -> BatchedDataDict:
         """Set copies of ``meta``'s microbatch plan (trusted, never recomputed) as attributes of ``data``.
 
@@ -229,7 +225,6 @@ class TQWorkerMixin:
             )
         return data
 
-    # --- write-back ---------------------------------------------------------------------------
     def _write_back(self, meta: KVBatchMeta, fields: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """``write_columns`` on the replica leader only (no-op elsewhere or for no fields); needs a client."""
         client = self._require_dp_client()
@@ -283,7 +278,6 @@ class TQWorkerMixin:
         value = self._result_column(meta, result, result_key=result_key, field=field)
         self._write_back(meta, {field: value})
 
-    # --- entrypoints --------------------------------------------------------------------------
     def _fetch_planned(self, meta: KVBatchMeta) -> BatchedDataDict:
         data = self._fetch(meta)
         return self._attach_pack_metadata(data, meta)
@@ -331,7 +325,6 @@ class TQWorkerMixin:
         result = self.get_values(data, micro_batch_size=micro_batch_size)
         self._write_back_result_field(meta, result, result_key="values", tq_field=VALUES)
 
-    # --- split training API -------------------------------------------------------------------
     def begin_train_step_presharded(self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None) -> None:
         """Start one optimizer step made of placed microbatches (``gbs`` is unused, kept for parity).
 
@@ -378,7 +371,6 @@ class TQWorkerMixin:
         self.abort_train_step()
         self._dp_train_step_active = False
 
-    # --- observability ------------------------------------------------------------------------
     def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
         """This worker's ``get_step_metrics`` (resets its window); ``{}`` without a ``MetricsDataPlaneClient``."""
         client = self.dp_client
