@@ -114,8 +114,7 @@ def to_nested_by_length(padded: torch.Tensor, lengths: torch.Tensor | Sequence[i
         if lo < 0 or hi > s:
             bad = int(torch.nonzero((lens < 0) | (lens > s))[0, 0])
             raise ValueError(
-                f"to_nested_by_length: row {bad} has length {int(lens[bad])}, "
-                f"outside [0, {s}] (padded width)"
+                f"to_nested_by_length: row {bad} has length {int(lens[bad])}, outside [0, {s}] (padded width)"
             )
     return _jagged_from_rows_of(padded.detach(), lens)
 
@@ -358,10 +357,7 @@ def _materialize_impl(
                         f"{type(data).__name__}, not a length-{n} sequence"
                     )
                 if count != n:
-                    raise ValueError(
-                        f"materialize_local: non-tensor column {key!r} has {count} values, "
-                        f"expected {n}"
-                    )
+                    raise ValueError(f"materialize_local: non-tensor column {key!r} has {count} values, expected {n}")
                 packed = packed_column(data) if isinstance(data, list) else None
                 out[key] = packed if packed is not None else data
             elif tuple(td.batch_size) == (1,):

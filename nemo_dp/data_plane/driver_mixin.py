@@ -57,10 +57,7 @@ def _pad_to_multiple(meta: KVBatchMeta) -> int:
     # extra_info is metadata written by producers, not config: absent means "no alignment".
     value = int(meta.extra_info.get(PAD_TO_MULTIPLE, 1))
     if value < 1:
-        raise ValueError(
-            f"extra_info[{PAD_TO_MULTIPLE!r}] must be >= 1, got {value} "
-            f"(partition {meta.partition_id!r})"
-        )
+        raise ValueError(f"extra_info[{PAD_TO_MULTIPLE!r}] must be >= 1, got {value} (partition {meta.partition_id!r})")
     return value
 
 
@@ -161,8 +158,7 @@ def shard_meta_for_dp(
     if lengths is None or len(lengths) != n:
         got = "None" if lengths is None else f"{len(lengths)} entries"
         raise ValueError(
-            f"shard_meta_for_dp requires meta.sequence_lengths aligned with its {n} sample ids "
-            f"(got {got})"
+            f"shard_meta_for_dp requires meta.sequence_lengths aligned with its {n} sample ids (got {got})"
         )
     if sequence_packing_args is not None and dynamic_batching_args is not None:
         raise ValueError("Pass at most one of sequence_packing_args / dynamic_batching_args.")
@@ -250,8 +246,7 @@ class TQDriverMixin:
         """
         if mb_tokens_key not in MB_TOKENS_KEYS:
             raise ValueError(
-                f"_packing_args: mb_tokens_key must be one of {list(MB_TOKENS_KEYS)}, "
-                f"got {mb_tokens_key!r}"
+                f"_packing_args: mb_tokens_key must be one of {list(MB_TOKENS_KEYS)}, got {mb_tokens_key!r}"
             )
         if self._mode_on("use_dynamic_batches", "dynamic_batching"):
             db = cfg_value(self.cfg, "dynamic_batching", "cfg")

@@ -65,8 +65,7 @@ def data_plane_kind(cfg: Any) -> str:
     impl = None if impl is _ABSENT else impl
     if impl not in registry.enabled_kinds():
         raise ValueError(
-            f"unknown data_plane impl: {impl!r} (data_plane.impl; legal: "
-            f"{sorted(registry.enabled_kinds())})"
+            f"unknown data_plane impl: {impl!r} (data_plane.impl; legal: {sorted(registry.enabled_kinds())})"
         )
     return str(impl)
 

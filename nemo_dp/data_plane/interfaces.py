@@ -88,8 +88,7 @@ class KVBatchMeta:
             raise ValueError(f"KVBatchMeta: tags ({len(self.tags)}) must align 1:1 with sample_ids ({n})")
         if self.sequence_lengths is not None and len(self.sequence_lengths) != n:
             raise ValueError(
-                f"KVBatchMeta: sequence_lengths ({len(self.sequence_lengths)}) must align 1:1 "
-                f"with sample_ids ({n})"
+                f"KVBatchMeta: sequence_lengths ({len(self.sequence_lengths)}) must align 1:1 with sample_ids ({n})"
             )
 
     # No __len__/__bool__ on purpose: an empty meta is truthy.
@@ -140,8 +139,7 @@ class KVBatchMeta:
         """Rows ``start:stop``; ``IndexError`` unless ``0 <= start <= stop <= size``."""
         if not (0 <= start <= stop <= self.size):
             raise IndexError(
-                f"KVBatchMeta.slice: need 0 <= start <= stop <= size, got start={start}, "
-                f"stop={stop}, size={self.size}"
+                f"KVBatchMeta.slice: need 0 <= start <= stop <= size, got start={start}, stop={stop}, size={self.size}"
             )
         return self._project(list(range(start, stop)))
 
@@ -155,8 +153,7 @@ class KVBatchMeta:
         for m in others:
             if m.partition_id != self.partition_id:
                 raise ValueError(
-                    "KVBatchMeta.concat: partition_ids must match "
-                    f"({self.partition_id!r} vs {m.partition_id!r})"
+                    f"KVBatchMeta.concat: partition_ids must match ({self.partition_id!r} vs {m.partition_id!r})"
                 )
         ids = [sid for m in metas for sid in m.sample_ids]
         lengths = (

@@ -189,8 +189,7 @@ def backend_for_config(cfg: Any) -> BackendSpec:
         if type(cfg) is spec.schema:
             return spec
     raise TypeError(
-        f"{type(cfg).__name__} is not a registered data-plane schema "
-        f"({[s.schema.__name__ for s in BACKENDS.values()]})"
+        f"{type(cfg).__name__} is not a registered data-plane schema ({[s.schema.__name__ for s in BACKENDS.values()]})"
     )
 
 

@@ -59,8 +59,7 @@ def apply_row_values(data: BatchedDataDict, row_values: Mapping[str, torch.Tenso
     if ADVANTAGES in row_values:
         if TOKEN_MASK not in data:
             raise ValueError(
-                f"row_values[{ADVANTAGES!r}] is spread over {TOKEN_MASK!r}, which the fetched "
-                "batch does not hold"
+                f"row_values[{ADVANTAGES!r}] is spread over {TOKEN_MASK!r}, which the fetched batch does not hold"
             )
         data[ADVANTAGES] = row_values[ADVANTAGES].unsqueeze(1) * data[TOKEN_MASK].float()
     if SAMPLE_MASK in row_values:
@@ -73,8 +72,7 @@ def _one_field_name(tq_field: str | None, field: str | None) -> str:
         raise TypeError("_write_back_result_field: pass the data-plane field as tq_field=")
     if tq_field is not None and field is not None and tq_field != field:
         raise TypeError(
-            f"_write_back_result_field: tq_field={tq_field!r} and field={field!r} name two "
-            "different fields; pass one"
+            f"_write_back_result_field: tq_field={tq_field!r} and field={field!r} name two different fields; pass one"
         )
     return str(tq_field if tq_field is not None else field)
 
@@ -249,8 +247,7 @@ class TQWorkerMixin:
         value = result[result_key]
         if not isinstance(value, torch.Tensor):
             raise TypeError(
-                f"write-back of {field!r}: result[{result_key!r}] must be a torch.Tensor, got "
-                f"{type(value).__name__}"
+                f"write-back of {field!r}: result[{result_key!r}] must be a torch.Tensor, got {type(value).__name__}"
             )
         rows = int(value.shape[0]) if value.dim() > 0 else None
         if rows != meta.size:
