@@ -25,11 +25,7 @@ def _check_field_name(value: Any) -> None:
 
 
 def is_local_batch_meta(meta: KVBatchMeta) -> bool:
-    """Whether a ``LocalDataPlaneClient`` minted ``meta`` (its generation key is in ``extra_info``).
-
-    Raises:
-        TypeError: ``meta`` is not a ``KVBatchMeta``.
-    """
+    """Whether a ``LocalDataPlaneClient`` minted ``meta`` (by its ``extra_info`` key); ``TypeError`` for a non-meta."""
     if not isinstance(meta, KVBatchMeta):
         raise TypeError(f"is_local_batch_meta expects a KVBatchMeta, got {type(meta).__name__}")
     return LOCAL_PARTITION_GENERATION in meta.extra_info
@@ -88,11 +84,7 @@ def materialize_for_meta(
     pad_value_dict: Mapping[str, float | int] | None = None,
     pad_to_seqlen: int = 0,
 ) -> BatchedDataDict:
-    """Materialise ``get_data(meta)``'s result with ``materialize_local`` for a Local meta, else ``materialize``.
-
-    Raises:
-        TypeError: A non-local read holds a whole-column ``NonTensorData`` leaf.
-    """
+    """``materialize_local`` for a Local meta's read, else ``materialize`` (``TypeError`` on whole-column leaves)."""
     if is_local_batch_meta(meta):
         return materialize_local(td, layout=layout, pad_value_dict=pad_value_dict, pad_to_seqlen=pad_to_seqlen)
     bad = [k for k in td.keys() if isinstance(td.get(k), NonTensorData)]

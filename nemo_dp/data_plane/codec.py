@@ -238,10 +238,9 @@ def pack_jagged_fields(
 def jagged_rows(nt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values, row starts, row lengths) of a jagged nested tensor, all int64 on its device."""
     offsets = nt.offsets()
-    starts = offsets[:-1]
     explicit = nt.lengths()
     lens = explicit if explicit is not None else offsets[1:] - offsets[:-1]
-    return nt.values(), starts.to(torch.int64), lens.to(torch.int64)
+    return nt.values(), offsets[:-1].to(torch.int64), lens.to(torch.int64)
 
 
 def _pad_jagged(nt: torch.Tensor, pad: float | int, min_width: int) -> torch.Tensor:
@@ -268,8 +267,7 @@ def _pad_jagged(nt: torch.Tensor, pad: float | int, min_width: int) -> torch.Ten
     out = torch.full(out_shape, pad, dtype=nt.dtype, device=nt.device)
     total = int(lens.sum())
     if contiguous:
-        base = int(starts[0])
-        flat = values.narrow(0, base, total)
+        flat = values.narrow(0, int(starts[0]), total)
     else:
         new_offsets = torch.cumsum(lens, 0) - lens
         pos = torch.arange(total, device=values.device) - new_offsets.repeat_interleave(lens)

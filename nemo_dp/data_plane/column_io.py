@@ -77,17 +77,10 @@ def first_write(
     tags: Sequence[dict] | None = None,
     token_aligned_fields: Collection[str] = TOKEN_ALIGNED_FIELDS,
 ) -> KVBatchMeta:
-    """The producer's first put of a batch (columns packed, one put); return its meta.
+    """The producer's first put of a batch (one put); return its meta.
 
-    Args:
-        batch: Columns; must hold ``sample_mask`` (batch-size oracle) and ``input_lengths``.
-        partition_id: Registered by the caller.
-        pad_to_multiple: Recorded as ``extra_info["pad_to_multiple"]`` when > 1.
-        token_aligned_fields: Fields stored jagged by row length.
-
-    Returns:
-        A meta with the written fields, ``sequence_lengths=input_lengths``, ``extra_info`` = the
-        receipt's | ``extra_info`` | the pad multiple, and a deep copy of ``tags``.
+    ``batch`` must hold ``sample_mask`` (batch-size oracle) and ``input_lengths`` (the meta's
+    ``sequence_lengths``); ``pad_to_multiple`` > 1 is recorded in the meta's ``extra_info``.
 
     Raises:
         KeyError: ``sample_mask`` or ``input_lengths`` is missing.

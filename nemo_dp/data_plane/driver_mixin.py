@@ -88,8 +88,7 @@ def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> in
     maximum).  ``seq_round`` is the dynamic-batching length rounding (1 = none).
 
     Raises:
-        ValueError: No metas, a meta without ``sequence_lengths``, no rows at all, or
-            ``seq_round < 1``.
+        ValueError: No metas, a meta without ``sequence_lengths``, no rows at all, or ``seq_round < 1``.
     """
     metas = list(metas)
     if not metas:
@@ -116,11 +115,9 @@ def placed_pad_target(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> in
 def stamp_placed_metas(metas: Sequence[KVBatchMeta], *, seq_round: int = 1) -> list[KVBatchMeta]:
     """Like :func:`placed_pad_target`, but returns ``isolated_copy`` metas (input order) stamped with it."""
     target = placed_pad_target(metas, seq_round=seq_round)
-    out = []
-    for meta in metas:
-        copy_ = isolated_copy(meta, fields=meta.fields, task_name=meta.task_name)
-        copy_.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = target
-        out.append(copy_)
+    out = [isolated_copy(meta, fields=meta.fields, task_name=meta.task_name) for meta in metas]
+    for meta in out:
+        meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = target
     return out
 
 
@@ -148,8 +145,8 @@ def shard_meta_for_dp(
         original index of row ``p`` of the concatenated output, or ``None`` for the identity.
 
     Raises:
-        ValueError: Empty meta, missing/misaligned ``sequence_lengths``, both packing
-            argument sets, indivisible sizes, or ``dp_world < 1``.
+        ValueError: Empty meta, missing/misaligned ``sequence_lengths``, both packing argument sets,
+            indivisible sizes, or ``dp_world < 1``.
     """
     n = meta.size
     if n == 0:

@@ -124,9 +124,7 @@ def data_plane_supports_checkpointing(cfg: Any) -> bool:
 
 
 def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
-    """Export the backend's environment knobs (driver, before ``ray.init``); return them for ``runtime_env``.
-
-    ``{}`` (environment untouched) for a backend without knobs or a disabled data plane.
+    """Export the backend's environment knobs (driver, before ``ray.init``); return them (``{}``: none).
 
     Raises:
         ValueError: Unknown ``impl`` or invalid config.

@@ -225,10 +225,9 @@ class MetricsDataPlaneClient(DataPlaneClient):
             if sample_ids is None:
                 self._outstanding.pop(partition_id, None)
             else:
-                keys = self._outstanding.get(partition_id)
-                if keys is not None:
-                    for sid in sample_ids:
-                        keys.pop(sid, None)
+                keys = self._outstanding.get(partition_id, {})
+                for sid in sample_ids:
+                    keys.pop(sid, None)
             self._refresh_outstanding_locked()
 
     @property
@@ -282,10 +281,9 @@ class MetricsDataPlaneClient(DataPlaneClient):
             metrics[f"{prefix}/max_ms"] = win.max_ms
             metrics[f"{prefix}/mb"] = win.n_bytes / _MB
             metrics[f"{prefix}/rows"] = float(win.n_keys)
-            if win.calls >= P50_MIN_CALLS:
-                metrics[f"{prefix}/p50_ms"] = win.percentile(0.5)
-            if win.calls >= P90_MIN_CALLS:
-                metrics[f"{prefix}/p90_ms"] = win.percentile(0.9)
+            for name, q, min_calls in (("p50_ms", 0.5, P50_MIN_CALLS), ("p90_ms", 0.9, P90_MIN_CALLS)):
+                if win.calls >= min_calls:
+                    metrics[f"{prefix}/{name}"] = win.percentile(q)
         return metrics
 
     def register_partition(

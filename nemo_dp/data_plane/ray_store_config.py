@@ -40,12 +40,7 @@ class RayStoreTimeoutsConfig:
 
 @dataclass
 class RayStoreDataPlaneConfig:
-    """``data_plane`` for the Ray object-store backend (``impl: ray_store``).
-
-    Attributes:
-        claim_meta_poll_interval_s: Sleep between two polls of a blocking ``claim_meta``.
-        observability: Wrap the client in ``MetricsDataPlaneClient``.
-    """
+    """``data_plane`` for the Ray object-store backend; ``claim_meta_poll_interval_s`` is a blocking claim's sleep."""
 
     enabled: bool = True
     impl: str = RAY_STORE_KIND

@@ -78,12 +78,7 @@ class BackendSpec:
         return self.client_target is not None
 
     def client(self) -> Callable[..., Any]:
-        """Import the client constructor named by :attr:`client_target`.
-
-        Raises:
-            ValueError: The backend has no client (disabled).
-            ImportError: The target module or attribute does not exist (names the target).
-        """
+        """Import the client constructor; ``ValueError`` when disabled, ``ImportError`` naming a bad target."""
         if self.client_target is None:
             raise ValueError(f"data_plane={self.option}: this backend has no client")
         return resolve_target(self.client_target, f"the client constructor of backend {self.kind!r}")
@@ -104,11 +99,7 @@ BACKENDS: dict[str, BackendSpec] = {}
 
 
 def register_backend(spec: BackendSpec) -> BackendSpec:
-    """Add ``spec`` to :data:`BACKENDS` and return it.
-
-    Raises:
-        ValueError: The kind, the option or the schema is already registered.
-    """
+    """Add ``spec`` to :data:`BACKENDS` and return it; ``ValueError`` if its kind, option or schema is taken."""
     for other in BACKENDS.values():
         if spec.kind == other.kind or spec.option == other.option or spec.schema is other.schema:
             raise ValueError(
@@ -120,22 +111,18 @@ def register_backend(spec: BackendSpec) -> BackendSpec:
     return spec
 
 
-register_backend(
+for _spec in (
     BackendSpec(
         kind=DISABLED, option="disabled", schema=DisabledDataPlaneConfig, client_target=None,
         describe=lambda cfg: "none (data plane disabled)",
-    )
-)
-register_backend(
+    ),
     BackendSpec(
         kind="local", option="local", schema=LocalDataPlaneConfig,
         client_target="nemo_dp.data_plane.adapters.local:build_local_client",
         checkpoint_scope="process", cross_process=False, supports_checkpointing=lambda cfg: True,
         max_live_batches=lambda cfg: int(cfg.max_partitions),
         describe=lambda cfg: "local (process-local store)",
-    )
-)
-register_backend(
+    ),
     BackendSpec(
         kind="transfer_queue", option="tq", schema=DataPlaneConfig,
         client_target="nemo_dp.data_plane.adapters.transfer_queue:TQDataPlaneClient",
@@ -150,9 +137,7 @@ register_backend(
         max_live_batches=lambda cfg: TQ_MAX_LIVE_BATCHES,
         configure_env=_tq_configure_env,
         describe=lambda cfg: f"transfer_queue (backend: {cfg.backend})",
-    )
-)
-register_backend(
+    ),
     BackendSpec(
         kind=RAY_STORE_KIND, option="ray", schema=RayStoreDataPlaneConfig,
         client_target="nemo_dp.data_plane.adapters.ray_store:build_ray_store_client",
@@ -162,8 +147,9 @@ register_backend(
         reserved_by=lambda cfg: "the ray_store metadata actor reserves 0 logical CPUs",
         max_live_batches=lambda cfg: TQ_MAX_LIVE_BATCHES,
         describe=lambda cfg: "ray_store (Ray object store + metadata actor)",
-    )
-)
+    ),
+):
+    register_backend(_spec)
 
 
 def backend(kind: str) -> BackendSpec:
