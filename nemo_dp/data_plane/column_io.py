@@ -137,9 +137,7 @@ def read_columns(
     layout: Layout = "padded",
     pad_value_dict: Mapping[str, float | int] | None = None,
 ) -> BatchedDataDict:
-    """Exactly the non-empty ``select_fields`` of ``meta``'s rows, in order, as trainer rectangles.
-
-    Padded tensors are at least ``extra_info["global_forward_pad_seqlen"]`` wide when that is set.
+    """Exactly the non-empty ``select_fields`` of ``meta``'s rows, at least ``global_forward_pad_seqlen`` wide.
 
     Raises:
         ValueError: ``select_fields`` is empty.

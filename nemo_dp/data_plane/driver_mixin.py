@@ -134,10 +134,8 @@ def shard_meta_for_dp(
 ) -> tuple[list[KVBatchMeta], list[int] | None]:
     """Split ``meta`` (needs ``sequence_lengths``) into one meta per DP rank, with its microbatch plan.
 
-    Args:
-        batch_size: Global batch size (defaults to ``meta.size``).
-        sequence_packing_args, dynamic_batching_args: Planner settings, passed on unchanged; their
-            ``input_key`` / ``input_lengths_key`` must be ``input_ids`` / ``input_lengths``.
+    The planner settings pass on unchanged; their ``input_key`` / ``input_lengths_key`` must be
+    ``input_ids`` / ``input_lengths``.  ``batch_size`` defaults to ``meta.size``.
 
     Returns:
         ``(metas, order)``: ``metas[r]`` = ``meta.subset(rows of rank r)`` whose ``extra_info`` is

@@ -78,12 +78,8 @@ def payload_nbytes(td: Any) -> int:
 class DataPlaneStats:
     """Cumulative counters over successful operations of one wrapper (this process only).
 
-    Attributes:
-        total_bytes: Bytes moved by successful puts and reads.
-        total_keys: Keys touched (the events' ``n_keys``).
-        bytes_outstanding: Bytes put through this wrapper and not yet cleared.
-        max_bytes_per_key_seen: Largest ``n_bytes // n_keys`` of a successful put or read.
-        last_put_bytes_per_key: ``n_bytes // n_keys`` of the last successful put with keys.
+    ``bytes_outstanding``: put through this wrapper and not yet cleared; ``*_per_key``: ``n_bytes // n_keys``
+    of successful puts and reads (``last_put_*``: of the last put with keys).
     """
 
     total_bytes: int = 0

@@ -48,14 +48,12 @@ class BackendSpec:
         option: The Hydra option of group ``data_plane`` that selects it (``data_plane=tq``).
         client_target: ``"module:attr"`` of ``(cfg, *, bootstrap, checkpointing) -> DataPlaneClient``,
             resolved only when used; ``None`` for the disabled backend.
-        checkpoint_subdir: Subdirectory of the training checkpoint a cluster-wide store is saved
-            under (``None`` for per-process stores, which save under ``dp{rank}``).
-        cross_process: Whether rows put in one process can be read in another.
+        checkpoint_subdir: Where a cluster-wide store is saved in the training checkpoint (``None``:
+            per-process stores save under ``dp{rank}``).
         reserved_cpus: Logical Ray CPUs the backend's own actors reserve; ``reserved_by`` names
             those actors and config keys (for Ray start-up's budget error).
         max_live_batches: Live partitions a colocated loader may hold (``None``: no bound of the store's own).
         configure_env: Exports environment knobs before Ray and the backend start (``None``: none).
-        describe: Names the backend in the first log lines.
     """
 
     kind: str

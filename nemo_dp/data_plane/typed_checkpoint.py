@@ -1,7 +1,6 @@
 """Pickle-free data-plane checkpoints shared by the adapters: ``manifest.json`` plus ``tensors.safetensors``.
 
-A read refuses an older format or any foreign file (a pickle) unread; malformed content raises
-:class:`CorruptCheckpointError` ``"<file and position>: <what>"``.
+Older formats and foreign files (a pickle) are refused unread.
 """
 
 from __future__ import annotations
@@ -228,12 +227,9 @@ def decode_values(nodes: Any, ids: Sequence[str], tensors: dict[str, torch.Tenso
 
 @dataclass
 class PartitionHeader:
-    """The part of a partition record every adapter writes: schema, rows, tags and claims.
+    """The part of a partition record every adapter writes: schema, live ids (adapter's order), tags, claims.
 
-    Attributes:
-        sample_ids: Live ids, in the order the adapter keeps them.
-        tags: Id -> tag dict, for tagged ids only.
-        claimed: Task -> ids it claimed (in ``sample_ids`` order).
+    ``tags`` holds tagged ids only; ``claimed`` maps task -> ids in ``sample_ids`` order.
     """
 
     partition_id: str

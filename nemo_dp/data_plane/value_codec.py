@@ -255,10 +255,8 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor], where: str, depth: int)
         if not all(type(p) is float for p in parts):
             raise _fail(where, "complex parts must be floats")
         return complex(parts[0], parts[1])
-    if tag == "bytes":
-        return _unb64(node, where)
-    if tag == "bytearray":
-        return bytearray(_unb64(node, where))
+    if tag in ("bytes", "bytearray"):
+        return _unb64(node, where) if tag == "bytes" else bytearray(_unb64(node, where))
     if tag in _SEQUENCE_TYPES:
         items = [_decode(v, tensors, where, depth + 1) for v in _field(node, "v", list, where)]
         try:

@@ -43,12 +43,10 @@ ROW_VALUES_KEY = "row_values"
 def apply_row_values(data: BatchedDataDict, row_values: Mapping[str, torch.Tensor]) -> BatchedDataDict:
     """Set the per-row training inputs (``ROW_VALUE_FIELDS``) a dispatch carried on a fetched batch, in place.
 
-    ``advantages`` becomes ``adv[:, None] * token_mask.float()``, the legacy GRPO trainer's expression
-    (bit-identical values); ``sample_mask`` is set as given.
+    ``advantages`` becomes ``adv[:, None] * token_mask.float()`` (the legacy GRPO expression, bit-identical).
 
     Raises:
-        ValueError: An unknown key, a value whose length differs from ``data.size``, or
-            ``advantages`` on a batch without ``token_mask``.
+        ValueError: An unknown key, a length other than ``data.size``, or ``advantages`` without ``token_mask``.
     """
     for key, value in row_values.items():
         if key not in ROW_VALUE_FIELDS:
@@ -176,13 +174,8 @@ class TQWorkerMixin:
     ) -> BatchedDataDict:
         """Fetch and materialise this rank's shard (``meta.fields``, ``meta.sample_ids`` order); no plan attached.
 
-        Args:
-            dp_aligned_seq_len: Pad to the meta's ``global_forward_pad_seqlen`` (else to the slice maximum).
-
-        Raises:
-            RuntimeError: No client.
-            TypeError: A wire read holds whole-column non-tensor leaves.
-            KeyError / ValueError: From the store.
+        ``dp_aligned_seq_len`` pads to the meta's ``global_forward_pad_seqlen`` (else to the slice maximum).
+        Raises ``RuntimeError`` without a client and as ``materialize_for_meta`` and the store.
         """
         client = self._require_dp_client()
         pad_to_seqlen = int(meta.extra_info.get(GLOBAL_FORWARD_PAD_SEQLEN, 0)) if dp_aligned_seq_len else 0
