@@ -17,13 +17,6 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 __all__ = ["is_local_batch_meta", "local_batch_to_tensordict", "materialize_for_meta"]
 
 
-def _check_field_name(value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"field name must be a str, got {type(value).__name__} ({value!r})")
-    if not value:
-        raise ValueError("field name must be a non-empty str")
-
-
 def is_local_batch_meta(meta: KVBatchMeta) -> bool:
     """Whether a ``LocalDataPlaneClient`` minted ``meta`` (by its ``extra_info`` key); ``TypeError`` for a non-meta."""
     if not isinstance(meta, KVBatchMeta):
@@ -66,7 +59,10 @@ def local_batch_to_tensordict(fields: Mapping[str, Any], *, batch_size: int) -> 
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     leaves: dict[str, Any] = {}
     for name, value in fields.items():
-        _check_field_name(name)
+        if not isinstance(name, str):
+            raise TypeError(f"field name must be a str, got {type(name).__name__} ({name!r})")
+        if not name:
+            raise ValueError("field name must be a non-empty str")
         rows = _column_rows(name, value)
         if rows != batch_size:
             raise ValueError(f"Local field {name!r} has batch size {rows}, expected {batch_size}.")

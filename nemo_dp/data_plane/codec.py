@@ -50,9 +50,7 @@ def make_pad_value_dict(pad_token_id: int) -> dict[str, int]:
 
 def pad_value_for(field_name: str, pad_value_dict: Mapping[str, float | int] | None) -> float | int:
     """The pad value of one field: its entry in ``pad_value_dict`` (may be ``None``), else 0."""
-    if pad_value_dict is not None and field_name in pad_value_dict:
-        return pad_value_dict[field_name]
-    return 0
+    return (pad_value_dict or {}).get(field_name, 0)
 
 
 def _as_length_tensor(lengths: torch.Tensor | Sequence[int], n: int) -> torch.Tensor:
@@ -149,9 +147,8 @@ def _packed_rows(packed: PackedTensor) -> NonTensorStack:
 
 def packed_column(values: Sequence[Any]) -> PackedTensor | None:
     """One ``PackedTensor`` from per-row one-entry PackedTensors of one ``dim_to_pack``, else ``None``."""
-    if not values or not all(type(v) is PackedTensor and len(v) == 1 for v in values):
-        return None
-    if len({v.dim_to_pack for v in values}) > 1:
+    one_entry = bool(values) and all(type(v) is PackedTensor and len(v) == 1 for v in values)
+    if not one_entry or len({v.dim_to_pack for v in values}) > 1:
         return None
     return PackedTensor.concat(list(values))
 
@@ -193,9 +190,8 @@ def pack_jagged_fields(
     for name, value in fields.items():
         if isinstance(value, np.ndarray) and (value.dtype != object or value.ndim != 1):
             raise TypeError(
-                f"pack_jagged_fields: unsupported value type for {name!r}: np.ndarray of dtype "
-                f"{value.dtype} and ndim {value.ndim} (only 1-D object arrays; convert numeric "
-                "arrays to tensors)"
+                f"pack_jagged_fields: unsupported value type for {name!r}: np.ndarray of dtype {value.dtype} and "
+                f"ndim {value.ndim} (only 1-D object arrays; convert numeric arrays to tensors)"
             )
         sizes[name] = _batch_dim(name, value)
 

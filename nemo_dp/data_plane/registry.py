@@ -101,9 +101,8 @@ def register_backend(spec: BackendSpec) -> BackendSpec:
     for other in BACKENDS.values():
         if spec.kind == other.kind or spec.option == other.option or spec.schema is other.schema:
             raise ValueError(
-                f"backend {spec.kind!r} (data_plane={spec.option}) clashes with the registered "
-                f"backend {other.kind!r} (data_plane={other.option}): kind, option and schema "
-                "must be unique"
+                f"backend {spec.kind!r} (data_plane={spec.option}) clashes with the registered backend "
+                f"{other.kind!r} (data_plane={other.option}): kind, option and schema must be unique"
             )
     BACKENDS[spec.kind] = spec
     return spec

@@ -358,11 +358,10 @@ def read_checkpoint(
     if found != version:
         held = ", ".join(repr(str(root / name)) for name in old_files[found])
         raise ValueError(
-            f"{where} has format_version {found} of {fmt!r}, an older format that is no longer "
-            f"supported: it held {held}, which can run code when loaded (pickle), so the checkpoint "
-            f"is refused and none of its files was read. This version reads format_version {version} "
-            f"({MANIFEST_NAME} + {TENSORS_FILE}, no pickle); start a fresh run or resume from a "
-            "checkpoint written by this version"
+            f"{where} has format_version {found} of {fmt!r}, an older format that is no longer supported: it held "
+            f"{held}, which can run code when loaded (pickle), so the checkpoint is refused and none of its files "
+            f"was read. This version reads format_version {version} ({MANIFEST_NAME} + {TENSORS_FILE}, no pickle); "
+            "start a fresh run or resume from a checkpoint written by this version"
         )
     _refuse_foreign_files(root, version)
     metadata = manifest.get("metadata")
@@ -386,9 +385,8 @@ def _refuse_foreign_files(root: Path, version: int) -> None:
     if foreign or dirs:
         path = (foreign or dirs)[0]
         raise ValueError(
-            f"data-plane checkpoint {str(root)!r} holds {str(path)!r}, which is not part of its "
-            f"format (format_version {version} holds only {list(CHECKPOINT_FILES)}); refusing to "
-            "load it. The file was not read: a pickle (such as the tensors.pt of an older local or "
-            "ray checkpoint, or TransferQueue's own controller_state.pkl or su_*.pkl) can run code "
-            "when loaded"
+            f"data-plane checkpoint {str(root)!r} holds {str(path)!r}, which is not part of its format "
+            f"(format_version {version} holds only {list(CHECKPOINT_FILES)}); refusing to load it. The file was "
+            "not read: a pickle (such as the tensors.pt of an older local or ray checkpoint, or TransferQueue's "
+            "own controller_state.pkl or su_*.pkl) can run code when loaded"
         )

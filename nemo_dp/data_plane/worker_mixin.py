@@ -209,10 +209,9 @@ class TQWorkerMixin:
             return data
         if self._packing_enabled():
             raise ValueError(
-                f"_attach_pack_metadata: dynamic batching / sequence packing is enabled but the "
-                f"meta for partition {meta.partition_id!r} carries no microbatch plan "
-                f"(extra_info[{MICRO_BATCH_INDICES!r}] / [{MICRO_BATCH_LENGTHS!r}]); the driver "
-                "must shard with shard_meta_for_dp or ship a producer plan"
+                f"_attach_pack_metadata: dynamic batching / sequence packing is enabled but the meta for partition "
+                f"{meta.partition_id!r} carries no microbatch plan (extra_info[{MICRO_BATCH_INDICES!r}] / "
+                f"[{MICRO_BATCH_LENGTHS!r}]); the driver must shard with shard_meta_for_dp or ship a producer plan"
             )
         return data
 
