@@ -231,9 +231,7 @@ class TQDriverMixin:
         return bool(cfg_value(node, "enabled", f"cfg.{section}"))
 
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Fresh ``(sequence_packing_args, dynamic_batching_args)`` for budget ``mb_tokens_key``.
-
-        At most one is set; dynamic batching wins when both modes are on.
+        """Fresh ``(sequence_packing_args, dynamic_batching_args)`` for ``mb_tokens_key``; dynamic batching wins.
 
         Raises:
             ValueError: ``mb_tokens_key`` is not one of the two budgets.
@@ -333,9 +331,7 @@ class TQDriverMixin:
         select_fields: Sequence[str],
         pad_value_dict: Mapping[str, float | int] | None = None,
     ) -> BatchedDataDict:
-        """``read_columns`` of ``meta`` (untouched) padded to its stamped pad target (the workers' width).
-
-        Without a stamped target a fresh one is minted for this read on an isolated copy.
+        """``read_columns`` of ``meta`` (untouched) padded to its stamped pad target, else to a fresh one.
 
         Raises:
             ValueError: ``select_fields`` is empty, or the stamped target is not an int >= 0.

@@ -140,9 +140,7 @@ def maybe_configure_data_plane_env(cfg: Any) -> dict[str, str]:
 def build_data_plane_client(cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> DataPlaneClient:
     """Build the client a config asks for, wrapped in ``MetricsDataPlaneClient`` when ``observability.enabled``.
 
-    Args:
-        bootstrap: Create a cluster-wide backend (driver) or attach to it (workers).
-        checkpointing: Require checkpoint support.
+    ``bootstrap`` creates a cluster-wide backend (driver) or attaches to it (workers).
 
     Raises:
         ValueError: The data plane is disabled, ``impl`` is unknown, the config is invalid, or

@@ -248,10 +248,7 @@ class MetricsDataPlaneClient(DataPlaneClient):
         """Metrics of the window since the previous call (then reset); ``step_time_s`` gives ``step/frac_of_step``.
 
         Per-op keys for every op called in the window (``rows``: keys its successful calls touched);
-        ``p50_ms`` only with at least 20 calls and ``p90_ms`` with at least 40.
-
-        Raises:
-            ValueError: ``step_time_s`` is not positive.
+        ``p50_ms`` / ``p90_ms`` only with at least 20 / 40 calls.  ``ValueError`` unless ``step_time_s`` > 0.
         """
         if not step_time_s > 0:
             raise ValueError(f"get_step_metrics: step_time_s must be > 0, got {step_time_s!r}")

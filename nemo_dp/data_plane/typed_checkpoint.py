@@ -261,14 +261,10 @@ class PartitionHeader:
     def from_record(
         cls, rec: Any, where: str, tensors: dict[str, torch.Tensor] | None, *, every_task: bool = True
     ) -> PartitionHeader:
-        """Validate the common fields of a record written by :meth:`to_record`.
+        """Validate a :meth:`to_record` record; ``CorruptCheckpointError`` for anything malformed or inconsistent.
 
-        Args:
-            tensors: The loaded table for typed tags; ``None`` when tags are plain JSON.
-            every_task: ``claimed`` must name every consumer task (else a subset of them).
-
-        Raises:
-            CorruptCheckpointError: Anything malformed or inconsistent.
+        ``tensors`` is the table for typed tags (``None``: plain JSON tags); ``every_task=False`` lets
+        ``claimed`` name a subset of the consumer tasks.
         """
         expect(isinstance(rec, dict), where, "must be an object")
         pid = rec.get("partition_id")
@@ -342,9 +338,8 @@ def read_checkpoint(
 ) -> CheckpointContents:
     """Read a checkpoint's manifest and tensor table, refusing unread what it must not load.
 
-    Args:
-        version: The format version this code writes (the only one it reads).
-        old_files: Older format versions -> relative paths of files they held that can run code.
+    ``version`` is the only format version read; ``old_files`` maps older versions to the relative
+    paths of files they held that can run code.
 
     Raises:
         FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.

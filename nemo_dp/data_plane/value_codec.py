@@ -37,7 +37,7 @@ def _b64(data: bytes) -> str:
 
 
 class ValueEncoder:
-    """Encodes values into JSON nodes, collecting tensors into a shared table.
+    """Encodes values into JSON nodes; tensors go into the shared ``tensors`` table under ``key_prefix``.
 
     ``None``, ``bool``, ``int``, ``str`` and finite ``float`` are bare JSON; any other value is an
     object whose ``"t"`` names its type:
@@ -57,9 +57,7 @@ class ValueEncoder:
                          its packing dim and one entry per sample, ``null`` for ``None``)
     ===================  ==============================================================
 
-    Args:
-        tensors: The ``key -> tensor`` table, shared across encoders of one checkpoint.
-        key_prefix: Prefix of the keys this encoder allocates (unique per encoder).
+    ``key_prefix`` must be unique per encoder of one table.
     """
 
     def __init__(self, tensors: dict[str, torch.Tensor], key_prefix: str) -> None:
