@@ -155,9 +155,8 @@ class TQWorkerMixin:
             )
         db = cfg_value(cfg, "dynamic_batching", "cfg")
         sp = cfg_value(cfg, "sequence_packing", "cfg")
-        return bool(cfg_value(db, "enabled", "cfg.dynamic_batching")) or bool(
-            cfg_value(sp, "enabled", "cfg.sequence_packing")
-        )
+        db_on = bool(cfg_value(db, "enabled", "cfg.dynamic_batching"))
+        return db_on or bool(cfg_value(sp, "enabled", "cfg.sequence_packing"))
 
     def _data_plane_pad_values(self) -> Mapping[str, float | int] | None:
         """A host base class's pad values, else ``make_pad_value_dict(self.pad_id)`` for an int ``pad_id``."""
@@ -188,9 +187,7 @@ class TQWorkerMixin:
         """Set copies of ``meta``'s microbatch plan (trusted, never recomputed) as attributes of ``data``.
 
         Raises:
-            ValueError: Only one of the two plan keys is present, or dynamic batching / sequence
-                packing is on and the meta has no plan (the driver must shard with
-                ``shard_meta_for_dp`` or ship a producer plan).
+            ValueError: Half a plan, or none while dynamic batching / sequence packing is on.
         """
         info = meta.extra_info
         has_indices = MICRO_BATCH_INDICES in info
@@ -225,10 +222,8 @@ class TQWorkerMixin:
     def _result_column(self, meta: KVBatchMeta, result: Any, *, result_key: str, field: str) -> torch.Tensor:
         """``result[result_key]`` checked as column ``field`` (named in errors) of ``meta``'s rows; detached, on CPU.
 
-        Raises:
-            RuntimeError: ``result`` is not a Mapping holding ``result_key``.
-            TypeError: The value is not a tensor.
-            ValueError: Its batch dim differs from ``meta.size``.
+        Raises ``RuntimeError`` unless ``result`` is a Mapping holding ``result_key``, ``TypeError`` unless the
+        value is a tensor, ``ValueError`` unless its batch dim is ``meta.size``.
         """
         if not isinstance(result, Mapping) or result_key not in result:
             got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
@@ -254,11 +249,8 @@ class TQWorkerMixin:
     ) -> None:
         """Like :meth:`_result_column`, but writes the column as ``tq_field`` (alias ``field``; give one).
 
-        Non-leaders return without looking at ``result``.
-
-        Raises:
-            RuntimeError: No client, or as ``_result_column``.
-            TypeError: Neither or two different field names given, or as ``_result_column``.
+        Non-leaders return without looking at ``result``.  Also raises ``RuntimeError`` without a client,
+        ``TypeError`` for neither or two different field names.
         """
         field = _one_field_name(tq_field, field)
         self._require_dp_client()
@@ -268,8 +260,7 @@ class TQWorkerMixin:
         self._write_back(meta, {field: value})
 
     def _fetch_planned(self, meta: KVBatchMeta) -> BatchedDataDict:
-        data = self._fetch(meta)
-        return self._attach_pack_metadata(data, meta)
+        return self._attach_pack_metadata(self._fetch(meta), meta)
 
     def train_presharded(
         self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None, mbs: int | None = None
