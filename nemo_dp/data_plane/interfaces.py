@@ -210,9 +210,8 @@ class DataPlaneClient(abc.ABC):
         Raises:
             PartitionLimitError: The backend bounds live partitions and is full.
             TypeError: A name, ``num_samples`` or ``grpo_group_size`` of the wrong type.
-            ValueError: Empty/reserved id, duplicate fields/tasks ("must be unique"),
-                ``num_samples <= 0``, a group size that does not divide it, bad ``enums``, or
-                the id is live ("already registered").
+            ValueError: Empty/reserved id, duplicate fields/tasks ("must be unique"), ``num_samples <= 0``, a group size
+                that does not divide it, bad ``enums``, or the id is live ("already registered").
         """
 
     @abc.abstractmethod
@@ -220,15 +219,12 @@ class DataPlaneClient(abc.ABC):
         self, partition_id: str, task_name: str, required_fields: Sequence[str], batch_size: int,
         dp_rank: int | None = None, blocking: bool = True, timeout_s: float = 60.0,
     ) -> KVBatchMeta:
-        """Claim ``batch_size`` ready rows for ``task_name``, oldest first; never a row twice per task.
-
-        ``dp_rank`` is reserved and ignored.
+        """Claim ``batch_size`` ready rows for ``task_name``, oldest first, never twice; ``dp_rank`` is ignored.
 
         Raises:
             RuntimeError: Closed (also while waiting).
             KeyError: Unknown partition (also if dropped while waiting) or task.
-            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
-                ``timeout_s <= 0``.
+            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``, ``timeout_s <= 0``.
             TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
         """
 
@@ -261,10 +257,10 @@ class DataPlaneClient(abc.ABC):
 
         Raises:
             KeyError: Unknown partition.
-            TypeError: Bad id types, tags not JSON-compatible, dtype/kind change of a stored
-                field, a nested ``TensorDict`` leaf, or a leaf the backend cannot store.
-            ValueError: Neither fields nor tags, duplicate ids, batch/tags length mismatch,
-                undeclared fields, or a value outside a field's ``enums``.
+            TypeError: Bad id types, tags not JSON-compatible, dtype/kind change of a stored field, a nested
+                ``TensorDict`` leaf, or a leaf the backend cannot store.
+            ValueError: Neither fields nor tags, duplicate ids, batch/tags length mismatch, undeclared fields, or a
+                value outside a field's ``enums``.
         """
 
     @abc.abstractmethod
@@ -286,8 +282,7 @@ class DataPlaneClient(abc.ABC):
         """Drop rows (explicit ids; ``[]`` is a no-op) or (``None``) the whole partition and its registration.
 
         Raises:
-            KeyError: Unknown partition, or an explicit id that is not live (listed; nothing
-                cleared).
+            KeyError: Unknown partition, or an explicit id that is not live (listed; nothing cleared).
             ValueError: Duplicate explicit ids.
         """
 
