@@ -117,14 +117,8 @@ def load_tensor_table(path: str | Path) -> dict[str, torch.Tensor]:
         raise CorruptCheckpointError(f"{where}: bad {_RAW_KEY} metadata: {exc}") from exc
     expect(isinstance(raw, dict), where, f"bad {_RAW_KEY} metadata")
     for key, spec in raw.items():
-        ok = (
-            key in tensors
-            and isinstance(spec, list)
-            and len(spec) == 2
-            and isinstance(spec[1], list)
-            and all(is_int(d) and d >= 0 for d in spec[1])
-        )
-        expect(ok, where, f"bad raw-dtype entry for {key!r}")
+        ok = key in tensors and isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], list)
+        expect(ok and all(is_int(d) and d >= 0 for d in spec[1]), where, f"bad raw-dtype entry for {key!r}")
         name = spec[0]
         dtype = getattr(torch, name[len("torch.") :], None) if isinstance(name, str) and name.startswith("torch.") else None
         expect(isinstance(dtype, torch.dtype), where, f"unknown dtype {name!r}")
