@@ -1,9 +1,4 @@
-"""Validation of the Local adapter's inputs, and the pure halves of its put and get.
-
-Why this module exists: everything here checks arguments or plans a copy without touching the
-client's state, so it can run before the client commits anything (bad input fails before
-anything is written) and keeps the client module to its locking and bookkeeping.
-"""
+"""The Local adapter's put and read checks and plans: nothing here touches the client's state."""
 
 from __future__ import annotations
 
@@ -38,14 +33,6 @@ from nemo_dp.data_plane.adapters.local.store import (
     store_tensor,
 )
 from nemo_dp.utils.packed_tensor import PackedTensor
-
-
-def is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_integer_dtype(dtype: torch.dtype) -> bool:
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 @dataclass
@@ -97,9 +84,8 @@ def _classify_dict(where: str, data: Mapping[Any, Any], n: int) -> tuple[str, An
 
 
 def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
-    """``(kind, payload)`` for a put leaf: the tensor, the list of objects, the ``PackedTensor``, or
-    (for a dict column) the sub-column name -> ``(kind, payload)`` mapping.
-    """
+    """``(kind, payload)`` for a put leaf: payload is the tensor, the objects, the ``PackedTensor``, or
+    (dict column) the sub-column name -> ``(kind, payload)`` mapping."""
     if isinstance(leaf, NonTensorStack):
         values = leaf.tolist()
         if len(values) != n:
@@ -173,7 +159,6 @@ def validate_put(
             f"put_samples: partition {part.partition_id!r} expects exactly "
             f"{part.num_samples} rows in its one put, got {n}"
         )
-    # Everything is valid: now take the one copy per column.
     columns = {name: store_leaf(name, kind, payload) for name, (kind, payload) in leaves.items()}
     return PendingPut(dict(zip(ids, range(n))), columns, args.tags)
 
@@ -193,6 +178,7 @@ def plan_get(
     if unproduced := [f for f in names if f not in part.columns]:
         raise unproduced_fields(part.partition_id, unproduced, part.columns)
     return len(ids), [(f, part.columns[f]) for f in names], Selection.of(positions)
+
 
 def build_read(plan: tuple[int, list[tuple[str, Column]], Selection]) -> TensorDict:
     n, cols, sel = plan
