@@ -1,10 +1,4 @@
-"""Snapshots and restores of the Ray object-store backend's metadata (the checkpoint half).
-
-Why this module exists: a checkpoint needs the whole :class:`StoreState` as plain records (and
-a restore rebuilds one from them, all or nothing); keeping that here leaves ``state`` with the
-live operations.  ``StoreState.snapshot`` / ``StoreState.restore`` delegate to these functions,
-so the metadata actor still reaches them as state operations.
-"""
+""":class:`StoreState` as plain checkpoint records and back (``StoreState.snapshot`` / ``restore``)."""
 
 from __future__ import annotations
 
@@ -13,17 +7,9 @@ from typing import Any
 
 from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, Chunk, StoreState
 
-__all__ = ["restore_state", "snapshot_state"]
-
 
 def snapshot_state(store: StoreState) -> dict[str, Any]:
-    """Everything a checkpoint needs, with chunk refs (the client fetches the payloads).
-
-    Returns:
-        ``{"partitions": [...], "chunks": {id: (ref, key, layout, dtype)}}``; every partition
-        record holds its schema, field kinds, ordered ids, per-row cells / object values /
-        tags, and the claimed ids per task.
-    """
+    """``{"partitions": [record, ...], "chunks": {id: (ref, key, layout, dtype)}}`` (the client fetches the payloads)."""
     records = []
     used: dict[int, tuple[Any, str, str, str]] = {}
     for part in store.partitions.values():
@@ -50,17 +36,13 @@ def snapshot_state(store: StoreState) -> dict[str, Any]:
         )
     return {"partitions": records, "chunks": used}
 
+
 def restore_state(store: StoreState, partitions: list[dict[str, Any]]) -> None:
-    """Rebuild the state of a clean store from a loaded checkpoint.
+    """Rebuild a clean store (else ``RuntimeError``) from loaded records, all or nothing.
 
-    Args:
-        partitions: One record per partition: the schema keys of :meth:`register`,
-            ``field_kinds``, ``sample_ids``, ``row_fields`` (sid -> fields it holds),
-            ``columns`` (field -> ``(TensorColumnSpec, ids)`` with one row per id in that
-            order, or ``("object", {sid: value})``), ``tags`` and ``claimed``.
-
-    Raises:
-        RuntimeError: The store is not empty.
+    A record holds the schema keys of ``register``, ``field_kinds``, ``sample_ids``, ``row_fields``
+    (sid -> its fields), ``columns`` (field -> ``(TensorColumnSpec, ids)`` or ``("object", {sid:
+    value})``), ``tags`` and ``claimed``.
     """
     if store.partitions:
         raise RuntimeError(
@@ -68,23 +50,14 @@ def restore_state(store: StoreState, partitions: list[dict[str, Any]]) -> None:
             f"partitions {sorted(store.partitions)}"
         )
     built = type(store)()
-    _fill(built, partitions)  # all or nothing: a bad record leaves this store empty
-    store.partitions, store.chunks, store._next_chunk = (
-        built.partitions,
-        built.chunks,
-        built._next_chunk,
-    )
+    _fill(built, partitions)
+    store.partitions, store.chunks, store._next_chunk = built.partitions, built.chunks, built._next_chunk
+
 
 def _fill(store: StoreState, partitions: list[dict[str, Any]]) -> None:
     for rec in partitions:
-        store.register(
-            rec["partition_id"],
-            rec["fields"],
-            rec["num_samples"],
-            rec["consumer_tasks"],
-            rec["grpo_group_size"],
-            rec["enums"],
-        )
+        keys = ("partition_id", "fields", "num_samples", "consumer_tasks", "grpo_group_size", "enums")
+        store.register(*(rec[k] for k in keys))
         part = store.partitions[rec["partition_id"]]
         part.field_kinds = dict(rec["field_kinds"])
         for sid in rec["sample_ids"]:

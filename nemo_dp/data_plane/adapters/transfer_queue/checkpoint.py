@@ -23,7 +23,7 @@ from nemo_dp.data_plane.adapters.transfer_queue.checkpoint_format import (
     decode_partition,
     encode_partition,
 )
-from nemo_dp.data_plane.adapters.transfer_queue.registry import field_key, parse_registry, write_registry
+from nemo_dp.data_plane.adapters.transfer_queue.registry import parse_registry, type_entries, write_registry
 from nemo_dp.data_plane.schema import RESERVED_PREFIX
 from nemo_dp.data_plane.typed_checkpoint import PartitionHeader, new_manifest, read_checkpoint, write_checkpoint
 from nemo_dp.utils.checkpoint_io import validate_json_metadata
@@ -157,12 +157,7 @@ class TQCheckpointMixin:
         )
         incarnation = parse_registry(self._registry_entries("load_checkpoint", pid))[pid].incarnation  # type: ignore[attr-defined]
         client = self._client
-        types = {
-            field_key(incarnation, name): {
-                "partition_id": pid, "incarnation": incarnation, "field": name, "kind": kind, "dtype": dtype,
-            }
-            for name, (kind, dtype) in state.field_types.items()
-        }  # fmt: skip
+        types = type_entries(pid, incarnation, state.field_types)
         ids = h.sample_ids
 
         async def _reserve() -> None:

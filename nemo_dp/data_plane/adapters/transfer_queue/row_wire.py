@@ -23,7 +23,6 @@ from tensordict import NonTensorStack
 
 from nemo_dp.data_plane.adapters.transfer_queue import object_rows, row_split
 from nemo_dp.data_plane.adapters.transfer_queue.row_split import LENGTH_BYTES
-from nemo_dp.data_plane.adapters.transfer_queue.validation import densify
 from nemo_dp.data_plane.adapters.transfer_queue.wire_dtypes import DTYPE_CODES, DTYPES_BY_CODE
 from nemo_dp.data_plane.codec import jagged_rows, stack_or_nest
 
@@ -47,6 +46,32 @@ def _ship_splitter_by_value() -> None:
 
         cloudpickle.register_pickle_by_value(row_split)
         _PICKLE_BY_VALUE = True
+
+
+def densify(value: Any) -> Any:
+    """A nested column whose rows all share one shape as a dense tensor; anything else as given.
+
+    A compact jagged column's dense tensor is a view of its ``values()`` (no copy).
+    """
+    if not isinstance(value, torch.Tensor) or not value.is_nested:
+        return value
+    if value.layout == torch.jagged and getattr(value, "_ragged_idx", 1) == 1 and value.lengths() is None:
+        offsets = value.offsets()
+        n = offsets.numel() - 1
+        if n <= 0:
+            return value
+        lengths = offsets.diff()
+        first = int(lengths[0])
+        if bool((lengths == first).all()):
+            values = value.values()
+            start = int(offsets[0])
+            rows = values[start : start + n * first]
+            return rows.reshape(n, first, *values.shape[1:])
+        return value
+    rows = value.unbind()
+    if rows and all(r.shape == rows[0].shape for r in rows):
+        return torch.stack(rows)
+    return value
 
 
 def descriptor(dtype: torch.dtype, rank: int, inner: Sequence[int]) -> bytes:
