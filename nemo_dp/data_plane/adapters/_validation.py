@@ -285,7 +285,7 @@ def check_meta(meta: Any) -> KVBatchMeta:
 
 
 def get_data_fields(meta: KVBatchMeta, select_fields: Sequence[str] | None) -> list[str]:
-    """The fields ``get_data`` reads: ``select_fields`` when non-empty, else ``meta.fields`` (neither: ``ValueError``)."""
+    """``get_data``'s fields: non-empty ``select_fields``, else ``meta.fields`` (neither: ``ValueError``)."""
     if select_fields is not None and len(list(select_fields)) > 0:
         return list(select_fields)
     if meta.fields:

@@ -87,7 +87,8 @@ class LocalDataPlaneClient(BaseDataPlaneClient):
                 if ids := self._book.take(part, task_name, required, n):
                     return self._claim_meta(part, task_name, required, ids)
                 if not blocking:
-                    return KVBatchMeta(partition_id, task_name, [], fields=list(required), extra_info=self._meta_extra(part))
+                    extra = self._meta_extra(part)
+                    return KVBatchMeta(partition_id, task_name, [], fields=list(required), extra_info=extra)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise claim_timeout(partition_id, task_name, n, timeout_s)

@@ -9,7 +9,7 @@ from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, Chunk, StoreStat
 
 
 def snapshot_state(store: StoreState) -> dict[str, Any]:
-    """``{"partitions": [record, ...], "chunks": {id: (ref, key, layout, dtype)}}`` (the client fetches the payloads)."""
+    """``{"partitions": [record, ...], "chunks": {id: (ref, key, layout, dtype)}}`` (payloads not fetched)."""
     records = []
     used: dict[int, tuple[Any, str, str, str]] = {}
     for part in store.partitions.values():

@@ -135,7 +135,9 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
                     "library keeps one client per process); close it first"
                 )
             if self._bootstrap:
-                self._backend_config = start_system(self._cfg, startup_s=self._startup_s, controller_s=self._controller_s)
+                self._backend_config = start_system(
+                    self._cfg, startup_s=self._startup_s, controller_s=self._controller_s
+                )
             else:
                 self._backend_config = attach(startup_s=self._startup_s)
             self._client = library_interface()._TQ_CLIENT
