@@ -76,17 +76,7 @@ def snapshot(
         pid = part.partition_id
         ids = list(part.row_of)
         sel = Selection.of([part.row_of[sid] for sid in ids])
-        header = PartitionHeader(
-            pid,
-            list(part.fields),
-            list(part.consumer_tasks),
-            part.num_samples,
-            part.grpo_group_size,
-            {k: list(v) for k, v in part.enums.items()},
-            ids,
-            part.tags,
-            {t: [sid for sid in ids if sid in part.claimed[t]] for t in part.consumer_tasks},
-        )
+        header = PartitionHeader(**part.header(ids))
         columns = {
             name: _column_record(col, f"p{p_index}.c{c_index}", ids, sel, tensors, pid, f"field {name!r}")
             for c_index, (name, col) in enumerate(part.columns.items())

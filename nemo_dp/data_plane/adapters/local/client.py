@@ -34,16 +34,10 @@ __all__ = ["LocalDataPlaneClient", "build_local_client"]
 class LocalDataPlaneClient(BaseDataPlaneClient):
     """In-process data plane holding at most ``cfg.max_partitions`` complete batches.
 
-    Thread-safe: every state change happens under one lock; blocking claims wait on a
-    condition variable notified by puts, clears and ``close``.  Reads return fresh tensors, never
-    views of the store (a whole column or a contiguous run of rows is one ``clone`` of a slice,
-    any other selection one ``index_select``); a non-tensor column comes back as one
-    ``NonTensorData`` holding a deep copy of the selected rows (read it with
-    ``materialize_local``).  A partition emptied by an explicit ``clear_samples(ids, pid)`` is
-    dropped as by ``clear_samples(None, pid)``: it could never take another put.
-
-    Raises:
-        TypeError: ``cfg`` is not a ``LocalDataPlaneConfig``.
+    Thread-safe: every state change happens under one lock; blocking claims wait on a condition
+    notified by puts, clears and ``close``.  Reads return fresh tensors, never views of the store; a
+    non-tensor column comes back as one ``NonTensorData`` holding a deep copy of the selected rows
+    (read it with ``materialize_local``).
     """
 
     BACKEND = "Local"

@@ -37,7 +37,7 @@ from nemo_dp.utils.packed_tensor import PackedTensor
 
 @dataclass
 class PendingPut:
-    """A fully validated put, ready to be committed."""
+    """A validated put, ready to be committed."""
 
     row_of: dict[str, int]
     columns: dict[str, Column]
@@ -97,9 +97,7 @@ def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
             return _classify_packed(f"field {name!r}", data, n)
         if isinstance(data, Mapping):
             return _classify_dict(f"field {name!r}", data, n)
-        if isinstance(data, np.ndarray) and data.ndim >= 1:
-            values = list(data)
-        elif isinstance(data, (list, tuple)):
+        if isinstance(data, (list, tuple)) or (isinstance(data, np.ndarray) and data.ndim >= 1):
             values = list(data)
         else:
             raise TypeError(
@@ -107,9 +105,7 @@ def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
                 f"PackedTensor or dict of {n}-row columns, got {type(data).__name__}"
             )
         if len(values) != n:
-            raise ValueError(
-                f"field {name!r}: NonTensorData column holds {len(values)} values, expected {n}"
-            )
+            raise ValueError(f"field {name!r}: NonTensorData column holds {len(values)} values, expected {n}")
         return OBJECT_KIND, values
     if isinstance(leaf, TensorDictBase):
         raise TypeError(f"field {name!r}: nested TensorDict leaves are not supported; flatten them")

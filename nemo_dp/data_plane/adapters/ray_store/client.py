@@ -45,12 +45,10 @@ def _listed(values: Any) -> Any:
 
 
 class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
-    """The data-plane contract over Ray's object store (see the module docstring).
+    """The data-plane contract over Ray's object store.
 
-    Thread-safe: the client keeps no mutable state besides ``closed``.  Rows stay readable while
-    the process that wrote them lives (Ray has no ownership transfer); a read of rows whose writer
-    has exited raises ``DataPlaneUnavailableError``.  A read on another node of some of a put's
-    columns transfers all of them (one object per put).
+    Thread-safe.  Rows stay readable while the process that wrote them lives (Ray has no ownership
+    transfer); a read of rows whose writer has exited raises ``DataPlaneUnavailableError``.
 
     Args:
         bootstrap: ``True`` (the driver) creates the metadata actor and kills it on close;

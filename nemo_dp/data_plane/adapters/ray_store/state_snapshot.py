@@ -19,19 +19,12 @@ def snapshot_state(store: StoreState) -> dict[str, Any]:
                 used[cid] = (ch.ref, ch.key, ch.layout, ch.dtype)
         records.append(
             {
-                "partition_id": part.partition_id,
-                "fields": list(part.fields),
-                "num_samples": part.num_samples,
-                "consumer_tasks": list(part.consumer_tasks),
-                "grpo_group_size": part.grpo_group_size,
-                "enums": {k: list(v) for k, v in part.enums.items()},
+                **part.header(list(part.rows)),
+                "tags": copy.deepcopy(part.tags),
                 "field_kinds": dict(part.field_kinds),
-                "sample_ids": list(part.rows),
                 "row_fields": {sid: list(row) for sid, row in part.rows.items()},
                 "cells": {sid: dict(c) for sid, c in part.cells.items()},
                 "values": copy.deepcopy(part.values),
-                "tags": copy.deepcopy(part.tags),
-                "claimed": {t: [s for s in part.rows if s in c] for t, c in part.claimed.items()},
             }
         )
     return {"partitions": records, "chunks": used}

@@ -10,7 +10,7 @@ import asyncio
 import concurrent.futures
 import copy
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from tensordict import TensorDict
@@ -81,7 +81,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
     """The data-plane contract over TransferQueue (SimpleStorage) on Ray.
 
     The library's async API runs on one event-loop thread the client owns, so every call is
-    bounded and the caller's ``torch.set_num_threads`` survives; dense puts come back dense.
+    bounded and the caller's ``torch.set_num_threads`` survives.
 
     Args:
         bootstrap: ``True`` (the driver) starts the library's controller and storage units;
@@ -91,8 +91,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
     Raises:
         RuntimeError: Ray is not initialised; a knob is missing after the library was imported;
             another client is open in this process; the controller already exists (bootstrap) or
-            does not exist (attach); the cluster has too few CPUs for the controller plus
-            ``num_storage_units`` storage units; start-up exceeded ``timeouts.startup_s``.
+            does not (attach); too few Ray CPUs; start-up exceeded ``timeouts.startup_s``.
         ValueError: ``checkpointing=True`` on a backend without checkpoint support.
     """
 
@@ -202,18 +201,24 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
         return self._ctl(_list, op, partition_id)
 
-    def _records(self, op: str, partition_id: str) -> dict[str, Record]:
-        return parse_registry(self._registry_entries(op, partition_id))
-
     def _require_record(self, partition_id: str, op: str) -> Record:
-        rec = self._records(op, partition_id).get(partition_id)
+        rec = parse_registry(self._registry_entries(op, partition_id)).get(partition_id)
         if rec is None:
             raise unknown_partition(partition_id)
         return rec
 
-    def _missing_ids_error(self, partition_id: str, ids: Sequence[str], op: str) -> KeyError:
-        live = self._ctl(lambda: live_keys(self._client, partition_id), op, partition_id)
-        return unknown_ids(partition_id, [i for i in ids if i not in live])
+    def _existing_meta(self, ids: list[str], partition_id: str, op: str, *, recheck: bool) -> Any:
+        """The library's metadata of live ``ids``; ``KeyError`` for unknown ones (``recheck``: the partition first)."""
+        client = self._client
+        meta = self._ctl(
+            lambda: client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=False), op, partition_id
+        )
+        if meta.size != len(ids):
+            if recheck:
+                self._require_record(partition_id, op)
+            live = self._ctl(lambda: live_keys(client, partition_id), op, partition_id)
+            raise unknown_ids(partition_id, [i for i in ids if i not in live])
+        return meta
 
     def _put(self, sample_ids: Any, partition_id: Any, fields: Any, tags: Any) -> KVBatchMeta:
         """Write (upsert) rows: check everything against the registry record, record new field types, then put."""
@@ -284,14 +289,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
             client = self._client
             n = len(ids)
-            meta = self._ctl(
-                lambda: client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=False),
-                "get_samples",
-                partition_id,
-            )
-            if meta.size != n:
-                self._require_record(partition_id, "get_samples")
-                raise self._missing_ids_error(partition_id, ids, "get_samples")
+            meta = self._existing_meta(ids, partition_id, "get_samples", recheck=True)
             produced = set(meta.field_names)
             unproduced = [f for f in fields if f not in produced]
             if unproduced:
@@ -335,13 +333,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
             ids = check_clear_ids(sample_ids)
             if not ids:
                 return
-            meta = self._ctl(
-                lambda: client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=False),
-                "clear_samples",
-                partition_id,
-            )
-            if meta.size != len(ids):
-                raise self._missing_ids_error(partition_id, ids, "clear_samples")
+            meta = self._existing_meta(ids, partition_id, "clear_samples", recheck=False)
             self._data(lambda: client.async_clear_samples(meta), "clear_samples", partition_id)
 
     def close(self) -> None:
