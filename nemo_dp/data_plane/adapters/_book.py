@@ -56,17 +56,17 @@ class PartitionRecord:
 
     def header(self, ids: list[str]) -> dict[str, Any]:
         """The ``typed_checkpoint.PartitionHeader`` fields of this partition with its live ``ids`` in stored order."""
-        return {
-            "partition_id": self.partition_id,
-            "fields": list(self.fields),
-            "consumer_tasks": list(self.consumer_tasks),
-            "num_samples": self.num_samples,
-            "grpo_group_size": self.grpo_group_size,
-            "enums": {k: list(v) for k, v in self.enums.items()},
-            "sample_ids": ids,
-            "tags": self.tags,
-            "claimed": {t: [sid for sid in ids if sid in self.claimed[t]] for t in self.consumer_tasks},
-        }
+        return dict(
+            partition_id=self.partition_id,
+            fields=list(self.fields),
+            consumer_tasks=list(self.consumer_tasks),
+            num_samples=self.num_samples,
+            grpo_group_size=self.grpo_group_size,
+            enums={k: list(v) for k, v in self.enums.items()},
+            sample_ids=ids,
+            tags=self.tags,
+            claimed={t: [sid for sid in ids if sid in self.claimed[t]] for t in self.consumer_tasks},
+        )
 
     def tags_of(self, ids: Sequence[str]) -> list[dict[str, Any]] | None:
         """Deep copies of the rows' tags (``{}`` for a row without), or ``None`` if none has any."""

@@ -332,9 +332,8 @@ def check_put_args(
 ) -> PutArgs:
     """Validate a put's ids, fields (a ``TensorDict`` or ``None``) and tags (one dict per id).
 
-    Args:
-        exact_tags: Keep tags as deep copies (non-finite floats allowed) instead of JSON-normalising them.
-        allow_no_columns: Accept a ``fields`` without columns and no tags.
+    ``exact_tags`` keeps tags as deep copies (non-finite floats allowed) instead of JSON-normalising
+    them; ``allow_no_columns`` accepts a ``fields`` without columns and no tags.
 
     Raises:
         ValueError: Neither fields nor tags, duplicate ids, a batch size or tags length other than

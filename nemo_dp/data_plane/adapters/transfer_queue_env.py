@@ -93,9 +93,8 @@ def configure_engine_env(cfg: Any) -> dict[str, str]:
     ``ray.init`` and pass the result to ``runtime_env={"env_vars": ...}``.
 
     Raises:
-        ValueError: The config cannot be turned into knob values, or an exported knob is not an
-            integer.  Nothing is set.
-        RuntimeError: A wanted knob is absent and ``transfer_queue`` is already imported.  Nothing is set.
+        ValueError: The config cannot be turned into knob values, or an exported knob is not an integer.
+        RuntimeError: A wanted knob is absent and ``transfer_queue`` is already imported (nothing set).
     """
     wanted = wanted_engine_env(cfg)
     for name in wanted:

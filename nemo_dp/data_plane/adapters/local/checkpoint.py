@@ -65,10 +65,7 @@ def snapshot(
     A partition record is the shared header plus ``generation``, ``written``, ``field_kinds`` and
     ``columns``: a ``"tensor"`` column entry of the table; ``"object"`` one typed value node per
     row; ``"packed"`` its ``dim_to_pack`` and one tensor node (or ``null``) per row; ``"dict"`` one
-    such record per key with its ``field_kind``.  ``next_generation`` is the next registration's.
-
-    Raises:
-        TypeError: A stored object value or tag cannot be encoded exactly.
+    such record per key with its ``field_kind``.  ``TypeError`` for a value that cannot be encoded exactly.
     """
     tensors: dict[str, torch.Tensor] = {}
     records: list[dict[str, Any]] = []

@@ -122,9 +122,7 @@ class StoreState:
         ``columns`` maps field -> :class:`TensorColumnSpec` or a list of per-row objects.
 
         Raises:
-            KeyError: Unknown partition.
-            ValueError: Undeclared field, a value outside a field's enum vocabulary, a tensor enum column.
-            TypeError: A field's kind (dtype, or tensor vs object) differs from the stored one.
+            KeyError | ValueError | TypeError: Unknown partition; undeclared field or enum value; changed kind.
         """
         part = self.book.live(partition_id)
         check_undeclared(partition_id, list(columns), part.fields)
@@ -140,13 +138,7 @@ class StoreState:
         n = len(sample_ids)
         if n == 0:
             return
-        chunk_of: dict[str, int] = {}
-        for name, col in columns.items():
-            if isinstance(col, TensorColumnSpec):
-                cid = self._next_chunk
-                self._next_chunk += 1
-                self.chunks[cid] = Chunk(col.ref, col.key, col.layout, col.dtype, 0)
-                chunk_of[name] = cid
+        chunk_of = {name: self.add_chunk(col, 0) for name, col in columns.items() if isinstance(col, TensorColumnSpec)}
         part.field_kinds.update(kinds)
         for i, sid in enumerate(sample_ids):
             row = part.rows.get(sid)
@@ -173,6 +165,13 @@ class StoreState:
             if self.chunks[cid].live == 0:  # pragma: no cover - n > 0 always fills it
                 del self.chunks[cid]
 
+    def add_chunk(self, spec: TensorColumnSpec, live: int) -> int:
+        """Keep a new chunk for ``spec`` with ``live`` cells; returns its id."""
+        cid = self._next_chunk
+        self._next_chunk += 1
+        self.chunks[cid] = Chunk(spec.ref, spec.key, spec.layout, spec.dtype, live)
+        return cid
+
     def _release(self, cid: int) -> None:
         chunk = self.chunks[cid]
         chunk.live -= 1
@@ -182,15 +181,10 @@ class StoreState:
     def locate(
         self, partition_id: str, sample_ids: list[str], fields: list[str]
     ) -> tuple[dict[str, Any], dict[int, tuple[Any, str, str, str]]]:
-        """Where a read's cells live, for distinct ``sample_ids`` (output order) and distinct ``fields``.
+        """``(plan, chunks)`` of a read of distinct ``sample_ids`` (output order) and ``fields``; else ``KeyError``.
 
-        Returns:
-            ``(plan, chunks)``: ``plan[field]`` is ``("object", values)`` or ``("tensor", dtype,
-            [(chunk id, positions), ...])`` (one entry per run of output rows in one chunk);
-            ``chunks[id]`` is ``(ref, key, layout, dtype)``.
-
-        Raises:
-            KeyError: Unknown partition or ids, fields not produced for every requested id.
+        ``plan[field]`` is ``("object", values)`` or ``("tensor", dtype, [(chunk id, positions), ...])``
+        (one entry per run of output rows in one chunk); ``chunks[id]`` is ``(ref, key, layout, dtype)``.
         """
         part = self.book.live(partition_id)
         rows = part.rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, Chunk, StoreState
+from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, StoreState
 
 
 def snapshot_state(store: StoreState) -> dict[str, Any]:
@@ -64,9 +64,7 @@ def _fill(store: StoreState, partitions: list[dict[str, Any]]) -> None:
                 for sid, value in ids.items():
                     part.values.setdefault(sid, {})[name] = value
                 continue
-            cid = store._next_chunk
-            store._next_chunk += 1
-            store.chunks[cid] = Chunk(spec.ref, spec.key, spec.layout, spec.dtype, len(ids))
+            cid = store.add_chunk(spec, len(ids))
             for pos, sid in enumerate(ids):
                 part.cells[sid][name] = (cid, pos)
                 part.rows[sid][name] = cid

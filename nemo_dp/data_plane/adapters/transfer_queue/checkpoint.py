@@ -66,8 +66,7 @@ class TQCheckpointMixin:
         for name, (indexes, status) in produced.items():
             pos = _positions(indexes)
             for sid in ids:
-                row = pos.get(index_of[sid])
-                if row is not None and bool(status[row].all()):
+                if (row := pos.get(index_of[sid])) is not None and bool(status[row].all()):
                     holds[sid].append(name)
         claimed: dict[str, list[str]] = {}
         for task, (indexes, status) in consumed.items():
@@ -82,11 +81,8 @@ class TQCheckpointMixin:
         groups: list[tuple[list[str], dict[str, Any]]] = []
         for names, gids in by_fields.items():
             data = self.get_samples(gids, pid, list(names))  # type: ignore[attr-defined]
-            columns = {}
-            for name in names:
-                value = data.get(name)
-                columns[name] = value.tolist() if rec.field_types[name][0] == KIND_OBJECT else value
-            groups.append((gids, columns))
+            objects = {name for name in names if rec.field_types[name][0] == KIND_OBJECT}
+            groups.append((gids, {n: data.get(n).tolist() if n in objects else data.get(n) for n in names}))
         enums = {k: list(v) for k, v in rec.enums.items()}
         tagged = {sid: tags[sid] for sid in ids if tags[sid]}
         header = PartitionHeader(

@@ -47,7 +47,7 @@ from nemo_dp.data_plane.adapters.transfer_queue.lifetime import (
 from nemo_dp.data_plane.adapters.transfer_queue.registry import (
     REGISTRY_PARTITION,
     Record,
-    delete_registry,
+    drop_partition,
     live_keys,
     parse_registry,
     stale_registry_keys,
@@ -322,13 +322,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
             client = self._client
             if sample_ids is None:
                 stale = stale_registry_keys(entries, partition_id)
-
-                async def _drop() -> None:
-                    if partition_id in await client.async_get_partition_list():
-                        await client.async_clear_partition(partition_id)
-                    await delete_registry(client, stale)
-
-                self._data(_drop, "clear_samples", partition_id)
+                self._data(lambda: drop_partition(client, partition_id, stale), "clear_samples", partition_id)
                 return
             ids = check_clear_ids(sample_ids)
             if not ids:

@@ -115,6 +115,13 @@ async def delete_registry(client: Any, keys: list[str]) -> None:
         await client.async_clear_samples(meta)
 
 
+async def drop_partition(client: Any, partition_id: str, stale: list[str]) -> None:
+    """Clear the library partition if it exists, then delete the ``stale`` registry entries."""
+    if partition_id in await client.async_get_partition_list():
+        await client.async_clear_partition(partition_id)
+    await delete_registry(client, stale)
+
+
 async def live_keys(client: Any, partition_id: str) -> set[str]:
     """Keys currently stored in a library partition (empty for an unknown one)."""
     info = await client.async_kv_list(partition_id)

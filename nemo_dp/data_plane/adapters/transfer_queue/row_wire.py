@@ -28,7 +28,6 @@ __all__ = ["DTYPE_CODES", "EncodedPut", "decode_column", "encode_put", "plan_col
 MAGIC = b"ndr1"
 _HEAD = struct.Struct("<4sBB")  # magic, dtype code, row rank
 
-_DTYPES = DTYPES_BY_CODE
 _PICKLE_BY_VALUE = False
 _MAX_DIMS = 32
 #: Equal rows of at least this many bytes keep the library's own layout (see plan_column).
@@ -197,14 +196,14 @@ def _parse_descriptor(row: bytes, field: str) -> tuple[torch.dtype, int, tuple[i
     if len(row) < _HEAD.size:
         raise RuntimeError(f"field {field!r}: a stored row is too short for its descriptor")
     magic, code, rank = _HEAD.unpack_from(row)
-    if magic != MAGIC or code not in _DTYPES:
+    if magic != MAGIC or code not in DTYPES_BY_CODE:
         raise RuntimeError(f"field {field!r}: a stored row has no valid row-layout descriptor")
     n_inner = max(rank - 1, 0)
     header = _HEAD.size + 8 * n_inner
     if len(row) < header:
         raise RuntimeError(f"field {field!r}: a stored row is too short for its descriptor")
     inner = struct.unpack_from(f"<{n_inner}q", row, _HEAD.size)
-    return _DTYPES[code], rank, tuple(inner), header
+    return DTYPES_BY_CODE[code], rank, tuple(inner), header
 
 
 def _row_tensor(row: Any, field: str) -> torch.Tensor:

@@ -18,7 +18,7 @@ from nemo_dp.data_plane.adapters._validation import (
 )
 from nemo_dp.data_plane.adapters.transfer_queue.registry import (
     Record,
-    delete_registry,
+    drop_partition,
     parse_registry,
     record_key,
     stale_registry_keys,
@@ -58,9 +58,7 @@ class TQTaskMixin:
             async def _register() -> None:
                 # A library partition left behind by an interrupted drop must not leak old rows
                 # into the new incarnation.
-                if partition_id in await client.async_get_partition_list():
-                    await client.async_clear_partition(partition_id)
-                await delete_registry(client, stale)
+                await drop_partition(client, partition_id, stale)
                 await write_registry(client, {record_key(partition_id): record.to_tag()})
 
             self._data(_register, "register_partition", partition_id)
