@@ -97,7 +97,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
             return reply[1]
         raise _ERRORS.get(reply[1], RuntimeError)(reply[2])
 
-    def _require_partition(self, partition_id: Any) -> None:
+    def _require_known(self, partition_id: Any) -> None:
         if not self._call("exists", partition_id, partition_id):
             raise unknown_partition(partition_id)
 
@@ -154,9 +154,6 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
             self._poll_s,
         )
 
-    def _require_known(self, partition_id: str) -> None:
-        self._require_partition(partition_id)
-
     def _consumed(self, partition_id: Any, task_names: Any) -> bool:
         self._begin()
         return bool(self._call("consumed", partition_id, partition_id, _listed(task_names)))
@@ -177,7 +174,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
                 else:
                     objects[name] = leaf.tolist()
         except (TypeError, ValueError):
-            self._require_partition(partition_id)  # unknown partition outranks
+            self._require_known(partition_id)  # unknown partition outranks
             raise
         ids = args.ids
         encoded = {name: encode_column(name, t) for name, t in tensors.items()}
@@ -198,7 +195,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
 
     def _get(self, sample_ids: Any, partition_id: Any, select_fields: Any) -> TensorDict:
         self._begin()
-        ids, names = self._read_args(sample_ids, select_fields, lambda: self._require_partition(partition_id))
+        ids, names = self._read_args(sample_ids, select_fields, lambda: self._require_known(partition_id))
         if not ids:
             return TensorDict({}, batch_size=(0,))
         plan, chunks = self._call("locate", partition_id, partition_id, ids, names)
