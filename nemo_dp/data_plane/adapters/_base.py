@@ -40,6 +40,7 @@ class BaseDataPlaneClient(DataPlaneClient):
     _bootstrap: bool
     _closed: bool
     _used: bool
+    _poll_s: float  # seconds between claim attempts (backends that poll)
 
     def _init_lifetime(self, bootstrap: bool, *, closed: bool) -> None:
         self._bootstrap = bool(bootstrap)
@@ -168,8 +169,8 @@ class BaseDataPlaneClient(DataPlaneClient):
             raise
         return self.get_samples(meta.sample_ids, meta.partition_id, fields)
 
-    @staticmethod
     def _poll_claim(
+        self,
         attempt: Callable[[], tuple[list[str], list[dict[str, Any]] | None]],
         partition_id: str,
         task_name: str,
@@ -177,10 +178,9 @@ class BaseDataPlaneClient(DataPlaneClient):
         batch_size: int,
         blocking: bool,
         timeout_s: Any,
-        poll_s: float,
     ) -> KVBatchMeta:
         """Run a claim ``attempt`` (claimed ids, empty when too few are ready, and their tags) every
-        ``poll_s`` seconds until it claims rows; ``TimeoutError`` when ``blocking`` and none came in time.
+        ``self._poll_s`` seconds until it claims rows; ``TimeoutError`` when ``blocking`` and none came in time.
         """
         wait_s = float(timeout_s) if isinstance(timeout_s, (int, float)) else 0.0
         deadline = time.monotonic() + wait_s
@@ -200,7 +200,7 @@ class BaseDataPlaneClient(DataPlaneClient):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
-            time.sleep(min(poll_s, remaining))
+            time.sleep(min(self._poll_s, remaining))
 
     def _begin_load(self) -> None:
         """Start a ``load_checkpoint``: ``RuntimeError`` unless the client is clean (no data operation, no load)."""

@@ -6,6 +6,7 @@ torch and tensordict are imported inside functions only: the Ray-store metadata 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,16 +62,9 @@ def check_positive_int(value: Any, what: str) -> int:
 
 def duplicates(values: Sequence[str]) -> list[str]:
     """The values that occur more than once, sorted, each once (empty when all are distinct)."""
-    # fast path in C for the common case (large id lists without repeats)
-    if len(set(values)) == len(values):
+    if len(set(values)) == len(values):  # fast path for large id lists without repeats
         return []
-    seen: set[str] = set()
-    dups: set[str] = set()
-    for v in values:
-        if v in seen:
-            dups.add(v)
-        seen.add(v)
-    return sorted(dups)
+    return sorted(v for v, count in Counter(values).items() if count > 1)
 
 
 def _check_unique(values: Sequence[str], what: str) -> None:

@@ -143,16 +143,11 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     ) -> KVBatchMeta:
         self._begin()
         fields = _listed(fields)
-        return self._poll_claim(
-            lambda: self._call("claim", partition_id, partition_id, task_name, fields, n, timeout_s),
-            partition_id,
-            task_name,
-            fields,
-            n,
-            blocking,
-            timeout_s,
-            self._poll_s,
-        )
+
+        def attempt() -> Any:
+            return self._call("claim", partition_id, partition_id, task_name, fields, n, timeout_s)
+
+        return self._poll_claim(attempt, partition_id, task_name, fields, n, blocking, timeout_s)
 
     def _consumed(self, partition_id: Any, task_names: Any) -> bool:
         self._begin()

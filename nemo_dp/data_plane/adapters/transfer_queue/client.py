@@ -110,6 +110,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
         # Set once the library gave up on a storage unit: later data calls fail at once.
         self._storage_gone: str | None = None
         self._startup_s = float(t.startup_s)
+        self._poll_s = float(self._cfg.claim_meta_poll_interval_s)
 
         if checkpointing and self._cfg.backend != "simple":
             raise ValueError(

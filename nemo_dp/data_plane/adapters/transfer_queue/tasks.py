@@ -94,16 +94,7 @@ class TQTaskMixin:
             ids, stored = got
             return ids, copy.deepcopy(stored) if any(stored) else None
 
-        return self._poll_claim(
-            _attempt,
-            partition_id,
-            task_name,
-            fields,
-            n,
-            blocking,
-            timeout_s,
-            float(self._cfg.claim_meta_poll_interval_s),
-        )
+        return self._poll_claim(_attempt, partition_id, task_name, fields, n, blocking, timeout_s)
 
     def _require_known(self, partition_id: str) -> None:
         with self._lock:
