@@ -1,9 +1,5 @@
-"""The public calls, lifetime plumbing and config coercion every data-plane client shares.
-
-:class:`BaseDataPlaneClient` states each ``DataPlaneClient`` call once and hands the backend's
-part to a protected hook (``_register``, ``_claim``, ``_put``, ...); it also keeps the lifetime
-flags, the polling loop of a claim and ``get_data``, so each adapter's client only moves bytes.
-"""
+"""What every data-plane client shares: the public calls over backend hooks, lifetime flags, claim
+polling, ``get_data`` and config coercion, so each adapter's client only moves bytes."""
 
 from __future__ import annotations
 
@@ -25,17 +21,14 @@ from nemo_dp.data_plane.adapters._validation import (
 )
 from nemo_dp.data_plane.interfaces import DataPlaneClient, KVBatchMeta
 
-__all__ = ["BaseDataPlaneClient", "coerce_dataclass_config"]
-
 C = TypeVar("C")
 
 
 class BaseDataPlaneClient(DataPlaneClient):
     """The data-plane calls over a backend's hooks, and a client's lifetime flags.
 
-    Subclasses set :attr:`BACKEND`, call :meth:`_init_lifetime` first in ``__init__`` and
-    implement the hooks; ``close`` sets ``_closed``.  A hook starts its data operation with
-    :meth:`_operation` where the backend's work must hold the client's lock throughout.
+    Subclasses set :attr:`BACKEND`, call :meth:`_init_lifetime` first in ``__init__``, implement
+    the hooks (starting each with :meth:`_begin` or :meth:`_operation`); ``close`` sets ``_closed``.
     """
 
     #: The backend's name in messages.
@@ -47,9 +40,9 @@ class BaseDataPlaneClient(DataPlaneClient):
     _bootstrap: bool
     _closed: bool
     _used: bool
+    _poll_s: float  # seconds between claim attempts (backends that poll)
 
     def _init_lifetime(self, bootstrap: bool, *, closed: bool) -> None:
-        """Set the flags: ``closed`` until construction succeeds where it can fail."""
         self._bootstrap = bool(bootstrap)
         self._closed = closed
         self._used = False
@@ -61,11 +54,9 @@ class BaseDataPlaneClient(DataPlaneClient):
 
     @property
     def closed(self) -> bool:
-        """Whether ``close()`` has run."""
         return self._closed
 
     def _check_open(self) -> None:
-        """Raise the closed error once ``close()`` has run."""
         if self._closed:
             raise closed_error(self.BACKEND)
 
@@ -76,11 +67,7 @@ class BaseDataPlaneClient(DataPlaneClient):
 
     @contextmanager
     def _operation(self) -> Iterator[None]:
-        """Hold the client's lock (if it has one) and :meth:`_begin` a data operation.
-
-        Raises:
-            RuntimeError: Closed.
-        """
+        """Hold the client's lock (if it has one) and :meth:`_begin` a data operation."""
         with self._lock if self._lock is not None else nullcontext():
             self._begin()
             yield
@@ -147,11 +134,7 @@ class BaseDataPlaneClient(DataPlaneClient):
         """The backend's ``clear_samples``."""
 
     def _require_owner(self, op: str) -> None:
-        """Refuse ``op`` on a client that attached instead of bootstrapping.
-
-        Raises:
-            RuntimeError: ``bootstrap=False``.
-        """
+        """``RuntimeError`` for ``op`` on a client that attached instead of bootstrapping."""
         if not self._bootstrap:
             raise RuntimeError(
                 f"{op} is only available on the bootstrapping {self.BACKEND} client (the "
@@ -166,9 +149,7 @@ class BaseDataPlaneClient(DataPlaneClient):
     def _read_args(
         sample_ids: Any, select_fields: Any, require_partition: Callable[[], object]
     ) -> tuple[list[str], list[str]]:
-        """``check_read_args``, calling ``require_partition`` (raises for an unknown partition) when
-        the arguments are refused or name no ids, so an unknown partition outranks argument errors.
-        """
+        """``check_read_args``; an unknown partition (``require_partition`` raises) outranks its errors."""
         try:
             ids, names = check_read_args(sample_ids, select_fields)
         except (TypeError, ValueError):
@@ -188,8 +169,8 @@ class BaseDataPlaneClient(DataPlaneClient):
             raise
         return self.get_samples(meta.sample_ids, meta.partition_id, fields)
 
-    @staticmethod
     def _poll_claim(
+        self,
         attempt: Callable[[], tuple[list[str], list[dict[str, Any]] | None]],
         partition_id: str,
         task_name: str,
@@ -197,17 +178,9 @@ class BaseDataPlaneClient(DataPlaneClient):
         batch_size: int,
         blocking: bool,
         timeout_s: Any,
-        poll_s: float,
     ) -> KVBatchMeta:
-        """Run a claim ``attempt`` until it claims rows, polling every ``poll_s`` seconds.
-
-        Args:
-            attempt: One claim against the shared metadata (validating the arguments): the
-                claimed ids (empty when fewer than ``batch_size`` are ready) and their tags.
-            blocking: Wait (``True``) or return an empty claim at once.
-
-        Raises:
-            TimeoutError: ``blocking`` and fewer than ``batch_size`` rows ready in time.
+        """Run a claim ``attempt`` (claimed ids, empty when too few are ready, and their tags) every
+        ``self._poll_s`` seconds until it claims rows; ``TimeoutError`` when ``blocking`` and none came in time.
         """
         wait_s = float(timeout_s) if isinstance(timeout_s, (int, float)) else 0.0
         deadline = time.monotonic() + wait_s
@@ -227,14 +200,10 @@ class BaseDataPlaneClient(DataPlaneClient):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise claim_timeout(partition_id, task_name, batch_size, timeout_s)
-            time.sleep(min(poll_s, remaining))
+            time.sleep(min(self._poll_s, remaining))
 
     def _begin_load(self) -> None:
-        """Start a ``load_checkpoint``: only a clean client (no data operation, no load) may.
-
-        Raises:
-            RuntimeError: A data operation or a load already ran on this client.
-        """
+        """Start a ``load_checkpoint``: ``RuntimeError`` unless the client is clean (no data operation, no load)."""
         if self._used:
             raise RuntimeError(
                 "load_checkpoint needs a clean data-plane client: a data operation or a load "
@@ -244,13 +213,11 @@ class BaseDataPlaneClient(DataPlaneClient):
 
 
 def coerce_dataclass_config(cfg: Any, cls: type[C], client: str) -> C:
-    """``cfg`` (a ``cls`` instance, or a mapping / ``DictConfig`` of its keys) as a validated ``cls``.
-
-    ``client`` names the client in messages.
+    """``cfg`` (a ``cls``, or a mapping / ``DictConfig`` of its keys) as a validated ``cls``.
 
     Raises:
-        TypeError: ``cfg`` is neither a ``cls`` nor a mapping.
-        ValueError: A key is unknown or out of range (names it).
+        TypeError: ``cfg`` is neither (``client`` names the client).
+        ValueError: A key is unknown or out of range.
     """
     if isinstance(cfg, cls):
         return cfg

@@ -1,9 +1,7 @@
-"""The partition book: which partitions exist, their rows, per-task claims and tags.
+"""The partition book (partitions, rows, per-task claims, tags) of the Local client and the ray_store actor.
 
-Pure Python, no locking and no storage: the Local client keeps one in its process, the
-ray_store metadata actor one in its state.  Each adapter's partition record subclasses
-:class:`PartitionRecord` and says where a row's bytes live; the book does the rest
-(registration, lookups, claims, consumption, clears) with the shared checks and messages.
+Pure Python, no locking and no storage: each adapter's :class:`PartitionRecord` subclass says where a
+row's bytes live; the book does registration, lookups, claims, consumption and clears.
 """
 
 from __future__ import annotations
@@ -27,22 +25,11 @@ from nemo_dp.data_plane.adapters._validation import (
     unknown_partition,
 )
 
-__all__ = ["PartitionBook", "PartitionRecord"]
-
 
 @dataclass
 class PartitionRecord:
-    """One registered partition: its schema, per-row tags and per-task claims.
-
-    Subclasses keep the rows and implement :meth:`row_ids`, :meth:`ready_rows` and
-    :meth:`drop_row`.
-
-    Attributes:
-        consumer_tasks: Registered consumer tasks, in order.
-        enums: field -> its vocabulary.
-        field_kinds: field -> kind (dtype name or an object kind) of its stored column.
-        tags: sample id -> its tags (only rows that have tags).
-        claimed: task -> the ids it has claimed.
+    """One registered partition: schema, ``field_kinds`` (dtype name or object kind), tags of tagged rows,
+    task -> claimed ids.  Subclasses keep the rows (:meth:`row_ids`, :meth:`ready_rows`, :meth:`drop_row`).
     """
 
     partition_id: str
@@ -67,6 +54,20 @@ class PartitionRecord:
         """Forget a live row's data (tags and claims are the book's)."""
         raise NotImplementedError
 
+    def header(self, ids: list[str]) -> dict[str, Any]:
+        """The ``typed_checkpoint.PartitionHeader`` fields of this partition with its live ``ids`` in stored order."""
+        return dict(
+            partition_id=self.partition_id,
+            fields=list(self.fields),
+            consumer_tasks=list(self.consumer_tasks),
+            num_samples=self.num_samples,
+            grpo_group_size=self.grpo_group_size,
+            enums={k: list(v) for k, v in self.enums.items()},
+            sample_ids=ids,
+            tags=self.tags,
+            claimed={t: [sid for sid in ids if sid in self.claimed[t]] for t in self.consumer_tasks},
+        )
+
     def tags_of(self, ids: Sequence[str]) -> list[dict[str, Any]] | None:
         """Deep copies of the rows' tags (``{}`` for a row without), or ``None`` if none has any."""
         if not any(sid in self.tags for sid in ids):
@@ -78,23 +79,16 @@ R = TypeVar("R", bound=PartitionRecord)
 
 
 class PartitionBook(Generic[R]):
-    """The live partitions of one data plane, keyed by id (see the module docstring)."""
+    """The live partitions of one data plane, keyed by id."""
 
     def __init__(self) -> None:
         self.partitions: dict[str, R] = {}
 
-    # --- lookups ------------------------------------------------------------------------------
     def exists(self, partition_id: Any) -> bool:
-        """Whether ``partition_id`` is registered."""
         return isinstance(partition_id, str) and partition_id in self.partitions
 
     def live(self, partition_id: Any) -> R:
-        """The registered partition ``partition_id``.
-
-        Raises:
-            TypeError | ValueError: Not a non-empty str.
-            KeyError: Not registered.
-        """
+        """The registered partition ``partition_id`` (else ``KeyError``)."""
         check_name(partition_id, "partition_id")
         part = self.partitions.get(partition_id)
         if part is None:
@@ -107,28 +101,15 @@ class PartitionBook(Generic[R]):
         part = self.partitions.get(partition_id)
         return sorted(part.row_ids()) if part is not None else []
 
-    # --- partitions ---------------------------------------------------------------------------
     def check_new(self, partition_id: Any, *registration: Any) -> Registration:
-        """Check a registration against the arguments' rules and the live ids.
-
-        ``registration`` is the rest of ``check_registration``'s arguments (fields, num_samples,
-        consumer_tasks, then optionally grpo_group_size and enums).
-
-        Raises:
-            ValueError: Reserved or live id (``"already registered"``), or as
-                :func:`~nemo_dp.data_plane.adapters._validation.check_registration`.
-            TypeError: As ``check_registration``.
-        """
+        """``check_registration(partition_id, *registration)``, also refusing a reserved or live id."""
         check_partition_id(partition_id)
         if partition_id in self.partitions:
             raise already_registered(partition_id)
         return check_registration(partition_id, *registration)
 
     def add(self, record_type: type[R], reg: Registration, **extra: Any) -> R:
-        """Register and return a new ``record_type`` record for ``reg`` (from :meth:`check_new`), with fresh claims.
-
-        ``extra`` holds the record's own fields (e.g. Local's ``generation``).
-        """
+        """Register and return a new ``record_type`` record for ``reg``; ``extra`` are the record's own fields."""
         part = record_type(
             partition_id=reg.partition_id,
             fields=tuple(reg.fields),
@@ -143,26 +124,15 @@ class PartitionBook(Generic[R]):
         return part
 
     def drop(self, partition_id: str) -> R:
-        """Forget a live partition with its registration; returns its record.
-
-        Raises:
-            KeyError: Not registered.
-        """
+        """Forget a live partition with its registration; returns its record."""
         part = self.live(partition_id)
         del self.partitions[partition_id]
         return part
 
-    # --- claims and consumption ---------------------------------------------------------------
     def check_claim(
         self, partition_id: Any, task_name: Any, required_fields: Any, batch_size: Any, timeout_s: Any
     ) -> tuple[R, list[str]]:
-        """Check a claim; returns the partition and the required fields.
-
-        Raises:
-            KeyError: Unknown partition or task.
-            ValueError | TypeError: As
-                :func:`~nemo_dp.data_plane.adapters._validation.check_claim_request`.
-        """
+        """Check a claim; returns the partition and the required fields."""
         part = self.live(partition_id)
         check_task(part.partition_id, part.consumer_tasks, task_name)
         required = check_claim_request(
@@ -184,12 +154,7 @@ class PartitionBook(Generic[R]):
         return []
 
     def consumed(self, partition_id: Any, task_names: Any) -> bool:
-        """True iff every listed task claimed every row currently in the partition.
-
-        Raises:
-            KeyError: Unknown partition or task.
-            ValueError: Empty ``task_names``.
-        """
+        """True iff every listed task claimed every row currently in the (non-empty) partition."""
         part = self.live(partition_id)
         tasks = check_consumption_tasks(part.partition_id, part.consumer_tasks, task_names)
         rows = part.row_ids()
@@ -197,14 +162,8 @@ class PartitionBook(Generic[R]):
             return False
         return all(part.claimed[t].issuperset(rows) for t in tasks)
 
-    # --- clears -------------------------------------------------------------------------------
     def check_clear(self, partition_id: Any, sample_ids: Any) -> tuple[R, list[str]]:
-        """Check an explicit clear; nothing changes.
-
-        Raises:
-            KeyError: Unknown partition, or ids that are not live (listed).
-            ValueError: Duplicate ids.
-        """
+        """Check an explicit clear (``KeyError`` listing ids that are not live); nothing changes."""
         part = self.live(partition_id)
         ids = check_clear_ids(sample_ids)
         rows = part.row_ids()

@@ -1,13 +1,12 @@
-"""Request checks shared by the data-plane adapters: one check and one wording per error.
+"""Request checks and error messages shared by the data-plane adapters: one wording per error.
 
-The checks that need no storage and the messages of the partition-level errors live here.  No
-backend is imported, and torch and tensordict only inside the checks of tensors: the Ray-store
-metadata actor imports this module and starts without them.
+torch and tensordict are imported inside functions only: the Ray-store metadata actor starts without them.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,40 +14,6 @@ from typing import Any
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import RESERVED_PREFIX, TAG_INPUT_LENGTHS
 from nemo_dp.utils.checkpoint_io import check_json_value, validate_json_metadata
-
-__all__ = [
-    "OBJECT_LEAF",
-    "TENSOR_LEAF",
-    "PutArgs",
-    "Registration",
-    "already_registered",
-    "check_claim_request",
-    "check_clear_ids",
-    "check_consumption_tasks",
-    "check_enum_put",
-    "check_meta",
-    "check_name",
-    "check_names",
-    "check_partition_id",
-    "check_positive_int",
-    "check_put_args",
-    "check_read_args",
-    "check_registration",
-    "check_task",
-    "check_undeclared",
-    "claim_timeout",
-    "closed_error",
-    "duplicates",
-    "get_data_fields",
-    "kind_changed",
-    "lengths_from_tags",
-    "listed",
-    "put_receipt",
-    "unknown_ids",
-    "unknown_partition",
-    "unproduced_fields",
-    "wire_leaf_kind",
-]
 
 _MAX_LISTED_IDS = 20
 
@@ -67,12 +32,7 @@ def listed(ids: Collection[str]) -> str:
 
 
 def check_name(value: Any, what: str) -> str:
-    """``value`` if it is a non-empty str; ``what`` names it in messages.
-
-    Raises:
-        TypeError: Not a str (names ``what`` and the value).
-        ValueError: The empty string.
-    """
+    """``value`` if it is a non-empty str (``TypeError`` / ``ValueError``); ``what`` names it in messages."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__} ({value!r})")
     if not value:
@@ -81,12 +41,7 @@ def check_name(value: Any, what: str) -> str:
 
 
 def check_names(values: Any, what: str) -> list[str]:
-    """Like :func:`check_name`, for a sequence of names (not a bare str).
-
-    Raises:
-        TypeError: Not a sequence, a bare str, or an entry that is not a str.
-        ValueError: An empty-string entry.
-    """
+    """Like :func:`check_name`, for a sequence of names (a bare str is a ``TypeError``)."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{what} must be a sequence of str, got {type(values).__name__}")
     out = list(values)
@@ -97,12 +52,7 @@ def check_names(values: Any, what: str) -> list[str]:
 
 
 def check_positive_int(value: Any, what: str) -> int:
-    """``value`` if it is an int >= 1 (bools refused).
-
-    Raises:
-        TypeError: Not an int.
-        ValueError: Below 1.
-    """
+    """``value`` if it is an int >= 1 (``TypeError`` for a non-int or bool, ``ValueError`` below 1)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, got {type(value).__name__} ({value!r})")
     if value < 1:
@@ -112,16 +62,9 @@ def check_positive_int(value: Any, what: str) -> int:
 
 def duplicates(values: Sequence[str]) -> list[str]:
     """The values that occur more than once, sorted, each once (empty when all are distinct)."""
-    # fast path in C for the common case (large id lists without repeats)
-    if len(set(values)) == len(values):
+    if len(set(values)) == len(values):  # fast path for large id lists without repeats
         return []
-    seen: set[str] = set()
-    dups: set[str] = set()
-    for v in values:
-        if v in seen:
-            dups.add(v)
-        seen.add(v)
-    return sorted(dups)
+    return sorted(v for v, count in Counter(values).items() if count > 1)
 
 
 def _check_unique(values: Sequence[str], what: str) -> None:
@@ -130,12 +73,7 @@ def _check_unique(values: Sequence[str], what: str) -> None:
 
 
 def check_partition_id(partition_id: Any) -> str:
-    """``partition_id`` if it is a non-empty str outside the reserved prefix.
-
-    Raises:
-        TypeError: Not a str.
-        ValueError: Empty, or starts with the reserved prefix.
-    """
+    """``partition_id`` if it is a non-empty str outside the reserved prefix (else ``TypeError`` / ``ValueError``)."""
     check_name(partition_id, "partition_id")
     if partition_id.startswith(RESERVED_PREFIX):
         raise ValueError(
@@ -147,12 +85,10 @@ def check_partition_id(partition_id: Any) -> str:
 
 # --- errors about partition state -------------------------------------------------------------
 def closed_error(backend: str) -> RuntimeError:
-    """The error of any call on a closed client of ``backend``."""
     return RuntimeError(f"{backend} data-plane client is closed.")
 
 
 def unknown_partition(partition_id: Any) -> KeyError:
-    """The error for a partition that is not registered."""
     return KeyError(
         f"unknown data-plane partition {partition_id!r} (not registered, or already dropped "
         "with clear_samples(None, ...))"
@@ -160,7 +96,6 @@ def unknown_partition(partition_id: Any) -> KeyError:
 
 
 def already_registered(partition_id: str) -> ValueError:
-    """The error for registering a live partition id."""
     return ValueError(
         f"partition {partition_id!r} is already registered; drop it with "
         "clear_samples(None, partition_id) before registering it again"
@@ -168,7 +103,6 @@ def already_registered(partition_id: str) -> ValueError:
 
 
 def unknown_ids(partition_id: str, missing: Collection[str]) -> KeyError:
-    """The error for sample ids that are not live in a partition (listed)."""
     return KeyError(
         f"unknown sample ids in partition {partition_id!r} (never written or cleared): "
         f"{listed(missing)}"
@@ -178,7 +112,6 @@ def unknown_ids(partition_id: str, missing: Collection[str]) -> KeyError:
 def unproduced_fields(
     partition_id: str, unproduced: Sequence[str], produced: Collection[str] | None = None
 ) -> KeyError:
-    """The error for read fields that are not produced for every requested id."""
     known = "" if produced is None else f"; produced: {sorted(produced)}"
     return KeyError(
         f"fields {list(unproduced)} of partition {partition_id!r} are not produced for every "
@@ -187,7 +120,6 @@ def unproduced_fields(
 
 
 def claim_timeout(partition_id: str, task_name: str, batch_size: int, timeout_s: float) -> TimeoutError:
-    """The error of a blocking claim that was not satisfied in time."""
     return TimeoutError(
         f"claim_meta: fewer than {batch_size} samples of partition {partition_id!r} became ready "
         f"for task {task_name!r} within timeout_s={timeout_s:g}"
@@ -211,13 +143,12 @@ def check_registration(
     partition_id: str, fields: Any, num_samples: Any, consumer_tasks: Any, grpo_group_size: Any = None,
     enums: Any = None,
 ) -> Registration:
-    """Check a registration's arguments (the id itself is checked by :func:`check_partition_id`).
+    """Check a registration's arguments other than the id.
 
     Raises:
         TypeError: Non-str names, non-int sizes, ``enums`` not a mapping of str sequences.
-        ValueError: Duplicate fields or tasks (``"must be unique"``), ``num_samples < 1``, a
-            group size below 1 or not dividing ``num_samples``, an ``enums`` key that is not a
-            declared field or a vocabulary with duplicates.
+        ValueError: Duplicate fields, tasks or vocabulary words, ``num_samples < 1``, a group size
+            below 1 or not dividing ``num_samples``, an undeclared ``enums`` key.
     """
     field_list = check_names(fields, "fields")
     _check_unique(field_list, "fields")
@@ -248,12 +179,7 @@ def check_registration(
 
 # --- claims and consumption -------------------------------------------------------------------
 def check_task(partition_id: str, registered: Collection[str], task_name: Any) -> str:
-    """``task_name`` if it is one of the partition's consumer tasks.
-
-    Raises:
-        TypeError | ValueError: Not a non-empty str.
-        KeyError: Not registered for the partition.
-    """
+    """``task_name`` if it is one of the partition's consumer tasks (else ``KeyError``)."""
     check_name(task_name, "task_name")
     if task_name not in registered:
         raise KeyError(
@@ -264,13 +190,7 @@ def check_task(partition_id: str, registered: Collection[str], task_name: Any) -
 
 
 def check_consumption_tasks(partition_id: str, registered: Collection[str], task_names: Any) -> list[str]:
-    """The tasks of a ``check_consumption_status`` call, checked.
-
-    Raises:
-        TypeError: Not a sequence of str.
-        ValueError: Empty, or an empty-string name.
-        KeyError: A task that is not registered (all such listed).
-    """
+    """The tasks of a ``check_consumption_status`` call: ``ValueError`` if none, ``KeyError`` listing unknown ones."""
     tasks = check_names(task_names, "task_names")
     if not tasks:
         raise ValueError("check_consumption_status: task_names must name at least one task")
@@ -285,14 +205,11 @@ def check_consumption_tasks(partition_id: str, registered: Collection[str], task
 def check_claim_request(
     partition_id: str, declared: Collection[str], required_fields: Any, batch_size: Any, timeout_s: Any
 ) -> list[str]:
-    """Check the ``claim_meta`` arguments every adapter checks alike; return ``required_fields`` as a list.
-
-    ``partition_id`` is for messages; ``declared`` are the partition's declared fields.
+    """Check the ``claim_meta`` arguments against the ``declared`` fields; return ``required_fields`` as a list.
 
     Raises:
         TypeError: Non-str names, non-int ``batch_size``, non-number ``timeout_s``.
-        ValueError: No required field, an undeclared one (named with the declared fields),
-            ``batch_size < 1`` or ``timeout_s <= 0``.
+        ValueError: No required field, an undeclared one, ``batch_size < 1`` or ``timeout_s <= 0``.
     """
     required = check_names(required_fields, "required_fields")
     if not required:
@@ -320,29 +237,28 @@ def lengths_from_tags(tags: Sequence[Mapping[str, Any]] | None) -> list[int] | N
     return [int(v) for v in values]
 
 
+def int_lengths(column: Any) -> list[int] | None:
+    """The values of a dense 1-D integer tensor as ints; ``None`` for anything else."""
+    import torch
+
+    if not isinstance(column, torch.Tensor) or column.is_nested or column.dim() != 1:
+        return None
+    if column.is_floating_point() or column.is_complex() or column.dtype == torch.bool:
+        return None
+    return [int(x) for x in column.tolist()]
+
+
 def put_receipt(
     partition_id: str, ids: Sequence[str], fields: list[str] | None, column: Any,
     tags: Sequence[Mapping[str, Any]] | None, extra_info: dict[str, Any] | None = None,
 ) -> KVBatchMeta:
-    """The receipt a put returns: a ``KVBatchMeta`` with no task.
+    """The receipt a put returns: a ``KVBatchMeta`` with no task (``fields`` ``None`` for a tags-only put).
 
-    Args:
-        fields: The fields written, or ``None`` for a tags-only put.
-        column: The ``input_lengths`` column written, if any: a 1-D integer tensor gives the
-            receipt's ``sequence_lengths``, else the tags' ``input_lengths`` do.
-        tags: The tags written (deep-copied into the receipt), or ``None``.
-        extra_info: The receipt's batch-level bag (empty by default).
+    ``column`` is the ``input_lengths`` column written, if any; its :func:`int_lengths` give the
+    receipt's ``sequence_lengths``, else the tags' do.  ``tags`` are deep-copied into the receipt.
     """
-    import torch  # here, not above: see the module docstring
-
-    if (
-        isinstance(column, torch.Tensor)
-        and not column.is_nested
-        and column.dim() == 1
-        and not (column.is_floating_point() or column.is_complex() or column.dtype == torch.bool)
-    ):
-        lengths: list[int] | None = [int(x) for x in column.tolist()]
-    else:
+    lengths = int_lengths(column)
+    if lengths is None:
         lengths = lengths_from_tags(tags)
     return KVBatchMeta(
         partition_id,
@@ -357,18 +273,13 @@ def put_receipt(
 
 # --- reads and clears -------------------------------------------------------------------------
 def check_meta(meta: Any) -> KVBatchMeta:
-    """``meta`` if it is a ``KVBatchMeta``, else ``TypeError``."""
     if not isinstance(meta, KVBatchMeta):
         raise TypeError(f"get_data needs a KVBatchMeta, got {type(meta).__name__}")
     return meta
 
 
 def get_data_fields(meta: KVBatchMeta, select_fields: Sequence[str] | None) -> list[str]:
-    """The fields ``get_data`` reads: ``select_fields`` when non-empty, else ``meta.fields``.
-
-    Raises:
-        ValueError: Neither names a field (callers check the partition first).
-    """
+    """``get_data``'s fields: non-empty ``select_fields``, else ``meta.fields`` (neither: ``ValueError``)."""
     if select_fields is not None and len(list(select_fields)) > 0:
         return list(select_fields)
     if meta.fields:
@@ -380,15 +291,8 @@ def get_data_fields(meta: KVBatchMeta, select_fields: Sequence[str] | None) -> l
 
 
 def check_read_args(sample_ids: Any, select_fields: Any) -> tuple[list[str], list[str]]:
-    """Validate a read's ids and fields; return ``(ids, fields)``.
-
-    Raises:
-        ValueError: ``select_fields`` missing or empty; duplicate fields or ids.
-        TypeError: Non-str entries.
-    """
-    if select_fields is None:
-        raise ValueError("get_samples needs a non-empty select_fields (no 'fetch everything')")
-    fields = check_names(select_fields, "select_fields")
+    """``(ids, fields)`` of a read; ``ValueError`` for no or duplicate fields or duplicate ids."""
+    fields = [] if select_fields is None else check_names(select_fields, "select_fields")
     if not fields:
         raise ValueError("get_samples needs a non-empty select_fields (no 'fetch everything')")
     _check_unique(fields, "select_fields")
@@ -399,12 +303,7 @@ def check_read_args(sample_ids: Any, select_fields: Any) -> tuple[list[str], lis
 
 
 def check_clear_ids(sample_ids: Any) -> list[str]:
-    """The explicit ids of a ``clear_samples`` call.
-
-    Raises:
-        TypeError: Not a sequence of str.
-        ValueError: An empty-string id, or duplicate ids (listed).
-    """
+    """The explicit ids of a ``clear_samples`` call (``ValueError`` listing duplicates)."""
     ids = check_names(sample_ids, "sample_ids")
     if dups := duplicates(ids):
         raise ValueError(f"duplicate sample ids in one clear: {listed(dups)}")
@@ -414,12 +313,7 @@ def check_clear_ids(sample_ids: Any) -> list[str]:
 # --- puts -------------------------------------------------------------------------------------
 @dataclass
 class PutArgs:
-    """A put's arguments checked without the partition.
-
-    Attributes:
-        names: The put's field names, in the TensorDict's order.
-        tags: Detached per-row tags (exact deep copies or JSON-normalised), or ``None``.
-    """
+    """A put's arguments checked without the partition (``names`` in the TensorDict's order; tags detached)."""
 
     ids: list[str]
     names: list[str]
@@ -430,21 +324,17 @@ def check_put_args(
     partition_id: str, sample_ids: Any, fields: Any, tags: Any, *, exact_tags: bool = False,
     allow_no_columns: bool = False,
 ) -> PutArgs:
-    """Validate a put's ids, fields container (a ``TensorDict`` or ``None``) and tags (one dict per id).
+    """Validate a put's ids, fields (a ``TensorDict`` or ``None``) and tags (one dict per id).
 
-    Args:
-        partition_id: For messages.
-        exact_tags: Keep tags as given (deep copies of JSON-like values, non-finite floats
-            allowed) instead of JSON-normalising them.
-        allow_no_columns: Accept a ``fields`` without columns and no tags.
+    ``exact_tags`` keeps tags as deep copies (non-finite floats allowed) instead of JSON-normalising
+    them; ``allow_no_columns`` accepts a ``fields`` without columns and no tags.
 
     Raises:
-        ValueError: Neither fields nor tags, duplicate ids, batch size or tags length differing
-            from the ids, a tags-less put of a TensorDict without columns.
-        TypeError: Non-str ids, fields not a TensorDict, tags not a sequence of JSON-compatible
-            dicts.
+        ValueError: Neither fields nor tags, duplicate ids, a batch size or tags length other than
+            the ids', a tags-less put of a TensorDict without columns.
+        TypeError: Non-str ids, fields not a TensorDict, tags not a sequence of JSON-compatible dicts.
     """
-    from tensordict import TensorDictBase  # here, not above: see the module docstring
+    from tensordict import TensorDictBase
 
     ids = check_names(sample_ids, "sample_ids")
     if fields is None and tags is None:
@@ -490,9 +380,9 @@ def wire_leaf_kind(name: str, leaf: Any, n: int) -> str:
 
     Raises:
         TypeError: A whole-column ``NonTensorData``, a nested ``TensorDict`` or another type.
-        ValueError: A ``NonTensorStack`` whose row count is not ``n``.
+        ValueError: A ``NonTensorStack`` of other than ``n`` rows.
     """
-    import torch  # here, not above: see the module docstring
+    import torch
     from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
     if isinstance(leaf, NonTensorStack):
@@ -516,11 +406,7 @@ def wire_leaf_kind(name: str, leaf: Any, n: int) -> str:
 
 
 def check_undeclared(partition_id: str, names: Sequence[str], declared: Collection[str]) -> None:
-    """Refuse a put naming fields the partition did not declare.
-
-    Raises:
-        ValueError: Names every undeclared field and the declared ones.
-    """
+    """``ValueError`` naming every put field the partition did not declare."""
     if undeclared := [k for k in names if k not in declared]:
         raise ValueError(
             f"put_samples: fields {undeclared} are not declared for partition "
@@ -529,7 +415,6 @@ def check_undeclared(partition_id: str, names: Sequence[str], declared: Collecti
 
 
 def kind_changed(partition_id: str, name: str, stored: str, got: str) -> TypeError:
-    """The error for a put whose column kind or dtype differs from the stored one."""
     return TypeError(
         f"put_samples: field {name!r} of partition {partition_id!r} is stored as {stored}, this "
         f"put has {got}; a field's kind and dtype cannot change"
@@ -539,15 +424,11 @@ def kind_changed(partition_id: str, name: str, stored: str, got: str) -> TypeErr
 def check_enum_put(
     name: str, vocab: Sequence[str], values: Sequence[Any] | None, kind: str, tensor_error: type[Exception] = ValueError
 ) -> None:
-    """Check one put column of field ``name``, which has the enum vocabulary ``vocab``.
-
-    Args:
-        values: The column's per-row values, or ``None`` for a tensor column.
-        kind: The column's kind (for the message when it is a tensor).
+    """Check one put column (``values`` per row, ``None`` for a tensor of ``kind``) of the enum field ``name``.
 
     Raises:
-        tensor_error: A tensor column (``ValueError`` by default).
-        ValueError: A value outside the vocabulary (named with the field).
+        tensor_error: A tensor column.
+        ValueError: A value outside the vocabulary.
     """
     if values is None:
         raise tensor_error(

@@ -1,9 +1,6 @@
-"""Checkpoints of the process-local data plane: typed, pickle-free, exact (format version 3).
+"""Checkpoints of the process-local data plane in the ``typed_checkpoint`` format: exact and pickle-free.
 
-Turns the client's partitions into the manifest and tensor table of ``typed_checkpoint`` and
-rebuilds partitions from them (the client only takes the lock and calls it): every value the
-store accepts comes back exactly, and loading never executes code.  Versions 1 and 2 kept their
-tensors in ``tensors.pt`` (a pickle) and are refused unread.
+Versions 1 and 2 kept their tensors in ``tensors.pt`` (a pickle) and are refused unread.
 """
 
 from __future__ import annotations
@@ -27,22 +24,13 @@ from nemo_dp.data_plane.adapters.local.store import (
     Selection,
 )
 from nemo_dp.data_plane.typed_checkpoint import (
-    TENSORS_FILE, PartitionHeader, column_entry, column_from_entry, decode_values, encode_values, expect, field_kinds,
+    PartitionHeader, column_entry, column_from_entry, decode_values, encode_values, expect, field_kinds,
     is_int, jagged_entry, new_manifest,
 )
 from nemo_dp.data_plane.typed_checkpoint import read_checkpoint as read_typed_checkpoint
 
-__all__ = [
-    "LOCAL_CHECKPOINT_FORMAT",
-    "LOCAL_CHECKPOINT_VERSION",
-    "TENSORS_FILE",
-    "read_checkpoint",
-    "snapshot",
-]
-
 LOCAL_CHECKPOINT_FORMAT = "nemo_dp.local_data_plane"
 LOCAL_CHECKPOINT_VERSION = 3
-#: What the older format versions held that can run code when loaded.
 _OLD_FILES = {1: ("tensors.pt",), 2: ("tensors.pt",)}
 
 
@@ -74,17 +62,10 @@ def snapshot(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The ``(manifest, tensors)`` of a checkpoint of ``partitions``, for ``write_checkpoint`` (nothing written).
 
-    A partition record is the shared header plus ``generation``, the ``written`` flag,
-    ``field_kinds`` and ``columns``: a tensor column is a ``"kind": "tensor"`` column entry of
-    the table; an object column (``"object"``) one typed value node per row; a ``PackedTensor``
-    column (``"packed"``) its ``dim_to_pack`` and one tensor node (or ``null``) per row; a dict
-    column (``"dict"``) one such record per key, each with its ``field_kind``.  The manifest
-    also holds ``next_generation``, the generation the next registration would get.  Partitions
-    come in registration order.
-
-    Raises:
-        TypeError: A stored object value or tag cannot be encoded exactly (message names the
-            partition, the field or tags, and the sample id).
+    A partition record is the shared header plus ``generation``, ``written``, ``field_kinds`` and
+    ``columns``: a ``"tensor"`` column entry of the table; ``"object"`` one typed value node per
+    row; ``"packed"`` its ``dim_to_pack`` and one tensor node (or ``null``) per row; ``"dict"`` one
+    such record per key with its ``field_kind``.  ``TypeError`` for a value that cannot be encoded exactly.
     """
     tensors: dict[str, torch.Tensor] = {}
     records: list[dict[str, Any]] = []
@@ -92,17 +73,7 @@ def snapshot(
         pid = part.partition_id
         ids = list(part.row_of)
         sel = Selection.of([part.row_of[sid] for sid in ids])
-        header = PartitionHeader(
-            pid,
-            list(part.fields),
-            list(part.consumer_tasks),
-            part.num_samples,
-            part.grpo_group_size,
-            {k: list(v) for k, v in part.enums.items()},
-            ids,
-            part.tags,
-            {t: [sid for sid in ids if sid in part.claimed[t]] for t in part.consumer_tasks},
-        )
+        header = PartitionHeader(**part.header(ids))
         columns = {
             name: _column_record(col, f"p{p_index}.c{c_index}", ids, sel, tensors, pid, f"field {name!r}")
             for c_index, (name, col) in enumerate(part.columns.items())
@@ -123,16 +94,12 @@ def snapshot(
 
 
 def read_checkpoint(checkpoint_dir: Any, max_partitions: int) -> tuple[dict[str, Partition], int, dict[str, Any]]:
-    """Read and validate a Local checkpoint without touching any client.
-
-    Returns ``(partitions by id, next_generation, a copy of the user metadata)``; ``max_partitions``
-    is the loading client's limit.
+    """``(partitions by id, next_generation, a copy of the user metadata)`` of a Local checkpoint.
 
     Raises:
         FileNotFoundError: Missing directory (naming a surviving ``.old-*``) or manifest.
         ValueError: Unknown format/version, an older format or a file the format does not hold
-            (refused unread), corrupt or inconsistent content (naming the file), or more
-            partitions than ``max_partitions``.
+            (refused unread), corrupt content (naming the file), or more than ``max_partitions``.
     """
     ck = read_typed_checkpoint(checkpoint_dir, LOCAL_CHECKPOINT_FORMAT, LOCAL_CHECKPOINT_VERSION, _OLD_FILES)
     where = ck.where

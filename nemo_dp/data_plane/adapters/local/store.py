@@ -1,9 +1,7 @@
-"""Storage structures of the process-local data plane, shared by its client and its checkpoints.
+"""Stored columns and partitions of the process-local data plane.
 
 Columns own their bytes and are never mutated after a put, so reads gather from them without the
-client's lock: dense tensors one contiguous CPU clone, jagged tensors a compact ``values`` /
-``offsets`` pair, object columns a deep-copied list, ``PackedTensor`` columns one CPU clone per
-sample's entry and dict columns one sub-column per key (both read back per sample, as put).
+client's lock.
 """
 
 from __future__ import annotations
@@ -18,47 +16,13 @@ import torch
 from nemo_dp.data_plane.adapters._book import PartitionRecord
 from nemo_dp.utils.packed_tensor import PackedTensor
 
-__all__ = [
-    "DICT_KIND",
-    "OBJECT_KIND",
-    "PACKED_KIND",
-    "Column",
-    "DenseColumn",
-    "DictColumn",
-    "JaggedColumn",
-    "ObjectColumn",
-    "PackedColumn",
-    "Partition",
-    "Selection",
-    "compact",
-    "gather_jagged",
-    "store_tensor",
-]
-
+#: Kinds (in place of a dtype) of a non-tensor, a ``PackedTensor`` and a dict column.
 OBJECT_KIND = "object"
-"""The kind (in place of a dtype) of a non-tensor column."""
 PACKED_KIND = "packed"
-"""The kind of a ``PackedTensor`` column."""
 DICT_KIND = "dict"
-"""The kind of a dict column (a mapping of batch-major sub-columns)."""
-
-# --- stored columns ---
 
 
-def _owns_storage(t: torch.Tensor) -> bool:
-    return (
-        t.is_contiguous()
-        and t.storage_offset() == 0
-        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-    )
-
-
-def compact(t: torch.Tensor) -> torch.Tensor:
-    """A tensor that owns exactly its bytes (saving a view would write its whole storage)."""
-    return t if _owns_storage(t) else t.clone(memory_format=torch.contiguous_format)
-
-
-def _contiguous_run(positions: list[int]) -> tuple[int, int] | None:
+def contiguous_run(positions: list[int]) -> tuple[int, int] | None:
     """``(start, stop)`` if ``positions`` is ``start, start+1, ..., stop-1``, else ``None``."""
     if not positions:
         return None
@@ -79,7 +43,7 @@ class Selection:
 
     @classmethod
     def of(cls, positions: list[int]) -> Selection:
-        return cls(positions, _contiguous_run(positions))
+        return cls(positions, contiguous_run(positions))
 
     @property
     def index(self) -> torch.Tensor:
@@ -90,7 +54,7 @@ class Selection:
 
 @dataclass
 class DenseColumn:
-    """A rectangular column: ``data[row]`` is one row; owns its storage, never mutated."""
+    """A rectangular column: ``data[row]`` is one row."""
 
     data: torch.Tensor
 
@@ -110,7 +74,7 @@ class DenseColumn:
 
 @dataclass
 class JaggedColumn:
-    """A ragged column: row ``r`` is ``values[offsets[r]:offsets[r + 1]]``; never mutated."""
+    """A ragged column: row ``r`` is ``values[offsets[r]:offsets[r + 1]]``."""
 
     values: torch.Tensor
     offsets: torch.Tensor  # int64, (rows + 1,), starts at 0
@@ -176,7 +140,7 @@ def _own_copy(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PackedColumn:
-    """A ``PackedTensor`` column: one owned CPU entry (or ``None``) per row; never mutated."""
+    """A ``PackedTensor`` column: one owned CPU entry (or ``None``) per row."""
 
     entries: list[torch.Tensor | None]
     dim_to_pack: int
@@ -197,7 +161,7 @@ class PackedColumn:
 
 @dataclass
 class DictColumn:
-    """A dict column: key -> sub-column, every sub-column with the same rows; never mutated."""
+    """A dict column: key -> sub-column, every sub-column with the same rows."""
 
     columns: dict[str, Column]
     kind: ClassVar[str] = DICT_KIND
@@ -244,16 +208,12 @@ def store_tensor(name: str, t: torch.Tensor) -> DenseColumn | JaggedColumn:
     return JaggedColumn(values.contiguous(), offsets)
 
 
-# --- partitions ---
-
-
 @dataclass
 class Partition(PartitionRecord):
-    """One live partition: the book's record plus its rows, stored once as columns.
+    """The book's record plus its rows, stored once as columns.
 
     Attributes:
         generation: Registration counter value, checked by ``get_data`` against stale metadata.
-        written: Whether the partition's one put happened.
         row_of: live id -> row of the stored columns; insertion order is the stored order.
     """
 
@@ -263,11 +223,9 @@ class Partition(PartitionRecord):
     columns: dict[str, Column] = field(default_factory=dict)
 
     def row_ids(self) -> dict[str, int]:
-        """The live ids (a dict: insertion order is the stored order)."""
         return self.row_of
 
     def ready_rows(self, required: Sequence[str]) -> Iterable[str]:
-        """Every live id once the partition's one put holds all ``required`` fields."""
         return self.row_of if all(f in self.columns for f in required) else ()
 
     def drop_row(self, sample_id: str) -> None:

@@ -1,9 +1,4 @@
-"""Validation of the Local adapter's inputs, and the pure halves of its put and get.
-
-Why this module exists: everything here checks arguments or plans a copy without touching the
-client's state, so it can run before the client commits anything (bad input fails before
-anything is written) and keeps the client module to its locking and bookkeeping.
-"""
+"""The Local adapter's put and read checks and plans: nothing here touches the client's state."""
 
 from __future__ import annotations
 
@@ -40,17 +35,9 @@ from nemo_dp.data_plane.adapters.local.store import (
 from nemo_dp.utils.packed_tensor import PackedTensor
 
 
-def is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_integer_dtype(dtype: torch.dtype) -> bool:
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
-
-
 @dataclass
 class PendingPut:
-    """A fully validated put, ready to be committed."""
+    """A validated put, ready to be committed."""
 
     row_of: dict[str, int]
     columns: dict[str, Column]
@@ -97,9 +84,8 @@ def _classify_dict(where: str, data: Mapping[Any, Any], n: int) -> tuple[str, An
 
 
 def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
-    """``(kind, payload)`` for a put leaf: the tensor, the list of objects, the ``PackedTensor``, or
-    (for a dict column) the sub-column name -> ``(kind, payload)`` mapping.
-    """
+    """``(kind, payload)`` for a put leaf: payload is the tensor, the objects, the ``PackedTensor``, or
+    (dict column) the sub-column name -> ``(kind, payload)`` mapping."""
     if isinstance(leaf, NonTensorStack):
         values = leaf.tolist()
         if len(values) != n:
@@ -111,9 +97,7 @@ def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
             return _classify_packed(f"field {name!r}", data, n)
         if isinstance(data, Mapping):
             return _classify_dict(f"field {name!r}", data, n)
-        if isinstance(data, np.ndarray) and data.ndim >= 1:
-            values = list(data)
-        elif isinstance(data, (list, tuple)):
+        if isinstance(data, (list, tuple)) or (isinstance(data, np.ndarray) and data.ndim >= 1):
             values = list(data)
         else:
             raise TypeError(
@@ -121,9 +105,7 @@ def classify_leaf(name: str, leaf: Any, n: int) -> tuple[str, Any]:
                 f"PackedTensor or dict of {n}-row columns, got {type(data).__name__}"
             )
         if len(values) != n:
-            raise ValueError(
-                f"field {name!r}: NonTensorData column holds {len(values)} values, expected {n}"
-            )
+            raise ValueError(f"field {name!r}: NonTensorData column holds {len(values)} values, expected {n}")
         return OBJECT_KIND, values
     if isinstance(leaf, TensorDictBase):
         raise TypeError(f"field {name!r}: nested TensorDict leaves are not supported; flatten them")
@@ -173,7 +155,6 @@ def validate_put(
             f"put_samples: partition {part.partition_id!r} expects exactly "
             f"{part.num_samples} rows in its one put, got {n}"
         )
-    # Everything is valid: now take the one copy per column.
     columns = {name: store_leaf(name, kind, payload) for name, (kind, payload) in leaves.items()}
     return PendingPut(dict(zip(ids, range(n))), columns, args.tags)
 
@@ -193,6 +174,7 @@ def plan_get(
     if unproduced := [f for f in names if f not in part.columns]:
         raise unproduced_fields(part.partition_id, unproduced, part.columns)
     return len(ids), [(f, part.columns[f]) for f in names], Selection.of(positions)
+
 
 def build_read(plan: tuple[int, list[tuple[str, Column]], Selection]) -> TensorDict:
     n, cols, sel = plan

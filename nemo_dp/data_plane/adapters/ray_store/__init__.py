@@ -1,10 +1,6 @@
 """The Ray object-store data plane: bulk columns in Ray's object store, metadata in one actor.
 
-Each tensor column of a put is stored once, in one object per put, and only metadata (partitions,
-rows, claims, tags, chunk refs) lives in one small named actor, so a call's cost does not grow
-with its rows; it serves the same contract (write-back included) as the TransferQueue adapter.
-Names load on first use and Ray is imported inside functions only: the metadata actor's process
-imports ``actor`` and ``state`` only, without torch or tensordict.
+Names load on first use; the actor's process imports ``actor`` and ``state`` only, without torch or tensordict.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The metadata actor of the Ray object-store data plane, and its lifetime.
+"""The Ray object-store data plane's metadata actor (one per cluster, holding ``StoreState``) and its lifetime.
 
-``StoreState`` lives in exactly one process, so every client sees the same partitions, rows and
-claims: one small named actor (``num_cpus=0``) created and owned by the driver's bootstrapping
-client (not detached: it dies with the driver at the latest).  Everything that creates, finds,
-calls or kills it lives here; ``ray`` is imported inside functions only.
+Created and owned by the driver's bootstrapping client (not detached); ``ray`` is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -14,37 +11,13 @@ from typing import Any
 
 from nemo_dp.data_plane.adapters.ray_store.state import StoreState
 
-__all__ = [
-    "ACTOR_NAME",
-    "ACTOR_NAMESPACE",
-    "RayStoreActor",
-    "actor_exists",
-    "attach_actor",
-    "create_actor",
-    "kill_actor",
-]
-
 _LOG = logging.getLogger("nemo_dp.data_plane.adapters.ray_store")
 
 #: Name and Ray namespace of the metadata actor (one per Ray cluster).
 ACTOR_NAME = "nemo_dp_ray_store"
 ACTOR_NAMESPACE = "nemo_dp"
 
-_OPS = frozenset(
-    {
-        "exists",
-        "is_empty",
-        "register",
-        "put",
-        "locate",
-        "list_ids",
-        "claim",
-        "consumed",
-        "clear",
-        "snapshot",
-        "restore",
-    }
-)
+_OPS = frozenset("exists is_empty register put locate list_ids claim consumed clear snapshot restore".split())
 _REPLIED = (KeyError, ValueError, TypeError, RuntimeError)
 
 
@@ -55,19 +28,13 @@ class RayStoreActor:
         self._state = StoreState()
 
     def ping(self) -> bool:
-        """Liveness probe (start-up and attach wait on it)."""
         return True
 
     def call(self, op: str, *args: Any) -> tuple[Any, ...]:
-        """Run ``StoreState.<op>(*args)`` for one of the state's public operations.
+        """``(True, StoreState.<op>(*args))``, or ``(False, type name, message)`` for a contract error.
 
-        The contract's ``KeyError`` / ``ValueError`` / ``TypeError`` cross the process boundary
-        as replies rather than as Ray task errors, so the client re-raises them with their exact
-        type and message.  The actor runs one call at a time: every operation is atomic (a claim
-        never hands a row out twice).
-
-        Returns:
-            ``(True, result)``, or ``(False, type name, message)`` for a contract error.
+        Errors cross as replies so the client re-raises them with their exact type and message.  The
+        actor runs one call at a time: every operation is atomic.
         """
         if op not in _OPS:
             return (False, "ValueError", f"unknown ray_store operation {op!r}")
@@ -78,7 +45,6 @@ class RayStoreActor:
 
 
 def actor_exists() -> bool:
-    """Whether the named metadata actor resolves in the connected Ray cluster."""
     import ray
 
     try:
@@ -101,13 +67,7 @@ def _wait_ready(handle: Any, timeout_s: float, what: str) -> None:
         ) from exc
 
 
-def create_actor(startup_s: float) -> Any:
-    """Create the metadata actor (the bootstrapping client's job) and return its handle.
-
-    Raises:
-        RuntimeError: Ray is not running, the actor already exists (a previous run or multirun
-            job did not close its data plane), or it did not start within ``startup_s``.
-    """
+def _require_ray() -> None:
     import ray
 
     if not ray.is_initialized():
@@ -115,6 +75,17 @@ def create_actor(startup_s: float) -> Any:
             "the ray_store data plane needs a running Ray: call "
             "nemo_dp.distributed.ray_init.init_ray(...) (or ray.init) first"
         )
+
+
+def create_actor(startup_s: float) -> Any:
+    """Create the metadata actor and return its handle.
+
+    Raises:
+        RuntimeError: Ray is not running, the actor already exists, or it did not start within ``startup_s``.
+    """
+    import ray
+
+    _require_ray()
     if actor_exists():
         raise RuntimeError(
             f"a ray_store metadata actor ({ACTOR_NAME!r} in Ray namespace {ACTOR_NAMESPACE!r}) "
@@ -123,11 +94,7 @@ def create_actor(startup_s: float) -> Any:
         )
     cls = ray.remote(RayStoreActor)
     handle = cls.options(
-        name=ACTOR_NAME,
-        namespace=ACTOR_NAMESPACE,
-        num_cpus=0,
-        max_restarts=0,
-        max_concurrency=1,
+        name=ACTOR_NAME, namespace=ACTOR_NAMESPACE, num_cpus=0, max_restarts=0, max_concurrency=1
     ).remote()
     try:
         _wait_ready(handle, startup_s, "creation")
@@ -141,16 +108,11 @@ def attach_actor(startup_s: float) -> Any:
     """Find the running metadata actor (never creates one) and return its handle.
 
     Raises:
-        RuntimeError: Ray is not running, no actor exists within ``startup_s``, or it does not
-            answer.
+        RuntimeError: Ray is not running, no actor exists, or it does not answer within ``startup_s``.
     """
     import ray
 
-    if not ray.is_initialized():
-        raise RuntimeError(
-            "the ray_store data plane needs a running Ray: call "
-            "nemo_dp.distributed.ray_init.init_ray(...) (or ray.init) first"
-        )
+    _require_ray()
     try:
         handle = ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE)
     except ValueError:

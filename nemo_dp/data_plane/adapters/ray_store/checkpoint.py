@@ -1,13 +1,11 @@
-"""Checkpoints of the Ray object-store data plane: typed, pickle-free, exact, written by the driver.
+"""Checkpoints of the cluster-wide Ray object-store data plane, written by the bootstrapping client.
 
-The store is cluster-wide (checkpoint scope ``"cluster"``), so the bootstrapping client saves it
-once from the metadata actor's snapshot and the fetched chunks, in the ``typed_checkpoint`` format
-``nemo_dp.ray_store_data_plane`` version 2.  Version 1 kept its tensors in ``tensors.pt`` (a
-pickle) and is refused unread.
+The ``typed_checkpoint`` format; version 1 kept its tensors in ``tensors.pt`` (a pickle) and is refused unread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from os import PathLike
 from typing import Any
@@ -22,30 +20,19 @@ from nemo_dp.data_plane.typed_checkpoint import (
 )
 from nemo_dp.utils.checkpoint_io import validate_json_metadata
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "RayStoreCheckpointMixin"]
-
 CHECKPOINT_FORMAT = "nemo_dp.ray_store_data_plane"
 CHECKPOINT_VERSION = 2
-#: What the older format versions held that can run code when loaded.
 _OLD_FILES = {1: ("tensors.pt",)}
 
 
 def build_snapshot(
     snap: Mapping[str, Any], payloads: Mapping[int, Any], user_metadata: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The ``(manifest, tensors)`` of a checkpoint (nothing written).
+    """The ``(manifest, tensors)`` of a checkpoint of ``snap`` (``StoreState.snapshot()``); nothing written.
 
     A partition record is the shared header plus ``field_kinds`` and ``columns``: field ->
-    ``{"kind": "tensor", "ids", ...}`` (a column entry of the table, one row per id in that
-    order) or ``{"kind": "object", "ids", "values"}`` (one typed value node per id).
-
-    Args:
-        snap: ``StoreState.snapshot()``.
-        payloads: chunk id -> fetched payload.
-
-    Raises:
-        TypeError: An object value or tag the typed codec cannot represent (names partition,
-            field or tags, and sample id).
+    ``{"kind": "tensor", "ids", ...}`` (a column entry of the table, one row per id) or
+    ``{"kind": "object", "ids", "values"}``.  ``TypeError`` for a value the typed codec cannot represent.
     """
     chunks = snap["chunks"]
     tensors: dict[str, torch.Tensor] = {}
@@ -74,17 +61,7 @@ def build_snapshot(
                     last = cid
             data = gather_field(name, dtype_from_name(kind), segments)
             columns[name] = {"kind": "tensor", "ids": holders, **column_entry(tensors, key, data)}  # type: ignore[dict-item]
-        header = PartitionHeader(
-            pid,
-            list(rec["fields"]),
-            list(rec["consumer_tasks"]),
-            rec["num_samples"],
-            rec["grpo_group_size"],
-            rec["enums"],
-            list(ids),
-            rec["tags"],
-            rec["claimed"],
-        )
+        header = PartitionHeader(**{f.name: rec[f.name] for f in dataclasses.fields(PartitionHeader)})
         records.append(
             {**header.to_record(tensors, f"p{p_index}.tags"), "field_kinds": dict(rec["field_kinds"]), "columns": columns}
         )
@@ -114,37 +91,18 @@ def _restore_record(rec: Any, where: str, tensors: dict[str, torch.Tensor]) -> t
         else:
             expect(col.get("kind") == "tensor", cwhere, f"unknown kind {col.get('kind')!r}")
             tensor_cols[name] = (column_from_entry(col, tensors, len(holders), cwhere, kinds[name]), holders)
-    out = {
-        "partition_id": h.partition_id,
-        "fields": h.fields,
-        "num_samples": h.num_samples,
-        "consumer_tasks": h.consumer_tasks,
-        "grpo_group_size": h.grpo_group_size,
-        "enums": h.enums,
-        "field_kinds": kinds,
-        "sample_ids": h.sample_ids,
-        "row_fields": row_fields,
-        "tags": h.tags,
-        "claimed": h.claimed,
-        "columns": object_cols,
-    }
-    return out, tensor_cols
+    return {**vars(h), "field_kinds": kinds, "row_fields": row_fields, "columns": object_cols}, tensor_cols
 
 
 class RayStoreCheckpointMixin:
-    """``save_checkpoint`` / ``load_checkpoint`` of ``RayStoreClient``.
-
-    Host contract: ``BaseDataPlaneClient``'s lifetime checks, ``_call(op, partition_id, *args)``
-    and ``_chunk_payloads(chunks, partition_id, op)``.
-    """
+    """``save_checkpoint`` / ``load_checkpoint`` of ``RayStoreClient`` (uses its ``_call`` and ``_chunk_payloads``)."""
 
     def save_checkpoint(self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None) -> None:
         """Atomically save every partition plus user ``metadata``.
 
         Raises:
             RuntimeError: Closed, or not the bootstrapping client.
-            TypeError | ValueError: ``metadata`` is not JSON, or a stored object value or tag
-                cannot be encoded exactly (nothing written).
+            TypeError | ValueError: Non-JSON ``metadata``, or a stored value that cannot be encoded (nothing written).
         """
         self._check_open()  # type: ignore[attr-defined]
         self._require_owner("save_checkpoint")  # type: ignore[attr-defined]
@@ -157,11 +115,8 @@ class RayStoreCheckpointMixin:
         """Restore a checkpoint into this clean bootstrapping client; return the user metadata.
 
         Raises:
-            RuntimeError: Closed, not the bootstrapping client, or not a clean client (a data
-                operation or a load already ran, or the store holds partitions).
-            FileNotFoundError: Missing directory or manifest.
-            ValueError: Unknown format/version, an older format or a file the format does not
-                hold (refused unread), or corrupt content (naming the file).
+            RuntimeError: Closed, not the bootstrapping client, or not clean (also: the store holds partitions).
+            FileNotFoundError | ValueError: As ``typed_checkpoint.read_checkpoint``, or an unrestorable record.
         """
         import ray
 

@@ -1,9 +1,8 @@
 """``RayStoreClient``: the data-plane contract over Ray's object store plus one metadata actor.
 
-The one place that moves this backend's bytes: a put validates its arguments, ``ray.put``s one
-object holding each of its tensor columns once (``columns``) and registers it with the metadata
-actor in one call, which checks the schema before it commits; a read asks the actor where its
-cells live, fetches the chunks with one ``ray.get`` and gathers its rows locally.
+A put ``ray.put``s one object holding each of its tensor columns once and registers it with the
+actor, which checks the schema before it commits; a read asks the actor where its cells live,
+fetches the chunks with one ``ray.get`` and gathers its rows locally.
 """
 
 from __future__ import annotations
@@ -16,71 +15,45 @@ from tensordict import NonTensorStack, TensorDict
 
 from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient, coerce_dataclass_config
 from nemo_dp.data_plane.adapters._validation import (
+    TENSOR_LEAF,
+    check_put_args,
     put_receipt,
     unknown_partition,
+    wire_leaf_kind,
 )
 from nemo_dp.data_plane.adapters.ray_store.actor import attach_actor, create_actor, kill_actor
 from nemo_dp.data_plane.adapters.ray_store.checkpoint import RayStoreCheckpointMixin
-from nemo_dp.data_plane.adapters.ray_store.columns import (
-    Segment,
-    dtype_from_name,
-    encode_column,
-    gather_field,
-)
+from nemo_dp.data_plane.adapters.ray_store.columns import Segment, dtype_from_name, encode_column, gather_field
 from nemo_dp.data_plane.adapters.ray_store.state import OBJECT, InlinePayload, TensorColumnSpec
-from nemo_dp.data_plane.adapters.ray_store.validation import plan_put
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError, KVBatchMeta
 from nemo_dp.data_plane.ray_store_config import RayStoreDataPlaneConfig
 from nemo_dp.data_plane.schema import INPUT_LENGTHS
 
-__all__ = ["INLINE_MAX_BYTES", "RayStoreClient", "build_ray_store_client", "coerce_config"]
+__all__ = ["INLINE_MAX_BYTES", "RayStoreClient", "build_ray_store_client"]
 
 #: A put whose tensor columns hold at most this many bytes in all skips the object store: its
-#: columns travel in the metadata actor's ``put`` call, live in the actor as ``InlinePayload``
-#: (outliving their writer) and come back in the reply of a read's ``locate``, so such a put or
-#: read is one actor round trip with the same bytes.  Below Ray's own inlining limit for task
-#: arguments (100 KiB), so an inline put never becomes an implicit object-store argument.
+#: columns travel in, and live in, the metadata actor (``InlinePayload``) and come back in a read's
+#: ``locate`` reply.  Below Ray's own inlining limit for task arguments (100 KiB).
 INLINE_MAX_BYTES = 64 * 1024
 
-_ERRORS: dict[str, type[Exception]] = {
-    "KeyError": KeyError,
-    "ValueError": ValueError,
-    "TypeError": TypeError,
-    "RuntimeError": RuntimeError,
-}
+_ERRORS: dict[str, type[Exception]] = {e.__name__: e for e in (KeyError, ValueError, TypeError, RuntimeError)}
 
 
 def _listed(values: Any) -> Any:
-    """A list or tuple argument as a list for the actor call; anything else as given (the actor
-    rejects it with the contract's error)."""
+    """A list or tuple as a list for the actor call; anything else as given (the actor rejects it)."""
     return list(values) if isinstance(values, (list, tuple)) else values
 
 
-def coerce_config(cfg: Any) -> RayStoreDataPlaneConfig:
-    """``cfg`` as a validated :class:`RayStoreDataPlaneConfig` (see ``coerce_dataclass_config``)."""
-    return coerce_dataclass_config(cfg, RayStoreDataPlaneConfig, "RayStoreClient")
-
-
 class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
-    """The data-plane contract over Ray's object store (see the module docstring).
+    """The data-plane contract over Ray's object store.
 
-    Thread-safe: Ray's calls are, and the client keeps no mutable state besides ``closed``.
-    A put or a read costs one actor round trip plus object-store traffic for the columns it
-    touches, whatever the number of rows.
-
-    An object ``ray.put`` by a process is owned by that process (Ray has no ownership
-    transfer), so rows stay readable while their writer lives; a read of rows whose writer has
-    exited raises ``DataPlaneUnavailableError`` naming the partition.  The metadata actor holds
-    a reference to every live chunk (one column of one put) and drops it when the chunk's last
-    row is cleared or overwritten; Ray frees a put's object once all its columns are dropped.
-    One object per put keeps a put to one object-store write; the price is that a read on
-    another node of some of a put's columns transfers all of them.
+    Thread-safe.  Rows stay readable while the process that wrote them lives (Ray has no ownership
+    transfer); a read of rows whose writer has exited raises ``DataPlaneUnavailableError``.
 
     Args:
         bootstrap: ``True`` (the driver) creates the metadata actor and kills it on close;
-            ``False`` (workers, rollout actors) finds the running one.
-        checkpointing: Accepted for the registry's constructor signature; every bootstrapping
-            client can checkpoint.
+            ``False`` finds the running one.
+        checkpointing: Ignored: every bootstrapping client can checkpoint.
 
     Raises:
         RuntimeError: Ray is not running; the actor already exists (bootstrap) or does not
@@ -89,29 +62,20 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
 
     def __init__(self, cfg: Any, *, bootstrap: bool = True, checkpointing: bool = False) -> None:
         del checkpointing
-        self._cfg = coerce_config(cfg)
+        self._cfg = coerce_dataclass_config(cfg, RayStoreDataPlaneConfig, "RayStoreClient")
         self._init_lifetime(bootstrap, closed=True)  # open once the actor answered
         self._close_lock = threading.Lock()
         t = self._cfg.timeouts
         self._actor_s = float(t.actor_s)
         self._data_s = float(t.data_s)
         self._poll_s = float(self._cfg.claim_meta_poll_interval_s)
-        if self._bootstrap:
-            self._actor = create_actor(float(t.startup_s))
-        else:
-            self._actor = attach_actor(float(t.startup_s))
+        self._actor = (create_actor if self._bootstrap else attach_actor)(float(t.startup_s))
         self._closed = False
 
     BACKEND = "ray_store"
 
-    # --- actor calls --------------------------------------------------------------------------
     def _call(self, op: str, partition_id: Any, *args: Any) -> Any:
-        """One bounded metadata-actor call; contract errors are re-raised with their type.
-
-        Raises:
-            DataPlaneUnavailableError: The actor did not answer within ``timeouts.actor_s`` or
-                is dead.
-        """
+        """One metadata-actor call (``DataPlaneUnavailableError`` past ``timeouts.actor_s`` or if it is dead)."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -133,7 +97,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
             return reply[1]
         raise _ERRORS.get(reply[1], RuntimeError)(reply[2])
 
-    def _require_partition(self, partition_id: Any) -> None:
+    def _require_known(self, partition_id: Any) -> None:
         if not self._call("exists", partition_id, partition_id):
             raise unknown_partition(partition_id)
 
@@ -157,8 +121,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     def _chunk_payloads(
         self, chunks: Mapping[int, tuple[Any, str, str, str]], partition_id: str, op: str
     ) -> dict[int, Any]:
-        """chunk id -> its column payload, fetching every distinct object once (inline chunks
-        came with the reply and are not fetched)."""
+        """chunk id -> its column payload, fetching every distinct object once (inline chunks are not fetched)."""
         objects: dict[Any, int] = {}
         for ref, *_ in chunks.values():
             if not isinstance(ref, InlinePayload):
@@ -169,9 +132,7 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
             for cid, (ref, key, *_) in chunks.items()
         }
 
-    # --- task-mediated half -------------------------------------------------------------------
     def _register(self, partition_id: Any, fields: Any, n: Any, tasks: Any, group_size: Any, enums: Any) -> None:
-        """Register with the metadata actor, which checks the arguments."""
         self._begin()
         enum_map = None if enums is None else {k: list(v) for k, v in dict(enums).items()}
         args = (_listed(fields), n, _listed(tasks), group_size, enum_map)
@@ -180,69 +141,56 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
     def _claim(
         self, partition_id: Any, task_name: Any, fields: Any, n: Any, blocking: bool, timeout_s: Any
     ) -> KVBatchMeta:
-        """Poll the metadata actor's claim every ``claim_meta_poll_interval_s``."""
         self._begin()
         fields = _listed(fields)
-        return self._poll_claim(
-            lambda: self._call("claim", partition_id, partition_id, task_name, fields, n, timeout_s),
-            partition_id,
-            task_name,
-            fields,
-            n,
-            blocking,
-            timeout_s,
-            self._poll_s,
-        )
 
-    def _require_known(self, partition_id: str) -> None:
-        self._require_partition(partition_id)
+        def attempt() -> Any:
+            return self._call("claim", partition_id, partition_id, task_name, fields, n, timeout_s)
+
+        return self._poll_claim(attempt, partition_id, task_name, fields, n, blocking, timeout_s)
 
     def _consumed(self, partition_id: Any, task_names: Any) -> bool:
-        """The metadata actor's consumption check."""
         self._begin()
         return bool(self._call("consumed", partition_id, partition_id, _listed(task_names)))
 
-    # --- direct-by-key half -------------------------------------------------------------------
     def _put(self, sample_ids: Any, partition_id: Any, fields: Any, tags: Any) -> KVBatchMeta:
-        """Write (upsert) rows: new ids are added, given fields and tags of known ids replaced.
-
-        Everything is validated before the actor commits; a rejected put leaves no trace (its
-        objects are freed when this call drops their refs).
-        """
+        """Write (upsert) rows; a put the actor rejects leaves no trace (its objects are freed with their refs)."""
         import ray
 
         self._begin()
+        tensors: dict[str, Any] = {}
+        objects: dict[str, list[Any]] = {}
         try:
-            plan = plan_put(partition_id, sample_ids, fields, tags)
+            args = check_put_args(partition_id, sample_ids, fields, tags)
+            for name in args.names:
+                leaf = fields.get(name)
+                if wire_leaf_kind(name, leaf, len(args.ids)) == TENSOR_LEAF:
+                    tensors[name] = leaf
+                else:
+                    objects[name] = leaf.tolist()
         except (TypeError, ValueError):
-            self._require_partition(partition_id)  # unknown partition outranks
+            self._require_known(partition_id)  # unknown partition outranks
             raise
-        encoded = {name: encode_column(name, t) for name, t in plan.tensors.items()}
+        ids = args.ids
+        encoded = {name: encode_column(name, t) for name, t in tensors.items()}
         inline = sum(e.nbytes for e in encoded.values()) <= INLINE_MAX_BYTES
-        # One object per put: each column once, and one object-store write whatever the width;
-        # a small put carries its columns in the actor call instead (INLINE_MAX_BYTES).
-        ref = None
-        if encoded and plan.ids and not inline:
+        ref = None  # one object per put: one object-store write whatever the width
+        if encoded and ids and not inline:
             ref = ray.put({k: e.payload for k, e in encoded.items()})
         columns: dict[str, Any] = {}
-        for name in plan.names:
-            if name in plan.objects:
-                columns[name] = plan.objects[name]
+        for name in args.names:
+            if name in objects:
+                columns[name] = objects[name]
             else:
                 enc = encoded[name]
-                carrier = InlinePayload({name: enc.payload}) if inline and plan.ids else ref
+                carrier = InlinePayload({name: enc.payload}) if inline and ids else ref
                 columns[name] = TensorColumnSpec(enc.dtype, enc.layout, carrier, name)
-        self._call("put", partition_id, partition_id, plan.ids, columns, plan.tags)
-        names = list(plan.names) if plan.names else None
-        lengths = plan.tensors.get(INPUT_LENGTHS)
-        return put_receipt(partition_id, plan.ids, names, lengths, plan.tags)
+        self._call("put", partition_id, partition_id, ids, columns, args.tags)
+        return put_receipt(partition_id, ids, list(args.names) or None, tensors.get(INPUT_LENGTHS), args.tags)
 
     def _get(self, sample_ids: Any, partition_id: Any, select_fields: Any) -> TensorDict:
-        """Locate the cells with the actor, fetch their objects once and gather the rows."""
         self._begin()
-        ids, names = self._read_args(
-            sample_ids, select_fields, lambda: self._require_partition(partition_id)
-        )
+        ids, names = self._read_args(sample_ids, select_fields, lambda: self._require_known(partition_id))
         if not ids:
             return TensorDict({}, batch_size=(0,))
         plan, chunks = self._call("locate", partition_id, partition_id, ids, names)
@@ -262,7 +210,6 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         return TensorDict(out, batch_size=(len(ids),))
 
     def _list_ids(self, partition_id: Any) -> list[str]:
-        """The metadata actor's sorted live ids."""
         self._begin()
         return list(self._call("list_ids", partition_id, partition_id))
 
@@ -272,12 +219,8 @@ class RayStoreClient(RayStoreCheckpointMixin, BaseDataPlaneClient):
         ids = None if sample_ids is None else _listed(sample_ids)
         self._call("clear", partition_id, partition_id, ids)
 
-    # --- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
-        """Close this client (idempotent); the bootstrapping client also kills the actor.
-
-        Killing the actor drops its references to every chunk, so Ray frees the columns.
-        """
+        """Close this client (idempotent); the bootstrapping client also kills the actor, freeing every column."""
         with self._close_lock:
             if self._closed:
                 return

@@ -1,9 +1,7 @@
-"""How one tensor column of a put lives in Ray's object store, and how reads gather rows from it.
+"""A put's tensor column in Ray's object store, and how reads gather rows from it.
 
-A put stores each column once, as numpy arrays (a dense ``ndarray`` or a jagged ``(values,
-offsets)`` pair), which Ray deserialises zero-copy from shared memory, so a read copies only its
-rows.  Dtypes numpy lacks (``bfloat16``, ``float8`` ...) travel as a same-width integer view and
-come back bit for bit.  Nothing here imports Ray.
+Columns are numpy arrays (dense, or a jagged ``(values, offsets)`` pair) that Ray deserialises
+zero-copy; dtypes numpy lacks travel as a same-width integer view and come back bit for bit.
 """
 
 from __future__ import annotations
@@ -14,46 +12,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from nemo_dp.data_plane.adapters.local.store import store_tensor
-
-__all__ = [
-    "DENSE",
-    "JAGGED",
-    "EncodedColumn",
-    "Segment",
-    "dtype_from_name",
-    "encode_column",
-    "gather_field",
-    "to_numpy",
-    "from_numpy",
-]
+from nemo_dp.data_plane.adapters.local.store import contiguous_run, store_tensor
 
 DENSE = "dense"
 JAGGED = "jagged"
 
 # dtypes whose numpy counterpart exists; others travel as a same-width integer view
 _NUMPY_NATIVE = {
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-    torch.complex128,
+    getattr(torch, name)
+    for name in "bool uint8 int8 int16 int32 int64 float16 float32 float64 complex64 complex128".split()
 }
 _SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    """``"torch.float32"`` -> ``torch.float32``.
-
-    Raises:
-        ValueError: ``name`` names no torch dtype.
-    """
+    """``"torch.float32"`` -> ``torch.float32`` (``ValueError`` for a name of no torch dtype)."""
     attr = name[len("torch.") :] if name.startswith("torch.") else name
     dtype = getattr(torch, attr, None)
     if not isinstance(dtype, torch.dtype):
@@ -62,11 +35,7 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous CPU tensor (same bytes; same-width ints for exotic dtypes).
-
-    Raises:
-        TypeError: The dtype has no numpy counterpart and no same-width integer.
-    """
+    """A numpy view of a contiguous CPU tensor (same-width ints for exotic dtypes, else ``TypeError``)."""
     if t.dtype not in _NUMPY_NATIVE:
         carrier = _SAME_WIDTH_INT.get(t.element_size())
         if carrier is None:
@@ -83,13 +52,7 @@ def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 @dataclass
 class EncodedColumn:
-    """A put's tensor column, ready for ``ray.put``.
-
-    Attributes:
-        dtype: ``str(torch dtype)`` of the column.
-        layout: :data:`DENSE` or :data:`JAGGED`.
-        payload: The ``ndarray`` (dense) or ``(values, offsets)`` ndarrays (jagged).
-    """
+    """A put's tensor column for ``ray.put``: ``payload`` is an ``ndarray`` (:data:`DENSE`) or ``(values, offsets)``."""
 
     dtype: str
     layout: str
@@ -97,7 +60,6 @@ class EncodedColumn:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the payload's arrays."""
         if self.layout == DENSE:
             return int(self.payload.nbytes)
         values, offsets = self.payload
@@ -105,11 +67,7 @@ class EncodedColumn:
 
 
 def encode_column(name: str, t: torch.Tensor) -> EncodedColumn:
-    """One buffer (dense) or one ``values``/``offsets`` pair (jagged) for a put's tensor leaf.
-
-    Dense CPU tensors that are already contiguous are not copied here (``ray.put`` makes the one
-    copy into the object store); jagged tensors with holes or an offset start are compacted.
-    ``name`` is for messages.
+    """Encode a put's tensor leaf; contiguous dense CPU tensors are not copied (``ray.put`` makes the copy).
 
     Raises:
         TypeError: A strided nested tensor whose rows differ beyond their first dimension, or
@@ -133,41 +91,24 @@ def encode_column(name: str, t: torch.Tensor) -> EncodedColumn:
     return EncodedColumn(str(t.dtype), JAGGED, (to_numpy(col.values), col.offsets.numpy()))
 
 
-# --- reads ---
-
-
 @dataclass
 class Segment:
-    """Consecutive output rows of one field that live in one chunk.
-
-    Attributes:
-        layout: The chunk's layout.
-        payload: The chunk's payload as ``ray.get`` returned it (read-only arrays).
-        positions: Row positions inside the chunk, in output order.
-    """
+    """Consecutive output rows of one field in one chunk: its layout, payload (read-only) and row positions."""
 
     layout: str
     payload: Any
     positions: list[int]
 
 
-def _run(positions: list[int]) -> tuple[int, int] | None:
-    start = positions[0]
-    stop = start + len(positions)
-    if positions[-1] != stop - 1 or positions != list(range(start, stop)):
-        return None
-    return start, stop
-
-
 def _take_dense(a: np.ndarray, positions: list[int]) -> np.ndarray:
-    run = _run(positions)
+    run = contiguous_run(positions)
     if run is not None:
         return a[run[0] : run[1]].copy()
     return a.take(np.asarray(positions, dtype=np.int64), axis=0)
 
 
 def _take_jagged(values: np.ndarray, offsets: np.ndarray, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    run = _run(positions)
+    run = contiguous_run(positions)
     if run is not None:
         lo, hi = int(offsets[run[0]]), int(offsets[run[1]])
         return values[lo:hi].copy(), offsets[run[0] : run[1] + 1] - lo
@@ -199,13 +140,8 @@ def _as_jagged(seg: Segment, field: str) -> tuple[np.ndarray, np.ndarray]:
 def gather_field(field: str, dtype: torch.dtype, segments: list[Segment]) -> torch.Tensor:
     """The rows of one field from its segments (in output order, at least one), as a fresh tensor.
 
-    All-dense segments of one row shape give a dense tensor ``(rows, ...)``; anything else (a
-    jagged chunk, or dense chunks of different widths written by different puts) gives a jagged
-    nested tensor ragged in dim 1.  Each segment costs one slice copy per contiguous run of rows,
-    otherwise one ``take``.  ``field`` is for messages.
-
-    Raises:
-        TypeError: Segments whose rows cannot form one column.
+    All-dense segments of one row shape give a dense tensor; anything else a jagged nested tensor
+    ragged in dim 1.  ``TypeError`` for segments whose rows cannot form one column.
     """
     dense = all(s.layout == DENSE for s in segments)
     if dense and len({tuple(s.payload.shape[1:]) for s in segments}) == 1:

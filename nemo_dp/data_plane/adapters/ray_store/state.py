@@ -1,9 +1,6 @@
-"""The metadata of the Ray object-store data plane: partitions, rows, claims, tags, chunk refs.
+"""The metadata the Ray object-store data plane's actor holds: the partition book plus where each row's cells live.
 
-:class:`StoreState` is the single authority the metadata actor wraps (unit tests drive it
-without Ray): the shared partition book (``adapters._book``) plus where each row's cells live.
-Every method validates completely before it changes anything and raises ``KeyError``,
-``ValueError`` or ``TypeError`` with the contract's messages; the actor turns them into replies.
+Every method validates completely before it changes anything.
 """
 
 from __future__ import annotations
@@ -21,37 +18,23 @@ from nemo_dp.data_plane.adapters._validation import (
     unproduced_fields,
 )
 
-__all__ = ["OBJECT", "Chunk", "InlinePayload", "PartitionState", "StoreState", "TensorColumnSpec"]
-
 #: The kind of a non-tensor column (tensor columns have their dtype name as kind).
 OBJECT = "object"
 
 
 @dataclass(frozen=True)
 class InlinePayload:
-    """A small put's column payload carried by the metadata call itself.
-
-    Puts below the client's inline threshold skip the object store: ``payload`` (``{key: column
-    payload}``, as a ``ray.put`` object would hold it) travels in the ``put`` call, stays in this
-    state in place of an object ref and goes back in the ``locate`` reply, so a small put or read
-    costs one actor round trip and no ``ray.put`` / ``ray.get``.  The state treats it exactly as a
-    ref (it is opaque here).
-    """
+    """A small put's ``{key: column payload}`` carried by the actor call and kept here in place of an object ref."""
 
     payload: Any
 
 
 @dataclass(frozen=True)
 class TensorColumnSpec:
-    """A put's tensor column as the client sends it (the bytes are already in the object store).
+    """A put's tensor column as the client sends it.
 
-    Attributes:
-        dtype: ``str(torch dtype)``.
-        layout: ``"dense"`` or ``"jagged"``.
-        ref: The object ref of the put's payload (``None`` for a put of zero rows): one object
-            per put holding every tensor column of it once, as ``{key: column payload}``; or,
-            for a small put, an :class:`InlinePayload` holding this column's payload.
-        key: This column's key in that object.
+    ``ref`` is the put's object (``{key: column payload}``, ``None`` for zero rows) or an
+    :class:`InlinePayload`; ``key`` is this column's key in it.
     """
 
     dtype: str
@@ -73,11 +56,10 @@ class Chunk:
 
 @dataclass
 class PartitionState(PartitionRecord):
-    """One registered partition: the book's record plus where each row's cells live.
+    """The book's record plus where each row's cells live.
 
     Attributes:
-        rows: sid -> field -> chunk id (tensor) or ``None`` (object value in ``values``);
-            insertion order is the stored (claim) order.
+        rows: sid -> field -> chunk id, or ``None`` for an object value; insertion order is the claim order.
         cells: sid -> field -> (chunk id, position) of its tensor cells.
         values: sid -> field -> object value.
     """
@@ -87,11 +69,9 @@ class PartitionState(PartitionRecord):
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def row_ids(self) -> dict[str, dict[str, int | None]]:
-        """The live ids (a dict: insertion order is the stored order)."""
         return self.rows
 
     def ready_rows(self, required: Sequence[str]) -> Iterable[str]:
-        """The live ids whose row holds every ``required`` field, in stored order."""
         return (sid for sid, row in self.rows.items() if all(f in row for f in required))
 
     def drop_row(self, sample_id: str) -> None:
@@ -102,14 +82,10 @@ class PartitionState(PartitionRecord):
 
 
 class StoreState:
-    """Cluster-wide metadata of the data plane (see the module docstring).
+    """Cluster-wide metadata of the data plane.
 
-    Bulk data is not here: a put stores its tensor columns in one object-store object (one
-    column of it is a *chunk*) and registers ``(chunk, row position)`` per row and field; the
-    state keeps the refs (so the objects stay alive) and drops a chunk's ref when no live row
-    uses it.  :class:`InlinePayload` columns are kept and released the same way.  Object
-    (non-tensor) columns are small per-row values kept here directly, so a read gets them in
-    the same reply as the chunk locations.
+    A put's tensor columns live in one object-store object (one column of it is a *chunk*); the
+    state keeps each chunk's ref while a live row uses it.  Object columns are kept here directly.
     """
 
     def __init__(self) -> None:
@@ -119,46 +95,34 @@ class StoreState:
 
     @property
     def partitions(self) -> dict[str, PartitionState]:
-        """The live partitions, by id."""
         return self.book.partitions
 
     @partitions.setter
     def partitions(self, value: dict[str, PartitionState]) -> None:
         self.book.partitions = value
 
-    # --- lookups ------------------------------------------------------------------------------
     def exists(self, partition_id: Any) -> bool:
-        """Whether ``partition_id`` is registered (``KeyError`` precedence checks)."""
         return self.book.exists(partition_id)
 
     def is_empty(self) -> bool:
-        """Whether no partition is registered."""
         return not self.partitions
 
-    # --- partitions ---------------------------------------------------------------------------
     def register(
         self, partition_id: Any, fields: Any, n: Any, tasks: Any, group: Any = None, enums: Any = None
     ) -> None:
-        """Declare a partition (arguments and errors as ``DataPlaneClient.register_partition``)."""
         reg = self.book.check_new(partition_id, fields, n, tasks, group, enums)
         self.book.add(PartitionState, reg)
 
-    # --- puts ---------------------------------------------------------------------------------
     def put(
         self, partition_id: str, sample_ids: list[str], columns: Mapping[str, Any], tags: list[dict[str, Any]] | None
     ) -> None:
         """Upsert rows: register the put's chunks and object values, replace tags if given (else keep).
 
-        ``sample_ids`` (in put order) and ``tags`` were checked by the client (types, duplicates,
-        lengths, JSON); this checks what needs the partition: declared fields, a field's kind and
-        enum vocabulary.  ``columns`` maps field -> :class:`TensorColumnSpec` or a list of per-row
-        objects.
+        The client checked ids and tags; this checks declared fields, kinds and enum vocabularies.
+        ``columns`` maps field -> :class:`TensorColumnSpec` or a list of per-row objects.
 
         Raises:
-            KeyError: Unknown partition.
-            ValueError: Undeclared field, a value outside a field's enum vocabulary, a tensor
-                column for an enum field.
-            TypeError: A field's kind (dtype, or tensor vs object) differs from the stored one.
+            KeyError | ValueError | TypeError: Unknown partition; undeclared field or enum value; changed kind.
         """
         part = self.book.live(partition_id)
         check_undeclared(partition_id, list(columns), part.fields)
@@ -174,14 +138,7 @@ class StoreState:
         n = len(sample_ids)
         if n == 0:
             return
-        # everything is valid: commit
-        chunk_of: dict[str, int] = {}
-        for name, col in columns.items():
-            if isinstance(col, TensorColumnSpec):
-                cid = self._next_chunk
-                self._next_chunk += 1
-                self.chunks[cid] = Chunk(col.ref, col.key, col.layout, col.dtype, 0)
-                chunk_of[name] = cid
+        chunk_of = {name: self.add_chunk(col, 0) for name, col in columns.items() if isinstance(col, TensorColumnSpec)}
         part.field_kinds.update(kinds)
         for i, sid in enumerate(sample_ids):
             row = part.rows.get(sid)
@@ -208,26 +165,26 @@ class StoreState:
             if self.chunks[cid].live == 0:  # pragma: no cover - n > 0 always fills it
                 del self.chunks[cid]
 
+    def add_chunk(self, spec: TensorColumnSpec, live: int) -> int:
+        """Keep a new chunk for ``spec`` with ``live`` cells; returns its id."""
+        cid = self._next_chunk
+        self._next_chunk += 1
+        self.chunks[cid] = Chunk(spec.ref, spec.key, spec.layout, spec.dtype, live)
+        return cid
+
     def _release(self, cid: int) -> None:
         chunk = self.chunks[cid]
         chunk.live -= 1
         if chunk.live == 0:
             del self.chunks[cid]  # drops the ref: the object store may free the column
 
-    # --- reads --------------------------------------------------------------------------------
     def locate(
         self, partition_id: str, sample_ids: list[str], fields: list[str]
     ) -> tuple[dict[str, Any], dict[int, tuple[Any, str, str, str]]]:
-        """Where a read's cells live, for distinct live ``sample_ids`` (output order) and distinct ``fields``.
+        """``(plan, chunks)`` of a read of distinct ``sample_ids`` (output order) and ``fields``; else ``KeyError``.
 
-        Returns:
-            ``(plan, chunks)``: ``plan[field]`` is ``("object", values)`` or
-            ``("tensor", dtype, [(chunk id, positions), ...])`` with one entry per run of
-            consecutive output rows in one chunk; ``chunks[id]`` is ``(ref, key, layout, dtype)``.
-
-        Raises:
-            KeyError: Unknown partition, unknown/cleared ids (listed), fields not produced for
-                every requested id (named).
+        ``plan[field]`` is ``("object", values)`` or ``("tensor", dtype, [(chunk id, positions), ...])``
+        (one entry per run of output rows in one chunk); ``chunks[id]`` is ``(ref, key, layout, dtype)``.
         """
         part = self.book.live(partition_id)
         rows = part.rows
@@ -258,23 +215,14 @@ class StoreState:
         return plan, used
 
     def list_ids(self, partition_id: Any) -> list[str]:
-        """Sorted live ids; ``[]`` for an unknown partition."""
         return self.book.list_ids(partition_id)
 
-    # --- claims -------------------------------------------------------------------------------
     def claim(
         self, partition_id: str, task_name: str, required_fields: Sequence[str], batch_size: int, timeout_s: Any = 1.0
     ) -> tuple[list[str], list[dict[str, Any]] | None]:
-        """Claim ``batch_size`` ready rows (oldest first), or nothing when fewer are ready.
+        """``(ids, tags)`` of ``batch_size`` ready rows claimed oldest first, ``([], None)`` when fewer are ready.
 
-        ``timeout_s`` is only validated here (the client polls).  Returns ``(ids, tags)``; ``tags`` is
-        ``None`` when none of the claimed rows has tags.
-
-        Raises:
-            KeyError: Unknown partition or task.
-            ValueError: Empty/undeclared ``required_fields``, ``batch_size < 1``,
-                ``timeout_s <= 0``.
-            TypeError: Non-int ``batch_size``, non-number ``timeout_s``, non-str names.
+        ``timeout_s`` is only validated here (the client polls).
         """
         part, required = self.book.check_claim(
             partition_id, task_name, required_fields, batch_size, timeout_s
@@ -283,24 +231,10 @@ class StoreState:
         return ready, part.tags_of(ready) if ready else None
 
     def consumed(self, partition_id: str, task_names: Sequence[str]) -> bool:
-        """True iff every listed task claimed every row currently in the partition.
-
-        Raises:
-            KeyError: Unknown partition or task.
-            ValueError: Empty ``task_names``.
-        """
         return self.book.consumed(partition_id, task_names)
 
-    # --- clears -------------------------------------------------------------------------------
     def clear(self, partition_id: str, sample_ids: list[str] | None) -> None:
-        """Drop rows, or (``None``) the whole partition with its registration.
-
-        An emptied partition stays registered (it may be written again).
-
-        Raises:
-            KeyError: Unknown partition, or ids that are not live (listed; nothing cleared).
-            ValueError: Duplicate ids.
-        """
+        """Drop rows (an emptied partition stays registered), or (``None``) the partition with its registration."""
         if sample_ids is None:
             for cells in self.book.drop(partition_id).cells.values():
                 for cid, _ in cells.values():
@@ -312,7 +246,6 @@ class StoreState:
                 self._release(cid)
         self.book.forget_rows(part, ids)
 
-    # --- checkpoints --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """Everything a checkpoint needs, with chunk refs (see ``state_snapshot``)."""
         from nemo_dp.data_plane.adapters.ray_store.state_snapshot import snapshot_state
@@ -320,12 +253,7 @@ class StoreState:
         return snapshot_state(self)
 
     def restore(self, partitions: list[dict[str, Any]]) -> None:
-        """Rebuild a clean store from loaded records, all or nothing (see ``state_snapshot``).
-
-        Raises:
-            RuntimeError: The store is not empty.
-            KeyError | TypeError | ValueError: A record is invalid (nothing restored).
-        """
+        """Rebuild a clean store from loaded records, all or nothing (see ``state_snapshot``)."""
         from nemo_dp.data_plane.adapters.ray_store.state_snapshot import restore_state
 
         restore_state(self, partitions)

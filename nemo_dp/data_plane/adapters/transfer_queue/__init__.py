@@ -1,17 +1,11 @@
-"""The TransferQueue adapter: the data-plane contract over TransferQueue 0.1.11 (SimpleStorage).
+"""The data-plane contract over TransferQueue 0.1.11 (SimpleStorage); the only package importing ``transfer_queue``.
 
-It turns the library's silent failures into the contract's errors, bounds every call and ships
-tensor columns in a row-bytes layout (see ``client``).  This is the only package of nemo_dp that
-imports ``transfer_queue``, lazily.  The library's ports are unauthenticated and unpickle what
-they receive: trusted networks only; its own checkpoint files are pickles, never used here.
+The library's ports are unauthenticated and unpickle what they receive: trusted networks only.
 """
 
 from __future__ import annotations
 
-from nemo_dp.data_plane.adapters.transfer_queue.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_FORMAT_VERSION,
-)
+from nemo_dp.data_plane.adapters.transfer_queue.checkpoint_format import CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION
 from nemo_dp.data_plane.adapters.transfer_queue.client import TQDataPlaneClient
 from nemo_dp.data_plane.adapters.transfer_queue.lifetime import (
     CONTROLLER_NAME,

@@ -1,9 +1,5 @@
-"""Checkpoints of the TransferQueue data plane: read through the adapter, written code-free.
-
-The driver reads every partition through its own calls and writes one atomic directory in the
-``checkpoint_format`` format; a load checks the directory holds nothing else, re-creates the
-partitions, re-puts the rows and re-claims what was claimed.
-"""
+"""Checkpoints of the TransferQueue data plane: the driver reads every partition through its own calls;
+a load re-creates the partitions, re-puts the rows and re-claims what was claimed."""
 
 from __future__ import annotations
 
@@ -23,12 +19,10 @@ from nemo_dp.data_plane.adapters.transfer_queue.checkpoint_format import (
     decode_partition,
     encode_partition,
 )
-from nemo_dp.data_plane.adapters.transfer_queue.registry import field_key, parse_registry, write_registry
+from nemo_dp.data_plane.adapters.transfer_queue.registry import parse_registry, type_entries, write_registry
 from nemo_dp.data_plane.schema import RESERVED_PREFIX
 from nemo_dp.data_plane.typed_checkpoint import PartitionHeader, new_manifest, read_checkpoint, write_checkpoint
 from nemo_dp.utils.checkpoint_io import validate_json_metadata
-
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION", "TQCheckpointMixin"]
 
 #: Field names (outside every user's namespace) that re-claim rows on load, one per task.
 _CLAIM_FIELD = f"{RESERVED_PREFIX}_claim_"
@@ -39,19 +33,12 @@ def _positions(indexes: Any) -> dict[int, int]:
 
 
 class TQCheckpointMixin:
-    """``save_checkpoint`` / ``load_checkpoint`` of ``TQDataPlaneClient``.
-
-    Host contract (the client): ``BaseDataPlaneClient``'s lifetime checks, ``_ctl`` / ``_data``
-    (bounded library calls), ``_registry_entries``, ``register_partition``, ``put_samples``,
-    ``get_samples``, ``_lock``, ``_cfg`` and ``_client`` (the library client).
-    """
+    """``save_checkpoint`` / ``load_checkpoint`` of ``TQDataPlaneClient``."""
 
     _used: bool
     _cfg: Any
     _client: Any
     _lock: Any
-
-    # --- save -------------------------------------------------------------------------------
 
     def _read_partition(self, rec: Any) -> PartitionState:
         """One partition as the adapter sees it (ids in the controller's order)."""
@@ -79,8 +66,7 @@ class TQCheckpointMixin:
         for name, (indexes, status) in produced.items():
             pos = _positions(indexes)
             for sid in ids:
-                row = pos.get(index_of[sid])
-                if row is not None and bool(status[row].all()):
+                if (row := pos.get(index_of[sid])) is not None and bool(status[row].all()):
                     holds[sid].append(name)
         claimed: dict[str, list[str]] = {}
         for task, (indexes, status) in consumed.items():
@@ -95,31 +81,21 @@ class TQCheckpointMixin:
         groups: list[tuple[list[str], dict[str, Any]]] = []
         for names, gids in by_fields.items():
             data = self.get_samples(gids, pid, list(names))  # type: ignore[attr-defined]
-            columns = {}
-            for name in names:
-                value = data.get(name)
-                columns[name] = value.tolist() if rec.field_types[name][0] == KIND_OBJECT else value
-            groups.append((gids, columns))
+            objects = {name for name in names if rec.field_types[name][0] == KIND_OBJECT}
+            groups.append((gids, {n: data.get(n).tolist() if n in objects else data.get(n) for n in names}))
+        enums = {k: list(v) for k, v in rec.enums.items()}
+        tagged = {sid: tags[sid] for sid in ids if tags[sid]}
         header = PartitionHeader(
-            pid,
-            list(rec.fields),
-            list(rec.tasks),
-            rec.num_samples,
-            rec.group_size,
-            {k: list(v) for k, v in rec.enums.items()},
-            ids,
-            {sid: tags[sid] for sid in ids if tags[sid]},
-            claimed,
+            pid, list(rec.fields), list(rec.tasks), rec.num_samples, rec.group_size, enums, ids, tagged, claimed
         )
         return PartitionState(header, {k: tuple(v) for k, v in rec.field_types.items()}, groups)
 
     def save_checkpoint(self, checkpoint_dir: str | PathLike, *, metadata: Mapping | None = None) -> None:
-        """Atomically save every partition (rows, tags, claims, schema) plus user ``metadata``.
+        """Atomically save every partition plus user ``metadata``.
 
         Raises:
             RuntimeError: Closed, or not the bootstrapping client.
-            TypeError | ValueError: ``metadata`` is not JSON-serialisable, or a stored object
-                value cannot be stored exactly (nothing written).
+            TypeError | ValueError: Non-JSON ``metadata``, or a stored value that cannot be encoded (nothing written).
         """
         self._check_open()  # type: ignore[attr-defined]
         self._require_owner("save_checkpoint")
@@ -138,8 +114,6 @@ class TQCheckpointMixin:
             )
             write_checkpoint(checkpoint_dir, manifest, tensors)
 
-    # --- load -------------------------------------------------------------------------------
-
     def _read_checkpoint(self, checkpoint_dir: str | PathLike) -> tuple[list[PartitionState], dict]:
         """Read and validate a checkpoint completely, touching no store."""
         ck = read_checkpoint(checkpoint_dir, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION, OLD_FILES)
@@ -152,17 +126,11 @@ class TQCheckpointMixin:
     def _restore_partition(self, state: PartitionState) -> None:
         h = state.header
         pid = h.partition_id
-        self.register_partition(  # type: ignore[attr-defined]
-            pid, h.fields, h.num_samples, h.consumer_tasks, h.grpo_group_size, h.enums
-        )
+        register = self.register_partition  # type: ignore[attr-defined]
+        register(pid, h.fields, h.num_samples, h.consumer_tasks, h.grpo_group_size, h.enums)
         incarnation = parse_registry(self._registry_entries("load_checkpoint", pid))[pid].incarnation  # type: ignore[attr-defined]
         client = self._client
-        types = {
-            field_key(incarnation, name): {
-                "partition_id": pid, "incarnation": incarnation, "field": name, "kind": kind, "dtype": dtype,
-            }
-            for name, (kind, dtype) in state.field_types.items()
-        }  # fmt: skip
+        types = type_entries(pid, incarnation, state.field_types)
         ids = h.sample_ids
 
         async def _reserve() -> None:
@@ -193,11 +161,8 @@ class TQCheckpointMixin:
             self._reclaim(pid, task, claimed, f"{_CLAIM_FIELD}{t_index}")
 
     def _reclaim(self, pid: str, task: str, claimed: list[str], marker: str) -> None:
-        """Mark exactly ``claimed`` consumed for ``task``.
-
-        The library marks rows consumed only when a claim hands them out, so a marker field
-        that only these rows hold is written and the rows holding it are claimed for ``task``.
-        The marker is never declared, read or saved.
+        """Mark exactly ``claimed`` consumed for ``task``: write a ``marker`` field (never declared, read or saved)
+        only these rows hold and claim the rows holding it, as the library marks rows consumed only by a claim.
         """
         client = self._client
 
@@ -222,11 +187,8 @@ class TQCheckpointMixin:
         """Restore a checkpoint into this clean bootstrapping client; return the user metadata.
 
         Raises:
-            RuntimeError: Closed, not the bootstrapping client, or not a clean data-plane client
-                (a data operation or a load already ran, or the cluster registry is not empty).
-            FileNotFoundError: Missing directory or manifest.
-            ValueError: An older format, a file the format does not hold (named, never read),
-                another backend, or corrupt content (naming the file).
+            RuntimeError: Closed, not the bootstrapping client, or not clean (also: the registry is not empty).
+            FileNotFoundError | ValueError: As ``typed_checkpoint.read_checkpoint``, or another backend's.
         """
         self._check_open()  # type: ignore[attr-defined]
         self._require_owner("load_checkpoint")

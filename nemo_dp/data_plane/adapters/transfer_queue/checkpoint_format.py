@@ -1,8 +1,6 @@
-"""The on-disk format of TransferQueue data-plane checkpoints (version 2): JSON + safetensors.
+"""The partition records of TransferQueue data-plane checkpoints (``typed_checkpoint`` plus ``backend``).
 
-The manifest and tensor table are those of ``typed_checkpoint``, the manifest also naming the
-``backend``.  This module builds and validates the partition records and touches neither the
-library nor a client.  Version 1 held TransferQueue's own pickles and is refused unread.
+Version 1 held TransferQueue's own pickles and is refused unread.
 """
 
 from __future__ import annotations
@@ -16,32 +14,16 @@ from nemo_dp.data_plane.typed_checkpoint import (
     PartitionHeader, column_entry, column_from_entry, decode_values, encode_values, expect, str_list,
 )
 
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "CHECKPOINT_FORMAT_VERSION",
-    "OLD_FILES",
-    "KIND_OBJECT",
-    "PartitionState",
-    "encode_partition",
-    "decode_partition",
-]
-
 CHECKPOINT_FORMAT = "nemo_dp.tq_data_plane"
 CHECKPOINT_FORMAT_VERSION = 2
-#: What the older format versions held that can run code when loaded (TransferQueue's pickles).
 OLD_FILES = {1: ("tq/controller_state.pkl", "tq/simple_storage/su_*.pkl")}
 KIND_OBJECT = "object"
 
 
 @dataclass
 class PartitionState:
-    """One partition as read through the adapter (or rebuilt from a checkpoint).
-
-    Attributes:
-        header: Schema, live ids in the controller's order, tags and claims.
-        field_types: Field -> ``(kind, dtype)`` of every field written.
-        groups: ``[(ids, {field: column})]``: a column is a tensor (dense or jagged), a list of
-            per-row tensors, or a list of per-row objects (object fields).
+    """One partition as read through the adapter: header (ids in the controller's order), field -> ``(kind,
+    dtype)``, and ``groups`` ``[(ids, {field: column})]`` of a tensor, per-row tensors or per-row objects.
     """
 
     header: PartitionHeader
@@ -50,18 +32,14 @@ class PartitionState:
 
 
 def encode_partition(state: PartitionState, index: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The manifest record of one partition; its tensors go into ``tensors`` (filled here).
+    """The manifest record of the ``index``-th partition; its tensors go into ``tensors``.
 
-    The record is the shared header (ids in the controller's order, tags as plain JSON objects,
-    ``claimed`` naming the tasks that claimed rows) plus ``field_types`` (field -> ``[kind,
-    dtype]``) and ``groups``: rows that hold the same fields, each ``{"ids", "columns"}`` with a
-    column entry per field (``dense`` / ``jagged`` into the tensor table, ``rows``: one table
-    key per row, or ``object``: one value node per row).  ``index`` (the partition's position in
-    the checkpoint) keys its tensors.
+    The shared header (plain JSON tags) plus ``field_types`` (field -> ``[kind, dtype]``) and
+    ``groups`` of rows holding the same fields, each ``{"ids", "columns"}`` with an entry per field
+    (``dense`` / ``jagged``, ``rows``: one table key per row, or ``object``: one value node per row).
 
     Raises:
-        UnencodableValueError: An object value cannot be stored exactly (names partition,
-            field and sample id).
+        UnencodableValueError: An object value cannot be stored exactly.
     """
     pid = state.header.partition_id
     groups = []
@@ -110,13 +88,7 @@ def _column(entry: Any, tensors: dict[str, torch.Tensor], ids: list[str], kind: 
 
 
 def decode_partition(rec: Any, tensors: dict[str, torch.Tensor], where: str) -> PartitionState:
-    """Validate one manifest record and rebuild its partition.
-
-    ``where`` locates errors (the manifest and the record's index).
-
-    Raises:
-        ValueError: Anything malformed or inconsistent (names the file and what).
-    """
+    """Validate one manifest record and rebuild its partition (``ValueError`` naming ``where`` and what)."""
     header = PartitionHeader.from_record(rec, where, None, every_task=False)
     types = rec.get("field_types")
     ok = isinstance(types, dict) and set(types) <= set(header.fields) and all(

@@ -1,9 +1,7 @@
 """``TQDataPlaneClient``: the data-plane calls over TransferQueue 0.1.11 (SimpleStorage) on Ray.
 
-TransferQueue is silent where the contract demands loud errors (unknown keys return fewer rows,
-a misspelled field no column, a dtype change is only logged, a dead controller hangs), so this
-client checks every call against the partition ``registry`` and the controller's metadata before
-and after the wire call, and bounds every library coroutine on the loop thread of ``lifetime``.
+TransferQueue is silent where the contract demands loud errors, so every call is checked against the
+partition ``registry`` and the controller's metadata, and every library coroutine is bounded.
 """
 
 from __future__ import annotations
@@ -12,20 +10,26 @@ import asyncio
 import concurrent.futures
 import copy
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from tensordict import TensorDict
 
-from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient
+from nemo_dp.data_plane.adapters._base import BaseDataPlaneClient, coerce_dataclass_config
 from nemo_dp.data_plane.adapters._validation import (
+    OBJECT_LEAF,
     check_clear_ids,
+    check_enum_put,
     check_partition_id,
+    check_put_args,
+    check_undeclared,
     closed_error,
+    kind_changed,
     put_receipt,
     unknown_ids,
     unknown_partition,
     unproduced_fields,
+    wire_leaf_kind,
 )
 from nemo_dp.data_plane.adapters.transfer_queue.checkpoint import TQCheckpointMixin
 from nemo_dp.data_plane.adapters.transfer_queue.lifetime import (
@@ -43,26 +47,17 @@ from nemo_dp.data_plane.adapters.transfer_queue.lifetime import (
 from nemo_dp.data_plane.adapters.transfer_queue.registry import (
     REGISTRY_PARTITION,
     Record,
-    delete_registry,
-    field_key,
+    drop_partition,
     live_keys,
     parse_registry,
     stale_registry_keys,
+    type_entries,
     write_registry,
 )
 from nemo_dp.data_plane.adapters.transfer_queue.row_wire import decode_column, encode_put
 from nemo_dp.data_plane.adapters.transfer_queue.tasks import TQTaskMixin
-from nemo_dp.data_plane.adapters.transfer_queue.validation import (
-    coerce_config,
-    find_in_chain,
-    plan_put,
-)
 from nemo_dp.data_plane.adapters.transfer_queue_env import configure_engine_env
-from nemo_dp.data_plane.interfaces import (
-    DataPlaneConfig,
-    DataPlaneUnavailableError,
-    KVBatchMeta,
-)
+from nemo_dp.data_plane.interfaces import DataPlaneConfig, DataPlaneUnavailableError, KVBatchMeta
 from nemo_dp.data_plane.schema import INPUT_LENGTHS
 
 __all__ = ["TQDataPlaneClient"]
@@ -70,31 +65,40 @@ __all__ = ["TQDataPlaneClient"]
 _T = TypeVar("_T")
 
 
+def _find_in_chain(exc: BaseException, name: str) -> BaseException | None:
+    """First exception in ``exc``'s cause/context chain whose class is called ``name``."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if type(cur).__name__ == name:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
     """The data-plane contract over TransferQueue (SimpleStorage) on Ray.
 
-    The library's async API runs on one event-loop thread the client owns (``lifetime``), so
-    every call is bounded and the caller's ``torch.set_num_threads`` survives; dense puts come
-    back dense.
+    The library's async API runs on one event-loop thread the client owns, so every call is
+    bounded and the caller's ``torch.set_num_threads`` survives.
 
     Args:
         bootstrap: ``True`` (the driver) starts the library's controller and storage units;
-            ``False`` (workers, rollout actors) attaches to the running ones and never creates.
-        checkpointing: Assert that the backend supports checkpoints (always true for
-            ``simple``).
+            ``False`` attaches to the running ones and never creates.
+        checkpointing: Assert that the backend supports checkpoints.
 
     Raises:
         RuntimeError: Ray is not initialised; a knob is missing after the library was imported;
             another client is open in this process; the controller already exists (bootstrap) or
-            does not exist (attach); the cluster has too few CPUs for the controller plus
-            ``num_storage_units`` storage units; start-up exceeded ``timeouts.startup_s``.
+            does not (attach); too few Ray CPUs; start-up exceeded ``timeouts.startup_s``.
         ValueError: ``checkpointing=True`` on a backend without checkpoint support.
     """
 
     BACKEND = "TransferQueue"
 
     def __init__(self, cfg: DataPlaneConfig, *, bootstrap: bool = True, checkpointing: bool = False) -> None:
-        self._cfg = coerce_config(cfg)
+        self._cfg = coerce_dataclass_config(cfg, DataPlaneConfig, "TQDataPlaneClient")
         self._init_lifetime(bootstrap, closed=True)  # open once construction succeeds
         self._lock = threading.RLock()
         self._loop: LoopThread | None = None
@@ -103,11 +107,10 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
         t = self._cfg.timeouts
         self._controller_s = float(t.controller_s)
         self._data_s = float(t.controller_s + t.storage_max_attempts * t.storage_s + t.storage_probe_s)
-        # Set once the library gave up on a storage unit (it retried storage_max_attempts times
-        # and probed it): later data calls of this client fail at once instead of each waiting
-        # out the same bound on a unit that is gone.
+        # Set once the library gave up on a storage unit: later data calls fail at once.
         self._storage_gone: str | None = None
         self._startup_s = float(t.startup_s)
+        self._poll_s = float(self._cfg.claim_meta_poll_interval_s)
 
         if checkpointing and self._cfg.backend != "simple":
             raise ValueError(
@@ -144,21 +147,13 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
             self._closed = False
             set_open_client(self)
 
-    # --- properties -------------------------------------------------------------------------
-
     @property
     def backend_config(self) -> Any:
         """The library's merged configuration in force (read-only ``DictConfig``)."""
         return self._backend_config
 
-    # --- bounded calls ----------------------------------------------------------------------
-
     def _run(self, make: Callable[[], Awaitable[_T]], *, op: str, partition_id: str, bound: float) -> _T:
-        """Run one library coroutine on the adapter's loop, bounded by ``bound`` seconds.
-
-        Raises:
-            DataPlaneUnavailableError: The bound expired, or a storage unit did not answer.
-        """
+        """Run one library coroutine on the adapter's loop (``DataPlaneUnavailableError`` past ``bound`` seconds)."""
         loop = self._loop
         if loop is None or self._closed:
             raise closed_error(self.BACKEND)
@@ -175,7 +170,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
         except Exception as exc:
             if isinstance(exc, DataPlaneUnavailableError):
                 raise
-            timeout = find_in_chain(exc, "StorageUnitTimeout")
+            timeout = _find_in_chain(exc, "StorageUnitTimeout")
             if timeout is not None:
                 message = (
                     f"TransferQueue {op} on partition {partition_id!r}: a storage unit did not "
@@ -189,12 +184,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
         return self._run(make, op=op, partition_id=partition_id, bound=self._controller_s)
 
     def _data(self, make: Callable[[], Awaitable[_T]], op: str, partition_id: str) -> _T:
-        """A put / get / clear, bounded by the data-call bound.
-
-        Raises:
-            DataPlaneUnavailableError: As :meth:`_run`; at once, without calling the library,
-                when an earlier data call of this client found a storage unit gone.
-        """
+        """A put / get / clear, bounded by the data-call bound; fails at once once a storage unit is gone."""
         if self._storage_gone is not None:
             raise DataPlaneUnavailableError(
                 f"TransferQueue {op} on partition {partition_id!r}: not attempted, an earlier call "
@@ -202,8 +192,6 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
                 "as failed"
             )
         return self._run(make, op=op, partition_id=partition_id, bound=self._data_s)
-
-    # --- registry ---------------------------------------------------------------------------
 
     def _registry_entries(self, op: str, partition_id: str) -> dict[str, dict[str, Any]]:
         client = self._client
@@ -214,64 +202,67 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
         return self._ctl(_list, op, partition_id)
 
-    def _records(self, op: str, partition_id: str) -> dict[str, Record]:
-        return parse_registry(self._registry_entries(op, partition_id))
-
     def _require_record(self, partition_id: str, op: str) -> Record:
-        rec = self._records(op, partition_id).get(partition_id)
+        rec = parse_registry(self._registry_entries(op, partition_id)).get(partition_id)
         if rec is None:
             raise unknown_partition(partition_id)
         return rec
 
-    def _missing_ids_error(self, partition_id: str, ids: Sequence[str], op: str) -> KeyError:
-        live = self._ctl(lambda: live_keys(self._client, partition_id), op, partition_id)
-        return unknown_ids(partition_id, [i for i in ids if i not in live])
-
-    # --- direct-by-key half -----------------------------------------------------------------
+    def _existing_meta(self, ids: list[str], partition_id: str, op: str, *, recheck: bool) -> Any:
+        """The library's metadata of live ``ids``; ``KeyError`` for unknown ones (``recheck``: the partition first)."""
+        client = self._client
+        meta = self._ctl(
+            lambda: client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=False), op, partition_id
+        )
+        if meta.size != len(ids):
+            if recheck:
+                self._require_record(partition_id, op)
+            live = self._ctl(lambda: live_keys(client, partition_id), op, partition_id)
+            raise unknown_ids(partition_id, [i for i in ids if i not in live])
+        return meta
 
     def _put(self, sample_ids: Any, partition_id: Any, fields: Any, tags: Any) -> KVBatchMeta:
-        """Write (upsert) rows: record new field types, resolve the keys, then put."""
+        """Write (upsert) rows: check everything against the registry record, record new field types, then put."""
         with self._operation():
             check_partition_id(partition_id)
             rec = self._require_record(partition_id, "put_samples")
-            plan = plan_put(rec, partition_id, sample_ids, fields, tags)
-            ids, names, wire, new_types, tag_list = (
-                plan.ids,
-                plan.names,
-                plan.wire,
-                plan.new_types,
-                plan.tags,
-            )
-            n = len(ids)
-            fields_written = list(names) if names else None
-            receipt = put_receipt(partition_id, ids, fields_written, wire.get(INPUT_LENGTHS), tag_list)
+            args = check_put_args(partition_id, sample_ids, fields, tags)
+            ids, names, tag_list, n = args.ids, args.names, args.tags, len(args.ids)
+            leaves = {k: fields.get(k) for k in names}
+            check_undeclared(partition_id, names, rec.fields)
+            # Leaf types first (all TypeErrors): a whole-column object is named as such even when
+            # the field already holds tensors.
+            kinds = {k: wire_leaf_kind(k, leaves[k], n) for k in names}
+            new_types: dict[str, tuple[str, str | None]] = {}
+            for k in names:
+                dtype = None if kinds[k] == OBJECT_LEAF else str(leaves[k].dtype)
+                stored = rec.field_types.get(k)
+                if stored is None:
+                    new_types[k] = (kinds[k], dtype)
+                elif stored != (kinds[k], dtype):
+                    raise kind_changed(partition_id, k, f"{stored[0]}/{stored[1]}", f"{kinds[k]}/{dtype}")
+            wire: dict[str, Any] = {}
+            for k in names:
+                v = leaves[k]
+                if k in rec.enums:
+                    values = v.tolist() if kinds[k] == OBJECT_LEAF else None
+                    check_enum_put(k, rec.enums[k], values, "" if values is not None else str(v.dtype))
+                wire[k] = v if kinds[k] == OBJECT_LEAF else v.detach().cpu()
+            receipt = put_receipt(partition_id, ids, list(names) or None, wire.get(INPUT_LENGTHS), tag_list)
             if n == 0:
                 return receipt
 
             client = self._client
-            type_entries = {
-                field_key(rec.incarnation, k): {
-                    "partition_id": partition_id,
-                    "incarnation": rec.incarnation,
-                    "field": k,
-                    "kind": kind,
-                    "dtype": dtype,
-                }
-                for k, (kind, dtype) in new_types.items()
-            }
+            entries = type_entries(partition_id, rec.incarnation, new_types)
 
             async def _prepare() -> Any:
-                if type_entries:
-                    await write_registry(client, type_entries)
-                return await client.async_kv_retrieve_meta(
-                    keys=ids, partition_id=partition_id, create=True
-                )
+                if entries:
+                    await write_registry(client, entries)
+                return await client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=True)
 
             meta = self._ctl(_prepare, "put_samples", partition_id)
             if meta.size != n:
-                raise RuntimeError(
-                    f"TransferQueue resolved {meta.size} of {n} ids for a put to {partition_id!r}"
-                )
+                raise RuntimeError(f"TransferQueue resolved {meta.size} of {n} ids for a put to {partition_id!r}")
             # An empty list makes the library skip its tag RPC: a put without tags must not
             # re-send (and so possibly revert) tags another process wrote meanwhile.
             meta.custom_meta = copy.deepcopy(tag_list) if tag_list is not None else []
@@ -289,7 +280,6 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
             return receipt
 
     def _get(self, sample_ids: Any, partition_id: Any, select_fields: Any) -> TensorDict:
-        """Resolve the keys, check every id and field was produced, then read."""
         with self._operation():
             check_partition_id(partition_id)
             ids, fields = self._read_args(
@@ -300,14 +290,7 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
 
             client = self._client
             n = len(ids)
-            meta = self._ctl(
-                lambda: client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=False),
-                "get_samples",
-                partition_id,
-            )
-            if meta.size != n:
-                self._require_record(partition_id, "get_samples")
-                raise self._missing_ids_error(partition_id, ids, "get_samples")
+            meta = self._existing_meta(ids, partition_id, "get_samples", recheck=True)
             produced = set(meta.field_names)
             unproduced = [f for f in fields if f not in produced]
             if unproduced:
@@ -324,7 +307,6 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
             return TensorDict({f: decode_column(raw.get(f), f) for f in fields}, batch_size=[n])
 
     def _list_ids(self, partition_id: Any) -> list[str]:
-        """The library's live keys, sorted."""
         with self._operation():
             check_partition_id(partition_id)
             return sorted(
@@ -341,33 +323,17 @@ class TQDataPlaneClient(TQTaskMixin, TQCheckpointMixin, BaseDataPlaneClient):
             client = self._client
             if sample_ids is None:
                 stale = stale_registry_keys(entries, partition_id)
-
-                async def _drop() -> None:
-                    if partition_id in await client.async_get_partition_list():
-                        await client.async_clear_partition(partition_id)
-                    await delete_registry(client, stale)
-
-                self._data(_drop, "clear_samples", partition_id)
+                self._data(lambda: drop_partition(client, partition_id, stale), "clear_samples", partition_id)
                 return
             ids = check_clear_ids(sample_ids)
             if not ids:
                 return
-            meta = self._ctl(
-                lambda: client.async_kv_retrieve_meta(keys=ids, partition_id=partition_id, create=False),
-                "clear_samples",
-                partition_id,
-            )
-            if meta.size != len(ids):
-                raise self._missing_ids_error(partition_id, ids, "clear_samples")
+            meta = self._existing_meta(ids, partition_id, "clear_samples", recheck=False)
             self._data(lambda: client.async_clear_samples(meta), "clear_samples", partition_id)
 
-    # --- lifetime ---------------------------------------------------------------------------
-
     def close(self) -> None:
-        """Close this client (idempotent); the bootstrapping client also tears the system down.
-
-        Backend errors are logged, not raised.  The bootstrapping close returns once the named
-        controller no longer resolves (bounded by ``timeouts.controller_s``).
+        """Close this client (idempotent; backend errors are logged); the bootstrapping client also tears the
+        system down and returns once the controller no longer resolves (bounded by ``timeouts.controller_s``).
         """
         with OPEN_LOCK:
             if self._closed:

@@ -1,8 +1,6 @@
 """Lifetime of the TransferQueue system: bootstrap, attach, the event-loop thread, teardown.
 
-The library keeps one client per process in module globals, can hang at start-up when the cluster
-lacks CPUs, and its own ``close`` kills the shared controller even from an attached process; all
-that is bounded and handled here.  ``transfer_queue`` and ``ray`` are imported inside functions.
+``transfer_queue`` and ``ray`` are imported inside functions.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ _OPEN_CLIENT: Any = None
 
 
 def open_client() -> Any:
-    """The client currently open in this process, or ``None``."""
     return _OPEN_CLIENT
 
 
@@ -48,7 +45,7 @@ def set_open_client(client: Any) -> None:
 
 
 def load_library() -> ModuleType:
-    """Import the library (lazily: its knobs are read at import, see transfer_queue_env)."""
+    """Import the library (lazily: its knobs are read at import)."""
     import transfer_queue
 
     return transfer_queue
@@ -62,7 +59,7 @@ def library_interface() -> ModuleType:
 
 
 def tq_controller_exists() -> bool:
-    """Whether ``ray.get_actor("TransferQueueController", namespace="transfer_queue")`` resolves."""
+    """Whether the library's named controller actor resolves."""
     import ray
 
     try:
@@ -99,6 +96,30 @@ class LoopThread:
             _LOG.warning("TransferQueue adapter loop thread did not stop within %.1fs", join_timeout)
             return
         self.loop.close()
+
+
+def _bounded(target: Any, name: str, timeout_s: float) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``target(outcome)`` on a daemon thread for at most ``timeout_s``; errors go to ``outcome["error"]``."""
+    outcome: dict[str, Any] = {}
+
+    def _run() -> None:
+        try:
+            target(outcome)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=_run, name=name, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return worker, outcome
+
+
+def _readonly(conf: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    backend_config = copy.deepcopy(conf)
+    OmegaConf.set_readonly(backend_config, True)
+    return backend_config
 
 
 def start_system(cfg: DataPlaneConfig, *, startup_s: float, controller_s: float) -> Any:
@@ -138,17 +159,7 @@ def start_system(cfg: DataPlaneConfig, *, startup_s: float, controller_s: float)
             },
         },
     }
-    outcome: dict[str, Any] = {}
-
-    def _init() -> None:
-        try:
-            outcome["conf"] = tq.init(conf)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=_init, name="nemo-dp-tq-bootstrap", daemon=True)
-    worker.start()
-    worker.join(startup_s)
+    worker, outcome = _bounded(lambda out: out.update(conf=tq.init(conf)), "nemo-dp-tq-bootstrap", startup_s)
     if worker.is_alive() or "error" in outcome:
         timed_out = worker.is_alive()
         remove_system_actors(n_units)
@@ -159,14 +170,8 @@ def start_system(cfg: DataPlaneConfig, *, startup_s: float, controller_s: float)
                 f"TransferQueue bootstrap did not finish within data_plane.timeouts.startup_s="
                 f"{startup_s:g}s; its controller and storage actors were removed"
             )
-        raise RuntimeError(f"TransferQueue bootstrap failed: {outcome['error']}") from outcome[
-            "error"
-        ]
-    from omegaconf import OmegaConf
-
-    backend_config = copy.deepcopy(outcome["conf"])
-    OmegaConf.set_readonly(backend_config, True)
-    return backend_config
+        raise RuntimeError(f"TransferQueue bootstrap failed: {outcome['error']}") from outcome["error"]
+    return _readonly(outcome["conf"])
 
 
 def attach(*, startup_s: float) -> Any:
@@ -185,21 +190,14 @@ def attach(*, startup_s: float) -> Any:
     if not tq_controller_exists():
         raise RuntimeError(missing)
     interface = library_interface()
-    outcome: dict[str, Any] = {}
 
-    def _connect() -> None:
+    def _connect(outcome: dict[str, Any]) -> None:
         # The library's private attach path: unlike init() it never creates a new system.
-        try:
-            outcome["ok"] = interface._init_from_existing()
-            if outcome["ok"]:
-                handle = interface._TQ_CONTROLLER
-                outcome["conf"] = ray.get(handle.get_config.remote())
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            outcome["error"] = exc
+        outcome["ok"] = interface._init_from_existing()
+        if outcome["ok"]:
+            outcome["conf"] = ray.get(interface._TQ_CONTROLLER.get_config.remote())
 
-    worker = threading.Thread(target=_connect, name="nemo-dp-tq-attach", daemon=True)
-    worker.start()
-    worker.join(startup_s)
+    worker, outcome = _bounded(_connect, "nemo-dp-tq-attach", startup_s)
     if worker.is_alive():
         raise RuntimeError(
             f"attaching to the TransferQueue controller did not finish within "
@@ -207,17 +205,11 @@ def attach(*, startup_s: float) -> Any:
         )
     if "error" in outcome:
         reset_library(load_library(), kill=False)
-        raise RuntimeError(f"attaching to TransferQueue failed: {outcome['error']}") from outcome[
-            "error"
-        ]
+        raise RuntimeError(f"attaching to TransferQueue failed: {outcome['error']}") from outcome["error"]
     if not outcome["ok"]:
         reset_library(load_library(), kill=False)
         raise RuntimeError(missing)
-    from omegaconf import OmegaConf
-
-    backend_config = copy.deepcopy(outcome["conf"])
-    OmegaConf.set_readonly(backend_config, True)
-    return backend_config
+    return _readonly(outcome["conf"])
 
 
 def remove_system_actors(n_units: int) -> None:
@@ -238,11 +230,9 @@ def remove_system_actors(n_units: int) -> None:
 
 
 def reset_library(tq: ModuleType, *, kill: bool) -> None:
-    """Drop the library's process-level client/controller handles.
-
-    ``kill=True`` goes through ``tq.close()`` (which also kills the actors this process
-    created); ``kill=False`` only closes this process's client: the library's own close
-    would ``ray.kill`` the shared controller even from an attached process.
+    """Drop the library's process-level handles: ``kill=True`` through ``tq.close()`` (which kills the actors
+    this process created), ``kill=False`` closing only this process's client (the library's close would
+    kill the shared controller even from an attached process).
     """
     interface = library_interface()
     if kill:
@@ -268,9 +258,7 @@ def wait_controller_gone(timeout_s: float) -> None:
         while tq_controller_exists():
             if time.monotonic() > deadline:
                 _LOG.warning(
-                    "TransferQueue controller %r still resolvable %.1fs after close",
-                    CONTROLLER_NAME,
-                    timeout_s,
+                    "TransferQueue controller %r still resolvable %.1fs after close", CONTROLLER_NAME, timeout_s
                 )
                 return
             time.sleep(0.05)

@@ -1,9 +1,5 @@
-"""The adapter's cluster-wide partition registry, kept inside the library's own controller.
-
-TransferQueue knows no declared partition (fields, tasks, size, enums) nor a field's type, so one
-reserved library partition (:data:`REGISTRY_PARTITION`) holds a tagged entry per live partition
-(its :class:`Record`) and per typed field of it, read alike by every client of the cluster.
-"""
+"""The cluster-wide partition registry: one reserved library partition (:data:`REGISTRY_PARTITION`)
+holding a tagged entry per live partition (its :class:`Record`) and per typed field of it."""
 
 from __future__ import annotations
 
@@ -64,6 +60,16 @@ def field_key(incarnation: str, field_name: str) -> str:
     return f"{FIELD_PREFIX}{incarnation}:{field_name}"
 
 
+def type_entries(partition_id: str, incarnation: str, types: Mapping[str, tuple[str, str | None]]) -> dict[str, Any]:
+    """Registry entries recording the ``(kind, dtype)`` of fields of one partition incarnation."""
+    return {
+        field_key(incarnation, name): {
+            "partition_id": partition_id, "incarnation": incarnation, "field": name, "kind": kind, "dtype": dtype,
+        }
+        for name, (kind, dtype) in types.items()
+    }  # fmt: skip
+
+
 def parse_registry(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, Record]:
     """Registry partition listing (key -> tag) -> live records with their field types."""
     records: dict[str, Record] = {}
@@ -93,25 +99,28 @@ def stale_registry_keys(entries: Mapping[str, Mapping[str, Any]], partition_id: 
 async def write_registry(client: Any, entries: Mapping[str, dict[str, Any]]) -> None:
     """Upsert registry entries (key -> tag) in the reserved registry partition."""
     keys = list(entries)
-    meta = await client.async_kv_retrieve_meta(
-        keys=keys, partition_id=REGISTRY_PARTITION, create=True
-    )
+    meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=REGISTRY_PARTITION, create=True)
     if meta.size != len(keys):
-        raise RuntimeError(
-            f"TransferQueue registry write resolved {meta.size} of {len(keys)} keys"
-        )
+        raise RuntimeError(f"TransferQueue registry write resolved {meta.size} of {len(keys)} keys")
     meta.custom_meta = [copy.deepcopy(entries[k]) for k in keys]
     await client.async_set_custom_meta(meta)
+
 
 async def delete_registry(client: Any, keys: list[str]) -> None:
     """Drop registry entries by key (absent keys are ignored)."""
     if not keys:
         return
-    meta = await client.async_kv_retrieve_meta(
-        keys=keys, partition_id=REGISTRY_PARTITION, create=False
-    )
+    meta = await client.async_kv_retrieve_meta(keys=keys, partition_id=REGISTRY_PARTITION, create=False)
     if meta.size:
         await client.async_clear_samples(meta)
+
+
+async def drop_partition(client: Any, partition_id: str, stale: list[str]) -> None:
+    """Clear the library partition if it exists, then delete the ``stale`` registry entries."""
+    if partition_id in await client.async_get_partition_list():
+        await client.async_clear_partition(partition_id)
+    await delete_registry(client, stale)
+
 
 async def live_keys(client: Any, partition_id: str) -> set[str]:
     """Keys currently stored in a library partition (empty for an unknown one)."""

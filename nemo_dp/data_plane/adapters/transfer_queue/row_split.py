@@ -1,8 +1,6 @@
-"""The storage-side half of the TransferQueue adapter's row-bytes wire layout (``row_wire``).
+"""The storage-side half of the row-bytes wire layout: :func:`split_rows`, a put's ``data_parser``.
 
-:func:`split_rows` runs on the storage unit as a put's ``data_parser``.  It is shipped there by
-value (``cloudpickle``), so this module imports only the standard library at module level (torch,
-which every unit has, inside the function): a storage unit never needs nemo_dp installed.
+Shipped by value, so it imports only the standard library at module level: storage units lack nemo_dp.
 """
 
 from __future__ import annotations
@@ -17,16 +15,10 @@ LENGTH_BYTES = 8
 def split_rows(fields: dict[str, Any], *, columns: Mapping[str, tuple[bytes, int]]) -> dict[str, Any]:
     """Turn each encoded column of a put into one ``bytes`` value per row (the rest pass through).
 
-    The library's wire sends such values back inline (no message frame, no pickle) on reads.
-
     Args:
-        fields: The put's columns as the library hands them to a parser (field -> batched value).
-        columns: Field -> ``(descriptor, header)``.  The column is a 2-D tensor of the field's
-            own dtype, one sample per matrix row.  ``descriptor`` is prefixed to every stored
-            row (it says the dtype and row shape, so rows describe themselves on read).
-            ``header == 0``: every matrix row is exactly one sample's data.  ``header > 0``: each
-            matrix row starts with ``header`` bytes whose first :data:`LENGTH_BYTES` give the
-            number of data bytes that follow; the rest of the row is padding.
+        columns: Field -> ``(descriptor, header)`` of a 2-D row matrix; ``descriptor`` prefixes every
+            stored row.  ``header > 0``: each matrix row starts with ``header`` bytes whose first
+            :data:`LENGTH_BYTES` give the number of data bytes that follow (the rest is padding).
 
     Raises:
         ValueError: An encoded column is not a 2-D tensor, or a row's length exceeds its row.

@@ -1,10 +1,7 @@
 """The client half of the TransferQueue adapter's row-bytes wire layout: encode puts, decode gets.
 
-Left to itself, TransferQueue sends a ragged column as one frame per row on put and each tensor
-value as one frame with a pickled descriptor per row on get, so a call's cost grows with its rows.
-Here a tensor column crosses the wire as one 2-D tensor of its own dtype (one sample per matrix
-row, which keeps the library's routing of samples to storage units) and is stored as one
-self-describing ``bytes`` value per row, sent back inline; :func:`plan_column` picks the layout.
+A tensor column crosses the wire as one 2-D tensor of its own dtype (one sample per matrix row) and
+is stored as one self-describing ``bytes`` value per row, sent back inline instead of one frame per row.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from tensordict import NonTensorStack
 
 from nemo_dp.data_plane.adapters.transfer_queue import object_rows, row_split
 from nemo_dp.data_plane.adapters.transfer_queue.row_split import LENGTH_BYTES
-from nemo_dp.data_plane.adapters.transfer_queue.validation import densify
 from nemo_dp.data_plane.adapters.transfer_queue.wire_dtypes import DTYPE_CODES, DTYPES_BY_CODE
 from nemo_dp.data_plane.codec import jagged_rows, stack_or_nest
 
@@ -32,7 +28,6 @@ __all__ = ["DTYPE_CODES", "EncodedPut", "decode_column", "encode_put", "plan_col
 MAGIC = b"ndr1"
 _HEAD = struct.Struct("<4sBB")  # magic, dtype code, row rank
 
-_DTYPES = DTYPES_BY_CODE
 _PICKLE_BY_VALUE = False
 _MAX_DIMS = 32
 #: Equal rows of at least this many bytes keep the library's own layout (see plan_column).
@@ -49,15 +44,35 @@ def _ship_splitter_by_value() -> None:
         _PICKLE_BY_VALUE = True
 
 
-def descriptor(dtype: torch.dtype, rank: int, inner: Sequence[int]) -> bytes:
-    """The bytes every stored row of a column starts with, so a read needs no registry lookup.
+def densify(value: Any) -> Any:
+    """A nested column whose rows all share one shape as a dense tensor; anything else as given.
 
-    Args:
-        dtype: A key of :data:`DTYPE_CODES`.
-        rank: Dims of one row: 0 for a scalar per row, otherwise the first (possibly ragged)
-            dim plus ``inner``.
-        inner: The row's trailing dims after its first (``rank - 1`` of them).
+    A compact jagged column's dense tensor is a view of its ``values()`` (no copy).
     """
+    if not isinstance(value, torch.Tensor) or not value.is_nested:
+        return value
+    if value.layout == torch.jagged and getattr(value, "_ragged_idx", 1) == 1 and value.lengths() is None:
+        offsets = value.offsets()
+        n = offsets.numel() - 1
+        if n <= 0:
+            return value
+        lengths = offsets.diff()
+        first = int(lengths[0])
+        if bool((lengths == first).all()):
+            values = value.values()
+            start = int(offsets[0])
+            rows = values[start : start + n * first]
+            return rows.reshape(n, first, *values.shape[1:])
+        return value
+    rows = value.unbind()
+    if rows and all(r.shape == rows[0].shape for r in rows):
+        return torch.stack(rows)
+    return value
+
+
+def descriptor(dtype: torch.dtype, rank: int, inner: Sequence[int]) -> bytes:
+    """The bytes every stored row of a column starts with: its dtype, ``rank`` (dims of one row, 0 for a
+    scalar) and ``inner`` (the ``rank - 1`` trailing dims after its first, possibly ragged, one)."""
     return _HEAD.pack(MAGIC, DTYPE_CODES[dtype], rank) + struct.pack(f"<{len(inner)}q", *inner)
 
 
@@ -65,11 +80,8 @@ def descriptor(dtype: torch.dtype, rank: int, inner: Sequence[int]) -> bytes:
 class ColumnPlan:
     """How one tensor column of a put crosses the wire.
 
-    Attributes:
-        value: What is sent: a 2-D tensor of the column's dtype, one sample per row (row
-            layout), or the column itself / a dense view of it (the library's layout).
-        descriptor: The bytes each stored row starts with; ``None`` for the library's layout.
-        header: Bytes of length header at the start of each matrix row (0: exact rows).
+    ``value`` is a 2-D row matrix, or (``descriptor`` ``None``) the column in the library's layout;
+    ``header`` is the bytes of length header at the start of each matrix row (0: exact rows).
     """
 
     value: torch.Tensor
@@ -113,16 +125,10 @@ def _padded_rows(
 def plan_column(value: torch.Tensor) -> ColumnPlan:
     """Decide how one CPU tensor column (dense ``(n, ...)`` or nested, ``n >= 1``) crosses the wire.
 
-    The rule: rows of equal size below :data:`LARGE_ROW_BYTES` go as exact row bytes (the
-    column reshaped to ``(n, -1)``, no copy); equal rows of at least that size go in the
-    library's own layout (one frame on put, and per-row frames on get cost little next to
-    copying such rows); ragged rows go padded: a length header, the row's bytes and zero
-    padding to the longest row (the padding crosses the wire once; the storage unit keeps only
-    each row's bytes, ``row_split``).  Columns the row layout cannot describe (a strided nested
-    tensor, a dtype outside :data:`DTYPE_CODES`, a jagged tensor ragged in another dim,
-    zero-size trailing dims) keep the library's layout (``descriptor is None``).  Every layout
-    sends the field's own dtype, so the controller's per-field dtype does not depend on the
-    layout a put chose.
+    Equal rows below :data:`LARGE_ROW_BYTES` go as exact row bytes (no copy); larger equal rows in
+    the library's own layout; ragged rows padded to the longest row after a length header (the
+    storage unit keeps only each row's bytes).  Columns the row layout cannot describe keep the
+    library's layout.  Every layout sends the field's own dtype.
     """
     if value.dtype not in DTYPE_CODES or sys.byteorder != "little" or value.dim() > _MAX_DIMS:
         return ColumnPlan(value)
@@ -153,25 +159,16 @@ def plan_column(value: torch.Tensor) -> ColumnPlan:
 
 @dataclass
 class EncodedPut:
-    """A put's columns as they cross the wire, and the storage-side step that finishes them.
-
-    Attributes:
-        wire: Field -> what is sent (2-D row matrices for encoded columns, the rest unchanged).
-        parser: The library ``data_parser`` that splits the matrices into stored rows, or
-            ``None`` when no column was encoded.
-    """
+    """A put's columns as sent, and the library ``data_parser`` splitting them into rows (``None``: none encoded)."""
 
     wire: dict[str, Any]
     parser: Any
 
 
 def encode_put(columns: Mapping[str, Any], n: int) -> EncodedPut:
-    """Encode every tensor column of a put that the row layout describes; return wire columns and parser.
+    """Encode every column of a put (field -> CPU tensor or per-row ``NonTensorStack``) that a row layout describes.
 
-    ``columns`` maps field -> CPU tensor (``n >= 1`` rows) or per-row ``NonTensorStack``.  A
-    ``NonTensorStack`` whose rows are per-sample tensors or one-entry ``PackedTensor``s (a
-    multimodal column) goes as object rows (``object_rows``); other object columns keep the
-    library's layout.
+    A ``NonTensorStack`` of per-sample tensors or one-entry ``PackedTensor``s goes as ``object_rows``.
     """
     wire: dict[str, Any] = {}
     plans: dict[str, tuple[bytes, int]] = {}
@@ -196,18 +193,17 @@ def encode_put(columns: Mapping[str, Any], n: int) -> EncodedPut:
 
 
 def _parse_descriptor(row: bytes, field: str) -> tuple[torch.dtype, int, tuple[int, ...], int]:
-    """``(dtype, rank, inner, header bytes)`` of a stored row."""
     if len(row) < _HEAD.size:
         raise RuntimeError(f"field {field!r}: a stored row is too short for its descriptor")
     magic, code, rank = _HEAD.unpack_from(row)
-    if magic != MAGIC or code not in _DTYPES:
+    if magic != MAGIC or code not in DTYPES_BY_CODE:
         raise RuntimeError(f"field {field!r}: a stored row has no valid row-layout descriptor")
     n_inner = max(rank - 1, 0)
     header = _HEAD.size + 8 * n_inner
     if len(row) < header:
         raise RuntimeError(f"field {field!r}: a stored row is too short for its descriptor")
     inner = struct.unpack_from(f"<{n_inner}q", row, _HEAD.size)
-    return _DTYPES[code], rank, tuple(inner), header
+    return DTYPES_BY_CODE[code], rank, tuple(inner), header
 
 
 def _row_tensor(row: Any, field: str) -> torch.Tensor:
@@ -223,22 +219,13 @@ def _row_tensor(row: Any, field: str) -> torch.Tensor:
 
 
 def decode_column(value: Any, field: str) -> Any:
-    """Turn a column read back from the library into the tensor that was put.
+    """Turn a column read back from the library into what was put.
 
-    ``value`` is a per-row ``NonTensorStack`` of row-layout ``bytes`` (or a list of them), or a
-    column in the library's own layout; ``field`` is for messages.
-
-    Returns:
-        A dense tensor when all rows share one shape (``(n,)`` for scalar rows), else a jagged
-        nested tensor ragged in dim 1; a column of object rows a per-row ``NonTensorStack`` of
-        the tensors / one-entry PackedTensors / ``None`` that were put; a column in the
-        library's layout goes through ``densify`` (object columns unchanged).  Rows that do
-        not share one descriptor, or mix row bytes with library tensors, are decoded row by row
-        and stacked or nested the way the library would.
+    A dense tensor when all rows share one shape, else a jagged nested tensor ragged in dim 1; object
+    rows as a per-row ``NonTensorStack``; the library's own layout through :func:`densify`.
 
     Raises:
-        RuntimeError: A stored row is malformed (wrong descriptor, or a byte count that is not a
-            whole number of elements).
+        RuntimeError: A stored row is malformed.
     """
     if isinstance(value, torch.Tensor):
         return densify(value)

@@ -1,10 +1,5 @@
-"""The task-mediated half of the TransferQueue client: partitions, claims, consumption.
-
-Why this module exists: registering a partition, claiming ready rows for a consumer task and
-checking consumption all go through the cluster-wide registry and the controller's per-task
-cursors; keeping them in :class:`TQTaskMixin` leaves the client module with construction, the
-bounded-call machinery and the direct-by-key reads and writes.
-"""
+"""The task-mediated half of the TransferQueue client: registration, claims and consumption
+through the cluster-wide registry and the controller's per-task cursors."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ from nemo_dp.data_plane.adapters._validation import (
 )
 from nemo_dp.data_plane.adapters.transfer_queue.registry import (
     Record,
-    delete_registry,
+    drop_partition,
     parse_registry,
     record_key,
     stale_registry_keys,
@@ -33,12 +28,7 @@ from nemo_dp.data_plane.interfaces import KVBatchMeta
 
 
 class TQTaskMixin:
-    """Hooks of ``register_partition``, ``claim_meta``, ``check_consumption_status``; ``get_data``'s partition check.
-
-    Host contract (the client): ``BaseDataPlaneClient``'s ``_operation`` and ``_poll_claim``,
-    ``_ctl`` / ``_data`` (bounded library calls), ``_registry_entries``, ``_require_record``,
-    ``_lock``, ``_cfg`` and ``_client`` (the library client).
-    """
+    """Hooks of ``register_partition``, ``claim_meta``, ``check_consumption_status`` for ``TQDataPlaneClient``."""
 
     _cfg: Any
     _client: Any
@@ -68,9 +58,7 @@ class TQTaskMixin:
             async def _register() -> None:
                 # A library partition left behind by an interrupted drop must not leak old rows
                 # into the new incarnation.
-                if partition_id in await client.async_get_partition_list():
-                    await client.async_clear_partition(partition_id)
-                await delete_registry(client, stale)
+                await drop_partition(client, partition_id, stale)
                 await write_registry(client, {record_key(partition_id): record.to_tag()})
 
             self._data(_register, "register_partition", partition_id)
@@ -89,17 +77,12 @@ class TQTaskMixin:
 
         async def _claim() -> tuple[list[str], list[dict[str, Any]]] | None:
             meta = await client.async_get_meta(
-                data_fields=list(fields),
-                batch_size=n,
-                partition_id=partition_id,
-                mode="fetch",
-                task_name=task_name,
+                data_fields=list(fields), batch_size=n, partition_id=partition_id, mode="fetch", task_name=task_name
             )
             if meta.size == 0:
                 return None
-            keys = await client.async_kv_retrieve_keys(
-                global_indexes=list(meta.global_indexes), partition_id=partition_id
-            )
+            indexes = list(meta.global_indexes)
+            keys = await client.async_kv_retrieve_keys(global_indexes=indexes, partition_id=partition_id)
             return list(keys), [dict(t) for t in meta.custom_meta]
 
         def _attempt() -> tuple[list[str], list[dict[str, Any]] | None]:
@@ -111,16 +94,7 @@ class TQTaskMixin:
             ids, stored = got
             return ids, copy.deepcopy(stored) if any(stored) else None
 
-        return self._poll_claim(
-            _attempt,
-            partition_id,
-            task_name,
-            fields,
-            n,
-            blocking,
-            timeout_s,
-            float(self._cfg.claim_meta_poll_interval_s),
-        )
+        return self._poll_claim(_attempt, partition_id, task_name, fields, n, blocking, timeout_s)
 
     def _require_known(self, partition_id: str) -> None:
         with self._lock:
@@ -136,12 +110,7 @@ class TQTaskMixin:
             client = self._client
 
             async def _status() -> bool:
-                results = await asyncio.gather(
-                    *(client.async_get_consumption_status(t, partition_id) for t in tasks)
-                )
-                for _, status in results:
-                    if status is None or status.numel() == 0 or not bool((status == 1).all()):
-                        return False
-                return True
+                results = await asyncio.gather(*(client.async_get_consumption_status(t, partition_id) for t in tasks))
+                return all(s is not None and s.numel() > 0 and bool((s == 1).all()) for _, s in results)
 
             return self._ctl(_status, "check_consumption_status", partition_id)
