@@ -1,8 +1,7 @@
 """``Policy``: the driver-side facade over a group of ``PolicyWorker`` Ray actors.
 
-Shards whole ``BatchedDataDict`` batches with the shared planner, dispatches one shard per DP
-rank and reassembles results in input order.  The dispatch helpers are reused by
-``TQPolicy(TQDriverMixin, Policy)`` for ``KVBatchMeta`` shards.
+Shards batches over the DP ranks and reassembles results in input order; ``TQPolicy`` reuses the
+dispatch helpers for ``KVBatchMeta`` shards.
 """
 
 from __future__ import annotations
@@ -68,9 +67,7 @@ class Policy:
 
     # --- dispatch helpers (shared with the data-plane subclass) ---
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Planner arguments ``(sequence_packing_args, dynamic_batching_args)``, at most one not ``None``.
-
-        Dynamic batching wins if both are enabled.
+        """Planner arguments ``(sequence_packing_args, dynamic_batching_args)``; dynamic batching wins if both are on.
 
         Raises:
             ValueError: ``mb_tokens_key`` is not ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
@@ -100,15 +97,9 @@ class Policy:
     def _shard_for_dp(
         self, data: BatchedDataDict, *, batch_size: int | None, mb_tokens_key: str
     ) -> tuple[list[BatchedDataDict], list[int]]:
-        """Shard ``data`` over the DP ranks with the shared planner.
+        """``(shards, order)``: ``data`` over the DP ranks; ``order[p]`` is the input index of concatenated row ``p``.
 
-        Args:
-            batch_size: Global batch size (``None`` = the whole batch is one chunk).
-            mb_tokens_key: Which token budget a dynamic/packed plan uses.
-
-        Returns:
-            ``(shards, order)`` where ``order[p]`` is the input index of row ``p`` of the
-            rank-concatenated shards (for ``reorder_data``).
+        ``batch_size`` None makes the whole batch one chunk; ``mb_tokens_key`` picks a plan's token budget.
 
         Raises:
             ValueError: The batch is empty or does not divide over the ranks / global batches.
@@ -134,18 +125,39 @@ class Policy:
             del shard[_ROW_IDX]
         return list(shards), order
 
-    def _dispatch_sharded(self, method: str, shards: Sequence[Any], **kwargs: Any) -> list[Any]:
-        """Run ``method(shard_r, **kwargs)`` on every rank ``r``; results in rank order."""
-        return self.worker_group.run_sharded(method, shards, **kwargs)
+    def _dispatch_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``method(shard_r, *args, **kwargs)`` on every rank ``r``; results in rank order."""
+        return self.worker_group.run_sharded(method, shards, *args, **kwargs)
 
     def _dispatch_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``method(*args, **kwargs)`` on every rank; results in rank order."""
         return self.worker_group.run_all(method, *args, **kwargs)
 
-    @staticmethod
-    def _gather_in_input_order(outputs: Sequence[BatchedDataDict], order: Sequence[int]) -> BatchedDataDict:
-        merged = BatchedDataDict.from_batches(list(outputs))
-        return merged.reorder_data(list(order))
+    def _prompt_shards(self, prompts: Sequence[Any], seeds: Sequence[int], **lists: Sequence[Any]) -> list[dict]:
+        """Rank ``r``'s contiguous run of ``ceil(n / dp_size)`` prompts, seeds and ``lists`` entries per shard."""
+        n = len(prompts)
+        per = -(-n // self.dp_size)
+        bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
+        return [
+            {
+                "prompts": [wire_prompt(p) for p in prompts[a:b]],
+                "seeds": [int(s) for s in seeds[a:b]],
+                **{k: list(v[a:b]) for k, v in lists.items()},
+            }
+            for a, b in bounds
+        ]
+
+    def _per_token(self, method: str, data: BatchedDataDict, key: str) -> BatchedDataDict:
+        """``{key: float32 [B, S]}`` in input order from worker ``method`` over the log-prob view of ``data``."""
+        extra = {k: data[k] for k in ("token_mask", *IMAGE_FIELDS) if k in data}
+        view = BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"], **extra})
+        shards, order = self._shard_for_dp(view, batch_size=None, mb_tokens_key="logprob_mb_tokens")
+        out = BatchedDataDict.from_batches(self._dispatch_sharded(method, shards)).reorder_data(order)
+        width = data["input_ids"].shape[1]
+        value = out[key]
+        if value.shape[1] < width:
+            value = torch.nn.functional.pad(value, (0, width - value.shape[1]))
+        return BatchedDataDict({key: value[:, :width].contiguous()})
 
     @staticmethod
     def _aggregate_train_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -183,10 +195,7 @@ class Policy:
     def generate(
         self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
     ) -> BatchedDataDict:
-        """Generate one response per prompt, spread over the workers.
-
-        Each row is sampled with its own seed, so the output does not depend on ``dp_size`` or
-        on which worker generated it.
+        """Generate one response per prompt over the workers; each row's own seed makes it independent of ``dp_size``.
 
         Args:
             prompts: Token ids per prompt (bos included), or ``VisualPrompt`` specs (the
@@ -207,17 +216,8 @@ class Policy:
             raise ValueError(f"{self.name_prefix}.generate: no prompts")
         if len(seeds) != n:
             raise ValueError(f"{self.name_prefix}.generate: {len(seeds)} seeds for {n} prompts")
-        per = -(-n // self.dp_size)
-        bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
-        outs = self.worker_group.run_sharded(
-            "generate",
-            [
-                {"prompts": [wire_prompt(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]}
-                for a, b in bounds
-            ],
-            greedy,
-            return_images=return_images,
-        )
+        shards = self._prompt_shards(prompts, seeds)
+        outs = self._dispatch_sharded("generate", shards, greedy, return_images=return_images)
         parts = [o for o in outs if len(o) > 0]
         return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
 
@@ -234,41 +234,21 @@ class Policy:
             and metrics read masked tokens only, and the LM head skips the prompt. Without one
             every column is filled.
         """
-        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        outs = self._dispatch_sharded("get_logprobs", shards)
-        return self._fit_width(self._gather_in_input_order(outs, order), data, "logprobs")
+        return self._per_token("get_logprobs", data, "logprobs")
 
     def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
         """Like :meth:`get_logprobs` under the frozen reference policy, as ``{"reference_logprobs": ...}``."""
-        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        outs = self._dispatch_sharded("get_reference_policy_logprobs", shards)
-        return self._fit_width(self._gather_in_input_order(outs, order), data, "reference_logprobs")
-
-    @staticmethod
-    def _lp_view(data: BatchedDataDict) -> BatchedDataDict:
-        extra = {k: data[k] for k in ("token_mask", *IMAGE_FIELDS) if k in data}
-        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"], **extra})
-
-    @staticmethod
-    def _fit_width(out: BatchedDataDict, data: BatchedDataDict, key: str) -> BatchedDataDict:
-        width = data["input_ids"].shape[1]
-        value = out[key]
-        if value.shape[1] < width:
-            value = torch.nn.functional.pad(value, (0, width - value.shape[1]))
-        return BatchedDataDict({key: value[:, :width].contiguous()})
+        return self._per_token("get_reference_policy_logprobs", data, "reference_logprobs")
 
     def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
               mbs: int | None = None) -> dict[str, Any]:
-        """Train on ``data``: one optimizer step per ``gbs`` rows.
+        """Train on ``data``: one optimizer step per ``gbs`` rows; returns ``_aggregate_train_results``.
 
         Args:
-            data: The whole batch with the loss function's keys.
             loss_fn: A ``LossFn`` (pickled to the workers).
             eval_mode: Loss only, no update.
             gbs: Global batch size (default ``policy.train_global_batch_size``).
             mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
-
-        Returns aggregated metrics (see ``_aggregate_train_results``).
         """
         gbs = int(gbs or self.cfg.train_global_batch_size)
         shards, _ = self._shard_for_dp(data, batch_size=gbs, mb_tokens_key="train_mb_tokens")

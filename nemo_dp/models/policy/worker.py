@@ -1,13 +1,12 @@
 """``PolicyWorker``: one data-parallel rank of the policy (a Ray actor).
 
-Holds a model replica, its optimizer and a frozen reference copy; compute methods take an
-in-memory ``BatchedDataDict`` shard planned by the driver.  Losses divide by all-reduced global
-counts and gradients are SUM-reduced, so the update equals the full-batch mean for any
-``dp_size``.  ``policy.device`` places the model (NCCL on ``cuda``, gloo otherwise).
+Losses divide by all-reduced global counts and gradients are SUM-reduced, so the update equals the
+full-batch mean for any ``dp_size``.  ``policy.device`` places the model (NCCL on ``cuda``, else gloo).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import hashlib
@@ -44,15 +43,6 @@ COUNT_METRICS: frozenset[str] = frozenset({"num_valid_tokens", "num_valid_seqs"}
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
-def _micro_rows(value: Any) -> int | None:
-    """A micro-batch size in rows, or ``None`` (each rank's whole part in one pass)."""
-    return None if value is None else int(value)
-
-
-def _cfg_get(cfg: Any, key: str) -> Any:
-    return cfg_get(cfg, key)
-
-
 def _to_cpu(obj: Any) -> Any:
     """Every tensor of a nested state (dicts, lists, tuples) detached and on the CPU.
 
@@ -87,12 +77,10 @@ def resolve_device(policy_cfg: Any) -> torch.device:
 
 
 class PolicyWorker:
-    """One DP rank: model replica, optimizer, reference copy and the gloo group membership.
+    """One DP rank: model replica, optimizer, frozen reference copy and process-group membership.
 
     Args:
-        policy_cfg: The ``policy`` config node (mapping or dataclass): ``model``, ``optimizer``,
-            ``torch_threads``, ``train_micro_batch_size``, ``logprob_batch_size``,
-            ``generation_batch_size``, ``max_grad_norm``, ``generation``.
+        policy_cfg: The ``policy`` config node (mapping or dataclass).
         seed: Run seed: every rank initialises identical weights from it; the rank's own RNG
             streams are seeded with ``seed + rank``.
     """
@@ -103,7 +91,7 @@ class PolicyWorker:
         self.rank = rank
         self.world_size = world_size
         self.cfg = policy_cfg
-        threads = int(_cfg_get(policy_cfg, "torch_threads"))
+        threads = int(cfg_get(policy_cfg, "torch_threads"))
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         self.pad_id = pad_id
@@ -117,11 +105,7 @@ class PolicyWorker:
         torch.manual_seed(seed + rank)
         self.model = self._build_model().to(self.device)
         self.reference_model = self._frozen_copy(self.model)
-        self.lr = float(_cfg_get(_cfg_get(policy_cfg, "optimizer"), "lr"))
-        self.optimizer = self._make_optimizer(self.lr)
-        self.optimizer_steps = 0
-        self.decay_steps: int | None = None
-        self.warmup_steps = self._config_warmup_steps()
+        self._set_phase(cfg_get(cfg_get(policy_cfg, "optimizer"), "lr"))
         self._step_state: dict[str, Any] | None = None
         self._group_ready = False
         self._tokenizer_files: dict[str, bytes] | None = None  # written once, on first export
@@ -136,10 +120,7 @@ class PolicyWorker:
         return node_ip_address(), find_free_port()
 
     def init_collective(self, host: str, port: int, timeout_s: float) -> None:
-        """Join the process group (gloo on CPU, NCCL on CUDA; all ranks call this concurrently).
-
-        ``host``/``port`` are rank 0's rendezvous; ``timeout_s`` bounds it and every collective.
-        """
+        """Join rank 0's rendezvous (all ranks concurrently); ``timeout_s`` bounds it and every collective."""
         dist.init_process_group(
             backend="nccl" if self.device.type == "cuda" else "gloo",
             init_method=f"tcp://{host}:{port}",
@@ -158,9 +139,6 @@ class PolicyWorker:
     def _local_coords(self) -> dict[str, int]:
         # Pure data parallelism: no tensor/context/pipeline siblings, every rank is a leader.
         return {}
-
-    def _get_replica_group(self) -> Any:
-        return None
 
     def _all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
@@ -182,29 +160,36 @@ class PolicyWorker:
 
     def _make_optimizer(self, lr: float) -> torch.optim.Optimizer:
         """A fresh AdamW over ``self.model``, whose gradients it lays out in flat buffers."""
-        o = _cfg_get(self.cfg, "optimizer")
+        o = cfg_get(self.cfg, "optimizer")
         self.flat_grads = FlatGrads(self.model.parameters())
         return make_adamw(
             list(self.model.parameters()),
             lr=lr,
-            betas=(float(_cfg_get(o, "beta1")), float(_cfg_get(o, "beta2"))),
-            eps=float(_cfg_get(o, "eps")),
-            weight_decay=float(_cfg_get(o, "weight_decay")),
+            betas=(float(cfg_get(o, "beta1")), float(cfg_get(o, "beta2"))),
+            eps=float(cfg_get(o, "eps")),
+            weight_decay=float(cfg_get(o, "weight_decay")),
         )
 
-    def _config_warmup_steps(self) -> int:
-        return int(_cfg_get(_cfg_get(self.cfg, "optimizer"), "warmup_steps"))
+    def _set_phase(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
+        """A fresh optimizer at ``lr`` and step 0; ``warmup_steps`` None means the config's."""
+        self.lr = float(lr)
+        self.optimizer = self._make_optimizer(self.lr)
+        self.optimizer_steps = 0
+        self.decay_steps = None if decay_steps is None else int(decay_steps)
+        if warmup_steps is None:
+            warmup_steps = cfg_get(cfg_get(self.cfg, "optimizer"), "warmup_steps")
+        self.warmup_steps = int(warmup_steps)
 
     def _current_lr(self) -> float:
-        o = _cfg_get(self.cfg, "optimizer")
+        o = cfg_get(self.cfg, "optimizer")
         warmup = self.warmup_steps
         step = self.optimizer_steps + 1
         if warmup > 0 and step <= warmup:
             return self.lr * step / warmup
-        if str(_cfg_get(o, "schedule")) == "cosine" and self.decay_steps is not None:
+        if str(cfg_get(o, "schedule")) == "cosine" and self.decay_steps is not None:
             span = max(1, self.decay_steps - max(warmup, 0))
             progress = min(1.0, max(0.0, (step - max(warmup, 0)) / span))
-            floor = float(_cfg_get(o, "min_lr_ratio"))
+            floor = float(cfg_get(o, "min_lr_ratio"))
             return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
         return self.lr
 
@@ -224,24 +209,21 @@ class PolicyWorker:
     def _training_forward(
         self, loss_fn: LossFn, tensors: Mapping[str, torch.Tensor], mb: BatchedDataDict
     ) -> torch.Tensor:
-        """The training pass's forward: the logits the loss reads, under the training attention.
+        """The logits the loss reads, under ``policy.train_attn_implementation`` when set (HuggingFace).
 
         A loss with ``reads_masked_logprobs_only`` gets logits from one before the first
-        ``token_mask`` token (the prompt's LM-head rows are skipped).  A HuggingFace model uses
-        ``policy.train_attn_implementation`` for this pass when set.
+        ``token_mask`` token (the prompt's LM-head rows are skipped).
         """
         logits_from = 0
         if getattr(loss_fn, "reads_masked_logprobs_only", False) and "token_mask" in tensors:
             logits_from = first_logits_position(tensors["token_mask"])
         impl = cfg_get(self.cfg, "train_attn_implementation", None)
-        if impl and hasattr(self.model, "attention_implementation"):
-            with self.model.attention_implementation(str(impl)):
-                return self._forward(self.model, tensors["input_ids"], mb, logits_from)
-        return self._forward(self.model, tensors["input_ids"], mb, logits_from)
+        use_impl = impl and hasattr(self.model, "attention_implementation")
+        with self.model.attention_implementation(str(impl)) if use_impl else contextlib.nullcontext():
+            return self._forward(self.model, tensors["input_ids"], mb, logits_from)
 
     def _trim(self, mb: BatchedDataDict, width: int) -> dict[str, torch.Tensor]:
-        """Tensor fields of a microbatch on the model's device, per-token ones narrowed to
-        ``width`` columns."""
+        """Tensor fields of a microbatch on the model's device, per-token ones narrowed to ``width`` columns."""
         out: dict[str, torch.Tensor] = {}
         for k, v in mb.items():
             if not isinstance(v, torch.Tensor) or v.is_nested:
@@ -250,37 +232,28 @@ class PolicyWorker:
         return out
 
     def _micro_batches(self, data: BatchedDataDict, mbs: int) -> Iterator[tuple[MicrobatchSpec, BatchedDataDict, int]]:
-        """``(spec, micro-batch, width)`` per micro-batch of ``data`` (see :meth:`_specs`).
+        """``(spec, micro-batch, width)``: the driver's plan if attached, else runs of ``mbs`` rows.
 
         ``width`` is the micro-batch's longest row, or its planned padded length when the plan is
         a dynamic (token-budgeted) one and that is longer.
         """
+        if data.micro_batch_indices is not None:
+            specs = data.microbatch_plan()
+        else:
+            n = data.size
+            if n < 1:
+                raise ValueError(
+                    f"PolicyWorker[{self.rank}]: shard of {n} rows is not a whole number of "
+                    f"{n}-row global-batch parts"
+                )
+            specs = [MicrobatchSpec(0, s, min(s + mbs, n), None) for s in range(0, n, mbs)]
         dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
-        for spec in self._specs(data, mbs, None):
+        for spec in specs:
             mb = data.slice(spec.start, spec.end)
             width = int(mb["input_lengths"].max())
             if dynamic and spec.padded_length is not None:
                 width = max(int(spec.padded_length), width)
             yield spec, mb, width
-
-    def _specs(self, data: BatchedDataDict, mbs: int, chunk_rows: int | None) -> list[MicrobatchSpec]:
-        """Microbatches of ``data``: the driver's plan if attached, else fixed-size runs per chunk."""
-        if data.micro_batch_indices is not None:
-            return data.microbatch_plan()
-        n = data.size
-        rows = n if chunk_rows is None else chunk_rows
-        if rows < 1 or n % rows != 0:
-            raise ValueError(
-                f"PolicyWorker[{self.rank}]: shard of {n} rows is not a whole number of "
-                f"{rows}-row global-batch parts"
-            )
-        specs = []
-        for c in range(n // rows):
-            base = c * rows
-            specs.extend(
-                MicrobatchSpec(c, s, min(s + mbs, base + rows), None) for s in range(base, base + rows, mbs)
-            )
-        return specs
 
     # --- generation and log-probs ---
     def generate(self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True) -> BatchedDataDict:
@@ -289,13 +262,10 @@ class PolicyWorker:
         Args:
             shard: ``{"prompts": token ids per prompt (bos included) or ``VisualPrompt`` specs
                 (encoded and rendered here), "seeds": one sampling seed per prompt}``.
-            greedy: Argmax decoding (evaluation) instead of sampling.
             return_images: Include visual prompts' image columns in the result.
 
         Returns:
-            The fields of ``nemo_dp.models.generation.generate`` as a ``BatchedDataDict``,
-            plus ``pixel_values`` / ``image_grid_thw`` for visual prompts when
-            ``return_images`` (empty dict when no prompts were given).
+            The fields of ``nemo_dp.models.generation.generate`` (empty without prompts).
         """
         prompts, seeds = shard["prompts"], shard["seeds"]
         if len(prompts) != len(seeds):
@@ -308,7 +278,7 @@ class PolicyWorker:
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
         model.eval()
-        mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
+        mbs = int(micro_batch_size or cfg_get(self.cfg, "logprob_batch_size"))
         out = torch.zeros((data.size, data["input_ids"].shape[1]), dtype=torch.float32)
         for spec, mb, w in self._micro_batches(data, mbs):
             ids = mb["input_ids"][:, :w].to(self.device)
@@ -327,17 +297,12 @@ class PolicyWorker:
         return out
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Per-token log-probs of ``input_ids`` under the current policy.
+        """Per-token log-probs of ``input_ids`` under the current policy, as ``Policy.get_logprobs``.
 
         Args:
             data: Shard with ``input_ids`` [b, S], ``input_lengths`` [b] and optionally
                 ``token_mask`` [b, S] (a plan, if attached, is followed).
             micro_batch_size: Rows per forward pass (default ``policy.logprob_batch_size``).
-
-        Returns:
-            ``{"logprobs": float32 [b, S]}`` (column 0 and padding are 0; with a ``token_mask``,
-            so are a row's columns before its first masked token, and the whole of a row with
-            none), rows in input order.
         """
         return BatchedDataDict({"logprobs": self._logprobs(self.model, data, micro_batch_size)})
 
@@ -364,20 +329,21 @@ class PolicyWorker:
             )
         self.model.train(not eval_mode)
         self.optimizer.zero_grad(set_to_none=False)
+        mbs = mbs or cfg_get(self.cfg, "train_micro_batch_size")
         self._step_state = {
             "loss_fn": loss_fn,
             "eval_mode": eval_mode,
-            "mbs": _micro_rows(mbs or _cfg_get(self.cfg, "train_micro_batch_size")),
+            "mbs": None if mbs is None else int(mbs),
             "metrics": {},
             "rows": 0,
         }
 
     def train_microbatch(self, data: BatchedDataDict) -> None:
-        """Forward/backward this rank's whole part of the current global batch.
+        """Forward/backward this rank's whole part of the current global batch (may carry the driver's plan).
 
         All ranks call this exactly once per step, in lockstep: the valid token/sequence counts
         are all-reduced first so every microbatch loss is normalised by the global counts.
-        Gradients accumulate until :meth:`finish_train_step`.  ``data`` may carry the driver's plan.
+        Gradients accumulate until :meth:`finish_train_step`.
 
         Raises:
             RuntimeError: Without :meth:`begin_train_step`.
@@ -399,13 +365,10 @@ class PolicyWorker:
         # No micro-batch size (policy.train_micro_batch_size: null): the whole part in one pass.
         for _, mb, width in self._micro_batches(data, state["mbs"] or max(data.size, 1)):
             tensors = self._trim(mb, width)
-            if state["eval_mode"]:
-                with torch.no_grad():
-                    logits = self._training_forward(loss_fn, tensors, mb)
-                    loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
-            else:
+            with torch.no_grad() if state["eval_mode"] else contextlib.nullcontext():
                 logits = self._training_forward(loss_fn, tensors, mb)
                 loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
+            if not state["eval_mode"]:
                 loss.backward()
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
@@ -432,21 +395,14 @@ class PolicyWorker:
             if not state["eval_mode"] and not skipped:
                 self.flat_grads.all_reduce(self._all_reduce_sum)
                 params = self.flat_grads.params
-                max_norm = float(_cfg_get(self.cfg, "max_grad_norm"))
+                max_norm = float(cfg_get(self.cfg, "max_grad_norm"))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 self.optimizer.step()
                 self.optimizer_steps += 1
             self.optimizer.zero_grad(set_to_none=False)
-            result.update(
-                {
-                    "grad_norm": grad_norm,
-                    "lr": lr,
-                    "skipped": skipped,
-                    "is_replica_leader": True,
-                }
-            )
+            result.update({"grad_norm": grad_norm, "lr": lr, "skipped": skipped, "is_replica_leader": True})
             return result
         finally:
             self._step_state = None
@@ -458,14 +414,10 @@ class PolicyWorker:
 
     def train(self, data: BatchedDataDict, loss_fn: LossFn, eval_mode: bool = False, gbs: int | None = None,
               mbs: int | None = None) -> dict[str, Any]:
-        """Train on this rank's shard: one optimizer step per global batch.
+        """Train on this rank's shard: one optimizer step per global batch (arguments as ``Policy.train``).
 
-        Args:
-            data: This rank's rows of ``T / gbs`` consecutive global batches (its part of chunk k
-                precedes its part of chunk k+1), optionally with the driver's microbatch plan.
-            eval_mode: Loss only, no update.
-            gbs: Global batch size (default ``policy.train_global_batch_size``).
-            mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
+        ``data`` holds this rank's rows of ``T / gbs`` consecutive global batches (its part of chunk k
+        precedes its part of chunk k+1), optionally with the driver's microbatch plan.
 
         Returns:
             ``{"per_step": [metrics of each global batch, as :meth:`finish_train_step`]}``.
@@ -473,15 +425,14 @@ class PolicyWorker:
         Raises:
             ValueError: The shard is not a whole number of global-batch parts.
         """
-        gbs = int(gbs or _cfg_get(self.cfg, "train_global_batch_size"))
+        gbs = int(gbs or cfg_get(self.cfg, "train_global_batch_size"))
         if gbs % self.world_size != 0:
             raise ValueError(f"PolicyWorker: gbs={gbs} is not a multiple of world_size={self.world_size}")
         chunk_rows = gbs // self.world_size
         # Row ranges of each chunk in this shard: from the plan when attached, else fixed.
         if data.micro_batch_indices is not None:
-            specs = data.microbatch_plan()
             chunks: dict[int, list[int]] = {}
-            for spec in specs:
+            for spec in data.microbatch_plan():
                 lo_hi = chunks.setdefault(spec.chunk, [spec.start, spec.end])
                 lo_hi[0], lo_hi[1] = min(lo_hi[0], spec.start), max(lo_hi[1], spec.end)
             ranges = [(chunks[c][0], chunks[c][1], c) for c in sorted(chunks)]
@@ -516,11 +467,7 @@ class PolicyWorker:
 
     def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
         """Fresh optimizer state for a new phase (arguments as ``Policy.reset_optimizer``)."""
-        self.lr = float(lr)
-        self.optimizer = self._make_optimizer(self.lr)
-        self.optimizer_steps = 0
-        self.decay_steps = None if decay_steps is None else int(decay_steps)
-        self.warmup_steps = self._config_warmup_steps() if warmup_steps is None else int(warmup_steps)
+        self._set_phase(lr, decay_steps, warmup_steps)
 
     def get_state(self, include_weights: bool) -> dict[str, Any]:
         """Training state of this rank for a checkpoint.
@@ -574,13 +521,10 @@ class PolicyWorker:
 
         self.model.load_state_dict(weights["model"])
         self.reference_model.load_state_dict(weights["reference_model"])
-        self.lr = float(weights["lr"])
-        self.optimizer = self._make_optimizer(self.lr)
+        # Checkpoints written before the phase's warm-up was recorded used the config's.
+        self._set_phase(weights["lr"], weights["decay_steps"], weights.get("warmup_steps"))
         self.optimizer.load_state_dict(weights["optimizer"])
         self.optimizer_steps = int(weights["optimizer_steps"])
-        self.decay_steps = None if weights["decay_steps"] is None else int(weights["decay_steps"])
-        # Checkpoints written before the phase's warm-up was recorded used the config's.
-        self.warmup_steps = int(weights.get("warmup_steps", self._config_warmup_steps()))
         if rng is not None:
             restore_rng_state(dict(rng))
 

@@ -49,9 +49,7 @@ class Value(Policy):
 
         Reads ``input_ids`` and ``input_lengths``; 0 at column 0 and beyond a row's length.
         """
-        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        outs = self._dispatch_sharded("get_values", shards)
-        return self._fit_width(self._gather_in_input_order(outs, order), data, "values")
+        return self._per_token("get_values", data, "values")
 
     def init_trunk_from(self, policy_model_state: Mapping[str, Any]) -> None:
         """Start every critic replica from a policy model's trunk (all but the LM head).

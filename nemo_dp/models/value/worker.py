@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.models.builders import build_model
-from nemo_dp.models.policy.worker import PolicyWorker, _cfg_get
+from nemo_dp.models.builders import build_model, cfg_get
+from nemo_dp.models.policy.worker import PolicyWorker
 from nemo_dp.models.token_ops import align_values
 from nemo_dp.models.value_model import BACKBONE_PREFIX, VALUE_HEAD_PREFIX, ValueModel
 
@@ -58,7 +58,7 @@ class ValueWorker(PolicyWorker):
         Column 0 and columns at or beyond each row's length are 0; no ``token_mask`` is applied.
         """
         self.model.eval()
-        mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
+        mbs = int(micro_batch_size or cfg_get(self.cfg, "logprob_batch_size"))
         out = torch.zeros((data.size, data["input_ids"].shape[1]), dtype=torch.float32)
         for spec, mb, w in self._micro_batches(data, mbs):
             values = align_values(self._forward(self.model, mb["input_ids"][:, :w].to(self.device))).cpu()
