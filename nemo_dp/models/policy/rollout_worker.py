@@ -1,8 +1,7 @@
-"""``RolloutWorker``: a rollout actor separate from the training workers.
+"""``RolloutWorker``: a rollout actor with its own model copy, separate from the training workers.
 
-Holds its own model copy, generates its shard exactly as ``PolicyWorker.generate`` does, scores
-it, computes group advantages with the trainer's callable and writes every column into the store
-in one put, tagged with the generating ``policy_version``.  ``rollout_group`` is the driver side.
+It generates as ``PolicyWorker.generate`` does, scores, computes group advantages and writes the
+rows into the store tagged with the generating ``policy_version``.  ``rollout_group`` is the driver side.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from nemo_dp.data_plane.schema import (
     ADVANTAGES, DP_TRAIN_FIELDS, GENERATION_LOGPROBS, INPUT_IDS, INPUT_LENGTHS, SAMPLE_MASK, TAG_BASELINE,
     TAG_INPUT_LENGTHS, TAG_STD, TOKEN_MASK,
 )
-from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import score_parts
 from nemo_dp.models.builders import build_model
 from nemo_dp.models.policy.images import generate_rows
@@ -57,14 +55,26 @@ def partition_for_batch(batch: int) -> str:
 AdvantageFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
+def score_rollout(out: Mapping[str, Any], tokenizer: Any, env: Any, answers: Sequence[Any]) -> tuple[list, Any, dict]:
+    """``(responses, rewards, other reward parts)`` of generated rows, decoded and scored by ``env``."""
+    ids, starts, ends = out[INPUT_IDS], out[PROMPT_LENGTHS].tolist(), out[INPUT_LENGTHS].tolist()
+    responses = [tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))]
+    scored = score_parts(env, responses, answers)
+    return responses, scored.pop("rewards"), scored
+
+
+def rollout_columns(out: Mapping[str, Any], sample_mask: torch.Tensor, **extra: torch.Tensor) -> dict[str, Any]:
+    """The store columns of generated rows: the bulk per-token ones, ``sample_mask``, ``extra`` and any images."""
+    columns = {k: out[k] for k in (INPUT_IDS, INPUT_LENGTHS, PROMPT_LENGTHS, GENERATION_LOGPROBS, TOKEN_MASK)}
+    return {**columns, SAMPLE_MASK: sample_mask, **extra, **{k: out[k] for k in IMAGE_FIELDS if k in out}}
+
+
 def shard_bounds(num_prompts: int, group_size: int, dp_size: int) -> list[tuple[int, int]]:
-    """Row ranges of a rollout batch's shards: ``Policy.generate``'s split over ``dp_size`` ranks.
+    """``dp_size`` half-open row ranges (possibly empty) of a rollout batch's shards, covering every row.
 
-    Contiguous runs of ``ceil(n / dp_size)`` rows (so each shard's generation sub-batches are the
-    synchronous path's), or, when such a run would cut a GRPO group, runs of
-    ``ceil(num_prompts / dp_size)`` whole groups.
-
-    Returns ``dp_size`` half-open ``(start, end)`` row ranges (possibly empty) covering every row.
+    Contiguous runs of ``ceil(n / dp_size)`` rows (``Policy.generate``'s split, so each shard's
+    generation sub-batches are the synchronous path's), or, when such a run would cut a GRPO
+    group, runs of ``ceil(num_prompts / dp_size)`` whole groups.
 
     Raises:
         ValueError: A non-positive argument.
@@ -89,8 +99,6 @@ class RolloutWorker:
     """One rollout actor: a model copy, its store client, generation + scoring + advantages.
 
     Args:
-        index: This actor's index in its group (for messages).
-        policy_cfg: The ``policy`` config as a plain mapping.
         overlong_filtering: Zero the sample mask of truncated responses.
         seed: Run seed (initial weights; replaced by :meth:`load_weights` before any rollout).
         dp_cfg: The validated ``data_plane`` config (the actor attaches to the driver's system).
@@ -128,10 +136,6 @@ class RolloutWorker:
         self.version = int(version)
         return self.version
 
-    def _generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> BatchedDataDict:
-        # The same chunking and call as PolicyWorker.generate, so rows are bit-identical.
-        return generate_rows(self, prompts, seeds, greedy=False)
-
     def generate_into_store(
         self, shard: Mapping[str, Sequence[Any]], *, partition_id: str, tokenizer: Any, env: Any
     ) -> dict[str, Any]:
@@ -162,14 +166,10 @@ class RolloutWorker:
             )
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = self._generate(prompts, seeds)
-        token_ids = out[INPUT_IDS]
-        starts, ends = out[PROMPT_LENGTHS].tolist(), out[INPUT_LENGTHS].tolist()
-        responses = [
-            tokenizer.decode(token_ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))
-        ]
-        scored = score_parts(env, responses, answers)
-        rewards = scored.pop("rewards")
+            # The same chunking and call as PolicyWorker.generate, so rows are bit-identical.
+            out = generate_rows(self, prompts, seeds, greedy=False)
+        _, rewards, scored = score_rollout(out, tokenizer, env, answers)
+        ends = out[INPUT_LENGTHS].tolist()
         baseline, std, adv = self.advantage_fn(rewards)
         if not (baseline.shape == std.shape == adv.shape == rewards.shape):
             raise ValueError(
@@ -181,16 +181,7 @@ class RolloutWorker:
         token_mask = out[TOKEN_MASK]
         gen_s = time.perf_counter() - t0
         response_lengths = token_mask.sum(dim=1).to(torch.int32)
-        columns = {
-            INPUT_IDS: token_ids,
-            INPUT_LENGTHS: out[INPUT_LENGTHS],
-            PROMPT_LENGTHS: out[PROMPT_LENGTHS],
-            GENERATION_LOGPROBS: out[GENERATION_LOGPROBS],
-            TOKEN_MASK: token_mask,
-            SAMPLE_MASK: sample_mask,
-            ADVANTAGES: adv.unsqueeze(1) * token_mask.float(),
-            **{k: out[k] for k in IMAGE_FIELDS if k in out},
-        }
+        columns = rollout_columns(out, sample_mask, **{ADVANTAGES: adv.unsqueeze(1) * token_mask.float()})
         tags = [
             {
                 TAG_INPUT_LENGTHS: int(ends[i]),

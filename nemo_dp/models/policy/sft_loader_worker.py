@@ -21,12 +21,7 @@ SFT_PARTITION_TEMPLATE = "sft_dp{rank}_batch{k}"
 
 
 def _batch_to_tensordict(batch: Mapping[str, Any], n: int) -> Any:
-    """A collated batch as the TensorDict a put takes, on every backend.
-
-    ``PackedTensor`` columns (a VLM batch's images) are written per row (one one-entry
-    PackedTensor each), which every backend stores per sample and both readers turn back into one
-    PackedTensor; the other columns are wrapped as they are.
-    """
+    """A collated batch as the TensorDict a put takes; ``PackedTensor`` columns (VLM images) go in per row."""
     from nemo_dp.data_plane.codec import pack_jagged_fields
     from nemo_dp.utils.packed_tensor import PackedTensor
 
@@ -40,23 +35,20 @@ def _batch_to_tensordict(batch: Mapping[str, Any], n: int) -> Any:
 
 
 def sft_partition_id(rank: int, k: int) -> str:
-    """``f"sft_dp{rank}_batch{k}"``: DP rank ``rank``'s part of batch ``k`` (0-based, trained in step ``k + 1``)."""
+    """DP rank ``rank``'s partition of batch ``k`` (0-based, trained in step ``k + 1``)."""
     return SFT_PARTITION_TEMPLATE.format(rank=int(rank), k=int(k))
 
 
 @dataclass
 class SFTBatchEnvelope:
-    """What a worker returns for one loaded batch (small; this is all the driver receives).
+    """What a worker returns for one loaded batch (all the driver receives).
 
     Attributes:
         meta: The put receipt with ``task_name="train"``, ``sequence_lengths`` and
             ``pad_to_multiple`` in ``extra_info`` (Local: also the partition generation).
         source_ids: Dataset indices of the rows, in row order.
-        valid_tokens: Trained tokens in the rows (``token_mask`` sum).
-        num_microbatches: Micro-batches the rank will run (``ceil(rows / micro_batch_size)``).
-        load_time_s: Seconds this call spent loading the batch (tokenise + put); 0 when it was
-            prefetched by an earlier call.
-        prefetched: The batch was loaded ahead of its step.
+        valid_tokens: ``token_mask`` sum; num_microbatches: ``ceil(rows / micro_batch_size)``.
+        load_time_s: Seconds this call spent loading the batch; 0 when it was prefetched.
     """
 
     meta: KVBatchMeta
@@ -77,16 +69,13 @@ class _LoadedBatch:
 
 
 class ColocatedLoaderMixin:
-    """Worker-side colocated SFT loader.
+    """Worker-side colocated SFT loader (driver side: ``nemo_dp.algorithms.sft_loader.ColocatedLoaderGroup``).
 
     Keeps a lockstep replica of the run's ``EpochLoader``, puts rank ``r``'s block of each global
-    batch into partition ``sft_dp{r}_batch{k}``, prefetches within ``max_live_batches``, commits
-    or aborts (rewinding the loader) and runs a fused ``run_sft_step``.  The driver side is
-    ``nemo_dp.algorithms.sft_loader.ColocatedLoaderGroup``.  A commit stays provisional until the
-    driver asks for the next batch, so a failed step is retried on every rank.
-
-    The host has ``self.dp_client``, ``self.rank`` and ``self.world_size``.  Pure data
-    parallelism only: setup refuses a host whose ``_is_replica_leader()`` is false.
+    batch into partition ``sft_dp{r}_batch{k}``, prefetches within ``max_live_batches`` and
+    commits or aborts (rewinding the loader).  A commit stays provisional until the driver asks
+    for the next batch, so a failed step is retried on every rank.  The host has ``dp_client``,
+    ``rank`` and ``world_size``; pure data parallelism only.
     """
 
     _cl_loader: Any = None
@@ -102,12 +91,9 @@ class ColocatedLoaderMixin:
         max_live_batches: int,
         pad_to_multiple: int = 1,
     ) -> None:
-        """Take a replica of the run's loader and start at its current position.
+        """Take a replica of the run's ``EpochLoader`` and start at its current position.
 
         Args:
-            loader: The run's ``EpochLoader`` (global batch size; a copy arrives over Ray).
-            max_seq_len: Longest allowed example (``policy.model.max_seq_len``).
-            micro_batch_size: ``policy.train_micro_batch_size``.
             max_live_batches: Batches this loader may hold in the store at once (active +
                 prefetched); Local: ``data_plane.max_partitions``.
             pad_to_multiple: Recorded in each meta's ``extra_info`` (TP x CP alignment).
@@ -157,9 +143,7 @@ class ColocatedLoaderMixin:
         self._cl_stats = {"loads": 0, "prefetched_hits": 0, "store_full": 0}
 
     def set_colocated_position(self, next_batch_index: int) -> None:
-        """Set the batch index the next step trains on (= steps done), after a resume.
-
-        The loader itself is already positioned.
+        """Set the batch index the next step trains on (= steps done) after a resume; the loader is already positioned.
 
         Raises:
             RuntimeError: Batches are live (the position would no longer match them).
@@ -198,11 +182,7 @@ class ColocatedLoaderMixin:
 
     # --- loading ------------------------------------------------------------------------------
     def _cl_produce(self, *, wait: bool = True) -> _LoadedBatch | None:
-        """Load the loader's next batch into a fresh partition.
-
-        With ``wait`` (the batch a step needs) a full store raises; without it (opportunistic
-        prefetch) a full store returns ``None``.  Either way the loader is rewound.
-        """
+        """Load the next batch into a fresh partition; a full store raises with ``wait``, else returns ``None``."""
         from nemo_dp.data.datasets import collate_sft
 
         client = self._cl_client()
@@ -265,9 +245,7 @@ class ColocatedLoaderMixin:
     def _cl_register(self, client: Any, pid: str, *, fields: list[str], num_samples: int, wait: bool) -> bool:
         """Register ``pid`` if the loader's bound and the store leave a slot; False (only without ``wait``) if not.
 
-        Raises:
-            RuntimeError: With ``wait``, the loader already holds ``max_live_batches`` batches.
-            PartitionLimitError: With ``wait``, the store is full of other users' partitions.
+        Raises (with ``wait``): RuntimeError (``max_live_batches`` reached), PartitionLimitError (store full).
         """
         if len(self._cl_ready) >= self._cl_max_live:
             self._cl_stats["store_full"] += 1
@@ -288,14 +266,10 @@ class ColocatedLoaderMixin:
         return True
 
     def load_sft_batch(self, batch_index: int, prefetch: bool = True) -> SFTBatchEnvelope:
-        """Return the envelope of batch ``batch_index`` (loading it now unless prefetched).
+        """The envelope of the run's next batch ``batch_index`` (loaded now unless prefetched); it becomes active.
 
-        Batch ``batch_index`` becomes *active* until :meth:`commit_sft_batch` or
-        :meth:`abort_sft_batch`.  With ``prefetch`` the following batches are then loaded while
-        fewer than ``max_live_batches`` are live.
-
-        ``batch_index`` must be the next batch of the run (steps done so far).  With a Local store
-        the envelope's meta carries the partition generation.
+        It stays active until :meth:`commit_sft_batch` or :meth:`abort_sft_batch`.  With
+        ``prefetch`` the following batches are then loaded while fewer than ``max_live_batches`` are live.
 
         Raises:
             RuntimeError: Not set up, or another batch is active.
@@ -324,10 +298,7 @@ class ColocatedLoaderMixin:
         return envelope
 
     def _cl_envelope(self, k: int, *, wait: bool) -> SFTBatchEnvelope | None:
-        """Batch ``k``'s envelope: prefetched (``prefetched=True``, no load time) or loaded now.
-
-        Without ``wait``, ``None`` when the store is full.
-        """
+        """Batch ``k``'s envelope, prefetched or loaded now (without ``wait``, ``None`` when the store is full)."""
         loaded = self._cl_ready.get(k)
         if loaded is not None:
             self._cl_stats["prefetched_hits"] += 1
@@ -339,16 +310,11 @@ class ColocatedLoaderMixin:
     def run_sft_step(
         self, placed_meta: KVBatchMeta, batch_index: int, loss_fn: Any, mbs: int | None = None
     ) -> dict[str, Any]:
-        """One whole SFT step on this rank in one call: train batch *k*, commit it, ready *k+1*.
+        """One whole SFT step on this rank: train batch ``batch_index`` (*k*), commit it, ready *k+1*.
 
         ``placed_meta`` must be the loaded batch's meta as the driver stamped it.  A failure before
         the optimizer step aborts this rank's step and leaves the batch loaded (the driver then
-        aborts every rank).  Readying *k+1* never fails the step: on error ``"next"`` is ``None``
-        and ``"next_error"`` says why.
-
-        Args:
-            batch_index: The batch to train (= steps done so far).
-            mbs: Rows per micro-batch (passed to ``begin_train_step_presharded``).
+        aborts every rank).  Readying *k+1* never fails the step.
 
         Returns:
             ``{"metrics", "consumed", "next", "load_s", "next_error", "next_store_unavailable"}``:
@@ -394,12 +360,8 @@ class ColocatedLoaderMixin:
             error = repr(exc)
             unavailable = isinstance(exc, DataPlaneUnavailableError)
         return {
-            "metrics": metrics,
-            "consumed": consumed,
-            "next": nxt,
-            "load_s": time.perf_counter() - t0,
-            "next_error": error,
-            "next_store_unavailable": unavailable,
+            "metrics": metrics, "consumed": consumed, "next": nxt, "load_s": time.perf_counter() - t0,
+            "next_error": error, "next_store_unavailable": unavailable,
         }
 
     def _cl_check_placed(self, k: int, placed_meta: KVBatchMeta) -> None:
@@ -421,18 +383,12 @@ class ColocatedLoaderMixin:
                 "first (load_sft_batch)"
             )
         meta = loaded.envelope.meta
-        mismatch = [
-            name
-            for name, same in (
-                ("partition_id", placed_meta.partition_id == meta.partition_id),
-                ("sample_ids", list(placed_meta.sample_ids) == list(meta.sample_ids)),
-                (
-                    "extra_info",
-                    all(placed_meta.extra_info.get(key) == value for key, value in meta.extra_info.items()),
-                ),
-            )
-            if not same
-        ]
+        same = {
+            "partition_id": placed_meta.partition_id == meta.partition_id,
+            "sample_ids": list(placed_meta.sample_ids) == list(meta.sample_ids),
+            "extra_info": all(placed_meta.extra_info.get(key) == value for key, value in meta.extra_info.items()),
+        }
+        mismatch = [name for name, ok in same.items() if not ok]
         if mismatch:
             raise ValueError(
                 f"colocated loader on DP rank {self.rank}: the placed meta of batch {k} "
@@ -441,11 +397,7 @@ class ColocatedLoaderMixin:
             )
 
     def prefetch_sft_batches(self) -> int:
-        """Load ahead while fewer than ``max_live_batches`` batches are live.
-
-        Returns the number loaded.  Opportunistic: it stops (loader rewound, nothing dropped)
-        when the store has no free slot instead of waiting.
-        """
+        """Load ahead while fewer than ``max_live_batches`` are live, stopping at a full store; return how many."""
         self._cl_require()
         loaded = 0
         while len(self._cl_ready) < self._cl_max_live:
@@ -477,16 +429,11 @@ class ColocatedLoaderMixin:
         return len(loaded.envelope.source_ids)
 
     def abort_sft_batch(self, batch_index: int | None = None) -> list[str]:
-        """Drop the active and every prefetched batch; rewind the loader to the committed position.
+        """Drop the active and every prefetched batch and rewind the loader; return the partitions dropped.
 
-        The next :meth:`load_sft_batch` reloads the same batch.  Idempotent.
-
-        Args:
-            batch_index: The batch of the step the driver aborts; a commit of it by this rank in the
-                failed step is rolled back first.  ``None``: abort at this rank's own position.
-
-        Returns:
-            The partitions dropped.
+        The loader returns to the committed position, so the next :meth:`load_sft_batch` reloads the
+        same batch.  Idempotent.  ``batch_index`` is the batch of the step the driver aborts (this
+        rank's commit of it is rolled back first); ``None`` aborts at this rank's own position.
 
         Raises:
             RuntimeError: ``batch_index`` is neither this rank's next batch nor the batch it
@@ -541,10 +488,7 @@ class ColocatedLoaderMixin:
 
     # --- checkpoint support ----------------------------------------------------------------
     def quiesce_colocated_loader(self) -> dict[str, Any]:
-        """Drop prefetched batches (rewinding the loader) and return the committed position.
-
-        Returns:
-            ``{"loader": EpochLoader state after the last committed batch, "next_batch": k, "dp_rank": r}``.
+        """Drop prefetched batches (rewinding the loader); return ``{"loader": state, "next_batch": k, "dp_rank": r}``.
 
         Raises:
             RuntimeError: A batch is active (its step has not committed or aborted).
@@ -562,7 +506,7 @@ class ColocatedLoaderMixin:
         }
 
     def save_colocated_data_plane(self, checkpoint_dir: str, metadata: Mapping[str, Any]) -> str:
-        """Save this worker's store (the adapter's checkpoint, atomic) with JSON ``metadata``; return the dir.
+        """Save this worker's store atomically with JSON ``metadata``; return the dir.
 
         Raises:
             RuntimeError: A batch is active.

@@ -204,7 +204,7 @@ class TQPolicy(TQDriverMixin, Policy):
         self._dispatch_sharded(method, shards)
 
     def get_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
-        """Policy log-probs of ``meta``'s rows (holding ``LP_SEED_FIELDS``), written to the store as ``prev_logprobs``."""
+        """Policy log-probs of ``meta``'s rows (holding ``LP_SEED_FIELDS``), stored as ``prev_logprobs``."""
         self._dispatch_logprobs(meta, TASK_PREV_LP, "get_logprobs_presharded")
 
     def get_policy_and_reference_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
