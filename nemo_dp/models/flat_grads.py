@@ -34,10 +34,7 @@ class FlatGrads:
         self.attach()
 
     def attach(self) -> None:
-        """Point each ``.grad`` back into the buffers, keeping its value (``None`` reads as 0).
-
-        Cheap when nothing moved; needed only if some code replaced a ``.grad``.
-        """
+        """Point each ``.grad`` back into the buffers, keeping its value (``None`` reads as 0)."""
         for p in self.params:
             view = self._views[id(p)]
             grad = p.grad

@@ -1,8 +1,7 @@
-"""Incremental (KV-cached) sampling from any ``CausalLM`` with per-sample seeds.
+"""KV-cached sampling from any ``CausalLM`` with per-sample seeds.
 
 Each row samples (Gumbel-max) from its own CPU generator seeded with ``seeds[i]``, so a sample
-depends only on prompt, seed and weights, however prompts are sharded or batched.  Prompts are
-left-padded with per-row positions and a key-validity mask.
+depends only on prompt, seed and weights, however prompts are sharded or batched.
 """
 
 from __future__ import annotations
@@ -45,20 +44,14 @@ def generate(
     model: CausalLM, prompts: list[list[int]], *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool,
     temperature: float, seeds: list[int], precision: Precision = FULL_PRECISION,
 ) -> dict[str, Any]:
-    """Generate a response for each prompt.
-
-    Prompts are left-padded internally (positions restart at 0 in every row and pads are
-    masked out), decoded one token per step with a KV cache, and returned right-padded.
+    """Generate a response for each prompt (left-padded internally, returned right-padded).
 
     Args:
         prompts: Token ids per prompt (bos included by the caller).
         max_new_tokens: Most tokens to generate per row (eos included).
-        pad_id: Fills the padding of the returned ``input_ids``.
         greedy: Argmax decoding (seeds are then unused).
         temperature: Sampling temperature (> 0 when not greedy).
-        seeds: One seed per row for its private ``torch.Generator``.
-        precision: The model's ``policy.precision``: the forwards run in its autocast (one
-            region for the whole call); the sampling itself always in float32.
+        precision: The forwards run in its autocast; the sampling itself always in float32.
 
     Returns:
         ``input_ids`` int64 [B, S] (prompt + response, right padded), ``input_lengths`` int32

@@ -1,7 +1,6 @@
 """Offline tiny HuggingFace checkpoints: ``python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR``.
 
-Trains a byte-level BPE tokenizer on the arithmetic task and writes a randomly initialised small
-Llama, Qwen2 or GPT-2 laid out like a hub checkpoint.  :func:`ensure_tiny_checkpoint` caches one.
+A byte-level BPE tokenizer trained on the arithmetic task plus a randomly initialised Llama, Qwen2 or GPT-2.
 """
 
 from __future__ import annotations
@@ -64,9 +63,7 @@ def train_bpe_tokenizer(
 ) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` (one token per digit).
 
-    Args:
-        vocab_size: Target vocabulary (bytes + merges + specials).
-        extra_specials: Special tokens after :data:`SPECIAL_TOKENS` (also additional specials).
+    ``extra_specials`` come after :data:`SPECIAL_TOKENS` (and are additional specials).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -97,10 +94,7 @@ def special_token_ids(tok: Any) -> dict[str, int]:
 
 
 def seeded_model(seed: int, build: Callable[[], Any], ids: dict[str, int]) -> Any:
-    """``build()`` with the torch RNG seeded by ``seed``, its generation config given ``ids``.
-
-    Model constructors draw from the global RNG: it is forked so the caller's stream is untouched.
-    """
+    """``build()`` under a forked torch RNG seeded by ``seed``, its generation config given ``ids``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build()
@@ -111,13 +105,7 @@ def seeded_model(seed: int, build: Callable[[], Any], ids: dict[str, int]) -> An
 
 @dataclass(frozen=True)
 class TinyDims:
-    """Shape of a tiny checkpoint (the defaults are the ``policy=hf`` default model's).
-
-    Attributes:
-        intermediate_size: Width of the MLP (Llama / Qwen2; GPT-2 uses ``4 * hidden_size``).
-        num_heads: Attention heads (must divide ``hidden_size``).
-        num_kv_heads: Key / value heads (Llama / Qwen2; must divide ``num_heads``).
-    """
+    """Shape of a tiny checkpoint (defaults: the ``policy=hf`` default model's; GPT-2 ignores the MLP and KV sizes)."""
 
     hidden_size: int = 128
     intermediate_size: int = 256
@@ -166,18 +154,10 @@ def make_tiny_checkpoint(
     arch: str, out: str | os.PathLike[str], *, seed: int = 0, digits: int = 3, vocab_size: int = 384,
     max_positions: int = 128, dims: TinyDims | None = None,
 ) -> Path:
-    """Write a tokenizer and a randomly initialised ``arch`` model into ``out``; return the directory.
+    """Write a tokenizer and a random ``arch`` model into ``out`` (created, overwritten); return it.
 
-    Args:
-        arch: One of :data:`ARCHS`.
-        out: Target directory (created; existing files are overwritten).
-        seed: Seeds the tokenizer corpus and the weight initialisation.
-        digits: Operand digits of the arithmetic corpus.
-        vocab_size: Target BPE vocabulary (bytes + merges + specials).
-        max_positions: ``max_position_embeddings`` of the model.
-
-    Raises:
-        ValueError: An unknown architecture.
+    ``seed`` seeds the corpus and the weights; ``digits`` are the corpus's operand digits.
+    Raises ``ValueError`` for an unknown architecture.
     """
     from transformers import AutoModelForCausalLM
 
@@ -198,13 +178,9 @@ def ensure_tiny_checkpoint(
     arch: str, cache_dir: str | os.PathLike[str], *, seed: int = 0, dims: TinyDims | None = None,
     name: str | None = None,
 ) -> Path:
-    """The tiny ``arch`` checkpoint directory ``cache_dir/<name>``, built on first use by :func:`build_once`.
+    """The tiny ``arch`` checkpoint ``cache_dir/<name>`` (default ``tiny-<arch>``), built on first use.
 
-    Args:
-        seed: Seed of a fresh build.
-        dims: Shape of a fresh build (default :class:`TinyDims`); give a non-default shape its
-            own ``name`` so it does not meet a default-shaped cache entry.
-        name: Directory name under ``cache_dir`` (default ``tiny-<arch>``).
+    A non-default ``dims`` needs its own ``name`` so it does not meet a default-shaped cache entry.
     """
     return build_once(
         Path(cache_dir) / (name or f"tiny-{arch}"), _FILES_DONE,
@@ -213,10 +189,9 @@ def ensure_tiny_checkpoint(
 
 
 def build_once(final: Path, done_files: Sequence[str], build: Callable[[Path], Any]) -> Path:
-    """``final``, built by ``build(<private sibling>)`` and renamed into place unless complete.
+    """``final``, unless it holds all ``done_files`` built by ``build(<private sibling>)`` and renamed into place.
 
-    ``final`` is complete when all ``done_files`` are in it.  Concurrent callers never see a
-    half-written directory: the first rename wins and the others discard their copy.
+    Concurrent callers never see a half-written directory: the first rename wins.
     """
     if all((final / f).is_file() for f in done_files):
         return final

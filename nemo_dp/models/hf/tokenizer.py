@@ -69,10 +69,7 @@ class HFTokenizer:
         self._tok.save_pretrained(os.fspath(directory))
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` without added bos / eos.
-
-        Special-token text (e.g. a template's markers) maps to its id.
-        """
+        """Ids of ``text`` without added bos / eos (special-token text maps to its id)."""
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def encode_prompt(self, prompt: str) -> list[int]:
@@ -87,11 +84,7 @@ class HFTokenizer:
         return self.encode(response) + [self._eos]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
-        """Text of ``ids`` (ints or 0-d tensors); ``skip_special`` drops special tokens' text.
-
-        Raises:
-            ValueError: An id outside the vocabulary.
-        """
+        """Text of ``ids`` (ints or 0-d tensors); ``ValueError`` for an id outside the vocabulary."""
         out: list[int] = []
         for raw in ids:
             tid = int(raw)
@@ -103,13 +96,7 @@ class HFTokenizer:
         return str(self._tok.decode(out, skip_special_tokens=skip_special))
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
-        """Render ``{role, content}`` turns with the chat template, or concatenate them without one.
-
-        ``add_generation_prompt`` appends the assistant prefix (template only).
-
-        Raises:
-            ValueError: A malformed turn.
-        """
+        """Render ``{role, content}`` turns with the chat template, or concatenate them (``ValueError``: bad turn)."""
         check_messages(messages)
         if self.chat_template is None:
             return concat_messages(messages)

@@ -1,8 +1,4 @@
-"""``ValueWorker``: one data-parallel rank of the PPO critic (a Ray actor).
-
-Reuses ``PolicyWorker`` with a ``ValueModel`` and ``get_values``; the loss receives the value
-head's ``[b, s]`` output in place of logits.
-"""
+"""``ValueWorker``: a ``PolicyWorker`` over a ``ValueModel``; the loss receives ``[b, s]`` values in place of logits."""
 
 from __future__ import annotations
 
@@ -24,11 +20,7 @@ VALUE_HEAD_PARAMS: frozenset[str] = frozenset({f"{VALUE_HEAD_PREFIX}weight"})
 
 
 class ValueWorker(PolicyWorker):
-    """One critic DP rank: value model, optimizer and gloo group membership.
-
-    Constructed like ``PolicyWorker``.  The inherited reference copy is never used for
-    computation; it exists so the inherited checkpoint methods work unchanged.
-    """
+    """One critic DP rank; its unused reference copy keeps the inherited checkpoint methods working."""
 
     def _build_model(self) -> torch.nn.Module:
         # A zero-initialised head (see ValueModel): the critic starts by predicting 0
@@ -37,17 +29,15 @@ class ValueWorker(PolicyWorker):
 
     # --- what a critic does not do ----------------------------------------------------------
     def generate(self, shard: Mapping[str, Any], greedy: bool) -> BatchedDataDict:
-        """Not available: the critic has no language-model head; raises ``RuntimeError``."""
+        """Raises ``RuntimeError``, as do the log-prob methods: the critic has no LM head."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model cannot generate")
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Not available: the critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no log-probs; use get_values")
 
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
-        """Not available: the critic has no reference policy; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no reference policy")
 
     # --- values --------------------------------------------------------------------------------
@@ -68,11 +58,7 @@ class ValueWorker(PolicyWorker):
         return BatchedDataDict({"values": out})
 
     def init_trunk_from(self, policy_model_state: Mapping[str, torch.Tensor]) -> int:
-        """Copy the whole backbone (every tensor but the value head) from a policy state dict.
-
-        Returns the number of tensors copied.  Starts the critic from the warm-started policy's
-        representation (same family and shape); the optimizer is rebuilt (its state referred to
-        the old tensors' values).
+        """Copy every tensor but the value head from a policy state dict and rebuild the optimizer; return the count.
 
         Raises:
             KeyError: A backbone tensor is missing from ``policy_model_state``.
