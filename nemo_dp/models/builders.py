@@ -29,22 +29,11 @@ def cfg_get(cfg: Any, key: str, default: Any = REQUIRED) -> Any:
 
 @dataclass(frozen=True)
 class ModelBuilder:
-    """What a ``policy`` option provides.
+    """What a ``policy`` kind provides: the functions behind :func:`build_model` and the other helpers below.
 
-    Attributes:
-        kind: The ``policy.kind`` value (and ``conf/policy/<kind>.yaml``).
-        build_model: ``(policy_cfg, vocab_size, seed) -> CausalLM`` on CPU; every rank given
-            the same arguments builds identical weights.
-        build_tokenizer: ``(policy_cfg) -> Tokenizer``.
-        validate: ``(policy_cfg) -> None``; raises ``ValueError`` naming the key and the fix.
-        load_pretrained: ``(policy_cfg, directory) -> CausalLM`` written by its ``save_pretrained``.
-        prepare: ``(policy_cfg) -> None``: create what the node refers to and may be built
-            locally (``hf``: an offline tiny checkpoint on first use).
-        save_tokenizer: ``(policy_cfg, directory) -> None``: write the tokenizer's files next to a
-            model's ``save_pretrained`` output (``tiny`` writes nothing).
-        load_saved_tokenizer: ``(policy_cfg, directory) -> Tokenizer | None``: what
-            ``save_tokenizer`` wrote there, or ``None``.
-        takes_images: The model reads per-sample images and has ``with_images`` (``hf_vlm``).
+    ``build_model`` builds identical weights on every rank given the same arguments; ``validate``
+    raises ``ValueError`` naming the key and the fix; ``takes_images``: the model reads per-sample
+    images and has ``with_images`` (``hf_vlm``).
     """
 
     kind: str

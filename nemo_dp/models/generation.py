@@ -54,15 +54,12 @@ def generate(
         precision: The forwards run in its autocast; the sampling itself always in float32.
 
     Returns:
-        ``input_ids`` int64 [B, S] (prompt + response, right padded), ``input_lengths`` int32
-        [B], ``prompt_lengths`` int32 [B], ``generation_logprobs`` float32 [B, S] (log-prob of
-        each response token under the sampling distribution, i.e. softmax(logits/temperature),
-        or softmax(logits) when greedy; 0 on prompt and padding), ``token_mask`` int32 [B, S]
-        (1 on response tokens, eos included), ``truncated`` bool [B] (no eos generated).
+        ``input_ids`` int64 [B, S], ``input_lengths`` / ``prompt_lengths`` int32 [B],
+        ``generation_logprobs`` float32 [B, S] (under softmax(logits/temperature); 0 off the
+        response), ``token_mask`` int32 [B, S] (response, eos included), ``truncated`` bool [B].
 
     Raises:
-        ValueError: Empty prompts, mismatched seeds, bad ``max_new_tokens`` or temperature, or a
-            sequence that would exceed the model's ``max_positions``.
+        ValueError: A bad argument or a sequence beyond the model's ``max_positions``.
     """
     _validate(model, prompts, max_new_tokens, greedy, temperature, seeds)
     was_training = model.training

@@ -35,11 +35,8 @@ def _as_dictconfig(cfg: Any) -> DictConfig:
 class Policy:
     """The policy: ``dp_size`` workers, each a model replica with its optimizer.
 
-    Args:
-        config: The ``policy`` config (``DictConfig``, ``PolicyConfig`` or mapping); kept as
-            ``self.cfg``, a ``DictConfig`` (attribute and item access both work).
-        seed: Run seed (identical initial weights on every rank; per-rank RNG streams).
-        name_prefix: Name used in error messages.
+    ``config`` (``DictConfig``, ``PolicyConfig`` or mapping) is kept as ``self.cfg``, a ``DictConfig``;
+    ``name_prefix`` names the policy in error messages.
     """
 
     #: The worker class the group runs; a data-plane subclass swaps in its mixed-in worker.
@@ -99,10 +96,8 @@ class Policy:
     ) -> tuple[list[BatchedDataDict], list[int]]:
         """``(shards, order)``: ``data`` over the DP ranks; ``order[p]`` is the input index of concatenated row ``p``.
 
-        ``batch_size`` None makes the whole batch one chunk; ``mb_tokens_key`` picks a plan's token budget.
-
-        Raises:
-            ValueError: The batch is empty or does not divide over the ranks / global batches.
+        ``batch_size`` None makes the whole batch one chunk.  Raises ``ValueError`` when the batch is
+        empty or does not divide over the ranks / global batches.
         """
         n = data.size
         if n == 0:
@@ -163,9 +158,8 @@ class Policy:
     def _aggregate_train_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Combine per-rank ``{"per_step": [...]}`` into metrics, ``num_optimizer_steps``, ``per_step_loss``.
 
-        Additive metric shares are summed over ranks (giving the global-batch value), then
-        averaged over the global batches of the call (counts are summed instead); ``grad_norm``
-        and ``lr`` are identical on all ranks and averaged over global batches.
+        Metric shares are summed over ranks, then averaged over the call's global batches (counts
+        are summed instead); ``grad_norm`` and ``lr`` (the same on all ranks) are averaged.
         """
         per_rank = [r["per_step"] for r in results]
         n_steps = len(per_rank[0])
@@ -197,16 +191,8 @@ class Policy:
     ) -> BatchedDataDict:
         """Generate one response per prompt over the workers; each row's own seed makes it independent of ``dp_size``.
 
-        Args:
-            prompts: Token ids per prompt (bos included), or ``VisualPrompt`` specs (the
-                workers render and encode them).
-            greedy: Argmax decoding (evaluation).
-            return_images: Return visual prompts' image columns with the rows (False: no image
-                crosses to the driver).
-
-        Returns:
-            ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
-            ``token_mask``, ``truncated``, rows in prompt order.
+        ``prompts`` are token ids (bos included) or ``VisualPrompt`` specs; ``return_images=False``
+        keeps image columns on the workers.  Returns ``generation.generate``'s fields in prompt order.
 
         Raises:
             ValueError: ``prompts`` is empty or ``seeds`` does not match it.
@@ -222,17 +208,10 @@ class Policy:
         return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
 
     def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Per-token log-probs under the current policy.
+        """``{"logprobs": float32 [B, S]}`` of ``input_ids`` under the current policy, in input order.
 
-        Args:
-            data: ``input_ids`` [B, S], ``input_lengths`` [B], optionally ``token_mask`` [B, S]
-                (other fields ride along).
-
-        Returns:
-            ``{"logprobs": float32 [B, S]}`` in input order. With a ``token_mask`` a row's
-            columns before its first masked token come back 0 (so does a row with none): losses
-            and metrics read masked tokens only, and the LM head skips the prompt. Without one
-            every column is filled.
+        Column 0 and padding are 0; with a ``token_mask`` [B, S] so are a row's columns before its
+        first masked token (all of a row with none), since the LM head skips the prompt.
         """
         return self._per_token("get_logprobs", data, "logprobs")
 
@@ -244,11 +223,8 @@ class Policy:
               mbs: int | None = None) -> dict[str, Any]:
         """Train on ``data``: one optimizer step per ``gbs`` rows; returns ``_aggregate_train_results``.
 
-        Args:
-            loss_fn: A ``LossFn`` (pickled to the workers).
-            eval_mode: Loss only, no update.
-            gbs: Global batch size (default ``policy.train_global_batch_size``).
-            mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
+        ``eval_mode``: loss only.  ``gbs`` / ``mbs`` default to ``policy.train_global_batch_size`` /
+        ``policy.train_micro_batch_size`` (rows per microbatch without a plan).
         """
         gbs = int(gbs or self.cfg.train_global_batch_size)
         shards, _ = self._shard_for_dp(data, batch_size=gbs, mb_tokens_key="train_mb_tokens")
@@ -260,12 +236,9 @@ class Policy:
         self._dispatch_all("snapshot_reference_policy")
 
     def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
-        """Fresh optimizer state at learning rate ``lr`` on every rank (a new phase).
+        """Fresh optimizer state at ``lr`` on every rank for a phase of ``decay_steps`` (cosine horizon).
 
-        Args:
-            decay_steps: Optimizer steps of the phase (horizon of a cosine schedule).
-            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's
-                ``optimizer.warmup_steps``; an SFT warm start passes its own).
+        ``warmup_steps`` None means the config's ``optimizer.warmup_steps``.
         """
         self._dispatch_all(
             "reset_optimizer",
@@ -298,13 +271,10 @@ class Policy:
         ray.get([w.load_state.remote(weights, rngs[r]) for r, w in enumerate(self.worker_group.workers)])
 
     def load_initial_weights(self, model_state: Mapping[str, Any]) -> None:
-        """Start from another run's model weights (``policy.init_from``) on every rank.
+        """Make ``model_state`` (``policy.init_from``) the trained and reference model on every rank.
 
-        ``model_state`` (e.g. a checkpoint's ``policy.weights.model``) becomes both the trained and
-        the reference model; the optimizer stays fresh and the RNG streams are kept.
-
-        Raises:
-            RuntimeError: The state dict does not fit the model (torch names the keys).
+        The optimizer stays fresh and the RNG streams are kept; a state that does not fit raises
+        torch's ``RuntimeError``.
         """
         import ray
 

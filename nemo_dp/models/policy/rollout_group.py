@@ -61,13 +61,8 @@ class RolloutStats:
 class RolloutGroup:
     """Starts the ``RolloutWorker`` actors, pushes them weights, dispatches rollout batches and claims rows.
 
-    Args:
-        policy: The ``TQPolicy`` (its store client registers, claims and clears partitions; its
-            rank-0 worker is the source of new weights).
-        tokenizer, env, advantage_fn: Shipped to the actors (decoding, scoring, group advantages).
-
-    Raises:
-        RuntimeError: Ray is not running or an actor failed to start.
+    ``policy`` is the ``TQPolicy`` (its store client, its rank-0 worker's weights); ``tokenizer``,
+    ``env`` and ``advantage_fn`` go to the actors.  Raises ``RuntimeError`` when Ray is not running.
     """
 
     def __init__(
@@ -135,8 +130,7 @@ class RolloutGroup:
 
         ``seeds`` has one sampling seed per row (prompt-major, ``len(problems) * group_size``).
 
-        Raises:
-            ValueError: ``seeds`` does not match the row count, or the partition is live.
+        Raises ``ValueError`` when ``seeds`` does not match the row count or the partition is live.
         """
         g = self.group_size
         n = len(problems) * g

@@ -72,12 +72,8 @@ def rollout_columns(out: Mapping[str, Any], sample_mask: torch.Tensor, **extra: 
 def shard_bounds(num_prompts: int, group_size: int, dp_size: int) -> list[tuple[int, int]]:
     """``dp_size`` half-open row ranges (possibly empty) of a rollout batch's shards, covering every row.
 
-    Contiguous runs of ``ceil(n / dp_size)`` rows (``Policy.generate``'s split, so each shard's
-    generation sub-batches are the synchronous path's), or, when such a run would cut a GRPO
-    group, runs of ``ceil(num_prompts / dp_size)`` whole groups.
-
-    Raises:
-        ValueError: A non-positive argument.
+    ``Policy.generate``'s split (runs of ``ceil(n / dp_size)`` rows), or, when such a run would cut
+    a GRPO group, runs of ``ceil(num_prompts / dp_size)`` whole groups.
     """
     if num_prompts < 1 or group_size < 1 or dp_size < 1:
         raise ValueError(
@@ -96,13 +92,7 @@ def shard_bounds(num_prompts: int, group_size: int, dp_size: int) -> list[tuple[
 
 
 class RolloutWorker:
-    """One rollout actor: a model copy, its store client, generation + scoring + advantages.
-
-    Args:
-        overlong_filtering: Zero the sample mask of truncated responses.
-        seed: Run seed (initial weights; replaced by :meth:`load_weights` before any rollout).
-        dp_cfg: The validated ``data_plane`` config (the actor attaches to the driver's system).
-    """
+    """One rollout actor: a model copy, its store client (attached to the driver's), generation + scoring."""
 
     def __init__(
         self, *, index: int, policy_cfg: Mapping[str, Any], group_size: int, overlong_filtering: bool,
@@ -141,12 +131,9 @@ class RolloutWorker:
     ) -> dict[str, Any]:
         """Generate whole groups, score them (``env``), compute advantages and write the rows.
 
-        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers", "ordinals"}``, one entry per
-        row, groups contiguous and whole.  The rows are written in one put of every training
-        column with the rows' tags, then one put of ``policy_version``, the column claims wait for.
-
-        Returns:
-            ``{"rows", "version", "gen_s", "put_s", "start", "end"}`` (``time.time`` stamps).
+        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers", "ordinals"}`` of whole groups.
+        One put writes every training column with the tags, then one put ``policy_version``, the
+        column claims wait for.  Returns ``{"rows", "version", "gen_s", "put_s", "start", "end"}``.
 
         Raises:
             RuntimeError: No weights were loaded yet.

@@ -93,14 +93,9 @@ class ColocatedLoaderMixin:
     ) -> None:
         """Take a replica of the run's ``EpochLoader`` and start at its current position.
 
-        Args:
-            max_live_batches: Batches this loader may hold in the store at once (active +
-                prefetched); Local: ``data_plane.max_partitions``.
-            pad_to_multiple: Recorded in each meta's ``extra_info`` (TP x CP alignment).
-
-        Raises:
-            ValueError: A bad setting, or the global batch does not split over the DP ranks.
-            RuntimeError: Batches of an earlier setup are still live.
+        ``max_live_batches`` bounds the batches held in the store at once (active + prefetched);
+        ``pad_to_multiple`` is recorded in each meta's ``extra_info``.  Raises ``ValueError`` for a
+        bad setting, ``RuntimeError`` while batches of an earlier setup are live.
         """
         if self._cl_loader is not None and getattr(self, "_cl_ready", None):
             raise RuntimeError(
@@ -274,8 +269,7 @@ class ColocatedLoaderMixin:
         Raises:
             RuntimeError: Not set up, or another batch is active.
             ValueError: ``batch_index`` is not the next batch.
-            PartitionLimitError: The store is full of other users' partitions (nothing of
-                the batch was stored; the loader is rewound, so a later call loads it again).
+            PartitionLimitError: The store is full (nothing stored; the loader is rewound).
         """
         self._cl_require()
         k = int(batch_index)
@@ -322,10 +316,8 @@ class ColocatedLoaderMixin:
             readying, why k+1 is not ready, and whether that was ``DataPlaneUnavailableError``.
 
         Raises:
-            ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not the
-                loaded batch's meta.
+            ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not its meta.
             RuntimeError: Not set up, the batch is not loaded, or another batch is active.
-            Exception: Whatever training raised (the step is aborted on this rank first).
         """
         self._cl_require()
         k = int(batch_index)
@@ -435,9 +427,8 @@ class ColocatedLoaderMixin:
         same batch.  Idempotent.  ``batch_index`` is the batch of the step the driver aborts (this
         rank's commit of it is rolled back first); ``None`` aborts at this rank's own position.
 
-        Raises:
-            RuntimeError: ``batch_index`` is neither this rank's next batch nor the batch it
-                just committed (after dropping everything).
+        Raises ``RuntimeError`` (after dropping everything) when ``batch_index`` is neither this
+        rank's next batch nor the one it just committed.
         """
         if self._cl_loader is None:
             return []

@@ -40,15 +40,9 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
 
         ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers"}``, one entry per row.
 
-        Returns:
-            ``{"meta": KVBatchMeta | None, "carry": {key: 1-D tensor} (``CARRY_KEYS``, plus each
-            reward's ``reward/<fn>`` values when ``env.rewards`` lists several),
-            "responses": list[str] | None}``; ``meta`` is ``None`` and ``carry`` empty for an
-            empty shard.  Nothing per-token is returned.
-
-        Raises:
-            ValueError: The shard's lists do not align.
-            RuntimeError: The data-plane client is not set up on this worker.
+        Returns ``{"meta", "carry", "responses"}``: the receipt (``None`` for an empty shard), the
+        per-row ``CARRY_KEYS`` (plus each ``reward/<fn>`` of several rewards), nothing per-token.
+        Raises ``ValueError`` for misaligned lists, ``RuntimeError`` without a data-plane client.
         """
         prompts, seeds = shard["prompts"], shard["seeds"]
         sample_ids, answers = list(shard["sample_ids"]), list(shard["answers"])

@@ -59,12 +59,7 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def resolve_device(policy_cfg: Any) -> torch.device:
-    """The device ``policy.device`` names (default ``cpu``).
-
-    Raises:
-        ValueError: An unknown device name.
-        RuntimeError: ``cuda`` without a visible CUDA device.
-    """
+    """The device ``policy.device`` names (default ``cpu``); ``RuntimeError`` for ``cuda`` without one."""
     name = str(cfg_get(policy_cfg, "device", "cpu"))
     if name not in DEVICES:
         raise ValueError(f"policy.device: got {name!r}; legal values: {list(DEVICES)}")
@@ -79,10 +74,7 @@ def resolve_device(policy_cfg: Any) -> torch.device:
 class PolicyWorker:
     """One DP rank: model replica, optimizer, frozen reference copy and process-group membership.
 
-    Args:
-        policy_cfg: The ``policy`` config node (mapping or dataclass).
-        seed: Run seed: every rank initialises identical weights from it; the rank's own RNG
-            streams are seeded with ``seed + rank``.
+    Every rank initialises identical weights from ``seed``; its own RNG streams use ``seed + rank``.
     """
 
     def __init__(
@@ -234,8 +226,7 @@ class PolicyWorker:
     def _micro_batches(self, data: BatchedDataDict, mbs: int) -> Iterator[tuple[MicrobatchSpec, BatchedDataDict, int]]:
         """``(spec, micro-batch, width)``: the driver's plan if attached, else runs of ``mbs`` rows.
 
-        ``width`` is the micro-batch's longest row, or its planned padded length when the plan is
-        a dynamic (token-budgeted) one and that is longer.
+        ``width``: the longest row, or a dynamic plan's padded length when longer.
         """
         if data.micro_batch_indices is not None:
             specs = data.microbatch_plan()
@@ -257,16 +248,7 @@ class PolicyWorker:
 
     # --- generation and log-probs ---
     def generate(self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True) -> BatchedDataDict:
-        """Generate responses for this rank's prompts (one private RNG per row).
-
-        Args:
-            shard: ``{"prompts": token ids per prompt (bos included) or ``VisualPrompt`` specs
-                (encoded and rendered here), "seeds": one sampling seed per prompt}``.
-            return_images: Include visual prompts' image columns in the result.
-
-        Returns:
-            The fields of ``nemo_dp.models.generation.generate`` (empty without prompts).
-        """
+        """Generate this rank's ``{"prompts", "seeds"}`` shard as ``Policy.generate`` (empty without prompts)."""
         prompts, seeds = shard["prompts"], shard["seeds"]
         if len(prompts) != len(seeds):
             raise ValueError(f"PolicyWorker[{self.rank}].generate: {len(seeds)} seeds for {len(prompts)} prompts")
@@ -297,13 +279,7 @@ class PolicyWorker:
         return out
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Per-token log-probs of ``input_ids`` under the current policy, as ``Policy.get_logprobs``.
-
-        Args:
-            data: Shard with ``input_ids`` [b, S], ``input_lengths`` [b] and optionally
-                ``token_mask`` [b, S] (a plan, if attached, is followed).
-            micro_batch_size: Rows per forward pass (default ``policy.logprob_batch_size``).
-        """
+        """Per-token log-probs as ``Policy.get_logprobs`` (``micro_batch_size``: ``policy.logprob_batch_size``)."""
         return BatchedDataDict({"logprobs": self._logprobs(self.model, data, micro_batch_size)})
 
     def get_reference_policy_logprobs(
@@ -314,14 +290,9 @@ class PolicyWorker:
 
     # --- training: split API (begin / microbatches / finish) and the one-call ``train`` ---
     def begin_train_step(self, loss_fn: LossFn, eval_mode: bool = False, mbs: int | None = None) -> None:
-        """Start one optimizer step: zero gradients and remember the loss function.
+        """Start one optimizer step (``eval_mode``: loss only): zero gradients, remember the loss.
 
-        Args:
-            eval_mode: Compute the loss without gradients or an optimizer step.
-            mbs: Rows per microbatch when the data carries no plan.
-
-        Raises:
-            RuntimeError: A step is already active (message contains ``"already active"``).
+        Raises ``RuntimeError`` (``"already active"``) while a step is active.
         """
         if self._step_state is not None:
             raise RuntimeError(
@@ -339,14 +310,10 @@ class PolicyWorker:
         }
 
     def train_microbatch(self, data: BatchedDataDict) -> None:
-        """Forward/backward this rank's whole part of the current global batch (may carry the driver's plan).
+        """Forward/backward this rank's whole part of the current global batch.
 
-        All ranks call this exactly once per step, in lockstep: the valid token/sequence counts
-        are all-reduced first so every microbatch loss is normalised by the global counts.
-        Gradients accumulate until :meth:`finish_train_step`.
-
-        Raises:
-            RuntimeError: Without :meth:`begin_train_step`.
+        All ranks call this once per step, in lockstep: the valid token/sequence counts are
+        all-reduced first so every microbatch loss is normalised by the global counts.
         """
         state = self._step_state
         if state is None:
@@ -376,13 +343,8 @@ class PolicyWorker:
     def finish_train_step(self) -> dict[str, Any]:
         """All-reduce gradients, clip, step the optimizer and end the step.
 
-        Returns:
-            This rank's additive metric shares (``loss`` etc., summed over its microbatches;
-            the driver sums them over ranks), ``grad_norm`` and ``lr`` (identical on all
-            ranks), ``skipped`` and ``is_replica_leader``.
-
-        Raises:
-            RuntimeError: Without :meth:`begin_train_step`.
+        Returns this rank's metric shares (summed over its microbatches), ``grad_norm``, ``lr``,
+        ``skipped`` and ``is_replica_leader``.
         """
         state = self._step_state
         if state is None:
@@ -414,16 +376,9 @@ class PolicyWorker:
 
     def train(self, data: BatchedDataDict, loss_fn: LossFn, eval_mode: bool = False, gbs: int | None = None,
               mbs: int | None = None) -> dict[str, Any]:
-        """Train on this rank's shard: one optimizer step per global batch (arguments as ``Policy.train``).
+        """Train on this rank's parts of consecutive global batches; ``{"per_step": [finish_train_step metrics]}``.
 
-        ``data`` holds this rank's rows of ``T / gbs`` consecutive global batches (its part of chunk k
-        precedes its part of chunk k+1), optionally with the driver's microbatch plan.
-
-        Returns:
-            ``{"per_step": [metrics of each global batch, as :meth:`finish_train_step`]}``.
-
-        Raises:
-            ValueError: The shard is not a whole number of global-batch parts.
+        Arguments as ``Policy.train``.  Raises ``ValueError`` when the shard is not a whole number of parts.
         """
         gbs = int(gbs or cfg_get(self.cfg, "train_global_batch_size"))
         if gbs % self.world_size != 0:
@@ -470,16 +425,9 @@ class PolicyWorker:
         self._set_phase(lr, decay_steps, warmup_steps)
 
     def get_state(self, include_weights: bool) -> dict[str, Any]:
-        """Training state of this rank for a checkpoint.
+        """``{"rng", "rank"}`` of this rank, with ``include_weights`` also the weights, optimizer and phase.
 
-        Args:
-            include_weights: Include model, reference and optimizer state (rank 0 only: the
-                replicas are identical).
-
-        Returns:
-            ``{"rng": ..., "rank": r}``, plus with ``include_weights`` ``model``, ``reference_model``,
-            ``optimizer``, ``optimizer_steps``, ``lr`` and ``pretrained`` (the ``save_pretrained``
-            files as ``{name: bytes}``, written by a checkpoint as a loadable model directory).
+        ``pretrained`` holds the ``save_pretrained`` files (``{name: bytes}``) of a loadable model directory.
         """
         from nemo_dp.utils.checkpoint import PRETRAINED_KEY
         from nemo_dp.utils.seeding import capture_rng_state
@@ -501,10 +449,7 @@ class PolicyWorker:
         return state
 
     def _pretrained_files(self) -> dict[str, bytes]:
-        """The model's ``save_pretrained`` output plus its tokenizer's files (read once), name -> bytes.
-
-        With the tokenizer beside the weights a checkpoint's ``policy/`` directory loads on its own.
-        """
+        """The model's ``save_pretrained`` output plus its tokenizer's files (read once), name -> bytes."""
         if self._tokenizer_files is None:
             with tempfile.TemporaryDirectory(prefix="nemo_dp_tokenizer_") as tmp:
                 save_tokenizer(self.cfg, tmp)
@@ -529,10 +474,7 @@ class PolicyWorker:
             restore_rng_state(dict(rng))
 
     def weights_digest(self) -> str:
-        """Hex sha256 over the state dict's names, dtypes, shapes and bytes, computed on the worker.
-
-        Replicas and runs compare bit for bit through it without shipping the weights.
-        """
+        """Hex sha256 over the state dict's names, dtypes, shapes and bytes (bit-exact comparison)."""
         h = hashlib.sha256()
         state = self.model.state_dict()
         for name in sorted(state):
