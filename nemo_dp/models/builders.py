@@ -89,11 +89,7 @@ def build_tokenizer(policy_cfg: Any) -> Tokenizer:
 
 
 def validate_policy(policy_cfg: Any) -> None:
-    """Check a ``policy`` node before any process starts; warn of bfloat16 on a CPU without it.
-
-    Raises:
-        ValueError: Naming the key at fault and the fix.
-    """
+    """Check a ``policy`` node before any process starts (``ValueError`` naming the key); warn of CPU bfloat16."""
     from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
 
     precision = resolve_precision(policy_cfg)

@@ -56,11 +56,7 @@ class FlatGrads:
 def make_adamw(
     params: Sequence[torch.nn.Parameter], *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float
 ) -> torch.optim.AdamW:
-    """AdamW, fused into one kernel per step where torch has one (CPU and CUDA floats).
-
-    The fused step is about 4x faster than the per-parameter loop on CPU (135M parameters:
-    0.15 s instead of 0.6 s); it computes the same update up to float rounding.
-    """
+    """AdamW, fused into one kernel per step where torch has one (CPU and CUDA floats; same update up to rounding)."""
     params = list(params)
     fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused or None)

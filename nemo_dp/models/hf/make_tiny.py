@@ -216,17 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="target directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-positions", type=int, default=128)
-    defaults = TinyDims()
-    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
-    parser.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
-    parser.add_argument("--num-layers", type=int, default=defaults.num_layers)
-    parser.add_argument("--num-heads", type=int, default=defaults.num_heads)
-    parser.add_argument("--num-kv-heads", type=int, default=defaults.num_kv_heads)
+    fields = dataclasses.fields(TinyDims)
+    for f in fields:
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=f.default)
     args = parser.parse_args(argv)
-    dims = TinyDims(
-        hidden_size=args.hidden_size, intermediate_size=args.intermediate_size, num_layers=args.num_layers,
-        num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-    )
+    dims = TinyDims(**{f.name: getattr(args, f.name) for f in fields})
     path = make_tiny_checkpoint(args.arch, args.out, seed=args.seed, max_positions=args.max_positions, dims=dims)
     print(f"wrote tiny {args.arch} checkpoint to {path}: {sorted(p.name for p in path.iterdir())}")
 

@@ -16,11 +16,7 @@ __all__ = ["HFTokenizer"]
 
 
 class HFTokenizer:
-    """Protocol adapter around a loaded ``PreTrainedTokenizerBase`` (``source``: where from, for errors).
-
-    Raises:
-        ValueError: The tokenizer has no eos token (naming ``policy.tokenizer_name_or_path``).
-    """
+    """Protocol adapter around a loaded ``PreTrainedTokenizerBase``; ``ValueError`` without an eos token."""
 
     def __init__(self, tokenizer: Any, source: str = "<in-memory>") -> None:
         self._tok = tokenizer

@@ -128,9 +128,7 @@ class RolloutGroup:
     def dispatch(self, batch: int, problems: Sequence[Any], seeds: Sequence[int]) -> str:
         """Register rollout batch ``batch``'s partition, queue its shards on the actors (no wait); return the id.
 
-        ``seeds`` has one sampling seed per row (prompt-major, ``len(problems) * group_size``).
-
-        Raises ``ValueError`` when ``seeds`` does not match the row count or the partition is live.
+        ``seeds``: one per row, prompt-major.  ``ValueError`` for a wrong count or a live partition.
         """
         g = self.group_size
         n = len(problems) * g
@@ -192,10 +190,7 @@ class RolloutGroup:
     def claim_batch(self, batch: int, num_rows: int, *, poll_s: float, timeout_s: float) -> KVBatchMeta:
         """Claim batch ``batch``'s rows as they become ready (polling every ``poll_s``); return them by ``ordinal``.
 
-        Raises:
-            TimeoutError: The rows did not all arrive within ``timeout_s``.
-            ValueError: A claimed row lacks its tags.
-            Exception: The first failure of a rollout shard, re-raised.
+        Raises ``TimeoutError`` after ``timeout_s``, ``ValueError`` for untagged rows, or a shard's failure.
         """
         pid = partition_for_batch(batch)
         parts: list[KVBatchMeta] = []

@@ -138,11 +138,7 @@ class ColocatedLoaderMixin:
         self._cl_stats = {"loads": 0, "prefetched_hits": 0, "store_full": 0}
 
     def set_colocated_position(self, next_batch_index: int) -> None:
-        """Set the batch index the next step trains on (= steps done) after a resume; the loader is already positioned.
-
-        Raises:
-            RuntimeError: Batches are live (the position would no longer match them).
-        """
+        """After a resume, set the batch index the next step trains on (``RuntimeError`` while batches are live)."""
         self._cl_require()
         if self._cl_ready:
             raise RuntimeError(
@@ -263,8 +259,7 @@ class ColocatedLoaderMixin:
     def load_sft_batch(self, batch_index: int, prefetch: bool = True) -> SFTBatchEnvelope:
         """The envelope of the run's next batch ``batch_index`` (loaded now unless prefetched); it becomes active.
 
-        It stays active until :meth:`commit_sft_batch` or :meth:`abort_sft_batch`.  With
-        ``prefetch`` the following batches are then loaded while fewer than ``max_live_batches`` are live.
+        With ``prefetch`` the following batches are then loaded while fewer than ``max_live_batches`` are live.
 
         Raises:
             RuntimeError: Not set up, or another batch is active.
@@ -310,10 +305,8 @@ class ColocatedLoaderMixin:
         the optimizer step aborts this rank's step and leaves the batch loaded (the driver then
         aborts every rank).  Readying *k+1* never fails the step.
 
-        Returns:
-            ``{"metrics", "consumed", "next", "load_s", "next_error", "next_store_unavailable"}``:
-            the step's metrics, rows of this rank, the envelope of batch k+1 or None, seconds spent
-            readying, why k+1 is not ready, and whether that was ``DataPlaneUnavailableError``.
+        Returns ``{"metrics", "consumed" (rows), "next" (envelope of k+1 or None), "load_s", "next_error",
+        "next_store_unavailable" (the error was ``DataPlaneUnavailableError``)}``.
 
         Raises:
             ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not its meta.
@@ -399,11 +392,7 @@ class ColocatedLoaderMixin:
         return loaded
 
     def commit_sft_batch(self, batch_index: int) -> int:
-        """Mark the active batch trained: clear its partition, advance the position, return rows consumed.
-
-        Raises:
-            RuntimeError: ``batch_index`` is not the active batch.
-        """
+        """Mark the active batch trained: clear its partition, advance, return rows consumed (else ``RuntimeError``)."""
         self._cl_require()
         k = int(batch_index)
         if self._cl_active != k:
@@ -479,10 +468,9 @@ class ColocatedLoaderMixin:
 
     # --- checkpoint support ----------------------------------------------------------------
     def quiesce_colocated_loader(self) -> dict[str, Any]:
-        """Drop prefetched batches (rewinding the loader); return ``{"loader": state, "next_batch": k, "dp_rank": r}``.
+        """Drop prefetched batches (rewinding the loader); return ``{"loader", "next_batch", "dp_rank"}``.
 
-        Raises:
-            RuntimeError: A batch is active (its step has not committed or aborted).
+        Raises ``RuntimeError`` while a batch is active.
         """
         self._cl_require()
         if self._cl_active is not None:
@@ -497,11 +485,7 @@ class ColocatedLoaderMixin:
         }
 
     def save_colocated_data_plane(self, checkpoint_dir: str, metadata: Mapping[str, Any]) -> str:
-        """Save this worker's store atomically with JSON ``metadata``; return the dir.
-
-        Raises:
-            RuntimeError: A batch is active.
-        """
+        """Save this worker's store atomically with JSON ``metadata``; return the dir (``RuntimeError`` if active)."""
         self._cl_require()
         if self._cl_active is not None:
             raise RuntimeError(

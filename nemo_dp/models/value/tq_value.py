@@ -25,11 +25,7 @@ class TQValueWorker(TQWorkerMixin, ValueWorker):
 
 
 class TQValue(TQDriverMixin, Value):
-    """The critic facade of the data-plane PPO trainer; ``dp_cfg`` and the borrowed ``dp_client`` are the policy's.
-
-    Raises:
-        ValueError: ``dp_cfg`` is disabled or invalid.
-    """
+    """The critic facade of the data-plane PPO trainer; ``dp_cfg`` and the borrowed ``dp_client`` are the policy's."""
 
     worker_class: ClassVar[type] = TQValueWorker
 
@@ -46,11 +42,7 @@ class TQValue(TQDriverMixin, Value):
 
     @classmethod
     def from_policy(cls, policy: Any, **kwargs: Any) -> TQValue:
-        """A critic (``kwargs`` for ``Value``) sharing ``policy``'s data plane: its config and driver client.
-
-        Raises:
-            ValueError: ``policy`` does not expose ``dp_cfg`` and ``dp_client`` (not a ``TQPolicy``).
-        """
+        """A critic (``kwargs`` for ``Value``) sharing a ``TQPolicy``'s data plane (else ``ValueError``)."""
         if not hasattr(policy, "dp_cfg") or not hasattr(policy, "dp_client"):
             raise ValueError(
                 f"TQValue.from_policy: expected a data-plane policy exposing dp_cfg and dp_client "
@@ -71,11 +63,7 @@ class TQValue(TQDriverMixin, Value):
 
     def train_from_meta(self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
                         mbs: int | None = None, train_fields: Sequence[str] = DP_VALUE_TRAIN_FIELDS) -> dict[str, Any]:
-        """Like ``Value.train`` on ``meta``'s rows (in epoch order); workers fetch ``train_fields`` from the store.
-
-        ``loss_fn`` is the critic's loss (``ClippedValueLossFn``); ``gbs`` defaults to the critic
-        config's ``train_global_batch_size``.
-        """
+        """Like ``Value.train`` on ``meta``'s rows (in epoch order); workers fetch ``train_fields`` from the store."""
         gbs = int(gbs or self.cfg.train_global_batch_size)
         shards = self._shard_isolated(meta, train_fields, TASK_VALUE_TRAIN, gbs)
         results = self._dispatch_sharded(
