@@ -66,10 +66,8 @@ def generate(
     model.eval()
     device = next(iter(model.parameters())).device
     try:
-        # One autocast region around every forward of the call: autocast caches its bfloat16
-        # copies of the weights until the outermost region exits, so the weights are cast once
-        # per call instead of once per token (bf16-mixed generation 1.5x faster on CPU).  The
-        # sampling ops below run on float32 logits and are not on autocast's op lists.
+        # One outer autocast region: autocast caches its bfloat16 weight copies until the outermost
+        # region exits, so the weights are cast once per call instead of once per token.
         with precision.autocast(device):
             return _generate(model, prompts, max_new_tokens, eos_id, pad_id, greedy, temperature, seeds, precision)
     finally:

@@ -62,7 +62,6 @@ class Policy:
             name_prefix=name_prefix,
         )
 
-    # --- dispatch helpers (shared with the data-plane subclass) ---
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Planner arguments ``(sequence_packing_args, dynamic_batching_args)``; dynamic batching wins if both are on.
 
@@ -185,7 +184,6 @@ class Policy:
         out["per_step_loss"] = step_values.get("loss", [])
         return out
 
-    # --- the public API of the in-memory trainers ---
     def generate(
         self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
     ) -> BatchedDataDict:

@@ -114,7 +114,6 @@ class RolloutGroup:
             self._kill()
             raise
 
-    # --- weights --------------------------------------------------------------------------------
     def sync_weights(self, version: int) -> None:
         """Queue training rank 0's current weights on every actor, stamped ``version`` (trainer steps done).
 
@@ -124,7 +123,6 @@ class RolloutGroup:
         ref = self._policy.worker_group.workers[0].get_state.remote(include_weights=True)
         self._weight_acks = [w.load_weights.remote(ref, int(version)) for w in self.workers]
 
-    # --- rollout --------------------------------------------------------------------------------
     def dispatch(self, batch: int, problems: Sequence[Any], seeds: Sequence[int]) -> str:
         """Register rollout batch ``batch``'s partition, queue its shards on the actors (no wait); return the id.
 
@@ -215,9 +213,8 @@ class RolloutGroup:
                 )
             time.sleep(poll_s)
         self.stats.claim_wait_s += time.perf_counter() - t0
-        # Every row of the batch is in the store, so its shards are returning: wait for their
-        # results (bounded) so that the counters (generated rows, busy time) include the batch
-        # being trained, whatever the order in which Ray delivers the results.
+        # Every row is in the store, so the shards are returning: wait for them (bounded) so the
+        # counters include the batch being trained, whatever order Ray delivers the results in.
         import ray
 
         batch_refs = [s.ref for s in self._pending if s.batch == batch]

@@ -80,7 +80,6 @@ class ColocatedLoaderMixin:
 
     _cl_loader: Any = None
 
-    # --- setup --------------------------------------------------------------------------------
     def setup_colocated_loader(
         self,
         loader: Any,
@@ -171,7 +170,6 @@ class ColocatedLoaderMixin:
             raise RuntimeError(f"colocated loader on DP rank {self.rank}: no data-plane client")
         return client
 
-    # --- loading ------------------------------------------------------------------------------
     def _cl_produce(self, *, wait: bool = True) -> _LoadedBatch | None:
         """Load the next batch into a fresh partition; a full store raises with ``wait``, else returns ``None``."""
         from nemo_dp.data.datasets import collate_sft
@@ -295,7 +293,6 @@ class ColocatedLoaderMixin:
         produced = self._cl_produce(wait=wait)
         return None if produced is None else produced.envelope
 
-    # --- the fused step -----------------------------------------------------------------------
     def run_sft_step(
         self, placed_meta: KVBatchMeta, batch_index: int, loss_fn: Any, mbs: int | None = None
     ) -> dict[str, Any]:
@@ -452,9 +449,8 @@ class ColocatedLoaderMixin:
             except KeyError:
                 dropped.append(pid)  # already gone (e.g. the store was reset)
             except DataPlaneUnavailableError as exc:
-                # The store did not answer within its bound: each further clear would wait out
-                # the same bound, so the rest are forgotten here (their rows are undefined, see
-                # DataPlaneUnavailableError) and the first error is raised.
+                # Each further clear would wait out the same bound: forget the rest (their rows
+                # are undefined, see DataPlaneUnavailableError) and raise the first error.
                 first_error = first_error or exc
                 break
             except BaseException as exc:  # keep dropping the others, re-raise the first
@@ -466,7 +462,6 @@ class ColocatedLoaderMixin:
             raise first_error
         return dropped
 
-    # --- checkpoint support ----------------------------------------------------------------
     def quiesce_colocated_loader(self) -> dict[str, Any]:
         """Drop prefetched batches (rewinding the loader); return ``{"loader", "next_batch", "dp_rank"}``.
 

@@ -83,7 +83,6 @@ class TQPolicy(TQDriverMixin, Policy):
             self.shutdown()
             raise
 
-    # --- partitions ---
     def prepare_step(self, num_samples: int, group_size: int | None = None, extra_fields: Sequence[str] = ()) -> None:
         """Register the training partition for one step of ``num_samples`` (GRPO groups of ``group_size``).
 
@@ -128,7 +127,6 @@ class TQPolicy(TQDriverMixin, Policy):
         self.dp_client.clear_samples(None, pid)
         return True
 
-    # --- rollout into the store ---
     def generate_to_dataplane(
         self,
         prompts: Sequence[Sequence[int]],
@@ -168,7 +166,6 @@ class TQPolicy(TQDriverMixin, Policy):
         responses = [r for o in outs for r in (o["responses"] or [])] if return_responses else None
         return RolloutResult(meta, carry, responses)
 
-    # --- model calls on metas ---
     def _dispatch_logprobs(self, meta: KVBatchMeta, task_name: str, method: str) -> None:
         """Send each DP rank its shard of ``meta``'s log-prob seed columns for worker ``method``."""
         isolated = self._isolated_meta(
@@ -243,7 +240,6 @@ class TQPolicy(TQDriverMixin, Policy):
             )
         return out
 
-    # --- split training API over placed metas ---
     def begin_train_step(self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None) -> None:
         """Start one optimizer step on every rank (``gbs`` only for signature parity); ``"already active"`` raises."""
         if self._train_step_active:
@@ -289,7 +285,6 @@ class TQPolicy(TQDriverMixin, Policy):
         self._dispatch_all("abort_train_step_presharded")
         self._train_step_active = False
 
-    # --- observability and lifetime ---
     def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
         """The driver's ``get_step_metrics`` as ``data_plane/...`` plus the workers' as ``data_plane/workers/...``.
 

@@ -106,7 +106,6 @@ class PolicyWorker:
         """This worker's trainable model (the value worker wraps it in a value head)."""
         return build_model(self.cfg, vocab_size=self.vocab_size, seed=self.seed)
 
-    # --- process group ---
     def collective_address(self) -> tuple[str, int]:
         """Rendezvous ``(host, port)`` reachable by the other ranks (asked of rank 0 only)."""
         return node_ip_address(), find_free_port()
@@ -142,7 +141,6 @@ class PolicyWorker:
                 dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
-    # --- helpers ---
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
         ref = copy.deepcopy(model).eval()
@@ -246,7 +244,6 @@ class PolicyWorker:
                 width = max(int(spec.padded_length), width)
             yield spec, mb, width
 
-    # --- generation and log-probs ---
     def generate(self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True) -> BatchedDataDict:
         """Generate this rank's ``{"prompts", "seeds"}`` shard as ``Policy.generate`` (empty without prompts)."""
         prompts, seeds = shard["prompts"], shard["seeds"]
@@ -264,8 +261,7 @@ class PolicyWorker:
         out = torch.zeros((data.size, data["input_ids"].shape[1]), dtype=torch.float32)
         for spec, mb, w in self._micro_batches(data, mbs):
             ids = mb["input_ids"][:, :w].to(self.device)
-            # Only the masked tokens' log-probs are read downstream (the loss and the metrics
-            # mask them), so the LM head skips the prompt; without a mask every column is kept.
+            # Only masked tokens' log-probs are read downstream, so the LM head skips the prompt.
             mask = mb["token_mask"][:, :w] if "token_mask" in mb else None
             start = first_logits_position(mask) if mask is not None else 0
             lp = token_logprobs_from_logits(self._forward(model, ids, mb, start), ids).cpu()
@@ -288,7 +284,6 @@ class PolicyWorker:
         """Like :meth:`get_logprobs` under the frozen reference policy, as ``{"reference_logprobs": ...}``."""
         return BatchedDataDict({"reference_logprobs": self._logprobs(self.reference_model, data, micro_batch_size)})
 
-    # --- training: split API (begin / microbatches / finish) and the one-call ``train`` ---
     def begin_train_step(self, loss_fn: LossFn, eval_mode: bool = False, mbs: int | None = None) -> None:
         """Start one optimizer step (``eval_mode``: loss only): zero gradients, remember the loss.
 
@@ -415,7 +410,6 @@ class PolicyWorker:
             per_step.append(self.finish_train_step())
         return {"per_step": per_step}
 
-    # --- state ---
     def snapshot_reference_policy(self) -> None:
         """Make the reference policy a frozen copy of the current weights."""
         self.reference_model = self._frozen_copy(self.model)

@@ -144,7 +144,6 @@ class TinyCausalLM(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.ln_f(x))
 
-    # --- CausalLM protocol ---------------------------------------------------------------------
     @property
     def max_positions(self) -> int:
         return self.cfg.max_seq_len

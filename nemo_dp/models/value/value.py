@@ -31,7 +31,6 @@ class Value(Policy):
     def __init__(self, *, name_prefix: str = "value", **kwargs: Any) -> None:
         super().__init__(name_prefix=name_prefix, **kwargs)
 
-    # --- the critic's API -------------------------------------------------------------------
     def get_values(self, data: BatchedDataDict) -> BatchedDataDict:
         """Per-token values ``{"values": float32 [B, S]}`` in input order (as ``ValueWorker.get_values``)."""
         return self._per_token("get_values", data, "values")
@@ -40,7 +39,6 @@ class Value(Policy):
         """Start every critic replica from a policy model state's trunk (all but the LM head)."""
         self._dispatch_all("init_trunk_from", dict(policy_model_state))
 
-    # --- what a critic does not do ----------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool) -> BatchedDataDict:
         """Raises ``RuntimeError``, as do the log-prob and reference methods: a critic has no LM head."""
         raise RuntimeError(f"{self.name_prefix}: a value model cannot generate")

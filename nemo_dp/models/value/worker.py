@@ -23,11 +23,9 @@ class ValueWorker(PolicyWorker):
     """One critic DP rank; its unused reference copy keeps the inherited checkpoint methods working."""
 
     def _build_model(self) -> torch.nn.Module:
-        # A zero-initialised head (see ValueModel): the critic starts by predicting 0
-        # everywhere, so its first advantages are the whitened reward-to-go, not noise.
+        # A zero-initialised head: the first advantages are the whitened reward-to-go, not noise.
         return ValueModel(build_model(self.cfg, vocab_size=self.vocab_size, seed=self.seed))
 
-    # --- what a critic does not do ----------------------------------------------------------
     def generate(self, shard: Mapping[str, Any], greedy: bool) -> BatchedDataDict:
         """Raises ``RuntimeError``, as do the log-prob methods: the critic has no LM head."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model cannot generate")
@@ -40,7 +38,6 @@ class ValueWorker(PolicyWorker):
     ) -> BatchedDataDict:
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no reference policy")
 
-    # --- values --------------------------------------------------------------------------------
     @torch.no_grad()
     def get_values(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         """Like ``PolicyWorker.get_logprobs``, but ``{"values": float32 [b, S]}`` (value of ``tokens < t``).
