@@ -97,15 +97,16 @@ class ColocatedLoaderMixin:
         bad setting, ``RuntimeError`` while batches of an earlier setup are live.
         """
         if self._cl_loader is not None and getattr(self, "_cl_ready", None):
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: {len(self._cl_ready)} batches are still "
-                "live; commit or abort them before setting the loader up again"
+            raise self._cl_error(
+                RuntimeError,
+                f"{len(self._cl_ready)} batches are still live; commit or abort them before setting the loader "
+                "up again",
             )
         is_leader = getattr(self, "_is_replica_leader", None)
         if is_leader is not None and not is_leader():
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: this worker is not a DP-replica leader; "
-                "the colocated SFT loader supports pure data parallelism only"
+            raise self._cl_error(
+                RuntimeError,
+                "this worker is not a DP-replica leader; the colocated SFT loader supports pure data parallelism only",
             )
         world = int(self.world_size)
         gbs = int(loader.batch_size)
@@ -140,10 +141,7 @@ class ColocatedLoaderMixin:
         """After a resume, set the batch index the next step trains on (``RuntimeError`` while batches are live)."""
         self._cl_require()
         if self._cl_ready:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: cannot reposition while batches "
-                f"{sorted(self._cl_ready)} are live"
-            )
+            raise self._cl_error(RuntimeError, f"cannot reposition while batches {sorted(self._cl_ready)} are live")
         self._cl_next_step = int(next_batch_index)
         self._cl_next_produce = int(next_batch_index)
         self._cl_uncommit = None
@@ -161,13 +159,16 @@ class ColocatedLoaderMixin:
                 "setup_colocated_loader(...) first"
             )
 
+    def _cl_error(self, cls: type[Exception], message: str) -> Exception:
+        return cls(f"colocated loader on DP rank {self.rank}: {message}")
+
     def _cl_client(self) -> Any:
         require = getattr(self, "_require_dp_client", None)
         if require is not None:
             return require()
         client = getattr(self, "dp_client", None)
         if client is None:
-            raise RuntimeError(f"colocated loader on DP rank {self.rank}: no data-plane client")
+            raise self._cl_error(RuntimeError, "no data-plane client")
         return client
 
     def _cl_produce(self, *, wait: bool = True) -> _LoadedBatch | None:
@@ -240,10 +241,10 @@ class ColocatedLoaderMixin:
             self._cl_stats["store_full"] += 1
             if not wait:
                 return False
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: cannot load {pid!r}: batches "
-                f"{sorted(self._cl_ready)} are already live (max_live_batches="
-                f"{self._cl_max_live}); commit or abort them first"
+            raise self._cl_error(
+                RuntimeError,
+                f"cannot load {pid!r}: batches {sorted(self._cl_ready)} are already live (max_live_batches="
+                f"{self._cl_max_live}); commit or abort them first",
             )
         try:
             client.register_partition(pid, fields=fields, num_samples=num_samples, consumer_tasks=[TASK_TRAIN])
@@ -267,15 +268,11 @@ class ColocatedLoaderMixin:
         self._cl_require()
         k = int(batch_index)
         if self._cl_active is not None:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: batch {self._cl_active} is already "
-                f"active; commit or abort it before loading batch {k}"
+            raise self._cl_error(
+                RuntimeError, f"batch {self._cl_active} is already active; commit or abort it before loading batch {k}"
             )
         if k != self._cl_next_step:
-            raise ValueError(
-                f"colocated loader on DP rank {self.rank}: asked for batch {k} but the next batch "
-                f"is {self._cl_next_step}"
-            )
+            raise self._cl_error(ValueError, f"asked for batch {k} but the next batch is {self._cl_next_step}")
         self._cl_uncommit = None  # the driver asks for batch k: the commit of k - 1 stands
         envelope = self._cl_envelope(k, wait=True)
         assert envelope is not None  # with wait it returns the envelope or raises
@@ -349,21 +346,14 @@ class ColocatedLoaderMixin:
     def _cl_check_placed(self, k: int, placed_meta: KVBatchMeta) -> None:
         """Raise unless batch ``k`` is the loaded next batch and ``placed_meta`` is its meta."""
         if k != self._cl_next_step:
-            raise ValueError(
-                f"colocated loader on DP rank {self.rank}: asked to train batch {k} but the next "
-                f"batch is {self._cl_next_step}"
-            )
+            raise self._cl_error(ValueError, f"asked to train batch {k} but the next batch is {self._cl_next_step}")
         if self._cl_active not in (None, k):
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: batch {self._cl_active} is already "
-                f"active; commit or abort it before training batch {k}"
+            raise self._cl_error(
+                RuntimeError, f"batch {self._cl_active} is already active; commit or abort it before training batch {k}"
             )
         loaded = self._cl_ready.get(k)
         if loaded is None:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: batch {k} is not loaded; load it "
-                "first (load_sft_batch)"
-            )
+            raise self._cl_error(RuntimeError, f"batch {k} is not loaded; load it first (load_sft_batch)")
         meta = loaded.envelope.meta
         same = {
             "partition_id": placed_meta.partition_id == meta.partition_id,
@@ -372,10 +362,10 @@ class ColocatedLoaderMixin:
         }
         mismatch = [name for name, ok in same.items() if not ok]
         if mismatch:
-            raise ValueError(
-                f"colocated loader on DP rank {self.rank}: the placed meta of batch {k} "
-                f"(partition {placed_meta.partition_id!r}) differs from the loaded batch "
-                f"{meta.partition_id!r} in {mismatch}; place the envelope this rank returned"
+            raise self._cl_error(
+                ValueError,
+                f"the placed meta of batch {k} (partition {placed_meta.partition_id!r}) differs from the loaded batch "
+                f"{meta.partition_id!r} in {mismatch}; place the envelope this rank returned",
             )
 
     def prefetch_sft_batches(self) -> int:
@@ -393,10 +383,7 @@ class ColocatedLoaderMixin:
         self._cl_require()
         k = int(batch_index)
         if self._cl_active != k:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: commit of batch {k} but the active "
-                f"batch is {self._cl_active}"
-            )
+            raise self._cl_error(RuntimeError, f"commit of batch {k} but the active batch is {self._cl_active}")
         loaded = self._cl_ready[k]
         self._cl_client().clear_samples(None, loaded.envelope.meta.partition_id)
         del self._cl_ready[k]
@@ -418,7 +405,7 @@ class ColocatedLoaderMixin:
         """
         if self._cl_loader is None:
             return []
-        mismatch: str | None = None
+        mismatch: Exception | None = None
         if batch_index is not None:
             k = int(batch_index)
             undo = self._cl_uncommit
@@ -427,14 +414,13 @@ class ColocatedLoaderMixin:
                 self._cl_next_step = k
                 self._cl_uncommit = None
             elif k != self._cl_next_step:
-                mismatch = (
-                    f"colocated loader on DP rank {self.rank}: abort of the step of batch {k} but "
-                    f"this rank's next batch is {self._cl_next_step}"
+                mismatch = self._cl_error(
+                    RuntimeError, f"abort of the step of batch {k} but this rank's next batch is {self._cl_next_step}"
                 )
         dropped = self._cl_drop_all()
         self._cl_active = None
         if mismatch is not None:
-            raise RuntimeError(mismatch)
+            raise mismatch
         return dropped
 
     def _cl_drop_all(self) -> list[str]:
@@ -469,9 +455,9 @@ class ColocatedLoaderMixin:
         """
         self._cl_require()
         if self._cl_active is not None:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: cannot checkpoint while batch "
-                f"{self._cl_active} is active; commit or abort the step first"
+            raise self._cl_error(
+                RuntimeError,
+                f"cannot checkpoint while batch {self._cl_active} is active; commit or abort the step first",
             )
         self._cl_drop_all()
         self._cl_uncommit = None  # the driver checkpoints this position: the last commit stands
@@ -483,10 +469,7 @@ class ColocatedLoaderMixin:
         """Save this worker's store atomically with JSON ``metadata``; return the dir (``RuntimeError`` if active)."""
         self._cl_require()
         if self._cl_active is not None:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: cannot save the data plane while "
-                f"batch {self._cl_active} is active"
-            )
+            raise self._cl_error(RuntimeError, f"cannot save the data plane while batch {self._cl_active} is active")
         self._cl_client().save_checkpoint(checkpoint_dir, metadata=dict(metadata))
         return str(checkpoint_dir)
 
