@@ -1,8 +1,4 @@
-"""A model's gradients as views of one flat buffer per dtype and device, and its optimizer.
-
-Backward accumulates into ``p.grad`` in place, so the buffers always hold the gradients and DP
-ranks all-reduce each in one call, without gather or copy back.
-"""
+"""A model's gradients as views of one flat buffer per dtype and device (one all-reduce each), and AdamW."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""KV-cached sampling from any ``CausalLM`` with per-sample seeds.
-
-Each row samples (Gumbel-max) from its own CPU generator seeded with ``seeds[i]``, so a sample
-depends only on prompt, seed and weights, however prompts are sharded or batched.
-"""
+"""KV-cached sampling from any ``CausalLM``: each row samples (Gumbel-max) from its own generator seeded
+with ``seeds[i]``, so a sample depends only on prompt, seed and weights, however prompts are batched."""
 
 from __future__ import annotations
 

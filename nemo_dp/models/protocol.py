@@ -1,7 +1,4 @@
-"""The seams between the workers and a run's model, tokenizer and loss.
-
-Token ids are int64 ``[B, S]``; training batches are right-padded, generation left-padded.
-"""
+"""The seams between the workers and a run's model, tokenizer and loss (token ids: int64 ``[B, S]``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The ``policy=hf`` model family: HuggingFace causal LMs loaded from local directories.
-
-Submodules import transformers only when used.
-"""
+"""The ``policy=hf`` model family: HuggingFace causal LMs from local directories (transformers imported lazily)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""``policy=hf`` builder: the only place that calls ``from_pretrained``.
-
-Safetensors only, local files only, remote code only with ``policy.trust_remote_code``.
-"""
+"""``policy=hf`` builder: the only ``from_pretrained`` (safetensors, local files, remote code only if trusted)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 """Offline tiny HuggingFace checkpoints: ``python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR``.
-
 A byte-level BPE tokenizer trained on the arithmetic task plus a randomly initialised Llama, Qwen2 or GPT-2.
 """
 

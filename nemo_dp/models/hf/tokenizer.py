@@ -1,8 +1,4 @@
-"""``HFTokenizer``: a transformers tokenizer behind the ``Tokenizer`` protocol.
-
-``encode`` adds no specials, bos is prepended only when the tokenizer has one, and a missing pad
-token falls back to eos (padding is masked by lengths).
-"""
+"""``HFTokenizer``: a transformers tokenizer behind the ``Tokenizer`` protocol (pad falls back to eos)."""
 
 from __future__ import annotations
 

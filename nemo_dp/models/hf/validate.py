@@ -1,7 +1,4 @@
-"""Checks of a ``policy=hf`` node that run on the driver before Ray starts.
-
-Local files only; a hub-style name that is not a local directory is refused as such.
-"""
+"""Checks of a ``policy=hf`` node that run on the driver before Ray starts (local files only)."""
 
 from __future__ import annotations
 

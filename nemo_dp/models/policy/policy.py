@@ -1,8 +1,4 @@
-"""``Policy``: the driver-side facade over a group of ``PolicyWorker`` Ray actors.
-
-Shards batches over the DP ranks and reassembles results in input order; ``TQPolicy`` reuses the
-dispatch helpers for ``KVBatchMeta`` shards.
-"""
+"""``Policy``: the driver-side facade over a group of ``PolicyWorker`` Ray actors (results in input order)."""
 
 from __future__ import annotations
 

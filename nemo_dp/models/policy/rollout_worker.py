@@ -1,8 +1,5 @@
-"""``RolloutWorker``: a rollout actor with its own model copy, separate from the training workers.
-
-It generates as ``PolicyWorker.generate`` does, scores, computes group advantages and writes the
-rows into the store tagged with the generating ``policy_version``.  ``rollout_group`` is the driver side.
-"""
+"""``RolloutWorker``: a rollout actor with its own model copy that generates as ``PolicyWorker.generate``,
+scores, computes group advantages and writes the rows tagged with their ``policy_version``."""
 
 from __future__ import annotations
 

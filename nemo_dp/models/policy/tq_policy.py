@@ -1,8 +1,5 @@
-"""``TQPolicy``: the driver-side policy façade whose bulk tensors live in the data plane.
-
-A model call is metadata work on the driver plus one meta shard per DP rank to the workers'
-``*_presharded`` entrypoints.  Every ``Policy`` method works too.
-"""
+"""``TQPolicy``: the driver-side policy façade whose bulk tensors live in the data plane (a model call
+sends one meta shard per DP rank to the workers' ``*_presharded`` entrypoints)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``PolicyWorker``: one data-parallel rank of the policy (a Ray actor).
-
-Losses divide by all-reduced global counts and gradients are SUM-reduced, so the update equals the
-full-batch mean for any ``dp_size``.  ``policy.device`` places the model (NCCL on ``cuda``, else gloo).
+"""``PolicyWorker``: one data-parallel rank of the policy (a Ray actor).  Losses divide by all-reduced
+global counts and gradients are SUM-reduced, so the update equals the full-batch mean for any ``dp_size``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""Character-level tokenizer (the ``policy=tiny`` tokenizer): a fixed vocabulary in code, so ids are
-stable everywhere; no chat template.
-"""
+"""The ``policy=tiny`` character tokenizer: a fixed vocabulary in code, no chat template."""
 
 from __future__ import annotations
 
