@@ -109,10 +109,7 @@ def _generate(
             scores = logits / temperature
             noise = torch.empty((bsz, vocab), dtype=torch.float32)
             for i in range(bsz):
-                if not finished[i]:
-                    noise[i] = torch.rand(vocab, generator=gens[i])
-                else:
-                    noise[i] = 0.5
+                noise[i] = 0.5 if finished[i] else torch.rand(vocab, generator=gens[i])
             gumbel = -torch.log(-torch.log(noise))
             tok = (scores + gumbel).argmax(dim=-1)
         logp = F.log_softmax(scores, dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)

@@ -35,8 +35,6 @@ POLICY_VERSION = "policy_version"
 #: Tag: the row's position in its rollout batch (prompt-major), i.e. the synchronous order.
 TAG_ORDINAL = "ordinal"
 PROMPT_LENGTHS = "prompt_lengths"
-#: Per-row tags the driver reads to log a step (small scalars only).
-ROW_TAGS: tuple[str, ...] = ("reward", "advantage", "response_length", "truncated", POLICY_VERSION)
 ROLLOUT_PARTITION_PREFIX = "async_rollout_b"
 #: Columns of a streamed rollout partition.
 STREAM_FIELDS: tuple[str, ...] = tuple(dict.fromkeys((*DP_TRAIN_FIELDS, PROMPT_LENGTHS, POLICY_VERSION)))

@@ -70,8 +70,6 @@ class TQPolicy(TQDriverMixin, Policy):
         except BaseException:
             self.dp_client.close()
             raise
-        #: Per-sample image columns every rollout, log-prob and train call also carries
-        #: (a vision-language policy; none for a text model).
         self.image_fields: tuple[str, ...] = IMAGE_FIELDS if policy_takes_images(self.cfg) else ()
         try:
             # Workers get the validated dataclass: picklable and free of interpolations.
@@ -88,10 +86,7 @@ class TQPolicy(TQDriverMixin, Policy):
         """
         fields = list(dict.fromkeys((*DP_TRAIN_FIELDS, *ROLLOUT_STORE_FIELDS, *self.image_fields, *extra_fields)))
         self.dp_client.register_partition(
-            self.partition_id,
-            fields=fields,
-            num_samples=int(num_samples),
-            consumer_tasks=list(TRAIN_TASKS),
+            self.partition_id, fields=fields, num_samples=int(num_samples), consumer_tasks=list(TRAIN_TASKS),
             grpo_group_size=group_size,
         )
         self._live_partitions.add(self.partition_id)

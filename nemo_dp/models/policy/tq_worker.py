@@ -27,10 +27,7 @@ CARRY_KEYS: tuple[str, ...] = ("rewards", "input_lengths", "prompt_lengths", "re
 
 
 class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
-    """A ``PolicyWorker`` that also reads inputs from and writes results to the store, with the colocated SFT loader.
-
-    ``TQWorkerMixin`` precedes ``PolicyWorker`` so its topology hooks see ``PolicyWorker``'s.
-    """
+    """A ``PolicyWorker`` with the store entrypoints (the mixin first, so its hooks see ``PolicyWorker``'s)."""
 
     def generate_into_store(
         self, shard: Mapping[str, Sequence[Any]], greedy: bool, *, partition_id: str, task_name: str | None,
@@ -38,11 +35,10 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
     ) -> dict[str, Any]:
         """Generate this rank's prompts (as ``generate``), score them and write the bulk columns to the store.
 
-        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers"}``, one entry per row.
-
-        Returns ``{"meta", "carry", "responses"}``: the receipt (``None`` for an empty shard), the
-        per-row ``CARRY_KEYS`` (plus each ``reward/<fn>`` of several rewards), nothing per-token.
-        Raises ``ValueError`` for misaligned lists, ``RuntimeError`` without a data-plane client.
+        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers"}``.  Returns ``{"meta", "carry",
+        "responses"}``: the receipt (``None`` for an empty shard), the per-row ``CARRY_KEYS`` (plus each
+        ``reward/<fn>`` of several rewards), nothing per-token.  Raises ``ValueError`` for misaligned
+        lists, ``RuntimeError`` without a data-plane client.
         """
         prompts, seeds = shard["prompts"], shard["seeds"]
         sample_ids, answers = list(shard["sample_ids"]), list(shard["answers"])

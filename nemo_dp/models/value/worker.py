@@ -40,10 +40,7 @@ class ValueWorker(PolicyWorker):
 
     @torch.no_grad()
     def get_values(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Like ``PolicyWorker.get_logprobs``, but ``{"values": float32 [b, S]}`` (value of ``tokens < t``).
-
-        Column 0 and columns at or beyond each row's length are 0; no ``token_mask`` is applied.
-        """
+        """Like ``get_logprobs``, but ``{"values": float32 [b, S]}`` of ``tokens < t`` (0 at column 0, padding)."""
         self.model.eval()
         mbs = int(micro_batch_size or cfg_get(self.cfg, "logprob_batch_size"))
         out = torch.zeros((data.size, data["input_ids"].shape[1]), dtype=torch.float32)
@@ -57,9 +54,7 @@ class ValueWorker(PolicyWorker):
     def init_trunk_from(self, policy_model_state: Mapping[str, torch.Tensor]) -> int:
         """Copy every tensor but the value head from a policy state dict and rebuild the optimizer; return the count.
 
-        Raises:
-            KeyError: A backbone tensor is missing from ``policy_model_state``.
-            ValueError: A tensor's shape differs.
+        Raises ``KeyError`` for a missing backbone tensor, ``ValueError`` for a shape that differs.
         """
         own = self.model.state_dict()
         backbone = {k[len(BACKBONE_PREFIX) :]: v for k, v in own.items() if k.startswith(BACKBONE_PREFIX)}
