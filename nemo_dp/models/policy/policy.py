@@ -61,8 +61,7 @@ class Policy:
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Planner arguments ``(sequence_packing_args, dynamic_batching_args)``; dynamic batching wins if both are on.
 
-        Raises:
-            ValueError: ``mb_tokens_key`` is not ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
+        Raises ``ValueError`` for an unknown ``mb_tokens_key``.
         """
         if mb_tokens_key not in _MB_TOKENS_KEYS:
             raise ValueError(f"mb_tokens_key must be one of {list(_MB_TOKENS_KEYS)}, got {mb_tokens_key!r}")
@@ -160,22 +159,17 @@ class Policy:
         n_steps = len(per_rank[0])
         if any(len(p) != n_steps for p in per_rank):
             raise RuntimeError(f"ranks ran different numbers of steps: {[len(p) for p in per_rank]}")
-        out: dict[str, Any] = {}
         step_values: dict[str, list[float]] = {}
-        leaders = [
-            [m for m in (p[k] for p in per_rank) if m.get("is_replica_leader", True)] for k in range(n_steps)
-        ]
         for k in range(n_steps):
-            ranks = leaders[k]
-            keys = [key for key in ranks[0] if key not in ("is_replica_leader", "skipped")]
-            for key in keys:
-                if key in ("grad_norm", "lr"):
-                    value = float(ranks[0][key])
-                else:
-                    value = float(sum(float(m[key]) for m in ranks))
+            ranks = [p[k] for p in per_rank if p[k].get("is_replica_leader", True)]
+            for key in [key for key in ranks[0] if key not in ("is_replica_leader", "skipped")]:
+                same = key in ("grad_norm", "lr")
+                value = float(ranks[0][key]) if same else float(sum(float(m[key]) for m in ranks))
                 step_values.setdefault(key, []).append(value)
-        for key, values in step_values.items():
-            out[key] = float(sum(values)) if key in COUNT_METRICS else float(sum(values) / len(values))
+        out: dict[str, Any] = {
+            key: float(sum(values)) if key in COUNT_METRICS else float(sum(values) / len(values))
+            for key, values in step_values.items()
+        }
         out["num_optimizer_steps"] = n_steps
         out["per_step_loss"] = step_values.get("loss", [])
         return out
@@ -186,10 +180,8 @@ class Policy:
         """Generate one response per prompt over the workers; each row's own seed makes it independent of ``dp_size``.
 
         ``prompts`` are token ids (bos included) or ``VisualPrompt`` specs; ``return_images=False``
-        keeps image columns on the workers.  Returns ``generation.generate``'s fields in prompt order.
-
-        Raises:
-            ValueError: ``prompts`` is empty or ``seeds`` does not match it.
+        keeps image columns on the workers.  Returns ``generation.generate``'s fields in prompt order
+        (``ValueError`` for no prompts or mismatched seeds).
         """
         n = len(prompts)
         if n == 0:
@@ -248,11 +240,7 @@ class Policy:
         return {"weights": weights, "worker_rng": [s["rng"] for s in states]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output on every rank.
-
-        Raises:
-            ValueError: The ``worker_rng`` list does not match ``dp_size``.
-        """
+        """Restore :meth:`state_dict` output on every rank (``ValueError`` unless one RNG state per rank)."""
         rngs = list(state["worker_rng"])
         if len(rngs) != self.dp_size:
             raise ValueError(

@@ -49,10 +49,7 @@ class RolloutResult:
 
 
 class TQPolicy(TQDriverMixin, Policy):
-    """The policy façade of the data-plane trainers; ``dp_cfg`` is the ``data_plane`` config.
-
-    Raises ``ValueError`` for a disabled or invalid ``dp_cfg``, ``RuntimeError`` when the backend cannot start.
-    """
+    """The policy façade of the data-plane trainers (``ValueError`` for a disabled or invalid ``dp_cfg``)."""
 
     #: Image columns the workers read with each dispatch (set per instance for a VLM policy).
     image_fields: tuple[str, ...] = ()

@@ -220,10 +220,7 @@ class PolicyWorker:
         return out
 
     def _micro_batches(self, data: BatchedDataDict, mbs: int) -> Iterator[tuple[MicrobatchSpec, BatchedDataDict, int]]:
-        """``(spec, micro-batch, width)``: the driver's plan if attached, else runs of ``mbs`` rows.
-
-        ``width``: the longest row, or a dynamic plan's padded length when longer.
-        """
+        """``(spec, micro-batch, width)`` per the attached plan or runs of ``mbs`` rows (width >= the longest row)."""
         if data.micro_batch_indices is not None:
             specs = data.microbatch_plan()
         else:
@@ -283,10 +280,7 @@ class PolicyWorker:
         return BatchedDataDict({"reference_logprobs": self._logprobs(self.reference_model, data, micro_batch_size)})
 
     def begin_train_step(self, loss_fn: LossFn, eval_mode: bool = False, mbs: int | None = None) -> None:
-        """Start one optimizer step (``eval_mode``: loss only): zero gradients, remember the loss.
-
-        Raises ``RuntimeError`` (``"already active"``) while a step is active.
-        """
+        """Start one optimizer step (``eval_mode``: loss only); ``RuntimeError`` (``"already active"``) during one."""
         if self._step_state is not None:
             raise RuntimeError(
                 f"PolicyWorker[{self.rank}]: a train step is already active; finish or abort it first"
