@@ -69,9 +69,7 @@ def save_hf_tokenizer(policy_cfg: Any, directory: str) -> None:
 def load_saved_hf_tokenizer(policy_cfg: Any, directory: str) -> HFTokenizer | None:
     """The tokenizer :func:`save_hf_tokenizer` wrote into ``directory``; ``None`` without ``tokenizer_config.json``.
 
-    Raises:
-        ValueError: The config is not a JSON object, or it has an ``auto_map`` while
-            ``policy.trust_remote_code`` is false (transformers would quietly load another class).
+    Raises ``ValueError`` for a non-object config or an ``auto_map`` without ``policy.trust_remote_code``.
     """
     config_file = Path(directory) / TOKENIZER_CONFIG_FILE
     if not config_file.is_file():

@@ -60,10 +60,7 @@ def _corpus(digits: int, n: int, seed: int) -> Iterator[str]:
 def train_bpe_tokenizer(
     corpus: Iterable[str], vocab_size: int, *, extra_specials: Sequence[str] = (), chat_template: str = CHAT_TEMPLATE
 ) -> Any:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` (one token per digit).
-
-    ``extra_specials`` come after :data:`SPECIAL_TOKENS` (and are additional specials).
-    """
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus``; ``extra_specials`` follow the defaults."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -177,10 +174,7 @@ def ensure_tiny_checkpoint(
     arch: str, cache_dir: str | os.PathLike[str], *, seed: int = 0, dims: TinyDims | None = None,
     name: str | None = None,
 ) -> Path:
-    """The tiny ``arch`` checkpoint ``cache_dir/<name>`` (default ``tiny-<arch>``), built on first use.
-
-    A non-default ``dims`` needs its own ``name`` so it does not meet a default-shaped cache entry.
-    """
+    """The tiny ``arch`` checkpoint ``cache_dir/<name>`` (default ``tiny-<arch>``; give other ``dims`` their own)."""
     return build_once(
         Path(cache_dir) / (name or f"tiny-{arch}"), _FILES_DONE,
         lambda tmp: make_tiny_checkpoint(arch, tmp, seed=seed, dims=dims),

@@ -117,8 +117,7 @@ class RolloutGroup:
     def sync_weights(self, version: int) -> None:
         """Queue training rank 0's current weights on every actor, stamped ``version`` (trainer steps done).
 
-        The weights go through the object store, not the driver.  Ray runs an actor's calls in
-        submission order, so shards dispatched after this call use these weights.
+        Ray runs an actor's calls in order, so shards dispatched after this call use these weights.
         """
         ref = self._policy.worker_group.workers[0].get_state.remote(include_weights=True)
         self._weight_acks = [w.load_weights.remote(ref, int(version)) for w in self.workers]

@@ -43,12 +43,8 @@ def sft_partition_id(rank: int, k: int) -> str:
 class SFTBatchEnvelope:
     """What a worker returns for one loaded batch (all the driver receives).
 
-    Attributes:
-        meta: The put receipt with ``task_name="train"``, ``sequence_lengths`` and
-            ``pad_to_multiple`` in ``extra_info`` (Local: also the partition generation).
-        source_ids: Dataset indices of the rows, in row order.
-        valid_tokens: ``token_mask`` sum; num_microbatches: ``ceil(rows / micro_batch_size)``.
-        load_time_s: Seconds this call spent loading the batch; 0 when it was prefetched.
+    ``meta`` is the put receipt (``task_name="train"``, ``sequence_lengths``, ``pad_to_multiple`` in
+    ``extra_info``); ``source_ids`` are dataset indices in row order; ``load_time_s`` is 0 when prefetched.
     """
 
     meta: KVBatchMeta
@@ -258,7 +254,7 @@ class ColocatedLoaderMixin:
     def load_sft_batch(self, batch_index: int, prefetch: bool = True) -> SFTBatchEnvelope:
         """The envelope of the run's next batch ``batch_index`` (loaded now unless prefetched); it becomes active.
 
-        With ``prefetch`` the following batches are then loaded while fewer than ``max_live_batches`` are live.
+        With ``prefetch``, later batches are then loaded while fewer than ``max_live_batches`` are live.
 
         Raises:
             RuntimeError: Not set up, or another batch is active.

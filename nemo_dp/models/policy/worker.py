@@ -42,11 +42,7 @@ DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
 def _to_cpu(obj: Any) -> Any:
-    """Every tensor of a nested state (dicts, lists, tuples) detached and on the CPU.
-
-    CPU tensors are returned as detached views, not copies: Ray copies the state on return, and
-    a copy here would hold a second set of weights and optimizer moments for the call.
-    """
+    """Every tensor of a nested state detached and on the CPU: views, not copies (Ray copies the state on return)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu")
     if isinstance(obj, dict):
@@ -184,10 +180,9 @@ class PolicyWorker:
     def _forward(
         self, model: torch.nn.Module, input_ids: torch.Tensor, mb: BatchedDataDict | None = None, logits_from: int = 0
     ) -> torch.Tensor:
-        """``model(input_ids, logits_from)`` under ``policy.precision``'s autocast (forward only).
+        """``model(input_ids, logits_from)`` under ``policy.precision``'s autocast, ``mb``'s images bound first.
 
-        The caller's log-softmax and loss run in float32.  A micro-batch's images are bound to the
-        model first; ``logits_from`` > 0 asks for the logits of positions ``logits_from ..`` only.
+        The caller's log-softmax and loss run in float32.
         """
         if mb is not None:
             model = bind_images(model, mb)
@@ -197,11 +192,7 @@ class PolicyWorker:
     def _training_forward(
         self, loss_fn: LossFn, tensors: Mapping[str, torch.Tensor], mb: BatchedDataDict
     ) -> torch.Tensor:
-        """The logits the loss reads, under ``policy.train_attn_implementation`` when set (HuggingFace).
-
-        A loss with ``reads_masked_logprobs_only`` gets logits from one before the first
-        ``token_mask`` token (the prompt's LM-head rows are skipped).
-        """
+        """The logits the loss reads (see ``LossFn``), under ``policy.train_attn_implementation`` when set."""
         logits_from = 0
         if getattr(loss_fn, "reads_masked_logprobs_only", False) and "token_mask" in tensors:
             logits_from = first_logits_position(tensors["token_mask"])

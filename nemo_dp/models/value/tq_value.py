@@ -25,7 +25,7 @@ class TQValueWorker(TQWorkerMixin, ValueWorker):
 
 
 class TQValue(TQDriverMixin, Value):
-    """The critic facade of the data-plane PPO trainer; ``dp_cfg`` and the borrowed ``dp_client`` are the policy's."""
+    """The data-plane PPO critic facade; ``dp_cfg`` and ``dp_client`` (never closed here) are the policy's."""
 
     worker_class: ClassVar[type] = TQValueWorker
 
@@ -74,7 +74,3 @@ class TQValue(TQDriverMixin, Value):
     def data_plane_worker_metrics(self, step_time_s: float) -> dict[str, float]:
         """The critic workers' per-step store metrics as ``data_plane/critic_workers/...`` (``{}`` without them)."""
         return self._worker_store_metrics(step_time_s, "data_plane/critic_workers")
-
-    def shutdown(self) -> None:
-        """Shut the critic's workers (and their clients) down; the borrowed driver client stays open (idempotent)."""
-        super().shutdown()
