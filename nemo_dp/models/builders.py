@@ -31,9 +31,7 @@ def cfg_get(cfg: Any, key: str, default: Any = REQUIRED) -> Any:
 class ModelBuilder:
     """What a ``policy`` kind provides: the functions behind :func:`build_model` and the other helpers below.
 
-    ``build_model`` builds identical weights on every rank given the same arguments; ``validate``
-    raises ``ValueError`` naming the key and the fix; ``takes_images``: the model reads per-sample
-    images and has ``with_images`` (``hf_vlm``).
+    ``build_model`` builds identical weights on every rank given the same arguments.
     """
 
     kind: str
@@ -128,11 +126,7 @@ WORKER_PATH_KEYS: tuple[str, ...] = ("model_name_or_path", "tokenizer_name_or_pa
 
 
 def policy_for_workers(policy_cfg: Any) -> dict[str, Any]:
-    """A plain, resolved copy of the ``policy`` node for the Ray workers (call on the driver).
-
-    The paths of :data:`WORKER_PATH_KEYS` are made absolute against the driver's working
-    directory: a worker on a joined cluster starts in its node's directory.
-    """
+    """A plain, resolved copy of the ``policy`` node for the Ray workers, :data:`WORKER_PATH_KEYS` made absolute."""
     from omegaconf import DictConfig, OmegaConf
 
     out: dict[str, Any] = (

@@ -130,10 +130,9 @@ class Tokenizer(Protocol):
 class LossFn(Protocol):
     """A training loss as the workers call it (implemented by the algorithms layer).
 
-    ``global_valid_tokens`` / ``global_valid_seqs`` count the whole global batch, so summing
-    microbatch losses gives the batch mean.  A loss class with ``reads_masked_logprobs_only =
-    True`` receives logits from one before the micro-batch's first ``token_mask`` column
-    (``[B, K, V]``); any other loss receives all ``[B, S, V]``.
+    The counts cover the whole global batch, so summing microbatch losses gives the batch mean.  A
+    loss class with ``reads_masked_logprobs_only = True`` receives logits from one before the first
+    ``token_mask`` column (``[B, K, V]``); any other loss receives all ``[B, S, V]``.
     """
 
     def __call__(

@@ -27,8 +27,7 @@ def first_masked_columns(token_mask: torch.Tensor) -> torch.Tensor:
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Float32 ``[B, S]``: column t is log p(token t | tokens < t), columns ``0 .. S - K`` are 0.
 
-    ``logits`` are float ``[B, K, V]``, those of the last ``K <= S`` positions (e.g. from
-    ``model(input_ids, logits_from=S - K)``).  Raises ``ValueError`` when the shapes do not line up.
+    ``logits`` ``[B, K, V]`` are those of the last ``K <= S`` positions (else ``ValueError``).
     """
     if (
         logits.dim() != 3

@@ -150,9 +150,8 @@ def make_tiny_checkpoint(
     arch: str, out: str | os.PathLike[str], *, seed: int = 0, digits: int = 3, vocab_size: int = 384,
     max_positions: int = 128, dims: TinyDims | None = None,
 ) -> Path:
-    """Write a tokenizer and a random ``arch`` model into ``out`` (created, overwritten); return it.
+    """Write a tokenizer and a random ``arch`` model (``seed`` for both) into ``out``; return it.
 
-    ``seed`` seeds the corpus and the weights; ``digits`` are the corpus's operand digits.
     Raises ``ValueError`` for an unknown architecture.
     """
     from transformers import AutoModelForCausalLM
@@ -182,10 +181,7 @@ def ensure_tiny_checkpoint(
 
 
 def build_once(final: Path, done_files: Sequence[str], build: Callable[[Path], Any]) -> Path:
-    """``final``, unless it holds all ``done_files`` built by ``build(<private sibling>)`` and renamed into place.
-
-    Concurrent callers never see a half-written directory: the first rename wins.
-    """
+    """``final``, built in a private sibling and renamed into place unless it holds all ``done_files`` (race-safe)."""
     if all((final / f).is_file() for f in done_files):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -29,11 +29,7 @@ def _as_dictconfig(cfg: Any) -> DictConfig:
 
 
 class Policy:
-    """The policy: ``dp_size`` workers, each a model replica with its optimizer.
-
-    ``config`` (``DictConfig``, ``PolicyConfig`` or mapping) is kept as ``self.cfg``, a ``DictConfig``;
-    ``name_prefix`` names the policy in error messages.
-    """
+    """The policy: ``dp_size`` workers, each a model replica with its optimizer; ``self.cfg`` is a ``DictConfig``."""
 
     #: The worker class the group runs; a data-plane subclass swaps in its mixed-in worker.
     worker_class: ClassVar[type] = PolicyWorker
@@ -222,10 +218,7 @@ class Policy:
         self._dispatch_all("snapshot_reference_policy")
 
     def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
-        """Fresh optimizer state at ``lr`` on every rank for a phase of ``decay_steps`` (cosine horizon).
-
-        ``warmup_steps`` None means the config's ``optimizer.warmup_steps``.
-        """
+        """Fresh optimizer state at ``lr`` on every rank for a phase (``warmup_steps`` None: the config's)."""
         self._dispatch_all(
             "reset_optimizer",
             float(lr),

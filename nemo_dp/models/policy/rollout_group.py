@@ -38,11 +38,7 @@ class RolloutShard:
 
 @dataclass
 class RolloutStats:
-    """Counters the trainer turns into per-step metrics (reset with :meth:`window`).
-
-    ``generated`` counts rows written since the start of the run; ``busy_s`` (= ``gen_s`` +
-    ``put_s``) of finished shards and ``claim_wait_s`` count seconds in the current window.
-    """
+    """Counters for per-step metrics: rows ``generated`` in the run, and seconds in the :meth:`window`."""
 
     generated: int = 0
     busy_s: float = 0.0

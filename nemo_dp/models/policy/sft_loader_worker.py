@@ -67,11 +67,9 @@ class _LoadedBatch:
 class ColocatedLoaderMixin:
     """Worker-side colocated SFT loader (driver side: ``nemo_dp.algorithms.sft_loader.ColocatedLoaderGroup``).
 
-    Keeps a lockstep replica of the run's ``EpochLoader``, puts rank ``r``'s block of each global
-    batch into partition ``sft_dp{r}_batch{k}``, prefetches within ``max_live_batches`` and
-    commits or aborts (rewinding the loader).  A commit stays provisional until the driver asks
-    for the next batch, so a failed step is retried on every rank.  The host has ``dp_client``,
-    ``rank`` and ``world_size``; pure data parallelism only.
+    Keeps a lockstep replica of the run's ``EpochLoader`` and puts rank ``r``'s block of batch ``k`` into
+    partition ``sft_dp{r}_batch{k}``.  A commit stays provisional until the driver asks for the next
+    batch, so a failed step is retried on every rank.  Pure data parallelism only.
     """
 
     _cl_loader: Any = None

@@ -236,10 +236,9 @@ class TinyCausalLM(nn.Module):
     def forward_cached(
         self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, attn_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Logits of ``T`` new tokens per row ``[B, T]``, attending to the cache, which grows by ``T``.
+        """Logits of ``T`` new tokens per row ``[B, T]``, attending to the cache (``ValueError`` if too short).
 
         ``attn_mask`` is bool ``[B, 1, T, cache.length + T]``, True where a query may attend.
-        Raises ``ValueError`` when the cache is too short.
         """
         seq = input_ids.shape[1]
         if cache.length + seq > cache.max_len:
