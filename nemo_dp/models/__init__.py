@@ -1,3 +1,1 @@
-"""Models layer: the protocols, one builder per ``policy`` option, generation, the value model, and
-the policy / value driver facades with their Ray workers.
-"""
+"""Models layer: protocols, builders, generation, and the policy / value facades with their Ray workers."""

@@ -1,8 +1,4 @@
-"""One builder per ``policy`` option: the only place that maps a policy kind to code.
-
-:func:`build_model` / :func:`build_tokenizer` return objects satisfying
-``nemo_dp.models.protocol``.  Builders are imported lazily (``hf`` pulls in transformers).
-"""
+"""One builder per ``policy`` kind: the only place that maps a kind to code (imported lazily)."""
 
 from __future__ import annotations
 
@@ -27,37 +23,15 @@ DEFAULT_POLICY_KIND = "tiny"
 
 
 def cfg_get(cfg: Any, key: str, default: Any = REQUIRED) -> Any:
-    """``cfg[key]`` of a ``policy`` node of any form (see :func:`nemo_dp.utils.config_access.cfg_get`).
-
-    Raises:
-        KeyError: The key is absent and no default was given (the message names it).
-    """
+    """``cfg[key]`` of a ``policy`` node of any form; ``KeyError`` naming it when absent without a default."""
     return config_access.cfg_get(cfg, key, default, where="policy config")
 
 
 @dataclass(frozen=True)
 class ModelBuilder:
-    """What a ``policy`` option provides.
+    """What a ``policy`` kind provides: the functions behind :func:`build_model` and the other helpers below.
 
-    Attributes:
-        kind: The ``policy.kind`` value (and ``conf/policy/<kind>.yaml``).
-        build_model: ``(policy_cfg, vocab_size, seed) -> CausalLM`` on CPU; every rank given
-            the same arguments builds identical weights.
-        build_tokenizer: ``(policy_cfg) -> Tokenizer``.
-        validate: ``(policy_cfg) -> None``; raises ``ValueError`` naming the key and the fix.
-            Runs on the driver before any process starts.
-        load_pretrained: ``(policy_cfg, directory) -> CausalLM``: a model written by its
-            ``save_pretrained`` (same family and settings as ``policy_cfg``).
-        prepare: ``(policy_cfg) -> None``: create what the node refers to and may be built
-            locally (``hf``: an offline tiny checkpoint on first use); runs on the driver
-            before validation.
-        save_tokenizer: ``(policy_cfg, directory) -> None``: write the tokenizer's files in its
-            own format next to a model's ``save_pretrained`` output; a kind whose vocabulary is
-            fixed in code (``tiny``) writes nothing.
-        load_saved_tokenizer: ``(policy_cfg, directory) -> Tokenizer | None``: what
-            ``save_tokenizer`` wrote there, or ``None`` when it holds none.
-        takes_images: The model reads per-sample images (``pixel_values`` /
-            ``image_grid_thw`` columns) and has ``with_images`` (``hf_vlm``).
+    ``build_model`` builds identical weights on every rank given the same arguments.
     """
 
     kind: str
@@ -88,11 +62,7 @@ def builder_kinds() -> list[str]:
 
 
 def get_builder(kind: str) -> ModelBuilder:
-    """The builder of policy kind ``kind``.
-
-    Raises:
-        ValueError: Unknown kind (naming ``policy.kind`` and the legal values).
-    """
+    """The builder of policy kind ``kind``; ``ValueError`` naming the legal values for an unknown one."""
     if kind not in _REGISTRY and kind in _BUILTIN_MODULES:
         module = importlib.import_module(_BUILTIN_MODULES[kind])
         register_builder(module.BUILDER)
@@ -107,10 +77,7 @@ def policy_kind(policy_cfg: Any) -> str:
 
 
 def build_model(policy_cfg: Any, *, vocab_size: int, seed: int) -> CausalLM:
-    """Build the ``CausalLM`` a ``policy`` node describes (on CPU, in training dtype).
-
-    ``seed`` is the run seed: every rank builds identical weights from it.
-    """
+    """Build the ``CausalLM`` a ``policy`` node describes (on CPU; identical on every rank for one ``seed``)."""
     return get_builder(policy_kind(policy_cfg)).build_model(policy_cfg, int(vocab_size), int(seed))
 
 
@@ -120,14 +87,7 @@ def build_tokenizer(policy_cfg: Any) -> Tokenizer:
 
 
 def validate_policy(policy_cfg: Any) -> None:
-    """Check a ``policy`` node's model and tokenizer settings before any process starts.
-
-    A precision that uses bfloat16 on a CPU host without bfloat16 support gets a warning
-    here (a CUDA worker checks its own device).
-
-    Raises:
-        ValueError: Naming the key at fault and the fix.
-    """
+    """Check a ``policy`` node before any process starts (``ValueError`` naming the key); warn of CPU bfloat16."""
     from nemo_dp.models.precision import resolve_precision, warn_if_no_bf16
 
     precision = resolve_precision(policy_cfg)
@@ -142,10 +102,7 @@ def load_pretrained_model(policy_cfg: Any, directory: str) -> CausalLM:
 
 
 def prepare_policy(policy_cfg: Any) -> None:
-    """Build what a ``policy`` node refers to when it can be built locally.
-
-    Call on the driver, before :func:`validate_policy`.
-    """
+    """Build what a ``policy`` node refers to when it can be built locally (driver, before validation)."""
     get_builder(policy_kind(policy_cfg)).prepare(policy_cfg)
 
 
@@ -155,10 +112,7 @@ def save_tokenizer(policy_cfg: Any, directory: str) -> None:
 
 
 def load_saved_tokenizer(policy_cfg: Any, directory: str) -> Optional[Tokenizer]:
-    """The tokenizer :func:`save_tokenizer` wrote into ``directory``; ``None`` if it holds none of that kind.
-
-    ``policy_cfg``'s kind picks the reader and its settings.
-    """
+    """The tokenizer :func:`save_tokenizer` wrote into ``directory``; ``None`` if it holds none of that kind."""
     return get_builder(policy_kind(policy_cfg)).load_saved_tokenizer(policy_cfg, str(directory))
 
 
@@ -172,14 +126,7 @@ WORKER_PATH_KEYS: tuple[str, ...] = ("model_name_or_path", "tokenizer_name_or_pa
 
 
 def policy_for_workers(policy_cfg: Any) -> dict[str, Any]:
-    """The ``policy`` node as the Ray workers receive it (call on the driver).
-
-    Interpolations are resolved and the local paths of :data:`WORKER_PATH_KEYS` made absolute
-    against the driver's working directory: a worker of a private Ray starts there, but one on
-    a joined cluster starts in its node's directory, where a relative path names something else.
-
-    Returns a plain, resolved copy (the input is not modified).
-    """
+    """A plain, resolved copy of the ``policy`` node for the Ray workers, :data:`WORKER_PATH_KEYS` made absolute."""
     from omegaconf import DictConfig, OmegaConf
 
     out: dict[str, Any] = (

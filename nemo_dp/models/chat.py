@@ -11,13 +11,7 @@ CHAT_ROLES: tuple[str, ...] = ("system", "user", "assistant")
 
 
 def check_messages(messages: Sequence[Mapping[str, str]], where: str = "messages") -> None:
-    """Check that ``messages`` is a non-empty list of ``{role, content}`` turns.
-
-    ``where`` prefixes error messages (e.g. ``"data.jsonl:3: messages"``).
-
-    Raises:
-        ValueError: Naming the turn index and the field at fault.
-    """
+    """Check that ``messages`` is a non-empty list of ``{role, content}`` turns (``ValueError`` prefixed ``where``)."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError(f"{where}: must be a non-empty list of {{role, content}} turns")
     for i, turn in enumerate(messages):
@@ -31,10 +25,6 @@ def check_messages(messages: Sequence[Mapping[str, str]], where: str = "messages
 
 
 def concat_messages(messages: Sequence[Mapping[str, str]]) -> str:
-    """The ``{role, content}`` turns' contents concatenated in order (no role markers).
-
-    Raises:
-        ValueError: A turn is malformed.
-    """
+    """The ``{role, content}`` turns' contents concatenated in order (``ValueError`` for a malformed turn)."""
     check_messages(messages)
     return "".join(str(turn["content"]) for turn in messages)

@@ -1,9 +1,5 @@
-"""Incremental (KV-cached) sampling from any ``CausalLM`` with per-sample seeds.
-
-Each row samples (Gumbel-max) from its own CPU generator seeded with ``seeds[i]``, so a sample
-depends only on prompt, seed and weights, however prompts are sharded or batched.  Prompts are
-left-padded with per-row positions and a key-validity mask.
-"""
+"""KV-cached sampling from any ``CausalLM``: each row samples (Gumbel-max) from its own generator seeded
+with ``seeds[i]``, so a sample depends only on prompt, seed and weights, however prompts are batched."""
 
 from __future__ import annotations
 
@@ -45,41 +41,30 @@ def generate(
     model: CausalLM, prompts: list[list[int]], *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool,
     temperature: float, seeds: list[int], precision: Precision = FULL_PRECISION,
 ) -> dict[str, Any]:
-    """Generate a response for each prompt.
-
-    Prompts are left-padded internally (positions restart at 0 in every row and pads are
-    masked out), decoded one token per step with a KV cache, and returned right-padded.
+    """Generate a response for each prompt (left-padded internally, returned right-padded).
 
     Args:
         prompts: Token ids per prompt (bos included by the caller).
         max_new_tokens: Most tokens to generate per row (eos included).
-        pad_id: Fills the padding of the returned ``input_ids``.
         greedy: Argmax decoding (seeds are then unused).
         temperature: Sampling temperature (> 0 when not greedy).
-        seeds: One seed per row for its private ``torch.Generator``.
-        precision: The model's ``policy.precision``: the forwards run in its autocast (one
-            region for the whole call); the sampling itself always in float32.
+        precision: The forwards run in its autocast; the sampling itself always in float32.
 
     Returns:
-        ``input_ids`` int64 [B, S] (prompt + response, right padded), ``input_lengths`` int32
-        [B], ``prompt_lengths`` int32 [B], ``generation_logprobs`` float32 [B, S] (log-prob of
-        each response token under the sampling distribution, i.e. softmax(logits/temperature),
-        or softmax(logits) when greedy; 0 on prompt and padding), ``token_mask`` int32 [B, S]
-        (1 on response tokens, eos included), ``truncated`` bool [B] (no eos generated).
+        ``input_ids`` int64 [B, S], ``input_lengths`` / ``prompt_lengths`` int32 [B],
+        ``generation_logprobs`` float32 [B, S] (under softmax(logits/temperature); 0 off the
+        response), ``token_mask`` int32 [B, S] (response, eos included), ``truncated`` bool [B].
 
     Raises:
-        ValueError: Empty prompts, mismatched seeds, bad ``max_new_tokens`` or temperature, or a
-            sequence that would exceed the model's ``max_positions``.
+        ValueError: A bad argument or a sequence beyond the model's ``max_positions``.
     """
     _validate(model, prompts, max_new_tokens, greedy, temperature, seeds)
     was_training = model.training
     model.eval()
     device = next(iter(model.parameters())).device
     try:
-        # One autocast region around every forward of the call: autocast caches its bfloat16
-        # copies of the weights until the outermost region exits, so the weights are cast once
-        # per call instead of once per token (bf16-mixed generation 1.5x faster on CPU).  The
-        # sampling ops below run on float32 logits and are not on autocast's op lists.
+        # One outer autocast region: autocast caches its bfloat16 weight copies until the outermost
+        # region exits, so the weights are cast once per call instead of once per token.
         with precision.autocast(device):
             return _generate(model, prompts, max_new_tokens, eos_id, pad_id, greedy, temperature, seeds, precision)
     finally:
@@ -124,10 +109,7 @@ def _generate(
             scores = logits / temperature
             noise = torch.empty((bsz, vocab), dtype=torch.float32)
             for i in range(bsz):
-                if not finished[i]:
-                    noise[i] = torch.rand(vocab, generator=gens[i])
-                else:
-                    noise[i] = 0.5
+                noise[i] = 0.5 if finished[i] else torch.rand(vocab, generator=gens[i])
             gumbel = -torch.log(-torch.log(noise))
             tok = (scores + gumbel).argmax(dim=-1)
         logp = F.log_softmax(scores, dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)

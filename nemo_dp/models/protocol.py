@@ -1,9 +1,4 @@
-"""The seams between the workers and whatever model / tokenizer a run trains.
-
-:class:`CausalLM`, :class:`Tokenizer` and :class:`LossFn`.  Token ids are int64 ``[B, S]``;
-training batches are right-padded, generation left-padded (``prefill`` takes per-row positions
-and a key-validity mask).  A model is also a ``torch.nn.Module``.
-"""
+"""The seams between the workers and a run's model, tokenizer and loss (token ids: int64 ``[B, S]``)."""
 
 from __future__ import annotations
 
@@ -41,10 +36,8 @@ class CausalLM(Protocol):
     def forward(self, input_ids: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
         """Full causal forward: logits ``[B, S - logits_from, V]``; position ``t`` predicts token ``t + 1``.
 
-        Args:
-            input_ids: int64 ``[B, S]`` (right padding does not affect valid positions).
-            logits_from: First position whose logits are returned (``0 <= logits_from < S``), so
-                a loss reading only the response skips the LM head and log-softmax on the prompt.
+        ``logits_from`` (``0 <= logits_from < S``) lets a loss reading only the response skip the
+        LM head on the prompt; right padding does not affect valid positions.
         """
         ...
 
@@ -55,16 +48,10 @@ class CausalLM(Protocol):
     def prefill(
         self, input_ids: torch.Tensor, key_valid: torch.Tensor, positions: torch.Tensor, max_len: int
     ) -> tuple[torch.Tensor, Any]:
-        """Run left-padded prompts and open a KV cache.
+        """Run left-padded prompts ``[B, W]`` and open a KV cache of up to ``max_len`` positions.
 
-        Args:
-            input_ids: int64 ``[B, W]`` left-padded prompts.
-            key_valid: bool ``[B, W]``, True on real (non-pad) tokens.
-            positions: int64 ``[B, W]`` position ids (0 at each row's first real token).
-            max_len: Most positions the cache will hold (``W`` + new tokens).
-
-        Returns:
-            ``(logits of the last column [B, V], cache)``; the cache is opaque to callers.
+        ``key_valid`` is True on real tokens; ``positions`` is 0 at each row's first real token.
+        Returns ``(logits of the last column [B, V], cache)``; the cache is opaque to callers.
         """
         ...
 
@@ -79,11 +66,7 @@ class CausalLM(Protocol):
         ...
 
     def lm_head_only_parameters(self) -> list[torch.nn.Parameter]:
-        """Parameters used only by the LM head (not by :meth:`hidden_states`).
-
-        A value model built on this backbone freezes them; a head tied to the input
-        embeddings is not listed.
-        """
+        """Parameters used only by the LM head (a value model freezes them); a tied head is not listed."""
         ...
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
@@ -93,11 +76,7 @@ class CausalLM(Protocol):
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """What datasets, collate functions, rewards and generation need from a tokenizer.
-
-    ``encode`` adds no special tokens; ``encode_prompt`` / ``encode_response`` lay a sequence
-    out the way every trainer does: ``[bos]? + prompt + response + [eos]``.
-    """
+    """What datasets, rewards and generation need from a tokenizer (``[bos]? + prompt + response + [eos]``)."""
 
     @property
     def pad_id(self) -> int:
@@ -143,8 +122,7 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
         """Render chat turns to text (the chat template, or plain concatenation without one).
 
-        ``add_generation_prompt`` appends the prefix of an assistant turn.  Special tokens appear
-        as text (``encode`` maps them).
+        ``add_generation_prompt`` appends an assistant turn's prefix; specials appear as text.
         """
         ...
 
@@ -152,12 +130,9 @@ class Tokenizer(Protocol):
 class LossFn(Protocol):
     """A training loss as the workers call it (implemented by the algorithms layer).
 
-    ``global_valid_tokens`` / ``global_valid_seqs`` are the counts over the whole global
-    batch (all ranks, all microbatches), so summing microbatch losses gives the batch mean.
-
-    A loss whose class sets ``reads_masked_logprobs_only = True`` receives the logits of the
-    positions from one before the micro-batch's first ``token_mask`` column on (``[B, K, V]``,
-    see ``token_logprobs_from_logits``); any other loss receives all ``[B, S, V]``.
+    The counts cover the whole global batch, so summing microbatch losses gives the batch mean.  A
+    loss class with ``reads_masked_logprobs_only = True`` receives logits from one before the first
+    ``token_mask`` column (``[B, K, V]``); any other loss receives all ``[B, S, V]``.
     """
 
     def __call__(

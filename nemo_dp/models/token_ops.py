@@ -1,8 +1,4 @@
-"""Per-token views of model outputs: log-probs and aligned values.
-
-Shared by the workers and the loss functions, so both compute the same numbers (the models layer
-may not import the algorithms layer).
-"""
+"""Per-token views of model outputs, shared by the workers and the losses so both compute the same numbers."""
 
 from __future__ import annotations
 
@@ -16,12 +12,7 @@ __all__ = [
 
 
 def first_logits_position(token_mask: torch.Tensor) -> int:
-    """``logits_from`` for a masked log-prob: one before the first masked token of any row.
-
-    ``token_mask`` is ``[B, S]``, nonzero on the tokens whose log-probs count.  Returns the
-    earliest column with a nonzero mask in any row, minus 1 (0 when no column is masked in, or
-    column 0 is).
-    """
+    """``logits_from`` for a masked log-prob: one before the first nonzero ``[B, S]`` mask column of any row (>= 0)."""
     cols = torch.nonzero(token_mask.reshape(token_mask.shape[0], -1).ne(0).any(0))
     return max(int(cols[0]) - 1, 0) if cols.numel() else 0
 
@@ -34,19 +25,9 @@ def first_masked_columns(token_mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Per-token log-probabilities aligned with ``input_ids``.
+    """Float32 ``[B, S]``: column t is log p(token t | tokens < t), columns ``0 .. S - K`` are 0.
 
-    Args:
-        logits: float ``[B, K, V]``, the logits of the last ``K <= S`` positions (``K = S``:
-            all of them; fewer come from ``model(input_ids, logits_from=S - K)``); position t
-            predicts token t + 1.
-
-    Returns:
-        float32 ``[B, S]`` where column t is log p(token t | tokens < t); columns
-        ``0 .. S - K`` (column 0 alone for full logits) are 0.
-
-    Raises:
-        ValueError: The shapes do not line up.
+    ``logits`` ``[B, K, V]`` are those of the last ``K <= S`` positions (else ``ValueError``).
     """
     if (
         logits.dim() != 3
@@ -65,13 +46,9 @@ def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) ->
 
 
 def align_values(head_out: torch.Tensor) -> torch.Tensor:
-    """Shift value-head outputs ``[B, S]`` so that column ``t`` is the value of the prefix ``tokens < t``.
+    """Float32 value-head outputs ``[B, S]`` shifted right by one (column ``t``: value of ``tokens < t``; column 0: 0).
 
-    Position ``t`` of ``head_out`` has seen tokens ``<= t``; the float32 result has column 0 = 0
-    and column ``t`` = ``head_out[:, t - 1]``.
-
-    Raises:
-        ValueError: ``head_out`` is not 2-D.
+    Raises ``ValueError`` when ``head_out`` is not 2-D.
     """
     if head_out.dim() != 2:
         raise ValueError(f"align_values: expected value-head output [B, S], got shape {tuple(head_out.shape)}")
@@ -79,11 +56,7 @@ def align_values(head_out: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_sample_mask(truncated: torch.Tensor, *, overlong_filtering: bool) -> torch.Tensor:
-    """The float32 ``[B]`` per-sample loss mask of a rollout: ones, zero on truncated responses if filtering.
-
-    ``truncated`` is nonzero where the response hit ``max_new_tokens``; ``overlong_filtering`` is
-    ``algorithm.overlong_filtering``.
-    """
+    """The float32 ``[B]`` per-sample loss mask of a rollout: ones, zero on truncated responses if filtering."""
     mask = torch.ones(truncated.shape[0], dtype=torch.float32)
     if overlong_filtering:
         mask = mask * (~truncated.bool()).float()

@@ -1,8 +1,4 @@
-"""The PPO critic's model: any ``CausalLM`` backbone plus a scalar head on its hidden states.
-
-LM-head-only parameters are frozen (out of the all-reduce and the norm); the head starts at zero
-so the first advantages are the whitened reward-to-go.
-"""
+"""The PPO critic's model: any ``CausalLM`` backbone (LM head frozen) plus a zero-initialised scalar head."""
 
 from __future__ import annotations
 

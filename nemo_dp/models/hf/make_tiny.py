@@ -1,7 +1,5 @@
 """Offline tiny HuggingFace checkpoints: ``python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR``.
-
-Trains a byte-level BPE tokenizer on the arithmetic task and writes a randomly initialised small
-Llama, Qwen2 or GPT-2 laid out like a hub checkpoint.  :func:`ensure_tiny_checkpoint` caches one.
+A byte-level BPE tokenizer trained on the arithmetic task plus a randomly initialised Llama, Qwen2 or GPT-2.
 """
 
 from __future__ import annotations
@@ -62,12 +60,7 @@ def _corpus(digits: int, n: int, seed: int) -> Iterator[str]:
 def train_bpe_tokenizer(
     corpus: Iterable[str], vocab_size: int, *, extra_specials: Sequence[str] = (), chat_template: str = CHAT_TEMPLATE
 ) -> Any:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` (one token per digit).
-
-    Args:
-        vocab_size: Target vocabulary (bytes + merges + specials).
-        extra_specials: Special tokens after :data:`SPECIAL_TOKENS` (also additional specials).
-    """
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus``; ``extra_specials`` follow the defaults."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -97,10 +90,7 @@ def special_token_ids(tok: Any) -> dict[str, int]:
 
 
 def seeded_model(seed: int, build: Callable[[], Any], ids: dict[str, int]) -> Any:
-    """``build()`` with the torch RNG seeded by ``seed``, its generation config given ``ids``.
-
-    Model constructors draw from the global RNG: it is forked so the caller's stream is untouched.
-    """
+    """``build()`` under a forked torch RNG seeded by ``seed``, its generation config given ``ids``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build()
@@ -111,13 +101,7 @@ def seeded_model(seed: int, build: Callable[[], Any], ids: dict[str, int]) -> An
 
 @dataclass(frozen=True)
 class TinyDims:
-    """Shape of a tiny checkpoint (the defaults are the ``policy=hf`` default model's).
-
-    Attributes:
-        intermediate_size: Width of the MLP (Llama / Qwen2; GPT-2 uses ``4 * hidden_size``).
-        num_heads: Attention heads (must divide ``hidden_size``).
-        num_kv_heads: Key / value heads (Llama / Qwen2; must divide ``num_heads``).
-    """
+    """Shape of a tiny checkpoint (defaults: the ``policy=hf`` default model's; GPT-2 ignores the MLP and KV sizes)."""
 
     hidden_size: int = 128
     intermediate_size: int = 256
@@ -166,18 +150,9 @@ def make_tiny_checkpoint(
     arch: str, out: str | os.PathLike[str], *, seed: int = 0, digits: int = 3, vocab_size: int = 384,
     max_positions: int = 128, dims: TinyDims | None = None,
 ) -> Path:
-    """Write a tokenizer and a randomly initialised ``arch`` model into ``out``; return the directory.
+    """Write a tokenizer and a random ``arch`` model (``seed`` for both) into ``out``; return it.
 
-    Args:
-        arch: One of :data:`ARCHS`.
-        out: Target directory (created; existing files are overwritten).
-        seed: Seeds the tokenizer corpus and the weight initialisation.
-        digits: Operand digits of the arithmetic corpus.
-        vocab_size: Target BPE vocabulary (bytes + merges + specials).
-        max_positions: ``max_position_embeddings`` of the model.
-
-    Raises:
-        ValueError: An unknown architecture.
+    Raises ``ValueError`` for an unknown architecture.
     """
     from transformers import AutoModelForCausalLM
 
@@ -198,14 +173,7 @@ def ensure_tiny_checkpoint(
     arch: str, cache_dir: str | os.PathLike[str], *, seed: int = 0, dims: TinyDims | None = None,
     name: str | None = None,
 ) -> Path:
-    """The tiny ``arch`` checkpoint directory ``cache_dir/<name>``, built on first use by :func:`build_once`.
-
-    Args:
-        seed: Seed of a fresh build.
-        dims: Shape of a fresh build (default :class:`TinyDims`); give a non-default shape its
-            own ``name`` so it does not meet a default-shaped cache entry.
-        name: Directory name under ``cache_dir`` (default ``tiny-<arch>``).
-    """
+    """The tiny ``arch`` checkpoint ``cache_dir/<name>`` (default ``tiny-<arch>``; give other ``dims`` their own)."""
     return build_once(
         Path(cache_dir) / (name or f"tiny-{arch}"), _FILES_DONE,
         lambda tmp: make_tiny_checkpoint(arch, tmp, seed=seed, dims=dims),
@@ -213,11 +181,7 @@ def ensure_tiny_checkpoint(
 
 
 def build_once(final: Path, done_files: Sequence[str], build: Callable[[Path], Any]) -> Path:
-    """``final``, built by ``build(<private sibling>)`` and renamed into place unless complete.
-
-    ``final`` is complete when all ``done_files`` are in it.  Concurrent callers never see a
-    half-written directory: the first rename wins and the others discard their copy.
-    """
+    """``final``, built in a private sibling and renamed into place unless it holds all ``done_files`` (race-safe)."""
     if all((final / f).is_file() for f in done_files):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -241,17 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="target directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-positions", type=int, default=128)
-    defaults = TinyDims()
-    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
-    parser.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
-    parser.add_argument("--num-layers", type=int, default=defaults.num_layers)
-    parser.add_argument("--num-heads", type=int, default=defaults.num_heads)
-    parser.add_argument("--num-kv-heads", type=int, default=defaults.num_kv_heads)
+    fields = dataclasses.fields(TinyDims)
+    for f in fields:
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=f.default)
     args = parser.parse_args(argv)
-    dims = TinyDims(
-        hidden_size=args.hidden_size, intermediate_size=args.intermediate_size, num_layers=args.num_layers,
-        num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-    )
+    dims = TinyDims(**{f.name: getattr(args, f.name) for f in fields})
     path = make_tiny_checkpoint(args.arch, args.out, seed=args.seed, max_positions=args.max_positions, dims=dims)
     print(f"wrote tiny {args.arch} checkpoint to {path}: {sorted(p.name for p in path.iterdir())}")
 

@@ -1,8 +1,5 @@
-"""``HFCausalLM``: a HuggingFace ``*ForCausalLM`` behind the ``CausalLM`` protocol.
-
-Prefill / decode use the model's ``past_key_values`` with an explicit attention mask and per-row
-position ids, so left-padded prompts give the same numbers as the right-padded training forward.
-"""
+"""``HFCausalLM``: a HuggingFace ``*ForCausalLM`` behind the ``CausalLM`` protocol; prefill / decode pass an
+attention mask and per-row positions, so left-padded prompts match the right-padded training forward."""
 
 from __future__ import annotations
 

@@ -21,17 +21,7 @@ HF_ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
 
 @dataclass(frozen=True)
 class HFSettings:
-    """The ``policy=hf`` keys.
-
-    Attributes:
-        model_name_or_path: Local checkpoint directory (``policy.model_name_or_path``).
-        tokenizer_name_or_path: Tokenizer directory (``policy.tokenizer_name_or_path``,
-            defaults to the model directory).
-        dtype: Weight dtype, ``float32`` or ``bfloat16`` (``bf16-true`` of ``policy.precision``,
-            or its alias ``policy.dtype``).
-        attn_implementation: ``sdpa`` or ``eager`` (``policy.attn_implementation``).
-        trust_remote_code: Allow a checkpoint's own Python code (``policy.trust_remote_code``).
-    """
+    """The ``policy=hf`` keys (the tokenizer defaults to the model directory; ``dtype`` from ``policy.precision``)."""
 
     model_name_or_path: str
     tokenizer_name_or_path: str
@@ -45,11 +35,7 @@ class HFSettings:
 
 
 def hf_settings(policy_cfg: Any) -> HFSettings:
-    """Read and check the ``policy=hf`` keys (no file-system access).
-
-    Raises:
-        ValueError: A key is missing or has an illegal value (naming it and the legal values).
-    """
+    """Read and check the ``policy=hf`` keys (no file access); ``ValueError`` naming a missing or illegal one."""
     model = cfg_get(policy_cfg, "model_name_or_path", None)
     if model is None or not str(model).strip() or str(model) == "???":
         raise ValueError(

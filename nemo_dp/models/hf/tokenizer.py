@@ -1,8 +1,4 @@
-"""``HFTokenizer``: a transformers tokenizer behind the ``Tokenizer`` protocol.
-
-``encode`` adds no specials, bos is prepended only when the tokenizer has one, and a missing pad
-token falls back to eos (padding is masked by lengths).
-"""
+"""``HFTokenizer``: a transformers tokenizer behind the ``Tokenizer`` protocol (pad falls back to eos)."""
 
 from __future__ import annotations
 
@@ -16,11 +12,7 @@ __all__ = ["HFTokenizer"]
 
 
 class HFTokenizer:
-    """Protocol adapter around a loaded ``PreTrainedTokenizerBase`` (``source``: where from, for errors).
-
-    Raises:
-        ValueError: The tokenizer has no eos token (naming ``policy.tokenizer_name_or_path``).
-    """
+    """Protocol adapter around a loaded ``PreTrainedTokenizerBase``; ``ValueError`` without an eos token."""
 
     def __init__(self, tokenizer: Any, source: str = "<in-memory>") -> None:
         self._tok = tokenizer
@@ -69,10 +61,7 @@ class HFTokenizer:
         self._tok.save_pretrained(os.fspath(directory))
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` without added bos / eos.
-
-        Special-token text (e.g. a template's markers) maps to its id.
-        """
+        """Ids of ``text`` without added bos / eos (special-token text maps to its id)."""
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def encode_prompt(self, prompt: str) -> list[int]:
@@ -87,11 +76,7 @@ class HFTokenizer:
         return self.encode(response) + [self._eos]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
-        """Text of ``ids`` (ints or 0-d tensors); ``skip_special`` drops special tokens' text.
-
-        Raises:
-            ValueError: An id outside the vocabulary.
-        """
+        """Text of ``ids`` (ints or 0-d tensors); ``ValueError`` for an id outside the vocabulary."""
         out: list[int] = []
         for raw in ids:
             tid = int(raw)
@@ -103,13 +88,7 @@ class HFTokenizer:
         return str(self._tok.decode(out, skip_special_tokens=skip_special))
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
-        """Render ``{role, content}`` turns with the chat template, or concatenate them without one.
-
-        ``add_generation_prompt`` appends the assistant prefix (template only).
-
-        Raises:
-            ValueError: A malformed turn.
-        """
+        """Render ``{role, content}`` turns with the chat template, or concatenate them (``ValueError``: bad turn)."""
         check_messages(messages)
         if self.chat_template is None:
             return concat_messages(messages)

@@ -1,7 +1,4 @@
-"""Checks of a ``policy=hf`` node that run on the driver before Ray starts.
-
-Local files only; a hub-style name that is not a local directory is refused as such.
-"""
+"""Checks of a ``policy=hf`` node that run on the driver before Ray starts (local files only)."""
 
 from __future__ import annotations
 
@@ -21,11 +18,7 @@ _MAKE_TINY = "python -m nemo_dp.models.hf.make_tiny --arch llama --out DIR"
 
 
 def check_local_dir(key: str, path: str) -> Path:
-    """Resolve ``path``, the value of config ``key``, as an existing local directory.
-
-    Raises:
-        ValueError: Missing (a hub-style name gets its own explanation) or not a directory.
-    """
+    """``path``, the value of config ``key``, as an existing local directory (else ``ValueError``)."""
     p = Path(path).expanduser()
     if p.is_dir():
         return p
@@ -128,13 +121,9 @@ def _declared_ids(model_dir: Path, name: str) -> list[tuple[str, int]]:
 
 
 def _check_special_ids(hf_tok: Any, tok_key: str, tok_path: Path, model_dir: Path) -> None:
-    """The tokenizer's eos / bos / pad ids agree with what the model's files declare.
+    """Check the tokenizer's eos / bos / pad ids against each model file that declares one (a list: any of them).
 
-    A tokenizer id is checked only when the tokenizer has that token, against each file of the
-    model that declares one (``config.json``, ``generation_config.json``; a list, as
-    ``generation_config.json`` often holds for eos, means any of them).  A tokenizer with fewer
-    tokens than the model's embedding rows is fine (models pad their embedding), so these ids
-    are what tells another model's tokenizer apart.
+    Models pad their embedding, so these ids are what tells another model's tokenizer apart.
     """
     for name in ("eos", "bos", "pad"):
         tid = getattr(hf_tok, f"{name}_token_id", None)
@@ -152,12 +141,7 @@ def _check_special_ids(hf_tok: Any, tok_key: str, tok_path: Path, model_dir: Pat
 
 
 def validate_hf_policy(policy_cfg: Any) -> None:
-    """Check the ``policy=hf`` keys, the checkpoint and the tokenizer (local files only).
-
-    Raises:
-        ValueError: Naming the key at fault (``policy.model_name_or_path``,
-            ``policy.tokenizer_name_or_path``, ``policy.dtype``, ...) and the fix.
-    """
+    """Check the ``policy=hf`` keys, the checkpoint and the tokenizer; ``ValueError`` naming the key and the fix."""
     from transformers import AutoTokenizer
 
     from nemo_dp.models.hf.tokenizer import HFTokenizer

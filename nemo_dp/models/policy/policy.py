@@ -1,9 +1,4 @@
-"""``Policy``: the driver-side facade over a group of ``PolicyWorker`` Ray actors.
-
-Shards whole ``BatchedDataDict`` batches with the shared planner, dispatches one shard per DP
-rank and reassembles results in input order.  The dispatch helpers are reused by
-``TQPolicy(TQDriverMixin, Policy)`` for ``KVBatchMeta`` shards.
-"""
+"""``Policy``: the driver-side facade over a group of ``PolicyWorker`` Ray actors (results in input order)."""
 
 from __future__ import annotations
 
@@ -34,14 +29,7 @@ def _as_dictconfig(cfg: Any) -> DictConfig:
 
 
 class Policy:
-    """The policy: ``dp_size`` workers, each a model replica with its optimizer.
-
-    Args:
-        config: The ``policy`` config (``DictConfig``, ``PolicyConfig`` or mapping); kept as
-            ``self.cfg``, a ``DictConfig`` (attribute and item access both work).
-        seed: Run seed (identical initial weights on every rank; per-rank RNG streams).
-        name_prefix: Name used in error messages.
-    """
+    """The policy: ``dp_size`` workers, each a model replica with its optimizer; ``self.cfg`` is a ``DictConfig``."""
 
     #: The worker class the group runs; a data-plane subclass swaps in its mixed-in worker.
     worker_class: ClassVar[type] = PolicyWorker
@@ -66,14 +54,10 @@ class Policy:
             name_prefix=name_prefix,
         )
 
-    # --- dispatch helpers (shared with the data-plane subclass) ---
     def _packing_args(self, mb_tokens_key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Planner arguments ``(sequence_packing_args, dynamic_batching_args)``, at most one not ``None``.
+        """Planner arguments ``(sequence_packing_args, dynamic_batching_args)``; dynamic batching wins if both are on.
 
-        Dynamic batching wins if both are enabled.
-
-        Raises:
-            ValueError: ``mb_tokens_key`` is not ``"logprob_mb_tokens"`` or ``"train_mb_tokens"``.
+        Raises ``ValueError`` for an unknown ``mb_tokens_key``.
         """
         if mb_tokens_key not in _MB_TOKENS_KEYS:
             raise ValueError(f"mb_tokens_key must be one of {list(_MB_TOKENS_KEYS)}, got {mb_tokens_key!r}")
@@ -100,18 +84,10 @@ class Policy:
     def _shard_for_dp(
         self, data: BatchedDataDict, *, batch_size: int | None, mb_tokens_key: str
     ) -> tuple[list[BatchedDataDict], list[int]]:
-        """Shard ``data`` over the DP ranks with the shared planner.
+        """``(shards, order)``: ``data`` over the DP ranks; ``order[p]`` is the input index of concatenated row ``p``.
 
-        Args:
-            batch_size: Global batch size (``None`` = the whole batch is one chunk).
-            mb_tokens_key: Which token budget a dynamic/packed plan uses.
-
-        Returns:
-            ``(shards, order)`` where ``order[p]`` is the input index of row ``p`` of the
-            rank-concatenated shards (for ``reorder_data``).
-
-        Raises:
-            ValueError: The batch is empty or does not divide over the ranks / global batches.
+        ``batch_size`` None makes the whole batch one chunk.  Raises ``ValueError`` when the batch is
+        empty or does not divide over the ranks / global batches.
         """
         n = data.size
         if n == 0:
@@ -134,141 +110,103 @@ class Policy:
             del shard[_ROW_IDX]
         return list(shards), order
 
-    def _dispatch_sharded(self, method: str, shards: Sequence[Any], **kwargs: Any) -> list[Any]:
-        """Run ``method(shard_r, **kwargs)`` on every rank ``r``; results in rank order."""
-        return self.worker_group.run_sharded(method, shards, **kwargs)
+    def _dispatch_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``method(shard_r, *args, **kwargs)`` on every rank ``r``; results in rank order."""
+        return self.worker_group.run_sharded(method, shards, *args, **kwargs)
 
     def _dispatch_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``method(*args, **kwargs)`` on every rank; results in rank order."""
         return self.worker_group.run_all(method, *args, **kwargs)
 
-    @staticmethod
-    def _gather_in_input_order(outputs: Sequence[BatchedDataDict], order: Sequence[int]) -> BatchedDataDict:
-        merged = BatchedDataDict.from_batches(list(outputs))
-        return merged.reorder_data(list(order))
-
-    @staticmethod
-    def _aggregate_train_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Combine per-rank ``{"per_step": [...]}`` into metrics, ``num_optimizer_steps``, ``per_step_loss``.
-
-        Additive metric shares are summed over ranks (giving the global-batch value), then
-        averaged over the global batches of the call (counts are summed instead); ``grad_norm``
-        and ``lr`` are identical on all ranks and averaged over global batches.
-        """
-        per_rank = [r["per_step"] for r in results]
-        n_steps = len(per_rank[0])
-        if any(len(p) != n_steps for p in per_rank):
-            raise RuntimeError(f"ranks ran different numbers of steps: {[len(p) for p in per_rank]}")
-        out: dict[str, Any] = {}
-        step_values: dict[str, list[float]] = {}
-        leaders = [
-            [m for m in (p[k] for p in per_rank) if m.get("is_replica_leader", True)] for k in range(n_steps)
-        ]
-        for k in range(n_steps):
-            ranks = leaders[k]
-            keys = [key for key in ranks[0] if key not in ("is_replica_leader", "skipped")]
-            for key in keys:
-                if key in ("grad_norm", "lr"):
-                    value = float(ranks[0][key])
-                else:
-                    value = float(sum(float(m[key]) for m in ranks))
-                step_values.setdefault(key, []).append(value)
-        for key, values in step_values.items():
-            out[key] = float(sum(values)) if key in COUNT_METRICS else float(sum(values) / len(values))
-        out["num_optimizer_steps"] = n_steps
-        out["per_step_loss"] = step_values.get("loss", [])
-        return out
-
-    # --- the public API of the in-memory trainers ---
-    def generate(
-        self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
-    ) -> BatchedDataDict:
-        """Generate one response per prompt, spread over the workers.
-
-        Each row is sampled with its own seed, so the output does not depend on ``dp_size`` or
-        on which worker generated it.
-
-        Args:
-            prompts: Token ids per prompt (bos included), or ``VisualPrompt`` specs (the
-                workers render and encode them).
-            greedy: Argmax decoding (evaluation).
-            return_images: Return visual prompts' image columns with the rows (False: no image
-                crosses to the driver).
-
-        Returns:
-            ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
-            ``token_mask``, ``truncated``, rows in prompt order.
-
-        Raises:
-            ValueError: ``prompts`` is empty or ``seeds`` does not match it.
-        """
+    def _prompt_shards(self, prompts: Sequence[Any], seeds: Sequence[int], **lists: Sequence[Any]) -> list[dict]:
+        """Rank ``r``'s contiguous run of ``ceil(n / dp_size)`` prompts, seeds and ``lists`` entries per shard."""
         n = len(prompts)
-        if n == 0:
-            raise ValueError(f"{self.name_prefix}.generate: no prompts")
-        if len(seeds) != n:
-            raise ValueError(f"{self.name_prefix}.generate: {len(seeds)} seeds for {n} prompts")
         per = -(-n // self.dp_size)
         bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
-        outs = self.worker_group.run_sharded(
-            "generate",
-            [
-                {"prompts": [wire_prompt(p) for p in prompts[a:b]], "seeds": [int(s) for s in seeds[a:b]]}
-                for a, b in bounds
-            ],
-            greedy,
-            return_images=return_images,
-        )
-        parts = [o for o in outs if len(o) > 0]
-        return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
+        return [
+            {
+                "prompts": [wire_prompt(p) for p in prompts[a:b]],
+                "seeds": [int(s) for s in seeds[a:b]],
+                **{k: list(v[a:b]) for k, v in lists.items()},
+            }
+            for a, b in bounds
+        ]
 
-    def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Per-token log-probs under the current policy.
-
-        Args:
-            data: ``input_ids`` [B, S], ``input_lengths`` [B], optionally ``token_mask`` [B, S]
-                (other fields ride along).
-
-        Returns:
-            ``{"logprobs": float32 [B, S]}`` in input order. With a ``token_mask`` a row's
-            columns before its first masked token come back 0 (so does a row with none): losses
-            and metrics read masked tokens only, and the LM head skips the prompt. Without one
-            every column is filled.
-        """
-        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        outs = self._dispatch_sharded("get_logprobs", shards)
-        return self._fit_width(self._gather_in_input_order(outs, order), data, "logprobs")
-
-    def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Like :meth:`get_logprobs` under the frozen reference policy, as ``{"reference_logprobs": ...}``."""
-        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        outs = self._dispatch_sharded("get_reference_policy_logprobs", shards)
-        return self._fit_width(self._gather_in_input_order(outs, order), data, "reference_logprobs")
-
-    @staticmethod
-    def _lp_view(data: BatchedDataDict) -> BatchedDataDict:
+    def _per_token(self, method: str, data: BatchedDataDict, key: str) -> BatchedDataDict:
+        """``{key: float32 [B, S]}`` in input order from worker ``method`` over the log-prob view of ``data``."""
         extra = {k: data[k] for k in ("token_mask", *IMAGE_FIELDS) if k in data}
-        return BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"], **extra})
-
-    @staticmethod
-    def _fit_width(out: BatchedDataDict, data: BatchedDataDict, key: str) -> BatchedDataDict:
+        view = BatchedDataDict({"input_ids": data["input_ids"], "input_lengths": data["input_lengths"], **extra})
+        shards, order = self._shard_for_dp(view, batch_size=None, mb_tokens_key="logprob_mb_tokens")
+        out = BatchedDataDict.from_batches(self._dispatch_sharded(method, shards)).reorder_data(order)
         width = data["input_ids"].shape[1]
         value = out[key]
         if value.shape[1] < width:
             value = torch.nn.functional.pad(value, (0, width - value.shape[1]))
         return BatchedDataDict({key: value[:, :width].contiguous()})
 
+    @staticmethod
+    def _aggregate_train_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Combine per-rank ``{"per_step": [...]}`` into metrics, ``num_optimizer_steps``, ``per_step_loss``.
+
+        Metric shares are summed over ranks, then averaged over the call's global batches (counts
+        are summed instead); ``grad_norm`` and ``lr`` (the same on all ranks) are averaged.
+        """
+        per_rank = [r["per_step"] for r in results]
+        n_steps = len(per_rank[0])
+        if any(len(p) != n_steps for p in per_rank):
+            raise RuntimeError(f"ranks ran different numbers of steps: {[len(p) for p in per_rank]}")
+        step_values: dict[str, list[float]] = {}
+        for k in range(n_steps):
+            ranks = [p[k] for p in per_rank if p[k].get("is_replica_leader", True)]
+            for key in [key for key in ranks[0] if key not in ("is_replica_leader", "skipped")]:
+                same = key in ("grad_norm", "lr")
+                value = float(ranks[0][key]) if same else float(sum(float(m[key]) for m in ranks))
+                step_values.setdefault(key, []).append(value)
+        out: dict[str, Any] = {
+            key: float(sum(values)) if key in COUNT_METRICS else float(sum(values) / len(values))
+            for key, values in step_values.items()
+        }
+        out["num_optimizer_steps"] = n_steps
+        out["per_step_loss"] = step_values.get("loss", [])
+        return out
+
+    def generate(
+        self, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool, return_images: bool = True
+    ) -> BatchedDataDict:
+        """Generate one response per prompt over the workers; each row's own seed makes it independent of ``dp_size``.
+
+        ``prompts`` are token ids (bos included) or ``VisualPrompt`` specs; ``return_images=False``
+        keeps image columns on the workers.  Returns ``generation.generate``'s fields in prompt order
+        (``ValueError`` for no prompts or mismatched seeds).
+        """
+        n = len(prompts)
+        if n == 0:
+            raise ValueError(f"{self.name_prefix}.generate: no prompts")
+        if len(seeds) != n:
+            raise ValueError(f"{self.name_prefix}.generate: {len(seeds)} seeds for {n} prompts")
+        shards = self._prompt_shards(prompts, seeds)
+        outs = self._dispatch_sharded("generate", shards, greedy, return_images=return_images)
+        parts = [o for o in outs if len(o) > 0]
+        return BatchedDataDict.from_batches(parts, pad_value_dict={"input_ids": self.pad_id})
+
+    def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
+        """``{"logprobs": float32 [B, S]}`` of ``input_ids`` under the current policy, in input order.
+
+        Column 0 and padding are 0; with a ``token_mask`` [B, S] so are a row's columns before its
+        first masked token (all of a row with none), since the LM head skips the prompt.
+        """
+        return self._per_token("get_logprobs", data, "logprobs")
+
+    def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
+        """Like :meth:`get_logprobs` under the frozen reference policy, as ``{"reference_logprobs": ...}``."""
+        return self._per_token("get_reference_policy_logprobs", data, "reference_logprobs")
+
     def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
               mbs: int | None = None) -> dict[str, Any]:
-        """Train on ``data``: one optimizer step per ``gbs`` rows.
+        """Train on ``data``: one optimizer step per ``gbs`` rows; returns ``_aggregate_train_results``.
 
-        Args:
-            data: The whole batch with the loss function's keys.
-            loss_fn: A ``LossFn`` (pickled to the workers).
-            eval_mode: Loss only, no update.
-            gbs: Global batch size (default ``policy.train_global_batch_size``).
-            mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
-
-        Returns aggregated metrics (see ``_aggregate_train_results``).
+        ``eval_mode``: loss only.  ``gbs`` / ``mbs`` default to ``policy.train_global_batch_size`` /
+        ``policy.train_micro_batch_size`` (rows per microbatch without a plan).
         """
         gbs = int(gbs or self.cfg.train_global_batch_size)
         shards, _ = self._shard_for_dp(data, batch_size=gbs, mb_tokens_key="train_mb_tokens")
@@ -280,13 +218,7 @@ class Policy:
         self._dispatch_all("snapshot_reference_policy")
 
     def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
-        """Fresh optimizer state at learning rate ``lr`` on every rank (a new phase).
-
-        Args:
-            decay_steps: Optimizer steps of the phase (horizon of a cosine schedule).
-            warmup_steps: Linear warm-up steps of the phase (``None`` = the policy config's
-                ``optimizer.warmup_steps``; an SFT warm start passes its own).
-        """
+        """Fresh optimizer state at ``lr`` on every rank for a phase (``warmup_steps`` None: the config's)."""
         self._dispatch_all(
             "reset_optimizer",
             float(lr),
@@ -301,11 +233,7 @@ class Policy:
         return {"weights": weights, "worker_rng": [s["rng"] for s in states]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output on every rank.
-
-        Raises:
-            ValueError: The ``worker_rng`` list does not match ``dp_size``.
-        """
+        """Restore :meth:`state_dict` output on every rank (``ValueError`` unless one RNG state per rank)."""
         rngs = list(state["worker_rng"])
         if len(rngs) != self.dp_size:
             raise ValueError(
@@ -318,13 +246,10 @@ class Policy:
         ray.get([w.load_state.remote(weights, rngs[r]) for r, w in enumerate(self.worker_group.workers)])
 
     def load_initial_weights(self, model_state: Mapping[str, Any]) -> None:
-        """Start from another run's model weights (``policy.init_from``) on every rank.
+        """Make ``model_state`` (``policy.init_from``) the trained and reference model on every rank.
 
-        ``model_state`` (e.g. a checkpoint's ``policy.weights.model``) becomes both the trained and
-        the reference model; the optimizer stays fresh and the RNG streams are kept.
-
-        Raises:
-            RuntimeError: The state dict does not fit the model (torch names the keys).
+        The optimizer stays fresh and the RNG streams are kept; a state that does not fit raises
+        torch's ``RuntimeError``.
         """
         import ray
 

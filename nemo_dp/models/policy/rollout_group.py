@@ -1,12 +1,8 @@
-"""Driver side of the rollout actors: weights, dispatch, streaming claims, teardown.
-
-``RolloutGroup`` starts the ``RolloutWorker`` actors, pushes weights from training rank 0 through
-Ray's object store, registers one partition per rollout batch and claims rows as they are ready.
-It uses ``policy.dp_client`` and ``policy.worker_group.workers[0]`` of the ``TQPolicy`` it gets.
-"""
+"""Driver side of the rollout actors: weights, dispatch, streaming claims, teardown."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,14 +38,7 @@ class RolloutShard:
 
 @dataclass
 class RolloutStats:
-    """Counters the trainer turns into per-step metrics (reset with :meth:`window`).
-
-    Attributes:
-        generated: Rows written into the store since the start of the run.
-        busy_s: Summed generation + put seconds of finished shards in the current window
-            (``gen_s`` and ``put_s`` separately).
-        claim_wait_s: Seconds the trainer waited in claims in the window.
-    """
+    """Counters for per-step metrics: rows ``generated`` in the run, and seconds in the :meth:`window`."""
 
     generated: int = 0
     busy_s: float = 0.0
@@ -66,20 +55,10 @@ class RolloutStats:
 
 
 class RolloutGroup:
-    """Driver side of the rollout actors (models layer: the trainer sees only these methods).
+    """Starts the ``RolloutWorker`` actors, pushes them weights, dispatches rollout batches and claims rows.
 
-    Args:
-        policy: The ``TQPolicy`` (its store client registers, claims and clears partitions; its
-            rank-0 worker is the source of new weights).
-        master_config: Root config (``policy``, ``algorithm``, ``seed``, ``data_plane``).
-        tokenizer: Shipped to the actors for decoding.
-        env: The reward environment, shipped to the actors for scoring.
-        advantage_fn: Turns a shard's rewards into baselines, stds and advantages (picklable;
-            shipped to the actors).
-        torch_threads: Compute threads per actor.
-
-    Raises:
-        RuntimeError: Ray is not running or an actor failed to start.
+    ``policy`` is the ``TQPolicy`` (its store client, its rank-0 worker's weights); ``tokenizer``,
+    ``env`` and ``advantage_fn`` go to the actors.  Raises ``RuntimeError`` when Ray is not running.
     """
 
     def __init__(
@@ -131,30 +110,18 @@ class RolloutGroup:
             self._kill()
             raise
 
-    # --- weights --------------------------------------------------------------------------------
     def sync_weights(self, version: int) -> None:
-        """Queue training rank 0's current weights on every actor, stamped ``version``.
+        """Queue training rank 0's current weights on every actor, stamped ``version`` (trainer steps done).
 
-        ``version`` is the trainer steps completed.  The weights move rank 0 -> object store ->
-        actors; the driver holds only the reference.  Ray runs an actor's calls in submission
-        order, so shards dispatched after this call use these weights and earlier ones older ones.
+        Ray runs an actor's calls in order, so shards dispatched after this call use these weights.
         """
         ref = self._policy.worker_group.workers[0].get_state.remote(include_weights=True)
         self._weight_acks = [w.load_weights.remote(ref, int(version)) for w in self.workers]
 
-    # --- rollout --------------------------------------------------------------------------------
     def dispatch(self, batch: int, problems: Sequence[Any], seeds: Sequence[int]) -> str:
-        """Register batch ``batch``'s partition and queue its shards on the actors (no wait).
+        """Register rollout batch ``batch``'s partition, queue its shards on the actors (no wait); return the id.
 
-        Returns the partition id.
-
-        Args:
-            batch: Rollout batch index (the step that will train it).
-            problems: The batch's problems (``prompt``, ``answer``).
-            seeds: One sampling seed per row (prompt-major, ``len(problems) * group_size``).
-
-        Raises:
-            ValueError: ``seeds`` does not match the row count, or the partition is live.
+        ``seeds``: one per row, prompt-major.  ``ValueError`` for a wrong count or a live partition.
         """
         g = self.group_size
         n = len(problems) * g
@@ -214,14 +181,9 @@ class RolloutGroup:
         self._pending = still
 
     def claim_batch(self, batch: int, num_rows: int, *, poll_s: float, timeout_s: float) -> KVBatchMeta:
-        """Claim batch ``batch``'s rows as they become ready; return one meta sorted by ``ordinal`` tag.
+        """Claim batch ``batch``'s rows as they become ready (polling every ``poll_s``); return them by ``ordinal``.
 
-        ``poll_s`` is the sleep between non-blocking claims, ``timeout_s`` the bound on the whole wait.
-
-        Raises:
-            TimeoutError: The rows did not all arrive within ``timeout_s``.
-            ValueError: A claimed row lacks its tags.
-            Exception: The first failure of a rollout shard, re-raised.
+        Raises ``TimeoutError`` after ``timeout_s``, ``ValueError`` for untagged rows, or a shard's failure.
         """
         pid = partition_for_batch(batch)
         parts: list[KVBatchMeta] = []
@@ -246,9 +208,8 @@ class RolloutGroup:
                 )
             time.sleep(poll_s)
         self.stats.claim_wait_s += time.perf_counter() - t0
-        # Every row of the batch is in the store, so its shards are returning: wait for their
-        # results (bounded) so that the counters (generated rows, busy time) include the batch
-        # being trained, whatever the order in which Ray delivers the results.
+        # Every row is in the store, so the shards are returning: wait for them (bounded) so the
+        # counters include the batch being trained, whatever order Ray delivers the results in.
         import ray
 
         batch_refs = [s.ref for s in self._pending if s.batch == batch]
@@ -280,10 +241,8 @@ class RolloutGroup:
         import ray
 
         for w in self.workers:
-            try:
+            with contextlib.suppress(Exception):  # actor already gone
                 ray.kill(w, no_restart=True)
-            except Exception:  # noqa: BLE001 - actor already gone
-                pass
         self.workers = []
 
     def shutdown(self) -> None:
@@ -297,23 +256,17 @@ class RolloutGroup:
                 refs = [s.ref for s in self._pending]
                 done, _ = ray.wait(refs, num_returns=len(refs), timeout=60)
                 for ref in done:
-                    try:
+                    with contextlib.suppress(Exception):  # the run is already failing or done
                         ray.get(ref)
-                    except Exception:  # noqa: BLE001 - the run is already failing or done
-                        pass
                 if len(done) < len(refs):
                     self._kill()
             for pid in sorted(self._live):
-                try:
+                with contextlib.suppress(Exception):  # best effort: the system may be closing
                     self._client.clear_samples(None, pid)
-                except Exception:  # noqa: BLE001 - best effort: the system may be closing
-                    pass
             self._live.clear()
             if self.workers:
-                try:
+                with contextlib.suppress(Exception):  # the actors are killed next anyway
                     ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
-                except Exception:  # noqa: BLE001 - the actors are killed next anyway
-                    pass
         finally:
             self._pending = []
             self._kill()

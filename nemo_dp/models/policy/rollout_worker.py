@@ -1,9 +1,5 @@
-"""``RolloutWorker``: a rollout actor separate from the training workers.
-
-Holds its own model copy, generates its shard exactly as ``PolicyWorker.generate`` does, scores
-it, computes group advantages with the trainer's callable and writes every column into the store
-in one put, tagged with the generating ``policy_version``.  ``rollout_group`` is the driver side.
-"""
+"""``RolloutWorker``: a rollout actor with its own model copy that generates as ``PolicyWorker.generate``,
+scores, computes group advantages and writes the rows tagged with their ``policy_version``."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ from nemo_dp.data_plane.schema import (
     ADVANTAGES, DP_TRAIN_FIELDS, GENERATION_LOGPROBS, INPUT_IDS, INPUT_LENGTHS, SAMPLE_MASK, TAG_BASELINE,
     TAG_INPUT_LENGTHS, TAG_STD, TOKEN_MASK,
 )
-from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import score_parts
 from nemo_dp.models.builders import build_model
 from nemo_dp.models.policy.images import generate_rows
@@ -40,8 +35,6 @@ POLICY_VERSION = "policy_version"
 #: Tag: the row's position in its rollout batch (prompt-major), i.e. the synchronous order.
 TAG_ORDINAL = "ordinal"
 PROMPT_LENGTHS = "prompt_lengths"
-#: Per-row tags the driver reads to log a step (small scalars only).
-ROW_TAGS: tuple[str, ...] = ("reward", "advantage", "response_length", "truncated", POLICY_VERSION)
 ROLLOUT_PARTITION_PREFIX = "async_rollout_b"
 #: Columns of a streamed rollout partition.
 STREAM_FIELDS: tuple[str, ...] = tuple(dict.fromkeys((*DP_TRAIN_FIELDS, PROMPT_LENGTHS, POLICY_VERSION)))
@@ -57,17 +50,25 @@ def partition_for_batch(batch: int) -> str:
 AdvantageFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
+def score_rollout(out: Mapping[str, Any], tokenizer: Any, env: Any, answers: Sequence[Any]) -> tuple[list, Any, dict]:
+    """``(responses, rewards, other reward parts)`` of generated rows, decoded and scored by ``env``."""
+    ids, starts, ends = out[INPUT_IDS], out[PROMPT_LENGTHS].tolist(), out[INPUT_LENGTHS].tolist()
+    responses = [tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))]
+    scored = score_parts(env, responses, answers)
+    return responses, scored.pop("rewards"), scored
+
+
+def rollout_columns(out: Mapping[str, Any], sample_mask: torch.Tensor, **extra: torch.Tensor) -> dict[str, Any]:
+    """The store columns of generated rows: the bulk per-token ones, ``sample_mask``, ``extra`` and any images."""
+    columns = {k: out[k] for k in (INPUT_IDS, INPUT_LENGTHS, PROMPT_LENGTHS, GENERATION_LOGPROBS, TOKEN_MASK)}
+    return {**columns, SAMPLE_MASK: sample_mask, **extra, **{k: out[k] for k in IMAGE_FIELDS if k in out}}
+
+
 def shard_bounds(num_prompts: int, group_size: int, dp_size: int) -> list[tuple[int, int]]:
-    """Row ranges of a rollout batch's shards: ``Policy.generate``'s split over ``dp_size`` ranks.
+    """``dp_size`` half-open row ranges (possibly empty) of a rollout batch's shards, covering every row.
 
-    Contiguous runs of ``ceil(n / dp_size)`` rows (so each shard's generation sub-batches are the
-    synchronous path's), or, when such a run would cut a GRPO group, runs of
-    ``ceil(num_prompts / dp_size)`` whole groups.
-
-    Returns ``dp_size`` half-open ``(start, end)`` row ranges (possibly empty) covering every row.
-
-    Raises:
-        ValueError: A non-positive argument.
+    ``Policy.generate``'s split (runs of ``ceil(n / dp_size)`` rows), or, when such a run would cut
+    a GRPO group, runs of ``ceil(num_prompts / dp_size)`` whole groups.
     """
     if num_prompts < 1 or group_size < 1 or dp_size < 1:
         raise ValueError(
@@ -86,15 +87,7 @@ def shard_bounds(num_prompts: int, group_size: int, dp_size: int) -> list[tuple[
 
 
 class RolloutWorker:
-    """One rollout actor: a model copy, its store client, generation + scoring + advantages.
-
-    Args:
-        index: This actor's index in its group (for messages).
-        policy_cfg: The ``policy`` config as a plain mapping.
-        overlong_filtering: Zero the sample mask of truncated responses.
-        seed: Run seed (initial weights; replaced by :meth:`load_weights` before any rollout).
-        dp_cfg: The validated ``data_plane`` config (the actor attaches to the driver's system).
-    """
+    """One rollout actor: a model copy, its store client (attached to the driver's), generation + scoring."""
 
     def __init__(
         self, *, index: int, policy_cfg: Mapping[str, Any], group_size: int, overlong_filtering: bool,
@@ -128,21 +121,14 @@ class RolloutWorker:
         self.version = int(version)
         return self.version
 
-    def _generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> BatchedDataDict:
-        # The same chunking and call as PolicyWorker.generate, so rows are bit-identical.
-        return generate_rows(self, prompts, seeds, greedy=False)
-
     def generate_into_store(
         self, shard: Mapping[str, Sequence[Any]], *, partition_id: str, tokenizer: Any, env: Any
     ) -> dict[str, Any]:
         """Generate whole groups, score them (``env``), compute advantages and write the rows.
 
-        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers", "ordinals"}``, one entry per
-        row, groups contiguous and whole.  The rows are written in one put of every training
-        column with the rows' tags, then one put of ``policy_version``, the column claims wait for.
-
-        Returns:
-            ``{"rows", "version", "gen_s", "put_s", "start", "end"}`` (``time.time`` stamps).
+        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers", "ordinals"}`` of whole groups.
+        One put writes every training column with the tags, then one put ``policy_version``, the
+        column claims wait for.  Returns ``{"rows", "version", "gen_s", "put_s", "start", "end"}``.
 
         Raises:
             RuntimeError: No weights were loaded yet.
@@ -162,14 +148,10 @@ class RolloutWorker:
             )
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = self._generate(prompts, seeds)
-        token_ids = out[INPUT_IDS]
-        starts, ends = out[PROMPT_LENGTHS].tolist(), out[INPUT_LENGTHS].tolist()
-        responses = [
-            tokenizer.decode(token_ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))
-        ]
-        scored = score_parts(env, responses, answers)
-        rewards = scored.pop("rewards")
+            # The same chunking and call as PolicyWorker.generate, so rows are bit-identical.
+            out = generate_rows(self, prompts, seeds, greedy=False)
+        _, rewards, scored = score_rollout(out, tokenizer, env, answers)
+        ends = out[INPUT_LENGTHS].tolist()
         baseline, std, adv = self.advantage_fn(rewards)
         if not (baseline.shape == std.shape == adv.shape == rewards.shape):
             raise ValueError(
@@ -181,16 +163,7 @@ class RolloutWorker:
         token_mask = out[TOKEN_MASK]
         gen_s = time.perf_counter() - t0
         response_lengths = token_mask.sum(dim=1).to(torch.int32)
-        columns = {
-            INPUT_IDS: token_ids,
-            INPUT_LENGTHS: out[INPUT_LENGTHS],
-            PROMPT_LENGTHS: out[PROMPT_LENGTHS],
-            GENERATION_LOGPROBS: out[GENERATION_LOGPROBS],
-            TOKEN_MASK: token_mask,
-            SAMPLE_MASK: sample_mask,
-            ADVANTAGES: adv.unsqueeze(1) * token_mask.float(),
-            **{k: out[k] for k in IMAGE_FIELDS if k in out},
-        }
+        columns = rollout_columns(out, sample_mask, **{ADVANTAGES: adv.unsqueeze(1) * token_mask.float()})
         tags = [
             {
                 TAG_INPUT_LENGTHS: int(ends[i]),

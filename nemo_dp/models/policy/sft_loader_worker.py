@@ -21,12 +21,7 @@ SFT_PARTITION_TEMPLATE = "sft_dp{rank}_batch{k}"
 
 
 def _batch_to_tensordict(batch: Mapping[str, Any], n: int) -> Any:
-    """A collated batch as the TensorDict a put takes, on every backend.
-
-    ``PackedTensor`` columns (a VLM batch's images) are written per row (one one-entry
-    PackedTensor each), which every backend stores per sample and both readers turn back into one
-    PackedTensor; the other columns are wrapped as they are.
-    """
+    """A collated batch as the TensorDict a put takes; ``PackedTensor`` columns (VLM images) go in per row."""
     from nemo_dp.data_plane.codec import pack_jagged_fields
     from nemo_dp.utils.packed_tensor import PackedTensor
 
@@ -40,23 +35,16 @@ def _batch_to_tensordict(batch: Mapping[str, Any], n: int) -> Any:
 
 
 def sft_partition_id(rank: int, k: int) -> str:
-    """``f"sft_dp{rank}_batch{k}"``: DP rank ``rank``'s part of batch ``k`` (0-based, trained in step ``k + 1``)."""
+    """DP rank ``rank``'s partition of batch ``k`` (0-based, trained in step ``k + 1``)."""
     return SFT_PARTITION_TEMPLATE.format(rank=int(rank), k=int(k))
 
 
 @dataclass
 class SFTBatchEnvelope:
-    """What a worker returns for one loaded batch (small; this is all the driver receives).
+    """What a worker returns for one loaded batch (all the driver receives).
 
-    Attributes:
-        meta: The put receipt with ``task_name="train"``, ``sequence_lengths`` and
-            ``pad_to_multiple`` in ``extra_info`` (Local: also the partition generation).
-        source_ids: Dataset indices of the rows, in row order.
-        valid_tokens: Trained tokens in the rows (``token_mask`` sum).
-        num_microbatches: Micro-batches the rank will run (``ceil(rows / micro_batch_size)``).
-        load_time_s: Seconds this call spent loading the batch (tokenise + put); 0 when it was
-            prefetched by an earlier call.
-        prefetched: The batch was loaded ahead of its step.
+    ``meta`` is the put receipt (``task_name="train"``, ``sequence_lengths``, ``pad_to_multiple`` in
+    ``extra_info``); ``source_ids`` are dataset indices in row order; ``load_time_s`` is 0 when prefetched.
     """
 
     meta: KVBatchMeta
@@ -77,21 +65,15 @@ class _LoadedBatch:
 
 
 class ColocatedLoaderMixin:
-    """Worker-side colocated SFT loader.
+    """Worker-side colocated SFT loader (driver side: ``nemo_dp.algorithms.sft_loader.ColocatedLoaderGroup``).
 
-    Keeps a lockstep replica of the run's ``EpochLoader``, puts rank ``r``'s block of each global
-    batch into partition ``sft_dp{r}_batch{k}``, prefetches within ``max_live_batches``, commits
-    or aborts (rewinding the loader) and runs a fused ``run_sft_step``.  The driver side is
-    ``nemo_dp.algorithms.sft_loader.ColocatedLoaderGroup``.  A commit stays provisional until the
-    driver asks for the next batch, so a failed step is retried on every rank.
-
-    The host has ``self.dp_client``, ``self.rank`` and ``self.world_size``.  Pure data
-    parallelism only: setup refuses a host whose ``_is_replica_leader()`` is false.
+    Keeps a lockstep replica of the run's ``EpochLoader`` and puts rank ``r``'s block of batch ``k`` into
+    partition ``sft_dp{r}_batch{k}``.  A commit stays provisional until the driver asks for the next
+    batch, so a failed step is retried on every rank.  Pure data parallelism only.
     """
 
     _cl_loader: Any = None
 
-    # --- setup --------------------------------------------------------------------------------
     def setup_colocated_loader(
         self,
         loader: Any,
@@ -102,30 +84,23 @@ class ColocatedLoaderMixin:
         max_live_batches: int,
         pad_to_multiple: int = 1,
     ) -> None:
-        """Take a replica of the run's loader and start at its current position.
+        """Take a replica of the run's ``EpochLoader`` and start at its current position.
 
-        Args:
-            loader: The run's ``EpochLoader`` (global batch size; a copy arrives over Ray).
-            max_seq_len: Longest allowed example (``policy.model.max_seq_len``).
-            micro_batch_size: ``policy.train_micro_batch_size``.
-            max_live_batches: Batches this loader may hold in the store at once (active +
-                prefetched); Local: ``data_plane.max_partitions``.
-            pad_to_multiple: Recorded in each meta's ``extra_info`` (TP x CP alignment).
-
-        Raises:
-            ValueError: A bad setting, or the global batch does not split over the DP ranks.
-            RuntimeError: Batches of an earlier setup are still live.
+        ``max_live_batches`` bounds the batches held in the store at once (active + prefetched);
+        ``pad_to_multiple`` is recorded in each meta's ``extra_info``.  Raises ``ValueError`` for a
+        bad setting, ``RuntimeError`` while batches of an earlier setup are live.
         """
         if self._cl_loader is not None and getattr(self, "_cl_ready", None):
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: {len(self._cl_ready)} batches are still "
-                "live; commit or abort them before setting the loader up again"
+            raise self._cl_error(
+                RuntimeError,
+                f"{len(self._cl_ready)} batches are still live; commit or abort them before setting the loader "
+                "up again",
             )
         is_leader = getattr(self, "_is_replica_leader", None)
         if is_leader is not None and not is_leader():
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: this worker is not a DP-replica leader; "
-                "the colocated SFT loader supports pure data parallelism only"
+            raise self._cl_error(
+                RuntimeError,
+                "this worker is not a DP-replica leader; the colocated SFT loader supports pure data parallelism only",
             )
         world = int(self.world_size)
         gbs = int(loader.batch_size)
@@ -157,19 +132,10 @@ class ColocatedLoaderMixin:
         self._cl_stats = {"loads": 0, "prefetched_hits": 0, "store_full": 0}
 
     def set_colocated_position(self, next_batch_index: int) -> None:
-        """Set the batch index the next step trains on (= steps done), after a resume.
-
-        The loader itself is already positioned.
-
-        Raises:
-            RuntimeError: Batches are live (the position would no longer match them).
-        """
+        """After a resume, set the batch index the next step trains on (``RuntimeError`` while batches are live)."""
         self._cl_require()
         if self._cl_ready:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: cannot reposition while batches "
-                f"{sorted(self._cl_ready)} are live"
-            )
+            raise self._cl_error(RuntimeError, f"cannot reposition while batches {sorted(self._cl_ready)} are live")
         self._cl_next_step = int(next_batch_index)
         self._cl_next_produce = int(next_batch_index)
         self._cl_uncommit = None
@@ -187,22 +153,20 @@ class ColocatedLoaderMixin:
                 "setup_colocated_loader(...) first"
             )
 
+    def _cl_error(self, cls: type[Exception], message: str) -> Exception:
+        return cls(f"colocated loader on DP rank {self.rank}: {message}")
+
     def _cl_client(self) -> Any:
         require = getattr(self, "_require_dp_client", None)
         if require is not None:
             return require()
         client = getattr(self, "dp_client", None)
         if client is None:
-            raise RuntimeError(f"colocated loader on DP rank {self.rank}: no data-plane client")
+            raise self._cl_error(RuntimeError, "no data-plane client")
         return client
 
-    # --- loading ------------------------------------------------------------------------------
     def _cl_produce(self, *, wait: bool = True) -> _LoadedBatch | None:
-        """Load the loader's next batch into a fresh partition.
-
-        With ``wait`` (the batch a step needs) a full store raises; without it (opportunistic
-        prefetch) a full store returns ``None``.  Either way the loader is rewound.
-        """
+        """Load the next batch into a fresh partition; a full store raises with ``wait``, else returns ``None``."""
         from nemo_dp.data.datasets import collate_sft
 
         client = self._cl_client()
@@ -265,18 +229,16 @@ class ColocatedLoaderMixin:
     def _cl_register(self, client: Any, pid: str, *, fields: list[str], num_samples: int, wait: bool) -> bool:
         """Register ``pid`` if the loader's bound and the store leave a slot; False (only without ``wait``) if not.
 
-        Raises:
-            RuntimeError: With ``wait``, the loader already holds ``max_live_batches`` batches.
-            PartitionLimitError: With ``wait``, the store is full of other users' partitions.
+        Raises (with ``wait``): RuntimeError (``max_live_batches`` reached), PartitionLimitError (store full).
         """
         if len(self._cl_ready) >= self._cl_max_live:
             self._cl_stats["store_full"] += 1
             if not wait:
                 return False
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: cannot load {pid!r}: batches "
-                f"{sorted(self._cl_ready)} are already live (max_live_batches="
-                f"{self._cl_max_live}); commit or abort them first"
+            raise self._cl_error(
+                RuntimeError,
+                f"cannot load {pid!r}: batches {sorted(self._cl_ready)} are already live (max_live_batches="
+                f"{self._cl_max_live}); commit or abort them first",
             )
         try:
             client.register_partition(pid, fields=fields, num_samples=num_samples, consumer_tasks=[TASK_TRAIN])
@@ -288,33 +250,23 @@ class ColocatedLoaderMixin:
         return True
 
     def load_sft_batch(self, batch_index: int, prefetch: bool = True) -> SFTBatchEnvelope:
-        """Return the envelope of batch ``batch_index`` (loading it now unless prefetched).
+        """The envelope of the run's next batch ``batch_index`` (loaded now unless prefetched); it becomes active.
 
-        Batch ``batch_index`` becomes *active* until :meth:`commit_sft_batch` or
-        :meth:`abort_sft_batch`.  With ``prefetch`` the following batches are then loaded while
-        fewer than ``max_live_batches`` are live.
-
-        ``batch_index`` must be the next batch of the run (steps done so far).  With a Local store
-        the envelope's meta carries the partition generation.
+        With ``prefetch``, later batches are then loaded while fewer than ``max_live_batches`` are live.
 
         Raises:
             RuntimeError: Not set up, or another batch is active.
             ValueError: ``batch_index`` is not the next batch.
-            PartitionLimitError: The store is full of other users' partitions (nothing of
-                the batch was stored; the loader is rewound, so a later call loads it again).
+            PartitionLimitError: The store is full (nothing stored; the loader is rewound).
         """
         self._cl_require()
         k = int(batch_index)
         if self._cl_active is not None:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: batch {self._cl_active} is already "
-                f"active; commit or abort it before loading batch {k}"
+            raise self._cl_error(
+                RuntimeError, f"batch {self._cl_active} is already active; commit or abort it before loading batch {k}"
             )
         if k != self._cl_next_step:
-            raise ValueError(
-                f"colocated loader on DP rank {self.rank}: asked for batch {k} but the next batch "
-                f"is {self._cl_next_step}"
-            )
+            raise self._cl_error(ValueError, f"asked for batch {k} but the next batch is {self._cl_next_step}")
         self._cl_uncommit = None  # the driver asks for batch k: the commit of k - 1 stands
         envelope = self._cl_envelope(k, wait=True)
         assert envelope is not None  # with wait it returns the envelope or raises
@@ -324,10 +276,7 @@ class ColocatedLoaderMixin:
         return envelope
 
     def _cl_envelope(self, k: int, *, wait: bool) -> SFTBatchEnvelope | None:
-        """Batch ``k``'s envelope: prefetched (``prefetched=True``, no load time) or loaded now.
-
-        Without ``wait``, ``None`` when the store is full.
-        """
+        """Batch ``k``'s envelope, prefetched or loaded now (without ``wait``, ``None`` when the store is full)."""
         loaded = self._cl_ready.get(k)
         if loaded is not None:
             self._cl_stats["prefetched_hits"] += 1
@@ -335,31 +284,21 @@ class ColocatedLoaderMixin:
         produced = self._cl_produce(wait=wait)
         return None if produced is None else produced.envelope
 
-    # --- the fused step -----------------------------------------------------------------------
     def run_sft_step(
         self, placed_meta: KVBatchMeta, batch_index: int, loss_fn: Any, mbs: int | None = None
     ) -> dict[str, Any]:
-        """One whole SFT step on this rank in one call: train batch *k*, commit it, ready *k+1*.
+        """One whole SFT step on this rank: train batch ``batch_index`` (*k*), commit it, ready *k+1*.
 
         ``placed_meta`` must be the loaded batch's meta as the driver stamped it.  A failure before
         the optimizer step aborts this rank's step and leaves the batch loaded (the driver then
-        aborts every rank).  Readying *k+1* never fails the step: on error ``"next"`` is ``None``
-        and ``"next_error"`` says why.
+        aborts every rank).  Readying *k+1* never fails the step.
 
-        Args:
-            batch_index: The batch to train (= steps done so far).
-            mbs: Rows per micro-batch (passed to ``begin_train_step_presharded``).
-
-        Returns:
-            ``{"metrics", "consumed", "next", "load_s", "next_error", "next_store_unavailable"}``:
-            the step's metrics, rows of this rank, the envelope of batch k+1 or None, seconds spent
-            readying, why k+1 is not ready, and whether that was ``DataPlaneUnavailableError``.
+        Returns ``{"metrics", "consumed" (rows), "next" (envelope of k+1 or None), "load_s", "next_error",
+        "next_store_unavailable" (the error was ``DataPlaneUnavailableError``)}``.
 
         Raises:
-            ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not the
-                loaded batch's meta.
+            ValueError: ``batch_index`` is not the next batch, or ``placed_meta`` is not its meta.
             RuntimeError: Not set up, the batch is not loaded, or another batch is active.
-            Exception: Whatever training raised (the step is aborted on this rank first).
         """
         self._cl_require()
         k = int(batch_index)
@@ -394,58 +333,37 @@ class ColocatedLoaderMixin:
             error = repr(exc)
             unavailable = isinstance(exc, DataPlaneUnavailableError)
         return {
-            "metrics": metrics,
-            "consumed": consumed,
-            "next": nxt,
-            "load_s": time.perf_counter() - t0,
-            "next_error": error,
-            "next_store_unavailable": unavailable,
+            "metrics": metrics, "consumed": consumed, "next": nxt, "load_s": time.perf_counter() - t0,
+            "next_error": error, "next_store_unavailable": unavailable,
         }
 
     def _cl_check_placed(self, k: int, placed_meta: KVBatchMeta) -> None:
         """Raise unless batch ``k`` is the loaded next batch and ``placed_meta`` is its meta."""
         if k != self._cl_next_step:
-            raise ValueError(
-                f"colocated loader on DP rank {self.rank}: asked to train batch {k} but the next "
-                f"batch is {self._cl_next_step}"
-            )
+            raise self._cl_error(ValueError, f"asked to train batch {k} but the next batch is {self._cl_next_step}")
         if self._cl_active not in (None, k):
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: batch {self._cl_active} is already "
-                f"active; commit or abort it before training batch {k}"
+            raise self._cl_error(
+                RuntimeError, f"batch {self._cl_active} is already active; commit or abort it before training batch {k}"
             )
         loaded = self._cl_ready.get(k)
         if loaded is None:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: batch {k} is not loaded; load it "
-                "first (load_sft_batch)"
-            )
+            raise self._cl_error(RuntimeError, f"batch {k} is not loaded; load it first (load_sft_batch)")
         meta = loaded.envelope.meta
-        mismatch = [
-            name
-            for name, same in (
-                ("partition_id", placed_meta.partition_id == meta.partition_id),
-                ("sample_ids", list(placed_meta.sample_ids) == list(meta.sample_ids)),
-                (
-                    "extra_info",
-                    all(placed_meta.extra_info.get(key) == value for key, value in meta.extra_info.items()),
-                ),
-            )
-            if not same
-        ]
+        same = {
+            "partition_id": placed_meta.partition_id == meta.partition_id,
+            "sample_ids": list(placed_meta.sample_ids) == list(meta.sample_ids),
+            "extra_info": all(placed_meta.extra_info.get(key) == value for key, value in meta.extra_info.items()),
+        }
+        mismatch = [name for name, ok in same.items() if not ok]
         if mismatch:
-            raise ValueError(
-                f"colocated loader on DP rank {self.rank}: the placed meta of batch {k} "
-                f"(partition {placed_meta.partition_id!r}) differs from the loaded batch "
-                f"{meta.partition_id!r} in {mismatch}; place the envelope this rank returned"
+            raise self._cl_error(
+                ValueError,
+                f"the placed meta of batch {k} (partition {placed_meta.partition_id!r}) differs from the loaded batch "
+                f"{meta.partition_id!r} in {mismatch}; place the envelope this rank returned",
             )
 
     def prefetch_sft_batches(self) -> int:
-        """Load ahead while fewer than ``max_live_batches`` batches are live.
-
-        Returns the number loaded.  Opportunistic: it stops (loader rewound, nothing dropped)
-        when the store has no free slot instead of waiting.
-        """
+        """Load ahead while fewer than ``max_live_batches`` are live, stopping at a full store; return how many."""
         self._cl_require()
         loaded = 0
         while len(self._cl_ready) < self._cl_max_live:
@@ -455,18 +373,11 @@ class ColocatedLoaderMixin:
         return loaded
 
     def commit_sft_batch(self, batch_index: int) -> int:
-        """Mark the active batch trained: clear its partition, advance the position, return rows consumed.
-
-        Raises:
-            RuntimeError: ``batch_index`` is not the active batch.
-        """
+        """Mark the active batch trained: clear its partition, advance, return rows consumed (else ``RuntimeError``)."""
         self._cl_require()
         k = int(batch_index)
         if self._cl_active != k:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: commit of batch {k} but the active "
-                f"batch is {self._cl_active}"
-            )
+            raise self._cl_error(RuntimeError, f"commit of batch {k} but the active batch is {self._cl_active}")
         loaded = self._cl_ready[k]
         self._cl_client().clear_samples(None, loaded.envelope.meta.partition_id)
         del self._cl_ready[k]
@@ -477,24 +388,18 @@ class ColocatedLoaderMixin:
         return len(loaded.envelope.source_ids)
 
     def abort_sft_batch(self, batch_index: int | None = None) -> list[str]:
-        """Drop the active and every prefetched batch; rewind the loader to the committed position.
+        """Drop the active and every prefetched batch and rewind the loader; return the partitions dropped.
 
-        The next :meth:`load_sft_batch` reloads the same batch.  Idempotent.
+        The loader returns to the committed position, so the next :meth:`load_sft_batch` reloads the
+        same batch.  Idempotent.  ``batch_index`` is the batch of the step the driver aborts (this
+        rank's commit of it is rolled back first); ``None`` aborts at this rank's own position.
 
-        Args:
-            batch_index: The batch of the step the driver aborts; a commit of it by this rank in the
-                failed step is rolled back first.  ``None``: abort at this rank's own position.
-
-        Returns:
-            The partitions dropped.
-
-        Raises:
-            RuntimeError: ``batch_index`` is neither this rank's next batch nor the batch it
-                just committed (after dropping everything).
+        Raises ``RuntimeError`` (after dropping everything) when ``batch_index`` is neither this
+        rank's next batch nor the one it just committed.
         """
         if self._cl_loader is None:
             return []
-        mismatch: str | None = None
+        mismatch: Exception | None = None
         if batch_index is not None:
             k = int(batch_index)
             undo = self._cl_uncommit
@@ -503,14 +408,13 @@ class ColocatedLoaderMixin:
                 self._cl_next_step = k
                 self._cl_uncommit = None
             elif k != self._cl_next_step:
-                mismatch = (
-                    f"colocated loader on DP rank {self.rank}: abort of the step of batch {k} but "
-                    f"this rank's next batch is {self._cl_next_step}"
+                mismatch = self._cl_error(
+                    RuntimeError, f"abort of the step of batch {k} but this rank's next batch is {self._cl_next_step}"
                 )
         dropped = self._cl_drop_all()
         self._cl_active = None
         if mismatch is not None:
-            raise RuntimeError(mismatch)
+            raise mismatch
         return dropped
 
     def _cl_drop_all(self) -> list[str]:
@@ -525,9 +429,8 @@ class ColocatedLoaderMixin:
             except KeyError:
                 dropped.append(pid)  # already gone (e.g. the store was reset)
             except DataPlaneUnavailableError as exc:
-                # The store did not answer within its bound: each further clear would wait out
-                # the same bound, so the rest are forgotten here (their rows are undefined, see
-                # DataPlaneUnavailableError) and the first error is raised.
+                # Each further clear would wait out the same bound: forget the rest (their rows
+                # are undefined, see DataPlaneUnavailableError) and raise the first error.
                 first_error = first_error or exc
                 break
             except BaseException as exc:  # keep dropping the others, re-raise the first
@@ -539,21 +442,16 @@ class ColocatedLoaderMixin:
             raise first_error
         return dropped
 
-    # --- checkpoint support ----------------------------------------------------------------
     def quiesce_colocated_loader(self) -> dict[str, Any]:
-        """Drop prefetched batches (rewinding the loader) and return the committed position.
+        """Drop prefetched batches (rewinding the loader); return ``{"loader", "next_batch", "dp_rank"}``.
 
-        Returns:
-            ``{"loader": EpochLoader state after the last committed batch, "next_batch": k, "dp_rank": r}``.
-
-        Raises:
-            RuntimeError: A batch is active (its step has not committed or aborted).
+        Raises ``RuntimeError`` while a batch is active.
         """
         self._cl_require()
         if self._cl_active is not None:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: cannot checkpoint while batch "
-                f"{self._cl_active} is active; commit or abort the step first"
+            raise self._cl_error(
+                RuntimeError,
+                f"cannot checkpoint while batch {self._cl_active} is active; commit or abort the step first",
             )
         self._cl_drop_all()
         self._cl_uncommit = None  # the driver checkpoints this position: the last commit stands
@@ -562,17 +460,10 @@ class ColocatedLoaderMixin:
         }
 
     def save_colocated_data_plane(self, checkpoint_dir: str, metadata: Mapping[str, Any]) -> str:
-        """Save this worker's store (the adapter's checkpoint, atomic) with JSON ``metadata``; return the dir.
-
-        Raises:
-            RuntimeError: A batch is active.
-        """
+        """Save this worker's store atomically with JSON ``metadata``; return the dir (``RuntimeError`` if active)."""
         self._cl_require()
         if self._cl_active is not None:
-            raise RuntimeError(
-                f"colocated loader on DP rank {self.rank}: cannot save the data plane while "
-                f"batch {self._cl_active} is active"
-            )
+            raise self._cl_error(RuntimeError, f"cannot save the data plane while batch {self._cl_active} is active")
         self._cl_client().save_checkpoint(checkpoint_dir, metadata=dict(metadata))
         return str(checkpoint_dir)
 

@@ -1,9 +1,5 @@
-"""``TQPolicy``: the driver-side policy façade whose bulk tensors live in the data plane.
-
-Trainers reach the store only through its methods; a model call is metadata work on the driver
-(isolated meta, fresh pad target, ``shard_meta_for_dp``) plus one meta shard per DP rank to the
-workers' ``*_presharded`` entrypoints.  Built by ``make_policy_factory``; every ``Policy`` method works.
-"""
+"""``TQPolicy``: the driver-side policy façade whose bulk tensors live in the data plane (a model call
+sends one meta shard per DP rank to the workers' ``*_presharded`` entrypoints)."""
 
 from __future__ import annotations
 
@@ -34,7 +30,6 @@ from nemo_dp.data_plane.worker_mixin import ROW_VALUE_FIELDS, ROW_VALUES_KEY
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 from nemo_dp.models.builders import policy_takes_images
-from nemo_dp.models.policy.images import wire_prompt
 from nemo_dp.models.policy.policy import Policy
 from nemo_dp.models.policy.tq_worker import ROLLOUT_STORE_FIELDS, TQPolicyWorker
 
@@ -46,14 +41,7 @@ TRAIN_TASKS: tuple[str, ...] = (TASK_PREV_LP, TASK_REF_LP, TASK_TRAIN)
 
 @dataclass
 class RolloutResult:
-    """What the driver receives from a rollout into the store.
-
-    Attributes:
-        meta: One meta over every generated row, rows in prompt order.
-        carry: The small per-row ``driver_carry`` (``rewards``, ``input_lengths``,
-            ``prompt_lengths``, ``response_lengths``, ``truncated``), rows aligned with ``meta``.
-        responses: Decoded responses when asked for (validation logging), else ``None``.
-    """
+    """A rollout into the store: one ``meta`` (prompt order), the per-row ``carry`` and decoded ``responses``."""
 
     meta: KVBatchMeta
     carry: BatchedDataDict
@@ -61,14 +49,7 @@ class RolloutResult:
 
 
 class TQPolicy(TQDriverMixin, Policy):
-    """The policy façade of the data-plane trainers.
-
-    Other arguments go to ``Policy``; ``dp_cfg`` is the ``data_plane`` config.
-
-    Raises:
-        ValueError: ``dp_cfg`` is disabled or invalid.
-        RuntimeError: The backend cannot be bootstrapped (e.g. Ray is not running).
-    """
+    """The policy façade of the data-plane trainers (``ValueError`` for a disabled or invalid ``dp_cfg``)."""
 
     #: Image columns the workers read with each dispatch (set per instance for a VLM policy).
     image_fields: tuple[str, ...] = ()
@@ -86,8 +67,6 @@ class TQPolicy(TQDriverMixin, Policy):
         except BaseException:
             self.dp_client.close()
             raise
-        #: Per-sample image columns every rollout, log-prob and train call also carries
-        #: (a vision-language policy; none for a text model).
         self.image_fields: tuple[str, ...] = IMAGE_FIELDS if policy_takes_images(self.cfg) else ()
         try:
             # Workers get the validated dataclass: picklable and free of interpolations.
@@ -96,39 +75,21 @@ class TQPolicy(TQDriverMixin, Policy):
             self.shutdown()
             raise
 
-    # --- partitions ---
     def prepare_step(self, num_samples: int, group_size: int | None = None, extra_fields: Sequence[str] = ()) -> None:
-        """Register the training partition for one step.
+        """Register the training partition for one step of ``num_samples`` (GRPO groups of ``group_size``).
 
-        Args:
-            num_samples: Samples the step trains on (a sizing hint for TransferQueue: dynamic
-                sampling writes several generation batches into the live partition).
-            group_size: GRPO group size (must divide ``num_samples``).
-            extra_fields: Columns a producer will write beyond ``DP_TRAIN_FIELDS`` and
-                ``ROLLOUT_STORE_FIELDS``.
-
-        Raises:
-            ValueError: The partition is already registered (``"already registered"``).
+        ``extra_fields`` are columns beyond ``DP_TRAIN_FIELDS`` and ``ROLLOUT_STORE_FIELDS``.
+        Raises ``ValueError`` (``"already registered"``) for a live partition.
         """
-        fields: list[str] = []
-        for f in (*DP_TRAIN_FIELDS, *ROLLOUT_STORE_FIELDS, *self.image_fields, *extra_fields):
-            if f not in fields:
-                fields.append(f)
+        fields = list(dict.fromkeys((*DP_TRAIN_FIELDS, *ROLLOUT_STORE_FIELDS, *self.image_fields, *extra_fields)))
         self.dp_client.register_partition(
-            self.partition_id,
-            fields=fields,
-            num_samples=int(num_samples),
-            consumer_tasks=list(TRAIN_TASKS),
+            self.partition_id, fields=fields, num_samples=int(num_samples), consumer_tasks=list(TRAIN_TASKS),
             grpo_group_size=group_size,
         )
         self._live_partitions.add(self.partition_id)
 
     def prepare_val_partition(self, num_samples: int, partition_id: str = VAL_PARTITION) -> None:
-        """Register a validation partition (rollout columns, task ``"val"``).
-
-        Raises:
-            ValueError: The partition is already registered.
-        """
+        """Register a validation partition (rollout columns, task ``"val"``); ``ValueError`` if already live."""
         fields = [*ROLLOUT_STORE_FIELDS, *self.image_fields]
         self.dp_client.register_partition(
             partition_id, fields=fields, num_samples=int(num_samples), consumer_tasks=[TASK_VAL]
@@ -136,23 +97,13 @@ class TQPolicy(TQDriverMixin, Policy):
         self._live_partitions.add(partition_id)
 
     def discard_samples(self, ids: Sequence[str], partition_id: str | None = None) -> None:
-        """Clear exactly ``ids`` (``[]``: no-op) from a partition, default the training one.
-
-        Used for dynamic-sampling drops.
-
-        Raises:
-            KeyError: An id is not live (nothing is cleared).
-        """
+        """Clear exactly ``ids`` from a partition (default: training); ``KeyError`` (nothing cleared) if one is gone."""
         ids = list(ids)
         if ids:
             self.dp_client.clear_samples(ids, partition_id or self.partition_id)
 
     def finish_step(self, meta: KVBatchMeta) -> None:
-        """Drop ``meta``'s whole partition (step end): later reads of its ids raise ``KeyError``.
-
-        Raises:
-            KeyError: The partition is not live.
-        """
+        """Drop ``meta``'s whole partition (step end); ``KeyError`` when it is not live."""
         self.dp_client.clear_samples(None, meta.partition_id)
         self._live_partitions.discard(meta.partition_id)
 
@@ -165,7 +116,6 @@ class TQPolicy(TQDriverMixin, Policy):
         self.dp_client.clear_samples(None, pid)
         return True
 
-    # --- rollout into the store ---
     def generate_to_dataplane(
         self,
         prompts: Sequence[Sequence[int]],
@@ -180,21 +130,10 @@ class TQPolicy(TQDriverMixin, Policy):
         task_name: str | None = None,
         return_responses: bool = False,
     ) -> RolloutResult:
-        """Generate, score and write a batch into the store from the workers.
+        """Generate, score and write a batch into the store from the workers, split as ``Policy.generate``.
 
-        Prompts are split over the ranks as ``Policy.generate`` splits them, so every row is
-        generated by the same code in the same sub-batch as there.  One entry per row in each list.
-
-        Args:
-            prompts: Token ids per row (bos included).
-            sample_ids: One new id per row (``f"{uid}_g{i}"``).
-            tokenizer: Shipped to the workers for decoding.
-            env: The reward environment, shipped to the workers for scoring.
-            partition_id: Registered partition (default: the training partition).
-            task_name: ``task_name`` of the returned meta.
-
-        Raises:
-            ValueError: Empty input or misaligned lists.
+        One list entry per row; ``partition_id`` defaults to the training partition.
+        Raises ``ValueError`` for empty input or misaligned lists.
         """
         n = len(prompts)
         if n == 0:
@@ -204,27 +143,11 @@ class TQPolicy(TQDriverMixin, Policy):
                 f"{self.name_prefix}.generate_to_dataplane: {n} prompts, {len(seeds)} seeds, "
                 f"{len(sample_ids)} sample_ids, {len(answers)} answers must align"
             )
-        pid = partition_id or self.partition_id
-        per = -(-n // self.dp_size)
-        bounds = [(min(r * per, n), min((r + 1) * per, n)) for r in range(self.dp_size)]
-        shards = [
-            {
-                "prompts": [wire_prompt(p) for p in prompts[a:b]],
-                "seeds": [int(s) for s in seeds[a:b]],
-                "sample_ids": [str(s) for s in sample_ids[a:b]],
-                "answers": list(answers[a:b]),  # str; an Answer keeps its row for reward functions
-            }
-            for a, b in bounds
-        ]
-        outs = self.worker_group.run_sharded(
-            "generate_into_store",
-            shards,
-            greedy,
-            partition_id=pid,
-            task_name=task_name,
-            tokenizer=tokenizer,
-            env=env,
-            return_responses=return_responses,
+        # answers: str; an Answer keeps its row for reward functions
+        shards = self._prompt_shards(prompts, seeds, sample_ids=[str(s) for s in sample_ids], answers=answers)
+        outs = self._dispatch_sharded(
+            "generate_into_store", shards, greedy, partition_id=partition_id or self.partition_id,
+            task_name=task_name, tokenizer=tokenizer, env=env, return_responses=return_responses,
         )
         metas = [o["meta"] for o in outs if o["meta"] is not None]
         meta = metas[0].concat(*metas[1:])
@@ -232,7 +155,6 @@ class TQPolicy(TQDriverMixin, Policy):
         responses = [r for o in outs for r in (o["responses"] or [])] if return_responses else None
         return RolloutResult(meta, carry, responses)
 
-    # --- model calls on metas ---
     def _dispatch_logprobs(self, meta: KVBatchMeta, task_name: str, method: str) -> None:
         """Send each DP rank its shard of ``meta``'s log-prob seed columns for worker ``method``."""
         isolated = self._isolated_meta(
@@ -242,18 +164,11 @@ class TQPolicy(TQDriverMixin, Policy):
         self._dispatch_sharded(method, shards)
 
     def get_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
-        """Policy log-probs of ``meta``'s rows; the workers write them to the store as ``prev_logprobs``.
-
-        ``meta`` carries ``sequence_lengths`` and its rows already hold ``LP_SEED_FIELDS``.
-        """
+        """Policy log-probs of ``meta``'s rows (holding ``LP_SEED_FIELDS``), stored as ``prev_logprobs``."""
         self._dispatch_logprobs(meta, TASK_PREV_LP, "get_logprobs_presharded")
 
     def get_policy_and_reference_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
-        """Policy and reference log-probs of ``meta``'s rows in one dispatch (one read, one put) per rank.
-
-        Shards, pad target and plan are those of :meth:`get_logprobs_from_meta`, so the columns
-        equal the two separate calls' bit for bit.
-        """
+        """Policy and reference log-probs in one dispatch per rank, bit-equal to the two separate calls."""
         self._dispatch_logprobs(meta, TASK_PREV_LP, "get_logprobs_and_reference_presharded")
 
     def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta) -> None:
@@ -263,26 +178,13 @@ class TQPolicy(TQDriverMixin, Policy):
     def train_from_meta(self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
                         mbs: int | None = None, train_fields: Sequence[str] = DP_TRAIN_FIELDS,
                         row_values: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
-        """Train on ``meta``'s rows: the workers fetch their shards from the store.
+        """Like ``Policy.train`` on ``meta``'s rows: the workers fetch their shards from the store.
 
-        Sharding and aggregation are ``Policy.train``'s.  ``row_values`` carries per-row
-        ``advantages`` / ``sample_mask`` (float ``[B]``) with the dispatch instead of through the
-        store; each rank sets ``advantages = adv[:, None] * token_mask`` on its fetched rows.
+        ``row_values`` carries per-row ``advantages`` / ``sample_mask`` (float ``[B]``) with the
+        dispatch instead of through the store; each rank sets ``advantages = adv[:, None] *
+        token_mask`` on its fetched rows.  Fields in ``row_values`` are not fetched.
 
-        Args:
-            loss_fn: A ``LossFn`` (pickled to the workers).
-            eval_mode: Loss only, no update.
-            gbs: Global batch size (default ``policy.train_global_batch_size``).
-            mbs: Rows per microbatch without a plan.
-            train_fields: Fields the workers need; those given in ``row_values`` are not fetched.
-
-        Returns:
-            Aggregated metrics (``Policy._aggregate_train_results``).
-
-        Raises:
-            ValueError: The rows do not divide into global batches over the ranks, or
-                ``row_values`` has an unknown key, a value that is not 1-D of ``meta.size`` rows,
-                or ``advantages`` without ``token_mask`` among ``train_fields``.
+        Raises ``ValueError`` when the rows do not divide over the ranks or ``row_values`` is malformed.
         """
         gbs = int(gbs or self.cfg.train_global_batch_size)
         rows = self._check_row_values(meta, row_values, train_fields)
@@ -327,29 +229,15 @@ class TQPolicy(TQDriverMixin, Policy):
             )
         return out
 
-    # --- split training API over placed metas ---
     def begin_train_step(self, loss_fn: Any, gbs: int | None = None, mbs: int | None = None) -> None:
-        """Start one optimizer step on every rank.
-
-        Args:
-            gbs: Accepted for signature parity (one placed global batch per step).
-            mbs: Rows per microbatch without a plan.
-
-        Raises:
-            RuntimeError: A step is already active (``"already active"``).
-        """
+        """Start one optimizer step on every rank (``gbs`` only for signature parity); ``"already active"`` raises."""
         if self._train_step_active:
             raise RuntimeError(f"{self.name_prefix}: a train step is already active; finish or abort it first")
         self._dispatch_all("begin_train_step_presharded", loss_fn, gbs=gbs, mbs=mbs)
         self._train_step_active = True
 
     def train_placed_microbatches(self, dp_metas: Sequence[KVBatchMeta]) -> None:
-        """Run placed meta ``r`` on DP rank ``r`` (forward/backward, gradients accumulate).
-
-        Raises:
-            ValueError: As :meth:`checked_placed_metas`.
-            RuntimeError: No active step.
-        """
+        """Run placed meta ``r`` on DP rank ``r`` (gradients accumulate); ``RuntimeError`` without a step."""
         placed = self.checked_placed_metas(dp_metas)
         if not self._train_step_active:
             raise RuntimeError(f"{self.name_prefix}: train_placed_microbatches without begin_train_step")
@@ -358,11 +246,7 @@ class TQPolicy(TQDriverMixin, Policy):
     def checked_placed_metas(self, dp_metas: Sequence[KVBatchMeta]) -> list[KVBatchMeta]:
         """Check one placed meta per DP rank (rank order); return copies stamped with one global pad target.
 
-        The given metas are never touched.
-
-        Raises:
-            ValueError: Not one meta per rank, dynamic batching enabled, or sequence packing
-                without the producer's microbatch plan.
+        Raises ``ValueError``: not one meta per rank, dynamic batching, or packing without a plan.
         """
         metas = list(dp_metas)
         if len(metas) != self.dp_size:
@@ -378,13 +262,7 @@ class TQPolicy(TQDriverMixin, Policy):
         return self._placed_metas(metas)
 
     def finish_train_step(self) -> dict[str, Any]:
-        """Reduce gradients, step the optimizer on every rank and end the step.
-
-        Returns the step's metrics (additive shares summed over replica leaders).
-
-        Raises:
-            RuntimeError: No active step.
-        """
+        """Reduce gradients, step the optimizer on every rank and end the step; return its metrics."""
         if not self._train_step_active:
             raise RuntimeError(f"{self.name_prefix}: finish_train_step without begin_train_step")
         results = self._dispatch_all("finish_train_step_presharded")
@@ -396,14 +274,10 @@ class TQPolicy(TQDriverMixin, Policy):
         self._dispatch_all("abort_train_step_presharded")
         self._train_step_active = False
 
-    # --- observability and lifetime ---
     def data_plane_step_metrics(self, step_time_s: float) -> dict[str, float]:
-        """The driver client's per-step data-plane metrics (observability on), else ``{}``.
+        """The driver's ``get_step_metrics`` as ``data_plane/...`` plus the workers' as ``data_plane/workers/...``.
 
-        ``step_time_s`` (wall time of the step) feeds ``step/frac_of_step``.  Returns the driver's
-        ``get_step_metrics`` prefixed ``data_plane/``, plus the workers' store time and bytes of the
-        same window (``data_plane/workers/...``: summed over ranks, and the slowest rank's per-op
-        breakdown).
+        ``{}`` without observability; ``step_time_s`` (wall time of the step) feeds ``step/frac_of_step``.
         """
         if not is_metrics_client(self.dp_client):
             return {}
@@ -420,10 +294,7 @@ class TQPolicy(TQDriverMixin, Policy):
     def save_data_plane_checkpoint(
         self, checkpoint_dir: str | PathLike[str], *, metadata: Mapping[str, Any] | None = None
     ) -> None:
-        """Checkpoint the driver's store (TransferQueue: the whole system) with user ``metadata``.
-
-        The adapter writes ``checkpoint_dir`` atomically.
-        """
+        """Checkpoint the driver's store (TransferQueue: the whole system) atomically, with user ``metadata``."""
         self.dp_client.save_checkpoint(checkpoint_dir, metadata=metadata)
 
     def load_data_plane_checkpoint(self, checkpoint_dir: str | PathLike[str]) -> dict[str, Any]:

@@ -1,9 +1,4 @@
-"""``TQPolicyWorker``: the policy worker with the data-plane entrypoints mixed in.
-
-Adds rollout into the store: generate with the in-memory ``generate`` (bit-identical tokens),
-score, write the bulk columns under ids minted once per sample, and return only the receipt meta
-plus a small per-row ``driver_carry``.
-"""
+"""``TQPolicyWorker``: the policy worker with the data-plane entrypoints and rollout into the store mixed in."""
 
 from __future__ import annotations
 
@@ -16,15 +11,11 @@ from nemo_dp.data_plane.column_io import first_write
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import GENERATION_LOGPROBS, INPUT_IDS, INPUT_LENGTHS, SAMPLE_MASK, TOKEN_MASK
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
-from nemo_dp.environments.weighted import score_parts
-from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
+from nemo_dp.models.policy.rollout_worker import PROMPT_LENGTHS, rollout_columns, score_rollout
 from nemo_dp.models.policy.sft_loader_worker import ColocatedLoaderMixin
 from nemo_dp.models.policy.worker import PolicyWorker
 
 __all__ = ["TQPolicyWorker", "PROMPT_LENGTHS", "ROLLOUT_STORE_FIELDS", "CARRY_KEYS"]
-
-#: Per-row prompt length column the rollout writes besides the training fields.
-PROMPT_LENGTHS = "prompt_lengths"
 
 #: Columns a rollout writes into the store (bulk per-token columns plus two per-row ones).
 ROLLOUT_STORE_FIELDS: tuple[str, ...] = (
@@ -36,38 +27,18 @@ CARRY_KEYS: tuple[str, ...] = ("rewards", "input_lengths", "prompt_lengths", "re
 
 
 class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
-    """A ``PolicyWorker`` that can also fetch its inputs from, and write results to, the store.
-
-    ``TQWorkerMixin`` precedes ``PolicyWorker`` so its topology hooks see ``PolicyWorker``'s
-    (pure data parallelism: every rank is a replica leader, there is no replica group).
-    ``ColocatedLoaderMixin`` adds the colocated SFT loader the data-plane SFT trainer drives
-    (an SFT warm start on the same policy).
-    """
+    """A ``PolicyWorker`` with the store entrypoints (the mixin first, so its hooks see ``PolicyWorker``'s)."""
 
     def generate_into_store(
         self, shard: Mapping[str, Sequence[Any]], greedy: bool, *, partition_id: str, task_name: str | None,
         tokenizer: Any, env: Any, return_responses: bool = False,
     ) -> dict[str, Any]:
-        """Generate this rank's prompts, score them and write the bulk columns to the store.
+        """Generate this rank's prompts (as ``generate``), score them and write the bulk columns to the store.
 
-        Args:
-            shard: ``{"prompts": token ids per prompt, "seeds": one seed per prompt,
-                "sample_ids": one new store id per prompt, "answers": reference answers}``.
-            partition_id: Registered partition to write into.
-            task_name: ``task_name`` of the returned meta.
-            tokenizer: Decodes the response tokens (``decode(ids)`` stops at eos).
-            env: Scores responses (``score(responses, answers) -> float tensor``).
-            return_responses: Also return the decoded response strings (validation logging).
-
-        Returns:
-            ``{"meta": KVBatchMeta | None, "carry": {key: 1-D tensor} (``CARRY_KEYS``, plus each
-            reward's ``reward/<fn>`` values when ``env.rewards`` lists several),
-            "responses": list[str] | None}``; ``meta`` is ``None`` and ``carry`` empty for an
-            empty shard.  Nothing per-token is returned.
-
-        Raises:
-            ValueError: The shard's lists do not align.
-            RuntimeError: The data-plane client is not set up on this worker.
+        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers"}``.  Returns ``{"meta", "carry",
+        "responses"}``: the receipt (``None`` for an empty shard), the per-row ``CARRY_KEYS`` (plus each
+        ``reward/<fn>`` of several rewards), nothing per-token.  Raises ``ValueError`` for misaligned
+        lists, ``RuntimeError`` without a data-plane client.
         """
         prompts, seeds = shard["prompts"], shard["seeds"]
         sample_ids, answers = list(shard["sample_ids"]), list(shard["answers"])
@@ -82,24 +53,8 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
         if n == 0:
             return {"meta": None, "carry": {}, "responses": [] if return_responses else None}
         out = self.generate({"prompts": prompts, "seeds": seeds}, greedy)
-        ids = out[INPUT_IDS]
-        starts = out[PROMPT_LENGTHS].tolist()
-        ends = out[INPUT_LENGTHS].tolist()
-        responses = [
-            tokenizer.decode(ids[i, int(s) : int(e)].tolist()) for i, (s, e) in enumerate(zip(starts, ends))
-        ]
-        scored = score_parts(env, responses, answers)
-        rewards = scored.pop("rewards")
-        columns = {
-            INPUT_IDS: ids,
-            INPUT_LENGTHS: out[INPUT_LENGTHS],
-            PROMPT_LENGTHS: out[PROMPT_LENGTHS],
-            GENERATION_LOGPROBS: out[GENERATION_LOGPROBS],
-            TOKEN_MASK: out[TOKEN_MASK],
-            SAMPLE_MASK: torch.ones(n, dtype=torch.float32),
-            # a vision-language rollout's images go into the store with their rows
-            **{k: out[k] for k in IMAGE_FIELDS if k in out},
-        }
+        responses, rewards, scored = score_rollout(out, tokenizer, env, answers)
+        columns = rollout_columns(out, torch.ones(n, dtype=torch.float32))
         meta: KVBatchMeta | None = None
         if self._is_replica_leader():
             meta = first_write(

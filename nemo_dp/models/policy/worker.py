@@ -1,13 +1,10 @@
-"""``PolicyWorker``: one data-parallel rank of the policy (a Ray actor).
-
-Holds a model replica, its optimizer and a frozen reference copy; compute methods take an
-in-memory ``BatchedDataDict`` shard planned by the driver.  Losses divide by all-reduced global
-counts and gradients are SUM-reduced, so the update equals the full-batch mean for any
-``dp_size``.  ``policy.device`` places the model (NCCL on ``cuda``, gloo otherwise).
+"""``PolicyWorker``: one data-parallel rank of the policy (a Ray actor).  Losses divide by all-reduced
+global counts and gradients are SUM-reduced, so the update equals the full-batch mean for any ``dp_size``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import hashlib
@@ -44,21 +41,8 @@ COUNT_METRICS: frozenset[str] = frozenset({"num_valid_tokens", "num_valid_seqs"}
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
-def _micro_rows(value: Any) -> int | None:
-    """A micro-batch size in rows, or ``None`` (each rank's whole part in one pass)."""
-    return None if value is None else int(value)
-
-
-def _cfg_get(cfg: Any, key: str) -> Any:
-    return cfg_get(cfg, key)
-
-
 def _to_cpu(obj: Any) -> Any:
-    """Every tensor of a nested state (dicts, lists, tuples) detached and on the CPU.
-
-    CPU tensors are returned as detached views, not copies: Ray copies the state on return, and
-    a copy here would hold a second set of weights and optimizer moments for the call.
-    """
+    """Every tensor of a nested state detached and on the CPU: views, not copies (Ray copies the state on return)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu")
     if isinstance(obj, dict):
@@ -69,12 +53,7 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def resolve_device(policy_cfg: Any) -> torch.device:
-    """The device ``policy.device`` names (default ``cpu``).
-
-    Raises:
-        ValueError: An unknown device name.
-        RuntimeError: ``cuda`` without a visible CUDA device.
-    """
+    """The device ``policy.device`` names (default ``cpu``); ``RuntimeError`` for ``cuda`` without one."""
     name = str(cfg_get(policy_cfg, "device", "cpu"))
     if name not in DEVICES:
         raise ValueError(f"policy.device: got {name!r}; legal values: {list(DEVICES)}")
@@ -87,14 +66,9 @@ def resolve_device(policy_cfg: Any) -> torch.device:
 
 
 class PolicyWorker:
-    """One DP rank: model replica, optimizer, reference copy and the gloo group membership.
+    """One DP rank: model replica, optimizer, frozen reference copy and process-group membership.
 
-    Args:
-        policy_cfg: The ``policy`` config node (mapping or dataclass): ``model``, ``optimizer``,
-            ``torch_threads``, ``train_micro_batch_size``, ``logprob_batch_size``,
-            ``generation_batch_size``, ``max_grad_norm``, ``generation``.
-        seed: Run seed: every rank initialises identical weights from it; the rank's own RNG
-            streams are seeded with ``seed + rank``.
+    Every rank initialises identical weights from ``seed``; its own RNG streams use ``seed + rank``.
     """
 
     def __init__(
@@ -103,7 +77,7 @@ class PolicyWorker:
         self.rank = rank
         self.world_size = world_size
         self.cfg = policy_cfg
-        threads = int(_cfg_get(policy_cfg, "torch_threads"))
+        threads = int(cfg_get(policy_cfg, "torch_threads"))
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         self.pad_id = pad_id
@@ -117,11 +91,7 @@ class PolicyWorker:
         torch.manual_seed(seed + rank)
         self.model = self._build_model().to(self.device)
         self.reference_model = self._frozen_copy(self.model)
-        self.lr = float(_cfg_get(_cfg_get(policy_cfg, "optimizer"), "lr"))
-        self.optimizer = self._make_optimizer(self.lr)
-        self.optimizer_steps = 0
-        self.decay_steps: int | None = None
-        self.warmup_steps = self._config_warmup_steps()
+        self._set_phase(cfg_get(cfg_get(policy_cfg, "optimizer"), "lr"))
         self._step_state: dict[str, Any] | None = None
         self._group_ready = False
         self._tokenizer_files: dict[str, bytes] | None = None  # written once, on first export
@@ -130,16 +100,12 @@ class PolicyWorker:
         """This worker's trainable model (the value worker wraps it in a value head)."""
         return build_model(self.cfg, vocab_size=self.vocab_size, seed=self.seed)
 
-    # --- process group ---
     def collective_address(self) -> tuple[str, int]:
         """Rendezvous ``(host, port)`` reachable by the other ranks (asked of rank 0 only)."""
         return node_ip_address(), find_free_port()
 
     def init_collective(self, host: str, port: int, timeout_s: float) -> None:
-        """Join the process group (gloo on CPU, NCCL on CUDA; all ranks call this concurrently).
-
-        ``host``/``port`` are rank 0's rendezvous; ``timeout_s`` bounds it and every collective.
-        """
+        """Join rank 0's rendezvous (all ranks concurrently); ``timeout_s`` bounds it and every collective."""
         dist.init_process_group(
             backend="nccl" if self.device.type == "cuda" else "gloo",
             init_method=f"tcp://{host}:{port}",
@@ -159,9 +125,6 @@ class PolicyWorker:
         # Pure data parallelism: no tensor/context/pipeline siblings, every rank is a leader.
         return {}
 
-    def _get_replica_group(self) -> Any:
-        return None
-
     def _all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
             if t.device != self.device:  # NCCL reduces device tensors only
@@ -172,7 +135,6 @@ class PolicyWorker:
                 dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
-    # --- helpers ---
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
         ref = copy.deepcopy(model).eval()
@@ -182,39 +144,45 @@ class PolicyWorker:
 
     def _make_optimizer(self, lr: float) -> torch.optim.Optimizer:
         """A fresh AdamW over ``self.model``, whose gradients it lays out in flat buffers."""
-        o = _cfg_get(self.cfg, "optimizer")
+        o = cfg_get(self.cfg, "optimizer")
         self.flat_grads = FlatGrads(self.model.parameters())
         return make_adamw(
             list(self.model.parameters()),
             lr=lr,
-            betas=(float(_cfg_get(o, "beta1")), float(_cfg_get(o, "beta2"))),
-            eps=float(_cfg_get(o, "eps")),
-            weight_decay=float(_cfg_get(o, "weight_decay")),
+            betas=(float(cfg_get(o, "beta1")), float(cfg_get(o, "beta2"))),
+            eps=float(cfg_get(o, "eps")),
+            weight_decay=float(cfg_get(o, "weight_decay")),
         )
 
-    def _config_warmup_steps(self) -> int:
-        return int(_cfg_get(_cfg_get(self.cfg, "optimizer"), "warmup_steps"))
+    def _set_phase(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
+        """A fresh optimizer at ``lr`` and step 0; ``warmup_steps`` None means the config's."""
+        self.lr = float(lr)
+        self.optimizer = self._make_optimizer(self.lr)
+        self.optimizer_steps = 0
+        self.decay_steps = None if decay_steps is None else int(decay_steps)
+        if warmup_steps is None:
+            warmup_steps = cfg_get(cfg_get(self.cfg, "optimizer"), "warmup_steps")
+        self.warmup_steps = int(warmup_steps)
 
     def _current_lr(self) -> float:
-        o = _cfg_get(self.cfg, "optimizer")
+        o = cfg_get(self.cfg, "optimizer")
         warmup = self.warmup_steps
         step = self.optimizer_steps + 1
         if warmup > 0 and step <= warmup:
             return self.lr * step / warmup
-        if str(_cfg_get(o, "schedule")) == "cosine" and self.decay_steps is not None:
+        if str(cfg_get(o, "schedule")) == "cosine" and self.decay_steps is not None:
             span = max(1, self.decay_steps - max(warmup, 0))
             progress = min(1.0, max(0.0, (step - max(warmup, 0)) / span))
-            floor = float(_cfg_get(o, "min_lr_ratio"))
+            floor = float(cfg_get(o, "min_lr_ratio"))
             return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
         return self.lr
 
     def _forward(
         self, model: torch.nn.Module, input_ids: torch.Tensor, mb: BatchedDataDict | None = None, logits_from: int = 0
     ) -> torch.Tensor:
-        """``model(input_ids, logits_from)`` under ``policy.precision``'s autocast (forward only).
+        """``model(input_ids, logits_from)`` under ``policy.precision``'s autocast, ``mb``'s images bound first.
 
-        The caller's log-softmax and loss run in float32.  A micro-batch's images are bound to the
-        model first; ``logits_from`` > 0 asks for the logits of positions ``logits_from ..`` only.
+        The caller's log-softmax and loss run in float32.
         """
         if mb is not None:
             model = bind_images(model, mb)
@@ -224,24 +192,17 @@ class PolicyWorker:
     def _training_forward(
         self, loss_fn: LossFn, tensors: Mapping[str, torch.Tensor], mb: BatchedDataDict
     ) -> torch.Tensor:
-        """The training pass's forward: the logits the loss reads, under the training attention.
-
-        A loss with ``reads_masked_logprobs_only`` gets logits from one before the first
-        ``token_mask`` token (the prompt's LM-head rows are skipped).  A HuggingFace model uses
-        ``policy.train_attn_implementation`` for this pass when set.
-        """
+        """The logits the loss reads (see ``LossFn``), under ``policy.train_attn_implementation`` when set."""
         logits_from = 0
         if getattr(loss_fn, "reads_masked_logprobs_only", False) and "token_mask" in tensors:
             logits_from = first_logits_position(tensors["token_mask"])
         impl = cfg_get(self.cfg, "train_attn_implementation", None)
-        if impl and hasattr(self.model, "attention_implementation"):
-            with self.model.attention_implementation(str(impl)):
-                return self._forward(self.model, tensors["input_ids"], mb, logits_from)
-        return self._forward(self.model, tensors["input_ids"], mb, logits_from)
+        use_impl = impl and hasattr(self.model, "attention_implementation")
+        with self.model.attention_implementation(str(impl)) if use_impl else contextlib.nullcontext():
+            return self._forward(self.model, tensors["input_ids"], mb, logits_from)
 
     def _trim(self, mb: BatchedDataDict, width: int) -> dict[str, torch.Tensor]:
-        """Tensor fields of a microbatch on the model's device, per-token ones narrowed to
-        ``width`` columns."""
+        """Tensor fields of a microbatch on the model's device, per-token ones narrowed to ``width`` columns."""
         out: dict[str, torch.Tensor] = {}
         for k, v in mb.items():
             if not isinstance(v, torch.Tensor) or v.is_nested:
@@ -250,53 +211,27 @@ class PolicyWorker:
         return out
 
     def _micro_batches(self, data: BatchedDataDict, mbs: int) -> Iterator[tuple[MicrobatchSpec, BatchedDataDict, int]]:
-        """``(spec, micro-batch, width)`` per micro-batch of ``data`` (see :meth:`_specs`).
-
-        ``width`` is the micro-batch's longest row, or its planned padded length when the plan is
-        a dynamic (token-budgeted) one and that is longer.
-        """
+        """``(spec, micro-batch, width)`` per the attached plan or runs of ``mbs`` rows (width >= the longest row)."""
+        if data.micro_batch_indices is not None:
+            specs = data.microbatch_plan()
+        else:
+            n = data.size
+            if n < 1:
+                raise ValueError(
+                    f"PolicyWorker[{self.rank}]: shard of {n} rows is not a whole number of "
+                    f"{n}-row global-batch parts"
+                )
+            specs = [MicrobatchSpec(0, s, min(s + mbs, n), None) for s in range(0, n, mbs)]
         dynamic = data.micro_batch_indices is not None and data.elem_counts_per_gb is None
-        for spec in self._specs(data, mbs, None):
+        for spec in specs:
             mb = data.slice(spec.start, spec.end)
             width = int(mb["input_lengths"].max())
             if dynamic and spec.padded_length is not None:
                 width = max(int(spec.padded_length), width)
             yield spec, mb, width
 
-    def _specs(self, data: BatchedDataDict, mbs: int, chunk_rows: int | None) -> list[MicrobatchSpec]:
-        """Microbatches of ``data``: the driver's plan if attached, else fixed-size runs per chunk."""
-        if data.micro_batch_indices is not None:
-            return data.microbatch_plan()
-        n = data.size
-        rows = n if chunk_rows is None else chunk_rows
-        if rows < 1 or n % rows != 0:
-            raise ValueError(
-                f"PolicyWorker[{self.rank}]: shard of {n} rows is not a whole number of "
-                f"{rows}-row global-batch parts"
-            )
-        specs = []
-        for c in range(n // rows):
-            base = c * rows
-            specs.extend(
-                MicrobatchSpec(c, s, min(s + mbs, base + rows), None) for s in range(base, base + rows, mbs)
-            )
-        return specs
-
-    # --- generation and log-probs ---
     def generate(self, shard: Mapping[str, Sequence[Any]], greedy: bool, return_images: bool = True) -> BatchedDataDict:
-        """Generate responses for this rank's prompts (one private RNG per row).
-
-        Args:
-            shard: ``{"prompts": token ids per prompt (bos included) or ``VisualPrompt`` specs
-                (encoded and rendered here), "seeds": one sampling seed per prompt}``.
-            greedy: Argmax decoding (evaluation) instead of sampling.
-            return_images: Include visual prompts' image columns in the result.
-
-        Returns:
-            The fields of ``nemo_dp.models.generation.generate`` as a ``BatchedDataDict``,
-            plus ``pixel_values`` / ``image_grid_thw`` for visual prompts when
-            ``return_images`` (empty dict when no prompts were given).
-        """
+        """Generate this rank's ``{"prompts", "seeds"}`` shard as ``Policy.generate`` (empty without prompts)."""
         prompts, seeds = shard["prompts"], shard["seeds"]
         if len(prompts) != len(seeds):
             raise ValueError(f"PolicyWorker[{self.rank}].generate: {len(seeds)} seeds for {len(prompts)} prompts")
@@ -308,12 +243,11 @@ class PolicyWorker:
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
         model.eval()
-        mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
+        mbs = int(micro_batch_size or cfg_get(self.cfg, "logprob_batch_size"))
         out = torch.zeros((data.size, data["input_ids"].shape[1]), dtype=torch.float32)
         for spec, mb, w in self._micro_batches(data, mbs):
             ids = mb["input_ids"][:, :w].to(self.device)
-            # Only the masked tokens' log-probs are read downstream (the loss and the metrics
-            # mask them), so the LM head skips the prompt; without a mask every column is kept.
+            # Only masked tokens' log-probs are read downstream, so the LM head skips the prompt.
             mask = mb["token_mask"][:, :w] if "token_mask" in mb else None
             start = first_logits_position(mask) if mask is not None else 0
             lp = token_logprobs_from_logits(self._forward(model, ids, mb, start), ids).cpu()
@@ -327,18 +261,7 @@ class PolicyWorker:
         return out
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Per-token log-probs of ``input_ids`` under the current policy.
-
-        Args:
-            data: Shard with ``input_ids`` [b, S], ``input_lengths`` [b] and optionally
-                ``token_mask`` [b, S] (a plan, if attached, is followed).
-            micro_batch_size: Rows per forward pass (default ``policy.logprob_batch_size``).
-
-        Returns:
-            ``{"logprobs": float32 [b, S]}`` (column 0 and padding are 0; with a ``token_mask``,
-            so are a row's columns before its first masked token, and the whole of a row with
-            none), rows in input order.
-        """
+        """Per-token log-probs as ``Policy.get_logprobs`` (``micro_batch_size``: ``policy.logprob_batch_size``)."""
         return BatchedDataDict({"logprobs": self._logprobs(self.model, data, micro_batch_size)})
 
     def get_reference_policy_logprobs(
@@ -347,27 +270,19 @@ class PolicyWorker:
         """Like :meth:`get_logprobs` under the frozen reference policy, as ``{"reference_logprobs": ...}``."""
         return BatchedDataDict({"reference_logprobs": self._logprobs(self.reference_model, data, micro_batch_size)})
 
-    # --- training: split API (begin / microbatches / finish) and the one-call ``train`` ---
     def begin_train_step(self, loss_fn: LossFn, eval_mode: bool = False, mbs: int | None = None) -> None:
-        """Start one optimizer step: zero gradients and remember the loss function.
-
-        Args:
-            eval_mode: Compute the loss without gradients or an optimizer step.
-            mbs: Rows per microbatch when the data carries no plan.
-
-        Raises:
-            RuntimeError: A step is already active (message contains ``"already active"``).
-        """
+        """Start one optimizer step (``eval_mode``: loss only); ``RuntimeError`` (``"already active"``) during one."""
         if self._step_state is not None:
             raise RuntimeError(
                 f"PolicyWorker[{self.rank}]: a train step is already active; finish or abort it first"
             )
         self.model.train(not eval_mode)
         self.optimizer.zero_grad(set_to_none=False)
+        mbs = mbs or cfg_get(self.cfg, "train_micro_batch_size")
         self._step_state = {
             "loss_fn": loss_fn,
             "eval_mode": eval_mode,
-            "mbs": _micro_rows(mbs or _cfg_get(self.cfg, "train_micro_batch_size")),
+            "mbs": None if mbs is None else int(mbs),
             "metrics": {},
             "rows": 0,
         }
@@ -375,12 +290,8 @@ class PolicyWorker:
     def train_microbatch(self, data: BatchedDataDict) -> None:
         """Forward/backward this rank's whole part of the current global batch.
 
-        All ranks call this exactly once per step, in lockstep: the valid token/sequence counts
-        are all-reduced first so every microbatch loss is normalised by the global counts.
-        Gradients accumulate until :meth:`finish_train_step`.  ``data`` may carry the driver's plan.
-
-        Raises:
-            RuntimeError: Without :meth:`begin_train_step`.
+        All ranks call this once per step, in lockstep: the valid token/sequence counts are
+        all-reduced first so every microbatch loss is normalised by the global counts.
         """
         state = self._step_state
         if state is None:
@@ -399,13 +310,10 @@ class PolicyWorker:
         # No micro-batch size (policy.train_micro_batch_size: null): the whole part in one pass.
         for _, mb, width in self._micro_batches(data, state["mbs"] or max(data.size, 1)):
             tensors = self._trim(mb, width)
-            if state["eval_mode"]:
-                with torch.no_grad():
-                    logits = self._training_forward(loss_fn, tensors, mb)
-                    loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
-            else:
+            with torch.no_grad() if state["eval_mode"] else contextlib.nullcontext():
                 logits = self._training_forward(loss_fn, tensors, mb)
                 loss, m = loss_fn(logits, tensors, global_tokens, global_seqs)
+            if not state["eval_mode"]:
                 loss.backward()
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
@@ -413,13 +321,8 @@ class PolicyWorker:
     def finish_train_step(self) -> dict[str, Any]:
         """All-reduce gradients, clip, step the optimizer and end the step.
 
-        Returns:
-            This rank's additive metric shares (``loss`` etc., summed over its microbatches;
-            the driver sums them over ranks), ``grad_norm`` and ``lr`` (identical on all
-            ranks), ``skipped`` and ``is_replica_leader``.
-
-        Raises:
-            RuntimeError: Without :meth:`begin_train_step`.
+        Returns this rank's metric shares (summed over its microbatches), ``grad_norm``, ``lr``,
+        ``skipped`` and ``is_replica_leader``.
         """
         state = self._step_state
         if state is None:
@@ -432,21 +335,14 @@ class PolicyWorker:
             if not state["eval_mode"] and not skipped:
                 self.flat_grads.all_reduce(self._all_reduce_sum)
                 params = self.flat_grads.params
-                max_norm = float(_cfg_get(self.cfg, "max_grad_norm"))
+                max_norm = float(cfg_get(self.cfg, "max_grad_norm"))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 self.optimizer.step()
                 self.optimizer_steps += 1
             self.optimizer.zero_grad(set_to_none=False)
-            result.update(
-                {
-                    "grad_norm": grad_norm,
-                    "lr": lr,
-                    "skipped": skipped,
-                    "is_replica_leader": True,
-                }
-            )
+            result.update({"grad_norm": grad_norm, "lr": lr, "skipped": skipped, "is_replica_leader": True})
             return result
         finally:
             self._step_state = None
@@ -458,30 +354,18 @@ class PolicyWorker:
 
     def train(self, data: BatchedDataDict, loss_fn: LossFn, eval_mode: bool = False, gbs: int | None = None,
               mbs: int | None = None) -> dict[str, Any]:
-        """Train on this rank's shard: one optimizer step per global batch.
+        """Train on this rank's parts of consecutive global batches; ``{"per_step": [finish_train_step metrics]}``.
 
-        Args:
-            data: This rank's rows of ``T / gbs`` consecutive global batches (its part of chunk k
-                precedes its part of chunk k+1), optionally with the driver's microbatch plan.
-            eval_mode: Loss only, no update.
-            gbs: Global batch size (default ``policy.train_global_batch_size``).
-            mbs: Rows per microbatch without a plan (default ``policy.train_micro_batch_size``).
-
-        Returns:
-            ``{"per_step": [metrics of each global batch, as :meth:`finish_train_step`]}``.
-
-        Raises:
-            ValueError: The shard is not a whole number of global-batch parts.
+        Arguments as ``Policy.train``.  Raises ``ValueError`` when the shard is not a whole number of parts.
         """
-        gbs = int(gbs or _cfg_get(self.cfg, "train_global_batch_size"))
+        gbs = int(gbs or cfg_get(self.cfg, "train_global_batch_size"))
         if gbs % self.world_size != 0:
             raise ValueError(f"PolicyWorker: gbs={gbs} is not a multiple of world_size={self.world_size}")
         chunk_rows = gbs // self.world_size
         # Row ranges of each chunk in this shard: from the plan when attached, else fixed.
         if data.micro_batch_indices is not None:
-            specs = data.microbatch_plan()
             chunks: dict[int, list[int]] = {}
-            for spec in specs:
+            for spec in data.microbatch_plan():
                 lo_hi = chunks.setdefault(spec.chunk, [spec.start, spec.end])
                 lo_hi[0], lo_hi[1] = min(lo_hi[0], spec.start), max(lo_hi[1], spec.end)
             ranges = [(chunks[c][0], chunks[c][1], c) for c in sorted(chunks)]
@@ -509,30 +393,18 @@ class PolicyWorker:
             per_step.append(self.finish_train_step())
         return {"per_step": per_step}
 
-    # --- state ---
     def snapshot_reference_policy(self) -> None:
         """Make the reference policy a frozen copy of the current weights."""
         self.reference_model = self._frozen_copy(self.model)
 
     def reset_optimizer(self, lr: float, decay_steps: int | None = None, warmup_steps: int | None = None) -> None:
         """Fresh optimizer state for a new phase (arguments as ``Policy.reset_optimizer``)."""
-        self.lr = float(lr)
-        self.optimizer = self._make_optimizer(self.lr)
-        self.optimizer_steps = 0
-        self.decay_steps = None if decay_steps is None else int(decay_steps)
-        self.warmup_steps = self._config_warmup_steps() if warmup_steps is None else int(warmup_steps)
+        self._set_phase(lr, decay_steps, warmup_steps)
 
     def get_state(self, include_weights: bool) -> dict[str, Any]:
-        """Training state of this rank for a checkpoint.
+        """``{"rng", "rank"}`` of this rank, with ``include_weights`` also the weights, optimizer and phase.
 
-        Args:
-            include_weights: Include model, reference and optimizer state (rank 0 only: the
-                replicas are identical).
-
-        Returns:
-            ``{"rng": ..., "rank": r}``, plus with ``include_weights`` ``model``, ``reference_model``,
-            ``optimizer``, ``optimizer_steps``, ``lr`` and ``pretrained`` (the ``save_pretrained``
-            files as ``{name: bytes}``, written by a checkpoint as a loadable model directory).
+        ``pretrained`` holds the ``save_pretrained`` files (``{name: bytes}``) of a loadable model directory.
         """
         from nemo_dp.utils.checkpoint import PRETRAINED_KEY
         from nemo_dp.utils.seeding import capture_rng_state
@@ -554,10 +426,7 @@ class PolicyWorker:
         return state
 
     def _pretrained_files(self) -> dict[str, bytes]:
-        """The model's ``save_pretrained`` output plus its tokenizer's files (read once), name -> bytes.
-
-        With the tokenizer beside the weights a checkpoint's ``policy/`` directory loads on its own.
-        """
+        """The model's ``save_pretrained`` output plus its tokenizer's files (read once), name -> bytes."""
         if self._tokenizer_files is None:
             with tempfile.TemporaryDirectory(prefix="nemo_dp_tokenizer_") as tmp:
                 save_tokenizer(self.cfg, tmp)
@@ -574,21 +443,15 @@ class PolicyWorker:
 
         self.model.load_state_dict(weights["model"])
         self.reference_model.load_state_dict(weights["reference_model"])
-        self.lr = float(weights["lr"])
-        self.optimizer = self._make_optimizer(self.lr)
+        # Checkpoints written before the phase's warm-up was recorded used the config's.
+        self._set_phase(weights["lr"], weights["decay_steps"], weights.get("warmup_steps"))
         self.optimizer.load_state_dict(weights["optimizer"])
         self.optimizer_steps = int(weights["optimizer_steps"])
-        self.decay_steps = None if weights["decay_steps"] is None else int(weights["decay_steps"])
-        # Checkpoints written before the phase's warm-up was recorded used the config's.
-        self.warmup_steps = int(weights.get("warmup_steps", self._config_warmup_steps()))
         if rng is not None:
             restore_rng_state(dict(rng))
 
     def weights_digest(self) -> str:
-        """Hex sha256 over the state dict's names, dtypes, shapes and bytes, computed on the worker.
-
-        Replicas and runs compare bit for bit through it without shipping the weights.
-        """
+        """Hex sha256 over the state dict's names, dtypes, shapes and bytes (bit-exact comparison)."""
         h = hashlib.sha256()
         state = self.model.state_dict()
         for name in sorted(state):

@@ -31,10 +31,6 @@ def _build_model(policy_cfg: Any, vocab_size: int, seed: int) -> TinyCausalLM:
     return model.to(resolve_precision(policy_cfg).param_dtype)
 
 
-def _build_tokenizer(policy_cfg: Any) -> CharTokenizer:
-    return CharTokenizer()
-
-
 def _validate(policy_cfg: Any) -> None:
     try:
         tiny_model_config(policy_cfg, CharTokenizer().vocab_size)
@@ -42,11 +38,7 @@ def _validate(policy_cfg: Any) -> None:
         raise ValueError(f"policy.model: {exc}") from exc
 
 
-def _load_pretrained(policy_cfg: Any, directory: str) -> TinyCausalLM:
-    return TinyCausalLM.from_pretrained(directory)
-
-
 BUILDER = ModelBuilder(
-    kind="tiny", build_model=_build_model, build_tokenizer=_build_tokenizer, validate=_validate,
-    load_pretrained=_load_pretrained,
+    kind="tiny", build_model=_build_model, build_tokenizer=lambda policy_cfg: CharTokenizer(), validate=_validate,
+    load_pretrained=lambda policy_cfg, directory: TinyCausalLM.from_pretrained(directory),
 )

@@ -1,8 +1,4 @@
-"""A small causal transformer in plain PyTorch: the ``policy=tiny`` model.
-
-Pre-LN decoder with learned positions and a preallocated KV cache, implementing ``CausalLM``;
-saved as a JSON config plus safetensors, so checkpoints load without executing code.
-"""
+"""The ``policy=tiny`` model: a small pre-LN causal transformer in plain PyTorch, saved as JSON + safetensors."""
 
 from __future__ import annotations
 
@@ -20,13 +16,7 @@ from torch import nn
 
 @dataclass
 class ModelConfig:
-    """Shape of a :class:`TinyCausalLM`.
-
-    Attributes:
-        d_model: Residual stream width (divisible by ``n_heads``).
-        max_seq_len: Longest sequence (number of learned positions).
-        dropout: Dropout probability (0.0 keeps training deterministic and cheap).
-    """
+    """Shape of a :class:`TinyCausalLM` (``d_model`` divisible by ``n_heads``; ``max_seq_len`` learned positions)."""
 
     vocab_size: int
     n_layers: int
@@ -115,11 +105,7 @@ class Block(nn.Module):
 
 
 class TinyCausalLM(nn.Module):
-    """Small decoder-only transformer.
-
-    With ``seed``, parameters are initialised from a private generator seeded with it (the global
-    RNG is untouched); otherwise from the global torch RNG.
-    """
+    """Small decoder-only transformer; with ``seed`` initialised from a private generator, else the global RNG."""
 
     def __init__(self, cfg: ModelConfig, seed: int | None = None) -> None:
         super().__init__()
@@ -158,7 +144,6 @@ class TinyCausalLM(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.ln_f(x))
 
-    # --- CausalLM protocol ---------------------------------------------------------------------
     @property
     def max_positions(self) -> int:
         return self.cfg.max_seq_len
@@ -213,7 +198,7 @@ class TinyCausalLM(nn.Module):
         return logits[:, -1], cache
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """Write ``config.json`` (the :class:`ModelConfig`) and ``model.safetensors``."""
+        """Write ``config.json`` and ``model.safetensors``."""
         from safetensors.torch import save_file
 
         out = Path(directory)
@@ -225,12 +210,7 @@ class TinyCausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike[str]) -> TinyCausalLM:
-        """Load a model written by :meth:`save_pretrained` (weights exactly as saved).
-
-        Raises:
-            FileNotFoundError: A file is missing.
-            ValueError: ``config.json`` is not a tiny-model config.
-        """
+        """Load :meth:`save_pretrained` output (``FileNotFoundError``; ``ValueError`` for a foreign config)."""
         from safetensors.torch import load_file
 
         base = Path(directory)
@@ -256,15 +236,9 @@ class TinyCausalLM(nn.Module):
     def forward_cached(
         self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, attn_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Logits of ``T`` new tokens per row, attending to the cache, which grows by ``T``.
+        """Logits of ``T`` new tokens per row ``[B, T]``, attending to the cache (``ValueError`` if too short).
 
-        Args:
-            input_ids: int64 ``[B, T]`` new tokens.
-            positions: int64 ``[B, T]`` position ids (per row, so that left-padded rows start at 0).
-            attn_mask: bool ``[B, 1, T, cache.length + T]``, True where a query may attend.
-
-        Raises:
-            ValueError: The cache is too short.
+        ``attn_mask`` is bool ``[B, 1, T, cache.length + T]``, True where a query may attend.
         """
         seq = input_ids.shape[1]
         if cache.length + seq > cache.max_len:

@@ -1,6 +1,4 @@
-"""Character-level tokenizer (the ``policy=tiny`` tokenizer): a fixed vocabulary in code, so ids are
-stable everywhere; no chat template.
-"""
+"""The ``policy=tiny`` character tokenizer: a fixed vocabulary in code, no chat template."""
 
 from __future__ import annotations
 
@@ -25,13 +23,7 @@ _CHARACTERS: str = (
 
 
 class CharTokenizer:
-    """Fixed-vocabulary character tokenizer.
-
-    Ids 0, 1, 2 are pad, bos, eos; the characters of ``_CHARACTERS`` follow in order.
-    ``encode`` maps characters only (no special tokens); ``encode_prompt`` and
-    ``encode_response`` add bos / eos the way every trainer and collator in nemo_dp lays out a
-    sequence: ``[bos] + prompt + response + [eos]``.
-    """
+    """Fixed-vocabulary character tokenizer: ids 0, 1, 2 are pad, bos, eos, then ``_CHARACTERS`` in order."""
 
     def __init__(self) -> None:
         self._specials: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)
@@ -65,11 +57,7 @@ class CharTokenizer:
         return concat_messages(messages)
 
     def encode(self, text: str) -> list[int]:
-        """One id per character of ``text``, without special tokens.
-
-        Raises:
-            ValueError: A character is not in the vocabulary (the message names it).
-        """
+        """One id per character of ``text``; ``ValueError`` naming a character outside the vocabulary."""
         ids: list[int] = []
         for pos, ch in enumerate(text):
             tid = self._char_to_id.get(ch)
@@ -79,28 +67,18 @@ class CharTokenizer:
         return ids
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """Encode a prompt as ``[bos] + encode(prompt)``."""
+        """``[bos] + encode(prompt)``."""
         return [self.bos_id] + self.encode(prompt)
 
     def encode_response(self, response: str) -> list[int]:
-        """Encode a response as ``encode(response) + [eos]``."""
+        """``encode(response) + [eos]``."""
         return self.encode(response) + [self.eos_id]
 
     def decode(self, ids: Iterable[int], stop_at_eos: bool = True, skip_special: bool = False) -> str:
-        """Decode ids to text.
+        """Text of ``ids`` (ints or 0-d tensors); ``ValueError`` for an id outside the vocabulary.
 
-        Special tokens inside the text are rendered as ``<pad>`` / ``<bos>`` / ``<eos>`` by
-        default, so that a response containing them never equals a plain answer (an exact-match
-        reward must not be gamed by sprinkling specials that a silent skip would hide).
-
-        Args:
-            ids: Token ids (ints or 0-d tensors).
-            stop_at_eos: Stop at the first eos instead of rendering it.
-            skip_special: Drop pad and bos (and eos when not stopping), e.g. for display of a
-                whole ``[bos] + prompt + ...`` row.
-
-        Raises:
-            ValueError: An id is outside the vocabulary.
+        Specials are rendered as ``<pad>`` / ``<bos>`` / ``<eos>`` unless ``skip_special``, so an
+        exact-match reward cannot be gamed by specials that a silent skip would hide.
         """
         out: list[str] = []
         for raw in ids:

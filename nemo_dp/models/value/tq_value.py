@@ -1,8 +1,4 @@
-"""``TQValue``: the PPO critic's driver facade whose bulk tensors live in the data plane.
-
-``Value`` plus ``TQDriverMixin``: every critic dispatch gets its own fresh pad target.  It borrows
-the policy's driver client (TransferQueue allows one per process) and never closes it.
-"""
+"""``TQValue``: the PPO critic's driver facade over the data plane, borrowing the policy's driver client."""
 
 from __future__ import annotations
 
@@ -25,22 +21,11 @@ TASK_VALUE_TRAIN = "value_train"
 
 
 class TQValueWorker(TQWorkerMixin, ValueWorker):
-    """A ``ValueWorker`` with the ``*_presharded`` entrypoints (``get_values_presharded`` writes ``values``).
-
-    The mixin is listed first so its topology hooks defer to ``PolicyWorker``'s (pure data
-    parallelism: every rank is a replica leader).
-    """
+    """A ``ValueWorker`` with the ``*_presharded`` entrypoints (``get_values_presharded`` writes ``values``)."""
 
 
 class TQValue(TQDriverMixin, Value):
-    """The critic facade of the data-plane PPO trainer.
-
-    Other arguments go to ``Value``; ``dp_cfg`` and ``dp_client`` are the policy's (the client is
-    borrowed, never closed here).
-
-    Raises:
-        ValueError: ``dp_cfg`` is disabled or invalid.
-    """
+    """The data-plane PPO critic facade; ``dp_cfg`` and ``dp_client`` (never closed here) are the policy's."""
 
     worker_class: ClassVar[type] = TQValueWorker
 
@@ -57,11 +42,7 @@ class TQValue(TQDriverMixin, Value):
 
     @classmethod
     def from_policy(cls, policy: Any, **kwargs: Any) -> TQValue:
-        """A critic (``kwargs`` for ``Value``) sharing ``policy``'s data plane: its config and driver client.
-
-        Raises:
-            ValueError: ``policy`` does not expose ``dp_cfg`` and ``dp_client`` (not a ``TQPolicy``).
-        """
+        """A critic (``kwargs`` for ``Value``) sharing a ``TQPolicy``'s data plane (else ``ValueError``)."""
         if not hasattr(policy, "dp_cfg") or not hasattr(policy, "dp_client"):
             raise ValueError(
                 f"TQValue.from_policy: expected a data-plane policy exposing dp_cfg and dp_client "
@@ -69,52 +50,27 @@ class TQValue(TQDriverMixin, Value):
             )
         return cls(dp_cfg=policy.dp_cfg, dp_client=policy.dp_client, **kwargs)
 
-    # ------------------------------------------------------------------------------------------
-    def _shard_isolated(
-        self, meta: KVBatchMeta, *, fields: Sequence[str], task_name: str, batch_size: int | None,
-        mb_tokens_key: str,
-    ) -> list[KVBatchMeta]:
-        """Fresh isolated copy (own pad target) sharded over the critic's ranks."""
+    def _shard_isolated(self, meta: KVBatchMeta, fields: Sequence[str], task_name: str, gbs: int | None) -> list:
+        """Fresh isolated copy (own pad target) sharded over the critic's ranks (``gbs`` None: log-prob plan)."""
         isolated = self._isolated_meta(meta, fields=list(fields), task_name=task_name)
-        return self._shard_meta(isolated, batch_size=batch_size, mb_tokens_key=mb_tokens_key)
+        key = "logprob_mb_tokens" if gbs is None else "train_mb_tokens"
+        return self._shard_meta(isolated, batch_size=gbs, mb_tokens_key=key)
 
     def get_values_from_meta(self, meta: KVBatchMeta) -> None:
-        """Critic values of ``meta``'s rows; the workers write them to the store as ``values``.
-
-        ``meta`` carries ``sequence_lengths`` and its rows already hold ``VALUE_SEED_FIELDS``.
-        """
-        shards = self._shard_isolated(
-            meta, fields=VALUE_SEED_FIELDS, task_name=TASK_VALUES, batch_size=None,
-            mb_tokens_key="logprob_mb_tokens",
-        )
+        """Critic values of ``meta``'s rows (holding ``VALUE_SEED_FIELDS``), stored as ``values``."""
+        shards = self._shard_isolated(meta, VALUE_SEED_FIELDS, TASK_VALUES, None)
         self._dispatch_sharded("get_values_presharded", shards)
-        return None
 
     def train_from_meta(self, meta: KVBatchMeta, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
                         mbs: int | None = None, train_fields: Sequence[str] = DP_VALUE_TRAIN_FIELDS) -> dict[str, Any]:
-        """Like ``Value.train`` on ``meta``'s rows (in epoch order); workers fetch ``train_fields`` from the store.
-
-        ``loss_fn`` is the critic's loss (``ClippedValueLossFn``); ``gbs`` defaults to the critic
-        config's ``train_global_batch_size``.
-        """
+        """Like ``Value.train`` on ``meta``'s rows (in epoch order); workers fetch ``train_fields`` from the store."""
         gbs = int(gbs or self.cfg.train_global_batch_size)
-        shards = self._shard_isolated(
-            meta, fields=train_fields, task_name=TASK_VALUE_TRAIN, batch_size=gbs,
-            mb_tokens_key="train_mb_tokens",
-        )
+        shards = self._shard_isolated(meta, train_fields, TASK_VALUE_TRAIN, gbs)
         results = self._dispatch_sharded(
             "train_presharded", shards, loss_fn=loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs
         )
         return self._aggregate_train_results(results)
 
     def data_plane_worker_metrics(self, step_time_s: float) -> dict[str, float]:
-        """The critic workers' per-step store metrics (their windows reset), or ``{}`` without observability.
-
-        Keys ``data_plane/critic_workers/...`` as ``TQDriverMixin._worker_store_metrics``; the driver
-        client is the policy's, reported by ``TQPolicy.data_plane_step_metrics``.
-        """
+        """The critic workers' per-step store metrics as ``data_plane/critic_workers/...`` (``{}`` without them)."""
         return self._worker_store_metrics(step_time_s, "data_plane/critic_workers")
-
-    def shutdown(self) -> None:
-        """Shut the critic's workers (and their clients) down; the borrowed driver client stays open (idempotent)."""
-        super().shutdown()

@@ -1,9 +1,4 @@
-"""``Value``: the driver-side facade over the PPO critic's own worker group.
-
-Subclasses ``Policy`` (same sharding, dispatch and aggregation) with ``ValueWorker``; adds
-``get_values`` and refuses generation and log-probs.  Its config has the policy's batching keys,
-so both models get identical micro-batch plans.
-"""
+"""``Value``: the PPO critic's driver facade, a ``Policy`` over ``ValueWorker`` ranks (identical micro-batch plans)."""
 
 from __future__ import annotations
 
@@ -20,10 +15,7 @@ __all__ = ["Value", "critic_config"]
 
 
 def critic_config(policy_cfg: Any, value_cfg: Any) -> DictConfig:
-    """A new ``DictConfig``: the policy config with ``algorithm.value``'s ``lr`` and ``warmup_steps``.
-
-    The inputs are not modified.
-    """
+    """A new ``DictConfig``: the policy config with ``algorithm.value``'s ``lr`` and ``warmup_steps``."""
     base = policy_cfg if isinstance(policy_cfg, DictConfig) else OmegaConf.structured(policy_cfg)
     out = OmegaConf.create(OmegaConf.to_container(base, resolve=True))
     out.optimizer.lr = float(value_cfg.lr)
@@ -32,50 +24,30 @@ def critic_config(policy_cfg: Any, value_cfg: Any) -> DictConfig:
 
 
 class Value(Policy):
-    """The critic: ``dp_size`` ``ValueWorker`` replicas, each with its own optimizer.
-
-    Constructed like ``Policy`` (``cluster``, ``config`` = a ``critic_config`` node,
-    ``vocab_size``, ``pad_id``, ``eos_id``, ``seed``, ``name_prefix``).
-    """
+    """The critic: ``dp_size`` ``ValueWorker`` replicas, constructed like ``Policy`` with a ``critic_config`` node."""
 
     worker_class: ClassVar[type] = ValueWorker
 
     def __init__(self, *, name_prefix: str = "value", **kwargs: Any) -> None:
         super().__init__(name_prefix=name_prefix, **kwargs)
 
-    # --- the critic's API -------------------------------------------------------------------
     def get_values(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Per-token values ``{"values": float32 [B, S]}`` in input order (value of the prefix ``tokens < t``).
-
-        Reads ``input_ids`` and ``input_lengths``; 0 at column 0 and beyond a row's length.
-        """
-        shards, order = self._shard_for_dp(self._lp_view(data), batch_size=None, mb_tokens_key="logprob_mb_tokens")
-        outs = self._dispatch_sharded("get_values", shards)
-        return self._fit_width(self._gather_in_input_order(outs, order), data, "values")
+        """Per-token values ``{"values": float32 [B, S]}`` in input order (as ``ValueWorker.get_values``)."""
+        return self._per_token("get_values", data, "values")
 
     def init_trunk_from(self, policy_model_state: Mapping[str, Any]) -> None:
-        """Start every critic replica from a policy model's trunk (all but the LM head).
-
-        ``policy_model_state`` is e.g. ``policy.state_dict()["weights"]["model"]``.
-        """
+        """Start every critic replica from a policy model state's trunk (all but the LM head)."""
         self._dispatch_all("init_trunk_from", dict(policy_model_state))
 
-    # train(data, loss_fn), reset_optimizer, state_dict, load_state_dict, weights_checksums
-    # and shutdown are inherited unchanged.
-
-    # --- what a critic does not do ----------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, greedy: bool) -> BatchedDataDict:
-        """Not available: a critic has no language-model head; raises ``RuntimeError``."""
+        """Raises ``RuntimeError``, as do the log-prob and reference methods: a critic has no LM head."""
         raise RuntimeError(f"{self.name_prefix}: a value model cannot generate")
 
     def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Not available (use :meth:`get_values`); raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no log-probs; use get_values")
 
     def get_reference_policy_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        """Not available; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no reference policy")
 
     def snapshot_reference_policy(self) -> None:
-        """Not available; raises ``RuntimeError``."""
         raise RuntimeError(f"{self.name_prefix}: a value model has no reference policy")

@@ -1,8 +1,4 @@
-"""``ValueWorker``: one data-parallel rank of the PPO critic (a Ray actor).
-
-Reuses ``PolicyWorker`` with a ``ValueModel`` and ``get_values``; the loss receives the value
-head's ``[b, s]`` output in place of logits.
-"""
+"""``ValueWorker``: a ``PolicyWorker`` over a ``ValueModel``; the loss receives ``[b, s]`` values in place of logits."""
 
 from __future__ import annotations
 
@@ -12,8 +8,8 @@ from typing import Any
 import torch
 
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
-from nemo_dp.models.builders import build_model
-from nemo_dp.models.policy.worker import PolicyWorker, _cfg_get
+from nemo_dp.models.builders import build_model, cfg_get
+from nemo_dp.models.policy.worker import PolicyWorker
 from nemo_dp.models.token_ops import align_values
 from nemo_dp.models.value_model import BACKBONE_PREFIX, VALUE_HEAD_PREFIX, ValueModel
 
@@ -24,41 +20,29 @@ VALUE_HEAD_PARAMS: frozenset[str] = frozenset({f"{VALUE_HEAD_PREFIX}weight"})
 
 
 class ValueWorker(PolicyWorker):
-    """One critic DP rank: value model, optimizer and gloo group membership.
-
-    Constructed like ``PolicyWorker``.  The inherited reference copy is never used for
-    computation; it exists so the inherited checkpoint methods work unchanged.
-    """
+    """One critic DP rank; its unused reference copy keeps the inherited checkpoint methods working."""
 
     def _build_model(self) -> torch.nn.Module:
-        # A zero-initialised head (see ValueModel): the critic starts by predicting 0
-        # everywhere, so its first advantages are the whitened reward-to-go, not noise.
+        # A zero-initialised head: the first advantages are the whitened reward-to-go, not noise.
         return ValueModel(build_model(self.cfg, vocab_size=self.vocab_size, seed=self.seed))
 
-    # --- what a critic does not do ----------------------------------------------------------
     def generate(self, shard: Mapping[str, Any], greedy: bool) -> BatchedDataDict:
-        """Not available: the critic has no language-model head; raises ``RuntimeError``."""
+        """Raises ``RuntimeError``, as do the log-prob methods: the critic has no LM head."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model cannot generate")
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Not available: the critic has no language-model head; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no log-probs; use get_values")
 
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
-        """Not available: the critic has no reference policy; raises ``RuntimeError``."""
         raise RuntimeError(f"ValueWorker[{self.rank}]: a value model has no reference policy")
 
-    # --- values --------------------------------------------------------------------------------
     @torch.no_grad()
     def get_values(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """Like ``PolicyWorker.get_logprobs``, but ``{"values": float32 [b, S]}`` (value of ``tokens < t``).
-
-        Column 0 and columns at or beyond each row's length are 0; no ``token_mask`` is applied.
-        """
+        """Like ``get_logprobs``, but ``{"values": float32 [b, S]}`` of ``tokens < t`` (0 at column 0, padding)."""
         self.model.eval()
-        mbs = int(micro_batch_size or _cfg_get(self.cfg, "logprob_batch_size"))
+        mbs = int(micro_batch_size or cfg_get(self.cfg, "logprob_batch_size"))
         out = torch.zeros((data.size, data["input_ids"].shape[1]), dtype=torch.float32)
         for spec, mb, w in self._micro_batches(data, mbs):
             values = align_values(self._forward(self.model, mb["input_ids"][:, :w].to(self.device))).cpu()
@@ -68,15 +52,9 @@ class ValueWorker(PolicyWorker):
         return BatchedDataDict({"values": out})
 
     def init_trunk_from(self, policy_model_state: Mapping[str, torch.Tensor]) -> int:
-        """Copy the whole backbone (every tensor but the value head) from a policy state dict.
+        """Copy every tensor but the value head from a policy state dict and rebuild the optimizer; return the count.
 
-        Returns the number of tensors copied.  Starts the critic from the warm-started policy's
-        representation (same family and shape); the optimizer is rebuilt (its state referred to
-        the old tensors' values).
-
-        Raises:
-            KeyError: A backbone tensor is missing from ``policy_model_state``.
-            ValueError: A tensor's shape differs.
+        Raises ``KeyError`` for a missing backbone tensor, ``ValueError`` for a shape that differs.
         """
         own = self.model.state_dict()
         backbone = {k[len(BACKBONE_PREFIX) :]: v for k, v in own.items() if k.startswith(BACKBONE_PREFIX)}
