@@ -6,16 +6,15 @@ The step is ``grpo_step.run_grpo``'s; :class:`LegacyGRPOPath` keeps each step's 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
-from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
+from nemo_dp.algorithms.grpo_step import DriverPathHooks, StepRows, collect_grpo_rows, run_grpo
 from nemo_dp.algorithms.rollout import rollout
-from nemo_dp.algorithms.trainer_common import context_evaluator
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
@@ -34,7 +33,7 @@ GRPO_TRAIN_KEYS: tuple[str, ...] = (
 )
 
 
-class LegacyGRPOPath:
+class LegacyGRPOPath(DriverPathHooks):
     """GRPO's rows in driver memory: one ``BatchedDataDict`` per step (``carry is handle``).
 
     ``policy`` is a plain ``Policy``; ``tokenizer``'s pad id pads concatenated batches.
@@ -42,18 +41,6 @@ class LegacyGRPOPath:
 
     def __init__(self, policy: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.tokenizer, self.env = policy, tokenizer, env
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx)
-
-    def start_run(self) -> None:
-        pass
-
-    def begin_step(self, num_samples: int, group_size: int) -> None:
-        pass
-
-    def end_step(self) -> None:
-        pass
 
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
         out = rollout(
@@ -112,9 +99,6 @@ class LegacyGRPOPath:
         keys = [k for k in GRPO_TRAIN_KEYS if k not in plan.skipped_fields]
         keys += [k for k in IMAGE_FIELDS if k in train_batch]
         return self.policy.train(BatchedDataDict({k: train_batch[k] for k in keys}), loss_fn)
-
-    def step_metrics(self, step: int, step_s: float) -> dict[str, Any]:
-        return {}
 
 
 def collect_grpo_batch(

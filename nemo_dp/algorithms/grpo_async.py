@@ -20,7 +20,7 @@ from nemo_dp.algorithms.async_ledger import AsyncLedger
 from nemo_dp.algorithms.async_losses import TruncatedISClippedPGLoss
 from nemo_dp.algorithms.async_metrics import idle_metrics, staleness_metrics
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS
+from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS, start_grpo_phase
 from nemo_dp.algorithms.store_eval import make_store_evaluator
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
@@ -28,7 +28,6 @@ from nemo_dp.algorithms.trainer_common import (
     rollout_shape,
     sample_seeds,
     should_validate,
-    start_counters,
     trainer_state,
     validate_at_start,
 )
@@ -98,7 +97,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     """
     policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
     tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
-    checkpointer, start_state = ctx.checkpointer, ctx.start_state
+    checkpointer = ctx.checkpointer
     _check_entry(policy, master_config)
     ledger_dir = getattr(logger, "out_dir", None)
     if ledger_dir is None:
@@ -112,19 +111,8 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     max_steps, group, per_step = rollout_shape(algo)
     seed = int(master_config.seed)
     restored: dict[str, Any] = {}
-    counters = start_counters(
-        start_state,
-        algorithm="grpo",
-        policy=policy,
-        train_loader=train_loader,
-        logger=logger,
-        restore_extra=lambda s: restored.update(dict(s.get(ASYNC_STATE_KEY) or {})),
-    )
-    if start_state is None:
-        policy.snapshot_reference_policy()
-        optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
-        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
-    elif restored:
+    counters = start_grpo_phase(ctx, restore_extra=lambda s: restored.update(dict(s.get(ASYNC_STATE_KEY) or {})))
+    if restored:
         logger.info(
             f"resume: regenerating in-flight rollout batches {restored.get('in_flight_batches', [])} "
             "discarded with the interrupted run"
@@ -191,10 +179,8 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
                 loss_fn: Any = sync_loss
                 fields: tuple[str, ...] = DP_TRAIN_FIELDS
             else:
-                loss_cfg = algo.loss
-                loss_fn = TruncatedISClippedPGLoss(
-                    float(loss_cfg.ratio_clip_min), float(loss_cfg.ratio_clip_max),
-                    float(loss_cfg.reference_policy_kl_penalty), bool(loss_cfg.token_level_loss),
+                loss_fn = clipped_pg_loss_fn(
+                    algo, TruncatedISClippedPGLoss,
                     importance_ratio_cap=float(acfg.importance_ratio_cap), trainer_version=version,
                 )
                 fields = (*DP_TRAIN_FIELDS, POLICY_VERSION)

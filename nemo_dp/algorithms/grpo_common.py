@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from nemo_dp.algorithms.context import PhaseLogger
-from nemo_dp.algorithms.trainer_common import step_time_metrics, validate_if_due
+from nemo_dp.algorithms.context import PhaseLogger, TrainContext
+from nemo_dp.algorithms.trainer_common import rollout_shape, start_counters, step_time_metrics, validate_if_due
 
 __all__ = [
     "PG_TRAIN_METRICS",
@@ -21,6 +21,7 @@ __all__ = [
     "SEPARATE_FORWARD",
     "LogprobPlan",
     "logprob_plan",
+    "start_grpo_phase",
     "finish_grpo_step_metrics",
 ]
 
@@ -74,6 +75,27 @@ def logprob_plan(master_config: Any) -> LogprobPlan:
         reuse_train_forward=bool(algo.reuse_train_forward_logprobs) and one_step,
         reference=float(algo.loss.reference_policy_kl_penalty) > 0,
     )
+
+
+def start_grpo_phase(
+    ctx: TrainContext, restore_extra: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """The counters of a GRPO phase (:func:`start_counters`).
+
+    A fresh run freezes the current weights as the reference policy and starts a fresh optimizer
+    at ``policy.optimizer.lr`` (after an SFT warm start this makes the warm-started model the reference).
+    """
+    cfg = ctx.cfg
+    max_steps, _, per_step = rollout_shape(cfg.algorithm)
+    counters = start_counters(
+        ctx.start_state, algorithm="grpo", policy=ctx.policy, train_loader=ctx.train_loader, logger=ctx.logger,
+        restore_extra=restore_extra,
+    )
+    if ctx.start_state is None:
+        ctx.policy.snapshot_reference_policy()
+        optimizer_steps = max_steps * (per_step // int(cfg.policy.train_global_batch_size))
+        ctx.policy.reset_optimizer(float(cfg.policy.optimizer.lr), decay_steps=optimizer_steps)
+    return counters
 
 
 def finish_grpo_step_metrics(

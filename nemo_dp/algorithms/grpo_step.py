@@ -17,21 +17,21 @@ import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.grpo_common import LogprobPlan, finish_grpo_step_metrics, logprob_plan
+from nemo_dp.algorithms.grpo_common import LogprobPlan, finish_grpo_step_metrics, logprob_plan, start_grpo_phase
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
+    context_evaluator,
     log_and_save,
     open_step_loop,
     rollout_shape,
     sample_seeds,
-    start_counters,
     trainer_state,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import reward_part_means
 from nemo_dp.models.token_ops import rollout_sample_mask
 
-__all__ = ["StepRows", "GRPOBatchPath", "collect_grpo_rows", "run_grpo"]
+__all__ = ["StepRows", "DriverPathHooks", "GRPOBatchPath", "collect_grpo_rows", "run_grpo"]
 
 
 @dataclass
@@ -50,6 +50,25 @@ class StepRows:
     @property
     def size(self) -> int:
         return int(self.handle.size)
+
+
+class DriverPathHooks:
+    """The hooks of a batch path whose rows stay in driver memory: no-ops and the driver's evaluator."""
+
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        return context_evaluator(ctx)
+
+    def start_run(self) -> None:
+        pass
+
+    def begin_step(self, *args: Any) -> None:
+        pass
+
+    def end_step(self) -> None:
+        pass
+
+    def step_metrics(self, *args: Any) -> dict[str, Any]:
+        return {}
 
 
 class GRPOBatchPath(Protocol):
@@ -165,12 +184,7 @@ def collect_grpo_rows(
 
 
 def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
-    """Run GRPO for ``algorithm.max_steps`` steps with the rows on ``path``.
-
-    A fresh run (no ``ctx.start_state``) freezes the current weights as the reference policy
-    and starts a fresh optimizer at ``policy.optimizer.lr`` (after an SFT warm start this makes
-    the warm-started model the reference).
-
+    """Run GRPO for ``algorithm.max_steps`` steps with the rows on ``path`` (start as :func:`start_grpo_phase`).
 
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.
@@ -178,13 +192,7 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
     max_steps, group, per_step = rollout_shape(algo)
-    counters = start_counters(
-        ctx.start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger
-    )
-    if ctx.start_state is None:
-        policy.snapshot_reference_policy()
-        optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
-        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
+    counters = start_grpo_phase(ctx)
     plan = logprob_plan(master_config)
     loss_fn = clipped_pg_loss_fn(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
     evaluate = open_step_loop(ctx, path, counters, max_steps)

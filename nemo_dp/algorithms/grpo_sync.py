@@ -8,7 +8,7 @@ failed step drops its partition.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,8 +16,7 @@ import torch
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
 from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
-from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator, rollout_to_store
-from nemo_dp.algorithms.trainer_common import context_evaluator
+from nemo_dp.algorithms.store_eval import StorePathHooks, check_sync_entry
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import ADVANTAGES, DP_TRAIN_FIELDS, SAMPLE_MASK, TAG_BASELINE, TAG_STD
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
@@ -28,7 +27,7 @@ __all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "StoreGRPOPath", "TRAIN
 TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
 
 
-class StoreGRPOPath:
+class StoreGRPOPath(StorePathHooks):
     """GRPO's rows in the data plane: a ``KVBatchMeta`` handle plus a per-row carry.
 
     Args:
@@ -40,9 +39,6 @@ class StoreGRPOPath:
     def __init__(self, policy: Any, tokenizer: Any, env: Any, logger: Any = None) -> None:
         self.policy, self.tokenizer, self.env, self.logger = policy, tokenizer, env, logger
 
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx, make_store_evaluator)
-
     def start_run(self) -> None:
         # Start the per-step store-metrics window here (drops pre-run traffic; no-op when off).
         self.policy.data_plane_step_metrics(1.0)
@@ -50,18 +46,8 @@ class StoreGRPOPath:
     def begin_step(self, num_samples: int, group_size: int) -> None:
         self.policy.prepare_step(num_samples=num_samples, group_size=group_size)
 
-    def end_step(self) -> None:
-        self.policy.drop_partition()
-
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
-        problems = list(problems)
-        # One uid per prompt of this generation batch; ids are minted here, once per sample.
-        ids = [f"s{step}_b{iteration}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
-        out = rollout_to_store(
-            self.policy, problems, seeds, group=group, sample_ids=ids, tokenizer=self.tokenizer, env=self.env
-        )
-        assert out.meta is not None and out.carry is not None
-        return StepRows(out.meta, out.carry)
+        return self._rollout(problems, seeds, group, f"s{step}_b{iteration}")
 
     def stamp(self, rows: StepRows, baseline: torch.Tensor, std: torch.Tensor) -> None:
         rows.handle.stamp_tags({TAG_STD: std, TAG_BASELINE: baseline})

@@ -9,7 +9,7 @@ is reached only through ``TQPolicy`` / ``TQValue`` methods.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,8 +18,7 @@ from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_step import StepRows
 from nemo_dp.algorithms.ppo_common import make_value
 from nemo_dp.algorithms.ppo_step import run_ppo
-from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator, rollout_to_store
-from nemo_dp.algorithms.trainer_common import context_evaluator
+from nemo_dp.algorithms.store_eval import StorePathHooks, check_sync_entry
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
     DP_TRAIN_FIELDS,
@@ -43,7 +42,7 @@ TRAINER_TARGET = "nemo_dp.algorithms.ppo_sync:ppo_train_sync"
 _TARGET_READ_FIELDS: tuple[str, ...] = (TOKEN_MASK, PREV_LOGPROBS, REFERENCE_POLICY_LOGPROBS, VALUES)
 
 
-class StorePPOPath:
+class StorePPOPath(StorePathHooks):
     """PPO's rows in the data plane: a ``KVBatchMeta`` handle plus a per-row carry.
 
     Args:
@@ -55,9 +54,6 @@ class StorePPOPath:
     def __init__(self, policy: Any, value: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.value, self.tokenizer, self.env = policy, value, tokenizer, env
 
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx, make_store_evaluator)
-
     def start_run(self) -> None:
         # Start the per-step store-metrics windows here (drops pre-run traffic; no-op when off).
         self.policy.data_plane_step_metrics(1.0)
@@ -66,16 +62,8 @@ class StorePPOPath:
     def begin_step(self, num_samples: int) -> None:
         self.policy.prepare_step(num_samples=num_samples, extra_fields=PPO_VALUE_FIELDS)
 
-    def end_step(self) -> None:
-        self.policy.drop_partition()
-
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
-        problems = list(problems)
-        ids = [f"s{step}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
-        out = rollout_to_store(
-            self.policy, problems, seeds, group=group, sample_ids=ids, tokenizer=self.tokenizer, env=self.env
-        )
-        return StepRows(out.meta, out.carry)
+        return self._rollout(problems, seeds, group, f"s{step}")
 
     def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> None:
         self.policy.get_policy_and_reference_logprobs_from_meta(rows.handle)

@@ -1,16 +1,18 @@
-"""What ``grpo_sync`` and ``ppo_sync`` share: the entry check and held-out evaluation over the data plane."""
+"""What ``grpo_sync`` and ``ppo_sync`` share: the entry check, store rollouts and held-out evaluation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from nemo_dp.algorithms.context import PhaseLogger
+from nemo_dp.algorithms.context import PhaseLogger, TrainContext
+from nemo_dp.algorithms.grpo_step import StepRows
+from nemo_dp.algorithms.trainer_common import context_evaluator
 from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.schema import TASK_TRAIN, TASK_VAL, VAL_PARTITION
 
-__all__ = ["check_sync_entry", "problem_rows", "rollout_to_store", "make_store_evaluator"]
+__all__ = ["check_sync_entry", "problem_rows", "rollout_to_store", "make_store_evaluator", "StorePathHooks"]
 
 
 def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
@@ -102,3 +104,26 @@ def check_sync_entry(policy: Any, master_config: Any, target: str, legacy: str) 
             f"{type(policy).__name__}; build the policy with "
             "nemo_dp.data_plane.factory.make_policy_factory(cfg.data_plane)"
         )
+
+
+class StorePathHooks:
+    """The hooks of a batch path whose rows live in the data plane (``self.policy`` a ``TQPolicy``)."""
+
+    policy: Any
+    tokenizer: Any
+    env: Any
+
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        return context_evaluator(ctx, make_store_evaluator)
+
+    def end_step(self) -> None:
+        self.policy.drop_partition()
+
+    def _rollout(self, problems: Sequence[Any], seeds: list[int], group: int, prefix: str) -> StepRows:
+        """:func:`rollout_to_store` with sample ids ``<prefix>_p<problem>_g<response>``."""
+        problems = list(problems)
+        ids = [f"{prefix}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
+        out = rollout_to_store(
+            self.policy, problems, seeds, group=group, sample_ids=ids, tokenizer=self.tokenizer, env=self.env
+        )
+        return StepRows(out.meta, out.carry)

@@ -272,20 +272,15 @@ def trainer_state(
     return state
 
 
-def clipped_pg_loss_fn(algo: Any, *, prev_logprobs_from_forward: bool = False) -> ClippedPGLossFn:
-    """The clipped policy-gradient loss configured by a GRPO / PPO ``algorithm`` node's ``loss`` section.
-
-    Args:
-        prev_logprobs_from_forward: Take ``prev_logprobs`` from the training forward (GRPO with one
-            optimizer step per rollout).
-    """
+def clipped_pg_loss_fn(algo: Any, cls: type[ClippedPGLossFn] = ClippedPGLossFn, **kwargs: Any) -> ClippedPGLossFn:
+    """``cls`` configured by a GRPO / PPO ``algorithm`` node's ``loss`` section; ``kwargs`` go to ``cls`` as well."""
     loss_cfg = algo.loss
-    return ClippedPGLossFn(
-        ratio_clip_min=float(loss_cfg.ratio_clip_min),
-        ratio_clip_max=float(loss_cfg.ratio_clip_max),
-        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
-        token_level_loss=bool(loss_cfg.token_level_loss),
-        prev_logprobs_from_forward=prev_logprobs_from_forward,
+    return cls(
+        float(loss_cfg.ratio_clip_min),
+        float(loss_cfg.ratio_clip_max),
+        float(loss_cfg.reference_policy_kl_penalty),
+        bool(loss_cfg.token_level_loss),
+        **kwargs,
     )
 
 
