@@ -34,9 +34,7 @@ def grpo_baseline_and_std(
         raise ValueError(f"grpo_baseline_and_std: group_size must be >= 1, got {group_size}")
     n = rewards.shape[0]
     if n % group_size != 0:
-        raise ValueError(
-            f"grpo_baseline_and_std: {n} rewards are not a multiple of group_size={group_size}"
-        )
+        raise ValueError(f"grpo_baseline_and_std: {n} rewards are not a multiple of group_size={group_size}")
     if leave_one_out and group_size < 2:
         raise ValueError("grpo_baseline_and_std: leave_one_out needs group_size >= 2, got 1")
     groups = rewards.float().view(-1, group_size)
@@ -53,11 +51,7 @@ def grpo_baseline_and_std(
 
 
 def grpo_advantages(
-    rewards: torch.Tensor,
-    baseline: torch.Tensor,
-    std: torch.Tensor,
-    normalize_std: bool,
-    eps: float = 1e-6,
+    rewards: torch.Tensor, baseline: torch.Tensor, std: torch.Tensor, normalize_std: bool, eps: float = 1e-6
 ) -> torch.Tensor:
     """Advantages ``rewards - baseline``, divided by ``std + eps`` when ``normalize_std``.
 

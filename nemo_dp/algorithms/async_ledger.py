@@ -51,9 +51,7 @@ class AsyncLedger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
 
-    def append(
-        self, step: int, *, epoch: int, indices: Sequence[int], sample_ids: Sequence[str], version: int
-    ) -> None:
+    def append(self, step: int, *, epoch: int, indices: Sequence[int], sample_ids: Sequence[str], version: int) -> None:
         """Record one trained step.
 
         Args:

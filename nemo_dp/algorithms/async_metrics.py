@@ -27,8 +27,7 @@ def staleness_metrics(lags: Sequence[int], max_staleness: int) -> dict[str, floa
     bad = sorted({v for v in values if v < 0 or v > max_staleness})
     if bad:
         raise ValueError(
-            f"staleness_metrics: policy lags {bad} outside [0, algorithm.async_rollout.max_staleness="
-            f"{max_staleness}]"
+            f"staleness_metrics: policy lags {bad} outside [0, algorithm.async_rollout.max_staleness={max_staleness}]"
         )
     out: dict[str, float] = {
         "async/staleness_mean": sum(values) / len(values),

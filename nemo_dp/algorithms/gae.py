@@ -10,13 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = [
-    "token_level_rewards",
-    "compute_gae",
-    "masked_mean",
-    "masked_whiten",
-    "explained_variance",
-]
+__all__ = ["token_level_rewards", "compute_gae", "masked_mean", "masked_whiten", "explained_variance"]
 
 
 def _check_2d(name: str, t: torch.Tensor, shape: torch.Size | None = None) -> None:
@@ -27,11 +21,7 @@ def _check_2d(name: str, t: torch.Tensor, shape: torch.Size | None = None) -> No
 
 
 def token_level_rewards(
-    scores: torch.Tensor,
-    mask: torch.Tensor,
-    logprobs: torch.Tensor,
-    reference_logprobs: torch.Tensor,
-    kl_coef: float,
+    scores: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor, reference_logprobs: torch.Tensor, kl_coef: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token rewards: the sequence score at the last response token, minus a KL penalty.
 
@@ -73,11 +63,7 @@ def token_level_rewards(
 
 
 def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    gamma: float,
-    lam: float,
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over each row's masked-in tokens.
 

@@ -38,9 +38,7 @@ def build_sft_inputs(master_config: Any, tokenizer: Any | None = None) -> Traine
         DatasetError: A dataset problem, naming the key, file:line and field.
     """
     algo = master_config.algorithm
-    src = sft_source(
-        master_config.env, int(algo.num_train_samples), num_samples_key="algorithm.num_train_samples"
-    )
+    src = sft_source(master_config.env, int(algo.num_train_samples), num_samples_key="algorithm.num_train_samples")
     loader = EpochLoader(
         SFTDataset(src.rows),
         batch_size=int(master_config.policy.train_global_batch_size),
@@ -74,10 +72,7 @@ def build_rl_inputs(master_config: Any, tokenizer: Any | None = None) -> Trainer
         tokenizer=tokenizer,
     )
     loader = EpochLoader(
-        RLPromptDataset(src.rows),
-        batch_size=int(algo.num_prompts_per_step),
-        seed=int(master_config.seed),
-        shuffle=True,
+        RLPromptDataset(src.rows), batch_size=int(algo.num_prompts_per_step), seed=int(master_config.seed), shuffle=True
     )
     return TrainerInputs(
         train_loader=loader,

@@ -13,13 +13,7 @@ from typing import Any
 import torch
 
 from nemo_dp.algorithms.context import PhaseLogger
-from nemo_dp.algorithms.gae import (
-    compute_gae,
-    explained_variance,
-    masked_mean,
-    masked_whiten,
-    token_level_rewards,
-)
+from nemo_dp.algorithms.gae import compute_gae, explained_variance, masked_mean, masked_whiten, token_level_rewards
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
 from nemo_dp.algorithms.trainer_common import (
@@ -57,14 +51,7 @@ PPO_POLICY_TRAIN_KEYS: tuple[str, ...] = (
     "sample_mask",
 )
 #: Fields ``value.train`` receives (same names as the data plane's ``DP_VALUE_TRAIN_FIELDS``).
-PPO_VALUE_TRAIN_KEYS: tuple[str, ...] = (
-    "input_ids",
-    "input_lengths",
-    "token_mask",
-    "sample_mask",
-    "values",
-    "returns",
-)
+PPO_VALUE_TRAIN_KEYS: tuple[str, ...] = ("input_ids", "input_lengths", "token_mask", "sample_mask", "values", "returns")
 
 
 def build_ppo_loss_fns(algo: Any) -> tuple[ClippedPGLossFn, ClippedValueLossFn]:
@@ -139,14 +126,11 @@ def compute_ppo_targets(
     columns = {"prev_logprobs": prev_logprobs, "reference_logprobs": reference_logprobs, "values": values}
     for name, t in columns.items():
         if t.shape != token_mask.shape:
-            raise ValueError(
-                f"PPO targets: {name} has shape {tuple(t.shape)}, token_mask {tuple(token_mask.shape)}"
-            )
+            raise ValueError(f"PPO targets: {name} has shape {tuple(t.shape)}, token_mask {tuple(token_mask.shape)}")
     mask = token_mask.float() * sample_mask.float().unsqueeze(1)
     if float(mask.sum()) <= 0:
         raise ValueError(
-            "PPO: the batch has no trained token (every row masked out by sample_mask / "
-            "algorithm.overlong_filtering)"
+            "PPO: the batch has no trained token (every row masked out by sample_mask / algorithm.overlong_filtering)"
         )
     # Compute at one canonical width (through the last trained column), whatever padding the
     # caller's tensors carry (legacy batch width vs. the data plane's pad target), so that both
@@ -164,8 +148,7 @@ def compute_ppo_targets(
         return torch.nn.functional.pad(t, (0, full_width - width)).contiguous()
 
     return PPOTargets(
-        advantages=widen(adv), returns=widen(ret), token_rewards=widen(rewards), kl=widen(kl), mask=mask,
-        width=width,
+        advantages=widen(adv), returns=widen(ret), token_rewards=widen(rewards), kl=widen(kl), mask=mask, width=width
     )
 
 
@@ -255,7 +238,13 @@ def finish_ppo_step_metrics(
     """
     metrics.update(step_time_metrics(counters, timings))
     validate_if_due(
-        step, metrics, counters, evaluate, val_period=val_period, max_steps=max_steps, logger=logger,
+        step,
+        metrics,
+        counters,
+        evaluate,
+        val_period=val_period,
+        max_steps=max_steps,
+        logger=logger,
         detail=lambda: (
             f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
         ),
@@ -298,9 +287,7 @@ def start_ppo_phase(
     return counters
 
 
-def make_value(
-    master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value
-) -> Any:
+def make_value(master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value) -> Any:
     """Build the critic facade (worker group) for a PPO run from ``policy`` and ``algorithm.value``.
 
     Args:

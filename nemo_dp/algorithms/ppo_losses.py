@@ -67,9 +67,7 @@ class ClippedValueLossFn(GlobalLoss):
             metrics = {
                 "loss": share,
                 "value_loss": share,
-                "value_clip_fraction": float(
-                    ((err_clipped > err_unclipped).float() * mask).sum() / tokens
-                ),
+                "value_clip_fraction": float(((err_clipped > err_unclipped).float() * mask).sum() / tokens),
                 "value_pred_mean": float((pred * mask).sum() / tokens),
                 "value_abs_error": float(((pred - ret).abs() * mask).sum() / tokens),
             }

@@ -9,11 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nemo_dp.config.trainer_lookup import (
-    TrainerNotAvailableError,
-    master_data_plane,
-    validate_trainer_selection,
-)
+from nemo_dp.config.trainer_lookup import TrainerNotAvailableError, master_data_plane, validate_trainer_selection
 from nemo_dp.data_plane import registry
 from nemo_dp.data_plane.factory import coerce_data_plane_config, data_plane_enabled
 from nemo_dp.models.policy.tq_policy import TQPolicy

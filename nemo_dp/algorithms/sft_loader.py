@@ -59,8 +59,7 @@ class ColocatedLoaderGroup:
         bound = self.backend.max_live_batches(self.data_plane_cfg)
         if bound is None:
             raise ValueError(
-                f"data_plane={self.backend.option}: the backend registers no live-batch bound "
-                "for the colocated loader"
+                f"data_plane={self.backend.option}: the backend registers no live-batch bound for the colocated loader"
             )
         return int(bound)
 

@@ -32,13 +32,7 @@ from nemo_dp.utils.checkpoint import (
     write_training_state,
 )
 
-__all__ = [
-    "sft_train_sync",
-    "ColocatedSFTPath",
-    "sft_sync_step",
-    "SFTStepResult",
-    "DATA_PLANE_CKPT_DIR",
-]
+__all__ = ["sft_train_sync", "ColocatedSFTPath", "sft_sync_step", "SFTStepResult", "DATA_PLANE_CKPT_DIR"]
 
 #: Sub-directory of a training checkpoint holding the data plane's own checkpoint.
 DATA_PLANE_CKPT_DIR = "data_plane"

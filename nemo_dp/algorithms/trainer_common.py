@@ -108,12 +108,7 @@ def start_counters(
     (``restore_trainer_state``), then runs ``restore_extra(start_state)`` and logs the resume line.
     A fresh run's model/optimizer setup is left to the caller.
     """
-    counters: dict[str, Any] = {
-        "step": 0,
-        "consumed_samples": 0,
-        "val_accuracy": None,
-        "initial_val_accuracy": None,
-    }
+    counters: dict[str, Any] = {"step": 0, "consumed_samples": 0, "val_accuracy": None, "initial_val_accuracy": None}
     if start_state is not None:
         counters.update(
             restore_trainer_state(start_state, algorithm=algorithm, policy=policy, train_loader=train_loader)
@@ -154,12 +149,7 @@ def context_evaluator(
 
 
 def validate_at_start(
-    counters: dict[str, Any],
-    evaluate_fn: Callable[[], float],
-    *,
-    algo: Any,
-    num_problems: int,
-    logger: PhaseLogger,
+    counters: dict[str, Any], evaluate_fn: Callable[[], float], *, algo: Any, num_problems: int, logger: PhaseLogger
 ) -> None:
     """Evaluate a fresh run at step 0 when ``algo.val_at_start``; sets ``counters["initial_val_accuracy"]``.
 
@@ -179,9 +169,7 @@ def open_step_loop(ctx: TrainContext, path: Any, counters: dict[str, Any], max_s
     """
     ctx.logger.start(max_steps, int(counters["step"]))
     evaluate = path.make_evaluator(ctx)
-    validate_at_start(
-        counters, evaluate, algo=ctx.cfg.algorithm, num_problems=len(ctx.val_problems), logger=ctx.logger
-    )
+    validate_at_start(counters, evaluate, algo=ctx.cfg.algorithm, num_problems=len(ctx.val_problems), logger=ctx.logger)
     path.start_run()
     return evaluate
 
@@ -231,9 +219,7 @@ def validate_if_due(
         )
 
 
-def record_validation(
-    counters: dict[str, Any], metrics: dict[str, Any], evaluate_fn: Callable[[], float]
-) -> float:
+def record_validation(counters: dict[str, Any], metrics: dict[str, Any], evaluate_fn: Callable[[], float]) -> float:
     """Evaluate and return the accuracy.
 
     Sets ``counters["val_accuracy"]``; adds ``val_accuracy`` and ``time/val_s`` to ``metrics``.
@@ -247,12 +233,7 @@ def record_validation(
 
 
 def trainer_state(
-    algorithm: str,
-    counters: Mapping[str, Any],
-    policy_state: Any,
-    loader_state: Any,
-    *,
-    value_state: Any = None,
+    algorithm: str, counters: Mapping[str, Any], policy_state: Any, loader_state: Any, *, value_state: Any = None
 ) -> dict[str, Any]:
     """The checkpointed trainer state, keys in the order every trainer writes them.
 
