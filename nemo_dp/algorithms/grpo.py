@@ -1,8 +1,4 @@
-"""Legacy (in-memory) GRPO trainer: ``grpo_train(ctx)``.
-
-The step is ``grpo_step.run_grpo``'s; :class:`LegacyGRPOPath` keeps each step's rows in one
-``BatchedDataDict`` on the driver.  This module never imports the data plane.
-"""
+"""Legacy (in-memory) GRPO trainer: ``grpo_train(ctx)``.  Never imports the data plane."""
 
 from __future__ import annotations
 
@@ -34,10 +30,7 @@ GRPO_TRAIN_KEYS: tuple[str, ...] = (
 
 
 class LegacyGRPOPath(DriverPathHooks):
-    """GRPO's rows in driver memory: one ``BatchedDataDict`` per step (``carry is handle``).
-
-    ``policy`` is a plain ``Policy``; ``tokenizer``'s pad id pads concatenated batches.
-    """
+    """GRPO's rows in driver memory: one ``BatchedDataDict`` per step (``carry is handle``)."""
 
     def __init__(self, policy: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.tokenizer, self.env = policy, tokenizer, env
@@ -104,11 +97,7 @@ class LegacyGRPOPath(DriverPathHooks):
 def collect_grpo_batch(
     policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """Roll out until one step's batch is complete (``grpo_step.collect_grpo_rows`` in memory).
-
-    Returns:
-        ``(batch, info)``: the rows with generation fields, ``rewards``, ``baseline``, ``std``,
-        and the collector's info.
+    """:func:`~nemo_dp.algorithms.grpo_step.collect_grpo_rows` in memory: ``(batch, info)``.
 
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.
@@ -120,10 +109,7 @@ def collect_grpo_batch(
 
 
 def grpo_train(ctx: TrainContext) -> dict[str, Any]:
-    """Run GRPO for ``algorithm.max_steps`` steps with the batch in driver memory.
-
-    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` GRPO.
-
+    """Run GRPO for ``algorithm.max_steps`` steps with the batch in driver memory (``ctx.policy`` a plain ``Policy``).
 
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.

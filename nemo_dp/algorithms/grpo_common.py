@@ -1,8 +1,4 @@
-"""What both synchronous GRPO trainers share: the log-prob plan, step metrics, evaluation.
-
-``grpo_train`` and ``grpo_train_sync`` differ only in where the batch lives; sharing this keeps
-their records identical.
-"""
+"""What the GRPO trainers share: the log-prob plan, phase start and step metrics."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ class LogprobPlan:
     """Which log-prob forwards a GRPO step runs before training.
 
     Attributes:
-        reuse_train_forward: ``prev_logprobs`` are the training forward's own (detached), so
-            no separate policy forward runs.
+        reuse_train_forward: ``prev_logprobs`` are the training forward's own (detached).
         reference: The reference policy's log-probs are computed (KL coefficient > 0).
     """
 
@@ -49,12 +44,12 @@ class LogprobPlan:
 
     @property
     def prev_logprobs_source(self) -> str:
-        """:data:`TRAIN_FORWARD` or :data:`SEPARATE_FORWARD` (the step metric)."""
+        """:data:`TRAIN_FORWARD` or :data:`SEPARATE_FORWARD`."""
         return TRAIN_FORWARD if self.reuse_train_forward else SEPARATE_FORWARD
 
     @property
     def skipped_fields(self) -> frozenset[str]:
-        """Training inputs this plan does not compute (left out of the training batch)."""
+        """Training inputs this plan does not compute."""
         skipped = {"prev_logprobs"} if self.reuse_train_forward else set()
         if not self.reference:
             skipped.add("reference_policy_logprobs")
@@ -64,9 +59,8 @@ class LogprobPlan:
 def logprob_plan(master_config: Any) -> LogprobPlan:
     """The log-prob plan of a synchronous GRPO run.
 
-    When the rollout is exactly one optimizer step and
-    ``algorithm.reuse_train_forward_logprobs`` is set, the training forward's own log-probs
-    replace the separate no-grad forward (same weights, same numbers).
+    With ``algorithm.reuse_train_forward_logprobs`` and a rollout of exactly one optimizer step,
+    the training forward's log-probs replace the separate forward (same weights, same numbers).
     """
     algo = master_config.algorithm
     per_step = int(algo.num_prompts_per_step) * int(algo.num_generations_per_prompt)
@@ -120,18 +114,11 @@ def finish_grpo_step_metrics(
     """The step's metrics, with the held-out evaluation when it is due.
 
     Args:
-        train_metrics: ``policy.train`` / ``train_from_meta`` result.
         info: The collector's info (``unfiltered_rewards``, ``num_gen_batches``,
             ``num_discarded_valid_samples``).
-        train_rewards, advantages: float ``[B]``, of the rows trained on.
-        response_lengths: float ``[B]`` in tokens, eos included.
+        train_rewards, advantages, response_lengths, sample_mask: float ``[B]`` of the rows trained on.
         truncated: ``[B]`` rows without eos.
-        sample_mask: float ``[B]``.
-        counters: ``consumed_samples`` is recorded; validation sets ``val_accuracy``.
-        timings: Seconds spent in generation, log-probs and training.
-        prev_logprobs_source: :data:`TRAIN_FORWARD` or :data:`SEPARATE_FORWARD`.
-        reward_parts: Each reward's mean over the rows trained on (``reward/<fn>``), when
-            ``env.rewards`` lists several.
+        reward_parts: Each reward's mean (``reward/<fn>``) when ``env.rewards`` lists several.
     """
     rewards = info["unfiltered_rewards"]
     metrics: dict[str, Any] = {

@@ -1,9 +1,5 @@
-"""The one synchronous GRPO step, over either batch path.
-
-:func:`collect_grpo_rows` (rollout, group baselines, dynamic sampling) and :func:`run_grpo` (the
-step loop: log-probs, training, metrics, validation, checkpoints) are written once here; a
-:class:`GRPOBatchPath` says where the rows live: in driver memory (``grpo.LegacyGRPOPath``)
-or in the data plane (``grpo_sync.StoreGRPOPath``).  This module never imports the data plane.
+"""The one synchronous GRPO step over either batch path: driver memory (``grpo.LegacyGRPOPath``) or
+the data plane (``grpo_sync.StoreGRPOPath``).  Never imports the data plane.
 """
 
 from __future__ import annotations
@@ -36,13 +32,7 @@ __all__ = ["StepRows", "DriverPathHooks", "GRPOBatchPath", "collect_grpo_rows", 
 
 @dataclass
 class StepRows:
-    """A step's rows: ``handle`` reaches the per-token data, ``carry`` holds per-row values.
-
-    Attributes:
-        handle: The legacy path's ``BatchedDataDict`` (then ``carry is handle``) or the data
-            plane's ``KVBatchMeta``.
-        carry: ``rewards``, ``baseline``, ``std``, ``truncated`` (and the path's lengths) per row.
-    """
+    """A step's rows: ``handle`` (``BatchedDataDict`` or ``KVBatchMeta``) and a per-row ``carry``."""
 
     handle: Any
     carry: BatchedDataDict
@@ -119,19 +109,12 @@ def collect_grpo_rows(
 ) -> tuple[StepRows, dict[str, Any]]:
     """Roll out until one step's batch is complete (with dynamic sampling when enabled).
 
-    Args:
-        train_loader: Yields ``num_prompts_per_step`` problems per batch.
-        step: 1-based; seeds depend on it.
-
     Returns:
-        ``(rows, info)``: exactly ``num_prompts_per_step x num_generations_per_prompt`` rows
-        whose carry holds ``rewards``, ``baseline`` and ``std``; ``info`` holds the unfiltered
-        rewards (truncated to the batch size), ``num_gen_batches`` and
-        ``num_discarded_valid_samples``.
+        ``(rows, info)``: ``num_prompts_per_step x num_generations_per_prompt`` rows carrying
+        ``rewards``, ``baseline`` and ``std``; ``info`` as :func:`finish_grpo_step_metrics` takes it.
 
     Raises:
-        ValueError: ``"Dynamic sampling reached max_gen_batches=..."`` when the batch cannot be
-            filled within the budget.
+        ValueError: Dynamic sampling reached ``max_gen_batches``.
     """
     algo = master_config.algorithm
     group = int(algo.num_generations_per_prompt)

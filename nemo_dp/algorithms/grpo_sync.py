@@ -1,9 +1,6 @@
-"""Data-plane GRPO trainer: ``grpo_train_sync``.
+"""Data-plane GRPO trainer ``grpo_train_sync``: ``grpo_step.run_grpo`` with the rows in the store.
 
-The step is ``grpo_step.run_grpo``'s, as the legacy ``grpo_train``'s (identical metrics);
-:class:`StoreGRPOPath` keeps the rows in the store: workers write generations there, the driver
-holds metas and a small per-row carry, and advantages travel with the training dispatch.  A
-failed step drops its partition.
+The driver holds metas and a small per-row carry; a failed step drops its partition.
 """
 
 from __future__ import annotations
@@ -28,13 +25,7 @@ TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
 
 
 class StoreGRPOPath(StorePathHooks):
-    """GRPO's rows in the data plane: a ``KVBatchMeta`` handle plus a per-row carry.
-
-    Args:
-        policy: A ``TQPolicy`` (its training partition is registered per step).
-        env: Scores responses (in the rollout workers).
-        logger: Where the per-step store line goes (``None``: not logged).
-    """
+    """GRPO's rows in the data plane (``policy`` a ``TQPolicy``; ``logger`` for the store line, or ``None``)."""
 
     def __init__(self, policy: Any, tokenizer: Any, env: Any, logger: Any = None) -> None:
         self.policy, self.tokenizer, self.env, self.logger = policy, tokenizer, env, logger
@@ -105,14 +96,9 @@ class StoreGRPOPath(StorePathHooks):
 def collect_grpo_batch_sync(
     policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
 ) -> tuple[KVBatchMeta, BatchedDataDict, dict[str, Any]]:
-    """Roll out into the live ``"train"`` partition until the step's batch is complete.
+    """:func:`~nemo_dp.algorithms.grpo_step.collect_grpo_rows` into the ``"train"`` partition: ``(meta, carry, info)``.
 
-    ``grpo_step.collect_grpo_rows`` on the store: rows dropped by dynamic sampling or sliced
-    off as overflow are cleared from the store.
-
-    Returns:
-        ``(meta, carry, info)``: the rows' meta, their ``rewards``, ``baseline``, ``std``,
-        lengths and ``truncated``, and the collector's info.
+    Rows dropped by dynamic sampling or sliced off as overflow are cleared from the store.
 
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.
@@ -124,13 +110,9 @@ def collect_grpo_batch_sync(
 
 
 def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
-    """Run GRPO for ``algorithm.max_steps`` steps over the data plane.
-
-    Same context, checkpoints and metrics as ``grpo_train`` (plus ``data_plane/*`` metrics
-    when ``data_plane.observability.enabled``).
+    """Run GRPO over the data plane: ``grpo_train``'s checkpoints and metrics (plus ``data_plane/*`` when observed).
 
     ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``.
-
 
     Raises:
         ValueError: The config does not select this trainer, the policy is not a data-plane

@@ -1,8 +1,4 @@
-"""Legacy (in-memory) PPO trainer: ``ppo_train(ctx)``, actor-critic with token-level rewards and GAE.
-
-The step is ``ppo_step.run_ppo``'s; :class:`LegacyPPOPath` keeps each step's rows in one
-``BatchedDataDict`` on the driver.  This module never imports the data plane.
-"""
+"""Legacy (in-memory) PPO trainer: ``ppo_train(ctx)``.  Never imports the data plane."""
 
 from __future__ import annotations
 
@@ -22,10 +18,7 @@ __all__ = ["ppo_train", "LegacyPPOPath"]
 
 
 class LegacyPPOPath(DriverPathHooks):
-    """PPO's rows in driver memory: the rollout batch plus a training ``BatchedDataDict``.
-
-    ``policy`` is a plain ``Policy``.
-    """
+    """PPO's rows in driver memory: the rollout batch plus a training ``BatchedDataDict``."""
 
     def __init__(self, policy: Any, value: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.value, self.tokenizer, self.env = policy, value, tokenizer, env
@@ -75,11 +68,7 @@ class LegacyPPOPath(DriverPathHooks):
 
 
 def ppo_train(ctx: TrainContext) -> dict[str, Any]:
-    """Run PPO for ``algorithm.max_steps`` steps (in-memory batches).
-
-    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` PPO, ``ctx.train_loader``
-    batch size ``num_prompts_per_step``.
-    """
+    """Run PPO for ``algorithm.max_steps`` steps with in-memory batches (``ctx.policy`` a plain ``Policy``)."""
     value = make_value(ctx.cfg, ctx.tokenizer)
     try:
         ctx.hooks.model_built("value", value)

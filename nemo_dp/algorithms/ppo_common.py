@@ -1,8 +1,4 @@
-"""What the legacy and data-plane PPO trainers share, so they agree step for step.
-
-Loss functions, critic construction, phase start/resume, per-epoch shuffles, advantages/returns
-and step metrics.  Nothing here imports the data plane.
-"""
+"""What the legacy and data-plane PPO trainers share: losses, critic, phase start, shuffles, targets, metrics."""
 
 from __future__ import annotations
 
@@ -60,20 +56,16 @@ def build_ppo_loss_fns(algo: Any) -> tuple[ClippedPGLossFn, ClippedValueLossFn]:
 
 
 def optimizer_steps_per_phase(master_config: Any) -> int:
-    """Optimizer steps each model takes over the PPO phase (horizon of a cosine schedule).
-
-    ``max_steps x ppo_epochs x (rows per step / train_global_batch_size)``.
-    """
+    """Optimizer steps each model takes over the PPO phase (the horizon of a cosine schedule)."""
     algo = master_config.algorithm
     max_steps, _, rows = rollout_shape(algo)
     return max_steps * int(algo.ppo_epochs) * (rows // int(master_config.policy.train_global_batch_size))
 
 
 def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
-    """The row order of one PPO epoch: a permutation of ``range(n)`` per (run seed, step, epoch).
+    """The row order of one PPO epoch: a permutation of ``range(n)``, a pure function of (seed, step, epoch).
 
-    A pure function of its arguments (private generator), so both trainers, a resumed run and
-    any DP size use the same order. ``step`` is 1-based, ``epoch`` 0-based.
+    Both trainers, a resumed run and any DP size use the same order.
     """
     gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) * 1_009 + int(epoch))
     return [int(i) for i in torch.randperm(n, generator=gen).tolist()]
@@ -81,12 +73,10 @@ def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
 
 @dataclass
 class PPOTargets:
-    """Advantages, returns and diagnostics of one PPO batch (all ``[B, S]`` float32 unless noted).
+    """Advantages, returns and diagnostics of one PPO batch (``[B, S]`` float32).
 
     Attributes:
         advantages: GAE advantages (whitened when configured), 0 off the mask.
-        returns: GAE returns (value targets), 0 off the mask.
-        token_rewards: Per-token rewards (score at the last token, KL penalty per token).
         kl: Per-token ``prev_logprobs - reference_policy_logprobs`` on the mask.
         mask: ``token_mask * sample_mask`` as float.
         width: The canonical width (through the last trained column) metrics are reduced over.
@@ -110,14 +100,7 @@ def compute_ppo_targets(
     reference_logprobs: torch.Tensor,
     values: torch.Tensor,
 ) -> PPOTargets:
-    """Token-level rewards, GAE advantages and returns for one batch.
-
-    Args:
-        algo: ``algorithm`` (PPO): ``kl_coef``, ``gamma``, ``lam``, ``whiten_advantages``.
-        scores: float ``[B]`` environment rewards.
-        sample_mask: float ``[B]`` rows that are trained.
-        token_mask, prev_logprobs, reference_logprobs, values: ``[B, S]``; ``prev_logprobs`` are
-            the sampling policy's, ``values`` the critic's.
+    """Token-level rewards, GAE advantages and returns for one batch (``scores``, ``sample_mask``: ``[B]``).
 
     Raises:
         ValueError: No trained token in the whole batch, or mismatched shapes.
@@ -170,18 +153,8 @@ def ppo_step_metrics(
 ) -> dict[str, Any]:
     """The step's metrics, identical in both trainers.
 
-    Policy / critic training metrics are averaged over the epochs (each epoch's value is
-    already the mean over its optimizer steps); ``explained_variance`` compares the rollout's
+    Training metrics are averaged over the epochs; ``explained_variance`` compares the rollout's
     values with the returns they produced.
-
-    Args:
-        scores: float ``[B]`` environment rewards.
-        values: ``[B, S]`` the critic's values at rollout time.
-        token_mask: ``[B, S]``.
-        truncated: bool ``[B]`` rows without eos.
-        sample_mask: float ``[B]``.
-        policy_epochs, value_epochs: ``policy.train`` / ``value.train`` results, one per epoch.
-        reward_parts: Each reward's mean (``reward/<fn>``), when ``env.rewards`` lists several.
     """
     w = targets.width
     mask = targets.mask[:, :w]
@@ -226,16 +199,7 @@ def finish_ppo_step_metrics(
     evaluate: Callable[[], float],
     logger: PhaseLogger,
 ) -> None:
-    """Add the step's counters and timings to ``metrics`` and run the held-out evaluation when due.
-
-    Shared by both PPO trainers so their records and log lines stay identical.
-
-    Args:
-        metrics: ``ppo_step_metrics`` output; updated in place.
-        counters: ``consumed_samples`` is recorded; validation updates them (``record_validation``).
-        timings: Seconds spent in generation, forward passes (policy + reference log-probs and
-            critic values) and training.
-    """
+    """Add counters and timings to ``metrics`` and run the held-out evaluation when due."""
     metrics.update(step_time_metrics(counters, timings))
     validate_if_due(
         step,
@@ -260,12 +224,10 @@ def start_ppo_phase(
     train_loader: Any,
     logger: PhaseLogger,
 ) -> dict[str, Any]:
-    """Fresh start or resume of both models (shared by both PPO trainers).
+    """Fresh start or resume of both models; returns the trainer counters.
 
-    A fresh run freezes the policy's current weights as the reference, starts fresh optimizers
-    and (``algorithm.value.init_from_policy``) copies the policy's trunk into the critic.  A
-    resume restores policy, loader, driver RNG and the critic from the checkpoint.
-    Returns the trainer counters.
+    A fresh run freezes the policy as the reference, starts fresh optimizers and (when
+    ``algorithm.value.init_from_policy``) copies the policy's trunk into the critic.
     """
     algo = master_config.algorithm
     counters = start_counters(
@@ -288,12 +250,7 @@ def start_ppo_phase(
 
 
 def make_value(master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value) -> Any:
-    """Build the critic facade (worker group) for a PPO run from ``policy`` and ``algorithm.value``.
-
-    Args:
-        value_factory: ``Value`` or any callable taking ``Value``'s keyword arguments (a
-            data-plane critic bound to the policy's store, for example).
-    """
+    """Build the critic with ``value_factory`` (``Value`` or a callable taking its keyword arguments)."""
     return value_factory(
         cluster=RayCluster(),
         config=critic_config(master_config.policy, master_config.algorithm.value),

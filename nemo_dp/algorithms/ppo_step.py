@@ -1,9 +1,5 @@
-"""The one PPO step, over either batch path.
-
-:func:`run_ppo` (rollout, policy / reference / value forwards, GAE targets, epochs of policy and
-critic training, metrics, validation, checkpoints) is written once here; a
-:class:`PPOBatchPath` says where the rows live: in driver memory (``ppo.LegacyPPOPath``) or in
-the data plane (``ppo_sync.StorePPOPath``).  This module never imports the data plane.
+"""The one PPO step over either batch path: driver memory (``ppo.LegacyPPOPath``) or the data
+plane (``ppo_sync.StorePPOPath``).  Never imports the data plane.
 """
 
 from __future__ import annotations
@@ -76,10 +72,7 @@ class PPOBatchPath(Protocol):
 
 
 def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]:
-    """Run PPO for ``algorithm.max_steps`` steps with the rows on ``path``.
-
-    ``value`` is the critic, built and shut down by the caller.
-    """
+    """Run PPO for ``algorithm.max_steps`` steps with the rows on ``path`` (``value``: the caller's critic)."""
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
     max_steps, group, per_step = rollout_shape(algo)

@@ -1,9 +1,6 @@
-"""Data-plane PPO trainer: ``ppo_train_sync``.
+"""Data-plane PPO trainer ``ppo_train_sync``: ``ppo_step.run_ppo`` with the per-token tensors in the store.
 
-The step is ``ppo_step.run_ppo``'s, as the legacy ``ppo_train``'s (identical metrics);
-:class:`StorePPOPath` keeps the per-token tensors in the store: the driver reads only the columns
-the advantages need and writes ``advantages`` / ``returns`` / ``sample_mask`` back.  The store
-is reached only through ``TQPolicy`` / ``TQValue`` methods.
+The driver reads only the columns the advantages need and writes the targets back.
 """
 
 from __future__ import annotations
@@ -43,13 +40,7 @@ _TARGET_READ_FIELDS: tuple[str, ...] = (TOKEN_MASK, PREV_LOGPROBS, REFERENCE_POL
 
 
 class StorePPOPath(StorePathHooks):
-    """PPO's rows in the data plane: a ``KVBatchMeta`` handle plus a per-row carry.
-
-    Args:
-        policy: A ``TQPolicy`` (its training partition is registered per step).
-        value: The ``TQValue`` critic sharing the policy's data plane.
-        env: Scores responses (in the rollout workers).
-    """
+    """PPO's rows in the data plane (``policy`` a ``TQPolicy``, ``value`` the ``TQValue`` sharing it)."""
 
     def __init__(self, policy: Any, value: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.value, self.tokenizer, self.env = policy, value, tokenizer, env
@@ -102,18 +93,12 @@ class StorePPOPath(StorePathHooks):
 
 
 def ppo_train_sync(ctx: TrainContext) -> dict[str, Any]:
-    """Run PPO for ``algorithm.max_steps`` steps over the data plane.
+    """Run PPO over the data plane: ``ppo_train``'s checkpoints and metrics; the ``TQValue`` critic lives for the call.
 
-    Same context, checkpoints and metrics as ``ppo_train``.  The critic is a ``TQValue``
-    sharing the policy's data plane, created here and shut down at the end.
-
-    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``, ``ctx.cfg`` PPO with
-    ``data_plane=tq``.
-
+    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``.
 
     Raises:
-        ValueError: The config does not select this trainer or the policy is not a
-            data-plane policy.
+        ValueError: The config does not select this trainer or the policy is not a data-plane policy.
     """
     check_sync_entry(ctx.policy, ctx.cfg, TRAINER_TARGET, "nemo_dp.algorithms.ppo:ppo_train")
     value = make_value(ctx.cfg, ctx.tokenizer, value_factory=functools.partial(TQValue.from_policy, ctx.policy))

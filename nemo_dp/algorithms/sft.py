@@ -1,8 +1,4 @@
-"""Legacy (in-memory) SFT trainer: ``sft_train(ctx)``, next-token loss on response tokens.
-
-The step loop is ``sft_step.run_sft``'s; :class:`LegacySFTPath` collates each batch on the driver.
-This module never imports the data plane.
-"""
+"""Legacy (in-memory) SFT trainer: ``sft_train(ctx)``.  Never imports the data plane."""
 
 from __future__ import annotations
 
@@ -51,9 +47,5 @@ class LegacySFTPath:
 
 
 def sft_train(ctx: TrainContext) -> dict[str, Any]:
-    """Run SFT for ``algorithm.max_steps`` steps.
-
-    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` SFT, ``ctx.train_loader``
-    of (prompt, response) pairs with batch size ``policy.train_global_batch_size``.
-    """
+    """Run SFT for ``algorithm.max_steps`` steps (``ctx.policy`` a plain ``Policy``, global-batch loader)."""
     return run_sft(ctx, LegacySFTPath(ctx))

@@ -1,9 +1,5 @@
-"""The one SFT step loop, over either batch path.
-
-:func:`run_sft` (optimizer set-up, steps, metrics, validation, checkpoints) is written once
-here; a :class:`SFTBatchPath` says how a step's batch reaches the workers: collated on the
-driver (``sft.LegacySFTPath``) or loaded by the workers' colocated loaders into the data plane
-(``sft_sync.ColocatedSFTPath``).  This module never imports the data plane.
+"""The one SFT step loop over either batch path: collated on the driver (``sft.LegacySFTPath``) or
+loaded by colocated loaders into the data plane (``sft_sync.ColocatedSFTPath``).  Never imports the data plane.
 """
 
 from __future__ import annotations

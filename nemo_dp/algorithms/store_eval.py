@@ -39,12 +39,9 @@ def rollout_to_store(
 def make_store_evaluator(
     policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: PhaseLogger
 ) -> Callable[[], float]:
-    """Held-out greedy exact-match evaluation through the store.
+    """Like :func:`~nemo_dp.algorithms.trainer_common.make_evaluator`, but through a throw-away validation partition.
 
-    The held-out prompts are generated and scored in a throw-away validation partition, dropped
-    afterwards even on failure; only responses to print come back to the driver.  Arguments are
-    ``trainer_common.make_evaluator``'s (``policy`` a data-plane policy).
-
+    The partition is dropped even on failure; only printed responses come back to the driver.
     The returned function raises ``ValueError`` when there are no held-out problems.
     """
     num_print = int(master_config.logger.num_val_examples_to_print)
@@ -82,13 +79,8 @@ def make_store_evaluator(
 def check_sync_entry(policy: Any, master_config: Any, target: str, legacy: str) -> None:
     """Refuse to start the synchronous data-plane trainer ``target`` where it does not apply.
 
-    Args:
-        target: The trainer's ``module:function`` entry in the trainer table.
-        legacy: The ``module:function`` of the legacy trainer to use instead.
-
     Raises:
-        ValueError: The config selects another trainer (no cross-process data plane), or the
-            policy exposes no ``dp_cfg``.
+        ValueError: The config selects another trainer (``legacy`` is named), or the policy has no ``dp_cfg``.
     """
     entry = target.rpartition(":")[2]
     selection = validate_trainer_selection(master_config)

@@ -1,8 +1,4 @@
-"""Pieces every trainer shares around its step loop.
-
-Counters and resume, the held-out evaluation schedule, checkpointed trainer state, per-sample
-seeds and the clipped policy-gradient loss.
-"""
+"""Pieces every trainer shares around its step loop: counters, resume, evaluation schedule, checkpoint state."""
 
 from __future__ import annotations
 
@@ -39,11 +35,7 @@ TRAINER_STATE_VERSION = 1
 
 
 def sample_seeds(base_seed: int, step: int, iteration: int, n: int) -> list[int]:
-    """``n`` distinct seeds in ``[0, 2**63)``, a pure function of (run seed, step, rollout iteration, row).
-
-    Args:
-        step: Training step (1-based).
-        iteration: Rollout iteration within the step (dynamic sampling).
+    """``n`` distinct seeds in ``[0, 2**63)``, a pure function of (run seed, 1-based step, rollout iteration, row).
 
     Raises:
         ValueError: If ``n`` or ``iteration`` is too large for the seed layout.
@@ -69,9 +61,6 @@ def restore_trainer_state(
     start_state: dict[str, Any], *, algorithm: str, policy: Any, train_loader: Any
 ) -> dict[str, Any]:
     """Load a checkpoint's policy, loader and driver RNG state; return its counters.
-
-    Args:
-        algorithm: Expected ``algorithm.name``.
 
     Raises:
         ValueError: If the checkpoint is from another algorithm or trainer-state version.
@@ -104,9 +93,7 @@ def start_counters(
 ) -> dict[str, Any]:
     """The counters ``{step, consumed_samples, val_accuracy, initial_val_accuracy}`` of a fresh run or a resume.
 
-    With ``start_state`` (``None`` = fresh run) this restores policy, loader and driver RNG
-    (``restore_trainer_state``), then runs ``restore_extra(start_state)`` and logs the resume line.
-    A fresh run's model/optimizer setup is left to the caller.
+    On resume this runs :func:`restore_trainer_state`, then ``restore_extra(start_state)``, and logs it.
     """
     counters: dict[str, Any] = {"step": 0, "consumed_samples": 0, "val_accuracy": None, "initial_val_accuracy": None}
     if start_state is not None:
@@ -122,10 +109,7 @@ def start_counters(
 def make_evaluator(
     policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: PhaseLogger
 ) -> Callable[[], float]:
-    """A function returning held-out greedy exact-match accuracy (``rollout.evaluate`` on the driver).
-
-    It logs ``master_config.logger.num_val_examples_to_print`` example lines per call.
-    """
+    """A function returning held-out greedy exact-match accuracy; logs the configured number of examples."""
     from nemo_dp.algorithms.rollout import evaluate
 
     num_print = int(master_config.logger.num_val_examples_to_print)
@@ -151,10 +135,7 @@ def context_evaluator(
 def validate_at_start(
     counters: dict[str, Any], evaluate_fn: Callable[[], float], *, algo: Any, num_problems: int, logger: PhaseLogger
 ) -> None:
-    """Evaluate a fresh run at step 0 when ``algo.val_at_start``; sets ``counters["initial_val_accuracy"]``.
-
-    ``num_problems`` is only for the log line.
-    """
+    """Evaluate a fresh run at step 0 when ``algo.val_at_start`` (sets ``initial_val_accuracy``)."""
     if counters["step"] == 0 and bool(algo.val_at_start):
         acc = evaluate_fn()
         counters["initial_val_accuracy"] = acc
@@ -163,10 +144,7 @@ def validate_at_start(
 
 
 def open_step_loop(ctx: TrainContext, path: Any, counters: dict[str, Any], max_steps: int) -> Callable[[], float]:
-    """Start the logger, run the step-0 evaluation when asked, start ``path``'s run; return the evaluator.
-
-    ``path`` is the trainer's batch path (needs ``make_evaluator`` and ``start_run``).
-    """
+    """Start the logger, run the step-0 evaluation when asked, start ``path``'s run; return the evaluator."""
     ctx.logger.start(max_steps, int(counters["step"]))
     evaluate = path.make_evaluator(ctx)
     validate_at_start(counters, evaluate, algo=ctx.cfg.algorithm, num_problems=len(ctx.val_problems), logger=ctx.logger)
@@ -206,10 +184,7 @@ def validate_if_due(
 ) -> None:
     """Evaluate after ``step`` when :func:`should_validate` says so and log the step line.
 
-    Args:
-        metrics: The step's metrics (``reward_mean`` and ``loss`` are logged).
-        detail: Makes the text logged between the loss and the accuracy (ending with ``", "``);
-            called only when the step validates.
+    ``detail`` makes the text logged between loss and accuracy (ending in ``", "``); called only then.
     """
     if should_validate(step, val_period=val_period, max_steps=max_steps):
         acc = record_validation(counters, metrics, evaluate)
@@ -220,10 +195,7 @@ def validate_if_due(
 
 
 def record_validation(counters: dict[str, Any], metrics: dict[str, Any], evaluate_fn: Callable[[], float]) -> float:
-    """Evaluate and return the accuracy.
-
-    Sets ``counters["val_accuracy"]``; adds ``val_accuracy`` and ``time/val_s`` to ``metrics``.
-    """
+    """Evaluate; record the accuracy in ``counters`` and ``metrics`` (with ``time/val_s``) and return it."""
     t0 = time.perf_counter()
     acc = evaluate_fn()
     counters["val_accuracy"] = acc
@@ -235,10 +207,9 @@ def record_validation(counters: dict[str, Any], metrics: dict[str, Any], evaluat
 def trainer_state(
     algorithm: str, counters: Mapping[str, Any], policy_state: Any, loader_state: Any, *, value_state: Any = None
 ) -> dict[str, Any]:
-    """The checkpointed trainer state, keys in the order every trainer writes them.
+    """The checkpointed trainer state, keys in the order every trainer writes them; captures the driver RNG now.
 
-    Captures the driver RNG now. ``counters`` is copied; ``value_state`` is the critic's state dict
-    (PPO), ``None`` without a critic.
+    ``value_state`` is the critic's state dict (PPO), ``None`` without a critic.
     """
     state: dict[str, Any] = {
         "trainer_state_version": TRAINER_STATE_VERSION,
@@ -268,9 +239,6 @@ def clipped_pg_loss_fn(algo: Any, cls: type[ClippedPGLossFn] = ClippedPGLossFn, 
 def save_if_due(
     checkpointer: PhaseCheckpointer, step: int, max_steps: int, state_fn: Callable[[], dict[str, Any]]
 ) -> None:
-    """Save ``step``'s checkpoint when the schedule asks (always at ``max_steps`` when checkpointing is on).
-
-    ``state_fn`` builds the state and is called only when saving.
-    """
+    """Save ``step``'s checkpoint when the schedule asks; ``state_fn`` is called only then."""
     if checkpointer.should_save(step, final=step == max_steps):
         checkpointer.save(step, state_fn)
