@@ -20,11 +20,7 @@ _BOXED = "\\boxed{"
 
 
 def normalize_answer(text: str) -> str:
-    """Minimal normalisation applied to both the extracted and the reference answer.
-
-    Strips surrounding whitespace, ``$`` signs at either end and one trailing period; a number
-    with thousands separators loses them (``"1,234"`` -> ``"1234"``).
-    """
+    """Strip whitespace, ``$`` at either end, one trailing period and thousands separators."""
     out = text.strip().strip("$").strip()
     if out.endswith(".") and not out.endswith(".."):
         out = out[:-1].rstrip()
@@ -78,10 +74,7 @@ class MathEnv:
     """Final-answer exact match: 1.0 when the response's final answer equals the reference."""
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """Score responses: float32 ``[N]``, 1.0 where the final answers match.
-
-        Raises ``ValueError`` when the lists differ in length.
-        """
+        """Float32 ``[N]`` scores (``ValueError`` when the lists differ in length)."""
         if len(responses) != len(answers):
             raise ValueError(f"MathEnv.score: {len(responses)} responses for {len(answers)} answers")
         rewards = []
