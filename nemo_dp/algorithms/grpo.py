@@ -9,7 +9,8 @@ import torch
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
-from nemo_dp.algorithms.grpo_step import DriverPathHooks, StepRows, collect_grpo_rows, run_grpo
+from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
+from nemo_dp.algorithms.trainer_common import DriverPathHooks
 from nemo_dp.algorithms.rollout import rollout
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS

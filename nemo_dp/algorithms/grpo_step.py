@@ -16,7 +16,6 @@ from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan, finish_grpo_step_metrics, logprob_plan, start_grpo_phase
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
-    context_evaluator,
     log_and_save,
     open_step_loop,
     rollout_shape,
@@ -27,7 +26,7 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import reward_part_means
 from nemo_dp.models.token_ops import rollout_sample_mask
 
-__all__ = ["StepRows", "DriverPathHooks", "GRPOBatchPath", "collect_grpo_rows", "run_grpo"]
+__all__ = ["StepRows", "GRPOBatchPath", "collect_grpo_rows", "run_grpo"]
 
 
 @dataclass
@@ -40,25 +39,6 @@ class StepRows:
     @property
     def size(self) -> int:
         return int(self.handle.size)
-
-
-class DriverPathHooks:
-    """The hooks of a batch path whose rows stay in driver memory: no-ops and the driver's evaluator."""
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx)
-
-    def start_run(self) -> None:
-        pass
-
-    def begin_step(self, *args: Any) -> None:
-        pass
-
-    def end_step(self) -> None:
-        pass
-
-    def step_metrics(self, *args: Any) -> dict[str, Any]:
-        return {}
 
 
 class GRPOBatchPath(Protocol):

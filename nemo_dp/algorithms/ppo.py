@@ -8,10 +8,11 @@ from typing import Any
 import torch
 
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.grpo_step import DriverPathHooks, StepRows
+from nemo_dp.algorithms.grpo_step import StepRows
 from nemo_dp.algorithms.ppo_common import PPO_POLICY_TRAIN_KEYS, PPO_VALUE_TRAIN_KEYS, make_value
 from nemo_dp.algorithms.ppo_step import TARGET_INPUTS, run_ppo
 from nemo_dp.algorithms.rollout import rollout
+from nemo_dp.algorithms.trainer_common import DriverPathHooks
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
 __all__ = ["ppo_train", "LegacyPPOPath"]

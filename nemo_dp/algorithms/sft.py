@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.sft_step import run_sft
-from nemo_dp.algorithms.trainer_common import context_evaluator, restore_trainer_state, save_if_due, trainer_state
+from nemo_dp.algorithms.trainer_common import DriverPathHooks, restore_trainer_state, save_if_due, trainer_state
 from nemo_dp.data.datasets import collate_sft
 
 __all__ = ["sft_train", "LegacySFTPath", "restore_trainer_state"]
 
 
-class LegacySFTPath:
+class LegacySFTPath(DriverPathHooks):
     """SFT batches collated on the driver and sent with the train call (``ctx.train_loader`` yields global batches)."""
 
     def __init__(self, ctx: TrainContext) -> None:
@@ -25,9 +24,6 @@ class LegacySFTPath:
 
     def prepare(self, ctx: TrainContext, next_batch: int) -> None:
         pass
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx)
 
     def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
         examples = self.train_loader.next_batch()

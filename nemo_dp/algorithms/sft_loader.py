@@ -11,7 +11,7 @@ from nemo_dp.data_plane import registry
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError, KVBatchMeta
 from nemo_dp.models.policy.sft_loader_worker import SFTBatchEnvelope
 
-__all__ = ["ColocatedLoaderGroup", "metas_of"]
+__all__ = ["ColocatedLoaderGroup"]
 
 
 class ColocatedLoaderGroup:
@@ -159,11 +159,6 @@ class ColocatedLoaderGroup:
             )
         return envelopes
 
-    def commit(self, batch_index: int) -> int:
-        """Commit on every rank; returns the rows consumed over all ranks."""
-        self._forget_readied()
-        return int(sum(self.worker_group.run_all("commit_sft_batch", int(batch_index))))
-
     def abort(self, batch_index: int | None = None) -> None:
         """Abort on every rank; with ``batch_index`` also roll back a rank's commit of it."""
         self._forget_readied()
@@ -195,12 +190,3 @@ class ColocatedLoaderGroup:
         """Each rank restores its store from ``root/dp{r}``."""
         dirs = [str(Path(root) / f"dp{r}") for r in range(self.dp_size)]
         return list(self.worker_group.run_sharded("load_colocated_data_plane", dirs))
-
-    def stats(self) -> list[dict[str, Any]]:
-        """Per-rank loader counters."""
-        return list(self.worker_group.run_all("colocated_loader_stats"))
-
-
-def metas_of(envelopes: Sequence[SFTBatchEnvelope]) -> list[KVBatchMeta]:
-    """The metas of ``envelopes`` in order (what ``train_placed_microbatches`` takes)."""
-    return [e.meta for e in envelopes]

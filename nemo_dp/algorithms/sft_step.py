@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.loss_functions import NLLLoss
-from nemo_dp.algorithms.trainer_common import record_validation, should_validate, start_counters, validate_at_start
+from nemo_dp.algorithms.trainer_common import open_step_loop, record_validation, should_validate, start_counters
 
 __all__ = ["SFTBatchPath", "run_sft"]
 
@@ -56,9 +56,7 @@ def run_sft(ctx: TrainContext, path: SFTBatchPath) -> dict[str, Any]:
         policy.reset_optimizer(float(opt.lr), decay_steps=max_steps, warmup_steps=int(opt.warmup_steps))
     path.prepare(ctx, int(counters["step"]))
     loss_fn = NLLLoss()
-    logger.start(max_steps, int(counters["step"]))
-    evaluate = path.make_evaluator(ctx)
-    validate_at_start(counters, evaluate, algo=algo, num_problems=len(ctx.val_problems), logger=logger)
+    evaluate = open_step_loop(ctx, path, counters, max_steps)
 
     while counters["step"] < max_steps:
         t0 = time.perf_counter()

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, TrainContext, TrainHooks
-from nemo_dp.algorithms.sft_loader import ColocatedLoaderGroup, metas_of
+from nemo_dp.algorithms.sft_loader import ColocatedLoaderGroup
 from nemo_dp.algorithms.sft_step import run_sft
-from nemo_dp.algorithms.trainer_common import context_evaluator, trainer_state
+from nemo_dp.algorithms.trainer_common import DriverPathHooks, trainer_state
 from nemo_dp.config.schema import train_micro_batch_rows
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
@@ -77,7 +77,7 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
             calls = 2
         load_wait_s = time.perf_counter() - t0 if calls == 2 else 0.0
         held = len(pickle.dumps(envelopes))
-        placed = policy.checked_placed_metas(metas_of(envelopes))
+        placed = policy.checked_placed_metas([e.meta for e in envelopes])
         dispatched = True
         outs = loaders.run_step(k, placed, loss_fn)
         metrics = policy._aggregate_train_results([{"per_step": [o["metrics"]]} for o in outs])
@@ -142,7 +142,7 @@ def save_sft_checkpoint(
     return path
 
 
-class ColocatedSFTPath:
+class ColocatedSFTPath(DriverPathHooks):
     """SFT batches loaded by the workers' colocated loaders into the data plane (``ctx.policy`` a ``TQPolicy``)."""
 
     def __init__(self, ctx: TrainContext) -> None:
@@ -162,9 +162,6 @@ class ColocatedSFTPath:
             max_live_batches=self.loaders.max_live_batches(),
         )
         self.loaders.set_position(next_batch)
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx)
 
     def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
         result = sft_sync_step(self.policy, self.loaders, batch_index, loss_fn)

@@ -12,7 +12,7 @@ from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.schema import TASK_TRAIN, TASK_VAL, VAL_PARTITION
 
-__all__ = ["check_sync_entry", "problem_rows", "rollout_to_store", "make_store_evaluator", "StorePathHooks"]
+__all__ = ["check_sync_entry", "problem_rows", "make_store_evaluator", "StorePathHooks"]
 
 
 def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
@@ -20,20 +20,6 @@ def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[
     prompts = [tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(group)]
     answers = [p.answer for p in problems for _ in range(group)]
     return prompts, answers
-
-
-def rollout_to_store(
-    policy: Any, problems: list[Any], seeds: list[int], *, group: int, sample_ids: list[str], tokenizer: Any, env: Any
-) -> Any:
-    """Sample ``group`` responses per problem into the training partition (task ``"train"``).
-
-    Returns ``policy.generate_to_dataplane``'s result (meta, carry) for the rows, in problem order.
-    """
-    prompts, answers = problem_rows(problems, group, tokenizer)
-    return policy.generate_to_dataplane(
-        prompts, seeds, sample_ids=sample_ids, answers=answers, greedy=False, tokenizer=tokenizer, env=env,
-        task_name=TASK_TRAIN,
-    )
 
 
 def make_store_evaluator(
@@ -112,10 +98,12 @@ class StorePathHooks:
         self.policy.drop_partition()
 
     def _rollout(self, problems: Sequence[Any], seeds: list[int], group: int, prefix: str) -> StepRows:
-        """:func:`rollout_to_store` with sample ids ``<prefix>_p<problem>_g<response>``."""
+        """Sample ``group`` responses per problem into the training partition; ids ``<prefix>_p<problem>_g<i>``."""
         problems = list(problems)
         ids = [f"{prefix}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
-        out = rollout_to_store(
-            self.policy, problems, seeds, group=group, sample_ids=ids, tokenizer=self.tokenizer, env=self.env
+        prompts, answers = problem_rows(problems, group, self.tokenizer)
+        out = self.policy.generate_to_dataplane(
+            prompts, seeds, sample_ids=ids, answers=answers, greedy=False, tokenizer=self.tokenizer, env=self.env,
+            task_name=TASK_TRAIN,
         )
         return StepRows(out.meta, out.carry)

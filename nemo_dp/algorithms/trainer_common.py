@@ -11,6 +11,7 @@ from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.utils.seeding import capture_rng_state, restore_rng_state
 
 __all__ = [
+    "DriverPathHooks",
     "TRAINER_STATE_VERSION",
     "restore_trainer_state",
     "start_counters",
@@ -32,6 +33,25 @@ __all__ = [
 
 #: Version of the trainer-state layout inside a training checkpoint.
 TRAINER_STATE_VERSION = 1
+
+
+class DriverPathHooks:
+    """Default batch-path hooks: no-ops and the held-out evaluation on the driver."""
+
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        return context_evaluator(ctx)
+
+    def start_run(self) -> None:
+        pass
+
+    def begin_step(self, *args: Any) -> None:
+        pass
+
+    def end_step(self) -> None:
+        pass
+
+    def step_metrics(self, *args: Any) -> dict[str, Any]:
+        return {}
 
 
 def sample_seeds(base_seed: int, step: int, iteration: int, n: int) -> list[int]:
