@@ -42,46 +42,33 @@ class StepRows:
 
 
 class GRPOBatchPath(Protocol):
-    """What the GRPO step asks of the place its rows live."""
+    """What the GRPO step asks of the place its rows live.
 
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        """The held-out evaluation of the phase."""
+    ``start_run`` is called once before the first step, ``begin_step`` before a step's first rollout,
+    ``end_step`` after a step, also when it failed.  ``rollout`` samples ``group`` responses per problem
+    (one seed each) and scores them; ``stamp`` records the group baselines and stds with the rows;
+    ``keep`` and ``head`` drop the other rows (``keep`` returns ``None`` when empty).  ``logprobs``
+    computes what ``plan`` asks for and returns the input of ``train`` (``policy.train``'s result);
+    ``step_metrics`` are logged with the step's.
+    """
 
-    def start_run(self) -> None:
-        """Called once before the first step."""
-
-    def begin_step(self, num_samples: int, group_size: int) -> None:
-        """Called before a step's first rollout."""
-
-    def end_step(self) -> None:
-        """Called after a step, also when it failed."""
-
-    def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
-        """Sample ``group`` responses per problem (one seed per response) and score them."""
-
-    def stamp(self, rows: StepRows, baseline: torch.Tensor, std: torch.Tensor) -> None:
-        """Record the group baselines and stds with the rows."""
-
-    def keep(self, rows: StepRows, keep: list[int]) -> StepRows | None:
-        """The rows at ``keep`` (the others are dropped); ``None`` when ``keep`` is empty."""
-
-    def concat(self, first: StepRows, second: StepRows) -> StepRows:
-        """``first`` followed by ``second``."""
-
-    def head(self, rows: StepRows, n: int) -> StepRows:
-        """The first ``n`` rows (the rest are dropped)."""
-
-    def response_lengths(self, rows: StepRows) -> torch.Tensor:
-        """float ``[B]`` response lengths."""
-
-    def logprobs(self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan) -> Any:
-        """Compute the log-probs ``plan`` asks for; returns the training input for :meth:`train`."""
-
-    def train(self, rows: StepRows, train_input: Any, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
-        """One training call on :meth:`logprobs`' training input; returns ``policy.train``'s result."""
-
-    def step_metrics(self, step: int, step_s: float) -> dict[str, Any]:
-        """Extra per-step metrics of the path (logged with the step's)."""
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]: ...
+    def start_run(self) -> None: ...
+    def begin_step(self, num_samples: int, group_size: int) -> None: ...
+    def end_step(self) -> None: ...
+    def rollout(
+        self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int
+    ) -> StepRows: ...
+    def stamp(self, rows: StepRows, baseline: torch.Tensor, std: torch.Tensor) -> None: ...
+    def keep(self, rows: StepRows, keep: list[int]) -> StepRows | None: ...
+    def concat(self, first: StepRows, second: StepRows) -> StepRows: ...
+    def head(self, rows: StepRows, n: int) -> StepRows: ...
+    def response_lengths(self, rows: StepRows) -> torch.Tensor: ...
+    def logprobs(
+        self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan
+    ) -> Any: ...
+    def train(self, rows: StepRows, train_input: Any, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]: ...
+    def step_metrics(self, step: int, step_s: float) -> dict[str, Any]: ...
 
 
 def collect_grpo_rows(

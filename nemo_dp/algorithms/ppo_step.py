@@ -31,44 +31,30 @@ TARGET_INPUTS: tuple[str, ...] = ("token_mask", "prev_logprobs", "reference_poli
 
 
 class PPOBatchPath(Protocol):
-    """What the PPO step asks of the place its rows live."""
+    """What the PPO step asks of the place its rows live.
 
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        """The held-out evaluation of the phase."""
+    The hooks are :class:`~nemo_dp.algorithms.grpo_step.GRPOBatchPath`'s.  ``forward`` runs the policy,
+    reference and value forwards and returns the training data handle; ``target_inputs`` gives its
+    :data:`TARGET_INPUTS` columns; ``set_targets`` attaches targets and sample mask for training;
+    ``train_epoch`` trains the policy, then the critic, on the rows in ``order``; ``finish`` is called
+    after a step's training succeeded.
+    """
 
-    def start_run(self) -> None:
-        """Called once before the first step."""
-
-    def begin_step(self, num_samples: int) -> None:
-        """Called before a step's rollout."""
-
-    def end_step(self) -> None:
-        """Called after a step, also when it failed."""
-
-    def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
-        """Sample ``group`` responses per problem (one seed per response) and score them."""
-
-    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> Any:
-        """Policy, reference and value forwards over the rows; returns the training data handle."""
-
-    def target_inputs(self, rows: StepRows, data: Any) -> Mapping[str, torch.Tensor]:
-        """The :data:`TARGET_INPUTS` columns of the rows."""
-
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]: ...
+    def start_run(self) -> None: ...
+    def begin_step(self, num_samples: int) -> None: ...
+    def end_step(self) -> None: ...
+    def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows: ...
+    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> Any: ...
+    def target_inputs(self, rows: StepRows, data: Any) -> Mapping[str, torch.Tensor]: ...
     def set_targets(
         self, rows: StepRows, data: Any, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor
-    ) -> None:
-        """Attach the targets (and the sample mask) to the rows for training."""
-
+    ) -> None: ...
     def train_epoch(
         self, rows: StepRows, data: Any, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Train the policy, then the critic, on the rows in ``order``; their results."""
-
-    def finish(self, rows: StepRows) -> None:
-        """Called after a step's training succeeded."""
-
-    def step_metrics(self, step_s: float) -> dict[str, Any]:
-        """Extra per-step metrics of the path (logged with the step's)."""
+    ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    def finish(self, rows: StepRows) -> None: ...
+    def step_metrics(self, step_s: float) -> dict[str, Any]: ...
 
 
 def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]:

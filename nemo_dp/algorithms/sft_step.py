@@ -16,25 +16,20 @@ __all__ = ["SFTBatchPath", "run_sft"]
 
 
 class SFTBatchPath(Protocol):
-    """What the SFT step loop asks of the way batches reach the workers."""
+    """What the SFT step loop asks of the way batches reach the workers.
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Restore the path's own state from a resumed checkpoint's trainer state."""
+    ``restore`` takes a resumed checkpoint's trainer state; ``prepare`` is called once before the first
+    step (``next_batch``: steps done); ``train_step`` returns ``(train metrics, rows consumed, extra
+    metrics)``; ``save_if_due`` checkpoints when ``ctx.checkpointer`` asks; ``close`` runs after the last step.
+    """
 
-    def prepare(self, ctx: TrainContext, next_batch: int) -> None:
-        """Called once before the first step (``next_batch``: steps done so far)."""
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        """The held-out evaluation of the phase."""
-
-    def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
-        """Train on batch ``batch_index``: ``(train metrics, rows consumed, extra metrics)``."""
-
-    def save_if_due(self, ctx: TrainContext, step: int, max_steps: int, counters: dict[str, Any]) -> None:
-        """Write a checkpoint when ``ctx.checkpointer`` wants one after ``step``."""
-
-    def close(self) -> None:
-        """Called after the last step."""
+    def restore(self, state: dict[str, Any]) -> None: ...
+    def prepare(self, ctx: TrainContext, next_batch: int) -> None: ...
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]: ...
+    def start_run(self) -> None: ...
+    def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]: ...
+    def save_if_due(self, ctx: TrainContext, step: int, max_steps: int, counters: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
 
 
 def run_sft(ctx: TrainContext, path: SFTBatchPath) -> dict[str, Any]:
