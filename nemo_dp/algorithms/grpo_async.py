@@ -1,10 +1,8 @@
 """Asynchronous GRPO over TransferQueue: ``grpo_train_async``.
 
-Rollout actors (``RolloutGroup``) generate batch ``k`` with policy version ``v >= k - 1 -
-max_staleness`` while the trainer trains; the trainer claims rows as they arrive.  Stale samples
-are never generated, only bounded; with ``max_staleness=0`` metrics equal ``grpo_train_sync``'s.
-A checkpoint stores the loader position before in-flight batches, so a resume regenerates them
-and every prompt is trained exactly once.  The store is reached only through policy facades.
+Rollout actors generate batch ``k`` with policy version ``v >= k - 1 - max_staleness`` while the trainer
+trains; with ``max_staleness=0`` metrics equal ``grpo_train_sync``'s.  A checkpoint stores the loader
+position before in-flight batches, so a resume regenerates them and every prompt is trained exactly once.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS, start_grpo_phase
 from nemo_dp.algorithms.store_eval import make_store_evaluator
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
+    context_evaluator,
     record_validation,
     rollout_shape,
     sample_seeds,
@@ -31,10 +30,7 @@ from nemo_dp.algorithms.trainer_common import (
     trainer_state,
     validate_at_start,
 )
-from nemo_dp.config.async_rollout import (
-    coerce_async_rollout_config,
-    validate_async_rollout_selection,
-)
+from nemo_dp.config.async_rollout import coerce_async_rollout_config, validate_async_rollout_selection
 from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.schema import DP_TRAIN_FIELDS
 from nemo_dp.environments.weighted import PART_PREFIX, reward_part_means
@@ -51,9 +47,7 @@ ASYNC_STATE_KEY = "async_rollout"
 
 def _check_entry(policy: Any, master_config: Any) -> None:
     if not validate_async_rollout_selection(master_config):
-        raise ValueError(
-            "grpo_train_async needs algorithm.name=grpo with algorithm.async_rollout.enabled=true"
-        )
+        raise ValueError("grpo_train_async needs algorithm.name=grpo with algorithm.async_rollout.enabled=true")
     selection = validate_trainer_selection(master_config)
     if selection.target != TRAINER_TARGET:
         raise ValueError(
@@ -80,14 +74,7 @@ def _tag_parts(tags: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
-    """Run asynchronous GRPO for ``algorithm.max_steps`` steps over TransferQueue.
-
-    Same call signature, checkpoints and step metrics as ``grpo_train_sync``, plus ``async/*``
-    metrics (throughput, staleness histogram, idle fractions, store occupancy).
-
-    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``, ``ctx.cfg`` GRPO with
-    ``async_rollout.enabled`` and ``data_plane=tq``.
-
+    """Run asynchronous GRPO: ``grpo_train_sync``'s checkpoints and step metrics, plus ``async/*`` metrics.
 
     Raises:
         ValueError: The config does not select this trainer, the policy is not a data-plane
@@ -121,9 +108,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     logger.start(max_steps, int(counters["step"]))
     ledger = AsyncLedger(ledger_dir)
     ledger.truncate_after(int(counters["step"]))
-    _evaluate = make_store_evaluator(
-        policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
-    )
+    _evaluate = context_evaluator(ctx, make_store_evaluator)
     validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
 
     threads = int(acfg.torch_threads) or int(master_config.policy.torch_threads)

@@ -52,22 +52,24 @@ def _last_boxed(text: str) -> Optional[str]:
     return None
 
 
+def _marked(text: str) -> Optional[str]:
+    found = _after_hashes(text)
+    return _last_boxed(text) if found is None else found
+
+
 def extract_final_answer(text: str) -> Optional[str]:
     """The normalised final answer a response gives, or None (rules in the module docstring)."""
-    for found in (_after_hashes(text), _last_boxed(text)):
-        if found is not None:
-            answer = normalize_answer(found)
-            return answer or None
+    found = _marked(text)
+    if found is not None:
+        return normalize_answer(found) or None
     numbers = _NUMBER.findall(text)
     return normalize_answer(numbers[-1]) if numbers else None
 
 
 def reference_answer(answer: str) -> str:
     """The normalised reference: after ``####`` / inside ``\\boxed{}`` when present, else as is."""
-    for found in (_after_hashes(answer), _last_boxed(answer)):
-        if found is not None:
-            return normalize_answer(found)
-    return normalize_answer(answer)
+    found = _marked(answer)
+    return normalize_answer(answer if found is None else found)
 
 
 class MathEnv:
