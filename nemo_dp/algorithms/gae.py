@@ -87,11 +87,7 @@ def compute_gae(
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Float32 mean of ``x`` where the 0/1 ``mask`` is 1.
-
-    Raises:
-        ValueError: If the mask selects nothing.
-    """
+    """Float32 mean of ``x`` where the 0/1 ``mask`` is 1; raises ``ValueError`` if the mask selects nothing."""
     m = mask.float()
     n = m.sum()
     if float(n) <= 0:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
-from nemo_dp.algorithms.context import PhaseLogger, TrainContext
-from nemo_dp.algorithms.trainer_common import rollout_shape, start_counters, step_time_metrics, validate_if_due
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.trainer_common import rollout_shape, start_counters
 
 __all__ = [
     "PG_TRAIN_METRICS",
@@ -18,7 +17,6 @@ __all__ = [
     "LogprobPlan",
     "logprob_plan",
     "start_grpo_phase",
-    "finish_grpo_step_metrics",
 ]
 
 #: The policy-training metrics a GRPO step reports as they come from ``train`` / ``train_from_meta``.
@@ -81,59 +79,10 @@ def start_grpo_phase(
     """
     cfg = ctx.cfg
     max_steps, _, per_step = rollout_shape(cfg.algorithm)
-    counters = start_counters(
-        ctx.start_state, algorithm="grpo", policy=ctx.policy, train_loader=ctx.train_loader, logger=ctx.logger,
-        restore_extra=restore_extra,
-    )
+    counters = start_counters(ctx, "grpo", restore_extra)
     if ctx.start_state is None:
         ctx.policy.snapshot_reference_policy()
         optimizer_steps = max_steps * (per_step // int(cfg.policy.train_global_batch_size))
         ctx.policy.reset_optimizer(float(cfg.policy.optimizer.lr), decay_steps=optimizer_steps)
     return counters
 
-
-def finish_grpo_step_metrics(
-    step: int,
-    train_metrics: Mapping[str, Any],
-    *,
-    info: Mapping[str, Any],
-    train_rewards: torch.Tensor,
-    advantages: torch.Tensor,
-    response_lengths: torch.Tensor,
-    truncated: torch.Tensor,
-    sample_mask: torch.Tensor,
-    counters: dict[str, Any],
-    timings: tuple[float, float, float],
-    prev_logprobs_source: str,
-    val_period: int,
-    max_steps: int,
-    evaluate: Callable[[], float],
-    logger: PhaseLogger,
-    reward_parts: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """The step's metrics, with the held-out evaluation when it is due.
-
-    Args:
-        info: The collector's info (``unfiltered_rewards``, ``num_gen_batches``,
-            ``num_discarded_valid_samples``).
-        train_rewards, advantages, response_lengths, sample_mask: float ``[B]`` of the rows trained on.
-        truncated: ``[B]`` rows without eos.
-        reward_parts: Each reward's mean (``reward/<fn>``) when ``env.rewards`` lists several.
-    """
-    rewards = info["unfiltered_rewards"]
-    metrics: dict[str, Any] = {
-        **{k: train_metrics[k] for k in PG_TRAIN_METRICS},
-        "reward_mean": float(rewards.mean()),
-        "train_reward_mean": float(train_rewards.mean()),
-        "advantage_abs_mean": float(advantages.abs().mean()),
-        "mean_response_length": float(response_lengths.mean()),
-        "truncated_fraction": float(truncated.float().mean()),
-        "sample_mask_mean": float(sample_mask.mean()),
-        "dynamic_sampling_num_gen_batches": info["num_gen_batches"],
-        "dynamic_sampling_num_discarded_valid_samples": info["num_discarded_valid_samples"],
-        **step_time_metrics(counters, timings),
-        **(reward_parts or {}),
-        "prev_logprobs_source": prev_logprobs_source,
-    }
-    validate_if_due(step, metrics, counters, evaluate, val_period=val_period, max_steps=max_steps, logger=logger)
-    return metrics

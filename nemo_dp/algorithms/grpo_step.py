@@ -13,14 +13,16 @@ import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.grpo_common import LogprobPlan, finish_grpo_step_metrics, logprob_plan, start_grpo_phase
+from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS, LogprobPlan, logprob_plan, start_grpo_phase
 from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
     log_and_save,
     open_step_loop,
     rollout_shape,
     sample_seeds,
+    step_time_metrics,
     trainer_state,
+    validate_if_due,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import reward_part_means
@@ -167,23 +169,22 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
             path.end_step()
         counters["step"] = step
         counters["consumed_samples"] += rows.size
-        metrics = finish_grpo_step_metrics(
-            step,
-            train_metrics,
-            info=info,
-            train_rewards=carry["rewards"],
-            reward_parts=reward_part_means(carry),
-            advantages=adv,
-            response_lengths=path.response_lengths(rows),
-            truncated=carry["truncated"],
-            sample_mask=sample_mask,
-            counters=counters,
-            timings=(t_gen, t_lp, t_train),
-            prev_logprobs_source=plan.prev_logprobs_source,
-            val_period=int(algo.val_period),
-            max_steps=max_steps,
-            evaluate=evaluate,
-            logger=logger,
+        metrics: dict[str, Any] = {
+            **{k: train_metrics[k] for k in PG_TRAIN_METRICS},
+            "reward_mean": float(info["unfiltered_rewards"].mean()),
+            "train_reward_mean": float(carry["rewards"].mean()),
+            "advantage_abs_mean": float(adv.abs().mean()),
+            "mean_response_length": float(path.response_lengths(rows).mean()),
+            "truncated_fraction": float(carry["truncated"].float().mean()),
+            "sample_mask_mean": float(sample_mask.mean()),
+            "dynamic_sampling_num_gen_batches": info["num_gen_batches"],
+            "dynamic_sampling_num_discarded_valid_samples": info["num_discarded_valid_samples"],
+            **step_time_metrics(counters, (t_gen, t_lp, t_train)),
+            **reward_part_means(carry),
+            "prev_logprobs_source": plan.prev_logprobs_source,
+        }
+        validate_if_due(
+            step, metrics, counters, evaluate, val_period=int(algo.val_period), max_steps=max_steps, logger=logger
         )
         metrics.update(path.step_metrics(step, time.perf_counter() - t_step))
         log_and_save(

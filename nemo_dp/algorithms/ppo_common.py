@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from nemo_dp.algorithms.context import PhaseLogger
+from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.gae import compute_gae, explained_variance, masked_mean, masked_whiten, token_level_rewards
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
@@ -16,8 +16,6 @@ from nemo_dp.algorithms.trainer_common import (
     clipped_pg_loss_fn,
     rollout_shape,
     start_counters,
-    step_time_metrics,
-    validate_if_due,
 )
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
@@ -188,57 +186,16 @@ def ppo_step_metrics(
     return out
 
 
-def finish_ppo_step_metrics(
-    step: int,
-    metrics: dict[str, Any],
-    *,
-    counters: dict[str, Any],
-    timings: tuple[float, float, float],
-    val_period: int,
-    max_steps: int,
-    evaluate: Callable[[], float],
-    logger: PhaseLogger,
-) -> None:
-    """Add counters and timings to ``metrics`` and run the held-out evaluation when due."""
-    metrics.update(step_time_metrics(counters, timings))
-    validate_if_due(
-        step,
-        metrics,
-        counters,
-        evaluate,
-        val_period=val_period,
-        max_steps=max_steps,
-        logger=logger,
-        detail=lambda: (
-            f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
-        ),
-    )
-
-
-def start_ppo_phase(
-    policy: Any,
-    value: Any,
-    master_config: Any,
-    *,
-    start_state: dict[str, Any] | None,
-    train_loader: Any,
-    logger: PhaseLogger,
-) -> dict[str, Any]:
+def start_ppo_phase(ctx: TrainContext, value: Any) -> dict[str, Any]:
     """Fresh start or resume of both models; returns the trainer counters.
 
     A fresh run freezes the policy as the reference, starts fresh optimizers and (when
     ``algorithm.value.init_from_policy``) copies the policy's trunk into the critic.
     """
+    policy, master_config = ctx.policy, ctx.cfg
     algo = master_config.algorithm
-    counters = start_counters(
-        start_state,
-        algorithm="ppo",
-        policy=policy,
-        train_loader=train_loader,
-        logger=logger,
-        restore_extra=lambda state: value.load_state_dict(state["value"]),
-    )
-    if start_state is not None:
+    counters = start_counters(ctx, "ppo", restore_extra=lambda state: value.load_state_dict(state["value"]))
+    if ctx.start_state is not None:
         return counters
     policy.snapshot_reference_policy()
     steps = optimizer_steps_per_phase(master_config)

@@ -16,11 +16,18 @@ from nemo_dp.algorithms.ppo_common import (
     build_ppo_loss_fns,
     compute_ppo_targets,
     epoch_permutation,
-    finish_ppo_step_metrics,
     ppo_step_metrics,
     start_ppo_phase,
 )
-from nemo_dp.algorithms.trainer_common import log_and_save, open_step_loop, rollout_shape, sample_seeds, trainer_state
+from nemo_dp.algorithms.trainer_common import (
+    log_and_save,
+    open_step_loop,
+    rollout_shape,
+    sample_seeds,
+    step_time_metrics,
+    trainer_state,
+    validate_if_due,
+)
 from nemo_dp.environments.weighted import reward_part_means
 from nemo_dp.models.token_ops import rollout_sample_mask
 
@@ -62,9 +69,7 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
     max_steps, group, per_step = rollout_shape(algo)
-    counters = start_ppo_phase(
-        policy, value, master_config, start_state=ctx.start_state, train_loader=train_loader, logger=logger
-    )
+    counters = start_ppo_phase(ctx, value)
     policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
     evaluate = open_step_loop(ctx, path, counters, max_steps)
     while counters["step"] < max_steps:
@@ -117,15 +122,12 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
             policy_epochs=policy_epochs,
             value_epochs=value_epochs,
         )
-        finish_ppo_step_metrics(
-            step,
-            metrics,
-            counters=counters,
-            timings=(t_gen, t_fwd, t_train),
-            val_period=int(algo.val_period),
-            max_steps=max_steps,
-            evaluate=evaluate,
-            logger=logger,
+        metrics.update(step_time_metrics(counters, (t_gen, t_fwd, t_train)))
+        validate_if_due(
+            step, metrics, counters, evaluate, val_period=int(algo.val_period), max_steps=max_steps, logger=logger,
+            detail=lambda: (
+                f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
+            ),
         )
         metrics.update(path.step_metrics(time.perf_counter() - t_step))
         log_and_save(

@@ -6,10 +6,10 @@ from typing import Any
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.sft_step import run_sft
-from nemo_dp.algorithms.trainer_common import DriverPathHooks, restore_trainer_state, save_if_due, trainer_state
+from nemo_dp.algorithms.trainer_common import DriverPathHooks, save_if_due, trainer_state
 from nemo_dp.data.datasets import collate_sft
 
-__all__ = ["sft_train", "LegacySFTPath", "restore_trainer_state"]
+__all__ = ["sft_train", "LegacySFTPath"]
 
 
 class LegacySFTPath(DriverPathHooks):

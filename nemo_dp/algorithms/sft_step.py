@@ -37,14 +37,7 @@ def run_sft(ctx: TrainContext, path: SFTBatchPath) -> dict[str, Any]:
     policy, master_config, logger = ctx.policy, ctx.cfg, ctx.logger
     algo = master_config.algorithm
     max_steps = int(algo.max_steps)
-    counters = start_counters(
-        ctx.start_state,
-        algorithm="sft",
-        policy=policy,
-        train_loader=ctx.train_loader,
-        logger=logger,
-        restore_extra=path.restore,
-    )
+    counters = start_counters(ctx, "sft", path.restore)
     if ctx.start_state is None:
         # One optimizer step per SFT step (the loader batch is the global batch).
         opt = master_config.policy.optimizer

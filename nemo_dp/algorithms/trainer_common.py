@@ -103,26 +103,22 @@ def restore_trainer_state(
 
 
 def start_counters(
-    start_state: dict[str, Any] | None,
-    *,
-    algorithm: str,
-    policy: Any,
-    train_loader: Any,
-    logger: PhaseLogger,
-    restore_extra: Callable[[dict[str, Any]], None] | None = None,
+    ctx: TrainContext, algorithm: str, restore_extra: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
     """The counters ``{step, consumed_samples, val_accuracy, initial_val_accuracy}`` of a fresh run or a resume.
 
-    On resume this runs :func:`restore_trainer_state`, then ``restore_extra(start_state)``, and logs it.
+    On resume (``ctx.start_state``) this runs :func:`restore_trainer_state`, then ``restore_extra(start_state)``,
+    and logs it.
     """
+    start_state = ctx.start_state
     counters: dict[str, Any] = {"step": 0, "consumed_samples": 0, "val_accuracy": None, "initial_val_accuracy": None}
     if start_state is not None:
         counters.update(
-            restore_trainer_state(start_state, algorithm=algorithm, policy=policy, train_loader=train_loader)
+            restore_trainer_state(start_state, algorithm=algorithm, policy=ctx.policy, train_loader=ctx.train_loader)
         )
         if restore_extra is not None:
             restore_extra(start_state)
-        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
+        ctx.logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
     return counters
 
 
