@@ -9,13 +9,13 @@ import torch
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
-from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
+from nemo_dp.algorithms.grpo_step import StepRows, run_grpo
 from nemo_dp.algorithms.trainer_common import DriverPathHooks
 from nemo_dp.algorithms.rollout import rollout
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
-__all__ = ["grpo_train", "collect_grpo_batch", "LegacyGRPOPath", "GRPO_TRAIN_KEYS"]
+__all__ = ["grpo_train", "LegacyGRPOPath", "GRPO_TRAIN_KEYS"]
 
 #: The fields ``policy.train`` receives.
 GRPO_TRAIN_KEYS: tuple[str, ...] = (
@@ -93,20 +93,6 @@ class LegacyGRPOPath(DriverPathHooks):
         keys = [k for k in GRPO_TRAIN_KEYS if k not in plan.skipped_fields]
         keys += [k for k in IMAGE_FIELDS if k in train_batch]
         return self.policy.train(BatchedDataDict({k: train_batch[k] for k in keys}), loss_fn)
-
-
-def collect_grpo_batch(
-    policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
-) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """:func:`~nemo_dp.algorithms.grpo_step.collect_grpo_rows` in memory: ``(batch, info)``.
-
-    Raises:
-        ValueError: Dynamic sampling exhausted ``max_gen_batches``.
-    """
-    rows, info = collect_grpo_rows(
-        LegacyGRPOPath(policy, tokenizer, env), master_config, train_loader=train_loader, step=step
-    )
-    return rows.handle, info
 
 
 def grpo_train(ctx: TrainContext) -> dict[str, Any]:

@@ -12,13 +12,13 @@ import torch
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
-from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
+from nemo_dp.algorithms.grpo_step import StepRows, run_grpo
 from nemo_dp.algorithms.store_eval import StorePathHooks, check_sync_entry
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import ADVANTAGES, DP_TRAIN_FIELDS, SAMPLE_MASK, TAG_BASELINE, TAG_STD
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
-__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "StoreGRPOPath", "TRAINER_TARGET"]
+__all__ = ["grpo_train_sync", "StoreGRPOPath", "TRAINER_TARGET"]
 
 #: This trainer's registry entry in ``nemo_dp.config.trainer_lookup.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
@@ -91,22 +91,6 @@ class StoreGRPOPath(StorePathHooks):
                 f"outstanding {store_metrics['data_plane/now/bytes_outstanding_mb']:.4f} MB"
             )
         return store_metrics
-
-
-def collect_grpo_batch_sync(
-    policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
-) -> tuple[KVBatchMeta, BatchedDataDict, dict[str, Any]]:
-    """:func:`~nemo_dp.algorithms.grpo_step.collect_grpo_rows` into the ``"train"`` partition: ``(meta, carry, info)``.
-
-    Rows dropped by dynamic sampling or sliced off as overflow are cleared from the store.
-
-    Raises:
-        ValueError: Dynamic sampling exhausted ``max_gen_batches``.
-    """
-    rows, info = collect_grpo_rows(
-        StoreGRPOPath(policy, tokenizer, env), master_config, train_loader=train_loader, step=step
-    )
-    return rows.handle, rows.carry, info
 
 
 def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
