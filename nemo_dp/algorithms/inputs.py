@@ -21,6 +21,10 @@ class TrainerInputs:
     env: Any
 
 
+def _inputs(master_config: Any, tokenizer: Any | None, loader: EpochLoader[Any]) -> TrainerInputs:
+    return TrainerInputs(loader, build_val_problems(master_config, tokenizer), make_environment(master_config.env))
+
+
 def build_sft_inputs(master_config: Any, tokenizer: Any | None = None) -> TrainerInputs:
     """Inputs of a supervised phase (``env.sft_jsonl`` or generated pairs, ``train_global_batch_size`` a batch).
 
@@ -35,11 +39,7 @@ def build_sft_inputs(master_config: Any, tokenizer: Any | None = None) -> Traine
         seed=int(master_config.seed),
         shuffle=bool(algo.shuffle),
     )
-    return TrainerInputs(
-        train_loader=loader,
-        val_problems=build_val_problems(master_config, tokenizer),
-        env=make_environment(master_config.env),
-    )
+    return _inputs(master_config, tokenizer, loader)
 
 
 def build_rl_inputs(master_config: Any, tokenizer: Any | None = None) -> TrainerInputs:
@@ -57,8 +57,4 @@ def build_rl_inputs(master_config: Any, tokenizer: Any | None = None) -> Trainer
     loader = EpochLoader(
         RLPromptDataset(src.rows), batch_size=int(algo.num_prompts_per_step), seed=int(master_config.seed), shuffle=True
     )
-    return TrainerInputs(
-        train_loader=loader,
-        val_problems=build_val_problems(master_config, tokenizer),
-        env=make_environment(master_config.env),
-    )
+    return _inputs(master_config, tokenizer, loader)

@@ -1,4 +1,4 @@
-"""What the legacy and data-plane PPO trainers share: losses, critic, phase start, shuffles, targets, metrics."""
+"""What the legacy and data-plane PPO trainers share: critic, phase start, shuffles, targets, metrics."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from typing import Any
 import torch
 
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.gae import compute_gae, explained_variance, masked_mean, masked_whiten, token_level_rewards
-from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
-from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
+from nemo_dp.algorithms.gae import (
+    compute_gae,
+    explained_variance,
+    masked_mean,
+    masked_whiten,
+    token_level_rewards,
+)
 from nemo_dp.algorithms.trainer_common import (
-    clipped_pg_loss_fn,
     rollout_shape,
     start_counters,
 )
@@ -24,11 +27,9 @@ __all__ = [
     "PPO_POLICY_TRAIN_KEYS",
     "PPO_VALUE_TRAIN_KEYS",
     "PPOTargets",
-    "build_ppo_loss_fns",
     "compute_ppo_targets",
     "epoch_permutation",
     "make_value",
-    "optimizer_steps_per_phase",
     "ppo_step_metrics",
     "start_ppo_phase",
 ]
@@ -46,18 +47,6 @@ PPO_POLICY_TRAIN_KEYS: tuple[str, ...] = (
 )
 #: Fields ``value.train`` receives (same names as the data plane's ``DP_VALUE_TRAIN_FIELDS``).
 PPO_VALUE_TRAIN_KEYS: tuple[str, ...] = ("input_ids", "input_lengths", "token_mask", "sample_mask", "values", "returns")
-
-
-def build_ppo_loss_fns(algo: Any) -> tuple[ClippedPGLossFn, ClippedValueLossFn]:
-    """``(policy_loss_fn, value_loss_fn)`` from a PPO ``algorithm`` node (``loss.*``, ``value.value_clip``)."""
-    return clipped_pg_loss_fn(algo), ClippedValueLossFn(value_clip=float(algo.value.value_clip))
-
-
-def optimizer_steps_per_phase(master_config: Any) -> int:
-    """Optimizer steps each model takes over the PPO phase (the horizon of a cosine schedule)."""
-    algo = master_config.algorithm
-    max_steps, _, rows = rollout_shape(algo)
-    return max_steps * int(algo.ppo_epochs) * (rows // int(master_config.policy.train_global_batch_size))
 
 
 def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
@@ -198,7 +187,9 @@ def start_ppo_phase(ctx: TrainContext, value: Any) -> dict[str, Any]:
     if ctx.start_state is not None:
         return counters
     policy.snapshot_reference_policy()
-    steps = optimizer_steps_per_phase(master_config)
+    max_steps, _, rows = rollout_shape(algo)
+    # Each model's optimizer steps over the phase (the horizon of a cosine schedule).
+    steps = max_steps * int(algo.ppo_epochs) * (rows // int(master_config.policy.train_global_batch_size))
     policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=steps)
     if bool(algo.value.init_from_policy):
         value.init_trunk_from(policy.state_dict()["weights"]["model"])

@@ -13,13 +13,14 @@ import torch
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_step import StepRows
 from nemo_dp.algorithms.ppo_common import (
-    build_ppo_loss_fns,
     compute_ppo_targets,
     epoch_permutation,
     ppo_step_metrics,
     start_ppo_phase,
 )
+from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
 from nemo_dp.algorithms.trainer_common import (
+    clipped_pg_loss_fn,
     log_and_save,
     open_step_loop,
     rollout_shape,
@@ -70,7 +71,7 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
     algo = master_config.algorithm
     max_steps, group, per_step = rollout_shape(algo)
     counters = start_ppo_phase(ctx, value)
-    policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
+    policy_loss_fn, value_loss_fn = clipped_pg_loss_fn(algo), ClippedValueLossFn(float(algo.value.value_clip))
     evaluate = open_step_loop(ctx, path, counters, max_steps)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
