@@ -27,10 +27,7 @@ def grpo_baseline_and_std(
         raise ValueError("grpo_baseline_and_std: leave_one_out needs group_size >= 2, got 1")
     groups = rewards.float().view(-1, group_size)
     total = groups.sum(dim=1, keepdim=True)
-    if leave_one_out:
-        baseline = (total - groups) / (group_size - 1)
-    else:
-        baseline = (total / group_size).expand_as(groups)
+    baseline = (total - groups) / (group_size - 1) if leave_one_out else (total / group_size).expand_as(groups)
     if group_size >= 2:
         std = groups.std(dim=1, unbiased=True, keepdim=True).expand_as(groups)
     else:

@@ -114,13 +114,9 @@ class ClippedPGLossFn(GlobalLoss):
         self.prev_logprobs_from_forward = prev_logprobs_from_forward
 
     def _keys(self) -> tuple[str, ...]:
-        keys = ("input_ids", "token_mask", "sample_mask", "advantages")
-        if not self.prev_logprobs_from_forward:
-            keys = keys + ("prev_logprobs",)
-        keys = keys + self._extra_keys()
-        if self.reference_policy_kl_penalty > 0:
-            keys = keys + ("reference_policy_logprobs",)
-        return keys
+        prev = () if self.prev_logprobs_from_forward else ("prev_logprobs",)
+        ref = ("reference_policy_logprobs",) if self.reference_policy_kl_penalty > 0 else ()
+        return ("input_ids", "token_mask", "sample_mask", "advantages", *prev, *self._extra_keys(), *ref)
 
     def _compute(
         self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], mask: torch.Tensor, tokens: float, seqs: float

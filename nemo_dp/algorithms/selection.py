@@ -36,10 +36,7 @@ def describe_selection(master_config: Any) -> dict[str, str]:
     selection = validate_trainer_selection(master_config)
     spec = registry.backend(selection.data_plane)
     backend = spec.describe(coerce_data_plane_config(master_data_plane(master_config)))
-    if spec.enabled:
-        policy = f"{TQPolicy.__module__}:{TQPolicy.__qualname__}"
-    else:
-        policy = "plain policy (no data plane)"
+    policy = f"{TQPolicy.__module__}:{TQPolicy.__qualname__}" if spec.enabled else "plain policy (no data plane)"
     return {"backend": backend, "trainer": selection.target, "policy_factory": policy}
 
 

@@ -119,9 +119,7 @@ def _auto(env_cfg: Any) -> str:
 
 
 def _get(node: Any, name: str, default: Any = None) -> Any:
-    if isinstance(node, Mapping):
-        return node.get(name, default)
-    return getattr(node, name, default)
+    return node.get(name, default) if isinstance(node, Mapping) else getattr(node, name, default)
 
 
 def reward_entries(env_cfg: Any) -> list[dict[str, Any]]:
