@@ -19,9 +19,9 @@ from nemo_dp.algorithms.async_losses import TruncatedISClippedPGLoss
 from nemo_dp.algorithms.async_metrics import idle_metrics, staleness_metrics
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS, start_grpo_phase
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.store_eval import make_store_evaluator
 from nemo_dp.algorithms.trainer_common import (
-    clipped_pg_loss_fn,
     context_evaluator,
     record_validation,
     rollout_shape,
@@ -104,7 +104,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
             f"resume: regenerating in-flight rollout batches {restored.get('in_flight_batches', [])} "
             "discarded with the interrupted run"
         )
-    sync_loss = clipped_pg_loss_fn(algo)
+    sync_loss = ClippedPGLossFn.from_algorithm(algo)
     logger.start(max_steps, int(counters["step"]))
     ledger = AsyncLedger(ledger_dir)
     ledger.truncate_after(int(counters["step"]))
@@ -164,9 +164,8 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
                 loss_fn: Any = sync_loss
                 fields: tuple[str, ...] = DP_TRAIN_FIELDS
             else:
-                loss_fn = clipped_pg_loss_fn(
-                    algo, TruncatedISClippedPGLoss,
-                    importance_ratio_cap=float(acfg.importance_ratio_cap), trainer_version=version,
+                loss_fn = TruncatedISClippedPGLoss.from_algorithm(
+                    algo, importance_ratio_cap=float(acfg.importance_ratio_cap), trainer_version=version
                 )
                 fields = (*DP_TRAIN_FIELDS, POLICY_VERSION)
             t2 = time.perf_counter()

@@ -14,15 +14,14 @@ import torch
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS, LogprobPlan, logprob_plan, start_grpo_phase
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.trainer_common import (
-    clipped_pg_loss_fn,
-    log_and_save,
+    finish_step,
     open_step_loop,
     rollout_shape,
     sample_seeds,
     step_time_metrics,
     trainer_state,
-    validate_if_due,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.environments.weighted import reward_part_means
@@ -146,7 +145,7 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
     max_steps, group, per_step = rollout_shape(algo)
     counters = start_grpo_phase(ctx)
     plan = logprob_plan(master_config)
-    loss_fn = clipped_pg_loss_fn(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
+    loss_fn = ClippedPGLossFn.from_algorithm(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
     evaluate = open_step_loop(ctx, path, counters, max_steps)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
@@ -183,12 +182,9 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
             **reward_part_means(carry),
             "prev_logprobs_source": plan.prev_logprobs_source,
         }
-        validate_if_due(
-            step, metrics, counters, evaluate, val_period=int(algo.val_period), max_steps=max_steps, logger=logger
-        )
-        metrics.update(path.step_metrics(step, time.perf_counter() - t_step))
-        log_and_save(
-            ctx, step, max_steps, metrics,
+        finish_step(
+            ctx, step, max_steps, metrics, counters, evaluate,
+            lambda: path.step_metrics(step, time.perf_counter() - t_step),
             lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
         )
     logger.close()

@@ -7,6 +7,7 @@ micro-batching; returned metrics are additive (each is this micro-batch's share)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -112,6 +113,18 @@ class ClippedPGLossFn(GlobalLoss):
         self.reference_policy_kl_penalty = reference_policy_kl_penalty
         self.token_level_loss = token_level_loss
         self.prev_logprobs_from_forward = prev_logprobs_from_forward
+
+    @classmethod
+    def from_algorithm(cls, algo: Any, **kwargs: Any) -> ClippedPGLossFn:
+        """The loss a GRPO / PPO ``algorithm`` node's ``loss`` section configures; ``kwargs`` go to ``cls`` too."""
+        loss_cfg = algo.loss
+        return cls(
+            float(loss_cfg.ratio_clip_min),
+            float(loss_cfg.ratio_clip_max),
+            float(loss_cfg.reference_policy_kl_penalty),
+            bool(loss_cfg.token_level_loss),
+            **kwargs,
+        )
 
     def _keys(self) -> tuple[str, ...]:
         prev = () if self.prev_logprobs_from_forward else ("prev_logprobs",)

@@ -9,17 +9,8 @@ from typing import Any
 import torch
 
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.gae import (
-    compute_gae,
-    explained_variance,
-    masked_mean,
-    masked_whiten,
-    token_level_rewards,
-)
-from nemo_dp.algorithms.trainer_common import (
-    rollout_shape,
-    start_counters,
-)
+from nemo_dp.algorithms.gae import compute_gae, explained_variance, masked_mean, masked_whiten, token_level_rewards
+from nemo_dp.algorithms.trainer_common import rollout_shape, start_counters, step_time_metrics
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
 
@@ -136,6 +127,8 @@ def ppo_step_metrics(
     sample_mask: torch.Tensor,
     policy_epochs: Sequence[Mapping[str, Any]],
     value_epochs: Sequence[Mapping[str, Any]],
+    counters: Mapping[str, Any],
+    timings: tuple[float, float, float],
     reward_parts: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The step's metrics, identical in both trainers.
@@ -172,6 +165,7 @@ def ppo_step_metrics(
     for k, (pm, vm) in enumerate(zip(policy_epochs, value_epochs)):
         out[f"policy_loss_epoch{k}"] = float(pm["loss"])
         out[f"value_loss_epoch{k}"] = float(vm["value_loss"])
+    out.update(step_time_metrics(counters, timings))
     return out
 
 

@@ -12,23 +12,10 @@ import torch
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_step import StepRows
-from nemo_dp.algorithms.ppo_common import (
-    compute_ppo_targets,
-    epoch_permutation,
-    ppo_step_metrics,
-    start_ppo_phase,
-)
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
+from nemo_dp.algorithms.ppo_common import compute_ppo_targets, epoch_permutation, ppo_step_metrics, start_ppo_phase
 from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
-from nemo_dp.algorithms.trainer_common import (
-    clipped_pg_loss_fn,
-    log_and_save,
-    open_step_loop,
-    rollout_shape,
-    sample_seeds,
-    step_time_metrics,
-    trainer_state,
-    validate_if_due,
-)
+from nemo_dp.algorithms.trainer_common import finish_step, open_step_loop, rollout_shape, sample_seeds, trainer_state
 from nemo_dp.environments.weighted import reward_part_means
 from nemo_dp.models.token_ops import rollout_sample_mask
 
@@ -71,7 +58,8 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
     algo = master_config.algorithm
     max_steps, group, per_step = rollout_shape(algo)
     counters = start_ppo_phase(ctx, value)
-    policy_loss_fn, value_loss_fn = clipped_pg_loss_fn(algo), ClippedValueLossFn(float(algo.value.value_clip))
+    policy_loss_fn = ClippedPGLossFn.from_algorithm(algo)
+    value_loss_fn = ClippedValueLossFn(float(algo.value.value_clip))
     evaluate = open_step_loop(ctx, path, counters, max_steps)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
@@ -122,20 +110,18 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
             sample_mask=sample_mask,
             policy_epochs=policy_epochs,
             value_epochs=value_epochs,
+            counters=counters,
+            timings=(t_gen, t_fwd, t_train),
         )
-        metrics.update(step_time_metrics(counters, (t_gen, t_fwd, t_train)))
-        validate_if_due(
-            step, metrics, counters, evaluate, val_period=int(algo.val_period), max_steps=max_steps, logger=logger,
-            detail=lambda: (
-                f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
-            ),
-        )
-        metrics.update(path.step_metrics(time.perf_counter() - t_step))
-        log_and_save(
-            ctx, step, max_steps, metrics,
+        finish_step(
+            ctx, step, max_steps, metrics, counters, evaluate,
+            lambda: path.step_metrics(time.perf_counter() - t_step),
             lambda: trainer_state(
                 "ppo", counters, policy_state=policy.state_dict(), value_state=value.state_dict(),
                 loader_state=train_loader.state_dict(),
+            ),
+            detail=lambda: (
+                f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
             ),
         )
     logger.close()

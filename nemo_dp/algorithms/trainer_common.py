@@ -7,7 +7,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainContext
-from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.utils.seeding import capture_rng_state, restore_rng_state
 
 __all__ = [
@@ -17,13 +16,11 @@ __all__ = [
     "start_counters",
     "make_evaluator",
     "context_evaluator",
-    "clipped_pg_loss_fn",
     "validate_at_start",
     "open_step_loop",
+    "finish_step",
     "record_validation",
     "step_time_metrics",
-    "validate_if_due",
-    "log_and_save",
     "trainer_state",
     "save_if_due",
     "sample_seeds",
@@ -168,14 +165,6 @@ def open_step_loop(ctx: TrainContext, path: Any, counters: dict[str, Any], max_s
     return evaluate
 
 
-def log_and_save(
-    ctx: TrainContext, step: int, max_steps: int, metrics: dict[str, Any], state_fn: Callable[[], dict[str, Any]]
-) -> None:
-    """Log the step's metrics, then save its checkpoint when due (``save_if_due``)."""
-    ctx.logger.log_step(step, metrics)
-    save_if_due(ctx.checkpointer, step, max_steps, state_fn)
-
-
 def step_time_metrics(counters: Mapping[str, Any], timings: tuple[float, float, float]) -> dict[str, Any]:
     """``consumed_samples`` and the seconds spent in generation, log-probs (forwards) and training."""
     t_gen, t_lp, t_train = timings
@@ -187,27 +176,30 @@ def step_time_metrics(counters: Mapping[str, Any], timings: tuple[float, float, 
     }
 
 
-def validate_if_due(
+def finish_step(
+    ctx: TrainContext,
     step: int,
+    max_steps: int,
     metrics: dict[str, Any],
     counters: dict[str, Any],
     evaluate: Callable[[], float],
-    *,
-    val_period: int,
-    max_steps: int,
-    logger: PhaseLogger,
+    path_metrics: Callable[[], dict[str, Any]],
+    state_fn: Callable[[], dict[str, Any]],
     detail: Callable[[], str] | None = None,
 ) -> None:
-    """Evaluate after ``step`` when :func:`should_validate` says so and log the step line.
+    """End a GRPO / PPO step: evaluate when due, add ``path_metrics()``, log, checkpoint when due.
 
-    ``detail`` makes the text logged between loss and accuracy (ending in ``", "``); called only then.
+    ``detail`` makes the text logged between loss and accuracy (ending in ``", "``); called only when evaluating.
     """
-    if should_validate(step, val_period=val_period, max_steps=max_steps):
+    if should_validate(step, val_period=int(ctx.cfg.algorithm.val_period), max_steps=max_steps):
         acc = record_validation(counters, metrics, evaluate)
-        logger.info(
+        ctx.logger.info(
             f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
             f"{detail() if detail else ''}held-out accuracy {acc:.3f}"
         )
+    metrics.update(path_metrics())
+    ctx.logger.log_step(step, metrics)
+    save_if_due(ctx.checkpointer, step, max_steps, state_fn)
 
 
 def record_validation(counters: dict[str, Any], metrics: dict[str, Any], evaluate_fn: Callable[[], float]) -> float:
@@ -238,18 +230,6 @@ def trainer_state(
     state["loader"] = loader_state
     state["driver_rng"] = capture_rng_state()
     return state
-
-
-def clipped_pg_loss_fn(algo: Any, cls: type[ClippedPGLossFn] = ClippedPGLossFn, **kwargs: Any) -> ClippedPGLossFn:
-    """``cls`` configured by a GRPO / PPO ``algorithm`` node's ``loss`` section; ``kwargs`` go to ``cls`` as well."""
-    loss_cfg = algo.loss
-    return cls(
-        float(loss_cfg.ratio_clip_min),
-        float(loss_cfg.ratio_clip_max),
-        float(loss_cfg.reference_policy_kl_penalty),
-        bool(loss_cfg.token_level_loss),
-        **kwargs,
-    )
 
 
 def save_if_due(
