@@ -79,7 +79,8 @@ def collect_grpo_rows(
 
     Returns:
         ``(rows, info)``: ``num_prompts_per_step x num_generations_per_prompt`` rows carrying
-        ``rewards``, ``baseline`` and ``std``; ``info`` as :func:`finish_grpo_step_metrics` takes it.
+        ``rewards``, ``baseline`` and ``std``; ``info`` holds the unfiltered rewards (cut to the batch
+        size), ``num_gen_batches`` and ``num_discarded_valid_samples``.
 
     Raises:
         ValueError: Dynamic sampling reached ``max_gen_batches``.
