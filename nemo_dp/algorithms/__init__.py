@@ -1,6 +1,3 @@
-"""nemo_dp.algorithms: losses, advantages, GAE, rollouts and the trainers.
-
-Every trainer is called as ``trainer(ctx)`` with a ``TrainContext`` (``context.py``) and returns
-its final counters ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}``
-(accuracies ``None`` when never evaluated).
+"""Losses, advantages, rollouts and the trainers: each is ``trainer(ctx: TrainContext)`` returning its final
+counters ``{"step", "consumed_samples", "val_accuracy", "initial_val_accuracy"}`` (``None``: never evaluated).
 """

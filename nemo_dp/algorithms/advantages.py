@@ -1,8 +1,4 @@
-"""Group-relative (GRPO) baselines and advantages.
-
-A prompt's samples are ``group_size`` contiguous rows; a sample's advantage is its reward minus
-the group baseline, optionally divided by the group's reward std.
-"""
+"""Group-relative (GRPO) baselines and advantages; a prompt's samples are ``group_size`` contiguous rows."""
 
 from __future__ import annotations
 
@@ -12,18 +8,10 @@ import torch
 def grpo_baseline_and_std(
     rewards: torch.Tensor, group_size: int, leave_one_out: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample baseline and std of its group.
+    """Per-sample baseline (group mean, or with ``leave_one_out`` the mean of the others) and group std.
 
-    Args:
-        rewards: float ``[N]``, groups contiguous, ``N`` a multiple of ``group_size``.
-        leave_one_out: Baseline = mean of the OTHER samples of the group (needs
-            ``group_size >= 2``) instead of the group mean.
-
-    Returns:
-        ``(baseline [N], std [N])``. The std is the unbiased (Bessel) std of the whole group,
-        the same for all its members whatever the baseline; 0 for groups of one and for groups
-        whose rewards are all equal. (A leave-one-out std would be 0 for a lone success among
-        failures and blow its advantage up.)
+    The std is the unbiased std of the whole group, whatever the baseline (a leave-one-out std would
+    be 0 for a lone success and blow its advantage up); 0 for groups of one or of equal rewards.
 
     Raises:
         ValueError: On a bad shape or group size.
@@ -34,17 +22,12 @@ def grpo_baseline_and_std(
         raise ValueError(f"grpo_baseline_and_std: group_size must be >= 1, got {group_size}")
     n = rewards.shape[0]
     if n % group_size != 0:
-        raise ValueError(
-            f"grpo_baseline_and_std: {n} rewards are not a multiple of group_size={group_size}"
-        )
+        raise ValueError(f"grpo_baseline_and_std: {n} rewards are not a multiple of group_size={group_size}")
     if leave_one_out and group_size < 2:
         raise ValueError("grpo_baseline_and_std: leave_one_out needs group_size >= 2, got 1")
     groups = rewards.float().view(-1, group_size)
     total = groups.sum(dim=1, keepdim=True)
-    if leave_one_out:
-        baseline = (total - groups) / (group_size - 1)
-    else:
-        baseline = (total / group_size).expand_as(groups)
+    baseline = (total - groups) / (group_size - 1) if leave_one_out else (total / group_size).expand_as(groups)
     if group_size >= 2:
         std = groups.std(dim=1, unbiased=True, keepdim=True).expand_as(groups)
     else:
@@ -53,18 +36,11 @@ def grpo_baseline_and_std(
 
 
 def grpo_advantages(
-    rewards: torch.Tensor,
-    baseline: torch.Tensor,
-    std: torch.Tensor,
-    normalize_std: bool,
-    eps: float = 1e-6,
+    rewards: torch.Tensor, baseline: torch.Tensor, std: torch.Tensor, normalize_std: bool, eps: float = 1e-6
 ) -> torch.Tensor:
-    """Advantages ``rewards - baseline``, divided by ``std + eps`` when ``normalize_std``.
+    """Float32 advantages ``rewards - baseline``, divided by ``std + eps`` when ``normalize_std``.
 
-    Groups with zero std (all rewards equal) get zero advantage with the group-mean baseline
-    and with the leave-one-out baseline alike, so they contribute no policy gradient.
-
-    All tensors are float ``[N]``; the result is float32.
+    Groups of equal rewards get zero advantage with either baseline.
 
     Raises:
         ValueError: If the shapes differ.

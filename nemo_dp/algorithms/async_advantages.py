@@ -1,8 +1,4 @@
-"""The GRPO advantage estimator rollout actors apply to their shards.
-
-A picklable callable built from the algorithm config; it runs the functions ``grpo_sync`` uses,
-so advantages are identical and nothing per-row travels through the driver.
-"""
+"""The GRPO advantage estimator rollout actors apply to their shards (the functions ``grpo_sync`` uses)."""
 
 from __future__ import annotations
 
@@ -18,12 +14,7 @@ __all__ = ["GroupAdvantages"]
 
 @dataclass(frozen=True)
 class GroupAdvantages:
-    """Group-relative baselines, stds and advantages of contiguous whole groups.
-
-    Attributes:
-        leave_one_out: Leave-one-out baseline instead of the group mean.
-        normalize_rewards: Divide advantages by the group's reward std (+ eps).
-    """
+    """Picklable group-relative baselines, stds and advantages of contiguous whole groups."""
 
     group_size: int
     leave_one_out: bool
@@ -31,7 +22,6 @@ class GroupAdvantages:
 
     @classmethod
     def from_algorithm(cls, algo: Any) -> GroupAdvantages:
-        """The estimator an ``algorithm`` (GRPO) node asks for."""
         return cls(
             group_size=int(algo.num_generations_per_prompt),
             leave_one_out=bool(algo.use_leave_one_out_baseline),
@@ -39,10 +29,10 @@ class GroupAdvantages:
         )
 
     def __call__(self, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(baseline, std, advantages)``, each ``[N]``, of float ``[N]`` contiguous-group ``rewards``.
+        """``(baseline, std, advantages)`` of float ``[N]`` contiguous-group ``rewards``.
 
         Raises:
-            ValueError: ``N`` is not a multiple of ``group_size`` (from the estimator).
+            ValueError: ``N`` is not a multiple of ``group_size``.
         """
         baseline, std = grpo_baseline_and_std(rewards, self.group_size, self.leave_one_out)
         return baseline, std, grpo_advantages(rewards, baseline, std, self.normalize_rewards)

@@ -1,8 +1,4 @@
-"""Per-step record of which prompts asynchronous GRPO trained (``async_ledger.jsonl``).
-
-One JSON line per trained step (loader epoch, prompt indices, sample ids), so exactly-once
-training over an interrupted run plus its resume can be checked.
-"""
+"""Per-step record of the prompts asynchronous GRPO trained (``async_ledger.jsonl``), to check exactly-once."""
 
 from __future__ import annotations
 
@@ -51,16 +47,8 @@ class AsyncLedger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
 
-    def append(
-        self, step: int, *, epoch: int, indices: Sequence[int], sample_ids: Sequence[str], version: int
-    ) -> None:
-        """Record one trained step.
-
-        Args:
-            epoch: Loader epoch of the step's prompts.
-            indices: Dataset indices of the step's prompts.
-            version: Policy version that generated the rows.
-        """
+    def append(self, step: int, *, epoch: int, indices: Sequence[int], sample_ids: Sequence[str], version: int) -> None:
+        """Record one trained step (``indices``: dataset indices; ``version``: the generating policy's)."""
         rec = {
             "step": int(step),
             "epoch": int(epoch),

@@ -1,8 +1,6 @@
 """Off-policy correction for asynchronous GRPO: a truncated importance weight on stale samples.
 
-Each token's policy-gradient term is re-weighted by the detached ratio
-``min(exp(prev_logprobs - generation_logprobs), importance_ratio_cap)``; a lag-0 sample gets
-``w = 1``, so the loss equals ``ClippedPGLossFn``'s bit for bit.
+A lag-0 sample gets weight 1, so the loss equals ``ClippedPGLossFn``'s bit for bit.
 """
 
 from __future__ import annotations
@@ -24,15 +22,7 @@ def truncated_importance_weights(
     lag: torch.Tensor,
     cap: float,
 ) -> torch.Tensor:
-    """Per-token ``min(exp(prev - gen), cap)`` for stale rows, exactly 1 for fresh ones.
-
-    Returns float32 ``[b, s]`` weights (no gradient).
-
-    Args:
-        prev_logprobs: float ``[b, s]`` under the trainer's policy before the step.
-        generation_logprobs: float ``[b, s]`` behaviour log-probs recorded at generation.
-        lag: int ``[b]`` policy versions the row lags behind the trainer (>= 0).
-        cap: >= 1.
+    """Per-token ``min(exp(prev - gen), cap)`` for rows with ``lag > 0``, exactly 1 for fresh ones (no gradient).
 
     Raises:
         ValueError: On a negative lag or a cap below 1.
@@ -50,9 +40,7 @@ def truncated_importance_weights(
 class TruncatedISClippedPGLoss(ClippedPGLossFn):
     """``ClippedPGLossFn`` with the policy-gradient term re-weighted on stale samples.
 
-    Args:
-        importance_ratio_cap: Cap of the truncated importance weight (>= 1).
-        trainer_version: The trainer's policy version for this step (``pi_old``).
+    ``trainer_version`` is the trainer's policy version for this step.
 
     Raises:
         ValueError: On bad clip/KL values, a cap below 1 or a negative version.
@@ -74,7 +62,7 @@ class TruncatedISClippedPGLoss(ClippedPGLossFn):
         return ("generation_logprobs", POLICY_VERSION)
 
     def _pg_weight(self, mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The truncated importance weight of each token (1 on rows of the trainer's version).
+        """The truncated importance weight of each token.
 
         Raises:
             ValueError: A row's version is newer than the trainer's.
@@ -92,7 +80,6 @@ class TruncatedISClippedPGLoss(ClippedPGLossFn):
     def _weight_metrics(
         self, reduce: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor
     ) -> dict[str, float]:
-        """``is_weight`` (mean weight share) and ``is_truncated_fraction`` (share at the cap)."""
         return {
             "is_weight": float(reduce(weight)),
             "is_truncated_fraction": float(reduce((weight >= self.importance_ratio_cap).float())),

@@ -8,18 +8,10 @@ __all__ = ["staleness_metrics", "idle_metrics"]
 
 
 def staleness_metrics(lags: Sequence[int], max_staleness: int) -> dict[str, float]:
-    """Histogram and summary of the policy lag of a step's trained rows.
-
-    Args:
-        lags: Per-row ``trainer_version - policy_version`` (each in ``[0, max_staleness]``).
-        max_staleness: Histogram bins are ``0..max_staleness``.
-
-    Returns:
-        ``async/staleness_mean``, ``async/staleness_max`` and one
-        ``async/staleness_hist/<k>`` row count per bin.
+    """``async/staleness_mean``, ``_max`` and a ``async/staleness_hist/<k>`` row count per lag ``0..max_staleness``.
 
     Raises:
-        ValueError: No rows, or a lag outside ``[0, max_staleness]`` (the bound was broken).
+        ValueError: No rows, or a lag outside ``[0, max_staleness]``.
     """
     values = [int(x) for x in lags]
     if not values:
@@ -27,8 +19,7 @@ def staleness_metrics(lags: Sequence[int], max_staleness: int) -> dict[str, floa
     bad = sorted({v for v in values if v < 0 or v > max_staleness})
     if bad:
         raise ValueError(
-            f"staleness_metrics: policy lags {bad} outside [0, algorithm.async_rollout.max_staleness="
-            f"{max_staleness}]"
+            f"staleness_metrics: policy lags {bad} outside [0, algorithm.async_rollout.max_staleness={max_staleness}]"
         )
     out: dict[str, float] = {
         "async/staleness_mean": sum(values) / len(values),
@@ -47,17 +38,9 @@ def idle_metrics(
     num_rollout_workers: int,
     window: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """Idle fractions of the trainer and of the rollout actors over one step window.
+    """``async/trainer_idle_frac``, ``async/rollout_idle_frac`` of one step window, plus ``time/<key>`` of ``window``.
 
-    Args:
-        claim_wait_s: Seconds the trainer spent waiting for samples.
-        rollout_busy_s: Generation + put seconds of rollout shards that finished in the window.
-        window: Optional extra seconds to report as ``time/<key>``.
-
-    Returns:
-        ``async/trainer_idle_frac``, ``async/rollout_idle_frac`` (both clamped to ``[0, 1]``;
-        a shard is counted in the window it finishes, so one window can over- or under-count a
-        long shard), plus the ``time/`` entries.
+    Both are clamped to ``[0, 1]``: a shard counts in the window it finishes in.
 
     Raises:
         ValueError: ``wall_s <= 0`` or ``num_rollout_workers < 1``.

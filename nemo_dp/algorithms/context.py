@@ -1,8 +1,4 @@
-"""``TrainContext``: the one argument every trainer takes.
-
-The logger and checkpointer are small protocols, implemented by the run layer's ``RunLogger`` /
-``Checkpointer`` (or by a benchmark or test).
-"""
+"""``TrainContext``, the one argument every trainer takes, and the logger/checkpointer protocols it holds."""
 
 from __future__ import annotations
 
@@ -52,25 +48,19 @@ class TrainHooks:
     """Callbacks a caller injects into a trainer run (fault injection in tests, probes).
 
     Attributes:
-        on_checkpoint_staged: Called as ``fn(step, tmp_dir)`` by a trainer that writes its
-            checkpoint in stages, after the state and the data plane are in the temporary
-            directory and before the manifest and the commit rename (a test can kill the
-            process there to prove the previous checkpoint survives).
-        on_model_built: Called as ``fn(role, model)`` when a trainer builds a model of its own
-            (PPO's critic: ``role="value"``), so a caller can observe it (the bench counts the
-            critic's worker-group traffic too).
+        on_checkpoint_staged: ``fn(step, tmp_dir)`` after a staged checkpoint's state and data plane are
+            written, before the manifest and the commit rename.
+        on_model_built: ``fn(role, model)`` when a trainer builds a model of its own (PPO: ``"value"``).
     """
 
     on_checkpoint_staged: Callable[[int, Path], None] | None = None
     on_model_built: Callable[[str, Any], None] | None = None
 
     def checkpoint_staged(self, step: int, tmp_dir: Path) -> None:
-        """Run ``on_checkpoint_staged`` when set."""
         if self.on_checkpoint_staged is not None:
             self.on_checkpoint_staged(step, tmp_dir)
 
     def model_built(self, role: str, model: Any) -> None:
-        """Run ``on_model_built`` when set."""
         if self.on_model_built is not None:
             self.on_model_built(role, model)
 
@@ -79,12 +69,7 @@ class TrainHooks:
 class TrainContext:
     """Everything one training phase runs on.
 
-    Attributes:
-        policy: ``Policy`` or the data-plane ``TQPolicy``.
-        cfg: The validated root config.
-        train_loader: Resumable loader of SFT pairs (SFT) or problems (GRPO / PPO).
-        val_problems: Held-out problems for greedy exact-match evaluation.
-        start_state: A loaded checkpoint to resume from, or ``None`` for a fresh run.
+    ``start_state`` is a loaded checkpoint to resume from, or ``None`` for a fresh run.
     """
 
     policy: Any

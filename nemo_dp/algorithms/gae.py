@@ -1,22 +1,14 @@
-"""Token-level PPO advantage estimation: rewards, GAE, returns, whitening, explained variance.
+"""Token-level PPO advantage estimation over ``[B, S]`` tensors aligned with ``input_ids``.
 
-Per-token tensors are ``[B, S]`` aligned with
-``input_ids``; ``values[:, t]`` estimates the state before token ``t`` is emitted.  ``mask`` is
-``token_mask * sample_mask``; response tokens are contiguous and the step after the last one is
-terminal (value 0).
+``values[:, t]`` estimates the state before token ``t``; ``mask`` is ``token_mask * sample_mask``;
+the step after a row's last masked-in token is terminal (value 0).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = [
-    "token_level_rewards",
-    "compute_gae",
-    "masked_mean",
-    "masked_whiten",
-    "explained_variance",
-]
+__all__ = ["token_level_rewards", "compute_gae", "masked_mean", "masked_whiten", "explained_variance"]
 
 
 def _check_2d(name: str, t: torch.Tensor, shape: torch.Size | None = None) -> None:
@@ -27,26 +19,11 @@ def _check_2d(name: str, t: torch.Tensor, shape: torch.Size | None = None) -> No
 
 
 def token_level_rewards(
-    scores: torch.Tensor,
-    mask: torch.Tensor,
-    logprobs: torch.Tensor,
-    reference_logprobs: torch.Tensor,
-    kl_coef: float,
+    scores: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor, reference_logprobs: torch.Tensor, kl_coef: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token rewards: the sequence score at the last response token, minus a KL penalty.
+    """Per-token rewards: ``-kl_coef * (logprobs - reference_logprobs)`` on the mask, plus the score at the last token.
 
-    ``r[i, t] = -kl_coef * (logprobs[i, t] - reference_logprobs[i, t])`` on masked-in tokens,
-    plus ``scores[i]`` on the last masked-in token of row ``i``; 0 elsewhere.  Rows without a
-    masked-in token get no reward at all.
-
-    Args:
-        scores: float ``[B]`` sequence rewards from the environment.
-        logprobs: float ``[B, S]`` of the policy that sampled (``prev_logprobs``).
-        kl_coef: >= 0.
-
-    Returns:
-        ``(rewards, kl)``, float32 ``[B, S]``; ``kl`` is ``logprobs - reference_logprobs`` on
-        masked-in tokens (0 elsewhere).
+    Rows without a masked-in token get no reward.  Returns float32 ``(rewards, kl)``, ``kl`` 0 off the mask.
 
     Raises:
         ValueError: On mismatched shapes or a negative ``kl_coef``.
@@ -73,26 +50,13 @@ def token_level_rewards(
 
 
 def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    gamma: float,
-    lam: float,
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over each row's masked-in tokens.
+    """Generalised advantage estimation over each row's masked-in tokens; returns float32 ``(advantages, returns)``.
 
-    With ``V'_t`` the value of the next masked-in token of the row (0 after the last one):
-    ``delta_t = r_t + gamma * V'_t - V_t`` and ``A_t = delta_t + gamma * lam * A'_t``;
-    returns ``R_t = A_t + V_t``.  Masked-out columns are skipped (they neither contribute nor
-    break the recursion) and get advantage and return 0.
-
-    Args:
-        rewards: float ``[B, S]`` (``token_level_rewards``).
-        values: float ``[B, S]`` critic values (aligned as described in the module docstring).
-        gamma, lam: In ``[0, 1]``.
-
-    Returns:
-        ``(advantages, returns)``, float32 ``[B, S]``, 0 where ``mask`` is 0.
+    With ``V'_t`` the value of the row's next masked-in token (0 after the last one):
+    ``delta_t = r_t + gamma * V'_t - V_t``, ``A_t = delta_t + gamma * lam * A'_t``, ``R_t = A_t + V_t``.
+    Masked-out columns are skipped and get 0.
 
     Raises:
         ValueError: On mismatched shapes or ``gamma`` / ``lam`` outside ``[0, 1]``.
@@ -123,11 +87,7 @@ def compute_gae(
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` (any shape) over entries where the 0/1 ``mask`` (same shape) is 1, as a float32 scalar tensor.
-
-    Raises:
-        ValueError: If the mask selects nothing.
-    """
+    """Float32 mean of ``x`` where the 0/1 ``mask`` is 1; raises ``ValueError`` if the mask selects nothing."""
     m = mask.float()
     n = m.sum()
     if float(n) <= 0:
@@ -136,13 +96,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Whiten ``x`` over ``mask == 1`` entries: zero mean, unit (population) variance (+ ``eps``).
-
-    Returns float32 ``[B, S]``, 0 where ``mask`` is 0.
-
-    Raises:
-        ValueError: If the mask selects nothing.
-    """
+    """Like :func:`masked_mean`, but whitens ``x``: zero mean, unit population variance (+ ``eps``), 0 off the mask."""
     m = mask.float()
     mean = masked_mean(x, m)
     var = masked_mean((x.float() - mean) ** 2, m)
@@ -150,11 +104,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """``1 - Var[returns - values] / Var[returns]`` over ``mask == 1`` entries.
-
-    1 means the critic predicts the returns perfectly, 0 means no better than their mean,
-    negative means worse.  When the returns have no variance the result is defined as 0.
-    All tensors are ``[B, S]``.
+    """``1 - Var[returns - values] / Var[returns]`` over the mask; 0 when the returns have no variance.
 
     Raises:
         ValueError: If the mask selects nothing.

@@ -1,25 +1,21 @@
-"""Legacy (in-memory) GRPO trainer: ``grpo_train(ctx)``.
-
-The step is ``grpo_step.run_grpo``'s; :class:`LegacyGRPOPath` keeps each step's rows in one
-``BatchedDataDict`` on the driver.  This module never imports the data plane.
-"""
+"""Legacy (in-memory) GRPO trainer: ``grpo_train(ctx)``.  Never imports the data plane."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
-from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
+from nemo_dp.algorithms.grpo_step import StepRows, run_grpo
+from nemo_dp.algorithms.trainer_common import DriverPathHooks
 from nemo_dp.algorithms.rollout import rollout
-from nemo_dp.algorithms.trainer_common import context_evaluator
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
-__all__ = ["grpo_train", "collect_grpo_batch", "LegacyGRPOPath", "GRPO_TRAIN_KEYS"]
+__all__ = ["grpo_train", "LegacyGRPOPath", "GRPO_TRAIN_KEYS"]
 
 #: The fields ``policy.train`` receives.
 GRPO_TRAIN_KEYS: tuple[str, ...] = (
@@ -34,26 +30,11 @@ GRPO_TRAIN_KEYS: tuple[str, ...] = (
 )
 
 
-class LegacyGRPOPath:
-    """GRPO's rows in driver memory: one ``BatchedDataDict`` per step (``carry is handle``).
-
-    ``policy`` is a plain ``Policy``; ``tokenizer``'s pad id pads concatenated batches.
-    """
+class LegacyGRPOPath(DriverPathHooks):
+    """GRPO's rows in driver memory: one ``BatchedDataDict`` per step (``carry is handle``)."""
 
     def __init__(self, policy: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.tokenizer, self.env = policy, tokenizer, env
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx)
-
-    def start_run(self) -> None:
-        pass
-
-    def begin_step(self, num_samples: int, group_size: int) -> None:
-        pass
-
-    def end_step(self) -> None:
-        pass
 
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
         out = rollout(
@@ -113,33 +94,9 @@ class LegacyGRPOPath:
         keys += [k for k in IMAGE_FIELDS if k in train_batch]
         return self.policy.train(BatchedDataDict({k: train_batch[k] for k in keys}), loss_fn)
 
-    def step_metrics(self, step: int, step_s: float) -> dict[str, Any]:
-        return {}
-
-
-def collect_grpo_batch(
-    policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
-) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """Roll out until one step's batch is complete (``grpo_step.collect_grpo_rows`` in memory).
-
-    Returns:
-        ``(batch, info)``: the rows with generation fields, ``rewards``, ``baseline``, ``std``,
-        and the collector's info.
-
-    Raises:
-        ValueError: Dynamic sampling exhausted ``max_gen_batches``.
-    """
-    rows, info = collect_grpo_rows(
-        LegacyGRPOPath(policy, tokenizer, env), master_config, train_loader=train_loader, step=step
-    )
-    return rows.handle, info
-
 
 def grpo_train(ctx: TrainContext) -> dict[str, Any]:
-    """Run GRPO for ``algorithm.max_steps`` steps with the batch in driver memory.
-
-    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` GRPO.
-
+    """Run GRPO for ``algorithm.max_steps`` steps with the batch in driver memory (``ctx.policy`` a plain ``Policy``).
 
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.

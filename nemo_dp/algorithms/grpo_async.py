@@ -1,10 +1,8 @@
 """Asynchronous GRPO over TransferQueue: ``grpo_train_async``.
 
-Rollout actors (``RolloutGroup``) generate batch ``k`` with policy version ``v >= k - 1 -
-max_staleness`` while the trainer trains; the trainer claims rows as they arrive.  Stale samples
-are never generated, only bounded; with ``max_staleness=0`` metrics equal ``grpo_train_sync``'s.
-A checkpoint stores the loader position before in-flight batches, so a resume regenerates them
-and every prompt is trained exactly once.  The store is reached only through policy facades.
+Rollout actors generate batch ``k`` with policy version ``v >= k - 1 - max_staleness`` while the trainer
+trains; with ``max_staleness=0`` metrics equal ``grpo_train_sync``'s.  A checkpoint stores the loader
+position before in-flight batches, so a resume regenerates them and every prompt is trained exactly once.
 """
 
 from __future__ import annotations
@@ -20,22 +18,19 @@ from nemo_dp.algorithms.async_ledger import AsyncLedger
 from nemo_dp.algorithms.async_losses import TruncatedISClippedPGLoss
 from nemo_dp.algorithms.async_metrics import idle_metrics, staleness_metrics
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS
+from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS, start_grpo_phase
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.store_eval import make_store_evaluator
 from nemo_dp.algorithms.trainer_common import (
-    clipped_pg_loss_fn,
+    context_evaluator,
     record_validation,
     rollout_shape,
     sample_seeds,
     should_validate,
-    start_counters,
     trainer_state,
     validate_at_start,
 )
-from nemo_dp.config.async_rollout import (
-    coerce_async_rollout_config,
-    validate_async_rollout_selection,
-)
+from nemo_dp.config.async_rollout import coerce_async_rollout_config, validate_async_rollout_selection
 from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.schema import DP_TRAIN_FIELDS
 from nemo_dp.environments.weighted import PART_PREFIX, reward_part_means
@@ -52,9 +47,7 @@ ASYNC_STATE_KEY = "async_rollout"
 
 def _check_entry(policy: Any, master_config: Any) -> None:
     if not validate_async_rollout_selection(master_config):
-        raise ValueError(
-            "grpo_train_async needs algorithm.name=grpo with algorithm.async_rollout.enabled=true"
-        )
+        raise ValueError("grpo_train_async needs algorithm.name=grpo with algorithm.async_rollout.enabled=true")
     selection = validate_trainer_selection(master_config)
     if selection.target != TRAINER_TARGET:
         raise ValueError(
@@ -81,14 +74,7 @@ def _tag_parts(tags: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
-    """Run asynchronous GRPO for ``algorithm.max_steps`` steps over TransferQueue.
-
-    Same call signature, checkpoints and step metrics as ``grpo_train_sync``, plus ``async/*``
-    metrics (throughput, staleness histogram, idle fractions, store occupancy).
-
-    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``, ``ctx.cfg`` GRPO with
-    ``async_rollout.enabled`` and ``data_plane=tq``.
-
+    """Run asynchronous GRPO: ``grpo_train_sync``'s checkpoints and step metrics, plus ``async/*`` metrics.
 
     Raises:
         ValueError: The config does not select this trainer, the policy is not a data-plane
@@ -98,7 +84,7 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     """
     policy, master_config, train_loader = ctx.policy, ctx.cfg, ctx.train_loader
     tokenizer, env, logger, val_problems = ctx.tokenizer, ctx.env, ctx.logger, ctx.val_problems
-    checkpointer, start_state = ctx.checkpointer, ctx.start_state
+    checkpointer = ctx.checkpointer
     _check_entry(policy, master_config)
     ledger_dir = getattr(logger, "out_dir", None)
     if ledger_dir is None:
@@ -112,30 +98,17 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
     max_steps, group, per_step = rollout_shape(algo)
     seed = int(master_config.seed)
     restored: dict[str, Any] = {}
-    counters = start_counters(
-        start_state,
-        algorithm="grpo",
-        policy=policy,
-        train_loader=train_loader,
-        logger=logger,
-        restore_extra=lambda s: restored.update(dict(s.get(ASYNC_STATE_KEY) or {})),
-    )
-    if start_state is None:
-        policy.snapshot_reference_policy()
-        optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
-        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
-    elif restored:
+    counters = start_grpo_phase(ctx, restore_extra=lambda s: restored.update(dict(s.get(ASYNC_STATE_KEY) or {})))
+    if restored:
         logger.info(
             f"resume: regenerating in-flight rollout batches {restored.get('in_flight_batches', [])} "
             "discarded with the interrupted run"
         )
-    sync_loss = clipped_pg_loss_fn(algo)
+    sync_loss = ClippedPGLossFn.from_algorithm(algo)
     logger.start(max_steps, int(counters["step"]))
     ledger = AsyncLedger(ledger_dir)
     ledger.truncate_after(int(counters["step"]))
-    _evaluate = make_store_evaluator(
-        policy, val_problems, tokenizer=tokenizer, env=env, master_config=master_config, logger=logger
-    )
+    _evaluate = context_evaluator(ctx, make_store_evaluator)
     validate_at_start(counters, _evaluate, algo=algo, num_problems=len(val_problems), logger=logger)
 
     threads = int(acfg.torch_threads) or int(master_config.policy.torch_threads)
@@ -191,11 +164,8 @@ def grpo_train_async(ctx: TrainContext) -> dict[str, Any]:
                 loss_fn: Any = sync_loss
                 fields: tuple[str, ...] = DP_TRAIN_FIELDS
             else:
-                loss_cfg = algo.loss
-                loss_fn = TruncatedISClippedPGLoss(
-                    float(loss_cfg.ratio_clip_min), float(loss_cfg.ratio_clip_max),
-                    float(loss_cfg.reference_policy_kl_penalty), bool(loss_cfg.token_level_loss),
-                    importance_ratio_cap=float(acfg.importance_ratio_cap), trainer_version=version,
+                loss_fn = TruncatedISClippedPGLoss.from_algorithm(
+                    algo, importance_ratio_cap=float(acfg.importance_ratio_cap), trainer_version=version
                 )
                 fields = (*DP_TRAIN_FIELDS, POLICY_VERSION)
             t2 = time.perf_counter()

@@ -1,9 +1,5 @@
-"""The one synchronous GRPO step, over either batch path.
-
-:func:`collect_grpo_rows` (rollout, group baselines, dynamic sampling) and :func:`run_grpo` (the
-step loop: log-probs, training, metrics, validation, checkpoints) are written once here; a
-:class:`GRPOBatchPath` says where the rows live: in driver memory (``grpo.LegacyGRPOPath``)
-or in the data plane (``grpo_sync.StoreGRPOPath``).  This module never imports the data plane.
+"""The one synchronous GRPO step over either batch path: driver memory (``grpo.LegacyGRPOPath``) or
+the data plane (``grpo_sync.StoreGRPOPath``).  Never imports the data plane.
 """
 
 from __future__ import annotations
@@ -17,14 +13,14 @@ import torch
 
 from nemo_dp.algorithms.advantages import grpo_advantages, grpo_baseline_and_std
 from nemo_dp.algorithms.context import TrainContext
-from nemo_dp.algorithms.grpo_common import LogprobPlan, finish_grpo_step_metrics, logprob_plan
+from nemo_dp.algorithms.grpo_common import PG_TRAIN_METRICS, LogprobPlan, logprob_plan, start_grpo_phase
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.trainer_common import (
-    clipped_pg_loss_fn,
-    log_and_save,
+    finish_step,
     open_step_loop,
     rollout_shape,
     sample_seeds,
-    start_counters,
+    step_time_metrics,
     trainer_state,
 )
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
@@ -36,13 +32,7 @@ __all__ = ["StepRows", "GRPOBatchPath", "collect_grpo_rows", "run_grpo"]
 
 @dataclass
 class StepRows:
-    """A step's rows: ``handle`` reaches the per-token data, ``carry`` holds per-row values.
-
-    Attributes:
-        handle: The legacy path's ``BatchedDataDict`` (then ``carry is handle``) or the data
-            plane's ``KVBatchMeta``.
-        carry: ``rewards``, ``baseline``, ``std``, ``truncated`` (and the path's lengths) per row.
-    """
+    """A step's rows: ``handle`` (``BatchedDataDict`` or ``KVBatchMeta``) and a per-row ``carry``."""
 
     handle: Any
     carry: BatchedDataDict
@@ -53,46 +43,33 @@ class StepRows:
 
 
 class GRPOBatchPath(Protocol):
-    """What the GRPO step asks of the place its rows live."""
+    """What the GRPO step asks of the place its rows live.
 
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        """The held-out evaluation of the phase."""
+    ``start_run`` is called once before the first step, ``begin_step`` before a step's first rollout,
+    ``end_step`` after a step, also when it failed.  ``rollout`` samples ``group`` responses per problem
+    (one seed each) and scores them; ``stamp`` records the group baselines and stds with the rows;
+    ``keep`` and ``head`` drop the other rows (``keep`` returns ``None`` when empty).  ``logprobs``
+    computes what ``plan`` asks for and returns the input of ``train`` (``policy.train``'s result);
+    ``step_metrics`` are logged with the step's.
+    """
 
-    def start_run(self) -> None:
-        """Called once before the first step."""
-
-    def begin_step(self, num_samples: int, group_size: int) -> None:
-        """Called before a step's first rollout."""
-
-    def end_step(self) -> None:
-        """Called after a step, also when it failed."""
-
-    def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
-        """Sample ``group`` responses per problem (one seed per response) and score them."""
-
-    def stamp(self, rows: StepRows, baseline: torch.Tensor, std: torch.Tensor) -> None:
-        """Record the group baselines and stds with the rows."""
-
-    def keep(self, rows: StepRows, keep: list[int]) -> StepRows | None:
-        """The rows at ``keep`` (the others are dropped); ``None`` when ``keep`` is empty."""
-
-    def concat(self, first: StepRows, second: StepRows) -> StepRows:
-        """``first`` followed by ``second``."""
-
-    def head(self, rows: StepRows, n: int) -> StepRows:
-        """The first ``n`` rows (the rest are dropped)."""
-
-    def response_lengths(self, rows: StepRows) -> torch.Tensor:
-        """float ``[B]`` response lengths."""
-
-    def logprobs(self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan) -> Any:
-        """Compute the log-probs ``plan`` asks for; returns the training input for :meth:`train`."""
-
-    def train(self, rows: StepRows, train_input: Any, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]:
-        """One training call on :meth:`logprobs`' training input; returns ``policy.train``'s result."""
-
-    def step_metrics(self, step: int, step_s: float) -> dict[str, Any]:
-        """Extra per-step metrics of the path (logged with the step's)."""
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]: ...
+    def start_run(self) -> None: ...
+    def begin_step(self, num_samples: int, group_size: int) -> None: ...
+    def end_step(self) -> None: ...
+    def rollout(
+        self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int
+    ) -> StepRows: ...
+    def stamp(self, rows: StepRows, baseline: torch.Tensor, std: torch.Tensor) -> None: ...
+    def keep(self, rows: StepRows, keep: list[int]) -> StepRows | None: ...
+    def concat(self, first: StepRows, second: StepRows) -> StepRows: ...
+    def head(self, rows: StepRows, n: int) -> StepRows: ...
+    def response_lengths(self, rows: StepRows) -> torch.Tensor: ...
+    def logprobs(
+        self, rows: StepRows, advantages: torch.Tensor, sample_mask: torch.Tensor, plan: LogprobPlan
+    ) -> Any: ...
+    def train(self, rows: StepRows, train_input: Any, loss_fn: Any, plan: LogprobPlan) -> dict[str, Any]: ...
+    def step_metrics(self, step: int, step_s: float) -> dict[str, Any]: ...
 
 
 def collect_grpo_rows(
@@ -100,19 +77,13 @@ def collect_grpo_rows(
 ) -> tuple[StepRows, dict[str, Any]]:
     """Roll out until one step's batch is complete (with dynamic sampling when enabled).
 
-    Args:
-        train_loader: Yields ``num_prompts_per_step`` problems per batch.
-        step: 1-based; seeds depend on it.
-
     Returns:
-        ``(rows, info)``: exactly ``num_prompts_per_step x num_generations_per_prompt`` rows
-        whose carry holds ``rewards``, ``baseline`` and ``std``; ``info`` holds the unfiltered
-        rewards (truncated to the batch size), ``num_gen_batches`` and
-        ``num_discarded_valid_samples``.
+        ``(rows, info)``: ``num_prompts_per_step x num_generations_per_prompt`` rows carrying
+        ``rewards``, ``baseline`` and ``std``; ``info`` holds the unfiltered rewards (cut to the batch
+        size), ``num_gen_batches`` and ``num_discarded_valid_samples``.
 
     Raises:
-        ValueError: ``"Dynamic sampling reached max_gen_batches=..."`` when the batch cannot be
-            filled within the budget.
+        ValueError: Dynamic sampling reached ``max_gen_batches``.
     """
     algo = master_config.algorithm
     group = int(algo.num_generations_per_prompt)
@@ -165,12 +136,7 @@ def collect_grpo_rows(
 
 
 def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
-    """Run GRPO for ``algorithm.max_steps`` steps with the rows on ``path``.
-
-    A fresh run (no ``ctx.start_state``) freezes the current weights as the reference policy
-    and starts a fresh optimizer at ``policy.optimizer.lr`` (after an SFT warm start this makes
-    the warm-started model the reference).
-
+    """Run GRPO for ``algorithm.max_steps`` steps with the rows on ``path`` (start as :func:`start_grpo_phase`).
 
     Raises:
         ValueError: Dynamic sampling exhausted ``max_gen_batches``.
@@ -178,15 +144,9 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
     max_steps, group, per_step = rollout_shape(algo)
-    counters = start_counters(
-        ctx.start_state, algorithm="grpo", policy=policy, train_loader=train_loader, logger=logger
-    )
-    if ctx.start_state is None:
-        policy.snapshot_reference_policy()
-        optimizer_steps = max_steps * (per_step // int(master_config.policy.train_global_batch_size))
-        policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=optimizer_steps)
+    counters = start_grpo_phase(ctx)
     plan = logprob_plan(master_config)
-    loss_fn = clipped_pg_loss_fn(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
+    loss_fn = ClippedPGLossFn.from_algorithm(algo, prev_logprobs_from_forward=plan.reuse_train_forward)
     evaluate = open_step_loop(ctx, path, counters, max_steps)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
@@ -209,27 +169,23 @@ def run_grpo(ctx: TrainContext, path: GRPOBatchPath) -> dict[str, Any]:
             path.end_step()
         counters["step"] = step
         counters["consumed_samples"] += rows.size
-        metrics = finish_grpo_step_metrics(
-            step,
-            train_metrics,
-            info=info,
-            train_rewards=carry["rewards"],
-            reward_parts=reward_part_means(carry),
-            advantages=adv,
-            response_lengths=path.response_lengths(rows),
-            truncated=carry["truncated"],
-            sample_mask=sample_mask,
-            counters=counters,
-            timings=(t_gen, t_lp, t_train),
-            prev_logprobs_source=plan.prev_logprobs_source,
-            val_period=int(algo.val_period),
-            max_steps=max_steps,
-            evaluate=evaluate,
-            logger=logger,
-        )
-        metrics.update(path.step_metrics(step, time.perf_counter() - t_step))
-        log_and_save(
-            ctx, step, max_steps, metrics,
+        metrics: dict[str, Any] = {
+            **{k: train_metrics[k] for k in PG_TRAIN_METRICS},
+            "reward_mean": float(info["unfiltered_rewards"].mean()),
+            "train_reward_mean": float(carry["rewards"].mean()),
+            "advantage_abs_mean": float(adv.abs().mean()),
+            "mean_response_length": float(path.response_lengths(rows).mean()),
+            "truncated_fraction": float(carry["truncated"].float().mean()),
+            "sample_mask_mean": float(sample_mask.mean()),
+            "dynamic_sampling_num_gen_batches": info["num_gen_batches"],
+            "dynamic_sampling_num_discarded_valid_samples": info["num_discarded_valid_samples"],
+            **step_time_metrics(counters, (t_gen, t_lp, t_train)),
+            **reward_part_means(carry),
+            "prev_logprobs_source": plan.prev_logprobs_source,
+        }
+        finish_step(
+            ctx, step, max_steps, metrics, counters, evaluate,
+            lambda: path.step_metrics(step, time.perf_counter() - t_step),
             lambda: trainer_state("grpo", counters, policy.state_dict(), train_loader.state_dict()),
         )
     logger.close()

@@ -1,47 +1,34 @@
-"""Data-plane GRPO trainer: ``grpo_train_sync``.
+"""Data-plane GRPO trainer ``grpo_train_sync``: ``grpo_step.run_grpo`` with the rows in the store.
 
-The step is ``grpo_step.run_grpo``'s, as the legacy ``grpo_train``'s (identical metrics);
-:class:`StoreGRPOPath` keeps the rows in the store: workers write generations there, the driver
-holds metas and a small per-row carry, and advantages travel with the training dispatch.  A
-failed step drops its partition.
+The driver holds metas and a small per-row carry; a failed step drops its partition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_common import LogprobPlan
-from nemo_dp.algorithms.grpo_step import StepRows, collect_grpo_rows, run_grpo
-from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator, rollout_to_store
-from nemo_dp.algorithms.trainer_common import context_evaluator
+from nemo_dp.algorithms.grpo_step import StepRows, run_grpo
+from nemo_dp.algorithms.store_eval import StorePathHooks, check_sync_entry
 from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import ADVANTAGES, DP_TRAIN_FIELDS, SAMPLE_MASK, TAG_BASELINE, TAG_STD
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
-__all__ = ["grpo_train_sync", "collect_grpo_batch_sync", "StoreGRPOPath", "TRAINER_TARGET"]
+__all__ = ["grpo_train_sync", "StoreGRPOPath", "TRAINER_TARGET"]
 
 #: This trainer's registry entry in ``nemo_dp.config.trainer_lookup.TRAINER_REGISTRY``.
 TRAINER_TARGET = "nemo_dp.algorithms.grpo_sync:grpo_train_sync"
 
 
-class StoreGRPOPath:
-    """GRPO's rows in the data plane: a ``KVBatchMeta`` handle plus a per-row carry.
-
-    Args:
-        policy: A ``TQPolicy`` (its training partition is registered per step).
-        env: Scores responses (in the rollout workers).
-        logger: Where the per-step store line goes (``None``: not logged).
-    """
+class StoreGRPOPath(StorePathHooks):
+    """GRPO's rows in the data plane (``policy`` a ``TQPolicy``; ``logger`` for the store line, or ``None``)."""
 
     def __init__(self, policy: Any, tokenizer: Any, env: Any, logger: Any = None) -> None:
         self.policy, self.tokenizer, self.env, self.logger = policy, tokenizer, env, logger
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx, make_store_evaluator)
 
     def start_run(self) -> None:
         # Start the per-step store-metrics window here (drops pre-run traffic; no-op when off).
@@ -50,18 +37,8 @@ class StoreGRPOPath:
     def begin_step(self, num_samples: int, group_size: int) -> None:
         self.policy.prepare_step(num_samples=num_samples, group_size=group_size)
 
-    def end_step(self) -> None:
-        self.policy.drop_partition()
-
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int, iteration: int) -> StepRows:
-        problems = list(problems)
-        # One uid per prompt of this generation batch; ids are minted here, once per sample.
-        ids = [f"s{step}_b{iteration}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
-        out = rollout_to_store(
-            self.policy, problems, seeds, group=group, sample_ids=ids, tokenizer=self.tokenizer, env=self.env
-        )
-        assert out.meta is not None and out.carry is not None
-        return StepRows(out.meta, out.carry)
+        return self._rollout(problems, seeds, group, f"s{step}_b{iteration}")
 
     def stamp(self, rows: StepRows, baseline: torch.Tensor, std: torch.Tensor) -> None:
         rows.handle.stamp_tags({TAG_STD: std, TAG_BASELINE: baseline})
@@ -116,35 +93,10 @@ class StoreGRPOPath:
         return store_metrics
 
 
-def collect_grpo_batch_sync(
-    policy: Any, master_config: Any, *, train_loader: Any, tokenizer: Any, env: Any, step: int
-) -> tuple[KVBatchMeta, BatchedDataDict, dict[str, Any]]:
-    """Roll out into the live ``"train"`` partition until the step's batch is complete.
-
-    ``grpo_step.collect_grpo_rows`` on the store: rows dropped by dynamic sampling or sliced
-    off as overflow are cleared from the store.
-
-    Returns:
-        ``(meta, carry, info)``: the rows' meta, their ``rewards``, ``baseline``, ``std``,
-        lengths and ``truncated``, and the collector's info.
-
-    Raises:
-        ValueError: Dynamic sampling exhausted ``max_gen_batches``.
-    """
-    rows, info = collect_grpo_rows(
-        StoreGRPOPath(policy, tokenizer, env), master_config, train_loader=train_loader, step=step
-    )
-    return rows.handle, rows.carry, info
-
-
 def grpo_train_sync(ctx: TrainContext) -> dict[str, Any]:
-    """Run GRPO for ``algorithm.max_steps`` steps over the data plane.
-
-    Same context, checkpoints and metrics as ``grpo_train`` (plus ``data_plane/*`` metrics
-    when ``data_plane.observability.enabled``).
+    """Run GRPO over the data plane: ``grpo_train``'s checkpoints and metrics (plus ``data_plane/*`` when observed).
 
     ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``.
-
 
     Raises:
         ValueError: The config does not select this trainer, the policy is not a data-plane

@@ -1,7 +1,4 @@
-"""Input builders: the loader, held-out problems and environment a trainer consumes.
-
-``build_sft_inputs`` for supervised pairs, ``build_rl_inputs`` for RL prompts.
-"""
+"""Input builders: the loader, held-out problems and environment a trainer consumes."""
 
 from __future__ import annotations
 
@@ -18,53 +15,37 @@ __all__ = ["TrainerInputs", "build_sft_inputs", "build_rl_inputs"]
 
 @dataclass
 class TrainerInputs:
-    """What a trainer consumes besides the policy and the config (fields as in ``TrainContext``)."""
 
     train_loader: EpochLoader[Any]
     val_problems: list[Problem]
     env: Any
 
 
+def _inputs(master_config: Any, tokenizer: Any | None, loader: EpochLoader[Any]) -> TrainerInputs:
+    return TrainerInputs(loader, build_val_problems(master_config, tokenizer), make_environment(master_config.env))
+
+
 def build_sft_inputs(master_config: Any, tokenizer: Any | None = None) -> TrainerInputs:
-    """Inputs of a supervised phase: ``policy.train_global_batch_size`` examples per batch.
-
-    Examples come from ``env.sft_jsonl`` when set (prompt/response pairs or chat ``messages``),
-    else from the arithmetic generator (``algorithm.num_train_samples``); ``algorithm.shuffle``
-    decides the epoch order.
-
-    ``tokenizer`` renders chat prompts of the held-out set.
+    """Inputs of a supervised phase (``env.sft_jsonl`` or generated pairs, ``train_global_batch_size`` a batch).
 
     Raises:
         DatasetError: A dataset problem, naming the key, file:line and field.
     """
     algo = master_config.algorithm
-    src = sft_source(
-        master_config.env, int(algo.num_train_samples), num_samples_key="algorithm.num_train_samples"
-    )
+    src = sft_source(master_config.env, int(algo.num_train_samples), num_samples_key="algorithm.num_train_samples")
     loader = EpochLoader(
         SFTDataset(src.rows),
         batch_size=int(master_config.policy.train_global_batch_size),
         seed=int(master_config.seed),
         shuffle=bool(algo.shuffle),
     )
-    return TrainerInputs(
-        train_loader=loader,
-        val_problems=build_val_problems(master_config, tokenizer),
-        env=make_environment(master_config.env),
-    )
+    return _inputs(master_config, tokenizer, loader)
 
 
 def build_rl_inputs(master_config: Any, tokenizer: Any | None = None) -> TrainerInputs:
-    """Inputs of an RL phase (GRPO, PPO): ``algorithm.num_prompts_per_step`` problems per batch.
+    """Like :func:`build_sft_inputs`, but RL prompts (``env.rl_jsonl`` or generated), ``num_prompts_per_step`` each.
 
-    Prompts come from ``env.rl_jsonl`` when set (``prompt`` or ``messages`` plus ``answer``),
-    else from the arithmetic generator (``algorithm.num_train_prompts``); the epoch order is
-    always shuffled.
-
-    ``tokenizer`` renders chat prompts.
-
-    Raises:
-        DatasetError: A dataset problem, naming the key, file:line and field.
+    The epoch order is always shuffled.
     """
     algo = master_config.algorithm
     src = rl_source(
@@ -74,13 +55,6 @@ def build_rl_inputs(master_config: Any, tokenizer: Any | None = None) -> Trainer
         tokenizer=tokenizer,
     )
     loader = EpochLoader(
-        RLPromptDataset(src.rows),
-        batch_size=int(algo.num_prompts_per_step),
-        seed=int(master_config.seed),
-        shuffle=True,
+        RLPromptDataset(src.rows), batch_size=int(algo.num_prompts_per_step), seed=int(master_config.seed), shuffle=True
     )
-    return TrainerInputs(
-        train_loader=loader,
-        val_problems=build_val_problems(master_config, tokenizer),
-        env=make_environment(master_config.env),
-    )
+    return _inputs(master_config, tokenizer, loader)

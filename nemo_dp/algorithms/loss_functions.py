@@ -1,13 +1,13 @@
-"""Loss functions for SFT and GRPO and their base class, normalised by global (whole-batch) counts.
+"""Loss functions for SFT and GRPO, normalised by global (whole-batch) counts.
 
-Every loss divides by the valid-token (or sequence) count of the global batch, so summing
-micro-batch losses over ranks gives exactly the full-batch mean whatever the DP size or
-micro-batching.  Returned metrics are additive: each is this micro-batch's share.
+Summing micro-batch losses over ranks gives exactly the full-batch mean whatever the DP size or
+micro-batching; returned metrics are additive (each is this micro-batch's share).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -18,27 +18,20 @@ __all__ = ["ClippedPGLossFn", "GlobalLoss", "LossFn", "NLLLoss", "global_valid_c
 
 
 def _valid_counts(mask: torch.Tensor, sample_mask: torch.Tensor) -> tuple[float, float]:
-    """Valid tokens (``mask``'s sum) and used rows with at least one, as floats."""
     return float(mask.sum()), float((sample_mask.float() * (mask.sum(1) > 0).float()).sum())
 
 
 class GlobalLoss:
     """A ``LossFn`` normalised by the global batch's counts.
 
-    ``__call__`` checks the counts and the micro-batch's keys (the messages name the class),
-    hands the valid-token mask (``token_mask * sample_mask``) to :meth:`_compute` and adds the
-    raw ``num_valid_tokens`` and ``num_valid_seqs`` to its metrics.
+    ``__call__`` checks counts and keys, hands the mask ``token_mask * sample_mask`` to :meth:`_compute`
+    and adds ``num_valid_tokens`` and ``num_valid_seqs`` to its metrics.
     """
 
     def __call__(
         self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], global_valid_tokens: float, global_valid_seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """This micro-batch's share of the global loss, and its metrics.
-
-        Args:
-            mb: The micro-batch; needs :meth:`_keys`.
-            global_valid_tokens, global_valid_seqs: Valid (masked-in) tokens / sequences of the
-                global batch (> 0).
 
         Raises:
             ValueError: Non-positive global counts, or as :meth:`_compute`.
@@ -69,13 +62,9 @@ class GlobalLoss:
 
 
 class NLLLoss(GlobalLoss):
-    """Next-token negative log-likelihood on response tokens (``token_mask``) of used rows.
+    """Next-token negative log-likelihood on response tokens of used rows, over ``global_valid_tokens``.
 
-    loss = -sum(logp * token_mask * sample_mask) / global_valid_tokens.
-    Metrics: ``loss`` (share of the global mean), ``num_valid_tokens``, ``num_valid_seqs``.
-
-    ``reads_masked_logprobs_only``: the loss reads log-probs only where ``token_mask`` is set,
-    so the worker computes logits from one position before the first such token.
+    It reads log-probs only on ``token_mask`` (``reads_masked_logprobs_only``).
     """
 
     reads_masked_logprobs_only: bool = True
@@ -99,8 +88,8 @@ class ClippedPGLossFn(GlobalLoss):
     ``kl = exp(ref - logp) - (ref - logp) - 1``, loss ``= pg + reference_policy_kl_penalty * kl``;
     normalised by ``global_valid_tokens`` (``token_level_loss``) or by ``global_valid_seqs`` over
     per-sequence means.  With ``prev_logprobs_from_forward`` the forward's own detached log-probs
-    serve as ``prev_logprobs`` (exact when the rollout is one optimizer step).  Reads log-probs
-    only on ``token_mask`` (``reads_masked_logprobs_only``).
+    serve as ``prev_logprobs``.  Metrics: ``loss``, ``pg_loss``, ``kl_penalty`` (before the
+    coefficient), ``clip_fraction``, ``probs_ratio``.
 
     Raises:
         ValueError: On negative clip epsilons or KL coefficient.
@@ -125,24 +114,26 @@ class ClippedPGLossFn(GlobalLoss):
         self.token_level_loss = token_level_loss
         self.prev_logprobs_from_forward = prev_logprobs_from_forward
 
+    @classmethod
+    def from_algorithm(cls, algo: Any, **kwargs: Any) -> ClippedPGLossFn:
+        """The loss a GRPO / PPO ``algorithm`` node's ``loss`` section configures; ``kwargs`` go to ``cls`` too."""
+        loss_cfg = algo.loss
+        return cls(
+            float(loss_cfg.ratio_clip_min),
+            float(loss_cfg.ratio_clip_max),
+            float(loss_cfg.reference_policy_kl_penalty),
+            bool(loss_cfg.token_level_loss),
+            **kwargs,
+        )
+
     def _keys(self) -> tuple[str, ...]:
-        keys = ("input_ids", "token_mask", "sample_mask", "advantages")
-        if not self.prev_logprobs_from_forward:
-            keys = keys + ("prev_logprobs",)
-        keys = keys + self._extra_keys()
-        if self.reference_policy_kl_penalty > 0:
-            keys = keys + ("reference_policy_logprobs",)
-        return keys
+        prev = () if self.prev_logprobs_from_forward else ("prev_logprobs",)
+        ref = ("reference_policy_logprobs",) if self.reference_policy_kl_penalty > 0 else ()
+        return ("input_ids", "token_mask", "sample_mask", "advantages", *prev, *self._extra_keys(), *ref)
 
     def _compute(
         self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], mask: torch.Tensor, tokens: float, seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped loss of ``[b, s, V]`` logits.
-
-        Metrics: ``loss``, ``pg_loss``, ``kl_penalty`` (KL value before the
-        coefficient), ``clip_fraction`` (share of clipped-and-active tokens), ``probs_ratio``
-        (mean ratio), all as shares of the global normaliser.
-        """
         weight = self._pg_weight(mb)
         logp = token_logprobs_from_logits(logits, mb["input_ids"])
         adv = mb["advantages"].float()
@@ -185,25 +176,20 @@ class ClippedPGLossFn(GlobalLoss):
         return loss, metrics
 
     def _extra_keys(self) -> tuple[str, ...]:
-        """Micro-batch keys a subclass needs besides the clipped loss's own (none here)."""
+        """Extra micro-batch keys of a subclass."""
         return ()
 
     def _pg_weight(self, mb: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
-        """A per-token weight of the policy-gradient term, or ``None`` (unweighted, here)."""
+        """A per-token weight of the policy-gradient term of a subclass, or ``None``."""
         return None
 
     def _weight_metrics(
         self, reduce: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor
     ) -> dict[str, float]:
-        """Additive metrics of a ``_pg_weight`` (none here)."""
+        """Additive metrics of a subclass's ``_pg_weight``."""
         return {}
 
 
 def global_valid_counts(token_mask: torch.Tensor, sample_mask: torch.Tensor) -> tuple[float, float]:
-    """The normalisers the loss functions expect, over a (global) batch (int ``[B, S]``, float ``[B]``).
-
-    Returns:
-        ``(valid_tokens, valid_seqs)``: tokens with token_mask * sample_mask == 1, and rows
-        with sample_mask == 1 that have at least one such token.
-    """
+    """``(valid_tokens, valid_seqs)`` of a global batch: the normalisers the losses expect."""
     return _valid_counts(token_mask.float() * sample_mask.float().unsqueeze(1), sample_mask)

@@ -1,12 +1,8 @@
-"""Legacy (in-memory) PPO trainer: ``ppo_train(ctx)``, actor-critic with token-level rewards and GAE.
-
-The step is ``ppo_step.run_ppo``'s; :class:`LegacyPPOPath` keeps each step's rows in one
-``BatchedDataDict`` on the driver.  This module never imports the data plane.
-"""
+"""Legacy (in-memory) PPO trainer: ``ppo_train(ctx)``.  Never imports the data plane."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -16,32 +12,17 @@ from nemo_dp.algorithms.grpo_step import StepRows
 from nemo_dp.algorithms.ppo_common import PPO_POLICY_TRAIN_KEYS, PPO_VALUE_TRAIN_KEYS, make_value
 from nemo_dp.algorithms.ppo_step import TARGET_INPUTS, run_ppo
 from nemo_dp.algorithms.rollout import rollout
-from nemo_dp.algorithms.trainer_common import context_evaluator
+from nemo_dp.algorithms.trainer_common import DriverPathHooks
 from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 
 __all__ = ["ppo_train", "LegacyPPOPath"]
 
 
-class LegacyPPOPath:
-    """PPO's rows in driver memory: the rollout batch plus a training ``BatchedDataDict``.
-
-    ``policy`` is a plain ``Policy``.
-    """
+class LegacyPPOPath(DriverPathHooks):
+    """PPO's rows in driver memory: the rollout batch plus a training ``BatchedDataDict``."""
 
     def __init__(self, policy: Any, value: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.value, self.tokenizer, self.env = policy, value, tokenizer, env
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx)
-
-    def start_run(self) -> None:
-        pass
-
-    def begin_step(self, num_samples: int) -> None:
-        pass
-
-    def end_step(self) -> None:
-        pass
 
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
         batch = rollout(
@@ -86,16 +67,9 @@ class LegacyPPOPath:
     def finish(self, rows: StepRows) -> None:
         pass
 
-    def step_metrics(self, step_s: float) -> dict[str, Any]:
-        return {}
-
 
 def ppo_train(ctx: TrainContext) -> dict[str, Any]:
-    """Run PPO for ``algorithm.max_steps`` steps (in-memory batches).
-
-    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` PPO, ``ctx.train_loader``
-    batch size ``num_prompts_per_step``.
-    """
+    """Run PPO for ``algorithm.max_steps`` steps with in-memory batches (``ctx.policy`` a plain ``Policy``)."""
     value = make_value(ctx.cfg, ctx.tokenizer)
     try:
         ctx.hooks.model_built("value", value)

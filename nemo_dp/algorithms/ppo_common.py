@@ -1,8 +1,4 @@
-"""What the legacy and data-plane PPO trainers share, so they agree step for step.
-
-Loss functions, critic construction, phase start/resume, per-epoch shuffles, advantages/returns
-and step metrics.  Nothing here imports the data plane.
-"""
+"""What the legacy and data-plane PPO trainers share: critic, phase start, shuffles, targets, metrics."""
 
 from __future__ import annotations
 
@@ -12,23 +8,9 @@ from typing import Any
 
 import torch
 
-from nemo_dp.algorithms.context import PhaseLogger
-from nemo_dp.algorithms.gae import (
-    compute_gae,
-    explained_variance,
-    masked_mean,
-    masked_whiten,
-    token_level_rewards,
-)
-from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
-from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
-from nemo_dp.algorithms.trainer_common import (
-    clipped_pg_loss_fn,
-    rollout_shape,
-    start_counters,
-    step_time_metrics,
-    validate_if_due,
-)
+from nemo_dp.algorithms.context import TrainContext
+from nemo_dp.algorithms.gae import compute_gae, explained_variance, masked_mean, masked_whiten, token_level_rewards
+from nemo_dp.algorithms.trainer_common import rollout_shape, start_counters, step_time_metrics
 from nemo_dp.distributed.worker_group import RayCluster
 from nemo_dp.models.value.value import Value, critic_config
 
@@ -36,11 +18,9 @@ __all__ = [
     "PPO_POLICY_TRAIN_KEYS",
     "PPO_VALUE_TRAIN_KEYS",
     "PPOTargets",
-    "build_ppo_loss_fns",
     "compute_ppo_targets",
     "epoch_permutation",
     "make_value",
-    "optimizer_steps_per_phase",
     "ppo_step_metrics",
     "start_ppo_phase",
 ]
@@ -57,36 +37,13 @@ PPO_POLICY_TRAIN_KEYS: tuple[str, ...] = (
     "sample_mask",
 )
 #: Fields ``value.train`` receives (same names as the data plane's ``DP_VALUE_TRAIN_FIELDS``).
-PPO_VALUE_TRAIN_KEYS: tuple[str, ...] = (
-    "input_ids",
-    "input_lengths",
-    "token_mask",
-    "sample_mask",
-    "values",
-    "returns",
-)
-
-
-def build_ppo_loss_fns(algo: Any) -> tuple[ClippedPGLossFn, ClippedValueLossFn]:
-    """``(policy_loss_fn, value_loss_fn)`` from a PPO ``algorithm`` node (``loss.*``, ``value.value_clip``)."""
-    return clipped_pg_loss_fn(algo), ClippedValueLossFn(value_clip=float(algo.value.value_clip))
-
-
-def optimizer_steps_per_phase(master_config: Any) -> int:
-    """Optimizer steps each model takes over the PPO phase (horizon of a cosine schedule).
-
-    ``max_steps x ppo_epochs x (rows per step / train_global_batch_size)``.
-    """
-    algo = master_config.algorithm
-    max_steps, _, rows = rollout_shape(algo)
-    return max_steps * int(algo.ppo_epochs) * (rows // int(master_config.policy.train_global_batch_size))
+PPO_VALUE_TRAIN_KEYS: tuple[str, ...] = ("input_ids", "input_lengths", "token_mask", "sample_mask", "values", "returns")
 
 
 def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
-    """The row order of one PPO epoch: a permutation of ``range(n)`` per (run seed, step, epoch).
+    """The row order of one PPO epoch: a permutation of ``range(n)``, a pure function of (seed, step, epoch).
 
-    A pure function of its arguments (private generator), so both trainers, a resumed run and
-    any DP size use the same order. ``step`` is 1-based, ``epoch`` 0-based.
+    Both trainers, a resumed run and any DP size use the same order.
     """
     gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) * 1_009 + int(epoch))
     return [int(i) for i in torch.randperm(n, generator=gen).tolist()]
@@ -94,12 +51,10 @@ def epoch_permutation(seed: int, step: int, epoch: int, n: int) -> list[int]:
 
 @dataclass
 class PPOTargets:
-    """Advantages, returns and diagnostics of one PPO batch (all ``[B, S]`` float32 unless noted).
+    """Advantages, returns and diagnostics of one PPO batch (``[B, S]`` float32).
 
     Attributes:
         advantages: GAE advantages (whitened when configured), 0 off the mask.
-        returns: GAE returns (value targets), 0 off the mask.
-        token_rewards: Per-token rewards (score at the last token, KL penalty per token).
         kl: Per-token ``prev_logprobs - reference_policy_logprobs`` on the mask.
         mask: ``token_mask * sample_mask`` as float.
         width: The canonical width (through the last trained column) metrics are reduced over.
@@ -123,14 +78,7 @@ def compute_ppo_targets(
     reference_logprobs: torch.Tensor,
     values: torch.Tensor,
 ) -> PPOTargets:
-    """Token-level rewards, GAE advantages and returns for one batch.
-
-    Args:
-        algo: ``algorithm`` (PPO): ``kl_coef``, ``gamma``, ``lam``, ``whiten_advantages``.
-        scores: float ``[B]`` environment rewards.
-        sample_mask: float ``[B]`` rows that are trained.
-        token_mask, prev_logprobs, reference_logprobs, values: ``[B, S]``; ``prev_logprobs`` are
-            the sampling policy's, ``values`` the critic's.
+    """Token-level rewards, GAE advantages and returns for one batch (``scores``, ``sample_mask``: ``[B]``).
 
     Raises:
         ValueError: No trained token in the whole batch, or mismatched shapes.
@@ -139,14 +87,11 @@ def compute_ppo_targets(
     columns = {"prev_logprobs": prev_logprobs, "reference_logprobs": reference_logprobs, "values": values}
     for name, t in columns.items():
         if t.shape != token_mask.shape:
-            raise ValueError(
-                f"PPO targets: {name} has shape {tuple(t.shape)}, token_mask {tuple(token_mask.shape)}"
-            )
+            raise ValueError(f"PPO targets: {name} has shape {tuple(t.shape)}, token_mask {tuple(token_mask.shape)}")
     mask = token_mask.float() * sample_mask.float().unsqueeze(1)
     if float(mask.sum()) <= 0:
         raise ValueError(
-            "PPO: the batch has no trained token (every row masked out by sample_mask / "
-            "algorithm.overlong_filtering)"
+            "PPO: the batch has no trained token (every row masked out by sample_mask / algorithm.overlong_filtering)"
         )
     # Compute at one canonical width (through the last trained column), whatever padding the
     # caller's tensors carry (legacy batch width vs. the data plane's pad target), so that both
@@ -164,8 +109,7 @@ def compute_ppo_targets(
         return torch.nn.functional.pad(t, (0, full_width - width)).contiguous()
 
     return PPOTargets(
-        advantages=widen(adv), returns=widen(ret), token_rewards=widen(rewards), kl=widen(kl), mask=mask,
-        width=width,
+        advantages=widen(adv), returns=widen(ret), token_rewards=widen(rewards), kl=widen(kl), mask=mask, width=width
     )
 
 
@@ -183,22 +127,14 @@ def ppo_step_metrics(
     sample_mask: torch.Tensor,
     policy_epochs: Sequence[Mapping[str, Any]],
     value_epochs: Sequence[Mapping[str, Any]],
+    counters: Mapping[str, Any],
+    timings: tuple[float, float, float],
     reward_parts: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The step's metrics, identical in both trainers.
 
-    Policy / critic training metrics are averaged over the epochs (each epoch's value is
-    already the mean over its optimizer steps); ``explained_variance`` compares the rollout's
+    Training metrics are averaged over the epochs; ``explained_variance`` compares the rollout's
     values with the returns they produced.
-
-    Args:
-        scores: float ``[B]`` environment rewards.
-        values: ``[B, S]`` the critic's values at rollout time.
-        token_mask: ``[B, S]``.
-        truncated: bool ``[B]`` rows without eos.
-        sample_mask: float ``[B]``.
-        policy_epochs, value_epochs: ``policy.train`` / ``value.train`` results, one per epoch.
-        reward_parts: Each reward's mean (``reward/<fn>``), when ``env.rewards`` lists several.
     """
     w = targets.width
     mask = targets.mask[:, :w]
@@ -229,68 +165,25 @@ def ppo_step_metrics(
     for k, (pm, vm) in enumerate(zip(policy_epochs, value_epochs)):
         out[f"policy_loss_epoch{k}"] = float(pm["loss"])
         out[f"value_loss_epoch{k}"] = float(vm["value_loss"])
+    out.update(step_time_metrics(counters, timings))
     return out
 
 
-def finish_ppo_step_metrics(
-    step: int,
-    metrics: dict[str, Any],
-    *,
-    counters: dict[str, Any],
-    timings: tuple[float, float, float],
-    val_period: int,
-    max_steps: int,
-    evaluate: Callable[[], float],
-    logger: PhaseLogger,
-) -> None:
-    """Add the step's counters and timings to ``metrics`` and run the held-out evaluation when due.
+def start_ppo_phase(ctx: TrainContext, value: Any) -> dict[str, Any]:
+    """Fresh start or resume of both models; returns the trainer counters.
 
-    Shared by both PPO trainers so their records and log lines stay identical.
-
-    Args:
-        metrics: ``ppo_step_metrics`` output; updated in place.
-        counters: ``consumed_samples`` is recorded; validation updates them (``record_validation``).
-        timings: Seconds spent in generation, forward passes (policy + reference log-probs and
-            critic values) and training.
+    A fresh run freezes the policy as the reference, starts fresh optimizers and (when
+    ``algorithm.value.init_from_policy``) copies the policy's trunk into the critic.
     """
-    metrics.update(step_time_metrics(counters, timings))
-    validate_if_due(
-        step, metrics, counters, evaluate, val_period=val_period, max_steps=max_steps, logger=logger,
-        detail=lambda: (
-            f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
-        ),
-    )
-
-
-def start_ppo_phase(
-    policy: Any,
-    value: Any,
-    master_config: Any,
-    *,
-    start_state: dict[str, Any] | None,
-    train_loader: Any,
-    logger: PhaseLogger,
-) -> dict[str, Any]:
-    """Fresh start or resume of both models (shared by both PPO trainers).
-
-    A fresh run freezes the policy's current weights as the reference, starts fresh optimizers
-    and (``algorithm.value.init_from_policy``) copies the policy's trunk into the critic.  A
-    resume restores policy, loader, driver RNG and the critic from the checkpoint.
-    Returns the trainer counters.
-    """
+    policy, master_config = ctx.policy, ctx.cfg
     algo = master_config.algorithm
-    counters = start_counters(
-        start_state,
-        algorithm="ppo",
-        policy=policy,
-        train_loader=train_loader,
-        logger=logger,
-        restore_extra=lambda state: value.load_state_dict(state["value"]),
-    )
-    if start_state is not None:
+    counters = start_counters(ctx, "ppo", restore_extra=lambda state: value.load_state_dict(state["value"]))
+    if ctx.start_state is not None:
         return counters
     policy.snapshot_reference_policy()
-    steps = optimizer_steps_per_phase(master_config)
+    max_steps, _, rows = rollout_shape(algo)
+    # Each model's optimizer steps over the phase (the horizon of a cosine schedule).
+    steps = max_steps * int(algo.ppo_epochs) * (rows // int(master_config.policy.train_global_batch_size))
     policy.reset_optimizer(float(master_config.policy.optimizer.lr), decay_steps=steps)
     if bool(algo.value.init_from_policy):
         value.init_trunk_from(policy.state_dict()["weights"]["model"])
@@ -298,15 +191,8 @@ def start_ppo_phase(
     return counters
 
 
-def make_value(
-    master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value
-) -> Any:
-    """Build the critic facade (worker group) for a PPO run from ``policy`` and ``algorithm.value``.
-
-    Args:
-        value_factory: ``Value`` or any callable taking ``Value``'s keyword arguments (a
-            data-plane critic bound to the policy's store, for example).
-    """
+def make_value(master_config: Any, tokenizer: Any, *, value_factory: Callable[..., Any] = Value) -> Any:
+    """Build the critic with ``value_factory`` (``Value`` or a callable taking its keyword arguments)."""
     return value_factory(
         cluster=RayCluster(),
         config=critic_config(master_config.policy, master_config.algorithm.value),

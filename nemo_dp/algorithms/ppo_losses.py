@@ -1,9 +1,4 @@
-"""The PPO critic's loss and the alignment of value-head outputs with tokens.
-
-The loss follows the ``LossFn`` protocol (normalised by the global valid-token count).
-:func:`align_values` shifts the head output one column right so ``values[:, t]`` lines up with
-``prev_logprobs[:, t]``.
-"""
+"""The PPO critic's loss (``values[:, t]`` aligned with ``prev_logprobs[:, t]`` by :func:`align_values`)."""
 
 from __future__ import annotations
 
@@ -18,12 +13,11 @@ __all__ = ["align_values", "ClippedValueLossFn"]
 
 
 class ClippedValueLossFn(GlobalLoss):
-    """Clipped value loss of PPO, normalised by the global valid-token count.
+    """Clipped value loss of PPO over ``global_valid_tokens``.
 
-    Per token, with ``v`` the aligned prediction, ``v_old`` the rollout's ``values`` and ``R``
-    the GAE ``returns``: ``v_clip = v_old + clamp(v - v_old, -value_clip, value_clip)`` and
-    ``loss_t = 0.5 * max((v - R)^2, (v_clip - R)^2)``.  The token losses of valid tokens
-    (``token_mask * sample_mask``) are summed and divided by ``global_valid_tokens``.
+    Per token: ``v_clip = v_old + clamp(v - v_old, -value_clip, value_clip)``,
+    ``loss_t = 0.5 * max((v - R)^2, (v_clip - R)^2)``.  Metrics also give ``value_loss`` (the same),
+    ``value_clip_fraction``, ``value_pred_mean`` and ``value_abs_error``.
 
     Raises:
         ValueError: If ``value_clip <= 0``.
@@ -40,11 +34,7 @@ class ClippedValueLossFn(GlobalLoss):
     def _compute(
         self, logits: torch.Tensor, mb: Mapping[str, torch.Tensor], mask: torch.Tensor, tokens: float, seqs: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped value loss of the value head's raw ``[b, s]`` output (``logits``).
-
-        ``mb`` needs ``values`` (rollout values, aligned) and ``returns``.  Metrics: ``loss``,
-        ``value_loss`` (same value), ``value_clip_fraction`` (share of tokens where the clipped
-        term is the larger one), ``value_pred_mean`` and ``value_abs_error``.
+        """The loss of the value head's raw ``[b, s]`` output (``logits``).
 
         Raises:
             ValueError: The head's output does not match ``returns``' width.
@@ -67,9 +57,7 @@ class ClippedValueLossFn(GlobalLoss):
             metrics = {
                 "loss": share,
                 "value_loss": share,
-                "value_clip_fraction": float(
-                    ((err_clipped > err_unclipped).float() * mask).sum() / tokens
-                ),
+                "value_clip_fraction": float(((err_clipped > err_unclipped).float() * mask).sum() / tokens),
                 "value_pred_mean": float((pred * mask).sum() / tokens),
                 "value_abs_error": float(((pred - ret).abs() * mask).sum() / tokens),
             }

@@ -1,9 +1,5 @@
-"""The one PPO step, over either batch path.
-
-:func:`run_ppo` (rollout, policy / reference / value forwards, GAE targets, epochs of policy and
-critic training, metrics, validation, checkpoints) is written once here; a
-:class:`PPOBatchPath` says where the rows live: in driver memory (``ppo.LegacyPPOPath``) or in
-the data plane (``ppo_sync.StorePPOPath``).  This module never imports the data plane.
+"""The one PPO step over either batch path: driver memory (``ppo.LegacyPPOPath``) or the data
+plane (``ppo_sync.StorePPOPath``).  Never imports the data plane.
 """
 
 from __future__ import annotations
@@ -16,15 +12,10 @@ import torch
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_step import StepRows
-from nemo_dp.algorithms.ppo_common import (
-    build_ppo_loss_fns,
-    compute_ppo_targets,
-    epoch_permutation,
-    finish_ppo_step_metrics,
-    ppo_step_metrics,
-    start_ppo_phase,
-)
-from nemo_dp.algorithms.trainer_common import log_and_save, open_step_loop, rollout_shape, sample_seeds, trainer_state
+from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
+from nemo_dp.algorithms.ppo_common import compute_ppo_targets, epoch_permutation, ppo_step_metrics, start_ppo_phase
+from nemo_dp.algorithms.ppo_losses import ClippedValueLossFn
+from nemo_dp.algorithms.trainer_common import finish_step, open_step_loop, rollout_shape, sample_seeds, trainer_state
 from nemo_dp.environments.weighted import reward_part_means
 from nemo_dp.models.token_ops import rollout_sample_mask
 
@@ -35,58 +26,40 @@ TARGET_INPUTS: tuple[str, ...] = ("token_mask", "prev_logprobs", "reference_poli
 
 
 class PPOBatchPath(Protocol):
-    """What the PPO step asks of the place its rows live."""
+    """What the PPO step asks of the place its rows live.
 
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        """The held-out evaluation of the phase."""
+    The hooks are :class:`~nemo_dp.algorithms.grpo_step.GRPOBatchPath`'s.  ``forward`` runs the policy,
+    reference and value forwards and returns the training data handle; ``target_inputs`` gives its
+    :data:`TARGET_INPUTS` columns; ``set_targets`` attaches targets and sample mask for training;
+    ``train_epoch`` trains the policy, then the critic, on the rows in ``order``; ``finish`` is called
+    after a step's training succeeded.
+    """
 
-    def start_run(self) -> None:
-        """Called once before the first step."""
-
-    def begin_step(self, num_samples: int) -> None:
-        """Called before a step's rollout."""
-
-    def end_step(self) -> None:
-        """Called after a step, also when it failed."""
-
-    def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
-        """Sample ``group`` responses per problem (one seed per response) and score them."""
-
-    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> Any:
-        """Policy, reference and value forwards over the rows; returns the training data handle."""
-
-    def target_inputs(self, rows: StepRows, data: Any) -> Mapping[str, torch.Tensor]:
-        """The :data:`TARGET_INPUTS` columns of the rows."""
-
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]: ...
+    def start_run(self) -> None: ...
+    def begin_step(self, num_samples: int) -> None: ...
+    def end_step(self) -> None: ...
+    def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows: ...
+    def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> Any: ...
+    def target_inputs(self, rows: StepRows, data: Any) -> Mapping[str, torch.Tensor]: ...
     def set_targets(
         self, rows: StepRows, data: Any, advantages: torch.Tensor, returns: torch.Tensor, sample_mask: torch.Tensor
-    ) -> None:
-        """Attach the targets (and the sample mask) to the rows for training."""
-
+    ) -> None: ...
     def train_epoch(
         self, rows: StepRows, data: Any, order: list[int], policy_loss_fn: Any, value_loss_fn: Any
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Train the policy, then the critic, on the rows in ``order``; their results."""
-
-    def finish(self, rows: StepRows) -> None:
-        """Called after a step's training succeeded."""
-
-    def step_metrics(self, step_s: float) -> dict[str, Any]:
-        """Extra per-step metrics of the path (logged with the step's)."""
+    ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    def finish(self, rows: StepRows) -> None: ...
+    def step_metrics(self, step_s: float) -> dict[str, Any]: ...
 
 
 def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]:
-    """Run PPO for ``algorithm.max_steps`` steps with the rows on ``path``.
-
-    ``value`` is the critic, built and shut down by the caller.
-    """
+    """Run PPO for ``algorithm.max_steps`` steps with the rows on ``path`` (``value``: the caller's critic)."""
     policy, master_config, train_loader, logger = ctx.policy, ctx.cfg, ctx.train_loader, ctx.logger
     algo = master_config.algorithm
     max_steps, group, per_step = rollout_shape(algo)
-    counters = start_ppo_phase(
-        policy, value, master_config, start_state=ctx.start_state, train_loader=train_loader, logger=logger
-    )
-    policy_loss_fn, value_loss_fn = build_ppo_loss_fns(algo)
+    counters = start_ppo_phase(ctx, value)
+    policy_loss_fn = ClippedPGLossFn.from_algorithm(algo)
+    value_loss_fn = ClippedValueLossFn(float(algo.value.value_clip))
     evaluate = open_step_loop(ctx, path, counters, max_steps)
     while counters["step"] < max_steps:
         step = int(counters["step"]) + 1
@@ -137,23 +110,18 @@ def run_ppo(ctx: TrainContext, value: Any, path: PPOBatchPath) -> dict[str, Any]
             sample_mask=sample_mask,
             policy_epochs=policy_epochs,
             value_epochs=value_epochs,
-        )
-        finish_ppo_step_metrics(
-            step,
-            metrics,
             counters=counters,
             timings=(t_gen, t_fwd, t_train),
-            val_period=int(algo.val_period),
-            max_steps=max_steps,
-            evaluate=evaluate,
-            logger=logger,
         )
-        metrics.update(path.step_metrics(time.perf_counter() - t_step))
-        log_and_save(
-            ctx, step, max_steps, metrics,
+        finish_step(
+            ctx, step, max_steps, metrics, counters, evaluate,
+            lambda: path.step_metrics(time.perf_counter() - t_step),
             lambda: trainer_state(
                 "ppo", counters, policy_state=policy.state_dict(), value_state=value.state_dict(),
                 loader_state=train_loader.state_dict(),
+            ),
+            detail=lambda: (
+                f"value loss {metrics['value_loss']:.4f}, explained variance {metrics['explained_variance']:.3f}, "
             ),
         )
     logger.close()

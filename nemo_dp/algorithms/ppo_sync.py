@@ -1,15 +1,12 @@
-"""Data-plane PPO trainer: ``ppo_train_sync``.
+"""Data-plane PPO trainer ``ppo_train_sync``: ``ppo_step.run_ppo`` with the per-token tensors in the store.
 
-The step is ``ppo_step.run_ppo``'s, as the legacy ``ppo_train``'s (identical metrics);
-:class:`StorePPOPath` keeps the per-token tensors in the store: the driver reads only the columns
-the advantages need and writes ``advantages`` / ``returns`` / ``sample_mask`` back.  The store
-is reached only through ``TQPolicy`` / ``TQValue`` methods.
+The driver reads only the columns the advantages need and writes the targets back.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,8 +15,7 @@ from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.grpo_step import StepRows
 from nemo_dp.algorithms.ppo_common import make_value
 from nemo_dp.algorithms.ppo_step import run_ppo
-from nemo_dp.algorithms.store_eval import check_sync_entry, make_store_evaluator, rollout_to_store
-from nemo_dp.algorithms.trainer_common import context_evaluator
+from nemo_dp.algorithms.store_eval import StorePathHooks, check_sync_entry
 from nemo_dp.data_plane.schema import (
     ADVANTAGES,
     DP_TRAIN_FIELDS,
@@ -43,20 +39,11 @@ TRAINER_TARGET = "nemo_dp.algorithms.ppo_sync:ppo_train_sync"
 _TARGET_READ_FIELDS: tuple[str, ...] = (TOKEN_MASK, PREV_LOGPROBS, REFERENCE_POLICY_LOGPROBS, VALUES)
 
 
-class StorePPOPath:
-    """PPO's rows in the data plane: a ``KVBatchMeta`` handle plus a per-row carry.
-
-    Args:
-        policy: A ``TQPolicy`` (its training partition is registered per step).
-        value: The ``TQValue`` critic sharing the policy's data plane.
-        env: Scores responses (in the rollout workers).
-    """
+class StorePPOPath(StorePathHooks):
+    """PPO's rows in the data plane (``policy`` a ``TQPolicy``, ``value`` the ``TQValue`` sharing it)."""
 
     def __init__(self, policy: Any, value: Any, tokenizer: Any, env: Any) -> None:
         self.policy, self.value, self.tokenizer, self.env = policy, value, tokenizer, env
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx, make_store_evaluator)
 
     def start_run(self) -> None:
         # Start the per-step store-metrics windows here (drops pre-run traffic; no-op when off).
@@ -66,16 +53,8 @@ class StorePPOPath:
     def begin_step(self, num_samples: int) -> None:
         self.policy.prepare_step(num_samples=num_samples, extra_fields=PPO_VALUE_FIELDS)
 
-    def end_step(self) -> None:
-        self.policy.drop_partition()
-
     def rollout(self, problems: Sequence[Any], seeds: list[int], *, group: int, step: int) -> StepRows:
-        problems = list(problems)
-        ids = [f"s{step}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
-        out = rollout_to_store(
-            self.policy, problems, seeds, group=group, sample_ids=ids, tokenizer=self.tokenizer, env=self.env
-        )
-        return StepRows(out.meta, out.carry)
+        return self._rollout(problems, seeds, group, f"s{step}")
 
     def forward(self, rows: StepRows, sample_mask: torch.Tensor) -> None:
         self.policy.get_policy_and_reference_logprobs_from_meta(rows.handle)
@@ -114,18 +93,12 @@ class StorePPOPath:
 
 
 def ppo_train_sync(ctx: TrainContext) -> dict[str, Any]:
-    """Run PPO for ``algorithm.max_steps`` steps over the data plane.
+    """Run PPO over the data plane: ``ppo_train``'s checkpoints and metrics; the ``TQValue`` critic lives for the call.
 
-    Same context, checkpoints and metrics as ``ppo_train``.  The critic is a ``TQValue``
-    sharing the policy's data plane, created here and shut down at the end.
-
-    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``, ``ctx.cfg`` PPO with
-    ``data_plane=tq``.
-
+    ``ctx.policy`` must be a ``TQPolicy`` from ``make_policy_factory``.
 
     Raises:
-        ValueError: The config does not select this trainer or the policy is not a
-            data-plane policy.
+        ValueError: The config does not select this trainer or the policy is not a data-plane policy.
     """
     check_sync_entry(ctx.policy, ctx.cfg, TRAINER_TARGET, "nemo_dp.algorithms.ppo:ppo_train")
     value = make_value(ctx.cfg, ctx.tokenizer, value_factory=functools.partial(TQValue.from_policy, ctx.policy))

@@ -1,9 +1,4 @@
-"""Rollouts and held-out evaluation on top of ``Policy.generate``.
-
-A rollout tokenises prompts, repeats each ``group_size`` times, samples with per-row seeds and
-scores the decoded responses; evaluation is greedy with one row per problem.  Used by the legacy
-trainers on the driver.
-"""
+"""Rollouts and held-out evaluation on top of ``Policy.generate``, for the legacy trainers on the driver."""
 
 from __future__ import annotations
 
@@ -25,11 +20,8 @@ class Rollout:
     """One rollout batch.
 
     Attributes:
-        batch: ``input_ids``, ``input_lengths``, ``prompt_lengths``, ``generation_logprobs``,
-            ``token_mask``, ``truncated`` (from generation) plus ``rewards`` float32 [N] (and
-            each reward's values, ``reward/<fn>``, when ``env.rewards`` lists several).
+        batch: The generation fields plus ``rewards`` float32 [N] (and ``reward/<fn>`` per reward of a list).
         responses: Decoded response texts (before eos).
-        answers: Reference answers, aligned with the rows.
     """
 
     batch: BatchedDataDict
@@ -56,17 +48,9 @@ def rollout(
     greedy: bool,
     return_images: bool = True,
 ) -> Rollout:
-    """Generate ``group_size`` responses per problem and score them.
+    """Generate ``group_size`` responses per problem (consecutive rows) and score them.
 
-    Rows are grouped: rows ``i * group_size ... (i + 1) * group_size - 1`` answer problem ``i``.
-
-    Args:
-        policy: Anything with ``generate(prompts, seeds, greedy=...)``.
-        env: Anything with ``score(responses, answers)``.
-        seeds: One per row (``len(problems) * group_size``).
-        greedy: Argmax decoding.
-        return_images: Keep visual prompts' image columns in the batch (needed to train on
-            it; evaluation passes False).
+    ``return_images`` keeps visual prompts' image columns (needed to train on the batch).
 
     Raises:
         ValueError: If the number of seeds does not match the rows.
@@ -86,10 +70,7 @@ def rollout(
 def evaluate(
     policy: Any, problems: Sequence[Problem], *, tokenizer: Any, env: Any, num_examples_to_print: int = 0
 ) -> dict[str, Any]:
-    """Greedy exact-match accuracy on held-out problems.
-
-    Returns ``{"val_accuracy": float, "val_samples": int, "examples": [str, ...]}`` with
-    ``num_examples_to_print`` ``prompt -> response`` examples.
+    """Greedy exact-match accuracy: ``{"val_accuracy", "val_samples", "examples"}``.
 
     Raises:
         ValueError: If ``problems`` is empty.
@@ -109,10 +90,7 @@ def evaluate(
 
 
 def mean_reward(rewards: Sequence[float]) -> float:
-    """The mean of per-problem rewards as the one float64 every report uses.
-
-    Summed with ``math.fsum``, so the result depends neither on the rewards' dtype nor on their
-    order: training and ``launchers/evaluate.py`` report the same number.
+    """The mean reward as the one float64 every report uses (``math.fsum``: independent of dtype and order).
 
     Raises:
         ValueError: ``rewards`` is empty.

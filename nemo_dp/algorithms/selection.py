@@ -1,19 +1,11 @@
-"""Trainer and policy selection for a config: :func:`select_sync_trainer`, :func:`make_policy_factory`.
-
-Which trainer serves a pair is :mod:`nemo_dp.config.trainer_lookup`'s lookup; this module imports
-what it names.
-"""
+"""Trainer and policy selection for a config (the lookup is :mod:`nemo_dp.config.trainer_lookup`'s)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from nemo_dp.config.trainer_lookup import (
-    TrainerNotAvailableError,
-    master_data_plane,
-    validate_trainer_selection,
-)
+from nemo_dp.config.trainer_lookup import TrainerNotAvailableError, master_data_plane, validate_trainer_selection
 from nemo_dp.data_plane import registry
 from nemo_dp.data_plane.factory import coerce_data_plane_config, data_plane_enabled
 from nemo_dp.models.policy.tq_policy import TQPolicy
@@ -24,8 +16,6 @@ __all__ = ["describe_selection", "make_policy_factory", "select_sync_trainer"]
 
 def select_sync_trainer(master_config: Any, *, label: str | None = None) -> Callable[..., Any]:
     """Pick and import the trainer for (algorithm, data plane); print exactly one progress line.
-
-    ``label`` defaults to the algorithm's label; ``data_plane`` in ``master_config`` is optional.
 
     Raises:
         ValueError: As :func:`~nemo_dp.config.trainer_lookup.validate_trainer_selection`.
@@ -42,27 +32,16 @@ def select_sync_trainer(master_config: Any, *, label: str | None = None) -> Call
 
 
 def describe_selection(master_config: Any) -> dict[str, str]:
-    """``{"backend", "trainer", "policy_factory"}``: strings naming what a config selects (for logs).
-
-    Raises:
-        ValueError: As :func:`~nemo_dp.config.trainer_lookup.validate_trainer_selection`.
-    """
+    """``{"backend", "trainer", "policy_factory"}`` naming what a config selects (raises as above)."""
     selection = validate_trainer_selection(master_config)
     spec = registry.backend(selection.data_plane)
     backend = spec.describe(coerce_data_plane_config(master_data_plane(master_config)))
-    if spec.enabled:
-        policy = f"{TQPolicy.__module__}:{TQPolicy.__qualname__}"
-    else:
-        policy = "plain policy (no data plane)"
+    policy = f"{TQPolicy.__module__}:{TQPolicy.__qualname__}" if spec.enabled else "plain policy (no data plane)"
     return {"backend": backend, "trainer": selection.target, "policy_factory": policy}
 
 
 def make_policy_factory(cfg: Any) -> Callable[..., Any] | None:
-    """The policy constructor that matches a ``data_plane`` config (any accepted form).
-
-    Returns:
-        ``None`` when disabled (build the plain policy); otherwise ``_make_policy(**kwargs)``
-        returning ``TQPolicy(**kwargs, dp_cfg=cfg)`` with ``cfg`` passed through unchanged.
+    """``None`` for a disabled data plane, else a constructor of ``TQPolicy(**kwargs, dp_cfg=cfg)`` (``cfg`` as given).
 
     Raises:
         ValueError: Unknown ``impl`` or invalid config (checked now, not at first call).

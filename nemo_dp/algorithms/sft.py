@@ -1,23 +1,18 @@
-"""Legacy (in-memory) SFT trainer: ``sft_train(ctx)``, next-token loss on response tokens.
-
-The step loop is ``sft_step.run_sft``'s; :class:`LegacySFTPath` collates each batch on the driver.
-This module never imports the data plane.
-"""
+"""Legacy (in-memory) SFT trainer: ``sft_train(ctx)``.  Never imports the data plane."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.sft_step import run_sft
-from nemo_dp.algorithms.trainer_common import context_evaluator, restore_trainer_state, save_if_due, trainer_state
+from nemo_dp.algorithms.trainer_common import DriverPathHooks, save_if_due, trainer_state
 from nemo_dp.data.datasets import collate_sft
 
-__all__ = ["sft_train", "LegacySFTPath", "restore_trainer_state"]
+__all__ = ["sft_train", "LegacySFTPath"]
 
 
-class LegacySFTPath:
+class LegacySFTPath(DriverPathHooks):
     """SFT batches collated on the driver and sent with the train call (``ctx.train_loader`` yields global batches)."""
 
     def __init__(self, ctx: TrainContext) -> None:
@@ -29,9 +24,6 @@ class LegacySFTPath:
 
     def prepare(self, ctx: TrainContext, next_batch: int) -> None:
         pass
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx)
 
     def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
         examples = self.train_loader.next_batch()
@@ -51,9 +43,5 @@ class LegacySFTPath:
 
 
 def sft_train(ctx: TrainContext) -> dict[str, Any]:
-    """Run SFT for ``algorithm.max_steps`` steps.
-
-    ``ctx.policy`` must be a plain ``Policy``, ``ctx.cfg.algorithm`` SFT, ``ctx.train_loader``
-    of (prompt, response) pairs with batch size ``policy.train_global_batch_size``.
-    """
+    """Run SFT for ``algorithm.max_steps`` steps (``ctx.policy`` a plain ``Policy``, global-batch loader)."""
     return run_sft(ctx, LegacySFTPath(ctx))

@@ -1,5 +1,4 @@
-"""Driver side of the colocated SFT loader: :class:`ColocatedLoaderGroup` runs the loader calls
-on every DP rank and checks the envelopes (workers: ``nemo_dp.models.policy.sft_loader_worker``)."""
+"""Driver side of the colocated SFT loader (workers: ``nemo_dp.models.policy.sft_loader_worker``)."""
 
 from __future__ import annotations
 
@@ -12,19 +11,14 @@ from nemo_dp.data_plane import registry
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError, KVBatchMeta
 from nemo_dp.models.policy.sft_loader_worker import SFTBatchEnvelope
 
-__all__ = ["ColocatedLoaderGroup", "metas_of"]
+__all__ = ["ColocatedLoaderGroup"]
 
 
 class ColocatedLoaderGroup:
-    """Driver-side handle: runs the loader calls on every DP rank and checks the envelopes.
+    """Runs the loader calls on every DP rank and checks the envelopes.
 
-    The backend registry decides where the data plane's checkpoint lives (``checkpoint_scope``
-    ``"process"``: each worker's store under ``<dir>/dp{r}``; ``"cluster"``: the shared store
-    under ``<dir>/<checkpoint_subdir>``) and ``max_live_batches``.
-
-    Args:
-        policy: The data-plane policy (``worker_group`` with ``run_all`` / ``run_sharded`` /
-            ``world_size``; ``dp_client`` for the TransferQueue checkpoint).
+    The backend's ``checkpoint_scope`` places the data plane's checkpoint: ``"process"``, each
+    worker's store under ``<dir>/dp{r}``; ``"cluster"``, the shared store under ``<dir>/<checkpoint_subdir>``.
 
     Raises:
         ValueError: The data plane is disabled or invalid (lists the legal options).
@@ -59,13 +53,12 @@ class ColocatedLoaderGroup:
         bound = self.backend.max_live_batches(self.data_plane_cfg)
         if bound is None:
             raise ValueError(
-                f"data_plane={self.backend.option}: the backend registers no live-batch bound "
-                "for the colocated loader"
+                f"data_plane={self.backend.option}: the backend registers no live-batch bound for the colocated loader"
             )
         return int(bound)
 
     def save_data_plane(self, directory: str | os.PathLike[str], metadata: Mapping[str, Any]) -> None:
-        """Write the data plane's checkpoint, with JSON ``metadata``, under ``directory`` (see the class docstring)."""
+        """Write the data plane's checkpoint, with JSON ``metadata``, under ``directory``."""
         if self.backend.checkpoint_scope == "process":
             self.save_worker_stores(directory, metadata)
         else:
@@ -88,7 +81,6 @@ class ColocatedLoaderGroup:
         return Path(directory) / subdir
 
     def _forget_readied(self) -> None:
-        """Drop what the last fused step readied (envelopes, or the store-unavailable mark)."""
         self._ready = None
         self._unavailable = None
 
@@ -106,11 +98,9 @@ class ColocatedLoaderGroup:
         """Load batch ``batch_index`` on every rank; return the checked envelopes in rank order.
 
         Raises:
-            ValueError: The envelopes' DP ranks are not exactly ``range(dp_size)``, or the ranks
-                would run different numbers of micro-batches.
-            DataPlaneUnavailableError: The last fused step could not ready this batch because
-                the store did not answer within its bound; raised at once instead of waiting
-                out the bound a second time.
+            ValueError: As :meth:`_checked`.
+            DataPlaneUnavailableError: The last fused step could not ready this batch because the store
+                did not answer; raised at once instead of waiting out the bound again.
         """
         unavailable = self._unavailable
         self._forget_readied()
@@ -123,17 +113,10 @@ class ColocatedLoaderGroup:
         return self._checked(batch_index, envelopes)
 
     def take_ready(self, batch_index: int) -> list[SFTBatchEnvelope] | None:
-        """The checked envelopes of batch ``batch_index`` that the last :meth:`run_step` readied.
-
-        The handle forgets them (a failed step must load again).
-
-        Returns:
-            The envelopes in rank order, or ``None`` when no step readied this batch (first
-            step, after quiesce / abort / repositioning, or a rank could not ready it): the
-            caller then calls :meth:`load`.
+        """The checked envelopes of batch ``batch_index`` the last :meth:`run_step` readied (then forgotten), or None.
 
         Raises:
-            ValueError: As :meth:`load`'s envelope checks.
+            ValueError: As :meth:`_checked`.
         """
         ready, self._ready = self._ready, None
         if ready is None or ready[0] != int(batch_index):
@@ -143,17 +126,9 @@ class ColocatedLoaderGroup:
     def run_step(
         self, batch_index: int, placed_metas: Sequence[KVBatchMeta], loss_fn: Any, mbs: int | None = None
     ) -> list[dict[str, Any]]:
-        """The fused SFT step on every rank: ``run_sft_step(placed_metas[r], k, loss_fn)``.
+        """The fused SFT step (train, commit, ready ``k + 1``) on every rank; returns the ranks' results.
 
-        One driver -> worker round trip trains, commits and readies the next batch; when every
-        rank readied batch ``k + 1`` its envelopes are kept for :meth:`take_ready`.
-
-        Returns each rank's ``run_sft_step`` result, in rank order.
-
-        Args:
-            batch_index: The batch to train (each rank's active or readied batch).
-            placed_metas: One stamped meta per DP rank, in rank order.
-            mbs: Rows per micro-batch (``None``: the policy config's).
+        ``placed_metas``: one per DP rank, in rank order; ``mbs``: rows per micro-batch (``None``: the config's).
         """
         self._forget_readied()
         k = int(batch_index)
@@ -184,14 +159,8 @@ class ColocatedLoaderGroup:
             )
         return envelopes
 
-    def commit(self, batch_index: int) -> int:
-        """Commit on every rank; returns the rows consumed over all ranks."""
-        self._forget_readied()
-        return int(sum(self.worker_group.run_all("commit_sft_batch", int(batch_index))))
-
     def abort(self, batch_index: int | None = None) -> None:
-        """Abort on every rank (drop loaded batches, rewind; with ``batch_index``, the failed
-        step's batch, also roll back a rank's commit of it - see ``abort_sft_batch``)."""
+        """Abort on every rank; with ``batch_index`` also roll back a rank's commit of it."""
         self._forget_readied()
         if batch_index is None:
             self.worker_group.run_all("abort_sft_batch")
@@ -199,7 +168,7 @@ class ColocatedLoaderGroup:
             self.worker_group.run_all("abort_sft_batch", int(batch_index))
 
     def quiesce(self) -> dict[str, Any]:
-        """Quiesce every rank; return the committed position (identical on all ranks).
+        """Quiesce every rank; return the committed position.
 
         Raises:
             RuntimeError: The ranks disagree on the position.
@@ -221,12 +190,3 @@ class ColocatedLoaderGroup:
         """Each rank restores its store from ``root/dp{r}``."""
         dirs = [str(Path(root) / f"dp{r}") for r in range(self.dp_size)]
         return list(self.worker_group.run_sharded("load_colocated_data_plane", dirs))
-
-    def stats(self) -> list[dict[str, Any]]:
-        """Per-rank loader counters."""
-        return list(self.worker_group.run_all("colocated_loader_stats"))
-
-
-def metas_of(envelopes: Sequence[SFTBatchEnvelope]) -> list[KVBatchMeta]:
-    """The metas of ``envelopes`` in order (what ``train_placed_microbatches`` takes)."""
-    return [e.meta for e in envelopes]

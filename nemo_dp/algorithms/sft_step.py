@@ -1,9 +1,5 @@
-"""The one SFT step loop, over either batch path.
-
-:func:`run_sft` (optimizer set-up, steps, metrics, validation, checkpoints) is written once
-here; a :class:`SFTBatchPath` says how a step's batch reaches the workers: collated on the
-driver (``sft.LegacySFTPath``) or loaded by the workers' colocated loaders into the data plane
-(``sft_sync.ColocatedSFTPath``).  This module never imports the data plane.
+"""The one SFT step loop over either batch path: collated on the driver (``sft.LegacySFTPath``) or
+loaded by colocated loaders into the data plane (``sft_sync.ColocatedSFTPath``).  Never imports the data plane.
 """
 
 from __future__ import annotations
@@ -14,31 +10,26 @@ from typing import Any, Protocol
 
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.algorithms.loss_functions import NLLLoss
-from nemo_dp.algorithms.trainer_common import record_validation, should_validate, start_counters, validate_at_start
+from nemo_dp.algorithms.trainer_common import open_step_loop, record_validation, should_validate, start_counters
 
 __all__ = ["SFTBatchPath", "run_sft"]
 
 
 class SFTBatchPath(Protocol):
-    """What the SFT step loop asks of the way batches reach the workers."""
+    """What the SFT step loop asks of the way batches reach the workers.
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Restore the path's own state from a resumed checkpoint's trainer state."""
+    ``restore`` takes a resumed checkpoint's trainer state; ``prepare`` is called once before the first
+    step (``next_batch``: steps done); ``train_step`` returns ``(train metrics, rows consumed, extra
+    metrics)``; ``save_if_due`` checkpoints when ``ctx.checkpointer`` asks; ``close`` runs after the last step.
+    """
 
-    def prepare(self, ctx: TrainContext, next_batch: int) -> None:
-        """Called once before the first step (``next_batch``: steps done so far)."""
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        """The held-out evaluation of the phase."""
-
-    def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
-        """Train on batch ``batch_index``: ``(train metrics, rows consumed, extra metrics)``."""
-
-    def save_if_due(self, ctx: TrainContext, step: int, max_steps: int, counters: dict[str, Any]) -> None:
-        """Write a checkpoint when ``ctx.checkpointer`` wants one after ``step``."""
-
-    def close(self) -> None:
-        """Called after the last step."""
+    def restore(self, state: dict[str, Any]) -> None: ...
+    def prepare(self, ctx: TrainContext, next_batch: int) -> None: ...
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]: ...
+    def start_run(self) -> None: ...
+    def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]: ...
+    def save_if_due(self, ctx: TrainContext, step: int, max_steps: int, counters: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
 
 
 def run_sft(ctx: TrainContext, path: SFTBatchPath) -> dict[str, Any]:
@@ -46,23 +37,14 @@ def run_sft(ctx: TrainContext, path: SFTBatchPath) -> dict[str, Any]:
     policy, master_config, logger = ctx.policy, ctx.cfg, ctx.logger
     algo = master_config.algorithm
     max_steps = int(algo.max_steps)
-    counters = start_counters(
-        ctx.start_state,
-        algorithm="sft",
-        policy=policy,
-        train_loader=ctx.train_loader,
-        logger=logger,
-        restore_extra=path.restore,
-    )
+    counters = start_counters(ctx, "sft", path.restore)
     if ctx.start_state is None:
         # One optimizer step per SFT step (the loader batch is the global batch).
         opt = master_config.policy.optimizer
         policy.reset_optimizer(float(opt.lr), decay_steps=max_steps, warmup_steps=int(opt.warmup_steps))
     path.prepare(ctx, int(counters["step"]))
     loss_fn = NLLLoss()
-    logger.start(max_steps, int(counters["step"]))
-    evaluate = path.make_evaluator(ctx)
-    validate_at_start(counters, evaluate, algo=algo, num_problems=len(ctx.val_problems), logger=logger)
+    evaluate = open_step_loop(ctx, path, counters, max_steps)
 
     while counters["step"] < max_steps:
         t0 = time.perf_counter()

@@ -1,10 +1,7 @@
 """Data-plane SFT trainer: colocated loaders put batches into the store, the driver moves metas.
 
-Runs on a ``TQPolicy`` whose workers carry ``ColocatedLoaderMixin``; a steady-state step is one
-call per rank (train batch *k*, commit, ready *k+1*).  A failure aborts every rank so a retry
-sees the same rows (a ``DataPlaneUnavailableError`` propagates at once, without the abort);
-losses equal ``sft_train``'s bit for bit.  Checkpoints drop readied batches first, so the saved
-store is empty.
+A failed step aborts every rank so a retry sees the same rows (except on ``DataPlaneUnavailableError``);
+losses equal ``sft_train``'s bit for bit.  Checkpoints drop readied batches first.
 """
 
 from __future__ import annotations
@@ -17,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, TrainContext, TrainHooks
-from nemo_dp.algorithms.sft_loader import ColocatedLoaderGroup, metas_of
+from nemo_dp.algorithms.sft_loader import ColocatedLoaderGroup
 from nemo_dp.algorithms.sft_step import run_sft
-from nemo_dp.algorithms.trainer_common import context_evaluator, trainer_state
+from nemo_dp.algorithms.trainer_common import DriverPathHooks, trainer_state
 from nemo_dp.config.schema import train_micro_batch_rows
 from nemo_dp.data_plane.interfaces import DataPlaneUnavailableError
 from nemo_dp.utils.checkpoint_io import write_checkpoint_atomically, write_manifest
@@ -32,13 +29,7 @@ from nemo_dp.utils.checkpoint import (
     write_training_state,
 )
 
-__all__ = [
-    "sft_train_sync",
-    "ColocatedSFTPath",
-    "sft_sync_step",
-    "SFTStepResult",
-    "DATA_PLANE_CKPT_DIR",
-]
+__all__ = ["sft_train_sync", "ColocatedSFTPath", "sft_sync_step", "SFTStepResult", "DATA_PLANE_CKPT_DIR"]
 
 #: Sub-directory of a training checkpoint holding the data plane's own checkpoint.
 DATA_PLANE_CKPT_DIR = "data_plane"
@@ -49,16 +40,10 @@ class SFTStepResult:
     """What one committed step produced.
 
     Attributes:
-        metrics: The step's metrics (``Policy._aggregate_train_results`` over the ranks'
-            ``finish_train_step_presharded`` metrics, exactly as ``TQPolicy.finish_train_step``).
-        consumed: Rows consumed over all ranks.
-        envelopes: Rank order.
+        metrics: The ranks' metrics aggregated exactly as ``TQPolicy.finish_train_step`` does.
         driver_held_bytes: Pickled size of everything the driver held for the step's data.
-        load_wait_s: Seconds the step waited for the loaders: the explicit load call (when no
-            earlier step readied the batch) plus the slowest rank's readying/prefetching of
-            the following batches inside the fused call.
-        worker_calls: Driver -> worker round trips of the step (1 in steady state, 2 when the
-            batch had to be loaded first).
+        load_wait_s: Seconds waiting for the loaders (explicit load plus the slowest rank's readying).
+        worker_calls: Driver -> worker round trips (1 in steady state, 2 when the batch was loaded first).
     """
 
     metrics: dict[str, Any]
@@ -70,26 +55,16 @@ class SFTStepResult:
 
 
 def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, loss_fn: Any) -> SFTStepResult:
-    """One SFT step over the data plane: (load) -> one fused train/commit/ready call per rank.
+    """One SFT step: (load) -> one fused train/commit/ready call per rank.
 
-    Steady state is ONE driver -> worker round trip: the envelopes of batch *k* were returned
-    by step *k-1*'s fused call (``loaders.take_ready``); only when no step readied them (first
-    step, after a checkpoint's quiesce, an abort or a resume) ``loaders.load`` runs first.
-
-    Args:
-        policy: A ``TQPolicy`` (its placed-meta stamping and train-metric aggregation are used).
-        loaders: The colocated loaders of its workers.
-        batch_index: The batch to train on (= steps done so far).
+    Steady state is one round trip: step *k-1*'s fused call readied batch *k*; otherwise
+    ``loaders.load`` runs first.  ``batch_index`` is the batch to train (= steps done).
 
     Raises:
-        ValueError: Envelopes not one per DP rank / unequal micro-batch counts, or the
-            placed-metadata checks (``"exactly one batch per DP rank"``, dynamic batching).
-        Exception: Anything the step raised, after aborting it (counters are the caller's and
-            stay unchanged; every rank's step is aborted and its loader rewound to batch
-            ``batch_index`` - a rank that already committed it in this step rolls that back -
-            so the same batch is loaded again).
-        DataPlaneUnavailableError: The store stopped answering (on the driver or a rank);
-            raised at once, without the abort (see the module docstring).
+        ValueError: Envelopes not one per DP rank / unequal micro-batch counts, or the placed-metadata checks.
+        Exception: Anything the step raised, after aborting every rank's step and rewinding its loader
+            to ``batch_index`` (so the same batch is loaded again).
+        DataPlaneUnavailableError: The store stopped answering; raised at once, without the abort.
     """
     k = int(batch_index)
     dispatched = False
@@ -102,7 +77,7 @@ def sft_sync_step(policy: Any, loaders: ColocatedLoaderGroup, batch_index: int, 
             calls = 2
         load_wait_s = time.perf_counter() - t0 if calls == 2 else 0.0
         held = len(pickle.dumps(envelopes))
-        placed = policy.checked_placed_metas(metas_of(envelopes))
+        placed = policy.checked_placed_metas([e.meta for e in envelopes])
         dispatched = True
         outs = loaders.run_step(k, placed, loss_fn)
         metrics = policy._aggregate_train_results([{"per_step": [o["metrics"]]} for o in outs])
@@ -135,17 +110,10 @@ def save_sft_checkpoint(
     *,
     hooks: TrainHooks | None = None,
 ) -> Path:
-    """Write ``state`` and the data plane's checkpoint as one atomic ``step_<N>`` directory.
+    """Write ``state`` and the data plane's checkpoint (``save_data_plane(dir)``) as one atomic ``step_<N>`` directory.
 
-    The layout is ``save_training_checkpoint``'s plus ``data_plane/``; the format manifest is
-    written after the state, then the checkpointer's ``finalize`` runs, and the directory
-    appears under its final name only after everything is on disk.
-
-    Returns the committed directory.
-
-    Args:
-        save_data_plane: Writes the data plane's checkpoint into the given directory.
-        hooks: ``checkpoint_staged`` runs before the manifest is written.
+    The manifest is written after the state (``hooks.checkpoint_staged`` runs before it), then the
+    checkpointer's ``finalize``; returns the committed directory.
     """
 
     encode_state(state)  # refuse a state that cannot be stored before touching the disk
@@ -174,11 +142,8 @@ def save_sft_checkpoint(
     return path
 
 
-class ColocatedSFTPath:
-    """SFT batches loaded by the workers' colocated loaders into the data plane.
-
-    ``ctx.policy`` must be a ``TQPolicy`` with colocated-loader workers.
-    """
+class ColocatedSFTPath(DriverPathHooks):
+    """SFT batches loaded by the workers' colocated loaders into the data plane (``ctx.policy`` a ``TQPolicy``)."""
 
     def __init__(self, ctx: TrainContext) -> None:
         self.policy = ctx.policy
@@ -197,9 +162,6 @@ class ColocatedSFTPath:
             max_live_batches=self.loaders.max_live_batches(),
         )
         self.loaders.set_position(next_batch)
-
-    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
-        return context_evaluator(ctx)
 
     def train_step(self, batch_index: int, loss_fn: Any) -> tuple[dict[str, Any], int, dict[str, Any]]:
         result = sft_sync_step(self.policy, self.loaders, batch_index, loss_fn)
@@ -231,19 +193,13 @@ class ColocatedSFTPath:
 
 
 def sft_train_sync(ctx: TrainContext) -> dict[str, Any]:
-    """Run SFT for ``algorithm.max_steps`` steps over the data plane (same context as ``sft_train``).
+    """Run SFT over the data plane (same context as ``sft_train``).
 
-    Args:
-        ctx: The phase's context: ``ctx.policy`` a ``TQPolicy`` built by
-            ``make_policy_factory`` (workers with the colocated loader), ``ctx.cfg`` SFT with
-            ``data_plane`` ``local`` or ``tq``; ``ctx.train_loader`` (global batch size) is only
-            the template whose replicas are shipped to the workers (it receives the resumed
-            position); ``ctx.hooks.on_checkpoint_staged`` runs inside each checkpoint write.
-
+    ``ctx.policy`` is a ``TQPolicy`` with colocated-loader workers; ``ctx.train_loader`` is only the
+    template shipped to the workers.
 
     Raises:
-        ValueError: Sequence packing is enabled (placed SFT batches carry no producer plan), or
-            the data plane is not local/tq.
+        ValueError: Sequence packing is enabled, or the data plane is not local/tq.
     """
     if bool(ctx.cfg.policy.sequence_packing.enabled):
         raise ValueError(

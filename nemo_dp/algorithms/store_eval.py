@@ -1,16 +1,18 @@
-"""What ``grpo_sync`` and ``ppo_sync`` share: the entry check and held-out evaluation over the data plane."""
+"""What ``grpo_sync`` and ``ppo_sync`` share: the entry check, store rollouts and held-out evaluation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from nemo_dp.algorithms.context import PhaseLogger
+from nemo_dp.algorithms.context import PhaseLogger, TrainContext
+from nemo_dp.algorithms.grpo_step import StepRows
+from nemo_dp.algorithms.trainer_common import context_evaluator
 from nemo_dp.config.trainer_lookup import validate_trainer_selection
 from nemo_dp.data_plane.registry import cross_process_options
 from nemo_dp.data_plane.schema import TASK_TRAIN, TASK_VAL, VAL_PARTITION
 
-__all__ = ["check_sync_entry", "problem_rows", "rollout_to_store", "make_store_evaluator"]
+__all__ = ["check_sync_entry", "problem_rows", "make_store_evaluator", "StorePathHooks"]
 
 
 def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
@@ -20,29 +22,12 @@ def problem_rows(problems: list[Any], group: int, tokenizer: Any) -> tuple[list[
     return prompts, answers
 
 
-def rollout_to_store(
-    policy: Any, problems: list[Any], seeds: list[int], *, group: int, sample_ids: list[str], tokenizer: Any, env: Any
-) -> Any:
-    """Sample ``group`` responses per problem into the training partition (task ``"train"``).
-
-    Returns ``policy.generate_to_dataplane``'s result (meta, carry) for the rows, in problem order.
-    """
-    prompts, answers = problem_rows(problems, group, tokenizer)
-    return policy.generate_to_dataplane(
-        prompts, seeds, sample_ids=sample_ids, answers=answers, greedy=False, tokenizer=tokenizer, env=env,
-        task_name=TASK_TRAIN,
-    )
-
-
 def make_store_evaluator(
     policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: PhaseLogger
 ) -> Callable[[], float]:
-    """Held-out greedy exact-match evaluation through the store.
+    """Like :func:`~nemo_dp.algorithms.trainer_common.make_evaluator`, but through a throw-away validation partition.
 
-    The held-out prompts are generated and scored in a throw-away validation partition, dropped
-    afterwards even on failure; only responses to print come back to the driver.  Arguments are
-    ``trainer_common.make_evaluator``'s (``policy`` a data-plane policy).
-
+    The partition is dropped even on failure; only printed responses come back to the driver.
     The returned function raises ``ValueError`` when there are no held-out problems.
     """
     num_print = int(master_config.logger.num_val_examples_to_print)
@@ -80,13 +65,8 @@ def make_store_evaluator(
 def check_sync_entry(policy: Any, master_config: Any, target: str, legacy: str) -> None:
     """Refuse to start the synchronous data-plane trainer ``target`` where it does not apply.
 
-    Args:
-        target: The trainer's ``module:function`` entry in the trainer table.
-        legacy: The ``module:function`` of the legacy trainer to use instead.
-
     Raises:
-        ValueError: The config selects another trainer (no cross-process data plane), or the
-            policy exposes no ``dp_cfg``.
+        ValueError: The config selects another trainer (``legacy`` is named), or the policy has no ``dp_cfg``.
     """
     entry = target.rpartition(":")[2]
     selection = validate_trainer_selection(master_config)
@@ -102,3 +82,28 @@ def check_sync_entry(policy: Any, master_config: Any, target: str, legacy: str) 
             f"{type(policy).__name__}; build the policy with "
             "nemo_dp.data_plane.factory.make_policy_factory(cfg.data_plane)"
         )
+
+
+class StorePathHooks:
+    """The hooks of a batch path whose rows live in the data plane (``self.policy`` a ``TQPolicy``)."""
+
+    policy: Any
+    tokenizer: Any
+    env: Any
+
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        return context_evaluator(ctx, make_store_evaluator)
+
+    def end_step(self) -> None:
+        self.policy.drop_partition()
+
+    def _rollout(self, problems: Sequence[Any], seeds: list[int], group: int, prefix: str) -> StepRows:
+        """Sample ``group`` responses per problem into the training partition; ids ``<prefix>_p<problem>_g<i>``."""
+        problems = list(problems)
+        ids = [f"{prefix}_p{j}_g{i}" for j in range(len(problems)) for i in range(group)]
+        prompts, answers = problem_rows(problems, group, self.tokenizer)
+        out = self.policy.generate_to_dataplane(
+            prompts, seeds, sample_ids=ids, answers=answers, greedy=False, tokenizer=self.tokenizer, env=self.env,
+            task_name=TASK_TRAIN,
+        )
+        return StepRows(out.meta, out.carry)

@@ -1,8 +1,4 @@
-"""Pieces every trainer shares around its step loop.
-
-Counters and resume, the held-out evaluation schedule, checkpointed trainer state, per-sample
-seeds and the clipped policy-gradient loss.
-"""
+"""Pieces every trainer shares around its step loop: counters, resume, evaluation schedule, checkpoint state."""
 
 from __future__ import annotations
 
@@ -11,22 +7,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nemo_dp.algorithms.context import PhaseCheckpointer, PhaseLogger, TrainContext
-from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.utils.seeding import capture_rng_state, restore_rng_state
 
 __all__ = [
+    "DriverPathHooks",
     "TRAINER_STATE_VERSION",
     "restore_trainer_state",
     "start_counters",
     "make_evaluator",
     "context_evaluator",
-    "clipped_pg_loss_fn",
     "validate_at_start",
     "open_step_loop",
+    "finish_step",
     "record_validation",
     "step_time_metrics",
-    "validate_if_due",
-    "log_and_save",
     "trainer_state",
     "save_if_due",
     "sample_seeds",
@@ -38,12 +32,27 @@ __all__ = [
 TRAINER_STATE_VERSION = 1
 
 
-def sample_seeds(base_seed: int, step: int, iteration: int, n: int) -> list[int]:
-    """``n`` distinct seeds in ``[0, 2**63)``, a pure function of (run seed, step, rollout iteration, row).
+class DriverPathHooks:
+    """Default batch-path hooks: no-ops and the held-out evaluation on the driver."""
 
-    Args:
-        step: Training step (1-based).
-        iteration: Rollout iteration within the step (dynamic sampling).
+    def make_evaluator(self, ctx: TrainContext) -> Callable[[], float]:
+        return context_evaluator(ctx)
+
+    def start_run(self) -> None:
+        pass
+
+    def begin_step(self, *args: Any) -> None:
+        pass
+
+    def end_step(self) -> None:
+        pass
+
+    def step_metrics(self, *args: Any) -> dict[str, Any]:
+        return {}
+
+
+def sample_seeds(base_seed: int, step: int, iteration: int, n: int) -> list[int]:
+    """``n`` distinct seeds in ``[0, 2**63)``, a pure function of (run seed, 1-based step, rollout iteration, row).
 
     Raises:
         ValueError: If ``n`` or ``iteration`` is too large for the seed layout.
@@ -70,9 +79,6 @@ def restore_trainer_state(
 ) -> dict[str, Any]:
     """Load a checkpoint's policy, loader and driver RNG state; return its counters.
 
-    Args:
-        algorithm: Expected ``algorithm.name``.
-
     Raises:
         ValueError: If the checkpoint is from another algorithm or trainer-state version.
     """
@@ -94,43 +100,29 @@ def restore_trainer_state(
 
 
 def start_counters(
-    start_state: dict[str, Any] | None,
-    *,
-    algorithm: str,
-    policy: Any,
-    train_loader: Any,
-    logger: PhaseLogger,
-    restore_extra: Callable[[dict[str, Any]], None] | None = None,
+    ctx: TrainContext, algorithm: str, restore_extra: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
     """The counters ``{step, consumed_samples, val_accuracy, initial_val_accuracy}`` of a fresh run or a resume.
 
-    With ``start_state`` (``None`` = fresh run) this restores policy, loader and driver RNG
-    (``restore_trainer_state``), then runs ``restore_extra(start_state)`` and logs the resume line.
-    A fresh run's model/optimizer setup is left to the caller.
+    On resume (``ctx.start_state``) this runs :func:`restore_trainer_state`, then ``restore_extra(start_state)``,
+    and logs it.
     """
-    counters: dict[str, Any] = {
-        "step": 0,
-        "consumed_samples": 0,
-        "val_accuracy": None,
-        "initial_val_accuracy": None,
-    }
+    start_state = ctx.start_state
+    counters: dict[str, Any] = {"step": 0, "consumed_samples": 0, "val_accuracy": None, "initial_val_accuracy": None}
     if start_state is not None:
         counters.update(
-            restore_trainer_state(start_state, algorithm=algorithm, policy=policy, train_loader=train_loader)
+            restore_trainer_state(start_state, algorithm=algorithm, policy=ctx.policy, train_loader=ctx.train_loader)
         )
         if restore_extra is not None:
             restore_extra(start_state)
-        logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
+        ctx.logger.info(f"resumed from {start_state['checkpoint_path']} at step {counters['step']}")
     return counters
 
 
 def make_evaluator(
     policy: Any, val_problems: list[Any], *, tokenizer: Any, env: Any, master_config: Any, logger: PhaseLogger
 ) -> Callable[[], float]:
-    """A function returning held-out greedy exact-match accuracy (``rollout.evaluate`` on the driver).
-
-    It logs ``master_config.logger.num_val_examples_to_print`` example lines per call.
-    """
+    """A function returning held-out greedy exact-match accuracy; logs the configured number of examples."""
     from nemo_dp.algorithms.rollout import evaluate
 
     num_print = int(master_config.logger.num_val_examples_to_print)
@@ -154,17 +146,9 @@ def context_evaluator(
 
 
 def validate_at_start(
-    counters: dict[str, Any],
-    evaluate_fn: Callable[[], float],
-    *,
-    algo: Any,
-    num_problems: int,
-    logger: PhaseLogger,
+    counters: dict[str, Any], evaluate_fn: Callable[[], float], *, algo: Any, num_problems: int, logger: PhaseLogger
 ) -> None:
-    """Evaluate a fresh run at step 0 when ``algo.val_at_start``; sets ``counters["initial_val_accuracy"]``.
-
-    ``num_problems`` is only for the log line.
-    """
+    """Evaluate a fresh run at step 0 when ``algo.val_at_start`` (sets ``initial_val_accuracy``)."""
     if counters["step"] == 0 and bool(algo.val_at_start):
         acc = evaluate_fn()
         counters["initial_val_accuracy"] = acc
@@ -173,25 +157,12 @@ def validate_at_start(
 
 
 def open_step_loop(ctx: TrainContext, path: Any, counters: dict[str, Any], max_steps: int) -> Callable[[], float]:
-    """Start the logger, run the step-0 evaluation when asked, start ``path``'s run; return the evaluator.
-
-    ``path`` is the trainer's batch path (needs ``make_evaluator`` and ``start_run``).
-    """
+    """Start the logger, run the step-0 evaluation when asked, start ``path``'s run; return the evaluator."""
     ctx.logger.start(max_steps, int(counters["step"]))
     evaluate = path.make_evaluator(ctx)
-    validate_at_start(
-        counters, evaluate, algo=ctx.cfg.algorithm, num_problems=len(ctx.val_problems), logger=ctx.logger
-    )
+    validate_at_start(counters, evaluate, algo=ctx.cfg.algorithm, num_problems=len(ctx.val_problems), logger=ctx.logger)
     path.start_run()
     return evaluate
-
-
-def log_and_save(
-    ctx: TrainContext, step: int, max_steps: int, metrics: dict[str, Any], state_fn: Callable[[], dict[str, Any]]
-) -> None:
-    """Log the step's metrics, then save its checkpoint when due (``save_if_due``)."""
-    ctx.logger.log_step(step, metrics)
-    save_if_due(ctx.checkpointer, step, max_steps, state_fn)
 
 
 def step_time_metrics(counters: Mapping[str, Any], timings: tuple[float, float, float]) -> dict[str, Any]:
@@ -205,39 +176,34 @@ def step_time_metrics(counters: Mapping[str, Any], timings: tuple[float, float, 
     }
 
 
-def validate_if_due(
+def finish_step(
+    ctx: TrainContext,
     step: int,
+    max_steps: int,
     metrics: dict[str, Any],
     counters: dict[str, Any],
     evaluate: Callable[[], float],
-    *,
-    val_period: int,
-    max_steps: int,
-    logger: PhaseLogger,
+    path_metrics: Callable[[], dict[str, Any]],
+    state_fn: Callable[[], dict[str, Any]],
     detail: Callable[[], str] | None = None,
 ) -> None:
-    """Evaluate after ``step`` when :func:`should_validate` says so and log the step line.
+    """End a GRPO / PPO step: evaluate when due, add ``path_metrics()``, log, checkpoint when due.
 
-    Args:
-        metrics: The step's metrics (``reward_mean`` and ``loss`` are logged).
-        detail: Makes the text logged between the loss and the accuracy (ending with ``", "``);
-            called only when the step validates.
+    ``detail`` makes the text logged between loss and accuracy (ending in ``", "``); called only when evaluating.
     """
-    if should_validate(step, val_period=val_period, max_steps=max_steps):
+    if should_validate(step, val_period=int(ctx.cfg.algorithm.val_period), max_steps=max_steps):
         acc = record_validation(counters, metrics, evaluate)
-        logger.info(
+        ctx.logger.info(
             f"step {step}: reward {metrics['reward_mean']:.3f}, loss {metrics['loss']:.4f}, "
             f"{detail() if detail else ''}held-out accuracy {acc:.3f}"
         )
+    metrics.update(path_metrics())
+    ctx.logger.log_step(step, metrics)
+    save_if_due(ctx.checkpointer, step, max_steps, state_fn)
 
 
-def record_validation(
-    counters: dict[str, Any], metrics: dict[str, Any], evaluate_fn: Callable[[], float]
-) -> float:
-    """Evaluate and return the accuracy.
-
-    Sets ``counters["val_accuracy"]``; adds ``val_accuracy`` and ``time/val_s`` to ``metrics``.
-    """
+def record_validation(counters: dict[str, Any], metrics: dict[str, Any], evaluate_fn: Callable[[], float]) -> float:
+    """Evaluate; record the accuracy in ``counters`` and ``metrics`` (with ``time/val_s``) and return it."""
     t0 = time.perf_counter()
     acc = evaluate_fn()
     counters["val_accuracy"] = acc
@@ -247,17 +213,11 @@ def record_validation(
 
 
 def trainer_state(
-    algorithm: str,
-    counters: Mapping[str, Any],
-    policy_state: Any,
-    loader_state: Any,
-    *,
-    value_state: Any = None,
+    algorithm: str, counters: Mapping[str, Any], policy_state: Any, loader_state: Any, *, value_state: Any = None
 ) -> dict[str, Any]:
-    """The checkpointed trainer state, keys in the order every trainer writes them.
+    """The checkpointed trainer state, keys in the order every trainer writes them; captures the driver RNG now.
 
-    Captures the driver RNG now. ``counters`` is copied; ``value_state`` is the critic's state dict
-    (PPO), ``None`` without a critic.
+    ``value_state`` is the critic's state dict (PPO), ``None`` without a critic.
     """
     state: dict[str, Any] = {
         "trainer_state_version": TRAINER_STATE_VERSION,
@@ -272,29 +232,9 @@ def trainer_state(
     return state
 
 
-def clipped_pg_loss_fn(algo: Any, *, prev_logprobs_from_forward: bool = False) -> ClippedPGLossFn:
-    """The clipped policy-gradient loss configured by a GRPO / PPO ``algorithm`` node's ``loss`` section.
-
-    Args:
-        prev_logprobs_from_forward: Take ``prev_logprobs`` from the training forward (GRPO with one
-            optimizer step per rollout).
-    """
-    loss_cfg = algo.loss
-    return ClippedPGLossFn(
-        ratio_clip_min=float(loss_cfg.ratio_clip_min),
-        ratio_clip_max=float(loss_cfg.ratio_clip_max),
-        reference_policy_kl_penalty=float(loss_cfg.reference_policy_kl_penalty),
-        token_level_loss=bool(loss_cfg.token_level_loss),
-        prev_logprobs_from_forward=prev_logprobs_from_forward,
-    )
-
-
 def save_if_due(
     checkpointer: PhaseCheckpointer, step: int, max_steps: int, state_fn: Callable[[], dict[str, Any]]
 ) -> None:
-    """Save ``step``'s checkpoint when the schedule asks (always at ``max_steps`` when checkpointing is on).
-
-    ``state_fn`` builds the state and is called only when saving.
-    """
+    """Save ``step``'s checkpoint when the schedule asks; ``state_fn`` is called only then."""
     if checkpointer.should_save(step, final=step == max_steps):
         checkpointer.save(step, state_fn)

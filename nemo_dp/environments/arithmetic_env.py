@@ -14,10 +14,7 @@ class ArithmeticEnv:
     """Exact-match reward: 1.0 when the response text before eos equals the answer."""
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """float32 ``[N]`` rewards in {0.0, 1.0}.
-
-        ``CharTokenizer.decode`` already stops at eos; a literal ``"<eos>"`` marker in a response
-        is also cut, for text decoded with the specials.
+        """Float32 ``[N]`` rewards in {0.0, 1.0}; a literal ``"<eos>"`` in a response also ends it.
 
         Raises:
             ValueError: If the lists differ in length.

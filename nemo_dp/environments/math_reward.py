@@ -20,11 +20,7 @@ _BOXED = "\\boxed{"
 
 
 def normalize_answer(text: str) -> str:
-    """Minimal normalisation applied to both the extracted and the reference answer.
-
-    Strips surrounding whitespace, ``$`` signs at either end and one trailing period; a number
-    with thousands separators loses them (``"1,234"`` -> ``"1234"``).
-    """
+    """Strip whitespace, ``$`` at either end, one trailing period and thousands separators."""
     out = text.strip().strip("$").strip()
     if out.endswith(".") and not out.endswith(".."):
         out = out[:-1].rstrip()
@@ -56,32 +52,31 @@ def _last_boxed(text: str) -> Optional[str]:
     return None
 
 
+def _marked(text: str) -> Optional[str]:
+    found = _after_hashes(text)
+    return _last_boxed(text) if found is None else found
+
+
 def extract_final_answer(text: str) -> Optional[str]:
     """The normalised final answer a response gives, or None (rules in the module docstring)."""
-    for found in (_after_hashes(text), _last_boxed(text)):
-        if found is not None:
-            answer = normalize_answer(found)
-            return answer or None
+    found = _marked(text)
+    if found is not None:
+        return normalize_answer(found) or None
     numbers = _NUMBER.findall(text)
     return normalize_answer(numbers[-1]) if numbers else None
 
 
 def reference_answer(answer: str) -> str:
     """The normalised reference: after ``####`` / inside ``\\boxed{}`` when present, else as is."""
-    for found in (_after_hashes(answer), _last_boxed(answer)):
-        if found is not None:
-            return normalize_answer(found)
-    return normalize_answer(answer)
+    found = _marked(answer)
+    return normalize_answer(answer if found is None else found)
 
 
 class MathEnv:
     """Final-answer exact match: 1.0 when the response's final answer equals the reference."""
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """Score responses: float32 ``[N]``, 1.0 where the final answers match.
-
-        Raises ``ValueError`` when the lists differ in length.
-        """
+        """Float32 ``[N]`` scores (``ValueError`` when the lists differ in length)."""
         if len(responses) != len(answers):
             raise ValueError(f"MathEnv.score: {len(responses)} responses for {len(answers)} answers")
         rewards = []

@@ -1,6 +1,5 @@
-"""The reward registry: the one list of built-in rewards (``exact``, ``math``, ``format``).
+"""The reward registry: built-in rewards (``exact``, ``math``, ``format``) and the config's choice.
 
-A ``RewardSpec`` builds a scorer from its config entry and names the answer it extracts.
 ``auto`` picks ``math`` for problems from a user's file and ``exact`` otherwise; a value with a
 ``:`` is a user's function (``nemo_dp.environments.user_reward``).
 """
@@ -39,13 +38,9 @@ class RewardSpec:
     """One registered reward.
 
     Attributes:
-        name: Its ``env.reward`` / ``env.rewards[i].fn`` name.
-        build: Builds the scorer from the entry's parameters (``params``), e.g.
-            ``FormatReward(pattern=...)``; a scorer has ``score(responses, answers)`` returning a
-            float tensor ``[N]``.
-        extract: The answer a response gives, as compared with the reference (what evaluation
-            writes as the prediction), or None for a reward that compares no answer.
-        params: The entry keys it takes besides ``fn`` and ``weight``; all are required.
+        build: Builds the scorer (``score(responses, answers)`` -> float ``[N]``) from ``params``.
+        extract: The answer a response gives (what evaluation reports), or None if it compares none.
+        params: The required entry keys besides ``fn`` and ``weight``.
     """
 
     name: str
@@ -62,7 +57,7 @@ def register_reward(spec: RewardSpec) -> RewardSpec:
     """Add ``spec`` to the registry and return it (re-registering an equal spec is a no-op).
 
     Raises:
-        ValueError: The name is taken, is ``auto`` or holds a ``:`` (the mark of a function path).
+        ValueError: The name is taken, is ``auto`` or holds a ``:``.
     """
     if spec.name == "auto" or ":" in spec.name or not spec.name:
         raise ValueError(f"register_reward: {spec.name!r} cannot name a reward ('auto' and ':' are reserved)")
@@ -73,11 +68,7 @@ def register_reward(spec: RewardSpec) -> RewardSpec:
 
 
 def reward_spec(name: str, *, key: str = "env.reward") -> RewardSpec:
-    """The registered reward ``name``; ``key`` is the config key that named it (for the error).
-
-    Raises:
-        ValueError: Unknown name (naming the legal ones).
-    """
+    """The registered reward ``name``; raises ``ValueError`` naming the legal ones (``key``: the config key)."""
     if name not in REWARDS:
         legal = list(single_reward_names()) if key == "env.reward" else list(REWARDS)
         raise ValueError(
@@ -98,11 +89,7 @@ def is_function_path(value: str) -> bool:
 
 
 class FormatReward:
-    """1.0 when the whole response matches the regex ``pattern`` (``re.fullmatch``, ``.`` matching newlines).
-
-    Raises:
-        ValueError: The pattern does not compile.
-    """
+    """1.0 when the whole response matches the regex ``pattern`` (DOTALL); ``ValueError`` if it does not compile."""
 
     def __init__(self, pattern: str) -> None:
         try:
@@ -112,10 +99,7 @@ class FormatReward:
         self.pattern = str(pattern)
 
     def score(self, responses: list[str], answers: list[str]) -> torch.Tensor:
-        """Score responses: float32 ``[N]``, 1.0 where the whole response matches ``pattern``.
-
-        ``answers`` only fixes the count (``ValueError`` on unequal lengths).
-        """
+        """Float32 ``[N]`` scores (``ValueError`` when the lists differ in length)."""
         if len(responses) != len(answers):
             raise ValueError(f"FormatReward.score: {len(responses)} responses for {len(answers)} answers")
         return torch.tensor([float(self.regex.fullmatch(r) is not None) for r in responses], dtype=torch.float32)
@@ -135,21 +119,14 @@ def _auto(env_cfg: Any) -> str:
 
 
 def _get(node: Any, name: str, default: Any = None) -> Any:
-    if isinstance(node, Mapping):
-        return node.get(name, default)
-    return getattr(node, name, default)
+    return node.get(name, default) if isinstance(node, Mapping) else getattr(node, name, default)
 
 
 def reward_entries(env_cfg: Any) -> list[dict[str, Any]]:
-    """The rewards ``env_cfg`` selects, as ``{"key", "fn", "weight", "params"}`` entries.
-
-    ``env.rewards`` gives one entry per item (``key`` = ``env.rewards[i]``); otherwise
-    ``env.reward`` gives one entry of weight 1 (``auto`` resolved). ``params`` holds the entry's
-    other keys that are set (e.g. ``pattern``). ``env_cfg`` may be a dataclass, DictConfig or namespace.
+    """The rewards ``env_cfg`` selects, as ``{"key", "fn", "weight", "params"}`` entries (``auto`` resolved).
 
     Raises:
-        ValueError: ``env.reward`` and ``env.rewards`` both set, an empty list, or an entry
-            without ``fn``.
+        ValueError: ``env.reward`` and ``env.rewards`` both set, an empty list, or an entry without ``fn``.
     """
     name = str(_get(env_cfg, "reward", "auto") or "auto")
     items = _get(env_cfg, "rewards", None)
@@ -177,10 +154,7 @@ def reward_entries(env_cfg: Any) -> list[dict[str, Any]]:
 
 
 def check_reward_entry(entry: Mapping[str, Any]) -> None:
-    """Refuse a built-in entry's unknown name, missing or unexpected parameters, bad weight.
-
-    User functions are only checked for form here; importing them is
-    ``nemo_dp.environments.user_reward``'s job (before Ray starts, in the launcher).
+    """Refuse a built-in entry's unknown name, missing or unexpected parameters, bad weight (user functions: form only).
 
     Raises:
         ValueError: Naming the entry's key.
@@ -203,14 +177,10 @@ def check_reward_entry(entry: Mapping[str, Any]) -> None:
 
 
 def resolve_reward(env_cfg: Any) -> str:
-    """The single reward ``env_cfg`` selects, with ``auto`` resolved (a node without ``reward`` is ``auto``).
-
-    Returns:
-        A registered name (``"exact"``, ``"math"``, ...), a function path, or ``"rewards"`` when
-        ``env.rewards`` is set.
+    """The single reward ``env_cfg`` selects: a registered name, a function path, or ``"rewards"`` for a list.
 
     Raises:
-        ValueError: On an unknown ``env.reward`` (naming the legal values).
+        ValueError: On an unknown ``env.reward``.
     """
     entries = reward_entries(env_cfg)
     if len(entries) > 1 or entries[0]["key"] != "env.reward":
@@ -222,11 +192,7 @@ def resolve_reward(env_cfg: Any) -> str:
 
 
 def answer_extractor(env_cfg: Any) -> Callable[[str], Optional[str]]:
-    """``extract(response) -> answer or None``: what evaluation reports as a response's answer.
-
-    The extraction of the first reward that compares an answer (the single ``env.reward``, or
-    the first such entry of ``env.rewards``); the response up to ``eos`` when none does (a
-    user's function, ``format``).
+    """The answer extraction of the first reward that compares answers; else the response up to ``eos``.
 
     Raises:
         ValueError: On an unknown reward setting.
@@ -241,10 +207,7 @@ def answer_extractor(env_cfg: Any) -> Callable[[str], Optional[str]]:
 
 
 def make_environment(env_cfg: Any) -> Any:
-    """Build the reward environment for ``env_cfg`` (``score(responses, answers)``).
-
-    One built-in reward is its own scorer (``ArithmeticEnv``, ``MathEnv``, ...); a user's
-    function or an ``env.rewards`` list is a ``WeightedRewards``.
+    """The reward environment for ``env_cfg``: a built-in scorer, or ``WeightedRewards`` for a function or a list.
 
     Raises:
         ValueError: On an unknown or malformed reward setting (naming the key).

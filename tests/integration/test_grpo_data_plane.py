@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 import torch
 
-from nemo_dp.algorithms.grpo_sync import collect_grpo_batch_sync, grpo_train_sync
+from nemo_dp.algorithms.grpo_step import collect_grpo_rows
+from nemo_dp.algorithms.grpo_sync import StoreGRPOPath, grpo_train_sync
 from nemo_dp.algorithms.loss_functions import ClippedPGLossFn
 from nemo_dp.algorithms.context import TrainContext
 from nemo_dp.training import Checkpointer, RunLogger
@@ -168,9 +169,10 @@ def test_dynamic_sampling_on_metas_drops_continues_and_slices(policy: Any) -> No
     ]
     policy.prepare_step(num_samples=4, group_size=G)
     try:
-        meta, carry, info = collect_grpo_batch_sync(
-            policy, cfg, train_loader=_loader(problems, 2), tokenizer=TOK, env=ScriptedEnv(G), step=1
+        rows, info = collect_grpo_rows(
+            StoreGRPOPath(policy, TOK, ScriptedEnv(G)), cfg, train_loader=_loader(problems, 2), step=1
         )
+        meta, carry = rows.handle, rows.carry
         assert info["num_gen_batches"] == 2
         assert info["num_discarded_valid_samples"] == 2
         assert meta.size == 4 and carry.size == 4

@@ -189,7 +189,8 @@ def _grpo_cfg(**algo: Any) -> Any:
 
 
 def test_grpo_rollout_batch_and_dynamic_sampling_budget(policy2: Policy) -> None:
-    from nemo_dp.algorithms.grpo import collect_grpo_batch
+    from nemo_dp.algorithms.grpo import LegacyGRPOPath
+    from nemo_dp.algorithms.grpo_step import collect_grpo_rows
     from nemo_dp.config.schema import DynamicSamplingConfig
     from nemo_dp.data.datasets import EpochLoader, RLPromptDataset
     from nemo_dp.environments.arithmetic_env import ArithmeticEnv
@@ -197,12 +198,14 @@ def test_grpo_rollout_batch_and_dynamic_sampling_budget(policy2: Policy) -> None
     problems = RLPromptDataset.from_arithmetic(ArithmeticTask(2, ("+",), 0), 32)
     cfg = _grpo_cfg(num_prompts_per_step=4, num_generations_per_prompt=4, num_train_prompts=32)
     loader = EpochLoader(problems, batch_size=4, seed=0)
-    batch, info = collect_grpo_batch(policy2, cfg, train_loader=loader, tokenizer=TOK, env=ArithmeticEnv(), step=1)
+    path = LegacyGRPOPath(policy2, TOK, ArithmeticEnv())
+    rows, info = collect_grpo_rows(path, cfg, train_loader=loader, step=1)
+    batch = rows.handle
     assert batch.size == 16 and info["num_gen_batches"] == 1
     assert batch["std"].shape == (16,) and batch["rewards"].dtype == torch.float32
     # Same step, same seeds: the rollout is reproducible.
     loader2 = EpochLoader(problems, batch_size=4, seed=0)
-    again, _ = collect_grpo_batch(policy2, cfg, train_loader=loader2, tokenizer=TOK, env=ArithmeticEnv(), step=1)
+    again = collect_grpo_rows(path, cfg, train_loader=loader2, step=1)[0].handle
     assert torch.equal(batch["input_ids"], again["input_ids"])
     # An untrained policy never solves a problem: every group has zero reward std, so dynamic
     # sampling can never fill the batch and must stop at its budget.
@@ -214,4 +217,4 @@ def test_grpo_rollout_batch_and_dynamic_sampling_budget(policy2: Policy) -> None
         dynamic_sampling=DynamicSamplingConfig(enabled=True, max_gen_batches=2),
     )
     with pytest.raises(ValueError, match=r"Dynamic sampling reached max_gen_batches=2"):
-        collect_grpo_batch(policy2, ds_cfg, train_loader=loader, tokenizer=TOK, env=ArithmeticEnv(), step=2)
+        collect_grpo_rows(path, ds_cfg, train_loader=loader, step=2)
