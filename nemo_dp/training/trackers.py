@@ -268,7 +268,7 @@ def default_mlflow_uri(run_dir: str | os.PathLike[str]) -> str:
 
 
 class MlflowTracker:
-    """An MLflow run through ``MlflowClient`` (no global active run, so jobs never leak); ``cfg`` is ``logger.mlflow``."""
+    """An MLflow run via ``MlflowClient`` (no global active run: jobs never leak); ``cfg`` is ``logger.mlflow``."""
 
     def __init__(self, run_dir: str | os.PathLike[str], cfg: Any) -> None:
         # Store creation logs schema-migration INFO lines on every new store.
