@@ -1,10 +1,5 @@
-"""Resolution of ``checkpointing.resume_from`` and ``policy.init_from``, on the driver.
-
-Every accepted path form (run directory, checkpoints root, phase root, step directory) resolves to
-exactly one checkpoint, else :class:`ResumeError` is raised before Ray starts.  A checkpoint whose
-``checkpoint_meta.json`` (:class:`CheckpointMeta`) differs from this run is refused
-(:class:`CheckpointMismatchError`).
-"""
+"""Resolution of ``checkpointing.resume_from`` and ``policy.init_from`` to exactly one checkpoint, on the
+driver before Ray starts; a checkpoint whose ``checkpoint_meta.json`` differs from this run is refused."""
 
 from __future__ import annotations
 
@@ -31,7 +26,6 @@ __all__ = [
     "CHECKPOINT_META_NAME",
     "CHECKPOINT_META_FORMAT",
     "CHECKPOINT_META_VERSION",
-    "DEFAULT_REQUIRED_FILES",
     "WARM_START_PHASE",
     "ResumeError",
     "CheckpointMismatchError",
@@ -52,8 +46,6 @@ __all__ = [
 CHECKPOINT_META_NAME = "checkpoint_meta.json"
 CHECKPOINT_META_FORMAT = "nemo_dp.checkpoint_meta"
 CHECKPOINT_META_VERSION = 1
-#: Files a committed training checkpoint holds (format manifest, typed state, tensor table).
-DEFAULT_REQUIRED_FILES: tuple[str, ...] = REQUIRED_FILES
 #: Phase name of an RL run's SFT warm start (its checkpoints are SFT checkpoints).
 WARM_START_PHASE = "warm_start"
 _RESUME_KEY = "checkpointing.resume_from"
@@ -64,16 +56,13 @@ _INIT_KEY = "policy.init_from"
 class CheckpointMismatchError(ResumeError):
     """A checkpoint belongs to another algorithm, phase, model shape or data-plane backend.
 
-    Attributes:
-        differing: ``{meta key: (checkpoint value, this run's value)}``.
+    ``differing`` is ``{meta key: (checkpoint value, this run's value)}``.
     """
 
     def __init__(self, message: str, differing: Mapping[str, tuple[Any, Any]]) -> None:
         super().__init__(message)
         self.differing = dict(differing)
 
-
-# --- checkpoint metadata ---
 
 
 @dataclass(frozen=True)
@@ -82,15 +71,10 @@ class CheckpointMeta:
 
     Attributes:
         algorithm: ``algorithm.name`` of the phase that wrote it (``sft`` for a warm start).
-        phase: Phase name (``sft``, ``grpo``, ``ppo``, ``warm_start``).
         model_shape: Integer shape keys of ``policy.model`` (plus ``vocab_size``).
         data_plane: Data-plane backend choice (``disabled``, ``local``, ``tq``).
-        run_id: Id of the run that wrote it.
-        step: Training step of the checkpoint.
-        format_version: Layout version of this file.
-        settings: The run's settings a resume must keep, by config key (``policy.dp_size``,
-            ``algorithm.async_rollout.enabled``, ``architecture``: see :func:`run_settings`);
-            empty in checkpoints written before they were recorded.
+        settings: The run's settings a resume must keep (:func:`run_settings`); empty in
+            checkpoints written before they were recorded.
     """
 
     algorithm: str
@@ -108,15 +92,8 @@ class CheckpointMeta:
 
 
 def model_shape_of(model_cfg: Mapping[str, Any] | Any, **extra: int) -> dict[str, int]:
-    """The integer shape keys of a ``policy.model`` node (what a state dict's sizes follow).
-
-    Args:
-        model_cfg: A DictConfig, dataclass or mapping.
-        **extra: Further shape keys not in the node (``vocab_size=tokenizer.vocab_size``).
-
-    Returns:
-        ``{key: int}`` of every int (not bool) entry, plus ``extra``, sorted by key.
-    """
+    """``{key: int}`` of every int (not bool) entry of a ``policy.model`` node (DictConfig, dataclass or
+    mapping), plus ``extra`` keys (``vocab_size=...``), sorted by key."""
     if hasattr(model_cfg, "items"):
         items = dict(model_cfg.items())
     else:
@@ -161,13 +138,11 @@ def _select(node: Any, dotted: str) -> Any:
 
 
 def run_settings(phase_cfg: Any) -> dict[str, Any]:
-    """The settings of a phase (root config) that its checkpoints record and a resume must keep.
+    """``{key: JSON scalar}`` of a phase config's settings that its checkpoints record and a resume must keep.
 
     ``policy.dp_size`` (one RNG stream and optimizer shard per worker),
     ``algorithm.async_rollout.enabled`` (the asynchronous and synchronous GRPO trainers keep
-    different state) when the algorithm has it, and ``architecture`` (the model directory's
-    ``config.json`` architectures, or the policy kind for the tiny model). Returns
-    ``{key: JSON scalar}`` of the keys the config has.
+    different state) when present, and ``architecture`` (``config.json``'s, or the policy kind).
     """
     out: dict[str, Any] = {}
     for key in _KEPT_KEYS:
@@ -181,14 +156,14 @@ def run_settings(phase_cfg: Any) -> dict[str, Any]:
 
 
 def write_checkpoint_meta(checkpoint_dir: str | os.PathLike[str], meta: CheckpointMeta) -> Path:
-    """Write ``checkpoint_meta.json`` into a checkpoint directory before its atomic commit; return its path."""
+    """Write ``checkpoint_meta.json`` into a checkpoint directory (before its atomic commit); return its path."""
     path = Path(checkpoint_dir) / CHECKPOINT_META_NAME
     path.write_text(json.dumps(meta.to_json(), indent=1, sort_keys=True), encoding="utf-8")
     return path
 
 
 def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMeta | None:
-    """Read a step directory's metadata; ``None`` when it has no metadata file.
+    """A step directory's metadata, or ``None`` when it has no metadata file.
 
     Raises:
         ResumeError: The file exists but is not valid metadata (names the file and field).
@@ -204,14 +179,7 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
             f"{path}: unsupported format_version {raw.get('format_version')!r}; "
             f"supported: [{CHECKPOINT_META_VERSION}]"
         )
-    types = {
-        "algorithm": str,
-        "phase": str,
-        "data_plane": str,
-        "run_id": str,
-        "step": int,
-        "model_shape": dict,
-    }
+    types = {"algorithm": str, "phase": str, "data_plane": str, "run_id": str, "step": int, "model_shape": dict}
     for key, typ in types.items():
         if not isinstance(raw.get(key), typ) or isinstance(raw.get(key), bool):
             raise ResumeError(f"{path}: field {key!r} must be a {typ.__name__}, got {raw.get(key)!r}")
@@ -224,14 +192,7 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
     ):
         raise ResumeError(f"{path}: field 'settings' must map config keys to JSON scalars, got {settings!r}")
     return CheckpointMeta(
-        algorithm=raw["algorithm"],
-        phase=raw["phase"],
-        model_shape=dict(shape),
-        data_plane=raw["data_plane"],
-        run_id=raw["run_id"],
-        step=raw["step"],
-        format_version=raw["format_version"],
-        settings=dict(settings),
+        **{key: raw[key] for key in types}, format_version=raw["format_version"], settings=dict(settings)
     )
 
 
@@ -277,11 +238,8 @@ def check_checkpoint_meta(
 ) -> None:
     """Refuse a checkpoint written for another algorithm, phase, backend, model or settings.
 
-    Args:
-        where: The checkpoint directory (for the message).
-        model_shape: This run's model shape (:func:`model_shape_of`).
-        settings: This phase's :func:`run_settings`; a key is compared only when both the
-            checkpoint and the run record it.
+    ``where`` is the checkpoint (for the message); a ``settings`` key (:func:`run_settings`) is
+    compared only when both the checkpoint and the run record it.
 
     Raises:
         CheckpointMismatchError: Naming every differing key, both values and the config key to change.
@@ -300,8 +258,6 @@ def check_checkpoint_meta(
             hint += f" (to start from its weights only, set {_INIT_KEY}={where})"
         raise _mismatch(Path(where), _RESUME_KEY, differing, hint + ".")
 
-
-# --- checking a step directory ---
 
 
 def _pickle_reason(path: Path) -> str | None:
@@ -328,10 +284,7 @@ def _pickle_reason(path: Path) -> str | None:
 
 
 def refuse_pickles(step_dir: str | os.PathLike[str], key: str) -> None:
-    """Refuse a checkpoint that holds a pickle anywhere, without loading any of its files.
-
-    No nemo_dp checkpoint writes one, and unpickling one can run code. ``key`` is the config key
-    that named ``step_dir`` (for the message).
+    """Refuse a checkpoint that holds a pickle anywhere (unpickling can run code), loading none of its files.
 
     Raises:
         ResumeError: Naming the first such file.
@@ -356,19 +309,14 @@ def check_checkpoint_dir(
 ) -> None:
     """The checks every loader of a step directory runs before reading it (resume, init, eval).
 
-    Args:
-        key: The config key that named it (for the messages).
-        verify_integrity: Verify its file manifest (sizes and SHA-256) when it has one.
+    ``key`` names it in messages; ``verify_integrity`` verifies its manifest (sizes, SHA-256) if any.
 
     Raises:
         ResumeError: A required file is missing, or the checkpoint holds a pickle.
         nemo_dp.utils.manifest.CheckpointCorruptError: A file is missing, truncated or altered.
     """
-    _check_step_dir(Path(step_dir), key, required_files, verify_integrity)
-
-
-def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool) -> None:
-    missing = missing_files(step_dir, required)
+    step_dir = Path(step_dir)
+    missing = missing_files(step_dir, required_files)
     if missing:
         raise ResumeError(
             f"{key}: step directory {step_dir} is missing {missing}; it is not a complete checkpoint"
@@ -378,8 +326,6 @@ def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_in
     refuse_pickles(step_dir, key)
 
 
-# --- resume ---
-
 
 @dataclass(frozen=True)
 class ResumePlan:
@@ -388,14 +334,11 @@ class ResumePlan:
     Attributes:
         source: The given path (absolute).
         source_kind: ``run directory``, ``checkpoints root``, ``phase root`` or ``step directory``.
-        checkpoints_root: The checkpoints root holding the checkpoint.
-        run_dir: The run directory owning that root (``None`` when it is not
+        run_dir: The run directory owning the checkpoints root (``None`` when it is not
             ``<run>/<checkpoint_dir>``).
         phase: The phase to resume (earlier phases are skipped).
-        phase_index: Its index in the run's phases.
         checkpoint: The step directory to load.
-        step: Its step number.
-        meta: Its metadata (``None`` for a checkpoint written before metadata existed).
+        meta: ``None`` for a checkpoint written before metadata existed.
         notes: Extra facts for the log line (unchecked compatibility, ignored phases).
     """
 
@@ -424,10 +367,6 @@ class ResumePlan:
         return self.checkpoint if phase_name == self.phase else None
 
 
-def _default_phase_algorithms(phase_names: Sequence[str], algorithm: str) -> dict[str, str]:
-    return {p: ("sft" if p == WARM_START_PHASE else algorithm) for p in phase_names}
-
-
 def resolve_resume(
     resume_from: str | os.PathLike[str],
     *,
@@ -437,7 +376,7 @@ def resolve_resume(
     model_shape: Mapping[str, int],
     phase_algorithms: Mapping[str, str] | None = None,
     checkpoint_dir_name: str = "checkpoints",
-    required_files: Sequence[str] = DEFAULT_REQUIRED_FILES,
+    required_files: Sequence[str] = REQUIRED_FILES,
     verify_integrity: bool = True,
     phase_settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ResumePlan:
@@ -449,13 +388,9 @@ def resolve_resume(
     Args:
         resume_from: A run directory, its checkpoints root, a phase root or a step directory.
         phase_names: This run's phases in execution order (``["warm_start", "grpo"]``).
-        data_plane: ``disabled``, ``local`` or ``tq``.
         phase_algorithms: Default: ``sft`` for ``warm_start``, ``algorithm`` for the others.
         checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
         phase_settings: :func:`run_settings` per phase, compared with the checkpoint's.
-
-    Returns:
-        The plan; log :meth:`ResumePlan.describe`.
 
     Raises:
         ValueError: ``phase_names`` is empty.
@@ -468,16 +403,14 @@ def resolve_resume(
     algos = (
         dict(phase_algorithms)
         if phase_algorithms is not None
-        else _default_phase_algorithms(phase_names, algorithm)
+        else {p: ("sft" if p == WARM_START_PHASE else algorithm) for p in phase_names}
     )
     key = _RESUME_KEY
     loc = locate_checkpoint(resume_from, key, checkpoint_dir_name)
     notes: list[str] = []
     if loc.step_dir is not None:
         step_dir = loc.step_dir
-        _check_step_dir(step_dir, key, required_files, verify_integrity)
-        meta = read_checkpoint_meta(step_dir)
-        phase = meta.phase if meta is not None else step_dir.parent.name
+        meta, phase = _checked_meta(step_dir, key, required_files, verify_integrity)
         step = step_of(step_dir)
         if phase not in phase_names:
             raise _foreign_phase(key, step_dir, [phase], phase_names, algorithm)
@@ -490,8 +423,7 @@ def resolve_resume(
         if ignored:
             notes.append(f"ignored checkpoints of other phases {ignored}")
         step, step_dir = newest_usable_step(loc.phase_roots[phase], key, required_files)
-        _check_step_dir(step_dir, key, required_files, verify_integrity)
-        meta = read_checkpoint_meta(step_dir)
+        meta, _ = _checked_meta(step_dir, key, required_files, verify_integrity)
     if meta is None:
         notes.append(
             f"no {CHECKPOINT_META_NAME} (written before checkpoint metadata existed): algorithm, "
@@ -524,6 +456,15 @@ def resolve_resume(
     )
 
 
+def _checked_meta(
+    step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool
+) -> tuple[CheckpointMeta | None, str]:
+    """:func:`check_checkpoint_dir`, then the metadata and the phase (the parent's name without it)."""
+    check_checkpoint_dir(step_dir, key=key, required_files=required, verify_integrity=verify_integrity)
+    meta = read_checkpoint_meta(step_dir)
+    return meta, meta.phase if meta is not None else step_dir.parent.name
+
+
 def _foreign_phase(
     key: str, where: Path, found: Sequence[str], phase_names: Sequence[str], algorithm: str
 ) -> ResumeError:
@@ -539,21 +480,13 @@ def _foreign_phase(
     )
 
 
-# --- init_from ---
-
 
 @dataclass(frozen=True)
 class InitFromPlan:
     """Where the initial policy weights of a fresh run come from (``policy.init_from``).
 
-    Attributes:
-        source: The given path (absolute).
-        checkpoint: The step directory.
-        phase: The phase that wrote it.
-        step: Its step.
-        weights: The weights location inside it (``checkpoint`` itself when the format keeps
-            the weights in its state file).
-        meta: Its metadata (``None`` for an older checkpoint).
+    ``weights`` is their location inside the step directory ``checkpoint`` (``checkpoint`` itself
+    when the format keeps them in its state file); ``meta`` is ``None`` for an older checkpoint.
     """
 
     source: Path
@@ -577,7 +510,7 @@ def resolve_init_from(
     *,
     model_shape: Mapping[str, int],
     checkpoint_dir_name: str = "checkpoints",
-    required_files: Sequence[str] = DEFAULT_REQUIRED_FILES,
+    required_files: Sequence[str] = REQUIRED_FILES,
     weights_subdir: str | None = None,
     verify_integrity: bool = True,
 ) -> InitFromPlan:
@@ -593,9 +526,6 @@ def resolve_init_from(
         checkpoint_dir_name: ``checkpointing.checkpoint_dir`` of the source run.
         weights_subdir: Sub-directory of the step directory holding the policy weights
             (HF-style formats); ``None`` when they live in the state file.
-
-    Returns:
-        The plan; log :meth:`InitFromPlan.describe`.
 
     Raises:
         ResumeError: No usable checkpoint, an ambiguous choice of phase, or no weights there.
@@ -616,9 +546,7 @@ def resolve_init_from(
             )
         phase_name = finals[0] if finals else WARM_START_PHASE
         step, step_dir = newest_usable_step(loc.phase_roots[phase_name], key, required_files)
-    _check_step_dir(step_dir, key, required_files, verify_integrity)
-    meta = read_checkpoint_meta(step_dir)
-    phase = meta.phase if meta is not None else step_dir.parent.name
+    meta, phase = _checked_meta(step_dir, key, required_files, verify_integrity)
     if meta is not None:
         differing = _shape_diff(meta.model_shape, model_shape)
         if differing:
