@@ -1,9 +1,5 @@
-"""Greedy held-out evaluation of a saved checkpoint, in-process on the driver (no Ray).
-
-Finds the checkpoint, rebuilds the phase's config from ``resolved_config.yaml``, loads the policy,
-decodes greedily on the phase's held-out problems (or a user jsonl), scores with the run's reward
-and writes one line per problem.  Nothing loaded executes code; remote model code is refused.
-"""
+"""Greedy held-out evaluation of a saved checkpoint, in-process (no Ray), with the run's own config and
+reward; nothing loaded executes code, and remote model code is refused."""
 
 from __future__ import annotations
 
@@ -69,10 +65,9 @@ class EvalOptions:
     Attributes:
         jsonl: A user jsonl of ``{"prompt" | "messages", "answer"}`` lines; ``None`` uses the
             phase's own held-out problems.
-        num_samples: Evaluate only the first this many problems; ``None`` takes the phase's
-            ``val_samples`` (held-out set) or the whole file (``jsonl``).
-        batch_size: Prompts decoded together; ``None`` batches exactly as the trainer's
-            validation does, so greedy decoding sees the very same batches.
+        num_samples: Only the first this many problems; ``None``: the phase's ``val_samples``
+            (held-out set) or the whole file (``jsonl``).
+        batch_size: ``None`` batches exactly as the trainer's validation does (same greedy batches).
         max_new_tokens: ``None`` takes the run's ``policy.generation.max_new_tokens``.
         output_file: Predictions jsonl (a plain name), in the output directory.
     """
@@ -84,12 +79,10 @@ class EvalOptions:
     output_file: str = "predictions.jsonl"
 
     def __post_init__(self) -> None:
-        if self.num_samples is not None and self.num_samples < 1:
-            raise ValueError(f"eval.num_samples: must be >= 1 or null, got {self.num_samples}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"eval.batch_size: must be >= 1 or null, got {self.batch_size}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"eval.max_new_tokens: must be >= 1 or null, got {self.max_new_tokens}")
+        for name in ("num_samples", "batch_size", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"eval.{name}: must be >= 1 or null, got {value}")
         if not self.output_file or Path(self.output_file).name != self.output_file:
             raise ValueError(f"eval.output_file: must be a plain file name, got {self.output_file!r}")
 
@@ -99,15 +92,11 @@ class EvaluateConfig:
     """Root schema of ``conf/evaluate.yaml``.
 
     Attributes:
-        checkpoint: A run's checkpoint root (``<run>/checkpoints``), one phase's root
-            (``<run>/checkpoints/sft``) or one ``step_<N>`` directory.
-        step: Evaluate this step; ``None`` takes the latest.
-        phase: Evaluate this phase (``sft``, ``grpo``, ``ppo``, ``warm_start``); ``None`` takes
-            the run's last phase that has a checkpoint.
-        run_overrides: ``key=value`` changes to the run's config before anything is built, for
-            values that do not hold where the evaluation runs (a relative tokenizer path); each
-            key must exist in the run config.
-        torch_threads: Compute threads of this process.
+        checkpoint: A run directory, its checkpoint root, one phase's root or one ``step_<N>`` directory.
+        step: ``None`` takes the latest.
+        phase: ``None`` takes the run's last phase that has a checkpoint.
+        run_overrides: ``key=value`` changes to the run's config before anything is built (a
+            relative tokenizer path that does not hold here); each key must exist in it.
     """
 
     checkpoint: str = "???"
@@ -127,14 +116,7 @@ class EvaluateConfig:
 
 @dataclass
 class CheckpointRef:
-    """One located checkpoint.
-
-    Attributes:
-        path: The ``step_<N>`` directory.
-        phase: The name of its parent directory.
-        run_dir: The run directory holding ``resolved_config.yaml``.
-        run_cfg: The run's resolved config, ``run_overrides`` applied.
-    """
+    """One located ``step_<N>`` directory, its run directory and the run's config (``run_overrides`` applied)."""
 
     path: Path
     phase: str
@@ -145,7 +127,6 @@ class CheckpointRef:
 
     @property
     def run_config_file(self) -> Path:
-        """The run's ``resolved_config.yaml`` (for messages)."""
         return self.run_dir / RUN_CONFIG_FILE
 
 
@@ -173,15 +154,7 @@ def resolve_checkpoint(
     phase: str | None = None,
     run_overrides: Sequence[str] = (),
 ) -> CheckpointRef:
-    """Locate the checkpoint to evaluate.
-
-    The checkpoint is checked as a resume checks it before anything is read: its file manifest
-    (sizes and SHA-256) and no pickle anywhere.
-
-    Args:
-        checkpoint: Any form ``checkpointing.resume_from`` accepts.
-        step: ``None``: the latest of the phase.
-        phase: ``None``: the run's last phase with a checkpoint.
+    """Locate the checkpoint to evaluate (any form ``resume_from`` accepts), checked as a resume checks it.
 
     Raises:
         FileNotFoundError: The path, the run config, the phase or the step does not exist;
@@ -264,7 +237,7 @@ def phase_config(ref: CheckpointRef) -> Any:
     """The root config the checkpoint's phase trained with (a warm start is its own SFT config).
 
     Raises:
-        ValueError: The run config plans no phase of that name (the message lists its phases).
+        ValueError: The run config plans no phase of that name.
     """
     phases = plan_phases(ref.run_cfg)
     for phase in phases:
@@ -289,15 +262,11 @@ _TOKENIZER_KEYS: tuple[str, ...] = ("policy.tokenizer_name_or_path",)
 
 
 def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
-    """The tokenizer the checkpoint's ``policy/`` directory holds, else the run's own.
-
-    ``run_overrides`` naming the tokenizer wins; a checkpoint without tokenizer files (the tiny
-    model, or an older checkpoint) builds it from the run's ``policy`` node.
+    """The tokenizer the checkpoint's ``policy/`` directory holds, else (or when ``run_overrides`` name
+    the tokenizer) the one built from the run's ``policy`` node.
 
     Raises:
-        ValueError: The run allowed remote code, the checkpoint's tokenizer files do not load,
-            or the tokenizer cannot be built from here (the message names the run config and
-            how to point at the tokenizer).
+        ValueError: The run allowed remote code, or the tokenizer does not load or build from here.
     """
     policy_cfg = ref.run_cfg.policy
     _refuse_remote_code(policy_cfg, ref.run_config_file)
@@ -321,16 +290,14 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
 
 
 def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
-    """The policy model a checkpoint holds, in eval mode on the CPU.
+    """The policy model a checkpoint holds, in eval mode on the CPU (no checkpoint code runs).
 
-    ``format_version`` 2 loads ``<checkpoint>/policy`` through the run's model builder;
-    version 1 loads ``policy.weights.model`` from the training state into a model built from
-    the run's ``policy`` node.  Neither runs code from the checkpoint.
+    ``format_version`` 2 loads ``<checkpoint>/policy`` through the run's model builder; version 1
+    loads ``policy.weights.model`` of the training state into a model built from ``policy``.
 
     Raises:
-        ValueError: The manifest names another format, the run allowed remote code, the state
-            lacks policy weights, the weights do not fit the run's ``policy``, or the model does
-            not cover ``tokenizer``'s vocabulary (the message names the file).
+        ValueError: Another format, remote code allowed, no or unfitting policy weights, or a
+            model smaller than ``tokenizer``'s vocabulary (naming the file).
     """
     manifest = read_manifest(
         ref.path, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
@@ -367,15 +334,8 @@ def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
 
 @dataclass
 class EvalSet:
-    """The problems of one evaluation and how they are scored.
-
-    Attributes:
-        origins: Where each problem comes from (``file:line`` or its held-out index), for
-            error messages.
-        env: The reward environment (``score(responses, answers)``).
-        reward: The reward's name (``exact``, ``math``).
-        extract: What the reward compares with the reference answer, per response.
-    """
+    """The problems of one evaluation, where each comes from (``file:line`` or held-out index), the
+    reward environment, the reward's name and its answer extractor."""
 
     problems: list[Problem]
     origins: list[str]
@@ -387,10 +347,8 @@ class EvalSet:
 def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer) -> EvalSet:
     """The problems to evaluate and the environment that scores them.
 
-    Without ``eval.jsonl`` these are the held-out problems the phase's trainer validated on
-    (``build_val_problems`` of the phase config: ``env.val_data`` / ``env.val_jsonl`` or the task's
-    held-out partition, ``val_samples`` of them), scored by the run's reward. A user jsonl is
-    scored as the run would score a held-out file of its own (``env.val_jsonl``).
+    Without ``eval.jsonl``: the held-out problems the phase's trainer validated on, scored by the
+    run's reward; a user jsonl is scored as the run's own ``env.val_jsonl`` would be.
 
     Raises:
         DatasetError: On a malformed jsonl (key, file, line and field named).
@@ -459,18 +417,8 @@ def evaluate_checkpoint(
     *,
     progress_bar: bool = True,
 ) -> dict[str, Any]:
-    """Greedy exact-match accuracy of the checkpoint; predictions written as jsonl.
-
-    Every input is checked (tokenizer built, problems loaded and tokenised, lengths fit the
-    model, weights loaded) before anything is written.
-
-    Args:
-        out_dir: Output directory (created) for ``options.output_file`` and ``eval_summary.json``.
-        progress_bar: Show a tqdm bar over problems (stderr).
-
-    Returns:
-        ``{"accuracy", "num_problems", "checkpoint", "phase", "step", "predictions",
-        "source", "reward"}``.
+    """Greedy exact-match accuracy of the checkpoint, also written to ``out_dir/eval_summary.json``, with
+    predictions in ``out_dir/<output_file>``; every input is checked before anything is written.
 
     Raises:
         ValueError: On bad input (naming the file and line or the held-out index at fault).
