@@ -1,8 +1,4 @@
-"""The run layer: ``run_phase`` trains one phase, ``run_phases`` a whole run.
-
-``run_phases`` plans the phases, checks everything that can fail on the driver, starts Ray, only
-then claims the run directory, builds the policy, runs each phase and writes the summary.
-"""
+"""The run layer: ``run_phase`` trains one phase, ``run_phases`` a whole run."""
 
 from __future__ import annotations
 
@@ -44,9 +40,7 @@ def make_tokenizer(cfg: Any) -> Any:
 
 
 def build_inputs(cfg: Any, tokenizer: Any | None = None) -> TrainerInputs:
-    """The loader, held-out problems and environment of a phase's root config.
-
-    Built by the algorithm registry entry's ``AlgorithmSpec.input_builder``.
+    """The loader, held-out problems and environment of a phase's root config (``AlgorithmSpec.input_builder``).
 
     Raises:
         ValueError: ``algorithm.name`` is not a registered algorithm (naming the legal names).
@@ -56,14 +50,8 @@ def build_inputs(cfg: Any, tokenizer: Any | None = None) -> TrainerInputs:
 
 
 def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = None) -> Any:
-    """The policy worker group the config's data plane asks for (through the factory).
-
-    Args:
-        env_vars: Environment for the workers (``ray_session`` / ``init_ray`` output).
-
-    Returns:
-        A plain ``Policy`` (data plane disabled) or the factory's data-plane policy.
-    """
+    """A plain ``Policy`` (data plane disabled) or the data-plane factory's policy; ``env_vars`` is the
+    workers' environment (``ray_session`` / ``init_ray`` output)."""
     from nemo_dp.distributed.worker_group import RayCluster
     from nemo_dp.models.policy import Policy
 
@@ -83,12 +71,8 @@ def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = N
 def phase_logger(
     phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = None, health: Any = None
 ) -> RunLogger:
-    """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group).
-
-    Args:
-        tracker: Experiment trackers that also receive every step's record (or ``None``).
-        health: A training-health detector (``nemo_dp.training.health``) fed every record.
-    """
+    """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group), feeding ``tracker``
+    and the ``health`` detector every record."""
     return RunLogger(
         Path(run_dir) / phase.out_subdir,
         metrics_file=str(logger_cfg.metrics_file),
@@ -105,8 +89,7 @@ def phase_health(phase: Phase) -> Any:
     """The training-health detector of a phase: a ``ZeroAdvantageDetector`` for GRPO, else ``None``."""
     from nemo_dp.training.health import ZeroAdvantageDetector
 
-    algo = phase.cfg.algorithm
-    if str(algo.name) != "grpo":
+    if str(phase.cfg.algorithm.name) != "grpo":
         return None
     return ZeroAdvantageDetector(
         warm_start_enabled=bool(OmegaConf.select(phase.cfg, "algorithm.warm_start.enabled", default=False)),
@@ -119,12 +102,8 @@ def phase_health(phase: Phase) -> Any:
 def phase_checkpointer(
     phase: Phase, ckpt_root: Path, ckpt_cfg: Any, start: RunStart | None = None
 ) -> Checkpointer:
-    """The ``Checkpointer`` of a phase under ``ckpt_root/<phase name>``.
-
-    Args:
-        start: The run's start decisions; when given, every checkpoint records what it belongs
-            to (``checkpoint_meta.json``) and carries a file manifest.
-    """
+    """The ``Checkpointer`` of a phase under ``ckpt_root/<phase name>``; with ``start``, every checkpoint
+    records what it belongs to (``checkpoint_meta.json``) and carries a file manifest."""
     finalize = None
     if start is not None:
         finalize = checkpoint_finalizer(
@@ -155,17 +134,10 @@ def run_phase(
     hooks: TrainHooks | None = None,
     trainer: Callable[[TrainContext], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Train one phase on ``policy``.
+    """Train one phase on ``policy``; the trainer's result plus ``wall_time_s`` and ``num_val_problems``.
 
-    Args:
-        phase: Its ``cfg`` selects the trainer and the inputs.
-        policy: Built by ``make_policy`` for the run's data plane.
-        start_state: A loaded checkpoint to resume from, or ``None``.
-        trainer: The trainer, when the caller already selected it with ``select_sync_trainer``
-            (selected now otherwise).
-
-    Returns:
-        The trainer's result plus ``wall_time_s`` and ``num_val_problems``.
+    ``start_state`` is a loaded checkpoint to resume from; ``trainer`` defaults to
+    ``select_sync_trainer(phase.cfg)``.
     """
     if trainer is None:
         trainer = select_sync_trainer(phase.cfg, label=phase.label)
@@ -199,12 +171,6 @@ def run_phase(
     return result
 
 
-def _choices() -> dict[str, Any]:
-    from hydra.core.hydra_config import HydraConfig
-
-    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-
-
 def run_phases(
     cfg: Any,
     validated: Any,
@@ -213,34 +179,20 @@ def run_phases(
     hooks: TrainHooks | None = None,
     record: Any = None,
 ) -> dict[str, Any]:
-    """Run every phase of a validated, preflighted config; write the run's outputs.
+    """Run every phase of a validated, preflighted config into ``run_dir``; return the run summary.
 
-    Every phase's trainer is selected (and imported) before Ray starts; Ray has its own
-    lifetime per call (``ray_session``, torn down in ``finally``), so ``--multirun`` jobs are
-    isolated.  ``run_dir`` receives the resolved config, each phase's metrics / plot,
-    checkpoints and ``summary.json``.
-
-    Args:
-        validated: ``validate_config(cfg)`` (typed view: cluster, logger, checkpointing).
-        hooks: Injected callbacks for every phase's trainer.
-        record: The launcher's ``nemo_dp.training.run_record.RunRecord``: marked started once
-            Ray is up and the run directory is claimed (a failure before, Ray start-up and the
-            cluster join included, is a configuration error that leaves the run directory as
-            it was; after, a failed run with a summary and plots), it holds the summary so far
-            and every phase's metrics file.
-
-    Returns:
-        The run summary: ``run_dir``, ``run_id``, ``status``, ``phases`` (each phase's
-        result), ``wall_time_s`` and, for a warm-started run with both accuracies,
-        ``accuracy_gain``.
+    Every trainer is selected before Ray starts; Ray lives for this call only (``--multirun``
+    jobs are isolated). ``record`` (a ``RunRecord``) is marked started once Ray is up and the run
+    directory is claimed (a failure before leaves the run directory as it was), and holds the
+    summary so far and every phase's metrics file.
 
     Raises:
-        ValueError: A dataset, the model, ``checkpointing.resume_from``, ``policy.init_from`` or
-            the run directory is unusable (``ResumeError``, ``RunDirError``,
-            ``CheckpointCorruptError`` and the dataset errors are ``ValueError`` instances), raised
-            before Ray starts and before anything is written.
+        ValueError: A dataset, the model, ``resume_from``, ``init_from`` or the run directory is
+            unusable, raised before Ray starts and before anything is written.
         ClusterConnectError: The cluster to join cannot be reached (nothing written yet).
     """
+    from hydra.core.hydra_config import HydraConfig
+
     from nemo_dp.data.validation import validate_datasets
     from nemo_dp.environments.weighted import check_rewards
     from nemo_dp.models.builders import prepare_policy, validate_policy
@@ -260,7 +212,7 @@ def run_phases(
         print(f"data: {line}", flush=True)
     check_rewards(cfg.env, report.reward_columns())
     desc = describe_selection(cfg)
-    choices = _choices()
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
     print(f"run directory: {run_dir}", flush=True)
     print(
         f"algorithm: {cfg.algorithm.name} | data plane: {choices.get('data_plane', '?')} "
@@ -320,7 +272,6 @@ def run_phases(
 
 
 def _ray_for(cfg: Any, validated: Any) -> Any:
-    """The run's Ray session (``ray_session`` with the cluster keys and the data plane's needs)."""
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import ray_session
 
@@ -351,7 +302,7 @@ def _train_phases(
     worker_env: dict[str, str],
     term: Any,
 ) -> None:
-    """Build the policy on the running Ray, run the phases into ``summary`` (``run_phases``' body)."""
+    """Build the policy on the running Ray and run the phases into ``summary``."""
     from nemo_dp.distributed.ray_init import shutdown_ray
 
     first = start.first
@@ -415,7 +366,7 @@ def _train_phases(
 
 
 def final_accuracy(summary: dict[str, Any]) -> float:
-    """The held-out accuracy after the ``run_phases`` summary's last phase (what a sweep maximises).
+    """The held-out accuracy after the run summary's last phase (what a sweep maximises).
 
     Raises:
         ValueError: The last phase recorded no held-out accuracy.
