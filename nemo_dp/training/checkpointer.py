@@ -94,13 +94,14 @@ def checkpoint_finalizer(
 
 def load_start_state(root: str | Path | None) -> dict[str, Any] | None:
     """The latest checkpoint's state (plus ``checkpoint_path``) under ``root`` (may be absent), or ``None``."""
-    if root is None:
-        return None
-    latest = latest_checkpoint(root)
-    if latest is None:
-        return None
-    state = load_training_checkpoint(latest)
-    state["checkpoint_path"] = str(latest)
+    latest = None if root is None else latest_checkpoint(root)
+    return None if latest is None else load_checkpoint_state(latest)
+
+
+def load_checkpoint_state(path: str | Path) -> dict[str, Any]:
+    """The training state of one step directory, plus ``checkpoint_path``."""
+    state = load_training_checkpoint(path)
+    state["checkpoint_path"] = str(path)
     return state
 
 
