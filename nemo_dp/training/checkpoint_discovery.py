@@ -1,6 +1,5 @@
-"""Finding checkpoints on disk: ``step_<N>`` directories, phase roots, checkpoints roots, run
-directories, and the one checkpoint a path given by the user names (``checkpointing.resume_from``,
-``policy.init_from``, ``checkpoint=`` of ``launchers/evaluate.py``)."""
+"""Finding checkpoints on disk: step directories, phase roots, checkpoints roots, run directories, and
+the one checkpoint a user's path names (``resume_from``, ``init_from``, ``checkpoint=``)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,6 @@ class ResumeError(ValueError):
     """``checkpointing.resume_from`` / ``policy.init_from`` holds no usable checkpoint."""
 
 
-# --- step directories of one phase root ---
-
 
 def step_of(path: str | os.PathLike[str]) -> int | None:
     """``N`` of a path whose last component is ``step_<N>``, else ``None`` (also for ``*.tmp-*``/``*.old-*``)."""
@@ -51,11 +48,9 @@ def step_of(path: str | os.PathLike[str]) -> int | None:
 
 
 def list_step_dirs(phase_root: str | os.PathLike[str], *, committed: bool = False) -> list[tuple[int, Path]]:
-    """Every ``step_<N>`` directory under a phase root, oldest first.
+    """``[(N, path), ...]`` of the ``step_<N>`` directories under a phase root (may not exist), oldest first.
 
-    Returns ``[(N, path), ...]``; temp (``*.tmp-*``) and displaced (``*.old-*``) siblings are not
-    listed, nor with ``committed`` those without ``manifest.json`` (atomic write unfinished).
-    ``phase_root`` (``<checkpoints root>/<phase>``) may not exist.
+    Temp and displaced siblings are not listed, nor with ``committed`` those without ``manifest.json``.
     """
     root = Path(phase_root)
     if not root.is_dir():
@@ -72,10 +67,7 @@ def list_step_dirs(phase_root: str | os.PathLike[str], *, committed: bool = Fals
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The committed ``step_<N>`` directory with the largest N under a phase root, or ``None``.
-
-    Directories without a manifest or a state file are ignored; ``root`` may not exist.
-    """
+    """The newest committed step directory with a state file under a phase root (may not exist), or ``None``."""
     for _, path in reversed(list_step_dirs(root, committed=True)):
         if (path / STATE_JSON).is_file() or (path / STATE_FILE).is_file():
             return path
@@ -87,10 +79,8 @@ def newest_checkpoint(
 ) -> Path | None:
     """:func:`latest_checkpoint` of the latest phase that has one, or ``None``.
 
-    Args:
-        checkpoints_root: May be ``None`` or not exist.
-        phase_names: The run's phases in execution order; empty: every sub-directory of
-            ``checkpoints_root``, in name order.
+    ``checkpoints_root`` may be ``None`` or not exist; ``phase_names`` is the run's phases in order
+    (empty: every sub-directory, in name order).
     """
     if checkpoints_root is None or not Path(checkpoints_root).is_dir():
         return None
@@ -103,14 +93,10 @@ def newest_checkpoint(
     return None
 
 
-# --- phase roots and run directories ---
-
 
 def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: bool = False) -> dict[str, Path]:
-    """``{phase name: phase root}``, by name, of the sub-directories holding a step directory.
-
-    ``committed`` is as in :func:`list_step_dirs`; ``checkpoints_root`` may not exist.
-    """
+    """``{phase name: phase root}`` of the sub-directories holding a step directory (``committed`` as in
+    :func:`list_step_dirs`; the root may not exist)."""
     root = Path(checkpoints_root)
     if not root.is_dir():
         return {}
@@ -120,10 +106,8 @@ def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: boo
 
 
 def temp_step_dirs(checkpoints_root: str | os.PathLike[str]) -> list[Path]:
-    """The ``step_<N>.tmp-<hex>`` directories that killed checkpoint writes left in the phase roots.
-
-    Sorted by phase root and name; symbolic links are not followed or listed; the root may not exist.
-    """
+    """The ``step_<N>.tmp-<hex>`` directories killed checkpoint writes left in the phase roots, sorted
+    (symbolic links are not followed or listed; the root may not exist)."""
     root = Path(checkpoints_root)
     if not root.is_dir():
         return []
@@ -153,8 +137,6 @@ def find_run_dir(start: Path) -> Path | None:
     return None
 
 
-# --- the checkpoint a given path names ---
-
 
 def missing_files(step_dir: Path, required: Sequence[str]) -> list[str]:
     """The files of ``required`` that a step directory lacks, in the order of ``required``."""
@@ -175,7 +157,6 @@ class Located:
         kind: ``step directory``, ``phase root``, ``checkpoints root`` or ``run directory``.
         run_dir: The run directory owning the checkpoints root (``None`` when it is not
             ``<run>/<checkpoint_dir_name>``).
-        phase_roots: ``{phase name: phase root}`` of the phases found.
         step_dir: Set for kind ``step directory`` only.
     """
 
@@ -189,16 +170,8 @@ class Located:
 def classify_checkpoint_dir(
     path: Path, *, checkpoint_dir_name: str = "checkpoints", committed: bool = False
 ) -> Located | None:
-    """Whether an existing directory is a step directory, a phase root or a checkpoints root.
-
-    Checked in that order: a ``step_<N>`` name, then step directories inside it, then phase
-    roots inside it.  The run-directory form (``<run>/<checkpoint_dir_name>`` holding phase
-    roots) is left to the caller. ``None`` when it is none of the three.
-
-    Args:
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (to find :attr:`Located.run_dir`).
-        committed: As in :func:`list_step_dirs`.
-    """
+    """Whether an existing directory is a step directory, a phase root or a checkpoints root (checked in
+    that order), else ``None``; the run-directory form is left to the caller."""
     if step_of(path) is not None:
         root, phase_root = path.parent.parent, path.parent
         run_dir = run_dir_of(root, checkpoint_dir_name)
@@ -213,12 +186,7 @@ def classify_checkpoint_dir(
 
 
 def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir_name: str) -> Located:
-    """Classify a resume / init path as a step directory, phase root, checkpoints root or run directory.
-
-    Args:
-        path_str: Made absolute; symbolic links are kept.
-        key: The config key that gave it (for the messages).
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
+    """Classify a resume / init path (made absolute, links kept) as one of :class:`Located`'s kinds.
 
     Raises:
         ResumeError: It does not exist, is a file, or holds no step directory in any of the
@@ -267,9 +235,7 @@ def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir
 
 
 def newest_usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[int, Path]:
-    """``(N, step dir)`` of a phase root's newest step, refused when incomplete (never a fallback).
-
-    ``phase_root`` must hold a step directory; ``key`` is the config key that named it.
+    """``(N, step dir)`` of a phase root's newest step (it must have one), refused when incomplete.
 
     Raises:
         ResumeError: The newest step directory lacks a required file (the message names the
