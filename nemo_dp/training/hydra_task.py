@@ -1,5 +1,5 @@
-"""The Hydra task wrapper: before start a configuration error is one message and nothing is
-written; after start a failure writes ``summary.json`` and plots; SIGTERM acts like Ctrl-C."""
+"""The Hydra task wrapper: before start a configuration error is one message and nothing is written;
+after start a failure writes ``summary.json`` and plots; SIGTERM acts like Ctrl-C."""
 
 from __future__ import annotations
 
@@ -40,13 +40,9 @@ class RunConfigurationError(CompactHydraException):
 def silence_known_noise(*, local_ray: bool) -> list[str]:
     """Remove the known start-up notices at their source (idempotent; call before Ray starts).
 
-    * torch's one-time "is_fx_tracing will return true ..." log record: dropped by a logger
-      filter (``nemo_dp.utils.noise``; Ray workers install it through the setup hook).
-    * Ray's "Token authentication is enabled ..." notice: for a local Ray only, set
-      ``RAY_AUTH_MODE=token`` (what Ray would set itself) before Ray is imported.
-
-    ``local_ray``: the run starts a local Ray (``cluster.address`` is null). Returns what was
-    done, one line each (for a debug log).
+    torch's "is_fx_tracing ..." record is dropped by a logger filter; for a ``local_ray`` (null
+    ``cluster.address``) Ray's "Token authentication ..." notice by setting ``RAY_AUTH_MODE=token``
+    (Ray's own choice) before Ray is imported. Returns what was done, one line each.
     """
     from nemo_dp.utils.noise import install_known_log_filters
 
@@ -58,12 +54,7 @@ def silence_known_noise(*, local_ray: bool) -> list[str]:
 
 
 def is_configuration_error(exc: BaseException) -> bool:
-    """Whether ``exc``, raised before the run started, is a user-facing configuration error (not a bug).
-
-    True for ``ValueError`` (schema rules, resume, run-dir, dataset, checkpoint-integrity
-    errors, the CPU budget), OmegaConf errors, ``PreflightError``, ``FileNotFoundError``
-    and ``ClusterConnectError`` (the cluster to join cannot be reached).
-    """
+    """Whether ``exc``, raised before the run started, is a user-facing configuration error (not a bug)."""
     from omegaconf.errors import OmegaConfBaseException
 
     from nemo_dp.config import PreflightError
@@ -87,13 +78,8 @@ def _hydra_run_dir_and_log() -> tuple[Path, Path]:
 
 
 def save_hydra_outputs(cfg: Any, run_dir: Path) -> None:
-    """Write Hydra's ``.hydra/`` files (config, hydra, overrides) into ``run_dir``.
-
-    The launcher's config sets ``hydra.output_subdir: null``, so Hydra writes nothing before
-    the task runs; the wrapper calls this once the run is accepted.  Nothing is done when
-    Hydra wrote them itself (``output_subdir`` set) or runs no job. ``cfg`` is the job's
-    composed config (without the ``hydra`` node).
-    """
+    """Write Hydra's ``.hydra/`` files into ``run_dir`` once the run is accepted (the launcher sets
+    ``hydra.output_subdir: null``); nothing when Hydra wrote them itself or runs no job."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -151,11 +137,8 @@ def _stopped(
 
 
 def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
-    """Wrap a Hydra task function ``task(cfg, record)`` with the run's failure handling.
-
-    Use under ``@hydra.main(...)``; the wrapped function takes only ``cfg``. ``task`` calls
-    ``record.mark_started()`` just before Ray starts.
-    """
+    """Wrap ``task(cfg, record)`` (which calls ``record.mark_started()`` just before Ray starts) with the
+    run's failure handling, as a ``task(cfg)`` for ``@hydra.main``."""
 
     @functools.wraps(task)
     def wrapper(cfg: Any) -> _T:
