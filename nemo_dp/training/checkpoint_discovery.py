@@ -40,7 +40,6 @@ class ResumeError(ValueError):
     """``checkpointing.resume_from`` / ``policy.init_from`` holds no usable checkpoint."""
 
 
-
 def step_of(path: str | os.PathLike[str]) -> int | None:
     """``N`` of a path whose last component is ``step_<N>``, else ``None`` (also for ``*.tmp-*``/``*.old-*``)."""
     m = STEP_DIR.match(Path(path).name)
@@ -93,7 +92,6 @@ def newest_checkpoint(
     return None
 
 
-
 def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: bool = False) -> dict[str, Path]:
     """``{phase name: phase root}`` of the sub-directories holding a step directory (``committed`` as in
     :func:`list_step_dirs`; the root may not exist)."""
@@ -135,7 +133,6 @@ def find_run_dir(start: Path) -> Path | None:
         if (candidate / RUN_CONFIG_FILE).is_file():
             return candidate
     return None
-
 
 
 def missing_files(step_dir: Path, required: Sequence[str]) -> list[str]:

@@ -64,7 +64,6 @@ class CheckpointMismatchError(ResumeError):
         self.differing = dict(differing)
 
 
-
 @dataclass(frozen=True)
 class CheckpointMeta:
     """What a checkpoint belongs to (``checkpoint_meta.json``).
@@ -259,7 +258,6 @@ def check_checkpoint_meta(
         raise _mismatch(Path(where), _RESUME_KEY, differing, hint + ".")
 
 
-
 def _pickle_reason(path: Path) -> str | None:
     """Why ``path`` looks like a pickle (its name, its protocol header, or a zip archive holding
     one, as ``torch.save`` writes), else ``None``; only the zip's directory is read."""
@@ -324,7 +322,6 @@ def check_checkpoint_dir(
     if verify_integrity and has_manifest(step_dir):
         verify_manifest(step_dir)
     refuse_pickles(step_dir, key)
-
 
 
 @dataclass(frozen=True)
@@ -478,7 +475,6 @@ def _foreign_phase(
         f"{key}: {where} holds checkpoints of phase(s) {list(found)} only; this "
         f"{algorithm} run's phases are {list(phase_names)} - nothing of this run to resume{hint}"
     )
-
 
 
 @dataclass(frozen=True)

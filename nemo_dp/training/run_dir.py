@@ -269,7 +269,6 @@ def claim_run_dir(
     )
 
 
-
 @dataclass
 class HistoryReport:
     """What :func:`continue_history` did to one phase's metrics file ``path`` (copied from ``source``):
