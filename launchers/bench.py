@@ -42,13 +42,9 @@ class RawTransferQueueBackend(Backend):
         pid = f"bench_raw_{tag}"
         fields = list(payload.td.keys())
         keys = payload.sample_ids
-        put_ms, _ = timed(
-            lambda: self.tq.kv_batch_put(keys=keys, partition_id=pid, fields=payload.td)
-        )
+        put_ms, _ = timed(lambda: self.tq.kv_batch_put(keys=keys, partition_id=pid, fields=payload.td))
         try:
-            get_ms, out = timed(
-                lambda: self.tq.kv_batch_get(keys=keys, partition_id=pid, select_fields=fields)
-            )
+            get_ms, out = timed(lambda: self.tq.kv_batch_get(keys=keys, partition_id=pid, select_fields=fields))
             if verify:
                 verify_roundtrip(payload, out, self.name)
             del out

@@ -38,10 +38,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        raise ValueError(
-            f"{missing[0]}: required value is missing "
-            f"(python launchers/evaluate.py checkpoint=<run dir>)"
-        )
+        raise ValueError(f"{missing[0]}: required value is missing (python launchers/evaluate.py checkpoint=<run dir>)")
     options: EvaluateConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     torch.set_num_threads(options.torch_threads)
     ref = resolve_checkpoint(

@@ -73,9 +73,7 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return None
 
 
-def newest_checkpoint(
-    checkpoints_root: str | os.PathLike[str] | None, phase_names: Sequence[str] = ()
-) -> Path | None:
+def newest_checkpoint(checkpoints_root: str | os.PathLike[str] | None, phase_names: Sequence[str] = ()) -> Path | None:
     """:func:`latest_checkpoint` of the latest phase that has one, or ``None``.
 
     ``checkpoints_root`` may be ``None`` or not exist; ``phase_names`` is the run's phases in order
@@ -98,9 +96,7 @@ def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: boo
     root = Path(checkpoints_root)
     if not root.is_dir():
         return {}
-    return {
-        c.name: c for c in sorted(root.iterdir()) if c.is_dir() and list_step_dirs(c, committed=committed)
-    }
+    return {c.name: c for c in sorted(root.iterdir()) if c.is_dir() and list_step_dirs(c, committed=committed)}
 
 
 def temp_step_dirs(checkpoints_root: str | os.PathLike[str]) -> list[Path]:
@@ -193,9 +189,7 @@ def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir
     if not path.exists():
         raise ResumeError(f"{key}: {str(path)!r} does not exist")
     if path.is_file():
-        parent = (
-            f"; pass its step directory {str(path.parent)!r}" if step_of(path.parent) is not None else ""
-        )
+        parent = f"; pass its step directory {str(path.parent)!r}" if step_of(path.parent) is not None else ""
         raise ResumeError(f"{key}: {str(path)!r} is a file, not a checkpoint directory{parent}")
     located = classify_checkpoint_dir(path, checkpoint_dir_name=checkpoint_dir_name)
     if located is not None:
@@ -208,9 +202,7 @@ def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir
         phases = find_phase_roots(nested)
         if phases:
             return Located("run directory", nested, path, phases)
-        what = (
-            "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
-        )
+        what = "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
         raise ResumeError(
             f"{key}: {str(path)!r} is a run directory whose checkpoints root {str(nested)!r} {what}: "
             "the run stopped before its first save (see checkpointing.save_period) - nothing to "

@@ -226,9 +226,7 @@ def resolve_checkpoint(
             raise FileNotFoundError(f"checkpoint: no committed checkpoint with a state file in {phase_root}")
         step = step_of(latest)
     if step not in steps:
-        raise FileNotFoundError(
-            f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}"
-        )
+        raise FileNotFoundError(f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}")
     check_checkpoint_dir(steps[step], key=_KEY, required_files=("manifest.json",))
     return CheckpointRef(steps[step], phase_root.name, step, run_dir, run_cfg, tuple(map(str, run_overrides)))
 

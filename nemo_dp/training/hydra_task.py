@@ -60,9 +60,7 @@ def is_configuration_error(exc: BaseException) -> bool:
     from nemo_dp.config import PreflightError
     from nemo_dp.distributed.ray_init import ClusterConnectError
 
-    return isinstance(
-        exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError, ClusterConnectError)
-    )
+    return isinstance(exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError, ClusterConnectError))
 
 
 def _full_error_requested() -> bool:
@@ -167,9 +165,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
             except Exception as exc:
                 if record.started:
                     where = write_failure_summary(record, exc, status="failed")
-                    print(
-                        f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True
-                    )
+                    print(f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True)
                     raise
                 removed = new and remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
                 if removed:

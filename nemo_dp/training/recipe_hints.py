@@ -35,9 +35,7 @@ def _override_value(overrides: list[str], key: str) -> str | None:
     return None
 
 
-def recipe_hint(
-    overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str
-) -> str | None:
+def recipe_hint(overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str) -> str | None:
     """A hint for ``algorithm=<x>`` given without a recipe that the default recipe cannot serve.
 
     Args:

@@ -175,8 +175,7 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
         raise ResumeError(f"{path}: not a checkpoint metadata file (format {CHECKPOINT_META_FORMAT!r})")
     if raw.get("format_version") != CHECKPOINT_META_VERSION:
         raise ResumeError(
-            f"{path}: unsupported format_version {raw.get('format_version')!r}; "
-            f"supported: [{CHECKPOINT_META_VERSION}]"
+            f"{path}: unsupported format_version {raw.get('format_version')!r}; supported: [{CHECKPOINT_META_VERSION}]"
         )
     types = {"algorithm": str, "phase": str, "data_plane": str, "run_id": str, "step": int, "model_shape": dict}
     for key, typ in types.items():
@@ -208,15 +207,11 @@ def _config_key(meta_key: str) -> str:
 
 def _shape_diff(ckpt: Mapping[str, int], run: Mapping[str, int]) -> dict[str, tuple[Any, Any]]:
     return {
-        f"model_shape.{k}": (ckpt.get(k), run.get(k))
-        for k in sorted(set(ckpt) | set(run))
-        if ckpt.get(k) != run.get(k)
+        f"model_shape.{k}": (ckpt.get(k), run.get(k)) for k in sorted(set(ckpt) | set(run)) if ckpt.get(k) != run.get(k)
     }
 
 
-def _mismatch(
-    where: Path, key: str, differing: Mapping[str, tuple[Any, Any]], hint: str
-) -> CheckpointMismatchError:
+def _mismatch(where: Path, key: str, differing: Mapping[str, tuple[Any, Any]], hint: str) -> CheckpointMismatchError:
     parts = [f"{k}: checkpoint {c!r}, this run {r!r} ({_config_key(k)})" for k, (c, r) in differing.items()]
     return CheckpointMismatchError(
         f"{key}: checkpoint {where} does not belong to this run; differing keys: "
@@ -316,9 +311,7 @@ def check_checkpoint_dir(
     step_dir = Path(step_dir)
     missing = missing_files(step_dir, required_files)
     if missing:
-        raise ResumeError(
-            f"{key}: step directory {step_dir} is missing {missing}; it is not a complete checkpoint"
-        )
+        raise ResumeError(f"{key}: step directory {step_dir} is missing {missing}; it is not a complete checkpoint")
     if verify_integrity and has_manifest(step_dir):
         verify_manifest(step_dir)
     refuse_pickles(step_dir, key)
@@ -468,8 +461,7 @@ def _foreign_phase(
     hint = ""
     if algorithm in ("grpo", "ppo"):
         hint = (
-            f"; to start this {algorithm.upper()} run from those weights set {_INIT_KEY}={where} "
-            f"and leave {key} unset"
+            f"; to start this {algorithm.upper()} run from those weights set {_INIT_KEY}={where} and leave {key} unset"
         )
     return ResumeError(
         f"{key}: {where} holds checkpoints of phase(s) {list(found)} only; this "

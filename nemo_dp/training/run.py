@@ -68,9 +68,7 @@ def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = N
     return Policy(**kwargs) if factory is None else factory(**kwargs)
 
 
-def phase_logger(
-    phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = None, health: Any = None
-) -> RunLogger:
+def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = None, health: Any = None) -> RunLogger:
     """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group), feeding ``tracker``
     and the ``health`` detector every record."""
     return RunLogger(
@@ -93,15 +91,11 @@ def phase_health(phase: Phase) -> Any:
         return None
     return ZeroAdvantageDetector(
         warm_start_enabled=bool(OmegaConf.select(phase.cfg, "algorithm.warm_start.enabled", default=False)),
-        dynamic_sampling_enabled=bool(
-            OmegaConf.select(phase.cfg, "algorithm.dynamic_sampling.enabled", default=False)
-        ),
+        dynamic_sampling_enabled=bool(OmegaConf.select(phase.cfg, "algorithm.dynamic_sampling.enabled", default=False)),
     )
 
 
-def phase_checkpointer(
-    phase: Phase, ckpt_root: Path, ckpt_cfg: Any, start: RunStart | None = None
-) -> Checkpointer:
+def phase_checkpointer(phase: Phase, ckpt_root: Path, ckpt_cfg: Any, start: RunStart | None = None) -> Checkpointer:
     """The ``Checkpointer`` of a phase under ``ckpt_root/<phase name>``; with ``start``, every checkpoint
     records what it belongs to (``checkpoint_meta.json``) and carries a file manifest."""
     finalize = None
@@ -223,8 +217,7 @@ def run_phases(
     for phase in phases:
         phase_desc = describe_selection(phase.cfg)
         print(
-            f"phase {phase.label}: trainer {phase_desc['trainer']} | policy factory "
-            f"{phase_desc['policy_factory']}",
+            f"phase {phase.label}: trainer {phase_desc['trainer']} | policy factory {phase_desc['policy_factory']}",
             flush=True,
         )
         trainers.append(select_sync_trainer(phase.cfg, label=phase.label))

@@ -83,9 +83,7 @@ class RunDirContents:
         """What was found, e.g. ``"run 2026...-ab12 with checkpoints grpo: steps [10, 20]; metrics.jsonl"``."""
         parts = []
         if self.checkpoints:
-            parts.append(
-                "checkpoints " + ", ".join(f"{p}: steps {s}" for p, s in sorted(self.checkpoints.items()))
-            )
+            parts.append("checkpoints " + ", ".join(f"{p}: steps {s}" for p, s in sorted(self.checkpoints.items())))
         parts.extend(str(p.relative_to(self.run_dir)) for p in self.metrics)
         if self.summary is not None:
             parts.append(_SUMMARY)
@@ -109,9 +107,7 @@ def scan_run_dir(
         phase: [s for s, _ in list_step_dirs(path)] for phase, path in find_phase_roots(ckpt_root).items()
     }
     candidates = [root / metrics_file] + sorted(
-        c / metrics_file
-        for c in root.iterdir()
-        if c.is_dir() and c != ckpt_root and not c.name.startswith(".")
+        c / metrics_file for c in root.iterdir() if c.is_dir() and c != ckpt_root and not c.name.startswith(".")
     )
     contents.metrics = [p for p in candidates if p.is_file() and p.stat().st_size > 0]
     contents.summary = root / _SUMMARY if (root / _SUMMARY).is_file() else None
@@ -240,8 +236,7 @@ def claim_run_dir(
             mode="resume_in_place",
             run_id=run_id,
             message=(
-                f"run directory {root}: resuming run {run_id} in place from phase "
-                f"{resume.phase!r} step {resume.step}"
+                f"run directory {root}: resuming run {run_id} in place from phase {resume.phase!r} step {resume.step}"
             ),
             resume_step=resume.step,
             resume_phase=resume.phase,
@@ -258,9 +253,7 @@ def claim_run_dir(
         message = f"run directory {root}: new run {run_id} replaces {contents.describe()} ({OVERWRITE_KEY}=true)"
         return RunDirDecision(mode="overwrite", run_id=run_id, message=message, **base)
     resume_hint = (
-        f" (this run resumes from {resume.checkpoint}, which is not in this directory)"
-        if resume is not None
-        else ""
+        f" (this run resumes from {resume.checkpoint}, which is not in this directory)" if resume is not None else ""
     )
     raise RunDirError(
         f"hydra.run.dir: {root} already holds {contents.describe()}{resume_hint}; a second run "

@@ -118,9 +118,7 @@ def resume_command(run_dir: Path) -> str:
     replaced = ("hydra.run.dir", "checkpointing.resume_from")
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in replaced]
     script = sys.argv[0] if sys.argv and sys.argv[0] else "launchers/launch.py"
-    return shlex.join(
-        ["python", script, *kept, f"checkpointing.resume_from={run_dir}", f"hydra.run.dir={run_dir}"]
-    )
+    return shlex.join(["python", script, *kept, f"checkpointing.resume_from={run_dir}", f"hydra.run.dir={run_dir}"])
 
 
 def _resume_hint(record: RunRecord) -> tuple[dict[str, Any], list[str]]:
@@ -130,8 +128,7 @@ def _resume_hint(record: RunRecord) -> tuple[dict[str, Any], list[str]]:
     last = newest_checkpoint(record.checkpoint_root, record.phase_names)
     if last is None:
         return {"last_checkpoint": None}, [
-            "no checkpoint was written before the run stopped (see checkpointing.save_period); "
-            "nothing to resume from"
+            "no checkpoint was written before the run stopped (see checkpointing.save_period); nothing to resume from"
         ]
     command = resume_command(record.run_dir)
     return {"last_checkpoint": str(last), "resume_command": command}, [

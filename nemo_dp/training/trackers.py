@@ -421,8 +421,7 @@ def check_trackers_available(logger_cfg: Any) -> None:
             missing.append(f"logger.{name}.enabled=true needs the '{dist}' package")
     if missing:
         raise TrackerUnavailableError(
-            f"{'; '.join(missing)}; install the tracking extra: {TRACKING_EXTRA} "
-            f"(or set the key to false)"
+            f"{'; '.join(missing)}; install the tracking extra: {TRACKING_EXTRA} (or set the key to false)"
         )
 
 
