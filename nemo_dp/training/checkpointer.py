@@ -23,10 +23,8 @@ class Checkpointer:
     Args:
         save_period: Save every this many steps (0 = only at the end).
         keep_last: Keep this many newest checkpoints.
-        finalize: Called as ``finalize(tmp_dir, step)`` inside every checkpoint write, after the
-            state files and before the commit rename (the run layer writes the checkpoint's
-            metadata and file manifest there); trainers that write their own checkpoint
-            directory call it too.
+        finalize: ``finalize(tmp_dir, step)``, called in every checkpoint write after the state files
+            and before the commit rename (trainers writing their own checkpoint directory call it too).
     """
 
     def __init__(
@@ -45,7 +43,6 @@ class Checkpointer:
         self.keep_last = keep_last
 
     def should_save(self, step: int, *, final: bool) -> bool:
-        """Whether to save after ``step``: when enabled and ``final`` or on a ``save_period`` boundary."""
         if not self.enabled:
             return False
         return final or (self.save_period > 0 and step % self.save_period == 0)
@@ -74,11 +71,8 @@ def checkpoint_finalizer(
     run_id: str,
     settings: Mapping[str, Any] | None = None,
 ) -> Callable[[Path, int], None]:
-    """The ``finalize`` of a run's checkpointer: ``checkpoint_meta.json``, then the file manifest.
-
-    The manifest is written last, so it covers every file the checkpoint holds. The arguments
-    are :class:`nemo_dp.training.resume.CheckpointMeta`'s fields.
-    """
+    """The ``finalize`` of a run's checkpointer: ``checkpoint_meta.json`` (these :class:`CheckpointMeta`
+    fields), then the file manifest, last so that it covers every file."""
     from nemo_dp.training.resume import CheckpointMeta, write_checkpoint_meta
     from nemo_dp.utils.manifest import write_manifest
 
@@ -106,12 +100,8 @@ def load_checkpoint_state(path: str | Path) -> dict[str, Any]:
 
 
 def remove_stale_temp_dirs(ckpt_root: str | Path) -> list[Path]:
-    """Remove the ``step_<N>.tmp-<hex>`` directories a killed checkpoint write left behind.
-
-    A temp directory is never a checkpoint (nothing reads it; it becomes one only by its
-    commit rename), so one that exists when a run starts is debris of an earlier process.
-    Searches the phase roots of ``ckpt_root`` (which may not exist); returns what was removed.
-    """
+    """Remove the ``step_<N>.tmp-<hex>`` directories killed checkpoint writes left in the phase roots of
+    ``ckpt_root`` (may not exist): never checkpoints, but debris of an earlier process; return them."""
     removed: list[Path] = []
     for child in temp_step_dirs(ckpt_root):
         shutil.rmtree(child, ignore_errors=True)
