@@ -86,8 +86,7 @@ class CheckpointMeta:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object written to disk: ``{"format": ..., **fields}``."""
-        return {"format": CHECKPOINT_META_FORMAT, **asdict(self)}
+            return {"format": CHECKPOINT_META_FORMAT, **asdict(self)}
 
 
 def model_shape_of(model_cfg: Mapping[str, Any] | Any, **extra: int) -> dict[str, int]:
@@ -102,12 +101,12 @@ def model_shape_of(model_cfg: Mapping[str, Any] | Any, **extra: int) -> dict[str
     return dict(sorted(shape.items()))
 
 
-#: The config keys a resume must keep, read from a phase's root config (absent keys skipped).
+#: The config keys a resume must keep (absent keys skipped).
 _KEPT_KEYS: tuple[str, ...] = ("policy.dp_size", "algorithm.async_rollout.enabled")
 
 
 def _architecture(policy_cfg: Any) -> str | None:
-    """The model architecture a policy node builds: ``config.json``'s, or the policy kind."""
+    """``config.json``'s architectures of a policy node, or its kind."""
     kind = _select(policy_cfg, "kind")
     path = _select(policy_cfg, "model_name_or_path")
     config_json = None if path is None else Path(str(path)) / "config.json"
@@ -319,17 +318,10 @@ def check_checkpoint_dir(
 
 @dataclass(frozen=True)
 class ResumePlan:
-    """The one checkpoint a run resumes from, and how it was found.
+    """The one checkpoint (step directory) a run resumes from, and how the given ``source`` was read.
 
-    Attributes:
-        source: The given path (absolute).
-        source_kind: ``run directory``, ``checkpoints root``, ``phase root`` or ``step directory``.
-        run_dir: The run directory owning the checkpoints root (``None`` when it is not
-            ``<run>/<checkpoint_dir>``).
-        phase: The phase to resume (earlier phases are skipped).
-        checkpoint: The step directory to load.
-        meta: ``None`` for a checkpoint written before metadata existed.
-        notes: Extra facts for the log line (unchecked compatibility, ignored phases).
+    ``run_dir`` is ``None`` when the checkpoints root is not ``<run>/<checkpoint_dir>``; ``meta`` is
+    ``None`` for a checkpoint written before metadata existed; ``notes`` extend the log line.
     """
 
     source: Path
@@ -344,7 +336,7 @@ class ResumePlan:
     notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """The log line: ``"resume: checkpointing.resume_from=<src> (<kind>) -> phase ... step ... at ..."``."""
+        """The log line (``resume: checkpointing.resume_from=...``)."""
         who = f", written by run {self.meta.run_id}" if self.meta is not None else ""
         notes = "".join(f"; {n}" for n in self.notes)
         return (
@@ -353,7 +345,7 @@ class ResumePlan:
         )
 
     def start_checkpoint(self, phase_name: str) -> Path | None:
-        """The checkpoint a phase starts from: :attr:`checkpoint` for the resumed phase, else ``None``."""
+        """:attr:`checkpoint` for the resumed phase, else ``None``."""
         return self.checkpoint if phase_name == self.phase else None
 
 
@@ -379,7 +371,6 @@ def resolve_resume(
         resume_from: A run directory, its checkpoints root, a phase root or a step directory.
         phase_names: This run's phases in execution order (``["warm_start", "grpo"]``).
         phase_algorithms: Default: ``sft`` for ``warm_start``, ``algorithm`` for the others.
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
         phase_settings: :func:`run_settings` per phase, compared with the checkpoint's.
 
     Raises:
@@ -485,7 +476,7 @@ class InitFromPlan:
     meta: CheckpointMeta | None
 
     def describe(self) -> str:
-        """The log line: ``"init_from: policy.init_from=<src> -> policy weights of phase ... step ... at ..."``."""
+        """The log line (``init_from: policy.init_from=...``)."""
         algo = f" ({self.meta.algorithm}, run {self.meta.run_id})" if self.meta is not None else ""
         return (
             f"init_from: {_INIT_KEY}={self.source} -> policy weights of phase {self.phase!r}"
@@ -502,18 +493,12 @@ def resolve_init_from(
     weights_subdir: str | None = None,
     verify_integrity: bool = True,
 ) -> InitFromPlan:
-    """Resolve ``policy.init_from`` to the policy weights of one checkpoint.
+    """Resolve ``policy.init_from`` (any form ``resume_from`` takes) to the policy weights of one checkpoint.
 
-    A run directory or checkpoints root holding several phases resolves to its final phase:
-    the one that is not ``warm_start`` (a warm start precedes its RL phase); more than one
-    such phase is ambiguous and refused.
+    Several phases resolve to the one that is not ``warm_start``; more than one such is refused.
 
-    Args:
-        init_from: A run directory, its checkpoints root, a phase root or a step directory.
-        model_shape: This run's model shape; the checkpoint's must be equal.
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` of the source run.
-        weights_subdir: Sub-directory of the step directory holding the policy weights
-            (HF-style formats); ``None`` when they live in the state file.
+    ``model_shape`` must equal the checkpoint's; ``weights_subdir`` is the step directory's
+    sub-directory holding the policy weights (``None``: they live in the state file).
 
     Raises:
         ResumeError: No usable checkpoint, an ambiguous choice of phase, or no weights there.
