@@ -63,13 +63,10 @@ class EvalOptions:
     """``eval``: what to evaluate on and how.
 
     Attributes:
-        jsonl: A user jsonl of ``{"prompt" | "messages", "answer"}`` lines; ``None`` uses the
-            phase's own held-out problems.
-        num_samples: Only the first this many problems; ``None``: the phase's ``val_samples``
-            (held-out set) or the whole file (``jsonl``).
+        jsonl: A user jsonl of ``{"prompt" | "messages", "answer"}`` lines; ``None``: the held-out problems.
+        num_samples: Only the first this many; ``None``: the phase's ``val_samples`` (or the whole file).
         batch_size: ``None`` batches exactly as the trainer's validation does (same greedy batches).
         max_new_tokens: ``None`` takes the run's ``policy.generation.max_new_tokens``.
-        output_file: Predictions jsonl (a plain name), in the output directory.
     """
 
     jsonl: Optional[str] = None
@@ -89,14 +86,10 @@ class EvalOptions:
 
 @dataclass
 class EvaluateConfig:
-    """Root schema of ``conf/evaluate.yaml``.
+    """Root schema of ``conf/evaluate.yaml`` (``step``/``phase`` ``None``: the latest).
 
-    Attributes:
-        checkpoint: A run directory, its checkpoint root, one phase's root or one ``step_<N>`` directory.
-        step: ``None`` takes the latest.
-        phase: ``None`` takes the run's last phase that has a checkpoint.
-        run_overrides: ``key=value`` changes to the run's config before anything is built (a
-            relative tokenizer path that does not hold here); each key must exist in it.
+    ``run_overrides`` are ``key=value`` changes to the run's config before anything is built (a
+    relative tokenizer path that does not hold here); each key must exist in it.
     """
 
     checkpoint: str = "???"
@@ -157,13 +150,11 @@ def resolve_checkpoint(
     """Locate the checkpoint to evaluate (any form ``resume_from`` accepts), checked as a resume checks it.
 
     Raises:
-        FileNotFoundError: The path, the run config, the phase or the step does not exist;
-            the message lists what does.
+        FileNotFoundError: The path, the run config, the phase or the step does not exist.
         ValueError: ``step``/``phase`` contradict a ``step_<N>`` path, the run config is not
             a nemo_dp one, or an override names an unknown key.
         nemo_dp.training.resume.ResumeError: The checkpoint holds a pickle.
-        nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is missing, truncated
-            or altered (named by path).
+        nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
     """
     path = Path(checkpoint).expanduser().resolve()
     if not path.exists():

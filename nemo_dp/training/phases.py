@@ -115,16 +115,9 @@ def data_plane_kind(data_plane_cfg: Any) -> str:
 
 @dataclass
 class RunStart:
-    """Where a run starts, decided on the driver before anything is written.
-
-    Attributes:
-        resume: The resolved ``checkpointing.resume_from`` (``None`` = fresh start).
-        init_from: The resolved ``policy.init_from`` of a fresh run (``None`` when unset or
-            when the run resumes).
-        start_states: One loaded checkpoint state (or ``None``) per phase.
-        first: Index of the first phase to run.
-        lines: Log lines describing the decisions.
-    """
+    """Where a run starts, decided on the driver before anything is written: the resolved ``resume``
+    (``None``: fresh) or ``init_from`` (a fresh run's only), one loaded state (or ``None``) per phase,
+    the index of the first phase to run and log lines describing the decisions."""
 
     phases: list[Phase]
     model_shape: dict[str, int]

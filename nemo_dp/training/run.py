@@ -175,10 +175,8 @@ def run_phases(
 ) -> dict[str, Any]:
     """Run every phase of a validated, preflighted config into ``run_dir``; return the run summary.
 
-    Every trainer is selected before Ray starts; Ray lives for this call only (``--multirun``
-    jobs are isolated). ``record`` (a ``RunRecord``) is marked started once Ray is up and the run
-    directory is claimed (a failure before leaves the run directory as it was), and holds the
-    summary so far and every phase's metrics file.
+    Ray lives for this call only. ``record`` (a ``RunRecord``) is marked started once Ray is up and
+    the run directory is claimed, and holds the summary so far and every phase's metrics file.
 
     Raises:
         ValueError: A dataset, the model, ``resume_from``, ``init_from`` or the run directory is

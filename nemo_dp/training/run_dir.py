@@ -117,16 +117,9 @@ def scan_run_dir(
 
 @dataclass
 class RunDirDecision:
-    """What :func:`claim_run_dir` decided; :meth:`commit` performs its writes.
-
-    Attributes:
-        mode: ``fresh``, ``resume_in_place`` or ``overwrite``.
-        run_id: The id this run records (a resumed run in place keeps its id).
-        message: One log line saying what was decided.
-        resume_step: The resumed step (``resume_in_place`` only; so is ``resume_phase``).
-        resumed_from: The resumed checkpoint, when resuming (in place or not).
-        later_phases: Phases after the resumed one, whose checkpoints are superseded too.
-    """
+    """What :func:`claim_run_dir` decided (``mode``: ``fresh``, ``resume_in_place`` or ``overwrite``, with
+    a log line ``message``); :meth:`commit` performs its writes. ``resume_step``/``resume_phase`` are
+    set for ``resume_in_place`` only; ``later_phases``' checkpoints are superseded too."""
 
     run_dir: Path
     mode: str
@@ -216,8 +209,6 @@ def claim_run_dir(
     overwrite: bool = False,
 ) -> RunDirDecision:
     """Decide whether this run may use ``run_dir`` (writes nothing; :meth:`RunDirDecision.commit` does).
-
-    ``phase_names`` (in run order) lets a resume in place supersede later phases' checkpoints.
 
     Raises:
         RunDirError: The directory holds another run's checkpoints, metrics or summary and the
@@ -313,13 +304,9 @@ def continue_history(
 ) -> list[HistoryReport]:
     """Make this run's metrics files continue the interrupted run's, with no overlapping step.
 
-    Per phase (in run order): an earlier phase keeps all its records; the resumed phase keeps
-    the records of steps <= ``resume_step``; a later phase keeps none (it restarts). With
-    ``source_run_dir`` == ``run_dir`` the files are rewritten in place; otherwise the kept
-    records are copied into ``run_dir`` (whose files must not exist yet).
-
-    ``phase_subdirs``: each phase's output sub-directory (``""`` = the run directory). Returns one
-    report per metrics file touched.
+    Per phase (in run order, ``phase_subdirs``): an earlier phase keeps all its records, the resumed
+    phase those of steps <= ``resume_step``, a later phase none. The files are rewritten in place, or
+    copied into a different ``run_dir`` (whose files must not exist yet). One report per file touched.
 
     Raises:
         ValueError: A metrics line is not a JSON object with an int ``step`` (names file:line).

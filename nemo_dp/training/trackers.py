@@ -110,9 +110,8 @@ def flatten_config(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def flatten_run_summary(summary: Mapping[str, Any], main_phase: str) -> dict[str, float]:
-    """The flat ``name -> number`` tracker summary of a ``summary.json`` (``{"phases": {...}, ...}``).
-
-    ``main_phase``'s numbers are unprefixed; other phases' are prefixed (``warm_start/val_accuracy``).
+    """The flat ``name -> number`` tracker summary of a ``summary.json``; only ``main_phase``'s numbers are
+    unprefixed (``val_accuracy``, ``warm_start/val_accuracy``).
 
     Raises:
         KeyError: ``main_phase`` is not among the summary's phases.
@@ -185,10 +184,9 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    """A Weights & Biases run (offline by default: files under ``<dir>/wandb``, no network).
+    """A Weights & Biases run (``cfg``: ``logger.wandb``; offline by default, no network).
 
-    Phases restart their step counters while a W&B run's step only grows, so every history row
-    carries its phase step as the ``step`` metric, the x-axis of all metrics. ``cfg`` is ``logger.wandb``.
+    A W&B run's step only grows while phases restart theirs, so each row's phase step is the ``step`` metric.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], cfg: Any) -> None:
@@ -197,9 +195,8 @@ class WandbTracker:
         run_dir = Path(run_dir)
         wandb_dir = run_dir / str(cfg_get(cfg, "dir", "."))
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        mode = str(cfg_get(cfg, "mode", "offline"))
         settings = wandb.Settings(
-            mode=mode,
+            mode=str(cfg_get(cfg, "mode", "offline")),
             silent=True,  # no banner, no sync hints: the run directory is printed by the launcher
             console="off",
             x_disable_stats=True,  # the system-metrics sampler costs a core on a 2-core machine
@@ -209,7 +206,6 @@ class WandbTracker:
             reinit="create_new",  # a --multirun job must never continue the previous job's run
         )
         tags = cfg_get(cfg, "tags", None)
-        self.mode = mode
         self._run: Any = wandb.init(
             project=str(cfg_get(cfg, "project", "nemo_dp")),
             entity=cfg_get(cfg, "entity", None),
@@ -221,11 +217,6 @@ class WandbTracker:
         )
         self._run.define_metric("step")
         self._run.define_metric("*", step_metric="step")
-
-    @property
-    def run_dir(self) -> Path:
-        """Directory of this run's wandb files (``.../offline-run-<time>-<id>``)."""
-        return Path(self._run.dir).parent
 
     def log_config(self, resolved: Mapping[str, Any]) -> None:
         """Store the resolved config as the run's config."""
@@ -292,7 +283,6 @@ class MlflowTracker:
         else:
             experiment_id = self._client.create_experiment(name)
         run = self._client.create_run(experiment_id, run_name=cfg_get(cfg, "run_name", None) or run_dir.name)
-        self.experiment_id = experiment_id
         self.run_id: str | None = run.info.run_id
 
     def _log_batch(self, *, metrics: list[Any] | None = None, params: list[Any] | None = None) -> None:
