@@ -51,18 +51,17 @@ def list_step_dirs(phase_root: str | os.PathLike[str], *, committed: bool = Fals
 
     Temp and displaced siblings are not listed, nor with ``committed`` those without ``manifest.json``.
     """
-    root = Path(phase_root)
-    if not root.is_dir():
-        return []
-    out = []
-    for child in root.iterdir():
-        step = step_of(child)
-        if step is None or not child.is_dir():
-            continue
-        if committed and not (child / MANIFEST_NAME).is_file():
-            continue
-        out.append((step, child))
-    return sorted(out)
+    return sorted(
+        (step, child)
+        for child in _subdirs(phase_root)
+        if (step := step_of(child)) is not None and (not committed or (child / MANIFEST_NAME).is_file())
+    )
+
+
+def _subdirs(path: str | os.PathLike[str]) -> list[Path]:
+    """The sub-directories of ``path`` by name; ``[]`` when it is not a directory."""
+    root = Path(path)
+    return sorted(c for c in root.iterdir() if c.is_dir()) if root.is_dir() else []
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
@@ -79,10 +78,10 @@ def newest_checkpoint(checkpoints_root: str | os.PathLike[str] | None, phase_nam
     ``checkpoints_root`` may be ``None`` or not exist; ``phase_names`` is the run's phases in order
     (empty: every sub-directory, in name order).
     """
-    if checkpoints_root is None or not Path(checkpoints_root).is_dir():
+    if checkpoints_root is None:
         return None
     root = Path(checkpoints_root)
-    names = list(phase_names) or sorted(p.name for p in root.iterdir() if p.is_dir())
+    names = list(phase_names) or [p.name for p in _subdirs(root)]
     for name in reversed(names):
         found = latest_checkpoint(root / name)
         if found is not None:
@@ -93,23 +92,18 @@ def newest_checkpoint(checkpoints_root: str | os.PathLike[str] | None, phase_nam
 def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: bool = False) -> dict[str, Path]:
     """``{phase name: phase root}`` of the sub-directories holding a step directory (``committed`` as in
     :func:`list_step_dirs`; the root may not exist)."""
-    root = Path(checkpoints_root)
-    if not root.is_dir():
-        return {}
-    return {c.name: c for c in sorted(root.iterdir()) if c.is_dir() and list_step_dirs(c, committed=committed)}
+    return {c.name: c for c in _subdirs(checkpoints_root) if list_step_dirs(c, committed=committed)}
 
 
 def temp_step_dirs(checkpoints_root: str | os.PathLike[str]) -> list[Path]:
     """The ``step_<N>.tmp-<hex>`` directories killed checkpoint writes left in the phase roots, sorted
     (symbolic links are not followed or listed; the root may not exist)."""
-    root = Path(checkpoints_root)
-    if not root.is_dir():
-        return []
     return [
         child
-        for phase_root in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-        for child in sorted(phase_root.iterdir())
-        if _TEMP_STEP_DIR.match(child.name) and child.is_dir() and not child.is_symlink()
+        for phase_root in _subdirs(checkpoints_root)
+        if not phase_root.is_symlink()
+        for child in _subdirs(phase_root)
+        if _TEMP_STEP_DIR.match(child.name) and not child.is_symlink()
     ]
 
 
