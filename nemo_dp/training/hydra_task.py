@@ -63,18 +63,6 @@ def is_configuration_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError, ClusterConnectError))
 
 
-def _full_error_requested() -> bool:
-    return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
-
-
-def _hydra_run_dir_and_log() -> tuple[Path, Path]:
-    from hydra.core.hydra_config import HydraConfig
-
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
-    return run_dir, run_dir / f"{hc.job.name}.log"
-
-
 def save_hydra_outputs(cfg: Any, run_dir: Path) -> None:
     """Write Hydra's ``.hydra/`` files into ``run_dir`` once the run is accepted (the launcher sets
     ``hydra.output_subdir: null``); nothing when Hydra wrote them itself or runs no job."""
@@ -140,7 +128,10 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
 
     @functools.wraps(task)
     def wrapper(cfg: Any) -> _T:
-        run_dir, log_path = _hydra_run_dir_and_log()
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        log_path = run_dir / f"{HydraConfig.get().job.name}.log"
         record = RunRecord(run_dir=run_dir, log_path=log_path)
         # Only a directory made for this job is removed when the run is refused: an existing
         # one (another run's) stays exactly as it was.
@@ -170,7 +161,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
                 removed = new and remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
                 if removed:
                     _LOG.debug("removed unstarted run directory %s", run_dir)
-                if _full_error_requested() or not is_configuration_error(exc):
+                if os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0") or not is_configuration_error(exc):
                     raise
                 message = _one_message(exc)
         raise RunConfigurationError(message) from None

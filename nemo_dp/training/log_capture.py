@@ -134,15 +134,6 @@ class _Tee(io.TextIOBase):
         return getattr(self._stream, name)
 
 
-def _file_handlers(path: Path) -> list[logging.FileHandler]:
-    target = os.path.abspath(path)
-    return [
-        h
-        for h in logging.getLogger().handlers
-        if isinstance(h, logging.FileHandler) and os.path.abspath(h.baseFilename) == target
-    ]
-
-
 @dataclass
 class RunLog:
     """The run's log file while :func:`capture_run_log` copies into it (``opened``: being written)."""
@@ -178,7 +169,10 @@ def capture_run_log(log_path: str | os.PathLike[str], *, deferred: bool = False)
     path = Path(log_path)
     root = logging.getLogger()
     sink = _LineSink(path, deferred=deferred)
-    handlers: list[logging.Handler] = list(_file_handlers(path))
+    target = os.path.abspath(path)
+    handlers: list[logging.Handler] = [
+        h for h in root.handlers if isinstance(h, logging.FileHandler) and os.path.abspath(h.baseFilename) == target
+    ]
     saved_formatters = [(h, h.formatter) for h in handlers]
     for h in handlers:
         h.setFormatter(AnsiStrippingFormatter(h.formatter))
