@@ -63,12 +63,9 @@ def recipe_hint_on_failure(
     """Print :func:`recipe_hint` (same arguments) when the block exits with an error (Hydra's exit status 1)."""
     try:
         yield
-    except SystemExit as exc:
-        if exc.code not in (0, None):
+    except (SystemExit, Exception) as exc:
+        if not isinstance(exc, SystemExit) or exc.code not in (0, None):
             _print_hint(overrides, recipes_dir, default_recipe)
-        raise
-    except Exception:
-        _print_hint(overrides, recipes_dir, default_recipe)
         raise
 
 
