@@ -8,11 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_dp.training.checkpoint_discovery import latest_checkpoint, list_step_dirs, temp_step_dirs
-from nemo_dp.utils.checkpoint import (
-    checkpoint_dir_for_step,
-    load_training_checkpoint,
-    save_training_checkpoint,
-)
+from nemo_dp.utils.checkpoint import checkpoint_dir_for_step, load_training_checkpoint, save_training_checkpoint
 
 __all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer", "remove_stale_temp_dirs"]
 

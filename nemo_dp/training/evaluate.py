@@ -18,13 +18,7 @@ from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.jsonl import read_rl_jsonl
 from nemo_dp.data.sources import build_val_problems
 from nemo_dp.environments import answer_extractor, make_environment, resolve_reward
-from nemo_dp.models.builders import (
-    build_model,
-    build_tokenizer,
-    cfg_get,
-    load_pretrained_model,
-    load_saved_tokenizer,
-)
+from nemo_dp.models.builders import build_model, build_tokenizer, cfg_get, load_pretrained_model, load_saved_tokenizer
 from nemo_dp.models.generation import generate
 from nemo_dp.models.precision import resolve_precision
 from nemo_dp.models.protocol import CausalLM, Tokenizer
@@ -400,11 +394,7 @@ def _batches(n: int, options: EvalOptions, policy_cfg: Any) -> list[tuple[int, i
 
 
 def evaluate_checkpoint(
-    ref: CheckpointRef,
-    options: EvalOptions,
-    out_dir: str | os.PathLike[str],
-    *,
-    progress_bar: bool = True,
+    ref: CheckpointRef, options: EvalOptions, out_dir: str | os.PathLike[str], *, progress_bar: bool = True
 ) -> dict[str, Any]:
     """Greedy exact-match accuracy of the checkpoint, also written to ``out_dir/eval_summary.json``, with
     predictions in ``out_dir/<output_file>``; every input is checked before anything is written.

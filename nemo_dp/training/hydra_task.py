@@ -18,13 +18,7 @@ from nemo_dp.training.log_capture import capture_run_log
 from nemo_dp.training.run_record import RunRecord, remove_unstarted_run_dir, write_failure_summary
 from nemo_dp.training.sigterm import TerminationRequested, sigterm_as_interrupt
 
-__all__ = [
-    "RunConfigurationError",
-    "is_configuration_error",
-    "silence_known_noise",
-    "save_hydra_outputs",
-    "hydra_task",
-]
+__all__ = ["RunConfigurationError", "is_configuration_error", "silence_known_noise", "save_hydra_outputs", "hydra_task"]
 
 _LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -16,13 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = [
-    "ANSI_ESCAPE",
-    "strip_ansi",
-    "AnsiStrippingFormatter",
-    "RunLog",
-    "capture_run_log",
-]
+__all__ = ["ANSI_ESCAPE", "strip_ansi", "AnsiStrippingFormatter", "RunLog", "capture_run_log"]
 
 #: CSI sequences (colours, cursor moves), OSC sequences (titles, links) and 2-byte escapes.
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")

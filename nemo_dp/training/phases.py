@@ -188,10 +188,7 @@ def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> R
             )
         else:
             init = resolve_init_from(
-                str(init_from),
-                model_shape=shape,
-                checkpoint_dir_name=ck.checkpoint_dir,
-                required_files=REQUIRED_FILES,
+                str(init_from), model_shape=shape, checkpoint_dir_name=ck.checkpoint_dir, required_files=REQUIRED_FILES
             )
             lines.append(init.describe())
     decision = claim_run_dir(

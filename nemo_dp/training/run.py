@@ -166,12 +166,7 @@ def run_phase(
 
 
 def run_phases(
-    cfg: Any,
-    validated: Any,
-    run_dir: Path,
-    *,
-    hooks: TrainHooks | None = None,
-    record: Any = None,
+    cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | None = None, record: Any = None
 ) -> dict[str, Any]:
     """Run every phase of a validated, preflighted config into ``run_dir``; return the run summary.
 

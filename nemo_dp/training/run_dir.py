@@ -92,10 +92,7 @@ class RunDirContents:
 
 
 def scan_run_dir(
-    run_dir: str | os.PathLike[str],
-    *,
-    checkpoint_dir: str = "checkpoints",
-    metrics_file: str = "metrics.jsonl",
+    run_dir: str | os.PathLike[str], *, checkpoint_dir: str = "checkpoints", metrics_file: str = "metrics.jsonl"
 ) -> RunDirContents:
     """What earlier runs left in ``run_dir`` (Hydra's own ``.hydra/`` and log are not counted)."""
     root = Path(run_dir)

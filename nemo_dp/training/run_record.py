@@ -16,12 +16,7 @@ from typing import Any
 
 from nemo_dp.utils.json_files import write_json
 
-__all__ = [
-    "RunRecord",
-    "remove_unstarted_run_dir",
-    "resume_command",
-    "write_failure_summary",
-]
+__all__ = ["RunRecord", "remove_unstarted_run_dir", "resume_command", "write_failure_summary"]
 
 _LOG = logging.getLogger(__name__)
 
