@@ -232,12 +232,15 @@ def phase_config(ref: CheckpointRef) -> Any:
     )
 
 
-def _refuse_remote_code(policy_cfg: Any, source: Path) -> None:
+def _policy_and_export(ref: CheckpointRef) -> tuple[Any, Path]:
+    """The run's ``policy`` node (refused when it allowed remote code) and the checkpoint's ``policy/``."""
+    policy_cfg = ref.run_cfg.policy
     if bool(cfg_get(policy_cfg, "trust_remote_code", False)):
         raise ValueError(
-            f"policy.trust_remote_code: the run ({source}) allowed the model's own Python code; "
+            f"policy.trust_remote_code: the run ({ref.run_config_file}) allowed the model's own Python code; "
             "evaluation loads no code, so it refuses such a model"
         )
+    return policy_cfg, ref.path / POLICY_KEY
 
 
 #: A ``run_overrides`` entry naming one of these keys picks the tokenizer over the checkpoint's.
@@ -251,9 +254,7 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
     Raises:
         ValueError: The run allowed remote code, or the tokenizer does not load or build from here.
     """
-    policy_cfg = ref.run_cfg.policy
-    _refuse_remote_code(policy_cfg, ref.run_config_file)
-    exported = ref.path / POLICY_KEY
+    policy_cfg, exported = _policy_and_export(ref)
     overridden = any(str(o).partition("=")[0].strip() in _TOKENIZER_KEYS for o in ref.run_overrides)
     if exported.is_dir() and not overridden:
         try:
@@ -285,9 +286,7 @@ def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
     manifest = read_manifest(
         ref.path, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
     )
-    policy_cfg = ref.run_cfg.policy
-    _refuse_remote_code(policy_cfg, ref.run_config_file)
-    exported = ref.path / POLICY_KEY
+    policy_cfg, exported = _policy_and_export(ref)
     if POLICY_KEY in manifest.get("files", ()) and exported.is_dir():
         try:
             model = load_pretrained_model(policy_cfg, str(exported))

@@ -27,7 +27,6 @@ __all__ = [
     "plan_phases",
     "RunStart",
     "run_model_shape",
-    "data_plane_kind",
     "plan_run_start",
 ]
 
@@ -106,13 +105,6 @@ def run_model_shape(cfg: Any, tokenizer: Any) -> dict[str, int]:
     return dict(sorted(shape.items()))
 
 
-def data_plane_kind(data_plane_cfg: Any) -> str:
-    """``disabled``, ``local`` or ``tq``: the kind of ``validate_config(cfg).data_plane`` (checkpoints record it)."""
-    from nemo_dp.data_plane.registry import backend_for_config
-
-    return backend_for_config(data_plane_cfg).kind
-
-
 @dataclass
 class RunStart:
     """Where a run starts, decided on the driver before anything is written: the resolved ``resume``
@@ -159,10 +151,12 @@ def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> R
         nemo_dp.training.run_dir.RunDirError: ``run_dir`` holds another run's outputs.
         nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
     """
+    from nemo_dp.data_plane.registry import backend_for_config
+
     phases = plan_phases(cfg)
     ck = validated.checkpointing
     shape = run_model_shape(cfg, tokenizer)
-    kind = data_plane_kind(validated.data_plane)
+    kind = backend_for_config(validated.data_plane).kind  # the backend kind checkpoints record
     lines: list[str] = []
     plan = None
     if ck.resume_from is not None:
