@@ -110,9 +110,7 @@ def temp_step_dirs(checkpoints_root: str | os.PathLike[str]) -> list[Path]:
 def run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None:
     """``<run>`` when ``checkpoints_root`` is ``<run>/<checkpoint_dir_name>``, else ``None``."""
     parts = Path(checkpoint_dir_name).parts
-    if not parts or Path(checkpoint_dir_name).is_absolute():
-        return None
-    if checkpoints_root.parts[-len(parts) :] != parts:
+    if not parts or Path(checkpoint_dir_name).is_absolute() or checkpoints_root.parts[-len(parts) :] != parts:
         return None
     return Path(*checkpoints_root.parts[: -len(parts)])
 

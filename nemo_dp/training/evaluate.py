@@ -338,8 +338,7 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer
     cfg = phase_config(ref)
     if options.jsonl is not None:
         records = read_rl_jsonl(options.jsonl, tokenizer=tokenizer, key="eval.jsonl")
-        limit = options.num_samples if options.num_samples is not None else len(records)
-        records = records[:limit]
+        records = records[: options.num_samples]
         problems = [r.problem for r in records]
         origins = [f"{options.jsonl}:{r.line}" for r in records]
         env_cfg = cfg.env.copy()
@@ -380,8 +379,7 @@ def _batches(n: int, options: EvalOptions, policy_cfg: Any) -> list[tuple[int, i
     """``[start, end)`` ranges of the prompts decoded together."""
     if options.batch_size is not None:
         return [(s, min(s + options.batch_size, n)) for s in range(0, n, options.batch_size)]
-    # As the trainer's validation: Policy.generate splits the prompts into dp_size contiguous
-    # shares and each worker decodes its share generation_batch_size prompts at a time.
+    # As the trainer's validation: dp_size contiguous shares, generation_batch_size prompts at a time.
     dp = int(cfg_get(policy_cfg, "dp_size"))
     per_worker = int(cfg_get(policy_cfg, "generation_batch_size"))
     per = -(-n // dp)

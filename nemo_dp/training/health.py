@@ -50,12 +50,8 @@ class ZeroAdvantageDetector:
         return self._streak
 
     def update(self, step: int, record: Mapping[str, Any]) -> str | None:
-        """Feed one step's logged record.
-
-        A record without a finite ``advantage_key`` (step 0's validation record, an SFT record)
-        leaves the state unchanged; a non-zero advantage ends the streak. Returns the warning
-        on the step the streak reaches ``patience``, otherwise ``None``.
-        """
+        """Feed one step's record (one without a finite ``advantage_key`` changes nothing); return the
+        warning on the step the streak reaches ``patience``, else ``None``."""
         adv = _number(record, self.advantage_key)
         if adv is None:
             return None

@@ -32,12 +32,8 @@ class RunConfigurationError(CompactHydraException):
 
 
 def silence_known_noise(*, local_ray: bool) -> list[str]:
-    """Remove the known start-up notices at their source (idempotent; call before Ray starts).
-
-    torch's "is_fx_tracing ..." record is dropped by a logger filter; for a ``local_ray`` (null
-    ``cluster.address``) Ray's "Token authentication ..." notice by setting ``RAY_AUTH_MODE=token``
-    (Ray's own choice) before Ray is imported. Returns what was done, one line each.
-    """
+    """Remove the known start-up notices at their source, before Ray starts (idempotent); return what
+    was done, one line each. A ``local_ray`` (null ``cluster.address``) gets ``RAY_AUTH_MODE=token``."""
     from nemo_dp.utils.noise import install_known_log_filters
 
     done = install_known_log_filters()
@@ -127,8 +123,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         log_path = run_dir / f"{HydraConfig.get().job.name}.log"
         record = RunRecord(run_dir=run_dir, log_path=log_path)
-        # Only a directory made for this job is removed when the run is refused: an existing
-        # one (another run's) stays exactly as it was.
+        # Only a directory made for this job is removed when the run is refused.
         new = _new_for_this_job(run_dir, log_path)
         for line in silence_known_noise(local_ray=_local_ray(cfg)):
             _LOG.debug(line)
@@ -137,8 +132,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
             try:
                 return task(cfg, record)
             except SystemExit as exc:
-                # ray.init installs ``sys.exit(signum)`` for SIGTERM; until the launcher
-                # re-enters sigterm_as_interrupt after Ray is up, SIGTERM arrives as this.
+                # ray.init's SIGTERM handler calls sys.exit(signum) until sigterm_as_interrupt is re-entered.
                 if exc.code != int(signal.SIGTERM):
                     raise
                 _stopped(record, run_dir, log_path, exc, terminated=True, new=new)

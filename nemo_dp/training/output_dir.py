@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,11 +30,7 @@ def output_dir_key_and_path(overrides: Sequence[str], conf_dir: str | os.PathLik
 
 def _static_prefix(value: str) -> Path:
     """The leading components of ``value`` before the first one holding an interpolation."""
-    parts = []
-    for part in Path(value).parts:
-        if "${" in part:
-            break
-        parts.append(part)
+    parts = list(itertools.takewhile(lambda part: "${" not in part, Path(value).parts))
     return Path(*parts) if parts else Path(".")
 
 

@@ -54,10 +54,7 @@ _INIT_KEY = "policy.init_from"
 
 
 class CheckpointMismatchError(ResumeError):
-    """A checkpoint belongs to another algorithm, phase, model shape or data-plane backend.
-
-    ``differing`` is ``{meta key: (checkpoint value, this run's value)}``.
-    """
+    """A checkpoint of another algorithm, phase, model or backend (``differing``: ``{key: (its, ours)}``)."""
 
     def __init__(self, message: str, differing: Mapping[str, tuple[Any, Any]]) -> None:
         super().__init__(message)
@@ -66,15 +63,9 @@ class CheckpointMismatchError(ResumeError):
 
 @dataclass(frozen=True)
 class CheckpointMeta:
-    """What a checkpoint belongs to (``checkpoint_meta.json``).
-
-    Attributes:
-        algorithm: ``algorithm.name`` of the phase that wrote it (``sft`` for a warm start).
-        model_shape: Integer shape keys of ``policy.model`` (plus ``vocab_size``).
-        data_plane: Data-plane backend choice (``disabled``, ``local``, ``tq``).
-        settings: The run's settings a resume must keep (:func:`run_settings`); empty in
-            checkpoints written before they were recorded.
-    """
+    """What a checkpoint belongs to (``checkpoint_meta.json``): ``algorithm.name`` of the phase that wrote
+    it (``sft`` for a warm start), model shape, data-plane backend, run and step, and the settings a
+    resume must keep (:func:`run_settings`; empty in checkpoints written before they were recorded)."""
 
     algorithm: str
     phase: str
@@ -136,12 +127,8 @@ def _select(node: Any, dotted: str) -> Any:
 
 
 def run_settings(phase_cfg: Any) -> dict[str, Any]:
-    """``{key: JSON scalar}`` of a phase config's settings that its checkpoints record and a resume must keep.
-
-    ``policy.dp_size`` (one RNG stream and optimizer shard per worker),
-    ``algorithm.async_rollout.enabled`` (the asynchronous and synchronous GRPO trainers keep
-    different state) when present, and ``architecture`` (``config.json``'s, or the policy kind).
-    """
+    """``{key: JSON scalar}`` of a phase config's settings that a resume must keep: ``policy.dp_size`` (RNG
+    streams, optimizer shards), ``algorithm.async_rollout.enabled`` (trainer state) and ``architecture``."""
     out: dict[str, Any] = {}
     for key in _KEPT_KEYS:
         value = _select(phase_cfg, key)
@@ -231,8 +218,7 @@ def check_checkpoint_meta(
 ) -> None:
     """Refuse a checkpoint written for another algorithm, phase, backend, model or settings.
 
-    ``where`` is the checkpoint (for the message); a ``settings`` key (:func:`run_settings`) is
-    compared only when both the checkpoint and the run record it.
+    A ``settings`` key (:func:`run_settings`) is compared only when both sides record it.
 
     Raises:
         CheckpointMismatchError: Naming every differing key, both values and the config key to change.
@@ -301,7 +287,7 @@ def check_checkpoint_dir(
 ) -> None:
     """The checks every loader of a step directory runs before reading it (resume, init, eval).
 
-    ``key`` names it in messages; ``verify_integrity`` verifies its manifest (sizes, SHA-256) if any.
+    ``verify_integrity`` verifies its manifest (sizes, SHA-256) if any.
 
     Raises:
         ResumeError: A required file is missing, or the checkpoint holds a pickle.
@@ -367,11 +353,9 @@ def resolve_resume(
     The latest phase (in run order) that has checkpoints is resumed, from its newest step
     directory; a newest step directory that is incomplete is refused rather than skipped.
 
-    Args:
-        resume_from: A run directory, its checkpoints root, a phase root or a step directory.
-        phase_names: This run's phases in execution order (``["warm_start", "grpo"]``).
-        phase_algorithms: Default: ``sft`` for ``warm_start``, ``algorithm`` for the others.
-        phase_settings: :func:`run_settings` per phase, compared with the checkpoint's.
+    ``resume_from`` is a run directory, its checkpoints root, a phase root or a step directory;
+    ``phase_names`` are in run order; ``phase_algorithms`` default to ``sft`` for ``warm_start``, else
+    ``algorithm``.
 
     Raises:
         ValueError: ``phase_names`` is empty.

@@ -157,8 +157,7 @@ def run_phase(
         failed = find_reward_error(exc)
         if failed is None:
             raise
-        # A reward function failed (on the driver or in a worker): one message naming it, the
-        # sample and the step under way.
+        # A reward function failed (driver or worker): one message naming it, the sample and the step.
         raise failed.with_step(int(getattr(logger, "last_step", 0)) + 1) from exc
     result["wall_time_s"] = time.perf_counter() - t0
     result["num_val_problems"] = len(inputs.val_problems)
@@ -188,8 +187,7 @@ def run_phases(
     t_start = time.perf_counter()
     run_dir = Path(run_dir)
     phases = plan_phases(cfg)
-    # Everything that can fail on the driver fails here, before a trainer is selected or Ray
-    # starts: optional tracker packages, the model directory and tokenizer, every dataset.
+    # Everything that can fail on the driver fails here, before a trainer is selected or Ray starts.
     check_trackers_available(cfg.logger)
     prepare_policy(cfg.policy)
     validate_policy(cfg.policy)
@@ -219,8 +217,7 @@ def run_phases(
     for line in start.lines:
         print(line, flush=True)
     with _ray_for(cfg, validated) as worker_env, sigterm_as_interrupt() as term:
-        # Ray is up (started, or the cluster joined): the run is accepted, and only now does
-        # anything reach the run directory, so a refused run leaves it as it was.
+        # Ray is up: the run is accepted, and only now does anything reach the run directory.
         for line in start.commit(run_dir, str(validated.logger.metrics_file)):
             print(line, flush=True)
         (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -334,8 +331,7 @@ def _train_phases(
                 flush=True,
             )
     finally:
-        # Teardown under the run's SIGTERM handler, to its end: a SIGTERM now is held until
-        # the workers, the data plane and Ray are down, then stops the run as usual.
+        # A SIGTERM now is held until the workers, the data plane and Ray are down.
         with term.deferred():
             policy.shutdown()
             shutdown_ray()

@@ -26,15 +26,9 @@ _PRE_START_FILES: frozenset[str] = frozenset({"resolved_config.yaml", "run.json"
 
 @dataclass
 class RunRecord:
-    """What the launcher tells the wrapper while a run goes on.
-
-    Attributes:
-        summary: The launcher's summary so far, merged into a failure's ``summary.json``.
-        metrics: ``(metrics.jsonl, plot.png)`` of every phase begun, plotted after a failure.
-        on_start: Called once by :meth:`mark_started` (opens the run's log file, writes Hydra's
-            ``.hydra/`` files: nothing reaches the run directory before the run is accepted).
-        checkpoint_root: Where the last good checkpoint after a failure is looked up.
-    """
+    """What the launcher tells the wrapper while a run goes on: the summary so far and each phase's
+    ``(metrics.jsonl, plot.png)`` (used after a failure), and the ``on_start`` hooks :meth:`mark_started`
+    calls once (nothing reaches the run directory before the run is accepted)."""
 
     run_dir: Path
     log_path: Path | None = None
