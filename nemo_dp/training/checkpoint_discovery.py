@@ -117,10 +117,7 @@ def run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None:
 
 def find_run_dir(start: Path) -> Path | None:
     """The nearest of ``start`` and its parents holding :data:`RUN_CONFIG_FILE`, or ``None``."""
-    for candidate in (start, *start.parents):
-        if (candidate / RUN_CONFIG_FILE).is_file():
-            return candidate
-    return None
+    return next((c for c in (start, *start.parents) if (c / RUN_CONFIG_FILE).is_file()), None)
 
 
 def missing_files(step_dir: Path, required: Sequence[str]) -> list[str]:

@@ -39,9 +39,7 @@ class Checkpointer:
         self.keep_last = keep_last
 
     def should_save(self, step: int, *, final: bool) -> bool:
-        if not self.enabled:
-            return False
-        return final or (self.save_period > 0 and step % self.save_period == 0)
+        return self.enabled and (final or (self.save_period > 0 and step % self.save_period == 0))
 
     def save(self, step: int, state_fn: Callable[[], dict[str, Any]]) -> Path:
         """Write the checkpoint for ``step`` (``state_fn`` builds the state), prune old ones; return its path."""

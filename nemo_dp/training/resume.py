@@ -83,10 +83,7 @@ class CheckpointMeta:
 def model_shape_of(model_cfg: Mapping[str, Any] | Any, **extra: int) -> dict[str, int]:
     """``{key: int}`` of every int (not bool) entry of a ``policy.model`` node (DictConfig, dataclass or
     mapping), plus ``extra`` keys (``vocab_size=...``), sorted by key."""
-    if hasattr(model_cfg, "items"):
-        items = dict(model_cfg.items())
-    else:
-        items = dict(vars(model_cfg))
+    items = dict(model_cfg.items()) if hasattr(model_cfg, "items") else dict(vars(model_cfg))
     shape = {str(k): int(v) for k, v in items.items() if isinstance(v, int) and not isinstance(v, bool)}
     shape.update({k: int(v) for k, v in extra.items()})
     return dict(sorted(shape.items()))
