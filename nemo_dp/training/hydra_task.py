@@ -66,9 +66,8 @@ def save_hydra_outputs(cfg: Any, run_dir: Path) -> None:
         return
     out = run_dir / ".hydra"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
-    (out / "hydra.yaml").write_text(OmegaConf.to_yaml({"hydra": hc}), encoding="utf-8")
-    (out / "overrides.yaml").write_text(OmegaConf.to_yaml(hc.overrides.task), encoding="utf-8")
+    for name, node in (("config", cfg), ("hydra", {"hydra": hc}), ("overrides", hc.overrides.task)):
+        (out / f"{name}.yaml").write_text(OmegaConf.to_yaml(node), encoding="utf-8")
 
 
 def _local_ray(cfg: Any) -> bool:

@@ -130,15 +130,15 @@ class RunStart:
         lines = list(self.decision.commit())
         lines.append(self.decision.message)
         if self.resume is not None and self.resume.run_dir is not None:
-            for report in continue_history(
+            reports = continue_history(
                 source_run_dir=self.resume.run_dir,
                 run_dir=run_dir,
                 phase_subdirs=[p.out_subdir for p in self.phases],
                 resume_phase_index=self.resume.phase_index,
                 resume_step=self.resume.step,
                 metrics_file=metrics_file,
-            ):
-                lines.append(report.describe())
+            )
+            lines.extend(report.describe() for report in reports)
         return lines
 
 

@@ -87,14 +87,7 @@ def _as_number(value: Any) -> float | None:
 def numeric_metrics(record: Mapping[str, Any], *, skip: tuple[str, ...] = ("step",)) -> dict[str, float]:
     """The numeric entries of a record as ``key -> float``, in order (no ``skip`` keys, bools, ``None``,
     or strings other than the ``nan``/``inf`` spellings)."""
-    out: dict[str, float] = {}
-    for key, value in record.items():
-        if key in skip:
-            continue
-        number = _as_number(value)
-        if number is not None:
-            out[str(key)] = number
-    return out
+    return {str(k): n for k, v in record.items() if k not in skip and (n := _as_number(v)) is not None}
 
 
 def flatten_config(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -119,15 +112,12 @@ def flatten_run_summary(summary: Mapping[str, Any], main_phase: str) -> dict[str
     phases = summary.get("phases", {})
     if main_phase not in phases:
         raise KeyError(f"flatten_run_summary: phase {main_phase!r} not in the summary (has {sorted(phases)})")
-    out: dict[str, float] = {}
-    for name, result in phases.items():
-        prefix = "" if name == main_phase else f"{name}/"
-        for key, value in numeric_metrics(result, skip=()).items():
-            out[f"{prefix}{key}"] = value
-    for key in ("accuracy_gain", "wall_time_s"):
-        number = _as_number(summary.get(key))
-        if number is not None:
-            out[key] = number
+    out = {
+        ("" if name == main_phase else f"{name}/") + key: value
+        for name, result in phases.items()
+        for key, value in numeric_metrics(result, skip=()).items()
+    }
+    out.update(numeric_metrics({key: summary.get(key) for key in ("accuracy_gain", "wall_time_s")}, skip=()))
     return out
 
 
