@@ -47,10 +47,8 @@ def step_of(path: str | os.PathLike[str]) -> int | None:
 
 
 def list_step_dirs(phase_root: str | os.PathLike[str], *, committed: bool = False) -> list[tuple[int, Path]]:
-    """``[(N, path), ...]`` of the ``step_<N>`` directories under a phase root (may not exist), oldest first.
-
-    Temp and displaced siblings are not listed, nor with ``committed`` those without ``manifest.json``.
-    """
+    """``[(N, path), ...]`` of the ``step_<N>`` directories under a phase root (may not exist), oldest first;
+    with ``committed`` only those holding ``manifest.json``."""
     return sorted(
         (step, child)
         for child in _subdirs(phase_root)
@@ -73,11 +71,8 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
 
 
 def newest_checkpoint(checkpoints_root: str | os.PathLike[str] | None, phase_names: Sequence[str] = ()) -> Path | None:
-    """:func:`latest_checkpoint` of the latest phase that has one, or ``None``.
-
-    ``checkpoints_root`` may be ``None`` or not exist; ``phase_names`` is the run's phases in order
-    (empty: every sub-directory, in name order).
-    """
+    """:func:`latest_checkpoint` of the latest of ``phase_names`` (run order; empty: every sub-directory, by
+    name) that has one, or ``None``; ``checkpoints_root`` may be ``None`` or not exist."""
     if checkpoints_root is None:
         return None
     root = Path(checkpoints_root)
@@ -133,14 +128,8 @@ def _listing(path: Path, limit: int = 6) -> str:
 
 @dataclass
 class Located:
-    """What a path given by the user turned out to be.
-
-    Attributes:
-        kind: ``step directory``, ``phase root``, ``checkpoints root`` or ``run directory``.
-        run_dir: The run directory owning the checkpoints root (``None`` when it is not
-            ``<run>/<checkpoint_dir_name>``).
-        step_dir: Set for kind ``step directory`` only.
-    """
+    """What a user's path is (``kind``: ``step directory``, ``phase root``, ``checkpoints root`` or ``run
+    directory``); ``run_dir`` is ``None`` unless the root is ``<run>/<checkpoint_dir_name>``."""
 
     kind: str
     checkpoints_root: Path
@@ -171,8 +160,7 @@ def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir
     """Classify a resume / init path (made absolute, links kept) as one of :class:`Located`'s kinds.
 
     Raises:
-        ResumeError: It does not exist, is a file, or holds no step directory in any of the
-            four forms (the message says what was found).
+        ResumeError: It does not exist, is a file, or holds no step directory (saying what it found).
     """
     path = Path(os.path.abspath(os.fspath(path_str)))
     if not path.exists():
@@ -216,8 +204,7 @@ def newest_usable_step(phase_root: Path, key: str, required: Sequence[str]) -> t
     """``(N, step dir)`` of a phase root's newest step (it must have one), refused when incomplete.
 
     Raises:
-        ResumeError: The newest step directory lacks a required file (the message names the
-            newest older complete one, if any).
+        ResumeError: The newest step directory lacks a required file (naming an older complete one).
     """
     steps = list_step_dirs(phase_root)
     step, newest = steps[-1]

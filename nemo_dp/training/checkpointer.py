@@ -14,14 +14,9 @@ __all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer", "remove_s
 
 
 class Checkpointer:
-    """Atomic checkpoints of one training phase under ``root`` (``step_<N>`` directories).
-
-    Args:
-        save_period: Save every this many steps (0 = only at the end).
-        keep_last: Keep this many newest checkpoints.
-        finalize: ``finalize(tmp_dir, step)``, called in every checkpoint write after the state files
-            and before the commit rename (trainers writing their own checkpoint directory call it too).
-    """
+    """Atomic ``step_<N>`` checkpoints of one phase under ``root``, every ``save_period`` steps (0: at the
+    end only), keeping ``keep_last``; ``finalize(tmp_dir, step)`` runs in every write before the commit
+    rename (trainers writing their own checkpoint directory call it too)."""
 
     def __init__(
         self,

@@ -274,10 +274,8 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
 
 
 def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
-    """The policy model a checkpoint holds, in eval mode on the CPU (no checkpoint code runs).
-
-    ``format_version`` 2 loads ``<checkpoint>/policy`` through the run's model builder; version 1
-    loads ``policy.weights.model`` of the training state into a model built from ``policy``.
+    """The policy model a checkpoint holds (``policy/`` of format 2, else the state's weights), in eval mode
+    on the CPU; no checkpoint code runs.
 
     Raises:
         ValueError: Another format, remote code allowed, no or unfitting policy weights, or a
@@ -327,10 +325,8 @@ class EvalSet:
 
 
 def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer) -> EvalSet:
-    """The problems to evaluate and the environment that scores them.
-
-    Without ``eval.jsonl``: the held-out problems the phase's trainer validated on, scored by the
-    run's reward; a user jsonl is scored as the run's own ``env.val_jsonl`` would be.
+    """The problems to evaluate (without ``eval.jsonl``: the phase's held-out ones) and the run's reward
+    environment that scores them.
 
     Raises:
         DatasetError: On a malformed jsonl (key, file, line and field named).

@@ -85,11 +85,8 @@ def plan_phases(cfg: Any) -> list[Phase]:
 
 
 def run_model_shape(cfg: Any, tokenizer: Any) -> dict[str, int]:
-    """The model shape a checkpoint of this run records (and a resumed one must match).
-
-    The integer keys of ``policy.model`` plus the tokenizer's ``vocab_size``; for a HuggingFace
-    policy also the size entries of the model directory's ``config.json``, prefixed ``hf.``.
-    """
+    """The model shape a checkpoint records: ``policy.model``'s integers, ``vocab_size`` and, for a
+    HuggingFace policy, ``config.json``'s sizes prefixed ``hf.``."""
     import json
 
     shape = model_shape_of(cfg.policy.model, vocab_size=int(tokenizer.vocab_size))

@@ -128,11 +128,8 @@ def run_phase(
     hooks: TrainHooks | None = None,
     trainer: Callable[[TrainContext], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Train one phase on ``policy``; the trainer's result plus ``wall_time_s`` and ``num_val_problems``.
-
-    ``start_state`` is a loaded checkpoint to resume from; ``trainer`` defaults to
-    ``select_sync_trainer(phase.cfg)``.
-    """
+    """Train one phase on ``policy`` (from ``start_state``, a loaded checkpoint, if given); the trainer's
+    result plus ``wall_time_s`` and ``num_val_problems``."""
     if trainer is None:
         trainer = select_sync_trainer(phase.cfg, label=phase.label)
     inputs = build_inputs(phase.cfg, tokenizer)

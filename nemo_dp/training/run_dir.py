@@ -301,9 +301,8 @@ def continue_history(
 ) -> list[HistoryReport]:
     """Make this run's metrics files continue the interrupted run's, with no overlapping step.
 
-    Per phase (in run order, ``phase_subdirs``): an earlier phase keeps all its records, the resumed
-    phase those of steps <= ``resume_step``, a later phase none. The files are rewritten in place, or
-    copied into a different ``run_dir`` (whose files must not exist yet). One report per file touched.
+    Earlier phases (``phase_subdirs``, run order) keep all records, the resumed one steps <= ``resume_step``,
+    later ones none; files are rewritten in place, or copied into a different ``run_dir`` (not there yet).
 
     Raises:
         ValueError: A metrics line is not a JSON object with an int ``step`` (names file:line).
