@@ -28,17 +28,13 @@ def output_dir_key_and_path(overrides: Sequence[str], conf_dir: str | os.PathLik
     return key, str(hydra_node[group]["dir"])  # type: ignore[index]
 
 
-def _static_prefix(value: str) -> Path:
-    """The leading components of ``value`` before the first one holding an interpolation."""
-    parts = list(itertools.takewhile(lambda part: "${" not in part, Path(value).parts))
-    return Path(*parts) if parts else Path(".")
-
-
 def output_dir_problem(overrides: Sequence[str], conf_dir: str | os.PathLike[str]) -> str | None:
     """Why the output directory of :func:`output_dir_key_and_path` cannot be written, or ``None``."""
     key, value = output_dir_key_and_path(overrides, conf_dir)
+    # The leading components before the first one holding an interpolation.
+    parts = list(itertools.takewhile(lambda part: "${" not in part, Path(value).parts))
     try:
-        check_writable(key, _static_prefix(value))
+        check_writable(key, Path(*parts) if parts else Path("."))
     except PreflightError as exc:
         return str(exc)
     return None

@@ -220,10 +220,8 @@ def check_checkpoint_meta(
     Raises:
         CheckpointMismatchError: Naming every differing key, both values and the config key to change.
     """
-    differing: dict[str, tuple[Any, Any]] = {}
-    for key, run_value in (("algorithm", algorithm), ("phase", phase), ("data_plane", data_plane)):
-        if getattr(meta, key) != run_value:
-            differing[key] = (getattr(meta, key), run_value)
+    ours = {"algorithm": algorithm, "phase": phase, "data_plane": data_plane}
+    differing = {key: (getattr(meta, key), value) for key, value in ours.items() if getattr(meta, key) != value}
     differing.update(_shape_diff(meta.model_shape, model_shape))
     for key, run_value in (settings or {}).items():
         if key in meta.settings and meta.settings[key] != run_value:
