@@ -84,9 +84,7 @@ class RunLogger:
             warning = self.health.update(step, record)
             if warning is not None:
                 self.info(f"WARNING: {warning}")
-        for key in _BAR_KEYS:
-            if key in record and isinstance(record[key], (int, float)):
-                self._last[key] = float(record[key])
+        self._last.update({k: float(record[k]) for k in _BAR_KEYS if isinstance(record.get(k), (int, float))})
         if self._bar is not None:
             if step > self._bar.n:
                 self._bar.update(step - self._bar.n)
