@@ -309,7 +309,7 @@ def continue_history(
         RunDirError: A destination file already exists in a different run directory.
     """
     src_root, dst_root = Path(source_run_dir), Path(run_dir)
-    in_place = os.path.realpath(src_root) == os.path.realpath(dst_root)
+    in_place = _same(src_root, dst_root)
     reports: list[HistoryReport] = []
     for index, sub in enumerate(phase_subdirs):
         src = src_root / sub / metrics_file
