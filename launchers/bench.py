@@ -1,9 +1,7 @@
-"""Benchmarks for nemo_dp, configured with Hydra: ``python launchers/bench.py bench=<name>``.
+"""Benchmarks for nemo_dp: ``python launchers/bench.py bench=<name>`` (``conf_bench/benchmark.yaml``).
 
-Composes ``conf_bench/benchmark.yaml`` and dispatches to ``nemo_dp.bench``.  The ``tq_raw``
-backend (raw ``transfer_queue.kv_batch_put/kv_batch_get``, to isolate the adapter's overhead)
-lives here because inside ``nemo_dp`` only the TransferQueue adapter may import
-``transfer_queue``; it is imported lazily.
+The ``tq_raw`` backend lives here because inside ``nemo_dp`` only the TransferQueue adapter may
+import ``transfer_queue``.
 """
 
 from __future__ import annotations
@@ -26,10 +24,7 @@ from nemo_dp.training.hydra_task import silence_known_noise  # noqa: E402
 
 
 class RawTransferQueueBackend(Backend):
-    """The library's own ``kv_batch_put``/``kv_batch_get`` on the adapter's running system.
-
-    Requires the adapter client to have bootstrapped the system.
-    """
+    """The raw ``kv_batch_put``/``kv_batch_get`` on the system the adapter client bootstrapped."""
 
     name = TQ_RAW
 
@@ -42,13 +37,9 @@ class RawTransferQueueBackend(Backend):
         pid = f"bench_raw_{tag}"
         fields = list(payload.td.keys())
         keys = payload.sample_ids
-        put_ms, _ = timed(
-            lambda: self.tq.kv_batch_put(keys=keys, partition_id=pid, fields=payload.td)
-        )
+        put_ms, _ = timed(lambda: self.tq.kv_batch_put(keys=keys, partition_id=pid, fields=payload.td))
         try:
-            get_ms, out = timed(
-                lambda: self.tq.kv_batch_get(keys=keys, partition_id=pid, select_fields=fields)
-            )
+            get_ms, out = timed(lambda: self.tq.kv_batch_get(keys=keys, partition_id=pid, select_fields=fields))
             if verify:
                 verify_roundtrip(payload, out, self.name)
             del out

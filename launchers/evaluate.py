@@ -1,8 +1,7 @@
 """Evaluate a checkpoint: ``python launchers/evaluate.py checkpoint=<run dir> [step=N]``.
 
-Loads the checkpointed policy (after the same checks a resume runs) and reports greedy held-out
-exact-match accuracy on the trainer's validation problems or on ``eval.jsonl=<file>``, writing
-``predictions.jsonl`` and ``eval_summary.json``.  Runs in this process: no Ray, no data plane.
+Greedy held-out exact-match accuracy on the trainer's validation problems or ``eval.jsonl=<file>``,
+in this process (no Ray, no data plane).
 """
 
 from __future__ import annotations
@@ -28,20 +27,14 @@ ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """Validate the config, locate the checkpoint, evaluate into ``out_dir``, print the accuracy.
-
-    Returns ``evaluate_checkpoint``'s dict.
-    """
+    """Validate the config, locate the checkpoint, evaluate into ``out_dir``; ``evaluate_checkpoint``'s dict."""
     import torch
 
     from nemo_dp.training.evaluate import evaluate_checkpoint, resolve_checkpoint
 
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        raise ValueError(
-            f"{missing[0]}: required value is missing "
-            f"(python launchers/evaluate.py checkpoint=<run dir>)"
-        )
+        raise ValueError(f"{missing[0]}: required value is missing (python launchers/evaluate.py checkpoint=<run dir>)")
     options: EvaluateConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     torch.set_num_threads(options.torch_threads)
     ref = resolve_checkpoint(

@@ -1,9 +1,7 @@
 """The one training entry point: ``python launchers/launch.py [recipe=...] [overrides...]``.
 
-Compose -> validate -> preflight -> ``run_phases``, so a bad configuration fails before any
-process starts and leaves nothing on disk.  Failures print one message (the traceback only with
-``HYDRA_FULL_ERROR=1``).  The task function returns the final held-out accuracy, so a Hydra
-sweeper can maximise it.
+Compose -> validate -> preflight -> ``run_phases``: a bad configuration fails with one message
+before any process starts; the final held-out accuracy is returned for a Hydra sweeper.
 """
 
 from __future__ import annotations
@@ -31,11 +29,7 @@ register_configs(RECIPES_DIR)
 
 
 def run(cfg: DictConfig, run_dir: Path, record: RunRecord | None = None) -> float:
-    """Validate, preflight and run every phase of ``cfg`` into ``run_dir``.
-
-    ``record`` is marked started just before Ray starts. Returns the held-out accuracy after the
-    last phase (the run summary is in ``run_dir/summary.json``).
-    """
+    """Validate, preflight and run every phase of ``cfg`` into ``run_dir``; the final held-out accuracy."""
     from nemo_dp.training import final_accuracy, run_phases
 
     validated = validate_config(cfg)
@@ -51,7 +45,6 @@ def main(cfg: DictConfig, record: RunRecord) -> float:
 
 
 def _default_recipe() -> str:
-    """The root config's default ``recipe`` choice (for the composition hint)."""
     for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults:
         if hasattr(entry, "items") and "recipe" in entry:
             return str(entry["recipe"])

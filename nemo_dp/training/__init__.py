@@ -1,8 +1,5 @@
-"""The run layer: trainer context, phase planning, ``run_phase``, logging, checkpoints, trackers.
-
-Sits between the launchers and ``nemo_dp.algorithms``; ``TrainContext`` is re-exported, loaded
-on first use so light modules (``hydra_task``, ``run_record``, ``sigterm``) do not import torch.
-"""
+"""The run layer between the launchers and ``nemo_dp.algorithms``; names are loaded on first use so
+that light modules (``hydra_task``, ``run_record``, ``sigterm``) do not import torch."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Finding checkpoints on disk: ``step_<N>`` directories, phase roots, checkpoints roots, run
-directories, and the one checkpoint a path given by the user names (``checkpointing.resume_from``,
-``policy.init_from``, ``checkpoint=`` of ``launchers/evaluate.py``)."""
+"""Finding checkpoints on disk: step directories, phase roots, checkpoints roots, run directories, and
+the one checkpoint a user's path names (``resume_from``, ``init_from``, ``checkpoint=``)."""
 
 from __future__ import annotations
 
@@ -41,9 +40,6 @@ class ResumeError(ValueError):
     """``checkpointing.resume_from`` / ``policy.init_from`` holds no usable checkpoint."""
 
 
-# --- step directories of one phase root ---
-
-
 def step_of(path: str | os.PathLike[str]) -> int | None:
     """``N`` of a path whose last component is ``step_<N>``, else ``None`` (also for ``*.tmp-*``/``*.old-*``)."""
     m = STEP_DIR.match(Path(path).name)
@@ -51,51 +47,36 @@ def step_of(path: str | os.PathLike[str]) -> int | None:
 
 
 def list_step_dirs(phase_root: str | os.PathLike[str], *, committed: bool = False) -> list[tuple[int, Path]]:
-    """Every ``step_<N>`` directory under a phase root, oldest first.
+    """``[(N, path), ...]`` of the ``step_<N>`` directories under a phase root (may not exist), oldest first;
+    with ``committed`` only those holding ``manifest.json``."""
+    return sorted(
+        (step, child)
+        for child in _subdirs(phase_root)
+        if (step := step_of(child)) is not None and (not committed or (child / MANIFEST_NAME).is_file())
+    )
 
-    Returns ``[(N, path), ...]``; temp (``*.tmp-*``) and displaced (``*.old-*``) siblings are not
-    listed, nor with ``committed`` those without ``manifest.json`` (atomic write unfinished).
-    ``phase_root`` (``<checkpoints root>/<phase>``) may not exist.
-    """
-    root = Path(phase_root)
-    if not root.is_dir():
-        return []
-    out = []
-    for child in root.iterdir():
-        step = step_of(child)
-        if step is None or not child.is_dir():
-            continue
-        if committed and not (child / MANIFEST_NAME).is_file():
-            continue
-        out.append((step, child))
-    return sorted(out)
+
+def _subdirs(path: str | os.PathLike[str]) -> list[Path]:
+    """The sub-directories of ``path`` by name; ``[]`` when it is not a directory."""
+    root = Path(path)
+    return sorted(c for c in root.iterdir() if c.is_dir()) if root.is_dir() else []
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The committed ``step_<N>`` directory with the largest N under a phase root, or ``None``.
-
-    Directories without a manifest or a state file are ignored; ``root`` may not exist.
-    """
+    """The newest committed step directory with a state file under a phase root (may not exist), or ``None``."""
     for _, path in reversed(list_step_dirs(root, committed=True)):
         if (path / STATE_JSON).is_file() or (path / STATE_FILE).is_file():
             return path
     return None
 
 
-def newest_checkpoint(
-    checkpoints_root: str | os.PathLike[str] | None, phase_names: Sequence[str] = ()
-) -> Path | None:
-    """:func:`latest_checkpoint` of the latest phase that has one, or ``None``.
-
-    Args:
-        checkpoints_root: May be ``None`` or not exist.
-        phase_names: The run's phases in execution order; empty: every sub-directory of
-            ``checkpoints_root``, in name order.
-    """
-    if checkpoints_root is None or not Path(checkpoints_root).is_dir():
+def newest_checkpoint(checkpoints_root: str | os.PathLike[str] | None, phase_names: Sequence[str] = ()) -> Path | None:
+    """:func:`latest_checkpoint` of the latest of ``phase_names`` (run order; empty: every sub-directory, by
+    name) that has one, or ``None``; ``checkpoints_root`` may be ``None`` or not exist."""
+    if checkpoints_root is None:
         return None
     root = Path(checkpoints_root)
-    names = list(phase_names) or sorted(p.name for p in root.iterdir() if p.is_dir())
+    names = list(phase_names) or [p.name for p in _subdirs(root)]
     for name in reversed(names):
         found = latest_checkpoint(root / name)
         if found is not None:
@@ -103,57 +84,35 @@ def newest_checkpoint(
     return None
 
 
-# --- phase roots and run directories ---
-
-
 def find_phase_roots(checkpoints_root: str | os.PathLike[str], *, committed: bool = False) -> dict[str, Path]:
-    """``{phase name: phase root}``, by name, of the sub-directories holding a step directory.
-
-    ``committed`` is as in :func:`list_step_dirs`; ``checkpoints_root`` may not exist.
-    """
-    root = Path(checkpoints_root)
-    if not root.is_dir():
-        return {}
-    return {
-        c.name: c for c in sorted(root.iterdir()) if c.is_dir() and list_step_dirs(c, committed=committed)
-    }
+    """``{phase name: phase root}`` of the sub-directories holding a step directory (``committed`` as in
+    :func:`list_step_dirs`; the root may not exist)."""
+    return {c.name: c for c in _subdirs(checkpoints_root) if list_step_dirs(c, committed=committed)}
 
 
 def temp_step_dirs(checkpoints_root: str | os.PathLike[str]) -> list[Path]:
-    """The ``step_<N>.tmp-<hex>`` directories that killed checkpoint writes left in the phase roots.
-
-    Sorted by phase root and name; symbolic links are not followed or listed; the root may not exist.
-    """
-    root = Path(checkpoints_root)
-    if not root.is_dir():
-        return []
+    """The ``step_<N>.tmp-<hex>`` directories killed checkpoint writes left in the phase roots, sorted
+    (symbolic links are not followed or listed; the root may not exist)."""
     return [
         child
-        for phase_root in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-        for child in sorted(phase_root.iterdir())
-        if _TEMP_STEP_DIR.match(child.name) and child.is_dir() and not child.is_symlink()
+        for phase_root in _subdirs(checkpoints_root)
+        if not phase_root.is_symlink()
+        for child in _subdirs(phase_root)
+        if _TEMP_STEP_DIR.match(child.name) and not child.is_symlink()
     ]
 
 
 def run_dir_of(checkpoints_root: Path, checkpoint_dir_name: str) -> Path | None:
     """``<run>`` when ``checkpoints_root`` is ``<run>/<checkpoint_dir_name>``, else ``None``."""
     parts = Path(checkpoint_dir_name).parts
-    if not parts or Path(checkpoint_dir_name).is_absolute():
-        return None
-    if checkpoints_root.parts[-len(parts) :] != parts:
+    if not parts or Path(checkpoint_dir_name).is_absolute() or checkpoints_root.parts[-len(parts) :] != parts:
         return None
     return Path(*checkpoints_root.parts[: -len(parts)])
 
 
 def find_run_dir(start: Path) -> Path | None:
     """The nearest of ``start`` and its parents holding :data:`RUN_CONFIG_FILE`, or ``None``."""
-    for candidate in (start, *start.parents):
-        if (candidate / RUN_CONFIG_FILE).is_file():
-            return candidate
-    return None
-
-
-# --- the checkpoint a given path names ---
+    return next((c for c in (start, *start.parents) if (c / RUN_CONFIG_FILE).is_file()), None)
 
 
 def missing_files(step_dir: Path, required: Sequence[str]) -> list[str]:
@@ -169,15 +128,8 @@ def _listing(path: Path, limit: int = 6) -> str:
 
 @dataclass
 class Located:
-    """What a path given by the user turned out to be.
-
-    Attributes:
-        kind: ``step directory``, ``phase root``, ``checkpoints root`` or ``run directory``.
-        run_dir: The run directory owning the checkpoints root (``None`` when it is not
-            ``<run>/<checkpoint_dir_name>``).
-        phase_roots: ``{phase name: phase root}`` of the phases found.
-        step_dir: Set for kind ``step directory`` only.
-    """
+    """What a user's path is (``kind``: ``step directory``, ``phase root``, ``checkpoints root`` or ``run
+    directory``); ``run_dir`` is ``None`` unless the root is ``<run>/<checkpoint_dir_name>``."""
 
     kind: str
     checkpoints_root: Path
@@ -189,16 +141,8 @@ class Located:
 def classify_checkpoint_dir(
     path: Path, *, checkpoint_dir_name: str = "checkpoints", committed: bool = False
 ) -> Located | None:
-    """Whether an existing directory is a step directory, a phase root or a checkpoints root.
-
-    Checked in that order: a ``step_<N>`` name, then step directories inside it, then phase
-    roots inside it.  The run-directory form (``<run>/<checkpoint_dir_name>`` holding phase
-    roots) is left to the caller. ``None`` when it is none of the three.
-
-    Args:
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (to find :attr:`Located.run_dir`).
-        committed: As in :func:`list_step_dirs`.
-    """
+    """Whether an existing directory is a step directory, a phase root or a checkpoints root (checked in
+    that order), else ``None``; the run-directory form is left to the caller."""
     if step_of(path) is not None:
         root, phase_root = path.parent.parent, path.parent
         run_dir = run_dir_of(root, checkpoint_dir_name)
@@ -213,24 +157,16 @@ def classify_checkpoint_dir(
 
 
 def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir_name: str) -> Located:
-    """Classify a resume / init path as a step directory, phase root, checkpoints root or run directory.
-
-    Args:
-        path_str: Made absolute; symbolic links are kept.
-        key: The config key that gave it (for the messages).
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
+    """Classify a resume / init path (made absolute, links kept) as one of :class:`Located`'s kinds.
 
     Raises:
-        ResumeError: It does not exist, is a file, or holds no step directory in any of the
-            four forms (the message says what was found).
+        ResumeError: It does not exist, is a file, or holds no step directory (saying what it found).
     """
     path = Path(os.path.abspath(os.fspath(path_str)))
     if not path.exists():
         raise ResumeError(f"{key}: {str(path)!r} does not exist")
     if path.is_file():
-        parent = (
-            f"; pass its step directory {str(path.parent)!r}" if step_of(path.parent) is not None else ""
-        )
+        parent = f"; pass its step directory {str(path.parent)!r}" if step_of(path.parent) is not None else ""
         raise ResumeError(f"{key}: {str(path)!r} is a file, not a checkpoint directory{parent}")
     located = classify_checkpoint_dir(path, checkpoint_dir_name=checkpoint_dir_name)
     if located is not None:
@@ -243,9 +179,7 @@ def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir
         phases = find_phase_roots(nested)
         if phases:
             return Located("run directory", nested, path, phases)
-        what = (
-            "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
-        )
+        what = "is empty" if not any(nested.iterdir()) else f"holds no step_<N> directory ({_listing(nested)})"
         raise ResumeError(
             f"{key}: {str(path)!r} is a run directory whose checkpoints root {str(nested)!r} {what}: "
             "the run stopped before its first save (see checkpointing.save_period) - nothing to "
@@ -267,13 +201,10 @@ def locate_checkpoint(path_str: str | os.PathLike[str], key: str, checkpoint_dir
 
 
 def newest_usable_step(phase_root: Path, key: str, required: Sequence[str]) -> tuple[int, Path]:
-    """``(N, step dir)`` of a phase root's newest step, refused when incomplete (never a fallback).
-
-    ``phase_root`` must hold a step directory; ``key`` is the config key that named it.
+    """``(N, step dir)`` of a phase root's newest step (it must have one), refused when incomplete.
 
     Raises:
-        ResumeError: The newest step directory lacks a required file (the message names the
-            newest older complete one, if any).
+        ResumeError: The newest step directory lacks a required file (naming an older complete one).
     """
     steps = list_step_dirs(phase_root)
     step, newest = steps[-1]

@@ -8,26 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from nemo_dp.training.checkpoint_discovery import latest_checkpoint, list_step_dirs, temp_step_dirs
-from nemo_dp.utils.checkpoint import (
-    checkpoint_dir_for_step,
-    load_training_checkpoint,
-    save_training_checkpoint,
-)
+from nemo_dp.utils.checkpoint import checkpoint_dir_for_step, load_training_checkpoint, save_training_checkpoint
 
 __all__ = ["Checkpointer", "load_start_state", "checkpoint_finalizer", "remove_stale_temp_dirs"]
 
 
 class Checkpointer:
-    """Atomic checkpoints of one training phase under ``root`` (``step_<N>`` directories).
-
-    Args:
-        save_period: Save every this many steps (0 = only at the end).
-        keep_last: Keep this many newest checkpoints.
-        finalize: Called as ``finalize(tmp_dir, step)`` inside every checkpoint write, after the
-            state files and before the commit rename (the run layer writes the checkpoint's
-            metadata and file manifest there); trainers that write their own checkpoint
-            directory call it too.
-    """
+    """Atomic ``step_<N>`` checkpoints of one phase under ``root``, every ``save_period`` steps (0: at the
+    end only), keeping ``keep_last``; ``finalize(tmp_dir, step)`` runs in every write before the commit
+    rename (trainers writing their own checkpoint directory call it too)."""
 
     def __init__(
         self,
@@ -45,10 +34,7 @@ class Checkpointer:
         self.keep_last = keep_last
 
     def should_save(self, step: int, *, final: bool) -> bool:
-        """Whether to save after ``step``: when enabled and ``final`` or on a ``save_period`` boundary."""
-        if not self.enabled:
-            return False
-        return final or (self.save_period > 0 and step % self.save_period == 0)
+        return self.enabled and (final or (self.save_period > 0 and step % self.save_period == 0))
 
     def save(self, step: int, state_fn: Callable[[], dict[str, Any]]) -> Path:
         """Write the checkpoint for ``step`` (``state_fn`` builds the state), prune old ones; return its path."""
@@ -74,11 +60,8 @@ def checkpoint_finalizer(
     run_id: str,
     settings: Mapping[str, Any] | None = None,
 ) -> Callable[[Path, int], None]:
-    """The ``finalize`` of a run's checkpointer: ``checkpoint_meta.json``, then the file manifest.
-
-    The manifest is written last, so it covers every file the checkpoint holds. The arguments
-    are :class:`nemo_dp.training.resume.CheckpointMeta`'s fields.
-    """
+    """The ``finalize`` of a run's checkpointer: ``checkpoint_meta.json`` (these :class:`CheckpointMeta`
+    fields), then the file manifest, last so that it covers every file."""
     from nemo_dp.training.resume import CheckpointMeta, write_checkpoint_meta
     from nemo_dp.utils.manifest import write_manifest
 
@@ -94,23 +77,20 @@ def checkpoint_finalizer(
 
 def load_start_state(root: str | Path | None) -> dict[str, Any] | None:
     """The latest checkpoint's state (plus ``checkpoint_path``) under ``root`` (may be absent), or ``None``."""
-    if root is None:
-        return None
-    latest = latest_checkpoint(root)
-    if latest is None:
-        return None
-    state = load_training_checkpoint(latest)
-    state["checkpoint_path"] = str(latest)
+    latest = None if root is None else latest_checkpoint(root)
+    return None if latest is None else load_checkpoint_state(latest)
+
+
+def load_checkpoint_state(path: str | Path) -> dict[str, Any]:
+    """The training state of one step directory, plus ``checkpoint_path``."""
+    state = load_training_checkpoint(path)
+    state["checkpoint_path"] = str(path)
     return state
 
 
 def remove_stale_temp_dirs(ckpt_root: str | Path) -> list[Path]:
-    """Remove the ``step_<N>.tmp-<hex>`` directories a killed checkpoint write left behind.
-
-    A temp directory is never a checkpoint (nothing reads it; it becomes one only by its
-    commit rename), so one that exists when a run starts is debris of an earlier process.
-    Searches the phase roots of ``ckpt_root`` (which may not exist); returns what was removed.
-    """
+    """Remove the ``step_<N>.tmp-<hex>`` directories killed checkpoint writes left in the phase roots of
+    ``ckpt_root`` (may not exist): never checkpoints, but debris of an earlier process; return them."""
     removed: list[Path] = []
     for child in temp_step_dirs(ckpt_root):
         shutil.rmtree(child, ignore_errors=True)

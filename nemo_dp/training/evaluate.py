@@ -1,9 +1,5 @@
-"""Greedy held-out evaluation of a saved checkpoint, in-process on the driver (no Ray).
-
-Finds the checkpoint, rebuilds the phase's config from ``resolved_config.yaml``, loads the policy,
-decodes greedily on the phase's held-out problems (or a user jsonl), scores with the run's reward
-and writes one line per problem.  Nothing loaded executes code; remote model code is refused.
-"""
+"""Greedy held-out evaluation of a saved checkpoint, in-process (no Ray), with the run's own config and
+reward; nothing loaded executes code, and remote model code is refused."""
 
 from __future__ import annotations
 
@@ -22,13 +18,7 @@ from nemo_dp.data.arithmetic import Problem
 from nemo_dp.data.jsonl import read_rl_jsonl
 from nemo_dp.data.sources import build_val_problems
 from nemo_dp.environments import answer_extractor, make_environment, resolve_reward
-from nemo_dp.models.builders import (
-    build_model,
-    build_tokenizer,
-    cfg_get,
-    load_pretrained_model,
-    load_saved_tokenizer,
-)
+from nemo_dp.models.builders import build_model, build_tokenizer, cfg_get, load_pretrained_model, load_saved_tokenizer
 from nemo_dp.models.generation import generate
 from nemo_dp.models.precision import resolve_precision
 from nemo_dp.models.protocol import CausalLM, Tokenizer
@@ -67,14 +57,10 @@ class EvalOptions:
     """``eval``: what to evaluate on and how.
 
     Attributes:
-        jsonl: A user jsonl of ``{"prompt" | "messages", "answer"}`` lines; ``None`` uses the
-            phase's own held-out problems.
-        num_samples: Evaluate only the first this many problems; ``None`` takes the phase's
-            ``val_samples`` (held-out set) or the whole file (``jsonl``).
-        batch_size: Prompts decoded together; ``None`` batches exactly as the trainer's
-            validation does, so greedy decoding sees the very same batches.
+        jsonl: A user jsonl of ``{"prompt" | "messages", "answer"}`` lines; ``None``: the held-out problems.
+        num_samples: Only the first this many; ``None``: the phase's ``val_samples`` (or the whole file).
+        batch_size: ``None`` batches exactly as the trainer's validation does (same greedy batches).
         max_new_tokens: ``None`` takes the run's ``policy.generation.max_new_tokens``.
-        output_file: Predictions jsonl (a plain name), in the output directory.
     """
 
     jsonl: Optional[str] = None
@@ -84,30 +70,20 @@ class EvalOptions:
     output_file: str = "predictions.jsonl"
 
     def __post_init__(self) -> None:
-        if self.num_samples is not None and self.num_samples < 1:
-            raise ValueError(f"eval.num_samples: must be >= 1 or null, got {self.num_samples}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"eval.batch_size: must be >= 1 or null, got {self.batch_size}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"eval.max_new_tokens: must be >= 1 or null, got {self.max_new_tokens}")
+        for name in ("num_samples", "batch_size", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"eval.{name}: must be >= 1 or null, got {value}")
         if not self.output_file or Path(self.output_file).name != self.output_file:
             raise ValueError(f"eval.output_file: must be a plain file name, got {self.output_file!r}")
 
 
 @dataclass
 class EvaluateConfig:
-    """Root schema of ``conf/evaluate.yaml``.
+    """Root schema of ``conf/evaluate.yaml`` (``step``/``phase`` ``None``: the latest).
 
-    Attributes:
-        checkpoint: A run's checkpoint root (``<run>/checkpoints``), one phase's root
-            (``<run>/checkpoints/sft``) or one ``step_<N>`` directory.
-        step: Evaluate this step; ``None`` takes the latest.
-        phase: Evaluate this phase (``sft``, ``grpo``, ``ppo``, ``warm_start``); ``None`` takes
-            the run's last phase that has a checkpoint.
-        run_overrides: ``key=value`` changes to the run's config before anything is built, for
-            values that do not hold where the evaluation runs (a relative tokenizer path); each
-            key must exist in the run config.
-        torch_threads: Compute threads of this process.
+    ``run_overrides`` are ``key=value`` changes to the run's config before anything is built (a
+    relative tokenizer path that does not hold here); each key must exist in it.
     """
 
     checkpoint: str = "???"
@@ -127,14 +103,7 @@ class EvaluateConfig:
 
 @dataclass
 class CheckpointRef:
-    """One located checkpoint.
-
-    Attributes:
-        path: The ``step_<N>`` directory.
-        phase: The name of its parent directory.
-        run_dir: The run directory holding ``resolved_config.yaml``.
-        run_cfg: The run's resolved config, ``run_overrides`` applied.
-    """
+    """One located ``step_<N>`` directory, its run directory and the run's config (``run_overrides`` applied)."""
 
     path: Path
     phase: str
@@ -145,7 +114,6 @@ class CheckpointRef:
 
     @property
     def run_config_file(self) -> Path:
-        """The run's ``resolved_config.yaml`` (for messages)."""
         return self.run_dir / RUN_CONFIG_FILE
 
 
@@ -173,24 +141,14 @@ def resolve_checkpoint(
     phase: str | None = None,
     run_overrides: Sequence[str] = (),
 ) -> CheckpointRef:
-    """Locate the checkpoint to evaluate.
-
-    The checkpoint is checked as a resume checks it before anything is read: its file manifest
-    (sizes and SHA-256) and no pickle anywhere.
-
-    Args:
-        checkpoint: Any form ``checkpointing.resume_from`` accepts.
-        step: ``None``: the latest of the phase.
-        phase: ``None``: the run's last phase with a checkpoint.
+    """Locate the checkpoint to evaluate (any form ``resume_from`` accepts), checked as a resume checks it.
 
     Raises:
-        FileNotFoundError: The path, the run config, the phase or the step does not exist;
-            the message lists what does.
+        FileNotFoundError: The path, the run config, the phase or the step does not exist.
         ValueError: ``step``/``phase`` contradict a ``step_<N>`` path, the run config is not
             a nemo_dp one, or an override names an unknown key.
         nemo_dp.training.resume.ResumeError: The checkpoint holds a pickle.
-        nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is missing, truncated
-            or altered (named by path).
+        nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
     """
     path = Path(checkpoint).expanduser().resolve()
     if not path.exists():
@@ -253,9 +211,7 @@ def resolve_checkpoint(
             raise FileNotFoundError(f"checkpoint: no committed checkpoint with a state file in {phase_root}")
         step = step_of(latest)
     if step not in steps:
-        raise FileNotFoundError(
-            f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}"
-        )
+        raise FileNotFoundError(f"step={step}: no checkpoint of that step under {phase_root}; steps: {sorted(steps)}")
     check_checkpoint_dir(steps[step], key=_KEY, required_files=("manifest.json",))
     return CheckpointRef(steps[step], phase_root.name, step, run_dir, run_cfg, tuple(map(str, run_overrides)))
 
@@ -264,7 +220,7 @@ def phase_config(ref: CheckpointRef) -> Any:
     """The root config the checkpoint's phase trained with (a warm start is its own SFT config).
 
     Raises:
-        ValueError: The run config plans no phase of that name (the message lists its phases).
+        ValueError: The run config plans no phase of that name.
     """
     phases = plan_phases(ref.run_cfg)
     for phase in phases:
@@ -276,12 +232,15 @@ def phase_config(ref: CheckpointRef) -> Any:
     )
 
 
-def _refuse_remote_code(policy_cfg: Any, source: Path) -> None:
+def _policy_and_export(ref: CheckpointRef) -> tuple[Any, Path]:
+    """The run's ``policy`` node (refused when it allowed remote code) and the checkpoint's ``policy/``."""
+    policy_cfg = ref.run_cfg.policy
     if bool(cfg_get(policy_cfg, "trust_remote_code", False)):
         raise ValueError(
-            f"policy.trust_remote_code: the run ({source}) allowed the model's own Python code; "
+            f"policy.trust_remote_code: the run ({ref.run_config_file}) allowed the model's own Python code; "
             "evaluation loads no code, so it refuses such a model"
         )
+    return policy_cfg, ref.path / POLICY_KEY
 
 
 #: A ``run_overrides`` entry naming one of these keys picks the tokenizer over the checkpoint's.
@@ -289,19 +248,13 @@ _TOKENIZER_KEYS: tuple[str, ...] = ("policy.tokenizer_name_or_path",)
 
 
 def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
-    """The tokenizer the checkpoint's ``policy/`` directory holds, else the run's own.
-
-    ``run_overrides`` naming the tokenizer wins; a checkpoint without tokenizer files (the tiny
-    model, or an older checkpoint) builds it from the run's ``policy`` node.
+    """The tokenizer the checkpoint's ``policy/`` directory holds, else (or when ``run_overrides`` name
+    the tokenizer) the one built from the run's ``policy`` node.
 
     Raises:
-        ValueError: The run allowed remote code, the checkpoint's tokenizer files do not load,
-            or the tokenizer cannot be built from here (the message names the run config and
-            how to point at the tokenizer).
+        ValueError: The run allowed remote code, or the tokenizer does not load or build from here.
     """
-    policy_cfg = ref.run_cfg.policy
-    _refuse_remote_code(policy_cfg, ref.run_config_file)
-    exported = ref.path / POLICY_KEY
+    policy_cfg, exported = _policy_and_export(ref)
     overridden = any(str(o).partition("=")[0].strip() in _TOKENIZER_KEYS for o in ref.run_overrides)
     if exported.is_dir() and not overridden:
         try:
@@ -321,23 +274,17 @@ def load_tokenizer(ref: CheckpointRef) -> Tokenizer:
 
 
 def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
-    """The policy model a checkpoint holds, in eval mode on the CPU.
-
-    ``format_version`` 2 loads ``<checkpoint>/policy`` through the run's model builder;
-    version 1 loads ``policy.weights.model`` from the training state into a model built from
-    the run's ``policy`` node.  Neither runs code from the checkpoint.
+    """The policy model a checkpoint holds (``policy/`` of format 2, else the state's weights), in eval mode
+    on the CPU; no checkpoint code runs.
 
     Raises:
-        ValueError: The manifest names another format, the run allowed remote code, the state
-            lacks policy weights, the weights do not fit the run's ``policy``, or the model does
-            not cover ``tokenizer``'s vocabulary (the message names the file).
+        ValueError: Another format, remote code allowed, no or unfitting policy weights, or a
+            model smaller than ``tokenizer``'s vocabulary (naming the file).
     """
     manifest = read_manifest(
         ref.path, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
     )
-    policy_cfg = ref.run_cfg.policy
-    _refuse_remote_code(policy_cfg, ref.run_config_file)
-    exported = ref.path / POLICY_KEY
+    policy_cfg, exported = _policy_and_export(ref)
     if POLICY_KEY in manifest.get("files", ()) and exported.is_dir():
         try:
             model = load_pretrained_model(policy_cfg, str(exported))
@@ -367,15 +314,8 @@ def load_policy_model(ref: CheckpointRef, tokenizer: Tokenizer) -> CausalLM:
 
 @dataclass
 class EvalSet:
-    """The problems of one evaluation and how they are scored.
-
-    Attributes:
-        origins: Where each problem comes from (``file:line`` or its held-out index), for
-            error messages.
-        env: The reward environment (``score(responses, answers)``).
-        reward: The reward's name (``exact``, ``math``).
-        extract: What the reward compares with the reference answer, per response.
-    """
+    """The problems of one evaluation, where each comes from (``file:line`` or held-out index), the
+    reward environment, the reward's name and its answer extractor."""
 
     problems: list[Problem]
     origins: list[str]
@@ -385,12 +325,8 @@ class EvalSet:
 
 
 def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer) -> EvalSet:
-    """The problems to evaluate and the environment that scores them.
-
-    Without ``eval.jsonl`` these are the held-out problems the phase's trainer validated on
-    (``build_val_problems`` of the phase config: ``env.val_data`` / ``env.val_jsonl`` or the task's
-    held-out partition, ``val_samples`` of them), scored by the run's reward. A user jsonl is
-    scored as the run would score a held-out file of its own (``env.val_jsonl``).
+    """The problems to evaluate (without ``eval.jsonl``: the phase's held-out ones) and the run's reward
+    environment that scores them.
 
     Raises:
         DatasetError: On a malformed jsonl (key, file, line and field named).
@@ -398,8 +334,7 @@ def eval_problems(ref: CheckpointRef, options: EvalOptions, tokenizer: Tokenizer
     cfg = phase_config(ref)
     if options.jsonl is not None:
         records = read_rl_jsonl(options.jsonl, tokenizer=tokenizer, key="eval.jsonl")
-        limit = options.num_samples if options.num_samples is not None else len(records)
-        records = records[:limit]
+        records = records[: options.num_samples]
         problems = [r.problem for r in records]
         origins = [f"{options.jsonl}:{r.line}" for r in records]
         env_cfg = cfg.env.copy()
@@ -440,8 +375,7 @@ def _batches(n: int, options: EvalOptions, policy_cfg: Any) -> list[tuple[int, i
     """``[start, end)`` ranges of the prompts decoded together."""
     if options.batch_size is not None:
         return [(s, min(s + options.batch_size, n)) for s in range(0, n, options.batch_size)]
-    # As the trainer's validation: Policy.generate splits the prompts into dp_size contiguous
-    # shares and each worker decodes its share generation_batch_size prompts at a time.
+    # As the trainer's validation: dp_size contiguous shares, generation_batch_size prompts at a time.
     dp = int(cfg_get(policy_cfg, "dp_size"))
     per_worker = int(cfg_get(policy_cfg, "generation_batch_size"))
     per = -(-n // dp)
@@ -453,24 +387,10 @@ def _batches(n: int, options: EvalOptions, policy_cfg: Any) -> list[tuple[int, i
 
 
 def evaluate_checkpoint(
-    ref: CheckpointRef,
-    options: EvalOptions,
-    out_dir: str | os.PathLike[str],
-    *,
-    progress_bar: bool = True,
+    ref: CheckpointRef, options: EvalOptions, out_dir: str | os.PathLike[str], *, progress_bar: bool = True
 ) -> dict[str, Any]:
-    """Greedy exact-match accuracy of the checkpoint; predictions written as jsonl.
-
-    Every input is checked (tokenizer built, problems loaded and tokenised, lengths fit the
-    model, weights loaded) before anything is written.
-
-    Args:
-        out_dir: Output directory (created) for ``options.output_file`` and ``eval_summary.json``.
-        progress_bar: Show a tqdm bar over problems (stderr).
-
-    Returns:
-        ``{"accuracy", "num_problems", "checkpoint", "phase", "step", "predictions",
-        "source", "reward"}``.
+    """Greedy exact-match accuracy of the checkpoint, also written to ``out_dir/eval_summary.json``, with
+    predictions in ``out_dir/<output_file>``; every input is checked before anything is written.
 
     Raises:
         ValueError: On bad input (naming the file and line or the held-out index at fault).

@@ -1,8 +1,4 @@
-"""Run-health checks fed one step record at a time, so a run that cannot learn says so.
-
-:class:`ZeroAdvantageDetector` warns (naming the key to change) when every GRPO group's rewards
-have been equal, hence every advantage 0, for ``patience`` consecutive steps.
-"""
+"""Run-health checks fed one step record at a time, so a run that cannot learn says so."""
 
 from __future__ import annotations
 
@@ -24,14 +20,9 @@ def _number(record: Mapping[str, Any], key: str) -> float | None:
 
 @dataclass
 class ZeroAdvantageDetector:
-    """Warns once per streak of ``patience`` steps whose advantages are all zero.
-
-    Args:
-        warm_start_enabled: ``algorithm.warm_start.enabled`` of the run (tailors the hint).
-        dynamic_sampling_enabled: ``algorithm.dynamic_sampling.enabled`` (tailors the hint).
-        tolerance: ``advantage_abs_mean`` at or below this counts as zero.
-        advantage_key: The record key holding the mean absolute advantage.
-        reward_key: The record key holding the mean reward of the step's samples.
+    """Warns once per streak of ``patience`` GRPO steps whose advantages are all zero (every group's rewards
+    equal), naming the key to change; the ``*_enabled`` flags tailor the hint, and an
+    ``advantage_key`` value at or below ``tolerance`` counts as zero.
 
     Raises:
         ValueError: ``patience`` < 1 or ``tolerance`` < 0.
@@ -56,16 +47,11 @@ class ZeroAdvantageDetector:
 
     @property
     def streak(self) -> int:
-        """Consecutive zero-advantage steps so far."""
         return self._streak
 
     def update(self, step: int, record: Mapping[str, Any]) -> str | None:
-        """Feed one step's logged record.
-
-        A record without a finite ``advantage_key`` (step 0's validation record, an SFT record)
-        leaves the state unchanged; a non-zero advantage ends the streak. Returns the warning
-        on the step the streak reaches ``patience``, otherwise ``None``.
-        """
+        """Feed one step's record (one without a finite ``advantage_key`` changes nothing); return the
+        warning on the step the streak reaches ``patience``, else ``None``."""
         adv = _number(record, self.advantage_key)
         if adv is None:
             return None
@@ -94,15 +80,10 @@ class ZeroAdvantageDetector:
         if rewards and max(rewards) <= 0.0:
             cause = "no sampled response earned any reward: the policy cannot solve a prompt yet"
             if self.warm_start_enabled:
-                fix = (
-                    "lengthen the SFT warm start (algorithm.warm_start.max_steps) or start from an "
-                    "SFT run's weights (policy.init_from=<checkpoint>)"
-                )
+                fix = "lengthen the SFT warm start (algorithm.warm_start.max_steps)"
             else:
-                fix = (
-                    "enable the SFT warm start (algorithm.warm_start.enabled=true) or start from an "
-                    "SFT run's weights (policy.init_from=<checkpoint>)"
-                )
+                fix = "enable the SFT warm start (algorithm.warm_start.enabled=true)"
+            fix += " or start from an SFT run's weights (policy.init_from=<checkpoint>)"
         else:
             cause = "all generations of each prompt got the same reward (zero-std groups)"
             if self.dynamic_sampling_enabled:

@@ -1,5 +1,5 @@
-"""The Hydra task wrapper: before start a configuration error is one message and nothing is
-written; after start a failure writes ``summary.json`` and plots; SIGTERM acts like Ctrl-C."""
+"""The Hydra task wrapper: before start a configuration error is one message and nothing is written;
+after start a failure writes ``summary.json`` and plots; SIGTERM acts like Ctrl-C."""
 
 from __future__ import annotations
 
@@ -18,13 +18,7 @@ from nemo_dp.training.log_capture import capture_run_log
 from nemo_dp.training.run_record import RunRecord, remove_unstarted_run_dir, write_failure_summary
 from nemo_dp.training.sigterm import TerminationRequested, sigterm_as_interrupt
 
-__all__ = [
-    "RunConfigurationError",
-    "is_configuration_error",
-    "silence_known_noise",
-    "save_hydra_outputs",
-    "hydra_task",
-]
+__all__ = ["RunConfigurationError", "is_configuration_error", "silence_known_noise", "save_hydra_outputs", "hydra_task"]
 
 _LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -38,16 +32,8 @@ class RunConfigurationError(CompactHydraException):
 
 
 def silence_known_noise(*, local_ray: bool) -> list[str]:
-    """Remove the known start-up notices at their source (idempotent; call before Ray starts).
-
-    * torch's one-time "is_fx_tracing will return true ..." log record: dropped by a logger
-      filter (``nemo_dp.utils.noise``; Ray workers install it through the setup hook).
-    * Ray's "Token authentication is enabled ..." notice: for a local Ray only, set
-      ``RAY_AUTH_MODE=token`` (what Ray would set itself) before Ray is imported.
-
-    ``local_ray``: the run starts a local Ray (``cluster.address`` is null). Returns what was
-    done, one line each (for a debug log).
-    """
+    """Remove the known start-up notices at their source, before Ray starts (idempotent); return what
+    was done, one line each. A ``local_ray`` (null ``cluster.address``) gets ``RAY_AUTH_MODE=token``."""
     from nemo_dp.utils.noise import install_known_log_filters
 
     done = install_known_log_filters()
@@ -58,42 +44,18 @@ def silence_known_noise(*, local_ray: bool) -> list[str]:
 
 
 def is_configuration_error(exc: BaseException) -> bool:
-    """Whether ``exc``, raised before the run started, is a user-facing configuration error (not a bug).
-
-    True for ``ValueError`` (schema rules, resume, run-dir, dataset, checkpoint-integrity
-    errors, the CPU budget), OmegaConf errors, ``PreflightError``, ``FileNotFoundError``
-    and ``ClusterConnectError`` (the cluster to join cannot be reached).
-    """
+    """Whether ``exc``, raised before the run started, is a user-facing configuration error (not a bug)."""
     from omegaconf.errors import OmegaConfBaseException
 
     from nemo_dp.config import PreflightError
     from nemo_dp.distributed.ray_init import ClusterConnectError
 
-    return isinstance(
-        exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError, ClusterConnectError)
-    )
-
-
-def _full_error_requested() -> bool:
-    return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
-
-
-def _hydra_run_dir_and_log() -> tuple[Path, Path]:
-    from hydra.core.hydra_config import HydraConfig
-
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
-    return run_dir, run_dir / f"{hc.job.name}.log"
+    return isinstance(exc, (ValueError, OmegaConfBaseException, PreflightError, FileNotFoundError, ClusterConnectError))
 
 
 def save_hydra_outputs(cfg: Any, run_dir: Path) -> None:
-    """Write Hydra's ``.hydra/`` files (config, hydra, overrides) into ``run_dir``.
-
-    The launcher's config sets ``hydra.output_subdir: null``, so Hydra writes nothing before
-    the task runs; the wrapper calls this once the run is accepted.  Nothing is done when
-    Hydra wrote them itself (``output_subdir`` set) or runs no job. ``cfg`` is the job's
-    composed config (without the ``hydra`` node).
-    """
+    """Write Hydra's ``.hydra/`` files into ``run_dir`` once the run is accepted (the launcher sets
+    ``hydra.output_subdir: null``); nothing when Hydra wrote them itself or runs no job."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -104,9 +66,8 @@ def save_hydra_outputs(cfg: Any, run_dir: Path) -> None:
         return
     out = run_dir / ".hydra"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
-    (out / "hydra.yaml").write_text(OmegaConf.to_yaml({"hydra": hc}), encoding="utf-8")
-    (out / "overrides.yaml").write_text(OmegaConf.to_yaml(hc.overrides.task), encoding="utf-8")
+    for name, node in (("config", cfg), ("hydra", {"hydra": hc}), ("overrides", hc.overrides.task)):
+        (out / f"{name}.yaml").write_text(OmegaConf.to_yaml(node), encoding="utf-8")
 
 
 def _local_ray(cfg: Any) -> bool:
@@ -151,18 +112,17 @@ def _stopped(
 
 
 def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
-    """Wrap a Hydra task function ``task(cfg, record)`` with the run's failure handling.
-
-    Use under ``@hydra.main(...)``; the wrapped function takes only ``cfg``. ``task`` calls
-    ``record.mark_started()`` just before Ray starts.
-    """
+    """Wrap ``task(cfg, record)`` (which calls ``record.mark_started()`` just before Ray starts) with the
+    run's failure handling, as a ``task(cfg)`` for ``@hydra.main``."""
 
     @functools.wraps(task)
     def wrapper(cfg: Any) -> _T:
-        run_dir, log_path = _hydra_run_dir_and_log()
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        log_path = run_dir / f"{HydraConfig.get().job.name}.log"
         record = RunRecord(run_dir=run_dir, log_path=log_path)
-        # Only a directory made for this job is removed when the run is refused: an existing
-        # one (another run's) stays exactly as it was.
+        # Only a directory made for this job is removed when the run is refused.
         new = _new_for_this_job(run_dir, log_path)
         for line in silence_known_noise(local_ray=_local_ray(cfg)):
             _LOG.debug(line)
@@ -171,8 +131,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
             try:
                 return task(cfg, record)
             except SystemExit as exc:
-                # ray.init installs ``sys.exit(signum)`` for SIGTERM; until the launcher
-                # re-enters sigterm_as_interrupt after Ray is up, SIGTERM arrives as this.
+                # ray.init's SIGTERM handler calls sys.exit(signum) until sigterm_as_interrupt is re-entered.
                 if exc.code != int(signal.SIGTERM):
                     raise
                 _stopped(record, run_dir, log_path, exc, terminated=True, new=new)
@@ -184,14 +143,12 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
             except Exception as exc:
                 if record.started:
                     where = write_failure_summary(record, exc, status="failed")
-                    print(
-                        f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True
-                    )
+                    print(f"run failed: {type(exc).__name__}; summary in {where}", file=sys.stderr, flush=True)
                     raise
                 removed = new and remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
                 if removed:
                     _LOG.debug("removed unstarted run directory %s", run_dir)
-                if _full_error_requested() or not is_configuration_error(exc):
+                if os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0") or not is_configuration_error(exc):
                     raise
                 message = _one_message(exc)
         raise RunConfigurationError(message) from None

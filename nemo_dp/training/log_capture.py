@@ -1,10 +1,11 @@
-"""The run's log file: stdout, stderr and log records copied into it without colour codes,
-held in memory until the run is accepted (a refused run writes no log file)."""
+"""The run's log file: stdout, stderr and log records without colour codes, held in memory until the
+run is accepted (a refused run writes no log file)."""
 
 from __future__ import annotations
 
 import io
 import logging
+import logging.handlers
 import os
 import re
 import sys
@@ -15,13 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = [
-    "ANSI_ESCAPE",
-    "strip_ansi",
-    "AnsiStrippingFormatter",
-    "RunLog",
-    "capture_run_log",
-]
+__all__ = ["ANSI_ESCAPE", "strip_ansi", "AnsiStrippingFormatter", "RunLog", "capture_run_log"]
 
 #: CSI sequences (colours, cursor moves), OSC sequences (titles, links) and 2-byte escapes.
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -40,15 +35,13 @@ class AnsiStrippingFormatter(logging.Formatter):
         self.inner = inner or logging.Formatter()
 
     def format(self, record: logging.LogRecord) -> str:
-        """Format with the inner formatter, then strip escape sequences."""
         return strip_ansi(self.inner.format(record))
 
 
 class _LineSink:
     """Appends complete lines to the log file: colour codes stripped, ``\\r`` redraws collapsed.
 
-    A deferred sink holds its lines in memory until :meth:`open` (the run was accepted); closed
-    before that, it writes nothing, so a refused run leaves another run's log as it was.
+    A deferred sink holds its lines in memory until :meth:`open`; closed before, it writes nothing.
     """
 
     def __init__(self, path: Path, *, deferred: bool = False) -> None:
@@ -135,39 +128,15 @@ class _Tee(io.TextIOBase):
         return getattr(self._stream, name)
 
 
-def _file_handlers(path: Path) -> list[logging.FileHandler]:
-    target = os.path.abspath(path)
-    return [
-        h
-        for h in logging.getLogger().handlers
-        if isinstance(h, logging.FileHandler) and os.path.abspath(h.baseFilename) == target
-    ]
-
-
-class _HeldRecords(logging.Handler):
-    """Keeps log records until the run's log file may be written (see :class:`RunLog`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @dataclass
 class RunLog:
-    """The run's log file while :func:`capture_run_log` copies into it.
-
-    Attributes:
-        opened: Whether the file is being written (a deferred log opens on :meth:`open`).
-    """
+    """The run's log file while :func:`capture_run_log` copies into it (``opened``: being written)."""
 
     path: Path
     opened: bool = False
     _sink: Any = None
     _handlers: list[logging.Handler] = field(default_factory=list)
-    _held: _HeldRecords | None = None
+    _held: logging.handlers.BufferingHandler | None = None
 
     def open(self) -> None:
         """Start writing the file, the lines and log records held so far first (idempotent)."""
@@ -176,7 +145,7 @@ class RunLog:
         self.opened = True
         self._sink.open()
         root = logging.getLogger()
-        held = self._held.records if self._held is not None else []
+        held = self._held.buffer if self._held is not None else []
         if self._held is not None:
             root.removeHandler(self._held)
             self._held = None
@@ -189,16 +158,15 @@ class RunLog:
 
 @contextmanager
 def capture_run_log(log_path: str | os.PathLike[str], *, deferred: bool = False) -> Iterator[RunLog]:
-    """Copy stdout/stderr into ``log_path`` (no colour codes) for the duration of the block.
-
-    Hydra's file handler gets an ANSI-stripping formatter meanwhile (or a handler is added).
-    A ``deferred`` log holds everything in memory until :meth:`RunLog.open`; if the block ends
-    first, nothing is written. ``log_path`` is Hydra's ``<run_dir>/<job name>.log``.
-    """
+    """Copy stdout/stderr and log records into ``log_path`` (Hydra's ``<run_dir>/<job>.log``) without colour
+    codes for the block; a ``deferred`` log holds everything until :meth:`RunLog.open` (never: no file)."""
     path = Path(log_path)
     root = logging.getLogger()
     sink = _LineSink(path, deferred=deferred)
-    handlers: list[logging.Handler] = list(_file_handlers(path))
+    target = os.path.abspath(path)
+    handlers: list[logging.Handler] = [
+        h for h in root.handlers if isinstance(h, logging.FileHandler) and os.path.abspath(h.baseFilename) == target
+    ]
     saved_formatters = [(h, h.formatter) for h in handlers]
     for h in handlers:
         h.setFormatter(AnsiStrippingFormatter(h.formatter))
@@ -213,7 +181,7 @@ def capture_run_log(log_path: str | os.PathLike[str], *, deferred: bool = False)
     if deferred:
         for h in handlers:
             root.removeHandler(h)
-        run_log._held = _HeldRecords()
+        run_log._held = logging.handlers.BufferingHandler(capacity=sys.maxsize)  # keeps records until open()
         root.addHandler(run_log._held)
     else:
         run_log.opened = True

@@ -1,11 +1,8 @@
-"""The launcher's output directory, checked before Hydra creates it.
-
-:func:`output_dir_problem` probes the directory the command line names without creating it, so
-the launcher refuses an unwritable path with one message instead of Hydra's traceback.
-"""
+"""The launcher's output directory, checked (without creating it) before Hydra creates it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from nemo_dp.config import PreflightError, check_writable
+from nemo_dp.training.recipe_hints import override_value
 
 __all__ = ["output_dir_key_and_path", "output_dir_problem"]
 
@@ -20,36 +18,23 @@ _MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def output_dir_key_and_path(overrides: Sequence[str], conf_dir: str | os.PathLike[str]) -> tuple[str, str]:
-    """``("hydra.run.dir" | "hydra.sweep.dir", unresolved value)`` of this command line.
-
-    ``overrides`` is ``sys.argv[1:]``; ``conf_dir/config.yaml`` holds the default.
-    """
+    """``("hydra.run.dir" | "hydra.sweep.dir", unresolved value)`` of ``sys.argv[1:]`` (default in ``conf_dir``)."""
     key = "hydra.sweep.dir" if any(a in _MULTIRUN_FLAGS for a in overrides) else "hydra.run.dir"
-    for item in overrides:
-        name, sep, value = item.partition("=")
-        if sep and name.lstrip("+") == key:
-            return key, value
+    value = override_value(overrides, key)
+    if value is not None:
+        return key, value
     hydra_node = OmegaConf.to_container(OmegaConf.load(Path(conf_dir) / "config.yaml").hydra, resolve=False)
     group = "run" if key == "hydra.run.dir" else "sweep"
     return key, str(hydra_node[group]["dir"])  # type: ignore[index]
 
 
-def _static_prefix(value: str) -> Path:
-    """The leading components of ``value`` before the first one holding an interpolation."""
-    parts = []
-    for part in Path(value).parts:
-        if "${" in part:
-            break
-        parts.append(part)
-    return Path(*parts) if parts else Path(".")
-
-
 def output_dir_problem(overrides: Sequence[str], conf_dir: str | os.PathLike[str]) -> str | None:
-    """Why this command line's output directory cannot be created or written (one message naming
-    the key), or ``None`` when it is usable; arguments as for :func:`output_dir_key_and_path`."""
+    """Why the output directory of :func:`output_dir_key_and_path` cannot be written, or ``None``."""
     key, value = output_dir_key_and_path(overrides, conf_dir)
+    # The leading components before the first one holding an interpolation.
+    parts = list(itertools.takewhile(lambda part: "${" not in part, Path(value).parts))
     try:
-        check_writable(key, _static_prefix(value))
+        check_writable(key, Path(*parts) if parts else Path("."))
     except PreflightError as exc:
         return str(exc)
     return None

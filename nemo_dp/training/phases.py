@@ -1,19 +1,14 @@
-"""Phase planning of a run: an optional SFT warm start, then the main algorithm, and where each
-phase resumes from.
-
-:func:`plan_run_start` makes every start decision on the driver before Ray starts and writes
-nothing; :meth:`RunStart.commit` then performs the decided writes.
-"""
+"""Phase planning of a run (an optional SFT warm start, then the main algorithm) and where it starts:
+:func:`plan_run_start` decides on the driver and writes nothing; :meth:`RunStart.commit` writes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nemo_dp.config import warm_start_config
-from nemo_dp.training.checkpointer import load_start_state
+from nemo_dp.training.checkpointer import load_checkpoint_state
 from nemo_dp.training.resume import (
     InitFromPlan,
     ResumePlan,
@@ -23,32 +18,23 @@ from nemo_dp.training.resume import (
     run_settings,
 )
 from nemo_dp.training.run_dir import RunDirDecision, claim_run_dir, continue_history
-from nemo_dp.utils.checkpoint import REQUIRED_FILES, load_training_checkpoint
+from nemo_dp.utils.checkpoint import REQUIRED_FILES
 
 __all__ = [
     "Phase",
     "main_phase",
     "warm_start_phase",
     "plan_phases",
-    "load_start_states",
-    "first_phase_to_run",
     "RunStart",
     "run_model_shape",
-    "data_plane_kind",
     "plan_run_start",
 ]
 
 
 @dataclass
 class Phase:
-    """One training phase of a run.
-
-    Attributes:
-        name: Short name (checkpoint sub-root and resume sub-directory).
-        label: Human label for log lines and the progress bar.
-        cfg: The root config the phase's trainer receives.
-        out_subdir: Output sub-directory ('' = the run directory itself).
-    """
+    """One training phase: short ``name`` (checkpoint sub-root), ``label`` for log lines, the root ``cfg``
+    its trainer receives and its output sub-directory (``""`` = the run directory itself)."""
 
     name: str
     label: str
@@ -78,12 +64,11 @@ def _label(cfg: Any, base: str) -> str:
     return f"VLM {base}" if policy_takes_images(cfg.policy) else base
 
 
-def check_policy_supports_algorithm(cfg: Any) -> None:
-    """Refuse an algorithm the policy cannot run, before Ray starts.
+def plan_phases(cfg: Any) -> list[Phase]:
+    """The phases a config asks for, in order: an optional SFT warm start, then the main algorithm.
 
     Raises:
-        ValueError: ``algorithm=ppo`` with a vision-language policy (PPO's critic is a text
-            value model; there is no critic for a VLM).
+        ValueError: ``algorithm=ppo`` with a vision-language policy (PPO's critic is a text value model).
     """
     from nemo_dp.models.builders import policy_takes_images
 
@@ -92,15 +77,6 @@ def check_policy_supports_algorithm(cfg: Any) -> None:
             f"algorithm=ppo: not supported with policy={cfg.policy.kind} (a vision-language policy has no "
             "PPO critic); use algorithm=grpo or algorithm=sft"
         )
-
-
-def plan_phases(cfg: Any) -> list[Phase]:
-    """The phases a config asks for, in order: an optional SFT warm start, then the main algorithm.
-
-    Raises:
-        ValueError: The policy cannot run the algorithm (``check_policy_supports_algorithm``).
-    """
-    check_policy_supports_algorithm(cfg)
     phases: list[Phase] = []
     if "warm_start" in cfg.algorithm and bool(cfg.algorithm.warm_start.enabled):
         phases.append(warm_start_phase(cfg))
@@ -108,27 +84,9 @@ def plan_phases(cfg: Any) -> list[Phase]:
     return phases
 
 
-def load_start_states(phases: list[Phase], resume_from: str | Path | None) -> list[dict[str, Any] | None]:
-    """Each phase's loaded start state under ``resume_from/<phase name>`` (``None`` = fresh start)."""
-    root = None if resume_from is None else Path(resume_from)
-    return [load_start_state(None if root is None else root / p.name) for p in phases]
-
-
-def first_phase_to_run(start_states: list[dict[str, Any] | None]) -> int:
-    """Index of the first phase to run: the last one with a checkpoint, else the first.
-
-    A later phase's checkpoint already contains everything the earlier phases produced.
-    """
-    return max((i for i, s in enumerate(start_states) if s is not None), default=0)
-
-
 def run_model_shape(cfg: Any, tokenizer: Any) -> dict[str, int]:
-    """The model shape a checkpoint of this run records (and a resumed one must match).
-
-    The integer keys of ``policy.model`` plus the tokenizer's ``vocab_size``; for a
-    HuggingFace policy also the integer entries of the model directory's ``config.json``
-    (hidden size, layer and head counts), prefixed ``hf.``.
-    """
+    """The model shape a checkpoint records: ``policy.model``'s integers, ``vocab_size`` and, for a
+    HuggingFace policy, ``config.json``'s sizes prefixed ``hf.``."""
     import json
 
     shape = model_shape_of(cfg.policy.model, vocab_size=int(tokenizer.vocab_size))
@@ -144,27 +102,11 @@ def run_model_shape(cfg: Any, tokenizer: Any) -> dict[str, int]:
     return dict(sorted(shape.items()))
 
 
-def data_plane_kind(data_plane_cfg: Any) -> str:
-    """``disabled``, ``local`` or ``tq``: the kind of ``validate_config(cfg).data_plane`` (checkpoints record it)."""
-    from nemo_dp.data_plane.registry import backend_for_config
-
-    return backend_for_config(data_plane_cfg).kind
-
-
 @dataclass
 class RunStart:
-    """Where a run starts, decided on the driver before anything is written.
-
-    Attributes:
-        model_shape: :func:`run_model_shape`.
-        resume: The resolved ``checkpointing.resume_from`` (``None`` = fresh start).
-        init_from: The resolved ``policy.init_from`` of a fresh run (``None`` when unset or
-            when the run resumes).
-        decision: The run-directory decision (``commit`` performs it).
-        start_states: One loaded checkpoint state (or ``None``) per phase.
-        first: Index of the first phase to run.
-        lines: Log lines describing the decisions.
-    """
+    """Where a run starts, decided on the driver before anything is written: the resolved ``resume``
+    (``None``: fresh) or ``init_from`` (a fresh run's only), one loaded state (or ``None``) per phase,
+    the index of the first phase to run and log lines describing the decisions."""
 
     phases: list[Phase]
     model_shape: dict[str, int]
@@ -178,51 +120,40 @@ class RunStart:
 
     @property
     def run_id(self) -> str:
-        """The id this run records in its checkpoints and ``run.json``."""
         return self.decision.run_id
 
     def commit(self, run_dir: Path, metrics_file: str) -> list[str]:
-        """Perform the run-directory decision and continue a resumed run's metrics history.
-
-        Returns log lines of what was written, moved or removed.
-        """
+        """Perform the run-directory decision and continue a resumed run's metrics; return log lines."""
         lines = list(self.decision.commit())
         lines.append(self.decision.message)
         if self.resume is not None and self.resume.run_dir is not None:
-            for report in continue_history(
+            reports = continue_history(
                 source_run_dir=self.resume.run_dir,
                 run_dir=run_dir,
                 phase_subdirs=[p.out_subdir for p in self.phases],
                 resume_phase_index=self.resume.phase_index,
                 resume_step=self.resume.step,
                 metrics_file=metrics_file,
-            ):
-                lines.append(report.describe())
+            )
+            lines.extend(report.describe() for report in reports)
         return lines
-
-
-def _phase_algorithms(phases: list[Phase]) -> Mapping[str, str]:
-    return {p.name: str(p.cfg.algorithm.name) for p in phases}
 
 
 def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> RunStart:
     """Resolve resume / init_from and claim the run directory (writes nothing).
 
-    Args:
-        validated: ``validate_config(cfg)``.
-        tokenizer: Its vocabulary is part of the model shape.
-
     Raises:
         nemo_dp.training.resume.ResumeError: ``resume_from`` / ``init_from`` holds no usable
-            checkpoint for this run (the message says what it found), or the checkpoint
-            belongs to another algorithm, phase, model shape or data plane (naming the keys).
+            checkpoint for this run, or one of another algorithm, phase, model shape or data plane.
         nemo_dp.training.run_dir.RunDirError: ``run_dir`` holds another run's outputs.
         nemo_dp.utils.manifest.CheckpointCorruptError: A checkpoint file is damaged (by path).
     """
+    from nemo_dp.data_plane.registry import backend_for_config
+
     phases = plan_phases(cfg)
     ck = validated.checkpointing
     shape = run_model_shape(cfg, tokenizer)
-    kind = data_plane_kind(validated.data_plane)
+    kind = backend_for_config(validated.data_plane).kind  # the backend kind checkpoints record
     lines: list[str] = []
     plan = None
     if ck.resume_from is not None:
@@ -230,7 +161,7 @@ def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> R
             ck.resume_from,
             phase_names=[p.name for p in phases],
             algorithm=str(cfg.algorithm.name),
-            phase_algorithms=_phase_algorithms(phases),
+            phase_algorithms={p.name: str(p.cfg.algorithm.name) for p in phases},
             data_plane=kind,
             model_shape=shape,
             checkpoint_dir_name=ck.checkpoint_dir,
@@ -248,10 +179,7 @@ def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> R
             )
         else:
             init = resolve_init_from(
-                str(init_from),
-                model_shape=shape,
-                checkpoint_dir_name=ck.checkpoint_dir,
-                required_files=REQUIRED_FILES,
+                str(init_from), model_shape=shape, checkpoint_dir_name=ck.checkpoint_dir, required_files=REQUIRED_FILES
             )
             lines.append(init.describe())
     decision = claim_run_dir(
@@ -262,13 +190,8 @@ def plan_run_start(cfg: Any, validated: Any, run_dir: Path, tokenizer: Any) -> R
         phase_names=[p.name for p in phases],
         overwrite=bool(ck.overwrite),
     )
-    start_states: list[dict[str, Any] | None] = []
-    for p in phases:
-        path = None if plan is None else plan.start_checkpoint(p.name)
-        state = None if path is None else load_training_checkpoint(path)
-        if state is not None and path is not None:
-            state["checkpoint_path"] = str(path)
-        start_states.append(state)
+    paths = [None if plan is None else plan.start_checkpoint(p.name) for p in phases]
+    start_states = [None if path is None else load_checkpoint_state(path) for path in paths]
     return RunStart(
         phases=phases,
         model_shape=shape,

@@ -1,17 +1,14 @@
-"""Hints printed when Hydra cannot compose a run: which recipe an ``algorithm=<x>`` needs.
-
-:func:`recipe_hint_on_failure` adds them (and ``nemo_dp.config.hints``' own) to the error.
-"""
+"""Hints printed when Hydra cannot compose a run: which recipe an ``algorithm=<x>`` needs."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["recipe_algorithm", "recipe_hint", "recipe_hint_on_failure"]
+__all__ = ["override_value", "recipe_algorithm", "recipe_hint", "recipe_hint_on_failure"]
 
 
 def recipe_algorithm(recipe_path: str | os.PathLike[str]) -> str | None:
@@ -27,7 +24,8 @@ def recipe_algorithm(recipe_path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def _override_value(overrides: list[str], key: str) -> str | None:
+def override_value(overrides: Sequence[str], key: str) -> str | None:
+    """The value of the first ``key=value`` (or ``+key=value``) override, or ``None``."""
     for item in overrides:
         name, sep, value = item.partition("=")
         if sep and name.lstrip("+") == key:
@@ -35,23 +33,13 @@ def _override_value(overrides: list[str], key: str) -> str | None:
     return None
 
 
-def recipe_hint(
-    overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str
-) -> str | None:
-    """A hint for ``algorithm=<x>`` given without a recipe that the default recipe cannot serve.
-
-    Args:
-        overrides: The command-line overrides (``sys.argv[1:]``).
-        default_recipe: The root config's default ``recipe`` choice.
-
-    Returns:
-        The hint, or ``None`` when a recipe is chosen (``recipe=...``, ``~recipe``) or the
-        chosen algorithm is the default recipe's.
-    """
+def recipe_hint(overrides: list[str], *, recipes_dir: str | os.PathLike[str], default_recipe: str) -> str | None:
+    """A hint for ``algorithm=<x>`` given (in ``sys.argv[1:]``) without a recipe that the default recipe
+    cannot serve; ``None`` when a recipe is chosen or the algorithm is the default recipe's."""
     from nemo_dp.config import CONF_DIR
     from nemo_dp.config.hints import group_options
 
-    algorithm = _override_value(overrides, "algorithm")
+    algorithm = override_value(overrides, "algorithm")
     if algorithm is None or any(o.lstrip("+~").startswith("recipe") for o in overrides):
         return None
     if algorithm not in (group_options(CONF_DIR, "algorithm") or ()):
@@ -75,12 +63,9 @@ def recipe_hint_on_failure(
     """Print :func:`recipe_hint` (same arguments) when the block exits with an error (Hydra's exit status 1)."""
     try:
         yield
-    except SystemExit as exc:
-        if exc.code not in (0, None):
+    except (SystemExit, Exception) as exc:
+        if not isinstance(exc, SystemExit) or exc.code not in (0, None):
             _print_hint(overrides, recipes_dir, default_recipe)
-        raise
-    except Exception:
-        _print_hint(overrides, recipes_dir, default_recipe)
         raise
 
 

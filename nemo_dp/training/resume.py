@@ -1,10 +1,5 @@
-"""Resolution of ``checkpointing.resume_from`` and ``policy.init_from``, on the driver.
-
-Every accepted path form (run directory, checkpoints root, phase root, step directory) resolves to
-exactly one checkpoint, else :class:`ResumeError` is raised before Ray starts.  A checkpoint whose
-``checkpoint_meta.json`` (:class:`CheckpointMeta`) differs from this run is refused
-(:class:`CheckpointMismatchError`).
-"""
+"""Resolution of ``checkpointing.resume_from`` and ``policy.init_from`` to exactly one checkpoint, on the
+driver before Ray starts; a checkpoint whose ``checkpoint_meta.json`` differs from this run is refused."""
 
 from __future__ import annotations
 
@@ -31,7 +26,6 @@ __all__ = [
     "CHECKPOINT_META_NAME",
     "CHECKPOINT_META_FORMAT",
     "CHECKPOINT_META_VERSION",
-    "DEFAULT_REQUIRED_FILES",
     "WARM_START_PHASE",
     "ResumeError",
     "CheckpointMismatchError",
@@ -52,8 +46,6 @@ __all__ = [
 CHECKPOINT_META_NAME = "checkpoint_meta.json"
 CHECKPOINT_META_FORMAT = "nemo_dp.checkpoint_meta"
 CHECKPOINT_META_VERSION = 1
-#: Files a committed training checkpoint holds (format manifest, typed state, tensor table).
-DEFAULT_REQUIRED_FILES: tuple[str, ...] = REQUIRED_FILES
 #: Phase name of an RL run's SFT warm start (its checkpoints are SFT checkpoints).
 WARM_START_PHASE = "warm_start"
 _RESUME_KEY = "checkpointing.resume_from"
@@ -62,36 +54,18 @@ _INIT_KEY = "policy.init_from"
 
 
 class CheckpointMismatchError(ResumeError):
-    """A checkpoint belongs to another algorithm, phase, model shape or data-plane backend.
-
-    Attributes:
-        differing: ``{meta key: (checkpoint value, this run's value)}``.
-    """
+    """A checkpoint of another algorithm, phase, model or backend (``differing``: ``{key: (its, ours)}``)."""
 
     def __init__(self, message: str, differing: Mapping[str, tuple[Any, Any]]) -> None:
         super().__init__(message)
         self.differing = dict(differing)
 
 
-# --- checkpoint metadata ---
-
-
 @dataclass(frozen=True)
 class CheckpointMeta:
-    """What a checkpoint belongs to (``checkpoint_meta.json``).
-
-    Attributes:
-        algorithm: ``algorithm.name`` of the phase that wrote it (``sft`` for a warm start).
-        phase: Phase name (``sft``, ``grpo``, ``ppo``, ``warm_start``).
-        model_shape: Integer shape keys of ``policy.model`` (plus ``vocab_size``).
-        data_plane: Data-plane backend choice (``disabled``, ``local``, ``tq``).
-        run_id: Id of the run that wrote it.
-        step: Training step of the checkpoint.
-        format_version: Layout version of this file.
-        settings: The run's settings a resume must keep, by config key (``policy.dp_size``,
-            ``algorithm.async_rollout.enabled``, ``architecture``: see :func:`run_settings`);
-            empty in checkpoints written before they were recorded.
-    """
+    """What a checkpoint belongs to (``checkpoint_meta.json``): ``algorithm.name`` of the phase that wrote
+    it (``sft`` for a warm start), model shape, data-plane backend, run and step, and the settings a
+    resume must keep (:func:`run_settings`; empty in checkpoints written before they were recorded)."""
 
     algorithm: str
     phase: str
@@ -103,35 +77,24 @@ class CheckpointMeta:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object written to disk: ``{"format": ..., **fields}``."""
-        return {"format": CHECKPOINT_META_FORMAT, **asdict(self)}
+            return {"format": CHECKPOINT_META_FORMAT, **asdict(self)}
 
 
 def model_shape_of(model_cfg: Mapping[str, Any] | Any, **extra: int) -> dict[str, int]:
-    """The integer shape keys of a ``policy.model`` node (what a state dict's sizes follow).
-
-    Args:
-        model_cfg: A DictConfig, dataclass or mapping.
-        **extra: Further shape keys not in the node (``vocab_size=tokenizer.vocab_size``).
-
-    Returns:
-        ``{key: int}`` of every int (not bool) entry, plus ``extra``, sorted by key.
-    """
-    if hasattr(model_cfg, "items"):
-        items = dict(model_cfg.items())
-    else:
-        items = dict(vars(model_cfg))
+    """``{key: int}`` of every int (not bool) entry of a ``policy.model`` node (DictConfig, dataclass or
+    mapping), plus ``extra`` keys (``vocab_size=...``), sorted by key."""
+    items = dict(model_cfg.items()) if hasattr(model_cfg, "items") else dict(vars(model_cfg))
     shape = {str(k): int(v) for k, v in items.items() if isinstance(v, int) and not isinstance(v, bool)}
     shape.update({k: int(v) for k, v in extra.items()})
     return dict(sorted(shape.items()))
 
 
-#: The config keys a resume must keep, read from a phase's root config (absent keys skipped).
+#: The config keys a resume must keep (absent keys skipped).
 _KEPT_KEYS: tuple[str, ...] = ("policy.dp_size", "algorithm.async_rollout.enabled")
 
 
 def _architecture(policy_cfg: Any) -> str | None:
-    """The model architecture a policy node builds: ``config.json``'s, or the policy kind."""
+    """``config.json``'s architectures of a policy node, or its kind."""
     kind = _select(policy_cfg, "kind")
     path = _select(policy_cfg, "model_name_or_path")
     config_json = None if path is None else Path(str(path)) / "config.json"
@@ -161,14 +124,8 @@ def _select(node: Any, dotted: str) -> Any:
 
 
 def run_settings(phase_cfg: Any) -> dict[str, Any]:
-    """The settings of a phase (root config) that its checkpoints record and a resume must keep.
-
-    ``policy.dp_size`` (one RNG stream and optimizer shard per worker),
-    ``algorithm.async_rollout.enabled`` (the asynchronous and synchronous GRPO trainers keep
-    different state) when the algorithm has it, and ``architecture`` (the model directory's
-    ``config.json`` architectures, or the policy kind for the tiny model). Returns
-    ``{key: JSON scalar}`` of the keys the config has.
-    """
+    """``{key: JSON scalar}`` of a phase config's settings that a resume must keep: ``policy.dp_size`` (RNG
+    streams, optimizer shards), ``algorithm.async_rollout.enabled`` (trainer state) and ``architecture``."""
     out: dict[str, Any] = {}
     for key in _KEPT_KEYS:
         value = _select(phase_cfg, key)
@@ -181,14 +138,14 @@ def run_settings(phase_cfg: Any) -> dict[str, Any]:
 
 
 def write_checkpoint_meta(checkpoint_dir: str | os.PathLike[str], meta: CheckpointMeta) -> Path:
-    """Write ``checkpoint_meta.json`` into a checkpoint directory before its atomic commit; return its path."""
+    """Write ``checkpoint_meta.json`` into a checkpoint directory (before its atomic commit); return its path."""
     path = Path(checkpoint_dir) / CHECKPOINT_META_NAME
     path.write_text(json.dumps(meta.to_json(), indent=1, sort_keys=True), encoding="utf-8")
     return path
 
 
 def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMeta | None:
-    """Read a step directory's metadata; ``None`` when it has no metadata file.
+    """A step directory's metadata, or ``None`` when it has no metadata file.
 
     Raises:
         ResumeError: The file exists but is not valid metadata (names the file and field).
@@ -201,17 +158,9 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
         raise ResumeError(f"{path}: not a checkpoint metadata file (format {CHECKPOINT_META_FORMAT!r})")
     if raw.get("format_version") != CHECKPOINT_META_VERSION:
         raise ResumeError(
-            f"{path}: unsupported format_version {raw.get('format_version')!r}; "
-            f"supported: [{CHECKPOINT_META_VERSION}]"
+            f"{path}: unsupported format_version {raw.get('format_version')!r}; supported: [{CHECKPOINT_META_VERSION}]"
         )
-    types = {
-        "algorithm": str,
-        "phase": str,
-        "data_plane": str,
-        "run_id": str,
-        "step": int,
-        "model_shape": dict,
-    }
+    types = {"algorithm": str, "phase": str, "data_plane": str, "run_id": str, "step": int, "model_shape": dict}
     for key, typ in types.items():
         if not isinstance(raw.get(key), typ) or isinstance(raw.get(key), bool):
             raise ResumeError(f"{path}: field {key!r} must be a {typ.__name__}, got {raw.get(key)!r}")
@@ -224,14 +173,7 @@ def read_checkpoint_meta(checkpoint_dir: str | os.PathLike[str]) -> CheckpointMe
     ):
         raise ResumeError(f"{path}: field 'settings' must map config keys to JSON scalars, got {settings!r}")
     return CheckpointMeta(
-        algorithm=raw["algorithm"],
-        phase=raw["phase"],
-        model_shape=dict(shape),
-        data_plane=raw["data_plane"],
-        run_id=raw["run_id"],
-        step=raw["step"],
-        format_version=raw["format_version"],
-        settings=dict(settings),
+        **{key: raw[key] for key in types}, format_version=raw["format_version"], settings=dict(settings)
     )
 
 
@@ -248,15 +190,11 @@ def _config_key(meta_key: str) -> str:
 
 def _shape_diff(ckpt: Mapping[str, int], run: Mapping[str, int]) -> dict[str, tuple[Any, Any]]:
     return {
-        f"model_shape.{k}": (ckpt.get(k), run.get(k))
-        for k in sorted(set(ckpt) | set(run))
-        if ckpt.get(k) != run.get(k)
+        f"model_shape.{k}": (ckpt.get(k), run.get(k)) for k in sorted(set(ckpt) | set(run)) if ckpt.get(k) != run.get(k)
     }
 
 
-def _mismatch(
-    where: Path, key: str, differing: Mapping[str, tuple[Any, Any]], hint: str
-) -> CheckpointMismatchError:
+def _mismatch(where: Path, key: str, differing: Mapping[str, tuple[Any, Any]], hint: str) -> CheckpointMismatchError:
     parts = [f"{k}: checkpoint {c!r}, this run {r!r} ({_config_key(k)})" for k, (c, r) in differing.items()]
     return CheckpointMismatchError(
         f"{key}: checkpoint {where} does not belong to this run; differing keys: "
@@ -277,19 +215,13 @@ def check_checkpoint_meta(
 ) -> None:
     """Refuse a checkpoint written for another algorithm, phase, backend, model or settings.
 
-    Args:
-        where: The checkpoint directory (for the message).
-        model_shape: This run's model shape (:func:`model_shape_of`).
-        settings: This phase's :func:`run_settings`; a key is compared only when both the
-            checkpoint and the run record it.
+    A ``settings`` key (:func:`run_settings`) is compared only when both sides record it.
 
     Raises:
         CheckpointMismatchError: Naming every differing key, both values and the config key to change.
     """
-    differing: dict[str, tuple[Any, Any]] = {}
-    for key, run_value in (("algorithm", algorithm), ("phase", phase), ("data_plane", data_plane)):
-        if getattr(meta, key) != run_value:
-            differing[key] = (getattr(meta, key), run_value)
+    ours = {"algorithm": algorithm, "phase": phase, "data_plane": data_plane}
+    differing = {key: (getattr(meta, key), value) for key, value in ours.items() if getattr(meta, key) != value}
     differing.update(_shape_diff(meta.model_shape, model_shape))
     for key, run_value in (settings or {}).items():
         if key in meta.settings and meta.settings[key] != run_value:
@@ -299,9 +231,6 @@ def check_checkpoint_meta(
         if "algorithm" in differing or "phase" in differing:
             hint += f" (to start from its weights only, set {_INIT_KEY}={where})"
         raise _mismatch(Path(where), _RESUME_KEY, differing, hint + ".")
-
-
-# --- checking a step directory ---
 
 
 def _pickle_reason(path: Path) -> str | None:
@@ -328,10 +257,7 @@ def _pickle_reason(path: Path) -> str | None:
 
 
 def refuse_pickles(step_dir: str | os.PathLike[str], key: str) -> None:
-    """Refuse a checkpoint that holds a pickle anywhere, without loading any of its files.
-
-    No nemo_dp checkpoint writes one, and unpickling one can run code. ``key`` is the config key
-    that named ``step_dir`` (for the message).
+    """Refuse a checkpoint that holds a pickle anywhere (unpickling can run code), loading none of its files.
 
     Raises:
         ResumeError: Naming the first such file.
@@ -356,47 +282,27 @@ def check_checkpoint_dir(
 ) -> None:
     """The checks every loader of a step directory runs before reading it (resume, init, eval).
 
-    Args:
-        key: The config key that named it (for the messages).
-        verify_integrity: Verify its file manifest (sizes and SHA-256) when it has one.
+    ``verify_integrity`` verifies its manifest (sizes, SHA-256) if any.
 
     Raises:
         ResumeError: A required file is missing, or the checkpoint holds a pickle.
         nemo_dp.utils.manifest.CheckpointCorruptError: A file is missing, truncated or altered.
     """
-    _check_step_dir(Path(step_dir), key, required_files, verify_integrity)
-
-
-def _check_step_dir(step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool) -> None:
-    missing = missing_files(step_dir, required)
+    step_dir = Path(step_dir)
+    missing = missing_files(step_dir, required_files)
     if missing:
-        raise ResumeError(
-            f"{key}: step directory {step_dir} is missing {missing}; it is not a complete checkpoint"
-        )
+        raise ResumeError(f"{key}: step directory {step_dir} is missing {missing}; it is not a complete checkpoint")
     if verify_integrity and has_manifest(step_dir):
         verify_manifest(step_dir)
     refuse_pickles(step_dir, key)
 
 
-# --- resume ---
-
-
 @dataclass(frozen=True)
 class ResumePlan:
-    """The one checkpoint a run resumes from, and how it was found.
+    """The one checkpoint (step directory) a run resumes from, and how the given ``source`` was read.
 
-    Attributes:
-        source: The given path (absolute).
-        source_kind: ``run directory``, ``checkpoints root``, ``phase root`` or ``step directory``.
-        checkpoints_root: The checkpoints root holding the checkpoint.
-        run_dir: The run directory owning that root (``None`` when it is not
-            ``<run>/<checkpoint_dir>``).
-        phase: The phase to resume (earlier phases are skipped).
-        phase_index: Its index in the run's phases.
-        checkpoint: The step directory to load.
-        step: Its step number.
-        meta: Its metadata (``None`` for a checkpoint written before metadata existed).
-        notes: Extra facts for the log line (unchecked compatibility, ignored phases).
+    ``run_dir`` is ``None`` when the checkpoints root is not ``<run>/<checkpoint_dir>``; ``meta`` is
+    ``None`` for a checkpoint written before metadata existed; ``notes`` extend the log line.
     """
 
     source: Path
@@ -411,7 +317,7 @@ class ResumePlan:
     notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """The log line: ``"resume: checkpointing.resume_from=<src> (<kind>) -> phase ... step ... at ..."``."""
+        """The log line (``resume: checkpointing.resume_from=...``)."""
         who = f", written by run {self.meta.run_id}" if self.meta is not None else ""
         notes = "".join(f"; {n}" for n in self.notes)
         return (
@@ -420,12 +326,8 @@ class ResumePlan:
         )
 
     def start_checkpoint(self, phase_name: str) -> Path | None:
-        """The checkpoint a phase starts from: :attr:`checkpoint` for the resumed phase, else ``None``."""
+        """:attr:`checkpoint` for the resumed phase, else ``None``."""
         return self.checkpoint if phase_name == self.phase else None
-
-
-def _default_phase_algorithms(phase_names: Sequence[str], algorithm: str) -> dict[str, str]:
-    return {p: ("sft" if p == WARM_START_PHASE else algorithm) for p in phase_names}
 
 
 def resolve_resume(
@@ -437,7 +339,7 @@ def resolve_resume(
     model_shape: Mapping[str, int],
     phase_algorithms: Mapping[str, str] | None = None,
     checkpoint_dir_name: str = "checkpoints",
-    required_files: Sequence[str] = DEFAULT_REQUIRED_FILES,
+    required_files: Sequence[str] = REQUIRED_FILES,
     verify_integrity: bool = True,
     phase_settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ResumePlan:
@@ -446,16 +348,9 @@ def resolve_resume(
     The latest phase (in run order) that has checkpoints is resumed, from its newest step
     directory; a newest step directory that is incomplete is refused rather than skipped.
 
-    Args:
-        resume_from: A run directory, its checkpoints root, a phase root or a step directory.
-        phase_names: This run's phases in execution order (``["warm_start", "grpo"]``).
-        data_plane: ``disabled``, ``local`` or ``tq``.
-        phase_algorithms: Default: ``sft`` for ``warm_start``, ``algorithm`` for the others.
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` (how a run directory's root is named).
-        phase_settings: :func:`run_settings` per phase, compared with the checkpoint's.
-
-    Returns:
-        The plan; log :meth:`ResumePlan.describe`.
+    ``resume_from`` is a run directory, its checkpoints root, a phase root or a step directory;
+    ``phase_names`` are in run order; ``phase_algorithms`` default to ``sft`` for ``warm_start``, else
+    ``algorithm``.
 
     Raises:
         ValueError: ``phase_names`` is empty.
@@ -468,16 +363,14 @@ def resolve_resume(
     algos = (
         dict(phase_algorithms)
         if phase_algorithms is not None
-        else _default_phase_algorithms(phase_names, algorithm)
+        else {p: ("sft" if p == WARM_START_PHASE else algorithm) for p in phase_names}
     )
     key = _RESUME_KEY
     loc = locate_checkpoint(resume_from, key, checkpoint_dir_name)
     notes: list[str] = []
     if loc.step_dir is not None:
         step_dir = loc.step_dir
-        _check_step_dir(step_dir, key, required_files, verify_integrity)
-        meta = read_checkpoint_meta(step_dir)
-        phase = meta.phase if meta is not None else step_dir.parent.name
+        meta, phase = _checked_meta(step_dir, key, required_files, verify_integrity)
         step = step_of(step_dir)
         if phase not in phase_names:
             raise _foreign_phase(key, step_dir, [phase], phase_names, algorithm)
@@ -490,8 +383,7 @@ def resolve_resume(
         if ignored:
             notes.append(f"ignored checkpoints of other phases {ignored}")
         step, step_dir = newest_usable_step(loc.phase_roots[phase], key, required_files)
-        _check_step_dir(step_dir, key, required_files, verify_integrity)
-        meta = read_checkpoint_meta(step_dir)
+        meta, _ = _checked_meta(step_dir, key, required_files, verify_integrity)
     if meta is None:
         notes.append(
             f"no {CHECKPOINT_META_NAME} (written before checkpoint metadata existed): algorithm, "
@@ -524,14 +416,22 @@ def resolve_resume(
     )
 
 
+def _checked_meta(
+    step_dir: Path, key: str, required: Sequence[str], verify_integrity: bool
+) -> tuple[CheckpointMeta | None, str]:
+    """:func:`check_checkpoint_dir`, then the metadata and the phase (the parent's name without it)."""
+    check_checkpoint_dir(step_dir, key=key, required_files=required, verify_integrity=verify_integrity)
+    meta = read_checkpoint_meta(step_dir)
+    return meta, meta.phase if meta is not None else step_dir.parent.name
+
+
 def _foreign_phase(
     key: str, where: Path, found: Sequence[str], phase_names: Sequence[str], algorithm: str
 ) -> ResumeError:
     hint = ""
     if algorithm in ("grpo", "ppo"):
         hint = (
-            f"; to start this {algorithm.upper()} run from those weights set {_INIT_KEY}={where} "
-            f"and leave {key} unset"
+            f"; to start this {algorithm.upper()} run from those weights set {_INIT_KEY}={where} and leave {key} unset"
         )
     return ResumeError(
         f"{key}: {where} holds checkpoints of phase(s) {list(found)} only; this "
@@ -539,21 +439,12 @@ def _foreign_phase(
     )
 
 
-# --- init_from ---
-
-
 @dataclass(frozen=True)
 class InitFromPlan:
     """Where the initial policy weights of a fresh run come from (``policy.init_from``).
 
-    Attributes:
-        source: The given path (absolute).
-        checkpoint: The step directory.
-        phase: The phase that wrote it.
-        step: Its step.
-        weights: The weights location inside it (``checkpoint`` itself when the format keeps
-            the weights in its state file).
-        meta: Its metadata (``None`` for an older checkpoint).
+    ``weights`` is their location inside the step directory ``checkpoint`` (``checkpoint`` itself
+    when the format keeps them in its state file); ``meta`` is ``None`` for an older checkpoint.
     """
 
     source: Path
@@ -564,7 +455,7 @@ class InitFromPlan:
     meta: CheckpointMeta | None
 
     def describe(self) -> str:
-        """The log line: ``"init_from: policy.init_from=<src> -> policy weights of phase ... step ... at ..."``."""
+        """The log line (``init_from: policy.init_from=...``)."""
         algo = f" ({self.meta.algorithm}, run {self.meta.run_id})" if self.meta is not None else ""
         return (
             f"init_from: {_INIT_KEY}={self.source} -> policy weights of phase {self.phase!r}"
@@ -577,25 +468,16 @@ def resolve_init_from(
     *,
     model_shape: Mapping[str, int],
     checkpoint_dir_name: str = "checkpoints",
-    required_files: Sequence[str] = DEFAULT_REQUIRED_FILES,
+    required_files: Sequence[str] = REQUIRED_FILES,
     weights_subdir: str | None = None,
     verify_integrity: bool = True,
 ) -> InitFromPlan:
-    """Resolve ``policy.init_from`` to the policy weights of one checkpoint.
+    """Resolve ``policy.init_from`` (any form ``resume_from`` takes) to the policy weights of one checkpoint.
 
-    A run directory or checkpoints root holding several phases resolves to its final phase:
-    the one that is not ``warm_start`` (a warm start precedes its RL phase); more than one
-    such phase is ambiguous and refused.
+    Several phases resolve to the one that is not ``warm_start``; more than one such is refused.
 
-    Args:
-        init_from: A run directory, its checkpoints root, a phase root or a step directory.
-        model_shape: This run's model shape; the checkpoint's must be equal.
-        checkpoint_dir_name: ``checkpointing.checkpoint_dir`` of the source run.
-        weights_subdir: Sub-directory of the step directory holding the policy weights
-            (HF-style formats); ``None`` when they live in the state file.
-
-    Returns:
-        The plan; log :meth:`InitFromPlan.describe`.
+    ``model_shape`` must equal the checkpoint's; ``weights_subdir`` is the step directory's
+    sub-directory holding the policy weights (``None``: they live in the state file).
 
     Raises:
         ResumeError: No usable checkpoint, an ambiguous choice of phase, or no weights there.
@@ -616,9 +498,7 @@ def resolve_init_from(
             )
         phase_name = finals[0] if finals else WARM_START_PHASE
         step, step_dir = newest_usable_step(loc.phase_roots[phase_name], key, required_files)
-    _check_step_dir(step_dir, key, required_files, verify_integrity)
-    meta = read_checkpoint_meta(step_dir)
-    phase = meta.phase if meta is not None else step_dir.parent.name
+    meta, phase = _checked_meta(step_dir, key, required_files, verify_integrity)
     if meta is not None:
         differing = _shape_diff(meta.model_shape, model_shape)
         if differing:

@@ -1,8 +1,4 @@
-"""The run layer: ``run_phase`` trains one phase, ``run_phases`` a whole run.
-
-``run_phases`` plans the phases, checks everything that can fail on the driver, starts Ray, only
-then claims the run directory, builds the policy, runs each phase and writes the summary.
-"""
+"""The run layer: ``run_phase`` trains one phase, ``run_phases`` a whole run."""
 
 from __future__ import annotations
 
@@ -44,9 +40,7 @@ def make_tokenizer(cfg: Any) -> Any:
 
 
 def build_inputs(cfg: Any, tokenizer: Any | None = None) -> TrainerInputs:
-    """The loader, held-out problems and environment of a phase's root config.
-
-    Built by the algorithm registry entry's ``AlgorithmSpec.input_builder``.
+    """The loader, held-out problems and environment of a phase's root config (``AlgorithmSpec.input_builder``).
 
     Raises:
         ValueError: ``algorithm.name`` is not a registered algorithm (naming the legal names).
@@ -56,14 +50,8 @@ def build_inputs(cfg: Any, tokenizer: Any | None = None) -> TrainerInputs:
 
 
 def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = None) -> Any:
-    """The policy worker group the config's data plane asks for (through the factory).
-
-    Args:
-        env_vars: Environment for the workers (``ray_session`` / ``init_ray`` output).
-
-    Returns:
-        A plain ``Policy`` (data plane disabled) or the factory's data-plane policy.
-    """
+    """A plain ``Policy`` (data plane disabled) or the data-plane factory's policy; ``env_vars`` is the
+    workers' environment (``ray_session`` / ``init_ray`` output)."""
     from nemo_dp.distributed.worker_group import RayCluster
     from nemo_dp.models.policy import Policy
 
@@ -80,15 +68,9 @@ def make_policy(cfg: Any, tokenizer: Any, *, env_vars: dict[str, str] | None = N
     return Policy(**kwargs) if factory is None else factory(**kwargs)
 
 
-def phase_logger(
-    phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = None, health: Any = None
-) -> RunLogger:
-    """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group).
-
-    Args:
-        tracker: Experiment trackers that also receive every step's record (or ``None``).
-        health: A training-health detector (``nemo_dp.training.health``) fed every record.
-    """
+def phase_logger(phase: Phase, run_dir: Path, logger_cfg: Any, tracker: Any = None, health: Any = None) -> RunLogger:
+    """The ``RunLogger`` of a phase under ``run_dir`` (the ``logger`` config group), feeding ``tracker``
+    and the ``health`` detector every record."""
     return RunLogger(
         Path(run_dir) / phase.out_subdir,
         metrics_file=str(logger_cfg.metrics_file),
@@ -105,26 +87,17 @@ def phase_health(phase: Phase) -> Any:
     """The training-health detector of a phase: a ``ZeroAdvantageDetector`` for GRPO, else ``None``."""
     from nemo_dp.training.health import ZeroAdvantageDetector
 
-    algo = phase.cfg.algorithm
-    if str(algo.name) != "grpo":
+    if str(phase.cfg.algorithm.name) != "grpo":
         return None
     return ZeroAdvantageDetector(
         warm_start_enabled=bool(OmegaConf.select(phase.cfg, "algorithm.warm_start.enabled", default=False)),
-        dynamic_sampling_enabled=bool(
-            OmegaConf.select(phase.cfg, "algorithm.dynamic_sampling.enabled", default=False)
-        ),
+        dynamic_sampling_enabled=bool(OmegaConf.select(phase.cfg, "algorithm.dynamic_sampling.enabled", default=False)),
     )
 
 
-def phase_checkpointer(
-    phase: Phase, ckpt_root: Path, ckpt_cfg: Any, start: RunStart | None = None
-) -> Checkpointer:
-    """The ``Checkpointer`` of a phase under ``ckpt_root/<phase name>``.
-
-    Args:
-        start: The run's start decisions; when given, every checkpoint records what it belongs
-            to (``checkpoint_meta.json``) and carries a file manifest.
-    """
+def phase_checkpointer(phase: Phase, ckpt_root: Path, ckpt_cfg: Any, start: RunStart | None = None) -> Checkpointer:
+    """The ``Checkpointer`` of a phase under ``ckpt_root/<phase name>``; with ``start``, every checkpoint
+    records what it belongs to (``checkpoint_meta.json``) and carries a file manifest."""
     finalize = None
     if start is not None:
         finalize = checkpoint_finalizer(
@@ -155,18 +128,8 @@ def run_phase(
     hooks: TrainHooks | None = None,
     trainer: Callable[[TrainContext], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Train one phase on ``policy``.
-
-    Args:
-        phase: Its ``cfg`` selects the trainer and the inputs.
-        policy: Built by ``make_policy`` for the run's data plane.
-        start_state: A loaded checkpoint to resume from, or ``None``.
-        trainer: The trainer, when the caller already selected it with ``select_sync_trainer``
-            (selected now otherwise).
-
-    Returns:
-        The trainer's result plus ``wall_time_s`` and ``num_val_problems``.
-    """
+    """Train one phase on ``policy`` (from ``start_state``, a loaded checkpoint, if given); the trainer's
+    result plus ``wall_time_s`` and ``num_val_problems``."""
     if trainer is None:
         trainer = select_sync_trainer(phase.cfg, label=phase.label)
     inputs = build_inputs(phase.cfg, tokenizer)
@@ -191,56 +154,28 @@ def run_phase(
         failed = find_reward_error(exc)
         if failed is None:
             raise
-        # A reward function failed (on the driver or in a worker): one message naming it, the
-        # sample and the step under way.
+        # A reward function failed (driver or worker): one message naming it, the sample and the step.
         raise failed.with_step(int(getattr(logger, "last_step", 0)) + 1) from exc
     result["wall_time_s"] = time.perf_counter() - t0
     result["num_val_problems"] = len(inputs.val_problems)
     return result
 
 
-def _choices() -> dict[str, Any]:
-    from hydra.core.hydra_config import HydraConfig
-
-    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-
-
 def run_phases(
-    cfg: Any,
-    validated: Any,
-    run_dir: Path,
-    *,
-    hooks: TrainHooks | None = None,
-    record: Any = None,
+    cfg: Any, validated: Any, run_dir: Path, *, hooks: TrainHooks | None = None, record: Any = None
 ) -> dict[str, Any]:
-    """Run every phase of a validated, preflighted config; write the run's outputs.
+    """Run every phase of a validated, preflighted config into ``run_dir``; return the run summary.
 
-    Every phase's trainer is selected (and imported) before Ray starts; Ray has its own
-    lifetime per call (``ray_session``, torn down in ``finally``), so ``--multirun`` jobs are
-    isolated.  ``run_dir`` receives the resolved config, each phase's metrics / plot,
-    checkpoints and ``summary.json``.
-
-    Args:
-        validated: ``validate_config(cfg)`` (typed view: cluster, logger, checkpointing).
-        hooks: Injected callbacks for every phase's trainer.
-        record: The launcher's ``nemo_dp.training.run_record.RunRecord``: marked started once
-            Ray is up and the run directory is claimed (a failure before, Ray start-up and the
-            cluster join included, is a configuration error that leaves the run directory as
-            it was; after, a failed run with a summary and plots), it holds the summary so far
-            and every phase's metrics file.
-
-    Returns:
-        The run summary: ``run_dir``, ``run_id``, ``status``, ``phases`` (each phase's
-        result), ``wall_time_s`` and, for a warm-started run with both accuracies,
-        ``accuracy_gain``.
+    Ray lives for this call only. ``record`` (a ``RunRecord``) is marked started once Ray is up and
+    the run directory is claimed, and holds the summary so far and every phase's metrics file.
 
     Raises:
-        ValueError: A dataset, the model, ``checkpointing.resume_from``, ``policy.init_from`` or
-            the run directory is unusable (``ResumeError``, ``RunDirError``,
-            ``CheckpointCorruptError`` and the dataset errors are ``ValueError`` instances), raised
-            before Ray starts and before anything is written.
+        ValueError: A dataset, the model, ``resume_from``, ``init_from`` or the run directory is
+            unusable, raised before Ray starts and before anything is written.
         ClusterConnectError: The cluster to join cannot be reached (nothing written yet).
     """
+    from hydra.core.hydra_config import HydraConfig
+
     from nemo_dp.data.validation import validate_datasets
     from nemo_dp.environments.weighted import check_rewards
     from nemo_dp.models.builders import prepare_policy, validate_policy
@@ -249,8 +184,7 @@ def run_phases(
     t_start = time.perf_counter()
     run_dir = Path(run_dir)
     phases = plan_phases(cfg)
-    # Everything that can fail on the driver fails here, before a trainer is selected or Ray
-    # starts: optional tracker packages, the model directory and tokenizer, every dataset.
+    # Everything that can fail on the driver fails here, before a trainer is selected or Ray starts.
     check_trackers_available(cfg.logger)
     prepare_policy(cfg.policy)
     validate_policy(cfg.policy)
@@ -260,7 +194,7 @@ def run_phases(
         print(f"data: {line}", flush=True)
     check_rewards(cfg.env, report.reward_columns())
     desc = describe_selection(cfg)
-    choices = _choices()
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
     print(f"run directory: {run_dir}", flush=True)
     print(
         f"algorithm: {cfg.algorithm.name} | data plane: {choices.get('data_plane', '?')} "
@@ -271,8 +205,7 @@ def run_phases(
     for phase in phases:
         phase_desc = describe_selection(phase.cfg)
         print(
-            f"phase {phase.label}: trainer {phase_desc['trainer']} | policy factory "
-            f"{phase_desc['policy_factory']}",
+            f"phase {phase.label}: trainer {phase_desc['trainer']} | policy factory {phase_desc['policy_factory']}",
             flush=True,
         )
         trainers.append(select_sync_trainer(phase.cfg, label=phase.label))
@@ -281,8 +214,7 @@ def run_phases(
     for line in start.lines:
         print(line, flush=True)
     with _ray_for(cfg, validated) as worker_env, sigterm_as_interrupt() as term:
-        # Ray is up (started, or the cluster joined): the run is accepted, and only now does
-        # anything reach the run directory, so a refused run leaves it as it was.
+        # Ray is up: the run is accepted, and only now does anything reach the run directory.
         for line in start.commit(run_dir, str(validated.logger.metrics_file)):
             print(line, flush=True)
         (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -320,7 +252,6 @@ def run_phases(
 
 
 def _ray_for(cfg: Any, validated: Any) -> Any:
-    """The run's Ray session (``ray_session`` with the cluster keys and the data plane's needs)."""
     from nemo_dp.data_plane.registry import ray_start_args
     from nemo_dp.distributed.ray_init import ray_session
 
@@ -351,7 +282,7 @@ def _train_phases(
     worker_env: dict[str, str],
     term: Any,
 ) -> None:
-    """Build the policy on the running Ray, run the phases into ``summary`` (``run_phases``' body)."""
+    """Build the policy on the running Ray and run the phases into ``summary``."""
     from nemo_dp.distributed.ray_init import shutdown_ray
 
     first = start.first
@@ -397,8 +328,7 @@ def _train_phases(
                 flush=True,
             )
     finally:
-        # Teardown under the run's SIGTERM handler, to its end: a SIGTERM now is held until
-        # the workers, the data plane and Ray are down, then stops the run as usual.
+        # A SIGTERM now is held until the workers, the data plane and Ray are down.
         with term.deferred():
             policy.shutdown()
             shutdown_ray()
@@ -415,7 +345,7 @@ def _train_phases(
 
 
 def final_accuracy(summary: dict[str, Any]) -> float:
-    """The held-out accuracy after the ``run_phases`` summary's last phase (what a sweep maximises).
+    """The held-out accuracy after the run summary's last phase (what a sweep maximises).
 
     Raises:
         ValueError: The last phase recorded no held-out accuracy.

@@ -1,9 +1,5 @@
-"""One run per run directory, and a resumed run that continues its history.
-
-:func:`claim_run_dir` (no writes) decides ``fresh`` / ``resume_in_place`` / ``overwrite`` or
-raises :class:`RunDirError`; :meth:`RunDirDecision.commit` does the writes.
-:func:`continue_history` trims ``metrics.jsonl`` to the resumed step so the plot covers the whole run.
-"""
+"""One run per run directory (:func:`claim_run_dir` decides, :meth:`RunDirDecision.commit` writes), and a
+resumed run whose metrics continue the interrupted run's (:func:`continue_history`)."""
 
 from __future__ import annotations
 
@@ -63,25 +59,15 @@ def read_run_marker(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     raw = load_json(path, lambda exc: RunDirError(f"{path}: run marker is not valid JSON ({exc})"))
-    if (
-        not isinstance(raw, dict)
-        or raw.get("format") != RUN_MARKER_FORMAT
-        or not isinstance(raw.get("run_id"), str)
-    ):
+    if not isinstance(raw, dict) or raw.get("format") != RUN_MARKER_FORMAT or not isinstance(raw.get("run_id"), str):
         raise RunDirError(f"{path}: not a run marker (format {RUN_MARKER_FORMAT!r} with a str 'run_id')")
     return raw
 
 
 @dataclass
 class RunDirContents:
-    """The artefacts of earlier runs found in a run directory.
-
-    Attributes:
-        checkpoints: ``{phase: [step, ...]}`` of step directories under the checkpoints root.
-        metrics: Non-empty metrics files (the run's and its phases' sub-directories').
-        summary: ``summary.json`` when present.
-        marker: The ``run.json`` marker when present.
-    """
+    """The artefacts of earlier runs in a run directory: ``{phase: [step, ...]}`` checkpoints, non-empty
+    metrics files (its own and its phases' sub-directories'), ``summary.json`` and ``run.json``."""
 
     run_dir: Path
     checkpoints: dict[str, list[int]] = field(default_factory=dict)
@@ -91,16 +77,13 @@ class RunDirContents:
 
     @property
     def is_empty(self) -> bool:
-        """Whether no earlier run left anything here."""
         return not (self.checkpoints or self.metrics or self.summary or self.marker)
 
     def describe(self) -> str:
         """What was found, e.g. ``"run 2026...-ab12 with checkpoints grpo: steps [10, 20]; metrics.jsonl"``."""
         parts = []
         if self.checkpoints:
-            parts.append(
-                "checkpoints " + ", ".join(f"{p}: steps {s}" for p, s in sorted(self.checkpoints.items()))
-            )
+            parts.append("checkpoints " + ", ".join(f"{p}: steps {s}" for p, s in sorted(self.checkpoints.items())))
         parts.extend(str(p.relative_to(self.run_dir)) for p in self.metrics)
         if self.summary is not None:
             parts.append(_SUMMARY)
@@ -109,10 +92,7 @@ class RunDirContents:
 
 
 def scan_run_dir(
-    run_dir: str | os.PathLike[str],
-    *,
-    checkpoint_dir: str = "checkpoints",
-    metrics_file: str = "metrics.jsonl",
+    run_dir: str | os.PathLike[str], *, checkpoint_dir: str = "checkpoints", metrics_file: str = "metrics.jsonl"
 ) -> RunDirContents:
     """What earlier runs left in ``run_dir`` (Hydra's own ``.hydra/`` and log are not counted)."""
     root = Path(run_dir)
@@ -124,9 +104,7 @@ def scan_run_dir(
         phase: [s for s, _ in list_step_dirs(path)] for phase, path in find_phase_roots(ckpt_root).items()
     }
     candidates = [root / metrics_file] + sorted(
-        c / metrics_file
-        for c in root.iterdir()
-        if c.is_dir() and c != ckpt_root and not c.name.startswith(".")
+        c / metrics_file for c in root.iterdir() if c.is_dir() and c != ckpt_root and not c.name.startswith(".")
     )
     contents.metrics = [p for p in candidates if p.is_file() and p.stat().st_size > 0]
     contents.summary = root / _SUMMARY if (root / _SUMMARY).is_file() else None
@@ -136,17 +114,9 @@ def scan_run_dir(
 
 @dataclass
 class RunDirDecision:
-    """What :func:`claim_run_dir` decided; :meth:`commit` performs its writes.
-
-    Attributes:
-        mode: ``fresh``, ``resume_in_place`` or ``overwrite``.
-        run_id: The id this run records (a resumed run in place keeps its id).
-        contents: What was found before the run.
-        message: One log line saying what was decided.
-        resume_step: The resumed step (``resume_in_place`` only; so is ``resume_phase``).
-        resumed_from: The resumed checkpoint, when resuming (in place or not).
-        later_phases: Phases after the resumed one, whose checkpoints are superseded too.
-    """
+    """What :func:`claim_run_dir` decided (``mode``: ``fresh``, ``resume_in_place`` or ``overwrite``, with
+    a log line ``message``); :meth:`commit` performs its writes. ``resume_step``/``resume_phase`` are
+    set for ``resume_in_place`` only; ``later_phases``' checkpoints are superseded too."""
 
     run_dir: Path
     mode: str
@@ -161,11 +131,8 @@ class RunDirDecision:
 
     def commit(self) -> list[str]:
         """Do the decided writes and write ``run.json``; return log lines of what was removed or moved."""
-        lines: list[str] = []
-        if self.mode == "overwrite":
-            lines.extend(self._remove_previous())
-        elif self.mode == "resume_in_place":
-            lines.extend(self._supersede_newer())
+        action = {"overwrite": self._remove_previous, "resume_in_place": self._supersede_newer}.get(self.mode)
+        lines = action() if action is not None else []
         self._write_marker()
         return lines
 
@@ -210,24 +177,18 @@ class RunDirDecision:
         ]
 
     def _write_marker(self) -> None:
-        previous = self.contents.marker if self.mode == "resume_in_place" else None
+        previous = (self.contents.marker if self.mode == "resume_in_place" else None) or {}
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         marker: dict[str, Any] = {
             "format": RUN_MARKER_FORMAT,
             "format_version": RUN_MARKER_VERSION,
             "run_id": self.run_id,
-            "created_at": (previous or {}).get(
-                "created_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            ),
-            "resumes": list((previous or {}).get("resumes", [])),
+            "created_at": previous.get("created_at", now),
+            "resumes": list(previous.get("resumes", [])),
         }
         if self.resumed_from is not None:
-            marker["resumes"].append(
-                {
-                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "checkpoint": str(self.resumed_from),
-                    "in_place": self.mode == "resume_in_place",
-                }
-            )
+            in_place = self.mode == "resume_in_place"
+            marker["resumes"].append({"at": now, "checkpoint": str(self.resumed_from), "in_place": in_place})
         write_json(self.run_dir / RUN_MARKER, marker, indent=1)
 
 
@@ -244,15 +205,7 @@ def claim_run_dir(
     phase_names: Sequence[str] = (),
     overwrite: bool = False,
 ) -> RunDirDecision:
-    """Decide whether this run may use ``run_dir`` (writes nothing).
-
-    Args:
-        run_dir: ``hydra.run.dir`` or a multirun job's.
-        resume: The resolved resume plan, when ``checkpointing.resume_from`` is set.
-        phase_names: The run's phases in order (to supersede later phases on resume in place).
-
-    Returns:
-        The decision; call :meth:`RunDirDecision.commit` just before the run starts.
+    """Decide whether this run may use ``run_dir`` (writes nothing; :meth:`RunDirDecision.commit` does).
 
     Raises:
         RunDirError: The directory holds another run's checkpoints, metrics or summary and the
@@ -261,12 +214,7 @@ def claim_run_dir(
     root = Path(os.path.abspath(os.fspath(run_dir)))
     contents = scan_run_dir(root, checkpoint_dir=checkpoint_dir, metrics_file=metrics_file)
     resumed_from = resume.checkpoint if resume is not None else None
-    base = {
-        "run_dir": root,
-        "contents": contents,
-        "checkpoint_dir": checkpoint_dir,
-        "resumed_from": resumed_from,
-    }
+    base = dict(run_dir=root, contents=contents, checkpoint_dir=checkpoint_dir, resumed_from=resumed_from)
     if resume is not None and _same(resume.run_dir, root):
         marker_id = contents.marker["run_id"] if contents.marker else None
         meta_id = resume.meta.run_id if resume.meta is not None else None
@@ -276,8 +224,7 @@ def claim_run_dir(
             mode="resume_in_place",
             run_id=run_id,
             message=(
-                f"run directory {root}: resuming run {run_id} in place from phase "
-                f"{resume.phase!r} step {resume.step}"
+                f"run directory {root}: resuming run {run_id} in place from phase {resume.phase!r} step {resume.step}"
             ),
             resume_step=resume.step,
             resume_phase=resume.phase,
@@ -287,24 +234,14 @@ def claim_run_dir(
     if contents.is_empty:
         run_id = new_run_id()
         what = f" (resuming from {resume.checkpoint})" if resume is not None else ""
-        return RunDirDecision(
-            mode="fresh", run_id=run_id, message=f"run directory {root}: new run {run_id}{what}", **base
-        )
+        message = f"run directory {root}: new run {run_id}{what}"
+        return RunDirDecision(mode="fresh", run_id=run_id, message=message, **base)
     if overwrite:
         run_id = new_run_id()
-        return RunDirDecision(
-            mode="overwrite",
-            run_id=run_id,
-            message=(
-                f"run directory {root}: new run {run_id} replaces {contents.describe()} "
-                f"({OVERWRITE_KEY}=true)"
-            ),
-            **base,
-        )
+        message = f"run directory {root}: new run {run_id} replaces {contents.describe()} ({OVERWRITE_KEY}=true)"
+        return RunDirDecision(mode="overwrite", run_id=run_id, message=message, **base)
     resume_hint = (
-        f" (this run resumes from {resume.checkpoint}, which is not in this directory)"
-        if resume is not None
-        else ""
+        f" (this run resumes from {resume.checkpoint}, which is not in this directory)" if resume is not None else ""
     )
     raise RunDirError(
         f"hydra.run.dir: {root} already holds {contents.describe()}{resume_hint}; a second run "
@@ -313,18 +250,10 @@ def claim_run_dir(
     )
 
 
-# --- history ---
-
-
 @dataclass
 class HistoryReport:
-    """What :func:`continue_history` did to one phase's metrics file.
-
-    Attributes:
-        path: The run's metrics file for the phase (``source``: where the records came from).
-        kept: Records kept (steps <= the resumed step).
-        dropped: Records dropped (steps after it, or a torn last line).
-    """
+    """What :func:`continue_history` did to one phase's metrics file ``path`` (copied from ``source``):
+    records ``kept`` (steps <= the resumed step) and ``dropped`` (later steps, or a torn last line)."""
 
     path: Path
     kept: int
@@ -332,7 +261,6 @@ class HistoryReport:
     source: Path
 
     def describe(self) -> str:
-        """One log line."""
         origin = "" if self.source == self.path else f" copied from {self.source}"
         return (
             f"metrics {self.path}: kept {self.kept} records{origin}, dropped {self.dropped} "
@@ -355,11 +283,8 @@ def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
             torn = 1
     records = []
     for lineno, rec in json_lines(lines, lambda n, exc: bad_metrics_json(path, n, exc)):
-        if (
-            not isinstance(rec, dict)
-            or not isinstance(rec.get("step"), int)
-            or isinstance(rec.get("step"), bool)
-        ):
+        step = rec.get("step") if isinstance(rec, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
             raise ValueError(f"{path}:{lineno}: metrics record needs an int 'step'")
         records.append(rec)
     return records, torn
@@ -376,24 +301,15 @@ def continue_history(
 ) -> list[HistoryReport]:
     """Make this run's metrics files continue the interrupted run's, with no overlapping step.
 
-    Per phase (in run order): an earlier phase keeps all its records; the resumed phase keeps
-    the records of steps <= ``resume_step``; a later phase keeps none (it restarts). With
-    ``source_run_dir`` == ``run_dir`` the files are rewritten in place; otherwise the kept
-    records are copied into ``run_dir`` (whose files must not exist yet).
-
-    Args:
-        source_run_dir: The interrupted run's directory (``ResumePlan.run_dir``).
-        phase_subdirs: Output sub-directory of each phase (``""`` = the run directory).
-
-    Returns:
-        One report per metrics file touched.
+    Earlier phases (``phase_subdirs``, run order) keep all records, the resumed one steps <= ``resume_step``,
+    later ones none; files are rewritten in place, or copied into a different ``run_dir`` (not there yet).
 
     Raises:
         ValueError: A metrics line is not a JSON object with an int ``step`` (names file:line).
         RunDirError: A destination file already exists in a different run directory.
     """
     src_root, dst_root = Path(source_run_dir), Path(run_dir)
-    in_place = os.path.realpath(src_root) == os.path.realpath(dst_root)
+    in_place = _same(src_root, dst_root)
     reports: list[HistoryReport] = []
     for index, sub in enumerate(phase_subdirs):
         src = src_root / sub / metrics_file

@@ -29,13 +29,9 @@ class RunLogger:
     """Metrics file, progress bar, log lines and the final plot of one training phase.
 
     Args:
-        out_dir: Directory for ``metrics_file`` and ``plot_file``.
-        plot_file: PNG file name (written by :meth:`close` when ``plot``).
-        progress_bar: Show a tqdm bar over steps (on stderr).
-        label: Phase label for log lines (``"SFT"``, ``"GRPO"``, ``"SFT warm start"``).
+        plot_file: PNG file name in ``out_dir`` (written by :meth:`close` when ``plot``).
         tracker: Experiment trackers (``nemo_dp.training.trackers``) that receive every record.
-        health: A training-health detector (``nemo_dp.training.health``): its ``update(step,
-            record)`` sees every record and returns a warning line to print, or ``None``.
+        health: A detector whose ``update(step, record)`` returns a warning line to print, or ``None``.
     """
 
     def __init__(
@@ -54,10 +50,7 @@ class RunLogger:
         self.last_step = 0
 
     def start(self, total_steps: int, start_step: int) -> None:
-        """Open the progress bar (and drop metrics of steps a resumed run will redo).
-
-        ``total_steps`` is the phase's last step, ``start_step`` the steps already done.
-        """
+        """Open the progress bar up to step ``total_steps`` and drop metrics after ``start_step`` (redone)."""
         self.metrics.truncate_after(start_step)
         self.last_step = int(start_step)
         if self.progress_bar:
@@ -91,9 +84,7 @@ class RunLogger:
             warning = self.health.update(step, record)
             if warning is not None:
                 self.info(f"WARNING: {warning}")
-        for key in _BAR_KEYS:
-            if key in record and isinstance(record[key], (int, float)):
-                self._last[key] = float(record[key])
+        self._last.update({k: float(record[k]) for k in _BAR_KEYS if isinstance(record.get(k), (int, float))})
         if self._bar is not None:
             if step > self._bar.n:
                 self._bar.update(step - self._bar.n)

@@ -1,5 +1,5 @@
-"""The launcher's record of a run, and what a run that stopped leaves: ``summary.json``, plots,
-the last good checkpoint and the resume command, or no run directory if it never started."""
+"""The launcher's record of a run, and what a stopped run leaves: ``summary.json``, plots, the last good
+checkpoint and the resume command, or no run directory if it never started."""
 
 from __future__ import annotations
 
@@ -16,13 +16,7 @@ from typing import Any
 
 from nemo_dp.utils.json_files import write_json
 
-__all__ = [
-    "RunRecord",
-    "remove_unstarted_run_dir",
-    "last_good_checkpoint",
-    "resume_command",
-    "write_failure_summary",
-]
+__all__ = ["RunRecord", "remove_unstarted_run_dir", "resume_command", "write_failure_summary"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,21 +26,9 @@ _PRE_START_FILES: frozenset[str] = frozenset({"resolved_config.yaml", "run.json"
 
 @dataclass
 class RunRecord:
-    """What the launcher tells the wrapper while a run goes on.
-
-    Attributes:
-        started: Set by :meth:`mark_started` just before Ray starts.
-        summary: The launcher's summary so far (phases finished, ...), merged into a failure's
-            ``summary.json``; the launcher may replace it or fill it in place.
-        metrics: ``(metrics.jsonl, plot.png)`` of every phase begun, plotted after a failure.
-        t_start: ``time.perf_counter()`` when the task started.
-        on_start: Called once by :meth:`mark_started` (the wrapper opens the run's log file
-            and writes Hydra's ``.hydra/`` files there: nothing reaches the run directory
-            before the run is accepted).
-        checkpoint_root: Set by the launcher; the last good checkpoint after a failure is
-            looked up there.
-        phase_names: The run's phases in order.
-    """
+    """What the launcher tells the wrapper while a run goes on: the summary so far and each phase's
+    ``(metrics.jsonl, plot.png)`` (used after a failure), and the ``on_start`` hooks :meth:`mark_started`
+    calls once (nothing reaches the run directory before the run is accepted)."""
 
     run_dir: Path
     log_path: Path | None = None
@@ -79,12 +61,8 @@ def _empty_tree(path: Path) -> bool:
 
 
 def remove_unstarted_run_dir(run_dir: str | os.PathLike[str], *, log_names: tuple[str, ...] = ()) -> bool:
-    """Remove a run directory that holds only what was written before the run started.
-
-    Allowed: ``.hydra/``, the run's log files, ``resolved_config.yaml``, ``run.json`` and empty
-    directories (``log_names``; default: any ``*.log``); anything else keeps the directory
-    untouched. Returns whether it was removed.
-    """
+    """Remove a run directory holding only ``.hydra/``, the logs ``log_names`` (default: any ``*.log``),
+    ``resolved_config.yaml``, ``run.json`` and empty directories; return whether it was removed."""
     root = Path(run_dir)
     if not root.is_dir():
         return False
@@ -115,13 +93,6 @@ def _plot_tracked(record: RunRecord) -> list[str]:
     return plots
 
 
-def last_good_checkpoint(record: RunRecord) -> Path | None:
-    """The newest committed step directory of the record's latest phase that has one, or ``None``."""
-    from nemo_dp.training.checkpoint_discovery import newest_checkpoint
-
-    return newest_checkpoint(record.checkpoint_root, record.phase_names)
-
-
 def resume_command(run_dir: Path) -> str:
     """The shell command that resumes this run into its own directory (this job's overrides kept)."""
     import shlex
@@ -136,18 +107,17 @@ def resume_command(run_dir: Path) -> str:
     replaced = ("hydra.run.dir", "checkpointing.resume_from")
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in replaced]
     script = sys.argv[0] if sys.argv and sys.argv[0] else "launchers/launch.py"
-    return shlex.join(
-        ["python", script, *kept, f"checkpointing.resume_from={run_dir}", f"hydra.run.dir={run_dir}"]
-    )
+    return shlex.join(["python", script, *kept, f"checkpointing.resume_from={run_dir}", f"hydra.run.dir={run_dir}"])
 
 
 def _resume_hint(record: RunRecord) -> tuple[dict[str, Any], list[str]]:
     """What a stopped run tells the user about resuming it: summary fields and lines."""
-    last = last_good_checkpoint(record)
+    from nemo_dp.training.checkpoint_discovery import newest_checkpoint
+
+    last = newest_checkpoint(record.checkpoint_root, record.phase_names)
     if last is None:
         return {"last_checkpoint": None}, [
-            "no checkpoint was written before the run stopped (see checkpointing.save_period); "
-            "nothing to resume from"
+            "no checkpoint was written before the run stopped (see checkpointing.save_period); nothing to resume from"
         ]
     command = resume_command(record.run_dir)
     return {"last_checkpoint": str(last), "resume_command": command}, [
@@ -157,10 +127,8 @@ def _resume_hint(record: RunRecord) -> tuple[dict[str, Any], list[str]]:
 
 
 def write_failure_summary(record: RunRecord, exc: BaseException, *, status: str) -> Path:
-    """Write ``summary.json`` for a run that stopped early (``record.summary`` merged in), and plot what ran.
-
-    ``status`` is ``failed``, ``interrupted`` (SIGINT) or ``terminated`` (SIGTERM). Returns the path.
-    """
+    """Write ``summary.json`` (``status``: ``failed``, ``interrupted`` or ``terminated``) for a run that stopped
+    early, and plot what ran; return its path."""
     summary = dict(record.summary)
     summary.setdefault("run_dir", str(record.run_dir))
     summary["status"] = status

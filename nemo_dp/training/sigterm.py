@@ -1,7 +1,4 @@
-"""SIGTERM handled like Ctrl-C: raised as :class:`TerminationRequested` in the main thread.
-
-Teardown can hold a SIGTERM until it is done (:meth:`_SigtermState.deferred`).
-"""
+"""SIGTERM handled like Ctrl-C: raised as :class:`TerminationRequested` in the main thread."""
 
 from __future__ import annotations
 
@@ -26,19 +23,14 @@ class TerminationRequested(KeyboardInterrupt):
 class _SigtermState:
     """What :func:`sigterm_as_interrupt` saw; :meth:`deferred` holds SIGTERM during teardown."""
 
-    def __init__(self) -> None:
-        self.received = False
-        self.deferring = False
-        self.pending = False
+    received: bool = False
+    deferring: bool = False
+    pending: bool = False
 
     @contextmanager
     def deferred(self) -> Iterator[None]:
-        """Hold a SIGTERM that arrives inside the block until the block is done.
-
-        Teardown (workers, the data plane, Ray) must not be cut half-way: a SIGTERM during it
-        is remembered and raised as :class:`TerminationRequested` once the block finished
-        (unless the block already raised).
-        """
+        """Hold a SIGTERM arriving in the block (teardown must not be cut half-way) and raise it as
+        :class:`TerminationRequested` once the block finished, unless the block already raised."""
         self.deferring = True
         try:
             yield
@@ -53,8 +45,7 @@ def sigterm_as_interrupt() -> Iterator[_SigtermState]:
     """Turn SIGTERM into :class:`TerminationRequested` in the main thread for the block.
 
     ``ray.init`` installs its own SIGTERM handlers, so enter this again after Ray has started.
-    A second SIGTERM during teardown is ignored; inside ``state.deferred()`` one is held until
-    the block is done. The yielded state's ``received`` says whether SIGTERM arrived.
+    A second SIGTERM is ignored; the yielded state's ``received`` says whether one arrived.
     """
     state = _SigtermState()
     if threading.current_thread() is not threading.main_thread():

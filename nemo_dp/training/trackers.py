@@ -1,9 +1,5 @@
-"""Experiment trackers (TensorBoard, Weights & Biases, MLflow) behind one small protocol.
-
-Each receives the config, every step record, the summary and ``close``; built from ``logger`` by
-:func:`build_trackers`.  Defaults need no network.  Packages are imported lazily;
-:func:`check_trackers_available` fails early when one is missing.
-"""
+"""Experiment trackers (TensorBoard, Weights & Biases, MLflow) behind one protocol, built from
+the ``logger`` node by :func:`build_trackers`; packages are imported lazily, defaults need no network."""
 
 from __future__ import annotations
 
@@ -72,9 +68,6 @@ class Tracker(Protocol):
         """Flush and finish (``status`` in ``success`` / ``failed`` / ``killed``)."""
 
 
-# --- helpers ---
-
-
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
@@ -92,19 +85,9 @@ def _as_number(value: Any) -> float | None:
 
 
 def numeric_metrics(record: Mapping[str, Any], *, skip: tuple[str, ...] = ("step",)) -> dict[str, float]:
-    """The numeric entries of a metrics record as ``key -> float``, in the record's order.
-
-    Keys in ``skip``, booleans, strings (other than the ``nan``/``inf`` spellings) and ``None``
-    are left out.
-    """
-    out: dict[str, float] = {}
-    for key, value in record.items():
-        if key in skip:
-            continue
-        number = _as_number(value)
-        if number is not None:
-            out[str(key)] = number
-    return out
+    """The numeric entries of a record as ``key -> float``, in order (no ``skip`` keys, bools, ``None``,
+    or strings other than the ``nan``/``inf`` spellings)."""
+    return {str(k): n for k, v in record.items() if k not in skip and (n := _as_number(v)) is not None}
 
 
 def flatten_config(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -120,16 +103,8 @@ def flatten_config(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def flatten_run_summary(summary: Mapping[str, Any], main_phase: str) -> dict[str, float]:
-    """The tracker summary of a launcher run summary.
-
-    Args:
-        summary: ``{"phases": {name: {"val_accuracy", "step", ...}}, "accuracy_gain"?,
-            "wall_time_s"?}`` as ``launchers/launch.py`` writes it to ``summary.json``.
-        main_phase: The phase whose numbers are the run's own (``algorithm.name``); the other
-            phases are prefixed with their name (``warm_start/val_accuracy``).
-
-    Returns:
-        A flat ``name -> number`` dict, ``val_accuracy`` being the final held-out accuracy.
+    """The flat ``name -> number`` tracker summary of a ``summary.json``; only ``main_phase``'s numbers are
+    unprefixed (``val_accuracy``, ``warm_start/val_accuracy``).
 
     Raises:
         KeyError: ``main_phase`` is not among the summary's phases.
@@ -137,15 +112,12 @@ def flatten_run_summary(summary: Mapping[str, Any], main_phase: str) -> dict[str
     phases = summary.get("phases", {})
     if main_phase not in phases:
         raise KeyError(f"flatten_run_summary: phase {main_phase!r} not in the summary (has {sorted(phases)})")
-    out: dict[str, float] = {}
-    for name, result in phases.items():
-        prefix = "" if name == main_phase else f"{name}/"
-        for key, value in numeric_metrics(result, skip=()).items():
-            out[f"{prefix}{key}"] = value
-    for key in ("accuracy_gain", "wall_time_s"):
-        number = _as_number(summary.get(key))
-        if number is not None:
-            out[key] = number
+    out = {
+        ("" if name == main_phase else f"{name}/") + key: value
+        for name, result in phases.items()
+        for key, value in numeric_metrics(result, skip=()).items()
+    }
+    out.update(numeric_metrics({key: summary.get(key) for key in ("accuracy_gain", "wall_time_s")}, skip=()))
     return out
 
 
@@ -154,14 +126,14 @@ def _check_status(status: str) -> None:
         raise ValueError(f"Tracker.close: status must be one of {list(_STATUSES)}, got {status!r}")
 
 
-# --- TensorBoard ---
+def _config_yaml(resolved: Mapping[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(dict(resolved), sort_keys=False)
 
 
 class TensorBoardTracker:
-    """TensorBoard event files through ``torch.utils.tensorboard.SummaryWriter``.
-
-    Writes into ``log_dir`` (created); what is written where is on each method.
-    """
+    """TensorBoard event files in ``log_dir`` (created), through ``SummaryWriter``."""
 
     def __init__(self, log_dir: str | os.PathLike[str]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -172,9 +144,7 @@ class TensorBoardTracker:
 
     def log_config(self, resolved: Mapping[str, Any]) -> None:
         """Write the config as a text summary (indented: TensorBoard renders it as code)."""
-        import yaml
-
-        text = yaml.safe_dump(dict(resolved), sort_keys=False)
+        text = _config_yaml(resolved)
         self._writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), 0)
         self._writer.flush()
 
@@ -203,18 +173,10 @@ class TensorBoardTracker:
         self._writer = None
 
 
-# --- Weights & Biases ---
-
-
 class WandbTracker:
-    """A Weights & Biases run (offline by default: files under ``<dir>/wandb``, no network).
+    """A Weights & Biases run (``cfg``: ``logger.wandb``; offline by default, no network).
 
-    Phases restart their step counters while a W&B run's step only grows, so every history row
-    carries its phase step as the ``step`` metric, the x-axis of all metrics.
-
-    Args:
-        run_dir: The run directory (its name is the default run name).
-        cfg: The ``logger.wandb`` node.
+    A W&B run's step only grows while phases restart theirs, so each row's phase step is the ``step`` metric.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], cfg: Any) -> None:
@@ -223,9 +185,8 @@ class WandbTracker:
         run_dir = Path(run_dir)
         wandb_dir = run_dir / str(cfg_get(cfg, "dir", "."))
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        mode = str(cfg_get(cfg, "mode", "offline"))
         settings = wandb.Settings(
-            mode=mode,
+            mode=str(cfg_get(cfg, "mode", "offline")),
             silent=True,  # no banner, no sync hints: the run directory is printed by the launcher
             console="off",
             x_disable_stats=True,  # the system-metrics sampler costs a core on a 2-core machine
@@ -235,7 +196,6 @@ class WandbTracker:
             reinit="create_new",  # a --multirun job must never continue the previous job's run
         )
         tags = cfg_get(cfg, "tags", None)
-        self.mode = mode
         self._run: Any = wandb.init(
             project=str(cfg_get(cfg, "project", "nemo_dp")),
             entity=cfg_get(cfg, "entity", None),
@@ -247,11 +207,6 @@ class WandbTracker:
         )
         self._run.define_metric("step")
         self._run.define_metric("*", step_metric="step")
-
-    @property
-    def run_dir(self) -> Path:
-        """Directory of this run's wandb files (``.../offline-run-<time>-<id>``)."""
-        return Path(self._run.dir).parent
 
     def log_config(self, resolved: Mapping[str, Any]) -> None:
         """Store the resolved config as the run's config."""
@@ -277,8 +232,6 @@ class WandbTracker:
         self._run = None
 
 
-# --- MLflow ---
-
 _MLFLOW_STATUS = {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 _MLFLOW_MAX_PARAMS = 100  # per log_batch call
 _MLFLOW_MAX_PARAM_LEN = 6000
@@ -290,20 +243,13 @@ def _mlflow_key(key: str) -> str:
 
 
 def default_mlflow_uri(run_dir: str | os.PathLike[str]) -> str:
-    """The default tracking store, ``sqlite:///<abs run_dir>/mlflow.db``.
-
-    MLflow 3 refuses its plain-file backend unless ``MLFLOW_ALLOW_FILE_STORE`` is set.
-    """
+    """The default tracking store, ``sqlite:///<abs run_dir>/mlflow.db`` (MLflow 3 refuses its plain-file
+    backend unless ``MLFLOW_ALLOW_FILE_STORE`` is set)."""
     return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
 
 class MlflowTracker:
-    """An MLflow run through ``MlflowClient`` (no global active run, so jobs never leak).
-
-    Args:
-        run_dir: The run directory (default store and run name).
-        cfg: The ``logger.mlflow`` node.
-    """
+    """An MLflow run via ``MlflowClient`` (no global active run: jobs never leak); ``cfg`` is ``logger.mlflow``."""
 
     def __init__(self, run_dir: str | os.PathLike[str], cfg: Any) -> None:
         # Store creation logs schema-migration INFO lines on every new store.
@@ -327,7 +273,6 @@ class MlflowTracker:
         else:
             experiment_id = self._client.create_experiment(name)
         run = self._client.create_run(experiment_id, run_name=cfg_get(cfg, "run_name", None) or run_dir.name)
-        self.experiment_id = experiment_id
         self.run_id: str | None = run.info.run_id
 
     def _log_batch(self, *, metrics: list[Any] | None = None, params: list[Any] | None = None) -> None:
@@ -343,28 +288,23 @@ class MlflowTracker:
         params = [Param(_mlflow_key(k), str(v)[:_MLFLOW_MAX_PARAM_LEN]) for k, v in flat.items()]
         for i in range(0, len(params), _MLFLOW_MAX_PARAMS):
             self._log_batch(params=params[i : i + _MLFLOW_MAX_PARAMS])
-        import yaml
+        self._client.log_text(self.run_id, _config_yaml(resolved), "resolved_config.yaml")
 
-        text = yaml.safe_dump(dict(resolved), sort_keys=False)
-        self._client.log_text(self.run_id, text, "resolved_config.yaml")
-
-    def _metrics(self, values: Mapping[str, float], step: int, prefix: str = "") -> list[Any]:
+    def _log_metrics(self, values: Mapping[str, float], step: int, prefix: str = "") -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        return [Metric(_mlflow_key(prefix + k), v, now, int(step)) for k, v in values.items()]
+        metrics = [Metric(_mlflow_key(prefix + k), v, now, int(step)) for k, v in values.items()]
+        if metrics:
+            self._log_batch(metrics=metrics)
 
     def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
         """Log the numeric entries at ``step``."""
-        metrics = self._metrics(numeric_metrics(record), step)
-        if metrics:
-            self._log_batch(metrics=metrics)
+        self._log_metrics(numeric_metrics(record), step)
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         """Log final values as ``final/<name>`` metrics (step 0)."""
-        metrics = self._metrics(numeric_metrics(summary, skip=()), 0, prefix=FINAL_PREFIX)
-        if metrics:
-            self._log_batch(metrics=metrics)
+        self._log_metrics(numeric_metrics(summary, skip=()), 0, prefix=FINAL_PREFIX)
 
     def close(self, status: str = "success") -> None:
         """Mark the run terminated with the MLflow status matching ``status``."""
@@ -373,9 +313,6 @@ class MlflowTracker:
             return
         self._client.set_terminated(self.run_id, _MLFLOW_STATUS[status])
         self.run_id = None
-
-
-# --- combination ---
 
 
 class TrackerGroup:
@@ -390,17 +327,18 @@ class TrackerGroup:
     def __len__(self) -> int:
         return len(self.trackers)
 
-    def log_config(self, resolved: Mapping[str, Any]) -> None:
+    def _each(self, method: str, *args: Any) -> None:
         for tracker in self.trackers:
-            tracker.log_config(resolved)
+            getattr(tracker, method)(*args)
+
+    def log_config(self, resolved: Mapping[str, Any]) -> None:
+        self._each("log_config", resolved)
 
     def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
-        for tracker in self.trackers:
-            tracker.log_metrics(step, record)
+        self._each("log_metrics", step, record)
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
-        for tracker in self.trackers:
-            tracker.log_summary(summary)
+        self._each("log_summary", summary)
 
     def close(self, status: str = "success") -> None:
         """Close every member; re-raise the first error after all were tried."""
@@ -421,17 +359,14 @@ class TrackerGroup:
 
 
 class PrefixedTracker:
-    """Step metrics of one phase, keys prefixed, forwarded to a tracker it does not own.
-
-    ``prefix`` has no trailing ``/``; ``""`` forwards keys unchanged. ``close`` is a no-op.
-    """
+    """Forwards one phase's records, keys prefixed ``<prefix>/`` (``""``: unchanged), to a tracker it
+    does not own (``close`` is a no-op; the config is forwarded unchanged)."""
 
     def __init__(self, inner: Tracker, prefix: str) -> None:
         self.inner = inner
         self.prefix = f"{prefix}/" if prefix else ""
 
     def log_config(self, resolved: Mapping[str, Any]) -> None:
-        """Forward unchanged (one config per run)."""
         self.inner.log_config(resolved)
 
     def log_metrics(self, step: int, record: Mapping[str, Any]) -> None:
@@ -441,11 +376,7 @@ class PrefixedTracker:
         self.inner.log_summary({f"{self.prefix}{k}": v for k, v in summary.items()})
 
     def close(self, status: str = "success") -> None:
-        """No-op: the owner of ``inner`` closes it."""
         _check_status(status)
-
-
-# --- construction ---
 
 
 def enabled_trackers(logger_cfg: Any) -> list[str]:
@@ -454,13 +385,10 @@ def enabled_trackers(logger_cfg: Any) -> list[str]:
 
 
 def check_trackers_available(logger_cfg: Any) -> None:
-    """Fail when an enabled tracker's package is not installed (call before Ray starts).
-
-    Only looks the packages up (``importlib.util.find_spec``); nothing is imported.
+    """Fail before Ray starts when an enabled tracker's package is not installed (nothing is imported).
 
     Raises:
-        TrackerUnavailableError: Naming every enabled tracker whose package is missing, the
-            config key that enabled it and the extra to install.
+        TrackerUnavailableError: Naming each missing package, the key enabling it and the extra to install.
     """
     missing = []
     for name in enabled_trackers(logger_cfg):
@@ -473,13 +401,12 @@ def check_trackers_available(logger_cfg: Any) -> None:
             missing.append(f"logger.{name}.enabled=true needs the '{dist}' package")
     if missing:
         raise TrackerUnavailableError(
-            f"{'; '.join(missing)}; install the tracking extra: {TRACKING_EXTRA} "
-            f"(or set the key to false)"
+            f"{'; '.join(missing)}; install the tracking extra: {TRACKING_EXTRA} (or set the key to false)"
         )
 
 
 def build_trackers(logger_cfg: Any, run_dir: str | os.PathLike[str]) -> TrackerGroup:
-    """Build the enabled trackers of the ``logger`` node; every default location is inside ``run_dir``.
+    """Build the enabled trackers of the ``logger`` node (default locations inside ``run_dir``).
 
     Raises:
         TrackerUnavailableError: An enabled tracker's package is missing.
@@ -487,15 +414,14 @@ def build_trackers(logger_cfg: Any, run_dir: str | os.PathLike[str]) -> TrackerG
     check_trackers_available(logger_cfg)
     run_dir = Path(run_dir)
     group = TrackerGroup()
+    builders: dict[str, Any] = {
+        "tensorboard": lambda node: TensorBoardTracker(run_dir / str(cfg_get(node, "log_dir", "tensorboard"))),
+        "wandb": lambda node: WandbTracker(run_dir, node),
+        "mlflow": lambda node: MlflowTracker(run_dir, node),
+    }
     try:
         for name in enabled_trackers(logger_cfg):
-            node = cfg_get(logger_cfg, name, None)
-            if name == "tensorboard":
-                group.trackers.append(TensorBoardTracker(run_dir / str(cfg_get(node, "log_dir", "tensorboard"))))
-            elif name == "wandb":
-                group.trackers.append(WandbTracker(run_dir, node))
-            else:
-                group.trackers.append(MlflowTracker(run_dir, node))
+            group.trackers.append(builders[name](cfg_get(logger_cfg, name, None)))
     except BaseException:
         group.close("failed")
         raise

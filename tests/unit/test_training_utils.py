@@ -144,21 +144,18 @@ def test_plan_phases_adds_the_warm_start_only_when_enabled() -> None:
 
 
 def test_start_states_resume_the_latest_phase_with_a_checkpoint(tmp_path: Path) -> None:
-    from nemo_dp.training import Checkpointer, plan_phases
-    from nemo_dp.training.phases import first_phase_to_run, load_start_states
+    from nemo_dp.training import Checkpointer, load_start_state, plan_phases
 
     phases = plan_phases(_compose("algorithm=grpo", "algorithm.warm_start.enabled=true"))
-    assert load_start_states(phases, None) == [None, None]
+    assert load_start_state(None) is None
     ckpt = Checkpointer(tmp_path / "warm_start", enabled=True, save_period=1, keep_last=2)
     for step in (1, 2, 3):
         ckpt.save(step, lambda: {"counters": {"step": step}})
     assert sorted(p.name for p in (tmp_path / "warm_start").iterdir()) == ["step_00000002", "step_00000003"]
-    states = load_start_states(phases, tmp_path)
+    states = [load_start_state(tmp_path / p.name) for p in phases]
     assert states[1] is None and states[0] is not None
     assert states[0]["counters"] == {"step": 3}
     assert states[0]["checkpoint_path"].endswith("step_00000003")
-    assert first_phase_to_run(states) == 0
-    assert first_phase_to_run([{"x": 1}, {"y": 2}]) == 1 and first_phase_to_run([None, None]) == 0
 
 
 def test_a_resume_that_finds_nothing_fails_naming_the_key(tmp_path: Path) -> None:
