@@ -1,9 +1,4 @@
-"""``algorithm.async_rollout``: the switch and knobs of asynchronous GRPO (see ``docs/async_grpo.md``).
-
-Pure configuration, so the GRPO schema, ``validate_config`` and the trainer import it without
-loading Ray.  ``max_staleness`` bounds the policy lag of generated samples (``0`` reproduces
-``grpo_train_sync`` exactly); ``importance_ratio_cap`` caps the truncated importance weight.
-"""
+"""``algorithm.async_rollout``: the switch and knobs of asynchronous GRPO (``docs/async_grpo.md``); no Ray import."""
 
 from __future__ import annotations
 
@@ -28,11 +23,9 @@ class AsyncRolloutConfig(Checked, key=_KEY):
     """``algorithm.async_rollout`` of GRPO.
 
     Attributes:
-        enabled: Train with the asynchronous trainer (needs ``data_plane=tq``).
-        max_staleness: Policy versions a trained sample may lag behind the trainer (>= 0).
-        num_rollout_workers: Rollout actors, each holding a model copy (>= 1).
-        importance_ratio_cap: Cap of the truncated importance weight on stale samples (>= 1).
-        claim_poll_interval_s: Sleep between non-blocking claims while waiting for samples.
+        max_staleness: Policy versions a trained sample may lag behind the trainer (0 reproduces
+            ``grpo_train_sync`` exactly).
+        importance_ratio_cap: Cap of the truncated importance weight on stale samples.
         claim_timeout_s: Bound on waiting for one step's samples before failing the step.
         torch_threads: Compute threads of each rollout actor (0 = ``policy.torch_threads``).
     """
@@ -47,11 +40,7 @@ class AsyncRolloutConfig(Checked, key=_KEY):
 
 
 def async_rollout_enabled(master_config: Any) -> bool:
-    """``algorithm.name == "grpo"`` and ``algorithm.async_rollout.enabled``, on a ``DictConfig``, dataclass or mapping.
-
-    Raises:
-        TypeError: ``algorithm.async_rollout.enabled`` is not a bool.
-    """
+    """``algorithm.name == "grpo"`` and ``algorithm.async_rollout.enabled`` (``TypeError`` if that is no bool)."""
     algo = cfg_get(master_config, "algorithm", None)
     if algo is None or isinstance(algo, str) or cfg_get(algo, "name", None) != "grpo":
         return False
@@ -67,12 +56,11 @@ def async_rollout_enabled(master_config: Any) -> bool:
 
 
 def validate_async_rollout_selection(master_config: Any) -> bool:
-    """Check that an asynchronous GRPO config can run (at compose/validate time); return whether it is selected.
+    """Whether asynchronous GRPO is selected, checking that it can run.
 
     Raises:
-        ValueError: Async is enabled but the data plane carries no rows between processes (names both
-            ``algorithm.async_rollout.enabled`` and ``data_plane``), or together with
-            ``algorithm.dynamic_sampling.enabled``.
+        ValueError: Enabled on a data plane that carries no rows between processes, or together
+            with ``algorithm.dynamic_sampling.enabled``.
     """
     if not async_rollout_enabled(master_config):
         return False
@@ -104,9 +92,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
 
 
 def coerce_async_rollout_config(node: Any) -> AsyncRolloutConfig:
-    """``algorithm.async_rollout`` as a validated dataclass.
-
-    ``node`` may be ``None`` (defaults), an ``AsyncRolloutConfig``, a ``DictConfig`` or a mapping.
+    """``algorithm.async_rollout`` (``None`` = defaults, dataclass, ``DictConfig`` or mapping) as a validated dataclass.
 
     Raises:
         ValueError: A key is unknown or a value out of range (naming the full key).
@@ -115,13 +101,10 @@ def coerce_async_rollout_config(node: Any) -> AsyncRolloutConfig:
         return node
     if node is None:
         return AsyncRolloutConfig()
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(node, DictConfig):
-            node = OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a hard dependency
-        pass
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
     values = dict(node)
     known = set(AsyncRolloutConfig.__dataclass_fields__)
     unknown = sorted(k for k in values if k not in known)

@@ -1,8 +1,4 @@
-"""``cluster`` config: where Ray runs, its CPU budget, and where the policy workers go.
-
-The address grammar lives with the code that joins
-(``nemo_dp.distributed.ray_init.parse_cluster_address``), so the check and the join agree.
-"""
+"""``cluster`` config: where Ray runs, its CPU budget, and where the policy workers go."""
 
 from __future__ import annotations
 
@@ -14,8 +10,7 @@ from nemo_dp.distributed.ray_init import parse_cluster_address
 
 __all__ = ["ClusterConfig", "RESERVED_RESOURCE_NAMES"]
 
-#: Resource names Ray handles through dedicated actor options; a worker may not request them
-#: through ``cluster.policy_resources`` (nemo_dp's workers are ``num_cpus=0`` actors on purpose).
+#: Resource names Ray handles through dedicated actor options, refused in ``cluster.policy_resources``.
 RESERVED_RESOURCE_NAMES: tuple[str, ...] = ("CPU", "GPU", "memory", "object_store_memory")
 
 
@@ -24,22 +19,16 @@ class ClusterConfig:
     """``cluster``: a private Ray for the run, or a running cluster to join.
 
     Attributes:
-        address: ``None`` or ``"local"``: start a private Ray for this run only, whatever else
-            runs on the machine (``RAY_ADDRESS`` and the address file of a cluster started with
-            ``ray start`` are ignored). ``"auto"``: join the cluster named by ``RAY_ADDRESS``,
-            else by the address file ``ray start --head`` writes on this machine.
-            ``"<host>:<port>"``: join the cluster whose head (GCS) listens there.
+        address: ``None`` or ``"local"``: a private Ray for this run only (``RAY_ADDRESS`` and
+            ``ray start``'s address file ignored). ``"auto"``: join the cluster named by
+            ``RAY_ADDRESS``, else by that address file. ``"<host>:<port>"``: join that head (GCS).
         num_cpus: Logical CPUs of the private Ray (ignored when joining a cluster).
-        temp_dir: Temporary directory of the private Ray (sessions, logs, sockets); ``None``
-            uses a per-user ``nemo_dp_ray_<uid>`` directory under the system temp directory, so
-            that a cluster using Ray's default directory is never touched. Ignored when joining.
-        connect_timeout_s: Bound on reaching a cluster's head before the run gives up.
-        working_dir: Directory shipped to every worker through Ray's ``runtime_env``
-            (``working_dir``) when the cluster's nodes do not have the code; ``None`` ships
-            nothing (the nodes import ``nemo_dp`` from their own installation).
-        policy_resources: Custom Ray resources every policy worker requests, e.g.
-            ``{node_b: 0.5}`` to place the workers on nodes started with
-            ``ray start --resources='{"node_b": 1}'``. Empty: Ray places them anywhere.
+        temp_dir: Temporary directory of the private Ray; ``None``: a per-user
+            ``nemo_dp_ray_<uid>`` under the system temp directory. Ignored when joining.
+        working_dir: Shipped to every worker through Ray's ``runtime_env`` when the nodes lack
+            the code; ``None`` ships nothing.
+        policy_resources: Custom Ray resources every policy worker requests, e.g. ``{node_b: 0.5}``
+            (empty: Ray places them anywhere).
     """
 
     address: Optional[str] = None

@@ -1,7 +1,4 @@
-"""Schema of the ``env`` config group: training/validation data and how responses are rewarded.
-
-Reward names are checked against the reward registry (``nemo_dp.environments``).
-"""
+"""Schema of the ``env`` config group: training/validation data and how responses are rewarded."""
 
 from __future__ import annotations
 
@@ -13,9 +10,7 @@ from nemo_dp.environments.registry import check_reward_entry, is_function_path, 
 
 __all__ = ["ENV_NAMES", "ENV_FORMATS", "EnvConfig", "ColumnsConfig", "RewardItem"]
 
-#: Legal values of ``env.name``.
 ENV_NAMES: tuple[str, ...] = ("arithmetic", "visual")
-#: Legal values of ``env.format`` (how the built-in task's examples are presented).
 ENV_FORMATS: tuple[str, ...] = ("plain", "chat")
 _OPERATORS: tuple[str, ...] = ("+", "-", "*")
 _DATA_KEYS: tuple[tuple[str, str], ...] = (("sft_data", "sft_jsonl"), ("rl_data", "rl_jsonl"), ("val_data", "val_jsonl"))
@@ -33,13 +28,7 @@ class ColumnsConfig:
 
 @dataclass
 class RewardItem:
-    """One ``env.rewards`` entry.
-
-    Attributes:
-        fn: A registered reward (``exact``, ``math``, ``format``, ``auto``) or a function
-            ``package.module:function`` / ``path/to/file.py:function``.
-        pattern: The regular expression of the ``format`` reward.
-    """
+    """One ``env.rewards`` entry: ``fn`` a registered reward or a ``module:function`` / ``file.py:function``."""
 
     fn: str = ""
     weight: float = 1.0
@@ -51,12 +40,8 @@ class EnvConfig:
     """``env``: the task that supplies SFT examples, RL prompts and the verifiable reward.
 
     ``sft_data`` / ``rl_data`` / ``val_data`` (or the older ``*_jsonl`` names, not both) name a
-    file, glob or ``save_to_disk`` directory (``split`` picks a split); with none set the
-    arithmetic generator supplies the data.  ``columns`` maps fields to column names.
-    ``reward``: ``exact``, ``math``, ``auto`` or a user's ``module:function`` /
-    ``file.py:function``; ``rewards`` lists several with weights.  ``format``: ``plain`` or
-    ``chat`` for the generator.  ``name: visual`` selects the visual task (``visual_kind``;
-    needs ``policy=hf_vlm``).
+    file, glob or ``save_to_disk`` directory; with none set the arithmetic generator supplies the
+    data.  ``rewards`` lists several rewards with weights.  ``name: visual`` needs ``policy=hf_vlm``.
     """
 
     name: str = "arithmetic"

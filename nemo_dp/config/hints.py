@@ -1,8 +1,4 @@
-"""Hints for a command line that Hydra refused to compose.
-
-:func:`composition_hints` adds one line per mistake with the closest legal name (Hydra suggests
-``+key=value`` for a mistyped key, which adds a key nothing reads).
-"""
+"""Hints, with the closest legal name, for a command line that Hydra refused to compose."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Structured-config schemas of the experiment trackers under ``logger`` (TensorBoard, W&B, MLflow).
 
-Every tracker is off by default, writes inside the run directory and needs the network only when
-asked (``logger.wandb.mode=online``, a remote ``logger.mlflow.tracking_uri``).
+Every tracker is off by default, writes inside the run directory and needs the network only when asked.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from typing import Optional
 
 __all__ = ["WANDB_MODES", "TensorBoardConfig", "WandbConfig", "MlflowConfig"]
 
-#: ``logger.wandb.mode`` values (``offline`` writes run files only, ``disabled`` makes every
-#: call a no-op inside wandb itself).
 WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
 
 
@@ -26,10 +23,7 @@ def _relative_dir(key: str, value: str) -> None:
 
 @dataclass
 class TensorBoardConfig:
-    """``logger.tensorboard``: an event file per phase under ``<run_dir>/<log_dir>``.
-
-    ``log_dir`` is relative to the run directory.
-    """
+    """``logger.tensorboard``: an event file per phase under ``<run_dir>/<log_dir>``."""
 
     enabled: bool = False
     log_dir: str = "tensorboard"
@@ -40,15 +34,9 @@ class TensorBoardConfig:
 
 @dataclass
 class WandbConfig:
-    """``logger.wandb``: a Weights & Biases run, offline unless ``mode`` says otherwise.
+    """``logger.wandb``: a Weights & Biases run, offline (no network; ``wandb sync`` uploads later) by default.
 
-    Attributes:
-        entity: W&B entity (team or user); ``None`` uses wandb's default.
-        name: Run name; ``None`` uses the run directory's name.
-        group: Run group (for example one sweep); ``None`` for none.
-        mode: One of :data:`WANDB_MODES`; ``offline`` (default) needs no network and leaves
-            ``run-*.wandb`` files that ``wandb sync`` can upload later.
-        dir: Directory relative to the run directory that receives wandb's files.
+    ``name`` ``None`` uses the run directory's name; ``dir`` is relative to the run directory.
     """
 
     enabled: bool = False
@@ -71,13 +59,8 @@ class WandbConfig:
 
 @dataclass
 class MlflowConfig:
-    """``logger.mlflow``: an MLflow run, in a local file store inside the run directory by default.
-
-    Attributes:
-        tracking_uri: ``None`` means ``file:<run_dir>/mlruns``.
-        experiment: Created when missing.
-        run_name: ``None`` uses the run directory's name.
-    """
+    """``logger.mlflow``: an MLflow run (``tracking_uri`` ``None``: ``file:<run_dir>/mlruns``; ``run_name``
+    ``None``: the run directory's name; ``experiment`` created when missing)."""
 
     enabled: bool = False
     tracking_uri: Optional[str] = None

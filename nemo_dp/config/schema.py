@@ -1,8 +1,6 @@
-"""Structured-config schemas for every Hydra config group except ``data_plane``.
+"""Structured-config schemas of every Hydra config group except ``data_plane`` (``nemo_dp.data_plane.interfaces``).
 
-Hydra composes in struct mode against these dataclasses (unknown keys and wrong types fail
-naming the key); ranges and cross-field rules run in ``__post_init__`` when ``validate_config``
-converts the node.  The ``data_plane`` schemas live in ``nemo_dp.data_plane.interfaces``.
+Range and cross-field rules run in ``__post_init__`` when ``validate_config`` converts the node.
 """
 
 from __future__ import annotations
@@ -54,7 +52,6 @@ __all__ = [
     "algorithm_schemas",
 ]
 
-#: Names of the registered algorithms (``nemo_dp.config.algorithm_registry``), in registration order.
 ALGORITHM_NAMES: tuple[str, ...] = algorithm_names()
 SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
     "concatenative",
@@ -92,11 +89,7 @@ class ModelSchema(Checked, key="policy.model"):
 
 @dataclass
 class OptimizerConfig(Checked, key="policy.optimizer"):
-    """``policy.optimizer``: AdamW with linear warm-up and a constant or cosine schedule.
-
-    The cosine schedule decays to ``min_lr_ratio x lr`` over the optimizer steps of the phase
-    (the trainer tells the workers how many there are).
-    """
+    """``policy.optimizer``: AdamW, linear warm-up, then constant or cosine decay to ``min_lr_ratio x lr``."""
 
     name: str = one_of_field("adamw", OPTIMIZER_NAMES)
     lr: float = 1e-3
@@ -155,13 +148,10 @@ class SequencePackingConfig(Checked, key="policy.sequence_packing"):
 class PolicyConfig:
     """``policy``: the worker group, the model, its optimizer and the batching of its work.
 
-    ``train_global_batch_size`` rows make one optimizer step (split over ``dp_size`` workers,
-    each running ``train_micro_batch_size``-row microbatches with gradient accumulation;
-    ``None``: each worker's whole share, ``train_global_batch_size / dp_size`` rows, in one
-    pass).  A micro-batch larger than that share is refused.
-    ``init_from`` starts a fresh run from the policy weights of another run's checkpoint (a run
-    directory, its checkpoints root, a phase root or a step directory; e.g. an SFT run's, to
-    start GRPO/PPO from it); ``checkpointing.resume_from`` wins over it.
+    ``train_global_batch_size`` rows make one optimizer step over ``dp_size`` workers, each in
+    ``train_micro_batch_size``-row microbatches (``None``: its whole share in one pass).
+    ``init_from`` starts a fresh run from another run's policy checkpoint (run, checkpoints root,
+    phase root or step directory); ``checkpointing.resume_from`` wins over it.
     """
 
     dp_size: int = 2
@@ -203,11 +193,7 @@ class PolicyConfig:
 
 
 def train_micro_batch_rows(policy_cfg: Any) -> int:
-    """Rows of one training micro-batch on one worker, from a ``policy`` dataclass or ``DictConfig``.
-
-    ``train_micro_batch_size``, or each worker's whole share ``train_global_batch_size // dp_size``
-    when it is ``None``.
-    """
+    """``train_micro_batch_size``, or when ``None`` ``train_global_batch_size // dp_size``, of a ``policy`` node."""
     mbs = policy_cfg.train_micro_batch_size
     if mbs is not None:
         return int(mbs)
@@ -226,11 +212,7 @@ def _check_common_algorithm(cfg: Any, expected_name: str) -> None:
 
 @dataclass
 class SFTConfig:
-    """``algorithm`` for SFT: next-token loss on response tokens.
-
-    The loader batch is ``policy.train_global_batch_size`` examples per step.
-    ``val_period`` 0 evaluates only at the end.
-    """
+    """``algorithm`` for SFT: next-token loss on response tokens (``val_period`` 0: evaluate only at the end)."""
 
     name: str = "sft"
     max_steps: int = 100
@@ -288,41 +270,35 @@ class _RLAlgorithm:
         """Rows trained per step: prompts x generations."""
         return self.num_prompts_per_step * self.num_generations_per_prompt  # type: ignore[attr-defined]
 
-    def check_root(self, root: Any) -> None:
-        """Rules that need the whole config (called by ``MasterConfig``)."""
-        _check_rl_root(self, root)
-
     def _check_rl(self, expected_name: str) -> None:
-        """The rules every RL algorithm starts with: the common ones, then prompts and generations."""
         _check_common_algorithm(self, expected_name)
         at_least_each("algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1)
 
-
-def _check_rl_root(algo: _RLAlgorithm, root: Any) -> None:
-    """Cross-group rules of an RL algorithm (batch divisibility, sequence room)."""
-    if algo.samples_per_step % root.policy.train_global_batch_size != 0:
-        fail(
-            "policy.train_global_batch_size",
-            f"must divide algorithm.num_prompts_per_step x "
-            f"algorithm.num_generations_per_prompt = {algo.samples_per_step}, "
-            f"got {root.policy.train_global_batch_size}",
-        )
-    longest = root.env.digits * 2 + 3 + root.policy.generation.max_new_tokens
-    if longest > root.policy.model.max_seq_len and root.env.rl_jsonl is None and root.env.rl_data is None and root.env.name == "arithmetic":
-        fail(
-            "policy.model.max_seq_len",
-            f"must be >= {longest} (bos + prompt + policy.generation.max_new_tokens) "
-            f"for env.digits={root.env.digits}, got {root.policy.model.max_seq_len}",
-        )
+    def check_root(self, root: Any) -> None:
+        """Rules that need the whole config (batch divisibility, sequence room; called by ``MasterConfig``)."""
+        if self.samples_per_step % root.policy.train_global_batch_size != 0:
+            fail(
+                "policy.train_global_batch_size",
+                f"must divide algorithm.num_prompts_per_step x "
+                f"algorithm.num_generations_per_prompt = {self.samples_per_step}, "
+                f"got {root.policy.train_global_batch_size}",
+            )
+        env = root.env
+        longest = env.digits * 2 + 3 + root.policy.generation.max_new_tokens
+        if longest > root.policy.model.max_seq_len and env.rl_jsonl is None and env.rl_data is None and env.name == "arithmetic":
+            fail(
+                "policy.model.max_seq_len",
+                f"must be >= {longest} (bos + prompt + policy.generation.max_new_tokens) "
+                f"for env.digits={env.digits}, got {root.policy.model.max_seq_len}",
+            )
 
 
 @dataclass
 class GRPOConfig(_RLAlgorithm):
     """``algorithm`` for GRPO: group-relative advantages, clipped PG loss, KL to the reference.
 
-    ``reuse_train_forward_logprobs``: when a rollout is one optimizer step (samples per step =
-    ``policy.train_global_batch_size``), take ``prev_logprobs`` from the training forward
-    instead of a separate forward (the same numbers; the synchronous trainers only).
+    ``reuse_train_forward_logprobs``: when a rollout is one optimizer step, the synchronous trainers
+    take ``prev_logprobs`` from the training forward (the same numbers) instead of a separate one.
     """
 
     name: str = "grpo"
@@ -394,9 +370,6 @@ class PPOConfig(_RLAlgorithm):
         at_least("algorithm.kl_coef", self.kl_coef, 0.0)
 
 
-# --- env, cluster, logger, checkpointing ---
-
-
 @dataclass
 class LoggerConfig:
     """``logger``: what a run writes and shows (paths relative to the run directory)."""
@@ -420,10 +393,9 @@ class LoggerConfig:
 
 @dataclass
 class CheckpointingConfig:
-    """``checkpointing``: periodic atomic checkpoints and exact resume.
+    """``checkpointing``: periodic atomic checkpoints (``save_period`` 0: only at the end) and exact resume.
 
-    ``resume_from`` names a checkpoint root (a run's ``checkpoint_dir``); the latest checkpoint
-    under it is loaded.  ``save_period`` 0 saves only at the end.
+    ``resume_from`` names a checkpoint root (a run's ``checkpoint_dir``); its latest checkpoint is loaded.
     """
 
     enabled: bool = True
@@ -441,15 +413,11 @@ class CheckpointingConfig:
 
 @dataclass
 class MasterConfig:
-    """The root schema (``config_schema``): one node per group plus the run seed.
-
-    ``algorithm`` and ``data_plane`` are typed by the schema their group file names first
-    (``algorithm_sft_schema`` / ..., ``data_plane_tq_schema`` / ...).
-    """
+    """The root schema (``config_schema``); ``algorithm``, ``data_plane``, ``policy``: typed by their group file."""
 
     algorithm: Any = MISSING
     data_plane: Any = MISSING
-    policy: Any = MISSING  # typed by the policy group file (policy_tiny_schema / policy_hf_schema)
+    policy: Any = MISSING
     env: EnvConfig = MISSING  # type: ignore[assignment]
     cluster: ClusterConfig = MISSING  # type: ignore[assignment]
     logger: LoggerConfig = MISSING  # type: ignore[assignment]

@@ -1,15 +1,12 @@
-"""Which trainer serves a config: the (algorithm, data plane) lookup over the algorithm table.
-
-Trainers are named by ``"module:function"`` and not imported, so validation can run the lookup
-before any process starts.
-"""
+"""Which trainer serves a config: the (algorithm, data plane) lookup over the algorithm table, importing nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_dp.config.algorithm_registry import ALGORITHMS, AlgorithmSpec
+from nemo_dp.config.algorithm_registry import ALGORITHMS
 from nemo_dp.data_plane import registry
 from nemo_dp.data_plane.factory import data_plane_kind
 from nemo_dp.utils.config_access import cfg_get
@@ -29,8 +26,7 @@ DEFAULT_ALGORITHM = "grpo"
 
 _ABSENT = object()
 
-# (algorithm, kind) -> "module:function", built from the algorithm table on first use and
-# rebuilt only when an algorithm is registered later (tests may patch entries of this dict).
+# (algorithm, kind) -> "module:function", rebuilt only when ALGORITHMS changes (tests may patch entries).
 _TRAINER_TABLE: dict[tuple[str, str], str] = {}
 _TRAINER_TABLE_KEY: tuple[Any, ...] | None = None
 
@@ -52,8 +48,7 @@ def _trainer_table() -> dict[tuple[str, str], str]:
 
 
 def __getattr__(name: str) -> Any:
-    # ``TRAINER_REGISTRY`` follows ALGORITHMS (an algorithm may be registered after import); it
-    # is the same dict the lookup reads.
+    # ``TRAINER_REGISTRY`` is the dict the lookup reads, following algorithms registered after import.
     if name == "TRAINER_REGISTRY":
         return _trainer_table()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -65,13 +60,8 @@ class TrainerNotAvailableError(TargetNotFoundError):
 
 @dataclass(frozen=True)
 class TrainerSelection:
-    """The resolved trainer choice for one config (nothing imported yet).
-
-    Attributes:
-        data_plane: Data-plane kind (``disabled``, ``local``, ``transfer_queue``, ``ray_store``).
-        target: ``"module:function"`` of the trainer.
-        mode: ``"synchronous"`` or the name of the mode switched on (``"asynchronous"``).
-    """
+    """The resolved trainer choice for one config: ``target`` is its ``"module:function"``; ``mode``
+    is ``"synchronous"`` or the mode switched on (``"asynchronous"``)."""
 
     algorithm: str
     data_plane: str
@@ -115,25 +105,16 @@ def _legal_data_planes(algorithm: str) -> list[str]:
     return [kind for kind in registry.BACKENDS if (algorithm, kind) in table]
 
 
-def _illegal_reason(spec: AlgorithmSpec | None, kind: str) -> str | None:
-    """Why ``spec`` cannot run on backend ``kind``, derived from the backend's capabilities."""
-    backend = registry.backend(kind)
-    needs_transport = spec is not None and spec.requires_cross_process
-    if needs_transport and backend.enabled and not backend.cross_process:
-        return "a process-local store cannot carry rollout data between processes"
-    return None
+def _choices(kinds: Iterable[str]) -> str:
+    return ", ".join(f"{k} (data_plane={registry.backend(k).option})" for k in kinds)
 
 
 def validate_trainer_selection(master_config: Any, *, label: str | None = None) -> TrainerSelection:
-    """Resolve (algorithm, data plane) to a registered trainer without importing it.
-
-    The launcher calls this at compose time, before any process starts; ``select_sync_trainer``
-    uses the same lookup.
+    """Resolve (algorithm, data plane) to a registered trainer without importing it (as ``select_sync_trainer`` does).
 
     Args:
         master_config: Root config (``DictConfig``, dataclass or mapping) with an optional
-            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``) and an optional
-            ``data_plane``.
+            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``) and ``data_plane``.
         label: Progress-line label; defaults to the algorithm's label.
 
     Raises:
@@ -152,8 +133,7 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
     spec = ALGORITHMS.get(algorithm)
     if label is None and spec is not None:
         label = spec.display_label
-    # A mode switched on (e.g. asynchronous GRPO) decides the trainer, and its own error names
-    # its switch, before the algorithm's default trainer table is consulted.
+    # A mode switched on decides the trainer (its error naming its switch) before the default table.
     mode_name, target = "synchronous", None
     for mode in spec.modes if spec is not None else ():
         selector = resolve_target(
@@ -163,24 +143,21 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
             continue
         target = mode.trainers.get(kind)
         if target is None:
-            choices = ", ".join(
-                f"{k} (data_plane={registry.backend(k).option})" for k in mode.trainers
-            )
             raise ValueError(
                 f"{mode.switch_key}=true cannot run with data_plane={kind!r}. Legal data planes "
-                f"for {mode.name} {algorithm!r}: {choices}; or set {mode.switch_key}=false."
+                f"for {mode.name} {algorithm!r}: {_choices(mode.trainers)}; or set {mode.switch_key}=false."
             )
         mode_name = mode.name
         break
     if target is None:
         target = _trainer_table().get((algorithm, kind))
     if target is None:
-        reason = _illegal_reason(spec, kind)
-        choices = ", ".join(f"{k} (data_plane={registry.backend(k).option})" for k in legal)
+        backend = registry.backend(kind)
+        local_only = spec is not None and spec.requires_cross_process and backend.enabled and not backend.cross_process
+        reason = ": a process-local store cannot carry rollout data between processes" if local_only else ""
         raise ValueError(
-            f"algorithm={algorithm!r} cannot run with data_plane={kind!r}"
-            + (f": {reason}" if reason else "")
-            + f". Legal data planes for algorithm {algorithm!r}: {choices}."
+            f"algorithm={algorithm!r} cannot run with data_plane={kind!r}{reason}. "
+            f"Legal data planes for algorithm {algorithm!r}: {_choices(legal)}."
         )
     return TrainerSelection(
         algorithm=algorithm,
