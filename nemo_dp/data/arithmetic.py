@@ -1,16 +1,17 @@
-"""Built-in arithmetic task: verifiable problems such as ``"37+5="`` -> ``"42"``.
+"""Built-in arithmetic task: verifiable problems such as ``"37+5="`` -> ``"42"``, generated from a seed.
 
-Problems are generated from a seed; train and eval are split by a stable hash of ``(a, op, b)``,
-so the eval set is disjoint from every train set whatever the seeds or sizes.
+Train and eval are split by a stable hash of ``(a, op, b)``, so the eval set is disjoint from every train set.
 """
 
 from __future__ import annotations
 
 import hashlib
+import operator
 import random
 from dataclasses import dataclass
 
-SUPPORTED_OPERATORS: tuple[str, ...] = ("+", "-", "*")
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+SUPPORTED_OPERATORS: tuple[str, ...] = tuple(_OPS)
 
 # One bucket in EVAL_BUCKETS of the problem space is held out for evaluation.
 EVAL_BUCKETS: int = 10
@@ -25,14 +26,6 @@ class Problem:
 
     prompt: str
     answer: str
-
-
-def _solve(a: int, op: str, b: int) -> int:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    return a * b
 
 
 def is_eval_problem(a: int, op: str, b: int) -> bool:
@@ -51,19 +44,14 @@ def make_problem(a: int, op: str, b: int) -> Problem:
         raise ValueError(f"make_problem: operator {op!r} not in {SUPPORTED_OPERATORS}")
     if a < 0 or b < 0:
         raise ValueError(f"make_problem: operands must be non-negative, got a={a}, b={b}")
-    return Problem(prompt=f"{a}{op}{b}=", answer=str(_solve(a, op, b)))
+    return Problem(prompt=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)))
 
 
 class ArithmeticTask:
-    """Deterministic generator of arithmetic problems.
+    """Deterministic generator of distinct arithmetic problems, each set from its own partition.
 
     Operands are drawn uniformly from ``[0, 10**digits)``; the operator uniformly from
-    ``operators``. ``train_problems`` and ``eval_problems`` return distinct problems (no
-    duplicates within a set) from their own partition.
-
-    Args:
-        digits: Maximum number of digits of an operand (>= 1).
-        operators: Operators to use, a non-empty subset of ``("+", "-", "*")`` without duplicates.
+    ``operators`` (a non-empty subset of ``SUPPORTED_OPERATORS`` without duplicates).
 
     Raises:
         ValueError: Invalid digits or operators.
@@ -88,7 +76,7 @@ class ArithmeticTask:
 
     @property
     def space_size(self) -> int:
-        """Number of problems in the whole space (both partitions)."""
+        """Number of problems in both partitions."""
         return self._limit * self._limit * len(self.operators)
 
     def _partition(self, eval_part: bool) -> list[tuple[int, str, int]]:

@@ -1,8 +1,4 @@
-"""Typed errors for dataset problems, so callers can map them to a config key and a file line.
-
-``DatasetError`` carries key, file, line and field as attributes (rendered in a fixed order);
-``UnknownCharacterError`` names a character a fixed-vocabulary tokenizer cannot encode.
-"""
+"""Typed errors for dataset problems, so callers can map them to a config key and a file line."""
 
 from __future__ import annotations
 
@@ -18,11 +14,8 @@ class DatasetError(ValueError):
     ``"env.sft_jsonl: data/sft.jsonl:7: field 'messages[1].role' is 'bot', not a legal role"``.
 
     Args:
-        problem: What is wrong; with ``field`` it continues the phrase "field 'x' ...", e.g.
-            ``"must be a string, got int"`` or ``"is missing"``.
-        key: The config key that names the dataset, e.g. ``"env.sft_jsonl"``.
+        problem: What is wrong; with ``field`` it continues the phrase "field 'x' ...".
         line: The 1-based line number in ``path``.
-        field: The JSON field at fault, e.g. ``"messages[1].role"``.
         row: The 0-based row index in a table that has no lines (parquet, csv, a saved dataset).
         fix: What to change, e.g. ``"raise policy.model.max_seq_len to at least 40"``.
     """
@@ -50,7 +43,7 @@ class DatasetError(ValueError):
         return text
 
     def with_key(self, key: str) -> DatasetError:
-        """A new error like this one, naming the config ``key`` (e.g. ``"env.rl_jsonl"``) of the dataset."""
+        """A new error like this one, naming the config ``key`` of the dataset."""
         return DatasetError(
             self.problem, key=key, path=self.path, line=self.line, field=self.field, fix=self.fix, row=self.row
         )
