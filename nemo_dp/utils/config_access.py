@@ -17,14 +17,10 @@ REQUIRED: Any = object()
 def cfg_get(
     node: Any, key: str, default: Any = REQUIRED, *, where: str = "", strict: bool = False
 ) -> Any:
-    """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for dataclasses and objects.
+    """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for dataclasses and objects (``None``: no keys).
 
-    Args:
-        node: ``None`` has no keys.
-        default: Returned when the key is absent; without it an absent key raises.
-        where: The node's dotted name in messages (``"data_plane"``; ``""`` for the root).
-        strict: Accept only ``None``, mappings (``DictConfig`` included) and dataclass
-            instances as nodes.
+    ``where`` is the node's dotted name in messages (``""`` for the root); ``strict`` accepts only
+    ``None``, mappings and dataclass instances as nodes.
 
     Raises:
         ValueError: The key of a ``DictConfig`` is the unset mandatory value ``???``.
