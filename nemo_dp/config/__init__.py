@@ -113,9 +113,7 @@ def warm_start_config(cfg: DictConfig) -> DictConfig:
     name = cfg.algorithm.name
     if name not in ALGORITHMS or not algorithm(name).warm_start:
         with_warm_start = [n for n, spec in ALGORITHMS.items() if spec.warm_start]
-        raise ValueError(
-            f"algorithm.warm_start: only {with_warm_start} have a warm start, got {name!r}"
-        )
+        raise ValueError(f"algorithm.warm_start: only {with_warm_start} have a warm start, got {name!r}")
     ws = cfg.algorithm.warm_start
     sft = OmegaConf.structured(
         SFTConfig(
@@ -148,9 +146,7 @@ def check_writable(key: str, path: str | os.PathLike[str]) -> None:
     while not probe_dir.exists() and probe_dir != probe_dir.parent:
         probe_dir = probe_dir.parent
     if not probe_dir.is_dir():
-        raise PreflightError(
-            f"{key}: output path {str(path)!r} is not writable: {str(probe_dir)!r} is not a directory"
-        )
+        raise PreflightError(f"{key}: output path {str(path)!r} is not writable: {str(probe_dir)!r} is not a directory")
     try:
         with tempfile.NamedTemporaryFile(dir=probe_dir, prefix=".write_probe_"):
             pass
@@ -168,11 +164,9 @@ def _check_device(cfg: MasterConfig) -> None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         seen = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
         build = torch.version.cuda
-        why = f"torch {torch.__version__} (CUDA {build}) sees no CUDA device{seen}" if build else (
-            f"torch {torch.__version__} is a CPU-only build"
-        )
+        why = f"(CUDA {build}) sees no CUDA device{seen}" if build else "is a CPU-only build"
         raise PreflightError(
-            f"policy.device: cuda, but {why} and the run starts its own Ray on this machine "
+            f"policy.device: cuda, but torch {torch.__version__} {why} and the run starts its own Ray on this machine "
             "(cluster.address is local); set policy.device=cpu, or install a CUDA torch build "
             "(README, 'Running on GPUs')"
         )
@@ -196,9 +190,7 @@ def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
 
     machine = os.cpu_count() or 1
     if cfg.cluster.is_local and cfg.cluster.num_cpus > machine:
-        raise PreflightError(
-            f"cluster.num_cpus: {cfg.cluster.num_cpus} exceeds the {machine} CPUs of this machine"
-        )
+        raise PreflightError(f"cluster.num_cpus: {cfg.cluster.num_cpus} exceeds the {machine} CPUs of this machine")
     threads = cfg.policy.dp_size * cfg.policy.torch_threads
     if cfg.cluster.is_local and threads > cfg.cluster.num_cpus:
         raise PreflightError(
@@ -213,9 +205,7 @@ def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
     if cfg.checkpointing.enabled:
         check_writable("checkpointing.checkpoint_dir", run / cfg.checkpointing.checkpoint_dir)
     if cfg.checkpointing.resume_from is not None and not Path(cfg.checkpointing.resume_from).is_dir():
-        raise PreflightError(
-            f"checkpointing.resume_from: {cfg.checkpointing.resume_from!r} is not a directory"
-        )
+        raise PreflightError(f"checkpointing.resume_from: {cfg.checkpointing.resume_from!r} is not a directory")
 
 
 __all__ += [

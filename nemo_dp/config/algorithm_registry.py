@@ -111,9 +111,7 @@ def algorithm(name: str) -> AlgorithmSpec:
     """The spec registered as ``name`` (``ValueError`` listing the known names if none)."""
     spec = ALGORITHMS.get(name)
     if spec is None:
-        raise ValueError(
-            f"unknown algorithm {name!r} (algorithm.name); known algorithms: {sorted(ALGORITHMS)}"
-        )
+        raise ValueError(f"unknown algorithm {name!r} (algorithm.name); known algorithms: {sorted(ALGORITHMS)}")
     return spec
 
 

@@ -70,10 +70,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
 
     kind = data_plane_kind(cfg_get(master_config, "data_plane", None))
     legal = [
-        kind_
-        for mode in algorithm("grpo").modes
-        if mode.switch_key == f"{_KEY}.enabled"
-        for kind_ in mode.trainers
+        kind_ for mode in algorithm("grpo").modes if mode.switch_key == f"{_KEY}.enabled" for kind_ in mode.trainers
     ]
     if kind not in legal:
         options = " or ".join(f"data_plane={backend(k).option}" for k in legal)

@@ -79,8 +79,7 @@ class ModelSchema(Checked, key="policy.model"):
     def check(self) -> None:
         if self.d_model % self.n_heads != 0:
             fail(
-                "policy.model.d_model",
-                f"must be divisible by policy.model.n_heads={self.n_heads}, got {self.d_model}",
+                "policy.model.d_model", f"must be divisible by policy.model.n_heads={self.n_heads}, got {self.d_model}"
             )
         at_least("policy.model.max_seq_len", self.max_seq_len, 2)
         if not 0.0 <= self.dropout < 1.0:
@@ -178,8 +177,7 @@ class PolicyConfig:
         if self.train_global_batch_size % self.dp_size != 0:
             fail(
                 "policy.train_global_batch_size",
-                f"must be a multiple of policy.dp_size={self.dp_size}, "
-                f"got {self.train_global_batch_size}",
+                f"must be a multiple of policy.dp_size={self.dp_size}, got {self.train_global_batch_size}",
             )
         per_worker = self.train_global_batch_size // self.dp_size
         if self.train_micro_batch_size is not None and self.train_micro_batch_size > per_worker:
@@ -323,8 +321,7 @@ class GRPOConfig(_RLAlgorithm):
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt < 2:
             fail(
                 "algorithm.num_generations_per_prompt",
-                "must be >= 2 with algorithm.use_leave_one_out_baseline=true, "
-                f"got {self.num_generations_per_prompt}",
+                f"must be >= 2 with algorithm.use_leave_one_out_baseline=true, got {self.num_generations_per_prompt}",
             )
         at_least("algorithm.num_train_prompts", self.num_train_prompts, self.num_prompts_per_step)
 
@@ -429,9 +426,7 @@ class MasterConfig:
         algo = self.algorithm
         if type(algo) not in algorithm_schemas():
             fail(
-                "algorithm",
-                f"unknown algorithm schema {type(algo).__name__}; legal values: "
-                f"{list(algorithm_names())}",
+                "algorithm", f"unknown algorithm schema {type(algo).__name__}; legal values: {list(algorithm_names())}"
             )
         check_root = getattr(algo, "check_root", None)
         if check_root is not None:

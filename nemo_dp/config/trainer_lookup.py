@@ -37,11 +37,7 @@ def _trainer_table() -> dict[tuple[str, str], str]:
     if key != _TRAINER_TABLE_KEY:
         _TRAINER_TABLE.clear()
         _TRAINER_TABLE.update(
-            {
-                (name, kind): target
-                for name, spec in ALGORITHMS.items()
-                for kind, target in spec.trainers.items()
-            }
+            {(name, kind): target for name, spec in ALGORITHMS.items() for kind, target in spec.trainers.items()}
         )
         _TRAINER_TABLE_KEY = key
     return _TRAINER_TABLE
@@ -127,9 +123,7 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
     legal = _legal_data_planes(algorithm)
     if not legal:
         known = sorted({alg for alg, _ in _trainer_table()})
-        raise ValueError(
-            f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}"
-        )
+        raise ValueError(f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}")
     spec = ALGORITHMS.get(algorithm)
     if label is None and spec is not None:
         label = spec.display_label

@@ -68,9 +68,7 @@ def _objects(path: str, key: str | None) -> Iterator[tuple[int, dict[str, Any]]]
                     f"malformed JSON line: {exc.msg} (column {exc.colno})", key=key, path=path, line=lineno
                 ) from None
             if not isinstance(obj, dict):
-                raise DatasetError(
-                    f"expected a JSON object, got {type(obj).__name__}", key=key, path=path, line=lineno
-                )
+                raise DatasetError(f"expected a JSON object, got {type(obj).__name__}", key=key, path=path, line=lineno)
             yield lineno, obj
 
 
@@ -120,9 +118,7 @@ class RowFields:
                 if not isinstance(turn[part], str):
                     raise self.fail(f"must be a string, got {_type(turn[part])}", f"{where}.{part}")
             if turn["role"] not in ROLES:
-                raise self.fail(
-                    f"is {turn['role']!r}, not a legal role; legal roles: {list(ROLES)}", f"{where}.role"
-                )
+                raise self.fail(f"is {turn['role']!r}, not a legal role; legal roles: {list(ROLES)}", f"{where}.role")
             out.append(Message(role=turn["role"], content=turn["content"]))
         return tuple(out)
 
@@ -158,8 +154,7 @@ def sft_example(line: RowFields, col: Columns) -> SFTExample:
     messages = line.messages(col.messages)
     if messages[-1].role != "assistant":
         raise line.fail(
-            f"is {messages[-1].role!r}; an SFT conversation must end with an 'assistant' "
-            "turn (the text to learn)",
+            f"is {messages[-1].role!r}; an SFT conversation must end with an 'assistant' turn (the text to learn)",
             f"{col.messages}[{len(messages) - 1}].role",
         )
     return ChatExample(messages)

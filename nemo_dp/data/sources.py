@@ -130,8 +130,7 @@ def data_setting(env_cfg: Any, role: str) -> tuple[Optional[str], Optional[str]]
     a, b = getattr(env_cfg, new, None), getattr(env_cfg, old, None)
     if a is not None and b is not None:
         raise DatasetError(
-            f"env.{new} and env.{old} are both set; env.{old} is the older name of env.{new}: set one",
-            key=f"env.{new}",
+            f"env.{new} and env.{old} are both set; env.{old} is the older name of env.{new}: set one", key=f"env.{new}"
         )
     if a is not None:
         return f"env.{new}", str(a)

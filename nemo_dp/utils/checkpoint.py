@@ -82,8 +82,8 @@ class _Encoder:
         if isinstance(value, np.ndarray):
             if value.dtype.kind not in "biuf":
                 raise TypeError(f"{where}: NumPy array of dtype {value.dtype} cannot be checkpointed")
-            return {_TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),
-                    "data": [self.encode(x, path) for x in value.reshape(-1).tolist()]}
+            data = [self.encode(x, path) for x in value.reshape(-1).tolist()]
+            return {_TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape), "data": data}
         if isinstance(value, np.generic):
             return {_TAG: "npscalar", "dtype": value.dtype.str, "v": self.encode(value.item(), path)}
         if isinstance(value, bytes):
@@ -184,10 +184,7 @@ def checkpoint_manifest(state: Mapping[str, Any], files: list[str], **extra: Any
 
 
 def save_training_checkpoint(
-    checkpoint_dir: str | os.PathLike[str],
-    state: dict[str, Any],
-    *,
-    finalize: Callable[[Path], None] | None = None,
+    checkpoint_dir: str | os.PathLike[str], state: dict[str, Any], *, finalize: Callable[[Path], None] | None = None
 ) -> Path:
     """Atomically write ``state`` to ``checkpoint_dir``; return its absolute path.
 
@@ -221,9 +218,7 @@ def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str
     if has_manifest(checkpoint_dir):
         verify_manifest(checkpoint_dir)
     manifest = read_manifest(
-        checkpoint_dir,
-        expected_format=CHECKPOINT_FORMAT,
-        supported_versions=(1, CHECKPOINT_FORMAT_VERSION),
+        checkpoint_dir, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
     )
     base = Path(checkpoint_dir)
     if manifest["format_version"] != CHECKPOINT_FORMAT_VERSION:

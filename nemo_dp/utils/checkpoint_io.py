@@ -70,18 +70,14 @@ def validate_json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
-        raise TypeError(
-            f"checkpoint metadata must be a mapping of JSON values, got {type(metadata).__name__}"
-        )
+        raise TypeError(f"checkpoint metadata must be a mapping of JSON values, got {type(metadata).__name__}")
     check_json_value(metadata, "checkpoint metadata")
     return json.loads(json.dumps(metadata))
 
 
 def _absolute(checkpoint_dir: str | PathLike[str]) -> Path:
     if not isinstance(checkpoint_dir, (str, PathLike)):
-        raise TypeError(
-            f"checkpoint_dir must be a str or PathLike, got {type(checkpoint_dir).__name__}"
-        )
+        raise TypeError(f"checkpoint_dir must be a str or PathLike, got {type(checkpoint_dir).__name__}")
     path = Path(os.path.abspath(os.fspath(checkpoint_dir)))
     if path.name in ("", ".", ".."):
         raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} does not name a directory")
@@ -92,9 +88,7 @@ def _verify_written(tmp_dir: Path) -> None:
     """Refuse to commit a checkpoint whose writer produced no manifest."""
     manifest = tmp_dir / MANIFEST_NAME
     if not manifest.is_file():
-        raise RuntimeError(
-            f"checkpoint writer did not create {MANIFEST_NAME} in {str(tmp_dir)!r}; not committing"
-        )
+        raise RuntimeError(f"checkpoint writer did not create {MANIFEST_NAME} in {str(tmp_dir)!r}; not committing")
 
 
 def _fsync_path(path: Path, *, directory: bool) -> None:
@@ -118,9 +112,7 @@ def _fsync_tree(root: Path) -> None:
         _fsync_path(Path(dirpath), directory=True)
 
 
-def write_checkpoint_atomically(
-    checkpoint_dir: str | PathLike[str], write_fn: Callable[[Path], None]
-) -> Path:
+def write_checkpoint_atomically(checkpoint_dir: str | PathLike[str], write_fn: Callable[[Path], None]) -> Path:
     """Write a checkpoint directory (parents created) through a temp sibling and two renames; return its path.
 
     ``write_fn`` fills ``<dir>.tmp-<random>``, ``manifest.json`` included; after fsync an existing
@@ -201,9 +193,7 @@ def resolve_checkpoint_dir(checkpoint_dir: str | PathLike[str]) -> Path:
     survivors: list[str] = []
     if path.parent.is_dir():
         prefix = f"{path.name}{_OLD_INFIX}"
-        survivors = sorted(
-            str(p) for p in path.parent.iterdir() if p.name.startswith(prefix) and p.is_dir()
-        )
+        survivors = sorted(str(p) for p in path.parent.iterdir() if p.name.startswith(prefix) and p.is_dir())
     if survivors:
         raise FileNotFoundError(
             f"checkpoint directory {str(path)!r} does not exist, but a previous checkpoint "
@@ -218,10 +208,7 @@ def _is_int_version(version: Any) -> bool:
 
 
 def read_manifest(
-    checkpoint_dir: str | PathLike[str],
-    *,
-    expected_format: str,
-    supported_versions: Collection[int],
+    checkpoint_dir: str | PathLike[str], *, expected_format: str, supported_versions: Collection[int]
 ) -> dict[str, Any]:
     """Read ``<checkpoint_dir>/manifest.json``, checking ``"format"`` and ``"format_version"``.
 
@@ -235,8 +222,7 @@ def read_manifest(
     manifest = load_json(path, lambda exc: ValueError(f"checkpoint manifest {str(path)!r} is corrupt: {exc}"))
     if not isinstance(manifest, dict):
         raise ValueError(
-            f"checkpoint manifest {str(path)!r} is corrupt: expected a JSON object, "
-            f"got {type(manifest).__name__}"
+            f"checkpoint manifest {str(path)!r} is corrupt: expected a JSON object, got {type(manifest).__name__}"
         )
     fmt = manifest.get("format")
     version = manifest.get("format_version")

@@ -14,9 +14,7 @@ __all__ = ["REQUIRED", "cfg_get"]
 REQUIRED: Any = object()
 
 
-def cfg_get(
-    node: Any, key: str, default: Any = REQUIRED, *, where: str = "", strict: bool = False
-) -> Any:
+def cfg_get(node: Any, key: str, default: Any = REQUIRED, *, where: str = "", strict: bool = False) -> Any:
     """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for dataclasses and objects (``None``: no keys).
 
     ``where`` is the node's dotted name in messages (``""`` for the root); ``strict`` accepts only
@@ -33,8 +31,7 @@ def cfg_get(
     if strict and node is not None and not isinstance(node, Mapping):
         if not dataclasses.is_dataclass(node) or isinstance(node, type):
             raise TypeError(
-                f"{where or 'config'}: expected a mapping, DictConfig or config dataclass, "
-                f"got {type(node).__name__}"
+                f"{where or 'config'}: expected a mapping, DictConfig or config dataclass, got {type(node).__name__}"
             )
     if node is None:
         pass

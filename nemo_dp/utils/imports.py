@@ -15,9 +15,7 @@ class TargetNotFoundError(ImportError):
     """A ``"module:attr"`` whose module or attribute does not exist."""
 
 
-def resolve_target(
-    target: str, what: str = "target", *, error: type[TargetNotFoundError] = TargetNotFoundError
-) -> Any:
+def resolve_target(target: str, what: str = "target", *, error: type[TargetNotFoundError] = TargetNotFoundError) -> Any:
     """Import ``"package.module:attribute"`` (``what`` it is, for messages) and return the attribute.
 
     Raises:

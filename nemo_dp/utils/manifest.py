@@ -100,12 +100,7 @@ def build_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not root.is_dir():
         raise NotADirectoryError(f"build_manifest: {str(root)!r} is not a directory")
     files = {rel: {"size": (root / rel).stat().st_size, "sha256": _sha256(root / rel)} for rel in _payload_files(root)}
-    return {
-        "format": FILE_MANIFEST_FORMAT,
-        "format_version": FILE_MANIFEST_VERSION,
-        "hash": "sha256",
-        "files": files,
-    }
+    return {"format": FILE_MANIFEST_FORMAT, "format_version": FILE_MANIFEST_VERSION, "hash": "sha256", "files": files}
 
 
 def write_manifest(directory: str | os.PathLike[str]) -> Path:
@@ -163,9 +158,7 @@ def read_file_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise _bad(path, f"format {manifest.get('format')!r}, expected {FILE_MANIFEST_FORMAT!r}")
     if manifest.get("format_version") != FILE_MANIFEST_VERSION:
         raise _bad(
-            path,
-            f"unsupported format_version {manifest.get('format_version')!r}; "
-            f"supported: [{FILE_MANIFEST_VERSION}]",
+            path, f"unsupported format_version {manifest.get('format_version')!r}; supported: [{FILE_MANIFEST_VERSION}]"
         )
     files = manifest.get("files")
     if not isinstance(files, dict):
@@ -215,8 +208,7 @@ def verify_manifest(
             raise CheckpointCorruptError(
                 path,
                 reason,
-                f"checkpoint file {path} is {reason}: {size} bytes, the manifest records "
-                f"{entry['size']} bytes",
+                f"checkpoint file {path} is {reason}: {size} bytes, the manifest records {entry['size']} bytes",
             )
         if check_hashes and _sha256(path) != entry["sha256"]:
             raise CheckpointCorruptError(

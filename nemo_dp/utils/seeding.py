@@ -13,11 +13,7 @@ _KEYS: tuple[str, ...] = ("python", "numpy", "torch")
 
 def capture_rng_state() -> dict[str, Any]:
     """Snapshot every global RNG state used in training: ``{"python", "numpy", "torch"}``."""
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
