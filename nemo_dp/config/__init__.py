@@ -10,17 +10,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_dp.config.algorithm_registry import ALGORITHMS, algorithm
 from nemo_dp.config.keys import check_known_keys
-from nemo_dp.config.schema import (
-    CheckpointingConfig,
-    ClusterConfig,
-    EnvConfig,
-    GRPOConfig,
-    LoggerConfig,
-    MasterConfig,
-    PolicyConfig,
-    PPOConfig,
-    SFTConfig,
-)
+from nemo_dp.config.schema import MasterConfig, SFTConfig
 
 
 __all__ = [
@@ -67,8 +57,7 @@ def register_configs(recipes_dir: str | os.PathLike[str] | None = None) -> None:
 def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig:
     """Validate a composed root node (``hydra`` node optional); return it as dataclasses.
 
-    ``check_pair`` also checks that a trainer serves the (algorithm, data_plane) pair (and the
-    warm-start phase's), with the lookup ``select_sync_trainer`` uses later.
+    ``check_pair``: also check that a trainer serves the (algorithm, data_plane) pair and the warm start's.
 
     Raises:
         ValueError: A required key (``???``) is unset (naming the first and listing all), a
@@ -102,13 +91,10 @@ def _without_hydra(cfg: DictConfig) -> DictConfig:
 
 
 def warm_start_config(cfg: DictConfig) -> DictConfig:
-    """A new root config (``hydra`` node dropped) for an RL run's ``algorithm.warm_start`` SFT phase.
+    """A new root config (``hydra`` dropped) for an RL run's ``algorithm.warm_start`` SFT phase.
 
-    ``algorithm`` becomes an SFT node from the warm-start keys and ``policy.optimizer.lr`` /
-    ``warmup_steps`` take the warm-start values.
-
-    Raises:
-        ValueError: If ``cfg.algorithm`` has no warm start.
+    ``algorithm`` becomes an SFT node from the warm-start keys, which also set ``policy.optimizer.lr``
+    / ``warmup_steps``; ``ValueError`` if ``cfg.algorithm`` has no warm start.
     """
     name = cfg.algorithm.name
     if name not in ALGORITHMS or not algorithm(name).warm_start:
@@ -134,13 +120,8 @@ def warm_start_config(cfg: DictConfig) -> DictConfig:
 
 
 def check_writable(key: str, path: str | os.PathLike[str]) -> None:
-    """Check that config ``key``'s ``path`` can be created and written, leaving nothing behind.
-
-    The probe is a temporary file in ``path`` or its nearest existing ancestor, removed at once.
-
-    Raises:
-        PreflightError: A file is in the way, or the directory cannot be written.
-    """
+    """Check, with a temporary file in ``path`` or its nearest existing ancestor, that config ``key``'s
+    ``path`` can be created and written (``PreflightError`` if not)."""
     path = Path(path).absolute()
     probe_dir = path
     while not probe_dir.exists() and probe_dir != probe_dir.parent:
@@ -207,15 +188,3 @@ def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
     if cfg.checkpointing.resume_from is not None and not Path(cfg.checkpointing.resume_from).is_dir():
         raise PreflightError(f"checkpointing.resume_from: {cfg.checkpointing.resume_from!r} is not a directory")
 
-
-__all__ += [
-    "MasterConfig",
-    "PolicyConfig",
-    "SFTConfig",
-    "GRPOConfig",
-    "PPOConfig",
-    "EnvConfig",
-    "ClusterConfig",
-    "LoggerConfig",
-    "CheckpointingConfig",
-]

@@ -89,11 +89,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
 
 
 def coerce_async_rollout_config(node: Any) -> AsyncRolloutConfig:
-    """``algorithm.async_rollout`` (``None`` = defaults, dataclass, ``DictConfig`` or mapping) as a validated dataclass.
-
-    Raises:
-        ValueError: A key is unknown or a value out of range (naming the full key).
-    """
+    """``algorithm.async_rollout`` (``None`` = defaults) as a validated dataclass (``ValueError`` naming a bad key)."""
     if isinstance(node, AsyncRolloutConfig):
         return node
     if node is None:

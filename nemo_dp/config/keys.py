@@ -36,11 +36,7 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, list
 
 
 def check_known_keys(node: DictConfig) -> None:
-    """Refuse a key the schema does not declare in the composed root ``node`` (without ``hydra``).
-
-    Raises:
-        ValueError: Naming the first unknown key and the closest declared key.
-    """
+    """Refuse (``ValueError`` naming the closest declared key) an undeclared key of the root ``node`` (no ``hydra``)."""
     for full, declared in unknown_keys(node):
         parent, _, name = full.rpartition(".")
         where = parent or "the root config"

@@ -1,6 +1,6 @@
 """Built-in arithmetic task: verifiable problems such as ``"37+5="`` -> ``"42"``, generated from a seed.
 
-Train and eval are split by a stable hash of ``(a, op, b)``, so the eval set is disjoint from every train set.
+A stable hash of ``(a, op, b)`` keeps the eval set disjoint from every train set.
 """
 
 from __future__ import annotations
@@ -35,11 +35,7 @@ def is_eval_problem(a: int, op: str, b: int) -> bool:
 
 
 def make_problem(a: int, op: str, b: int) -> Problem:
-    """Build the problem ``f"{a}{op}{b}="`` with its answer.
-
-    Raises:
-        ValueError: ``op`` is not in ``SUPPORTED_OPERATORS`` or an operand is negative.
-    """
+    """The problem ``f"{a}{op}{b}="`` with its answer (``ValueError`` for another operator or a negative operand)."""
     if op not in SUPPORTED_OPERATORS:
         raise ValueError(f"make_problem: operator {op!r} not in {SUPPORTED_OPERATORS}")
     if a < 0 or b < 0:
@@ -51,10 +47,7 @@ class ArithmeticTask:
     """Deterministic generator of distinct arithmetic problems, each set from its own partition.
 
     Operands are drawn uniformly from ``[0, 10**digits)``; the operator uniformly from
-    ``operators`` (a non-empty subset of ``SUPPORTED_OPERATORS`` without duplicates).
-
-    Raises:
-        ValueError: Invalid digits or operators.
+    ``operators`` (a non-empty subset of ``SUPPORTED_OPERATORS`` without duplicates; ``ValueError`` if not).
     """
 
     def __init__(self, digits: int, operators: tuple[str, ...], seed: int) -> None:
@@ -119,11 +112,7 @@ class ArithmeticTask:
         return out
 
     def train_problems(self, n: int) -> list[Problem]:
-        """Draw ``n`` distinct training problems, in a seed-determined order.
-
-        Raises:
-            ValueError: The train partition holds fewer than ``n`` problems (or too many to sample).
-        """
+        """``n`` distinct training problems in a seed-determined order (``ValueError`` if there are not enough)."""
         return self._draw(n, eval_part=False)
 
     def eval_problems(self, n: int) -> list[Problem]:

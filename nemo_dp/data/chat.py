@@ -34,10 +34,6 @@ class ChatExample:
 
     messages: tuple[Message, ...]
 
-    def as_dicts(self) -> list[dict[str, str]]:
-        """The turns as ``{"role", "content"}`` dicts."""
-        return [{"role": m.role, "content": m.content} for m in self.messages]
-
 
 SFTExample = Union[tuple[str, str], ChatExample]
 
@@ -160,10 +156,9 @@ def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExampl
 
 
 def render_prompt(messages: Sequence[Message], tokenizer: Any | None) -> str:
-    """The text the policy continues: the chat template's rendering with a generation prompt, else the contents joined.
+    """The text the policy continues: the chat template's rendering with a generation prompt, else the contents.
 
-    Raises:
-        ChatTemplateError: The template does not return text.
+    Raises ``ChatTemplateError`` when the template does not return text.
     """
     if tokenizer is not None and has_chat_template(tokenizer):
         return _render(tokenizer, messages, add_generation_prompt=True)

@@ -42,12 +42,6 @@ class DatasetError(ValueError):
             text += f"; {self.fix}"
         return text
 
-    def with_key(self, key: str) -> DatasetError:
-        """A new error like this one, naming the config ``key`` of the dataset."""
-        return DatasetError(
-            self.problem, key=key, path=self.path, line=self.line, field=self.field, fix=self.fix, row=self.row
-        )
-
 
 class UnknownCharacterError(ValueError):
     """Text holds a character outside a fixed vocabulary (``position``: its index in ``text``)."""

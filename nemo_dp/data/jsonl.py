@@ -188,11 +188,7 @@ def render_rl_prompt(line: RowFields, col: Columns, messages: tuple[Message, ...
 def read_sft_jsonl(
     path: str | os.PathLike[str], *, key: str | None = None, columns: Columns | None = None
 ) -> list[SFTRecord]:
-    """Parse an SFT jsonl file named by config ``key`` into records in file order.
-
-    Raises:
-        DatasetError: A missing file, a malformed line, or a file without records.
-    """
+    """The records of an SFT jsonl file named by config ``key`` (``DatasetError`` if missing, malformed or empty)."""
     return _read_records(path, key, columns, lambda line, col: SFTRecord(sft_example(line, col), line.line))
 
 

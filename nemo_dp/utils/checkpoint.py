@@ -160,10 +160,7 @@ def encode_state(state: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor]
 
 
 def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> list[str]:
-    """Write ``state``'s files (not the manifest) into a checkpoint directory; return the top-level names.
-
-    A state that cannot be stored raises before any file is written.
-    """
+    """Write ``state``'s files (not the manifest; nothing if it cannot be stored); return the top-level names."""
     from safetensors.torch import save_file
 
     tree, tensors, trees = encode_state(state)

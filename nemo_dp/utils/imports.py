@@ -39,10 +39,7 @@ def resolve_target(target: str, what: str = "target", *, error: type[TargetNotFo
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
-    """A package's module-level ``__getattr__`` importing each name of ``exports`` (name -> module) on first use.
-
-    Resolved names are cached in the package; another name raises ``AttributeError``.
-    """
+    """A package's module-level ``__getattr__`` importing (and caching) each name of ``exports`` on first use."""
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)

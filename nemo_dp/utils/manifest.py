@@ -138,11 +138,7 @@ def _bad(path: Path, message: str) -> CheckpointCorruptError:
 
 
 def read_file_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and structurally check ``directory``'s file manifest.
-
-    Raises:
-        CheckpointCorruptError: ``no_manifest``, or ``bad_manifest`` (invalid or unsupported version).
-    """
+    """Read and structurally check ``directory``'s file manifest (``CheckpointCorruptError`` if missing or bad)."""
     path = Path(directory) / FILE_MANIFEST_NAME
     if not path.is_file():
         raise CheckpointCorruptError(
