@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from nemo_dp.utils.config_checks import fail
+from nemo_dp.utils.config_checks import Checked, at_least_field, fail, positive_field
 from nemo_dp.distributed.ray_init import parse_cluster_address
 
 __all__ = ["ClusterConfig", "RESERVED_RESOURCE_NAMES"]
@@ -15,7 +15,7 @@ RESERVED_RESOURCE_NAMES: tuple[str, ...] = ("CPU", "GPU", "memory", "object_stor
 
 
 @dataclass
-class ClusterConfig:
+class ClusterConfig(Checked, key="cluster"):
     """``cluster``: a private Ray for the run, or a running cluster to join.
 
     Attributes:
@@ -32,26 +32,21 @@ class ClusterConfig:
     """
 
     address: Optional[str] = None
-    num_cpus: int = 2
+    num_cpus: int = at_least_field(2, 1)
     temp_dir: Optional[str] = None
-    connect_timeout_s: float = 15.0
+    connect_timeout_s: float = positive_field(15.0)
     working_dir: Optional[str] = None
     policy_resources: dict[str, float] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if self.num_cpus < 1:
-            fail("cluster.num_cpus", f"must be >= 1, got {self.num_cpus!r}")
-        if not self.connect_timeout_s > 0:
-            fail("cluster.connect_timeout_s", f"must be > 0, got {self.connect_timeout_s!r}")
+    def check(self) -> None:
         if self.address is not None:
             try:
                 parse_cluster_address(self.address)
             except ValueError as exc:
                 fail("cluster.address", str(exc))
-        if self.temp_dir is not None and not str(self.temp_dir).strip():
-            fail("cluster.temp_dir", "must be a non-empty path or null")
-        if self.working_dir is not None and not str(self.working_dir).strip():
-            fail("cluster.working_dir", "must be a non-empty path or null")
+        for key in ("temp_dir", "working_dir"):
+            if getattr(self, key) is not None and not str(getattr(self, key)).strip():
+                fail(f"cluster.{key}", "must be a non-empty path or null")
         for name, amount in dict(self.policy_resources).items():
             key = f"cluster.policy_resources.{name}"
             if not str(name).strip():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from nemo_dp.utils.config_checks import one_of
+from nemo_dp.utils.config_checks import at_least, one_of
 from nemo_dp.environments.registry import check_reward_entry, is_function_path, reward_entries, single_reward_names
 
 __all__ = ["ENV_NAMES", "ENV_FORMATS", "EnvConfig", "ColumnsConfig", "RewardItem"]
@@ -63,8 +63,7 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         one_of("env.name", self.name, ENV_NAMES)
-        if not self.digits >= 1:
-            raise ValueError(f"env.digits: must be >= 1, got {self.digits!r}")
+        at_least("env.digits", self.digits, 1)
         if not self.operators:
             raise ValueError(f"env.operators: must not be empty; legal values: {list(_OPERATORS)}")
         for op in self.operators:

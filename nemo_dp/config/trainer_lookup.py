@@ -96,11 +96,6 @@ def master_data_plane(master_config: Any) -> Any:
     return None if dp is _ABSENT else dp
 
 
-def _legal_data_planes(algorithm: str) -> list[str]:
-    table = _trainer_table()
-    return [kind for kind in registry.BACKENDS if (algorithm, kind) in table]
-
-
 def _choices(kinds: Iterable[str]) -> str:
     return ", ".join(f"{k} (data_plane={registry.backend(k).option})" for k in kinds)
 
@@ -120,13 +115,13 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
     """
     algorithm = _algorithm_name(master_config)
     kind = data_plane_kind(master_data_plane(master_config))
-    legal = _legal_data_planes(algorithm)
+    legal = [k for k in registry.BACKENDS if (algorithm, k) in _trainer_table()]
     if not legal:
         known = sorted({alg for alg, _ in _trainer_table()})
         raise ValueError(f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}")
     spec = ALGORITHMS.get(algorithm)
-    if label is None and spec is not None:
-        label = spec.display_label
+    if label is None:
+        label = spec.display_label if spec is not None else algorithm.upper()
     # A mode switched on decides the trainer (its error naming its switch) before the default table.
     mode_name, target = "synchronous", None
     for mode in spec.modes if spec is not None else ():
@@ -153,10 +148,4 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
             f"algorithm={algorithm!r} cannot run with data_plane={kind!r}{reason}. "
             f"Legal data planes for algorithm {algorithm!r}: {_choices(legal)}."
         )
-    return TrainerSelection(
-        algorithm=algorithm,
-        data_plane=kind,
-        target=target,
-        label=label if label is not None else algorithm.upper(),
-        mode=mode_name,
-    )
+    return TrainerSelection(algorithm, kind, target, label, mode_name)

@@ -114,17 +114,11 @@ def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
         out = image_prompt_lengths(src.rows, src.lines, tokenizer, key=src.key, path=src.label, sft=sft)
         src.memo[memo_key] = (tokenizer, out)
         return out
-    if sft:
-        items: Any = src.rows
-    else:
-        texts = getattr(src.rows, "prompt_texts", None)
-        items = texts() if texts is not None else (row.prompt for row in src.rows)
+    texts = getattr(src.rows, "prompt_texts", None)
+    items: Any = src.rows if sft else texts() if texts is not None else (row.prompt for row in src.rows)
     for i, item in enumerate(items):
         try:
-            if sft:
-                out.append(len(tokenize_sft_example(item, tokenizer).ids))
-            else:
-                out.append(len(encode_prompt_text(item, tokenizer)))
+            out.append(len(tokenize_sft_example(item, tokenizer).ids if sft else encode_prompt_text(item, tokenizer)))
         except DatasetError:  # a row the chat template cannot render names itself
             raise
         except ValueError as exc:
