@@ -156,15 +156,13 @@ def _check_device(cfg: MasterConfig) -> None:
 def preflight(cfg: MasterConfig, run_dir: str | os.PathLike[str]) -> None:
     """Checks that must pass before Ray starts; they write nothing.
 
-    * CPU budget of a local Ray (``cluster.num_cpus``): within the machine's CPUs, and room for
-      the workers' ``dp_size x torch_threads`` compute threads and the data plane's own actors.
-    * ``policy.device=cuda`` with a local Ray needs a CUDA device visible here.
-    * The run and checkpoint directories can be written; a ``checkpointing.resume_from`` directory exists.
+    A local Ray's ``cluster.num_cpus`` fits the machine, the workers' ``dp_size x torch_threads``
+    threads and the data plane's actors; ``policy.device=cuda`` with a local Ray sees a CUDA device;
+    the run and checkpoint directories can be written; a ``checkpointing.resume_from`` directory exists.
 
     Raises:
         PreflightError: Naming the key at fault.
-        ValueError: The CPU budget cannot host the data plane's actors (names
-            ``cluster.num_cpus`` and the actors' keys).
+        ValueError: The CPU budget cannot host the data plane's actors.
     """
     from nemo_dp.data_plane.registry import ray_cpu_reservation
     from nemo_dp.distributed.ray_init import check_cpu_budget

@@ -53,16 +53,12 @@ class TrainerMode:
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """One algorithm.
+    """One algorithm: ``name`` (``algorithm.name``), its schema class, ``TrainerInputs`` builder and trainers.
 
     Attributes:
-        name: ``algorithm.name`` and the ``conf/algorithm/<name>.yaml`` option.
-        schema: ``"module:Class"`` of its structured-config dataclass.
-        input_builder: ``"module:function"`` building its ``TrainerInputs`` from the config.
         trainers: Backend kind -> ``"module:function"`` of the trainer; a kind absent here is an illegal pair.
         requires_cross_process: The trainer moves rows between processes, so a backend without
             ``cross_process`` cannot serve it.
-        warm_start: The config has an ``algorithm.warm_start`` SFT phase.
         label: Progress-line label; defaults to the upper-cased name.
         modes: Tried in order; the first whose selector returns true replaces ``trainers``.
     """

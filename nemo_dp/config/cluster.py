@@ -19,16 +19,13 @@ class ClusterConfig(Checked, key="cluster"):
     """``cluster``: a private Ray for the run, or a running cluster to join.
 
     Attributes:
-        address: ``None`` or ``"local"``: a private Ray for this run only (``RAY_ADDRESS`` and
-            ``ray start``'s address file ignored). ``"auto"``: join the cluster named by
-            ``RAY_ADDRESS``, else by that address file. ``"<host>:<port>"``: join that head (GCS).
-        num_cpus: Logical CPUs of the private Ray (ignored when joining a cluster).
-        temp_dir: Temporary directory of the private Ray; ``None``: a per-user
-            ``nemo_dp_ray_<uid>`` under the system temp directory. Ignored when joining.
-        working_dir: Shipped to every worker through Ray's ``runtime_env`` when the nodes lack
-            the code; ``None`` ships nothing.
-        policy_resources: Custom Ray resources every policy worker requests, e.g. ``{node_b: 0.5}``
-            (empty: Ray places them anywhere).
+        address: ``None`` or ``"local"``: a private Ray for this run only (``RAY_ADDRESS`` ignored).
+            ``"auto"``: join the cluster named by ``RAY_ADDRESS``, else by ``ray start``'s address
+            file. ``"<host>:<port>"``: join that head (GCS).
+        num_cpus, temp_dir: Of the private Ray (``temp_dir`` ``None``: a per-user ``nemo_dp_ray_<uid>``
+            under the system temp directory).
+        working_dir: Shipped to every worker through Ray's ``runtime_env``; ``None`` ships nothing.
+        policy_resources: Custom Ray resources every policy worker requests, e.g. ``{node_b: 0.5}``.
     """
 
     address: Optional[str] = None

@@ -103,14 +103,10 @@ def _choices(kinds: Iterable[str]) -> str:
 def validate_trainer_selection(master_config: Any, *, label: str | None = None) -> TrainerSelection:
     """Resolve (algorithm, data plane) to a registered trainer without importing it (as ``select_sync_trainer`` does).
 
-    Args:
-        master_config: Root config (``DictConfig``, dataclass or mapping) with an optional
-            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``) and ``data_plane``.
-        label: Progress-line label; defaults to the algorithm's label.
+    ``master_config``'s ``algorithm`` may be a name, a node with ``name``, or absent (``"grpo"``).
 
     Raises:
-        ValueError: Unknown algorithm, unknown ``data_plane.impl``, or an illegal pair (naming
-            ``algorithm`` and ``data_plane`` and listing the legal data planes).
+        ValueError: Unknown algorithm, unknown ``data_plane.impl``, or an illegal pair (listing the legal ones).
         TrainerNotAvailableError: A mode's selector function does not exist.
     """
     algorithm = _algorithm_name(master_config)

@@ -157,16 +157,11 @@ class EpochLoader(Generic[T]):
 
 
 def collate_sft(examples: Sequence[SFTExample], tokenizer: Any, max_seq_len: int | None = None) -> Any:
-    """Tokenise (``tokenize_sft_example``) and right-pad SFT examples.
+    """Tokenise (``tokenize_sft_example``) and right-pad SFT examples into a ``BatchedDataDict``.
 
-    Returns:
-        A ``BatchedDataDict`` with ``input_ids`` int64 [B, S] (padded with ``pad_id``),
-        ``input_lengths`` int32 [B], ``token_mask`` int32 [B, S] (1 on the learned tokens)
-        and ``sample_mask`` float32 [B] (ones).
-
-    Raises:
-        ValueError: An empty batch, an unknown character, or an example longer than
-            ``max_seq_len`` (naming its index).
+    It holds ``input_ids`` int64 [B, S] (padded with ``pad_id``), ``input_lengths`` int32 [B],
+    ``token_mask`` int32 [B, S] (1 on the learned tokens) and ``sample_mask`` float32 [B] (ones).
+    ``ValueError`` for an empty batch, an unknown character, or an example over ``max_seq_len``.
     """
     from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 

@@ -9,15 +9,8 @@ class DatasetError(ValueError):
     """A dataset cannot be used as configured.
 
     The message reads ``"<key>: <path>:<line>: field '<field>' <problem>[; <fix>]"`` with the
-    parts that are unknown left out (a table without lines, e.g. parquet, gives
-    ``"<path>: row <row>: ..."`` with the 0-based row index instead), e.g.
-    ``"env.sft_jsonl: data/sft.jsonl:7: field 'messages[1].role' is 'bot', not a legal role"``.
-
-    Args:
-        problem: What is wrong; with ``field`` it continues the phrase "field 'x' ...".
-        line: The 1-based line number in ``path``.
-        row: The 0-based row index in a table that has no lines (parquet, csv, a saved dataset).
-        fix: What to change, e.g. ``"raise policy.model.max_seq_len to at least 40"``.
+    unknown parts left out; a table without lines gives ``"<path>: row <row>: ..."`` (``row``
+    0-based; ``line`` 1-based).
     """
 
     def __init__(

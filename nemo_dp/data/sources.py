@@ -38,8 +38,7 @@ class DataSource:
     """One configured dataset and its rows.
 
     Attributes:
-        key: The config key to change: the data key the config sets (``env.rl_data``) or the
-            generator's size key (``algorithm.num_train_samples``).
+        key: The config key to change: the data key (``env.rl_data``) or the generator's size key.
         path: What the data key holds (a file, glob or directory); None for the generator.
         total: Rows in the whole table (``rows`` may be its first ``val_samples``).
         memo: Results computed from the rows once per process (token lengths per tokenizer).
@@ -179,16 +178,6 @@ def _chat_format(env_cfg: Any) -> bool:
     return fmt == "chat"
 
 
-def _as_chat(problems: list[Problem], tokenizer: Any | None) -> list[Problem]:
-    return [
-        Problem(
-            prompt=render_prompt((Message("user", p.prompt),), tokenizer),
-            answer=with_row(p.answer, [{"role": "user", "content": p.prompt}], chat=True, columns=p.answer.columns),
-        )
-        for p in problems
-    ]
-
-
 def _generated(key: str, draw: Any, n: int, *, answer_column: Optional[str] = None) -> DataSource:
     """Generated problems; with ``answer_column`` (RL) each answer carries its row ``{answer_column: answer}``."""
     try:
@@ -245,9 +234,16 @@ def _problem_source(env_cfg: Any, n: Any, key: str, tokenizer: Any | None, *, he
     task = arithmetic_task(env_cfg)
     problems = task.eval_problems if held_out else task.train_problems
     src = _generated(key, problems, int(n), answer_column=columns_of(env_cfg).answer)
-    if _chat_format(env_cfg):
-        return DataSource(src.key, None, _as_chat(src.rows, tokenizer), total=src.total)
-    return src
+    if not _chat_format(env_cfg):
+        return src
+    rows = [
+        Problem(
+            prompt=render_prompt((Message("user", p.prompt),), tokenizer),
+            answer=with_row(p.answer, [{"role": "user", "content": p.prompt}], chat=True, columns=p.answer.columns),
+        )
+        for p in src.rows
+    ]
+    return DataSource(src.key, None, rows, total=src.total)
 
 
 def build_val_problems(master_config: Any, tokenizer: Any | None = None) -> list[Problem]:

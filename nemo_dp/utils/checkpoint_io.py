@@ -117,14 +117,12 @@ def write_checkpoint_atomically(checkpoint_dir: str | PathLike[str], write_fn: C
 
     ``write_fn`` fills ``<dir>.tmp-<random>``, ``manifest.json`` included; after fsync an existing
     ``<dir>`` is renamed to ``<dir>.old-<random>``, the temp dir renamed into place (the old one
-    restored if that fails) and the old one removed.  A crash mid-save leaves the previous
-    checkpoint loadable; ``*.tmp-*`` leftovers are never read.
+    restored if that fails) and the old one removed, so a crash leaves the previous checkpoint loadable.
 
     Raises:
         NotADirectoryError: ``checkpoint_dir`` exists and is not a directory (nothing written).
         RuntimeError: ``write_fn`` wrote no ``manifest.json`` (nothing committed).
-        Exception: Whatever ``write_fn`` or the file system raised; the temp dir has then been
-            removed and a previous ``checkpoint_dir`` is intact.
+        Exception: Whatever ``write_fn`` or the file system raised (temp dir removed, previous one intact).
     """
     final = _absolute(checkpoint_dir)
     if final.exists() and not final.is_dir():

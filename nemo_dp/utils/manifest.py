@@ -65,10 +65,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _is_own_file(rel: str) -> bool:
-    return rel == FILE_MANIFEST_NAME or rel.startswith(_TMP_PREFIX)
-
-
 def _payload_files(directory: Path) -> list[str]:
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
@@ -81,7 +77,7 @@ def _payload_files(directory: Path) -> list[str]:
         for name in filenames:
             path = base / name
             rel = path.relative_to(directory).as_posix()
-            if _is_own_file(rel):
+            if rel == FILE_MANIFEST_NAME or rel.startswith(_TMP_PREFIX):
                 continue
             if path.is_symlink() or not path.is_file():
                 raise ValueError(f"{path}: not a regular file; a file manifest covers regular files only")
@@ -107,10 +103,7 @@ def write_manifest(directory: str | os.PathLike[str]) -> Path:
     """Write ``file_manifest.json`` covering every file now in ``directory``; return its path.
 
     Written through a temp file, ``fsync`` and ``os.replace``: a crash leaves no manifest or a complete one.
-
-    Raises:
-        NotADirectoryError: ``directory`` is not a directory.
-        ValueError: It holds a symbolic link or a special file (nothing is written).
+    Raises like :func:`build_manifest` (then nothing is written).
     """
     root = Path(directory)
     manifest = build_manifest(root)
@@ -181,11 +174,9 @@ def verify_manifest(
 ) -> ManifestReport:
     """Check every file listed in ``directory``'s manifest against its size and (``check_hashes``) checksum.
 
-    ``strict`` also refuses files present but not listed.
-
     Raises:
         CheckpointCorruptError: Naming the first file (sorted) that is ``missing``, ``truncated``,
-            ``grown``, ``altered`` or (``strict``) ``unexpected``; or see :func:`read_file_manifest`.
+            ``grown``, ``altered`` or (``strict``) not listed (``unexpected``); or see :func:`read_file_manifest`.
     """
     root = Path(directory)
     manifest = read_file_manifest(root)
