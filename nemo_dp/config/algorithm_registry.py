@@ -31,13 +31,10 @@ def _check_targets(owner: str, targets: Iterable[tuple[str, object, str]]) -> No
 
 @dataclass(frozen=True)
 class TrainerMode:
-    """A second way to run an algorithm, switched on by config key ``switch_key`` (e.g. asynchronous GRPO).
+    """A second way to run an algorithm (``name``: ``"asynchronous"``), switched on by config key ``switch_key``.
 
-    Attributes:
-        name: The mode's word in the progress line (``"asynchronous"``).
-        selector: ``"module:function"`` of the root config: whether the mode is on (it may raise
-            ``ValueError`` naming a key for a combination the mode refuses).
-        trainers: Backend kind -> ``"module:function"``; a kind absent here cannot run the mode.
+    ``selector``: ``"module:function"`` of the root config saying whether the mode is on (or raising
+    ``ValueError``); a backend kind absent from ``trainers`` cannot run the mode.
     """
 
     name: str

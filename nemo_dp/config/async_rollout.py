@@ -22,12 +22,8 @@ _KEY = "algorithm.async_rollout"
 class AsyncRolloutConfig(Checked, key=_KEY):
     """``algorithm.async_rollout`` of GRPO.
 
-    Attributes:
-        max_staleness: Policy versions a trained sample may lag behind the trainer (0 reproduces
-            ``grpo_train_sync`` exactly).
-        importance_ratio_cap: Cap of the truncated importance weight on stale samples.
-        claim_timeout_s: Bound on waiting for one step's samples before failing the step.
-        torch_threads: Compute threads of each rollout actor (0 = ``policy.torch_threads``).
+    ``max_staleness``: policy versions a trained sample may lag behind (0 reproduces ``grpo_train_sync``
+    exactly); ``torch_threads``: of each rollout actor (0 = ``policy.torch_threads``).
     """
 
     enabled: bool = False
@@ -44,10 +40,7 @@ def async_rollout_enabled(master_config: Any) -> bool:
     algo = cfg_get(master_config, "algorithm", None)
     if algo is None or isinstance(algo, str) or cfg_get(algo, "name", None) != "grpo":
         return False
-    block = cfg_get(algo, "async_rollout", None)
-    if block is None:
-        return False
-    enabled = cfg_get(block, "enabled", None)
+    enabled = cfg_get(cfg_get(algo, "async_rollout", None), "enabled", None)
     if enabled is None:
         return False
     if not isinstance(enabled, bool):

@@ -61,12 +61,8 @@ class HFModelSchema(Checked, key="policy.model"):
 class HFPolicyConfig(PolicyConfig):
     """``policy=hf``: a HuggingFace causal LM from a local directory.
 
-    Attributes:
-        tokenizer_name_or_path: ``None`` = the model directory.
-        precision: ``32-true`` | ``bf16-mixed`` | ``bf16-true`` (``None``: from ``dtype``).
-        dtype: ``float32`` | ``bfloat16``: the older alias of ``32-true`` / ``bf16-true``; set
-            together with ``precision`` it must agree.
-        train_attn_implementation: Attention of the training passes; ``None`` = ``attn_implementation``.
+    ``dtype`` (``float32`` | ``bfloat16``) is the older alias of ``precision`` ``32-true`` / ``bf16-true``
+    and must agree with it; ``None`` keys default to the model directory / ``attn_implementation``.
     """
 
     kind: str = "hf"

@@ -63,9 +63,6 @@ LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 MICROBATCH_ORDERS: tuple[str, ...] = ("packer", "largest_first")
 
 
-# --- policy ---
-
-
 @dataclass
 class ModelSchema(Checked, key="policy.model"):
     """``policy.model``: the tiny causal transformer (vocabulary size comes from the tokenizer)."""
@@ -149,8 +146,7 @@ class PolicyConfig:
 
     ``train_global_batch_size`` rows make one optimizer step over ``dp_size`` workers, each in
     ``train_micro_batch_size``-row microbatches (``None``: its whole share in one pass).
-    ``init_from`` starts a fresh run from another run's policy checkpoint (run, checkpoints root,
-    phase root or step directory); ``checkpointing.resume_from`` wins over it.
+    ``init_from``: another run's policy checkpoint to start from (``checkpointing.resume_from`` wins).
     """
 
     dp_size: int = 2
@@ -193,19 +189,12 @@ class PolicyConfig:
 def train_micro_batch_rows(policy_cfg: Any) -> int:
     """``train_micro_batch_size``, or when ``None`` ``train_global_batch_size // dp_size``, of a ``policy`` node."""
     mbs = policy_cfg.train_micro_batch_size
-    if mbs is not None:
-        return int(mbs)
-    return int(policy_cfg.train_global_batch_size) // int(policy_cfg.dp_size)
-
-
-# --- algorithm ---
+    return int(mbs) if mbs is not None else int(policy_cfg.train_global_batch_size) // int(policy_cfg.dp_size)
 
 
 def _check_common_algorithm(cfg: Any, expected_name: str) -> None:
     one_of("algorithm.name", cfg.name, (expected_name,))
-    at_least("algorithm.max_steps", cfg.max_steps, 1)
-    at_least("algorithm.val_period", cfg.val_period, 0)
-    at_least("algorithm.val_samples", cfg.val_samples, 1)
+    at_least_each("algorithm", cfg, max_steps=1, val_period=0, val_samples=1)
 
 
 @dataclass

@@ -51,20 +51,14 @@ class ChatTemplateError(ValueError):
 
 
 def _plain(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
-    ids: list[int] = []
-    mask: list[int] = []
     bos = tokenizer.bos_id
-    if bos is not None:
-        ids.append(int(bos))
-        mask.append(0)
+    ids: list[int] = [] if bos is None else [int(bos)]
+    mask = [0] * len(ids)
     for m in messages:
-        piece = list(tokenizer.encode(m.content))
-        if m.role == "assistant":
-            piece.append(int(tokenizer.eos_id))
-            mask.extend([1] * len(piece))
-        else:
-            mask.extend([0] * len(piece))
+        learned = m.role == "assistant"
+        piece = list(tokenizer.encode(m.content)) + ([int(tokenizer.eos_id)] if learned else [])
         ids.extend(piece)
+        mask.extend([int(learned)] * len(piece))
     return TokenizedExample(ids=ids, loss_mask=mask)
 
 
@@ -119,21 +113,12 @@ def _templated(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
     ids: list[int] = []
     mask: list[int] = []
     for k, (text, learned) in enumerate(_template_pieces(messages, tokenizer)):
-        if k == 0:
-            piece = encode_prompt_text(text, tokenizer)
-        else:
-            piece = list(tokenizer.encode(text)) if text else []
-        if not learned:
-            ids.extend(piece)
-            mask.extend([0] * len(piece))
-            continue
-        if eos in piece:
-            cut = piece.index(eos) + 1
-            mask.extend([1] * cut + [0] * (len(piece) - cut))
-        else:
+        piece = encode_prompt_text(text, tokenizer) if k == 0 else list(tokenizer.encode(text)) if text else []
+        if learned and eos not in piece:
             piece.append(eos)
-            mask.extend([1] * len(piece))
+        cut = piece.index(eos) + 1 if learned else 0  # learned up to and including the first eos
         ids.extend(piece)
+        mask.extend([1] * cut + [0] * (len(piece) - cut))
     return TokenizedExample(ids=ids, loss_mask=mask)
 
 

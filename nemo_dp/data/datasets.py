@@ -29,7 +29,6 @@ class SFTDataset:
     def __init__(self, pairs: Sequence[SFTExample]) -> None:
         if not pairs:
             raise ValueError("SFTDataset: no examples")
-        # A list is normalised; any other sequence (a lazily read table) is read on access.
         self.pairs: Sequence[SFTExample] = (
             [ex if isinstance(ex, ChatExample) or is_image_example(ex) else (str(ex[0]), str(ex[1])) for ex in pairs]
             if isinstance(pairs, list)
@@ -59,7 +58,6 @@ class RLPromptDataset:
     def __init__(self, problems: Sequence[Problem]) -> None:
         if not problems:
             raise ValueError("RLPromptDataset: no problems")
-        # A lazily read table stays one; anything else is copied into a list.
         self.problems: Sequence[Problem] = list(problems) if isinstance(problems, (list, tuple)) else problems
 
     @classmethod
@@ -84,9 +82,7 @@ class EpochLoader(Generic[T]):
 
     Each epoch visits a permutation of the dataset (a function of ``seed`` and the epoch only, or
     the identity without ``shuffle``) in full batches; the last partial batch is dropped.
-
-    Raises:
-        ValueError: ``batch_size`` is not in ``1 .. len(dataset)``.
+    ``ValueError`` if ``batch_size`` is not in ``1 .. len(dataset)``.
     """
 
     def __init__(self, dataset: _Sized[T], batch_size: int, seed: int, shuffle: bool = True) -> None:

@@ -22,18 +22,11 @@ class DatasetError(ValueError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        parts: list[str] = []
-        if self.key is not None:
-            parts.append(self.key)
-        if self.path is not None:
-            parts.append(self.path if self.line is None else f"{self.path}:{self.line}")
-        if self.row is not None and self.line is None:
-            parts.append(f"row {self.row}")
+        where = self.path if self.path is None or self.line is None else f"{self.path}:{self.line}"
+        row = f"row {self.row}" if self.row is not None and self.line is None else None
         problem = self.problem if self.field is None else f"field {self.field!r} {self.problem}"
-        text = ": ".join(parts + [problem])
-        if self.fix:
-            text += f"; {self.fix}"
-        return text
+        text = ": ".join(p for p in (self.key, where, row, problem) if p is not None)
+        return f"{text}; {self.fix}" if self.fix else text
 
 
 class UnknownCharacterError(ValueError):

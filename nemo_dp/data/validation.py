@@ -22,14 +22,9 @@ _NEW_TOKENS_KEY = "policy.generation.max_new_tokens"
 
 @dataclass(frozen=True)
 class DatasetCheck:
-    """What was checked for one dataset (``role``: ``"train"`` or ``"val"``).
+    """What was checked for one dataset (``longest``: most tokens of a row, RL prompts plus ``max_new_tokens``).
 
-    Attributes:
-        longest: Most tokens of any row (SFT: the whole example; RL: prompt plus
-            ``policy.generation.max_new_tokens``).
-        note: A notice for the run log (e.g. a held-out file shorter than ``val_samples``).
-        columns: For a rewarded set, the columns a reward function receives besides
-            ``completions`` and ``prompts``.
+    ``columns``: for a rewarded set, what a reward function receives besides ``completions`` and ``prompts``.
     """
 
     phase: str
@@ -196,14 +191,9 @@ def validate_datasets(
 ) -> DatasetReport:
     """Open, parse, tokenize and length-check every dataset ``cfg`` (root config) will use.
 
-    Per phase (an enabled ``algorithm.warm_start`` first): every training row tokenizes and fits
-    ``max_seq_len`` (RL prompts plus ``max_new_tokens``), there is at least one batch of rows, and
-    held-out prompts plus ``max_new_tokens`` fit.  ``max_seq_len`` defaults to the value of
-    ``max_seq_len_key``, the key named in errors.
-
-    Raises:
-        DatasetError: The first problem found, naming the config key, file:line, field and
-            the key to change.
+    Per phase (an enabled ``algorithm.warm_start`` first): every row tokenizes and fits ``max_seq_len``
+    (default: the value of ``max_seq_len_key``; prompts plus ``max_new_tokens``), and a training set
+    holds at least one batch.  ``DatasetError`` names the first problem's key, file:line and field.
     """
     if is_visual_env(cfg.env):
         return validate_visual_datasets(cfg, tokenizer)

@@ -15,10 +15,9 @@ REQUIRED: Any = object()
 
 
 def cfg_get(node: Any, key: str, default: Any = REQUIRED, *, where: str = "", strict: bool = False) -> Any:
-    """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for dataclasses and objects (``None``: no keys).
+    """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for other objects (``None``: no keys).
 
-    ``where`` is the node's dotted name in messages (``""`` for the root); ``strict`` accepts only
-    ``None``, mappings and dataclass instances as nodes.
+    ``where`` names the node in messages; ``strict`` accepts only ``None``, mappings and dataclass instances.
 
     Raises:
         ValueError: The key of a ``DictConfig`` is the unset mandatory value ``???``.
@@ -33,12 +32,9 @@ def cfg_get(node: Any, key: str, default: Any = REQUIRED, *, where: str = "", st
             raise TypeError(
                 f"{where or 'config'}: expected a mapping, DictConfig or config dataclass, got {type(node).__name__}"
             )
-    if node is None:
-        pass
-    elif is_mapping:
-        if key in node:
-            return node[key]
-    elif hasattr(node, key):
+    if is_mapping and key in node:
+        return node[key]
+    if not is_mapping and node is not None and hasattr(node, key):
         return getattr(node, key)
     if default is REQUIRED:
         raise KeyError(f"{where or 'config'} has no key {key!r}")
