@@ -20,11 +20,7 @@ def closest(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:
 def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, list[str]]]:
     """``(full key, its parent's declared keys)`` of every undeclared key under ``node`` (full key ``prefix``)."""
     schema = OmegaConf.get_type(node)
-    declared = (
-        [f.name for f in dataclasses.fields(schema)]
-        if schema is not None and dataclasses.is_dataclass(schema)
-        else None
-    )
+    declared = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
     for key in node.keys():
         full = f"{prefix}{key}"
         if declared is not None and key not in declared:

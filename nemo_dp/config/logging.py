@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Optional
 
+from nemo_dp.utils.config_checks import one_of
+
 __all__ = ["WANDB_MODES", "TensorBoardConfig", "WandbConfig", "MlflowConfig"]
 
 WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
@@ -51,8 +53,7 @@ class WandbConfig:
     def __post_init__(self) -> None:
         if not self.project:
             raise ValueError("logger.wandb.project: must be a non-empty project name")
-        if self.mode not in WANDB_MODES:
-            raise ValueError(f"logger.wandb.mode: got {self.mode!r}; legal values: {list(WANDB_MODES)}")
+        one_of("logger.wandb.mode", self.mode, WANDB_MODES)
         if self.dir != ".":
             _relative_dir("logger.wandb.dir", self.dir)
 

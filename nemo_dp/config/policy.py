@@ -7,24 +7,13 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from nemo_dp.config.precision import (
-    DEFAULT_PRECISION,
-    DTYPE_PRECISIONS,
-    HF_DTYPE_NAMES,
-    PRECISION_NAMES,
-    resolve_precision_name,
-)
+from nemo_dp.config.precision import resolve_precision_name
 from nemo_dp.utils.config_checks import Checked, at_least_field, one_of
 from nemo_dp.config.schema import PolicyConfig
 
 __all__ = [
     "POLICY_DEVICES",
-    "HF_DTYPE_NAMES",
     "HF_ATTN_NAMES",
-    "PRECISION_NAMES",
-    "DEFAULT_PRECISION",
-    "DTYPE_PRECISIONS",
-    "resolve_precision_name",
     "TinyPolicyConfig",
     "HFModelSchema",
     "HFPolicyConfig",

@@ -69,9 +69,7 @@ class _Encoder:
 
     def encode(self, value: Any, path: tuple[str, ...]) -> Any:
         where = "state" + "".join(f"[{p!r}]" for p in path)
-        if value is None or isinstance(value, (bool, str)):
-            return value
-        if isinstance(value, int):
+        if value is None or isinstance(value, (bool, str, int)):
             return value
         if isinstance(value, float):
             return value if math.isfinite(value) else {_TAG: "float", "v": repr(value)}

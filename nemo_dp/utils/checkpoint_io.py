@@ -171,9 +171,7 @@ def write_manifest(directory: str | PathLike[str], manifest: Mapping[str, Any]) 
     if not _is_int_version(version):
         raise ValueError(f"manifest needs an int 'format_version', got {version!r}")
     path = Path(os.fspath(directory)) / MANIFEST_NAME
-    text = json.dumps(manifest, indent=1, sort_keys=False)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=False), encoding="utf-8")
     return path
 
 
