@@ -91,11 +91,8 @@ def _without_hydra(cfg: DictConfig) -> DictConfig:
 
 
 def warm_start_config(cfg: DictConfig) -> DictConfig:
-    """A new root config (``hydra`` dropped) for an RL run's ``algorithm.warm_start`` SFT phase.
-
-    ``algorithm`` becomes an SFT node from the warm-start keys, which also set ``policy.optimizer.lr``
-    / ``warmup_steps``; ``ValueError`` if ``cfg.algorithm`` has no warm start.
-    """
+    """A new root config (``hydra`` dropped) for an RL run's warm-start SFT phase: ``algorithm`` built from the
+    warm-start keys, which also set ``policy.optimizer.lr`` / ``warmup_steps`` (``ValueError`` without a warm start)."""
     name = cfg.algorithm.name
     if name not in ALGORITHMS or not algorithm(name).warm_start:
         with_warm_start = [n for n, spec in ALGORITHMS.items() if spec.warm_start]

@@ -31,11 +31,8 @@ def _check_targets(owner: str, targets: Iterable[tuple[str, object, str]]) -> No
 
 @dataclass(frozen=True)
 class TrainerMode:
-    """A second way to run an algorithm (``name``: ``"asynchronous"``), switched on by config key ``switch_key``.
-
-    ``selector``: ``"module:function"`` of the root config saying whether the mode is on (or raising
-    ``ValueError``); a backend kind absent from ``trainers`` cannot run the mode.
-    """
+    """A second way to run an algorithm (``"asynchronous"``), on when ``selector`` (``"module:function"`` of the
+    root config, which may raise ``ValueError``) says so; a backend kind absent from ``trainers`` cannot run it."""
 
     name: str
     switch_key: str

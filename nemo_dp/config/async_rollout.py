@@ -20,11 +20,8 @@ _KEY = "algorithm.async_rollout"
 
 @dataclass
 class AsyncRolloutConfig(Checked, key=_KEY):
-    """``algorithm.async_rollout`` of GRPO.
-
-    ``max_staleness``: policy versions a trained sample may lag behind (0 reproduces ``grpo_train_sync``
-    exactly); ``torch_threads``: of each rollout actor (0 = ``policy.torch_threads``).
-    """
+    """``algorithm.async_rollout`` of GRPO: ``max_staleness`` 0 reproduces ``grpo_train_sync`` exactly;
+    ``torch_threads`` 0 = ``policy.torch_threads``."""
 
     enabled: bool = False
     max_staleness: int = at_least_field(1, 0)

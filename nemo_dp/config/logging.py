@@ -1,7 +1,5 @@
-"""Structured-config schemas of the experiment trackers under ``logger`` (TensorBoard, W&B, MLflow).
-
-Every tracker is off by default, writes inside the run directory and needs the network only when asked.
-"""
+"""Structured-config schemas of the experiment trackers under ``logger`` (off by default, writing in the run
+directory, online only when asked)."""
 
 from __future__ import annotations
 
@@ -36,10 +34,8 @@ class TensorBoardConfig:
 
 @dataclass
 class WandbConfig:
-    """``logger.wandb``: a Weights & Biases run, offline (no network; ``wandb sync`` uploads later) by default.
-
-    ``name`` ``None`` uses the run directory's name; ``dir`` is relative to the run directory.
-    """
+    """``logger.wandb``: a Weights & Biases run, offline by default (``wandb sync`` uploads later); ``name``
+    ``None`` is the run directory's name, and ``dir`` is relative to it."""
 
     enabled: bool = False
     project: str = "nemo_dp"

@@ -48,11 +48,8 @@ class HFModelSchema(Checked, key="policy.model"):
 
 @dataclass
 class HFPolicyConfig(PolicyConfig):
-    """``policy=hf``: a HuggingFace causal LM from a local directory.
-
-    ``dtype`` (``float32`` | ``bfloat16``) is the older alias of ``precision`` ``32-true`` / ``bf16-true``
-    and must agree with it; ``None`` keys default to the model directory / ``attn_implementation``.
-    """
+    """``policy=hf``: a HuggingFace causal LM from a local directory (``dtype``, the older alias of ``precision``
+    ``32-true`` / ``bf16-true``, must agree with it; ``None`` train attention = ``attn_implementation``)."""
 
     kind: str = "hf"
     device: str = "cpu"

@@ -1,7 +1,5 @@
-"""Structured-config schemas of every Hydra config group except ``data_plane`` (``nemo_dp.data_plane.interfaces``).
-
-Range and cross-field rules run in ``__post_init__`` when ``validate_config`` converts the node.
-"""
+"""Structured-config schemas of every Hydra config group except ``data_plane``; their ``__post_init__`` rules
+run when ``validate_config`` converts the node."""
 
 from __future__ import annotations
 
@@ -282,11 +280,8 @@ class _RLAlgorithm:
 
 @dataclass
 class GRPOConfig(_RLAlgorithm):
-    """``algorithm`` for GRPO: group-relative advantages, clipped PG loss, KL to the reference.
-
-    ``reuse_train_forward_logprobs``: when a rollout is one optimizer step, the synchronous trainers
-    take ``prev_logprobs`` from the training forward (the same numbers) instead of a separate one.
-    """
+    """``algorithm`` for GRPO (``reuse_train_forward_logprobs``: when a rollout is one optimizer step, the
+    synchronous trainers take ``prev_logprobs`` from the training forward, the same numbers)."""
 
     name: str = "grpo"
     max_steps: int = 50
@@ -379,10 +374,8 @@ class LoggerConfig:
 
 @dataclass
 class CheckpointingConfig:
-    """``checkpointing``: periodic atomic checkpoints (``save_period`` 0: only at the end) and exact resume.
-
-    ``resume_from`` names a checkpoint root (a run's ``checkpoint_dir``); its latest checkpoint is loaded.
-    """
+    """``checkpointing``: periodic atomic checkpoints (``save_period`` 0: only at the end) and exact resume
+    from the latest checkpoint under the root ``resume_from``."""
 
     enabled: bool = True
     checkpoint_dir: str = "checkpoints"

@@ -1,7 +1,5 @@
-"""Built-in arithmetic task: verifiable problems such as ``"37+5="`` -> ``"42"``, generated from a seed.
-
-A stable hash of ``(a, op, b)`` keeps the eval set disjoint from every train set.
-"""
+"""Built-in arithmetic task: seeded verifiable problems such as ``"37+5="`` -> ``"42"``; a stable hash of
+``(a, op, b)`` keeps the eval set disjoint from every train set."""
 
 from __future__ import annotations
 
@@ -44,11 +42,8 @@ def make_problem(a: int, op: str, b: int) -> Problem:
 
 
 class ArithmeticTask:
-    """Deterministic generator of distinct arithmetic problems, each set from its own partition.
-
-    Operands are drawn uniformly from ``[0, 10**digits)``; the operator uniformly from
-    ``operators`` (a non-empty subset of ``SUPPORTED_OPERATORS`` without duplicates; ``ValueError`` if not).
-    """
+    """Deterministic generator of distinct problems, operands uniform in ``[0, 10**digits)``, the operator uniform
+    in ``operators`` (a non-empty subset of ``SUPPORTED_OPERATORS`` without duplicates; ``ValueError`` if not)."""
 
     def __init__(self, digits: int, operators: tuple[str, ...], seed: int) -> None:
         if digits < 1:

@@ -141,10 +141,8 @@ def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExampl
 
 
 def render_prompt(messages: Sequence[Message], tokenizer: Any | None) -> str:
-    """The text the policy continues: the chat template's rendering with a generation prompt, else the contents.
-
-    Raises ``ChatTemplateError`` when the template does not return text.
-    """
+    """The text the policy continues: the chat template's rendering with a generation prompt (``ChatTemplateError``
+    if it is no text), else the contents."""
     if tokenizer is not None and has_chat_template(tokenizer):
         return _render(tokenizer, messages, add_generation_prompt=True)
     return "".join(m.content for m in messages)

@@ -161,10 +161,8 @@ def sft_example(line: RowFields, col: Columns) -> SFTExample:
 
 
 def rl_fields(line: RowFields, col: Columns) -> tuple[str, Optional[tuple[Message, ...]], str]:
-    """``(prompt, messages, answer)`` of one RL record (``DatasetError`` if malformed).
-
-    ``messages`` is None for a text prompt; for a conversation ``prompt`` is ``""`` until ``render_rl_prompt``.
-    """
+    """``(prompt, messages, answer)`` of one RL record (``DatasetError`` if malformed); ``messages`` is None for
+    a text prompt, and ``prompt`` is ``""`` for a conversation until ``render_rl_prompt``."""
     if line.exclusive(col.messages, col.prompt) == col.prompt:
         return line.string(col.prompt), None, line.answer(col.answer)
     messages = line.messages(col.messages)

@@ -120,10 +120,8 @@ class _TableRows(Sequence[Any]):
 
 
 def data_setting(env_cfg: Any, role: str) -> tuple[Optional[str], Optional[str]]:
-    """The key and value that set dataset ``role`` (``"sft"``, ``"rl"``, ``"val"``) in ``env``, or ``(None, None)``.
-
-    Raises ``DatasetError`` when both the key and its older name are set.
-    """
+    """The key and value that set dataset ``role`` (``"sft"``, ``"rl"``, ``"val"``) in ``env``, or ``(None, None)``;
+    ``DatasetError`` when both the key and its older name are set."""
     new, old = DATA_KEYS[role]
     a, b = getattr(env_cfg, new, None), getattr(env_cfg, old, None)
     if a is not None and b is not None:
@@ -193,10 +191,8 @@ def _generated(key: str, draw: Any, n: int, *, answer_column: Optional[str] = No
 
 
 def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataSource:
-    """SFT examples: ``env.sft_data`` when set, else ``num_samples`` (config ``num_samples_key``) generated pairs.
-
-    Raises ``DatasetError`` naming the key, file, line and field at fault.
-    """
+    """SFT examples: ``env.sft_data`` when set, else ``num_samples`` (config ``num_samples_key``) generated pairs;
+    ``DatasetError`` names the key, file, line and field at fault."""
     if _visual.is_visual_env(env_cfg):
         rows = _visual.visual_sft_rows(env_cfg, int(num_samples), num_samples_key=num_samples_key)
         return DataSource(num_samples_key, None, list(rows), total=len(rows))

@@ -22,10 +22,8 @@ _NEW_TOKENS_KEY = "policy.generation.max_new_tokens"
 
 @dataclass(frozen=True)
 class DatasetCheck:
-    """What was checked for one dataset (``longest``: most tokens of a row, RL prompts plus ``max_new_tokens``).
-
-    ``columns``: for a rewarded set, what a reward function receives besides ``completions`` and ``prompts``.
-    """
+    """What was checked for one dataset (``longest``: RL prompts count ``max_new_tokens``); ``columns``: for a
+    rewarded set, what a reward function receives besides ``completions`` and ``prompts``."""
 
     phase: str
     role: str
@@ -172,11 +170,8 @@ def get_dotted(node: Any, dotted: str) -> Any:
 
 
 def sft_phases(algo: Any, sft_phase: Callable[[str, str, str], None]) -> bool:
-    """Check a run's SFT phases with ``sft_phase(phase, num_samples_key, val_samples_key)``.
-
-    Returns whether the run is all SFT; else an enabled ``warm_start`` was checked and the RL
-    phase is left to the caller.
-    """
+    """Check a run's SFT phases with ``sft_phase(phase, num_samples_key, val_samples_key)``; return whether the
+    run is all SFT (else an enabled ``warm_start`` was checked and the RL phase is left to the caller)."""
     if str(algo.name) == "sft":
         sft_phase("sft", "algorithm.num_train_samples", "algorithm.val_samples")
         return True

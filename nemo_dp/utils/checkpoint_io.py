@@ -176,10 +176,8 @@ def write_manifest(directory: str | PathLike[str], manifest: Mapping[str, Any]) 
 
 
 def resolve_checkpoint_dir(checkpoint_dir: str | PathLike[str]) -> Path:
-    """The absolute path of an existing checkpoint directory.
-
-    Raises ``FileNotFoundError`` when it is missing (naming any ``<dir>.old-*`` an interrupted commit left).
-    """
+    """The absolute path of an existing checkpoint directory (``FileNotFoundError`` naming any ``<dir>.old-*``
+    an interrupted commit left)."""
     path = _absolute(checkpoint_dir)
     if path.is_dir():
         return path

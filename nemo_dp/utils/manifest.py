@@ -1,7 +1,5 @@
-"""File manifests (sizes and SHA-256, ``file_manifest.json``) that make a checkpoint's integrity checkable.
-
-A writer calls :func:`write_manifest` last; a loader calls :func:`verify_manifest` first.
-"""
+"""File manifests (sizes and SHA-256, ``file_manifest.json``) that make a checkpoint's integrity checkable: a
+writer calls :func:`write_manifest` last, a loader :func:`verify_manifest` first."""
 
 from __future__ import annotations
 

@@ -21,10 +21,8 @@ _PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def plot_training_curves(metrics_jsonl: str | os.PathLike[str], out_png: str | os.PathLike[str]) -> Path:
-    """Plot every numeric ``loss`` / ``reward`` / ``acc`` key against step to ``out_png``; return its path.
-
-    Raises ``ValueError`` when the metrics file holds no records.
-    """
+    """Plot every numeric ``loss`` / ``reward`` / ``acc`` key against step to ``out_png``; return its path
+    (``ValueError`` when the metrics file holds no records)."""
     records = read_metrics(metrics_jsonl)
     if not records:
         raise ValueError(f"plot_training_curves: {metrics_jsonl} holds no metrics records")
