@@ -56,9 +56,7 @@ class ArithmeticTask:
                 raise ValueError(f"ArithmeticTask: operator {op!r} not in {SUPPORTED_OPERATORS}")
         if len(set(ops)) != len(ops):
             raise ValueError(f"ArithmeticTask: duplicate operator in {ops}")
-        self.digits = digits
-        self.operators = ops
-        self.seed = seed
+        self.digits, self.operators, self.seed = digits, ops, seed
         self._limit = 10**digits
         self._enumerated: dict[bool, list[tuple[int, str, int]]] | None = None
 

@@ -90,12 +90,8 @@ class EpochLoader(Generic[T]):
             raise ValueError(f"EpochLoader: batch_size must be >= 1, got {batch_size}")
         if batch_size > len(dataset):
             raise ValueError(f"EpochLoader: batch_size {batch_size} exceeds dataset size {len(dataset)}")
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.seed = seed
-        self.shuffle = shuffle
-        self.epoch = 0
-        self.cursor = 0
+        self.dataset, self.batch_size, self.seed, self.shuffle = dataset, batch_size, seed, shuffle
+        self.epoch = self.cursor = 0
         self.last_batch_indices: list[int] = []
         self._order: list[int] | None = None
 

@@ -33,7 +33,5 @@ class UnknownCharacterError(ValueError):
     """Text holds a character outside a fixed vocabulary (``position``: its index in ``text``)."""
 
     def __init__(self, char: str, position: int, text: str) -> None:
-        self.char = char
-        self.position = position
-        self.text = text
+        self.char, self.position, self.text = char, position, text
         super().__init__(f"unknown character {char!r} at position {position} in {text!r}")
