@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from nemo_dp.data.arithmetic import SUPPORTED_OPERATORS
 from nemo_dp.utils.config_checks import at_least, one_of
 from nemo_dp.environments.registry import check_reward_entry, is_function_path, reward_entries, single_reward_names
 
@@ -12,7 +13,6 @@ __all__ = ["ENV_NAMES", "ENV_FORMATS", "EnvConfig", "ColumnsConfig", "RewardItem
 
 ENV_NAMES: tuple[str, ...] = ("arithmetic", "visual")
 ENV_FORMATS: tuple[str, ...] = ("plain", "chat")
-_OPERATORS: tuple[str, ...] = ("+", "-", "*")
 _DATA_KEYS: tuple[tuple[str, str], ...] = (("sft_data", "sft_jsonl"), ("rl_data", "rl_jsonl"), ("val_data", "val_jsonl"))
 
 
@@ -65,9 +65,9 @@ class EnvConfig:
         one_of("env.name", self.name, ENV_NAMES)
         at_least("env.digits", self.digits, 1)
         if not self.operators:
-            raise ValueError(f"env.operators: must not be empty; legal values: {list(_OPERATORS)}")
+            raise ValueError(f"env.operators: must not be empty; legal values: {list(SUPPORTED_OPERATORS)}")
         for op in self.operators:
-            one_of("env.operators", op, _OPERATORS)
+            one_of("env.operators", op, SUPPORTED_OPERATORS)
         if not is_function_path(str(self.reward)) and self.reward not in single_reward_names():
             raise ValueError(
                 f"env.reward: got {self.reward!r}; legal values: {list(single_reward_names())} or a function "
