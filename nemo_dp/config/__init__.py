@@ -76,7 +76,8 @@ def validate_config(cfg: DictConfig, *, check_pair: bool = True) -> MasterConfig
     if check_pair:
         validate_trainer_selection(node)
         # MasterConfig refused an algorithm node that is no registered schema.
-        if algorithm(obj.algorithm.name).warm_start and obj.algorithm.warm_start.enabled:
+        spec = next(s for s in ALGORITHMS.values() if type(obj.algorithm) is s.schema_class())
+        if spec.warm_start and obj.algorithm.warm_start.enabled:
             validate_trainer_selection(warm_start_config(node))
     return obj
 
