@@ -1,15 +1,12 @@
 """The one table of training algorithms (:data:`ALGORITHMS`); nothing else lists algorithm names.
 
-Each ``AlgorithmSpec`` bundles an algorithm's name, schema, input builder and the trainer per
-data-plane backend as ``"module:attr"`` strings, resolved only when used, so this module imports
-only the standard library.  To add one (e.g. DPO): write its module (config dataclass, trainers,
-input builder), call ``register_algorithm(AlgorithmSpec(...))`` at the bottom of this file, and
-add ``conf/algorithm/<name>.yaml`` listing ``/algorithm_<name>_schema@_here_`` first.
+Targets are ``"module:attr"`` strings resolved only when used.  To add an algorithm, call
+``register_algorithm`` below and add ``conf/algorithm/<name>.yaml`` listing ``/algorithm_<name>_schema@_here_`` first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -26,18 +23,16 @@ __all__ = [
 ]
 
 
+def _check_targets(owner: str, targets: Iterable[tuple[str, object, str]]) -> None:
+    for what, target, form in targets:
+        if not isinstance(target, str) or target.count(":") != 1:
+            raise ValueError(f"{owner}: {what} must be '{form}', got {target!r}")
+
+
 @dataclass(frozen=True)
 class TrainerMode:
-    """A second way to run an algorithm, switched on by one config key (e.g. asynchronous GRPO).
-
-    Attributes:
-        name: The mode's word in the progress line (``"asynchronous"``).
-        switch_key: The config key that turns it on, named in errors.
-        selector: ``"module:function"`` taking the root config and returning whether the mode is
-            on (it may raise ``ValueError`` naming a key for a combination the mode refuses).
-        trainers: Data-plane backend kind -> ``"module:function"`` of the mode's trainer; a kind
-            absent here cannot run the mode.
-    """
+    """A second way to run an algorithm (``"asynchronous"``), on when ``selector`` (``"module:function"`` of the
+    root config, which may raise ``ValueError``) says so; a backend kind absent from ``trainers`` cannot run it."""
 
     name: str
     switch_key: str
@@ -45,29 +40,21 @@ class TrainerMode:
     trainers: Mapping[str, str]
 
     def __post_init__(self) -> None:
-        for what, target in (("selector", self.selector), *self.trainers.items()):
-            if not isinstance(target, str) or target.count(":") != 1:
-                raise ValueError(f"mode {self.name!r}: {what} must be 'module:attr', got {target!r}")
+        targets = (("selector", self.selector), *self.trainers.items())
+        _check_targets(f"mode {self.name!r}", [(what, target, "module:attr") for what, target in targets])
         object.__setattr__(self, "trainers", MappingProxyType(dict(self.trainers)))
 
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """One algorithm.
+    """One algorithm: ``name`` (``algorithm.name``), its schema class, ``TrainerInputs`` builder and trainers.
 
     Attributes:
-        name: ``algorithm.name`` and the ``conf/algorithm/<name>.yaml`` option.
-        schema: ``"module:Class"`` of its structured-config dataclass (stored in Hydra as
-            ``<name>_schema``).
-        input_builder: ``"module:function"`` building its ``TrainerInputs`` from the config.
-        trainers: Data-plane backend kind (``disabled``, ``local``, ``transfer_queue``,
-            ``ray_store``) -> ``"module:function"`` of the trainer; a kind absent here is an illegal pair.
-        requires_cross_process: The trainer moves rows between processes (rollout workers,
-            driver, trainers), so a backend without ``cross_process`` cannot serve it.
-        warm_start: The config has an ``algorithm.warm_start`` SFT phase.
+        trainers: Backend kind -> ``"module:function"`` of the trainer; a kind absent here is an illegal pair.
+        requires_cross_process: The trainer moves rows between processes, so a backend without
+            ``cross_process`` cannot serve it.
         label: Progress-line label; defaults to the upper-cased name.
-        modes: Other ways to run it (:class:`TrainerMode`), tried in order; the first whose
-            selector returns true replaces ``trainers``.
+        modes: Tried in order; the first whose selector returns true replaces ``trainers``.
     """
 
     name: str
@@ -82,19 +69,11 @@ class AlgorithmSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"AlgorithmSpec.name must be an identifier, got {self.name!r}")
-        for what, target in (("schema", self.schema), ("input_builder", self.input_builder)):
-            if not isinstance(target, str) or target.count(":") != 1:
-                raise ValueError(
-                    f"algorithm {self.name!r}: {what} must be 'module:attr', got {target!r}"
-                )
+        owner = f"algorithm {self.name!r}"
+        _check_targets(owner, [(what, getattr(self, what), "module:attr") for what in ("schema", "input_builder")])
         if not self.trainers:
-            raise ValueError(f"algorithm {self.name!r}: trainers must name at least one backend")
-        for kind, target in self.trainers.items():
-            if not isinstance(target, str) or target.count(":") != 1:
-                raise ValueError(
-                    f"algorithm {self.name!r}: trainers[{kind!r}] must be 'module:function', "
-                    f"got {target!r}"
-                )
+            raise ValueError(f"{owner}: trainers must name at least one backend")
+        _check_targets(owner, [(f"trainers[{kind!r}]", t, "module:function") for kind, t in self.trainers.items()])
         object.__setattr__(self, "trainers", MappingProxyType(dict(self.trainers)))
 
     @property
@@ -111,11 +90,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {}
 
 
 def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
-    """Add ``spec`` to :data:`ALGORITHMS`.
-
-    Raises:
-        ValueError: An algorithm of that name is already registered.
-    """
+    """Add ``spec`` to :data:`ALGORITHMS` (``ValueError`` if its name is taken)."""
     if spec.name in ALGORITHMS:
         raise ValueError(f"algorithm {spec.name!r} is already registered")
     ALGORITHMS[spec.name] = spec
@@ -123,16 +98,10 @@ def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
 
 
 def algorithm(name: str) -> AlgorithmSpec:
-    """The spec registered as ``name``.
-
-    Raises:
-        ValueError: Unknown name (lists the registered ones).
-    """
+    """The spec registered as ``name`` (``ValueError`` listing the known names if none)."""
     spec = ALGORITHMS.get(name)
     if spec is None:
-        raise ValueError(
-            f"unknown algorithm {name!r} (algorithm.name); known algorithms: {sorted(ALGORITHMS)}"
-        )
+        raise ValueError(f"unknown algorithm {name!r} (algorithm.name); known algorithms: {sorted(ALGORITHMS)}")
     return spec
 
 

@@ -1,9 +1,4 @@
-"""``algorithm.async_rollout``: the switch and knobs of asynchronous GRPO (see ``docs/async_grpo.md``).
-
-Pure configuration, so the GRPO schema, ``validate_config`` and the trainer import it without
-loading Ray.  ``max_staleness`` bounds the policy lag of generated samples (``0`` reproduces
-``grpo_train_sync`` exactly); ``importance_ratio_cap`` caps the truncated importance weight.
-"""
+"""``algorithm.async_rollout``: the switch and knobs of asynchronous GRPO (``docs/async_grpo.md``); no Ray import."""
 
 from __future__ import annotations
 
@@ -25,17 +20,8 @@ _KEY = "algorithm.async_rollout"
 
 @dataclass
 class AsyncRolloutConfig(Checked, key=_KEY):
-    """``algorithm.async_rollout`` of GRPO.
-
-    Attributes:
-        enabled: Train with the asynchronous trainer (needs ``data_plane=tq``).
-        max_staleness: Policy versions a trained sample may lag behind the trainer (>= 0).
-        num_rollout_workers: Rollout actors, each holding a model copy (>= 1).
-        importance_ratio_cap: Cap of the truncated importance weight on stale samples (>= 1).
-        claim_poll_interval_s: Sleep between non-blocking claims while waiting for samples.
-        claim_timeout_s: Bound on waiting for one step's samples before failing the step.
-        torch_threads: Compute threads of each rollout actor (0 = ``policy.torch_threads``).
-    """
+    """``algorithm.async_rollout`` of GRPO: ``max_staleness`` 0 reproduces ``grpo_train_sync`` exactly;
+    ``torch_threads`` 0 = ``policy.torch_threads``."""
 
     enabled: bool = False
     max_staleness: int = at_least_field(1, 0)
@@ -47,18 +33,11 @@ class AsyncRolloutConfig(Checked, key=_KEY):
 
 
 def async_rollout_enabled(master_config: Any) -> bool:
-    """``algorithm.name == "grpo"`` and ``algorithm.async_rollout.enabled``, on a ``DictConfig``, dataclass or mapping.
-
-    Raises:
-        TypeError: ``algorithm.async_rollout.enabled`` is not a bool.
-    """
+    """``algorithm.name == "grpo"`` and ``algorithm.async_rollout.enabled`` (``TypeError`` if that is no bool)."""
     algo = cfg_get(master_config, "algorithm", None)
     if algo is None or isinstance(algo, str) or cfg_get(algo, "name", None) != "grpo":
         return False
-    block = cfg_get(algo, "async_rollout", None)
-    if block is None:
-        return False
-    enabled = cfg_get(block, "enabled", None)
+    enabled = cfg_get(cfg_get(algo, "async_rollout", None), "enabled", None)
     if enabled is None:
         return False
     if not isinstance(enabled, bool):
@@ -67,12 +46,11 @@ def async_rollout_enabled(master_config: Any) -> bool:
 
 
 def validate_async_rollout_selection(master_config: Any) -> bool:
-    """Check that an asynchronous GRPO config can run (at compose/validate time); return whether it is selected.
+    """Whether asynchronous GRPO is selected, checking that it can run.
 
     Raises:
-        ValueError: Async is enabled but the data plane carries no rows between processes (names both
-            ``algorithm.async_rollout.enabled`` and ``data_plane``), or together with
-            ``algorithm.dynamic_sampling.enabled``.
+        ValueError: Enabled on a data plane that carries no rows between processes, or together
+            with ``algorithm.dynamic_sampling.enabled``.
     """
     if not async_rollout_enabled(master_config):
         return False
@@ -82,10 +60,7 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
 
     kind = data_plane_kind(cfg_get(master_config, "data_plane", None))
     legal = [
-        kind_
-        for mode in algorithm("grpo").modes
-        if mode.switch_key == f"{_KEY}.enabled"
-        for kind_ in mode.trainers
+        kind_ for mode in algorithm("grpo").modes if mode.switch_key == f"{_KEY}.enabled" for kind_ in mode.trainers
     ]
     if kind not in legal:
         options = " or ".join(f"data_plane={backend(k).option}" for k in legal)
@@ -104,24 +79,15 @@ def validate_async_rollout_selection(master_config: Any) -> bool:
 
 
 def coerce_async_rollout_config(node: Any) -> AsyncRolloutConfig:
-    """``algorithm.async_rollout`` as a validated dataclass.
-
-    ``node`` may be ``None`` (defaults), an ``AsyncRolloutConfig``, a ``DictConfig`` or a mapping.
-
-    Raises:
-        ValueError: A key is unknown or a value out of range (naming the full key).
-    """
+    """``algorithm.async_rollout`` (``None`` = defaults) as a validated dataclass (``ValueError`` naming a bad key)."""
     if isinstance(node, AsyncRolloutConfig):
         return node
     if node is None:
         return AsyncRolloutConfig()
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(node, DictConfig):
-            node = OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a hard dependency
-        pass
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
     values = dict(node)
     known = set(AsyncRolloutConfig.__dataclass_fields__)
     unknown = sorted(k for k in values if k not in known)

@@ -1,68 +1,49 @@
-"""``cluster`` config: where Ray runs, its CPU budget, and where the policy workers go.
-
-The address grammar lives with the code that joins
-(``nemo_dp.distributed.ray_init.parse_cluster_address``), so the check and the join agree.
-"""
+"""``cluster`` config: where Ray runs, its CPU budget, and where the policy workers go."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from nemo_dp.utils.config_checks import fail
+from nemo_dp.utils.config_checks import Checked, at_least_field, fail, positive_field
 from nemo_dp.distributed.ray_init import parse_cluster_address
 
 __all__ = ["ClusterConfig", "RESERVED_RESOURCE_NAMES"]
 
-#: Resource names Ray handles through dedicated actor options; a worker may not request them
-#: through ``cluster.policy_resources`` (nemo_dp's workers are ``num_cpus=0`` actors on purpose).
+#: Resource names Ray handles through dedicated actor options, refused in ``cluster.policy_resources``.
 RESERVED_RESOURCE_NAMES: tuple[str, ...] = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 @dataclass
-class ClusterConfig:
+class ClusterConfig(Checked, key="cluster"):
     """``cluster``: a private Ray for the run, or a running cluster to join.
 
     Attributes:
-        address: ``None`` or ``"local"``: start a private Ray for this run only, whatever else
-            runs on the machine (``RAY_ADDRESS`` and the address file of a cluster started with
-            ``ray start`` are ignored). ``"auto"``: join the cluster named by ``RAY_ADDRESS``,
-            else by the address file ``ray start --head`` writes on this machine.
-            ``"<host>:<port>"``: join the cluster whose head (GCS) listens there.
-        num_cpus: Logical CPUs of the private Ray (ignored when joining a cluster).
-        temp_dir: Temporary directory of the private Ray (sessions, logs, sockets); ``None``
-            uses a per-user ``nemo_dp_ray_<uid>`` directory under the system temp directory, so
-            that a cluster using Ray's default directory is never touched. Ignored when joining.
-        connect_timeout_s: Bound on reaching a cluster's head before the run gives up.
-        working_dir: Directory shipped to every worker through Ray's ``runtime_env``
-            (``working_dir``) when the cluster's nodes do not have the code; ``None`` ships
-            nothing (the nodes import ``nemo_dp`` from their own installation).
-        policy_resources: Custom Ray resources every policy worker requests, e.g.
-            ``{node_b: 0.5}`` to place the workers on nodes started with
-            ``ray start --resources='{"node_b": 1}'``. Empty: Ray places them anywhere.
+        address: ``None`` or ``"local"``: a private Ray for this run only (``RAY_ADDRESS`` ignored).
+            ``"auto"``: join the cluster named by ``RAY_ADDRESS``, else by ``ray start``'s address
+            file. ``"<host>:<port>"``: join that head (GCS).
+        num_cpus, temp_dir: Of the private Ray (``temp_dir`` ``None``: a per-user ``nemo_dp_ray_<uid>``
+            under the system temp directory).
+        working_dir: Shipped to every worker through Ray's ``runtime_env``; ``None`` ships nothing.
+        policy_resources: Custom Ray resources every policy worker requests, e.g. ``{node_b: 0.5}``.
     """
 
     address: Optional[str] = None
-    num_cpus: int = 2
+    num_cpus: int = at_least_field(2, 1)
     temp_dir: Optional[str] = None
-    connect_timeout_s: float = 15.0
+    connect_timeout_s: float = positive_field(15.0)
     working_dir: Optional[str] = None
     policy_resources: dict[str, float] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if self.num_cpus < 1:
-            fail("cluster.num_cpus", f"must be >= 1, got {self.num_cpus!r}")
-        if not self.connect_timeout_s > 0:
-            fail("cluster.connect_timeout_s", f"must be > 0, got {self.connect_timeout_s!r}")
+    def check(self) -> None:
         if self.address is not None:
             try:
                 parse_cluster_address(self.address)
             except ValueError as exc:
                 fail("cluster.address", str(exc))
-        if self.temp_dir is not None and not str(self.temp_dir).strip():
-            fail("cluster.temp_dir", "must be a non-empty path or null")
-        if self.working_dir is not None and not str(self.working_dir).strip():
-            fail("cluster.working_dir", "must be a non-empty path or null")
+        for key in ("temp_dir", "working_dir"):
+            if getattr(self, key) is not None and not str(getattr(self, key)).strip():
+                fail(f"cluster.{key}", "must be a non-empty path or null")
         for name, amount in dict(self.policy_resources).items():
             key = f"cluster.policy_resources.{name}"
             if not str(name).strip():

@@ -1,23 +1,18 @@
-"""Schema of the ``env`` config group: training/validation data and how responses are rewarded.
-
-Reward names are checked against the reward registry (``nemo_dp.environments``).
-"""
+"""Schema of the ``env`` config group: training/validation data and how responses are rewarded."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from nemo_dp.utils.config_checks import one_of
+from nemo_dp.data.arithmetic import SUPPORTED_OPERATORS
+from nemo_dp.utils.config_checks import at_least, one_of
 from nemo_dp.environments.registry import check_reward_entry, is_function_path, reward_entries, single_reward_names
 
 __all__ = ["ENV_NAMES", "ENV_FORMATS", "EnvConfig", "ColumnsConfig", "RewardItem"]
 
-#: Legal values of ``env.name``.
 ENV_NAMES: tuple[str, ...] = ("arithmetic", "visual")
-#: Legal values of ``env.format`` (how the built-in task's examples are presented).
 ENV_FORMATS: tuple[str, ...] = ("plain", "chat")
-_OPERATORS: tuple[str, ...] = ("+", "-", "*")
 _DATA_KEYS: tuple[tuple[str, str], ...] = (("sft_data", "sft_jsonl"), ("rl_data", "rl_jsonl"), ("val_data", "val_jsonl"))
 
 
@@ -33,13 +28,7 @@ class ColumnsConfig:
 
 @dataclass
 class RewardItem:
-    """One ``env.rewards`` entry.
-
-    Attributes:
-        fn: A registered reward (``exact``, ``math``, ``format``, ``auto``) or a function
-            ``package.module:function`` / ``path/to/file.py:function``.
-        pattern: The regular expression of the ``format`` reward.
-    """
+    """One ``env.rewards`` entry: ``fn`` a registered reward or a ``module:function`` / ``file.py:function``."""
 
     fn: str = ""
     weight: float = 1.0
@@ -51,12 +40,8 @@ class EnvConfig:
     """``env``: the task that supplies SFT examples, RL prompts and the verifiable reward.
 
     ``sft_data`` / ``rl_data`` / ``val_data`` (or the older ``*_jsonl`` names, not both) name a
-    file, glob or ``save_to_disk`` directory (``split`` picks a split); with none set the
-    arithmetic generator supplies the data.  ``columns`` maps fields to column names.
-    ``reward``: ``exact``, ``math``, ``auto`` or a user's ``module:function`` /
-    ``file.py:function``; ``rewards`` lists several with weights.  ``format``: ``plain`` or
-    ``chat`` for the generator.  ``name: visual`` selects the visual task (``visual_kind``;
-    needs ``policy=hf_vlm``).
+    file, glob or ``save_to_disk`` directory; with none set the arithmetic generator supplies the
+    data.  ``rewards`` lists several rewards with weights.  ``name: visual`` needs ``policy=hf_vlm``.
     """
 
     name: str = "arithmetic"
@@ -78,12 +63,11 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         one_of("env.name", self.name, ENV_NAMES)
-        if not self.digits >= 1:
-            raise ValueError(f"env.digits: must be >= 1, got {self.digits!r}")
+        at_least("env.digits", self.digits, 1)
         if not self.operators:
-            raise ValueError(f"env.operators: must not be empty; legal values: {list(_OPERATORS)}")
+            raise ValueError(f"env.operators: must not be empty; legal values: {list(SUPPORTED_OPERATORS)}")
         for op in self.operators:
-            one_of("env.operators", op, _OPERATORS)
+            one_of("env.operators", op, SUPPORTED_OPERATORS)
         if not is_function_path(str(self.reward)) and self.reward not in single_reward_names():
             raise ValueError(
                 f"env.reward: got {self.reward!r}; legal values: {list(single_reward_names())} or a function "

@@ -1,8 +1,4 @@
-"""Hints for a command line that Hydra refused to compose.
-
-:func:`composition_hints` adds one line per mistake with the closest legal name (Hydra suggests
-``+key=value`` for a mistyped key, which adds a key nothing reads).
-"""
+"""Hints, with the closest legal name, for a command line that Hydra refused to compose."""
 
 from __future__ import annotations
 
@@ -84,8 +80,7 @@ def _key_hints(overrides: Sequence[str], conf_dir: Path) -> list[str]:
         guess = closest(name, [str(k) for k in parent.keys()])
         fix = f"; did you mean {parent_key}.{guess}={value}?" if guess is not None else ""
         hints.append(
-            f"hint: {key} is not a configuration key, and +{key}={value} would be refused too "
-            f"(nothing reads it){fix}"
+            f"hint: {key} is not a configuration key, and +{key}={value} would be refused too (nothing reads it){fix}"
         )
     return hints
 

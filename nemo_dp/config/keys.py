@@ -1,8 +1,4 @@
-"""Keys a composed configuration holds that its schema does not declare.
-
-``+a.b=1`` adds a key struct mode would refuse, and ``OmegaConf.to_object`` then drops it
-silently; :func:`check_known_keys` refuses such keys.  A node typed as a mapping is open.
-"""
+"""Keys a composed configuration holds that its schema does not declare (``+a.b=1``, which ``to_object`` drops)."""
 
 from __future__ import annotations
 
@@ -22,19 +18,9 @@ def closest(word: str, candidates: list[str] | tuple[str, ...]) -> str | None:
 
 
 def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, list[str]]]:
-    """Every key of ``node`` (recursively) that its schema does not declare.
-
-    ``prefix`` is the node's full key (``""`` for the root).
-
-    Yields:
-        ``(full key, the keys its parent's schema declares)``.
-    """
+    """``(full key, its parent's declared keys)`` of every undeclared key under ``node`` (full key ``prefix``)."""
     schema = OmegaConf.get_type(node)
-    declared = (
-        [f.name for f in dataclasses.fields(schema)]
-        if schema is not None and dataclasses.is_dataclass(schema)
-        else None
-    )
+    declared = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
     for key in node.keys():
         full = f"{prefix}{key}"
         if declared is not None and key not in declared:
@@ -46,14 +32,7 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, list
 
 
 def check_known_keys(node: DictConfig) -> None:
-    """Refuse a key the schema does not declare (one added with a leading ``+``).
-
-    ``node`` is the composed root without the ``hydra`` node.
-
-    Raises:
-        ValueError: Naming the first unknown key, the closest declared key and why ``+`` does
-            not help.
-    """
+    """Refuse (``ValueError`` naming the closest declared key) an undeclared key of the root ``node`` (no ``hydra``)."""
     for full, declared in unknown_keys(node):
         parent, _, name = full.rpartition(".")
         where = parent or "the root config"

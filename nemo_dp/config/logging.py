@@ -1,8 +1,5 @@
-"""Structured-config schemas of the experiment trackers under ``logger`` (TensorBoard, W&B, MLflow).
-
-Every tracker is off by default, writes inside the run directory and needs the network only when
-asked (``logger.wandb.mode=online``, a remote ``logger.mlflow.tracking_uri``).
-"""
+"""Structured-config schemas of the experiment trackers under ``logger`` (off by default, writing in the run
+directory, online only when asked)."""
 
 from __future__ import annotations
 
@@ -10,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Optional
 
+from nemo_dp.utils.config_checks import one_of
+
 __all__ = ["WANDB_MODES", "TensorBoardConfig", "WandbConfig", "MlflowConfig"]
 
-#: ``logger.wandb.mode`` values (``offline`` writes run files only, ``disabled`` makes every
-#: call a no-op inside wandb itself).
 WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
 
 
@@ -26,10 +23,7 @@ def _relative_dir(key: str, value: str) -> None:
 
 @dataclass
 class TensorBoardConfig:
-    """``logger.tensorboard``: an event file per phase under ``<run_dir>/<log_dir>``.
-
-    ``log_dir`` is relative to the run directory.
-    """
+    """``logger.tensorboard``: an event file per phase under ``<run_dir>/<log_dir>``."""
 
     enabled: bool = False
     log_dir: str = "tensorboard"
@@ -40,16 +34,8 @@ class TensorBoardConfig:
 
 @dataclass
 class WandbConfig:
-    """``logger.wandb``: a Weights & Biases run, offline unless ``mode`` says otherwise.
-
-    Attributes:
-        entity: W&B entity (team or user); ``None`` uses wandb's default.
-        name: Run name; ``None`` uses the run directory's name.
-        group: Run group (for example one sweep); ``None`` for none.
-        mode: One of :data:`WANDB_MODES`; ``offline`` (default) needs no network and leaves
-            ``run-*.wandb`` files that ``wandb sync`` can upload later.
-        dir: Directory relative to the run directory that receives wandb's files.
-    """
+    """``logger.wandb``: a Weights & Biases run, offline by default (``wandb sync`` uploads later); ``name``
+    ``None`` is the run directory's name, and ``dir`` is relative to it."""
 
     enabled: bool = False
     project: str = "nemo_dp"
@@ -63,21 +49,15 @@ class WandbConfig:
     def __post_init__(self) -> None:
         if not self.project:
             raise ValueError("logger.wandb.project: must be a non-empty project name")
-        if self.mode not in WANDB_MODES:
-            raise ValueError(f"logger.wandb.mode: got {self.mode!r}; legal values: {list(WANDB_MODES)}")
+        one_of("logger.wandb.mode", self.mode, WANDB_MODES)
         if self.dir != ".":
             _relative_dir("logger.wandb.dir", self.dir)
 
 
 @dataclass
 class MlflowConfig:
-    """``logger.mlflow``: an MLflow run, in a local file store inside the run directory by default.
-
-    Attributes:
-        tracking_uri: ``None`` means ``file:<run_dir>/mlruns``.
-        experiment: Created when missing.
-        run_name: ``None`` uses the run directory's name.
-    """
+    """``logger.mlflow``: an MLflow run (``tracking_uri`` ``None``: ``file:<run_dir>/mlruns``; ``run_name``
+    ``None``: the run directory's name; ``experiment`` created when missing)."""
 
     enabled: bool = False
     tracking_uri: Optional[str] = None

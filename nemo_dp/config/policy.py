@@ -1,10 +1,4 @@
-"""Structured-config schemas of the ``policy`` group options: ``tiny`` and ``hf``.
-
-Both extend ``PolicyConfig`` with ``kind`` and ``device``; ``hf`` adds checkpoint keys.  The
-schemas are stored at the ConfigStore root (so ``--help`` does not offer them) and each
-``conf/policy/<kind>.yaml`` extends ``/policy_<kind>_schema@_here_``.  File-system checks of an
-``hf`` node run in ``nemo_dp.models.hf.validate_hf_policy``.
-"""
+"""Structured-config schemas of the ``policy`` group options ``tiny`` and ``hf``."""
 
 from __future__ import annotations
 
@@ -13,24 +7,13 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from nemo_dp.config.precision import (
-    DEFAULT_PRECISION,
-    DTYPE_PRECISIONS,
-    HF_DTYPE_NAMES,
-    PRECISION_NAMES,
-    resolve_precision_name,
-)
+from nemo_dp.config.precision import resolve_precision_name
 from nemo_dp.utils.config_checks import Checked, at_least_field, one_of
 from nemo_dp.config.schema import PolicyConfig
 
 __all__ = [
     "POLICY_DEVICES",
-    "HF_DTYPE_NAMES",
     "HF_ATTN_NAMES",
-    "PRECISION_NAMES",
-    "DEFAULT_PRECISION",
-    "DTYPE_PRECISIONS",
-    "resolve_precision_name",
     "TinyPolicyConfig",
     "HFModelSchema",
     "HFPolicyConfig",
@@ -65,19 +48,8 @@ class HFModelSchema(Checked, key="policy.model"):
 
 @dataclass
 class HFPolicyConfig(PolicyConfig):
-    """``policy=hf``: a HuggingFace causal LM from a local directory.
-
-    Attributes:
-        model_name_or_path: Local checkpoint directory (required).
-        tokenizer_name_or_path: Tokenizer directory; ``None`` = the model directory.
-        precision: ``32-true`` | ``bf16-mixed`` | ``bf16-true`` (``None``: from ``dtype``).
-        dtype: ``float32`` | ``bfloat16``: the older key, an alias of ``32-true`` /
-            ``bf16-true``; set together with ``precision`` it must agree.
-        attn_implementation: ``sdpa`` | ``eager``.
-        train_attn_implementation: The attention of the training passes (forward and
-            backward); ``None`` = ``attn_implementation``.
-        trust_remote_code: Allow the checkpoint's own Python code (off by default).
-    """
+    """``policy=hf``: a HuggingFace causal LM from a local directory (``dtype``, the older alias of ``precision``
+    ``32-true`` / ``bf16-true``, must agree with it; ``None`` train attention = ``attn_implementation``)."""
 
     kind: str = "hf"
     device: str = "cpu"

@@ -1,9 +1,5 @@
-"""Structured-config schemas for every Hydra config group except ``data_plane``.
-
-Hydra composes in struct mode against these dataclasses (unknown keys and wrong types fail
-naming the key); ranges and cross-field rules run in ``__post_init__`` when ``validate_config``
-converts the node.  The ``data_plane`` schemas live in ``nemo_dp.data_plane.interfaces``.
-"""
+"""Structured-config schemas of every Hydra config group except ``data_plane``; their ``__post_init__`` rules
+run when ``validate_config`` converts the node."""
 
 from __future__ import annotations
 
@@ -54,7 +50,6 @@ __all__ = [
     "algorithm_schemas",
 ]
 
-#: Names of the registered algorithms (``nemo_dp.config.algorithm_registry``), in registration order.
 ALGORITHM_NAMES: tuple[str, ...] = algorithm_names()
 SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
     "concatenative",
@@ -64,9 +59,6 @@ SEQUENCE_PACKING_ALGORITHMS: tuple[str, ...] = (
 OPTIMIZER_NAMES: tuple[str, ...] = ("adamw",)
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 MICROBATCH_ORDERS: tuple[str, ...] = ("packer", "largest_first")
-
-
-# --- policy ---
 
 
 @dataclass
@@ -82,8 +74,7 @@ class ModelSchema(Checked, key="policy.model"):
     def check(self) -> None:
         if self.d_model % self.n_heads != 0:
             fail(
-                "policy.model.d_model",
-                f"must be divisible by policy.model.n_heads={self.n_heads}, got {self.d_model}",
+                "policy.model.d_model", f"must be divisible by policy.model.n_heads={self.n_heads}, got {self.d_model}"
             )
         at_least("policy.model.max_seq_len", self.max_seq_len, 2)
         if not 0.0 <= self.dropout < 1.0:
@@ -92,11 +83,7 @@ class ModelSchema(Checked, key="policy.model"):
 
 @dataclass
 class OptimizerConfig(Checked, key="policy.optimizer"):
-    """``policy.optimizer``: AdamW with linear warm-up and a constant or cosine schedule.
-
-    The cosine schedule decays to ``min_lr_ratio x lr`` over the optimizer steps of the phase
-    (the trainer tells the workers how many there are).
-    """
+    """``policy.optimizer``: AdamW, linear warm-up, then constant or cosine decay to ``min_lr_ratio x lr``."""
 
     name: str = one_of_field("adamw", OPTIMIZER_NAMES)
     lr: float = 1e-3
@@ -155,13 +142,9 @@ class SequencePackingConfig(Checked, key="policy.sequence_packing"):
 class PolicyConfig:
     """``policy``: the worker group, the model, its optimizer and the batching of its work.
 
-    ``train_global_batch_size`` rows make one optimizer step (split over ``dp_size`` workers,
-    each running ``train_micro_batch_size``-row microbatches with gradient accumulation;
-    ``None``: each worker's whole share, ``train_global_batch_size / dp_size`` rows, in one
-    pass).  A micro-batch larger than that share is refused.
-    ``init_from`` starts a fresh run from the policy weights of another run's checkpoint (a run
-    directory, its checkpoints root, a phase root or a step directory; e.g. an SFT run's, to
-    start GRPO/PPO from it); ``checkpointing.resume_from`` wins over it.
+    ``train_global_batch_size`` rows make one optimizer step over ``dp_size`` workers, each in
+    ``train_micro_batch_size``-row microbatches (``None``: its whole share in one pass).
+    ``init_from``: another run's policy checkpoint to start from (``checkpointing.resume_from`` wins).
     """
 
     dp_size: int = 2
@@ -188,8 +171,7 @@ class PolicyConfig:
         if self.train_global_batch_size % self.dp_size != 0:
             fail(
                 "policy.train_global_batch_size",
-                f"must be a multiple of policy.dp_size={self.dp_size}, "
-                f"got {self.train_global_batch_size}",
+                f"must be a multiple of policy.dp_size={self.dp_size}, got {self.train_global_batch_size}",
             )
         per_worker = self.train_global_batch_size // self.dp_size
         if self.train_micro_batch_size is not None and self.train_micro_batch_size > per_worker:
@@ -203,34 +185,19 @@ class PolicyConfig:
 
 
 def train_micro_batch_rows(policy_cfg: Any) -> int:
-    """Rows of one training micro-batch on one worker, from a ``policy`` dataclass or ``DictConfig``.
-
-    ``train_micro_batch_size``, or each worker's whole share ``train_global_batch_size // dp_size``
-    when it is ``None``.
-    """
+    """``train_micro_batch_size``, or when ``None`` ``train_global_batch_size // dp_size``, of a ``policy`` node."""
     mbs = policy_cfg.train_micro_batch_size
-    if mbs is not None:
-        return int(mbs)
-    return int(policy_cfg.train_global_batch_size) // int(policy_cfg.dp_size)
-
-
-# --- algorithm ---
+    return int(mbs) if mbs is not None else int(policy_cfg.train_global_batch_size) // int(policy_cfg.dp_size)
 
 
 def _check_common_algorithm(cfg: Any, expected_name: str) -> None:
     one_of("algorithm.name", cfg.name, (expected_name,))
-    at_least("algorithm.max_steps", cfg.max_steps, 1)
-    at_least("algorithm.val_period", cfg.val_period, 0)
-    at_least("algorithm.val_samples", cfg.val_samples, 1)
+    at_least_each("algorithm", cfg, max_steps=1, val_period=0, val_samples=1)
 
 
 @dataclass
 class SFTConfig:
-    """``algorithm`` for SFT: next-token loss on response tokens.
-
-    The loader batch is ``policy.train_global_batch_size`` examples per step.
-    ``val_period`` 0 evaluates only at the end.
-    """
+    """``algorithm`` for SFT: next-token loss on response tokens (``val_period`` 0: evaluate only at the end)."""
 
     name: str = "sft"
     max_steps: int = 100
@@ -288,42 +255,33 @@ class _RLAlgorithm:
         """Rows trained per step: prompts x generations."""
         return self.num_prompts_per_step * self.num_generations_per_prompt  # type: ignore[attr-defined]
 
-    def check_root(self, root: Any) -> None:
-        """Rules that need the whole config (called by ``MasterConfig``)."""
-        _check_rl_root(self, root)
-
     def _check_rl(self, expected_name: str) -> None:
-        """The rules every RL algorithm starts with: the common ones, then prompts and generations."""
         _check_common_algorithm(self, expected_name)
         at_least_each("algorithm", self, num_prompts_per_step=1, num_generations_per_prompt=1)
 
-
-def _check_rl_root(algo: _RLAlgorithm, root: Any) -> None:
-    """Cross-group rules of an RL algorithm (batch divisibility, sequence room)."""
-    if algo.samples_per_step % root.policy.train_global_batch_size != 0:
-        fail(
-            "policy.train_global_batch_size",
-            f"must divide algorithm.num_prompts_per_step x "
-            f"algorithm.num_generations_per_prompt = {algo.samples_per_step}, "
-            f"got {root.policy.train_global_batch_size}",
-        )
-    longest = root.env.digits * 2 + 3 + root.policy.generation.max_new_tokens
-    if longest > root.policy.model.max_seq_len and root.env.rl_jsonl is None and root.env.rl_data is None and root.env.name == "arithmetic":
-        fail(
-            "policy.model.max_seq_len",
-            f"must be >= {longest} (bos + prompt + policy.generation.max_new_tokens) "
-            f"for env.digits={root.env.digits}, got {root.policy.model.max_seq_len}",
-        )
+    def check_root(self, root: Any) -> None:
+        """Rules that need the whole config (batch divisibility, sequence room; called by ``MasterConfig``)."""
+        if self.samples_per_step % root.policy.train_global_batch_size != 0:
+            fail(
+                "policy.train_global_batch_size",
+                f"must divide algorithm.num_prompts_per_step x "
+                f"algorithm.num_generations_per_prompt = {self.samples_per_step}, "
+                f"got {root.policy.train_global_batch_size}",
+            )
+        env = root.env
+        longest = env.digits * 2 + 3 + root.policy.generation.max_new_tokens
+        if longest > root.policy.model.max_seq_len and env.rl_jsonl is None and env.rl_data is None and env.name == "arithmetic":
+            fail(
+                "policy.model.max_seq_len",
+                f"must be >= {longest} (bos + prompt + policy.generation.max_new_tokens) "
+                f"for env.digits={env.digits}, got {root.policy.model.max_seq_len}",
+            )
 
 
 @dataclass
 class GRPOConfig(_RLAlgorithm):
-    """``algorithm`` for GRPO: group-relative advantages, clipped PG loss, KL to the reference.
-
-    ``reuse_train_forward_logprobs``: when a rollout is one optimizer step (samples per step =
-    ``policy.train_global_batch_size``), take ``prev_logprobs`` from the training forward
-    instead of a separate forward (the same numbers; the synchronous trainers only).
-    """
+    """``algorithm`` for GRPO (``reuse_train_forward_logprobs``: when a rollout is one optimizer step, the
+    synchronous trainers take ``prev_logprobs`` from the training forward, the same numbers)."""
 
     name: str = "grpo"
     max_steps: int = 50
@@ -347,8 +305,7 @@ class GRPOConfig(_RLAlgorithm):
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt < 2:
             fail(
                 "algorithm.num_generations_per_prompt",
-                "must be >= 2 with algorithm.use_leave_one_out_baseline=true, "
-                f"got {self.num_generations_per_prompt}",
+                f"must be >= 2 with algorithm.use_leave_one_out_baseline=true, got {self.num_generations_per_prompt}",
             )
         at_least("algorithm.num_train_prompts", self.num_train_prompts, self.num_prompts_per_step)
 
@@ -394,9 +351,6 @@ class PPOConfig(_RLAlgorithm):
         at_least("algorithm.kl_coef", self.kl_coef, 0.0)
 
 
-# --- env, cluster, logger, checkpointing ---
-
-
 @dataclass
 class LoggerConfig:
     """``logger``: what a run writes and shows (paths relative to the run directory)."""
@@ -420,11 +374,8 @@ class LoggerConfig:
 
 @dataclass
 class CheckpointingConfig:
-    """``checkpointing``: periodic atomic checkpoints and exact resume.
-
-    ``resume_from`` names a checkpoint root (a run's ``checkpoint_dir``); the latest checkpoint
-    under it is loaded.  ``save_period`` 0 saves only at the end.
-    """
+    """``checkpointing``: periodic atomic checkpoints (``save_period`` 0: only at the end) and exact resume
+    from the latest checkpoint under the root ``resume_from``."""
 
     enabled: bool = True
     checkpoint_dir: str = "checkpoints"
@@ -441,15 +392,11 @@ class CheckpointingConfig:
 
 @dataclass
 class MasterConfig:
-    """The root schema (``config_schema``): one node per group plus the run seed.
-
-    ``algorithm`` and ``data_plane`` are typed by the schema their group file names first
-    (``algorithm_sft_schema`` / ..., ``data_plane_tq_schema`` / ...).
-    """
+    """The root schema (``config_schema``); ``algorithm``, ``data_plane``, ``policy``: typed by their group file."""
 
     algorithm: Any = MISSING
     data_plane: Any = MISSING
-    policy: Any = MISSING  # typed by the policy group file (policy_tiny_schema / policy_hf_schema)
+    policy: Any = MISSING
     env: EnvConfig = MISSING  # type: ignore[assignment]
     cluster: ClusterConfig = MISSING  # type: ignore[assignment]
     logger: LoggerConfig = MISSING  # type: ignore[assignment]
@@ -461,9 +408,7 @@ class MasterConfig:
         algo = self.algorithm
         if type(algo) not in algorithm_schemas():
             fail(
-                "algorithm",
-                f"unknown algorithm schema {type(algo).__name__}; legal values: "
-                f"{list(algorithm_names())}",
+                "algorithm", f"unknown algorithm schema {type(algo).__name__}; legal values: {list(algorithm_names())}"
             )
         check_root = getattr(algo, "check_root", None)
         if check_root is not None:

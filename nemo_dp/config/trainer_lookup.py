@@ -1,15 +1,12 @@
-"""Which trainer serves a config: the (algorithm, data plane) lookup over the algorithm table.
-
-Trainers are named by ``"module:function"`` and not imported, so validation can run the lookup
-before any process starts.
-"""
+"""Which trainer serves a config: the (algorithm, data plane) lookup over the algorithm table, importing nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_dp.config.algorithm_registry import ALGORITHMS, AlgorithmSpec
+from nemo_dp.config.algorithm_registry import ALGORITHMS
 from nemo_dp.data_plane import registry
 from nemo_dp.data_plane.factory import data_plane_kind
 from nemo_dp.utils.config_access import cfg_get
@@ -29,8 +26,7 @@ DEFAULT_ALGORITHM = "grpo"
 
 _ABSENT = object()
 
-# (algorithm, kind) -> "module:function", built from the algorithm table on first use and
-# rebuilt only when an algorithm is registered later (tests may patch entries of this dict).
+# (algorithm, kind) -> "module:function", rebuilt only when ALGORITHMS changes (tests may patch entries).
 _TRAINER_TABLE: dict[tuple[str, str], str] = {}
 _TRAINER_TABLE_KEY: tuple[Any, ...] | None = None
 
@@ -41,19 +37,14 @@ def _trainer_table() -> dict[tuple[str, str], str]:
     if key != _TRAINER_TABLE_KEY:
         _TRAINER_TABLE.clear()
         _TRAINER_TABLE.update(
-            {
-                (name, kind): target
-                for name, spec in ALGORITHMS.items()
-                for kind, target in spec.trainers.items()
-            }
+            {(name, kind): target for name, spec in ALGORITHMS.items() for kind, target in spec.trainers.items()}
         )
         _TRAINER_TABLE_KEY = key
     return _TRAINER_TABLE
 
 
 def __getattr__(name: str) -> Any:
-    # ``TRAINER_REGISTRY`` follows ALGORITHMS (an algorithm may be registered after import); it
-    # is the same dict the lookup reads.
+    # ``TRAINER_REGISTRY`` is the dict the lookup reads, following algorithms registered after import.
     if name == "TRAINER_REGISTRY":
         return _trainer_table()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -65,13 +56,8 @@ class TrainerNotAvailableError(TargetNotFoundError):
 
 @dataclass(frozen=True)
 class TrainerSelection:
-    """The resolved trainer choice for one config (nothing imported yet).
-
-    Attributes:
-        data_plane: Data-plane kind (``disabled``, ``local``, ``transfer_queue``, ``ray_store``).
-        target: ``"module:function"`` of the trainer.
-        mode: ``"synchronous"`` or the name of the mode switched on (``"asynchronous"``).
-    """
+    """The resolved trainer choice for one config: ``target`` is its ``"module:function"``; ``mode``
+    is ``"synchronous"`` or the mode switched on (``"asynchronous"``)."""
 
     algorithm: str
     data_plane: str
@@ -110,50 +96,29 @@ def master_data_plane(master_config: Any) -> Any:
     return None if dp is _ABSENT else dp
 
 
-def _legal_data_planes(algorithm: str) -> list[str]:
-    table = _trainer_table()
-    return [kind for kind in registry.BACKENDS if (algorithm, kind) in table]
-
-
-def _illegal_reason(spec: AlgorithmSpec | None, kind: str) -> str | None:
-    """Why ``spec`` cannot run on backend ``kind``, derived from the backend's capabilities."""
-    backend = registry.backend(kind)
-    needs_transport = spec is not None and spec.requires_cross_process
-    if needs_transport and backend.enabled and not backend.cross_process:
-        return "a process-local store cannot carry rollout data between processes"
-    return None
+def _choices(kinds: Iterable[str]) -> str:
+    return ", ".join(f"{k} (data_plane={registry.backend(k).option})" for k in kinds)
 
 
 def validate_trainer_selection(master_config: Any, *, label: str | None = None) -> TrainerSelection:
-    """Resolve (algorithm, data plane) to a registered trainer without importing it.
+    """Resolve (algorithm, data plane) to a registered trainer without importing it (as ``select_sync_trainer`` does).
 
-    The launcher calls this at compose time, before any process starts; ``select_sync_trainer``
-    uses the same lookup.
-
-    Args:
-        master_config: Root config (``DictConfig``, dataclass or mapping) with an optional
-            ``algorithm`` (a name or a node with ``name``; absent = ``"grpo"``) and an optional
-            ``data_plane``.
-        label: Progress-line label; defaults to the algorithm's label.
+    ``master_config``'s ``algorithm`` may be a name, a node with ``name``, or absent (``"grpo"``).
 
     Raises:
-        ValueError: Unknown algorithm, unknown ``data_plane.impl``, or an illegal pair (naming
-            ``algorithm`` and ``data_plane`` and listing the legal data planes).
+        ValueError: Unknown algorithm, unknown ``data_plane.impl``, or an illegal pair (listing the legal ones).
         TrainerNotAvailableError: A mode's selector function does not exist.
     """
     algorithm = _algorithm_name(master_config)
     kind = data_plane_kind(master_data_plane(master_config))
-    legal = _legal_data_planes(algorithm)
+    legal = [k for k in registry.BACKENDS if (algorithm, k) in _trainer_table()]
     if not legal:
         known = sorted({alg for alg, _ in _trainer_table()})
-        raise ValueError(
-            f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}"
-        )
+        raise ValueError(f"unknown algorithm {algorithm!r} (algorithm.name); known algorithms: {known}")
     spec = ALGORITHMS.get(algorithm)
-    if label is None and spec is not None:
-        label = spec.display_label
-    # A mode switched on (e.g. asynchronous GRPO) decides the trainer, and its own error names
-    # its switch, before the algorithm's default trainer table is consulted.
+    if label is None:
+        label = spec.display_label if spec is not None else algorithm.upper()
+    # A mode switched on decides the trainer (its error naming its switch) before the default table.
     mode_name, target = "synchronous", None
     for mode in spec.modes if spec is not None else ():
         selector = resolve_target(
@@ -163,29 +128,20 @@ def validate_trainer_selection(master_config: Any, *, label: str | None = None) 
             continue
         target = mode.trainers.get(kind)
         if target is None:
-            choices = ", ".join(
-                f"{k} (data_plane={registry.backend(k).option})" for k in mode.trainers
-            )
             raise ValueError(
                 f"{mode.switch_key}=true cannot run with data_plane={kind!r}. Legal data planes "
-                f"for {mode.name} {algorithm!r}: {choices}; or set {mode.switch_key}=false."
+                f"for {mode.name} {algorithm!r}: {_choices(mode.trainers)}; or set {mode.switch_key}=false."
             )
         mode_name = mode.name
         break
     if target is None:
         target = _trainer_table().get((algorithm, kind))
     if target is None:
-        reason = _illegal_reason(spec, kind)
-        choices = ", ".join(f"{k} (data_plane={registry.backend(k).option})" for k in legal)
+        backend = registry.backend(kind)
+        local_only = spec is not None and spec.requires_cross_process and backend.enabled and not backend.cross_process
+        reason = ": a process-local store cannot carry rollout data between processes" if local_only else ""
         raise ValueError(
-            f"algorithm={algorithm!r} cannot run with data_plane={kind!r}"
-            + (f": {reason}" if reason else "")
-            + f". Legal data planes for algorithm {algorithm!r}: {choices}."
+            f"algorithm={algorithm!r} cannot run with data_plane={kind!r}{reason}. "
+            f"Legal data planes for algorithm {algorithm!r}: {_choices(legal)}."
         )
-    return TrainerSelection(
-        algorithm=algorithm,
-        data_plane=kind,
-        target=target,
-        label=label if label is not None else algorithm.upper(),
-        mode=mode_name,
-    )
+    return TrainerSelection(algorithm, kind, target, label, mode_name)

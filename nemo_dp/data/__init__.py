@@ -1,3 +1,1 @@
-"""nemo_dp.data: the arithmetic task, users' datasets, rendering to token ids with an exact loss
-mask, and the dataset check before Ray starts (``nemo_dp.data.validation``).
-"""
+"""nemo_dp.data: the arithmetic task, users' datasets, tokenization with loss masks, the pre-Ray dataset check."""

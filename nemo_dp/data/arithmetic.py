@@ -1,16 +1,15 @@
-"""Built-in arithmetic task: verifiable problems such as ``"37+5="`` -> ``"42"``.
-
-Problems are generated from a seed; train and eval are split by a stable hash of ``(a, op, b)``,
-so the eval set is disjoint from every train set whatever the seeds or sizes.
-"""
+"""Built-in arithmetic task: seeded verifiable problems such as ``"37+5="`` -> ``"42"``; a stable hash of
+``(a, op, b)`` keeps the eval set disjoint from every train set."""
 
 from __future__ import annotations
 
 import hashlib
+import operator
 import random
 from dataclasses import dataclass
 
-SUPPORTED_OPERATORS: tuple[str, ...] = ("+", "-", "*")
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+SUPPORTED_OPERATORS: tuple[str, ...] = tuple(_OPS)
 
 # One bucket in EVAL_BUCKETS of the problem space is held out for evaluation.
 EVAL_BUCKETS: int = 10
@@ -27,14 +26,6 @@ class Problem:
     answer: str
 
 
-def _solve(a: int, op: str, b: int) -> int:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    return a * b
-
-
 def is_eval_problem(a: int, op: str, b: int) -> bool:
     """Whether ``(a, op, b)`` belongs to the held-out partition (about 1 in ``EVAL_BUCKETS`` problems)."""
     digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
@@ -42,32 +33,17 @@ def is_eval_problem(a: int, op: str, b: int) -> bool:
 
 
 def make_problem(a: int, op: str, b: int) -> Problem:
-    """Build the problem ``f"{a}{op}{b}="`` with its answer.
-
-    Raises:
-        ValueError: ``op`` is not in ``SUPPORTED_OPERATORS`` or an operand is negative.
-    """
+    """The problem ``f"{a}{op}{b}="`` with its answer (``ValueError`` for another operator or a negative operand)."""
     if op not in SUPPORTED_OPERATORS:
         raise ValueError(f"make_problem: operator {op!r} not in {SUPPORTED_OPERATORS}")
     if a < 0 or b < 0:
         raise ValueError(f"make_problem: operands must be non-negative, got a={a}, b={b}")
-    return Problem(prompt=f"{a}{op}{b}=", answer=str(_solve(a, op, b)))
+    return Problem(prompt=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)))
 
 
 class ArithmeticTask:
-    """Deterministic generator of arithmetic problems.
-
-    Operands are drawn uniformly from ``[0, 10**digits)``; the operator uniformly from
-    ``operators``. ``train_problems`` and ``eval_problems`` return distinct problems (no
-    duplicates within a set) from their own partition.
-
-    Args:
-        digits: Maximum number of digits of an operand (>= 1).
-        operators: Operators to use, a non-empty subset of ``("+", "-", "*")`` without duplicates.
-
-    Raises:
-        ValueError: Invalid digits or operators.
-    """
+    """Deterministic generator of distinct problems, operands uniform in ``[0, 10**digits)``, the operator uniform
+    in ``operators`` (a non-empty subset of ``SUPPORTED_OPERATORS`` without duplicates; ``ValueError`` if not)."""
 
     def __init__(self, digits: int, operators: tuple[str, ...], seed: int) -> None:
         if digits < 1:
@@ -80,15 +56,13 @@ class ArithmeticTask:
                 raise ValueError(f"ArithmeticTask: operator {op!r} not in {SUPPORTED_OPERATORS}")
         if len(set(ops)) != len(ops):
             raise ValueError(f"ArithmeticTask: duplicate operator in {ops}")
-        self.digits = digits
-        self.operators = ops
-        self.seed = seed
+        self.digits, self.operators, self.seed = digits, ops, seed
         self._limit = 10**digits
         self._enumerated: dict[bool, list[tuple[int, str, int]]] | None = None
 
     @property
     def space_size(self) -> int:
-        """Number of problems in the whole space (both partitions)."""
+        """Number of problems in both partitions."""
         return self._limit * self._limit * len(self.operators)
 
     def _partition(self, eval_part: bool) -> list[tuple[int, str, int]]:
@@ -131,11 +105,7 @@ class ArithmeticTask:
         return out
 
     def train_problems(self, n: int) -> list[Problem]:
-        """Draw ``n`` distinct training problems, in a seed-determined order.
-
-        Raises:
-            ValueError: The train partition holds fewer than ``n`` problems (or too many to sample).
-        """
+        """``n`` distinct training problems in a seed-determined order (``ValueError`` if there are not enough)."""
         return self._draw(n, eval_part=False)
 
     def eval_problems(self, n: int) -> list[Problem]:

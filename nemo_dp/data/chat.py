@@ -1,8 +1,7 @@
-"""Rendering examples to token ids with an exact loss mask.
+"""Rendering examples to token ids with a loss mask that is 1 exactly on assistant content and its end of turn.
 
-Pairs ``(p, r)`` and ``ChatExample`` conversations get a mask that is 1 exactly on assistant content
-and its end-of-turn token.  Without a chat template: ``[bos] + p + r + [eos]``; with one, the
-rendered text is split at turn boundaries and each piece tokenized alone (no token straddles one).
+Without a chat template: ``[bos] + p + r + [eos]``; with one, the rendered text is split at turn
+boundaries and each piece tokenized alone (no token straddles one).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ __all__ = [
     "render_prompt", "encode_prompt_text",
 ]
 
-#: Roles a conversation turn may have.
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
 
 
@@ -36,12 +34,7 @@ class ChatExample:
 
     messages: tuple[Message, ...]
 
-    def as_dicts(self) -> list[dict[str, str]]:
-        """The turns as ``{"role", "content"}`` dicts (what chat templates consume)."""
-        return [{"role": m.role, "content": m.content} for m in self.messages]
 
-
-#: What an SFT dataset yields and ``collate_sft`` consumes.
 SFTExample = Union[tuple[str, str], ChatExample]
 
 
@@ -58,27 +51,20 @@ class ChatTemplateError(ValueError):
 
 
 def _plain(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
-    ids: list[int] = []
-    mask: list[int] = []
     bos = tokenizer.bos_id
-    if bos is not None:
-        ids.append(int(bos))
-        mask.append(0)
+    ids: list[int] = [] if bos is None else [int(bos)]
+    mask = [0] * len(ids)
     for m in messages:
-        piece = list(tokenizer.encode(m.content))
-        if m.role == "assistant":
-            piece.append(int(tokenizer.eos_id))
-            mask.extend([1] * len(piece))
-        else:
-            mask.extend([0] * len(piece))
+        learned = m.role == "assistant"
+        piece = list(tokenizer.encode(m.content)) + ([int(tokenizer.eos_id)] if learned else [])
         ids.extend(piece)
+        mask.extend([int(learned)] * len(piece))
     return TokenizedExample(ids=ids, loss_mask=mask)
 
 
 def _render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
-    text = tokenizer.apply_chat_template(
-        [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=add_generation_prompt
-    )
+    turns = [{"role": m.role, "content": m.content} for m in messages]
+    text = tokenizer.apply_chat_template(turns, add_generation_prompt=add_generation_prompt)
     if not isinstance(text, str):
         raise ChatTemplateError(f"apply_chat_template returned {type(text).__name__}, not the rendered text")
     return text
@@ -110,12 +96,10 @@ def _template_pieces(messages: Sequence[Message], tokenizer: Any) -> list[tuple[
 
 
 def encode_prompt_text(text: str, tokenizer: Any) -> list[int]:
-    """Ids of a sequence's leading (prompt) text, bos included the way the tokenizer adds it.
+    """Ids of a sequence's leading (prompt) text: the tokenizer's ``encode_prompt``, else ``[bos]? + encode(text)``.
 
-    Uses the tokenizer's ``encode_prompt`` when it has one (the model layer's tokenizers add bos
-    only when they have one and the text does not already start with it), else
-    ``[bos]? + encode(text)``. RL prompts are encoded this way too, so an SFT conversation and
-    the RL prompt of the same turns start with the same ids.
+    RL prompts are encoded this way too, so an SFT conversation and the RL prompt of the same
+    turns start with the same ids.
     """
     encode_prompt = getattr(tokenizer, "encode_prompt", None)
     if callable(encode_prompt):
@@ -129,29 +113,17 @@ def _templated(messages: Sequence[Message], tokenizer: Any) -> TokenizedExample:
     ids: list[int] = []
     mask: list[int] = []
     for k, (text, learned) in enumerate(_template_pieces(messages, tokenizer)):
-        if k == 0:
-            piece = encode_prompt_text(text, tokenizer)
-        else:
-            piece = list(tokenizer.encode(text)) if text else []
-        if not learned:
-            ids.extend(piece)
-            mask.extend([0] * len(piece))
-            continue
-        if eos in piece:
-            cut = piece.index(eos) + 1
-            mask.extend([1] * cut + [0] * (len(piece) - cut))
-        else:
+        piece = encode_prompt_text(text, tokenizer) if k == 0 else list(tokenizer.encode(text)) if text else []
+        if learned and eos not in piece:
             piece.append(eos)
-            mask.extend([1] * len(piece))
+        cut = piece.index(eos) + 1 if learned else 0  # learned up to and including the first eos
         ids.extend(piece)
+        mask.extend([1] * cut + [0] * (len(piece) - cut))
     return TokenizedExample(ids=ids, loss_mask=mask)
 
 
 def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExample:
-    """Token ids and loss mask of one SFT example.
-
-    ``example`` is a ``(prompt, response)`` pair or a ``ChatExample`` (rendered with the
-    tokenizer's chat template when it has one).
+    """Token ids and loss mask of a ``(prompt, response)`` pair or a ``ChatExample``.
 
     Raises:
         TypeError: ``example`` is neither shape.
@@ -169,14 +141,8 @@ def tokenize_sft_example(example: SFTExample, tokenizer: Any) -> TokenizedExampl
 
 
 def render_prompt(messages: Sequence[Message], tokenizer: Any | None) -> str:
-    """Render an RL prompt conversation to the text the policy continues.
-
-    With a chat template the text is its rendering with ``add_generation_prompt=True``; otherwise
-    (or without a tokenizer) the turns' contents concatenated.
-
-    Raises:
-        ChatTemplateError: The template does not return text.
-    """
+    """The text the policy continues: the chat template's rendering with a generation prompt (``ChatTemplateError``
+    if it is no text), else the contents."""
     if tokenizer is not None and has_chat_template(tokenizer):
         return _render(tokenizer, messages, add_generation_prompt=True)
     return "".join(m.content for m in messages)

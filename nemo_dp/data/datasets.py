@@ -1,8 +1,4 @@
-"""Datasets, a resumable epoch loader, and the SFT collator.
-
-The loader's order depends only on (seed, epoch) and its position is a small ``state_dict``, so a
-resumed run sees exactly the batches the uninterrupted run would have seen.
-"""
+"""Datasets, a resumable epoch loader, and the SFT collator."""
 
 from __future__ import annotations
 
@@ -28,18 +24,11 @@ class _Sized(Protocol[T_co]):
 
 
 class SFTDataset:
-    """SFT examples: (prompt, response) pairs and/or ``ChatExample`` conversations.
-
-    ``pairs`` is a list, or a sequence read on access.
-
-    Raises:
-        ValueError: ``pairs`` is empty.
-    """
+    """SFT examples: (prompt, response) pairs and/or ``ChatExample`` conversations (``ValueError`` if empty)."""
 
     def __init__(self, pairs: Sequence[SFTExample]) -> None:
         if not pairs:
             raise ValueError("SFTDataset: no examples")
-        # A list is normalised; any other sequence (a lazily read table) is read on access.
         self.pairs: Sequence[SFTExample] = (
             [ex if isinstance(ex, ChatExample) or is_image_example(ex) else (str(ex[0]), str(ex[1])) for ex in pairs]
             if isinstance(pairs, list)
@@ -53,11 +42,7 @@ class SFTDataset:
 
     @classmethod
     def from_jsonl(cls, path: str, *, key: str | None = None) -> SFTDataset:
-        """Examples from a ``{"prompt", "response"}`` / ``{"messages"}`` jsonl file (see ``load_sft_jsonl``).
-
-        Raises:
-            DatasetError: A malformed line (file, line and field named).
-        """
+        """Examples from an SFT jsonl file (``DatasetError`` naming the line at fault)."""
         return cls(load_sft_jsonl(path, key=key))
 
     def __len__(self) -> int:
@@ -68,16 +53,11 @@ class SFTDataset:
 
 
 class RLPromptDataset:
-    """Problems (prompt + reference answer) for RL.
-
-    Raises:
-        ValueError: ``problems`` is empty.
-    """
+    """Problems (prompt + reference answer) for RL (``ValueError`` if empty)."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:
         if not problems:
             raise ValueError("RLPromptDataset: no problems")
-        # A lazily read table stays one; anything else is copied into a list.
         self.problems: Sequence[Problem] = list(problems) if isinstance(problems, (list, tuple)) else problems
 
     @classmethod
@@ -87,11 +67,7 @@ class RLPromptDataset:
 
     @classmethod
     def from_jsonl(cls, path: str, *, tokenizer: Any | None = None, key: str | None = None) -> RLPromptDataset:
-        """Problems from a ``{"prompt" | "messages", "answer"}`` jsonl file (see ``load_rl_jsonl``).
-
-        Raises:
-            DatasetError: A malformed line (file, line and field named).
-        """
+        """Like :meth:`SFTDataset.from_jsonl`, for an RL jsonl file."""
         return cls(load_rl_jsonl(path, tokenizer=tokenizer, key=key))
 
     def __len__(self) -> int:
@@ -102,14 +78,11 @@ class RLPromptDataset:
 
 
 class EpochLoader(Generic[T]):
-    """Deterministic, resumable batch loader.
+    """Deterministic, resumable batch loader: a resumed run sees exactly the uninterrupted run's batches.
 
-    Each epoch visits a permutation of the dataset (a function of ``seed`` and the epoch
-    number only, or the identity when ``shuffle`` is False) in full batches; the last partial
-    batch of an epoch is dropped, so every batch has exactly ``batch_size`` examples.
-
-    Raises:
-        ValueError: ``batch_size`` is not in ``1 .. len(dataset)``.
+    Each epoch visits a permutation of the dataset (a function of ``seed`` and the epoch only, or
+    the identity without ``shuffle``) in full batches; the last partial batch is dropped.
+    ``ValueError`` if ``batch_size`` is not in ``1 .. len(dataset)``.
     """
 
     def __init__(self, dataset: _Sized[T], batch_size: int, seed: int, shuffle: bool = True) -> None:
@@ -117,12 +90,8 @@ class EpochLoader(Generic[T]):
             raise ValueError(f"EpochLoader: batch_size must be >= 1, got {batch_size}")
         if batch_size > len(dataset):
             raise ValueError(f"EpochLoader: batch_size {batch_size} exceeds dataset size {len(dataset)}")
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.seed = seed
-        self.shuffle = shuffle
-        self.epoch = 0
-        self.cursor = 0
+        self.dataset, self.batch_size, self.seed, self.shuffle = dataset, batch_size, seed, shuffle
+        self.epoch = self.cursor = 0
         self.last_batch_indices: list[int] = []
         self._order: list[int] | None = None
 
@@ -180,23 +149,11 @@ class EpochLoader(Generic[T]):
 
 
 def collate_sft(examples: Sequence[SFTExample], tokenizer: Any, max_seq_len: int | None = None) -> Any:
-    """Tokenise and right-pad SFT examples.
+    """Tokenise (``tokenize_sft_example``) and right-pad SFT examples into a ``BatchedDataDict``.
 
-    A pair is laid out as ``[bos] + prompt + response + [eos]``; a conversation as
-    ``nemo_dp.data.chat.tokenize_sft_example`` renders it.
-
-    Args:
-        tokenizer: A ``TextTokenizer`` (its chat template renders conversations).
-        max_seq_len: If given, a longer example raises.
-
-    Returns:
-        A ``BatchedDataDict`` with ``input_ids`` int64 [B, S] (padded with ``pad_id``),
-        ``input_lengths`` int32 [B], ``token_mask`` int32 [B, S] (1 on the learned tokens:
-        response / assistant content and its eos) and ``sample_mask`` float32 [B] (ones).
-
-    Raises:
-        ValueError: An empty batch, an unknown character, or an example longer than
-            ``max_seq_len`` (naming its index).
+    It holds ``input_ids`` int64 [B, S] (padded with ``pad_id``), ``input_lengths`` int32 [B],
+    ``token_mask`` int32 [B, S] (1 on the learned tokens) and ``sample_mask`` float32 [B] (ones).
+    ``ValueError`` for an empty batch, an unknown character, or an example over ``max_seq_len``.
     """
     from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 

@@ -1,8 +1,4 @@
-"""Typed errors for dataset problems, so callers can map them to a config key and a file line.
-
-``DatasetError`` carries key, file, line and field as attributes (rendered in a fixed order);
-``UnknownCharacterError`` names a character a fixed-vocabulary tokenizer cannot encode.
-"""
+"""Typed errors for dataset problems, so callers can map them to a config key and a file line."""
 
 from __future__ import annotations
 
@@ -13,18 +9,8 @@ class DatasetError(ValueError):
     """A dataset cannot be used as configured.
 
     The message reads ``"<key>: <path>:<line>: field '<field>' <problem>[; <fix>]"`` with the
-    parts that are unknown left out (a table without lines, e.g. parquet, gives
-    ``"<path>: row <row>: ..."`` with the 0-based row index instead), e.g.
-    ``"env.sft_jsonl: data/sft.jsonl:7: field 'messages[1].role' is 'bot', not a legal role"``.
-
-    Args:
-        problem: What is wrong; with ``field`` it continues the phrase "field 'x' ...", e.g.
-            ``"must be a string, got int"`` or ``"is missing"``.
-        key: The config key that names the dataset, e.g. ``"env.sft_jsonl"``.
-        line: The 1-based line number in ``path``.
-        field: The JSON field at fault, e.g. ``"messages[1].role"``.
-        row: The 0-based row index in a table that has no lines (parquet, csv, a saved dataset).
-        fix: What to change, e.g. ``"raise policy.model.max_seq_len to at least 40"``.
+    unknown parts left out; a table without lines gives ``"<path>: row <row>: ..."`` (``row``
+    0-based; ``line`` 1-based).
     """
 
     def __init__(
@@ -36,31 +22,16 @@ class DatasetError(ValueError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        parts: list[str] = []
-        if self.key is not None:
-            parts.append(self.key)
-        if self.path is not None:
-            parts.append(self.path if self.line is None else f"{self.path}:{self.line}")
-        if self.row is not None and self.line is None:
-            parts.append(f"row {self.row}")
+        where = self.path if self.path is None or self.line is None else f"{self.path}:{self.line}"
+        row = f"row {self.row}" if self.row is not None and self.line is None else None
         problem = self.problem if self.field is None else f"field {self.field!r} {self.problem}"
-        text = ": ".join(parts + [problem])
-        if self.fix:
-            text += f"; {self.fix}"
-        return text
-
-    def with_key(self, key: str) -> DatasetError:
-        """A new error like this one, naming the config ``key`` (e.g. ``"env.rl_jsonl"``) of the dataset."""
-        return DatasetError(
-            self.problem, key=key, path=self.path, line=self.line, field=self.field, fix=self.fix, row=self.row
-        )
+        text = ": ".join(p for p in (self.key, where, row, problem) if p is not None)
+        return f"{text}; {self.fix}" if self.fix else text
 
 
 class UnknownCharacterError(ValueError):
     """Text holds a character outside a fixed vocabulary (``position``: its index in ``text``)."""
 
     def __init__(self, char: str, position: int, text: str) -> None:
-        self.char = char
-        self.position = position
-        self.text = text
+        self.char, self.position, self.text = char, position, text
         super().__init__(f"unknown character {char!r} at position {position} in {text!r}")

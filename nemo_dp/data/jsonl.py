@@ -1,8 +1,7 @@
-"""Loading user datasets from jsonl files, with the file, line and field of any fault.
+"""Loading user datasets from jsonl files; a fault raises ``DatasetError`` naming file, line and field.
 
-SFT lines: ``{"prompt", "response"}`` or ``{"messages"}``; RL lines: ``{"prompt"|"messages",
-"answer"}``.  ``columns`` renames fields (``env.columns``); blank lines, a BOM and extra fields are
-accepted, empty prompts or responses refused.  Faults raise ``DatasetError`` before training.
+SFT lines: ``{"prompt", "response"}`` or ``{"messages"}``; RL lines: ``{"prompt"|"messages", "answer"}``
+(``columns`` renames fields).  Blank lines, a BOM and extra fields are accepted.
 """
 
 from __future__ import annotations
@@ -34,12 +33,7 @@ class SFTRecord:
 
 @dataclass(frozen=True)
 class RLRecord:
-    """One RL problem with its 1-based line.
-
-    Attributes:
-        problem: The prompt text (a conversation already rendered) and the reference answer.
-        messages: The prompt conversation when the line gave ``messages``, else None.
-    """
+    """One RL problem (a conversation prompt already rendered, ``messages`` kept) with its 1-based line."""
 
     problem: Problem
     line: int
@@ -74,21 +68,12 @@ def _objects(path: str, key: str | None) -> Iterator[tuple[int, dict[str, Any]]]
                     f"malformed JSON line: {exc.msg} (column {exc.colno})", key=key, path=path, line=lineno
                 ) from None
             if not isinstance(obj, dict):
-                raise DatasetError(
-                    f"expected a JSON object, got {type(obj).__name__}", key=key, path=path, line=lineno
-                )
+                raise DatasetError(f"expected a JSON object, got {type(obj).__name__}", key=key, path=path, line=lineno)
             yield lineno, obj
 
 
 class RowFields:
-    """Field access on one record, raising ``DatasetError`` at its file:line (or table row).
-
-    Args:
-        obj: The record's fields (an absent field is not a key).
-        line: The record's 1-based line (jsonl), or None.
-        key: The config key that named the file.
-        row: The record's 0-based row index, for tables without lines.
-    """
+    """Field access on one record, raising ``DatasetError`` at its file:line (1-based) or table row (0-based)."""
 
     def __init__(
         self, obj: dict[str, Any], path: str, line: int | None, key: str | None, row: int | None = None
@@ -133,9 +118,7 @@ class RowFields:
                 if not isinstance(turn[part], str):
                     raise self.fail(f"must be a string, got {_type(turn[part])}", f"{where}.{part}")
             if turn["role"] not in ROLES:
-                raise self.fail(
-                    f"is {turn['role']!r}, not a legal role; legal roles: {list(ROLES)}", f"{where}.role"
-                )
+                raise self.fail(f"is {turn['role']!r}, not a legal role; legal roles: {list(ROLES)}", f"{where}.role")
             out.append(Message(role=turn["role"], content=turn["content"]))
         return tuple(out)
 
@@ -165,32 +148,21 @@ def _read_records(
 
 
 def sft_example(line: RowFields, col: Columns) -> SFTExample:
-    """The SFT example one record gives: a ``(prompt, response)`` pair or a conversation.
-
-    Raises:
-        DatasetError: A missing, mistyped or empty field, or a conversation not ending with the assistant.
-    """
+    """The ``(prompt, response)`` pair or conversation of one record (``DatasetError`` if malformed)."""
     if line.exclusive(col.messages, col.prompt) == col.prompt:
         return (line.string(col.prompt), line.string(col.response))
     messages = line.messages(col.messages)
     if messages[-1].role != "assistant":
         raise line.fail(
-            f"is {messages[-1].role!r}; an SFT conversation must end with an 'assistant' "
-            "turn (the text to learn)",
+            f"is {messages[-1].role!r}; an SFT conversation must end with an 'assistant' turn (the text to learn)",
             f"{col.messages}[{len(messages) - 1}].role",
         )
     return ChatExample(messages)
 
 
 def rl_fields(line: RowFields, col: Columns) -> tuple[str, Optional[tuple[Message, ...]], str]:
-    """``(prompt, messages, answer)`` of one RL record.
-
-    ``messages`` is None for a text prompt; for a conversation ``prompt`` is ``""`` until rendered
-    (``render_rl_prompt``).
-
-    Raises:
-        DatasetError: A missing, mistyped or empty field, or a conversation ending with the assistant.
-    """
+    """``(prompt, messages, answer)`` of one RL record (``DatasetError`` if malformed); ``messages`` is None for
+    a text prompt, and ``prompt`` is ``""`` for a conversation until ``render_rl_prompt``."""
     if line.exclusive(col.messages, col.prompt) == col.prompt:
         return line.string(col.prompt), None, line.answer(col.answer)
     messages = line.messages(col.messages)
@@ -204,11 +176,7 @@ def rl_fields(line: RowFields, col: Columns) -> tuple[str, Optional[tuple[Messag
 
 
 def render_rl_prompt(line: RowFields, col: Columns, messages: tuple[Message, ...], tokenizer: Any | None) -> str:
-    """An RL prompt conversation rendered to text (``tokenizer``'s chat template if any), failing at ``line``.
-
-    Raises:
-        DatasetError: The chat template cannot render it.
-    """
+    """An RL prompt conversation rendered to text (``tokenizer``'s chat template if any), failing at ``line``."""
     try:
         return render_prompt(messages, tokenizer)
     except ValueError as exc:
@@ -218,16 +186,7 @@ def render_rl_prompt(line: RowFields, col: Columns, messages: tuple[Message, ...
 def read_sft_jsonl(
     path: str | os.PathLike[str], *, key: str | None = None, columns: Columns | None = None
 ) -> list[SFTRecord]:
-    """Parse an SFT jsonl file into records in file order, keeping each example's line number.
-
-    Args:
-        key: The config key that named the file (put in error messages).
-        columns: The fields' names in the file (default: ``prompt``, ``response``, ``messages``).
-
-    Raises:
-        DatasetError: A missing file, a malformed line (file, line and field named), a
-            conversation not ending with the assistant, or a file without records.
-    """
+    """The records of an SFT jsonl file named by config ``key`` (``DatasetError`` if missing, malformed or empty)."""
     return _read_records(path, key, columns, lambda line, col: SFTRecord(sft_example(line, col), line.line))
 
 
@@ -235,12 +194,7 @@ def read_rl_jsonl(
     path: str | os.PathLike[str], *, tokenizer: Any | None = None, key: str | None = None,
     columns: Columns | None = None,
 ) -> list[RLRecord]:
-    """Parse an RL jsonl file like :func:`read_sft_jsonl`, keeping each problem's line number.
-
-    ``tokenizer`` renders ``messages`` prompts with its chat template when it has one (plain
-    concatenation of the contents otherwise, or when None); ``columns`` defaults to ``prompt``,
-    ``answer``, ``messages``.  A prompt conversation ending with the assistant is refused.
-    """
+    """Like :func:`read_sft_jsonl`; ``tokenizer`` renders ``messages`` prompts (its chat template if any)."""
 
     def record(line: RowFields, col: Columns) -> RLRecord:
         prompt, messages, answer = rl_fields(line, col)
@@ -252,32 +206,24 @@ def read_rl_jsonl(
 
 
 def load_sft_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> list[SFTExample]:
-    """Like :func:`read_sft_jsonl`, but the examples only (pairs and ``ChatExample`` conversations)."""
+    """Like :func:`read_sft_jsonl`, but the examples only."""
     return [r.example for r in read_sft_jsonl(path, key=key)]
 
 
 def load_rl_jsonl(
     path: str | os.PathLike[str], *, tokenizer: Any | None = None, key: str | None = None
 ) -> list[Problem]:
-    """Like :func:`read_rl_jsonl`, but the problems (prompts with reference answers) only."""
+    """Like :func:`read_rl_jsonl`, but the problems only."""
     return [r.problem for r in read_rl_jsonl(path, tokenizer=tokenizer, key=key)]
 
 
 def nonblank_lines(path: str | os.PathLike[str]) -> list[int]:
     """The 1-based line number of each record (non-blank line) of a jsonl file known to be readable UTF-8."""
-    out: list[int] = []
     with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if raw.decode("utf-8", errors="replace").removeprefix("\ufeff").strip():
-                out.append(lineno)
-    return out
+        lines = [raw.decode("utf-8", errors="replace").removeprefix("\ufeff") for raw in fh]
+    return [n for n, line in enumerate(lines, start=1) if line.strip()]
 
 
 def scan_jsonl(path: str | os.PathLike[str], *, key: str | None = None) -> int:
-    """Read every line of a jsonl file as a JSON object, failing at the first that is not; return the count.
-
-    Raises:
-        DatasetError: A missing or unreadable file, a line that is not UTF-8 or not a JSON
-            object (file:line named), or a file without records.
-    """
+    """The number of records of a jsonl file, failing (``DatasetError``) at the first line that is no JSON object."""
     return len(_read_records(path, key, None, lambda line, col: line.line))

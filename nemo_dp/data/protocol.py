@@ -1,9 +1,4 @@
-"""What the data layer needs from a tokenizer, stated as a protocol.
-
-A tokenizer has a chat template when it exposes a non-empty ``chat_template`` and
-``apply_chat_template(messages, add_generation_prompt)``; otherwise conversations are rendered by
-plain concatenation (``nemo_dp.data.chat``).
-"""
+"""What the data layer needs from a tokenizer, stated as a protocol."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The datasets a configuration names, built in one place for training and for the pre-Ray check.
 
-A ``DataSource`` is a user's data (``env.sft_data`` / ``rl_data`` / ``val_data`` or the older
-``*_jsonl`` names, via ``nemo_dp.data.tables``; a jsonl file with image parts via
-``nemo_dp.data.image_sources``) or the built-in arithmetic generator.  It names the config key to
-change and reads rows lazily; tables are cached per process, so check and trainer share one parse.
+A ``DataSource`` is a user's table (read lazily; cached per process, so check and trainer share one
+parse) or the built-in arithmetic generator, with the config key to change.
 """
 
 from __future__ import annotations
@@ -40,12 +38,8 @@ class DataSource:
     """One configured dataset and its rows.
 
     Attributes:
-        key: The config key to change for this dataset: the data key the config sets
-            (``env.rl_data`` or ``env.rl_jsonl``) or the generator's size key
-            (``algorithm.num_train_samples``).
+        key: The config key to change: the data key (``env.rl_data``) or the generator's size key.
         path: What the data key holds (a file, glob or directory); None for the generator.
-        rows: SFT examples or RL problems, in dataset order (read lazily from a table).
-        table: The opened table; None for the generator.
         total: Rows in the whole table (``rows`` may be its first ``val_samples``).
         memo: Results computed from the rows once per process (token lengths per tokenizer).
         lines: Each row's line in ``path`` when read without a table (an image jsonl file), else None.
@@ -126,20 +120,13 @@ class _TableRows(Sequence[Any]):
 
 
 def data_setting(env_cfg: Any, role: str) -> tuple[Optional[str], Optional[str]]:
-    """The key and value that set dataset ``role`` (``"sft"``, ``"rl"`` or ``"val"``) in the ``env`` node.
-
-    Returns e.g. ``("env.rl_data", path)``, ``("env.rl_jsonl", path)`` when only the older name is
-    set, or ``(None, None)`` when neither is (the generator).
-
-    Raises:
-        DatasetError: Both names are set.
-    """
+    """The key and value that set dataset ``role`` (``"sft"``, ``"rl"``, ``"val"``) in ``env``, or ``(None, None)``;
+    ``DatasetError`` when both the key and its older name are set."""
     new, old = DATA_KEYS[role]
     a, b = getattr(env_cfg, new, None), getattr(env_cfg, old, None)
     if a is not None and b is not None:
         raise DatasetError(
-            f"env.{new} and env.{old} are both set; env.{old} is the older name of env.{new}: set one",
-            key=f"env.{new}",
+            f"env.{new} and env.{old} are both set; env.{old} is the older name of env.{new}: set one", key=f"env.{new}"
         )
     if a is not None:
         return f"env.{new}", str(a)
@@ -178,11 +165,7 @@ def _task(digits: int, operators: tuple[str, ...], seed: int) -> ArithmeticTask:
 
 
 def arithmetic_task(env_cfg: Any) -> ArithmeticTask:
-    """The built-in task ``env`` describes (``env.digits``, ``env.operators``, ``env.seed``).
-
-    One instance per setting is shared, so its enumerated problem space is built once for the
-    check before Ray starts and the trainers' datasets (draws do not change the instance).
-    """
+    """The built-in task ``env`` describes, one shared instance per setting (draws do not change it)."""
     return _task(int(env_cfg.digits), tuple(str(op) for op in env_cfg.operators), int(env_cfg.seed))
 
 
@@ -193,21 +176,8 @@ def _chat_format(env_cfg: Any) -> bool:
     return fmt == "chat"
 
 
-def _as_chat(problems: list[Problem], tokenizer: Any | None) -> list[Problem]:
-    return [
-        Problem(
-            prompt=render_prompt((Message("user", p.prompt),), tokenizer),
-            answer=with_row(p.answer, [{"role": "user", "content": p.prompt}], chat=True, columns=p.answer.columns),
-        )
-        for p in problems
-    ]
-
-
 def _generated(key: str, draw: Any, n: int, *, answer_column: Optional[str] = None) -> DataSource:
-    """Generated problems; with ``answer_column`` (RL) each answer carries its row for reward functions.
-
-    The row holds the answer under ``answer_column`` (``env.columns.answer``).
-    """
+    """Generated problems; with ``answer_column`` (RL) each answer carries its row ``{answer_column: answer}``."""
     try:
         problems = draw(n)
     except ValueError as exc:
@@ -221,14 +191,8 @@ def _generated(key: str, draw: Any, n: int, *, answer_column: Optional[str] = No
 
 
 def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataSource:
-    """SFT examples: ``env.sft_data`` (or ``env.sft_jsonl``) when set, else ``num_samples`` generated pairs.
-
-    Rows are ``(prompt, response)`` pairs and/or ``ChatExample``.  ``num_samples_key`` holds
-    ``num_samples`` (e.g. ``algorithm.num_train_samples``), which a file ignores.
-
-    Raises:
-        DatasetError: Naming the key, file, line and field at fault.
-    """
+    """SFT examples: ``env.sft_data`` when set, else ``num_samples`` (config ``num_samples_key``) generated pairs;
+    ``DatasetError`` names the key, file, line and field at fault."""
     if _visual.is_visual_env(env_cfg):
         rows = _visual.visual_sft_rows(env_cfg, int(num_samples), num_samples_key=num_samples_key)
         return DataSource(num_samples_key, None, list(rows), total=len(rows))
@@ -244,27 +208,16 @@ def sft_source(env_cfg: Any, num_samples: int, *, num_samples_key: str) -> DataS
 
 
 def rl_source(env_cfg: Any, num_prompts: int, *, num_prompts_key: str, tokenizer: Any | None) -> DataSource:
-    """RL ``Problem`` rows: ``env.rl_data`` (or ``env.rl_jsonl``) when set, else ``num_prompts`` generated.
-
-    Like :func:`sft_source`; ``tokenizer`` renders ``messages`` prompts (its chat template when it has one).
-    """
+    """Like :func:`sft_source`, but ``Problem`` rows of ``env.rl_data``; ``tokenizer`` renders ``messages`` prompts."""
     return _problem_source(env_cfg, num_prompts, num_prompts_key, tokenizer, held_out=False)
 
 
 def val_source(env_cfg: Any, val_samples: int, *, val_samples_key: str, tokenizer: Any | None) -> DataSource:
-    """Like :func:`rl_source`, but the first ``val_samples`` of ``env.val_data`` (or ``env.val_jsonl``).
-
-    Every row of a file is checked (a malformed line fails even past ``val_samples``); a file
-    with fewer rows gives all of them (``DataSource.total`` says how many there are).
-    """
+    """Like :func:`rl_source`, but the first ``val_samples`` of ``env.val_data`` (every row of a file is checked)."""
     return _problem_source(env_cfg, val_samples, val_samples_key, tokenizer, held_out=True)
 
 
 def _problem_source(env_cfg: Any, n: Any, key: str, tokenizer: Any | None, *, held_out: bool) -> DataSource:
-    """Training (``rl_source``) or, ``held_out``, held-out (``val_source``) problems.
-
-    ``n`` (held by config ``key``) is how many to generate, and held out, the most read from a file.
-    """
     if _visual.is_visual_env(env_cfg):
         if held_out:
             rows = _visual.visual_val_rows(env_cfg, int(n), val_samples_key=key)
@@ -277,17 +230,20 @@ def _problem_source(env_cfg: Any, n: Any, key: str, tokenizer: Any | None, *, he
     task = arithmetic_task(env_cfg)
     problems = task.eval_problems if held_out else task.train_problems
     src = _generated(key, problems, int(n), answer_column=columns_of(env_cfg).answer)
-    if _chat_format(env_cfg):
-        return DataSource(src.key, None, _as_chat(src.rows, tokenizer), total=src.total)
-    return src
+    if not _chat_format(env_cfg):
+        return src
+    rows = [
+        Problem(
+            prompt=render_prompt((Message("user", p.prompt),), tokenizer),
+            answer=with_row(p.answer, [{"role": "user", "content": p.prompt}], chat=True, columns=p.answer.columns),
+        )
+        for p in src.rows
+    ]
+    return DataSource(src.key, None, rows, total=src.total)
 
 
 def build_val_problems(master_config: Any, tokenizer: Any | None = None) -> list[Problem]:
-    """The ``algorithm.val_samples`` held-out problems of a phase config (fewer if ``env.val_data`` holds fewer).
-
-    Raises:
-        DatasetError: Naming the key, file, line and field at fault.
-    """
+    """The ``algorithm.val_samples`` held-out problems of a phase config (fewer if ``env.val_data`` holds fewer)."""
     src = val_source(
         master_config.env, int(master_config.algorithm.val_samples), val_samples_key="algorithm.val_samples",
         tokenizer=tokenizer,

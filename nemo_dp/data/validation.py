@@ -1,8 +1,4 @@
-"""Check every configured dataset on the driver before Ray starts.
-
-``validate_datasets`` opens, tokenizes and length-checks them through ``nemo_dp.data.sources`` (the
-trainers' own code), raising ``DatasetError`` naming the key, file:line and field.
-"""
+"""Check every configured dataset on the driver before Ray starts, with the trainers' own ``data.sources``."""
 
 from __future__ import annotations
 
@@ -26,19 +22,8 @@ _NEW_TOKENS_KEY = "policy.generation.max_new_tokens"
 
 @dataclass(frozen=True)
 class DatasetCheck:
-    """What was checked for one dataset.
-
-    Attributes:
-        phase: ``"sft"``, ``"grpo"``, ``"ppo"`` or ``"warm_start"``.
-        role: ``"train"`` or ``"val"``.
-        key: The config key naming the dataset (or the generator's size key).
-        source: The file path or ``"the built-in arithmetic generator"``.
-        longest: Most tokens of any row (SFT: the whole example; RL: prompt plus
-            ``policy.generation.max_new_tokens``).
-        note: A notice for the run log (e.g. a held-out file shorter than ``val_samples``).
-        columns: For a set whose rows are rewarded (RL training, held-out), the dataset columns a
-            reward function receives besides ``completions`` and ``prompts``.
-    """
+    """What was checked for one dataset (``longest``: RL prompts count ``max_new_tokens``); ``columns``: for a
+    rewarded set, what a reward function receives besides ``completions`` and ``prompts``."""
 
     phase: str
     role: str
@@ -122,17 +107,11 @@ def _lengths(src: DataSource, tokenizer: Any, *, sft: bool) -> list[int]:
         out = image_prompt_lengths(src.rows, src.lines, tokenizer, key=src.key, path=src.label, sft=sft)
         src.memo[memo_key] = (tokenizer, out)
         return out
-    if sft:
-        items: Any = src.rows
-    else:
-        texts = getattr(src.rows, "prompt_texts", None)
-        items = texts() if texts is not None else (row.prompt for row in src.rows)
+    texts = getattr(src.rows, "prompt_texts", None)
+    items: Any = src.rows if sft else texts() if texts is not None else (row.prompt for row in src.rows)
     for i, item in enumerate(items):
         try:
-            if sft:
-                out.append(len(tokenize_sft_example(item, tokenizer).ids))
-            else:
-                out.append(len(encode_prompt_text(item, tokenizer)))
+            out.append(len(tokenize_sft_example(item, tokenizer).ids if sft else encode_prompt_text(item, tokenizer)))
         except DatasetError:  # a row the chat template cannot render names itself
             raise
         except ValueError as exc:
@@ -191,12 +170,8 @@ def get_dotted(node: Any, dotted: str) -> Any:
 
 
 def sft_phases(algo: Any, sft_phase: Callable[[str, str, str], None]) -> bool:
-    """Check a run's SFT phases with ``sft_phase(phase, num_samples_key, val_samples_key)``.
-
-    ``sft_phase`` checks one SFT phase's training and held-out sets.  Returns whether the run is
-    all SFT (``algorithm.name=sft``, nothing else to check); else an enabled ``warm_start`` was
-    checked and the RL phase is left to the caller.
-    """
+    """Check a run's SFT phases with ``sft_phase(phase, num_samples_key, val_samples_key)``; return whether the
+    run is all SFT (else an enabled ``warm_start`` was checked and the RL phase is left to the caller)."""
     if str(algo.name) == "sft":
         sft_phase("sft", "algorithm.num_train_samples", "algorithm.val_samples")
         return True
@@ -209,23 +184,11 @@ def sft_phases(algo: Any, sft_phase: Callable[[str, str, str], None]) -> bool:
 def validate_datasets(
     cfg: Any, tokenizer: Any, *, max_seq_len: Optional[int] = None, max_seq_len_key: str = _MAX_SEQ_LEN_KEY
 ) -> DatasetReport:
-    """Open, parse, tokenize and length-check every dataset ``cfg`` will use.
+    """Open, parse, tokenize and length-check every dataset ``cfg`` (root config) will use.
 
-    Checked, per phase (an enabled ``algorithm.warm_start`` first, then the algorithm):
-    the training set (every row tokenizes; SFT rows fit ``max_seq_len``; RL prompts plus
-    ``policy.generation.max_new_tokens`` fit it; at least one batch of rows:
-    ``policy.train_global_batch_size`` for SFT, ``algorithm.num_prompts_per_step`` for RL) and
-    the held-out set (prompts plus ``max_new_tokens`` fit, as generation requires).
-
-    Args:
-        cfg: The validated root config (``MasterConfig``) or the composed ``DictConfig``.
-        tokenizer: A ``nemo_dp.data.protocol.TextTokenizer``.
-        max_seq_len: The model's sequence limit; defaults to ``policy.model.max_seq_len``.
-        max_seq_len_key: The key that sets the limit, named in errors.
-
-    Raises:
-        DatasetError: The first problem found, naming the config key, file:line, field and
-            the key to change.
+    Per phase (an enabled ``algorithm.warm_start`` first): every row tokenizes and fits ``max_seq_len``
+    (default: the value of ``max_seq_len_key``; prompts plus ``max_new_tokens``), and a training set
+    holds at least one batch.  ``DatasetError`` names the first problem's key, file:line and field.
     """
     if is_visual_env(cfg.env):
         return validate_visual_datasets(cfg, tokenizer)
@@ -236,7 +199,6 @@ def validate_datasets(
     report = DatasetReport()
 
     def longest_prompt(src: DataSource) -> int:
-        """``src``'s longest prompt plus ``max_new_tokens``, checked against the limit."""
         lengths = _lengths(src, tokenizer, sft=False)
         return _check_lengths(src, lengths, extra=new_tokens, limit=limit, limit_key=max_seq_len_key, what="prompt")
 

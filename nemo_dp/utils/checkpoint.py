@@ -1,9 +1,7 @@
 """Atomic, code-free training checkpoints (model, optimizer, RNG, loader cursor, counters).
 
-A checkpoint ``<root>/step_<N>`` is committed through ``nemo_dp.utils.checkpoint_io`` and never
-unpickled: tensors go to ``tensors.safetensors``, everything else to typed ``state.json``, and a
-``"pretrained"`` mapping under key ``K`` becomes the model directory ``<checkpoint>/K/``.
-``format_version`` 1 (a pickled ``state.pt``) is refused without reading it.
+Tensors go to ``tensors.safetensors``, everything else to typed ``state.json``, and a ``"pretrained"``
+mapping under key ``K`` becomes the directory ``<checkpoint>/K/``.  Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import numpy as np
 import torch
 
 from nemo_dp.utils.checkpoint_io import read_manifest, write_checkpoint_atomically, write_manifest
+from nemo_dp.utils.json_files import load_json
 from nemo_dp.utils.manifest import has_manifest, verify_manifest
 
 __all__ = [
@@ -46,9 +45,7 @@ CHECKPOINT_FORMAT_VERSION = 2
 STATE_FILE = "state.pt"
 STATE_JSON = "state.json"
 TENSORS_FILE = "tensors.safetensors"
-#: Key of a ``{file name: bytes}`` mapping written as the directory of its top-level key.
 PRETRAINED_KEY = "pretrained"
-#: Files every committed checkpoint of the current format holds (what resume checks for).
 REQUIRED_FILES: tuple[str, ...] = ("manifest.json", STATE_JSON, TENSORS_FILE)
 #: Name of a step directory (:func:`checkpoint_dir_for_step`); group 1 is the step.
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -57,17 +54,10 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def checkpoint_dir_for_step(root: str | os.PathLike[str], step: int) -> Path:
-    """``root / f"step_{step:08d}"``.
-
-    Raises:
-        ValueError: ``step`` is negative.
-    """
+    """``root / f"step_{step:08d}"`` (``ValueError`` for a negative ``step``)."""
     if step < 0:
         raise ValueError(f"checkpoint_dir_for_step: step must be >= 0, got {step}")
     return Path(root) / f"step_{step:08d}"
-
-
-# --- typed JSON encoding ---
 
 
 class _Encoder:
@@ -79,9 +69,7 @@ class _Encoder:
 
     def encode(self, value: Any, path: tuple[str, ...]) -> Any:
         where = "state" + "".join(f"[{p!r}]" for p in path)
-        if value is None or isinstance(value, (bool, str)):
-            return value
-        if isinstance(value, int):
+        if value is None or isinstance(value, (bool, str, int)):
             return value
         if isinstance(value, float):
             return value if math.isfinite(value) else {_TAG: "float", "v": repr(value)}
@@ -92,8 +80,8 @@ class _Encoder:
         if isinstance(value, np.ndarray):
             if value.dtype.kind not in "biuf":
                 raise TypeError(f"{where}: NumPy array of dtype {value.dtype} cannot be checkpointed")
-            return {_TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),
-                    "data": [self.encode(x, path) for x in value.reshape(-1).tolist()]}
+            data = [self.encode(x, path) for x in value.reshape(-1).tolist()]
+            return {_TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape), "data": data}
         if isinstance(value, np.generic):
             return {_TAG: "npscalar", "dtype": value.dtype.str, "v": self.encode(value.item(), path)}
         if isinstance(value, bytes):
@@ -161,7 +149,7 @@ def encode_state(state: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor]
     """Split ``state`` into ``(json_tree, tensors, file_trees)`` (no I/O).
 
     Raises:
-        TypeError: A value that cannot be stored without code (the message names its path).
+        TypeError: A value that cannot be stored without code (naming its path).
         ValueError: A malformed pretrained file tree.
     """
     enc = _Encoder()
@@ -170,11 +158,7 @@ def encode_state(state: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor]
 
 
 def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> list[str]:
-    """Write ``state``'s files (not the manifest) into a (temp) checkpoint directory.
-
-    Encoding happens first, so a state that cannot be stored raises before any file is written.
-    Returns the top-level names written (for the manifest).
-    """
+    """Write ``state``'s files (not the manifest; nothing if it cannot be stored); return the top-level names."""
     from safetensors.torch import save_file
 
     tree, tensors, trees = encode_state(state)
@@ -189,36 +173,20 @@ def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, 
 
 
 def checkpoint_manifest(state: Mapping[str, Any], files: list[str], **extra: Any) -> dict[str, Any]:
-    """The manifest fields: ``format``, ``format_version``, ``state``'s ``keys``, ``files`` and ``extra``.
-
-    ``files`` are the top-level names :func:`write_training_state` wrote; ``extra`` e.g. a
-    data-plane directory.
-    """
+    """The manifest: ``format``, ``format_version``, ``state``'s ``keys``, ``files`` (as written) and ``extra``."""
     head = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION}
     return {**head, "keys": sorted(str(k) for k in state), "files": files, **extra}
 
 
 def save_training_checkpoint(
-    checkpoint_dir: str | os.PathLike[str],
-    state: dict[str, Any],
-    *,
-    finalize: Callable[[Path], None] | None = None,
+    checkpoint_dir: str | os.PathLike[str], state: dict[str, Any], *, finalize: Callable[[Path], None] | None = None
 ) -> Path:
-    """Atomically write ``state`` to ``checkpoint_dir``.
+    """Atomically write ``state`` to ``checkpoint_dir``; return its absolute path.
 
-    Args:
-        checkpoint_dir: Usually from :func:`checkpoint_dir_for_step`.
-        state: Tensors, model/optimizer state dicts, RNG snapshots, loader state, counters,
-            pretrained file trees (see the module docstring).
-        finalize: Called as ``finalize(tmp_dir)`` after every file is written and before the
-            commit rename (the run layer adds the checkpoint's metadata and file manifest).
-
-    Returns:
-        The absolute checkpoint path.
+    ``finalize(tmp_dir)`` runs after every file is written and before the commit rename.
 
     Raises:
-        TypeError: ``state`` is not a dict or holds a value that cannot be stored (nothing
-            written).
+        TypeError: ``state`` is not a dict or holds a value that cannot be stored (nothing written).
         Exception: Whatever the file system raised; the previous checkpoint is then intact.
     """
     if not isinstance(state, dict):
@@ -238,17 +206,14 @@ def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str
 
     Raises:
         FileNotFoundError: The directory, its manifest or its state files are missing.
-        ValueError: The manifest names another format or version (a version-1 checkpoint,
-            whose ``state.pt`` is a pickle, is refused without reading it), or a file is corrupt.
-        nemo_dp.utils.manifest.CheckpointCorruptError: A file listed in the checkpoint's file
-            manifest is missing, truncated or altered (names the file; checked before reading).
+        ValueError: Another format or version (a version-1 pickle is refused unread), or a corrupt file.
+        nemo_dp.utils.manifest.CheckpointCorruptError: A file of its file manifest is missing,
+            truncated or altered (checked before reading).
     """
     if has_manifest(checkpoint_dir):
         verify_manifest(checkpoint_dir)
     manifest = read_manifest(
-        checkpoint_dir,
-        expected_format=CHECKPOINT_FORMAT,
-        supported_versions=(1, CHECKPOINT_FORMAT_VERSION),
+        checkpoint_dir, expected_format=CHECKPOINT_FORMAT, supported_versions=(1, CHECKPOINT_FORMAT_VERSION)
     )
     base = Path(checkpoint_dir)
     if manifest["format_version"] != CHECKPOINT_FORMAT_VERSION:
@@ -261,11 +226,9 @@ def load_training_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str
         )
     from safetensors.torch import load_file
 
-    for path in (base / STATE_JSON, base / TENSORS_FILE):
+    state_json = base / STATE_JSON
+    for path in (state_json, base / TENSORS_FILE):
         if not path.is_file():
             raise FileNotFoundError(f"load_training_checkpoint: {path} is missing")
-    try:
-        tree = json.loads((base / STATE_JSON).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"load_training_checkpoint: {base / STATE_JSON} is corrupt: {exc}") from exc
+    tree = load_json(state_json, lambda exc: ValueError(f"load_training_checkpoint: {state_json} is corrupt: {exc}"))
     return _decode(tree, load_file(str(base / TENSORS_FILE)), base)

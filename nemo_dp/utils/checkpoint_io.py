@@ -1,7 +1,5 @@
 """Atomic checkpoint directories and versioned manifests, shared by every checkpoint writer.
 
-``write_checkpoint_atomically`` fills a temp sibling, then renames it into place, so a crash
-mid-save leaves the previous checkpoint loadable and ``*.tmp-*`` leftovers are never read.
 Contract tests patch ``_verify_written`` and ``os.replace`` (looked up at call time).
 """
 
@@ -17,6 +15,8 @@ from collections.abc import Callable, Collection, Mapping
 from os import PathLike
 from pathlib import Path
 from typing import Any
+
+from nemo_dp.utils.json_files import load_json
 
 __all__ = [
     "MANIFEST_NAME",
@@ -35,16 +35,11 @@ _TMP_INFIX = ".tmp-"
 _OLD_INFIX = ".old-"
 
 
-# --- metadata ---
-
-
 def check_json_value(value: Any, where: str, *, finite: bool = True) -> None:
-    """Check that ``value`` is JSON-like: str-keyed mappings, lists, tuples and scalars.
-
-    ``where`` names its position in the message; ``finite`` refuses non-finite floats.
+    """Check that ``value`` (at ``where``, named in errors) is str-keyed mappings, lists, tuples and scalars.
 
     Raises:
-        TypeError: A non-str key or a value of another type (named by ``where``).
+        TypeError: A non-str key or a value of another type.
         ValueError: ``finite`` and a non-finite float.
     """
     if value is None or isinstance(value, (str, bool, int)):
@@ -67,30 +62,22 @@ def check_json_value(value: Any, where: str, *, finite: bool = True) -> None:
 
 
 def validate_json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Check user checkpoint metadata (``None`` = ``{}``); return ``json.loads(json.dumps(metadata))``.
+    """Check user checkpoint metadata (``None`` = ``{}``) like :func:`check_json_value`; return a JSON copy.
 
     Raises:
-        TypeError: ``metadata`` is not a mapping, or holds a non-str key or a non-JSON value.
-        ValueError: It holds a non-finite float.
+        TypeError, ValueError: As :func:`check_json_value`; ``TypeError`` also for a non-mapping.
     """
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
-        raise TypeError(
-            f"checkpoint metadata must be a mapping of JSON values, got {type(metadata).__name__}"
-        )
+        raise TypeError(f"checkpoint metadata must be a mapping of JSON values, got {type(metadata).__name__}")
     check_json_value(metadata, "checkpoint metadata")
     return json.loads(json.dumps(metadata))
 
 
-# --- atomic directory write ---
-
-
 def _absolute(checkpoint_dir: str | PathLike[str]) -> Path:
     if not isinstance(checkpoint_dir, (str, PathLike)):
-        raise TypeError(
-            f"checkpoint_dir must be a str or PathLike, got {type(checkpoint_dir).__name__}"
-        )
+        raise TypeError(f"checkpoint_dir must be a str or PathLike, got {type(checkpoint_dir).__name__}")
     path = Path(os.path.abspath(os.fspath(checkpoint_dir)))
     if path.name in ("", ".", ".."):
         raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} does not name a directory")
@@ -101,9 +88,7 @@ def _verify_written(tmp_dir: Path) -> None:
     """Refuse to commit a checkpoint whose writer produced no manifest."""
     manifest = tmp_dir / MANIFEST_NAME
     if not manifest.is_file():
-        raise RuntimeError(
-            f"checkpoint writer did not create {MANIFEST_NAME} in {str(tmp_dir)!r}; not committing"
-        )
+        raise RuntimeError(f"checkpoint writer did not create {MANIFEST_NAME} in {str(tmp_dir)!r}; not committing")
 
 
 def _fsync_path(path: Path, *, directory: bool) -> None:
@@ -121,35 +106,23 @@ def _fsync_path(path: Path, *, directory: bool) -> None:
 
 
 def _fsync_tree(root: Path) -> None:
-    """Flush every file and directory under ``root`` so the rename commits durable content."""
     for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             _fsync_path(Path(dirpath) / name, directory=False)
         _fsync_path(Path(dirpath), directory=True)
 
 
-def write_checkpoint_atomically(
-    checkpoint_dir: str | PathLike[str], write_fn: Callable[[Path], None]
-) -> Path:
-    """Write a checkpoint directory through a temp sibling and two renames.
+def write_checkpoint_atomically(checkpoint_dir: str | PathLike[str], write_fn: Callable[[Path], None]) -> Path:
+    """Write a checkpoint directory (parents created) through a temp sibling and two renames; return its path.
 
-    ``write_fn`` fills ``<dir>.tmp-<random>``; after fsync an existing ``<dir>`` is renamed to
-    ``<dir>.old-<random>``, the temp dir renamed into place (the old one restored if that fails)
-    and the old one removed.
-
-    Args:
-        checkpoint_dir: Final directory; its missing parents are created.
-        write_fn: Called once with the empty temp directory; must write every file there,
-            including ``manifest.json`` (see ``write_manifest``).
-
-    Returns:
-        The absolute final checkpoint path.
+    ``write_fn`` fills ``<dir>.tmp-<random>``, ``manifest.json`` included; after fsync an existing
+    ``<dir>`` is renamed to ``<dir>.old-<random>``, the temp dir renamed into place (the old one
+    restored if that fails) and the old one removed, so a crash leaves the previous checkpoint loadable.
 
     Raises:
         NotADirectoryError: ``checkpoint_dir`` exists and is not a directory (nothing written).
         RuntimeError: ``write_fn`` wrote no ``manifest.json`` (nothing committed).
-        Exception: Whatever ``write_fn`` or the file system raised; the temp dir has then been
-            removed and a previous ``checkpoint_dir`` is intact.
+        Exception: Whatever ``write_fn`` or the file system raised (temp dir removed, previous one intact).
     """
     final = _absolute(checkpoint_dir)
     if final.exists() and not final.is_dir():
@@ -184,13 +157,8 @@ def write_checkpoint_atomically(
     return final
 
 
-# --- manifests ---
-
-
 def write_manifest(directory: str | PathLike[str], manifest: Mapping[str, Any]) -> Path:
-    """Write ``manifest.json`` into the (temp) checkpoint directory being written; return its path.
-
-    ``manifest`` holds at least ``"format"`` (str) and ``"format_version"`` (int).
+    """Write ``manifest.json``, with at least ``"format"`` (str) and ``"format_version"`` (int); return its path.
 
     Raises:
         ValueError: ``format``/``format_version`` missing or of the wrong type.
@@ -200,22 +168,16 @@ def write_manifest(directory: str | PathLike[str], manifest: Mapping[str, Any]) 
     version = manifest.get("format_version") if isinstance(manifest, Mapping) else None
     if not isinstance(fmt, str) or not fmt:
         raise ValueError(f"manifest needs a non-empty str 'format', got {fmt!r}")
-    if isinstance(version, bool) or not isinstance(version, int):
+    if not _is_int_version(version):
         raise ValueError(f"manifest needs an int 'format_version', got {version!r}")
     path = Path(os.fspath(directory)) / MANIFEST_NAME
-    text = json.dumps(manifest, indent=1, sort_keys=False)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=False), encoding="utf-8")
     return path
 
 
 def resolve_checkpoint_dir(checkpoint_dir: str | PathLike[str]) -> Path:
-    """The absolute path of an existing checkpoint directory, or explain why it is not there.
-
-    Raises:
-        FileNotFoundError: The directory is missing (naming any surviving ``<dir>.old-*``, which
-            is what a crash between the two commit renames leaves) or is not a directory.
-    """
+    """The absolute path of an existing checkpoint directory (``FileNotFoundError`` naming any ``<dir>.old-*``
+    an interrupted commit left)."""
     path = _absolute(checkpoint_dir)
     if path.is_dir():
         return path
@@ -224,9 +186,7 @@ def resolve_checkpoint_dir(checkpoint_dir: str | PathLike[str]) -> Path:
     survivors: list[str] = []
     if path.parent.is_dir():
         prefix = f"{path.name}{_OLD_INFIX}"
-        survivors = sorted(
-            str(p) for p in path.parent.iterdir() if p.name.startswith(prefix) and p.is_dir()
-        )
+        survivors = sorted(str(p) for p in path.parent.iterdir() if p.name.startswith(prefix) and p.is_dir())
     if survivors:
         raise FileNotFoundError(
             f"checkpoint directory {str(path)!r} does not exist, but a previous checkpoint "
@@ -241,30 +201,21 @@ def _is_int_version(version: Any) -> bool:
 
 
 def read_manifest(
-    checkpoint_dir: str | PathLike[str],
-    *,
-    expected_format: str,
-    supported_versions: Collection[int],
+    checkpoint_dir: str | PathLike[str], *, expected_format: str, supported_versions: Collection[int]
 ) -> dict[str, Any]:
     """Read ``<checkpoint_dir>/manifest.json``, checking ``"format"`` and ``"format_version"``.
 
     Raises:
         FileNotFoundError: Directory or manifest missing (see ``resolve_checkpoint_dir``).
-        ValueError: The manifest is not a JSON object, or its format name or version is not the
-            expected one; the message names the file (and the version).
+        ValueError: The manifest is no JSON object, or of another format or version.
     """
     path = resolve_checkpoint_dir(checkpoint_dir) / MANIFEST_NAME
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint manifest {str(path)!r} does not exist")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"checkpoint manifest {str(path)!r} is corrupt: {exc}") from exc
+    manifest = load_json(path, lambda exc: ValueError(f"checkpoint manifest {str(path)!r} is corrupt: {exc}"))
     if not isinstance(manifest, dict):
         raise ValueError(
-            f"checkpoint manifest {str(path)!r} is corrupt: expected a JSON object, "
-            f"got {type(manifest).__name__}"
+            f"checkpoint manifest {str(path)!r} is corrupt: expected a JSON object, got {type(manifest).__name__}"
         )
     fmt = manifest.get("format")
     version = manifest.get("format_version")
@@ -273,8 +224,7 @@ def read_manifest(
             f"checkpoint manifest {str(path)!r} has format {fmt!r} (format_version {version!r}), "
             f"expected format {expected_format!r}"
         )
-    known = _is_int_version(version) and version in supported_versions
-    if not known:
+    if not (_is_int_version(version) and version in supported_versions):
         raise ValueError(
             f"checkpoint manifest {str(path)!r} has unsupported format_version {version!r} "
             f"for format {fmt!r}; supported: {sorted(supported_versions)}"

@@ -14,17 +14,10 @@ __all__ = ["REQUIRED", "cfg_get"]
 REQUIRED: Any = object()
 
 
-def cfg_get(
-    node: Any, key: str, default: Any = REQUIRED, *, where: str = "", strict: bool = False
-) -> Any:
-    """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for dataclasses and objects.
+def cfg_get(node: Any, key: str, default: Any = REQUIRED, *, where: str = "", strict: bool = False) -> Any:
+    """``node[key]`` for mappings and ``DictConfig``, ``node.key`` for other objects (``None``: no keys).
 
-    Args:
-        node: ``None`` has no keys.
-        default: Returned when the key is absent; without it an absent key raises.
-        where: The node's dotted name in messages (``"data_plane"``; ``""`` for the root).
-        strict: Accept only ``None``, mappings (``DictConfig`` included) and dataclass
-            instances as nodes.
+    ``where`` names the node in messages; ``strict`` accepts only ``None``, mappings and dataclass instances.
 
     Raises:
         ValueError: The key of a ``DictConfig`` is the unset mandatory value ``???``.
@@ -37,15 +30,11 @@ def cfg_get(
     if strict and node is not None and not isinstance(node, Mapping):
         if not dataclasses.is_dataclass(node) or isinstance(node, type):
             raise TypeError(
-                f"{where or 'config'}: expected a mapping, DictConfig or config dataclass, "
-                f"got {type(node).__name__}"
+                f"{where or 'config'}: expected a mapping, DictConfig or config dataclass, got {type(node).__name__}"
             )
-    if node is None:
-        pass
-    elif is_mapping:
-        if key in node:
-            return node[key]
-    elif hasattr(node, key):
+    if is_mapping and key in node:
+        return node[key]
+    if not is_mapping and node is not None and hasattr(node, key):
         return getattr(node, key)
     if default is REQUIRED:
         raise KeyError(f"{where or 'config'} has no key {key!r}")

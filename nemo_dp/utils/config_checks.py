@@ -1,9 +1,4 @@
-"""Range checks of the config schemas, each error naming the full config key.
-
-A schema dataclass derives from :class:`Checked` and declares each simple bound on its field
-(:func:`at_least_field`, :func:`positive_field`, :func:`one_of_field`); rules that need several
-fields go in :meth:`Checked.check`.
-"""
+"""Range checks of the config schemas, each error naming the full config key."""
 
 from __future__ import annotations
 
@@ -36,13 +31,7 @@ def at_least(key: str, value: float, lower: float) -> None:
 
 
 def at_least_each(prefix: str, node: Any, **lower: float) -> None:
-    """:func:`at_least` on ``node.<name> >= bound`` for each ``name=bound``, in order.
-
-    ``prefix`` is the node's dotted key (``"policy.model"``); errors name ``prefix.name``.
-
-    Raises:
-        ValueError: The first field below its bound.
-    """
+    """:func:`at_least` on ``node.<name> >= bound`` for each ``name=bound``, in order (errors name ``prefix.name``)."""
     for name, bound in lower.items():
         at_least(f"{prefix}.{name}", getattr(node, name), bound)
 
@@ -79,11 +68,8 @@ def one_of_field(default: Any, legal: Sequence[Any]) -> Any:
 
 
 class Checked:
-    """Base of a schema dataclass: checks its fields' declared bounds, then :meth:`check`.
-
-    The subclass names its config key, ``class X(Checked, key="policy.model")``; errors name
-    ``<key>.<field>``.  Fields are checked in declaration order.
-    """
+    """Base of a schema dataclass ``class X(Checked, key="policy.model")``: checks its fields' declared bounds
+    in declaration order (errors name ``<key>.<field>``), then :meth:`check`."""
 
     _key = ""
 

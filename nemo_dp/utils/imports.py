@@ -15,20 +15,13 @@ class TargetNotFoundError(ImportError):
     """A ``"module:attr"`` whose module or attribute does not exist."""
 
 
-def resolve_target(
-    target: str, what: str = "target", *, error: type[TargetNotFoundError] = TargetNotFoundError
-) -> Any:
-    """Import ``"package.module:attribute"`` and return the attribute.
-
-    Args:
-        what: What the target is, for error messages (``"the trainer for ..."``).
-        error: The exception class raised for a missing module or attribute.
+def resolve_target(target: str, what: str = "target", *, error: type[TargetNotFoundError] = TargetNotFoundError) -> Any:
+    """Import ``"package.module:attribute"`` (``what`` it is, for messages) and return the attribute.
 
     Raises:
         ValueError: ``target`` is not of the form ``"module:attr"``.
-        TargetNotFoundError: (or ``error``) The module or the attribute does not exist; the
-            message names ``what``, the target and the missing part.  An error raised while
-            importing a module that does exist propagates unchanged.
+        TargetNotFoundError: (or ``error``) The module or the attribute does not exist.  An error
+            raised while importing a module that does exist propagates unchanged.
     """
     module_name, sep, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
     if not sep or not module_name or not attr or ":" in attr:
@@ -46,11 +39,7 @@ def resolve_target(
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
-    """A package's module-level ``__getattr__`` that imports each exported name on first use.
-
-    ``exports`` maps each name to its defining module. The returned function caches each name it
-    resolves in the package and raises ``AttributeError`` for a name ``exports`` does not hold.
-    """
+    """A package's module-level ``__getattr__`` importing (and caching) each name of ``exports`` on first use."""
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)

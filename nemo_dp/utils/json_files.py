@@ -13,14 +13,7 @@ __all__ = ["load_json", "json_lines", "write_json", "write_json_lines"]
 
 
 def load_json(path: Path, bad_json: Callable[[Exception], Exception]) -> Any:
-    """The JSON document a UTF-8 file holds.
-
-    Args:
-        bad_json: Makes the error raised when the file is not UTF-8 JSON, from the decoder's.
-
-    Raises:
-        Exception: ``bad_json(exc)``, chained to ``exc``; ``OSError`` when the file cannot be read.
-    """
+    """The JSON document a UTF-8 file holds; ``bad_json(exc)`` (chained) is raised when it is not UTF-8 JSON."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -30,16 +23,7 @@ def load_json(path: Path, bad_json: Callable[[Exception], Exception]) -> Any:
 def json_lines(
     lines: Iterable[str], bad_json: Callable[[int, json.JSONDecodeError], Exception]
 ) -> Iterator[tuple[int, Any]]:
-    """``(line number, value)`` of each non-blank line, numbered from 1.
-
-    Args:
-        lines: An open text file, or a list.
-        bad_json: Makes the error raised for a line that is not JSON, from its number and the
-            decoder's error.
-
-    Raises:
-        Exception: ``bad_json(lineno, exc)``, chained to ``exc``.
-    """
+    """``(line number, value)`` of each non-blank line; ``bad_json(lineno, exc)`` (chained) for one that is no JSON."""
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -61,7 +45,6 @@ def write_json_lines(path: Path, records: Iterable[Any]) -> None:
 
 
 def _replace_text(path: Path, text: str) -> None:
-    # A reader sees the old file or the new one, never a partial write.
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     tmp.write_text(text, encoding="utf-8")

@@ -1,10 +1,5 @@
-"""File manifests (sizes and SHA-256) that make a checkpoint's integrity checkable.
-
-A writer calls :func:`write_manifest` as the last step of filling its directory; a loader calls
-:func:`verify_manifest` first, which names the first missing, truncated or altered file
-(:class:`CheckpointCorruptError`).  ``file_manifest.json`` is distinct from the format manifest
-``manifest.json``, which it covers like any other file.
-"""
+"""File manifests (sizes and SHA-256, ``file_manifest.json``) that make a checkpoint's integrity checkable: a
+writer calls :func:`write_manifest` last, a loader :func:`verify_manifest` first."""
 
 from __future__ import annotations
 
@@ -39,12 +34,9 @@ _TMP_PREFIX = f".{FILE_MANIFEST_NAME}.tmp-"
 
 
 class CheckpointCorruptError(ValueError):
-    """A checkpoint file is missing, truncated or altered, or the manifest itself is unusable.
+    """A checkpoint file (``path``) is missing, truncated or altered, or the manifest itself is unusable.
 
-    Attributes:
-        path: The file at fault (a payload file or the manifest).
-        reason: Short machine-readable reason: ``missing``, ``truncated``, ``grown``,
-            ``altered``, ``unexpected``, ``no_manifest`` or ``bad_manifest``.
+    ``reason``: ``missing``, ``truncated``, ``grown``, ``altered``, ``unexpected``, ``no_manifest`` or ``bad_manifest``.
     """
 
     def __init__(self, path: str | os.PathLike[str], reason: str, message: str) -> None:
@@ -55,12 +47,7 @@ class CheckpointCorruptError(ValueError):
 
 @dataclass
 class ManifestReport:
-    """What :func:`verify_manifest` checked.
-
-    Attributes:
-        files: Number of files verified (``total_bytes``: their total size).
-        extra_files: Files present but not listed (only reported unless ``strict``).
-    """
+    """What :func:`verify_manifest` checked (``extra_files``: present but not listed)."""
 
     directory: Path
     files: int
@@ -71,20 +58,12 @@ class ManifestReport:
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(_CHUNK)
-            if not chunk:
-                break
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def _is_own_file(rel: str) -> bool:
-    return rel == FILE_MANIFEST_NAME or rel.startswith(_TMP_PREFIX)
-
-
 def _payload_files(directory: Path) -> list[str]:
-    """Relative POSIX paths of every file under ``directory`` except the manifest itself."""
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
         base = Path(dirpath)
@@ -96,7 +75,7 @@ def _payload_files(directory: Path) -> list[str]:
         for name in filenames:
             path = base / name
             rel = path.relative_to(directory).as_posix()
-            if _is_own_file(rel):
+            if rel == FILE_MANIFEST_NAME or rel.startswith(_TMP_PREFIX):
                 continue
             if path.is_symlink() or not path.is_file():
                 raise ValueError(f"{path}: not a regular file; a file manifest covers regular files only")
@@ -105,10 +84,7 @@ def _payload_files(directory: Path) -> list[str]:
 
 
 def build_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of every regular file under a (temp) checkpoint directory, recursively.
-
-    Returns:
-        ``{"format", "format_version", "hash": "sha256", "files": {relpath: {"size", "sha256"}}}``.
+    """``{"format", "format_version", "hash": "sha256", "files": {relpath: {"size", "sha256"}}}`` of a directory.
 
     Raises:
         NotADirectoryError: ``directory`` is not a directory.
@@ -117,28 +93,15 @@ def build_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     root = Path(directory)
     if not root.is_dir():
         raise NotADirectoryError(f"build_manifest: {str(root)!r} is not a directory")
-    files: dict[str, dict[str, Any]] = {}
-    for rel in _payload_files(root):
-        path = root / rel
-        files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    return {
-        "format": FILE_MANIFEST_FORMAT,
-        "format_version": FILE_MANIFEST_VERSION,
-        "hash": "sha256",
-        "files": files,
-    }
+    files = {rel: {"size": (root / rel).stat().st_size, "sha256": _sha256(root / rel)} for rel in _payload_files(root)}
+    return {"format": FILE_MANIFEST_FORMAT, "format_version": FILE_MANIFEST_VERSION, "hash": "sha256", "files": files}
 
 
 def write_manifest(directory: str | os.PathLike[str]) -> Path:
-    """Write ``file_manifest.json`` covering every file now in ``directory``.
+    """Write ``file_manifest.json`` covering every file now in ``directory``; return its path.
 
-    Call it after the last payload file is written; the manifest goes through a temp file,
-    ``fsync`` and ``os.replace``, so a crash leaves either no manifest or a complete one.
-    Returns its path.
-
-    Raises:
-        NotADirectoryError: ``directory`` is not a directory.
-        ValueError: It holds a symbolic link or a special file (nothing is written).
+    Written through a temp file, ``fsync`` and ``os.replace``: a crash leaves no manifest or a complete one.
+    Raises like :func:`build_manifest` (then nothing is written).
     """
     root = Path(directory)
     manifest = build_manifest(root)
@@ -166,12 +129,7 @@ def _bad(path: Path, message: str) -> CheckpointCorruptError:
 
 
 def read_file_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and structurally check ``directory``'s file manifest.
-
-    Raises:
-        CheckpointCorruptError: The manifest is missing (``no_manifest``) or is not a valid
-            manifest of a supported version (``bad_manifest``); the message names the file.
-    """
+    """Read and structurally check ``directory``'s file manifest (``CheckpointCorruptError`` if missing or bad)."""
     path = Path(directory) / FILE_MANIFEST_NAME
     if not path.is_file():
         raise CheckpointCorruptError(
@@ -187,9 +145,7 @@ def read_file_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise _bad(path, f"format {manifest.get('format')!r}, expected {FILE_MANIFEST_FORMAT!r}")
     if manifest.get("format_version") != FILE_MANIFEST_VERSION:
         raise _bad(
-            path,
-            f"unsupported format_version {manifest.get('format_version')!r}; "
-            f"supported: [{FILE_MANIFEST_VERSION}]",
+            path, f"unsupported format_version {manifest.get('format_version')!r}; supported: [{FILE_MANIFEST_VERSION}]"
         )
     files = manifest.get("files")
     if not isinstance(files, dict):
@@ -214,17 +170,11 @@ def read_file_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
 def verify_manifest(
     directory: str | os.PathLike[str], *, check_hashes: bool = True, strict: bool = False
 ) -> ManifestReport:
-    """Check every file listed in ``directory``'s manifest against its size and checksum.
-
-    Args:
-        check_hashes: Also compare SHA-256 checksums (False: sizes only, for a quick scan).
-        strict: Also refuse files present in the directory but absent from the manifest.
+    """Check every file listed in ``directory``'s manifest against its size and (``check_hashes``) checksum.
 
     Raises:
-        CheckpointCorruptError: Naming the first file (in sorted order) that is missing
-            (``missing``), shorter (``truncated``) or longer (``grown``) than recorded, whose
-            content differs (``altered``), or, with ``strict``, that is not listed
-            (``unexpected``); or the manifest's own problem (see :func:`read_file_manifest`).
+        CheckpointCorruptError: Naming the first file (sorted) that is ``missing``, ``truncated``,
+            ``grown``, ``altered`` or (``strict``) not listed (``unexpected``); or see :func:`read_file_manifest`.
     """
     root = Path(directory)
     manifest = read_file_manifest(root)
@@ -243,8 +193,7 @@ def verify_manifest(
             raise CheckpointCorruptError(
                 path,
                 reason,
-                f"checkpoint file {path} is {reason}: {size} bytes, the manifest records "
-                f"{entry['size']} bytes",
+                f"checkpoint file {path} is {reason}: {size} bytes, the manifest records {entry['size']} bytes",
             )
         if check_hashes and _sha256(path) != entry["sha256"]:
             raise CheckpointCorruptError(

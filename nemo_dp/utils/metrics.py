@@ -30,21 +30,14 @@ def _to_json_number(key: str, value: Any) -> float | int | str | bool | None:
 
 
 class MetricsLogger:
-    """Appends one JSON object per call to a ``metrics.jsonl`` file.
-
-    Args:
-        path: The jsonl file (parents are created). An existing file is appended to; call
-            :meth:`truncate_after` on resume to drop records of steps that are redone.
-    """
+    """Appends one JSON object per call to a ``metrics.jsonl`` file (appending to an existing one)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Append the record ``{"step": step, **metrics}``, flush it to disk and return it.
-
-        ``metrics`` values are scalars: Python numbers, 1-element tensors, numpy scalars, str, bool.
+        """Append the record ``{"step": step, **metrics}`` of scalars, flush it to disk and return it.
 
         Raises:
             ValueError: ``metrics`` contains ``"step"`` or a multi-element tensor.
@@ -52,9 +45,7 @@ class MetricsLogger:
         """
         if "step" in metrics:
             raise ValueError("MetricsLogger.log: metrics must not contain the reserved key 'step'")
-        record: dict[str, Any] = {"step": int(step)}
-        for key, value in metrics.items():
-            record[str(key)] = _to_json_number(str(key), value)
+        record = {"step": int(step), **{str(k): _to_json_number(str(k), v) for k, v in metrics.items()}}
         line = json.dumps(record)
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
@@ -74,11 +65,7 @@ def bad_metrics_json(path: str | os.PathLike[str], lineno: int, exc: Exception) 
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a metrics jsonl file, in file order.
-
-    Raises:
-        ValueError: A line is not a JSON object with an int ``step`` (names file and line).
-    """
+    """The records of a metrics jsonl file (``ValueError`` naming the line that is no object with an int ``step``)."""
     records: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as fh:
         for lineno, rec in json_lines(fh, lambda n, exc: bad_metrics_json(path, n, exc)):

@@ -1,7 +1,4 @@
-"""Known third-party log notices, dropped at their source in every process of a run.
-
-The driver and every Ray worker (via :data:`WORKER_SETUP_HOOK`) install the same filters.
-"""
+"""Known third-party log notices, dropped at their source in the driver and every Ray worker."""
 
 from __future__ import annotations
 
@@ -15,9 +12,7 @@ __all__ = [
     "install_known_log_filters",
 ]
 
-#: The start of torch's notice (torch 2.x, ``torch/fx/_symbolic_trace.py``).
 FX_TRACING_NOTICE = "is_fx_tracing will return true for both fx.symbolic_trace and torch.export"
-#: The logger torch emits it on.
 FX_TRACING_LOGGER = "torch.fx._symbolic_trace"
 #: Import path of :func:`install_known_log_filters`, Ray's ``worker_process_setup_hook`` value.
 WORKER_SETUP_HOOK = f"{__name__}.install_known_log_filters"
@@ -27,17 +22,11 @@ class DropFxTracingNotice(logging.Filter):
     """Drops exactly torch's ``is_fx_tracing`` notice; every other record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for the notice, True for any other record of logger ``torch.fx._symbolic_trace``."""
         return not str(record.msg).startswith(FX_TRACING_NOTICE)
 
 
 def install_known_log_filters() -> list[str]:
-    """Install the known-notice filters in this process (idempotent).
-
-    The filter sits on the emitting logger, so the record is dropped before any handler sees
-    it.  Runs on the driver before Ray starts and in every Ray worker (setup hook). Returns what
-    was installed now, one line each.
-    """
+    """Install the known-notice filters on their emitting loggers (idempotent); return what was installed now."""
     done: list[str] = []
     fx_logger = logging.getLogger(FX_TRACING_LOGGER)
     if not any(isinstance(f, DropFxTracingNotice) for f in fx_logger.filters):

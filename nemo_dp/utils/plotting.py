@@ -21,15 +21,8 @@ _PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def plot_training_curves(metrics_jsonl: str | os.PathLike[str], out_png: str | os.PathLike[str]) -> Path:
-    """Plot loss, reward and held-out accuracy curves against step.
-
-    Every numeric key containing ``loss`` / ``reward`` / ``acc`` goes on its panel (each key
-    with the steps where it was logged); panels with no such key say so. ``out_png``'s parents
-    are created; returns its path.
-
-    Raises:
-        ValueError: The metrics file holds no records.
-    """
+    """Plot every numeric ``loss`` / ``reward`` / ``acc`` key against step to ``out_png``; return its path
+    (``ValueError`` when the metrics file holds no records)."""
     records = read_metrics(metrics_jsonl)
     if not records:
         raise ValueError(f"plot_training_curves: {metrics_jsonl} holds no metrics records")

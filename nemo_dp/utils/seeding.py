@@ -12,24 +12,12 @@ _KEYS: tuple[str, ...] = ("python", "numpy", "torch")
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Snapshot every global RNG state used in training.
-
-    Returns:
-        ``{"python": ..., "numpy": ..., "torch": ByteTensor}`` (torch-serialisable).
-    """
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
+    """Snapshot every global RNG state used in training: ``{"python", "numpy", "torch"}``."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Restore a snapshot taken by :func:`capture_rng_state`.
-
-    Raises:
-        KeyError: One of ``python``, ``numpy``, ``torch`` is missing (nothing restored).
-    """
+    """Restore a :func:`capture_rng_state` snapshot (``KeyError``, nothing restored, if a key is missing)."""
     for key in _KEYS:
         if key not in state:
             raise KeyError(f"restore_rng_state: snapshot lacks {key!r} (has {sorted(state)})")
