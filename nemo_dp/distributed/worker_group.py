@@ -1,9 +1,4 @@
-"""A group of Ray actors forming one torch.distributed (gloo) data-parallel group.
-
-Starts ``dp_size`` actors of a worker class with ``num_cpus=0``, wires them into a gloo process
-group rendezvousing at rank 0's node, and fans calls out with identical arguments (``run_all``)
-or one shard per rank (``run_sharded``).  Ray is imported lazily.
-"""
+"""A group of Ray actors forming one torch.distributed (gloo) data-parallel group (Ray imported lazily)."""
 
 from __future__ import annotations
 
@@ -20,12 +15,10 @@ class RayCluster:
     """What a worker group needs to know about the (already started) Ray cluster.
 
     Attributes:
-        env_vars: Environment variables every worker process must see (e.g. data-plane knobs
-            returned by ``init_ray``); applied through the actor's ``runtime_env``.
+        env_vars: Environment every worker process sees (e.g. what ``init_ray`` returned).
         collective_timeout_s: Bound on the gloo rendezvous and on each collective.
-        worker_resources: Custom Ray resources every worker of the group requests (e.g.
-            ``{"node_b": 0.5}`` places the workers on nodes started with that resource; the
-            config key is ``cluster.policy_resources``). Empty: Ray places them anywhere.
+        worker_resources: Custom Ray resources every worker requests (``cluster.policy_resources``,
+            e.g. ``{"node_b": 0.5}``). Empty: Ray places them anywhere.
     """
 
     env_vars: dict[str, str] = field(default_factory=dict)
@@ -34,14 +27,8 @@ class RayCluster:
 
 
 def worker_actor_options(cluster: RayCluster) -> dict[str, Any]:
-    """The ``ActorClass.options`` keyword arguments every worker of a group is started with.
-
-    Workers always request ``num_cpus=0`` (the CPU budget belongs to the data plane's actors);
-    placement comes only from ``cluster.worker_resources``.
-
-    Raises:
-        ValueError: A resource is not a positive custom resource.
-    """
+    """The ``ActorClass.options`` of every worker: ``num_cpus=0`` (the CPUs belong to the data plane's
+    actors), placement only from ``cluster.worker_resources`` (ValueError unless positive custom ones)."""
     options: dict[str, Any] = {"num_cpus": 0}
     if cluster.env_vars:
         options["runtime_env"] = {"env_vars": dict(cluster.env_vars)}
@@ -78,10 +65,7 @@ def node_ip_address() -> str:
 
 
 def _check_resources_exist(wanted: Mapping[str, float], world_size: int, name_prefix: str) -> None:
-    """Fail now, naming the key, if no set of alive nodes can host the group's resource requests.
-
-    Ray would otherwise keep the actors pending forever and the group's start-up would hang.
-    """
+    """Fail now, naming the key, if the alive nodes cannot host the group (else start-up hangs)."""
     import ray
 
     totals: dict[str, float] = {}
@@ -104,16 +88,11 @@ def _check_resources_exist(wanted: Mapping[str, float], world_size: int, name_pr
 
 
 class RayWorkerGroup:
-    """``world_size`` Ray actors of ``worker_cls`` joined in one gloo process group.
+    """``world_size`` Ray actors of ``worker_cls`` (plain, undecorated) joined in one gloo process group.
 
-    Each actor is constructed as ``worker_cls(rank=r, world_size=n, **init_kwargs)`` and must
-    provide ``collective_address() -> (host, port)`` (called on rank 0 only) and
-    ``init_collective(host, port, timeout_s) -> None`` (called on every rank concurrently),
-    plus ``shutdown() -> None``.
-
-    Args:
-        worker_cls: The plain, undecorated worker class.
-        name_prefix: Prefix for the actors' names in Ray's dashboard and error messages.
+    Each actor is ``worker_cls(rank=r, world_size=n, **init_kwargs)`` and provides
+    ``collective_address() -> (host, port)`` (called on rank 0), ``init_collective(host, port,
+    timeout_s)`` (called on every rank concurrently) and ``shutdown()``.
 
     Raises:
         RuntimeError: Ray is not initialised.
@@ -148,12 +127,7 @@ class RayWorkerGroup:
         ]
         try:
             host, port = ray.get(self.workers[0].collective_address.remote())
-            ray.get(
-                [
-                    w.init_collective.remote(host, port, cluster.collective_timeout_s)
-                    for w in self.workers
-                ]
-            )
+            ray.get([w.init_collective.remote(host, port, cluster.collective_timeout_s) for w in self.workers])
         except BaseException:
             self._kill()
             raise
@@ -165,20 +139,12 @@ class RayWorkerGroup:
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
     def run_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Like :meth:`run_all`, but rank ``r`` gets ``shards[r]`` as first argument.
-
-        Raises:
-            ValueError: ``len(shards) != world_size``.
-        """
+        """Like :meth:`run_all`, but rank ``r`` gets ``shards[r]`` first (ValueError unless one per rank)."""
         import ray
 
         if len(shards) != self.world_size:
-            raise ValueError(
-                f"{self.name_prefix}.{method}: got {len(shards)} shards for {self.world_size} workers"
-            )
-        return ray.get(
-            [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
-        )
+            raise ValueError(f"{self.name_prefix}.{method}: got {len(shards)} shards for {self.world_size} workers")
+        return ray.get([getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)])
 
     def run_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on one rank only (no collective may be involved) and return its result."""
