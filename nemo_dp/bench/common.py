@@ -150,11 +150,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def verify_roundtrip(payload: Payload, out: Any, backend: str) -> None:
-    """Check that a read returned the payload's bytes (a fast wrong answer is not a result).
-
-    Raises:
-        RuntimeError: Rows, fields or values differ.
-    """
+    """RuntimeError unless a read returned the payload's rows, fields and values (a fast wrong answer is no result)."""
     if isinstance(out, dict):  # numpy dict from Ray
         ref = payload.numpy_dict()
         if set(out) != set(ref) or not all(np.array_equal(out[k], ref[k]) for k in ref):

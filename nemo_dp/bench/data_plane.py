@@ -100,10 +100,8 @@ def run_data_plane_bench(
 ) -> dict[str, Any]:
     """Measure every selected backend on every payload and size; write and return the JSON report.
 
-    ``raw_backends``: constructors of backends defined outside the package (``tq_raw``).
-
-    Raises:
-        RuntimeError: Any backend failed (after the report with the errors was written).
+    ``raw_backends``: constructors of backends defined outside the package (``tq_raw``).  Raises
+    RuntimeError if any backend failed (after writing the report with the errors).
     """
     bench = OmegaConf.to_object(cfg.bench)
     assert isinstance(bench, DataPlaneBenchConfig)

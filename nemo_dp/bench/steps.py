@@ -182,11 +182,9 @@ class StepClock(RunLogger):
 def timed_phase_run(
     train_cfg: DictConfig, ray_env: dict[str, str], run_dir: Path, rss_interval_s: float
 ) -> tuple[list[Mark], dict[str, float]]:
-    """Run the phase ``train_cfg`` describes from a fresh start, timing every logged step.
+    """Run the phase ``train_cfg`` describes from a fresh start; return ``(marks, driver RSS keys)``.
 
-    Returns:
-        ``(marks, memory)``: one ``(step, perf_counter, Ray traffic since the previous mark,
-        logged record)`` per logged step (step 0 = the start), and the driver's RSS keys.
+    A mark per logged step (step 0 = the start): ``(step, perf_counter, Ray traffic since the previous mark, record)``.
     """
     from nemo_dp.algorithms.selection import select_sync_trainer
 

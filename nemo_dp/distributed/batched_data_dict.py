@@ -21,6 +21,7 @@ __all__ = ["BatchedDataDict", "MicrobatchSpec", "MICROBATCH_ORDERS"]
 
 MICROBATCH_ORDERS: tuple[str | None, ...] = (None, "packer", "largest_first")
 
+
 @dataclass(frozen=True)
 class MicrobatchSpec:
     """One planned microbatch of a shard: rows ``[start, end)`` (absolute) of global batch ``chunk``.
@@ -164,14 +165,10 @@ def _pad_width(v: torch.Tensor, width: int, pad: float | int) -> torch.Tensor:
 
 
 class BatchedDataDict(UserDict):
-    """Field name -> batch-major value, plus an optional microbatch plan.
-
-    Attributes:
-        micro_batch_indices: Per chunk (global batch), ``[start, end)`` row pairs relative to
-            this shard's part of that chunk; ``None`` without a plan.
-        micro_batch_lengths: Per chunk, the planned length of each microbatch (dynamic
-            batching: padded sequence length; packing: padded tokens of the bin).
-        elem_counts_per_gb: Per chunk, rows of that chunk in this shard (sequence packing).
+    """Field name -> batch-major value, plus an optional microbatch plan, per chunk (global batch):
+    ``micro_batch_indices`` (``[start, end)`` rows within this shard's part of the chunk),
+    ``micro_batch_lengths`` (as :attr:`MicrobatchSpec.padded_length`) and, for sequence packing,
+    ``elem_counts_per_gb`` (rows of the chunk in this shard).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -203,11 +200,8 @@ class BatchedDataDict(UserDict):
         """Concatenate batches with identical key sets row-wise (no plan attached).
 
         Tensors of dim >= 2 are right-padded on dim 1 to the widest (pad from ``pad_value_dict``,
-        default 0); jagged tensors stay jagged.
-
-        Raises:
-            ValueError: No batches or differing key sets.
-            TypeError: A field mixes value kinds.
+        default 0); jagged tensors stay jagged.  ValueError for no batches or differing key sets,
+        TypeError for a field mixing value kinds.
         """
         if not batches:
             raise ValueError("BatchedDataDict.from_batches: no batches given")
@@ -297,10 +291,8 @@ class BatchedDataDict(UserDict):
           ``microbatch_order``): bins packed with ``min_bin_count = bin_count_multiple =
           shards``; rank r takes bins ``r, r + shards, ...``; one bin per microbatch.
 
-        Returns:
-            No packing: the list of shards.  Otherwise ``(shards, order)``, ``order[p]`` being the
-            original index of row ``p`` of the rank-concatenated shards (for ``reorder_data``);
-            shards carry the plan (``elem_counts_per_gb`` for packing only).
+        Returns the list of shards without packing, else ``(shards, order)``, ``order[p]`` being the
+        original index of row ``p`` of the rank-concatenated shards (for ``reorder_data``).
 
         Raises:
             ValueError: Empty batch, indivisible sizes, both argument sets, a planned length
@@ -421,10 +413,7 @@ class BatchedDataDict(UserDict):
         With a plan attached the chunks are laid out consecutively (chunk k starts where chunk k-1
         ended; ``elem_counts_per_gb``, when present, must agree).  Without a plan the rows are cut
         into runs of ``micro_batch_size`` (required, >= 1; the last run may be shorter).
-
-        Raises:
-            ValueError: Inconsistent or incomplete plan, or a missing/invalid ``micro_batch_size``
-                without a plan.
+        ValueError for an inconsistent or incomplete plan, or a missing/invalid ``micro_batch_size``.
         """
         n = self.size
         if self.micro_batch_indices is None:

@@ -21,9 +21,7 @@ __all__ = [
 class SequencePacker(abc.ABC):
     """Packs sequence lengths into bins of bounded capacity, then adjusts the bin count.
 
-    Raises:
-        ValueError: ``bin_capacity`` < 1, ``min_bin_count`` < 0 or ``bin_count_multiple`` < 1.
-    """
+    ValueError if ``bin_capacity`` < 1, ``min_bin_count`` < 0 or ``bin_count_multiple`` < 1."""
 
     def __init__(self, bin_capacity: int, min_bin_count: int = 0, bin_count_multiple: int = 1):
         bounds = (("bin_capacity", bin_capacity, 1), ("min_bin_count", min_bin_count, 0))
@@ -35,13 +33,9 @@ class SequencePacker(abc.ABC):
         self.bin_count_multiple = int(bin_count_multiple)
 
     def pack(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Pack non-negative (already padded) ``lengths`` into bins of indices into ``lengths``.
+        """Pack non-negative (already padded) ``lengths`` into bins of indices, each index once.
 
-        Every index appears exactly once and each bin's total is at most ``bin_capacity``.
-
-        Raises:
-            ValueError: A length is negative or above capacity, or there are fewer items than
-                the required number of bins.
+        ValueError if a length is negative or above capacity, or there are fewer items than bins.
         """
         lens = [int(x) for x in lengths]
         for i, length in enumerate(lens):
@@ -56,12 +50,8 @@ class SequencePacker(abc.ABC):
         """Algorithm-specific packing (lengths already validated)."""
 
     def _adjust_bin_count(self, bins: list[list[int]], n_items: int) -> list[list[int]]:
-        """Split bins until the count reaches the target.
-
-        Donor order is fixed once: bins sorted by (item count, bin index) descending.  Each new
-        bin receives the last item of the current donor; a donor is used until it is down to
-        one item, then the next donor takes over.
-        """
+        """Split bins until the count reaches the target: each new bin takes the last item of the
+        current donor (bins by (item count, index) descending, each used down to one item)."""
         target = max(len(bins), self.min_bin_count)
         target += -target % self.bin_count_multiple
         if target == len(bins):
@@ -190,9 +180,7 @@ def get_packer(
 ) -> SequencePacker:
     """Build the :class:`SequencePacker` named ``algorithm`` (one of :data:`PACKER_NAMES`).
 
-    Raises:
-        ValueError: Unknown algorithm name or out-of-range parameter.
-    """
+    ValueError for an unknown name or an out-of-range parameter."""
     cls = _PACKERS.get(algorithm)
     if cls is None:
         raise ValueError(f"unknown packing algorithm {algorithm!r}; known: {sorted(_PACKERS)}")

@@ -162,12 +162,9 @@ def _unjoinable(message: str, source: str, reason: str) -> ClusterConnectError:
 def resolve_join_target(address: ClusterAddress, environ: Mapping[str, str] | None = None) -> JoinTarget:
     """Find the head a join should try, in Ray's order: ``RAY_ADDRESS``, then the address file.
 
-    Unlike Ray's ``"auto"``, a Ray found only by scanning this machine's processes is never
-    joined: on a shared machine that is usually somebody else's private Ray.
-
-    Raises:
-        ClusterConnectError: ``auto`` finds no address, or ``RAY_ADDRESS`` is not ``<host>:<port>``.
-        ValueError: ``address`` is a local address.
+    Unlike Ray's ``"auto"``, never a Ray found only by scanning processes (on a shared machine,
+    usually somebody else's private Ray).  Raises ClusterConnectError when ``auto`` finds no address
+    or ``RAY_ADDRESS`` is not ``<host>:<port>``; ValueError for a local ``address``.
     """
     env = os.environ if environ is None else environ
     if address.local:
@@ -293,11 +290,8 @@ def _auth_error(target: JoinTarget, environ: Mapping[str, str], detail: str) -> 
 
 
 def _check_auth(target: JoinTarget) -> None:
-    """One authenticated GCS round trip, so that a token problem fails in about a second.
-
-    ``ray.init`` itself retries an unauthenticated head for about 20 s and then reports only
-    "Failed to connect"; Ray's GCS client raises its typed ``AuthenticationError`` at once.
-    """
+    """One authenticated GCS round trip: a token problem fails at once, typed, instead of after
+    ``ray.init``'s ~20 s of retries ending in a bare "Failed to connect"."""
     from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
     from ray._raylet import GcsClient
     from ray.exceptions import AuthenticationError
@@ -376,8 +370,7 @@ def init_ray(
         ``worker_env``, as passed to every worker via ``runtime_env``.
 
     Raises:
-        ValueError: ``address`` is malformed, or the CPU budget cannot host the data plane's
-            actors (names ``cluster.num_cpus`` and ``data_plane.simple.num_storage_units``).
+        ValueError: ``address`` is malformed, or the CPU budget cannot host the data plane's actors.
         ClusterConnectError: A cluster to join is missing, stale, or refuses the auth token.
         RuntimeError: Ray is already initialised in this process.
     """

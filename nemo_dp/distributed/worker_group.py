@@ -14,11 +14,8 @@ __all__ = ["RayCluster", "RayWorkerGroup", "find_free_port", "node_ip_address", 
 class RayCluster:
     """What a worker group needs to know about the (already started) Ray cluster.
 
-    Attributes:
-        env_vars: Environment every worker process sees (e.g. what ``init_ray`` returned).
-        collective_timeout_s: Bound on the gloo rendezvous and on each collective.
-        worker_resources: Custom Ray resources every worker requests (``cluster.policy_resources``,
-            e.g. ``{"node_b": 0.5}``). Empty: Ray places them anywhere.
+    ``collective_timeout_s`` bounds the gloo rendezvous and each collective; ``worker_resources``
+    (``cluster.policy_resources``) are custom Ray resources every worker requests.
     """
 
     env_vars: dict[str, str] = field(default_factory=dict)
@@ -94,10 +91,8 @@ class RayWorkerGroup:
     ``collective_address() -> (host, port)`` (called on rank 0), ``init_collective(host, port,
     timeout_s)`` (called on every rank concurrently) and ``shutdown()``.
 
-    Raises:
-        RuntimeError: Ray is not initialised.
-        ValueError: ``world_size`` < 1, or ``cluster.worker_resources`` is invalid or no alive
-            nodes offer it.
+    RuntimeError if Ray is not initialised; ValueError if ``world_size`` < 1 or
+    ``cluster.worker_resources`` is invalid or offered by no alive nodes.
     """
 
     def __init__(
