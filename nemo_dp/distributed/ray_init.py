@@ -119,7 +119,7 @@ class ClusterConnectError(ConnectionError):
     )
     NOTHING_RUNNING, STALE_ADDRESS_FILE, AUTH_TOKEN_MISSING, AUTH_TOKEN_REJECTED, JOIN_FAILED = REASONS
 
-    def __init__(self, message: str, *, address: str | None, source: str, reason: str) -> None:
+    def __init__(self, message: str, *, address: str | None = None, source: str, reason: str) -> None:
         if reason not in self.REASONS:
             raise ValueError(f"ClusterConnectError: unknown reason {reason!r}")
         super().__init__(message)
@@ -155,10 +155,6 @@ class JoinTarget:
         return ClusterConnectError(message, address=self.address, source=self.source, reason=reason)
 
 
-def _unjoinable(message: str, source: str, reason: str) -> ClusterConnectError:
-    return ClusterConnectError(message, address=None, source=source, reason=reason)
-
-
 def resolve_join_target(address: ClusterAddress, environ: Mapping[str, str] | None = None) -> JoinTarget:
     """Find the head a join should try, in Ray's order: ``RAY_ADDRESS``, then the address file.
 
@@ -177,45 +173,45 @@ def resolve_join_target(address: ClusterAddress, environ: Mapping[str, str] | No
         try:
             parsed = parse_cluster_address(env_addr)
         except ValueError as exc:
-            raise _unjoinable(
+            raise ClusterConnectError(
                 f"cluster.address=auto uses RAY_ADDRESS={env_addr!r}, which nemo_dp cannot "
                 f"join: {exc}. Fix: set RAY_ADDRESS to the head's '<host>:<port>', unset it to "
                 f"use this machine's address file, {_FIX_LOCAL}.",
-                "RAY_ADDRESS",
-                ClusterConnectError.JOIN_FAILED,
+                source="RAY_ADDRESS",
+                reason=ClusterConnectError.JOIN_FAILED,
             ) from None
         if parsed.local or parsed.auto:
-            raise _unjoinable(
+            raise ClusterConnectError(
                 f"cluster.address=auto uses RAY_ADDRESS={env_addr!r}, which names no cluster. "
                 f"Fix: set RAY_ADDRESS to the head's '<host>:<port>' or unset it, {_FIX_LOCAL}.",
-                "RAY_ADDRESS",
-                ClusterConnectError.NOTHING_RUNNING,
+                source="RAY_ADDRESS",
+                reason=ClusterConnectError.NOTHING_RUNNING,
             )
         found = _host_port(parsed.host, parsed.port)
         return JoinTarget(address=found, source="RAY_ADDRESS", ray_address="auto")
     path = ray_address_file(env)
     text = path.read_text().strip() if path.is_file() else ""
     if not text:
-        raise _unjoinable(
+        raise ClusterConnectError(
             "cluster.address=auto found no Ray cluster to join: RAY_ADDRESS is unset and the "
             f"address file {path} that `ray start --head` writes "
             f"{'is empty' if path.is_file() else 'does not exist'} (nothing is running). "
             "Fix: start a cluster with `ray start --head --port=6379` on this machine, or set "
             f"cluster.address=<head-host>:<port> (or RAY_ADDRESS), {_FIX_LOCAL}.",
-            str(path),
-            ClusterConnectError.NOTHING_RUNNING,
+            source=str(path),
+            reason=ClusterConnectError.NOTHING_RUNNING,
         )
     try:
         parsed = parse_cluster_address(text)
     except ValueError:
         parsed = ClusterAddress(raw=text, local=True)
     if parsed.host is None:
-        raise _unjoinable(
+        raise ClusterConnectError(
             f"cluster.address=auto read {text!r} from the address file {path}, which is not a "
             f"'<host>:<port>' address. Fix: delete the file (`rm {path}`) and start the cluster "
             f"again with `ray start --head`, {_FIX_LOCAL}.",
-            str(path),
-            ClusterConnectError.STALE_ADDRESS_FILE,
+            source=str(path),
+            reason=ClusterConnectError.STALE_ADDRESS_FILE,
         )
     return JoinTarget(address=_host_port(parsed.host, parsed.port), source=str(path), ray_address="auto")
 
