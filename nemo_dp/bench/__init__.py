@@ -37,14 +37,6 @@ def bench_fail(key: str, message: str) -> NoReturn:
     fail(f"bench.{key}", message)
 
 
-def _local_dir(search_path_entry: str) -> Path | None:
-    """The directory of a ``file://`` (or scheme-less) search path entry, else ``None``."""
-    text = search_path_entry.removeprefix("file://")
-    if "://" in text:
-        return None
-    return Path(text).resolve()
-
-
 class TrainingConfSearchPath(SearchPathPlugin):
     """Appends the training configs (``conf/``) to a search path that holds ``conf_bench/`` (any other is left as is).
 
@@ -53,7 +45,8 @@ class TrainingConfSearchPath(SearchPathPlugin):
     """
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        dirs = [_local_dir(element.path) for element in search_path.get_path() if element.path]
+        entries = [element.path.removeprefix("file://") for element in search_path.get_path() if element.path]
+        dirs = [Path(entry).resolve() for entry in entries if "://" not in entry]  # local directories only
         bench, conf = BENCH_CONF_DIR.resolve(), CONF_DIR.resolve()
         if bench in dirs and conf not in dirs:
             search_path.append(provider=_SEARCH_PATH_PROVIDER, path=f"file://{conf}")

@@ -125,8 +125,7 @@ def make_payload(kind: str, size_mib: float, bench: DataPlaneBenchConfig) -> Pay
         estimate = max(1, int(target / (per_token * mean_len)) + 16)
         lengths = torch.randint(bench.jagged_min_len, bench.jagged_max_len + 1, (estimate,), generator=gen)
         cum = torch.cumsum(lengths, 0)
-        rows = max(1, int(torch.searchsorted(cum, target // per_token).item()) + 1)
-        rows = min(rows, estimate)
+        rows = min(max(1, int(torch.searchsorted(cum, target // per_token).item()) + 1), estimate)
         lengths = lengths[:rows]
         offsets = torch.zeros(rows + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(lengths, 0)

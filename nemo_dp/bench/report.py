@@ -112,8 +112,6 @@ def evaluate_targets(rows: list[Row]) -> list[dict[str, Any]]:
         )
         for op in ("put", "get")
     ]
-    # Dense: the adapter may cost at most 10% over the library; jagged: its row layout must
-    # beat the library's own jagged wire at least 3x (time <= 1/3 of the library's).
     for payload, threshold, what in (
         ("dense", TQ_OVERHEAD_TARGET, f"<= {TQ_OVERHEAD_TARGET:.2f}x raw library time"),
         ("jagged", TQ_JAGGED_TARGET, f">= {1 / TQ_JAGGED_TARGET:.0f}x faster than the raw library"),

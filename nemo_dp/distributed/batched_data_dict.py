@@ -37,9 +37,7 @@ class MicrobatchSpec:
 
 
 def _round_up(value: int, multiple: int) -> int:
-    if multiple <= 1:
-        return int(value)
-    return -(-int(value) // multiple) * multiple
+    return int(value) if multiple <= 1 else -(-int(value) // multiple) * multiple
 
 
 def _rows_of(key: str, value: Any) -> int:
@@ -349,16 +347,13 @@ class BatchedDataDict(UserDict):
                 base = k * bs
                 ordered = sorted(range(base, base + bs), key=lambda i: lengths[i])
                 parts = [ordered[r::shards] for r in range(shards)]
-                caps = []
-                for j in range(per_rank):
-                    longest = max(lengths[parts[r][j]] for r in range(shards))
-                    cap_j = min(_round_up(longest, round_to), width)
+                caps = [min(_round_up(max(lengths[p[j]] for p in parts), round_to), width) for j in range(per_rank)]
+                for cap_j in caps:
                     if cap_j > max_tokens:
                         raise ValueError(
                             f"shard_by_batch_size: a sequence of padded length {cap_j} exceeds "
                             f"max_tokens_per_microbatch {max_tokens}"
                         )
-                    caps.append(cap_j)
                 indices, mb_lengths = _greedy_microbatches(caps, max_tokens)
                 for r in range(shards):
                     rank_rows[r].extend(parts[r])
