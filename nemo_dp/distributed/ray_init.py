@@ -389,22 +389,19 @@ def init_ray(
     # during teardown would kill it before it writes summary.json); read at ray.init.
     ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
-    init_kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
-    runtime_env: dict[str, Any] = {}
-    if env_vars:
+    runtime_env = {
         # A copy: Ray writes the setup hook's key into it in place; the caller's must stay as is.
-        runtime_env["env_vars"] = dict(env_vars)
-    if working_dir is not None:
-        runtime_env["working_dir"] = str(working_dir)
-    if worker_setup_hook is not None:
-        runtime_env["worker_process_setup_hook"] = worker_setup_hook
-    if runtime_env:
-        init_kwargs["runtime_env"] = runtime_env
+        "env_vars": dict(env_vars) if env_vars else None,
+        "working_dir": None if working_dir is None else str(working_dir),
+        "worker_process_setup_hook": worker_setup_hook,
+    }
+    init_kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if any(v is not None for v in runtime_env.values()):
+        init_kwargs["runtime_env"] = {k: v for k, v in runtime_env.items() if v is not None}
 
     target: JoinTarget | None = None
     if parsed.local:
-        private = Path(temp_dir) if temp_dir is not None else default_private_temp_dir()
-        private = private.expanduser().resolve()
+        private = (Path(temp_dir) if temp_dir is not None else default_private_temp_dir()).expanduser().resolve()
         private.mkdir(parents=True, exist_ok=True)
         ray.init(address="local", num_cpus=num_cpus, _temp_dir=str(private), **init_kwargs)
     else:

@@ -9,6 +9,8 @@ from typing import Any
 
 __all__ = ["RayCluster", "RayWorkerGroup", "find_free_port", "node_ip_address", "worker_actor_options"]
 
+_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
 
 @dataclass
 class RayCluster:
@@ -29,16 +31,13 @@ def worker_actor_options(cluster: RayCluster) -> dict[str, Any]:
     options: dict[str, Any] = {"num_cpus": 0}
     if cluster.env_vars:
         options["runtime_env"] = {"env_vars": dict(cluster.env_vars)}
+    for name, amount in cluster.worker_resources.items():
+        if name in _BUILTIN_RESOURCES or not float(amount) > 0:
+            raise ValueError(
+                f"cluster.policy_resources.{name}: must be a custom resource with an amount > 0, got {amount!r}"
+            )
     if cluster.worker_resources:
-        resources: dict[str, float] = {}
-        for name, amount in cluster.worker_resources.items():
-            if name in ("CPU", "GPU", "memory", "object_store_memory") or not float(amount) > 0:
-                raise ValueError(
-                    f"cluster.policy_resources.{name}: must be a custom resource with an amount "
-                    f"> 0, got {amount!r}"
-                )
-            resources[str(name)] = float(amount)
-        options["resources"] = resources
+        options["resources"] = {str(name): float(amount) for name, amount in cluster.worker_resources.items()}
     return options
 
 
@@ -73,8 +72,8 @@ def _check_resources_exist(wanted: Mapping[str, float], world_size: int, name_pr
     for name, amount in wanted.items():
         need = float(amount) * world_size
         if totals.get(name, 0.0) < need:
-            custom = sorted(k for k in totals if k not in ("CPU", "GPU", "memory", "object_store_memory")
-                            and not k.startswith("node:") and not k.startswith("accelerator_type"))
+            custom = sorted(k for k in totals if k not in _BUILTIN_RESOURCES
+                            and not k.startswith(("node:", "accelerator_type")))
             raise ValueError(
                 f"cluster.policy_resources.{name}={amount:g}: {world_size} workers of group "
                 f"{name_prefix!r} need {need:g} of resource {name!r} in all, but the alive nodes "
