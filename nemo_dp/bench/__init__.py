@@ -1,4 +1,4 @@
-"""Benchmarks of nemo_dp, run by ``launchers/bench.py`` (Hydra: ``bench=<name>``, configs in ``conf_bench/``).
+"""Benchmarks of nemo_dp, run by ``launchers/bench.py`` (``bench=<name>``, configs in ``conf_bench/``).
 
 Numbers are reported, never asserted; ``peer_trl`` needs the ``bench`` extra."""
 
@@ -76,10 +76,7 @@ def register_bench_configs() -> None:
 def run_bench(
     cfg: DictConfig, output_dir: Path, *, raw_backends: Mapping[str, Callable[[], Any]] | None = None
 ) -> dict[str, Any]:
-    """Run the benchmark ``bench.name`` names (ValueError listing the known ones if none); return its report.
-
-    ``raw_backends``: extra data-plane backends defined outside the package (``tq_raw``).
-    """
+    """Run the benchmark ``bench.name`` names (ValueError listing the known ones if none); return its report."""
     name = str(cfg.bench.name)
     if name == "data_plane":
         from nemo_dp.bench.data_plane import run_data_plane_bench

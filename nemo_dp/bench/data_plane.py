@@ -98,11 +98,8 @@ def _setup_backends(
 def run_data_plane_bench(
     cfg: DictConfig, output_dir: Path, *, raw_backends: Mapping[str, Callable[[], Backend]] | None = None
 ) -> dict[str, Any]:
-    """Measure every selected backend on every payload and size; write and return the JSON report.
-
-    ``raw_backends``: constructors of backends defined outside the package (``tq_raw``).  Raises
-    RuntimeError if any backend failed (after writing the report with the errors).
-    """
+    """Measure every selected backend (``raw_backends``: constructors of ones defined outside the package) on
+    every payload and size; write the JSON report and return it (RuntimeError instead if any backend failed)."""
     bench = OmegaConf.to_object(cfg.bench)
     assert isinstance(bench, DataPlaneBenchConfig)
     selected = set(bench.backends)

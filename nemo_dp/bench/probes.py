@@ -36,10 +36,7 @@ def packed_bytes(obj: Any) -> int:
 
 
 def tensor_bytes(obj: Any) -> tuple[int, int]:
-    """(bytes of per-token tensors (dim >= 2), bytes of other tensors) reachable from ``obj``.
-
-    A ``PackedTensor`` (per-sample images) counts whole as bulk.
-    """
+    """(bytes of per-token tensors (dim >= 2) and ``PackedTensor``s, bytes of other tensors) reachable from ``obj``."""
     if isinstance(obj, PackedTensor):
         return packed_bytes(obj), 0
     if isinstance(obj, torch.Tensor):

@@ -69,10 +69,8 @@ def summarize(payload: Payload, backend: str, times: dict[str, list[float]]) -> 
 
 
 def add_ratios(rows: list[Row]) -> None:
-    """``tput_vs_memcpy`` = memcpy median / op median; ``time_vs_tq_raw`` = op / raw TQ op.
-
-    The ``*_min`` twins use the minima (the better estimate when other processes share the cores).
-    """
+    """``tput_vs_memcpy`` = memcpy median / op median; ``time_vs_tq_raw`` = op / raw TQ op; the ``*_min`` twins
+    use the minima (the better estimate when other processes share the cores)."""
     by_key = {(r.payload, r.size_mib, r.backend, r.op): r for r in rows}
     for r in rows:
         copy = by_key.get((r.payload, r.size_mib, MEMCPY, "copy"))
@@ -151,12 +149,8 @@ _NOT_COMPARED = ("disabled", "tq_async")
 
 
 def rl_comparisons(results: list[dict[str, Any]], sizes: list[int], target_bulk_ratio: float) -> list[dict[str, Any]]:
-    """Legacy vs data-plane RL step costs at each size (GRPO and PPO step benchmarks).
-
-    Every synchronous data-plane backend that ran gets its own comparison against ``disabled`` at
-    the same size, in the order the backends ran; keys carry the backend's name
-    (``step_time_ratio_<dp>_over_legacy``, ``<dp>_step_time_s``, ...) beside ``data_plane``.
-    """
+    """Legacy vs data-plane RL step costs: per size, one comparison against ``disabled`` for every synchronous
+    data-plane backend that ran, in run order; keys carry its name (``<dp>_step_time_s``, ...) beside ``data_plane``."""
     comparisons = []
     for samples in sizes:
         by_dp = {r["data_plane"]: r for r in results if r["samples_per_step"] == samples}

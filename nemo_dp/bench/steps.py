@@ -147,11 +147,8 @@ StoreProbe = Callable[[float], dict[str, float]]
 
 
 class StepClock(RunLogger):
-    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there.
-
-    ``store_probe`` (the policy's ``data_plane_step_metrics``) fills in the per-step store
-    counters of a record that lacks them (the SFT trainers log none).
-    """
+    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there; ``store_probe``
+    (the policy's ``data_plane_step_metrics``) fills in the store counters of a record that lacks them (SFT)."""
 
     def __init__(self, *args: Any, traffic: RayTraffic, store_probe: StoreProbe | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -302,10 +299,8 @@ def _mean_row(steps: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def launcher_policy_overrides() -> list[str]:
-    """The bench command line's ``policy=``/``env=`` and ``policy.<key>=``/``env.<key>=`` overrides, in order.
-
-    Every training config the bench composes gets these first; empty outside a Hydra run.
-    """
+    """The bench command line's ``policy=``/``env=``/``policy.<key>=``/``env.<key>=`` overrides, in order (empty
+    outside a Hydra run); every training config the bench composes gets these first."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():

@@ -1,7 +1,5 @@
-"""Store calls per training step, by site and op kind: the step benchmarks' breakdown.
-
-The trainers' logged store counters become step-row columns ``store/<site>/<op>/<stat>``, whose
-measured means are grouped per run for the JSON report and printed."""
+"""Store calls per training step by site and op kind: the trainers' logged store counters as step-row columns
+``store/<site>/<op>/<stat>``, whose measured means are grouped per run for the JSON report and printed."""
 
 from __future__ import annotations
 
@@ -57,12 +55,8 @@ def store_op_columns(record: dict[str, Any]) -> dict[str, float]:
 
 
 def store_breakdown(results: list[dict[str, Any]], size_key: str) -> list[dict[str, Any]]:
-    """Store calls per step (means over the measured steps) for every run that recorded them.
-
-    Returns:
-        Per such run ``{size_key, "data_plane", "sites": {site: {op: {"calls", "rows", "bytes",
-        "ms"}}}, "totals": {site: {"calls", "ms"}}}``.
-    """
+    """Store calls per step (means over the measured steps) for every run that recorded them: ``{size_key,
+    "data_plane", "sites": {site: {op: {"calls", "rows", "bytes", "ms"}}}, "totals": {site: {"calls", "ms"}}}``."""
     out = []
     for run in results:
         sites: dict[str, dict[str, dict[str, float]]] = {}

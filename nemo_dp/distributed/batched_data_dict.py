@@ -26,9 +26,7 @@ MICROBATCH_ORDERS: tuple[str | None, ...] = (None, "packer", "largest_first")
 class MicrobatchSpec:
     """One planned microbatch of a shard: rows ``[start, end)`` (absolute) of global batch ``chunk``.
 
-    ``padded_length``: dynamic batching: padded sequence length of every row; sequence packing:
-    the bin's total padded tokens; ``None`` without a plan.
-    """
+    ``padded_length``: every row's padded length (dynamic batching), the bin's padded tokens (packing) or ``None``."""
 
     chunk: int
     start: int
@@ -217,10 +215,7 @@ class BatchedDataDict(UserDict):
         return out
 
     def select_indices(self, indices: Sequence[int] | torch.Tensor | np.ndarray) -> BatchedDataDict:
-        """Rows at ``indices`` in the given order (duplicates allowed; IndexError outside ``[0, size)``).
-
-        The plan is dropped.
-        """
+        """Rows at ``indices`` in order (duplicates allowed; IndexError outside ``[0, size)``), without the plan."""
         idx = [int(i) for i in (indices.reshape(-1).tolist() if isinstance(indices, torch.Tensor) else indices)]
         n = self.size
         for i in idx:
@@ -248,12 +243,9 @@ class BatchedDataDict(UserDict):
         return self.select_indices([i for i in range(self.size) for _ in range(int(num_repeats))])
 
     def reorder_data(self, order: Sequence[int] | torch.Tensor) -> BatchedDataDict:
-        """Reorder rows so that row ``j`` is the row whose ``order`` value is the j-th smallest.
-
-        With ``order`` from ``shard_meta_for_dp``/``shard_by_batch_size`` this restores the input
-        order.  Mutates this batch in place (dropping the plan) and returns it; ValueError if
-        ``len(order) != size``.
-        """
+        """Reorder rows so that row ``j`` is the row whose ``order`` value is the j-th smallest (with ``order``
+        from ``shard_meta_for_dp``/``shard_by_batch_size``: the input order).  In place, dropping the plan;
+        returns ``self``; ValueError if ``len(order) != size``."""
         keys = [int(x) for x in (order.tolist() if isinstance(order, torch.Tensor) else order)]
         if len(keys) != self.size:
             raise ValueError(f"reorder_data: order has {len(keys)} entries, batch has {self.size}")

@@ -1,7 +1,5 @@
-"""Deterministic bin packers for sequence packing (ties broken by index).
-
-The bin count is then raised to at least ``min_bin_count`` and a multiple of ``bin_count_multiple``
-so every DP rank gets the same number of micro-batches."""
+"""Deterministic bin packers for sequence packing (ties broken by index); the bin count is then raised to at
+least ``min_bin_count`` and a multiple of ``bin_count_multiple`` so every DP rank gets as many micro-batches."""
 
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ class SequencePacker(abc.ABC):
     def pack(self, lengths: Sequence[int]) -> list[list[int]]:
         """Pack non-negative (already padded) ``lengths`` into bins of indices, each index once.
 
-        ValueError if a length is negative or above capacity, or there are fewer items than bins.
-        """
+        ValueError if a length is negative or above capacity, or there are fewer items than bins."""
         lens = [int(x) for x in lengths]
         for i, length in enumerate(lens):
             if length < 0:

@@ -55,11 +55,8 @@ class ClusterAddress:
 
 
 def parse_cluster_address(address: str | None) -> ClusterAddress:
-    """Parse ``cluster.address``: ``None``/``"local"``, ``"auto"`` or ``"<host>:<port>"``.
-
-    Raises:
-        ValueError: None of the three forms (e.g. a Ray Client ``ray://`` URL); says what is accepted.
-    """
+    """Parse ``cluster.address``: ``None``/``"local"``, ``"auto"`` or ``"<host>:<port>"``; ValueError (saying what
+    is accepted) for anything else, e.g. a Ray Client ``ray://`` URL."""
     if address is None or address.strip() == "local":
         return ClusterAddress(raw=address, local=True)
     text = address.strip()
@@ -99,20 +96,15 @@ def ray_address_file(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def default_private_temp_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where a private Ray keeps its sessions unless ``cluster.temp_dir`` says otherwise.
-
-    Next to Ray's default, so a private Ray never moves the ``session_latest`` link of a cluster
-    using Ray's default.
-    """
+    """Where a private Ray keeps its sessions unless ``cluster.temp_dir`` says otherwise: next to Ray's default,
+    so a private Ray never moves the ``session_latest`` link of a cluster using Ray's default."""
     return _system_temp_dir(environ) / f"nemo_dp_ray_{os.getuid()}"
 
 
 class ClusterConnectError(ConnectionError):
     """A Ray cluster named by ``cluster.address`` could not be joined; the message says why and the fix.
 
-    ``address`` is the ``<host>:<port>`` tried (``None`` when none was found), ``source`` where it
-    came from (as in :class:`JoinTarget`), ``reason`` one of :attr:`REASONS`.
-    """
+    ``address``: the ``<host>:<port>`` tried (``None`` if none was found); ``source``: as in :class:`JoinTarget`."""
 
     REASONS: tuple[str, ...] = (
         "nothing_running", "stale_address_file", "auth_token_missing", "auth_token_rejected", "join_failed"
@@ -156,12 +148,11 @@ class JoinTarget:
 
 
 def resolve_join_target(address: ClusterAddress, environ: Mapping[str, str] | None = None) -> JoinTarget:
-    """Find the head a join should try, in Ray's order: ``RAY_ADDRESS``, then the address file.
+    """Find the head a join should try, in Ray's order: ``RAY_ADDRESS``, then the address file (unlike Ray's
+    ``"auto"``, never a Ray found only by scanning processes: on a shared machine, usually somebody else's).
 
-    Unlike Ray's ``"auto"``, never a Ray found only by scanning processes (on a shared machine,
-    usually somebody else's private Ray).  Raises ClusterConnectError when ``auto`` finds no address
-    or ``RAY_ADDRESS`` is not ``<host>:<port>``; ValueError for a local ``address``.
-    """
+    ClusterConnectError when ``auto`` finds no address or ``RAY_ADDRESS`` is not ``<host>:<port>``;
+    ValueError for a local ``address``."""
     env = os.environ if environ is None else environ
     if address.local:
         raise ValueError("resolve_join_target: a local cluster.address has no join target")
@@ -347,23 +338,20 @@ def init_ray(
     working_dir: str | os.PathLike[str] | None = None,
     worker_setup_hook: str | None = WORKER_SETUP_HOOK,
 ) -> dict[str, str]:
-    """Start a private Ray (``address`` ``None``/``"local"``) or join a running cluster.
+    """Start a private Ray (``address`` ``None``/``"local"``) or join a running cluster; return ``worker_env``.
 
-    The caller exports its data-plane knobs before calling and passes them as ``worker_env``.
+    The caller exports its data-plane knobs before calling and passes them as ``worker_env`` (given to every
+    worker via ``runtime_env``).
 
     Args:
-        address: ``None``/``"local"``: a private Ray, whatever else runs on the machine;
-            ``"auto"``: the cluster ``RAY_ADDRESS`` or the machine's address file names;
-            ``"<host>:<port>"``: that head.
+        address: ``None``/``"local"`` (a private Ray, whatever else runs on the machine), ``"auto"`` (the
+            cluster ``RAY_ADDRESS`` or the machine's address file names) or ``"<host>:<port>"``.
         num_cpus, temp_dir: Of a private Ray (ignored when joining); ``None``: Ray counts the
             cores / :func:`default_private_temp_dir`.
         reserved_cpus: Logical CPUs the data plane's own actors reserve (checked after start too).
         working_dir: Shipped to every worker through ``runtime_env``, for nodes that lack the code.
         worker_setup_hook: Import path of a no-argument function every worker process of the job
             runs before its first task (default: ``nemo_dp.utils.noise``'s log filters; ``None``: none).
-
-    Returns:
-        ``worker_env``, as passed to every worker via ``runtime_env``.
 
     Raises:
         ValueError: ``address`` is malformed, or the CPU budget cannot host the data plane's actors.

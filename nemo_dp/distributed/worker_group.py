@@ -14,11 +14,8 @@ _BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 @dataclass
 class RayCluster:
-    """What a worker group needs to know about the (already started) Ray cluster.
-
-    ``collective_timeout_s`` bounds the gloo rendezvous and each collective; ``worker_resources``
-    (``cluster.policy_resources``) are custom Ray resources every worker requests.
-    """
+    """What a worker group needs to know about the (already started) Ray cluster; ``collective_timeout_s`` bounds
+    the gloo rendezvous and each collective, ``worker_resources`` (``cluster.policy_resources``) go to every worker."""
 
     env_vars: dict[str, str] = field(default_factory=dict)
     collective_timeout_s: float = 120.0
