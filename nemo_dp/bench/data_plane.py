@@ -136,9 +136,8 @@ def run_data_plane_bench(
                         backend = backends.get(name)
                         if backend is None or name in errors:
                             continue
-                        tag = f"{kind}_{size:g}_{i}"
                         try:
-                            sample = backend.once(payload, tag, verify=i == bench.warmup)
+                            sample = backend.once(payload, f"{kind}_{size:g}_{i}", verify=i == bench.warmup)
                         except Exception as exc:  # one broken backend must not hide the others
                             _LOG.exception("backend %s failed on %s %g MiB", name, kind, size)
                             errors[name] = f"{kind} {size:g} MiB: {type(exc).__name__}: {exc}"

@@ -138,9 +138,8 @@ class JoinTarget:
     def describe(self) -> str:
         if self.source == "cluster.address":
             return f"cluster.address={self.address}"
-        if self.source == "RAY_ADDRESS":
-            return f"{self.address} (from RAY_ADDRESS, used by cluster.address=auto)"
-        return f"{self.address} (from the address file {self.source}, used by cluster.address=auto)"
+        origin = f"the address file {self.source}" if self.from_file else "RAY_ADDRESS"
+        return f"{self.address} (from {origin}, used by cluster.address=auto)"
 
     def error(self, why: str, reason: str) -> ClusterConnectError:
         message = f"Could not join the Ray cluster at {self.describe()}: {why}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,13 +48,11 @@ def find_free_port() -> int:
 
 def node_ip_address() -> str:
     """The IP address other Ray nodes reach this process at (``127.0.0.1`` outside Ray)."""
-    try:
+    with contextlib.suppress(Exception):  # Ray missing or not reachable
         import ray
 
         if ray.is_initialized():
             return str(ray.util.get_node_ip_address())
-    except Exception:  # pragma: no cover - Ray missing or not reachable
-        pass
     return "127.0.0.1"
 
 
@@ -147,10 +146,8 @@ class RayWorkerGroup:
         import ray
 
         for w in self.workers:
-            try:
+            with contextlib.suppress(Exception):  # the actor is already gone
                 ray.kill(w, no_restart=True)
-            except Exception:  # pragma: no cover - actor already gone
-                pass
         self.workers = []
 
     def shutdown(self) -> None:
@@ -159,8 +156,6 @@ class RayWorkerGroup:
 
         if not self.workers:
             return
-        try:
+        with contextlib.suppress(Exception):  # best effort; the actors are killed next anyway
             ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
-        except Exception:  # noqa: BLE001 - best effort; the actors are killed next anyway
-            pass
         self._kill()
