@@ -39,9 +39,7 @@ RL_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq", "ray")
 #: GRPO also runs the asynchronous trainer (``tq_async``).
 GRPO_STEP_TRAINERS: tuple[str, ...] = (*RL_STEP_TRAINERS, "tq_async")
 #: Bench backend -> the training overrides that select it (else a plain ``data_plane`` option).
-_BACKEND_SELECTION: dict[str, tuple[str, ...]] = {
-    "tq_async": ("data_plane=tq", "algorithm.async_rollout.enabled=true"),
-}
+_BACKEND_SELECTION: dict[str, tuple[str, ...]] = {"tq_async": ("data_plane=tq", "algorithm.async_rollout.enabled=true")}
 SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq", "ray")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
