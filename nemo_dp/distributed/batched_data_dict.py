@@ -59,6 +59,14 @@ def _is_broadcast_constant(t: torch.Tensor) -> bool:
     return t.dim() > 0 and t.numel() > 0 and all(s == 0 for s in t.stride())
 
 
+def _nested(values: torch.Tensor, offsets: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """A jagged tensor of ``values`` cut at ``offsets``, its min/max row length taken from ``lens``."""
+    some = lens.numel() > 0
+    return torch.nested.nested_tensor_from_jagged(
+        values, offsets, min_seqlen=int(lens.min()) if some else 0, max_seqlen=int(lens.max()) if some else 0
+    )
+
+
 def _jagged_select(nt: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Rows ``idx`` of a jagged tensor (ragged dim 1), vectorised via a gather on values."""
     offsets = nt.offsets()
@@ -74,12 +82,7 @@ def _jagged_select(nt: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     total = int(new_offsets[-1])
     pos = torch.arange(total, device=offsets.device) - new_offsets[:-1].repeat_interleave(new_lens)
     gather = starts.index_select(0, idx).to(torch.int64).repeat_interleave(new_lens) + pos
-    new_values = values.index_select(0, gather.to(values.device))
-    max_len = int(new_lens.max()) if idx.numel() > 0 else 0
-    min_len = int(new_lens.min()) if idx.numel() > 0 else 0
-    return torch.nested.nested_tensor_from_jagged(
-        new_values, new_offsets.to(values.device), min_seqlen=min_len, max_seqlen=max_len
-    )
+    return _nested(values.index_select(0, gather.to(values.device)), new_offsets.to(values.device), new_lens)
 
 
 def _jagged_cat(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -94,12 +97,7 @@ def _jagged_cat(parts: list[torch.Tensor]) -> torch.Tensor:
     offsets = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=values.device)
     if lens.numel() > 0:
         torch.cumsum(lens.to(values.device), 0, out=offsets[1:])
-    return torch.nested.nested_tensor_from_jagged(
-        values,
-        offsets,
-        min_seqlen=int(lens.min()) if lens.numel() else 0,
-        max_seqlen=int(lens.max()) if lens.numel() else 0,
-    )
+    return _nested(values, offsets, lens)
 
 
 def _select(key: str, value: Any, indices: list[int]) -> Any:
