@@ -10,6 +10,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -383,24 +384,21 @@ _SHARED_TRAIN_OVERRIDES: tuple[str, ...] = (
 )
 
 
-def _rl_overrides(algorithm: str) -> Callable[[Any, str, int], list[str]]:
-    def overrides(bench: Any, data_plane: str, samples: int) -> list[str]:
-        extra = [f"algorithm.ppo_epochs={bench.ppo_epochs}"] if algorithm == "ppo" else []
-        return [
-            *_SHARED_TRAIN_OVERRIDES,
-            f"algorithm={algorithm}",
-            *_BACKEND_SELECTION.get(data_plane, (f"data_plane={data_plane}",)),
-            f"algorithm.num_generations_per_prompt={bench.group_size}",
-            f"algorithm.num_prompts_per_step={samples // bench.group_size}",
-            f"policy.train_global_batch_size={samples}",
-            f"algorithm.max_steps={bench.warmup_steps + bench.measured_steps + 1}",
-            "algorithm.warm_start.enabled=false",
-            *extra,
-            *bench.train_overrides,
-            *bench.backend_overrides[data_plane],
-        ]
-
-    return overrides
+def _rl_overrides(algorithm: str, bench: Any, data_plane: str, samples: int) -> list[str]:
+    extra = [f"algorithm.ppo_epochs={bench.ppo_epochs}"] if algorithm == "ppo" else []
+    return [
+        *_SHARED_TRAIN_OVERRIDES,
+        f"algorithm={algorithm}",
+        *_BACKEND_SELECTION.get(data_plane, (f"data_plane={data_plane}",)),
+        f"algorithm.num_generations_per_prompt={bench.group_size}",
+        f"algorithm.num_prompts_per_step={samples // bench.group_size}",
+        f"policy.train_global_batch_size={samples}",
+        f"algorithm.max_steps={bench.warmup_steps + bench.measured_steps + 1}",
+        "algorithm.warm_start.enabled=false",
+        *extra,
+        *bench.train_overrides,
+        *bench.backend_overrides[data_plane],
+    ]
 
 
 def _sft_overrides(bench: Any, data_plane: str, gbs: int) -> list[str]:
@@ -419,6 +417,7 @@ def _sft_overrides(bench: Any, data_plane: str, gbs: int) -> list[str]:
     ]
 
 
+_STEP_COLS = {"step_time_s": "wall time between consecutive logged steps (validation step excluded)", **STORE_COLUMNS}
 RL_COLUMNS: dict[str, str] = {
     "driver_bulk_received_bytes": "per step: per-token (dim >= 2) tensor bytes Ray returned "
     "to the driver + bytes the driver read from the store (observability counters)",
@@ -426,15 +425,13 @@ RL_COLUMNS: dict[str, str] = {
     "ray_received_pickled_bytes": "per step: pickled size of everything Ray returned "
     "to the driver (metas, carries, metrics included)",
     "ray_sent_bulk_bytes": "per step: per-token tensor bytes the driver shipped to workers",
-    "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
-    **STORE_COLUMNS,
+    **_STEP_COLS,
 }
 SFT_COLUMNS: dict[str, str] = {
     "driver_held_bytes": "per step: tensor bytes the driver shipped to the workers + pickled "
     "size of everything returned to it (legacy: the collated batch shards; data plane: metas "
     "out, envelopes and metrics back)",
-    "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
-    **STORE_COLUMNS,
+    **_STEP_COLS,
 }
 
 
@@ -444,7 +441,7 @@ def _rl_bench(name: str, algorithm: str, schema: type) -> StepBench:
         schema=schema,
         size_key="samples_per_step",
         sizes=lambda b: list(b.samples_per_step),
-        train_overrides=_rl_overrides(algorithm),
+        train_overrides=partial(_rl_overrides, algorithm),
         step_row=rl_step_row,
         summarize=lambda b, results: {"comparisons": rl_comparisons(results, b.samples_per_step, b.target_bulk_ratio)},
         columns=RL_COLUMNS,
