@@ -208,8 +208,7 @@ class BatchedDataDict(UserDict):
                 )
         out = cls()
         for key in keys:
-            pad = pad_value_dict[key] if pad_value_dict is not None and key in pad_value_dict else 0
-            out[key] = _concat(key, [b[key] for b in batches], pad)
+            out[key] = _concat(key, [b[key] for b in batches], (pad_value_dict or {}).get(key, 0))
         return out
 
     def select_indices(self, indices: Sequence[int] | torch.Tensor | np.ndarray) -> BatchedDataDict:
