@@ -1,10 +1,6 @@
-"""Benchmarks of nemo_dp, run by ``launchers/bench.py`` (Hydra: ``bench=<name>``, configs in ``conf_bench/``).
+"""Benchmarks of nemo_dp, run by ``launchers/bench.py`` (``bench=<name>``, configs in ``conf_bench/``).
 
-``data_plane``: put/get throughput of every backend; ``grpo_step`` / ``ppo_step`` / ``sft_step``:
-legacy vs data-plane trainers (step time, driver bytes, peak RSS); ``peer_trl``: nemo_dp's GRPO
-against TRL's (needs the ``bench`` extra).  Numbers are reported, never asserted.  The step benches
-reach ``conf/``'s groups through the search-path plugin :class:`TrainingConfSearchPath`.
-"""
+Numbers are reported, never asserted; ``peer_trl`` needs the ``bench`` extra."""
 
 from __future__ import annotations
 
@@ -41,39 +37,23 @@ def bench_fail(key: str, message: str) -> NoReturn:
     fail(f"bench.{key}", message)
 
 
-def _local_dir(search_path_entry: str) -> Path | None:
-    """The directory of a ``file://`` (or scheme-less) search path entry, else ``None``."""
-    text = search_path_entry.removeprefix("file://")
-    if "://" in text:
-        return None
-    return Path(text).resolve()
-
-
 class TrainingConfSearchPath(SearchPathPlugin):
-    """Appends the training configs (``conf/``) to a search path that holds ``conf_bench/``.
+    """Appends the training configs (``conf/``) to a search path that holds ``conf_bench/`` (any other is left as is).
 
-    Registered in-process by :func:`register_bench_configs`; a search path without
-    ``conf_bench/`` (the training launcher's, a test's ``initialize_config_dir``) is left as
-    it is, so registering it never changes what another Hydra app composes.  A plugin, not
-    ``hydra.searchpath`` in ``benchmark.yaml``: the step benches compose the training ``config``
-    inside the running app (``hydra.compose``), which a primary config's search path misses.
+    A plugin, not ``hydra.searchpath`` in ``benchmark.yaml``: the step benches compose the training
+    ``config`` inside the running app (``hydra.compose``), which a primary config's search path misses.
     """
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        """Append ``conf/`` after the bench's own directory in the search path Hydra is building."""
-        dirs = [_local_dir(element.path) for element in search_path.get_path() if element.path]
+        entries = [element.path.removeprefix("file://") for element in search_path.get_path() if element.path]
+        dirs = [Path(entry).resolve() for entry in entries if "://" not in entry]  # local directories only
         bench, conf = BENCH_CONF_DIR.resolve(), CONF_DIR.resolve()
         if bench in dirs and conf not in dirs:
             search_path.append(provider=_SEARCH_PATH_PROVIDER, path=f"file://{conf}")
 
 
 def register_bench_configs() -> None:
-    """Prepare Hydra for the bench app (idempotent; call before composing ``benchmark``).
-
-    Stores the bench schemas (``bench_<name>_schema``) and the data-plane schemas in the
-    ConfigStore and registers :class:`TrainingConfSearchPath`, so that a search path with
-    ``conf_bench/`` also finds ``conf/``.
-    """
+    """Store the bench, policy and data-plane schemas and register :class:`TrainingConfSearchPath` (idempotent)."""
     from hydra.core.config_store import ConfigStore
     from hydra.core.plugins import Plugins
 
@@ -85,28 +65,18 @@ def register_bench_configs() -> None:
 
     register_data_plane_configs()
     register_policy_configs()  # conf/policy/<kind>.yaml extends /policy_<kind>_schema
-    store = ConfigStore.instance()
     # Outside the ``bench`` group (``conf_bench/bench/<name>.yaml`` extends
     # ``/bench_<name>_schema@_here_``), so that ``--help`` lists only runnable options.
-    store.store(name="bench_data_plane_schema", node=DataPlaneBenchConfig)
-    store.store(name="bench_grpo_step_schema", node=GrpoStepBenchConfig)
-    store.store(name="bench_peer_trl_schema", node=PeerTrlBenchConfig)
-    store.store(name="bench_ppo_step_schema", node=PpoStepBenchConfig)
-    store.store(name="bench_sft_step_schema", node=SftStepBenchConfig)
+    schemas = (DataPlaneBenchConfig, GrpoStepBenchConfig, PeerTrlBenchConfig, PpoStepBenchConfig, SftStepBenchConfig)
+    for name, schema in zip(BENCH_NAMES, schemas):
+        ConfigStore.instance().store(name=f"bench_{name}_schema", node=schema)
     Plugins.instance().register(TrainingConfSearchPath)
 
 
 def run_bench(
     cfg: DictConfig, output_dir: Path, *, raw_backends: Mapping[str, Callable[[], Any]] | None = None
 ) -> dict[str, Any]:
-    """Run the benchmark ``bench.name`` names; return the report that was written.
-
-    Args:
-        raw_backends: Extra data-plane backends defined outside the package (``tq_raw``).
-
-    Raises:
-        ValueError: Unknown bench name (lists the known ones).
-    """
+    """Run the benchmark ``bench.name`` names (ValueError listing the known ones if none); return its report."""
     name = str(cfg.bench.name)
     if name == "data_plane":
         from nemo_dp.bench.data_plane import run_data_plane_bench

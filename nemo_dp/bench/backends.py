@@ -1,8 +1,4 @@
-"""The measured backends of the data-plane benchmark: one ``once`` = one timed repetition.
-
-``memcpy`` (the physical floor), any ``DataPlaneClient`` (Local, TransferQueue adapter) and
-Ray's object store.  The raw TransferQueue baseline is in ``launchers/bench.py`` (see there).
-"""
+"""The measured backends of the data-plane benchmark (the raw TransferQueue one is in ``launchers/bench.py``)."""
 
 from __future__ import annotations
 
@@ -62,9 +58,7 @@ class ClientBackend(Backend):
         pid = f"bench_{self.name}_{tag}"
         fields = list(payload.td.keys())
         ids = payload.sample_ids
-        self.client.register_partition(
-            pid, fields=fields, num_samples=payload.rows, consumer_tasks=[]
-        )
+        self.client.register_partition(pid, fields=fields, num_samples=payload.rows, consumer_tasks=[])
         try:
             put_ms, _ = timed(lambda: self.client.put_samples(ids, pid, payload.td))
             get_ms, out = timed(lambda: self.client.get_samples(ids, pid, fields))
@@ -109,8 +103,6 @@ def make_reader_actor() -> Any:
 
     @ray.remote(num_cpus=0)
     class ObjectReader:
-        """Times ``ray.get`` of a boxed object ref inside a separate worker process."""
-
         def timed_get(self, boxed: list) -> float:
             start = time.perf_counter()
             value = ray.get(boxed[0])

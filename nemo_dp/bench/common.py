@@ -1,8 +1,4 @@
-"""What the data-plane benchmark's pieces share: backend names, its config schema, payloads.
-
-The payload is the same bytes in every shape a measured backend takes (a TensorDict, flat
-buffers, numpy views), so that every column of the table moves exactly the same data.
-"""
+"""What the data-plane benchmark's pieces share: backend names, its config schema, payloads."""
 
 from __future__ import annotations
 
@@ -67,20 +63,13 @@ class DataPlaneBenchConfig:
     output_file: str = "bench_data_plane.json"
 
     def __post_init__(self) -> None:
-        unknown = [b for b in self.backends if b not in ALL_BACKENDS]
-        if unknown or not self.backends:
-            bench_fail(
-                "backends",
-                f"unknown or empty {unknown or self.backends}; legal: {list(ALL_BACKENDS)}",
-            )
-        if len(set(self.backends)) != len(self.backends):
-            bench_fail("backends", f"duplicates in {self.backends}")
-        unknown = [p for p in self.payloads if p not in ALL_PAYLOADS]
-        if unknown or not self.payloads:
-            bench_fail(
-                "payloads",
-                f"unknown or empty {unknown or self.payloads}; legal: {list(ALL_PAYLOADS)}",
-            )
+        for key, legal in (("backends", ALL_BACKENDS), ("payloads", ALL_PAYLOADS)):
+            values = getattr(self, key)
+            unknown = [v for v in values if v not in legal]
+            if unknown or not values:
+                bench_fail(key, f"unknown or empty {unknown or values}; legal: {list(legal)}")
+            if key == "backends" and len(set(values)) != len(values):
+                bench_fail("backends", f"duplicates in {values}")
         if not self.sizes_mib or any(not (s > 0 and math.isfinite(s)) for s in self.sizes_mib):
             bench_fail("sizes_mib", f"need positive sizes, got {self.sizes_mib}")
         for key in ("reps", "large_reps", "dense_rows", "jagged_min_len", "num_cpus"):
@@ -96,7 +85,7 @@ class DataPlaneBenchConfig:
 
 @dataclass
 class Payload:
-    """The same bytes in the three shapes the backends take."""
+    """The same bytes in every shape a backend takes (TensorDict, flat buffers, numpy views)."""
 
     kind: str
     size_mib: float
@@ -107,11 +96,7 @@ class Payload:
 
     def tensors(self) -> list[torch.Tensor]:
         """The flat buffers that hold the payload (what a memory copy has to move)."""
-        out = []
-        for key in self.td.keys():
-            t = self.td.get(key)
-            out.append(t.values() if t.is_nested else t)
-        return out
+        return [t.values() if t.is_nested else t for t in map(self.td.get, self.td.keys())]
 
     def numpy_dict(self) -> dict[str, np.ndarray]:
         """Zero-copy numpy views (values/offsets for jagged columns) for Ray's object store."""
@@ -127,10 +112,7 @@ class Payload:
 
 
 def make_payload(kind: str, size_mib: float, bench: DataPlaneBenchConfig) -> Payload:
-    """Build a ``dense`` or ``jagged`` payload of about ``size_mib`` MiB of tensor bytes (ids ``row{i}``).
-
-    ``bench`` gives the shapes and the seed.
-    """
+    """A ``dense`` or ``jagged`` payload of about ``size_mib`` MiB (shapes, seed from ``bench``; ids ``row{i}``)."""
     gen = torch.Generator().manual_seed(bench.seed)
     target = int(size_mib * MIB)
     if kind == "dense":
@@ -141,12 +123,9 @@ def make_payload(kind: str, size_mib: float, bench: DataPlaneBenchConfig) -> Pay
         per_token = 8 + 4  # int64 token + float32 logprob
         mean_len = (bench.jagged_min_len + bench.jagged_max_len) / 2
         estimate = max(1, int(target / (per_token * mean_len)) + 16)
-        lengths = torch.randint(
-            bench.jagged_min_len, bench.jagged_max_len + 1, (estimate,), generator=gen
-        )
+        lengths = torch.randint(bench.jagged_min_len, bench.jagged_max_len + 1, (estimate,), generator=gen)
         cum = torch.cumsum(lengths, 0)
-        rows = max(1, int(torch.searchsorted(cum, target // per_token).item()) + 1)
-        rows = min(rows, estimate)
+        rows = min(max(1, int(torch.searchsorted(cum, target // per_token).item()) + 1), estimate)
         lengths = lengths[:rows]
         offsets = torch.zeros(rows + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(lengths, 0)
@@ -170,11 +149,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def verify_roundtrip(payload: Payload, out: Any, backend: str) -> None:
-    """Check that a read returned the payload's bytes (a fast wrong answer is not a result).
-
-    Raises:
-        RuntimeError: Rows, fields or values differ.
-    """
+    """RuntimeError unless a read returned the payload's rows, fields and values (a fast wrong answer is no result)."""
     if isinstance(out, dict):  # numpy dict from Ray
         ref = payload.numpy_dict()
         if set(out) != set(ref) or not all(np.array_equal(out[k], ref[k]) for k in ref):

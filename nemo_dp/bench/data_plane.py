@@ -1,10 +1,4 @@
-"""``bench=data_plane``: put/get throughput of every data-plane backend on the same bytes.
-
-Side by side: ``memcpy`` (one ``torch.clone``, the floor), ``local`` and ``transfer_queue``
-(through ``build_data_plane_client``), ``tq_raw`` (the library's own calls, from the launcher),
-and Ray's object store (``ray_tensordict``, ``ray_numpy``, read in the driver and in a
-``num_cpus=0`` actor), on ``dense`` and ``jagged`` payloads.
-"""
+"""``bench=data_plane``: put/get throughput of every data-plane backend on the same bytes."""
 
 from __future__ import annotations
 
@@ -76,9 +70,7 @@ def _setup_backends(
             if TQ_RAW in selected:
                 make_raw = raw_backends.get(TQ_RAW)
                 if make_raw is None:
-                    errors[TQ_RAW] = (
-                        "no raw TransferQueue backend was given (launchers/bench.py provides it)"
-                    )
+                    errors[TQ_RAW] = "no raw TransferQueue backend was given (launchers/bench.py provides it)"
                 else:
                     try:
                         backends[TQ_RAW] = make_raw()
@@ -106,14 +98,8 @@ def _setup_backends(
 def run_data_plane_bench(
     cfg: DictConfig, output_dir: Path, *, raw_backends: Mapping[str, Callable[[], Backend]] | None = None
 ) -> dict[str, Any]:
-    """Measure every selected backend on every payload and size; write and return the JSON report.
-
-    Args:
-        raw_backends: Constructors of backends defined outside the package (``tq_raw``).
-
-    Raises:
-        RuntimeError: Any backend failed (after the report with the errors was written).
-    """
+    """Measure every selected backend (``raw_backends``: constructors of ones defined outside the package) on
+    every payload and size; write the JSON report and return it (RuntimeError instead if any backend failed)."""
     bench = OmegaConf.to_object(cfg.bench)
     assert isinstance(bench, DataPlaneBenchConfig)
     selected = set(bench.backends)
@@ -122,9 +108,7 @@ def run_data_plane_bench(
         raise ValueError("local_data_plane must be the 'local' data_plane option")
     tq_cfg = coerce_data_plane_config(cfg.data_plane) if selected & _NEEDS_TQ else None
     if tq_cfg is not None and not (isinstance(tq_cfg, DataPlaneConfig) and tq_cfg.enabled):
-        raise ValueError(
-            f"backends {sorted(selected & _NEEDS_TQ)} need data_plane=tq (enabled TransferQueue)"
-        )
+        raise ValueError(f"backends {sorted(selected & _NEEDS_TQ)} need data_plane=tq (enabled TransferQueue)")
 
     rows: list[Row] = []
     errors: dict[str, str] = {}
@@ -142,11 +126,8 @@ def run_data_plane_bench(
             for size in bench.sizes_mib:
                 payload = make_payload(kind, size, bench)
                 reps = bench.large_reps if size >= bench.large_from_mib else bench.reps
-                print(
-                    f"[bench] {kind} {size:g} MiB: {payload.rows} rows, "
-                    f"{payload.nbytes / MB:.1f} MB, {reps} reps",
-                    flush=True,
-                )
+                sized = f"{payload.rows} rows, {payload.nbytes / MB:.1f} MB"
+                print(f"[bench] {kind} {size:g} MiB: {sized}, {reps} reps", flush=True)
                 times: dict[str, dict[str, list[float]]] = {}
                 # Repetition-major order: every backend sees the same load drift on this shared
                 # machine instead of one backend getting all the quiet seconds.
@@ -155,9 +136,8 @@ def run_data_plane_bench(
                         backend = backends.get(name)
                         if backend is None or name in errors:
                             continue
-                        tag = f"{kind}_{size:g}_{i}"
                         try:
-                            sample = backend.once(payload, tag, verify=i == bench.warmup)
+                            sample = backend.once(payload, f"{kind}_{size:g}_{i}", verify=i == bench.warmup)
                         except Exception as exc:  # one broken backend must not hide the others
                             _LOG.exception("backend %s failed on %s %g MiB", name, kind, size)
                             errors[name] = f"{kind} {size:g} MiB: {type(exc).__name__}: {exc}"

@@ -1,9 +1,5 @@
-"""Probes the step benchmarks attach to a run: driver <-> worker tensor traffic and driver RSS.
-
-They observe without changing what they observe: ``RayTraffic`` wraps a worker group's
-dispatch methods and counts tensor bytes both ways; ``RssSampler`` samples this process's
-resident memory on a background thread.
-"""
+"""Probes the step benchmarks attach to a run (observing without changing it): tensor bytes through a
+worker group's dispatch methods (``RayTraffic``) and the driver's resident memory (``RssSampler``)."""
 
 from __future__ import annotations
 
@@ -21,56 +17,55 @@ from nemo_dp.utils.packed_tensor import PackedTensor
 __all__ = ["tensor_bytes", "packed_bytes", "RayTraffic", "RssSampler"]
 
 
-def tensor_bytes(obj: Any) -> tuple[int, int]:
-    """(bytes of per-token tensors (dim >= 2), bytes of other tensors) reachable from ``obj``.
-
-    A ``PackedTensor`` (per-sample images) counts whole as bulk.
-    """
-    if isinstance(obj, PackedTensor):
-        return sum(int(t.numel()) * t.element_size() for t in obj.tensors if t is not None), 0
-    if isinstance(obj, torch.Tensor):
-        t = obj.values() if obj.is_nested else obj
-        n = int(t.numel()) * t.element_size()
-        return (n, 0) if obj.dim() >= 2 else (0, n)
-    items: Any = ()
+def _children(obj: Any) -> Any:
+    """The values a traversal descends into: a mapping's values, a sequence, a KVBatchMeta's ``extra_info``."""
     if isinstance(obj, dict) or (hasattr(obj, "items") and hasattr(obj, "keys")):
-        items = list(obj.values())
-    elif isinstance(obj, (list, tuple)):
-        items = obj
-    elif hasattr(obj, "extra_info") and hasattr(obj, "sample_ids"):  # a KVBatchMeta
-        items = [obj.extra_info]
-    bulk = small = 0
-    for v in items:
-        b, s = tensor_bytes(v)
-        bulk += b
-        small += s
-    return bulk, small
+        return list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return obj
+    if hasattr(obj, "extra_info") and hasattr(obj, "sample_ids"):  # a KVBatchMeta
+        return [obj.extra_info]
+    return ()
 
 
 def packed_bytes(obj: Any) -> int:
     """Bytes of the ``PackedTensor`` values (per-sample images) reachable from ``obj``."""
     if isinstance(obj, PackedTensor):
         return sum(int(t.numel()) * t.element_size() for t in obj.tensors if t is not None)
-    if isinstance(obj, dict) or (hasattr(obj, "items") and hasattr(obj, "keys")):
-        return sum(packed_bytes(v) for v in list(obj.values()))
-    if isinstance(obj, (list, tuple)):
-        return sum(packed_bytes(v) for v in obj)
-    if hasattr(obj, "extra_info") and hasattr(obj, "sample_ids"):  # a KVBatchMeta
-        return packed_bytes(obj.extra_info)
-    return 0
+    return sum(packed_bytes(v) for v in _children(obj))
+
+
+def tensor_bytes(obj: Any) -> tuple[int, int]:
+    """(bytes of per-token tensors (dim >= 2) and ``PackedTensor``s, bytes of other tensors) reachable from ``obj``."""
+    if isinstance(obj, PackedTensor):
+        return packed_bytes(obj), 0
+    if isinstance(obj, torch.Tensor):
+        t = obj.values() if obj.is_nested else obj
+        n = int(t.numel()) * t.element_size()
+        return (n, 0) if obj.dim() >= 2 else (0, n)
+    bulk = small = 0
+    for v in _children(obj):
+        b, s = tensor_bytes(v)
+        bulk += b
+        small += s
+    return bulk, small
 
 
 class RayTraffic:
     """Counts tensor bytes crossing the driver <-> worker boundary of the attached worker groups."""
 
+    _KEYS = (
+        "ray_received_bulk_bytes",
+        "ray_received_per_row_bytes",
+        "ray_received_pickled_bytes",
+        "ray_sent_bulk_bytes",
+        "ray_sent_per_row_bytes",
+        "ray_received_packed_bytes",
+        "ray_sent_packed_bytes",
+    )
+
     def __init__(self, group: Any) -> None:
-        self.received_bulk = 0
-        self.received_small = 0
-        self.received_pickled = 0
-        self.sent_bulk = 0
-        self.sent_small = 0
-        self.received_packed = 0
-        self.sent_packed = 0
+        self.counts = dict.fromkeys(self._KEYS, 0)
         self.groups: list[Any] = []
         self.attach(group)
 
@@ -80,36 +75,25 @@ class RayTraffic:
             setattr(group, method, self._wrap(getattr(group, method)))
         self.groups.append(group)
 
+    def _count(self, direction: str, obj: Any) -> None:
+        bulk, small = tensor_bytes(obj)
+        self.counts[f"ray_{direction}_bulk_bytes"] += bulk
+        self.counts[f"ray_{direction}_per_row_bytes"] += small
+        self.counts[f"ray_{direction}_packed_bytes"] += packed_bytes(obj)
+
     def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(method: str, *args: Any, **kwargs: Any) -> Any:
-            b, s = tensor_bytes([args, kwargs])
-            self.sent_bulk += b
-            self.sent_small += s
-            self.sent_packed += packed_bytes([args, kwargs])
+            self._count("sent", [args, kwargs])
             out = fn(method, *args, **kwargs)
-            b, s = tensor_bytes(out)
-            self.received_bulk += b
-            self.received_small += s
-            self.received_packed += packed_bytes(out)
-            self.received_pickled += len(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+            self._count("received", out)
+            self.counts["ray_received_pickled_bytes"] += len(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
             return out
 
         return call
 
     def take(self) -> dict[str, int]:
         """The counters since the last ``take`` (then reset)."""
-        out = {
-            "ray_received_bulk_bytes": self.received_bulk,
-            "ray_received_per_row_bytes": self.received_small,
-            "ray_received_pickled_bytes": self.received_pickled,
-            "ray_sent_bulk_bytes": self.sent_bulk,
-            "ray_sent_per_row_bytes": self.sent_small,
-            "ray_received_packed_bytes": self.received_packed,
-            "ray_sent_packed_bytes": self.sent_packed,
-        }
-        self.received_bulk = self.received_small = self.received_pickled = 0
-        self.sent_bulk = self.sent_small = 0
-        self.received_packed = self.sent_packed = 0
+        out, self.counts = self.counts, dict.fromkeys(self._KEYS, 0)
         return out
 
 

@@ -58,33 +58,19 @@ class Row:
 
 def summarize(payload: Payload, backend: str, times: dict[str, list[float]]) -> list[Row]:
     """One :class:`Row` per op of a backend's timings on ``payload``."""
+    base = dict(payload=payload.kind, size_mib=payload.size_mib, nbytes=payload.nbytes, rows=payload.rows)
     rows = []
     for op, samples in times.items():
         median = statistics.median(samples)
-        rows.append(
-            Row(
-                payload=payload.kind,
-                size_mib=payload.size_mib,
-                nbytes=payload.nbytes,
-                rows=payload.rows,
-                backend=backend,
-                op=op,
-                reps=len(samples),
-                min_ms=min(samples),
-                median_ms=median,
-                mb_per_s=payload.nbytes / MB / (median / 1000.0) if median > 0 else math.inf,
-                times_ms=list(samples),
-            )
-        )
+        mb_per_s = payload.nbytes / MB / (median / 1000.0) if median > 0 else math.inf
+        stats = dict(op=op, reps=len(samples), min_ms=min(samples), median_ms=median, mb_per_s=mb_per_s)
+        rows.append(Row(**base, backend=backend, **stats, times_ms=list(samples)))
     return rows
 
 
 def add_ratios(rows: list[Row]) -> None:
-    """``tput_vs_memcpy`` = memcpy median / op median; ``time_vs_tq_raw`` = op / raw TQ op.
-
-    The ``*_min`` twins use the minima, the better estimate of the intrinsic cost when other
-    processes share the cores.
-    """
+    """``tput_vs_memcpy`` = memcpy median / op median; ``time_vs_tq_raw`` = op / raw TQ op; the ``*_min`` twins
+    use the minima (the better estimate when other processes share the cores)."""
     by_key = {(r.payload, r.size_mib, r.backend, r.op): r for r in rows}
     for r in rows:
         copy = by_key.get((r.payload, r.size_mib, MEMCPY, "copy"))
@@ -114,18 +100,11 @@ def _target(text: str, threshold: float, row: Row | None, ratio: str, met: Calla
 def evaluate_targets(rows: list[Row]) -> list[dict[str, Any]]:
     """The data-plane targets at 64 MiB (reported, never asserted)."""
     by_key = {(r.payload, r.size_mib, r.backend, r.op): r for r in rows}
-    targets = [
-        _target(
-            f"local {op} throughput >= {LOCAL_TPUT_TARGET}x one memory copy (dense 64 MiB)",
-            LOCAL_TPUT_TARGET,
-            by_key.get(("dense", 64.0, LOCAL, op)),
-            "tput_vs_memcpy",
-            operator.ge,
-        )
-        for op in ("put", "get")
-    ]
-    # Dense: the adapter may cost at most 10% over the library; jagged: its row layout must
-    # beat the library's own jagged wire at least 3x (time <= 1/3 of the library's).
+    targets = []
+    for op in ("put", "get"):
+        text = f"local {op} throughput >= {LOCAL_TPUT_TARGET}x one memory copy (dense 64 MiB)"
+        row = by_key.get(("dense", 64.0, LOCAL, op))
+        targets.append(_target(text, LOCAL_TPUT_TARGET, row, "tput_vs_memcpy", operator.ge))
     for payload, threshold, what in (
         ("dense", TQ_OVERHEAD_TARGET, f"<= {TQ_OVERHEAD_TARGET:.2f}x raw library time"),
         ("jagged", TQ_JAGGED_TARGET, f">= {1 / TQ_JAGGED_TARGET:.0f}x faster than the raw library"),
@@ -165,16 +144,8 @@ _NOT_COMPARED = ("disabled", "tq_async")
 
 
 def rl_comparisons(results: list[dict[str, Any]], sizes: list[int], target_bulk_ratio: float) -> list[dict[str, Any]]:
-    """Legacy vs data-plane RL step costs at each size (GRPO and PPO step benchmarks).
-
-    Every synchronous data-plane backend that ran (``tq``, ``ray``, ...) gets its own comparison
-    against ``disabled`` at the same size; keys carry the backend's name
-    (``step_time_ratio_<dp>_over_legacy``, ``<dp>_step_time_s``, ...) beside ``data_plane``.
-    Comparisons come in the order the backends ran.
-
-    Args:
-        results: The runs (``samples_per_step``, ``data_plane``, ``mean``, RSS keys).
-    """
+    """Legacy vs data-plane RL step costs: per size, one comparison against ``disabled`` for every synchronous
+    data-plane backend that ran, in run order; keys carry its name (``<dp>_step_time_s``, ...) beside ``data_plane``."""
     comparisons = []
     for samples in sizes:
         by_dp = {r["data_plane"]: r for r in results if r["samples_per_step"] == samples}
@@ -188,41 +159,38 @@ def rl_comparisons(results: list[dict[str, Any]], sizes: list[int], target_bulk_
 
 def _comparison(by_dp: dict[str, dict[str, Any]], dp: str, samples: int, target_bulk_ratio: float) -> dict[str, Any]:
     legacy, ours = by_dp["disabled"]["mean"], by_dp[dp]["mean"]
-    bulk_ratio = ours["driver_bulk_received_bytes"] / max(1.0, legacy["driver_bulk_received_bytes"])
+
+    def pair(key: str, old: dict[str, Any] = legacy, new: dict[str, Any] = ours) -> dict[str, Any]:
+        return {f"legacy_{key}": old[key], f"{dp}_{key}": new[key]}
+
+    def ratio(key: str, old: dict[str, Any] = legacy, new: dict[str, Any] = ours) -> float:
+        return new[key] / max(1.0, old[key])
+
+    bulk_ratio = ratio("driver_bulk_received_bytes")
     splits = ("generation", "logprobs", "train")
+    runs = {"old": by_dp["disabled"], "new": by_dp[dp]}
     return {
         "samples_per_step": samples,
         "data_plane": dp,
         f"step_time_ratio_{dp}_over_legacy": ours["step_time_s"] / legacy["step_time_s"],
-        "legacy_step_time_s": legacy["step_time_s"],
-        f"{dp}_step_time_s": ours["step_time_s"],
-        "legacy_driver_bulk_received_bytes": legacy["driver_bulk_received_bytes"],
-        f"{dp}_driver_bulk_received_bytes": ours["driver_bulk_received_bytes"],
+        **pair("step_time_s"),
+        **pair("driver_bulk_received_bytes"),
         f"driver_bulk_ratio_{dp}_over_legacy": bulk_ratio,
         "bulk_target_met": bulk_ratio <= target_bulk_ratio,
-        "legacy_driver_tensor_received_bytes": legacy["driver_tensor_received_bytes"],
-        f"{dp}_driver_tensor_received_bytes": ours["driver_tensor_received_bytes"],
-        f"driver_tensor_ratio_{dp}_over_legacy": ours["driver_tensor_received_bytes"]
-        / max(1.0, legacy["driver_tensor_received_bytes"]),
-        "legacy_ray_received_pickled_bytes": legacy["ray_received_pickled_bytes"],
-        f"{dp}_ray_received_pickled_bytes": ours["ray_received_pickled_bytes"],
-        f"ray_pickled_ratio_{dp}_over_legacy": ours["ray_received_pickled_bytes"]
-        / max(1.0, legacy["ray_received_pickled_bytes"]),
-        "legacy_ray_sent_bulk_bytes": legacy["ray_sent_bulk_bytes"],
-        f"{dp}_ray_sent_bulk_bytes": ours["ray_sent_bulk_bytes"],
-        f"{dp}_driver_store_written_bytes": ours["driver_store_written_bytes"],
-        f"{dp}_driver_store_wall_ms": ours["driver_store_wall_ms"],
+        **pair("driver_tensor_received_bytes"),
+        f"driver_tensor_ratio_{dp}_over_legacy": ratio("driver_tensor_received_bytes"),
+        **pair("ray_received_pickled_bytes"),
+        f"ray_pickled_ratio_{dp}_over_legacy": ratio("ray_received_pickled_bytes"),
+        **pair("ray_sent_bulk_bytes"),
+        **{f"{dp}_{k}": ours[k] for k in ("driver_store_written_bytes", "driver_store_wall_ms")},
         f"{dp}_workers_store_wall_ms_max_rank": ours["workers_store_wall_ms_max_rank"],
         f"{dp}_extra_time_s": ours["step_time_s"] - legacy["step_time_s"],
         "time_split_legacy_s": {k: legacy[f"time/{k}_s"] for k in splits},
         f"time_split_{dp}_s": {k: ours[f"time/{k}_s"] for k in splits},
-        "legacy_peak_rss_mb": by_dp["disabled"]["peak_rss_mb"],
-        f"{dp}_peak_rss_mb": by_dp[dp]["peak_rss_mb"],
-        "legacy_rss_growth_mb": by_dp["disabled"]["rss_growth_mb"],
-        f"{dp}_rss_growth_mb": by_dp[dp]["rss_growth_mb"],
+        **pair("peak_rss_mb", **runs),
+        **pair("rss_growth_mb", **runs),
         f"peak_rss_ratio_{dp}_over_legacy": by_dp[dp]["peak_rss_mb"] / by_dp["disabled"]["peak_rss_mb"],
-        f"rss_growth_ratio_{dp}_over_legacy": by_dp[dp]["rss_growth_mb"]
-        / max(1.0, by_dp["disabled"]["rss_growth_mb"]),
+        f"rss_growth_ratio_{dp}_over_legacy": ratio("rss_growth_mb", **runs),
         "legacy_ms_per_trained_sample": 1000.0 * legacy["step_time_s"] / samples,
         f"{dp}_ms_per_trained_sample": 1000.0 * ours["step_time_s"] / samples,
         **(_async_columns(by_dp, samples) if dp == "tq" else {}),
@@ -279,11 +247,7 @@ def print_rl_comparisons(name: str, comparisons: list[dict[str, Any]], target_bu
 
 
 def sft_table(results: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
-    """SFT step cost rows per (size, data plane), relative to ``disabled`` where it ran.
-
-    Args:
-        results: The runs (``global_batch_size``, ``data_plane``, ``mean``, RSS keys).
-    """
+    """SFT step cost rows per (size, data plane), relative to ``disabled`` where it ran."""
     table = []
     for gbs in sizes:
         by_dp = {r["data_plane"]: r for r in results if r["global_batch_size"] == gbs}

@@ -1,9 +1,6 @@
 """Step benchmarks (``bench=grpo_step`` / ``ppo_step`` / ``sft_step``): legacy vs data-plane trainers.
 
-One runner (:func:`run_step_bench`) runs every trainer from a fresh start through the launcher's run
-layer on one Ray, timestamps each logged step with the Ray traffic since the previous one and samples
-the driver's RSS; warm-up steps and the final (validating) step are not measured.
-"""
+Each trainer runs from a fresh start on one Ray; warm-up steps and the final (validating) step are not measured."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +37,10 @@ __all__ = [
 ]
 
 RL_STEP_TRAINERS: tuple[str, ...] = ("disabled", "tq", "ray")
-#: GRPO also runs the asynchronous trainer: ``tq_async`` = ``data_plane=tq`` with
-#: ``algorithm.async_rollout.enabled=true`` (rollout actors generate while the workers train).
+#: GRPO also runs the asynchronous trainer (``tq_async``).
 GRPO_STEP_TRAINERS: tuple[str, ...] = (*RL_STEP_TRAINERS, "tq_async")
-#: Bench backend -> the training overrides that select it (a plain ``data_plane`` option else).
-_BACKEND_SELECTION: dict[str, tuple[str, ...]] = {
-    "tq_async": ("data_plane=tq", "algorithm.async_rollout.enabled=true"),
-}
+#: Bench backend -> the training overrides that select it (else a plain ``data_plane`` option).
+_BACKEND_SELECTION: dict[str, tuple[str, ...]] = {"tq_async": ("data_plane=tq", "algorithm.async_rollout.enabled=true")}
 SFT_STEP_TRAINERS: tuple[str, ...] = ("disabled", "local", "tq", "ray")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +91,6 @@ class GrpoStepBenchConfig:
     output_file: str = "bench_grpo_step.json"
 
     def legal_backends(self) -> tuple[str, ...]:
-        """The ``backends`` this bench can run."""
         return GRPO_STEP_TRAINERS
 
     def __post_init__(self) -> None:
@@ -116,8 +110,7 @@ class PpoStepBenchConfig(GrpoStepBenchConfig):
     output_file: str = "bench_ppo_step.json"
 
     def legal_backends(self) -> tuple[str, ...]:
-        """The ``backends`` this bench can run (PPO has no asynchronous trainer)."""
-        return RL_STEP_TRAINERS
+        return RL_STEP_TRAINERS  # PPO has no asynchronous trainer
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -153,12 +146,8 @@ StoreProbe = Callable[[float], dict[str, float]]
 
 
 class StepClock(RunLogger):
-    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there.
-
-    ``store_probe`` (the policy's ``data_plane_step_metrics``) fills in the per-step store
-    counters for trainers that do not log them themselves (the SFT trainers); a record that
-    already holds them (GRPO, PPO) is kept as the trainer logged it.
-    """
+    """A ``RunLogger`` that timestamps every logged step and snapshots the Ray traffic there; ``store_probe``
+    (the policy's ``data_plane_step_metrics``) fills in the store counters of a record that lacks them (SFT)."""
 
     def __init__(self, *args: Any, traffic: RayTraffic, store_probe: StoreProbe | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -189,13 +178,9 @@ class StepClock(RunLogger):
 def timed_phase_run(
     train_cfg: DictConfig, ray_env: dict[str, str], run_dir: Path, rss_interval_s: float
 ) -> tuple[list[Mark], dict[str, float]]:
-    """Run the phase ``train_cfg`` describes from a fresh start, timing every logged step.
+    """Run the phase ``train_cfg`` describes from a fresh start; return ``(marks, driver RSS keys)``.
 
-    Returns:
-        ``(marks, memory)``: one ``(step, perf_counter, Ray traffic since the previous mark,
-        logged record)`` per logged step (step 0 = the trainer's start; traffic of the policy's
-        worker group and of any model the trainer builds, e.g. PPO's critic), and the driver's
-        ``peak_rss_mb`` / ``rss_growth_mb``.
+    A mark per logged step (step 0 = the start): ``(step, perf_counter, Ray traffic since the previous mark, record)``.
     """
     from nemo_dp.algorithms.selection import select_sync_trainer
 
@@ -238,6 +223,7 @@ def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: 
     """One measured GRPO / PPO step: timings, store and Ray traffic of the driver."""
     store_read = int(round(float(record.get("data_plane/step/bytes_read_mb", 0.0)) * MB))
     store_written = int(round(float(record.get("data_plane/step/bytes_written_mb", 0.0)) * MB))
+    bulk_in = traffic["ray_received_bulk_bytes"] + store_read
     return {
         "step": step,
         "step_time_s": step_time_s,
@@ -251,10 +237,8 @@ def rl_step_row(step: int, step_time_s: float, traffic: dict[str, int], record: 
         "driver_store_read_bytes": store_read,
         "driver_store_written_bytes": store_written,
         **traffic,
-        "driver_bulk_received_bytes": traffic["ray_received_bulk_bytes"] + store_read,
-        "driver_tensor_received_bytes": traffic["ray_received_bulk_bytes"]
-        + traffic["ray_received_per_row_bytes"]
-        + store_read,
+        "driver_bulk_received_bytes": bulk_in,
+        "driver_tensor_received_bytes": bulk_in + traffic["ray_received_per_row_bytes"],
         **store_op_columns(record),
     }
 
@@ -275,16 +259,8 @@ def sft_step_row(step: int, step_time_s: float, traffic: dict[str, int], record:
 
 @dataclass
 class StepBench:
-    """What distinguishes one step benchmark from another.
-
-    Attributes:
-        schema: The ``bench`` config dataclass.
-        size_key: Name of the batch-size axis in the report (``samples_per_step`` ...).
-        train_overrides: ``(bench, data_plane, size) -> overrides`` of ``conf/config.yaml``.
-        step_row: Builds one measured step's row from a mark.
-        summarize: ``(bench, results) -> {key: value}`` added to the report (comparisons/table).
-        run_prefix: Prefix of each run's directory name.
-    """
+    """What distinguishes one step benchmark from another (``schema``: its ``bench`` dataclass;
+    ``size_key``: the batch-size axis in the report; ``summarize``: keys added to the report)."""
 
     name: str
     schema: type
@@ -300,10 +276,11 @@ class StepBench:
 
 def _measured(bench_cfg: Any, spec: StepBench, marks: list[Mark]) -> list[dict[str, Any]]:
     """Rows of steps ``warmup+1 .. warmup+measured`` (the final validating step is not measured)."""
-    steps: list[dict[str, Any]] = []
-    for (_, t0, _, _), (s1, t1, traffic, record) in zip(marks, marks[1:]):
-        if bench_cfg.warmup_steps < s1 <= bench_cfg.warmup_steps + bench_cfg.measured_steps:
-            steps.append(spec.step_row(s1, t1 - t0, traffic, record))
+    steps = [
+        spec.step_row(s1, t1 - t0, traffic, record)
+        for (_, t0, _, _), (s1, t1, traffic, record) in zip(marks, marks[1:])
+        if bench_cfg.warmup_steps < s1 <= bench_cfg.warmup_steps + bench_cfg.measured_steps
+    ]
     if len(steps) != bench_cfg.measured_steps:
         raise RuntimeError(
             f"bench {spec.name}: measured {len(steps)} steps, expected bench.measured_steps="
@@ -321,14 +298,8 @@ def _mean_row(steps: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def launcher_policy_overrides() -> list[str]:
-    """The bench command line's ``policy=<kind>`` / ``env=<task>`` and ``policy.<key>=<value>``
-    / ``env.<key>=<value>`` overrides.
-
-    ``python launchers/bench.py bench=grpo_step policy=hf`` benchmarks the trainers on that
-    policy, ``policy=hf_vlm env=visual`` on the vision-language model and its visual task:
-    every training config the bench composes gets these overrides first. In command-line order;
-    empty outside a Hydra run.
-    """
+    """The bench command line's ``policy=``/``env=``/``policy.<key>=``/``env.<key>=`` overrides, in order (empty
+    outside a Hydra run); every training config the bench composes gets these first."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
@@ -344,10 +315,7 @@ def launcher_policy_overrides() -> list[str]:
 
 
 def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[str, Any]:
-    """Run every (size, data plane) of a step benchmark on one Ray; write and return the JSON report.
-
-    ``cfg.bench`` matches ``spec.schema``; the runs' metrics and the JSON go to ``output_dir``.
-    """
+    """Run every (size, data plane) of a step benchmark on one Ray; write (to ``output_dir``) and return the report."""
     import json
 
     from hydra import compose
@@ -368,8 +336,7 @@ def run_step_bench(cfg: DictConfig, output_dir: Path, spec: StepBench) -> dict[s
         # The bench's own keys come after the launcher's policy overrides, so they win.
         train_cfg = compose("config", overrides=[*policy_overrides, *spec.train_overrides(bench, data_plane, size)])
         validate_config(train_cfg)
-        # As the training launcher does before Ray starts: build an offline tiny HF checkpoint
-        # on first use, then check the model directory and tokenizer.
+        # As the training launcher does before Ray starts (builds an offline tiny checkpoint on first use).
         prepare_policy(train_cfg.policy)
         validate_policy(train_cfg.policy)
         return train_cfg
@@ -417,24 +384,21 @@ _SHARED_TRAIN_OVERRIDES: tuple[str, ...] = (
 )
 
 
-def _rl_overrides(algorithm: str) -> Callable[[Any, str, int], list[str]]:
-    def overrides(bench: Any, data_plane: str, samples: int) -> list[str]:
-        extra = [f"algorithm.ppo_epochs={bench.ppo_epochs}"] if algorithm == "ppo" else []
-        return [
-            *_SHARED_TRAIN_OVERRIDES,
-            f"algorithm={algorithm}",
-            *_BACKEND_SELECTION.get(data_plane, (f"data_plane={data_plane}",)),
-            f"algorithm.num_generations_per_prompt={bench.group_size}",
-            f"algorithm.num_prompts_per_step={samples // bench.group_size}",
-            f"policy.train_global_batch_size={samples}",
-            f"algorithm.max_steps={bench.warmup_steps + bench.measured_steps + 1}",
-            "algorithm.warm_start.enabled=false",
-            *extra,
-            *bench.train_overrides,
-            *bench.backend_overrides[data_plane],
-        ]
-
-    return overrides
+def _rl_overrides(algorithm: str, bench: Any, data_plane: str, samples: int) -> list[str]:
+    extra = [f"algorithm.ppo_epochs={bench.ppo_epochs}"] if algorithm == "ppo" else []
+    return [
+        *_SHARED_TRAIN_OVERRIDES,
+        f"algorithm={algorithm}",
+        *_BACKEND_SELECTION.get(data_plane, (f"data_plane={data_plane}",)),
+        f"algorithm.num_generations_per_prompt={bench.group_size}",
+        f"algorithm.num_prompts_per_step={samples // bench.group_size}",
+        f"policy.train_global_batch_size={samples}",
+        f"algorithm.max_steps={bench.warmup_steps + bench.measured_steps + 1}",
+        "algorithm.warm_start.enabled=false",
+        *extra,
+        *bench.train_overrides,
+        *bench.backend_overrides[data_plane],
+    ]
 
 
 def _sft_overrides(bench: Any, data_plane: str, gbs: int) -> list[str]:
@@ -453,6 +417,7 @@ def _sft_overrides(bench: Any, data_plane: str, gbs: int) -> list[str]:
     ]
 
 
+_STEP_COLS = {"step_time_s": "wall time between consecutive logged steps (validation step excluded)", **STORE_COLUMNS}
 RL_COLUMNS: dict[str, str] = {
     "driver_bulk_received_bytes": "per step: per-token (dim >= 2) tensor bytes Ray returned "
     "to the driver + bytes the driver read from the store (observability counters)",
@@ -460,15 +425,13 @@ RL_COLUMNS: dict[str, str] = {
     "ray_received_pickled_bytes": "per step: pickled size of everything Ray returned "
     "to the driver (metas, carries, metrics included)",
     "ray_sent_bulk_bytes": "per step: per-token tensor bytes the driver shipped to workers",
-    "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
-    **STORE_COLUMNS,
+    **_STEP_COLS,
 }
 SFT_COLUMNS: dict[str, str] = {
     "driver_held_bytes": "per step: tensor bytes the driver shipped to the workers + pickled "
     "size of everything returned to it (legacy: the collated batch shards; data plane: metas "
     "out, envelopes and metrics back)",
-    "step_time_s": "wall time between consecutive logged steps (validation step excluded)",
-    **STORE_COLUMNS,
+    **_STEP_COLS,
 }
 
 
@@ -478,7 +441,7 @@ def _rl_bench(name: str, algorithm: str, schema: type) -> StepBench:
         schema=schema,
         size_key="samples_per_step",
         sizes=lambda b: list(b.samples_per_step),
-        train_overrides=_rl_overrides(algorithm),
+        train_overrides=partial(_rl_overrides, algorithm),
         step_row=rl_step_row,
         summarize=lambda b, results: {"comparisons": rl_comparisons(results, b.samples_per_step, b.target_bulk_ratio)},
         columns=RL_COLUMNS,

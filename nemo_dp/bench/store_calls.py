@@ -1,9 +1,5 @@
-"""Store calls per training step, by site and op kind: the step benchmarks' breakdown.
-
-Turns the trainers' logged store counters (``data_plane/step/...``, ``data_plane/workers/max_rank/...``,
-``data_plane/critic_workers/max_rank/...``) into step-row columns ``store/<site>/<op>/<stat>``,
-groups their measured means into a per-run breakdown for the JSON report, and prints it.
-"""
+"""Store calls per training step by site and op kind: the trainers' logged store counters as step-row columns
+``store/<site>/<op>/<stat>``, whose measured means are grouped per run for the JSON report and printed."""
 
 from __future__ import annotations
 
@@ -31,6 +27,7 @@ _STORE_STATS: dict[str, tuple[str, float]] = {  # breakdown stat -> (metric stat
     "ms": ("wall_ms", 1.0),
 }
 _BREAKDOWN_STATS: tuple[str, ...] = tuple(_STORE_STATS)
+_BY_METRIC = {metric: (stat, scale) for stat, (metric, scale) in _STORE_STATS.items()}
 
 STORE_COLUMNS: dict[str, str] = {
     "store/<site>/<op>/<stat>": "per step, data-plane backends with observability on: store calls "
@@ -42,13 +39,8 @@ STORE_COLUMNS: dict[str, str] = {
 
 
 def store_op_columns(record: dict[str, Any]) -> dict[str, float]:
-    """The per-op store breakdown of one logged step's metrics, flattened for the step row.
-
-    Returns:
-        ``{f"store/{site}/{op}/{stat}": value}`` for every ``STORE_SITES`` site and op kind the
-        record holds; ``stat`` is ``calls``, ``rows``, ``bytes`` or ``ms``.  Empty without
-        store counters (the legacy trainers, observability off).
-    """
+    """``{f"store/{site}/{op}/{stat}": value}`` of one logged step's metrics, for every ``STORE_SITES``
+    site and op kind the record holds (empty without store counters)."""
     out: dict[str, float] = {}
     for site, prefix in STORE_SITES.items():
         head = prefix + "/"
@@ -56,28 +48,15 @@ def store_op_columns(record: dict[str, Any]) -> dict[str, float]:
             if not key.startswith(head):
                 continue
             parts = key[len(head):].split("/")
-            if len(parts) != 2:
-                continue
-            op, metric = parts
-            for stat, (name, scale) in _STORE_STATS.items():
-                if metric == name:
-                    out[f"store/{site}/{op}/{stat}"] = float(value) * scale
+            if len(parts) == 2 and parts[1] in _BY_METRIC:
+                stat, scale = _BY_METRIC[parts[1]]
+                out[f"store/{site}/{parts[0]}/{stat}"] = float(value) * scale
     return out
 
 
 def store_breakdown(results: list[dict[str, Any]], size_key: str) -> list[dict[str, Any]]:
-    """Store calls per step, by site and op kind, for every run that recorded them.
-
-    Args:
-        results: The runs (``size_key``, ``data_plane``, ``mean`` with the step rows'
-            ``store/<site>/<op>/<stat>`` columns).
-        size_key: ``samples_per_step`` / ``global_batch_size``.
-
-    Returns:
-        One entry per run with store counters: ``{size_key, "data_plane", "sites": {site:
-        {op: {"calls", "rows", "bytes", "ms"}}}, "totals": {site: {"calls", "ms"}}}``, means
-        over the measured steps; runs without counters (legacy, observability off) are left out.
-    """
+    """Store calls per step (means over the measured steps) for every run that recorded them: ``{size_key,
+    "data_plane", "sites": {site: {op: {"calls", "rows", "bytes", "ms"}}}, "totals": {site: {"calls", "ms"}}}``."""
     out = []
     for run in results:
         sites: dict[str, dict[str, dict[str, float]]] = {}

@@ -1,17 +1,15 @@
-"""``BatchedDataDict``: the in-memory batch trainers and workers pass around, and the DP sharding planner.
+"""``BatchedDataDict`` (a ``UserDict`` of batch-major fields) and the DP sharding planner.
 
-Fields are batch-major (dense or jagged tensors, lists, object arrays, ``PackedTensor``).  The
-planner also emits the micro-batch plan every rank must follow identically (re-planning per rank
-desynchronises collectives).  It is a ``UserDict``: a ``Mapping``, not a ``dict``.
-"""
+The planner emits the micro-batch plan every rank must follow identically (re-planning per rank
+desynchronises collectives)."""
 
 from __future__ import annotations
 
 import copy
 from collections import UserDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,20 +21,12 @@ __all__ = ["BatchedDataDict", "MicrobatchSpec", "MICROBATCH_ORDERS"]
 
 MICROBATCH_ORDERS: tuple[str | None, ...] = (None, "packer", "largest_first")
 
-MicrobatchMode = Literal["fixed", "dynamic", "packing"]
-
 
 @dataclass(frozen=True)
 class MicrobatchSpec:
-    """One planned microbatch of a shard.
+    """One planned microbatch of a shard: rows ``[start, end)`` (absolute) of global batch ``chunk``.
 
-    Attributes:
-        chunk: Index of the global batch (chunk) it belongs to.
-        start: First row, absolute within the shard (``end`` is one past the last).
-        padded_length: Planned length: for dynamic batching the padded sequence length of
-            every row; for sequence packing the bin's total padded tokens; ``None`` without a
-            plan.
-    """
+    ``padded_length``: every row's padded length (dynamic batching), the bin's padded tokens (packing) or ``None``."""
 
     chunk: int
     start: int
@@ -44,13 +34,8 @@ class MicrobatchSpec:
     padded_length: int | None
 
 
-# --- Row-level helpers for every supported value kind ---
-
-
 def _round_up(value: int, multiple: int) -> int:
-    if multiple <= 1:
-        return int(value)
-    return -(-int(value) // multiple) * multiple
+    return int(value) if multiple <= 1 else -(-int(value) // multiple) * multiple
 
 
 def _rows_of(key: str, value: Any) -> int:
@@ -74,6 +59,14 @@ def _is_broadcast_constant(t: torch.Tensor) -> bool:
     return t.dim() > 0 and t.numel() > 0 and all(s == 0 for s in t.stride())
 
 
+def _nested(values: torch.Tensor, offsets: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """A jagged tensor of ``values`` cut at ``offsets``, its min/max row length taken from ``lens``."""
+    some = lens.numel() > 0
+    return torch.nested.nested_tensor_from_jagged(
+        values, offsets, min_seqlen=int(lens.min()) if some else 0, max_seqlen=int(lens.max()) if some else 0
+    )
+
+
 def _jagged_select(nt: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Rows ``idx`` of a jagged tensor (ragged dim 1), vectorised via a gather on values."""
     offsets = nt.offsets()
@@ -89,12 +82,7 @@ def _jagged_select(nt: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     total = int(new_offsets[-1])
     pos = torch.arange(total, device=offsets.device) - new_offsets[:-1].repeat_interleave(new_lens)
     gather = starts.index_select(0, idx).to(torch.int64).repeat_interleave(new_lens) + pos
-    new_values = values.index_select(0, gather.to(values.device))
-    max_len = int(new_lens.max()) if idx.numel() > 0 else 0
-    min_len = int(new_lens.min()) if idx.numel() > 0 else 0
-    return torch.nested.nested_tensor_from_jagged(
-        new_values, new_offsets.to(values.device), min_seqlen=min_len, max_seqlen=max_len
-    )
+    return _nested(values.index_select(0, gather.to(values.device)), new_offsets.to(values.device), new_lens)
 
 
 def _jagged_cat(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -109,12 +97,7 @@ def _jagged_cat(parts: list[torch.Tensor]) -> torch.Tensor:
     offsets = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=values.device)
     if lens.numel() > 0:
         torch.cumsum(lens.to(values.device), 0, out=offsets[1:])
-    return torch.nested.nested_tensor_from_jagged(
-        values,
-        offsets,
-        min_seqlen=int(lens.min()) if lens.numel() else 0,
-        max_seqlen=int(lens.max()) if lens.numel() else 0,
-    )
+    return _nested(values, offsets, lens)
 
 
 def _select(key: str, value: Any, indices: list[int]) -> Any:
@@ -122,15 +105,11 @@ def _select(key: str, value: Any, indices: list[int]) -> Any:
         if value.is_nested:
             if value.layout != torch.jagged or value._ragged_idx != 1:  # noqa: SLF001
                 rows = value.unbind()
-                return torch.nested.as_nested_tensor(
-                    [rows[i] for i in indices], layout=value.layout
-                )
+                return torch.nested.as_nested_tensor([rows[i] for i in indices], layout=value.layout)
             return _jagged_select(value, torch.tensor(indices, dtype=torch.int64))
         if _is_broadcast_constant(value):
             # Every row aliases the same element (e.g. an expanded placeholder): keep it a view.
-            return value.as_strided((), (), value.storage_offset()).expand(
-                len(indices), *value.shape[1:]
-            )
+            return value.as_strided((), (), value.storage_offset()).expand(len(indices), *value.shape[1:])
         idx = torch.tensor(indices, dtype=torch.int64, device=value.device)
         return value.index_select(0, idx)
     if isinstance(value, np.ndarray):
@@ -141,13 +120,9 @@ def _select(key: str, value: Any, indices: list[int]) -> Any:
         return [value[i] for i in indices]
     if isinstance(value, PackedTensor):
         if not indices:
-            raise ValueError(
-                f"BatchedDataDict: field {key!r} is a PackedTensor, which cannot hold zero rows"
-            )
+            raise ValueError(f"BatchedDataDict: field {key!r} is a PackedTensor, which cannot hold zero rows")
         return PackedTensor([value.tensors[i] for i in indices], value.dim_to_pack)
-    raise TypeError(
-        f"BatchedDataDict: cannot select rows of field {key!r} ({type(value).__name__})"
-    )
+    raise TypeError(f"BatchedDataDict: cannot select rows of field {key!r} ({type(value).__name__})")
 
 
 def _concat(key: str, values: list[Any], pad: float | int) -> Any:
@@ -157,51 +132,37 @@ def _concat(key: str, values: list[Any], pad: float | int) -> Any:
             raise TypeError(f"BatchedDataDict.from_batches: field {key!r} mixes tensors and others")
         if any(v.is_nested for v in values):
             if not all(v.is_nested and v.layout == torch.jagged for v in values):
-                raise TypeError(
-                    f"BatchedDataDict.from_batches: field {key!r} mixes nested and dense tensors"
-                )
+                raise TypeError(f"BatchedDataDict.from_batches: field {key!r} mixes nested and dense tensors")
             return _jagged_cat(values)
         if first.dim() >= 2:
             width = max(int(v.shape[1]) for v in values)
-            padded = []
-            for v in values:
-                if int(v.shape[1]) < width:
-                    p = torch.full(
-                        (v.shape[0], width, *v.shape[2:]), pad, dtype=v.dtype, device=v.device
-                    )
-                    p[:, : v.shape[1]] = v
-                    v = p
-                padded.append(v)
-            return torch.cat(padded, dim=0)
+            return torch.cat([_pad_width(v, width, pad) for v in values], dim=0)
         return torch.cat(values, dim=0)
     if isinstance(first, np.ndarray):
         return np.concatenate(values, axis=0)
     if isinstance(first, PackedTensor):
         if not all(isinstance(v, PackedTensor) for v in values):
-            raise TypeError(
-                f"BatchedDataDict.from_batches: field {key!r} mixes PackedTensor and others"
-            )
+            raise TypeError(f"BatchedDataDict.from_batches: field {key!r} mixes PackedTensor and others")
         return PackedTensor.concat(values)
     if isinstance(first, (list, tuple)):
-        out: list[Any] = []
-        for v in values:
-            out.extend(v)
-        return out
+        return [x for v in values for x in v]
     raise TypeError(f"BatchedDataDict.from_batches: unsupported type for {key!r}")
 
 
-# --- BatchedDataDict ---
+def _pad_width(v: torch.Tensor, width: int, pad: float | int) -> torch.Tensor:
+    """``v`` right-padded on dim 1 to ``width`` with ``pad`` (``v`` itself when wide enough)."""
+    if int(v.shape[1]) >= width:
+        return v
+    p = torch.full((v.shape[0], width, *v.shape[2:]), pad, dtype=v.dtype, device=v.device)
+    p[:, : v.shape[1]] = v
+    return p
 
 
 class BatchedDataDict(UserDict):
-    """Field name -> batch-major value, plus an optional microbatch plan.
-
-    Attributes:
-        micro_batch_indices: Per chunk (global batch), ``[start, end)`` row pairs relative to
-            this shard's part of that chunk; ``None`` without a plan.
-        micro_batch_lengths: Per chunk, the planned length of each microbatch (dynamic
-            batching: padded sequence length; packing: padded tokens of the bin).
-        elem_counts_per_gb: Per chunk, rows of that chunk in this shard (sequence packing).
+    """Field name -> batch-major value, plus an optional microbatch plan, per chunk (global batch):
+    ``micro_batch_indices`` (``[start, end)`` rows within this shard's part of the chunk),
+    ``micro_batch_lengths`` (as :attr:`MicrobatchSpec.padded_length`) and, for sequence packing,
+    ``elem_counts_per_gb`` (rows of the chunk in this shard).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -210,14 +171,9 @@ class BatchedDataDict(UserDict):
         self.micro_batch_lengths: list[list[int]] | None = None
         self.elem_counts_per_gb: list[int] | None = None
 
-    # --- basic properties ---------------------------------------------------------------------
     @property
     def size(self) -> int:
-        """The common batch size of all values (0 for an empty dict).
-
-        Raises:
-            ValueError: Values disagree on the batch size.
-        """
+        """The common batch size of all values (0 for an empty dict); ValueError if they disagree."""
         sizes = {k: _rows_of(k, v) for k, v in self.data.items()}
         distinct = set(sizes.values())
         if len(distinct) > 1:
@@ -229,7 +185,6 @@ class BatchedDataDict(UserDict):
         out.data = data
         return out
 
-    # --- construction ---------------------------------------------------------------------------
     @classmethod
     def from_batches(
         cls,
@@ -238,13 +193,9 @@ class BatchedDataDict(UserDict):
     ) -> BatchedDataDict:
         """Concatenate batches with identical key sets row-wise (no plan attached).
 
-        Tensors of dim >= 2 with different widths are right-padded on dim 1 to the widest
-        (pad value from ``pad_value_dict``, default 0); jagged tensors stay jagged; lists and
-        arrays are concatenated.
-
-        Raises:
-            ValueError: No batches or differing key sets.
-            TypeError: A field mixes value kinds.
+        Tensors of dim >= 2 are right-padded on dim 1 to the widest (pad from ``pad_value_dict``,
+        default 0); jagged tensors stay jagged.  ValueError for no batches or differing key sets,
+        TypeError for a field mixing value kinds.
         """
         if not batches:
             raise ValueError("BatchedDataDict.from_batches: no batches given")
@@ -257,40 +208,23 @@ class BatchedDataDict(UserDict):
                 )
         out = cls()
         for key in keys:
-            pad = pad_value_dict[key] if pad_value_dict is not None and key in pad_value_dict else 0
-            out[key] = _concat(key, [b[key] for b in batches], pad)
+            out[key] = _concat(key, [b[key] for b in batches], (pad_value_dict or {}).get(key, 0))
         return out
 
-    # --- row operations -------------------------------------------------------------------------
     def select_indices(self, indices: Sequence[int] | torch.Tensor | np.ndarray) -> BatchedDataDict:
-        """Rows at ``indices`` in the given order (duplicates allowed); the plan is dropped.
-
-        Raises:
-            IndexError: An index is outside ``[0, size)``.
-        """
-        if isinstance(indices, torch.Tensor):
-            idx = [int(i) for i in indices.reshape(-1).tolist()]
-        else:
-            idx = [int(i) for i in indices]
+        """Rows at ``indices`` in order (duplicates allowed; IndexError outside ``[0, size)``), without the plan."""
+        idx = [int(i) for i in (indices.reshape(-1).tolist() if isinstance(indices, torch.Tensor) else indices)]
         n = self.size
         for i in idx:
             if i < 0 or i >= n:
-                raise IndexError(
-                    f"BatchedDataDict.select_indices: index {i} out of range for size {n}"
-                )
+                raise IndexError(f"BatchedDataDict.select_indices: index {i} out of range for size {n}")
         return self._new({k: _select(k, v, idx) for k, v in self.data.items()})
 
     def slice(self, start: int, end: int) -> BatchedDataDict:
-        """Rows ``start:end`` (``0 <= start <= end <= size``); the plan is dropped.
-
-        Raises:
-            IndexError: Bounds out of range.
-        """
+        """Rows ``start:end`` (IndexError unless ``0 <= start <= end <= size``); the plan is dropped."""
         n = self.size
         if not 0 <= start <= end <= n:
-            raise IndexError(
-                f"BatchedDataDict.slice: need 0 <= start <= end <= size, got {start}, {end}, {n}"
-            )
+            raise IndexError(f"BatchedDataDict.slice: need 0 <= start <= end <= size, got {start}, {end}, {n}")
         data: dict[str, Any] = {}
         for k, v in self.data.items():
             if (isinstance(v, torch.Tensor) and v.is_nested) or isinstance(v, PackedTensor):
@@ -300,36 +234,20 @@ class BatchedDataDict(UserDict):
         return self._new(data)
 
     def repeat_interleave(self, num_repeats: int) -> BatchedDataDict:
-        """Each row repeated ``num_repeats`` times in place (``a, a, b, b, ...``).
-
-        Raises:
-            ValueError: ``num_repeats < 1``.
-        """
+        """Each row repeated ``num_repeats`` (>= 1, else ValueError) times in place (``a, a, b, b, ...``)."""
         if int(num_repeats) < 1:
             raise ValueError(f"repeat_interleave: num_repeats must be >= 1, got {num_repeats}")
-        r = int(num_repeats)
-        idx = [i for i in range(self.size) for _ in range(r)]
-        return self.select_indices(idx)
+        return self.select_indices([i for i in range(self.size) for _ in range(int(num_repeats))])
 
     def reorder_data(self, order: Sequence[int] | torch.Tensor) -> BatchedDataDict:
-        """Reorder rows so that row ``j`` is the row whose ``order`` value is the j-th smallest.
-
-        With ``order`` from ``shard_meta_for_dp``/``shard_by_batch_size`` (original index of
-        each row of the rank-concatenated output) this restores the input order.  Mutates this
-        batch in place and also returns it.
-
-        Raises:
-            ValueError: ``len(order) != size``.
-        """
+        """Reorder rows so that row ``j`` is the row whose ``order`` value is the j-th smallest (with ``order``
+        from ``shard_meta_for_dp``/``shard_by_batch_size``: the input order).  In place, dropping the plan;
+        returns ``self``; ValueError if ``len(order) != size``."""
         keys = [int(x) for x in (order.tolist() if isinstance(order, torch.Tensor) else order)]
         if len(keys) != self.size:
             raise ValueError(f"reorder_data: order has {len(keys)} entries, batch has {self.size}")
-        perm = sorted(range(len(keys)), key=lambda j: keys[j])
-        reordered = self.select_indices(perm)
-        self.data = reordered.data
-        self.micro_batch_indices = None
-        self.micro_batch_lengths = None
-        self.elem_counts_per_gb = None
+        self.data = self.select_indices(sorted(range(len(keys)), key=lambda j: keys[j])).data
+        self.micro_batch_indices = self.micro_batch_lengths = self.elem_counts_per_gb = None
         return self
 
     def to(self, device: str | torch.device) -> BatchedDataDict:
@@ -339,7 +257,6 @@ class BatchedDataDict(UserDict):
                 self.data[k] = v.to(device)
         return self
 
-    # --- planner --------------------------------------------------------------------------------
     def shard_by_batch_size(
         self,
         shards: int,
@@ -361,16 +278,8 @@ class BatchedDataDict(UserDict):
           ``microbatch_order``): bins packed with ``min_bin_count = bin_count_multiple =
           shards``; rank r takes bins ``r, r + shards, ...``; one bin per microbatch.
 
-        Args:
-            shards: Number of DP ranks (>= 1).
-            batch_size: Global batch size (defaults to ``T``).
-
-        Returns:
-            No packing: the list of shards.  Dynamic batching / sequence packing:
-            ``(shards, order)`` where ``order[p]`` is the original index of row ``p`` of the
-            rank-concatenated shards (pass it to ``reorder_data``); shards carry
-            ``micro_batch_indices``, ``micro_batch_lengths`` (and, for packing,
-            ``elem_counts_per_gb``).
+        Returns the list of shards without packing, else ``(shards, order)``, ``order[p]`` being the
+        original index of row ``p`` of the rank-concatenated shards (for ``reorder_data``).
 
         Raises:
             ValueError: Empty batch, indivisible sizes, both argument sets, a planned length
@@ -386,38 +295,28 @@ class BatchedDataDict(UserDict):
             raise ValueError("Pass at most one of sequence_packing_args / dynamic_batching_args.")
         bs = total if batch_size is None else int(batch_size)
         if bs < 1 or total % bs != 0:
-            raise ValueError(
-                f"shard_by_batch_size: batch size {total} is not a multiple of batch_size {bs}"
-            )
+            raise ValueError(f"shard_by_batch_size: batch size {total} is not a multiple of batch_size {bs}")
         if bs % shards != 0:
-            raise ValueError(
-                f"shard_by_batch_size: batch_size {bs} is not divisible by shards {shards}"
-            )
+            raise ValueError(f"shard_by_batch_size: batch_size {bs} is not divisible by shards {shards}")
         chunks = total // bs
         per_rank = bs // shards
 
         if dynamic_batching_args is None and sequence_packing_args is None:
-            rank_rows = [
-                [k * bs + r * per_rank + j for k in range(chunks) for j in range(per_rank)]
+            return [
+                self.select_indices([k * bs + r * per_rank + j for k in range(chunks) for j in range(per_rank)])
                 for r in range(shards)
             ]
-            return [self.select_indices(rows) for rows in rank_rows]
 
         args = dynamic_batching_args if dynamic_batching_args is not None else sequence_packing_args
-        assert args is not None
         input_key = args["input_key"]
         lengths_key = args["input_lengths_key"]
         max_tokens = int(args["max_tokens_per_microbatch"])
         if input_key not in self.data:
             raise KeyError(f"shard_by_batch_size: input_key {input_key!r} not in the batch")
         if lengths_key not in self.data:
-            raise KeyError(
-                f"shard_by_batch_size: input_lengths_key {lengths_key!r} not in the batch"
-            )
+            raise KeyError(f"shard_by_batch_size: input_lengths_key {lengths_key!r} not in the batch")
         raw_lengths = self.data[lengths_key]
-        if isinstance(raw_lengths, torch.Tensor):
-            raw_lengths = raw_lengths.tolist()
-        lengths = [int(x) for x in raw_lengths]
+        lengths = [int(x) for x in (raw_lengths.tolist() if isinstance(raw_lengths, torch.Tensor) else raw_lengths)]
 
         rank_rows = [[] for _ in range(shards)]
         plans_idx: list[list[list[list[int]]]] = [[] for _ in range(shards)]
@@ -437,32 +336,23 @@ class BatchedDataDict(UserDict):
                 base = k * bs
                 ordered = sorted(range(base, base + bs), key=lambda i: lengths[i])
                 parts = [ordered[r::shards] for r in range(shards)]
-                caps = []
-                for j in range(per_rank):
-                    longest = max(lengths[parts[r][j]] for r in range(shards))
-                    cap_j = min(_round_up(longest, round_to), width)
+                caps = [min(_round_up(max(lengths[p[j]] for p in parts), round_to), width) for j in range(per_rank)]
+                for cap_j in caps:
                     if cap_j > max_tokens:
                         raise ValueError(
                             f"shard_by_batch_size: a sequence of padded length {cap_j} exceeds "
                             f"max_tokens_per_microbatch {max_tokens}"
                         )
-                    caps.append(cap_j)
                 indices, mb_lengths = _greedy_microbatches(caps, max_tokens)
                 for r in range(shards):
                     rank_rows[r].extend(parts[r])
                     plans_idx[r].append(copy.deepcopy(indices))
                     plans_len[r].append(list(mb_lengths))
         else:
-            assert sequence_packing_args is not None
-            mb_order = (
-                sequence_packing_args["microbatch_order"]
-                if "microbatch_order" in sequence_packing_args
-                else None
-            )
+            mb_order = args["microbatch_order"] if "microbatch_order" in args else None
             if mb_order not in MICROBATCH_ORDERS:
                 raise ValueError(
-                    f"shard_by_batch_size: microbatch_order must be one of {MICROBATCH_ORDERS}, "
-                    f"got {mb_order!r}"
+                    f"shard_by_batch_size: microbatch_order must be one of {MICROBATCH_ORDERS}, got {mb_order!r}"
                 )
             pad_multiple = int(sequence_packing_args["sequence_length_pad_multiple"])
             packer = get_packer(
@@ -501,28 +391,18 @@ class BatchedDataDict(UserDict):
         order = [i for rows in rank_rows for i in rows]
         return out, order
 
-    # --- microbatches ---------------------------------------------------------------------------
     def microbatch_plan(self, micro_batch_size: int | None = None) -> list[MicrobatchSpec]:
         """The microbatches of this shard as absolute row ranges.
 
-        With a plan attached (``micro_batch_indices`` and ``micro_batch_lengths``) the chunks
-        are laid out consecutively: chunk k starts where chunk k-1's last microbatch ended
-        (``elem_counts_per_gb``, when present, must agree).  Without a plan the rows are cut
-        into consecutive runs of ``micro_batch_size`` (the last run may be shorter).
-
-        Args:
-            micro_batch_size: Rows per microbatch; required (>= 1) only without a plan.
-
-        Raises:
-            ValueError: Inconsistent or incomplete plan, or a missing/invalid
-                ``micro_batch_size`` without a plan.
+        With a plan attached the chunks are laid out consecutively (chunk k starts where chunk k-1
+        ended; ``elem_counts_per_gb``, when present, must agree).  Without a plan the rows are cut
+        into runs of ``micro_batch_size`` (required, >= 1; the last run may be shorter).
+        ValueError for an inconsistent or incomplete plan, or a missing/invalid ``micro_batch_size``.
         """
         n = self.size
         if self.micro_batch_indices is None:
             if self.micro_batch_lengths is not None:
-                raise ValueError(
-                    "microbatch_plan: micro_batch_lengths set without micro_batch_indices"
-                )
+                raise ValueError("microbatch_plan: micro_batch_lengths set without micro_batch_indices")
             if micro_batch_size is None or int(micro_batch_size) < 1:
                 raise ValueError(
                     "microbatch_plan: no plan attached, so micro_batch_size (>= 1) is required, "
@@ -541,10 +421,7 @@ class BatchedDataDict(UserDict):
         base = 0
         for k, (pairs, lens) in enumerate(zip(self.micro_batch_indices, self.micro_batch_lengths)):
             if len(pairs) != len(lens):
-                raise ValueError(
-                    f"microbatch_plan: chunk {k} has {len(pairs)} microbatches but "
-                    f"{len(lens)} lengths"
-                )
+                raise ValueError(f"microbatch_plan: chunk {k} has {len(pairs)} microbatches but {len(lens)} lengths")
             expected = 0
             for (start, end), length in zip(pairs, lens):
                 if int(start) != expected or int(end) < int(start):
@@ -563,66 +440,6 @@ class BatchedDataDict(UserDict):
         if base != n:
             raise ValueError(f"microbatch_plan: the plan covers {base} rows, the shard has {n}")
         return specs
-
-    def make_microbatch_iterator(
-        self,
-        micro_batch_size: int | None = None,
-        *,
-        mode: MicrobatchMode | None = None,
-    ) -> Iterator[BatchedDataDict]:
-        """Yield the microbatches of this shard.
-
-        Modes (``mode=None`` infers: no plan -> ``"fixed"``; a plan with
-        ``elem_counts_per_gb`` -> ``"packing"``; a plan without -> ``"dynamic"``):
-
-        * ``"fixed"``: consecutive runs of ``micro_batch_size`` rows (the last may be
-          shorter), values unchanged.  Any attached plan is ignored.
-        * ``"dynamic"``: one microbatch per planned ``[start, end)``; every tensor of dim >= 2
-          wider than the microbatch's planned length is narrowed on dim 1 to that length
-          (narrower tensors, 1-D tensors, jagged tensors, lists and arrays are unchanged).
-        * ``"packing"``: one microbatch per bin, holding that bin's rows unchanged; the
-          bin's padded token total is ``microbatch_plan()[i].padded_length``.
-
-        Each yielded batch is a new ``BatchedDataDict`` without a plan, in execution order.
-        ``micro_batch_size`` is used by ``"fixed"`` only.
-
-        Raises:
-            ValueError: Unknown mode, a planned mode without a plan, or an invalid plan.
-        """
-        if mode is None:
-            if self.micro_batch_indices is None:
-                mode = "fixed"
-            elif self.elem_counts_per_gb is not None:
-                mode = "packing"
-            else:
-                mode = "dynamic"
-        if mode not in ("fixed", "dynamic", "packing"):
-            raise ValueError(f"make_microbatch_iterator: unknown mode {mode!r}")
-        if mode == "fixed":
-            plain = self._new(dict(self.data))
-            specs = plain.microbatch_plan(micro_batch_size)
-        else:
-            if self.micro_batch_indices is None:
-                raise ValueError(f"make_microbatch_iterator: mode {mode!r} needs an attached plan")
-            specs = self.microbatch_plan()
-        return self._iter_specs(specs, narrow=(mode == "dynamic"))
-
-    def _iter_specs(
-        self, specs: list[MicrobatchSpec], *, narrow: bool
-    ) -> Iterator[BatchedDataDict]:
-        for spec in specs:
-            mb = self.slice(spec.start, spec.end)
-            if narrow and spec.padded_length is not None:
-                length = spec.padded_length
-                for k, v in mb.data.items():
-                    if (
-                        isinstance(v, torch.Tensor)
-                        and not v.is_nested
-                        and v.dim() >= 2
-                        and v.shape[1] > length
-                    ):
-                        mb.data[k] = v[:, :length]
-            yield mb
 
     def __repr__(self) -> str:
         return f"BatchedDataDict({self.data!r})"

@@ -1,9 +1,5 @@
-"""Bin packers for sequence packing.
-
-Each packer fills bins of at most ``max_tokens_per_microbatch`` tokens, then pads the bin count to
-at least ``min_bin_count`` and a multiple of ``bin_count_multiple`` so every DP rank gets the same
-number of micro-batches.  Deterministic: ties broken by index.
-"""
+"""Deterministic bin packers for sequence packing (ties broken by index); the bin count is then raised to at
+least ``min_bin_count`` and a multiple of ``bin_count_multiple`` so every DP rank gets as many micro-batches."""
 
 from __future__ import annotations
 
@@ -23,9 +19,7 @@ __all__ = [
 class SequencePacker(abc.ABC):
     """Packs sequence lengths into bins of bounded capacity, then adjusts the bin count.
 
-    Raises:
-        ValueError: ``bin_capacity`` < 1, ``min_bin_count`` < 0 or ``bin_count_multiple`` < 1.
-    """
+    ValueError if ``bin_capacity`` < 1, ``min_bin_count`` < 0 or ``bin_count_multiple`` < 1."""
 
     def __init__(self, bin_capacity: int, min_bin_count: int = 0, bin_count_multiple: int = 1):
         bounds = (("bin_capacity", bin_capacity, 1), ("min_bin_count", min_bin_count, 0))
@@ -37,45 +31,26 @@ class SequencePacker(abc.ABC):
         self.bin_count_multiple = int(bin_count_multiple)
 
     def pack(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Pack non-negative ``lengths`` (already padded as the caller needs) into bins.
+        """Pack non-negative (already padded) ``lengths`` into bins of indices, each index once.
 
-        Returns:
-            Bins as lists of indices into ``lengths``; every index appears exactly once, each
-            bin's total is at most ``bin_capacity`` and the bin count satisfies
-            ``min_bin_count``/``bin_count_multiple``.
-
-        Raises:
-            ValueError: A length is negative or above capacity, or there are fewer items than
-                the required number of bins.
-        """
+        ValueError if a length is negative or above capacity, or there are fewer items than bins."""
         lens = [int(x) for x in lengths]
         for i, length in enumerate(lens):
             if length < 0:
                 raise ValueError(f"sequence {i} has negative length {length}")
             if length > self.bin_capacity:
-                raise ValueError(
-                    f"sequence {i} has length {length}, above the bin capacity {self.bin_capacity}"
-                )
-        bins = self._pack(lens)
-        return self._adjust_bin_count(bins, len(lens))
+                raise ValueError(f"sequence {i} has length {length}, above the bin capacity {self.bin_capacity}")
+        return self._adjust_bin_count(self._pack(lens), len(lens))
 
     @abc.abstractmethod
     def _pack(self, lengths: list[int]) -> list[list[int]]:
         """Algorithm-specific packing (lengths already validated)."""
 
-    def _target_bin_count(self, bins: int) -> int:
-        target = max(bins, self.min_bin_count)
-        rem = target % self.bin_count_multiple
-        return target + (self.bin_count_multiple - rem if rem else 0)
-
     def _adjust_bin_count(self, bins: list[list[int]], n_items: int) -> list[list[int]]:
-        """Split bins until the count reaches the target.
-
-        Donor order is fixed once: bins sorted by (item count, bin index) descending.  Each new
-        bin receives the last item of the current donor; a donor is used until it is down to
-        one item, then the next donor takes over.
-        """
-        target = self._target_bin_count(len(bins))
+        """Split bins until the count reaches the target: each new bin takes the last item of the
+        current donor (bins by (item count, index) descending, each used down to one item)."""
+        target = max(len(bins), self.min_bin_count)
+        target += -target % self.bin_count_multiple
         if target == len(bins):
             return bins
         if n_items < target:
@@ -109,9 +84,7 @@ class ConcatenativePacker(SequencePacker):
         return bins
 
 
-def _first_fit(
-    order: Sequence[int], lengths: Sequence[int], capacity: int
-) -> tuple[list[list[int]], list[int]]:
+def _first_fit(order: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
     bins: list[list[int]] = []
     loads: list[int] = []
     for i in order:
@@ -123,7 +96,7 @@ def _first_fit(
         else:
             bins.append([i])
             loads.append(lengths[i])
-    return bins, loads
+    return bins
 
 
 def _decreasing(indices: Sequence[int], lengths: Sequence[int]) -> list[int]:
@@ -134,8 +107,7 @@ class FirstFitDecreasingPacker(SequencePacker):
     """Sort by (length, index) descending; place each in the first bin with room."""
 
     def _pack(self, lengths: list[int]) -> list[list[int]]:
-        bins, _ = _first_fit(_decreasing(range(len(lengths)), lengths), lengths, self.bin_capacity)
-        return bins
+        return _first_fit(_decreasing(range(len(lengths)), lengths), lengths, self.bin_capacity)
 
 
 class ModifiedFirstFitDecreasingPacker(SequencePacker):
@@ -159,17 +131,19 @@ class ModifiedFirstFitDecreasingPacker(SequencePacker):
 
         bins = [[i] for i in _decreasing(large, lengths)]
         loads = [lengths[b[0]] for b in bins]
-        has_medium = [False] * len(bins)
 
-        medium_pool = _decreasing(medium, lengths)  # largest first
-        for b in range(len(bins)):
-            for pos, i in enumerate(medium_pool):
+        def take_first_fit(b: int, pool: list[int]) -> bool:
+            """Move the first item of ``pool`` that fits into bin ``b``; whether one did."""
+            for pos, i in enumerate(pool):
                 if loads[b] + lengths[i] <= cap:
                     bins[b].append(i)
                     loads[b] += lengths[i]
-                    has_medium[b] = True
-                    del medium_pool[pos]
-                    break
+                    del pool[pos]
+                    return True
+            return False
+
+        medium_pool = _decreasing(medium, lengths)  # largest first
+        has_medium = [take_first_fit(b, medium_pool) for b in range(len(bins))]
 
         small_pool = _decreasing(small, lengths)  # largest first; smallest is last
         for b in reversed(range(len(bins))):
@@ -180,28 +154,13 @@ class ModifiedFirstFitDecreasingPacker(SequencePacker):
             smallest = small_pool.pop()
             bins[b].append(smallest)
             loads[b] += lengths[smallest]
-            for pos, i in enumerate(small_pool):
-                if loads[b] + lengths[i] <= cap:
-                    bins[b].append(i)
-                    loads[b] += lengths[i]
-                    del small_pool[pos]
-                    break
+            take_first_fit(b, small_pool)
 
         remaining = _decreasing(medium_pool + small_pool + tiny, lengths)
         for b in range(len(bins)):
-            placed = True
-            while placed and remaining:
-                placed = False
-                for pos, i in enumerate(remaining):
-                    if loads[b] + lengths[i] <= cap:
-                        bins[b].append(i)
-                        loads[b] += lengths[i]
-                        del remaining[pos]
-                        placed = True
-                        break
-
-        leftover_bins, _ = _first_fit(remaining, lengths, cap)
-        return bins + leftover_bins
+            while remaining and take_first_fit(b, remaining):
+                pass
+        return bins + _first_fit(remaining, lengths, cap)
 
 
 _PACKERS: dict[str, type[SequencePacker]] = {
@@ -216,18 +175,10 @@ PACKER_NAMES: tuple[str, ...] = tuple(_PACKERS)
 def get_packer(
     algorithm: str, bin_capacity: int, min_bin_count: int = 0, bin_count_multiple: int = 1
 ) -> SequencePacker:
-    """Build a :class:`SequencePacker` by name; call ``.pack(lengths)``.
+    """Build the :class:`SequencePacker` named ``algorithm`` (one of :data:`PACKER_NAMES`).
 
-    Args:
-        algorithm: ``"concatenative"``, ``"first_fit_decreasing"`` or
-            ``"modified_first_fit_decreasing"``.
-
-    Raises:
-        ValueError: Unknown algorithm name or out-of-range parameter.
-    """
+    ValueError for an unknown name or an out-of-range parameter."""
     cls = _PACKERS.get(algorithm)
     if cls is None:
-        raise ValueError(
-            f"unknown packing algorithm {algorithm!r}; known: {sorted(_PACKERS)}"
-        )
+        raise ValueError(f"unknown packing algorithm {algorithm!r}; known: {sorted(_PACKERS)}")
     return cls(bin_capacity, min_bin_count, bin_count_multiple)

@@ -1,10 +1,6 @@
-"""Start a private Ray for a run, or join a running cluster.
+"""Start a private Ray for a run (own temp dir, ``RAY_ADDRESS`` ignored), or join a running cluster.
 
-A local run starts Ray with ``address="local"`` in its own temp directory (ignoring
-``RAY_ADDRESS``); ``cluster.address=auto`` / ``<host>:<port>`` is resolved, probed and joined, any
-failure being one :class:`ClusterConnectError` with the fix.  Every worker runs
-``nemo_dp.utils.noise.install_known_log_filters`` before its first task.
-"""
+A join failure is one :class:`ClusterConnectError` that names the fix."""
 
 from __future__ import annotations
 
@@ -35,15 +31,11 @@ __all__ = [
     "WORKER_SETUP_HOOK",
 ]
 
-_LOG = logging.getLogger(__name__)
-
-#: Environment knobs set (only when absent) before Ray starts. ``RAY_USAGE_STATS_ENABLED=0``: the
-#: hosts are often offline and Ray's usage report only adds noise. Ray's token authentication is
+#: Environment knobs set (only when absent) before Ray starts. Ray's token authentication is
 #: deliberately left on: it is the only authentication this stack has on Ray's own ports.
 QUIET_RAY_ENV: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0"}
 
-#: Ray's environment variables for token authentication (Ray 2.60): the mode, then the token
-#: itself or a file holding it; without either Ray reads ``~/.ray/auth_token``.
+#: Ray's token-authentication variables: the mode, the token, a file holding it (else ``~/.ray/auth_token``).
 _AUTH_MODE_ENV = "RAY_AUTH_MODE"
 _AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 _AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
@@ -51,20 +43,9 @@ _AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 _FIX_LOCAL = "or run with cluster=local (a private Ray for this run)"
 
 
-# --- addresses ---
-
-
 @dataclass(frozen=True)
 class ClusterAddress:
-    """A parsed ``cluster.address``.
-
-    Attributes:
-        raw: The value as given (``None`` for a private Ray).
-        local: Start a private Ray (``None`` or ``"local"``).
-        auto: Join the cluster ``RAY_ADDRESS`` or this machine's address file names.
-        host: Head host of an explicit ``<host>:<port>`` (else ``None``).
-        port: Head (GCS) port of an explicit address (else ``None``).
-    """
+    """A parsed ``cluster.address``: ``local`` (a private Ray), ``auto``, or the head's ``host``/GCS ``port``."""
 
     raw: str | None
     local: bool = False
@@ -74,12 +55,8 @@ class ClusterAddress:
 
 
 def parse_cluster_address(address: str | None) -> ClusterAddress:
-    """Parse ``cluster.address``: ``None``/``"local"``, ``"auto"`` or ``"<host>:<port>"``.
-
-    Raises:
-        ValueError: The value is none of the three forms (a Ray Client ``ray://`` address
-            included); the message says what is accepted.
-    """
+    """Parse ``cluster.address``: ``None``/``"local"``, ``"auto"`` or ``"<host>:<port>"``; ValueError (saying what
+    is accepted) for anything else, e.g. a Ray Client ``ray://`` URL."""
     if address is None or address.strip() == "local":
         return ClusterAddress(raw=address, local=True)
     text = address.strip()
@@ -107,51 +84,34 @@ def _host_port(host: str | None, port: int | None) -> str:
     return f"[{host}]:{port}" if host and ":" in host else f"{host}:{port}"
 
 
-def _system_temp_dir(environ: Mapping[str, str]) -> str:
-    """The base directory Ray itself uses for its default temp dir (``RAY_TMPDIR``/``TMPDIR``)."""
-    return environ.get("RAY_TMPDIR") or environ.get("TMPDIR") or "/tmp"
+def _system_temp_dir(environ: Mapping[str, str] | None) -> Path:
+    """The base of Ray's default temp dir: ``RAY_TMPDIR`` or ``TMPDIR`` or ``/tmp`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("RAY_TMPDIR") or env.get("TMPDIR") or "/tmp")
 
 
 def ray_address_file(environ: Mapping[str, str] | None = None) -> Path:
-    """The address file ``ray start --head`` writes and ``ray.init(address="auto")`` reads.
-
-    ``<RAY_TMPDIR or TMPDIR or /tmp>/ray/ray_current_cluster``, read from ``environ`` (default
-    ``os.environ``).
-    """
-    env = os.environ if environ is None else environ
-    return Path(_system_temp_dir(env)) / "ray" / "ray_current_cluster"
+    """The address file ``ray start --head`` writes and ``ray.init(address="auto")`` reads."""
+    return _system_temp_dir(environ) / "ray" / "ray_current_cluster"
 
 
 def default_private_temp_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where a private Ray keeps its sessions unless ``cluster.temp_dir`` says otherwise.
-
-    ``<RAY_TMPDIR or TMPDIR or /tmp>/nemo_dp_ray_<uid>`` (``environ`` defaults to ``os.environ``):
-    next to Ray's default, so a private Ray never moves the ``session_latest`` link of a cluster
-    using Ray's default.
-    """
-    env = os.environ if environ is None else environ
-    return Path(_system_temp_dir(env)) / f"nemo_dp_ray_{os.getuid()}"
-
-
-# --- join diagnostics ---
+    """Where a private Ray keeps its sessions unless ``cluster.temp_dir`` says otherwise: next to Ray's default,
+    so a private Ray never moves the ``session_latest`` link of a cluster using Ray's default."""
+    return _system_temp_dir(environ) / f"nemo_dp_ray_{os.getuid()}"
 
 
 class ClusterConnectError(ConnectionError):
     """A Ray cluster named by ``cluster.address`` could not be joined; the message says why and the fix.
 
-    Attributes:
-        address: The ``<host>:<port>`` tried (``None`` when none could be found).
-        source: Where the address came from (``cluster.address``, ``RAY_ADDRESS``, or the
-            address file's path).
-        reason: One of :attr:`REASONS`.
-    """
+    ``address``: the ``<host>:<port>`` tried (``None`` if none was found); ``source``: as in :class:`JoinTarget`."""
 
     REASONS: tuple[str, ...] = (
         "nothing_running", "stale_address_file", "auth_token_missing", "auth_token_rejected", "join_failed"
     )
     NOTHING_RUNNING, STALE_ADDRESS_FILE, AUTH_TOKEN_MISSING, AUTH_TOKEN_REJECTED, JOIN_FAILED = REASONS
 
-    def __init__(self, message: str, *, address: str | None, source: str, reason: str) -> None:
+    def __init__(self, message: str, *, address: str | None = None, source: str, reason: str) -> None:
         if reason not in self.REASONS:
             raise ValueError(f"ClusterConnectError: unknown reason {reason!r}")
         super().__init__(message)
@@ -162,13 +122,9 @@ class ClusterConnectError(ConnectionError):
 
 @dataclass(frozen=True)
 class JoinTarget:
-    """The cluster a join will try.
-
-    Attributes:
-        address: ``<host>:<port>`` of the head's GCS.
-        source: ``"cluster.address"``, ``"RAY_ADDRESS"`` or the address file's path.
-        ray_address: What to hand ``ray.init`` (``"auto"`` keeps Ray's own token handling for a
-            cluster found on this machine; otherwise the explicit address).
+    """The head's GCS ``address`` a join will try, its ``source`` (``"cluster.address"``, ``"RAY_ADDRESS"``
+    or the address file's path) and the ``ray_address`` for ``ray.init`` (``"auto"`` keeps Ray's
+    token handling for a cluster found on this machine).
     """
 
     address: str
@@ -177,37 +133,25 @@ class JoinTarget:
 
     @property
     def from_file(self) -> bool:
-        """Whether the address was read from the machine's address file."""
         return self.source not in ("cluster.address", "RAY_ADDRESS")
 
     def describe(self) -> str:
-        """``"<address> (from <source>)"`` for messages."""
         if self.source == "cluster.address":
             return f"cluster.address={self.address}"
-        if self.source == "RAY_ADDRESS":
-            return f"{self.address} (from RAY_ADDRESS, used by cluster.address=auto)"
-        return f"{self.address} (from the address file {self.source}, used by cluster.address=auto)"
+        origin = f"the address file {self.source}" if self.from_file else "RAY_ADDRESS"
+        return f"{self.address} (from {origin}, used by cluster.address=auto)"
 
     def error(self, why: str, reason: str) -> ClusterConnectError:
-        """A :class:`ClusterConnectError` naming this target, its message ``"Could not join ...: <why>"``."""
         message = f"Could not join the Ray cluster at {self.describe()}: {why}"
         return ClusterConnectError(message, address=self.address, source=self.source, reason=reason)
 
 
-def resolve_join_target(
-    address: ClusterAddress, environ: Mapping[str, str] | None = None
-) -> JoinTarget:
-    """Find the head a join should try, in Ray's order: ``RAY_ADDRESS``, then the address file.
+def resolve_join_target(address: ClusterAddress, environ: Mapping[str, str] | None = None) -> JoinTarget:
+    """Find the head a join should try, in Ray's order: ``RAY_ADDRESS``, then the address file (unlike Ray's
+    ``"auto"``, never a Ray found only by scanning processes: on a shared machine, usually somebody else's).
 
-    Unlike Ray's ``"auto"``, a Ray found only by scanning this machine's processes is never
-    joined: on a shared machine that is usually somebody else's private Ray. ``environ`` defaults
-    to ``os.environ``.
-
-    Raises:
-        ClusterConnectError: ``auto`` finds no address (``reason="nothing_running"``), or
-            ``RAY_ADDRESS`` holds something that is not ``<host>:<port>``.
-        ValueError: ``address`` is a local address.
-    """
+    ClusterConnectError when ``auto`` finds no address or ``RAY_ADDRESS`` is not ``<host>:<port>``;
+    ValueError for a local ``address``."""
     env = os.environ if environ is None else environ
     if address.local:
         raise ValueError("resolve_join_target: a local cluster.address has no join target")
@@ -223,7 +167,6 @@ def resolve_join_target(
                 f"cluster.address=auto uses RAY_ADDRESS={env_addr!r}, which nemo_dp cannot "
                 f"join: {exc}. Fix: set RAY_ADDRESS to the head's '<host>:<port>', unset it to "
                 f"use this machine's address file, {_FIX_LOCAL}.",
-                address=None,
                 source="RAY_ADDRESS",
                 reason=ClusterConnectError.JOIN_FAILED,
             ) from None
@@ -231,7 +174,6 @@ def resolve_join_target(
             raise ClusterConnectError(
                 f"cluster.address=auto uses RAY_ADDRESS={env_addr!r}, which names no cluster. "
                 f"Fix: set RAY_ADDRESS to the head's '<host>:<port>' or unset it, {_FIX_LOCAL}.",
-                address=None,
                 source="RAY_ADDRESS",
                 reason=ClusterConnectError.NOTHING_RUNNING,
             )
@@ -246,7 +188,6 @@ def resolve_join_target(
             f"{'is empty' if path.is_file() else 'does not exist'} (nothing is running). "
             "Fix: start a cluster with `ray start --head --port=6379` on this machine, or set "
             f"cluster.address=<head-host>:<port> (or RAY_ADDRESS), {_FIX_LOCAL}.",
-            address=None,
             source=str(path),
             reason=ClusterConnectError.NOTHING_RUNNING,
         )
@@ -259,7 +200,6 @@ def resolve_join_target(
             f"cluster.address=auto read {text!r} from the address file {path}, which is not a "
             f"'<host>:<port>' address. Fix: delete the file (`rm {path}`) and start the cluster "
             f"again with `ray start --head`, {_FIX_LOCAL}.",
-            address=None,
             source=str(path),
             reason=ClusterConnectError.STALE_ADDRESS_FILE,
         )
@@ -335,30 +275,17 @@ def _auth_error(target: JoinTarget, environ: Mapping[str, str], detail: str) -> 
     return target.error(f"{why}. {how}, {_FIX_LOCAL}. (Ray: {detail})", reason)
 
 
-def _enable_token_auth_like_ray_auto() -> None:
-    """What ``ray.init(address="auto")`` does first: use a token found on this machine.
-
-    Ray enables token authentication for a join through ``auto`` when ``RAY_AUTH_MODE`` is
-    unset and a token exists; the auth check below must see the same mode the join will use.
-    """
-    from ray._private.authentication.authentication_token_setup import (
-        maybe_enable_token_auth_if_token_available,
-    )
-
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-
-
 def _check_auth(target: JoinTarget) -> None:
-    """One authenticated GCS round trip, so that a token problem fails in about a second.
-
-    ``ray.init`` itself retries an unauthenticated head for about 20 s and then reports only
-    "Failed to connect"; Ray's GCS client raises its typed ``AuthenticationError`` at once.
-    """
+    """One authenticated GCS round trip: a token problem fails at once, typed, instead of after
+    ``ray.init``'s ~20 s of retries ending in a bare "Failed to connect"."""
+    from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
     from ray._raylet import GcsClient
     from ray.exceptions import AuthenticationError
 
     if target.ray_address == "auto":
-        _enable_token_auth_like_ray_auto()
+        # As ray.init(address="auto") does first (a token found on this machine turns token
+        # auth on), so that this check sees the mode the join will use.
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     try:
         GcsClient(address=target.address)
     except AuthenticationError as exc:
@@ -378,15 +305,10 @@ def _join_failed(target: JoinTarget, exc: BaseException) -> ClusterConnectError:
     )
 
 
-# --- start / join ---
-
-
-def _budget_error(
-    num_cpus: float, needed: int, reserved_by: str, *, joined: str | None = None
-) -> ValueError:
-    where = f"the cluster at {joined} has {num_cpus:g} logical CPUs" if joined else (
-        f"cluster.num_cpus={num_cpus:g} is too small"
-    )
+def _budget_error(num_cpus: float, needed: int, reserved_by: str, *, joined: str | None = None) -> ValueError:
+    where = f"cluster.num_cpus={num_cpus:g} is too small"
+    if joined:
+        where = f"the cluster at {joined} has {num_cpus:g} logical CPUs"
     why = f" ({reserved_by})" if reserved_by else ""
     return ValueError(
         f"{where}: the data plane's own actors reserve {needed} logical CPUs in Ray{why}, "
@@ -397,15 +319,8 @@ def _budget_error(
 
 
 def check_cpu_budget(num_cpus: int | None, reserved_cpus: int, reserved_by: str = "") -> None:
-    """Refuse a private Ray whose CPUs cannot host the data plane's own actors (before Ray starts).
-
-    Args:
-        num_cpus: ``cluster.num_cpus`` of a private Ray; ``None`` (Ray counts the cores) passes.
-        reserved_by: Which actors and config keys make up ``reserved_cpus``.
-
-    Raises:
-        ValueError: ``num_cpus < reserved_cpus``, naming ``cluster.num_cpus`` and the actors.
-    """
+    """Refuse a private Ray whose ``num_cpus`` (``None``: Ray counts the cores, passes) cannot host
+    the data plane's own actors: ValueError naming ``cluster.num_cpus`` and ``reserved_by``."""
     if num_cpus is not None and num_cpus < reserved_cpus:
         raise _budget_error(num_cpus, reserved_cpus, reserved_by)
 
@@ -422,34 +337,23 @@ def init_ray(
     working_dir: str | os.PathLike[str] | None = None,
     worker_setup_hook: str | None = WORKER_SETUP_HOOK,
 ) -> dict[str, str]:
-    """Start a private Ray (``address`` ``None``/``"local"``) or join a running cluster.
+    """Start a private Ray (``address`` ``None``/``"local"``) or join a running cluster; return ``worker_env``.
 
-    The caller exports its data-plane knobs (e.g. through the data-plane factory's
-    ``maybe_configure_data_plane_env``) before calling, and passes them as ``worker_env``.
+    The caller exports its data-plane knobs before calling and passes them as ``worker_env`` (given to every
+    worker via ``runtime_env``).
 
     Args:
-        address: ``None``/``"local"``: a private Ray, whatever else runs on the machine;
-            ``"auto"``: the cluster ``RAY_ADDRESS`` or the machine's address file names;
-            ``"<host>:<port>"``: that head.
-        num_cpus: Logical CPUs of a private Ray (ignored when joining); ``None`` lets Ray count
-            the machine's cores.
+        address: ``None``/``"local"`` (a private Ray, whatever else runs on the machine), ``"auto"`` (the
+            cluster ``RAY_ADDRESS`` or the machine's address file names) or ``"<host>:<port>"``.
+        num_cpus, temp_dir: Of a private Ray (ignored when joining); ``None``: Ray counts the
+            cores / :func:`default_private_temp_dir`.
         reserved_cpus: Logical CPUs the data plane's own actors reserve (checked after start too).
-        reserved_by: Which actors and config keys make up ``reserved_cpus`` (for the error).
-        temp_dir: Temp directory of a private Ray (default :func:`default_private_temp_dir`);
-            ignored when joining.
-        connect_timeout_s: Bound on reaching a cluster's head.
         working_dir: Shipped to every worker through ``runtime_env``, for nodes that lack the code.
-        worker_setup_hook: Import path of a no-argument function every Ray worker process of
-            the job runs before its first task (Ray's ``worker_process_setup_hook``); the
-            default installs ``nemo_dp.utils.noise``'s log filters; ``None`` sets no hook.
-
-    Returns:
-        ``worker_env``, as passed to every worker via ``runtime_env`` (the hook travels in the
-        job's ``runtime_env`` and reaches actors started with their own ``env_vars`` too).
+        worker_setup_hook: Import path of a no-argument function every worker process of the job
+            runs before its first task (default: ``nemo_dp.utils.noise``'s log filters; ``None``: none).
 
     Raises:
-        ValueError: ``address`` is malformed, or the CPU budget cannot host the data plane's
-            actors (names ``cluster.num_cpus`` and ``data_plane.simple.num_storage_units``).
+        ValueError: ``address`` is malformed, or the CPU budget cannot host the data plane's actors.
         ClusterConnectError: A cluster to join is missing, stale, or refuses the auth token.
         RuntimeError: Ray is already initialised in this process.
     """
@@ -458,6 +362,7 @@ def init_ray(
         check_cpu_budget(num_cpus, reserved_cpus, reserved_by)
 
     import ray
+    from ray._private import ray_constants
 
     if ray.is_initialized():
         raise RuntimeError(
@@ -467,25 +372,23 @@ def init_ray(
     env_vars = {str(k): str(v) for k, v in (worker_env or {}).items()}
     for key, value in QUIET_RAY_ENV.items():
         os.environ.setdefault(key, value)
-    _keep_driver_sigterm()
+    # Stop this driver's ray.shutdown() from resetting SIGTERM to "terminate at once" (a SIGTERM
+    # during teardown would kill it before it writes summary.json); read at ray.init.
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
+    runtime_env = {
+        # A copy: Ray writes the setup hook's key into it in place; the caller's must stay as is.
+        "env_vars": dict(env_vars) if env_vars else None,
+        "working_dir": None if working_dir is None else str(working_dir),
+        "worker_process_setup_hook": worker_setup_hook,
+    }
     init_kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
-    runtime_env: dict[str, Any] = {}
-    if env_vars:
-        # A copy: Ray writes the setup hook's key into the runtime_env's env_vars in place, and
-        # what is returned must stay exactly the caller's worker_env.
-        runtime_env["env_vars"] = dict(env_vars)
-    if working_dir is not None:
-        runtime_env["working_dir"] = str(working_dir)
-    if worker_setup_hook is not None:
-        runtime_env["worker_process_setup_hook"] = worker_setup_hook
-    if runtime_env:
-        init_kwargs["runtime_env"] = runtime_env
+    if any(v is not None for v in runtime_env.values()):
+        init_kwargs["runtime_env"] = {k: v for k, v in runtime_env.items() if v is not None}
 
     target: JoinTarget | None = None
     if parsed.local:
-        private = Path(temp_dir) if temp_dir is not None else default_private_temp_dir()
-        private = private.expanduser().resolve()
+        private = (Path(temp_dir) if temp_dir is not None else default_private_temp_dir()).expanduser().resolve()
         private.mkdir(parents=True, exist_ok=True)
         ray.init(address="local", num_cpus=num_cpus, _temp_dir=str(private), **init_kwargs)
     else:
@@ -506,17 +409,6 @@ def init_ray(
     return env_vars
 
 
-def _keep_driver_sigterm() -> None:
-    """Stop this driver's ``ray.shutdown()`` from resetting SIGTERM to "terminate at once".
-
-    Otherwise a SIGTERM during teardown kills the driver before it writes ``summary.json``.
-    Sets ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` (read at ``ray.init``) for this process only.
-    """
-    from ray._private import ray_constants
-
-    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
-
-
 def shutdown_ray() -> None:
     """Shut Ray down in this process if it is running (idempotent)."""
     import ray
@@ -527,11 +419,8 @@ def shutdown_ray() -> None:
 
 @contextlib.contextmanager
 def ray_session(**init_kwargs: Any) -> Iterator[dict[str, str]]:
-    """:func:`init_ray` for a ``with`` block, yielding its result; Ray is shut down in ``finally``.
-
-    Leaving the block disconnects from a joined cluster (which keeps running) or stops the
-    private Ray this block started.
-    """
+    """:func:`init_ray` for a ``with`` block, yielding its result; leaving it disconnects from a joined
+    cluster (which keeps running) or stops the private Ray."""
     env = init_ray(**init_kwargs)
     try:
         yield env

@@ -1,12 +1,8 @@
-"""A group of Ray actors forming one torch.distributed (gloo) data-parallel group.
-
-Starts ``dp_size`` actors of a worker class with ``num_cpus=0``, wires them into a gloo process
-group rendezvousing at rank 0's node, and fans calls out with identical arguments (``run_all``)
-or one shard per rank (``run_sharded``).  Ray is imported lazily.
-"""
+"""A group of Ray actors forming one torch.distributed (gloo) data-parallel group (Ray imported lazily)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,19 +10,13 @@ from typing import Any
 
 __all__ = ["RayCluster", "RayWorkerGroup", "find_free_port", "node_ip_address", "worker_actor_options"]
 
+_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
 
 @dataclass
 class RayCluster:
-    """What a worker group needs to know about the (already started) Ray cluster.
-
-    Attributes:
-        env_vars: Environment variables every worker process must see (e.g. data-plane knobs
-            returned by ``init_ray``); applied through the actor's ``runtime_env``.
-        collective_timeout_s: Bound on the gloo rendezvous and on each collective.
-        worker_resources: Custom Ray resources every worker of the group requests (e.g.
-            ``{"node_b": 0.5}`` places the workers on nodes started with that resource; the
-            config key is ``cluster.policy_resources``). Empty: Ray places them anywhere.
-    """
+    """What a worker group needs to know about the (already started) Ray cluster; ``collective_timeout_s`` bounds
+    the gloo rendezvous and each collective, ``worker_resources`` (``cluster.policy_resources``) go to every worker."""
 
     env_vars: dict[str, str] = field(default_factory=dict)
     collective_timeout_s: float = 120.0
@@ -34,27 +24,18 @@ class RayCluster:
 
 
 def worker_actor_options(cluster: RayCluster) -> dict[str, Any]:
-    """The ``ActorClass.options`` keyword arguments every worker of a group is started with.
-
-    Workers always request ``num_cpus=0`` (the CPU budget belongs to the data plane's actors);
-    placement comes only from ``cluster.worker_resources``.
-
-    Raises:
-        ValueError: A resource is not a positive custom resource.
-    """
+    """The ``ActorClass.options`` of every worker: ``num_cpus=0`` (the CPUs belong to the data plane's
+    actors), placement only from ``cluster.worker_resources`` (ValueError unless positive custom ones)."""
     options: dict[str, Any] = {"num_cpus": 0}
     if cluster.env_vars:
         options["runtime_env"] = {"env_vars": dict(cluster.env_vars)}
+    for name, amount in cluster.worker_resources.items():
+        if name in _BUILTIN_RESOURCES or not float(amount) > 0:
+            raise ValueError(
+                f"cluster.policy_resources.{name}: must be a custom resource with an amount > 0, got {amount!r}"
+            )
     if cluster.worker_resources:
-        resources: dict[str, float] = {}
-        for name, amount in cluster.worker_resources.items():
-            if name in ("CPU", "GPU", "memory", "object_store_memory") or not float(amount) > 0:
-                raise ValueError(
-                    f"cluster.policy_resources.{name}: must be a custom resource with an amount "
-                    f"> 0, got {amount!r}"
-                )
-            resources[str(name)] = float(amount)
-        options["resources"] = resources
+        options["resources"] = {str(name): float(amount) for name, amount in cluster.worker_resources.items()}
     return options
 
 
@@ -67,21 +48,16 @@ def find_free_port() -> int:
 
 def node_ip_address() -> str:
     """The IP address other Ray nodes reach this process at (``127.0.0.1`` outside Ray)."""
-    try:
+    with contextlib.suppress(Exception):  # Ray missing or not reachable
         import ray
 
         if ray.is_initialized():
             return str(ray.util.get_node_ip_address())
-    except Exception:  # pragma: no cover - Ray missing or not reachable
-        pass
     return "127.0.0.1"
 
 
 def _check_resources_exist(wanted: Mapping[str, float], world_size: int, name_prefix: str) -> None:
-    """Fail now, naming the key, if no set of alive nodes can host the group's resource requests.
-
-    Ray would otherwise keep the actors pending forever and the group's start-up would hang.
-    """
+    """Fail now, naming the key, if the alive nodes cannot host the group (else start-up hangs)."""
     import ray
 
     totals: dict[str, float] = {}
@@ -92,8 +68,8 @@ def _check_resources_exist(wanted: Mapping[str, float], world_size: int, name_pr
     for name, amount in wanted.items():
         need = float(amount) * world_size
         if totals.get(name, 0.0) < need:
-            custom = sorted(k for k in totals if k not in ("CPU", "GPU", "memory", "object_store_memory")
-                            and not k.startswith("node:") and not k.startswith("accelerator_type"))
+            custom = sorted(k for k in totals if k not in _BUILTIN_RESOURCES
+                            and not k.startswith(("node:", "accelerator_type")))
             raise ValueError(
                 f"cluster.policy_resources.{name}={amount:g}: {world_size} workers of group "
                 f"{name_prefix!r} need {need:g} of resource {name!r} in all, but the alive nodes "
@@ -104,21 +80,14 @@ def _check_resources_exist(wanted: Mapping[str, float], world_size: int, name_pr
 
 
 class RayWorkerGroup:
-    """``world_size`` Ray actors of ``worker_cls`` joined in one gloo process group.
+    """``world_size`` Ray actors of ``worker_cls`` (plain, undecorated) joined in one gloo process group.
 
-    Each actor is constructed as ``worker_cls(rank=r, world_size=n, **init_kwargs)`` and must
-    provide ``collective_address() -> (host, port)`` (called on rank 0 only) and
-    ``init_collective(host, port, timeout_s) -> None`` (called on every rank concurrently),
-    plus ``shutdown() -> None``.
+    Each actor is ``worker_cls(rank=r, world_size=n, **init_kwargs)`` and provides
+    ``collective_address() -> (host, port)`` (called on rank 0), ``init_collective(host, port,
+    timeout_s)`` (called on every rank concurrently) and ``shutdown()``.
 
-    Args:
-        worker_cls: The plain, undecorated worker class.
-        name_prefix: Prefix for the actors' names in Ray's dashboard and error messages.
-
-    Raises:
-        RuntimeError: Ray is not initialised.
-        ValueError: ``world_size`` < 1, or ``cluster.worker_resources`` is invalid or no alive
-            nodes offer it.
+    RuntimeError if Ray is not initialised; ValueError if ``world_size`` < 1 or
+    ``cluster.worker_resources`` is invalid or offered by no alive nodes.
     """
 
     def __init__(
@@ -148,12 +117,7 @@ class RayWorkerGroup:
         ]
         try:
             host, port = ray.get(self.workers[0].collective_address.remote())
-            ray.get(
-                [
-                    w.init_collective.remote(host, port, cluster.collective_timeout_s)
-                    for w in self.workers
-                ]
-            )
+            ray.get([w.init_collective.remote(host, port, cluster.collective_timeout_s) for w in self.workers])
         except BaseException:
             self._kill()
             raise
@@ -165,20 +129,12 @@ class RayWorkerGroup:
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
     def run_sharded(self, method: str, shards: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Like :meth:`run_all`, but rank ``r`` gets ``shards[r]`` as first argument.
-
-        Raises:
-            ValueError: ``len(shards) != world_size``.
-        """
+        """Like :meth:`run_all`, but rank ``r`` gets ``shards[r]`` first (ValueError unless one per rank)."""
         import ray
 
         if len(shards) != self.world_size:
-            raise ValueError(
-                f"{self.name_prefix}.{method}: got {len(shards)} shards for {self.world_size} workers"
-            )
-        return ray.get(
-            [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
-        )
+            raise ValueError(f"{self.name_prefix}.{method}: got {len(shards)} shards for {self.world_size} workers")
+        return ray.get([getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)])
 
     def run_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on one rank only (no collective may be involved) and return its result."""
@@ -190,10 +146,8 @@ class RayWorkerGroup:
         import ray
 
         for w in self.workers:
-            try:
+            with contextlib.suppress(Exception):  # the actor is already gone
                 ray.kill(w, no_restart=True)
-            except Exception:  # pragma: no cover - actor already gone
-                pass
         self.workers = []
 
     def shutdown(self) -> None:
@@ -202,8 +156,6 @@ class RayWorkerGroup:
 
         if not self.workers:
             return
-        try:
+        with contextlib.suppress(Exception):  # best effort; the actors are killed next anyway
             ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
-        except Exception:  # noqa: BLE001 - best effort; the actors are killed next anyway
-            pass
         self._kill()

@@ -244,35 +244,33 @@ def test_planner_validation() -> None:
         BatchedDataDict({"input_ids": torch.zeros(2, 2)}).shard_by_batch_size(1, dynamic_batching_args=_dyn())
 
 
-# --- microbatch iterator ------------------------------------------------------------------------
+# --- microbatch plan ----------------------------------------------------------------------------
+
+
+def _plan_rows(b: BatchedDataDict, micro_batch_size: int | None = None) -> list[list[int]]:
+    return [b.slice(sp.start, sp.end)["idx"].tolist() for sp in b.microbatch_plan(micro_batch_size)]
 
 
 def test_microbatches_fixed() -> None:
     b = _planner_batch([3, 1, 4, 1, 5])
-    mbs = list(b.make_microbatch_iterator(2))
-    assert [m["idx"].tolist() for m in mbs] == [[0, 1], [2, 3], [4]]
+    assert _plan_rows(b, 2) == [[0, 1], [2, 3], [4]]
     assert b.microbatch_plan(2) == [MicrobatchSpec(0, 0, 2, None), MicrobatchSpec(0, 2, 4, None),
                                     MicrobatchSpec(0, 4, 5, None)]
     with pytest.raises(ValueError, match="micro_batch_size"):
-        list(b.make_microbatch_iterator())
+        b.microbatch_plan()
 
 
-def test_microbatches_dynamic_narrow_to_planned_length() -> None:
+def test_microbatches_dynamic_planned_length() -> None:
     b = _planner_batch(LENGTHS, width=1500)
-    b["input_ids"] = torch.arange(8 * 1500).reshape(8, 1500)
     shards, _ = b.shard_by_batch_size(2, dynamic_batching_args=_dyn())
-    mbs = list(shards[0].make_microbatch_iterator())
-    assert [m["idx"].tolist() for m in mbs] == [[4, 1, 3], [0]]
-    assert [m["input_ids"].shape for m in mbs] == [(3, 960), (1, 1472)]
-    assert torch.equal(mbs[1]["input_ids"], b["input_ids"][0, :1472].unsqueeze(0))
-    assert all(m.micro_batch_indices is None for m in mbs)
+    assert _plan_rows(shards[0]) == [[4, 1, 3], [0]]
+    assert [s.padded_length for s in shards[0].microbatch_plan()] == [960, 1472]
+    assert all(shards[0].slice(s.start, s.end).micro_batch_indices is None for s in shards[0].microbatch_plan())
 
 
 def test_microbatches_packing_per_bin() -> None:
     shards, _ = _planner_batch(LENGTHS).shard_by_batch_size(2, sequence_packing_args=_pack())
-    mbs = list(shards[1].make_microbatch_iterator())
-    assert [m["idx"].tolist() for m in mbs] == [[0, 7], [1, 4]]
-    assert mbs[0]["input_ids"].shape[1] == 2048  # rows unchanged (no narrowing)
+    assert _plan_rows(shards[1]) == [[0, 7], [1, 4]]
     assert [s.padded_length for s in shards[1].microbatch_plan()] == [1920, 896]
 
 
