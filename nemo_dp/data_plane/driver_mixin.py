@@ -277,9 +277,7 @@ class TQDriverMixin:
         """
         if not meta.sequence_lengths or GLOBAL_FORWARD_PAD_SEQLEN in meta.extra_info:
             return
-        multiple = math.lcm(_pad_to_multiple(meta), self._seq_round())
-        longest = max(int(x) for x in meta.sequence_lengths)
-        meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = round_up(longest, multiple)
+        meta.extra_info[GLOBAL_FORWARD_PAD_SEQLEN] = placed_pad_target([meta], seq_round=self._seq_round())
 
     def _isolated_meta(
         self, meta: KVBatchMeta, *, fields: Sequence[str] | None, task_name: str | None, keep_tags: bool = True

@@ -90,7 +90,7 @@ def _tq_configure_env(cfg: DataPlaneConfig) -> dict[str, str]:
 
 #: Live batches a colocated loader keeps in TransferQueue or the Ray object-store backend (active +
 #: one prefetched); those stores have no partition bound of their own.
-TQ_MAX_LIVE_BATCHES = 2
+LOADER_LIVE_BATCHES = 2
 
 
 BACKENDS: dict[str, BackendSpec] = {}
@@ -131,7 +131,7 @@ for _spec in (
             "the TransferQueue controller and each of data_plane.simple.num_storage_units="
             f"{int(cfg.simple.num_storage_units)} storage units reserve 1 logical CPU"
         ),
-        max_live_batches=lambda cfg: TQ_MAX_LIVE_BATCHES,
+        max_live_batches=lambda cfg: LOADER_LIVE_BATCHES,
         configure_env=_tq_configure_env,
         describe=lambda cfg: f"transfer_queue (backend: {cfg.backend})",
     ),
@@ -142,7 +142,7 @@ for _spec in (
         supports_checkpointing=lambda cfg: True,
         # The metadata actor asks for num_cpus=0; the columns live in Ray's object store.
         reserved_by=lambda cfg: "the ray_store metadata actor reserves 0 logical CPUs",
-        max_live_batches=lambda cfg: TQ_MAX_LIVE_BATCHES,
+        max_live_batches=lambda cfg: LOADER_LIVE_BATCHES,
         describe=lambda cfg: "ray_store (Ray object store + metadata actor)",
     ),
 ):

@@ -93,7 +93,7 @@ def test_capabilities_seen_by_their_readers() -> None:
     local = ColocatedLoaderGroup(_Policy(), LocalDataPlaneConfig(max_partitions=3))
     tq = ColocatedLoaderGroup(_Policy(), OmegaConf.create(TQ))
     assert local.max_live_batches() == 3
-    assert tq.max_live_batches() == registry.TQ_MAX_LIVE_BATCHES
+    assert tq.max_live_batches() == registry.LOADER_LIVE_BATCHES
     assert local.backend.checkpoint_scope == "process" and not local.backend.cross_process
     assert tq.backend.checkpoint_scope == "cluster" and tq.backend.cross_process
     assert tq._shared_dir("/ck") == Path("/ck") / "tq"

@@ -468,10 +468,10 @@ def test_resume_from_position_and_store_checkpoint(tmp_path: Any) -> None:
 
 def test_loader_group_refuses_a_disabled_data_plane_and_bounds_tq() -> None:
     from nemo_dp.data_plane.interfaces import DisabledDataPlaneConfig
-    from nemo_dp.data_plane.registry import TQ_MAX_LIVE_BATCHES
+    from nemo_dp.data_plane.registry import LOADER_LIVE_BATCHES
 
     group = _InProcessGroup([])
     with pytest.raises(ValueError, match="data_plane=local or data_plane=tq"):
         ColocatedLoaderGroup(_policy(group), DisabledDataPlaneConfig())
     tq = ColocatedLoaderGroup(_policy(group), OmegaConf.create({"enabled": True, "impl": "transfer_queue"}))
-    assert tq.max_live_batches() == TQ_MAX_LIVE_BATCHES
+    assert tq.max_live_batches() == LOADER_LIVE_BATCHES

@@ -245,7 +245,7 @@ def int_lengths(column: Any) -> list[int] | None:
         return None
     if column.is_floating_point() or column.is_complex() or column.dtype == torch.bool:
         return None
-    return [int(x) for x in column.tolist()]
+    return column.tolist()
 
 
 def put_receipt(
