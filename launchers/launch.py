@@ -6,7 +6,6 @@ before any process starts; the final held-out accuracy is returned for a Hydra s
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def _default_recipe() -> str:
 
 def _refuse_unwritable_output_dir(argv: list[str]) -> None:
     """Exit with one message (Hydra's own style) when the output directory cannot be written."""
-    from nemo_dp.training.hydra_task import RunConfigurationError
+    from nemo_dp.training.hydra_task import RunConfigurationError, full_error_requested
     from nemo_dp.training.output_dir import output_dir_problem
 
     if any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion") for a in argv):
@@ -61,7 +60,7 @@ def _refuse_unwritable_output_dir(argv: list[str]) -> None:
     problem = output_dir_problem(argv, CONF_DIR)
     if problem is None:
         return
-    if os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0"):
+    if full_error_requested():
         raise RunConfigurationError(problem)
     print(f"{problem}\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", file=sys.stderr)
     raise SystemExit(1)

@@ -18,7 +18,10 @@ from nemo_dp.training.log_capture import capture_run_log
 from nemo_dp.training.run_record import RunRecord, remove_unstarted_run_dir, write_failure_summary
 from nemo_dp.training.sigterm import TerminationRequested, sigterm_as_interrupt
 
-__all__ = ["RunConfigurationError", "is_configuration_error", "silence_known_noise", "save_hydra_outputs", "hydra_task"]
+__all__ = [
+    "RunConfigurationError", "is_configuration_error", "full_error_requested", "silence_known_noise",
+    "save_hydra_outputs", "hydra_task",
+]
 
 _LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -41,6 +44,11 @@ def silence_known_noise(*, local_ray: bool) -> list[str]:
         os.environ["RAY_AUTH_MODE"] = "token"
         done.append("RAY_AUTH_MODE=token (Ray's default for a local cluster, set explicitly)")
     return done
+
+
+def full_error_requested() -> bool:
+    """Whether ``HYDRA_FULL_ERROR`` asks for the full traceback instead of a one-line configuration error."""
+    return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
 
 
 def is_configuration_error(exc: BaseException) -> bool:
@@ -148,7 +156,7 @@ def hydra_task(task: Callable[[Any, RunRecord], _T]) -> Callable[[Any], _T]:
                 removed = new and remove_unstarted_run_dir(run_dir, log_names=(log_path.name,))
                 if removed:
                     _LOG.debug("removed unstarted run directory %s", run_dir)
-                if os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0") or not is_configuration_error(exc):
+                if full_error_requested() or not is_configuration_error(exc):
                     raise
                 message = _one_message(exc)
         raise RunConfigurationError(message) from None
