@@ -48,7 +48,7 @@ class PeerTrlBenchConfig:
     clip_eps: float = 0.2
     lr: float = 1.0e-5
     temperature: float = 1.0
-    warmup_steps: int = 1
+    warmup_steps: int = 2
     measured_steps: int = 3
     cores: int = 2
     nemo_dp_size: int = 2
@@ -130,6 +130,8 @@ def nemo_train_overrides(bench: PeerTrlBenchConfig, precision: str, data_plane: 
         f"algorithm.loss.ratio_clip_max={bench.clip_eps}",
         "algorithm.loss.token_level_loss=true",
         f"policy.train_global_batch_size={bench.samples_per_step}",
+        # One training pass per rank over its share, as TRL trains its one batch in one pass.
+        f"policy.train_micro_batch_size={bench.samples_per_step // bench.nemo_dp_size}",
         f"policy.dp_size={bench.nemo_dp_size}",
         f"policy.torch_threads={bench.cores // bench.nemo_dp_size}",
         f"policy.precision={precision}",

@@ -145,10 +145,13 @@ class PolicyConfig:
     ``train_global_batch_size`` rows make one optimizer step over ``dp_size`` workers, each in
     ``train_micro_batch_size``-row microbatches (``None``: its whole share in one pass).
     ``init_from``: another run's policy checkpoint to start from (``checkpointing.resume_from`` wins).
+    ``reuse_host_memory``: each worker keeps its freed CPU memory for the next pass (glibc), where
+    large buffers would otherwise be mapped and unmapped every pass (page faults).
     """
 
     dp_size: int = 2
     torch_threads: int = 1
+    reuse_host_memory: bool = True
     model: ModelSchema = field(default_factory=ModelSchema)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)

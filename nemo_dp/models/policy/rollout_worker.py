@@ -23,6 +23,8 @@ from nemo_dp.models.builders import build_model
 from nemo_dp.models.policy.images import generate_rows
 from nemo_dp.models.precision import resolve_precision
 from nemo_dp.models.token_ops import rollout_sample_mask
+from nemo_dp.utils.config_access import cfg_get
+from nemo_dp.utils.host_memory import reuse_freed_memory
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
 __all__ = [
@@ -98,6 +100,8 @@ class RolloutWorker:
             raise ValueError(f"RolloutWorker[{index}]: group_size must be >= 1, got {group_size}")
         torch.set_num_threads(int(torch_threads))
         os.environ["OMP_NUM_THREADS"] = str(int(torch_threads))
+        if cfg_get(policy_cfg, "reuse_host_memory", True):
+            reuse_freed_memory()
         self.index = index
         self.cfg = policy_cfg
         self.group_size = int(group_size)

@@ -30,6 +30,7 @@ from nemo_dp.models.token_ops import (
     first_masked_columns,
     token_logprobs_from_logits,
 )
+from nemo_dp.utils.host_memory import reuse_freed_memory
 
 __all__ = ["PolicyWorker"]
 
@@ -80,6 +81,8 @@ class PolicyWorker:
         threads = int(cfg_get(policy_cfg, "torch_threads"))
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
+        if cfg_get(policy_cfg, "reuse_host_memory", True):
+            reuse_freed_memory()
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.seed = seed
