@@ -92,6 +92,7 @@ def _rows(steps: int, step_s: float, gen: float = 1.0) -> list[dict]:
 
 
 def _bench(**kw) -> PeerTrlBenchConfig:
+    kw.setdefault("warmup_steps", 1)  # the cases below are written for one warm-up step
     return PeerTrlBenchConfig(**kw)
 
 
@@ -194,6 +195,8 @@ def test_the_nemo_side_composes_a_valid_config_with_the_shared_settings() -> Non
             assert cfg.policy.precision == precision
             assert cfg.policy.dp_size * cfg.policy.torch_threads == bench.cores
             assert cfg.policy.train_global_batch_size == bench.samples_per_step  # one optimizer step per rollout
+            # one training pass per rank, as TRL trains its one batch in one pass
+            assert cfg.policy.train_micro_batch_size * cfg.policy.dp_size == bench.samples_per_step
             assert cfg.algorithm.loss.reference_policy_kl_penalty == bench.kl_coef
             assert cfg.algorithm.loss.token_level_loss is True
             assert cfg.env.format == "chat" and cfg.env.reward == "math"

@@ -3,6 +3,8 @@ sends one meta shard per DP rank to the workers' ``*_presharded`` entrypoints)."
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -61,6 +63,7 @@ class TQPolicy(TQDriverMixin, Policy):
         self.partition_id = partition_id
         self._live_partitions: set[str] = set()
         self._train_step_active = False
+        self._scoring_sent: str | None = None
         self.dp_client = build_data_plane_client(dp_cfg, bootstrap=True)
         try:
             super().__init__(*args, **kwargs)
@@ -145,15 +148,31 @@ class TQPolicy(TQDriverMixin, Policy):
             )
         # answers: str; an Answer keeps its row for reward functions
         shards = self._prompt_shards(prompts, seeds, sample_ids=[str(s) for s in sample_ids], answers=answers)
+        scoring = self._scoring_kwargs(tokenizer, env)
         outs = self._dispatch_sharded(
             "generate_into_store", shards, greedy, partition_id=partition_id or self.partition_id,
-            task_name=task_name, tokenizer=tokenizer, env=env, return_responses=return_responses,
+            task_name=task_name, return_responses=return_responses, **scoring,
         )
+        self._scoring_sent = scoring["scoring_digest"]
         metas = [o["meta"] for o in outs if o["meta"] is not None]
         meta = metas[0].concat(*metas[1:])
         carry = BatchedDataDict.from_batches([BatchedDataDict(o["carry"]) for o in outs if o["meta"] is not None])
         responses = [r for o in outs for r in (o["responses"] or [])] if return_responses else None
         return RolloutResult(meta, carry, responses)
+
+    def _scoring_kwargs(self, tokenizer: Any, env: Any) -> dict[str, Any]:
+        """The workers' scoring objects: the tokenizer and env only when they changed since the last send.
+
+        Unpickling a real model's tokenizer costs each worker about 0.1 s per call, so the workers keep
+        the last pair they received, named by a digest of its serialized bytes (a change made in place
+        gives a new digest, and the pair is sent again).
+        """
+        from ray import cloudpickle
+
+        digest = hashlib.blake2b(cloudpickle.dumps((tokenizer, env)), digest_size=16).hexdigest()
+        if digest == self._scoring_sent:
+            return {"scoring_digest": digest}
+        return {"scoring_digest": digest, "tokenizer": tokenizer, "env": env}
 
     def _dispatch_logprobs(self, meta: KVBatchMeta, task_name: str, method: str) -> None:
         """Send each DP rank its shard of ``meta``'s log-prob seed columns for worker ``method``."""

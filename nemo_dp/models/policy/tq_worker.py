@@ -31,15 +31,18 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
 
     def generate_into_store(
         self, shard: Mapping[str, Sequence[Any]], greedy: bool, *, partition_id: str, task_name: str | None,
-        tokenizer: Any, env: Any, return_responses: bool = False,
+        tokenizer: Any = None, env: Any = None, return_responses: bool = False, scoring_digest: str | None = None,
     ) -> dict[str, Any]:
         """Generate this rank's prompts (as ``generate``), score them and write the bulk columns to the store.
 
-        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers"}``.  Returns ``{"meta", "carry",
-        "responses"}``: the receipt (``None`` for an empty shard), the per-row ``CARRY_KEYS`` (plus each
-        ``reward/<fn>`` of several rewards), nothing per-token.  Raises ``ValueError`` for misaligned
-        lists, ``RuntimeError`` without a data-plane client.
+        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers"}``.  ``scoring_digest`` names the
+        ``tokenizer`` and ``env`` pair: sent with them, the worker keeps the pair; sent alone, it scores
+        with the pair it keeps under that digest.  Returns ``{"meta", "carry", "responses"}``: the
+        receipt (``None`` for an empty shard), the per-row ``CARRY_KEYS`` (plus each ``reward/<fn>`` of
+        several rewards), nothing per-token.  Raises ``ValueError`` for misaligned lists,
+        ``RuntimeError`` without a data-plane client or without the pair a digest names.
         """
+        tokenizer, env = self._scoring_pair(tokenizer, env, scoring_digest)
         prompts, seeds = shard["prompts"], shard["seeds"]
         sample_ids, answers = list(shard["sample_ids"]), list(shard["answers"])
         n = len(prompts)
@@ -69,6 +72,20 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
             **scored,
         }
         return {"meta": meta, "carry": carry, "responses": responses if return_responses else None}
+
+    def _scoring_pair(self, tokenizer: Any, env: Any, digest: str | None) -> tuple[Any, Any]:
+        if digest is None:
+            return tokenizer, env
+        if tokenizer is not None or env is not None:
+            self._scoring_held = (digest, tokenizer, env)
+            return tokenizer, env
+        held = getattr(self, "_scoring_held", None)
+        if held is None or held[0] != digest:
+            raise RuntimeError(
+                f"TQPolicyWorker[{self.rank}].generate_into_store: scoring_digest {digest} names no tokenizer "
+                f"and env this worker holds (it holds {held[0] if held else 'none'}); send them with the digest"
+            )
+        return held[1], held[2]
 
     def shutdown(self) -> None:
         """Forget the colocated loader, close this worker's data-plane client, then leave the process group."""
