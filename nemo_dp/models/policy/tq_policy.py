@@ -4,7 +4,6 @@ sends one meta shard per DP rank to the workers' ``*_presharded`` entrypoints)."
 from __future__ import annotations
 
 import hashlib
-
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
