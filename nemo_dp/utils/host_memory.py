@@ -10,13 +10,24 @@ from __future__ import annotations
 import ctypes
 import sys
 
-__all__ = ["reuse_freed_memory"]
+__all__ = ["glibc", "reuse_freed_memory"]
 
 # <malloc.h> parameter numbers (glibc).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 # mallopt takes a C int: the largest trim threshold it accepts.
 _INT_MAX = 2**31 - 1
+
+
+def glibc() -> ctypes.CDLL | None:
+    """This process's C library when it is glibc on Linux (musl's ``mallopt`` ignores these settings)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
 
 
 def reuse_freed_memory() -> bool:
@@ -27,18 +38,13 @@ def reuse_freed_memory() -> bool:
     near its peak, the way a caching allocator's does; values computed are unchanged.
 
     Returns:
-        Whether both settings took effect: ``False`` off Linux or under a C library without
-        glibc's ``mallopt`` (musl), where nothing is changed.
+        Whether both settings took effect: ``False`` off Linux or under a C library other than
+        glibc, where nothing is changed.
     """
-    if not sys.platform.startswith("linux"):
+    libc = glibc()
+    if libc is None:
         return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-        gnu_version = libc.gnu_get_libc_version  # glibc only: musl's mallopt ignores these settings
-    except (OSError, AttributeError):
-        return False
-    del gnu_version
+    mallopt = libc.mallopt
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, _INT_MAX))

@@ -5,12 +5,13 @@ Each case runs in its own interpreter, since the setting is process-wide and can
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from nemo_dp.utils.host_memory import glibc
 
 _PROBE = textwrap.dedent(
     """
@@ -35,20 +36,12 @@ _PROBE = textwrap.dedent(
 )
 
 
-def _glibc() -> bool:
-    try:
-        ctypes.CDLL(None).gnu_get_libc_version  # noqa: B018 - the lookup is the check
-    except (OSError, AttributeError):
-        return False
-    return sys.platform.startswith("linux")
-
-
 def _second_touch_faults(mode: str) -> int:
     out = subprocess.run([sys.executable, "-c", _PROBE, mode], check=True, capture_output=True, text=True)
     return int(out.stdout.strip())
 
 
-@pytest.mark.skipif(not _glibc(), reason="glibc's mallopt on Linux only")
+@pytest.mark.skipif(glibc() is None, reason="glibc's mallopt on Linux only")
 def test_a_freed_buffer_is_reused_instead_of_mapped_again() -> None:
     pages = (64 << 20) // 4096
     # glibc's default: the 64 MiB buffer is mmapped and unmapped, so touching it again faults every page.

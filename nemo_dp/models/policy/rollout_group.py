@@ -22,6 +22,7 @@ from nemo_dp.models.policy.rollout_worker import (
     partition_for_batch,
     shard_bounds,
 )
+from nemo_dp.models.policy.scoring_pair import ScoringPairSender, pair_digest
 
 __all__ = ["RolloutShard", "RolloutStats", "RolloutGroup"]
 
@@ -34,6 +35,7 @@ class RolloutShard:
     worker: int
     ref: Any
     rows: int
+    scoring_digest: str
 
 
 @dataclass
@@ -75,6 +77,7 @@ class RolloutGroup:
         self._client = policy.dp_client
         self._tokenizer = tokenizer
         self._env = env
+        self._scoring = ScoringPairSender()
         algo = master_config.algorithm
         self.group_size = int(algo.num_generations_per_prompt)
         self.dp_size = int(master_config.policy.dp_size)
@@ -139,6 +142,7 @@ class RolloutGroup:
         prompts = [self._tokenizer.encode_prompt(p.prompt) for p in problems for _ in range(g)]
         answers = [p.answer for p in problems for _ in range(g)]
         ids = [f"a{batch}_p{j}_g{i}" for j in range(len(problems)) for i in range(g)]
+        digest = pair_digest(self._tokenizer, self._env)
         for r, (a, b) in enumerate(shard_bounds(len(problems), g, self.dp_size)):
             if a == b:
                 continue
@@ -151,9 +155,9 @@ class RolloutGroup:
             }
             w = r % len(self.workers)
             ref = self.workers[w].generate_into_store.remote(
-                shard, partition_id=pid, tokenizer=self._tokenizer, env=self._env
+                shard, partition_id=pid, **self._scoring.kwargs(w, digest, self._tokenizer, self._env)
             )
-            self._pending.append(RolloutShard(batch, w, ref, b - a))
+            self._pending.append(RolloutShard(batch, w, ref, b - a, digest))
         return pid
 
     def _collect_finished(self, timeout_s: float = 0.0) -> None:
@@ -171,6 +175,7 @@ class RolloutGroup:
         for s in self._pending:
             if s.ref in done_set:
                 info = ray.get(s.ref)
+                self._scoring.sent(s.worker, s.scoring_digest)
                 self.stats.generated += int(info["rows"])
                 self.stats.gen_s += float(info["gen_s"])
                 self.stats.put_s += float(info["put_s"])

@@ -4,7 +4,6 @@ scores, computes group advantages and writes the rows tagged with their ``policy
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,10 +20,10 @@ from nemo_dp.data_plane.schema import (
 from nemo_dp.environments.weighted import score_parts
 from nemo_dp.models.builders import build_model
 from nemo_dp.models.policy.images import generate_rows
+from nemo_dp.models.policy.scoring_pair import ScoringPairHolder
+from nemo_dp.models.policy.worker import configure_worker_process
 from nemo_dp.models.precision import resolve_precision
 from nemo_dp.models.token_ops import rollout_sample_mask
-from nemo_dp.utils.config_access import cfg_get
-from nemo_dp.utils.host_memory import reuse_freed_memory
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 
 __all__ = [
@@ -98,10 +97,7 @@ class RolloutWorker:
     ) -> None:
         if int(group_size) < 1:
             raise ValueError(f"RolloutWorker[{index}]: group_size must be >= 1, got {group_size}")
-        torch.set_num_threads(int(torch_threads))
-        os.environ["OMP_NUM_THREADS"] = str(int(torch_threads))
-        if cfg_get(policy_cfg, "reuse_host_memory", True):
-            reuse_freed_memory()
+        configure_worker_process(policy_cfg, int(torch_threads))
         self.index = index
         self.cfg = policy_cfg
         self.group_size = int(group_size)
@@ -113,6 +109,7 @@ class RolloutWorker:
         self.precision = resolve_precision(policy_cfg)
         self.version: int | None = None
         self.dp_client = build_data_plane_client(dp_cfg, bootstrap=False)
+        self._scoring = ScoringPairHolder(f"RolloutWorker[{index}]")
 
     def ready(self) -> int:
         """Round trip used to wait for construction; returns the actor's index."""
@@ -126,18 +123,21 @@ class RolloutWorker:
         return self.version
 
     def generate_into_store(
-        self, shard: Mapping[str, Sequence[Any]], *, partition_id: str, tokenizer: Any, env: Any
+        self, shard: Mapping[str, Sequence[Any]], *, partition_id: str, tokenizer: Any = None, env: Any = None,
+        scoring_digest: str | None = None,
     ) -> dict[str, Any]:
         """Generate whole groups, score them (``env``), compute advantages and write the rows.
 
-        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers", "ordinals"}`` of whole groups.
+        ``shard`` is ``{"prompts", "seeds", "sample_ids", "answers", "ordinals"}`` of whole groups;
+        ``scoring_digest`` names the ``tokenizer`` and ``env`` pair (see ``ScoringPairHolder``).
         One put writes every training column with the tags, then one put ``policy_version``, the
         column claims wait for.  Returns ``{"rows", "version", "gen_s", "put_s", "start", "end"}``.
 
         Raises:
-            RuntimeError: No weights were loaded yet.
+            RuntimeError: No weights were loaded yet, or a digest alone names no pair this actor holds.
             ValueError: Misaligned lists or a shard that is not a whole number of groups.
         """
+        tokenizer, env = self._scoring.resolve(tokenizer, env, scoring_digest)
         start = time.time()
         if self.version is None:
             raise RuntimeError(f"RolloutWorker[{self.index}]: generate_into_store before load_weights")

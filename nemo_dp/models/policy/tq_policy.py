@@ -3,7 +3,6 @@ sends one meta shard per DP rank to the workers' ``*_presharded`` entrypoints)."
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -32,6 +31,7 @@ from nemo_dp.distributed.batched_data_dict import BatchedDataDict
 from nemo_dp.utils.packed_tensor import IMAGE_FIELDS
 from nemo_dp.models.builders import policy_takes_images
 from nemo_dp.models.policy.policy import Policy
+from nemo_dp.models.policy.scoring_pair import ScoringPairSender, pair_digest
 from nemo_dp.models.policy.tq_worker import ROLLOUT_STORE_FIELDS, TQPolicyWorker
 
 __all__ = ["TQPolicy", "RolloutResult"]
@@ -62,7 +62,7 @@ class TQPolicy(TQDriverMixin, Policy):
         self.partition_id = partition_id
         self._live_partitions: set[str] = set()
         self._train_step_active = False
-        self._scoring_sent: str | None = None
+        self._scoring = ScoringPairSender()
         self.dp_client = build_data_plane_client(dp_cfg, bootstrap=True)
         try:
             super().__init__(*args, **kwargs)
@@ -147,31 +147,19 @@ class TQPolicy(TQDriverMixin, Policy):
             )
         # answers: str; an Answer keeps its row for reward functions
         shards = self._prompt_shards(prompts, seeds, sample_ids=[str(s) for s in sample_ids], answers=answers)
-        scoring = self._scoring_kwargs(tokenizer, env)
+        # One dispatch reaches every rank, so the ranks hold one pair between them.
+        digest = pair_digest(tokenizer, env)
         outs = self._dispatch_sharded(
             "generate_into_store", shards, greedy, partition_id=partition_id or self.partition_id,
-            task_name=task_name, return_responses=return_responses, **scoring,
+            task_name=task_name, return_responses=return_responses,
+            **self._scoring.kwargs("ranks", digest, tokenizer, env),
         )
-        self._scoring_sent = scoring["scoring_digest"]
+        self._scoring.sent("ranks", digest)
         metas = [o["meta"] for o in outs if o["meta"] is not None]
         meta = metas[0].concat(*metas[1:])
         carry = BatchedDataDict.from_batches([BatchedDataDict(o["carry"]) for o in outs if o["meta"] is not None])
         responses = [r for o in outs for r in (o["responses"] or [])] if return_responses else None
         return RolloutResult(meta, carry, responses)
-
-    def _scoring_kwargs(self, tokenizer: Any, env: Any) -> dict[str, Any]:
-        """The workers' scoring objects: the tokenizer and env only when they changed since the last send.
-
-        Unpickling a real model's tokenizer costs each worker about 0.1 s per call, so the workers keep
-        the last pair they received, named by a digest of its serialized bytes (a change made in place
-        gives a new digest, and the pair is sent again).
-        """
-        from ray import cloudpickle
-
-        digest = hashlib.blake2b(cloudpickle.dumps((tokenizer, env)), digest_size=16).hexdigest()
-        if digest == self._scoring_sent:
-            return {"scoring_digest": digest}
-        return {"scoring_digest": digest, "tokenizer": tokenizer, "env": env}
 
     def _dispatch_logprobs(self, meta: KVBatchMeta, task_name: str, method: str) -> None:
         """Send each DP rank its shard of ``meta``'s log-prob seed columns for worker ``method``."""

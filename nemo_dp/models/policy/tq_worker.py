@@ -12,6 +12,7 @@ from nemo_dp.data_plane.interfaces import KVBatchMeta
 from nemo_dp.data_plane.schema import GENERATION_LOGPROBS, INPUT_IDS, INPUT_LENGTHS, SAMPLE_MASK, TOKEN_MASK
 from nemo_dp.data_plane.worker_mixin import TQWorkerMixin
 from nemo_dp.models.policy.rollout_worker import PROMPT_LENGTHS, rollout_columns, score_rollout
+from nemo_dp.models.policy.scoring_pair import ScoringPairHolder
 from nemo_dp.models.policy.sft_loader_worker import ColocatedLoaderMixin
 from nemo_dp.models.policy.worker import PolicyWorker
 
@@ -29,6 +30,10 @@ CARRY_KEYS: tuple[str, ...] = ("rewards", "input_lengths", "prompt_lengths", "re
 class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
     """A ``PolicyWorker`` with the store entrypoints (the mixin first, so its hooks see ``PolicyWorker``'s)."""
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._scoring = ScoringPairHolder(f"TQPolicyWorker[{self.rank}]")
+
     def generate_into_store(
         self, shard: Mapping[str, Sequence[Any]], greedy: bool, *, partition_id: str, task_name: str | None,
         tokenizer: Any = None, env: Any = None, return_responses: bool = False, scoring_digest: str | None = None,
@@ -42,7 +47,7 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
         several rewards), nothing per-token.  Raises ``ValueError`` for misaligned lists,
         ``RuntimeError`` without a data-plane client or without the pair a digest names.
         """
-        tokenizer, env = self._scoring_pair(tokenizer, env, scoring_digest)
+        tokenizer, env = self._scoring.resolve(tokenizer, env, scoring_digest)
         prompts, seeds = shard["prompts"], shard["seeds"]
         sample_ids, answers = list(shard["sample_ids"]), list(shard["answers"])
         n = len(prompts)
@@ -72,20 +77,6 @@ class TQPolicyWorker(ColocatedLoaderMixin, TQWorkerMixin, PolicyWorker):
             **scored,
         }
         return {"meta": meta, "carry": carry, "responses": responses if return_responses else None}
-
-    def _scoring_pair(self, tokenizer: Any, env: Any, digest: str | None) -> tuple[Any, Any]:
-        if digest is None:
-            return tokenizer, env
-        if tokenizer is not None or env is not None:
-            self._scoring_held = (digest, tokenizer, env)
-            return tokenizer, env
-        held = getattr(self, "_scoring_held", None)
-        if held is None or held[0] != digest:
-            raise RuntimeError(
-                f"TQPolicyWorker[{self.rank}].generate_into_store: scoring_digest {digest} names no tokenizer "
-                f"and env this worker holds (it holds {held[0] if held else 'none'}); send them with the digest"
-            )
-        return held[1], held[2]
 
     def shutdown(self) -> None:
         """Forget the colocated loader, close this worker's data-plane client, then leave the process group."""

@@ -32,7 +32,7 @@ from nemo_dp.models.token_ops import (
 )
 from nemo_dp.utils.host_memory import reuse_freed_memory
 
-__all__ = ["PolicyWorker"]
+__all__ = ["PolicyWorker", "configure_worker_process"]
 
 # Metrics that are per-row counts (summed, not averaged, when aggregated).
 COUNT_METRICS: frozenset[str] = frozenset({"num_valid_tokens", "num_valid_seqs"})
@@ -66,6 +66,15 @@ def resolve_device(policy_cfg: Any) -> torch.device:
     return torch.device(name)
 
 
+def configure_worker_process(policy_cfg: Any, torch_threads: int) -> None:
+    """Set this worker process's torch (and OpenMP) threads, and keep its freed memory unless
+    ``policy.reuse_host_memory`` is false."""
+    torch.set_num_threads(torch_threads)
+    os.environ["OMP_NUM_THREADS"] = str(torch_threads)
+    if cfg_get(policy_cfg, "reuse_host_memory", True):
+        reuse_freed_memory()
+
+
 class PolicyWorker:
     """One DP rank: model replica, optimizer, frozen reference copy and process-group membership.
 
@@ -78,11 +87,7 @@ class PolicyWorker:
         self.rank = rank
         self.world_size = world_size
         self.cfg = policy_cfg
-        threads = int(cfg_get(policy_cfg, "torch_threads"))
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        if cfg_get(policy_cfg, "reuse_host_memory", True):
-            reuse_freed_memory()
+        configure_worker_process(policy_cfg, int(cfg_get(policy_cfg, "torch_threads")))
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.seed = seed
